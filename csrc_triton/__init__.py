@@ -1,0 +1,9 @@
+"""Triton kernels of sgl_convwin and their launchers (installed as ``sgl_convwin.csrc_triton``).
+
+Launchers take tensors that the caller has already validated, read every stride, and launch once;
+they never allocate, never read device memory on the host and hold no torch.library code.
+"""
+
+from .scatter import launch_scatter
+
+__all__ = ["launch_scatter"]

@@ -1,0 +1,43 @@
+"""sgl_convwin: a deduplicated sliding-window cache for the conv windows of speculative decoding.
+
+``import sgl_convwin`` registers the ``torch.ops.convwin`` operators.
+"""
+
+from .layout import (
+    CHANNEL_MAJOR,
+    DENSE,
+    DIM_MAJOR,
+    LAYOUTS,
+    STATE_LAYOUTS,
+    TOKEN_MAJOR,
+    WINDOW_MAJOR,
+    dedup_ratio,
+    physical_nbytes,
+    physical_shape,
+    sequence_length,
+    window_view,
+)
+from .ops import alloc_windows, scatter
+from .validation import index_checks, index_checks_enabled, set_index_checks
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CHANNEL_MAJOR",
+    "DENSE",
+    "DIM_MAJOR",
+    "LAYOUTS",
+    "STATE_LAYOUTS",
+    "TOKEN_MAJOR",
+    "WINDOW_MAJOR",
+    "alloc_windows",
+    "dedup_ratio",
+    "index_checks",
+    "index_checks_enabled",
+    "physical_nbytes",
+    "physical_shape",
+    "scatter",
+    "sequence_length",
+    "set_index_checks",
+    "window_view",
+]

@@ -1,0 +1,159 @@
+"""The ``torch.ops.convwin`` operators: schemas, fakes, and their CPU and CUDA kernels.
+
+Why ``torch.library.custom_op`` and not ``triton_op``: a triton_op's Python body is traced into
+the graph by torch.compile on EVERY device, so a CPU call would be compiled into a Triton launch.
+An opaque custom op keeps one validated path per device (vectorised PyTorch on the CPU, a Triton
+launch on CUDA); inside compiled graphs Inductor calls it in place on the caller's buffers (no
+clone), and inside CUDA graphs the single kernel launch is what gets captured.
+
+Every op is destination-passing where it writes (it returns None) and never allocates, syncs or
+produces data-dependent shapes, except ``alloc``, the factory op that creates the buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from . import cpu
+from ._kernels import triton_kernels
+from .layout import CACHE_DTYPES, DEFAULT_LAYOUT, DIM_MAJOR, WINDOW_MAJOR, physical_shape
+from .validation import (
+    check_no_shared_storage,
+    check_scatter_args,
+    check_scatter_index_values,
+    should_check_index_values,
+)
+
+# ---------------------------------------------------------------------------------------------
+# alloc: the physical buffer
+# ---------------------------------------------------------------------------------------------
+
+
+def _alloc_shape(num_layers, num_slots, dim, num_draft, kernel_size, layout, dtype):
+    if dtype not in CACHE_DTYPES:
+        raise TypeError(f"convwin.alloc: dtype must be float32, float16 or bfloat16, got {dtype}")
+    return physical_shape(layout, num_layers, num_slots, dim, num_draft, kernel_size)
+
+
+@torch.library.custom_op("convwin::alloc", mutates_args=())
+def _alloc(
+    num_layers: int,
+    num_slots: int,
+    dim: int,
+    num_draft: int,
+    kernel_size: int,
+    layout: str,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    shape = _alloc_shape(num_layers, num_slots, dim, num_draft, kernel_size, layout, dtype)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+@_alloc.register_fake
+def _alloc_fake(num_layers, num_slots, dim, num_draft, kernel_size, layout, dtype, device):
+    shape = _alloc_shape(num_layers, num_slots, dim, num_draft, kernel_size, layout, dtype)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def alloc_windows(
+    num_layers: int,
+    num_slots: int,
+    dim: int,
+    num_draft: int,
+    kernel_size: int,
+    *,
+    layout: str = DEFAULT_LAYOUT,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Allocate the zero-filled PHYSICAL conv-window buffer of ``layout``.
+
+    Shapes (W = K-1, S = D+K-2): dense [L, M, D, dim, W], channel_major [L, M, dim, S],
+    token_major [L, M, S, dim]. Read it through ``window_view(buffer, layout, D, K)``.
+    """
+    _alloc_shape(num_layers, num_slots, dim, num_draft, kernel_size, layout, dtype)  # clear errors first
+    device = torch.get_default_device() if device is None else torch.device(device)
+    return torch.ops.convwin.alloc(
+        num_layers, num_slots, dim, num_draft, kernel_size, layout, dtype, device
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# scatter: commit the accepted windows
+# ---------------------------------------------------------------------------------------------
+
+_ScatterKernel = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None
+]
+
+
+def _run_scatter(
+    kernel: _ScatterKernel,
+    conv_state: torch.Tensor,
+    windows: torch.Tensor,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    steps: torch.Tensor,
+    state_layout: str,
+) -> None:
+    sizes = check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
+    check_no_shared_storage("convwin.scatter", "conv_state", conv_state, windows=windows)
+    if should_check_index_values(conv_state):
+        check_scatter_index_values(sizes, dst_slots, src_slots, steps)
+    # Kernels see every state as [L, N, dim, K-1]; a window-major one is a transposed view.
+    state = conv_state.transpose(2, 3) if state_layout == WINDOW_MAJOR else conv_state
+    kernel(state, windows, dst_slots, src_slots, steps)
+
+
+@torch.library.custom_op("convwin::scatter", mutates_args=("conv_state",), device_types="cpu")
+def _scatter(
+    conv_state: torch.Tensor,
+    windows: torch.Tensor,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    steps: torch.Tensor,
+    *,
+    state_layout: str = DIM_MAJOR,
+) -> None:
+    _run_scatter(cpu.scatter_cpu, conv_state, windows, dst_slots, src_slots, steps, state_layout)
+
+
+@_scatter.register_kernel("cuda")
+def _scatter_triton(conv_state, windows, dst_slots, src_slots, steps, *, state_layout=DIM_MAJOR):
+    launch = triton_kernels().launch_scatter
+    _run_scatter(launch, conv_state, windows, dst_slots, src_slots, steps, state_layout)
+
+
+@_scatter.register_fake
+def _scatter_fake(conv_state, windows, dst_slots, src_slots, steps, *, state_layout=DIM_MAJOR):
+    check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
+
+
+def scatter(
+    conv_state: torch.Tensor,
+    windows: torch.Tensor,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    steps: torch.Tensor,
+    *,
+    state_layout: str = DIM_MAJOR,
+) -> None:
+    """Commit the accepted windows into ``conv_state`` in place, for all layers, in one launch.
+
+    For every row b with ``steps[b] >= 0`` and ``dst_slots[b] >= 0``::
+
+        conv_state[:, dst_slots[b]] = windows[:, src_slots[b], steps[b]]   (cast to its dtype)
+
+    conv_state: [L, N, dim, K-1] (state_layout="dim_major"), or the window-major [L, N, K-1, dim]
+        with state_layout="window_major" -- pass that tensor itself, not a transposed view.
+    windows: [L, M, D, dim, K-1], any strides: a dense buffer or a ``window_view`` of any layout.
+    dst_slots, src_slots, steps: [B], int32 or int64, on conv_state's device. Negative step or
+        destination skips the row (pad batches with -1). Out-of-range values skip the row too;
+        ``sgl_convwin.index_checks()`` turns them into an IndexError (host sync, for debugging).
+    """
+    torch.ops.convwin.scatter(
+        conv_state, windows, dst_slots, src_slots, steps, state_layout=state_layout
+    )

@@ -1,0 +1,236 @@
+"""Argument checks shared by every implementation of an op (fake, CPU, Triton launcher).
+
+Everything that can be known without reading device memory (ranks, shapes, dtypes, devices,
+index dtypes and lengths, aliasing) is checked here before anything is written, and raises
+ValueError or TypeError naming the argument. Index VALUES are not: reading them would be a host
+sync. The kernels skip out-of-range rows instead, and the checked mode (see index_checks) reads
+them on the host to raise a clear error while debugging.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from .layout import CACHE_DTYPES, DIM_MAJOR, STATE_LAYOUTS, WINDOW_MAJOR
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+# ---------------------------------------------------------------------------------------------
+# Checked mode
+# ---------------------------------------------------------------------------------------------
+
+CHECK_ENV = "SGL_CONVWIN_CHECK_INDICES"
+_index_checks = os.environ.get(CHECK_ENV, "0").lower() not in ("", "0", "false", "no", "off")
+
+
+def index_checks_enabled() -> bool:
+    """Whether eager calls read their index values on the host and reject out-of-range ones."""
+    return _index_checks
+
+
+def set_index_checks(enabled: bool) -> None:
+    """Turn the checked mode on or off (it starts on when SGL_CONVWIN_CHECK_INDICES=1)."""
+    global _index_checks
+    _index_checks = bool(enabled)
+
+
+@contextlib.contextmanager
+def index_checks(enabled: bool = True) -> Iterator[None]:
+    """``with sgl_convwin.index_checks(): ...`` runs the block in checked mode."""
+    previous = index_checks_enabled()
+    set_index_checks(enabled)
+    try:
+        yield
+    finally:
+        set_index_checks(previous)
+
+
+def should_check_index_values(*tensors: torch.Tensor) -> bool:
+    """Checked mode applies to eager calls on real tensors, never during CUDA-graph capture."""
+    if not _index_checks:
+        return False
+    if any(t.is_cuda for t in tensors) and torch.cuda.is_current_stream_capturing():
+        return False  # a host read would break the capture
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# scatter
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScatterSizes:
+    num_layers: int  # L
+    num_state_slots: int  # N
+    dim: int
+    width: int  # K-1
+    num_src_slots: int  # M
+    num_draft: int  # D
+    num_rows: int  # B
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
+
+
+def check_tensor(name: str, value: object) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_cache_dtype(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in CACHE_DTYPES:
+        raise TypeError(
+            f"{name} must be float32, float16 or bfloat16, got {t.dtype} ({_describe(t)})"
+        )
+
+
+def check_index_tensors(
+    op: str, device: torch.device, **indices: torch.Tensor
+) -> int:
+    """Index tensors are 1-D, int32/int64, of one length, on ``device``; returns that length."""
+    length = None
+    first = None
+    for name, t in indices.items():
+        check_tensor(name, t)
+        if t.dtype not in INDEX_DTYPES:
+            raise TypeError(f"{op}: {name} must be int32 or int64, got {t.dtype}")
+        if t.dim() != 1:
+            raise ValueError(f"{op}: {name} must be 1-D [B], got shape {tuple(t.shape)}")
+        if t.device != device:
+            raise ValueError(
+                f"{op}: {name} is on {t.device} but conv_state is on {device}; index tensors "
+                f"must live on the cache's device (moving them would be a host sync)"
+            )
+        if length is None:
+            length, first = t.shape[0], name
+        elif t.shape[0] != length:
+            raise ValueError(
+                f"{op}: {name} has {t.shape[0]} rows but {first} has {length}; "
+                f"all index tensors must have the same length B"
+            )
+    assert length is not None
+    return length
+
+
+def check_writable(op: str, name: str, t: torch.Tensor) -> None:
+    """A destination whose elements overlap (e.g. made by expand) cannot be written row by row."""
+    if t.numel() > 1 and torch._debug_has_internal_overlap(t) == 1:
+        raise ValueError(
+            f"{op}: {name} has overlapping elements (strides {t.stride()}, e.g. from expand); "
+            f"it must be a writable tensor with one memory location per element"
+        )
+
+
+def check_no_shared_storage(op: str, dst_name: str, dst: torch.Tensor, **sources: torch.Tensor) -> None:
+    """Real tensors only: a destination that shares memory with a source would be read while written."""
+    dst_storage = dst.untyped_storage()
+    for name, src in sources.items():
+        if src.untyped_storage().data_ptr() == dst_storage.data_ptr() and dst_storage.nbytes() > 0:
+            raise ValueError(f"{op}: {dst_name} and {name} share storage; they must be separate buffers")
+
+
+def check_scatter_args(
+    conv_state: torch.Tensor,
+    windows: torch.Tensor,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    steps: torch.Tensor,
+    state_layout: str,
+) -> ScatterSizes:
+    """Validate a scatter call (see ops.scatter) and return its sizes."""
+    op = "convwin.scatter"
+    check_tensor("conv_state", conv_state)
+    check_tensor("windows", windows)
+    if state_layout not in STATE_LAYOUTS:
+        raise ValueError(f"{op}: state_layout must be one of {STATE_LAYOUTS}, got {state_layout!r}")
+    state_desc = "[L, N, dim, K-1]" if state_layout == DIM_MAJOR else "[L, N, K-1, dim]"
+    if conv_state.dim() != 4:
+        raise ValueError(
+            f"{op}: conv_state must be 4-D {state_desc} (state_layout={state_layout!r}), "
+            f"got shape {tuple(conv_state.shape)}"
+        )
+    if windows.dim() != 5:
+        raise ValueError(
+            f"{op}: windows must be 5-D [L, M, D, dim, K-1] (a dense buffer or a window_view), "
+            f"got shape {tuple(windows.shape)}"
+        )
+    check_cache_dtype(f"{op}: conv_state", conv_state)
+    check_cache_dtype(f"{op}: windows", windows)
+    if windows.device != conv_state.device:
+        raise ValueError(
+            f"{op}: windows is on {windows.device} but conv_state is on {conv_state.device}"
+        )
+    num_layers, num_state_slots = conv_state.shape[0], conv_state.shape[1]
+    if state_layout == WINDOW_MAJOR:
+        width, dim = conv_state.shape[2], conv_state.shape[3]
+    else:
+        dim, width = conv_state.shape[2], conv_state.shape[3]
+    w_layers, num_src_slots, num_draft, w_dim, w_width = windows.shape
+    for what, got, expected in (
+        ("layers (axis 0)", w_layers, num_layers),
+        ("dim (axis 3)", w_dim, dim),
+        ("K-1 (axis 4)", w_width, width),
+    ):
+        if got != expected:
+            raise ValueError(
+                f"{op}: windows {what} is {got} but conv_state has {expected} "
+                f"(windows shape {tuple(windows.shape)}, conv_state shape "
+                f"{tuple(conv_state.shape)} read as {state_desc})"
+            )
+    if width < 1:
+        raise ValueError(f"{op}: K-1 must be >= 1, got conv_state shape {tuple(conv_state.shape)}")
+    check_writable(op, "conv_state", conv_state)
+    num_rows = check_index_tensors(
+        op, conv_state.device, dst_slots=dst_slots, src_slots=src_slots, steps=steps
+    )
+    return ScatterSizes(
+        num_layers=num_layers,
+        num_state_slots=num_state_slots,
+        dim=dim,
+        width=width,
+        num_src_slots=num_src_slots,
+        num_draft=num_draft,
+        num_rows=num_rows,
+    )
+
+
+def check_scatter_index_values(
+    sizes: ScatterSizes, dst_slots: torch.Tensor, src_slots: torch.Tensor, steps: torch.Tensor
+) -> None:
+    """Checked mode: raise IndexError naming the first bad row (host sync; for debugging)."""
+    dst, src, step = dst_slots.tolist(), src_slots.tolist(), steps.tolist()
+    committed_from: dict[int, int] = {}
+    for row in range(sizes.num_rows):
+        if step[row] < 0 or dst[row] < 0:
+            continue  # a skipped row
+        if dst[row] >= sizes.num_state_slots:
+            raise IndexError(
+                f"convwin.scatter: dst_slots[{row}] = {dst[row]} is out of range for conv_state "
+                f"with {sizes.num_state_slots} slots (expected 0..{sizes.num_state_slots - 1}, "
+                f"or negative to skip the row)"
+            )
+        if not 0 <= src[row] < sizes.num_src_slots:
+            raise IndexError(
+                f"convwin.scatter: src_slots[{row}] = {src[row]} is out of range for windows "
+                f"with {sizes.num_src_slots} slots (expected 0..{sizes.num_src_slots - 1})"
+            )
+        if step[row] >= sizes.num_draft:
+            raise IndexError(
+                f"convwin.scatter: steps[{row}] = {step[row]} is out of range for windows with "
+                f"{sizes.num_draft} draft steps (expected 0..{sizes.num_draft - 1}, or negative "
+                f"to skip the row)"
+            )
+        if dst[row] in committed_from:
+            raise IndexError(
+                f"convwin.scatter: rows {committed_from[dst[row]]} and {row} both commit into "
+                f"conv_state slot {dst[row]}; which one lands would be unspecified"
+            )
+        committed_from[dst[row]] = row

@@ -1,0 +1,36 @@
+"""Test setup shared by every file.
+
+Without a GPU, Triton kernels run in Triton's interpreter (TRITON_INTERPRET=1, set here before
+any kernel is imported), so CPU-only CI still executes the real kernel code on tiny shapes.
+Tests marked ``gpu`` need CUDA and are skipped cleanly without it.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# ci: bounded and derandomised (same examples every run); dev: more; long: for soak runs.
+_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("ci", max_examples=40, derandomize=True, print_blob=True, **_common)
+settings.register_profile("dev", max_examples=200, **_common)
+settings.register_profile("long", max_examples=5000, **_common)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

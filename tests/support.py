@@ -1,0 +1,98 @@
+"""Helpers for the tests: implementations under test, strided tensors, whole-storage checks."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+
+import sgl_convwin
+from sgl_convwin import ops
+
+HAS_CUDA = torch.cuda.is_available()
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+try:
+    import triton  # noqa: F401
+
+    HAS_TRITON = True
+except ImportError:
+    HAS_TRITON = False
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation of the public ops, on one device."""
+
+    name: str
+    device: str
+    scatter: Callable[..., None]
+    # Triton's interpreter rounds float downcasts differently from the GPU (it truncates), so
+    # under it only exact casts (same dtype, or up to float32) can be compared bit for bit.
+    exact_casts_only: bool = False
+
+
+IMPLS = {
+    "cpu": Impl("cpu", "cpu", sgl_convwin.scatter),
+    "triton_interpret": Impl("triton_interpret", "cpu", ops._scatter_triton, exact_casts_only=True),
+    "cuda": Impl("cuda", "cuda", sgl_convwin.scatter),
+}
+
+
+def impl_params(*names: str):
+    """pytest params for the implementations this machine can run (others are skipped, with why)."""
+    params = []
+    for name in names or tuple(IMPLS):
+        marks = []
+        if name == "cuda":
+            marks.append(pytest.mark.gpu)
+        if name == "triton_interpret" and not (INTERPRET and HAS_TRITON):
+            marks.append(pytest.mark.skip(reason="Triton's interpreter runs only without a GPU"))
+        params.append(pytest.param(IMPLS[name], id=name, marks=marks))
+    return params
+
+
+CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def exact_cast(src: torch.dtype, dst: torch.dtype) -> bool:
+    return src == dst or dst == torch.float32
+
+
+def random_tensor(shape, dtype, device, generator: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=generator).to(dtype=dtype, device=device)
+
+
+def strided_tensor(shape, dtype, device, generator: torch.Generator, variant: str) -> torch.Tensor:
+    """A random tensor of ``shape`` with the memory layout ``variant`` names.
+
+    contiguous: plain. offset: inside a larger random storage, at a storage offset, with elements
+    after it too (sentinels for stray writes). permuted: its last two axes swapped in memory.
+    """
+    if variant == "contiguous":
+        return random_tensor(shape, dtype, device, generator)
+    if variant == "offset":
+        numel = 1
+        for size in shape:
+            numel *= size
+        storage = random_tensor((numel + 23,), dtype, device, generator)
+        return storage[7 : 7 + numel].view(shape)
+    if variant == "permuted":
+        swapped = (*shape[:-2], shape[-1], shape[-2])
+        return random_tensor(swapped, dtype, device, generator).transpose(-1, -2)
+    raise ValueError(variant)
+
+
+def whole_storage(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D tensor over all of t's storage, so a comparison sees stray writes anywhere in it."""
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
+
+
+def expected_storage(t: torch.Tensor, expected_view: torch.Tensor) -> torch.Tensor:
+    """t's whole storage as it must be once the region t covers holds ``expected_view``."""
+    result = whole_storage(t).clone()
+    result.as_strided(t.shape, t.stride(), t.storage_offset()).copy_(expected_view.to(t.device))
+    return result

@@ -1,0 +1,106 @@
+"""The public path under torch.compile(fullgraph=True): same results, no graph breaks, no clones."""
+
+import re
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+
+import sgl_convwin
+from sgl_convwin import reference
+from support import HAS_CUDA
+
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+L, M, N, D, K, DIM = 2, 3, 5, 4, 4, 16
+
+
+def commit_step(conv_state, buffer, dst, src, steps, layout, state_layout):
+    windows = sgl_convwin.window_view(buffer, layout, D, K)
+    sgl_convwin.scatter(conv_state, windows, dst, src, steps, state_layout=state_layout)
+
+
+def inputs(device, layout, state_layout, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    buffer = torch.randn(sgl_convwin.physical_shape(layout, L, M, DIM, D, K), generator=generator)
+    shape = (L, N, DIM, K - 1) if state_layout == "dim_major" else (L, N, K - 1, DIM)
+    conv_state = torch.randn(shape, generator=generator)
+    dst = torch.tensor([3, -1, 0, 1])
+    src = torch.tensor([2, 0, 0, 1], dtype=torch.int32)
+    steps = torch.tensor([1, 2, 3, 0])
+    return [t.to(device) for t in (conv_state, buffer, dst, src, steps)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_layout", sgl_convwin.STATE_LAYOUTS)
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+def test_compiled_commit_matches_oracle(device, layout, state_layout):
+    torch._dynamo.reset()
+    conv_state, buffer, dst, src, steps = inputs(device, layout, state_layout)
+    windows = sgl_convwin.window_view(buffer, layout, D, K)
+    expected = reference.scatter_reference(conv_state, windows, dst, src, steps, state_layout)
+    compiled = torch.compile(commit_step, fullgraph=True)
+    compiled(conv_state, buffer, dst, src, steps, layout, state_layout)
+    assert torch.equal(conv_state.cpu(), expected)
+
+
+def allocations(code: str) -> list[str]:
+    return re.findall(r"empty_strided_\w+\(\([^)]*\)", code)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_layout", sgl_convwin.STATE_LAYOUTS)
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+def test_compiled_commit_does_not_copy_the_cache(device, layout, state_layout):
+    """Inductor must call the op in place on the caller's buffers: no clone, no copy-back."""
+    torch._dynamo.reset()
+    args = inputs(device, layout, state_layout, seed=1)
+    compiled = torch.compile(commit_step, fullgraph=True)
+    _, codes = run_and_get_code(compiled, *args, layout, state_layout)
+    code = "\n".join(codes)
+    assert "torch.ops.convwin.scatter.default(" in code
+    assert allocations(code) == [], allocations(code)
+    assert ".copy_(" not in code and "clone" not in code
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_window_major_view_is_not_cloned_either(device):
+    """Passing a transposed view of a window-major state also runs in place (checked here)."""
+    torch._dynamo.reset()
+    conv_state, buffer, dst, src, steps = inputs(device, "token_major", "window_major", seed=2)
+    windows = sgl_convwin.window_view(buffer, "token_major", D, K)
+    expected = reference.scatter_reference(conv_state, windows, dst, src, steps, "window_major")
+
+    def step(conv_state, buffer, dst, src, steps):
+        windows = sgl_convwin.window_view(buffer, "token_major", D, K)
+        sgl_convwin.scatter(conv_state.transpose(-1, -2), windows, dst, src, steps)
+
+    _, codes = run_and_get_code(torch.compile(step, fullgraph=True), conv_state, buffer, dst, src, steps)
+    assert allocations("\n".join(codes)) == []
+    assert torch.equal(conv_state.cpu(), expected)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dynamic_batch_compiles_at_most_twice(device):
+    torch._dynamo.reset()
+    compiles = 0
+
+    def counting_backend(graph_module, example_inputs):
+        nonlocal compiles
+        compiles += 1
+        return graph_module.forward
+
+    conv_state, buffer, _, _, _ = inputs(device, "token_major", "dim_major")
+    step = torch.compile(commit_step, fullgraph=True, dynamic=True, backend=counting_backend)
+    generator = torch.Generator().manual_seed(3)
+    for batch in (1, 2, 3, 7, 64, 200, 512):
+        active = min(batch, N)  # distinct destinations, the rest padding
+        dst = torch.full((batch,), -1, dtype=torch.int64)
+        dst[:active] = torch.randperm(N, generator=generator)[:active]
+        src = torch.randint(0, M, (batch,), generator=generator)
+        steps = torch.randint(-1, D, (batch,), generator=generator)
+        dst, src, steps = dst.to(device), src.to(device), steps.to(device)
+        windows = sgl_convwin.window_view(buffer, "token_major", D, K)
+        expected = reference.scatter_reference(conv_state, windows, dst, src, steps)
+        step(conv_state, buffer, dst, src, steps, "token_major", "dim_major")
+        assert torch.equal(conv_state.cpu(), expected)
+    assert compiles <= 2, f"{compiles} compilations for batch sizes 1..512"

@@ -1,0 +1,97 @@
+"""CUDA graphs: capture a commit once, rewrite the static indices, replay, compare with the oracle."""
+
+import pytest
+import torch
+
+import sgl_convwin
+from sgl_convwin import reference
+from support import whole_storage
+
+pytestmark = pytest.mark.gpu
+
+L, M, N, D, K, DIM, B = 3, 8, 16, 4, 4, 512, 8
+
+
+def random_rows(generator, batch=B):
+    """A padded batch: distinct destinations, some rows skipped, steps anywhere in the chain."""
+    dst = torch.randperm(N, generator=generator)[:batch]
+    dst[torch.rand(batch, generator=generator) < 0.25] = -1
+    src = torch.randint(0, M, (batch,), generator=generator)
+    steps = torch.randint(-1, D, (batch,), generator=generator)
+    return dst, src, steps
+
+
+@pytest.mark.parametrize("state_layout", sgl_convwin.STATE_LAYOUTS)
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+def test_capture_and_replay_with_new_indices(layout, state_layout):
+    generator = torch.Generator().manual_seed(0)
+    buffer = sgl_convwin.alloc_windows(L, M, DIM, D, K, layout=layout, device="cuda")
+    windows = sgl_convwin.window_view(buffer, layout, D, K)
+    shape = (L, N, DIM, K - 1) if state_layout == "dim_major" else (L, N, K - 1, DIM)
+    conv_state = torch.zeros(shape, dtype=torch.bfloat16, device="cuda")
+    static = [t.cuda() for t in random_rows(generator)]
+    static[1] = static[1].to(torch.int32)
+
+    def commit():
+        sgl_convwin.scatter(conv_state, windows, *static, state_layout=state_layout)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up: compiles the kernel outside the capture
+        commit()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        commit()
+
+    for _ in range(20):
+        buffer.copy_(torch.randn(buffer.shape, generator=generator))
+        conv_state.copy_(torch.randn(shape, generator=generator))
+        for static_tensor, fresh in zip(static, random_rows(generator)):
+            static_tensor.copy_(fresh)
+        expected = reference.scatter_reference(conv_state, windows, *static, state_layout)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(conv_state.cpu(), expected)
+
+
+def test_replay_leaves_the_rest_of_the_pool_untouched():
+    """conv_state is a slice of a larger pool: replays never write outside it."""
+    generator = torch.Generator().manual_seed(1)
+    pool = torch.randn(L + 2, N + 3, DIM, K - 1, generator=generator).cuda()
+    conv_state = pool[1 : L + 1, 2 : N + 2]
+    buffer = torch.randn(sgl_convwin.physical_shape("token_major", L, M, DIM, D, K), generator=generator).cuda()
+    windows = sgl_convwin.window_view(buffer, "token_major", D, K)
+    dst, src, steps = (t.cuda() for t in random_rows(generator))
+    sgl_convwin.scatter(conv_state, windows, dst, src, steps)  # warm up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sgl_convwin.scatter(conv_state, windows, dst, src, steps)
+    for _ in range(10):
+        for static_tensor, fresh in zip((dst, src, steps), random_rows(generator)):
+            static_tensor.copy_(fresh)
+        expected = reference.scatter_reference(conv_state, windows, dst, src, steps)
+        want = whole_storage(pool).clone()
+        want.as_strided(conv_state.shape, conv_state.stride(), conv_state.storage_offset()).copy_(expected)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(whole_storage(pool), want)
+
+
+def test_checked_mode_is_skipped_during_capture():
+    """The checked mode reads indices on the host, which capture forbids: it steps aside."""
+    buffer = torch.randn(sgl_convwin.physical_shape("token_major", L, M, DIM, D, K), device="cuda")
+    windows = sgl_convwin.window_view(buffer, "token_major", D, K)
+    conv_state = torch.zeros(L, N, DIM, K - 1, device="cuda")
+    index = torch.zeros(1, dtype=torch.int64, device="cuda")
+    sgl_convwin.scatter(conv_state, windows, index, index, index)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with sgl_convwin.index_checks(), torch.cuda.graph(graph):
+        sgl_convwin.scatter(conv_state, windows, index, index, index)
+    conv_state.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(conv_state[:, 0], windows[:, 0, 0])
+    assert not conv_state[:, 1:].any()

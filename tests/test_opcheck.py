@@ -1,0 +1,49 @@
+"""Registration checks (torch.library.opcheck): schemas, fakes, mutation declarations, AOT.
+
+Kept apart from the numeric tests; these say nothing about values beyond what opcheck compares.
+"""
+
+import pytest
+import torch
+
+import sgl_convwin
+from support import HAS_CUDA, strided_tensor
+
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+
+
+def scatter_samples(device):
+    generator = torch.Generator().manual_seed(0)
+    L, M, N, D, K, dim = 2, 3, 4, 4, 4, 24
+    dst = torch.tensor([2, -1, 0, 3], device=device)
+    src = torch.tensor([0, 1, 2, 1], device=device, dtype=torch.int32)
+    steps = torch.tensor([3, 0, 1, -1], device=device)
+    for layout in sgl_convwin.LAYOUTS:
+        for variant in ("contiguous", "offset", "permuted"):
+            for state_layout in sgl_convwin.STATE_LAYOUTS:
+                physical = sgl_convwin.physical_shape(layout, L, M, dim, D, K)
+                buffer = strided_tensor(physical, torch.bfloat16, device, generator, variant)
+                windows = sgl_convwin.window_view(buffer, layout, D, K)
+                shape = (L, N, dim, K - 1) if state_layout == "dim_major" else (L, N, K - 1, dim)
+                conv_state = strided_tensor(shape, torch.float32, device, generator, variant)
+                name = f"{layout}-{variant}-{state_layout}"
+                yield name, (conv_state, windows, dst, src, steps), {"state_layout": state_layout}
+    empty = torch.empty(0, dtype=torch.int64, device=device)
+    yield "B=0", (torch.zeros(L, N, dim, K - 1, device=device), windows, empty, empty, empty), {}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_scatter(device):
+    for name, args, kwargs in scatter_samples(device):
+        try:
+            torch.library.opcheck(torch.ops.convwin.scatter.default, args, kwargs)
+        except Exception as error:  # name the sample that failed
+            raise AssertionError(f"opcheck failed for sample {name}") from error
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+def test_opcheck_alloc(device, layout):
+    for dtype in (torch.float32, torch.bfloat16):
+        args = (2, 3, 8, 4, 4, layout, dtype, torch.device(device))
+        torch.library.opcheck(torch.ops.convwin.alloc.default, args)
