@@ -100,7 +100,7 @@ def _run_scatter(
     state_layout: str,
 ) -> None:
     sizes = check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
-    check_no_shared_storage("convwin.scatter", "conv_state", conv_state, windows=windows)
+    check_no_shared_storage("convwin.scatter", "conv_state", conv_state, "windows", windows)
     if should_check_index_values(conv_state):
         check_scatter_index_values(sizes, dst_slots, src_slots, steps)
     # Kernels see every state as [L, N, dim, K-1]; a window-major one is a transposed view.
@@ -132,6 +132,30 @@ def _scatter_fake(conv_state, windows, dst_slots, src_slots, steps, *, state_lay
     check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
 
 
+def _eager_kernel(*tensors: torch.Tensor) -> _ScatterKernel | None:
+    """The kernel to call directly, bypassing the dispatcher, or None to go through the op.
+
+    The dispatcher costs more than the whole kernel at small batches, so plain eager calls on
+    CPU or CUDA tensors skip it (quack does the same). Everything else -- tracing by
+    torch.compile, fake or functional tensors, an active dispatch mode (make_fx, FakeTensorMode),
+    autograd -- goes through the registered op, so graphs still see ``convwin::scatter``.
+    """
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        return None
+    for t in tensors:
+        if type(t) is not torch.Tensor:
+            return None
+    conv_state = tensors[0]
+    if conv_state.requires_grad:
+        return None
+    device_type = conv_state.device.type
+    if device_type == "cuda":
+        return triton_kernels().launch_scatter
+    if device_type == "cpu":
+        return cpu.scatter_cpu
+    return None
+
+
 def scatter(
     conv_state: torch.Tensor,
     windows: torch.Tensor,
@@ -153,7 +177,13 @@ def scatter(
     dst_slots, src_slots, steps: [B], int32 or int64, on conv_state's device. Negative step or
         destination skips the row (pad batches with -1). Out-of-range values skip the row too;
         ``sgl_convwin.index_checks()`` turns them into an IndexError (host sync, for debugging).
+
+    Same as ``torch.ops.convwin.scatter``; eager calls skip the dispatcher (see _eager_kernel).
     """
-    torch.ops.convwin.scatter(
-        conv_state, windows, dst_slots, src_slots, steps, state_layout=state_layout
-    )
+    kernel = _eager_kernel(conv_state, windows, dst_slots, src_slots, steps)
+    if kernel is not None:
+        _run_scatter(kernel, conv_state, windows, dst_slots, src_slots, steps, state_layout)
+    else:
+        torch.ops.convwin.scatter(
+            conv_state, windows, dst_slots, src_slots, steps, state_layout=state_layout
+        )

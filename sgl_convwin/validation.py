@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 
@@ -64,8 +63,7 @@ def should_check_index_values(*tensors: torch.Tensor) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ScatterSizes:
+class ScatterSizes(NamedTuple):
     num_layers: int  # L
     num_state_slots: int  # N
     dim: int
@@ -73,10 +71,6 @@ class ScatterSizes:
     num_src_slots: int  # M
     num_draft: int  # D
     num_rows: int  # B
-
-
-def _describe(t: torch.Tensor) -> str:
-    return f"shape {tuple(t.shape)}, dtype {t.dtype}, device {t.device}"
 
 
 def check_tensor(name: str, value: object) -> torch.Tensor:
@@ -88,18 +82,17 @@ def check_tensor(name: str, value: object) -> torch.Tensor:
 def check_cache_dtype(name: str, t: torch.Tensor) -> None:
     if t.dtype not in CACHE_DTYPES:
         raise TypeError(
-            f"{name} must be float32, float16 or bfloat16, got {t.dtype} ({_describe(t)})"
+            f"{name} must be float32, float16 or bfloat16, got {t.dtype} "
+            f"(shape {tuple(t.shape)}, device {t.device})"
         )
 
 
-def check_index_tensors(
-    op: str, device: torch.device, **indices: torch.Tensor
-) -> int:
+def check_index_tensors(op: str, device: torch.device, names: tuple[str, ...], *indices: torch.Tensor) -> int:
     """Index tensors are 1-D, int32/int64, of one length, on ``device``; returns that length."""
     length = None
-    first = None
-    for name, t in indices.items():
-        check_tensor(name, t)
+    for name, t in zip(names, indices):
+        if not isinstance(t, torch.Tensor):
+            check_tensor(f"{op}: {name}", t)
         if t.dtype not in INDEX_DTYPES:
             raise TypeError(f"{op}: {name} must be int32 or int64, got {t.dtype}")
         if t.dim() != 1:
@@ -110,10 +103,10 @@ def check_index_tensors(
                 f"must live on the cache's device (moving them would be a host sync)"
             )
         if length is None:
-            length, first = t.shape[0], name
+            length = t.shape[0]
         elif t.shape[0] != length:
             raise ValueError(
-                f"{op}: {name} has {t.shape[0]} rows but {first} has {length}; "
+                f"{op}: {name} has {t.shape[0]} rows but {names[0]} has {length}; "
                 f"all index tensors must have the same length B"
             )
     assert length is not None
@@ -122,19 +115,23 @@ def check_index_tensors(
 
 def check_writable(op: str, name: str, t: torch.Tensor) -> None:
     """A destination whose elements overlap (e.g. made by expand) cannot be written row by row."""
-    if t.numel() > 1 and torch._debug_has_internal_overlap(t) == 1:
+    if torch._debug_has_internal_overlap(t) == 1:
         raise ValueError(
             f"{op}: {name} has overlapping elements (strides {t.stride()}, e.g. from expand); "
             f"it must be a writable tensor with one memory location per element"
         )
 
 
-def check_no_shared_storage(op: str, dst_name: str, dst: torch.Tensor, **sources: torch.Tensor) -> None:
+def check_no_shared_storage(op: str, dst_name: str, dst: torch.Tensor, src_name: str, src: torch.Tensor) -> None:
     """Real tensors only: a destination that shares memory with a source would be read while written."""
     dst_storage = dst.untyped_storage()
-    for name, src in sources.items():
-        if src.untyped_storage().data_ptr() == dst_storage.data_ptr() and dst_storage.nbytes() > 0:
-            raise ValueError(f"{op}: {dst_name} and {name} share storage; they must be separate buffers")
+    if src.untyped_storage().data_ptr() == dst_storage.data_ptr() and dst_storage.nbytes() > 0:
+        raise ValueError(f"{op}: {dst_name} and {src_name} share storage; they must be separate buffers")
+
+
+_SCATTER = "convwin.scatter"
+_SCATTER_INDICES = ("dst_slots", "src_slots", "steps")
+_STATE_DESC = {DIM_MAJOR: "[L, N, dim, K-1]", WINDOW_MAJOR: "[L, N, K-1, dim]"}
 
 
 def check_scatter_args(
@@ -145,61 +142,58 @@ def check_scatter_args(
     steps: torch.Tensor,
     state_layout: str,
 ) -> ScatterSizes:
-    """Validate a scatter call (see ops.scatter) and return its sizes."""
-    op = "convwin.scatter"
-    check_tensor("conv_state", conv_state)
-    check_tensor("windows", windows)
-    if state_layout not in STATE_LAYOUTS:
+    """Validate a scatter call (see ops.scatter) and return its sizes.
+
+    Runs on every eager call, so the passing path is kept short; messages are built on failure.
+    """
+    op = _SCATTER
+    if not isinstance(conv_state, torch.Tensor):
+        check_tensor(f"{op}: conv_state", conv_state)
+    if not isinstance(windows, torch.Tensor):
+        check_tensor(f"{op}: windows", windows)
+    state_desc = _STATE_DESC.get(state_layout)
+    if state_desc is None:
         raise ValueError(f"{op}: state_layout must be one of {STATE_LAYOUTS}, got {state_layout!r}")
-    state_desc = "[L, N, dim, K-1]" if state_layout == DIM_MAJOR else "[L, N, K-1, dim]"
-    if conv_state.dim() != 4:
+    state_shape, window_shape = conv_state.shape, windows.shape
+    if len(state_shape) != 4:
         raise ValueError(
             f"{op}: conv_state must be 4-D {state_desc} (state_layout={state_layout!r}), "
-            f"got shape {tuple(conv_state.shape)}"
+            f"got shape {tuple(state_shape)}"
         )
-    if windows.dim() != 5:
+    if len(window_shape) != 5:
         raise ValueError(
             f"{op}: windows must be 5-D [L, M, D, dim, K-1] (a dense buffer or a window_view), "
-            f"got shape {tuple(windows.shape)}"
+            f"got shape {tuple(window_shape)}"
         )
-    check_cache_dtype(f"{op}: conv_state", conv_state)
-    check_cache_dtype(f"{op}: windows", windows)
-    if windows.device != conv_state.device:
-        raise ValueError(
-            f"{op}: windows is on {windows.device} but conv_state is on {conv_state.device}"
-        )
-    num_layers, num_state_slots = conv_state.shape[0], conv_state.shape[1]
-    if state_layout == WINDOW_MAJOR:
-        width, dim = conv_state.shape[2], conv_state.shape[3]
+    if conv_state.dtype not in CACHE_DTYPES:
+        check_cache_dtype(f"{op}: conv_state", conv_state)
+    if windows.dtype not in CACHE_DTYPES:
+        check_cache_dtype(f"{op}: windows", windows)
+    device = conv_state.device
+    if windows.device != device:
+        raise ValueError(f"{op}: windows is on {windows.device} but conv_state is on {device}")
+    if state_layout == DIM_MAJOR:
+        num_layers, num_state_slots, dim, width = state_shape
     else:
-        dim, width = conv_state.shape[2], conv_state.shape[3]
-    w_layers, num_src_slots, num_draft, w_dim, w_width = windows.shape
-    for what, got, expected in (
-        ("layers (axis 0)", w_layers, num_layers),
-        ("dim (axis 3)", w_dim, dim),
-        ("K-1 (axis 4)", w_width, width),
-    ):
-        if got != expected:
-            raise ValueError(
-                f"{op}: windows {what} is {got} but conv_state has {expected} "
-                f"(windows shape {tuple(windows.shape)}, conv_state shape "
-                f"{tuple(conv_state.shape)} read as {state_desc})"
-            )
+        num_layers, num_state_slots, width, dim = state_shape
+    w_layers, num_src_slots, num_draft, w_dim, w_width = window_shape
+    if w_layers != num_layers or w_dim != dim or w_width != width:
+        for what, got, expected in (
+            ("layers (axis 0)", w_layers, num_layers),
+            ("dim (axis 3)", w_dim, dim),
+            ("K-1 (axis 4)", w_width, width),
+        ):
+            if got != expected:
+                raise ValueError(
+                    f"{op}: windows {what} is {got} but conv_state has {expected} "
+                    f"(windows shape {tuple(window_shape)}, conv_state shape "
+                    f"{tuple(state_shape)} read as {state_desc})"
+                )
     if width < 1:
-        raise ValueError(f"{op}: K-1 must be >= 1, got conv_state shape {tuple(conv_state.shape)}")
+        raise ValueError(f"{op}: K-1 must be >= 1, got conv_state shape {tuple(state_shape)}")
     check_writable(op, "conv_state", conv_state)
-    num_rows = check_index_tensors(
-        op, conv_state.device, dst_slots=dst_slots, src_slots=src_slots, steps=steps
-    )
-    return ScatterSizes(
-        num_layers=num_layers,
-        num_state_slots=num_state_slots,
-        dim=dim,
-        width=width,
-        num_src_slots=num_src_slots,
-        num_draft=num_draft,
-        num_rows=num_rows,
-    )
+    num_rows = check_index_tensors(op, device, _SCATTER_INDICES, dst_slots, src_slots, steps)
+    return ScatterSizes(num_layers, num_state_slots, dim, width, num_src_slots, num_draft, num_rows)
 
 
 def check_scatter_index_values(

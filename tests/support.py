@@ -35,10 +35,17 @@ class Impl:
     exact_casts_only: bool = False
 
 
+def _dispatched_scatter(*args, **kwargs):
+    torch.ops.convwin.scatter(*args, **kwargs)
+
+
+# sgl_convwin.scatter skips the dispatcher in eager mode; the *_op entries go through it.
 IMPLS = {
     "cpu": Impl("cpu", "cpu", sgl_convwin.scatter),
+    "cpu_op": Impl("cpu_op", "cpu", _dispatched_scatter),
     "triton_interpret": Impl("triton_interpret", "cpu", ops._scatter_triton, exact_casts_only=True),
     "cuda": Impl("cuda", "cuda", sgl_convwin.scatter),
+    "cuda_op": Impl("cuda_op", "cuda", _dispatched_scatter),
 }
 
 
@@ -47,7 +54,7 @@ def impl_params(*names: str):
     params = []
     for name in names or tuple(IMPLS):
         marks = []
-        if name == "cuda":
+        if IMPLS[name].device == "cuda":
             marks.append(pytest.mark.gpu)
         if name == "triton_interpret" and not (INTERPRET and HAS_TRITON):
             marks.append(pytest.mark.skip(reason="Triton's interpreter runs only without a GPU"))

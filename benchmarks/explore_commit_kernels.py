@@ -1,0 +1,173 @@
+"""Exploration (kept as a record): which kernel shape commits a token-major / channel-major window
+into a dim-major conv state fastest. Prints one table; see docs/benchmarks.md for the reading.
+
+    python benchmarks/explore_commit_kernels.py      (CUDA)
+"""
+
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+import sgl_convwin
+from sgl_convwin._kernels import triton_kernels
+
+
+@triton.jit
+def _dst_flat_kernel(state_ptr, win_ptr, dst_ptr, src_ptr, steps_ptr, num_blocks, dim,
+                     ssl, sss, wsl, wss, wst, wsd, wsw,
+                     WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """Walk the destination window [dim, K-1] flat (contiguous stores), gather the source."""
+    pid = tl.program_id(0)
+    row = pid // num_blocks
+    block = pid % num_blocks
+    layer = tl.program_id(1).to(tl.int64)
+    step = tl.load(steps_ptr + row).to(tl.int64)
+    dst = tl.load(dst_ptr + row).to(tl.int64)
+    src = tl.load(src_ptr + row).to(tl.int64)
+    if (step >= 0) & (dst >= 0):
+        flat = block * BLOCK + tl.arange(0, BLOCK)
+        mask = flat < dim * WIDTH
+        chan = flat // WIDTH
+        col = flat - chan * WIDTH
+        values = tl.load(win_ptr + layer * wsl + src * wss + step * wst + chan * wsd + col * wsw, mask=mask)
+        tl.store(state_ptr + layer * ssl + dst * sss + flat, values.to(state_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _src_flat_kernel(state_ptr, win_ptr, dst_ptr, src_ptr, steps_ptr, num_blocks, dim,
+                     ssl, sss, wsl, wss, wst,
+                     WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """Token-major only: walk the source block [K-1, dim] flat (contiguous loads), scatter stores."""
+    pid = tl.program_id(0)
+    row = pid // num_blocks
+    block = pid % num_blocks
+    layer = tl.program_id(1).to(tl.int64)
+    step = tl.load(steps_ptr + row).to(tl.int64)
+    dst = tl.load(dst_ptr + row).to(tl.int64)
+    src = tl.load(src_ptr + row).to(tl.int64)
+    if (step >= 0) & (dst >= 0):
+        flat = block * BLOCK + tl.arange(0, BLOCK)
+        mask = flat < dim * WIDTH
+        col = flat // dim
+        chan = flat - col * dim
+        values = tl.load(win_ptr + layer * wsl + src * wss + step * wst + flat, mask=mask)
+        tl.store(state_ptr + layer * ssl + dst * sss + chan * WIDTH + col, values.to(state_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rows_kernel(state_ptr, win_ptr, dst_ptr, src_ptr, steps_ptr, num_blocks, dim,
+                 ssl, sss, wsl, wss, wst, wsd, wsw,
+                 WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """One contiguous row of the source per window column, stored with stride K-1."""
+    pid = tl.program_id(0)
+    row = pid // num_blocks
+    block = pid % num_blocks
+    layer = tl.program_id(1).to(tl.int64)
+    step = tl.load(steps_ptr + row).to(tl.int64)
+    dst = tl.load(dst_ptr + row).to(tl.int64)
+    src = tl.load(src_ptr + row).to(tl.int64)
+    if (step >= 0) & (dst >= 0):
+        chan = block * BLOCK + tl.arange(0, BLOCK)
+        mask = chan < dim
+        base_in = win_ptr + layer * wsl + src * wss + step * wst + chan * wsd
+        base_out = state_ptr + layer * ssl + dst * sss + chan * WIDTH
+        for col in tl.static_range(WIDTH):
+            values = tl.load(base_in + col * wsw, mask=mask)
+            tl.store(base_out + col, values.to(state_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_dst_flat(state, windows, dst, src, steps, block, warps):
+    L, N, dim, W = state.shape
+    nb = triton.cdiv(dim * W, block)
+    _dst_flat_kernel[(steps.shape[0] * nb, L)](state, windows, dst, src, steps, nb, dim,
+        state.stride(0), state.stride(1), windows.stride(0), windows.stride(1), windows.stride(2),
+        windows.stride(3), windows.stride(4), WIDTH=W, BLOCK=block, num_warps=warps)
+
+
+def launch_src_flat(state, windows, dst, src, steps, block, warps):
+    L, N, dim, W = state.shape
+    nb = triton.cdiv(dim * W, block)
+    _src_flat_kernel[(steps.shape[0] * nb, L)](state, windows, dst, src, steps, nb, dim,
+        state.stride(0), state.stride(1), windows.stride(0), windows.stride(1), windows.stride(2),
+        WIDTH=W, BLOCK=block, num_warps=warps)
+
+
+def launch_rows(state, windows, dst, src, steps, block, warps):
+    L, N, dim, W = state.shape
+    nb = triton.cdiv(dim, block)
+    _rows_kernel[(steps.shape[0] * nb, L)](state, windows, dst, src, steps, nb, dim,
+        state.stride(0), state.stride(1), windows.stride(0), windows.stride(1), windows.stride(2),
+        windows.stride(3), windows.stride(4), WIDTH=W, BLOCK=block, num_warps=warps)
+
+
+def launch_tile(state, windows, dst, src, steps, block, warps):
+    """The package kernel's strided tile path with a chosen block and warp count."""
+    kernel = triton_kernels().scatter._scatter_windows_kernel
+    L, N, dim, W = state.shape
+    nb = triton.cdiv(dim, block)
+    kernel[(steps.shape[0] * nb, L)](state, windows, dst, src, steps, N, windows.shape[1], windows.shape[2],
+        dim, nb, *state.stride(), *windows.stride(), dst.stride(0), src.stride(0), steps.stride(0),
+        WIDTH=W, WIDTH_PAD=triton.next_power_of_2(W), BLOCK=block, FLAT=False, num_warps=warps)
+
+
+def main():
+    L, dim, D, K = 36, 8192, 4, 4
+    ceiling_src = torch.randn(1 << 29, device="cuda", dtype=torch.bfloat16)
+    ceiling_dst = torch.empty_like(ceiling_src)
+    ms = triton.testing.do_bench(lambda: ceiling_dst.copy_(ceiling_src), return_mode="median")
+    ceiling = 4 * (1 << 29) / (ms * 1e-3) / 1e9
+    del ceiling_src, ceiling_dst
+    print(f"copy ceiling {ceiling:.0f} GB/s; {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
+    results = []
+    for B in (8, 64, 256):
+        slots = max(B, 8)
+        g = torch.Generator(device="cuda").manual_seed(0)
+        dst = torch.randperm(slots, device="cuda", generator=g)[:B]
+        src = torch.randperm(slots, device="cuda", generator=g)[:B]
+        steps = torch.randint(0, D, (B,), device="cuda", generator=g)
+        state = torch.zeros(L, slots, dim, K - 1, device="cuda", dtype=torch.bfloat16)
+        nbytes = 2 * B * L * dim * (K - 1) * 2
+        for layout in ("token_major", "channel_major"):
+            buf = sgl_convwin.alloc_windows(L, slots, dim, D, K, layout=layout, device="cuda")
+            buf.copy_(torch.randn(buf.shape, device="cuda", generator=g))
+            win = sgl_convwin.window_view(buf, layout, D, K)
+            want = state.clone()
+            want[:, dst] = win[:, src, steps]
+            variants = [("op", lambda: sgl_convwin.scatter(state, win, dst, src, steps))]
+            for block in (128, 256, 512):
+                for warps in (4, 8):
+                    variants.append((f"tile d{block} w{warps}", lambda b=block, w=warps: launch_tile(state, win, dst, src, steps, b, w)))
+            for block in (1024, 2048, 4096):
+                for warps in (4, 8):
+                    variants.append((f"dst_flat {block} w{warps}", lambda b=block, w=warps: launch_dst_flat(state, win, dst, src, steps, b, w)))
+            for block in (256, 512, 1024, 2048):
+                for warps in (4, 8):
+                    variants.append((f"rows {block} w{warps}", lambda b=block, w=warps: launch_rows(state, win, dst, src, steps, b, w)))
+            if layout == "token_major":
+                for block in (1024, 2048, 4096):
+                    for warps in (4, 8):
+                        variants.append((f"src_flat {block} w{warps}", lambda b=block, w=warps: launch_src_flat(state, win, dst, src, steps, b, w)))
+            for name, fn in variants:
+                state.zero_()
+                fn()
+                ok = torch.equal(state, want)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    for _ in range(10):
+                        fn()
+                us = triton.testing.do_bench(graph.replay, return_mode="median") * 1e3 / 10
+                results.append((B, layout, name, us, nbytes / (us * 1e-6) / 1e9 / ceiling, ok))
+                print(f"B={B:<4} {layout:14} {name:22} {us:8.1f} us/launch (graph)  {results[-1][4]:6.1%}  {'ok' if ok else 'WRONG'}", flush=True)
+            del buf, win
+    print("\nbest per (B, layout):")
+    for B in (8, 64, 256):
+        for layout in ("token_major", "channel_major"):
+            rows = sorted((r for r in results if r[0] == B and r[1] == layout and r[5]), key=lambda r: r[3])
+            op = [r for r in results if r[0] == B and r[1] == layout and r[2] == "op"][0]
+            print(f"B={B:<4} {layout:14} op {op[3]:7.1f} us | " + " | ".join(f"{r[2]} {r[3]:.1f} us {r[4]:.0%}" for r in rows[:4]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
