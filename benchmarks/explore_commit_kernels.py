@@ -112,6 +112,10 @@ def launch_tile(state, windows, dst, src, steps, block, warps):
         WIDTH=W, WIDTH_PAD=triton.next_power_of_2(W), BLOCK=block, FLAT=False, num_warps=warps)
 
 
+def launch_op_kernel(state, windows, dst, src, steps, block, warps):
+    triton_kernels().launch_scatter(state, windows, dst, src, steps, block=block, num_warps=warps)
+
+
 def main():
     L, dim, D, K = 36, 8192, 4, 4
     ceiling_src = torch.randn(1 << 29, device="cuda", dtype=torch.bfloat16)
@@ -121,34 +125,35 @@ def main():
     del ceiling_src, ceiling_dst
     print(f"copy ceiling {ceiling:.0f} GB/s; {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
     results = []
-    for B in (8, 64, 256):
+    batches = (1, 8, 64, 256, 512)
+    layouts = ("dense", "token_major", "channel_major", "token_major->window_major")
+    for B in batches:
         slots = max(B, 8)
         g = torch.Generator(device="cuda").manual_seed(0)
         dst = torch.randperm(slots, device="cuda", generator=g)[:B]
         src = torch.randperm(slots, device="cuda", generator=g)[:B]
         steps = torch.randint(0, D, (B,), device="cuda", generator=g)
-        state = torch.zeros(L, slots, dim, K - 1, device="cuda", dtype=torch.bfloat16)
         nbytes = 2 * B * L * dim * (K - 1) * 2
-        for layout in ("token_major", "channel_major"):
+        for case in layouts:
+            layout = case.split("->")[0]
+            window_major = case.endswith("window_major")
+            state_phys = torch.zeros(L, slots, K - 1, dim, device="cuda", dtype=torch.bfloat16) if window_major else \
+                torch.zeros(L, slots, dim, K - 1, device="cuda", dtype=torch.bfloat16)
+            state = state_phys.transpose(2, 3) if window_major else state_phys
             buf = sgl_convwin.alloc_windows(L, slots, dim, D, K, layout=layout, device="cuda")
             buf.copy_(torch.randn(buf.shape, device="cuda", generator=g))
             win = sgl_convwin.window_view(buf, layout, D, K)
             want = state.clone()
             want[:, dst] = win[:, src, steps]
-            variants = [("op", lambda: sgl_convwin.scatter(state, win, dst, src, steps))]
-            for block in (128, 256, 512):
-                for warps in (4, 8):
-                    variants.append((f"tile d{block} w{warps}", lambda b=block, w=warps: launch_tile(state, win, dst, src, steps, b, w)))
-            for block in (1024, 2048, 4096):
-                for warps in (4, 8):
-                    variants.append((f"dst_flat {block} w{warps}", lambda b=block, w=warps: launch_dst_flat(state, win, dst, src, steps, b, w)))
-            for block in (256, 512, 1024, 2048):
-                for warps in (4, 8):
-                    variants.append((f"rows {block} w{warps}", lambda b=block, w=warps: launch_rows(state, win, dst, src, steps, b, w)))
-            if layout == "token_major":
-                for block in (1024, 2048, 4096):
-                    for warps in (4, 8):
-                        variants.append((f"src_flat {block} w{warps}", lambda b=block, w=warps: launch_src_flat(state, win, dst, src, steps, b, w)))
+            variants = []
+            for block in (1024, 2048, 4096, 8192, 16384):
+                for warps in (4, 8, 16):
+                    if block // (32 * warps) < 4:
+                        continue
+                    variants.append((f"op {block} w{warps}", lambda b=block, w=warps: launch_op_kernel(state, win, dst, src, steps, b, w)))
+            if case == "channel_major":
+                for block in (1024, 4096):
+                    variants.append((f"rows {block} w4", lambda b=block: launch_rows(state, win, dst, src, steps, b, 4)))
             for name, fn in variants:
                 state.zero_()
                 fn()
@@ -158,15 +163,19 @@ def main():
                     for _ in range(10):
                         fn()
                 us = triton.testing.do_bench(graph.replay, return_mode="median") * 1e3 / 10
-                results.append((B, layout, name, us, nbytes / (us * 1e-6) / 1e9 / ceiling, ok))
-                print(f"B={B:<4} {layout:14} {name:22} {us:8.1f} us/launch (graph)  {results[-1][4]:6.1%}  {'ok' if ok else 'WRONG'}", flush=True)
-            del buf, win
-    print("\nbest per (B, layout):")
-    for B in (8, 64, 256):
-        for layout in ("token_major", "channel_major"):
-            rows = sorted((r for r in results if r[0] == B and r[1] == layout and r[5]), key=lambda r: r[3])
-            op = [r for r in results if r[0] == B and r[1] == layout and r[2] == "op"][0]
-            print(f"B={B:<4} {layout:14} op {op[3]:7.1f} us | " + " | ".join(f"{r[2]} {r[3]:.1f} us {r[4]:.0%}" for r in rows[:4]))
+                results.append((B, case, name, us, nbytes / (us * 1e-6) / 1e9 / ceiling, ok))
+                print(f"B={B:<4} {case:26} {name:18} {us:8.1f} us/launch (graph)  {results[-1][4]:6.1%}  {'ok' if ok else 'WRONG'}", flush=True)
+            del buf, win, state, state_phys
+    print("\nbest four per (B, case), graph replay us/launch and fraction of the copy ceiling:")
+    for B in batches:
+        for case in layouts:
+            rows = sorted((r for r in results if r[0] == B and r[1] == case and r[5]), key=lambda r: r[3])
+            print(f"B={B:<4} {case:26} " + " | ".join(f"{r[2]} {r[3]:.1f} us {r[4]:.0%}" for r in rows[:4]))
+    print("\nper block/warps, sum over B of us (lower is better) per case:")
+    for case in layouts:
+        names = sorted({r[2] for r in results if r[1] == case})
+        totals = sorted((sum(r[3] for r in results if r[1] == case and r[2] == n), n) for n in names)
+        print(f"{case:26} " + " | ".join(f"{n} {t:.0f}" for t, n in totals[:5]))
 
 
 if __name__ == "__main__":

@@ -2,10 +2,16 @@
 
 One program copies one block of one window for one (row, layer): grid (B * blocks, L). Index
 values are read on the device; a row whose step or destination slot is negative, or whose index is
-out of range, writes nothing. Every stride is an argument, so any layout (dense, channel_major,
-token_major windows; dim-major or window-major conv state) is just data. Triton specialises
-strides equal to 1 at compile time, which is what makes the common layouts' loads and stores
-contiguous and vectorised.
+out of range, writes nothing.
+
+A program walks its window FLAT, in the order of the destination when the destination window is
+one contiguous block (it almost always is: [dim, K-1] or [K-1, dim] per slot), so stores are
+contiguous and vectorised; the source is gathered through its strides, which makes any layout
+(dense, channel_major, token_major views, permuted, offset) plain data. When the source block has
+the same contiguous order too (dense windows into a dim-major state, token_major windows into a
+window-major state) the loads are contiguous as well: a straight copy. Measured on the H200
+(docs/benchmarks.md): walking the destination flat with 4096-element blocks beat a 2-D
+(column, channel) tile and walking the source flat, for token_major and channel_major windows.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import triton.language as tl
 
 _MAX_GRID_Y = 65535
 _INT32_MAX = 2**31 - 1
+DEFAULT_BLOCK = 4096
+DEFAULT_WARPS = 4
 
 
 @triton.jit
@@ -43,9 +51,10 @@ def _scatter_windows_kernel(
     src_slots_stride,
     steps_stride,
     WIDTH: tl.constexpr,
-    WIDTH_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
-    FLAT: tl.constexpr,
+    WINDOW_MAJOR_ORDER: tl.constexpr,  # walk the window as [K-1, dim] (else [dim, K-1])
+    DST_CONTIGUOUS: tl.constexpr,  # the destination window is one block in that order
+    SRC_CONTIGUOUS: tl.constexpr,  # so is the source window
 ):
     pid = tl.program_id(0)
     row = pid // num_blocks
@@ -60,47 +69,49 @@ def _scatter_windows_kernel(
     active &= (dst >= 0) & (dst < num_state_slots)
     active &= (src >= 0) & (src < num_src_slots)
     if active:
-        state_base = state_ptr + layer * state_stride_layer + dst * state_stride_slot
-        window_base = (
+        flat = block * BLOCK + tl.arange(0, BLOCK)
+        mask = flat < dim * WIDTH
+        if WINDOW_MAJOR_ORDER:
+            col = flat // dim
+            chan = flat - col * dim
+        else:
+            chan = flat // WIDTH
+            col = flat - chan * WIDTH
+        if SRC_CONTIGUOUS:
+            src_offsets = flat.to(tl.int64)
+        else:
+            src_offsets = chan.to(tl.int64) * windows_stride_dim + col.to(tl.int64) * windows_stride_win
+        if DST_CONTIGUOUS:
+            dst_offsets = flat.to(tl.int64)
+        else:
+            dst_offsets = chan.to(tl.int64) * state_stride_dim + col.to(tl.int64) * state_stride_win
+        window = (
             windows_ptr
             + layer * windows_stride_layer
             + src * windows_stride_slot
             + step * windows_stride_step
         )
-        if FLAT:
-            # Source and destination windows are the same contiguous block: a flat copy.
-            offsets = block * BLOCK + tl.arange(0, BLOCK)
-            mask = offsets < dim * WIDTH
-            values = tl.load(window_base + offsets, mask=mask)
-            tl.store(state_base + offsets, values.to(state_ptr.dtype.element_ty), mask=mask)
-        else:
-            # A [K-1, BLOCK] tile of (window column, channel); each side uses its own strides.
-            chan = (block * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
-            col = tl.arange(0, WIDTH_PAD).to(tl.int64)
-            mask = (col[:, None] < WIDTH) & (chan[None, :] < dim)
-            values = tl.load(
-                window_base
-                + col[:, None] * windows_stride_win
-                + chan[None, :] * windows_stride_dim,
-                mask=mask,
-            )
-            tl.store(
-                state_base + col[:, None] * state_stride_win + chan[None, :] * state_stride_dim,
-                values.to(state_ptr.dtype.element_ty),
-                mask=mask,
-            )
+        values = tl.load(window + src_offsets, mask=mask)
+        state = state_ptr + layer * state_stride_layer + dst * state_stride_slot
+        tl.store(state + dst_offsets, values.to(state_ptr.dtype.element_ty), mask=mask)
 
 
-def _is_flat_pair(state: torch.Tensor, windows: torch.Tensor, dim: int, width: int) -> bool:
-    """Both windows are the same contiguous [dim, K-1] or [K-1, dim] block."""
-    state_strides = (state.stride(2), state.stride(3))
-    window_strides = (windows.stride(3), windows.stride(4))
-    if state_strides != window_strides or dim * width > _INT32_MAX:
-        return False
-    dim_stride, win_stride = state_strides
-    dim_major = win_stride == 1 and (dim_stride == width or dim == 1)
-    window_major = dim_stride == 1 and (win_stride == dim or width == 1)
-    return dim_major or window_major
+def _next_power_of_2(n: int) -> int:
+    # triton.next_power_of_2 and triton.cdiv cost microseconds per call (Triton 3.9); these do not.
+    return 1 << (n - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _contiguous_order(dim_stride: int, win_stride: int, dim: int, width: int) -> str | None:
+    """Whether a [dim, K-1] window with these strides is one block, and in which order."""
+    if win_stride == 1 and (dim_stride == width or dim == 1):
+        return "dim_major"
+    if dim_stride == 1 and (win_stride == dim or width == 1):
+        return "window_major"
+    return None
 
 
 def launch_scatter(
@@ -109,27 +120,31 @@ def launch_scatter(
     dst_slots: torch.Tensor,
     src_slots: torch.Tensor,
     steps: torch.Tensor,
+    *,
+    block: int = DEFAULT_BLOCK,
+    num_warps: int = DEFAULT_WARPS,
 ) -> None:
     """``state[:, dst_slots[b]] = windows[:, src_slots[b], steps[b]]`` for every active row b.
 
     state: [L, N, dim, K-1], any strides (a window-major state is passed transposed).
     windows: [L, M, D, dim, K-1], any strides. Indices: [B], int32 or int64, any stride.
+    block, num_warps: elements per program and warps per program (tuning only).
     """
     num_layers, num_state_slots, dim, width = state.shape
-    num_src_slots, num_draft = windows.shape[1], windows.shape[2]
     num_rows = steps.shape[0]
-    if num_rows == 0 or state.numel() == 0 or windows.numel() == 0:
+    window_numel = dim * width
+    if num_rows == 0 or window_numel == 0 or num_layers == 0 or windows.shape[1] == 0:
         return
     if num_layers > _MAX_GRID_Y:
         raise ValueError(f"convwin.scatter supports at most {_MAX_GRID_Y} layers, got {num_layers}")
-    flat = _is_flat_pair(state, windows, dim, width)
-    width_pad = triton.next_power_of_2(width)
-    if flat:
-        block = min(2048, triton.next_power_of_2(dim * width))
-        num_blocks = triton.cdiv(dim * width, block)
-    else:
-        block = min(max(1024 // width_pad, 16), triton.next_power_of_2(dim))
-        num_blocks = triton.cdiv(dim, block)
+    if window_numel > _INT32_MAX:
+        raise ValueError(f"convwin.scatter: a window of {window_numel} elements is too large")
+    state_strides, window_strides = state.stride(), windows.stride()
+    dst_order = _contiguous_order(state_strides[2], state_strides[3], dim, width)
+    src_order = _contiguous_order(window_strides[3], window_strides[4], dim, width)
+    order = dst_order or src_order or "dim_major"
+    block = min(block, _next_power_of_2(window_numel))
+    num_blocks = _cdiv(window_numel, block)
     if num_rows * num_blocks > _INT32_MAX:
         raise ValueError(f"convwin.scatter: {num_rows} rows x {num_blocks} blocks is too large a grid")
     _scatter_windows_kernel[(num_rows * num_blocks, num_layers)](
@@ -139,18 +154,19 @@ def launch_scatter(
         src_slots,
         steps,
         num_state_slots,
-        num_src_slots,
-        num_draft,
+        windows.shape[1],
+        windows.shape[2],
         dim,
         num_blocks,
-        *state.stride(),
-        *windows.stride(),
+        *state_strides,
+        *window_strides,
         dst_slots.stride(0),
         src_slots.stride(0),
         steps.stride(0),
         WIDTH=width,
-        WIDTH_PAD=width_pad,
         BLOCK=block,
-        FLAT=flat,
-        num_warps=4,
+        WINDOW_MAJOR_ORDER=order == "window_major",
+        DST_CONTIGUOUS=dst_order == order,
+        SRC_CONTIGUOUS=src_order == order,
+        num_warps=num_warps,
     )

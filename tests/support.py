@@ -78,6 +78,7 @@ def strided_tensor(shape, dtype, device, generator: torch.Generator, variant: st
 
     contiguous: plain. offset: inside a larger random storage, at a storage offset, with elements
     after it too (sentinels for stray writes). permuted: its last two axes swapped in memory.
+    sliced: the middle of a wider last axis, so no inner block is contiguous (sentinels between).
     """
     if variant == "contiguous":
         return random_tensor(shape, dtype, device, generator)
@@ -90,6 +91,9 @@ def strided_tensor(shape, dtype, device, generator: torch.Generator, variant: st
     if variant == "permuted":
         swapped = (*shape[:-2], shape[-1], shape[-2])
         return random_tensor(swapped, dtype, device, generator).transpose(-1, -2)
+    if variant == "sliced":
+        wider = (*shape[:-1], shape[-1] + 3)
+        return random_tensor(wider, dtype, device, generator)[..., 1 : 1 + shape[-1]]
     raise ValueError(variant)
 
 

@@ -19,7 +19,7 @@ def scatter_samples(device):
     src = torch.tensor([0, 1, 2, 1], device=device, dtype=torch.int32)
     steps = torch.tensor([3, 0, 1, -1], device=device)
     for layout in sgl_convwin.LAYOUTS:
-        for variant in ("contiguous", "offset", "permuted"):
+        for variant in ("contiguous", "offset", "permuted", "sliced"):
             for state_layout in sgl_convwin.STATE_LAYOUTS:
                 physical = sgl_convwin.physical_shape(layout, L, M, dim, D, K)
                 buffer = strided_tensor(physical, torch.bfloat16, device, generator, variant)

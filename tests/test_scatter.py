@@ -22,7 +22,7 @@ from support import (
     whole_storage,
 )
 
-VARIANTS = ("contiguous", "offset", "permuted")
+VARIANTS = ("contiguous", "offset", "permuted", "sliced")
 
 
 def make_windows(layout, shape, dtype, device, generator, variant):
