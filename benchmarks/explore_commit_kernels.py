@@ -1,5 +1,5 @@
-"""Exploration (kept as a record): which kernel shape commits a token-major / channel-major window
-into a dim-major conv state fastest. Prints one table; see docs/benchmarks.md for the reading.
+"""Exploration (kept as a record): block size and warps of the commit kernel per layout, and a
+row-per-column alternative for channel_major. Prints tables; docs/benchmarks.md has the reading.
 
     python benchmarks/explore_commit_kernels.py      (CUDA)
 """
@@ -12,48 +12,6 @@ import triton.language as tl
 
 import sgl_convwin
 from sgl_convwin._kernels import triton_kernels
-
-
-@triton.jit
-def _dst_flat_kernel(state_ptr, win_ptr, dst_ptr, src_ptr, steps_ptr, num_blocks, dim,
-                     ssl, sss, wsl, wss, wst, wsd, wsw,
-                     WIDTH: tl.constexpr, BLOCK: tl.constexpr):
-    """Walk the destination window [dim, K-1] flat (contiguous stores), gather the source."""
-    pid = tl.program_id(0)
-    row = pid // num_blocks
-    block = pid % num_blocks
-    layer = tl.program_id(1).to(tl.int64)
-    step = tl.load(steps_ptr + row).to(tl.int64)
-    dst = tl.load(dst_ptr + row).to(tl.int64)
-    src = tl.load(src_ptr + row).to(tl.int64)
-    if (step >= 0) & (dst >= 0):
-        flat = block * BLOCK + tl.arange(0, BLOCK)
-        mask = flat < dim * WIDTH
-        chan = flat // WIDTH
-        col = flat - chan * WIDTH
-        values = tl.load(win_ptr + layer * wsl + src * wss + step * wst + chan * wsd + col * wsw, mask=mask)
-        tl.store(state_ptr + layer * ssl + dst * sss + flat, values.to(state_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _src_flat_kernel(state_ptr, win_ptr, dst_ptr, src_ptr, steps_ptr, num_blocks, dim,
-                     ssl, sss, wsl, wss, wst,
-                     WIDTH: tl.constexpr, BLOCK: tl.constexpr):
-    """Token-major only: walk the source block [K-1, dim] flat (contiguous loads), scatter stores."""
-    pid = tl.program_id(0)
-    row = pid // num_blocks
-    block = pid % num_blocks
-    layer = tl.program_id(1).to(tl.int64)
-    step = tl.load(steps_ptr + row).to(tl.int64)
-    dst = tl.load(dst_ptr + row).to(tl.int64)
-    src = tl.load(src_ptr + row).to(tl.int64)
-    if (step >= 0) & (dst >= 0):
-        flat = block * BLOCK + tl.arange(0, BLOCK)
-        mask = flat < dim * WIDTH
-        col = flat // dim
-        chan = flat - col * dim
-        values = tl.load(win_ptr + layer * wsl + src * wss + step * wst + flat, mask=mask)
-        tl.store(state_ptr + layer * ssl + dst * sss + chan * WIDTH + col, values.to(state_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -78,38 +36,12 @@ def _rows_kernel(state_ptr, win_ptr, dst_ptr, src_ptr, steps_ptr, num_blocks, di
             tl.store(base_out + col, values.to(state_ptr.dtype.element_ty), mask=mask)
 
 
-def launch_dst_flat(state, windows, dst, src, steps, block, warps):
-    L, N, dim, W = state.shape
-    nb = triton.cdiv(dim * W, block)
-    _dst_flat_kernel[(steps.shape[0] * nb, L)](state, windows, dst, src, steps, nb, dim,
-        state.stride(0), state.stride(1), windows.stride(0), windows.stride(1), windows.stride(2),
-        windows.stride(3), windows.stride(4), WIDTH=W, BLOCK=block, num_warps=warps)
-
-
-def launch_src_flat(state, windows, dst, src, steps, block, warps):
-    L, N, dim, W = state.shape
-    nb = triton.cdiv(dim * W, block)
-    _src_flat_kernel[(steps.shape[0] * nb, L)](state, windows, dst, src, steps, nb, dim,
-        state.stride(0), state.stride(1), windows.stride(0), windows.stride(1), windows.stride(2),
-        WIDTH=W, BLOCK=block, num_warps=warps)
-
-
 def launch_rows(state, windows, dst, src, steps, block, warps):
     L, N, dim, W = state.shape
     nb = triton.cdiv(dim, block)
     _rows_kernel[(steps.shape[0] * nb, L)](state, windows, dst, src, steps, nb, dim,
         state.stride(0), state.stride(1), windows.stride(0), windows.stride(1), windows.stride(2),
         windows.stride(3), windows.stride(4), WIDTH=W, BLOCK=block, num_warps=warps)
-
-
-def launch_tile(state, windows, dst, src, steps, block, warps):
-    """The package kernel's strided tile path with a chosen block and warp count."""
-    kernel = triton_kernels().scatter._scatter_windows_kernel
-    L, N, dim, W = state.shape
-    nb = triton.cdiv(dim, block)
-    kernel[(steps.shape[0] * nb, L)](state, windows, dst, src, steps, N, windows.shape[1], windows.shape[2],
-        dim, nb, *state.stride(), *windows.stride(), dst.stride(0), src.stride(0), steps.stride(0),
-        WIDTH=W, WIDTH_PAD=triton.next_power_of_2(W), BLOCK=block, FLAT=False, num_warps=warps)
 
 
 def launch_op_kernel(state, windows, dst, src, steps, block, warps):
