@@ -231,22 +231,16 @@ def eager_overhead(calls=2000):
 
     from sgl_convwin._kernels import triton_kernels
 
-    launcher = triton_kernels().scatter
+    kernels = triton_kernels().scatter
     problem = make_problem(36, 8, 8192, 4, 4, 1, torch.bfloat16, "token_major", "cuda")
-    conv_state, windows, dst, src, steps = problem
-    dim, width = conv_state.shape[2], conv_state.shape[3]
-    block = 256
-    num_blocks = triton.cdiv(dim, block)
-    args = (conv_state, windows, dst, src, steps, conv_state.shape[1], windows.shape[1], windows.shape[2], dim,
-            num_blocks, *conv_state.stride(), *windows.stride(), 1, 1, 1)
-    grid = (num_blocks, 36)
+    grid, args, kwargs = kernels.scatter_launch_args(*problem)
 
     def raw():
-        launcher._scatter_windows_kernel[grid](*args, WIDTH=width, WIDTH_PAD=4, BLOCK=block, FLAT=False, num_warps=4)
+        kernels._scatter_windows_kernel[grid](*args, **kwargs)
 
     candidates = [
         ("raw Triton launch (args prepared)", raw),
-        ("csrc_triton launch_scatter", lambda: launcher.launch_scatter(*problem)),
+        ("csrc_triton launch_scatter", lambda: kernels.launch_scatter(*problem)),
         ("sgl_convwin.scatter (public)", lambda: sgl_convwin.scatter(*problem)),
         ("torch.ops.convwin.scatter", lambda: torch.ops.convwin.scatter(*problem)),
     ]

@@ -10,8 +10,9 @@ contiguous and vectorised; the source is gathered through its strides, which mak
 (dense, channel_major, token_major views, permuted, offset) plain data. When the source block has
 the same contiguous order too (dense windows into a dim-major state, token_major windows into a
 window-major state) the loads are contiguous as well: a straight copy. Measured on the H200
-(docs/benchmarks.md): walking the destination flat with 4096-element blocks beat a 2-D
-(column, channel) tile and walking the source flat, for token_major and channel_major windows.
+(docs/benchmarks.md): walking the destination flat (4096-element blocks when gathering, 2048 when
+copying, 4 warps) beat a 2-D (column, channel) tile, walking the source flat, and one row per
+window column, for token_major and channel_major windows.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import triton.language as tl
 
 _MAX_GRID_Y = 65535
 _INT32_MAX = 2**31 - 1
-DEFAULT_BLOCK = 4096
+COPY_BLOCK = 2048  # elements per program when both windows are the same contiguous block
+GATHER_BLOCK = 4096  # elements per program when the source is gathered through its strides
 DEFAULT_WARPS = 4
 
 
@@ -114,27 +116,23 @@ def _contiguous_order(dim_stride: int, win_stride: int, dim: int, width: int) ->
     return None
 
 
-def launch_scatter(
+def scatter_launch_args(
     state: torch.Tensor,
     windows: torch.Tensor,
     dst_slots: torch.Tensor,
     src_slots: torch.Tensor,
     steps: torch.Tensor,
     *,
-    block: int = DEFAULT_BLOCK,
+    block: int | None = None,
     num_warps: int = DEFAULT_WARPS,
-) -> None:
-    """``state[:, dst_slots[b]] = windows[:, src_slots[b], steps[b]]`` for every active row b.
-
-    state: [L, N, dim, K-1], any strides (a window-major state is passed transposed).
-    windows: [L, M, D, dim, K-1], any strides. Indices: [B], int32 or int64, any stride.
-    block, num_warps: elements per program and warps per program (tuning only).
-    """
+) -> tuple[tuple[int, int], tuple, dict] | None:
+    """(grid, args, kwargs) of the kernel launch for launch_scatter, or None if there is nothing
+    to do. Split out so benchmarks can time the bare Triton launch of exactly the same call."""
     num_layers, num_state_slots, dim, width = state.shape
     num_rows = steps.shape[0]
     window_numel = dim * width
     if num_rows == 0 or window_numel == 0 or num_layers == 0 or windows.shape[1] == 0:
-        return
+        return None
     if num_layers > _MAX_GRID_Y:
         raise ValueError(f"convwin.scatter supports at most {_MAX_GRID_Y} layers, got {num_layers}")
     if window_numel > _INT32_MAX:
@@ -143,11 +141,13 @@ def launch_scatter(
     dst_order = _contiguous_order(state_strides[2], state_strides[3], dim, width)
     src_order = _contiguous_order(window_strides[3], window_strides[4], dim, width)
     order = dst_order or src_order or "dim_major"
+    if block is None:  # measured best on the H200: straight copies 2048, gathers 4096
+        block = COPY_BLOCK if src_order == order else GATHER_BLOCK
     block = min(block, _next_power_of_2(window_numel))
     num_blocks = _cdiv(window_numel, block)
     if num_rows * num_blocks > _INT32_MAX:
         raise ValueError(f"convwin.scatter: {num_rows} rows x {num_blocks} blocks is too large a grid")
-    _scatter_windows_kernel[(num_rows * num_blocks, num_layers)](
+    args = (
         state,
         windows,
         dst_slots,
@@ -163,6 +163,8 @@ def launch_scatter(
         dst_slots.stride(0),
         src_slots.stride(0),
         steps.stride(0),
+    )
+    kwargs = dict(
         WIDTH=width,
         BLOCK=block,
         WINDOW_MAJOR_ORDER=order == "window_major",
@@ -170,3 +172,28 @@ def launch_scatter(
         SRC_CONTIGUOUS=src_order == order,
         num_warps=num_warps,
     )
+    return (num_rows * num_blocks, num_layers), args, kwargs
+
+
+def launch_scatter(
+    state: torch.Tensor,
+    windows: torch.Tensor,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    steps: torch.Tensor,
+    *,
+    block: int | None = None,
+    num_warps: int = DEFAULT_WARPS,
+) -> None:
+    """``state[:, dst_slots[b]] = windows[:, src_slots[b], steps[b]]`` for every active row b.
+
+    state: [L, N, dim, K-1], any strides (a window-major state is passed transposed).
+    windows: [L, M, D, dim, K-1], any strides. Indices: [B], int32 or int64, any stride.
+    block, num_warps: elements per program and warps per program (tuning only).
+    """
+    launch = scatter_launch_args(
+        state, windows, dst_slots, src_slots, steps, block=block, num_warps=num_warps
+    )
+    if launch is not None:
+        grid, args, kwargs = launch
+        _scatter_windows_kernel[grid](*args, **kwargs)
