@@ -265,6 +265,45 @@ def eager_overhead(calls=2000):
     return results
 
 
+def bench_tree(batches, num_nodes=8, topk=3):
+    """Tree commit at Qwen3-Next TP1: scatter_tree on token_major rows (N+K-2 rows per slot)
+    against the dense fallback engines use for trees today (one [dim, K-1] window per node)."""
+    layers, dim, K = 36, 8192, 4
+    parents_list = [(n // topk) - 1 if n >= topk else -1 for n in range(num_nodes)]
+    print(f"\ntree commit, N={num_nodes} nodes (topk {topk}: parents {parents_list}), Qwen3-Next TP1, bf16")
+    print("| B | variant | graph replay (us/launch) | GB/s | cache bytes per slot |")
+    print("|---|---|---|---|---|")
+    for B in batches:
+        slots = max(B, 8)
+        generator = torch.Generator(device="cuda").manual_seed(0)
+        dst = torch.randperm(slots, generator=generator, device="cuda")[:B]
+        src = torch.randperm(slots, generator=generator, device="cuda")[:B]
+        nodes = torch.randint(0, num_nodes, (B,), generator=generator, device="cuda")
+        parents = torch.tensor([parents_list] * B, device="cuda")
+        conv_state = torch.zeros(layers, slots, dim, K - 1, device="cuda", dtype=torch.bfloat16)
+        rows = sgl_convwin.alloc_windows(layers, slots, dim, num_nodes, K, layout="token_major", device="cuda")
+        rows.copy_(torch.randn(rows.shape, generator=generator, device="cuda"))
+        dense = sgl_convwin.alloc_windows(layers, slots, dim, num_nodes, K, layout="dense", device="cuda")
+        for node in range(num_nodes):  # the dense cache holds the windows the tree rows imply
+            positions = reference.tree_window_positions(node, parents_list, K)
+            dense[:, :, node] = rows[:, :, positions].transpose(-1, -2)
+        want = conv_state.clone()
+        sgl_convwin.scatter(want, dense, dst, src, nodes)
+        variants = [
+            ("convwin scatter_tree (token_major rows)", lambda: sgl_convwin.scatter_tree(conv_state, rows, dst, src, nodes, parents), rows),
+            ("convwin scatter (dense tree fallback)", lambda: sgl_convwin.scatter(conv_state, dense, dst, src, nodes), dense),
+        ]
+        for name, fn, cache in variants:
+            conv_state.zero_()
+            fn()
+            assert torch.equal(conv_state, want), name
+            us = graph_time_us(fn)
+            nbytes = 2 * B * layers * dim * (K - 1) * 2
+            per_slot = cache.numel() * cache.element_size() // slots
+            print(f"| {B} | {name} | {us:.1f} | {nbytes / (us * 1e-6) / 1e9:.0f} | {per_slot} |", flush=True)
+        del rows, dense, conv_state, want
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verify-only", action="store_true")
@@ -273,6 +312,7 @@ def main(argv=None) -> int:
     parser.add_argument("--drafts", nargs="+", type=int, default=[4])
     parser.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp32"])
     parser.add_argument("--json", default=None, help="write all rows here")
+    parser.add_argument("--tree", action="store_true", help="also time the tree commit")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if not verify(device):
@@ -283,6 +323,8 @@ def main(argv=None) -> int:
         print("timing needs CUDA")
         return 1
     eager_overhead()
+    if args.tree:
+        bench_tree(args.batches)
     rows, ceiling = bench(args.shapes, args.batches, args.drafts, args.dtypes, args.json)
     print(f"\n| shape | dtype | D | B | variant | do_bench median (us) | graph replay (us/launch) | GB/s | of copy ceiling ({ceiling:.0f} GB/s) |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -21,11 +21,16 @@ import torch
 import triton
 import triton.language as tl
 
-_MAX_GRID_Y = 65535
-_INT32_MAX = 2**31 - 1
-COPY_BLOCK = 2048  # elements per program when both windows are the same contiguous block
-GATHER_BLOCK = 4096  # elements per program when the source is gathered through its strides
-DEFAULT_WARPS = 4
+from ._common import (
+    COPY_BLOCK,
+    DEFAULT_WARPS,
+    GATHER_BLOCK,
+    cdiv,
+    check_grid,
+    contiguous_order,
+    next_power_of_2,
+    window_block,
+)
 
 
 @triton.jit
@@ -71,14 +76,7 @@ def _scatter_windows_kernel(
     active &= (dst >= 0) & (dst < num_state_slots)
     active &= (src >= 0) & (src < num_src_slots)
     if active:
-        flat = block * BLOCK + tl.arange(0, BLOCK)
-        mask = flat < dim * WIDTH
-        if WINDOW_MAJOR_ORDER:
-            col = flat // dim
-            chan = flat - col * dim
-        else:
-            chan = flat // WIDTH
-            col = flat - chan * WIDTH
+        flat, mask, chan, col = window_block(block, dim, WIDTH, BLOCK, WINDOW_MAJOR_ORDER)
         if SRC_CONTIGUOUS:
             src_offsets = flat.to(tl.int64)
         else:
@@ -98,24 +96,6 @@ def _scatter_windows_kernel(
         tl.store(state + dst_offsets, values.to(state_ptr.dtype.element_ty), mask=mask)
 
 
-def _next_power_of_2(n: int) -> int:
-    # triton.next_power_of_2 and triton.cdiv cost microseconds per call (Triton 3.9); these do not.
-    return 1 << (n - 1).bit_length()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _contiguous_order(dim_stride: int, win_stride: int, dim: int, width: int) -> str | None:
-    """Whether a [dim, K-1] window with these strides is one block, and in which order."""
-    if win_stride == 1 and (dim_stride == width or dim == 1):
-        return "dim_major"
-    if dim_stride == 1 and (win_stride == dim or width == 1):
-        return "window_major"
-    return None
-
-
 def scatter_launch_args(
     state: torch.Tensor,
     windows: torch.Tensor,
@@ -133,20 +113,15 @@ def scatter_launch_args(
     window_numel = dim * width
     if num_rows == 0 or window_numel == 0 or num_layers == 0 or windows.shape[1] == 0:
         return None
-    if num_layers > _MAX_GRID_Y:
-        raise ValueError(f"convwin.scatter supports at most {_MAX_GRID_Y} layers, got {num_layers}")
-    if window_numel > _INT32_MAX:
-        raise ValueError(f"convwin.scatter: a window of {window_numel} elements is too large")
     state_strides, window_strides = state.stride(), windows.stride()
-    dst_order = _contiguous_order(state_strides[2], state_strides[3], dim, width)
-    src_order = _contiguous_order(window_strides[3], window_strides[4], dim, width)
+    dst_order = contiguous_order(state_strides[2], state_strides[3], dim, width)
+    src_order = contiguous_order(window_strides[3], window_strides[4], dim, width)
     order = dst_order or src_order or "dim_major"
     if block is None:  # measured best on the H200: straight copies 2048, gathers 4096
         block = COPY_BLOCK if src_order == order else GATHER_BLOCK
-    block = min(block, _next_power_of_2(window_numel))
-    num_blocks = _cdiv(window_numel, block)
-    if num_rows * num_blocks > _INT32_MAX:
-        raise ValueError(f"convwin.scatter: {num_rows} rows x {num_blocks} blocks is too large a grid")
+    block = min(block, next_power_of_2(window_numel))
+    num_blocks = cdiv(window_numel, block)
+    check_grid("convwin.scatter", num_layers, num_rows, num_blocks, window_numel)
     args = (
         state,
         windows,

@@ -17,7 +17,7 @@ from .layout import (
     sequence_length,
     window_view,
 )
-from .ops import alloc_windows, scatter
+from .ops import alloc_windows, scatter, scatter_tree
 from .validation import index_checks, index_checks_enabled, set_index_checks
 
 __version__ = "0.1.0"
@@ -37,6 +37,7 @@ __all__ = [
     "physical_nbytes",
     "physical_shape",
     "scatter",
+    "scatter_tree",
     "sequence_length",
     "set_index_checks",
     "window_view",

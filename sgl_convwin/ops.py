@@ -23,6 +23,8 @@ from .validation import (
     check_no_shared_storage,
     check_scatter_args,
     check_scatter_index_values,
+    check_scatter_tree_args,
+    check_scatter_tree_index_values,
     should_check_index_values,
 )
 
@@ -132,28 +134,23 @@ def _scatter_fake(conv_state, windows, dst_slots, src_slots, steps, *, state_lay
     check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
 
 
-def _eager_kernel(*tensors: torch.Tensor) -> _ScatterKernel | None:
-    """The kernel to call directly, bypassing the dispatcher, or None to go through the op.
+def _eager_device(*tensors: torch.Tensor) -> str | None:
+    """"cpu" or "cuda" when a public function may call the implementation directly, else None.
 
     The dispatcher costs more than the whole kernel at small batches, so plain eager calls on
     CPU or CUDA tensors skip it (quack does the same). Everything else -- tracing by
     torch.compile, fake or functional tensors, an active dispatch mode (make_fx, FakeTensorMode),
-    autograd -- goes through the registered op, so graphs still see ``convwin::scatter``.
+    autograd -- goes through the registered op, so graphs still see ``convwin::*``.
     """
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
         return None
     for t in tensors:
         if type(t) is not torch.Tensor:
             return None
-    conv_state = tensors[0]
-    if conv_state.requires_grad:
+    if tensors[0].requires_grad:
         return None
-    device_type = conv_state.device.type
-    if device_type == "cuda":
-        return triton_kernels().launch_scatter
-    if device_type == "cpu":
-        return cpu.scatter_cpu
-    return None
+    device_type = tensors[0].device.type
+    return device_type if device_type in ("cpu", "cuda") else None
 
 
 def scatter(
@@ -178,12 +175,89 @@ def scatter(
         destination skips the row (pad batches with -1). Out-of-range values skip the row too;
         ``sgl_convwin.index_checks()`` turns them into an IndexError (host sync, for debugging).
 
-    Same as ``torch.ops.convwin.scatter``; eager calls skip the dispatcher (see _eager_kernel).
+    Same as ``torch.ops.convwin.scatter``; eager calls skip the dispatcher (see _eager_device).
     """
-    kernel = _eager_kernel(conv_state, windows, dst_slots, src_slots, steps)
-    if kernel is not None:
+    device = _eager_device(conv_state, windows, dst_slots, src_slots, steps)
+    if device is not None:
+        kernel = cpu.scatter_cpu if device == "cpu" else triton_kernels().launch_scatter
         _run_scatter(kernel, conv_state, windows, dst_slots, src_slots, steps, state_layout)
     else:
         torch.ops.convwin.scatter(
             conv_state, windows, dst_slots, src_slots, steps, state_layout=state_layout
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# scatter_tree: commit the accepted node of a tree draft
+# ---------------------------------------------------------------------------------------------
+
+
+def _run_scatter_tree(kernel, conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout):
+    sizes = check_scatter_tree_args(conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout)
+    check_no_shared_storage("convwin.scatter_tree", "conv_state", conv_state, "rows", rows)
+    if should_check_index_values(conv_state):
+        check_scatter_tree_index_values(sizes, dst_slots, src_slots, nodes, parents)
+    state = conv_state.transpose(2, 3) if state_layout == WINDOW_MAJOR else conv_state
+    kernel(state, rows, dst_slots, src_slots, nodes, parents)
+
+
+@torch.library.custom_op("convwin::scatter_tree", mutates_args=("conv_state",), device_types="cpu")
+def _scatter_tree(
+    conv_state: torch.Tensor,
+    rows: torch.Tensor,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    nodes: torch.Tensor,
+    parents: torch.Tensor,
+    *,
+    state_layout: str = DIM_MAJOR,
+) -> None:
+    _run_scatter_tree(
+        cpu.scatter_tree_cpu, conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout
+    )
+
+
+@_scatter_tree.register_kernel("cuda")
+def _scatter_tree_triton(conv_state, rows, dst_slots, src_slots, nodes, parents, *, state_layout=DIM_MAJOR):
+    launch = triton_kernels().launch_scatter_tree
+    _run_scatter_tree(launch, conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout)
+
+
+@_scatter_tree.register_fake
+def _scatter_tree_fake(conv_state, rows, dst_slots, src_slots, nodes, parents, *, state_layout=DIM_MAJOR):
+    check_scatter_tree_args(conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout)
+
+
+def scatter_tree(
+    conv_state: torch.Tensor,
+    rows: torch.Tensor,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    nodes: torch.Tensor,
+    parents: torch.Tensor,
+    *,
+    state_layout: str = DIM_MAJOR,
+) -> None:
+    """Commit the accepted node of a tree draft into ``conv_state``, all layers, one launch.
+
+    rows: [L, M, N+K-2, dim], any strides: per slot K-2 history rows (the newest committed inputs,
+        oldest first), then row K-2+n = node n's conv input. A token_major buffer allocated with
+        num_draft=N is exactly this; a channel_major one is, seen through ``.transpose(-1, -2)``.
+    nodes: [B] accepted node per row (negative skips the row; a negative dst_slots entry too).
+    parents: [B, N], parents[b, n] in [-1, n-1]; -1 means node n hangs off the committed history.
+    dst_slots, src_slots: [B]. Indices int32 or int64, on conv_state's device.
+
+    Row b writes node nodes[b]'s window -- the last K-1 inputs on the path history -> root -> ...
+    -> node -- into conv_state[:, dst_slots[b]]. With chain parents (parents[b, n] = n-1) this is
+    ``scatter`` with steps = nodes, bit for bit. Out-of-range indices, and parent links outside
+    [-1, n-1] met on the walk, skip the row; ``index_checks()`` raises instead. conv_state and
+    state_layout as in ``scatter``.
+    """
+    device = _eager_device(conv_state, rows, dst_slots, src_slots, nodes, parents)
+    if device is not None:
+        kernel = cpu.scatter_tree_cpu if device == "cpu" else triton_kernels().launch_scatter_tree
+        _run_scatter_tree(kernel, conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout)
+    else:
+        torch.ops.convwin.scatter_tree(
+            conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout=state_layout
         )

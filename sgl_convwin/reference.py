@@ -89,3 +89,67 @@ def scatter_reference(
             else:
                 result[layer, dst] = window.t()  # stored as [K-1, dim]
     return result
+
+
+def tree_window_positions(node: int, parents: list[int], kernel_size: int) -> list[int] | None:
+    """Rows-buffer positions of node's window, oldest first; None if a parent link it uses is bad.
+
+    Positions 0 .. K-3 are the history (oldest first); node n is position K-2+n. History row -1
+    is the newest committed input, -2 the one before, and so on, so every step up the path is
+    "the previous input": a node's parent, or for history the row before.
+    """
+    history = kernel_size - 2
+    width = kernel_size - 1
+    newest_first = []
+    current = node  # a node index >= 0, or -1, -2, ... for history rows
+    while True:
+        newest_first.append(history + current)
+        if len(newest_first) == width:
+            break
+        if current >= 0:
+            parent = parents[current]
+            if not -1 <= parent < current:
+                return None
+            current = parent
+        else:
+            current -= 1
+    return newest_first[::-1]
+
+
+def scatter_tree_reference(
+    conv_state: torch.Tensor,
+    rows: torch.Tensor,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    nodes: torch.Tensor,
+    parents: torch.Tensor,
+    state_layout: str = "dim_major",
+) -> torch.Tensor:
+    """What convwin.scatter_tree must leave in conv_state, returned as a new CPU tensor.
+
+    rows: [L, M, N+K-2, dim]; parents: [B, N]. A row is skipped when its node or destination is
+    negative, when an index is out of range, or when a parent link on its window's path is bad.
+    """
+    conv_state, rows = conv_state.cpu(), rows.cpu()
+    result = conv_state.clone()
+    num_layers, num_state_slots = conv_state.shape[0], conv_state.shape[1]
+    width = conv_state.shape[3] if state_layout == "dim_major" else conv_state.shape[2]
+    kernel_size = width + 1
+    num_src_slots, num_nodes = rows.shape[1], rows.shape[2] - (kernel_size - 2)
+    for row in range(nodes.shape[0]):
+        node, dst, src = int(nodes[row]), int(dst_slots[row]), int(src_slots[row])
+        if node < 0 or dst < 0:
+            continue
+        if node >= num_nodes or dst >= num_state_slots or not 0 <= src < num_src_slots:
+            continue
+        positions = tree_window_positions(node, parents[row].tolist(), kernel_size)
+        if positions is None:
+            continue
+        for layer in range(num_layers):
+            for col, position in enumerate(positions):
+                value = rows[layer, src, position].to(conv_state.dtype)  # [dim]
+                if state_layout == "dim_major":
+                    result[layer, dst, :, col] = value
+                else:
+                    result[layer, dst, col, :] = value
+    return result

@@ -196,6 +196,129 @@ def check_scatter_args(
     return ScatterSizes(num_layers, num_state_slots, dim, width, num_src_slots, num_draft, num_rows)
 
 
+class ScatterTreeSizes(NamedTuple):
+    num_layers: int  # L
+    num_state_slots: int  # N_state
+    dim: int
+    width: int  # K-1
+    num_src_slots: int  # M
+    num_nodes: int  # N
+    num_rows: int  # B
+
+
+_SCATTER_TREE = "convwin.scatter_tree"
+_SCATTER_TREE_INDICES = ("dst_slots", "src_slots", "nodes")
+
+
+def check_scatter_tree_args(
+    conv_state: torch.Tensor,
+    rows: torch.Tensor,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    nodes: torch.Tensor,
+    parents: torch.Tensor,
+    state_layout: str,
+) -> ScatterTreeSizes:
+    """Validate a scatter_tree call (see ops.scatter_tree) and return its sizes."""
+    op = _SCATTER_TREE
+    for name, value in (("conv_state", conv_state), ("rows", rows), ("parents", parents)):
+        if not isinstance(value, torch.Tensor):
+            check_tensor(f"{op}: {name}", value)
+    state_desc = _STATE_DESC.get(state_layout)
+    if state_desc is None:
+        raise ValueError(f"{op}: state_layout must be one of {STATE_LAYOUTS}, got {state_layout!r}")
+    if conv_state.dim() != 4:
+        raise ValueError(
+            f"{op}: conv_state must be 4-D {state_desc} (state_layout={state_layout!r}), "
+            f"got shape {tuple(conv_state.shape)}"
+        )
+    if rows.dim() != 4:
+        raise ValueError(
+            f"{op}: rows must be 4-D [L, M, N+K-2, dim] (a token_major buffer, or a channel_major "
+            f"one seen through .transpose(-1, -2)), got shape {tuple(rows.shape)}"
+        )
+    check_cache_dtype(f"{op}: conv_state", conv_state)
+    check_cache_dtype(f"{op}: rows", rows)
+    device = conv_state.device
+    if rows.device != device:
+        raise ValueError(f"{op}: rows is on {rows.device} but conv_state is on {device}")
+    if state_layout == DIM_MAJOR:
+        num_layers, num_state_slots, dim, width = conv_state.shape
+    else:
+        num_layers, num_state_slots, width, dim = conv_state.shape
+    r_layers, num_src_slots, num_positions, r_dim = rows.shape
+    for what, got, expected in (("layers (axis 0)", r_layers, num_layers), ("dim (axis 3)", r_dim, dim)):
+        if got != expected:
+            raise ValueError(
+                f"{op}: rows {what} is {got} but conv_state has {expected} (rows shape "
+                f"{tuple(rows.shape)}, conv_state shape {tuple(conv_state.shape)} read as {state_desc})"
+            )
+    if width < 1:
+        raise ValueError(f"{op}: K-1 must be >= 1, got conv_state shape {tuple(conv_state.shape)}")
+    num_nodes = num_positions - (width - 1)
+    if num_nodes < 1:
+        raise ValueError(
+            f"{op}: rows axis 2 must hold K-2 = {width - 1} history rows and at least one node, "
+            f"got {num_positions} (rows shape {tuple(rows.shape)})"
+        )
+    check_writable(op, "conv_state", conv_state)
+    num_rows = check_index_tensors(op, device, _SCATTER_TREE_INDICES, dst_slots, src_slots, nodes)
+    if parents.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{op}: parents must be int32 or int64, got {parents.dtype}")
+    if parents.device != device:
+        raise ValueError(f"{op}: parents is on {parents.device} but conv_state is on {device}")
+    if parents.dim() != 2 or parents.shape[0] != num_rows or parents.shape[1] != num_nodes:
+        raise ValueError(
+            f"{op}: parents must be [B, N] = [{num_rows}, {num_nodes}] (B rows, N = rows axis 2 "
+            f"minus K-2 history rows), got shape {tuple(parents.shape)}"
+        )
+    return ScatterTreeSizes(num_layers, num_state_slots, dim, width, num_src_slots, num_nodes, num_rows)
+
+
+def check_scatter_tree_index_values(
+    sizes: ScatterTreeSizes,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    nodes: torch.Tensor,
+    parents: torch.Tensor,
+) -> None:
+    """Checked mode: raise IndexError naming the first bad row or parent link (host sync)."""
+    dst, src, node, links = dst_slots.tolist(), src_slots.tolist(), nodes.tolist(), parents.tolist()
+    committed_from: dict[int, int] = {}
+    for row in range(sizes.num_rows):
+        if node[row] < 0 or dst[row] < 0:
+            continue
+        if dst[row] >= sizes.num_state_slots:
+            raise IndexError(
+                f"convwin.scatter_tree: dst_slots[{row}] = {dst[row]} is out of range for "
+                f"conv_state with {sizes.num_state_slots} slots (expected 0..{sizes.num_state_slots - 1}, "
+                f"or negative to skip the row)"
+            )
+        if not 0 <= src[row] < sizes.num_src_slots:
+            raise IndexError(
+                f"convwin.scatter_tree: src_slots[{row}] = {src[row]} is out of range for rows "
+                f"with {sizes.num_src_slots} slots (expected 0..{sizes.num_src_slots - 1})"
+            )
+        if node[row] >= sizes.num_nodes:
+            raise IndexError(
+                f"convwin.scatter_tree: nodes[{row}] = {node[row]} is out of range for "
+                f"{sizes.num_nodes} draft nodes (expected 0..{sizes.num_nodes - 1}, or negative "
+                f"to skip the row)"
+            )
+        for n, parent in enumerate(links[row]):
+            if not -1 <= parent < n:
+                raise IndexError(
+                    f"convwin.scatter_tree: parents[{row}, {n}] = {parent}; a node's parent must "
+                    f"be an earlier node (0..{n - 1}) or -1 for the committed history"
+                )
+        if dst[row] in committed_from:
+            raise IndexError(
+                f"convwin.scatter_tree: rows {committed_from[dst[row]]} and {row} both commit "
+                f"into conv_state slot {dst[row]}; which one lands would be unspecified"
+            )
+        committed_from[dst[row]] = row
+
+
 def check_scatter_index_values(
     sizes: ScatterSizes, dst_slots: torch.Tensor, src_slots: torch.Tensor, steps: torch.Tensor
 ) -> None:

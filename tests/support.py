@@ -30,6 +30,7 @@ class Impl:
     name: str
     device: str
     scatter: Callable[..., None]
+    scatter_tree: Callable[..., None]
     # Triton's interpreter rounds float downcasts differently from the GPU (it truncates), so
     # under it only exact casts (same dtype, or up to float32) can be compared bit for bit.
     exact_casts_only: bool = False
@@ -39,13 +40,21 @@ def _dispatched_scatter(*args, **kwargs):
     torch.ops.convwin.scatter(*args, **kwargs)
 
 
-# sgl_convwin.scatter skips the dispatcher in eager mode; the *_op entries go through it.
+def _dispatched_scatter_tree(*args, **kwargs):
+    torch.ops.convwin.scatter_tree(*args, **kwargs)
+
+
+_PUBLIC = (sgl_convwin.scatter, sgl_convwin.scatter_tree)
+_DISPATCHED = (_dispatched_scatter, _dispatched_scatter_tree)
+_TRITON = (ops._scatter_triton, ops._scatter_tree_triton)  # the CUDA kernels' functions
+
+# sgl_convwin.* skip the dispatcher in eager mode; the *_op entries go through it.
 IMPLS = {
-    "cpu": Impl("cpu", "cpu", sgl_convwin.scatter),
-    "cpu_op": Impl("cpu_op", "cpu", _dispatched_scatter),
-    "triton_interpret": Impl("triton_interpret", "cpu", ops._scatter_triton, exact_casts_only=True),
-    "cuda": Impl("cuda", "cuda", sgl_convwin.scatter),
-    "cuda_op": Impl("cuda_op", "cuda", _dispatched_scatter),
+    "cpu": Impl("cpu", "cpu", *_PUBLIC),
+    "cpu_op": Impl("cpu_op", "cpu", *_DISPATCHED),
+    "triton_interpret": Impl("triton_interpret", "cpu", *_TRITON, exact_casts_only=True),
+    "cuda": Impl("cuda", "cuda", *_PUBLIC),
+    "cuda_op": Impl("cuda_op", "cuda", *_DISPATCHED),
 }
 
 

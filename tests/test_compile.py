@@ -104,3 +104,26 @@ def test_dynamic_batch_compiles_at_most_twice(device):
         step(conv_state, buffer, dst, src, steps, "token_major", "dim_major")
         assert torch.equal(conv_state.cpu(), expected)
     assert compiles <= 2, f"{compiles} compilations for batch sizes 1..512"
+
+
+def tree_commit_step(conv_state, buffer, dst, src, nodes, parents, layout, state_layout):
+    rows = buffer if layout == "token_major" else buffer.transpose(-1, -2)
+    sgl_convwin.scatter_tree(conv_state, rows, dst, src, nodes, parents, state_layout=state_layout)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_layout", sgl_convwin.STATE_LAYOUTS)
+@pytest.mark.parametrize("layout", ("token_major", "channel_major"))
+def test_compiled_tree_commit(device, layout, state_layout):
+    torch._dynamo.reset()
+    conv_state, buffer, dst, src, _ = inputs(device, layout, state_layout, seed=4)
+    nodes = torch.tensor([3, 0, 2, 1], device=device)
+    parents = torch.tensor([[-1, -1, 0, 1], [-1, 0, 1, 2], [-1, -1, -1, 0], [-1, 0, 0, 0]], device=device)
+    rows = buffer if layout == "token_major" else buffer.transpose(-1, -2)
+    expected = reference.scatter_tree_reference(conv_state, rows, dst, src, nodes, parents, state_layout)
+    compiled = torch.compile(tree_commit_step, fullgraph=True)
+    _, codes = run_and_get_code(compiled, conv_state, buffer, dst, src, nodes, parents, layout, state_layout)
+    code = "\n".join(codes)
+    assert "torch.ops.convwin.scatter_tree.default(" in code
+    assert allocations(code) == [] and ".copy_(" not in code
+    assert torch.equal(conv_state.cpu(), expected)

@@ -95,3 +95,46 @@ def test_checked_mode_is_skipped_during_capture():
     torch.cuda.synchronize()
     assert torch.equal(conv_state[:, 0], windows[:, 0, 0])
     assert not conv_state[:, 1:].any()
+
+
+def random_tree_rows(generator, num_nodes, batch=B):
+    dst, src, _ = random_rows(generator, batch)
+    nodes = torch.randint(-1, num_nodes, (batch,), generator=generator)
+    parents = torch.stack([
+        torch.tensor([int(torch.randint(-1, n, (), generator=generator)) for n in range(num_nodes)])
+        for _ in range(batch)
+    ])
+    return dst, src, nodes, parents
+
+
+@pytest.mark.parametrize("state_layout", sgl_convwin.STATE_LAYOUTS)
+@pytest.mark.parametrize("layout", ("token_major", "channel_major"))
+def test_tree_capture_and_replay_with_new_trees(layout, state_layout):
+    num_nodes = 8
+    generator = torch.Generator().manual_seed(2)
+    buffer = sgl_convwin.alloc_windows(L, M, DIM, num_nodes, K, layout=layout, device="cuda")
+    rows = buffer if layout == "token_major" else buffer.transpose(-1, -2)
+    shape = (L, N, DIM, K - 1) if state_layout == "dim_major" else (L, N, K - 1, DIM)
+    conv_state = torch.zeros(shape, dtype=torch.bfloat16, device="cuda")
+    static = [t.cuda() for t in random_tree_rows(generator, num_nodes)]
+
+    def commit():
+        sgl_convwin.scatter_tree(conv_state, rows, *static, state_layout=state_layout)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        commit()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        commit()
+    for _ in range(20):
+        buffer.copy_(torch.randn(buffer.shape, generator=generator))
+        conv_state.copy_(torch.randn(shape, generator=generator))
+        for static_tensor, fresh in zip(static, random_tree_rows(generator, num_nodes)):
+            static_tensor.copy_(fresh)
+        expected = reference.scatter_tree_reference(conv_state, rows, *static, state_layout)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(conv_state.cpu(), expected)

@@ -47,3 +47,35 @@ def test_opcheck_alloc(device, layout):
     for dtype in (torch.float32, torch.bfloat16):
         args = (2, 3, 8, 4, 4, layout, dtype, torch.device(device))
         torch.library.opcheck(torch.ops.convwin.alloc.default, args)
+
+
+def scatter_tree_samples(device):
+    generator = torch.Generator().manual_seed(1)
+    L, M, N_state, nodes, K, dim = 2, 3, 4, 5, 4, 24
+    dst = torch.tensor([2, -1, 0, 3], device=device)
+    src = torch.tensor([0, 1, 2, 1], device=device, dtype=torch.int32)
+    accepted = torch.tensor([4, 0, 1, -1], device=device)
+    parents = torch.tensor([[-1, 0, 1, 1, 3], [-1, -1, 0, 1, 2], [-1, 0, 0, 1, 1], [-1, 0, 1, 2, 3]], device=device)
+    for rows_layout in ("token_major", "channel_major"):
+        for variant in ("contiguous", "offset", "permuted", "sliced"):
+            for state_layout in sgl_convwin.STATE_LAYOUTS:
+                if rows_layout == "token_major":
+                    rows = strided_tensor((L, M, nodes + K - 2, dim), torch.bfloat16, device, generator, variant)
+                else:
+                    rows = strided_tensor((L, M, dim, nodes + K - 2), torch.bfloat16, device, generator, variant).transpose(-1, -2)
+                shape = (L, N_state, dim, K - 1) if state_layout == "dim_major" else (L, N_state, K - 1, dim)
+                conv_state = strided_tensor(shape, torch.float32, device, generator, variant)
+                name = f"{rows_layout}-{variant}-{state_layout}"
+                yield name, (conv_state, rows, dst, src, accepted, parents), {"state_layout": state_layout}
+    empty = torch.empty(0, dtype=torch.int64, device=device)
+    yield "B=0", (torch.zeros(L, N_state, dim, K - 1, device=device), rows, empty, empty, empty,
+                  torch.empty(0, nodes, dtype=torch.int64, device=device)), {}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_scatter_tree(device):
+    for name, args, kwargs in scatter_tree_samples(device):
+        try:
+            torch.library.opcheck(torch.ops.convwin.scatter_tree.default, args, kwargs)
+        except Exception as error:
+            raise AssertionError(f"opcheck failed for sample {name}") from error

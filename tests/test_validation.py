@@ -183,3 +183,91 @@ def test_checked_mode_from_environment():
         env = dict(__import__("os").environ, SGL_CONVWIN_CHECK_INDICES=value)
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# scatter_tree
+# ---------------------------------------------------------------------------------------------
+
+NODES = 4
+
+
+def good_tree_args(device="cpu"):
+    index = torch.tensor([0, 1], device=device)
+    return dict(
+        conv_state=torch.randn(L, N, DIM, K - 1, device=device),
+        rows=torch.randn(L, M, NODES + K - 2, DIM, device=device),
+        dst_slots=index,
+        src_slots=index.flip(0),
+        nodes=index + 2,
+        parents=torch.tensor([[-1, 0, 1, 1], [-1, -1, 0, 2]], device=device),
+    )
+
+
+def tree_replaced(**changes):
+    args = good_tree_args()
+    args.update(changes)
+    return args
+
+
+BAD_TREE_CALLS = {
+    "rows rank": (tree_replaced(rows=torch.randn(L, M, DIM)), ValueError, r"rows must be 4-D \[L, M, N\+K-2, dim\]"),
+    "rows dim": (tree_replaced(rows=torch.randn(L, M, NODES + 2, DIM + 1)), ValueError, r"rows dim \(axis 3\) is 9 but conv_state has 8"),
+    "rows layers": (tree_replaced(rows=torch.randn(L + 1, M, NODES + 2, DIM)), ValueError, r"rows layers \(axis 0\) is 3 but conv_state has 2"),
+    "no node rows": (tree_replaced(rows=torch.randn(L, M, 2, DIM), parents=torch.zeros(2, 0, dtype=torch.int64)), ValueError, r"K-2 = 2 history rows and at least one node, got 2"),
+    "parents shape": (tree_replaced(parents=torch.zeros(2, NODES + 1, dtype=torch.int64)), ValueError, r"parents must be \[B, N\] = \[2, 4\]"),
+    "parents rows": (tree_replaced(parents=torch.zeros(3, NODES, dtype=torch.int64)), ValueError, r"parents must be \[B, N\] = \[2, 4\]"),
+    "parents dtype": (tree_replaced(parents=torch.zeros(2, NODES)), TypeError, r"parents must be int32 or int64, got torch.float32"),
+    "nodes dtype": (tree_replaced(nodes=torch.tensor([0, 1], dtype=torch.int16)), TypeError, r"nodes must be int32 or int64"),
+    "nodes length": (tree_replaced(nodes=torch.tensor([0])), ValueError, r"nodes has 1 rows but dst_slots has 2"),
+    "rows dtype": (tree_replaced(rows=torch.zeros(L, M, NODES + 2, DIM, dtype=torch.float64)), TypeError, r"rows must be float32, float16 or bfloat16"),
+    "state layout": (dict(good_tree_args(), state_layout="kd"), ValueError, r"state_layout must be one of"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_TREE_CALLS)
+@pytest.mark.parametrize("impl", impl_params("cpu", "cpu_op", "triton_interpret"))
+def test_bad_tree_call_raises_and_writes_nothing(impl, name):
+    args, error, message = BAD_TREE_CALLS[name]
+    before = args["conv_state"].clone()
+    with pytest.raises(error, match=message):
+        impl.scatter_tree(**args)
+    assert torch.equal(args["conv_state"], before)
+
+
+@pytest.mark.parametrize("name", BAD_TREE_CALLS)
+def test_bad_tree_call_raises_on_meta(name):
+    args, error, message = BAD_TREE_CALLS[name]
+    meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    with pytest.raises(error, match=message):
+        sgl_convwin.scatter_tree(**meta)
+
+
+def test_tree_rows_sharing_storage_with_state():
+    rows = torch.randn(L, N, NODES + K - 2, DIM)
+    conv_state = rows[:, :, :3].transpose(-1, -2)
+    args = dict(good_tree_args(), conv_state=conv_state, rows=rows)
+    with pytest.raises(ValueError, match=r"conv_state and rows share storage"):
+        sgl_convwin.scatter_tree(**args)
+
+
+CHECKED_TREE = {
+    "node too large": (dict(nodes=[0, NODES]), r"nodes\[1\] = 4 is out of range for 4 draft nodes"),
+    "bad parent": (dict(parents=[[-1, 0, 2, 1], [-1, -1, 0, 2]]), r"parents\[0, 2\] = 2; a node's parent must be an earlier node \(0..1\) or -1"),
+    "parent below -1": (dict(parents=[[-1, 0, 1, 1], [-2, -1, 0, 2]]), r"parents\[1, 0\] = -2"),
+    "dst too large": (dict(dst_slots=[N, 0]), r"dst_slots\[0\] = 3 is out of range"),
+    "duplicate dst": (dict(dst_slots=[2, 2]), r"rows 0 and 1 both commit into conv_state slot 2"),
+}
+
+
+@pytest.mark.parametrize("name", CHECKED_TREE)
+@pytest.mark.parametrize("impl", impl_params())
+def test_tree_checked_mode_names_the_row(impl, name):
+    changes, message = CHECKED_TREE[name]
+    args = good_tree_args(impl.device)
+    for key, values in changes.items():
+        args[key] = torch.tensor(values, device=impl.device)
+    before = args["conv_state"].clone()
+    with sgl_convwin.index_checks(), pytest.raises(IndexError, match=message):
+        impl.scatter_tree(**args)
+    assert torch.equal(args["conv_state"], before)

@@ -1,0 +1,54 @@
+"""Helpers shared by the launchers and kernels of csrc_triton."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+MAX_GRID_Y = 65535
+INT32_MAX = 2**31 - 1
+COPY_BLOCK = 2048  # elements per program when both windows are the same contiguous block
+GATHER_BLOCK = 4096  # elements per program when the source is gathered through its strides
+DEFAULT_WARPS = 4
+
+
+def next_power_of_2(n: int) -> int:
+    # triton.next_power_of_2 and triton.cdiv cost microseconds per call (Triton 3.9); these do not.
+    return 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def contiguous_order(dim_stride: int, win_stride: int, dim: int, width: int) -> str | None:
+    """Whether a [dim, K-1] window with these strides is one block, and in which order."""
+    if win_stride == 1 and (dim_stride == width or dim == 1):
+        return "dim_major"
+    if dim_stride == 1 and (win_stride == dim or width == 1):
+        return "window_major"
+    return None
+
+
+def check_grid(op: str, num_layers: int, num_rows: int, num_blocks: int, window_numel: int) -> None:
+    if num_layers > MAX_GRID_Y:
+        raise ValueError(f"{op} supports at most {MAX_GRID_Y} layers, got {num_layers}")
+    if window_numel > INT32_MAX:
+        raise ValueError(f"{op}: a window of {window_numel} elements is too large")
+    if num_rows * num_blocks > INT32_MAX:
+        raise ValueError(f"{op}: {num_rows} rows x {num_blocks} blocks is too large a grid")
+
+
+@triton.jit
+def window_block(block, dim, WIDTH: tl.constexpr, BLOCK: tl.constexpr, WINDOW_MAJOR_ORDER: tl.constexpr):
+    """Flat indices of one block of a [dim, K-1] window (walked as [K-1, dim] if
+    WINDOW_MAJOR_ORDER), their mask, and their (channel, column) coordinates."""
+    flat = block * BLOCK + tl.arange(0, BLOCK)
+    mask = flat < dim * WIDTH
+    if WINDOW_MAJOR_ORDER:
+        col = flat // dim
+        chan = flat - col * dim
+    else:
+        chan = flat // WIDTH
+        col = flat - chan * WIDTH
+    return flat, mask, chan, col

@@ -1,0 +1,157 @@
+"""Tree commit kernel: rebuild the accepted node's window from parent links and write it into the
+conv state, all layers at once.
+
+Rows buffer ``[L, M, N+K-2, dim]`` (any strides): per slot, K-2 history rows (the newest committed
+inputs, oldest first) then one row per draft node, row K-2+n holding node n's conv input. Node n's
+window is the last K-1 inputs on the path history -> root -> ... -> n. Call a row's index in
+that buffer its position: node n sits at K-2+n, and the history row before position p < K-2 is
+p-1. Walking up from a node: position K-2+n -> K-2+parents[n] (-1, "hangs off the history", lands
+on the last history row). For a chain (parents[n] = n-1) this is window n of the sequence, which is
+what makes this equal to convwin.scatter bit for bit on chains.
+
+One program copies one block of one window for one (row, layer): grid (B * blocks, L). It first
+walks the K-2 nearest ancestors (K-2 scalar loads of parents), then copies like the chain kernel:
+destination walked flat, source gathered through its strides. A row is skipped when its node,
+source or destination slot is out of range, or when a parent it reads lies outside [-1, n-1].
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import (
+    DEFAULT_WARPS,
+    GATHER_BLOCK,
+    cdiv,
+    check_grid,
+    contiguous_order,
+    next_power_of_2,
+    window_block,
+)
+
+
+@triton.jit
+def _scatter_tree_kernel(
+    state_ptr,
+    rows_ptr,
+    dst_slots_ptr,
+    src_slots_ptr,
+    nodes_ptr,
+    parents_ptr,
+    num_state_slots,
+    num_src_slots,
+    num_nodes,
+    dim,
+    num_blocks,
+    state_stride_layer,
+    state_stride_slot,
+    state_stride_dim,
+    state_stride_win,
+    rows_stride_layer,
+    rows_stride_slot,
+    rows_stride_pos,
+    rows_stride_dim,
+    dst_slots_stride,
+    src_slots_stride,
+    nodes_stride,
+    parents_stride_row,
+    parents_stride_node,
+    WIDTH: tl.constexpr,
+    BLOCK: tl.constexpr,
+    WINDOW_MAJOR_ORDER: tl.constexpr,
+    DST_CONTIGUOUS: tl.constexpr,
+):
+    HISTORY: tl.constexpr = WIDTH - 1  # K-2 history rows
+    pid = tl.program_id(0)
+    row = pid // num_blocks
+    block = pid % num_blocks
+    layer = tl.program_id(1).to(tl.int64)
+
+    node = tl.load(nodes_ptr + row * nodes_stride).to(tl.int64)
+    dst = tl.load(dst_slots_ptr + row * dst_slots_stride).to(tl.int64)
+    src = tl.load(src_slots_ptr + row * src_slots_stride).to(tl.int64)
+    active = (node >= 0) & (node < num_nodes)
+    active &= (dst >= 0) & (dst < num_state_slots)
+    active &= (src >= 0) & (src < num_src_slots)
+    if active:
+        flat, mask, chan, col = window_block(block, dim, WIDTH, BLOCK, WINDOW_MAJOR_ORDER)
+        # Column K-2 (the newest) is the node itself; walk up for the older columns.
+        pos = HISTORY + node
+        source_pos = tl.zeros([BLOCK], dtype=tl.int64) + pos
+        links_ok = node >= 0  # a scalar True
+        parents_row = parents_ptr + row.to(tl.int64) * parents_stride_row
+        for older in tl.static_range(1, WIDTH):
+            is_node = pos >= HISTORY
+            parent = tl.load(
+                parents_row + (pos - HISTORY) * parents_stride_node, mask=is_node, other=-1
+            ).to(tl.int64)
+            parent_ok = (parent >= -1) & (parent < pos - HISTORY)
+            links_ok &= parent_ok | (pos < HISTORY)
+            pos = tl.where(is_node & parent_ok, HISTORY + parent, pos - 1)
+            source_pos = tl.where(col == WIDTH - 1 - older, pos, source_pos)
+        if links_ok:
+            src_offsets = source_pos * rows_stride_pos + chan.to(tl.int64) * rows_stride_dim
+            if DST_CONTIGUOUS:
+                dst_offsets = flat.to(tl.int64)
+            else:
+                dst_offsets = chan.to(tl.int64) * state_stride_dim + col.to(tl.int64) * state_stride_win
+            source = rows_ptr + layer * rows_stride_layer + src * rows_stride_slot
+            values = tl.load(source + src_offsets, mask=mask)
+            state = state_ptr + layer * state_stride_layer + dst * state_stride_slot
+            tl.store(state + dst_offsets, values.to(state_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_scatter_tree(
+    state: torch.Tensor,
+    rows: torch.Tensor,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    nodes: torch.Tensor,
+    parents: torch.Tensor,
+    *,
+    block: int = GATHER_BLOCK,
+    num_warps: int = DEFAULT_WARPS,
+) -> None:
+    """``state[:, dst_slots[b]] = window of node nodes[b] in rows[:, src_slots[b]]``, every active b.
+
+    state: [L, N_state, dim, K-1], any strides (a window-major state is passed transposed).
+    rows: [L, M, N+K-2, dim], any strides. dst_slots, src_slots, nodes: [B]; parents: [B, N];
+    int32 or int64, any strides.
+    """
+    num_layers, num_state_slots, dim, width = state.shape
+    num_rows = nodes.shape[0]
+    window_numel = dim * width
+    if num_rows == 0 or window_numel == 0 or num_layers == 0 or rows.shape[1] == 0:
+        return
+    state_strides = state.stride()
+    dst_order = contiguous_order(state_strides[2], state_strides[3], dim, width)
+    order = dst_order or "dim_major"
+    block = min(block, next_power_of_2(window_numel))
+    num_blocks = cdiv(window_numel, block)
+    check_grid("convwin.scatter_tree", num_layers, num_rows, num_blocks, window_numel)
+    _scatter_tree_kernel[(num_rows * num_blocks, num_layers)](
+        state,
+        rows,
+        dst_slots,
+        src_slots,
+        nodes,
+        parents,
+        num_state_slots,
+        rows.shape[1],
+        parents.shape[1],
+        dim,
+        num_blocks,
+        *state_strides,
+        *rows.stride(),
+        dst_slots.stride(0),
+        src_slots.stride(0),
+        nodes.stride(0),
+        *parents.stride(),
+        WIDTH=width,
+        BLOCK=block,
+        WINDOW_MAJOR_ORDER=order == "window_major",
+        DST_CONTIGUOUS=dst_order == order,
+        num_warps=num_warps,
+    )
