@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 
@@ -275,46 +275,50 @@ def check_scatter_tree_args(
     return ScatterTreeSizes(num_layers, num_state_slots, dim, width, num_src_slots, num_nodes, num_rows)
 
 
-def check_scatter_tree_index_values(
-    sizes: ScatterTreeSizes,
+def _check_active_rows(
+    op: str,
+    source: str,
+    num_state_slots: int,
+    num_src_slots: int,
     dst_slots: torch.Tensor,
     src_slots: torch.Tensor,
-    nodes: torch.Tensor,
-    parents: torch.Tensor,
+    accepted_name: str,
+    accepted: torch.Tensor,
+    num_accepted: int,
+    accepted_what: str,
+    check_row: Callable[[int], None] | None = None,
 ) -> None:
-    """Checked mode: raise IndexError naming the first bad row or parent link (host sync)."""
-    dst, src, node, links = dst_slots.tolist(), src_slots.tolist(), nodes.tolist(), parents.tolist()
+    """Checked mode: raise IndexError naming the first bad active row (host sync; for debugging).
+
+    A row is active when its accepted index (step or node) and its destination are >= 0.
+    """
+    dst, src, taken = dst_slots.tolist(), src_slots.tolist(), accepted.tolist()
     committed_from: dict[int, int] = {}
-    for row in range(sizes.num_rows):
-        if node[row] < 0 or dst[row] < 0:
-            continue
-        if dst[row] >= sizes.num_state_slots:
+    for row in range(len(taken)):
+        if taken[row] < 0 or dst[row] < 0:
+            continue  # a skipped row
+        if dst[row] >= num_state_slots:
             raise IndexError(
-                f"convwin.scatter_tree: dst_slots[{row}] = {dst[row]} is out of range for "
-                f"conv_state with {sizes.num_state_slots} slots (expected 0..{sizes.num_state_slots - 1}, "
-                f"or negative to skip the row)"
+                f"{op}: dst_slots[{row}] = {dst[row]} is out of range for conv_state with "
+                f"{num_state_slots} slots (expected 0..{num_state_slots - 1}, or negative to "
+                f"skip the row)"
             )
-        if not 0 <= src[row] < sizes.num_src_slots:
+        if not 0 <= src[row] < num_src_slots:
             raise IndexError(
-                f"convwin.scatter_tree: src_slots[{row}] = {src[row]} is out of range for rows "
-                f"with {sizes.num_src_slots} slots (expected 0..{sizes.num_src_slots - 1})"
+                f"{op}: src_slots[{row}] = {src[row]} is out of range for {source} with "
+                f"{num_src_slots} slots (expected 0..{num_src_slots - 1})"
             )
-        if node[row] >= sizes.num_nodes:
+        if taken[row] >= num_accepted:
             raise IndexError(
-                f"convwin.scatter_tree: nodes[{row}] = {node[row]} is out of range for "
-                f"{sizes.num_nodes} draft nodes (expected 0..{sizes.num_nodes - 1}, or negative "
-                f"to skip the row)"
+                f"{op}: {accepted_name}[{row}] = {taken[row]} is out of range for {num_accepted} "
+                f"{accepted_what} (expected 0..{num_accepted - 1}, or negative to skip the row)"
             )
-        for n, parent in enumerate(links[row]):
-            if not -1 <= parent < n:
-                raise IndexError(
-                    f"convwin.scatter_tree: parents[{row}, {n}] = {parent}; a node's parent must "
-                    f"be an earlier node (0..{n - 1}) or -1 for the committed history"
-                )
+        if check_row is not None:
+            check_row(row)
         if dst[row] in committed_from:
             raise IndexError(
-                f"convwin.scatter_tree: rows {committed_from[dst[row]]} and {row} both commit "
-                f"into conv_state slot {dst[row]}; which one lands would be unspecified"
+                f"{op}: rows {committed_from[dst[row]]} and {row} both commit into conv_state "
+                f"slot {dst[row]}; which one lands would be unspecified"
             )
         committed_from[dst[row]] = row
 
@@ -322,32 +326,32 @@ def check_scatter_tree_index_values(
 def check_scatter_index_values(
     sizes: ScatterSizes, dst_slots: torch.Tensor, src_slots: torch.Tensor, steps: torch.Tensor
 ) -> None:
-    """Checked mode: raise IndexError naming the first bad row (host sync; for debugging)."""
-    dst, src, step = dst_slots.tolist(), src_slots.tolist(), steps.tolist()
-    committed_from: dict[int, int] = {}
-    for row in range(sizes.num_rows):
-        if step[row] < 0 or dst[row] < 0:
-            continue  # a skipped row
-        if dst[row] >= sizes.num_state_slots:
-            raise IndexError(
-                f"convwin.scatter: dst_slots[{row}] = {dst[row]} is out of range for conv_state "
-                f"with {sizes.num_state_slots} slots (expected 0..{sizes.num_state_slots - 1}, "
-                f"or negative to skip the row)"
-            )
-        if not 0 <= src[row] < sizes.num_src_slots:
-            raise IndexError(
-                f"convwin.scatter: src_slots[{row}] = {src[row]} is out of range for windows "
-                f"with {sizes.num_src_slots} slots (expected 0..{sizes.num_src_slots - 1})"
-            )
-        if step[row] >= sizes.num_draft:
-            raise IndexError(
-                f"convwin.scatter: steps[{row}] = {step[row]} is out of range for windows with "
-                f"{sizes.num_draft} draft steps (expected 0..{sizes.num_draft - 1}, or negative "
-                f"to skip the row)"
-            )
-        if dst[row] in committed_from:
-            raise IndexError(
-                f"convwin.scatter: rows {committed_from[dst[row]]} and {row} both commit into "
-                f"conv_state slot {dst[row]}; which one lands would be unspecified"
-            )
-        committed_from[dst[row]] = row
+    """Checked mode for scatter (see _check_active_rows)."""
+    _check_active_rows(
+        _SCATTER, "windows", sizes.num_state_slots, sizes.num_src_slots,
+        dst_slots, src_slots, "steps", steps, sizes.num_draft, "draft steps",
+    )
+
+
+def check_scatter_tree_index_values(
+    sizes: ScatterTreeSizes,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    nodes: torch.Tensor,
+    parents: torch.Tensor,
+) -> None:
+    """Checked mode for scatter_tree: also every parent link of an active row."""
+    links = parents.tolist()
+
+    def check_links(row: int) -> None:
+        for node, parent in enumerate(links[row]):
+            if not -1 <= parent < node:
+                raise IndexError(
+                    f"{_SCATTER_TREE}: parents[{row}, {node}] = {parent}; a node's parent must be "
+                    f"an earlier node (0..{node - 1}) or -1 for the committed history"
+                )
+
+    _check_active_rows(
+        _SCATTER_TREE, "rows", sizes.num_state_slots, sizes.num_src_slots,
+        dst_slots, src_slots, "nodes", nodes, sizes.num_nodes, "draft nodes", check_links,
+    )

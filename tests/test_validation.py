@@ -142,7 +142,7 @@ CHECKED = {
     "dst too large": (dict(dst_slots=[0, N]), r"dst_slots\[1\] = 3 is out of range for conv_state with 3 slots"),
     "src too large": (dict(src_slots=[M + 4, 0]), r"src_slots\[0\] = 6 is out of range for windows with 2 slots"),
     "src negative": (dict(src_slots=[0, -1]), r"src_slots\[1\] = -1 is out of range"),
-    "step too large": (dict(steps=[D, 0]), r"steps\[0\] = 4 is out of range for windows with 4 draft steps"),
+    "step too large": (dict(steps=[D, 0]), r"steps\[0\] = 4 is out of range for 4 draft steps"),
     "duplicate dst": (dict(dst_slots=[1, 1]), r"rows 0 and 1 both commit into conv_state slot 1"),
 }
 
