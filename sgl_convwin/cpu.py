@@ -9,6 +9,18 @@ from __future__ import annotations
 import torch
 
 
+def _rows_in_range(
+    accepted: torch.Tensor, num_accepted: int,
+    dst: torch.Tensor, num_state_slots: int,
+    src: torch.Tensor, num_src_slots: int,
+) -> torch.Tensor:
+    """[B] bool: the rows a commit writes (every index in range; negatives skip)."""
+    in_range = (accepted >= 0) & (accepted < num_accepted)
+    in_range &= (dst >= 0) & (dst < num_state_slots)
+    in_range &= (src >= 0) & (src < num_src_slots)
+    return in_range
+
+
 def scatter_cpu(
     state: torch.Tensor,
     windows: torch.Tensor,
@@ -19,10 +31,7 @@ def scatter_cpu(
     """state: [L, N, dim, K-1] (any strides), windows: [L, M, D, dim, K-1] (any strides)."""
     num_state_slots, num_src_slots, num_draft = state.shape[1], windows.shape[1], windows.shape[2]
     dst, src, step = dst_slots.long(), src_slots.long(), steps.long()
-    active = (step >= 0) & (step < num_draft)
-    active &= (dst >= 0) & (dst < num_state_slots)
-    active &= (src >= 0) & (src < num_src_slots)
-    rows = active.nonzero().squeeze(1)
+    rows = _rows_in_range(step, num_draft, dst, num_state_slots, src, num_src_slots).nonzero().squeeze(1)
     if rows.numel() == 0:
         return
     accepted = windows[:, src[rows], step[rows]]  # [L, R, dim, K-1]
@@ -65,11 +74,7 @@ def scatter_tree_cpu(
     """state: [L, N_state, dim, K-1] (any strides), rows: [L, M, N+K-2, dim] (any strides)."""
     num_state_slots, num_src_slots, num_nodes = state.shape[1], rows.shape[1], parents.shape[1]
     dst, src, node = dst_slots.long(), src_slots.long(), nodes.long()
-    active = (node >= 0) & (node < num_nodes)
-    active &= (dst >= 0) & (dst < num_state_slots)
-    active &= (src >= 0) & (src < num_src_slots)
-    if not bool(active.any()):
-        return
+    active = _rows_in_range(node, num_nodes, dst, num_state_slots, src, num_src_slots)
     positions, links_ok = tree_positions(node, parents, state.shape[3])
     committed = (active & links_ok).nonzero().squeeze(1)
     if committed.numel() == 0:

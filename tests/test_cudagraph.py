@@ -21,6 +21,19 @@ def random_rows(generator, batch=B):
     return dst, src, steps
 
 
+def capture(commit) -> torch.cuda.CUDAGraph:
+    """Warm up on a side stream (compiles the kernel outside the capture), then capture commit."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        commit()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        commit()
+    return graph
+
+
 @pytest.mark.parametrize("state_layout", sgl_convwin.STATE_LAYOUTS)
 @pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
 def test_capture_and_replay_with_new_indices(layout, state_layout):
@@ -32,17 +45,7 @@ def test_capture_and_replay_with_new_indices(layout, state_layout):
     static = [t.cuda() for t in random_rows(generator)]
     static[1] = static[1].to(torch.int32)
 
-    def commit():
-        sgl_convwin.scatter(conv_state, windows, *static, state_layout=state_layout)
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm up: compiles the kernel outside the capture
-        commit()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        commit()
+    graph = capture(lambda: sgl_convwin.scatter(conv_state, windows, *static, state_layout=state_layout))
 
     for _ in range(20):
         buffer.copy_(torch.randn(buffer.shape, generator=generator))
@@ -118,17 +121,7 @@ def test_tree_capture_and_replay_with_new_trees(layout, state_layout):
     conv_state = torch.zeros(shape, dtype=torch.bfloat16, device="cuda")
     static = [t.cuda() for t in random_tree_rows(generator, num_nodes)]
 
-    def commit():
-        sgl_convwin.scatter_tree(conv_state, rows, *static, state_layout=state_layout)
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        commit()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        commit()
+    graph = capture(lambda: sgl_convwin.scatter_tree(conv_state, rows, *static, state_layout=state_layout))
     for _ in range(20):
         buffer.copy_(torch.randn(buffer.shape, generator=generator))
         conv_state.copy_(torch.randn(shape, generator=generator))
