@@ -17,7 +17,7 @@ from .layout import (
     sequence_length,
     window_view,
 )
-from .ops import alloc_windows, scatter, scatter_tree
+from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
 from .validation import index_checks, index_checks_enabled, set_index_checks
 
 __version__ = "0.1.0"
@@ -31,6 +31,8 @@ __all__ = [
     "TOKEN_MAJOR",
     "WINDOW_MAJOR",
     "alloc_windows",
+    "capture",
+    "causal_conv1d_verify",
     "dedup_ratio",
     "index_checks",
     "index_checks_enabled",

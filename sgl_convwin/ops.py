@@ -18,13 +18,24 @@ import torch
 
 from . import cpu
 from ._kernels import triton_kernels
-from .layout import CACHE_DTYPES, DEFAULT_LAYOUT, DIM_MAJOR, WINDOW_MAJOR, physical_shape
+from .layout import (
+    CACHE_DTYPES,
+    CHANNEL_MAJOR,
+    DEFAULT_LAYOUT,
+    DENSE,
+    DIM_MAJOR,
+    WINDOW_MAJOR,
+    physical_shape,
+)
 from .validation import (
+    check_capture_args,
+    check_capture_index_values,
     check_no_shared_storage,
     check_scatter_args,
     check_scatter_index_values,
     check_scatter_tree_args,
     check_scatter_tree_index_values,
+    check_verify_args,
     should_check_index_values,
 )
 
@@ -260,4 +271,224 @@ def scatter_tree(
     else:
         torch.ops.convwin.scatter_tree(
             conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout=state_layout
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# capture and causal_conv1d_verify: fill the buffer during the verify pass
+# ---------------------------------------------------------------------------------------------
+
+_CAPTURE = "convwin.capture"
+_VERIFY = "convwin.causal_conv1d_verify"
+
+
+def _kernel_views(buffer, conv_state, layout, state_layout):
+    """What the kernels see: the buffer as rows [L, M, N+K-2, dim] (dense: windows as they are),
+    and the state as [L, N_state, dim, K-1]. Views only, never copies."""
+    dest = buffer.transpose(-1, -2) if layout == CHANNEL_MAJOR else buffer
+    state = conv_state.transpose(2, 3) if state_layout == WINDOW_MAJOR else conv_state
+    return dest, state
+
+
+def _run_capture(kernel, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout):
+    sizes = check_capture_args(
+        _CAPTURE, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
+    )
+    for name, source in (("conv_state", conv_state), ("x", x)):
+        check_no_shared_storage(_CAPTURE, "buffer", buffer, name, source)
+    if should_check_index_values(buffer):
+        check_capture_index_values(_CAPTURE, sizes, buffer_slots, state_slots, parents)
+    dest, state = _kernel_views(buffer, conv_state, layout, state_layout)
+    kernel(dest, state, x, buffer_slots, state_slots, layer, parents, dense=layout == DENSE)
+
+
+@torch.library.custom_op("convwin::capture", mutates_args=("buffer",), device_types="cpu")
+def _capture(
+    buffer: torch.Tensor,
+    conv_state: torch.Tensor,
+    x: torch.Tensor,
+    buffer_slots: torch.Tensor,
+    state_slots: torch.Tensor,
+    layer: int,
+    parents: torch.Tensor | None = None,
+    *,
+    layout: str = DEFAULT_LAYOUT,
+    state_layout: str = DIM_MAJOR,
+) -> None:
+    _run_capture(
+        cpu.capture_cpu, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
+    )
+
+
+@_capture.register_kernel("cuda")
+def _capture_triton(
+    buffer, conv_state, x, buffer_slots, state_slots, layer, parents=None, *,
+    layout=DEFAULT_LAYOUT, state_layout=DIM_MAJOR,
+):
+    launch = triton_kernels().launch_capture
+    _run_capture(launch, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout)
+
+
+@_capture.register_fake
+def _capture_fake(
+    buffer, conv_state, x, buffer_slots, state_slots, layer, parents=None, *,
+    layout=DEFAULT_LAYOUT, state_layout=DIM_MAJOR,
+):
+    check_capture_args(
+        _CAPTURE, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
+    )
+
+
+def capture(
+    buffer: torch.Tensor,
+    conv_state: torch.Tensor,
+    x: torch.Tensor,
+    buffer_slots: torch.Tensor,
+    state_slots: torch.Tensor,
+    layer: int,
+    parents: torch.Tensor | None = None,
+    *,
+    layout: str = DEFAULT_LAYOUT,
+    state_layout: str = DIM_MAJOR,
+) -> None:
+    """Write one layer's verify-pass conv inputs into the window buffer (one launch).
+
+    buffer: the WHOLE physical buffer of ``layout`` (from ``alloc_windows(..., num_draft=N)``):
+        token_major [L, M, N+K-2, dim], channel_major [L, M, dim, N+K-2], dense [L, M, N, dim, K-1];
+        any strides. Pass the whole buffer and ``layer``, not a per-layer view: under torch.compile
+        a mutated view costs a clone of its base.
+    conv_state: the engine's state, [L, N_state, dim, K-1] (or [L, N_state, K-1, dim] with
+        state_layout="window_major"), read only: slot state_slots[b] holds request b's committed
+        inputs (K-1, oldest first).
+    x: [B, N, dim], any strides: the conv inputs of the N draft tokens (or tree nodes) of each
+        request, in the order engines hold them.
+    buffer_slots, state_slots: [B], int32 or int64. A negative or out-of-range slot skips the row.
+    parents: [B, N] or None (a chain). Only dense buffers depend on it: their window n is the K-1
+        inputs of node n's path. A node with a parent link outside [-1, m-1] among the K-1 above
+        it is not written. token_major / channel_major rows hold each input once (history K-2
+        rows, then x[b, n] at row K-2+n), whatever the tree.
+
+    Commit later with ``scatter(conv_state, window_view(buffer, ...), ...)`` for chains or
+    ``scatter_tree(conv_state, rows, ...)`` for trees. Same as ``torch.ops.convwin.capture``.
+    """
+    device = _eager_device(buffer, conv_state, x, buffer_slots, state_slots)
+    if device is not None and (parents is None or type(parents) is torch.Tensor):
+        kernel = cpu.capture_cpu if device == "cpu" else triton_kernels().launch_capture
+        _run_capture(kernel, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout)
+    else:
+        torch.ops.convwin.capture(
+            buffer, conv_state, x, buffer_slots, state_slots, layer, parents,
+            layout=layout, state_layout=state_layout,
+        )
+
+
+def _run_verify(
+    kernel, out, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, layer,
+    layout, parents, activation, state_layout,
+):
+    sizes = check_capture_args(
+        _VERIFY, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
+    )
+    check_verify_args(_VERIFY, sizes, out, weight, bias, activation, conv_state.device)
+    for name, source in (("conv_state", conv_state), ("x", x)):
+        check_no_shared_storage(_VERIFY, "buffer", buffer, name, source)
+    for name, source in (("buffer", buffer), ("conv_state", conv_state), ("x", x), ("weight", weight), ("bias", bias)):
+        if source is not None:
+            check_no_shared_storage(_VERIFY, "out", out, name, source)
+    if should_check_index_values(buffer):
+        check_capture_index_values(_VERIFY, sizes, buffer_slots, state_slots, parents)
+    dest, state = _kernel_views(buffer, conv_state, layout, state_layout)
+    kernel(
+        out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
+        dense=layout == DENSE, silu=activation is not None,
+    )
+
+
+@torch.library.custom_op(
+    "convwin::causal_conv1d_verify", mutates_args=("out", "buffer"), device_types="cpu"
+)
+def _causal_conv1d_verify(
+    out: torch.Tensor,
+    buffer: torch.Tensor,
+    conv_state: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    buffer_slots: torch.Tensor,
+    state_slots: torch.Tensor,
+    layer: int,
+    parents: torch.Tensor | None = None,
+    *,
+    layout: str = DEFAULT_LAYOUT,
+    activation: str | None = None,
+    state_layout: str = DIM_MAJOR,
+) -> None:
+    _run_verify(
+        cpu.causal_conv1d_verify_cpu, out, buffer, conv_state, x, weight, bias, buffer_slots,
+        state_slots, layer, layout, parents, activation, state_layout,
+    )
+
+
+@_causal_conv1d_verify.register_kernel("cuda")
+def _causal_conv1d_verify_triton(
+    out, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, layer, parents=None, *,
+    layout=DEFAULT_LAYOUT, activation=None, state_layout=DIM_MAJOR,
+):
+    _run_verify(
+        triton_kernels().launch_causal_conv1d_verify, out, buffer, conv_state, x, weight, bias,
+        buffer_slots, state_slots, layer, layout, parents, activation, state_layout,
+    )
+
+
+@_causal_conv1d_verify.register_fake
+def _causal_conv1d_verify_fake(
+    out, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, layer, parents=None, *,
+    layout=DEFAULT_LAYOUT, activation=None, state_layout=DIM_MAJOR,
+):
+    sizes = check_capture_args(
+        _VERIFY, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
+    )
+    check_verify_args(_VERIFY, sizes, out, weight, bias, activation, conv_state.device)
+
+
+def causal_conv1d_verify(
+    out: torch.Tensor,
+    buffer: torch.Tensor,
+    conv_state: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    buffer_slots: torch.Tensor,
+    state_slots: torch.Tensor,
+    layer: int,
+    parents: torch.Tensor | None = None,
+    *,
+    layout: str = DEFAULT_LAYOUT,
+    activation: str | None = None,
+    state_layout: str = DIM_MAJOR,
+) -> None:
+    """The verify pass's depthwise causal conv1d of the draft tokens, fused with ``capture``.
+
+    out[b, n] = act(bias + sum_k weight[:, k] * input k), over the K inputs of node n's path
+    ending at n (the committed inputs of conv_state slot state_slots[b], then the drafts on the
+    way from the root; weight[:, K-1] multiplies x[b, n] itself). Accumulates in float32.
+
+    out: [B, N, dim] (written in place; any strides, any float dtype). weight: [dim, K];
+    bias: [dim] or None; activation: None or "silu" ("swish"). Everything else as in
+    ``capture``, which this writes bit-identically in the same pass. conv_state is not modified:
+    commit the accepted window afterwards with ``scatter`` / ``scatter_tree``. Rows skipped by
+    capture write no output either (out keeps its values there), and so do nodes with a bad
+    parent link. Same as ``torch.ops.convwin.causal_conv1d_verify``.
+    """
+    device = _eager_device(out, buffer, conv_state, x, weight, buffer_slots, state_slots)
+    if device is not None and all(t is None or type(t) is torch.Tensor for t in (bias, parents)):
+        kernel = cpu.causal_conv1d_verify_cpu if device == "cpu" else triton_kernels().launch_causal_conv1d_verify
+        _run_verify(
+            kernel, out, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, layer,
+            layout, parents, activation, state_layout,
+        )
+    else:
+        torch.ops.convwin.causal_conv1d_verify(
+            out, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, layer, parents,
+            layout=layout, activation=activation, state_layout=state_layout,
         )

@@ -153,3 +153,150 @@ def scatter_tree_reference(
                 else:
                     result[layer, dst, col, :] = value
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Verify pass: capture and the causal conv1d of the draft tokens
+# ---------------------------------------------------------------------------------------------
+
+
+def _state_columns(conv_state: torch.Tensor, layer: int, slot: int, state_layout: str) -> list[torch.Tensor]:
+    """The K-1 committed inputs of one slot, oldest first, each a [dim] tensor."""
+    if state_layout == "dim_major":  # [L, N, dim, K-1]
+        return [conv_state[layer, slot, :, col] for col in range(conv_state.shape[3])]
+    return [conv_state[layer, slot, col, :] for col in range(conv_state.shape[2])]  # [L, N, K-1, dim]
+
+
+def _decode_node(history, x_row, parents_row, node, kernel_size, step):
+    """Decode the path that ends at ``node`` one token at a time; return what ``step`` returned for
+    the node's token and the conv state after it (K-1 [dim] tensors, oldest first), or None when
+    a parent link among the K-1 above the node is outside [-1, n-1].
+
+    ``history``: the committed state (K-1 inputs, oldest first). ``x_row[m]``: node m's input.
+    ``parents_row``: None for a chain (node m's parent is m-1). ``step(state, token)`` gets the
+    K-1 inputs before the token and the token itself.
+
+    The conv state is a shift register of the last K-1 inputs, so the decode may start K-1 tokens
+    above the node: by then every input of the starting state has been shifted out. When the path
+    is longer than that, the decode starts from a state of NaNs, which would show if it were used.
+    """
+    ancestors = []  # nearest first
+    current = node
+    while current >= 0 and len(ancestors) < kernel_size - 1:
+        parent = current - 1 if parents_row is None else parents_row[current]
+        if not -1 <= parent < current:
+            return None
+        if parent >= 0:
+            ancestors.append(parent)
+        current = parent
+    if current < 0:  # the path reaches the committed history
+        state = list(history)
+    else:
+        state = [torch.full_like(history[0], float("nan")) for _ in history]
+    result = None
+    for m in ancestors[::-1] + [node]:
+        result = step(state, x_row[m])
+        state = state[1:] + [x_row[m]]
+    return result, state
+
+
+def capture_reference(
+    buffer: torch.Tensor,
+    conv_state: torch.Tensor,
+    x: torch.Tensor,
+    buffer_slots: torch.Tensor,
+    state_slots: torch.Tensor,
+    layer: int,
+    layout: str,
+    parents: torch.Tensor | None = None,
+    state_layout: str = "dim_major",
+) -> torch.Tensor:
+    """What convwin.capture must leave in ``buffer`` (its physical tensor), as a new CPU tensor.
+
+    Row b with both slots in range (negative ones skip the row) writes, into layer ``layer`` of
+    buffer slot buffer_slots[b]: for token_major / channel_major, the K-2 newest committed inputs
+    of conv_state slot state_slots[b] (oldest first) then x[b, n] for every node n; for dense,
+    window n = the conv state after decoding node n's path (parents; None = a chain), skipping a
+    node whose path has a bad parent link.
+    """
+    buffer, conv_state, x = buffer.cpu(), conv_state.cpu(), x.cpu()
+    result = buffer.clone()
+    num_nodes = x.shape[1]
+    width = conv_state.shape[3] if state_layout == "dim_major" else conv_state.shape[2]
+    kernel_size = width + 1
+    num_state_slots = conv_state.shape[1]
+    num_buffer_slots = buffer.shape[1]
+    for row in range(x.shape[0]):
+        dst, src = int(buffer_slots[row]), int(state_slots[row])
+        if not (0 <= dst < num_buffer_slots and 0 <= src < num_state_slots):
+            continue
+        history = _state_columns(conv_state, layer, src, state_layout)
+        inputs = history[1:] + [x[row, n] for n in range(num_nodes)]  # history K-2, then nodes
+        if layout == "token_major":  # [L, M, N+K-2, dim]
+            for position, value in enumerate(inputs):
+                result[layer, dst, position, :] = value.to(buffer.dtype)
+        elif layout == "channel_major":  # [L, M, dim, N+K-2]
+            for position, value in enumerate(inputs):
+                result[layer, dst, :, position] = value.to(buffer.dtype)
+        elif layout == "dense":  # [L, M, N, dim, K-1]
+            parents_row = None if parents is None else parents[row].tolist()
+            for node in range(num_nodes):
+                decoded = _decode_node(history, x[row], parents_row, node, kernel_size, lambda s, t: None)
+                if decoded is None:
+                    continue
+                for col, value in enumerate(decoded[1]):
+                    result[layer, dst, node, :, col] = value.to(buffer.dtype)
+        else:
+            raise ValueError(f"unknown layout {layout!r}")
+    return result
+
+
+def causal_conv1d_verify_reference(
+    out: torch.Tensor,
+    conv_state: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    buffer_slots: torch.Tensor,
+    state_slots: torch.Tensor,
+    num_buffer_slots: int,
+    layer: int,
+    parents: torch.Tensor | None = None,
+    activation: str | None = None,
+    state_layout: str = "dim_major",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The outputs convwin.causal_conv1d_verify must write, in float64, and a bool mask of the
+    [B, N] entries it writes (other entries of ``out`` must stay as they were).
+
+    Every node's output is the single-step causal conv of decoding its path token by token from
+    the committed state: y = bias + sum_k weight[:, k] * window[:, k] over the K inputs ending at
+    the node (weight[:, K-1] multiplies the node's own input), then SiLU if asked.
+    """
+    conv_state, x = conv_state.cpu(), x.cpu()
+    weight = weight.cpu().double()
+    bias = None if bias is None else bias.cpu().double()
+    num_rows, num_nodes, dim = x.shape
+    kernel_size = weight.shape[1]
+    expected = out.cpu().double().clone()
+    written = torch.zeros(num_rows, num_nodes, dtype=torch.bool)
+
+    def conv_step(state, token):
+        y = torch.zeros(dim, dtype=torch.float64) if bias is None else bias.clone()
+        for k, value in enumerate(state + [token]):
+            y += weight[:, k] * value.double()
+        if activation in ("silu", "swish"):
+            y = y / (1 + torch.exp(-y))
+        return y
+
+    for row in range(num_rows):
+        dst, src = int(buffer_slots[row]), int(state_slots[row])
+        if not (0 <= dst < num_buffer_slots and 0 <= src < conv_state.shape[1]):
+            continue
+        history = _state_columns(conv_state, layer, src, state_layout)
+        parents_row = None if parents is None else parents[row].tolist()
+        for node in range(num_nodes):
+            decoded = _decode_node(history, x[row], parents_row, node, kernel_size, conv_step)
+            if decoded is not None:
+                expected[row, node] = decoded[0]
+                written[row, node] = True
+    return expected, written

@@ -15,7 +15,16 @@ from typing import Callable, Iterator, NamedTuple
 
 import torch
 
-from .layout import CACHE_DTYPES, DIM_MAJOR, STATE_LAYOUTS, WINDOW_MAJOR
+from .layout import (
+    CACHE_DTYPES,
+    CHANNEL_MAJOR,
+    DENSE,
+    DIM_MAJOR,
+    STATE_LAYOUTS,
+    TOKEN_MAJOR,
+    WINDOW_MAJOR,
+    physical_shape,
+)
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -355,3 +364,196 @@ def check_scatter_tree_index_values(
         _SCATTER_TREE, "rows", sizes.num_state_slots, sizes.num_src_slots,
         dst_slots, src_slots, "nodes", nodes, sizes.num_nodes, "draft nodes", check_links,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# capture and causal_conv1d_verify
+# ---------------------------------------------------------------------------------------------
+
+
+class CaptureSizes(NamedTuple):
+    num_layers: int  # L
+    num_state_slots: int  # N_state
+    dim: int
+    width: int  # K-1
+    num_buffer_slots: int  # M
+    num_nodes: int  # N (draft tokens or tree nodes)
+    num_rows: int  # B
+
+
+_CAPTURE_INDICES = ("buffer_slots", "state_slots")
+_BUFFER_DESC = {
+    DENSE: "[L, M, N, dim, K-1]",
+    CHANNEL_MAJOR: "[L, M, dim, N+K-2]",
+    TOKEN_MAJOR: "[L, M, N+K-2, dim]",
+}
+
+
+def check_capture_args(
+    op: str,
+    buffer: torch.Tensor,
+    conv_state: torch.Tensor,
+    x: torch.Tensor,
+    buffer_slots: torch.Tensor,
+    state_slots: torch.Tensor,
+    layer: int,
+    layout: str,
+    parents: torch.Tensor | None,
+    state_layout: str,
+) -> CaptureSizes:
+    """Validate the arguments capture and causal_conv1d_verify share, and return their sizes."""
+    for name, value in (("buffer", buffer), ("conv_state", conv_state), ("x", x)):
+        if not isinstance(value, torch.Tensor):
+            check_tensor(f"{op}: {name}", value)
+    buffer_desc = _BUFFER_DESC.get(layout)
+    if buffer_desc is None:
+        raise ValueError(f"{op}: layout must be one of {tuple(_BUFFER_DESC)}, got {layout!r}")
+    state_desc = _STATE_DESC.get(state_layout)
+    if state_desc is None:
+        raise ValueError(f"{op}: state_layout must be one of {STATE_LAYOUTS}, got {state_layout!r}")
+    if conv_state.dim() != 4:
+        raise ValueError(
+            f"{op}: conv_state must be 4-D {state_desc} (state_layout={state_layout!r}), "
+            f"got shape {tuple(conv_state.shape)}"
+        )
+    if x.dim() != 3:
+        raise ValueError(f"{op}: x must be 3-D [B, N, dim] (the draft tokens' conv inputs), got shape {tuple(x.shape)}")
+    for name, t in (("buffer", buffer), ("conv_state", conv_state), ("x", x)):
+        check_cache_dtype(f"{op}: {name}", t)
+    device = conv_state.device
+    for name, t in (("buffer", buffer), ("x", x)):
+        if t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device} but conv_state is on {device}")
+    if state_layout == DIM_MAJOR:
+        num_layers, num_state_slots, dim, width = conv_state.shape
+    else:
+        num_layers, num_state_slots, width, dim = conv_state.shape
+    if width < 1:
+        raise ValueError(f"{op}: K-1 must be >= 1, got conv_state shape {tuple(conv_state.shape)}")
+    num_rows, num_nodes, x_dim = x.shape
+    if x_dim != dim:
+        raise ValueError(
+            f"{op}: x has dim {x_dim} (axis 2) but conv_state has {dim} (shape "
+            f"{tuple(conv_state.shape)} read as {state_desc})"
+        )
+    if num_nodes < 1:
+        raise ValueError(f"{op}: x must hold at least one draft token (axis 1), got shape {tuple(x.shape)}")
+    kernel_size = width + 1
+    expected = physical_shape(layout, num_layers, 1, dim, num_nodes, kernel_size)
+    if buffer.dim() != len(expected) or any(
+        got != want for axis, (got, want) in enumerate(zip(buffer.shape, expected)) if axis != 1
+    ):
+        wanted = list(expected)
+        wanted[1] = "M"
+        raise ValueError(
+            f"{op}: a {layout} buffer for L={num_layers}, N={num_nodes} draft tokens (x axis 1), "
+            f"dim={dim}, K={kernel_size} (conv_state) must be {buffer_desc} = "
+            f"[{', '.join(map(str, wanted))}], got shape {tuple(buffer.shape)}"
+        )
+    if isinstance(layer, bool) or not isinstance(layer, (int, torch.SymInt)):
+        raise TypeError(f"{op}: layer must be an int, got {type(layer).__name__}")
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"{op}: layer {layer} is out of range for {num_layers} layers (expected 0..{num_layers - 1})")
+    check_writable(op, "buffer", buffer)
+    check_index_tensors(op, device, _CAPTURE_INDICES, buffer_slots, state_slots)
+    if buffer_slots.shape[0] != num_rows:
+        raise ValueError(
+            f"{op}: buffer_slots and state_slots have {buffer_slots.shape[0]} rows but x has "
+            f"{num_rows} (axis 0); there is one slot pair per request"
+        )
+    if parents is not None:
+        if not isinstance(parents, torch.Tensor):
+            check_tensor(f"{op}: parents", parents)
+        if parents.dtype not in INDEX_DTYPES:
+            raise TypeError(f"{op}: parents must be int32 or int64, got {parents.dtype}")
+        if parents.device != device:
+            raise ValueError(f"{op}: parents is on {parents.device} but conv_state is on {device}")
+        if parents.dim() != 2 or parents.shape[0] != num_rows or parents.shape[1] != num_nodes:
+            raise ValueError(
+                f"{op}: parents must be [B, N] = [{num_rows}, {num_nodes}] (x is [B, N, dim]), "
+                f"got shape {tuple(parents.shape)}"
+            )
+    return CaptureSizes(num_layers, num_state_slots, dim, width, buffer.shape[1], num_nodes, num_rows)
+
+
+ACTIVATIONS = (None, "silu", "swish")
+
+
+def check_verify_args(
+    op: str,
+    sizes: CaptureSizes,
+    out: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    device: torch.device,
+) -> None:
+    """The arguments causal_conv1d_verify adds to capture's."""
+    for name, value in (("out", out), ("weight", weight)):
+        if not isinstance(value, torch.Tensor):
+            check_tensor(f"{op}: {name}", value)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"{op}: activation must be None, 'silu' or 'swish', got {activation!r}")
+    kernel_size = sizes.width + 1
+    expected_out = (sizes.num_rows, sizes.num_nodes, sizes.dim)
+    if tuple(out.shape) != expected_out:
+        raise ValueError(f"{op}: out must be [B, N, dim] = {list(expected_out)} like x, got shape {tuple(out.shape)}")
+    if tuple(weight.shape) != (sizes.dim, kernel_size):
+        raise ValueError(
+            f"{op}: weight must be [dim, K] = [{sizes.dim}, {kernel_size}] (K-1 = conv_state's "
+            f"window width), got shape {tuple(weight.shape)}"
+        )
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            check_tensor(f"{op}: bias", bias)
+        if tuple(bias.shape) != (sizes.dim,):
+            raise ValueError(f"{op}: bias must be [dim] = [{sizes.dim}] or None, got shape {tuple(bias.shape)}")
+    for name, t in (("out", out), ("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        check_cache_dtype(f"{op}: {name}", t)
+        if t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device} but conv_state is on {device}")
+    check_writable(op, "out", out)
+
+
+def check_capture_index_values(
+    op: str,
+    sizes: CaptureSizes,
+    buffer_slots: torch.Tensor,
+    state_slots: torch.Tensor,
+    parents: torch.Tensor | None,
+) -> None:
+    """Checked mode for capture and causal_conv1d_verify: raise IndexError naming the first bad
+    row of the batch (host sync; for debugging). A row is active when both slots are >= 0."""
+    dst, src = buffer_slots.tolist(), state_slots.tolist()
+    links = None if parents is None else parents.tolist()
+    written_by: dict[int, int] = {}
+    for row in range(len(dst)):
+        if dst[row] < 0 or src[row] < 0:
+            continue
+        if dst[row] >= sizes.num_buffer_slots:
+            raise IndexError(
+                f"{op}: buffer_slots[{row}] = {dst[row]} is out of range for a buffer with "
+                f"{sizes.num_buffer_slots} slots (expected 0..{sizes.num_buffer_slots - 1}, or "
+                f"negative to skip the row)"
+            )
+        if src[row] >= sizes.num_state_slots:
+            raise IndexError(
+                f"{op}: state_slots[{row}] = {src[row]} is out of range for conv_state with "
+                f"{sizes.num_state_slots} slots (expected 0..{sizes.num_state_slots - 1}, or "
+                f"negative to skip the row)"
+            )
+        if links is not None:
+            for node, parent in enumerate(links[row]):
+                if not -1 <= parent < node:
+                    raise IndexError(
+                        f"{op}: parents[{row}, {node}] = {parent}; a node's parent must be an "
+                        f"earlier node (0..{node - 1}) or -1 for the committed history"
+                    )
+        if dst[row] in written_by:
+            raise IndexError(
+                f"{op}: rows {written_by[dst[row]]} and {row} both write buffer slot {dst[row]}; "
+                f"which one lands would be unspecified"
+            )
+        written_by[dst[row]] = row

@@ -8,6 +8,7 @@ from typing import Callable
 
 import pytest
 import torch
+from hypothesis import strategies as st
 
 import sgl_convwin
 from sgl_convwin import ops
@@ -31,6 +32,8 @@ class Impl:
     device: str
     scatter: Callable[..., None]
     scatter_tree: Callable[..., None]
+    capture: Callable[..., None]
+    causal_conv1d_verify: Callable[..., None]
     # Triton's interpreter rounds float downcasts differently from the GPU (it truncates), so
     # under it only exact casts (same dtype, or up to float32) can be compared bit for bit.
     exact_casts_only: bool = False
@@ -44,9 +47,18 @@ def _dispatched_scatter_tree(*args, **kwargs):
     torch.ops.convwin.scatter_tree(*args, **kwargs)
 
 
-_PUBLIC = (sgl_convwin.scatter, sgl_convwin.scatter_tree)
-_DISPATCHED = (_dispatched_scatter, _dispatched_scatter_tree)
-_TRITON = (ops._scatter_triton, ops._scatter_tree_triton)  # the CUDA kernels' functions
+def _dispatched_capture(*args, **kwargs):
+    torch.ops.convwin.capture(*args, **kwargs)
+
+
+def _dispatched_verify(*args, **kwargs):
+    torch.ops.convwin.causal_conv1d_verify(*args, **kwargs)
+
+
+_PUBLIC = (sgl_convwin.scatter, sgl_convwin.scatter_tree, sgl_convwin.capture, sgl_convwin.causal_conv1d_verify)
+_DISPATCHED = (_dispatched_scatter, _dispatched_scatter_tree, _dispatched_capture, _dispatched_verify)
+# the CUDA kernels' functions, run on CPU tensors under Triton's interpreter
+_TRITON = (ops._scatter_triton, ops._scatter_tree_triton, ops._capture_triton, ops._causal_conv1d_verify_triton)
 
 # sgl_convwin.* skip the dispatcher in eager mode; the *_op entries go through it.
 IMPLS = {
@@ -116,3 +128,21 @@ def expected_storage(t: torch.Tensor, expected_view: torch.Tensor) -> torch.Tens
     result = whole_storage(t).clone()
     result.as_strided(t.shape, t.stride(), t.storage_offset()).copy_(expected_view.to(t.device))
     return result
+
+
+def chain_parents(num_nodes: int) -> list[int]:
+    return list(range(-1, num_nodes - 1))
+
+
+@st.composite
+def trees(draw, num_nodes):
+    """parents[n] in [-1, n-1]: chains, stars, k-ary trees (EAGLE-like), or uniform random."""
+    shape = draw(st.sampled_from(["chain", "star", "kary", "random"]))
+    if shape == "chain":
+        return chain_parents(num_nodes)
+    if shape == "star":
+        return [-1] * num_nodes
+    if shape == "kary":
+        branching = draw(st.integers(2, 4))
+        return [(n // branching) - 1 if n >= branching else -1 for n in range(num_nodes)]
+    return [draw(st.integers(-1, n - 1)) for n in range(num_nodes)]

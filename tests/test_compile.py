@@ -127,3 +127,56 @@ def test_compiled_tree_commit(device, layout, state_layout):
     assert "torch.ops.convwin.scatter_tree.default(" in code
     assert allocations(code) == [] and ".copy_(" not in code
     assert torch.equal(conv_state.cpu(), expected)
+
+
+def verify_step(outs, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, nodes, parents, layout):
+    """A whole speculative step as an engine compiles it: per layer the fused conv (writing that
+    layer's slice of ``outs`` and capturing into the whole buffer), then one commit for all layers."""
+    for layer in range(x.shape[0]):
+        sgl_convwin.causal_conv1d_verify(
+            outs[layer], buffer, conv_state, x[layer], weight[layer], bias[layer], buffer_slots, state_slots,
+            layer, parents, layout=layout, activation="silu",
+        )
+    if layout == "dense":
+        sgl_convwin.scatter(conv_state, buffer, state_slots, buffer_slots, nodes)
+    else:
+        rows = buffer if layout == "token_major" else buffer.transpose(-1, -2)
+        sgl_convwin.scatter_tree(conv_state, rows, state_slots, buffer_slots, nodes, parents)
+
+
+def verify_inputs(device, layout, seed):
+    generator = torch.Generator().manual_seed(seed)
+    nodes_per_tree, B = 5, 3
+    parents = torch.tensor([[-1, -1, 0, 1, 2], [-1, 0, 1, 2, 3], [-1, 0, 0, 1, 1]])
+    tensors = dict(
+        outs=torch.zeros(L, B, nodes_per_tree, DIM),
+        buffer=torch.zeros(sgl_convwin.physical_shape(layout, L, M, DIM, nodes_per_tree, K)),
+        conv_state=torch.randn(L, N, DIM, K - 1, generator=generator),
+        x=torch.randn(L, B, nodes_per_tree, DIM, generator=generator),
+        weight=torch.randn(L, DIM, K, generator=generator),
+        bias=torch.randn(L, DIM, generator=generator),
+        buffer_slots=torch.tensor([2, 0, -1]),
+        state_slots=torch.tensor([4, 1, 0]),
+        nodes=torch.tensor([3, 4, 2]),
+        parents=parents,
+    )
+    return {k: v.to(device) for k, v in tensors.items()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+def test_compiled_verify_step(device, layout):
+    """Compiled == eager bit for bit; the ops run in place: no allocation, no copy, no clone."""
+    torch._dynamo.reset()
+    eager = verify_inputs(device, layout, seed=5)
+    compiled_args = verify_inputs(device, layout, seed=5)
+    verify_step(**eager, layout=layout)
+    compiled = torch.compile(verify_step, fullgraph=True)
+    _, codes = run_and_get_code(compiled, **compiled_args, layout=layout)
+    code = "\n".join(codes)
+    assert code.count("torch.ops.convwin.causal_conv1d_verify.default(") == L
+    assert allocations(code) == [], allocations(code)
+    assert ".copy_(" not in code and "clone" not in code
+    for name in ("outs", "buffer", "conv_state"):
+        assert torch.equal(compiled_args[name], eager[name]), name
+    assert eager["outs"].any() and not torch.equal(eager["conv_state"], verify_inputs(device, layout, 5)["conv_state"])

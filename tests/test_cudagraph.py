@@ -131,3 +131,69 @@ def test_tree_capture_and_replay_with_new_trees(layout, state_layout):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(conv_state.cpu(), expected)
+
+
+def verify_step(outs, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, nodes, parents, layout):
+    """Per layer the fused conv + capture, then one commit for all layers (chain: parents None)."""
+    for layer in range(x.shape[0]):
+        sgl_convwin.causal_conv1d_verify(
+            outs[layer], buffer, conv_state, x[layer], weight[layer], bias[layer], buffer_slots,
+            state_slots, layer, parents, layout=layout, activation="silu",
+        )
+    if layout == "dense":
+        sgl_convwin.scatter(conv_state, buffer, state_slots, buffer_slots, nodes)
+    elif parents is None:
+        sgl_convwin.scatter(conv_state, sgl_convwin.window_view(buffer, layout, x.shape[2], K),
+                            state_slots, buffer_slots, nodes)
+    else:
+        rows = buffer if layout == "token_major" else buffer.transpose(-1, -2)
+        sgl_convwin.scatter_tree(conv_state, rows, state_slots, buffer_slots, nodes, parents)
+
+
+def fresh_step_values(generator, num_nodes, tree):
+    buffer_slots = torch.randperm(M, generator=generator)[:B]
+    buffer_slots[torch.rand(B, generator=generator) < 0.25] = -1  # padding
+    state_slots = torch.randperm(N, generator=generator)[:B]
+    nodes = torch.randint(-1, num_nodes, (B,), generator=generator)
+    values = dict(
+        x=torch.randn(L, B, num_nodes, DIM, generator=generator).to(torch.bfloat16),
+        buffer_slots=buffer_slots, state_slots=state_slots, nodes=nodes,
+    )
+    if tree:
+        values["parents"] = torch.stack([
+            torch.tensor([int(torch.randint(-1, n, (), generator=generator)) for n in range(num_nodes)])
+            for _ in range(B)
+        ])
+    return values
+
+
+@pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+def test_verify_step_capture_and_replay(layout, tree):
+    """The whole verify/capture/commit step in one CUDA graph, replayed with new tokens, slots,
+    accepted nodes and trees; compared with the CPU implementation every replay (buffer and state
+    exactly, outputs to bf16 rounding)."""
+    num_nodes = 8 if tree else D
+    generator = torch.Generator().manual_seed(3)
+    static = dict(
+        outs=torch.zeros(L, B, num_nodes, DIM, dtype=torch.bfloat16),
+        buffer=torch.zeros(sgl_convwin.physical_shape(layout, L, M, DIM, num_nodes, K), dtype=torch.bfloat16),
+        conv_state=torch.randn(L, N, DIM, K - 1, generator=generator).to(torch.bfloat16),
+        weight=torch.randn(L, DIM, K, generator=generator).to(torch.bfloat16),
+        bias=torch.randn(L, DIM, generator=generator).to(torch.bfloat16),
+        parents=None,
+        **fresh_step_values(generator, num_nodes, tree),
+    )
+    static = {k: None if v is None else v.cuda() for k, v in static.items()}
+    graph = capture(lambda: verify_step(**static, layout=layout))
+    for _ in range(20):
+        for name, value in fresh_step_values(generator, num_nodes, tree).items():
+            static[name].copy_(value)
+        static["conv_state"].copy_(torch.randn(static["conv_state"].shape, generator=generator))
+        expected = {k: None if v is None else v.cpu().clone() for k, v in static.items()}
+        verify_step(**expected, layout=layout)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static["buffer"].cpu(), expected["buffer"])
+        assert torch.equal(static["conv_state"].cpu(), expected["conv_state"])
+        torch.testing.assert_close(static["outs"].cpu().float(), expected["outs"].float(), rtol=1.6e-2, atol=1.6e-2)

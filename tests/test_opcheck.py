@@ -79,3 +79,44 @@ def test_opcheck_scatter_tree(device):
             torch.library.opcheck(torch.ops.convwin.scatter_tree.default, args, kwargs)
         except Exception as error:
             raise AssertionError(f"opcheck failed for sample {name}") from error
+
+
+def verify_samples(device):
+    """(name, capture args, verify args, kwargs) over layouts, strides, state layouts, trees, B=0."""
+    generator = torch.Generator().manual_seed(2)
+    L, M, N_state, nodes, K, dim, B = 2, 3, 4, 5, 4, 24, 4
+    buffer_slots = torch.tensor([2, -1, 0, 1], device=device)
+    state_slots = torch.tensor([0, 1, 3, 2], device=device, dtype=torch.int32)
+    tree = torch.tensor([[-1, 0, 1, 1, 3], [-1, -1, 0, 1, 2], [-1, 0, 0, 1, 1], [-1, 0, 1, 2, 3]], device=device)
+    weight = torch.randn(dim, K, generator=generator).to(device)
+    bias = torch.randn(dim, generator=generator).to(device)
+    for layout in sgl_convwin.LAYOUTS:
+        for variant in ("contiguous", "offset", "permuted", "sliced"):
+            for state_layout in sgl_convwin.STATE_LAYOUTS:
+                for parents in (None, tree):
+                    physical = sgl_convwin.physical_shape(layout, L, M, dim, nodes, K)
+                    buffer = strided_tensor(physical, torch.bfloat16, device, generator, variant)
+                    shape = (L, N_state, dim, K - 1) if state_layout == "dim_major" else (L, N_state, K - 1, dim)
+                    conv_state = strided_tensor(shape, torch.float32, device, generator, variant)
+                    x = strided_tensor((B, nodes, dim), torch.bfloat16, device, generator, variant)
+                    out = strided_tensor((B, nodes, dim), torch.float32, device, generator, variant)
+                    name = f"{layout}-{variant}-{state_layout}-{'tree' if parents is not None else 'chain'}"
+                    common = (buffer_slots, state_slots, 1, parents)
+                    kwargs = {"layout": layout, "state_layout": state_layout}
+                    yield (name, (buffer, conv_state, x, *common), kwargs,
+                           (out, buffer, conv_state, x, weight, bias, *common), {**kwargs, "activation": "silu"})
+    empty = torch.empty(0, dtype=torch.int64, device=device)
+    x = torch.empty(0, nodes, dim, device=device)
+    state = torch.zeros(L, N_state, dim, K - 1, device=device)
+    yield ("B=0", (buffer, state, x, empty, empty, 0), {"layout": layout},
+           (x.clone(), buffer, state, x, weight, None, empty, empty, 0), {"layout": layout})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_capture_and_verify(device):
+    for name, capture_args, capture_kwargs, verify_args, verify_kwargs in verify_samples(device):
+        try:
+            torch.library.opcheck(torch.ops.convwin.capture.default, capture_args, capture_kwargs)
+            torch.library.opcheck(torch.ops.convwin.causal_conv1d_verify.default, verify_args, verify_kwargs)
+        except Exception as error:
+            raise AssertionError(f"opcheck failed for sample {name}") from error

@@ -15,10 +15,12 @@ import sgl_convwin
 from sgl_convwin import reference
 from support import (
     CACHE_DTYPES,
+    chain_parents,
     exact_cast,
     expected_storage,
     impl_params,
     strided_tensor,
+    trees,
     whole_storage,
 )
 
@@ -46,24 +48,6 @@ def check_scatter_tree(impl, conv_state, rows, dst, src, nodes, parents, state_l
     impl.scatter_tree(conv_state, rows, dst, src, nodes, parents, state_layout=state_layout)
     assert torch.equal(whole_storage(conv_state), want)
     assert torch.equal(whole_storage(rows), rows_before), "rows must not be written"
-
-
-def chain_parents(num_nodes):
-    return list(range(-1, num_nodes - 1))
-
-
-@st.composite
-def trees(draw, num_nodes):
-    """parents[n] in [-1, n-1]: chains, stars, k-ary trees (EAGLE-like), or uniform random."""
-    shape = draw(st.sampled_from(["chain", "star", "kary", "random"]))
-    if shape == "chain":
-        return chain_parents(num_nodes)
-    if shape == "star":
-        return [-1] * num_nodes
-    if shape == "kary":
-        branching = draw(st.integers(2, 4))
-        return [(n // branching) - 1 if n >= branching else -1 for n in range(num_nodes)]
-    return [draw(st.integers(-1, n - 1)) for n in range(num_nodes)]
 
 
 @st.composite

@@ -1,0 +1,358 @@
+"""convwin.capture and convwin.causal_conv1d_verify against the loop oracles.
+
+Captured buffers are copies: compared with torch.equal over the WHOLE storage of the buffer, for
+every layout (dense, channel_major, token_major), strided tensors, dtype casts, padded and
+out-of-range rows, chains (parents=None) and random trees with and without broken links. Outputs
+are arithmetic: compared with a float64 token-by-token decode within the output dtype's tolerance,
+and every entry the op must not write is compared exactly. Then the end-to-end properties: capture
++ commit is what decoding the accepted tokens one at a time leaves in the conv state, and a tree
+committed from deduplicated rows equals the dense fallback, bit for bit.
+"""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import sgl_convwin
+from sgl_convwin import reference
+from support import (
+    CACHE_DTYPES,
+    chain_parents,
+    exact_cast,
+    expected_storage,
+    impl_params,
+    strided_tensor,
+    trees,
+    whole_storage,
+)
+
+VARIANTS = ("contiguous", "offset", "permuted", "sliced")
+# (rtol, atol) of an output stored in this dtype (the conv accumulates in float32)
+TOLERANCE = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
+
+
+def make_state(state_layout, layers, slots, dim, width, dtype, device, generator, variant="contiguous"):
+    shape = (layers, slots, dim, width) if state_layout == "dim_major" else (layers, slots, width, dim)
+    return strided_tensor(shape, dtype, device, generator, variant)
+
+
+@st.composite
+def verify_cases(draw, exact_casts_only):
+    layers = draw(st.integers(1, 3))
+    num_buffer = draw(st.integers(1, 4))
+    num_state = draw(st.integers(1, 5))
+    num_nodes = draw(st.integers(1, 16))
+    kernel_size = draw(st.integers(2, 5))
+    x_dtype, state_dtype, buffer_dtype, out_dtype, weight_dtype = (
+        draw(st.sampled_from(CACHE_DTYPES)) for _ in range(5)
+    )
+    if exact_casts_only and not (exact_cast(x_dtype, buffer_dtype) and exact_cast(state_dtype, buffer_dtype)):
+        buffer_dtype = torch.float32
+    tree_mode = draw(st.sampled_from(["chain", "trees", "broken"]))
+    free_buffer_slots = draw(st.permutations(range(num_buffer)))
+    entries = []  # (buffer slot, state slot, parents)
+    for kind in draw(st.lists(st.sampled_from(["active", "active", "skip", "out_of_range"]), max_size=6)):
+        state_slot = draw(st.integers(0, num_state - 1))
+        parents = draw(trees(num_nodes))
+        if tree_mode == "broken" and draw(st.booleans()):
+            parents = list(parents)
+            victim = draw(st.integers(0, num_nodes - 1))
+            parents[victim] = draw(st.sampled_from([victim, victim + 1 + draw(st.integers(0, 5)), -2, -100]))
+        if kind == "active" and free_buffer_slots:
+            entries.append((free_buffer_slots.pop(), state_slot, parents))
+        elif kind == "skip":  # padding: a negative slot on either side
+            if draw(st.booleans()):
+                entries.append((-draw(st.integers(1, 3)), state_slot, parents))
+            else:
+                entries.append((draw(st.integers(0, num_buffer - 1)), -1, parents))
+        elif kind == "out_of_range":
+            if draw(st.booleans()):
+                entries.append((num_buffer + draw(st.integers(0, 50)), state_slot, parents))
+            else:
+                entries.append((draw(st.integers(0, num_buffer - 1)), num_state + draw(st.integers(0, 50)), parents))
+    return dict(
+        layers=layers, num_buffer=num_buffer, num_state=num_state, num_nodes=num_nodes,
+        kernel_size=kernel_size, dim=draw(st.integers(1, 40)), layer=draw(st.integers(0, layers - 1)),
+        layout=draw(st.sampled_from(sgl_convwin.LAYOUTS)),
+        state_layout=draw(st.sampled_from(sgl_convwin.STATE_LAYOUTS)),
+        x_dtype=x_dtype, state_dtype=state_dtype, buffer_dtype=buffer_dtype, out_dtype=out_dtype,
+        weight_dtype=weight_dtype, tree_mode=tree_mode, entries=entries,
+        bias=draw(st.booleans()), activation=draw(st.sampled_from([None, "silu"])),
+        variants=[draw(st.sampled_from(VARIANTS)) for _ in range(4)],  # buffer, state, x, out
+        index_dtypes=[draw(st.sampled_from([torch.int32, torch.int64])) for _ in range(3)],
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def build(case, device):
+    generator = torch.Generator().manual_seed(case["seed"])
+    L, N, K, dim = case["layers"], case["num_nodes"], case["kernel_size"], case["dim"]
+    buffer_variant, state_variant, x_variant, out_variant = case["variants"]
+    physical = sgl_convwin.physical_shape(case["layout"], L, case["num_buffer"], dim, N, K)
+    entries = case["entries"]
+    B = len(entries)
+    buffer_dtype, state_dtype, parents_dtype = case["index_dtypes"]
+    args = dict(
+        buffer=strided_tensor(physical, case["buffer_dtype"], device, generator, buffer_variant),
+        conv_state=make_state(case["state_layout"], L, case["num_state"], dim, K - 1, case["state_dtype"],
+                              device, generator, state_variant),
+        x=strided_tensor((B, N, dim), case["x_dtype"], device, generator, x_variant),
+        buffer_slots=torch.tensor([e[0] for e in entries], dtype=buffer_dtype, device=device),
+        state_slots=torch.tensor([e[1] for e in entries], dtype=state_dtype, device=device),
+        layer=case["layer"],
+        parents=None if case["tree_mode"] == "chain" else
+        torch.tensor([e[2] for e in entries], dtype=parents_dtype, device=device).reshape(B, N),
+    )
+    conv = dict(
+        out=strided_tensor((B, N, dim), case["out_dtype"], device, generator, out_variant),
+        weight=random_weight(dim, K, case["weight_dtype"], device, generator),
+        bias=strided_tensor((dim,), case["weight_dtype"], device, generator, "offset") if case["bias"] else None,
+    )
+    return args, conv
+
+
+def random_weight(dim, kernel_size, dtype, device, generator):
+    return (torch.randn(dim, kernel_size, generator=generator) / kernel_size**0.5).to(dtype=dtype, device=device)
+
+
+def call_capture(impl, args, layout, state_layout):
+    impl.capture(args["buffer"], args["conv_state"], args["x"], args["buffer_slots"], args["state_slots"],
+                 args["layer"], args["parents"], layout=layout, state_layout=state_layout)
+
+
+def call_verify(impl, args, conv, layout, state_layout, activation):
+    impl.causal_conv1d_verify(
+        conv["out"], args["buffer"], args["conv_state"], args["x"], conv["weight"], conv["bias"],
+        args["buffer_slots"], args["state_slots"], args["layer"], args["parents"],
+        layout=layout, activation=activation, state_layout=state_layout,
+    )
+
+
+def snapshot(*tensors):
+    return [whole_storage(t).clone() for t in tensors if t is not None]
+
+
+def unchanged(tensors, before):
+    return all(torch.equal(whole_storage(t), b) for t, b in zip([t for t in tensors if t is not None], before))
+
+
+def expected_buffer(args, layout, state_layout):
+    return reference.capture_reference(
+        args["buffer"], args["conv_state"], args["x"], args["buffer_slots"].cpu(), args["state_slots"].cpu(),
+        args["layer"], layout, None if args["parents"] is None else args["parents"].cpu(), state_layout,
+    )
+
+
+def check_outputs(out, out_before, expected, written):
+    """Written entries within tolerance of the float64 oracle; everything else of out's storage,
+    inside the view and around it, exactly as it was."""
+    rtol, atol = TOLERANCE[out.dtype]
+    got = out.detach().cpu().double()
+    torch.testing.assert_close(got[written], expected[written], rtol=rtol, atol=atol)
+    restored = whole_storage(out).clone()
+    view = restored.as_strided(out.shape, out.stride(), out.storage_offset())
+    view[written.to(out.device)] = out_before.as_strided(out.shape, out.stride(), out.storage_offset())[written.to(out.device)]
+    assert torch.equal(restored, out_before), "out changed where it must not be written"
+
+
+@pytest.mark.parametrize("impl", impl_params())
+def test_capture_fuzz(impl):
+    @given(case=verify_cases(exact_casts_only=impl.exact_casts_only))
+    def fuzz(case):
+        args, _ = build(case, impl.device)
+        layout, state_layout = case["layout"], case["state_layout"]
+        want = expected_storage(args["buffer"], expected_buffer(args, layout, state_layout))
+        inputs = (args["conv_state"], args["x"], args["parents"])
+        before = snapshot(*inputs)
+        call_capture(impl, args, layout, state_layout)
+        assert torch.equal(whole_storage(args["buffer"]), want)
+        assert unchanged(inputs, before), "capture must not write its inputs"
+
+    fuzz()
+
+
+@pytest.mark.parametrize("impl", impl_params())
+def test_verify_fuzz(impl):
+    @given(case=verify_cases(exact_casts_only=impl.exact_casts_only))
+    def fuzz(case):
+        args, conv = build(case, impl.device)
+        layout, state_layout, activation = case["layout"], case["state_layout"], case["activation"]
+        buffer_for_capture = args["buffer"].clone()
+        want = expected_storage(args["buffer"], expected_buffer(args, layout, state_layout))
+        expected, written = reference.causal_conv1d_verify_reference(
+            conv["out"], args["conv_state"], args["x"], conv["weight"], conv["bias"],
+            args["buffer_slots"].cpu(), args["state_slots"].cpu(), case["num_buffer"], args["layer"],
+            None if args["parents"] is None else args["parents"].cpu(), activation, state_layout,
+        )
+        inputs = (args["conv_state"], args["x"], args["parents"], conv["weight"], conv["bias"])
+        before = snapshot(*inputs)
+        out_before = whole_storage(conv["out"]).clone()
+        call_verify(impl, args, conv, layout, state_layout, activation)
+        assert torch.equal(whole_storage(args["buffer"]), want)
+        check_outputs(conv["out"], out_before, expected, written)
+        assert unchanged(inputs, before), "verify must not write its inputs"
+        # the fused pass captures exactly what the capture op does
+        captured = dict(args, buffer=buffer_for_capture)
+        call_capture(impl, captured, layout, state_layout)
+        assert torch.equal(buffer_for_capture, args["buffer"])
+
+    fuzz()
+
+
+@pytest.mark.parametrize("impl", impl_params())
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+@pytest.mark.parametrize("kernel_size", (2, 3, 4, 5))
+def test_chain_parents_equal_no_parents(impl, layout, kernel_size):
+    """parents=None is a chain: the same outputs and buffer as explicit chain parents, bit for bit."""
+    generator = torch.Generator().manual_seed(kernel_size)
+    L, M, N, dim, B = 2, 3, 5, 19, 3
+    conv_state = torch.randn(L, 4, dim, kernel_size - 1, generator=generator).to(impl.device)
+    x = torch.randn(B, N, dim, generator=generator).to(torch.bfloat16).to(impl.device)
+    weight = random_weight(dim, kernel_size, torch.float32, impl.device, generator)
+    bias = torch.randn(dim, generator=generator).to(impl.device)
+    slots = (torch.tensor([2, 0, -1], device=impl.device), torch.tensor([1, 3, 0], device=impl.device))
+    physical = sgl_convwin.physical_shape(layout, L, M, dim, N, kernel_size)
+    results = []
+    for parents in (None, torch.tensor([chain_parents(N)] * B, device=impl.device)):
+        buffer = torch.zeros(physical, dtype=torch.bfloat16, device=impl.device)
+        out = torch.zeros(B, N, dim, dtype=torch.bfloat16, device=impl.device)
+        impl.causal_conv1d_verify(out, buffer, conv_state, x, weight, bias, *slots, 1, parents,
+                                  layout=layout, activation="silu")
+        results.append((out, buffer))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+
+
+def decode_state(history, tokens):
+    """The conv state after feeding ``tokens`` one at a time into a K-1 shift register."""
+    state = list(history)
+    for token in tokens:
+        state = state[1:] + [token]
+    return torch.stack(state, dim=-1)  # [dim, K-1]
+
+
+@pytest.mark.parametrize("impl", impl_params())
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+@pytest.mark.parametrize("kernel_size", (2, 3, 4, 5))
+def test_capture_then_commit_is_sequential_decode(impl, layout, kernel_size):
+    """Chain: capture, then commit step t, leaves the state that decoding x[b, 0..t] would."""
+    generator = torch.Generator().manual_seed(10 + kernel_size)
+    L, M, N, dim, width = 2, 3, 4, 9, kernel_size - 1
+    conv_state = torch.randn(L, 3, dim, width, generator=generator).to(impl.device)
+    x = torch.randn(2, N, dim, generator=generator).to(impl.device)
+    buffer = sgl_convwin.alloc_windows(L, M, dim, N, kernel_size, layout=layout, dtype=torch.float32,
+                                       device=impl.device)
+    buffer_slots, state_slots = torch.tensor([2, 0], device=impl.device), torch.tensor([1, 2], device=impl.device)
+    for layer in range(L):
+        impl.capture(buffer, conv_state, x, buffer_slots, state_slots, layer, layout=layout)
+    windows = sgl_convwin.window_view(buffer, layout, N, kernel_size)
+    for step in range(N):
+        committed = conv_state.clone()
+        steps = torch.tensor([step, N - 1 - step], device=impl.device)
+        impl.scatter(committed, windows, state_slots, buffer_slots, steps)
+        for b, accepted in enumerate((step, N - 1 - step)):
+            for layer in range(L):
+                history = list(conv_state[layer, int(state_slots[b])].cpu().unbind(-1))
+                want = decode_state(history, list(x[b, : accepted + 1].cpu().unbind(0)))
+                assert torch.equal(committed[layer, int(state_slots[b])].cpu(), want)
+        assert torch.equal(committed[:, 0], conv_state[:, 0]), "an untouched slot changed"
+
+
+@pytest.mark.parametrize("impl", impl_params())
+@pytest.mark.parametrize("rows_layout", ("token_major", "channel_major"))
+@pytest.mark.parametrize("kernel_size", (2, 3, 4, 5))
+def test_tree_rows_commit_equals_dense_fallback(impl, rows_layout, kernel_size):
+    """A tree captured into deduplicated rows and committed with scatter_tree leaves the same
+    state as today's dense fallback (dense windows along parent links, then scatter), bit for
+    bit, for every node of an EAGLE-like tree and a random one."""
+    generator = torch.Generator().manual_seed(20 + kernel_size)
+    L, M, dim = 2, 2, 11
+    eagle = [-1, -1, -1, 0, 0, 0, 1, 1, 3, 3, 6]  # topk 3, then deeper branches
+    random_tree = [-1, 0, 0, -1, 2, 1, 4, 4, 7, 3, 9]
+    N, B = len(eagle), 2
+    parents = torch.tensor([eagle, random_tree], device=impl.device)
+    conv_state = torch.randn(L, 3, dim, kernel_size - 1, generator=generator).to(torch.bfloat16).to(impl.device)
+    x = torch.randn(B, N, dim, generator=generator).to(torch.bfloat16).to(impl.device)
+    rows_buffer = sgl_convwin.alloc_windows(L, M, dim, N, kernel_size, layout=rows_layout, device=impl.device)
+    dense = sgl_convwin.alloc_windows(L, M, dim, N, kernel_size, layout="dense", device=impl.device)
+    buffer_slots, state_slots = torch.tensor([1, 0], device=impl.device), torch.tensor([2, 0], device=impl.device)
+    for layer in range(L):
+        impl.capture(rows_buffer, conv_state, x, buffer_slots, state_slots, layer, parents, layout=rows_layout)
+        impl.capture(dense, conv_state, x, buffer_slots, state_slots, layer, parents, layout="dense")
+    rows = rows_buffer if rows_layout == "token_major" else rows_buffer.transpose(-1, -2)
+    for node in range(N):
+        nodes = torch.tensor([node, N - 1 - node], device=impl.device)
+        from_rows, from_dense = conv_state.clone(), conv_state.clone()
+        impl.scatter_tree(from_rows, rows, state_slots, buffer_slots, nodes, parents)
+        impl.scatter(from_dense, dense, state_slots, buffer_slots, nodes)
+        assert torch.equal(from_rows, from_dense)
+        assert not torch.equal(from_rows, conv_state)
+
+
+@pytest.mark.parametrize("impl", impl_params())
+def test_empty_batch(impl):
+    buffer = torch.randn(2, 3, 6, 8, device=impl.device)
+    before = buffer.clone()
+    conv_state = torch.randn(2, 3, 8, 3, device=impl.device)
+    empty = torch.empty(0, dtype=torch.int64, device=impl.device)
+    out = torch.empty(0, 4, 8, device=impl.device)
+    impl.capture(buffer, conv_state, torch.empty(0, 4, 8, device=impl.device), empty, empty, 0)
+    impl.causal_conv1d_verify(out, buffer, conv_state, torch.empty(0, 4, 8, device=impl.device),
+                              torch.randn(8, 4, device=impl.device), None, empty, empty, 1)
+    assert torch.equal(buffer, before)
+
+
+@pytest.mark.parametrize("impl", impl_params())
+def test_channels_span_several_blocks(impl):
+    generator = torch.Generator().manual_seed(30)
+    L, M, N, K, dim, B = 2, 2, 3, 4, 700, 2
+    for layout in sgl_convwin.LAYOUTS:
+        buffer = torch.randn(sgl_convwin.physical_shape(layout, L, M, dim, N, K), generator=generator).to(impl.device)
+        conv_state = torch.randn(L, 3, dim, K - 1, generator=generator).to(impl.device)
+        x = torch.randn(B, N, dim, generator=generator).to(impl.device)
+        weight = random_weight(dim, K, torch.float32, impl.device, generator)
+        out = torch.zeros(B, N, dim, device=impl.device)
+        args = dict(buffer=buffer, conv_state=conv_state, x=x, buffer_slots=torch.tensor([1, 0], device=impl.device),
+                    state_slots=torch.tensor([0, 2], device=impl.device), layer=1,
+                    parents=torch.tensor([[-1, 0, 0], [-1, -1, 1]], device=impl.device))
+        want = expected_buffer(args, layout, "dim_major")
+        expected, written = reference.causal_conv1d_verify_reference(
+            out, conv_state, x, weight, None, args["buffer_slots"].cpu(), args["state_slots"].cpu(), M, 1,
+            args["parents"].cpu(),
+        )
+        call_verify(impl, args, dict(out=out, weight=weight, bias=None), layout, "dim_major", None)
+        assert torch.equal(buffer.cpu(), want)
+        assert bool(written.all())
+        torch.testing.assert_close(out.cpu().double(), expected, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+@pytest.mark.parametrize("tree", (False, True))
+def test_model_sized_cuda_matches_cpu(layout, tree):
+    """Qwen3-Next TP4-sized layer (dim 2048, K=4), 64 requests: the CUDA kernel and the CPU
+    implementation capture identical buffers; outputs agree to bf16 rounding."""
+    generator = torch.Generator().manual_seed(40)
+    L, M, dim, K, B = 3, 80, 2048, 4, 64
+    N = 8 if tree else 4
+    conv_state = torch.randn(L, 96, dim, K - 1, generator=generator).to(torch.bfloat16)
+    x = torch.randn(B, N, dim, generator=generator).to(torch.bfloat16)
+    weight = random_weight(dim, K, torch.bfloat16, "cpu", generator)
+    bias = torch.randn(dim, generator=generator).to(torch.bfloat16)
+    buffer_slots = torch.randperm(M, generator=generator)[:B]
+    buffer_slots[::9] = -1
+    state_slots = torch.randperm(96, generator=generator)[:B]
+    parents = torch.tensor([[-1, -1, -1, 0, 0, 0, 1, 1]] * B) if tree else None
+    results = {}
+    for device in ("cpu", "cuda"):
+        buffer = torch.zeros(sgl_convwin.physical_shape(layout, L, M, dim, N, K), dtype=torch.bfloat16, device=device)
+        out = torch.zeros(B, N, dim, dtype=torch.bfloat16, device=device)
+        move = (lambda t: None if t is None else t.to(device))
+        sgl_convwin.causal_conv1d_verify(
+            out, buffer, conv_state.to(device), x.to(device), weight.to(device), bias.to(device),
+            buffer_slots.to(device), state_slots.to(device), 2, move(parents), layout=layout, activation="silu",
+        )
+        results[device] = (out.cpu(), buffer.cpu())
+    assert torch.equal(results["cpu"][1], results["cuda"][1])
+    torch.testing.assert_close(results["cuda"][0].float(), results["cpu"][0].float(), rtol=1.6e-2, atol=1.6e-2)
