@@ -313,6 +313,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtypes", nargs="+", default=["bf16"], choices=["bf16", "fp32"])
     parser.add_argument("--json", default=None, help="write all rows here")
     parser.add_argument("--tree", action="store_true", help="also time the tree commit")
+    parser.add_argument("--tree-only", action="store_true", help="time only the tree commit")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if not verify(device):
@@ -322,6 +323,9 @@ def main(argv=None) -> int:
     if device != "cuda":
         print("timing needs CUDA")
         return 1
+    if args.tree_only:
+        bench_tree(args.batches)
+        return 0
     eager_overhead()
     if args.tree:
         bench_tree(args.batches)

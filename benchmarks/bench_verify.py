@@ -201,8 +201,8 @@ def bench(batches, layers=36, dim=8192, kernel_size=4):
         for B in batches:
             for name, layout, step in VARIANTS:
                 p = make_problem(layers, dim, kernel_size, num_nodes, topk, tree, B, layout, "cuda")
-                ms = triton.testing.do_bench(lambda: step(p, layout), warmup=5, rep=100, return_mode="median")
-                graph_us = graph_time_us(lambda: step(p, layout), launches=2, replays=10)
+                ms = triton.testing.do_bench(lambda: step(p, layout), warmup=2, rep=30, return_mode="median")
+                graph_us = graph_time_us(lambda: step(p, layout), launches=1, replays=10)
                 nbytes = step_bytes(layers, dim, kernel_size, num_nodes, B, layout)
                 gbps = nbytes / (graph_us * 1e-6) / 1e9
                 cache = p["buffer"].numel() * p["buffer"].element_size() // p["buffer"].shape[1]

@@ -11,7 +11,7 @@ what makes this equal to convwin.scatter bit for bit on chains.
 
 One program copies one block of one window for one (row, layer): grid (B * blocks, L). It first
 walks the K-2 nearest ancestors (K-2 scalar loads of parents), then copies like the chain kernel:
-destination walked flat, source gathered through its strides. A row is skipped when its node,
+destination walked flat, source gathered through its strides, with int32 per-element offsets. A row is skipped when its node,
 source or destination slot is out of range, or when a parent it reads lies outside [-1, n-1].
 """
 
@@ -24,6 +24,7 @@ import triton.language as tl
 from ._common import (
     DEFAULT_WARPS,
     GATHER_BLOCK,
+    INT32_MAX,
     cdiv,
     check_grid,
     contiguous_order,
@@ -76,10 +77,14 @@ def _scatter_tree_kernel(
     active &= (dst >= 0) & (dst < num_state_slots)
     active &= (src >= 0) & (src < num_src_slots)
     if active:
+        # Per-element offsets are int32 (the launcher checks that one slot's span fits); the
+        # int64 bases are scalars. Measured on the H200 (docs/benchmarks.md): int64 offsets
+        # made this kernel integer-bound at 55% of the copy ceiling.
         flat, mask, chan, col = window_block(block, dim, WIDTH, BLOCK, WINDOW_MAJOR_ORDER)
-        # Column K-2 (the newest) is the node itself; walk up for the older columns.
+        # Column K-2 (the newest) is the node itself; walk up for the older columns, picking
+        # each element's source row among K-1 scalar row offsets.
         pos = HISTORY + node
-        source_pos = tl.zeros([BLOCK], dtype=tl.int64) + pos
+        row_offset = tl.zeros([BLOCK], dtype=tl.int32) + (pos * rows_stride_pos).to(tl.int32)
         links_ok = node >= 0  # a scalar True
         parents_row = parents_ptr + row.to(tl.int64) * parents_stride_row
         for older in tl.static_range(1, WIDTH):
@@ -90,13 +95,13 @@ def _scatter_tree_kernel(
             parent_ok = (parent >= -1) & (parent < pos - HISTORY)
             links_ok &= parent_ok | (pos < HISTORY)
             pos = tl.where(is_node & parent_ok, HISTORY + parent, pos - 1)
-            source_pos = tl.where(col == WIDTH - 1 - older, pos, source_pos)
+            row_offset = tl.where(col == WIDTH - 1 - older, (pos * rows_stride_pos).to(tl.int32), row_offset)
         if links_ok:
-            src_offsets = source_pos * rows_stride_pos + chan.to(tl.int64) * rows_stride_dim
+            src_offsets = row_offset + chan * rows_stride_dim
             if DST_CONTIGUOUS:
-                dst_offsets = flat.to(tl.int64)
+                dst_offsets = flat
             else:
-                dst_offsets = chan.to(tl.int64) * state_stride_dim + col.to(tl.int64) * state_stride_win
+                dst_offsets = chan * state_stride_dim + col * state_stride_win
             source = rows_ptr + layer * rows_stride_layer + src * rows_stride_slot
             values = tl.load(source + src_offsets, mask=mask)
             state = state_ptr + layer * state_stride_layer + dst * state_stride_slot
@@ -131,6 +136,13 @@ def launch_scatter_tree(
     block = min(block, next_power_of_2(window_numel))
     num_blocks = cdiv(window_numel, block)
     check_grid("convwin.scatter_tree", num_layers, num_rows, num_blocks, window_numel)
+    rows_strides = rows.stride()
+    slot_span = max(
+        (rows.shape[2] - 1) * rows_strides[2] + (dim - 1) * rows_strides[3],
+        (dim - 1) * state_strides[2] + (width - 1) * state_strides[3],
+    )
+    if slot_span > INT32_MAX:
+        raise ValueError(f"convwin.scatter_tree: one slot spans {slot_span + 1} elements; at most 2**31 are supported")
     _scatter_tree_kernel[(num_rows * num_blocks, num_layers)](
         state,
         rows,
@@ -144,7 +156,7 @@ def launch_scatter_tree(
         dim,
         num_blocks,
         *state_strides,
-        *rows.stride(),
+        *rows_strides,
         dst_slots.stride(0),
         src_slots.stride(0),
         nodes.stride(0),

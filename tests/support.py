@@ -83,6 +83,9 @@ def impl_params(*names: str):
     return params
 
 
+# the devices a test runs on: the CPU, and CUDA (marked gpu, so `pytest -m gpu` selects it)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
 CACHE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

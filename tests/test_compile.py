@@ -8,9 +8,8 @@ from torch._inductor.utils import run_and_get_code
 
 import sgl_convwin
 from sgl_convwin import reference
-from support import HAS_CUDA
+from support import DEVICES
 
-DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 L, M, N, D, K, DIM = 2, 3, 5, 4, 4, 16
 
 

@@ -7,9 +7,8 @@ import pytest
 import torch
 
 import sgl_convwin
-from support import HAS_CUDA, strided_tensor
+from support import DEVICES, strided_tensor
 
-DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
 
 
 def scatter_samples(device):
