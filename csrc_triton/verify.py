@@ -25,17 +25,8 @@ import triton.language as tl
 
 from ._common import INT32_MAX, cdiv, next_power_of_2
 
-MAX_BLOCK = 1024  # channels per program
-MIN_PROGRAMS = 512  # below this many programs per layer, halve the block (small batches)
-
-
-def verify_block(num_rows: int, dim: int) -> tuple[int, int]:
-    """(channels per program, warps): 8 channels per thread (16-byte bf16 vectors), blocks
-    halved down to 128 channels while the grid is too small to fill the GPU."""
-    block = min(MAX_BLOCK, next_power_of_2(dim))
-    while block > 128 and num_rows * cdiv(dim, block) < MIN_PROGRAMS:
-        block //= 2
-    return block, max(1, min(4, block // 256))
+VERIFY_BLOCK = 256  # channels per program
+VERIFY_WARPS = 2
 
 
 @triton.jit
@@ -82,6 +73,7 @@ def _capture_verify_kernel(
     state_layer_offset,
     num_buffer_slots,
     num_state_slots,
+    num_nodes,
     dim,
     dest_stride_slot,
     dest_stride_row,  # rows: position; dense: node
@@ -103,9 +95,7 @@ def _capture_verify_kernel(
     state_slots_stride,
     parents_stride_row,
     parents_stride_node,
-    NUM_NODES: tl.constexpr,  # unrolled: every load of the step can be in flight at once
     KERNEL_SIZE: tl.constexpr,
-    TAPS: tl.constexpr,  # next power of 2 >= KERNEL_SIZE
     BLOCK: tl.constexpr,
     DENSE: tl.constexpr,
     HAS_PARENTS: tl.constexpr,
@@ -127,57 +117,55 @@ def _capture_verify_kernel(
         state = state_ptr + state_layer_offset + src * state_stride_slot + chan * state_stride_dim
         xs = x_ptr + row * x_stride_row + chan * x_stride_dim
         parents_row = parents_ptr + row * parents_stride_row
-        tap = tl.arange(0, TAPS)  # the conv's inputs, oldest first; tap K-1 is the node itself
-        is_tap = tap < KERNEL_SIZE
-        if HAS_CONV:
-            weights = tl.load(
-                weight_ptr + chan[None, :] * weight_stride_dim + tap[:, None] * weight_stride_tap,
-                mask=is_tap[:, None] & cmask[None, :],
-                other=0.0,
-            ).to(tl.float32)  # [TAPS, BLOCK]
-            if HAS_BIAS:
-                bias = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
         if not DENSE:  # rows 0 .. K-3: the K-2 newest committed inputs
             for h in tl.static_range(WIDTH - 1):
                 value = tl.load(state + (h + 1) * state_stride_win, mask=cmask)
                 tl.store(dest + h * dest_stride_row, value.to(dest_ptr.dtype.element_ty), mask=cmask)
-        for node in tl.static_range(NUM_NODES):
-            if not DENSE:  # row K-2+n: node n's input
-                token = tl.load(xs + node * x_stride_node, mask=cmask)
-                tl.store(dest + (WIDTH - 1 + node) * dest_stride_row, token.to(dest_ptr.dtype.element_ty), mask=cmask)
+        for node in range(num_nodes):
+            token = tl.load(xs + node * x_stride_node, mask=cmask)
+            if not DENSE:
+                tl.store(
+                    dest + (WIDTH - 1 + node) * dest_stride_row,
+                    token.to(dest_ptr.dtype.element_ty),
+                    mask=cmask,
+                )
             if DENSE or HAS_CONV:
-                # Where each tap comes from: a node (>= 0) or a committed input (-1 the newest).
+                pos = tl.cast(node, tl.int64)
                 write = cmask
-                if HAS_PARENTS:
-                    pos = tl.cast(node, tl.int64)
-                    # a bad link among the K-1 above the node skips its writes
+                if HAS_PARENTS:  # a bad link among the K-1 above the node skips its writes
                     write = tl.where(_links_ok(pos, parents_row, parents_stride_node, WIDTH), write, False)
-                    source = tl.zeros([TAPS], dtype=tl.int64) + pos
-                    for up in tl.static_range(1, KERNEL_SIZE):
-                        pos = _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS)
-                        source = tl.where(tap == WIDTH - up, pos, source)
-                else:
-                    source = (tap + (node - WIDTH)).to(tl.int64)
-                is_token = source >= 0
-                load_mask = is_tap[:, None] & write[None, :]
-                from_x = tl.load(
-                    xs[None, :] + source[:, None] * x_stride_node,
-                    mask=is_token[:, None] & load_mask,
-                    other=0.0,
-                )
-                from_state = tl.load(
-                    state[None, :] + (WIDTH + source)[:, None] * state_stride_win,
-                    mask=(source < 0)[:, None] & load_mask,
-                    other=0.0,
-                )
-                inputs = tl.where(is_token[:, None], from_x, from_state)  # [TAPS, BLOCK]
-                if DENSE:  # window n = taps 1 .. K-1
-                    window = dest[None, :] + node * dest_stride_row + (tap[:, None] - 1) * dest_stride_win
-                    tl.store(window, inputs.to(dest_ptr.dtype.element_ty), mask=(tap >= 1)[:, None] & load_mask)
+                window = dest + node * dest_stride_row
+                if DENSE:  # column K-2 of window `node` is the node's own input
+                    tl.store(window + (WIDTH - 1) * dest_stride_win, token.to(dest_ptr.dtype.element_ty), mask=write)
                 if HAS_CONV:
-                    acc = tl.sum(weights * inputs.to(tl.float32), axis=0)
+                    acc = token.to(tl.float32) * tl.load(
+                        weight_ptr + chan * weight_stride_dim + WIDTH * weight_stride_tap, mask=cmask
+                    ).to(tl.float32)
+                for up in tl.static_range(1, KERNEL_SIZE):
+                    pos = _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS)
+                    is_token = pos >= 0
+                    # (tl.where, not &: Triton's interpreter mistypes a vector & scalar mask)
+                    from_x = tl.load(xs + pos * x_stride_node, mask=tl.where(is_token, write, False))
+                    from_state = tl.load(
+                        state + (WIDTH + pos) * state_stride_win, mask=tl.where(is_token, False, write)
+                    )
+                    value = tl.where(is_token, from_x, from_state)
+                    if DENSE:
+                        if up < WIDTH:
+                            tl.store(
+                                window + (WIDTH - 1 - up) * dest_stride_win,
+                                value.to(dest_ptr.dtype.element_ty),
+                                mask=write,
+                            )
+                    if HAS_CONV:
+                        tap = tl.load(
+                            weight_ptr + chan * weight_stride_dim + (WIDTH - up) * weight_stride_tap,
+                            mask=cmask,
+                        ).to(tl.float32)
+                        acc += tap * value.to(tl.float32)
+                if HAS_CONV:
                     if HAS_BIAS:
-                        acc += bias
+                        acc += tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
                     if SILU:
                         acc = acc * tl.sigmoid(acc)
                     out = out_ptr + row * out_stride_row + node * out_stride_node + chan * out_stride_dim
@@ -197,9 +185,6 @@ def _launch(
     dest_strides = dest.stride() if dense else (*dest.stride(), 0)
     has_conv = out is not None
     has_parents = parents is not None
-    if block is None:
-        block, default_warps = verify_block(num_rows, dim)
-        num_warps = num_warps or default_warps
     block = min(block, next_power_of_2(dim))
     _capture_verify_kernel[(num_rows, cdiv(dim, block))](
         dest,
@@ -215,6 +200,7 @@ def _launch(
         layer * state.stride(0),
         dest.shape[1],
         state.shape[1],
+        num_nodes,
         dim,
         *dest_strides[1:],
         *state.stride()[1:],
@@ -225,16 +211,14 @@ def _launch(
         buffer_slots.stride(0),
         state_slots.stride(0),
         *(parents.stride() if has_parents else (0, 0)),
-        NUM_NODES=num_nodes,
         KERNEL_SIZE=kernel_size,
-        TAPS=next_power_of_2(kernel_size),
         BLOCK=block,
         DENSE=dense,
         HAS_PARENTS=has_parents,
         HAS_CONV=has_conv,
         HAS_BIAS=bias is not None,
         SILU=silu,
-        num_warps=num_warps or 4,
+        num_warps=num_warps,
     )
 
 
@@ -248,15 +232,14 @@ def launch_capture(
     parents: torch.Tensor | None,
     *,
     dense: bool,
-    block: int | None = None,
-    num_warps: int | None = None,
+    block: int = VERIFY_BLOCK,
+    num_warps: int = VERIFY_WARPS,
 ) -> None:
     """Write layer ``layer`` of every active request's buffer slot (see the module docstring).
 
     dest: rows [L, M, N+K-2, dim] or, if dense, windows [L, M, N, dim, K-1]; any strides.
     state: [L, N_state, dim, K-1], any strides. x: [B, N, dim], any strides. Slots: [B];
     parents: [B, N] or None for a chain; int32 or int64, any strides.
-    block, num_warps: channels and warps per program (tuning only; default: verify_block).
     """
     _launch(
         None, dest, state, x, None, None, buffer_slots, state_slots, layer, parents,
@@ -278,8 +261,8 @@ def launch_causal_conv1d_verify(
     *,
     dense: bool,
     silu: bool,
-    block: int | None = None,
-    num_warps: int | None = None,
+    block: int = VERIFY_BLOCK,
+    num_warps: int = VERIFY_WARPS,
 ) -> None:
     """launch_capture, fused with out[b, n] = act(bias + sum_k weight[:, k] * input k of node n).
 

@@ -182,8 +182,8 @@ def test_verify_step_capture_and_replay(layout, tree):
         weight=torch.randn(L, DIM, K, generator=generator).to(torch.bfloat16),
         bias=torch.randn(L, DIM, generator=generator).to(torch.bfloat16),
         parents=None,
-        **fresh_step_values(generator, num_nodes, tree),
     )
+    static.update(fresh_step_values(generator, num_nodes, tree))
     static = {k: None if v is None else v.cuda() for k, v in static.items()}
     graph = capture(lambda: verify_step(**static, layout=layout))
     for _ in range(20):

@@ -89,21 +89,23 @@ def verify_samples(device):
     tree = torch.tensor([[-1, 0, 1, 1, 3], [-1, -1, 0, 1, 2], [-1, 0, 0, 1, 1], [-1, 0, 1, 2, 3]], device=device)
     weight = torch.randn(dim, K, generator=generator).to(device)
     bias = torch.randn(dim, generator=generator).to(device)
+    # every layout x every stride variant; state layouts and chain/tree alternate (each kernel
+    # specialisation opcheck compiles costs seconds on the GPU)
     for layout in sgl_convwin.LAYOUTS:
-        for variant in ("contiguous", "offset", "permuted", "sliced"):
-            for state_layout in sgl_convwin.STATE_LAYOUTS:
-                for parents in (None, tree):
-                    physical = sgl_convwin.physical_shape(layout, L, M, dim, nodes, K)
-                    buffer = strided_tensor(physical, torch.bfloat16, device, generator, variant)
-                    shape = (L, N_state, dim, K - 1) if state_layout == "dim_major" else (L, N_state, K - 1, dim)
-                    conv_state = strided_tensor(shape, torch.float32, device, generator, variant)
-                    x = strided_tensor((B, nodes, dim), torch.bfloat16, device, generator, variant)
-                    out = strided_tensor((B, nodes, dim), torch.float32, device, generator, variant)
-                    name = f"{layout}-{variant}-{state_layout}-{'tree' if parents is not None else 'chain'}"
-                    common = (buffer_slots, state_slots, 1, parents)
-                    kwargs = {"layout": layout, "state_layout": state_layout}
-                    yield (name, (buffer, conv_state, x, *common), kwargs,
-                           (out, buffer, conv_state, x, weight, bias, *common), {**kwargs, "activation": "silu"})
+        for i, variant in enumerate(("contiguous", "offset", "permuted", "sliced")):
+            state_layout = sgl_convwin.STATE_LAYOUTS[i % 2]
+            parents = (None, tree)[(i // 2) % 2]
+            physical = sgl_convwin.physical_shape(layout, L, M, dim, nodes, K)
+            buffer = strided_tensor(physical, torch.bfloat16, device, generator, variant)
+            shape = (L, N_state, dim, K - 1) if state_layout == "dim_major" else (L, N_state, K - 1, dim)
+            conv_state = strided_tensor(shape, torch.float32, device, generator, variant)
+            x = strided_tensor((B, nodes, dim), torch.bfloat16, device, generator, variant)
+            out = strided_tensor((B, nodes, dim), torch.float32, device, generator, variant)
+            name = f"{layout}-{variant}-{state_layout}-{'tree' if parents is not None else 'chain'}"
+            common = (buffer_slots, state_slots, 1, parents)
+            kwargs = {"layout": layout, "state_layout": state_layout}
+            yield (name, (buffer, conv_state, x, *common), kwargs,
+                   (out, buffer, conv_state, x, weight, bias, *common), {**kwargs, "activation": "silu"})
     empty = torch.empty(0, dtype=torch.int64, device=device)
     x = torch.empty(0, nodes, dim, device=device)
     state = torch.zeros(L, N_state, dim, K - 1, device=device)

@@ -87,10 +87,12 @@ def call(impl, op, args):
 
 
 def cases():
-    for name in BAD_CALLS:
-        for op in ("capture", "verify"):
-            if op == "verify" or name not in VERIFY_ONLY:
-                yield pytest.param(name, op, id=f"{op}-{name}")
+    return [  # a list: pytest deprecates generators here
+        pytest.param(name, op, id=f"{op}-{name}")
+        for name in BAD_CALLS
+        for op in ("capture", "verify")
+        if op == "verify" or name not in VERIFY_ONLY
+    ]
 
 
 @pytest.mark.parametrize("name, op", cases())
