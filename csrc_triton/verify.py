@@ -119,8 +119,9 @@ def _capture_verify_kernel(
         parents_row = parents_ptr + row * parents_stride_row
         if not DENSE:  # rows 0 .. K-3: the K-2 newest committed inputs
             for h in tl.static_range(WIDTH - 1):
-                value = tl.load(state + (h + 1) * state_stride_win, mask=cmask)
-                tl.store(dest + h * dest_stride_row, value.to(dest_ptr.dtype.element_ty), mask=cmask)
+                # (not named like the loop's `value`: Triton rejects a loop-carried dtype change)
+                committed = tl.load(state + (h + 1) * state_stride_win, mask=cmask)
+                tl.store(dest + h * dest_stride_row, committed.to(dest_ptr.dtype.element_ty), mask=cmask)
         for node in range(num_nodes):
             token = tl.load(xs + node * x_stride_node, mask=cmask)
             if not DENSE:
