@@ -1,8 +1,10 @@
-"""Command line: ``python -m sgl_convwin selfcheck`` (the package's main job until the demo lands).
+"""Command line: ``python -m sgl_convwin demo | plan | selfcheck``.
 
-selfcheck allocates every layout, fills it with chain inputs, commits a partially accepted batch
-with torch.ops.convwin.scatter, checks the result against the loop oracle bit for bit, and prints
-the memory each layout costs at a real model's shape.
+demo: speculative decoding of a tiny hybrid model through the ops, every layout, chain and tree,
+checked token for token against plain greedy decoding (sgl_convwin/demo.py).
+plan: the conv-window cache's memory per rank for a real model (sgl_convwin/plan.py).
+selfcheck: allocates every layout, commits a partially accepted batch with
+torch.ops.convwin.scatter, checks it against the loop oracle bit for bit, prints the memory saved.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import sys
 
 import torch
 
+from . import demo as demo_module
+from . import plan as plan_module
 from . import reference
 from .layout import LAYOUTS, dedup_ratio, physical_nbytes, window_view
 from .ops import alloc_windows, scatter
@@ -62,12 +66,38 @@ def selfcheck(device: str, num_draft: int, kernel_size: int, seed: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sgl_convwin", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="speculative decoding of a tiny hybrid model, every layout, chain and tree")
+    demo.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    demo.add_argument("--tokens", type=int, default=24, help="tokens to generate per request")
+    demo.add_argument("--requests", type=int, default=4)
+    demo.add_argument("--draft", type=int, default=4, help="chain: tokens per verify pass (pending + drafts)")
+    demo.add_argument("--tree-nodes", type=int, default=8, help="tree: nodes per verify pass")
+    demo.add_argument("--topk", type=int, default=3, help="tree: children per node")
+    demo.add_argument("--layers", type=int, default=3)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--draft-noise", type=float, default=0.01, help="how far the drafter's weights are perturbed")
+    demo.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    demo.add_argument("--no-progress", action="store_true")
+    plan = commands.add_parser("plan", help="memory of the conv-window cache per rank for a real model")
+    plan_module.add_arguments(plan)
     check = commands.add_parser("selfcheck", help="allocate, commit and check every layout; print the memory saved")
     check.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     check.add_argument("--num-draft", type=int, default=4)
     check.add_argument("--kernel-size", type=int, default=4)
     check.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.command == "demo":
+        if args.topk < 2:
+            parser.error("--topk must be >= 2 for the tree run (the chain run is topk 1)")
+        ok = demo_module.run_demo(
+            device=args.device, new_tokens=args.tokens, batch=args.requests, draft=args.draft,
+            tree_nodes=args.tree_nodes, topk=args.topk, layers=args.layers, seed=args.seed,
+            noise=args.draft_noise, layouts_to_run=args.layouts,
+            show_progress=not args.no_progress and sys.stderr.isatty(),
+        )
+        return 0 if ok else 1
+    if args.command == "plan":
+        return plan_module.run_plan(args)
     if args.command == "selfcheck":
         ok = selfcheck(args.device, args.num_draft, args.kernel_size, args.seed)
         return 0 if ok else 1

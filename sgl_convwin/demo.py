@@ -1,0 +1,343 @@
+"""``python -m sgl_convwin demo``: speculative decoding of a tiny hybrid model through the ops.
+
+The model (plain PyTorch, seeded random weights): an embedding, L layers of [input projection ->
+depthwise causal conv1d -> SiLU -> gated linear recurrence -> output projection, residual], a
+head. Speculative decoding: a perturbed copy of the model drafts a chain (topk 1) or a tree
+(topk > 1); the target verifies every draft node in one pass per step with
+``torch.ops.convwin.causal_conv1d_verify`` (which captures the conv inputs into the window buffer
+of the layout under test), greedy acceptance walks the tree, and the accepted node's conv window
+is committed with ``torch.ops.convwin.scatter`` (chains, dense trees) or ``scatter_tree`` (trees
+in token_major / channel_major rows); the recurrent state's per-node snapshots are committed by
+plain indexing. The emitted tokens must equal plain one-token-at-a-time greedy decoding, exactly.
+
+Why exactly: every weight and every activation lives on a grid of 2**-6 inside [-8, 8] (values are
+rounded to it after each nonlinearity, deterministically), so every product and every sum the
+model computes -- projections, the conv inside the op, the recurrence -- is exact in float32
+whatever the order of summation, the batch shape or the kernel. Two correct implementations of
+the same step therefore agree bit for bit; an error anywhere in the cache shows as a different
+token stream. (The conv cache is float32 here: a bf16 cache could not hold these values exactly.)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import layout as layouts
+
+GRID = 2.0**-6
+LIMIT = 8.0
+
+
+def on_grid(t: torch.Tensor) -> torch.Tensor:
+    """Round to the 2**-6 grid inside [-LIMIT, LIMIT]: keeps later arithmetic exact."""
+    return torch.clamp(torch.round(t / GRID) * GRID, -LIMIT, LIMIT)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab: int = 64
+    d_model: int = 32
+    conv_dim: int = 32
+    kernel_size: int = 4
+    layers: int = 3
+
+
+class TinyHybridLM:
+    """Weights on the grid; ``step`` decodes one token per request, ``verify`` a tree of them."""
+
+    def __init__(self, config: ModelConfig, seed: int, device: torch.device, noise: float = 0.0):
+        g = torch.Generator().manual_seed(seed)
+        c = config
+
+        def weight(*shape, scale):
+            return torch.randn(*shape, generator=g) * scale
+
+        params = dict(
+            embed=weight(c.vocab, c.d_model, scale=1.0),
+            w_in=weight(c.layers, c.d_model, 2 * c.conv_dim, scale=c.d_model**-0.5),
+            conv_w=weight(c.layers, c.conv_dim, c.kernel_size, scale=0.5),
+            conv_b=weight(c.layers, c.conv_dim, scale=0.1),
+            decay=torch.sigmoid(weight(c.layers, c.conv_dim, scale=1.0)),
+            w_out=weight(c.layers, c.conv_dim, c.d_model, scale=c.conv_dim**-0.5),
+            head=weight(c.d_model, c.vocab, scale=c.d_model**-0.5),
+        )
+        if noise:  # the drafter: the same model, perturbed
+            noise_g = torch.Generator().manual_seed(seed + 1)
+            params = {k: v + noise * torch.randn(v.shape, generator=noise_g) for k, v in params.items()}
+        self.config = config
+        for name, value in params.items():
+            setattr(self, name, on_grid(value).to(device))
+
+    def _project_in(self, x, layer):
+        uz = on_grid(x @ self.w_in[layer])
+        return uz[..., : self.config.conv_dim], uz[..., self.config.conv_dim :]
+
+    def _mix_out(self, x, h, z, layer):
+        y = on_grid(h * torch.nn.functional.silu(z))
+        return on_grid(x + y @ self.w_out[layer])
+
+    def step(self, tokens, conv_state, rec_state):
+        """One token per request, plain PyTorch (the reference decoder). tokens: [B];
+        conv_state: [L, B, C, K-1] and rec_state: [L, B, C], updated in place. Returns logits."""
+        x = self.embed[tokens]
+        for layer in range(self.config.layers):
+            u, z = self._project_in(x, layer)
+            window = torch.cat([conv_state[layer], u[:, :, None]], dim=2)  # [B, C, K]
+            conv = (window * self.conv_w[layer]).sum(dim=2) + self.conv_b[layer]
+            conv_state[layer] = window[:, :, 1:]
+            h = on_grid(self.decay[layer] * rec_state[layer] + on_grid(torch.nn.functional.silu(conv)))
+            rec_state[layer] = h
+            x = self._mix_out(x, h, z, layer)
+        return x @ self.head
+
+    def verify(self, tokens, parents, cache, state_slots, buffer_slots):
+        """Every node of every request's draft tree in one pass per layer, through the ops.
+
+        tokens: [B, N]; parents: [B, N] (parents[b, 0] = -1: node 0 is the pending token).
+        Captures the conv inputs into cache.buffer and the recurrent state after each node into
+        cache.snapshots; returns logits [B, N, vocab]. Rows with slot -1 are padding.
+        """
+        c = self.config
+        B, N = tokens.shape
+        x = self.embed[tokens]
+        read = state_slots.clamp(min=0)
+        rows = torch.arange(B, device=tokens.device)
+        for layer in range(c.layers):
+            u, z = self._project_in(x, layer)
+            conv = torch.zeros(B, N, c.conv_dim, device=tokens.device)
+            torch.ops.convwin.causal_conv1d_verify(
+                conv, cache.buffer, cache.conv_state, u, self.conv_w[layer], self.conv_b[layer],
+                buffer_slots, state_slots, layer, cache.parents_arg(parents), layout=cache.layout,
+            )
+            drive = on_grid(torch.nn.functional.silu(conv))
+            h = torch.empty(B, N, c.conv_dim, device=tokens.device)
+            for node in range(N):  # the recurrence along each node's path
+                parent = parents[:, node]
+                previous = torch.where(
+                    (parent >= 0)[:, None], h[rows, parent.clamp(min=0)], cache.rec_state[layer, read]
+                )
+                h[:, node] = on_grid(self.decay[layer] * previous + drive[:, node])
+            active = buffer_slots >= 0
+            cache.snapshots[layer, buffer_slots[active]] = h[active]
+            x = self._mix_out(x, h, z, layer)
+        return x @ self.head
+
+
+def tree_parents(num_nodes: int, topk: int) -> list[int]:
+    """Node 0 is the pending token; then each node in order gets topk children (topk 1: a chain)."""
+    return [-1] + [(n - 1) // topk for n in range(1, num_nodes)]
+
+
+class SpecCache:
+    """The engine side: conv and recurrent state per slot, the window buffer of one layout, the
+    recurrent snapshots per draft node (dense)."""
+
+    def __init__(self, config, slots, num_nodes, layout, tree, device):
+        c = config
+        self.layout, self.tree = layout, tree
+        self.num_nodes = num_nodes
+        self.conv_state = torch.zeros(c.layers, slots, c.conv_dim, c.kernel_size - 1, device=device)
+        self.rec_state = torch.zeros(c.layers, slots, c.conv_dim, device=device)
+        self.buffer = torch.ops.convwin.alloc(
+            c.layers, slots, c.conv_dim, num_nodes, c.kernel_size, layout, torch.float32, torch.device(device)
+        )
+        self.snapshots = torch.zeros(c.layers, slots, num_nodes, c.conv_dim, device=device)
+        self.kernel_size = c.kernel_size
+
+    def parents_arg(self, parents):
+        return parents if self.tree else None
+
+    def commit(self, state_slots, buffer_slots, accepted, parents):
+        """The accepted node's conv window (one launch, all layers) and recurrent snapshot."""
+        if self.tree and self.layout != layouts.DENSE:
+            rows = self.buffer if self.layout == layouts.TOKEN_MAJOR else self.buffer.transpose(-1, -2)
+            torch.ops.convwin.scatter_tree(self.conv_state, rows, state_slots, buffer_slots, accepted, parents)
+        else:
+            windows = layouts.window_view(self.buffer, self.layout, self.num_nodes, self.kernel_size)
+            torch.ops.convwin.scatter(self.conv_state, windows, state_slots, buffer_slots, accepted)
+        active = accepted >= 0
+        self.rec_state[:, state_slots[active]] = self.snapshots[:, buffer_slots[active], accepted[active]]
+
+
+def greedy_reference(target, prompts, new_tokens):
+    """Plain greedy decoding, one token at a time: the streams speculative decoding must equal."""
+    c = target.config
+    B, device = len(prompts), target.embed.device
+    conv_state = torch.zeros(c.layers, B, c.conv_dim, c.kernel_size - 1, device=device)
+    rec_state = torch.zeros(c.layers, B, c.conv_dim, device=device)
+    prompt = torch.tensor(prompts, device=device)
+    for t in range(prompt.shape[1]):
+        logits = target.step(prompt[:, t], conv_state, rec_state)
+    streams = [[] for _ in range(B)]
+    for _ in range(new_tokens):
+        token = logits.argmax(dim=-1)
+        for b in range(B):
+            streams[b].append(int(token[b]))
+        logits = target.step(token, conv_state, rec_state)
+    return streams
+
+
+def draft_tree(drafter, contexts, parents_list, topk, window=12):
+    """Tokens of every node (node 0 = the pending token, the context's last), from the drafter's
+    top-k at each parent's path; the drafter re-reads the last ``window`` tokens (no cache)."""
+    c = drafter.config
+    num_nodes = len(parents_list)
+    trees = [[ctx[-1]] + [None] * (num_nodes - 1) for ctx in contexts]
+    children = {p: [n for n in range(num_nodes) if parents_list[n] == p] for p in range(num_nodes)}
+    for parent in range(num_nodes):
+        if not children[parent]:
+            continue
+        paths = []
+        for b, ctx in enumerate(contexts):
+            path, node = [], parent
+            while node > 0:
+                path.append(trees[b][node])
+                node = parents_list[node]
+            paths.append((list(ctx) + path[::-1])[-window:])
+        length = max(len(p) for p in paths)
+        device = drafter.embed.device
+        conv_state = torch.zeros(c.layers, len(paths), c.conv_dim, c.kernel_size - 1, device=device)
+        rec_state = torch.zeros(c.layers, len(paths), c.conv_dim, device=device)
+        padded = torch.tensor([[p[0]] * (length - len(p)) + p for p in paths], device=device)
+        for t in range(length):
+            logits = drafter.step(padded[:, t], conv_state, rec_state)
+        ranked = logits.topk(max(topk, 1), dim=-1).indices.tolist()
+        for b in range(len(contexts)):
+            for rank, child in enumerate(children[parent]):
+                trees[b][child] = ranked[b][rank]
+    return trees
+
+
+@dataclass
+class DecodeResult:
+    streams: list[list[int]]
+    request_steps: int  # (request, verify step) pairs that were not padding
+    accepted: int  # draft tokens accepted, over all requests
+    cache: SpecCache
+    spare_slots_untouched: bool  # the slots no request used are still zero
+
+
+def speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, topk, device, progress=None):
+    """Speculative decoding of every prompt to ``new_tokens`` tokens with one cache layout."""
+    c = target.config
+    B = len(prompts)
+    tree = topk > 1
+    parents_list = tree_parents(num_nodes, topk)
+    cache = SpecCache(c, B + 2, num_nodes, layout, tree, device)  # two spare slots: never used
+    slots = torch.arange(B, device=device) + 1  # slot 0 stays untouched
+    # prefill: the prompt but its last token (the pending one), one token at a time
+    prompt = torch.tensor(prompts, device=device)
+    conv, rec = cache.conv_state[:, slots], cache.rec_state[:, slots]
+    for t in range(prompt.shape[1] - 1):
+        target.step(prompt[:, t], conv, rec)
+    cache.conv_state[:, slots], cache.rec_state[:, slots] = conv, rec
+    contexts = [list(p) for p in prompts]
+    streams = [[] for _ in range(B)]
+    parents = torch.tensor([parents_list] * B, device=device)
+    request_steps = accepted_total = 0
+    while any(len(s) < new_tokens for s in streams):
+        done = torch.tensor([len(s) >= new_tokens for s in streams], device=device)
+        state_slots = torch.where(done, -1, slots)  # finished requests: padding rows
+        buffer_slots = state_slots
+        tokens = torch.tensor(draft_tree(drafter, contexts, parents_list, topk), device=device)
+        logits = target.verify(tokens, parents, cache, state_slots, buffer_slots)
+        prediction = logits.argmax(dim=-1).tolist()
+        accepted = []
+        for b in range(B):
+            if done[b]:
+                accepted.append(-1)
+                continue
+            node, emitted = 0, []
+            while True:
+                want = prediction[b][node]
+                child = next((m for m in range(num_nodes) if parents_list[m] == node and int(tokens[b, m]) == want), None)
+                if child is None:
+                    emitted.append(want)  # the bonus token: the target's own choice
+                    break
+                emitted.append(want)
+                node = child
+            accepted_total += len(emitted) - 1
+            request_steps += 1
+            accepted.append(node)
+            room = new_tokens - len(streams[b])
+            streams[b].extend(emitted[:room])
+            contexts[b].extend(emitted)
+        cache.commit(state_slots, buffer_slots, torch.tensor(accepted, device=device), parents)
+        if progress is not None:
+            progress(sum(min(len(s), new_tokens) for s in streams), B * new_tokens)
+    spare = [0, B + 1]
+    untouched = not cache.conv_state[:, spare].any() and not cache.rec_state[:, spare].any()
+    return DecodeResult(streams, request_steps, accepted_total, cache, untouched)
+
+
+def tree_depth(parents_list: list[int]) -> int:
+    depth = [0] * len(parents_list)
+    for n, p in enumerate(parents_list):
+        depth[n] = 0 if p < 0 else depth[p] + 1
+    return max(depth)
+
+
+def progress_bar(label: str, stream=sys.stderr):
+    def update(done: int, total: int) -> None:
+        width = 30
+        filled = width * done // max(total, 1)
+        stream.write(f"\r  {label:34} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} tokens")
+        if done >= total:
+            stream.write("\n")
+        stream.flush()
+
+    return update
+
+
+def run_demo(
+    device="cpu", new_tokens=24, batch=4, prompt_len=6, draft=4, tree_nodes=8, topk=3,
+    layers=3, seed=0, noise=0.01, layouts_to_run=layouts.LAYOUTS, show_progress=True, out=sys.stdout,
+) -> bool:
+    """Run every layout with a chain and a tree; print the table; True if every stream matched."""
+    config = ModelConfig(layers=layers)
+    target = TinyHybridLM(config, seed, torch.device(device))
+    drafter = TinyHybridLM(config, seed, torch.device(device), noise=noise)
+    g = torch.Generator().manual_seed(seed + 2)
+    prompts = torch.randint(0, config.vocab, (batch, prompt_len), generator=g).tolist()
+    expected = greedy_reference(target, prompts, new_tokens)
+    shapes = [("chain", draft, 1), ("tree", tree_nodes, topk)]
+    speculative_decode(target, drafter, prompts[:1], 2, layouts_to_run[0], draft, 1, device)  # warm-up
+    rows, all_ok = [], True
+    for shape_name, num_nodes, k in shapes:
+        parents_list = tree_parents(num_nodes, k)
+        for layout in layouts_to_run:
+            label = f"{layout}, {shape_name} (N={num_nodes}, topk {k})"
+            progress = progress_bar(label) if show_progress else None
+            start = time.perf_counter()
+            result = speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, k, device, progress)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+            identical = result.streams == expected and result.spare_slots_untouched
+            all_ok &= identical
+            buffer = result.cache.buffer
+            nbytes = buffer.numel() * buffer.element_size()
+            dense = layouts.physical_nbytes(layouts.DENSE, config.layers, buffer.shape[1], config.conv_dim,
+                                            num_nodes, config.kernel_size, torch.float32)
+            steps = max(result.request_steps, 1)
+            rows.append((layout, f"{shape_name} N={num_nodes} topk {k}", identical,
+                         result.accepted / (steps * tree_depth(parents_list)),
+                         (result.accepted + result.request_steps) / steps, nbytes, nbytes / dense,
+                         batch * new_tokens / seconds))
+    print(f"\nspeculative decoding of a {config.layers}-layer hybrid model (dim {config.d_model}, conv "
+          f"{config.conv_dim}, K={config.kernel_size}), {batch} requests x {new_tokens} tokens, "
+          f"{device}, seed {seed}", file=out)
+    print("| layout | draft | identical to greedy | acceptance rate | tokens per verify step | "
+          "conv-window cache bytes (physical) | vs dense | tokens/s |", file=out)
+    print("|---|---|---|---|---|---|---|---|", file=out)
+    for layout, shape, identical, rate, per_step, nbytes, ratio, tps in rows:
+        print(f"| {layout} | {shape} | {'yes' if identical else 'NO'} | {rate:.0%} | {per_step:.2f} | "
+              f"{nbytes} | {ratio:.2f}x | {tps:.0f} |", file=out)
+    print("acceptance rate: accepted draft tokens / (request-steps x tree depth); tokens per verify step "
+          "per request include the target's bonus token", file=out)
+    print("all streams identical to greedy decoding" if all_ok else "STREAMS DIFFER", file=out)
+    return all_ok
