@@ -12,17 +12,20 @@ from .layout import (
     TOKEN_MAJOR,
     WINDOW_MAJOR,
     dedup_ratio,
+    dim_per_rank,
     physical_nbytes,
     physical_shape,
     sequence_length,
     window_view,
 )
+from .cache import ConvWindowCache
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
 from .validation import index_checks, index_checks_enabled, set_index_checks
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ConvWindowCache",
     "CHANNEL_MAJOR",
     "DENSE",
     "DIM_MAJOR",
@@ -34,6 +37,7 @@ __all__ = [
     "capture",
     "causal_conv1d_verify",
     "dedup_ratio",
+    "dim_per_rank",
     "index_checks",
     "index_checks_enabled",
     "physical_nbytes",

@@ -97,6 +97,19 @@ def dedup_ratio(num_draft: int, kernel_size: int) -> Fraction:
     return Fraction(sequence_length(num_draft, kernel_size), num_draft * (kernel_size - 1))
 
 
+def dim_per_rank(dim: int, tp_size: int) -> int:
+    """conv_dim held by each of ``tp_size`` tensor-parallel ranks.
+
+    Engines split the conv channels evenly across ranks (GDN: the q, k and v parts each by heads;
+    Mamba2: x, B and C each). The conv is depthwise, so each rank's cache is just this package's
+    cache with dim = dim_per_rank(conv_dim, tp): allocate, capture and commit it with the rank's
+    own channels; no op communicates.
+    """
+    if tp_size < 1 or dim % tp_size:
+        raise ValueError(f"conv_dim {dim} cannot be split evenly across {tp_size} tensor-parallel ranks")
+    return dim // tp_size
+
+
 def window_view(buffer: torch.Tensor, layout: str, num_draft: int, kernel_size: int) -> torch.Tensor:
     """The logical windows ``[L, M, D, dim, K-1]`` of a physical buffer, as a view (no copy).
 

@@ -1,0 +1,92 @@
+"""``ConvWindowCache``: the engine-facing object -- the window buffer as a registered module buffer
+(so CUDA-graph trees and torch.compile see one static address) plus the verify and commit calls.
+
+    cache = ConvWindowCache(num_layers, num_slots, dim, num_draft, kernel_size, device="cuda")
+    for layer ...:                                   # verify pass, layer by layer
+        cache.causal_conv1d_verify(out, conv_state, x, weight, bias, slots, layer)
+    cache.commit(conv_state, slots, accepted)         # after acceptance, all layers, one launch
+
+``slots`` index the buffer; the engine's conv_state is read (verify) and written (commit) at
+``state_slots``, which default to ``slots`` (engines usually use one cache index for both).
+Trees: pass ``parents`` [B, N] to every call; token_major / channel_major buffers then hold one
+row per node and commit with ``scatter_tree``, dense buffers hold every node's window.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .layout import DEFAULT_LAYOUT, DENSE, DIM_MAJOR, TOKEN_MAJOR, check_layout, physical_nbytes, window_view
+from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
+
+
+class ConvWindowCache(torch.nn.Module):
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        dim: int,
+        num_draft: int,
+        kernel_size: int,
+        *,
+        layout: str = DEFAULT_LAYOUT,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str | None = None,
+    ):
+        super().__init__()
+        check_layout(layout)
+        self.num_layers, self.num_slots, self.dim = num_layers, num_slots, dim
+        self.num_draft, self.kernel_size, self.layout = num_draft, kernel_size, layout
+        # Not persistent: a runtime cache, not a weight (state_dict stays free of it).
+        self.register_buffer(
+            "buffer",
+            alloc_windows(num_layers, num_slots, dim, num_draft, kernel_size, layout=layout, dtype=dtype, device=device),
+            persistent=False,
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Physical bytes of the buffer (the logical window view would over-report)."""
+        return physical_nbytes(self.layout, self.num_layers, self.num_slots, self.dim, self.num_draft,
+                               self.kernel_size, self.buffer.dtype)
+
+    @property
+    def windows(self) -> torch.Tensor:
+        """The logical windows [L, M, N, dim, K-1] (a view; chains: window t of slot m)."""
+        return window_view(self.buffer, self.layout, self.num_draft, self.kernel_size)
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """The rows [L, M, N+K-2, dim] of a token_major or channel_major buffer (a view)."""
+        if self.layout == DENSE:
+            raise ValueError("a dense ConvWindowCache stores windows, not rows; use .windows")
+        return self.buffer if self.layout == TOKEN_MAJOR else self.buffer.transpose(-1, -2)
+
+    def capture(self, conv_state, x, slots, layer, *, state_slots=None, parents=None, state_layout=DIM_MAJOR):
+        """Write layer ``layer``'s inputs (x [B, N, dim], history from conv_state) into the buffer."""
+        state_slots = slots if state_slots is None else state_slots
+        capture(self.buffer, conv_state, x, slots, state_slots, layer, parents, layout=self.layout,
+                state_layout=state_layout)
+
+    def causal_conv1d_verify(
+        self, out, conv_state, x, weight, bias, slots, layer, *,
+        state_slots=None, parents=None, activation=None, state_layout=DIM_MAJOR,
+    ):
+        """The verify pass's conv of layer ``layer`` into ``out`` [B, N, dim], capturing its inputs."""
+        state_slots = slots if state_slots is None else state_slots
+        causal_conv1d_verify(out, self.buffer, conv_state, x, weight, bias, slots, state_slots, layer, parents,
+                             layout=self.layout, activation=activation, state_layout=state_layout)
+
+    def commit(self, conv_state, slots, accepted, *, state_slots=None, parents=None, state_layout=DIM_MAJOR):
+        """conv_state[:, state_slots[b]] = the window of draft step / node accepted[b] of buffer
+        slot slots[b], all layers, one launch; a negative entry skips the row."""
+        state_slots = slots if state_slots is None else state_slots
+        if parents is not None and self.layout != DENSE:
+            scatter_tree(conv_state, self.rows, state_slots, slots, accepted, parents, state_layout=state_layout)
+        else:
+            scatter(conv_state, self.windows, state_slots, slots, accepted, state_layout=state_layout)
+
+    def extra_repr(self) -> str:
+        return (f"layers={self.num_layers}, slots={self.num_slots}, dim={self.dim}, num_draft={self.num_draft}, "
+                f"kernel_size={self.kernel_size}, layout={self.layout!r}, dtype={self.buffer.dtype}, "
+                f"nbytes={self.nbytes}")
