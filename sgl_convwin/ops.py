@@ -145,18 +145,23 @@ def _scatter_fake(conv_state, windows, dst_slots, src_slots, steps, *, state_lay
     check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
 
 
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # Parameter disables __torch_function__
+
+
 def _eager_device(*tensors: torch.Tensor) -> str | None:
     """"cpu" or "cuda" when a public function may call the implementation directly, else None.
 
     The dispatcher costs more than the whole kernel at small batches, so plain eager calls on
-    CPU or CUDA tensors skip it (quack does the same). Everything else -- tracing by
+    CPU or CUDA tensors (or Parameters: conv weights) skip it (quack does the same). The first
+    tensor is the one the op writes; if it requires grad, the call goes through the op too.
+    Everything else -- tracing by
     torch.compile, fake or functional tensors, an active dispatch mode (make_fx, FakeTensorMode),
     autograd -- goes through the registered op, so graphs still see ``convwin::*``.
     """
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
         return None
     for t in tensors:
-        if type(t) is not torch.Tensor:
+        if type(t) not in _PLAIN_TENSORS:
             return None
     if tensors[0].requires_grad:
         return None
@@ -372,7 +377,7 @@ def capture(
     ``scatter_tree(conv_state, rows, ...)`` for trees. Same as ``torch.ops.convwin.capture``.
     """
     device = _eager_device(buffer, conv_state, x, buffer_slots, state_slots)
-    if device is not None and (parents is None or type(parents) is torch.Tensor):
+    if device is not None and (parents is None or type(parents) in _PLAIN_TENSORS):
         kernel = cpu.capture_cpu if device == "cpu" else triton_kernels().launch_capture
         _run_capture(kernel, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout)
     else:
@@ -481,7 +486,7 @@ def causal_conv1d_verify(
     parent link. Same as ``torch.ops.convwin.causal_conv1d_verify``.
     """
     device = _eager_device(out, buffer, conv_state, x, weight, buffer_slots, state_slots)
-    if device is not None and all(t is None or type(t) is torch.Tensor for t in (bias, parents)):
+    if device is not None and all(t is None or type(t) in _PLAIN_TENSORS for t in (bias, parents)):
         kernel = cpu.causal_conv1d_verify_cpu if device == "cpu" else triton_kernels().launch_causal_conv1d_verify
         _run_verify(
             kernel, out, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, layer,

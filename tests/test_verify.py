@@ -356,3 +356,19 @@ def test_model_sized_cuda_matches_cpu(layout, tree):
         results[device] = (out.cpu(), buffer.cpu())
     assert torch.equal(results["cpu"][1], results["cuda"][1])
     torch.testing.assert_close(results["cuda"][0].float(), results["cpu"][0].float(), rtol=1.6e-2, atol=1.6e-2)
+
+
+def test_parameter_weights_take_the_eager_path(monkeypatch):
+    """Conv weights are nn.Parameters in a model: eager calls still skip the dispatcher."""
+    def dispatcher_called(*args, **kwargs):
+        raise AssertionError("the eager call went through the dispatcher")
+
+    monkeypatch.setattr(torch.ops.convwin, "causal_conv1d_verify", dispatcher_called)
+    weight = torch.nn.Parameter(torch.randn(8, 4))
+    bias = torch.nn.Parameter(torch.randn(8))
+    out = torch.zeros(2, 3, 8)
+    buffer = sgl_convwin.alloc_windows(1, 2, 8, 3, 4, dtype=torch.float32)
+    slots = torch.tensor([0, 1])
+    sgl_convwin.causal_conv1d_verify(out, buffer, torch.randn(1, 2, 8, 3), torch.randn(2, 3, 8), weight, bias,
+                                     slots, slots, 0, activation="silu")
+    assert out.any() and buffer.any()
