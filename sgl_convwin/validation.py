@@ -123,11 +123,24 @@ def check_index_tensors(op: str, device: torch.device, names: tuple[str, ...], *
 
 
 def check_writable(op: str, name: str, t: torch.Tensor) -> None:
-    """A destination whose elements overlap (e.g. made by expand) cannot be written row by row."""
+    """A destination the op may write in place: no overlapping elements (e.g. made by expand, it
+    cannot be written row by row), no autograd history to corrupt (the ops have no derivative; a
+    cache never requires grad), and not an inference tensor outside inference mode (the Triton
+    kernel writes through a raw pointer, so PyTorch's own check would not fire on the GPU)."""
     if torch._debug_has_internal_overlap(t) == 1:
         raise ValueError(
             f"{op}: {name} has overlapping elements (strides {t.stride()}, e.g. from expand); "
             f"it must be a writable tensor with one memory location per element"
+        )
+    if t.requires_grad:
+        raise ValueError(
+            f"{op}: {name} requires grad; the ops write it in place and have no derivative, so it "
+            f"must not (allocate it with requires_grad=False, or pass {name}.detach())"
+        )
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        raise ValueError(
+            f"{op}: {name} is an inference tensor (made under torch.inference_mode()); it can only "
+            f"be written in place inside inference mode"
         )
 
 

@@ -271,3 +271,25 @@ def test_tree_checked_mode_names_the_row(impl, name):
     with sgl_convwin.index_checks(), pytest.raises(IndexError, match=message):
         impl.scatter_tree(**args)
     assert torch.equal(args["conv_state"], before)
+
+
+@pytest.mark.parametrize("impl", impl_params("cpu", "cpu_op", "triton_interpret"))
+def test_state_that_cannot_be_written_in_place(impl):
+    """A state that requires grad, and an inference tensor outside inference mode, are refused
+    before anything is written; inside inference mode the inference tensor is written."""
+    args = good_args()
+    leaf = torch.zeros(L, N, DIM, K - 1, requires_grad=True)
+    with pytest.raises(ValueError, match=r"conv_state requires grad; the ops write it in place"):
+        impl.scatter(**dict(args, conv_state=leaf))
+    assert not leaf.detach().any()
+    impl.scatter(**dict(args, conv_state=leaf.detach()))  # the remedy the message names
+    assert leaf.detach().any()
+
+    with torch.inference_mode():
+        inference = torch.zeros(L, N, DIM, K - 1)
+    with pytest.raises(ValueError, match=r"conv_state is an inference tensor"):
+        impl.scatter(**dict(args, conv_state=inference))
+    assert not inference.any()
+    with torch.inference_mode():
+        impl.scatter(**dict(args, conv_state=inference))
+    assert inference.any()

@@ -187,3 +187,23 @@ def test_checked_mode_accepts_padding(impl, op):
     with sgl_convwin.index_checks():
         call(impl, op, args)
     assert not args["buffer"].any(), "padded rows must write nothing"
+
+
+@pytest.mark.parametrize("op", ("capture", "verify"))
+@pytest.mark.parametrize("impl", impl_params("cpu", "cpu_op", "triton_interpret"))
+def test_destinations_that_cannot_be_written_in_place(impl, op):
+    names = ("buffer",) if op == "capture" else ("buffer", "out")
+    for name in names:
+        args = good_args()
+        args[name] = args[name].clone().requires_grad_(True)
+        with pytest.raises(ValueError, match=rf"{name} requires grad; the ops write it in place"):
+            call(impl, op, args)
+        with torch.inference_mode():
+            inference = torch.zeros_like(args[name])
+        args = dict(good_args(), **{name: inference})
+        with pytest.raises(ValueError, match=rf"{name} is an inference tensor"):
+            call(impl, op, args)
+        assert not inference.any()
+        with torch.inference_mode():
+            call(impl, op, args)
+        assert inference.any()
