@@ -197,3 +197,61 @@ def test_verify_step_capture_and_replay(layout, tree):
         assert torch.equal(static["buffer"].cpu(), expected["buffer"])
         assert torch.equal(static["conv_state"].cpu(), expected["conv_state"])
         torch.testing.assert_close(static["outs"].cpu().float(), expected["outs"].float(), rtol=1.6e-2, atol=1.6e-2)
+
+
+def oracle_step(values, layout, tree):
+    """The loop oracles for one verify_step: (outs as float64, buffer, conv_state), on the CPU."""
+    v = {k: None if t is None else t.cpu() for k, t in values.items()}
+    num_nodes = v["x"].shape[2]
+    buffer, outs = v["buffer"].clone(), v["outs"].double().clone()
+    parents = v["parents"] if tree else None
+    for layer in range(L):
+        outs[layer], _ = reference.causal_conv1d_verify_reference(
+            v["outs"][layer], v["conv_state"], v["x"][layer], v["weight"][layer], v["bias"][layer],
+            v["buffer_slots"], v["state_slots"], M, layer, parents, "silu")
+        buffer = reference.capture_reference(buffer, v["conv_state"], v["x"][layer], v["buffer_slots"],
+                                             v["state_slots"], layer, layout, parents)
+    if tree and layout != "dense":
+        rows = buffer if layout == "token_major" else buffer.transpose(-1, -2)
+        state = reference.scatter_tree_reference(v["conv_state"], rows, v["state_slots"], v["buffer_slots"],
+                                                 v["nodes"], v["parents"])
+    else:
+        windows = buffer if layout == "dense" else sgl_convwin.window_view(buffer, layout, num_nodes, K)
+        state = reference.scatter_reference(v["conv_state"], windows, v["state_slots"], v["buffer_slots"], v["nodes"])
+    return outs, buffer, state
+
+
+@pytest.mark.parametrize("layout, tree", [("token_major", True), ("channel_major", False), ("dense", True)])
+def test_ten_thousand_replays(layout, tree):
+    """One captured verify/capture/commit step, replayed 10,000 times with new tokens, slots,
+    accepted nodes and trees written into its static inputs; every 100th replay is checked against
+    the loop oracles (buffer and state bit for bit, outputs to bf16 rounding of the float64 conv)."""
+    num_nodes = 8 if tree else D
+    generator = torch.Generator().manual_seed(4)
+    static = dict(
+        outs=torch.zeros(L, B, num_nodes, DIM, dtype=torch.bfloat16),
+        buffer=torch.zeros(sgl_convwin.physical_shape(layout, L, M, DIM, num_nodes, K), dtype=torch.bfloat16),
+        conv_state=torch.randn(L, N, DIM, K - 1, generator=generator).to(torch.bfloat16),
+        weight=torch.randn(L, DIM, K, generator=generator).to(torch.bfloat16),
+        bias=torch.randn(L, DIM, generator=generator).to(torch.bfloat16),
+        parents=None,
+    )
+    static.update(fresh_step_values(generator, num_nodes, tree))
+    static = {k: None if v is None else v.cuda() for k, v in static.items()}
+    graph = capture(lambda: verify_step(**static, layout=layout))
+    fresh_on_gpu = [{k: v.cuda() for k, v in fresh_step_values(generator, num_nodes, tree).items()} for _ in range(50)]
+    checked = 0
+    for replay in range(10_000):
+        for name, value in fresh_on_gpu[replay % len(fresh_on_gpu)].items():
+            static[name].copy_(value)
+        if replay % 100 == 0:
+            torch.cuda.synchronize()
+            want_outs, want_buffer, want_state = oracle_step(static, layout, tree)
+        graph.replay()
+        if replay % 100 == 0:
+            torch.cuda.synchronize()
+            assert torch.equal(static["buffer"].cpu(), want_buffer), replay
+            assert torch.equal(static["conv_state"].cpu(), want_state), replay
+            torch.testing.assert_close(static["outs"].cpu().double(), want_outs, rtol=1.6e-2, atol=1.6e-2)
+            checked += 1
+    assert checked == 100
