@@ -15,11 +15,13 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-# ci: bounded and derandomised (same examples every run); dev: more; long: for soak runs.
+# ci: bounded and derandomised (same examples every run); dev: more; long: for soak runs;
+# sanitize: a few, for runs under compute-sanitizer (scripts/gpu_sanitize.sh).
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("ci", max_examples=40, derandomize=True, print_blob=True, **_common)
 settings.register_profile("dev", max_examples=200, **_common)
 settings.register_profile("long", max_examples=5000, **_common)
+settings.register_profile("sanitize", max_examples=8, derandomize=True, **_common)  # under compute-sanitizer
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
