@@ -218,6 +218,27 @@ def check_scatter_args(
     return ScatterSizes(num_layers, num_state_slots, dim, width, num_src_slots, num_draft, num_rows)
 
 
+def _state_sizes(op: str, conv_state: torch.Tensor, state_layout: str) -> tuple[int, int, int, int, str]:
+    """Check conv_state's layout name, rank, dtype and window width; return (L, N_state, dim,
+    K-1, how it was read)."""
+    state_desc = _STATE_DESC.get(state_layout)
+    if state_desc is None:
+        raise ValueError(f"{op}: state_layout must be one of {STATE_LAYOUTS}, got {state_layout!r}")
+    if conv_state.dim() != 4:
+        raise ValueError(
+            f"{op}: conv_state must be 4-D {state_desc} (state_layout={state_layout!r}), "
+            f"got shape {tuple(conv_state.shape)}"
+        )
+    check_cache_dtype(f"{op}: conv_state", conv_state)
+    if state_layout == DIM_MAJOR:
+        num_layers, num_state_slots, dim, width = conv_state.shape
+    else:
+        num_layers, num_state_slots, width, dim = conv_state.shape
+    if width < 1:
+        raise ValueError(f"{op}: K-1 must be >= 1, got conv_state shape {tuple(conv_state.shape)}")
+    return num_layers, num_state_slots, dim, width, state_desc
+
+
 class ScatterTreeSizes(NamedTuple):
     num_layers: int  # L
     num_state_slots: int  # N_state
@@ -246,28 +267,16 @@ def check_scatter_tree_args(
     for name, value in (("conv_state", conv_state), ("rows", rows), ("parents", parents)):
         if not isinstance(value, torch.Tensor):
             check_tensor(f"{op}: {name}", value)
-    state_desc = _STATE_DESC.get(state_layout)
-    if state_desc is None:
-        raise ValueError(f"{op}: state_layout must be one of {STATE_LAYOUTS}, got {state_layout!r}")
-    if conv_state.dim() != 4:
-        raise ValueError(
-            f"{op}: conv_state must be 4-D {state_desc} (state_layout={state_layout!r}), "
-            f"got shape {tuple(conv_state.shape)}"
-        )
+    num_layers, num_state_slots, dim, width, state_desc = _state_sizes(op, conv_state, state_layout)
     if rows.dim() != 4:
         raise ValueError(
             f"{op}: rows must be 4-D [L, M, N+K-2, dim] (a token_major buffer, or a channel_major "
             f"one seen through .transpose(-1, -2)), got shape {tuple(rows.shape)}"
         )
-    check_cache_dtype(f"{op}: conv_state", conv_state)
     check_cache_dtype(f"{op}: rows", rows)
     device = conv_state.device
     if rows.device != device:
         raise ValueError(f"{op}: rows is on {rows.device} but conv_state is on {device}")
-    if state_layout == DIM_MAJOR:
-        num_layers, num_state_slots, dim, width = conv_state.shape
-    else:
-        num_layers, num_state_slots, width, dim = conv_state.shape
     r_layers, num_src_slots, num_positions, r_dim = rows.shape
     for what, got, expected in (("layers (axis 0)", r_layers, num_layers), ("dim (axis 3)", r_dim, dim)):
         if got != expected:
@@ -275,8 +284,6 @@ def check_scatter_tree_args(
                 f"{op}: rows {what} is {got} but conv_state has {expected} (rows shape "
                 f"{tuple(rows.shape)}, conv_state shape {tuple(conv_state.shape)} read as {state_desc})"
             )
-    if width < 1:
-        raise ValueError(f"{op}: K-1 must be >= 1, got conv_state shape {tuple(conv_state.shape)}")
     num_nodes = num_positions - (width - 1)
     if num_nodes < 1:
         raise ValueError(
@@ -421,28 +428,15 @@ def check_capture_args(
     buffer_desc = _BUFFER_DESC.get(layout)
     if buffer_desc is None:
         raise ValueError(f"{op}: layout must be one of {tuple(_BUFFER_DESC)}, got {layout!r}")
-    state_desc = _STATE_DESC.get(state_layout)
-    if state_desc is None:
-        raise ValueError(f"{op}: state_layout must be one of {STATE_LAYOUTS}, got {state_layout!r}")
-    if conv_state.dim() != 4:
-        raise ValueError(
-            f"{op}: conv_state must be 4-D {state_desc} (state_layout={state_layout!r}), "
-            f"got shape {tuple(conv_state.shape)}"
-        )
+    num_layers, num_state_slots, dim, width, state_desc = _state_sizes(op, conv_state, state_layout)
     if x.dim() != 3:
         raise ValueError(f"{op}: x must be 3-D [B, N, dim] (the draft tokens' conv inputs), got shape {tuple(x.shape)}")
-    for name, t in (("buffer", buffer), ("conv_state", conv_state), ("x", x)):
+    for name, t in (("buffer", buffer), ("x", x)):
         check_cache_dtype(f"{op}: {name}", t)
     device = conv_state.device
     for name, t in (("buffer", buffer), ("x", x)):
         if t.device != device:
             raise ValueError(f"{op}: {name} is on {t.device} but conv_state is on {device}")
-    if state_layout == DIM_MAJOR:
-        num_layers, num_state_slots, dim, width = conv_state.shape
-    else:
-        num_layers, num_state_slots, width, dim = conv_state.shape
-    if width < 1:
-        raise ValueError(f"{op}: K-1 must be >= 1, got conv_state shape {tuple(conv_state.shape)}")
     num_rows, num_nodes, x_dim = x.shape
     if x_dim != dim:
         raise ValueError(

@@ -167,14 +167,8 @@ def fresh_step_values(generator, num_nodes, tree):
     return values
 
 
-@pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
-@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
-def test_verify_step_capture_and_replay(layout, tree):
-    """The whole verify/capture/commit step in one CUDA graph, replayed with new tokens, slots,
-    accepted nodes and trees; compared with the CPU implementation every replay (buffer and state
-    exactly, outputs to bf16 rounding)."""
-    num_nodes = 8 if tree else D
-    generator = torch.Generator().manual_seed(3)
+def static_step_tensors(generator, layout, num_nodes, tree):
+    """The static inputs and outputs of a captured verify_step, on the GPU."""
     static = dict(
         outs=torch.zeros(L, B, num_nodes, DIM, dtype=torch.bfloat16),
         buffer=torch.zeros(sgl_convwin.physical_shape(layout, L, M, DIM, num_nodes, K), dtype=torch.bfloat16),
@@ -184,7 +178,18 @@ def test_verify_step_capture_and_replay(layout, tree):
         parents=None,
     )
     static.update(fresh_step_values(generator, num_nodes, tree))
-    static = {k: None if v is None else v.cuda() for k, v in static.items()}
+    return {k: None if v is None else v.cuda() for k, v in static.items()}
+
+
+@pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+def test_verify_step_capture_and_replay(layout, tree):
+    """The whole verify/capture/commit step in one CUDA graph, replayed with new tokens, slots,
+    accepted nodes and trees; compared with the CPU implementation every replay (buffer and state
+    exactly, outputs to bf16 rounding)."""
+    num_nodes = 8 if tree else D
+    generator = torch.Generator().manual_seed(3)
+    static = static_step_tensors(generator, layout, num_nodes, tree)
     graph = capture(lambda: verify_step(**static, layout=layout))
     for _ in range(20):
         for name, value in fresh_step_values(generator, num_nodes, tree).items():
@@ -228,16 +233,7 @@ def test_ten_thousand_replays(layout, tree):
     the loop oracles (buffer and state bit for bit, outputs to bf16 rounding of the float64 conv)."""
     num_nodes = 8 if tree else D
     generator = torch.Generator().manual_seed(4)
-    static = dict(
-        outs=torch.zeros(L, B, num_nodes, DIM, dtype=torch.bfloat16),
-        buffer=torch.zeros(sgl_convwin.physical_shape(layout, L, M, DIM, num_nodes, K), dtype=torch.bfloat16),
-        conv_state=torch.randn(L, N, DIM, K - 1, generator=generator).to(torch.bfloat16),
-        weight=torch.randn(L, DIM, K, generator=generator).to(torch.bfloat16),
-        bias=torch.randn(L, DIM, generator=generator).to(torch.bfloat16),
-        parents=None,
-    )
-    static.update(fresh_step_values(generator, num_nodes, tree))
-    static = {k: None if v is None else v.cuda() for k, v in static.items()}
+    static = static_step_tensors(generator, layout, num_nodes, tree)
     graph = capture(lambda: verify_step(**static, layout=layout))
     fresh_on_gpu = [{k: v.cuda() for k, v in fresh_step_values(generator, num_nodes, tree).items()} for _ in range(50)]
     checked = 0
