@@ -59,7 +59,7 @@ def path_positions(parents: torch.Tensor, kernel_size: int) -> torch.Tensor:
 
 def torch_step(p, layout):
     """dense: windows [L, M, N, dim, K-1]; token_major: rows [L, M, N+K-2, dim]. Every row valid."""
-    B, N = p["nodes"].shape[0], p["x"].shape[2]
+    B = p["nodes"].shape[0]
     positions = path_positions(p["parents"], p["kernel_size"])  # [B, N, K]
     batch = torch.arange(B, device=positions.device)
     for layer in range(p["x"].shape[0]):

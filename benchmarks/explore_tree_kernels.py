@@ -20,7 +20,6 @@ import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import sgl_convwin  # noqa: E402
 from bench_scatter import copy_ceiling_gbps, graph_time_us  # noqa: E402
 from sgl_convwin import reference  # noqa: E402
 from sgl_convwin._kernels import triton_kernels  # noqa: E402

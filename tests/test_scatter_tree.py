@@ -177,7 +177,7 @@ def test_chain_equals_scatter_bit_for_bit(impl, layout, state_layout, kernel_siz
 @pytest.mark.parametrize("impl", impl_params())
 def test_every_node_of_a_tree(impl):
     """An EAGLE-like tree (topk 3, depth 2): accept each node in turn, from first principles."""
-    kernel_size, dim, layers = 4, 12, 2
+    dim, layers = 12, 2  # K = 4: two history rows
     parents_list = [-1, -1, -1, 0, 0, 0, 1, 1, 1]  # 3 roots, 3 children each under roots 0 and 1
     num_nodes = len(parents_list)
     generator = torch.Generator().manual_seed(7)
