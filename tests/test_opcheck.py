@@ -9,6 +9,10 @@ import torch
 import sgl_convwin
 from support import DEVICES, strided_tensor
 
+# (source, destination) dtypes, cycled over the samples: every cache dtype on each side
+DTYPE_PAIRS = [(torch.bfloat16, torch.float32), (torch.float16, torch.bfloat16), (torch.float32, torch.float16),
+               (torch.bfloat16, torch.bfloat16)]
+
 
 
 def scatter_samples(device):
@@ -18,13 +22,14 @@ def scatter_samples(device):
     src = torch.tensor([0, 1, 2, 1], device=device, dtype=torch.int32)
     steps = torch.tensor([3, 0, 1, -1], device=device)
     for layout in sgl_convwin.LAYOUTS:
-        for variant in ("contiguous", "offset", "permuted", "sliced"):
+        for i, variant in enumerate(("contiguous", "offset", "permuted", "sliced")):
             for state_layout in sgl_convwin.STATE_LAYOUTS:
+                source_dtype, state_dtype = DTYPE_PAIRS[i]
                 physical = sgl_convwin.physical_shape(layout, L, M, dim, D, K)
-                buffer = strided_tensor(physical, torch.bfloat16, device, generator, variant)
+                buffer = strided_tensor(physical, source_dtype, device, generator, variant)
                 windows = sgl_convwin.window_view(buffer, layout, D, K)
                 shape = (L, N, dim, K - 1) if state_layout == "dim_major" else (L, N, K - 1, dim)
-                conv_state = strided_tensor(shape, torch.float32, device, generator, variant)
+                conv_state = strided_tensor(shape, state_dtype, device, generator, variant)
                 name = f"{layout}-{variant}-{state_layout}"
                 yield name, (conv_state, windows, dst, src, steps), {"state_layout": state_layout}
     empty = torch.empty(0, dtype=torch.int64, device=device)
@@ -56,14 +61,15 @@ def scatter_tree_samples(device):
     accepted = torch.tensor([4, 0, 1, -1], device=device)
     parents = torch.tensor([[-1, 0, 1, 1, 3], [-1, -1, 0, 1, 2], [-1, 0, 0, 1, 1], [-1, 0, 1, 2, 3]], device=device)
     for rows_layout in ("token_major", "channel_major"):
-        for variant in ("contiguous", "offset", "permuted", "sliced"):
+        for i, variant in enumerate(("contiguous", "offset", "permuted", "sliced")):
             for state_layout in sgl_convwin.STATE_LAYOUTS:
+                source_dtype, state_dtype = DTYPE_PAIRS[i]
                 if rows_layout == "token_major":
-                    rows = strided_tensor((L, M, nodes + K - 2, dim), torch.bfloat16, device, generator, variant)
+                    rows = strided_tensor((L, M, nodes + K - 2, dim), source_dtype, device, generator, variant)
                 else:
-                    rows = strided_tensor((L, M, dim, nodes + K - 2), torch.bfloat16, device, generator, variant).transpose(-1, -2)
+                    rows = strided_tensor((L, M, dim, nodes + K - 2), source_dtype, device, generator, variant).transpose(-1, -2)
                 shape = (L, N_state, dim, K - 1) if state_layout == "dim_major" else (L, N_state, K - 1, dim)
-                conv_state = strided_tensor(shape, torch.float32, device, generator, variant)
+                conv_state = strided_tensor(shape, state_dtype, device, generator, variant)
                 name = f"{rows_layout}-{variant}-{state_layout}"
                 yield name, (conv_state, rows, dst, src, accepted, parents), {"state_layout": state_layout}
     empty = torch.empty(0, dtype=torch.int64, device=device)
@@ -96,11 +102,12 @@ def verify_samples(device):
             state_layout = sgl_convwin.STATE_LAYOUTS[i % 2]
             parents = (None, tree)[(i // 2) % 2]
             physical = sgl_convwin.physical_shape(layout, L, M, dim, nodes, K)
-            buffer = strided_tensor(physical, torch.bfloat16, device, generator, variant)
+            x_dtype, buffer_dtype = DTYPE_PAIRS[i]
+            buffer = strided_tensor(physical, buffer_dtype, device, generator, variant)
             shape = (L, N_state, dim, K - 1) if state_layout == "dim_major" else (L, N_state, K - 1, dim)
-            conv_state = strided_tensor(shape, torch.float32, device, generator, variant)
-            x = strided_tensor((B, nodes, dim), torch.bfloat16, device, generator, variant)
-            out = strided_tensor((B, nodes, dim), torch.float32, device, generator, variant)
+            conv_state = strided_tensor(shape, DTYPE_PAIRS[(i + 2) % 4][0], device, generator, variant)
+            x = strided_tensor((B, nodes, dim), x_dtype, device, generator, variant)
+            out = strided_tensor((B, nodes, dim), DTYPE_PAIRS[(i + 1) % 4][0], device, generator, variant)
             name = f"{layout}-{variant}-{state_layout}-{'tree' if parents is not None else 'chain'}"
             common = (buffer_slots, state_slots, 1, parents)
             kwargs = {"layout": layout, "state_layout": state_layout}
