@@ -166,3 +166,18 @@ def test_reduce_overhead_has_no_cudagraph_skips():
             assert torch.equal(getattr(compiled, name), getattr(eager, name)), name
         assert torch.equal(compiled.cache.buffer, eager.cache.buffer)
     assert counters["inductor"]["cudagraph_skips"] == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+def test_capture_method_equals_the_op(device, layout):
+    parents = torch.tensor([[-1, 0, 0, 1, 1, 3]] * 3, device=device)
+    cache = ConvWindowCache(L, M, DIM, 6, K, layout=layout, dtype=torch.float32, device=device)
+    buffer = sgl_convwin.alloc_windows(L, M, DIM, 6, K, layout=layout, dtype=torch.float32, device=device)
+    inputs = step_inputs(device, 6)
+    for layer in range(L):
+        cache.capture(inputs["conv_state"], inputs["x"][layer], inputs["slots"], layer,
+                      state_slots=inputs["state_slots"], parents=parents)
+        sgl_convwin.capture(buffer, inputs["conv_state"], inputs["x"][layer], inputs["slots"], inputs["state_slots"],
+                            layer, parents, layout=layout)
+    assert torch.equal(cache.buffer, buffer) and buffer.any()

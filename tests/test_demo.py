@@ -12,10 +12,11 @@ from support import DEVICES
 SMALL = dict(new_tokens=10, batch=3, prompt_len=5, draft=4, tree_nodes=7, topk=3, layers=2, show_progress=False)
 
 
+@pytest.mark.parametrize("seed", (0, 1))
 @pytest.mark.parametrize("device", DEVICES)
-def test_every_layout_and_draft_shape_matches_greedy(device):
+def test_every_layout_and_draft_shape_matches_greedy(device, seed):
     out = io.StringIO()
-    assert demo.run_demo(device=device, out=out, **SMALL)
+    assert demo.run_demo(device=device, out=out, seed=seed, **SMALL)
     table = [line for line in out.getvalue().splitlines() if line.startswith("| ") and "layout" not in line]
     assert len(table) == 6 and all("| yes |" in line for line in table), out.getvalue()
     assert "all streams identical" in out.getvalue()
@@ -58,3 +59,9 @@ def test_tree_shapes():
     assert demo.tree_parents(4, 1) == [-1, 0, 1, 2]  # topk 1 is a chain
     assert demo.tree_parents(8, 3) == [-1, 0, 0, 0, 1, 1, 1, 2]
     assert demo.tree_depth([-1, 0, 0, 0, 1, 1, 1, 2]) == 2
+
+
+def test_other_draft_shapes():
+    """A deeper, narrower tree (topk 2, 11 nodes) and a long chain (6) match greedy too."""
+    out = io.StringIO()
+    assert demo.run_demo(out=out, **dict(SMALL, draft=6, tree_nodes=11, topk=2, seed=3))
