@@ -163,10 +163,11 @@ def _eager_device(*tensors: torch.Tensor) -> str | None:
     for t in tensors:
         if type(t) not in _PLAIN_TENSORS:
             return None
-    if tensors[0].requires_grad:
+    first = tensors[0]
+    if first.requires_grad:
         return None
-    device_type = tensors[0].device.type
-    return device_type if device_type in ("cpu", "cuda") else None
+    # (is_cuda / is_cpu: reading .device builds an object, 4x slower on the hot path)
+    return "cuda" if first.is_cuda else "cpu" if first.is_cpu else None
 
 
 def scatter(
