@@ -121,6 +121,12 @@ def strided_tensor(shape, dtype, device, generator: torch.Generator, variant: st
     raise ValueError(variant)
 
 
+def make_state(state_layout, layers, slots, dim, width, dtype, device, generator, variant="contiguous"):
+    """A random conv state: [L, N, dim, K-1] (dim_major) or [L, N, K-1, dim] (window_major)."""
+    shape = (layers, slots, dim, width) if state_layout == "dim_major" else (layers, slots, width, dim)
+    return strided_tensor(shape, dtype, device, generator, variant)
+
+
 def whole_storage(t: torch.Tensor) -> torch.Tensor:
     """A 1-D tensor over all of t's storage, so a comparison sees stray writes anywhere in it."""
     return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())

@@ -18,6 +18,7 @@ from support import (
     exact_cast,
     expected_storage,
     impl_params,
+    make_state,
     strided_tensor,
     whole_storage,
 )
@@ -31,11 +32,6 @@ def make_windows(layout, shape, dtype, device, generator, variant):
     physical = sgl_convwin.physical_shape(layout, layers, slots, dim, num_draft, width + 1)
     buffer = strided_tensor(physical, dtype, device, generator, variant)
     return sgl_convwin.window_view(buffer, layout, num_draft, width + 1)
-
-
-def make_state(state_layout, layers, slots, dim, width, dtype, device, generator, variant):
-    shape = (layers, slots, dim, width) if state_layout == "dim_major" else (layers, slots, width, dim)
-    return strided_tensor(shape, dtype, device, generator, variant)
 
 
 def check_scatter(impl, conv_state, windows, dst, src, steps, state_layout):

@@ -19,6 +19,7 @@ from support import (
     exact_cast,
     expected_storage,
     impl_params,
+    make_state,
     strided_tensor,
     trees,
     whole_storage,
@@ -34,11 +35,6 @@ def make_rows(rows_layout, layers, slots, num_nodes, kernel_size, dim, dtype, de
         return strided_tensor((layers, slots, num_positions, dim), dtype, device, generator, variant)
     buffer = strided_tensor((layers, slots, dim, num_positions), dtype, device, generator, variant)
     return buffer.transpose(-1, -2)
-
-
-def make_state(state_layout, layers, slots, dim, width, dtype, device, generator, variant):
-    shape = (layers, slots, dim, width) if state_layout == "dim_major" else (layers, slots, width, dim)
-    return strided_tensor(shape, dtype, device, generator, variant)
 
 
 def check_scatter_tree(impl, conv_state, rows, dst, src, nodes, parents, state_layout):

@@ -22,6 +22,7 @@ from support import (
     exact_cast,
     expected_storage,
     impl_params,
+    make_state,
     strided_tensor,
     trees,
     whole_storage,
@@ -30,11 +31,6 @@ from support import (
 VARIANTS = ("contiguous", "offset", "permuted", "sliced")
 # (rtol, atol) of an output stored in this dtype (the conv accumulates in float32)
 TOLERANCE = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
-
-
-def make_state(state_layout, layers, slots, dim, width, dtype, device, generator, variant="contiguous"):
-    shape = (layers, slots, dim, width) if state_layout == "dim_major" else (layers, slots, width, dim)
-    return strided_tensor(shape, dtype, device, generator, variant)
 
 
 @st.composite
