@@ -314,6 +314,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="write all rows here")
     parser.add_argument("--tree", action="store_true", help="also time the tree commit")
     parser.add_argument("--tree-only", action="store_true", help="time only the tree commit")
+    parser.add_argument("--eager-only", action="store_true", help="time only the eager host overhead")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if not verify(device):
@@ -327,6 +328,8 @@ def main(argv=None) -> int:
         bench_tree(args.batches)
         return 0
     eager_overhead()
+    if args.eager_only:
+        return 0
     if args.tree:
         bench_tree(args.batches)
     rows, ceiling = bench(args.shapes, args.batches, args.drafts, args.dtypes, args.json)

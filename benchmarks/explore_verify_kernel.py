@@ -74,6 +74,8 @@ def _verify_tiles_kernel(
                 committed = tl.load(state + (h + 1) * state_stride_win + c_state, mask=cmask)
                 tl.store(dest + h * dest_stride_row + c_dest, committed.to(dest_ptr.dtype.element_ty), mask=cmask)
         acc = tl.zeros([NODES_P2, BLOCK], dtype=tl.float32)
+        if HAS_BIAS:  # the production kernel's order: bias, then the taps newest first, by fma
+            acc += tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)[None, :]
         cur = node
         for up in tl.static_range(KERNEL_SIZE):
             is_token = cur >= 0
@@ -93,7 +95,7 @@ def _verify_tiles_kernel(
                              + c_dest[None, :], value.to(dest_ptr.dtype.element_ty), mask=write)
             tap = tl.load(weight_ptr + chan * weight_stride_dim + (WIDTH - up) * weight_stride_tap,
                           mask=cmask).to(tl.float32)
-            acc += tap[None, :] * value.to(tl.float32)
+            acc = tl.fma(tap[None, :], value.to(tl.float32), acc)
             if up < WIDTH:
                 if HAS_PARENTS:
                     is_node = cur >= 0
@@ -101,8 +103,6 @@ def _verify_tiles_kernel(
                     cur = tl.where(is_node, parent, cur - 1)
                 else:
                     cur = cur - 1
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)[None, :]
         if SILU:
             acc = acc * tl.sigmoid(acc)
         tl.store(out_ptr + row * out_stride_row + (node * out_stride_node)[:, None] + (chan * out_stride_dim)[None, :],
@@ -184,8 +184,8 @@ def main():
     print(f"copy ceiling {ceiling:.0f} GB/s; {torch.cuda.get_device_name()} torch {torch.__version__} "
           f"triton {triton.__version__}")
     print("fused verify (conv + capture), one layer, dim 8192, K=4, bf16")
-    print("| draft | layout | B | block/warps | graph replay (us/launch) | of copy ceiling |")
-    print("|---|---|---|---|---|---|")
+    print("| draft | layout | B | block/warps | graph replay (us/launch) | of copy ceiling | out equal to default |")
+    print("|---|---|---|---|---|---|---|")
     # production kernel: default and (block, warps); the candidate: ("tiles", block, warps)
     configs = [None, (128, 1), (256, 1), (512, 2), (1024, 4),
                ("tiles", 64, 1), ("tiles", 128, 1), ("tiles", 256, 1), ("tiles", 256, 2), ("tiles", 512, 4)]
@@ -209,24 +209,25 @@ def main():
                 reference_out = None
                 for config in configs:
                     tiles = config is not None and config[0] == "tiles"
-                    block, warps = (None, None) if config is None else config[-2:]
                     launch = launch_tiles if tiles else kernels.launch_causal_conv1d_verify
+                    tuning = {} if config is None else dict(block=config[-2], num_warps=config[-1])
 
                     def run():
                         launch(out, dest, state, x, weight, bias, slots_b, slots_s, 0, parents,
-                               dense=layout == "dense", silu=True, block=block, num_warps=warps)
+                               dense=layout == "dense", silu=True, **tuning)
 
                     run()
                     if reference_out is None:
                         reference_out = out.clone()
                     assert torch.allclose(out.float(), reference_out.float(), rtol=1e-2, atol=1e-2), config
+                    same = "yes" if torch.equal(out, reference_out) else "no"  # same fma order: expect yes
                     us = graph_time_us(run)
-                    name = "default" if config is None else f"{'tiles ' if tiles else ''}{block}/{warps}w"
+                    name = "default" if config is None else f"{'tiles ' if tiles else ''}{config[-2]}/{config[-1]}w"
                     if config is None:
                         name += f" ({kernels.verify.VERIFY_BLOCK}/{kernels.verify.VERIFY_WARPS}w)"
                     draft = f"tree N={num_nodes} topk 3" if tree else f"chain D={num_nodes}"
                     gbps = nbytes / (us * 1e-6) / 1e9
-                    print(f"| {draft} | {layout} | {B} | {name} | {us:.1f} | {gbps / ceiling:.1%} |", flush=True)
+                    print(f"| {draft} | {layout} | {B} | {name} | {us:.1f} | {gbps / ceiling:.1%} | {same} |", flush=True)
                 del buffer
     return 0
 

@@ -138,10 +138,13 @@ def _capture_verify_kernel(
                 window = dest + node * dest_stride_row
                 if DENSE:  # column K-2 of window `node` is the node's own input
                     tl.store(window + (WIDTH - 1) * dest_stride_win, token.to(dest_ptr.dtype.element_ty), mask=write)
-                if HAS_CONV:
-                    acc = token.to(tl.float32) * tl.load(
-                        weight_ptr + chan * weight_stride_dim + WIDTH * weight_stride_tap, mask=cmask
-                    ).to(tl.float32)
+                if HAS_CONV:  # explicit fma: the same rounding whatever the layout specialisation
+                    if HAS_BIAS:
+                        acc = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
+                    else:
+                        acc = tl.zeros([BLOCK], dtype=tl.float32)
+                    newest = tl.load(weight_ptr + chan * weight_stride_dim + WIDTH * weight_stride_tap, mask=cmask)
+                    acc = tl.fma(newest.to(tl.float32), token.to(tl.float32), acc)
                 for up in tl.static_range(1, KERNEL_SIZE):
                     pos = _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS)
                     is_token = pos >= 0
@@ -163,10 +166,8 @@ def _capture_verify_kernel(
                             weight_ptr + chan * weight_stride_dim + (WIDTH - up) * weight_stride_tap,
                             mask=cmask,
                         ).to(tl.float32)
-                        acc += tap * value.to(tl.float32)
+                        acc = tl.fma(tap, value.to(tl.float32), acc)
                 if HAS_CONV:
-                    if HAS_BIAS:
-                        acc += tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
                     if SILU:
                         acc = acc * tl.sigmoid(acc)
                     out = out_ptr + row * out_stride_row + node * out_stride_node + chan * out_stride_dim

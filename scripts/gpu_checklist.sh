@@ -7,6 +7,8 @@
 #   verify    the verify-kernel sweep and the tiles candidate (benchmarks/explore_verify_kernel.py)
 #   scaling   commit time vs B and vs D, JSON + PNGs (bench_scatter.py, plot_scaling.py)
 #   demo      python -m sgl_convwin demo --device cuda
+#   small     the commit kernel at small batches (benchmarks/explore_small_batch.py)
+#   eager     host time per eager call (benchmarks/bench_scatter.py --eager-only)
 set -uo pipefail
 out=${1:?output directory}
 shift
@@ -29,6 +31,10 @@ for phase in "$@"; do
               python3 benchmarks/plot_scaling.py "$out/scaling.json" --out "$out" && tail -5 "$out/bench_scaling.log" ;;
     demo)     timeout 200 python3 -m sgl_convwin demo --device cuda --no-progress > "$out/demo_cuda.log" 2>&1
               rc=$?; cat "$out/demo_cuda.log" ;;
+    small)    timeout 300 python3 benchmarks/explore_small_batch.py > "$out/explore_small_batch.log" 2>&1
+              rc=$?; cat "$out/explore_small_batch.log" ;;
+    eager)    timeout 200 python3 benchmarks/bench_scatter.py --eager-only > "$out/eager.log" 2>&1
+              rc=$?; tail -8 "$out/eager.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"

@@ -1,0 +1,69 @@
+"""Exploration (kept as a record): the commit kernel at small batches, where a launch is latency,
+not bandwidth. Issue 4 asks token_major for <= 2.5 us at B = 1 and <= 7 us at B = 8 (graph replay,
+Qwen3-Next TP1, D = 4, bf16). Tries block sizes and warps, and walking the SOURCE window flat
+(contiguous, vectorised loads; stores scattered with stride K-1) instead of the destination.
+
+    python benchmarks/explore_small_batch.py      (CUDA)
+"""
+
+import os
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import sgl_convwin  # noqa: E402
+from bench_scatter import dense_flat_copy, graph_time_us, make_problem  # noqa: E402
+from sgl_convwin._kernels import triton_kernels  # noqa: E402
+
+
+def op_variant(problem, block, warps, walk_source):
+    """The package's kernel with its launch arguments changed: block, warps, walk order."""
+    kernels = triton_kernels().scatter
+    grid, args, kwargs = kernels.scatter_launch_args(*problem, block=block, num_warps=warps)
+    if walk_source:  # walk [K-1, dim] (the token_major source's own order), scatter the stores
+        kwargs.update(WINDOW_MAJOR_ORDER=True, DST_CONTIGUOUS=False, SRC_CONTIGUOUS=True)
+
+    def run():
+        kernels._scatter_windows_kernel[grid](*args, **kwargs)
+
+    return run
+
+
+def main():
+    if not torch.cuda.is_available():
+        print("needs CUDA")
+        return 1
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
+    print("commit, Qwen3-Next TP1 (36 layers, dim 8192), D=4, K=4, bf16, graph replay us/launch")
+    print("| B | windows | variant | us | equal to oracle |")
+    print("|---|---|---|---|---|")
+    configs = [(None, 4, False)] + [(b, w, s) for s in (False, True) for b, w in
+                                    ((512, 1), (512, 2), (1024, 2), (1024, 4), (2048, 4), (4096, 4), (4096, 8), (8192, 8))]
+    for B in (1, 8, 64):
+        for layout in ("dense", "token_major", "channel_major"):
+            problem = make_problem(36, max(B, 8), 8192, 4, 4, B, torch.bfloat16, layout, "cuda")
+            want = problem[0].clone()
+            sgl_convwin.scatter(want, *problem[1:])
+            variants = [("op default", lambda: sgl_convwin.scatter(*problem))]
+            if layout == "dense":
+                variants.append(("baseline dense flat copy (1024)", lambda: dense_flat_copy(*problem)))
+            for block, warps, walk_source in configs[1:]:
+                if walk_source and layout != "token_major":
+                    continue
+                name = f"{'source-flat' if walk_source else 'dest-flat'} {block}/{warps}w"
+                variants.append((name, op_variant(problem, block, warps, walk_source)))
+            for name, fn in variants:
+                problem[0].zero_()
+                fn()
+                ok = torch.equal(problem[0], want)
+                us = graph_time_us(fn)
+                print(f"| {B} | {layout} | {name} | {us:.2f} | {'yes' if ok else 'NO'} |", flush=True)
+            del problem, want
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
