@@ -1,20 +1,29 @@
-"""Verify-pass kernel: capture one layer's conv inputs into the window buffer and, fused in the same
-pass, run the depthwise causal conv1d of the draft tokens.
+"""Verify-pass kernels: capture one layer's conv inputs into the window buffer and, fused in the
+same pass, run the depthwise causal conv1d of the draft tokens.
 
 For request b the conv of node n sees the K inputs of its path, oldest first: the committed
 inputs of conv_state slot state_slots[b] (K-1 columns, oldest first) followed by the draft tokens
 on the way from the root to n (a chain: nodes 0..n; a tree: parents[b] links). Walking up from n
 one step is "node -> its parent" and, once in the history, "column -> the column before it".
 
-One program handles one block of channels of one request, for every node: grid
-(B, cdiv(dim, BLOCK)). It writes
+Both kernels give one program one block of channels of one request, all its nodes: grid
+(B, cdiv(dim, BLOCK)). They write
   - rows layouts (token_major, or channel_major seen transposed, [L, M, N+K-2, dim]): the K-2
     newest committed inputs, then x[b, n] at row K-2+n -- parents do not matter;
   - dense ([L, M, N, dim, K-1]): window n = the K-1 inputs of node n's path ending at n;
-  - with HAS_CONV: out[b, n] = act(bias + sum_k weight[:, k] * input k), in float32.
+  - with HAS_CONV: out[b, n] = act(bias + sum_k weight[:, k] * input k), in float32, by fma in a
+    fixed order (bias, then the taps from the newest input up), so both kernels round alike.
 A request whose slot is out of range (negative: padding) writes nothing; a node with a parent
 link outside [-1, m-1] among the K-1 links above it writes neither its output nor its dense
-window. Inputs are re-read per tap from L1/L2; each is fetched from DRAM once.
+window.
+
+_verify_rows_kernel (rows layouts) holds all N nodes as one [nodes, channels] tile: the positions
+of every node's k-th input come from one vectorised step up the links, so each tap is one tile
+load (from x, or the state for positions in the history) and each weight column is read once;
+per-element offsets are int32 (the launcher checks one slot's span). _verify_dense_kernel loops
+over the nodes instead, one [channels] vector at a time: measured on the H200, the tile version
+is 1.1-2x faster for rows and up to 1.8x slower for dense windows, whose stores are strided
+(docs/benchmarks.md, "Verify kernel").
 """
 
 from __future__ import annotations
@@ -23,21 +32,23 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INT32_MAX, cdiv, next_power_of_2
+from ._common import INT32_MAX, MAX_GRID_Y, cdiv, next_power_of_2
 
-VERIFY_BLOCK = 256  # channels per program
-VERIFY_WARPS = 2
+ROWS_BLOCK = 64  # channels per program of the rows kernel (fewer for large trees, see _rows_block)
+ROWS_WARPS = 1
+DENSE_BLOCK = 256  # channels per program of the dense kernel
+DENSE_WARPS = 2
 
 
 @triton.jit
 def _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS: tl.constexpr):
-    """One step up the path from ``pos``: a node (>= 0) goes to its parent, a committed input
-    (-1 the newest, -2 the one before, ...) to the one before it. A bad link leads to -1, which
-    keeps every later read in bounds; the caller checks the links first (_links_ok) and writes
-    nothing for such a node."""
+    """One step up the path from ``pos`` (a scalar or a vector of positions, int32 or int64): a
+    node (>= 0) goes to its parent, a committed input (-1 the newest, -2 the one before, ...) to
+    the one before it. A bad link leads to -1, which keeps every later read in bounds; the caller
+    checks the links first (_links_ok) and writes nothing for such a node."""
     if HAS_PARENTS:
         is_node = pos >= 0
-        parent = tl.load(parents_row + pos * parents_stride_node, mask=is_node, other=-1).to(tl.int64)
+        parent = tl.load(parents_row + pos * parents_stride_node, mask=is_node, other=-1).to(pos.dtype)
         parent = tl.where((parent >= -1) & (parent < pos), parent, -1)
         return tl.where(is_node, parent, pos - 1)
     else:
@@ -46,12 +57,12 @@ def _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS: tl.constexpr):
 
 @triton.jit
 def _links_ok(node, parents_row, parents_stride_node, WIDTH: tl.constexpr):
-    """Whether every parent link among the K-1 above ``node`` lies in [-1, m-1]."""
+    """Whether ``node`` >= 0 and every parent link among the K-1 above it lies in [-1, m-1]."""
     ok = node >= 0
     pos = node
     for _ in tl.static_range(WIDTH):
         is_node = pos >= 0
-        parent = tl.load(parents_row + pos * parents_stride_node, mask=is_node, other=-1).to(tl.int64)
+        parent = tl.load(parents_row + pos * parents_stride_node, mask=is_node, other=-1).to(pos.dtype)
         parent_ok = (parent >= -1) & (parent < pos)
         ok &= parent_ok | (pos < 0)
         pos = tl.where(is_node, tl.where(parent_ok, parent, -1), pos - 1)  # next read in bounds
@@ -59,8 +70,8 @@ def _links_ok(node, parents_row, parents_stride_node, WIDTH: tl.constexpr):
 
 
 @triton.jit
-def _capture_verify_kernel(
-    dest_ptr,
+def _verify_rows_kernel(
+    rows_ptr,
     state_ptr,
     x_ptr,
     out_ptr,
@@ -69,16 +80,114 @@ def _capture_verify_kernel(
     buffer_slots_ptr,
     state_slots_ptr,
     parents_ptr,
-    dest_layer_offset,  # layer * dest.stride(0), computed on the host (may exceed int32)
+    rows_layer_offset,  # layer * rows.stride(0), computed on the host (may exceed int32)
     state_layer_offset,
     num_buffer_slots,
     num_state_slots,
     num_nodes,
     dim,
-    dest_stride_slot,
-    dest_stride_row,  # rows: position; dense: node
-    dest_stride_dim,
-    dest_stride_win,  # dense only
+    rows_stride_slot,
+    rows_stride_pos,
+    rows_stride_dim,
+    state_stride_slot,
+    state_stride_dim,
+    state_stride_win,
+    x_stride_row,
+    x_stride_node,
+    x_stride_dim,
+    out_stride_row,
+    out_stride_node,
+    out_stride_dim,
+    weight_stride_dim,
+    weight_stride_tap,
+    bias_stride,
+    buffer_slots_stride,
+    state_slots_stride,
+    parents_stride_row,
+    parents_stride_node,
+    NODES: tl.constexpr,  # next power of two >= num_nodes
+    KERNEL_SIZE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_PARENTS: tl.constexpr,
+    HAS_CONV: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+):
+    WIDTH: tl.constexpr = KERNEL_SIZE - 1
+    row = tl.program_id(0).to(tl.int64)
+    chan = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # int32 from here on; bases are int64
+    cmask = chan < dim
+
+    dst = tl.load(buffer_slots_ptr + row * buffer_slots_stride).to(tl.int64)
+    src = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
+    # Index values are never trusted: a slot out of range skips the request.
+    if (dst >= 0) & (dst < num_buffer_slots) & (src >= 0) & (src < num_state_slots):
+        rows = rows_ptr + rows_layer_offset + dst * rows_stride_slot
+        state = state_ptr + state_layer_offset + src * state_stride_slot
+        xs = x_ptr + row * x_stride_row
+        parents_row = parents_ptr + row * parents_stride_row
+        rows_chan = (chan * rows_stride_dim)[None, :]
+        state_chan = (chan * state_stride_dim)[None, :]
+        x_chan = (chan * x_stride_dim)[None, :]
+        for h in tl.static_range(WIDTH - 1):  # rows 0 .. K-3: the K-2 newest committed inputs
+            committed = tl.load(state + (h + 1) * state_stride_win + state_chan, mask=cmask[None, :])
+            tl.store(rows + h * rows_stride_pos + rows_chan, committed.to(rows_ptr.dtype.element_ty),
+                     mask=cmask[None, :])
+        node = tl.arange(0, NODES)
+        nmask = node < num_nodes
+        tile_mask = nmask[:, None] & cmask[None, :]
+        tokens = tl.load(xs + (node * x_stride_node)[:, None] + x_chan, mask=tile_mask)
+        tl.store(rows + ((WIDTH - 1 + node) * rows_stride_pos)[:, None] + rows_chan,
+                 tokens.to(rows_ptr.dtype.element_ty), mask=tile_mask)  # row K-2+n: node n's input
+        if HAS_CONV:
+            pos = tl.where(nmask, node, -1)
+            if HAS_PARENTS:  # a bad link among the K-1 above a node skips its output
+                write = _links_ok(pos, parents_row, parents_stride_node, WIDTH)[:, None] & cmask[None, :]
+            else:
+                write = tile_mask
+            if HAS_BIAS:
+                bias = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
+                acc = tl.zeros([NODES, BLOCK], dtype=tl.float32) + bias[None, :]
+            else:
+                acc = tl.zeros([NODES, BLOCK], dtype=tl.float32)
+            newest = tl.load(weight_ptr + chan * weight_stride_dim + WIDTH * weight_stride_tap, mask=cmask)
+            acc = tl.fma(newest.to(tl.float32)[None, :], tokens.to(tl.float32), acc)
+            for up in tl.static_range(1, KERNEL_SIZE):
+                pos = _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS)
+                is_token = (pos >= 0)[:, None]
+                from_x = tl.load(xs + (pos * x_stride_node)[:, None] + x_chan, mask=is_token & write)
+                from_state = tl.load(state + ((WIDTH + pos) * state_stride_win)[:, None] + state_chan,
+                                     mask=(~is_token) & write)
+                value = tl.where(is_token, from_x.to(tl.float32), from_state.to(tl.float32))
+                tap = tl.load(weight_ptr + chan * weight_stride_dim + (WIDTH - up) * weight_stride_tap, mask=cmask)
+                acc = tl.fma(tap.to(tl.float32)[None, :], value, acc)
+            if SILU:
+                acc = acc * tl.sigmoid(acc)
+            out = out_ptr + row * out_stride_row + (node * out_stride_node)[:, None] + (chan * out_stride_dim)[None, :]
+            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=write)
+
+
+@triton.jit
+def _verify_dense_kernel(
+    windows_ptr,
+    state_ptr,
+    x_ptr,
+    out_ptr,
+    weight_ptr,
+    bias_ptr,
+    buffer_slots_ptr,
+    state_slots_ptr,
+    parents_ptr,
+    windows_layer_offset,  # layer * windows.stride(0), computed on the host (may exceed int32)
+    state_layer_offset,
+    num_buffer_slots,
+    num_state_slots,
+    num_nodes,
+    dim,
+    windows_stride_slot,
+    windows_stride_node,
+    windows_stride_dim,
+    windows_stride_win,
     state_stride_slot,
     state_stride_dim,
     state_stride_win,
@@ -97,7 +206,6 @@ def _capture_verify_kernel(
     parents_stride_node,
     KERNEL_SIZE: tl.constexpr,
     BLOCK: tl.constexpr,
-    DENSE: tl.constexpr,
     HAS_PARENTS: tl.constexpr,
     HAS_CONV: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -113,65 +221,58 @@ def _capture_verify_kernel(
     src = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
     # Index values are never trusted: a slot out of range skips the request.
     if (dst >= 0) & (dst < num_buffer_slots) & (src >= 0) & (src < num_state_slots):
-        dest = dest_ptr + dest_layer_offset + dst * dest_stride_slot + chan * dest_stride_dim
+        windows = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan * windows_stride_dim
         state = state_ptr + state_layer_offset + src * state_stride_slot + chan * state_stride_dim
         xs = x_ptr + row * x_stride_row + chan * x_stride_dim
         parents_row = parents_ptr + row * parents_stride_row
-        if not DENSE:  # rows 0 .. K-3: the K-2 newest committed inputs
-            for h in tl.static_range(WIDTH - 1):
-                # (not named like the loop's `value`: Triton rejects a loop-carried dtype change)
-                committed = tl.load(state + (h + 1) * state_stride_win, mask=cmask)
-                tl.store(dest + h * dest_stride_row, committed.to(dest_ptr.dtype.element_ty), mask=cmask)
         for node in range(num_nodes):
             token = tl.load(xs + node * x_stride_node, mask=cmask)
-            if not DENSE:
-                tl.store(
-                    dest + (WIDTH - 1 + node) * dest_stride_row,
-                    token.to(dest_ptr.dtype.element_ty),
-                    mask=cmask,
+            pos = tl.cast(node, tl.int64)
+            write = cmask
+            if HAS_PARENTS:  # a bad link among the K-1 above the node skips its writes
+                write = tl.where(_links_ok(pos, parents_row, parents_stride_node, WIDTH), write, False)
+            window = windows + node * windows_stride_node
+            # column K-2 of window `node` is the node's own input
+            tl.store(window + (WIDTH - 1) * windows_stride_win, token.to(windows_ptr.dtype.element_ty), mask=write)
+            if HAS_CONV:
+                if HAS_BIAS:
+                    acc = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
+                else:
+                    acc = tl.zeros([BLOCK], dtype=tl.float32)
+                newest = tl.load(weight_ptr + chan * weight_stride_dim + WIDTH * weight_stride_tap, mask=cmask)
+                acc = tl.fma(newest.to(tl.float32), token.to(tl.float32), acc)
+            for up in tl.static_range(1, KERNEL_SIZE):
+                pos = _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS)
+                is_token = pos >= 0
+                # (tl.where, not &: Triton's interpreter mistypes a vector & scalar mask)
+                from_x = tl.load(xs + pos * x_stride_node, mask=tl.where(is_token, write, False))
+                from_state = tl.load(
+                    state + (WIDTH + pos) * state_stride_win, mask=tl.where(is_token, False, write)
                 )
-            if DENSE or HAS_CONV:
-                pos = tl.cast(node, tl.int64)
-                write = cmask
-                if HAS_PARENTS:  # a bad link among the K-1 above the node skips its writes
-                    write = tl.where(_links_ok(pos, parents_row, parents_stride_node, WIDTH), write, False)
-                window = dest + node * dest_stride_row
-                if DENSE:  # column K-2 of window `node` is the node's own input
-                    tl.store(window + (WIDTH - 1) * dest_stride_win, token.to(dest_ptr.dtype.element_ty), mask=write)
-                if HAS_CONV:  # explicit fma: the same rounding whatever the layout specialisation
-                    if HAS_BIAS:
-                        acc = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
-                    else:
-                        acc = tl.zeros([BLOCK], dtype=tl.float32)
-                    newest = tl.load(weight_ptr + chan * weight_stride_dim + WIDTH * weight_stride_tap, mask=cmask)
-                    acc = tl.fma(newest.to(tl.float32), token.to(tl.float32), acc)
-                for up in tl.static_range(1, KERNEL_SIZE):
-                    pos = _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS)
-                    is_token = pos >= 0
-                    # (tl.where, not &: Triton's interpreter mistypes a vector & scalar mask)
-                    from_x = tl.load(xs + pos * x_stride_node, mask=tl.where(is_token, write, False))
-                    from_state = tl.load(
-                        state + (WIDTH + pos) * state_stride_win, mask=tl.where(is_token, False, write)
+                # (not named like a value before the loop: Triton rejects a loop-carried dtype change)
+                value = tl.where(is_token, from_x.to(tl.float32), from_state.to(tl.float32))
+                if up < WIDTH:
+                    tl.store(
+                        window + (WIDTH - 1 - up) * windows_stride_win,
+                        value.to(windows_ptr.dtype.element_ty),
+                        mask=write,
                     )
-                    value = tl.where(is_token, from_x, from_state)
-                    if DENSE:
-                        if up < WIDTH:
-                            tl.store(
-                                window + (WIDTH - 1 - up) * dest_stride_win,
-                                value.to(dest_ptr.dtype.element_ty),
-                                mask=write,
-                            )
-                    if HAS_CONV:
-                        tap = tl.load(
-                            weight_ptr + chan * weight_stride_dim + (WIDTH - up) * weight_stride_tap,
-                            mask=cmask,
-                        ).to(tl.float32)
-                        acc = tl.fma(tap, value.to(tl.float32), acc)
                 if HAS_CONV:
-                    if SILU:
-                        acc = acc * tl.sigmoid(acc)
-                    out = out_ptr + row * out_stride_row + node * out_stride_node + chan * out_stride_dim
-                    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=write)
+                    tap = tl.load(
+                        weight_ptr + chan * weight_stride_dim + (WIDTH - up) * weight_stride_tap, mask=cmask
+                    )
+                    acc = tl.fma(tap.to(tl.float32), value, acc)
+            if HAS_CONV:
+                if SILU:
+                    acc = acc * tl.sigmoid(acc)
+                out = out_ptr + row * out_stride_row + node * out_stride_node + chan * out_stride_dim
+                tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=write)
+
+
+def _rows_block(nodes: int) -> int:
+    """Channels per program of the rows kernel: ROWS_BLOCK, fewer once the [nodes, channels] tile
+    would pass 1024 elements (large trees), at least 16."""
+    return max(16, min(ROWS_BLOCK, 1024 // nodes))
 
 
 def _launch(
@@ -183,12 +284,18 @@ def _launch(
         return
     if num_rows > INT32_MAX:
         raise ValueError(f"convwin verify: {num_rows} requests is too large a grid")
-    kernel_size = state.shape[3] + 1
-    dest_strides = dest.stride() if dense else (*dest.stride(), 0)
     has_conv = out is not None
     has_parents = parents is not None
+    nodes = next_power_of_2(max(num_nodes, 1))
+    if block is None:
+        block = DENSE_BLOCK if dense else _rows_block(nodes)
+    if num_warps is None:
+        num_warps = DENSE_WARPS if dense else ROWS_WARPS
     block = min(block, next_power_of_2(dim))
-    _capture_verify_kernel[(num_rows, cdiv(dim, block))](
+    grid = (num_rows, cdiv(dim, block))
+    if grid[1] > MAX_GRID_Y:
+        raise ValueError(f"convwin verify: dim {dim} needs {grid[1]} channel blocks; at most {MAX_GRID_Y}")
+    args = (
         dest,
         state,
         x,
@@ -204,7 +311,7 @@ def _launch(
         state.shape[1],
         num_nodes,
         dim,
-        *dest_strides[1:],
+        *dest.stride()[1:],
         *state.stride()[1:],
         *x.stride(),
         *(out.stride() if has_conv else (0, 0, 0)),
@@ -213,15 +320,46 @@ def _launch(
         buffer_slots.stride(0),
         state_slots.stride(0),
         *(parents.stride() if has_parents else (0, 0)),
-        KERNEL_SIZE=kernel_size,
+    )
+    flags = dict(
+        KERNEL_SIZE=state.shape[3] + 1,
         BLOCK=block,
-        DENSE=dense,
         HAS_PARENTS=has_parents,
         HAS_CONV=has_conv,
         HAS_BIAS=bias is not None,
         SILU=silu,
         num_warps=num_warps,
     )
+    if dense:
+        _verify_dense_kernel[grid](*args, **flags)
+    else:
+        _check_rows_spans(dest, state, x, out, weight, bias, parents)
+        _verify_rows_kernel[grid](*args, NODES=nodes, **flags)
+
+
+def _span(tensor: torch.Tensor | None, start_dim: int) -> int:
+    """The largest element offset within one index of dim start_dim-1 (one slot, one request)."""
+    if tensor is None:
+        return 0
+    return sum((size - 1) * stride for size, stride in zip(tensor.shape[start_dim:], tensor.stride()[start_dim:]))
+
+
+def _check_rows_spans(rows, state, x, out, weight, bias, parents) -> None:
+    """The rows kernel's per-element offsets are int32 (bases are int64): one buffer slot, one
+    state slot, one request's x / out / parents, the weights and the bias must each span fewer
+    than 2**31 elements."""
+    spans = {
+        "a buffer slot": _span(rows, 2),
+        "a conv_state slot": _span(state, 2),
+        "x[b]": _span(x, 1),
+        "out[b]": _span(out, 1),
+        "weight": _span(weight, 0),
+        "bias": _span(bias, 0),
+        "parents[b]": _span(parents, 1),
+    }
+    for name, span in spans.items():
+        if span > INT32_MAX:
+            raise ValueError(f"convwin verify: {name} spans {span + 1} elements; at most 2**31 are supported")
 
 
 def launch_capture(
@@ -234,8 +372,8 @@ def launch_capture(
     parents: torch.Tensor | None,
     *,
     dense: bool,
-    block: int = VERIFY_BLOCK,
-    num_warps: int = VERIFY_WARPS,
+    block: int | None = None,
+    num_warps: int | None = None,
 ) -> None:
     """Write layer ``layer`` of every active request's buffer slot (see the module docstring).
 
@@ -263,8 +401,8 @@ def launch_causal_conv1d_verify(
     *,
     dense: bool,
     silu: bool,
-    block: int = VERIFY_BLOCK,
-    num_warps: int = VERIFY_WARPS,
+    block: int | None = None,
+    num_warps: int | None = None,
 ) -> None:
     """launch_capture, fused with out[b, n] = act(bias + sum_k weight[:, k] * input k of node n).
 

@@ -300,9 +300,14 @@ def test_empty_batch(impl):
 
 
 @pytest.mark.parametrize("impl", impl_params())
-def test_channels_span_several_blocks(impl):
+@pytest.mark.parametrize("num_nodes, dim", ((3, 700), (40, 50)), ids=("wide", "large-tree"))
+def test_channels_span_several_blocks(impl, num_nodes, dim):
+    """Several channel blocks per request; with 40 nodes the rows kernel's tile takes fewer
+    channels per program (16), so 50 channels are four blocks, the last one partly masked."""
     generator = torch.Generator().manual_seed(30)
-    L, M, N, K, dim, B = 2, 2, 3, 4, 700, 2
+    L, M, N, K, B = 2, 2, num_nodes, 4, 2
+    parents = [[-1, 0, 0], [-1, -1, 1]] if N == 3 else [
+        [-1] + [int(torch.randint(-1, n, (1,), generator=generator)) for n in range(1, N)] for _ in range(B)]
     for layout in sgl_convwin.LAYOUTS:
         buffer = torch.randn(sgl_convwin.physical_shape(layout, L, M, dim, N, K), generator=generator).to(impl.device)
         conv_state = torch.randn(L, 3, dim, K - 1, generator=generator).to(impl.device)
@@ -311,7 +316,7 @@ def test_channels_span_several_blocks(impl):
         out = torch.zeros(B, N, dim, device=impl.device)
         args = dict(buffer=buffer, conv_state=conv_state, x=x, buffer_slots=torch.tensor([1, 0], device=impl.device),
                     state_slots=torch.tensor([0, 2], device=impl.device), layer=1,
-                    parents=torch.tensor([[-1, 0, 0], [-1, -1, 1]], device=impl.device))
+                    parents=torch.tensor(parents, device=impl.device))
         want = expected_buffer(args, layout, "dim_major")
         expected, written = reference.causal_conv1d_verify_reference(
             out, conv_state, x, weight, None, args["buffer_slots"].cpu(), args["state_slots"].cpu(), M, 1,
