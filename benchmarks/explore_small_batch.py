@@ -45,6 +45,7 @@ def main():
     for B in (1, 8, 64):
         for layout in ("dense", "token_major", "channel_major"):
             problem = make_problem(36, max(B, 8), 8192, 4, 4, B, torch.bfloat16, layout, "cuda")
+            problem[0].zero_()  # every variant starts from a zero state
             want = problem[0].clone()
             sgl_convwin.scatter(want, *problem[1:])
             variants = [("op default", lambda: sgl_convwin.scatter(*problem))]

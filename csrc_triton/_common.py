@@ -52,3 +52,18 @@ def window_block(block, dim, WIDTH: tl.constexpr, BLOCK: tl.constexpr, WINDOW_MA
         chan = flat // WIDTH
         col = flat - chan * WIDTH
     return flat, mask, chan, col
+
+
+@triton.jit
+def row_indices(
+    row, step_ptr, step_stride, num_steps, dst_ptr, dst_stride, num_dst, src_ptr, src_stride, num_src
+):
+    """A commit row's (step or node, destination slot, source slot) as int64, and whether all three
+    are in range. Index values are never trusted: anything out of range skips the row."""
+    step = tl.load(step_ptr + row * step_stride).to(tl.int64)
+    dst = tl.load(dst_ptr + row * dst_stride).to(tl.int64)
+    src = tl.load(src_ptr + row * src_stride).to(tl.int64)
+    active = (step >= 0) & (step < num_steps)
+    active &= (dst >= 0) & (dst < num_dst)
+    active &= (src >= 0) & (src < num_src)
+    return step, dst, src, active

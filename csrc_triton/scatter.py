@@ -29,6 +29,7 @@ from ._common import (
     check_grid,
     contiguous_order,
     next_power_of_2,
+    row_indices,
     window_block,
 )
 
@@ -68,13 +69,10 @@ def _scatter_windows_kernel(
     block = pid % num_blocks
     layer = tl.program_id(1).to(tl.int64)
 
-    step = tl.load(steps_ptr + row * steps_stride).to(tl.int64)
-    dst = tl.load(dst_slots_ptr + row * dst_slots_stride).to(tl.int64)
-    src = tl.load(src_slots_ptr + row * src_slots_stride).to(tl.int64)
-    # Index values are never trusted: anything out of range skips the row.
-    active = (step >= 0) & (step < num_draft)
-    active &= (dst >= 0) & (dst < num_state_slots)
-    active &= (src >= 0) & (src < num_src_slots)
+    step, dst, src, active = row_indices(
+        row, steps_ptr, steps_stride, num_draft, dst_slots_ptr, dst_slots_stride, num_state_slots,
+        src_slots_ptr, src_slots_stride, num_src_slots,
+    )
     if active:
         flat, mask, chan, col = window_block(block, dim, WIDTH, BLOCK, WINDOW_MAJOR_ORDER)
         if SRC_CONTIGUOUS:
@@ -96,6 +94,12 @@ def _scatter_windows_kernel(
         tl.store(state + dst_offsets, values.to(state_ptr.dtype.element_ty), mask=mask)
 
 
+# Launch arguments depend only on shapes and strides, which an engine passes the same call after
+# call: computing them costs more host time than the lookup (docs/benchmarks.md, "Eager overhead").
+_LAUNCH_CACHE: dict[tuple, tuple | None] = {}
+_LAUNCH_CACHE_SIZE = 4096
+
+
 def scatter_launch_args(
     state: torch.Tensor,
     windows: torch.Tensor,
@@ -108,8 +112,24 @@ def scatter_launch_args(
 ) -> tuple[tuple[int, int], tuple, dict] | None:
     """(grid, args, kwargs) of the kernel launch for launch_scatter, or None if there is nothing
     to do. Split out so benchmarks can time the bare Triton launch of exactly the same call."""
+    key = (
+        state.shape, state.stride(), windows.shape, windows.stride(), steps.shape[0],
+        dst_slots.stride(0), src_slots.stride(0), steps.stride(0), block, num_warps,
+    )
+    plan = _LAUNCH_CACHE.get(key)
+    if plan is None and key not in _LAUNCH_CACHE:
+        if len(_LAUNCH_CACHE) >= _LAUNCH_CACHE_SIZE:
+            _LAUNCH_CACHE.clear()
+        plan = _LAUNCH_CACHE[key] = _plan_scatter(state, windows, steps.shape[0], key[5:8], block, num_warps)
+    if plan is None:
+        return None
+    grid, scalars, kwargs = plan
+    return grid, (state, windows, dst_slots, src_slots, steps, *scalars), kwargs
+
+
+def _plan_scatter(state, windows, num_rows, index_strides, block, num_warps):
+    """(grid, scalar arguments, constexpr kwargs) for these shapes and strides, or None."""
     num_layers, num_state_slots, dim, width = state.shape
-    num_rows = steps.shape[0]
     window_numel = dim * width
     if num_rows == 0 or window_numel == 0 or num_layers == 0 or windows.shape[1] == 0:
         return None
@@ -122,12 +142,7 @@ def scatter_launch_args(
     block = min(block, next_power_of_2(window_numel))
     num_blocks = cdiv(window_numel, block)
     check_grid("convwin.scatter", num_layers, num_rows, num_blocks, window_numel)
-    args = (
-        state,
-        windows,
-        dst_slots,
-        src_slots,
-        steps,
+    scalars = (
         num_state_slots,
         windows.shape[1],
         windows.shape[2],
@@ -135,9 +150,7 @@ def scatter_launch_args(
         num_blocks,
         *state_strides,
         *window_strides,
-        dst_slots.stride(0),
-        src_slots.stride(0),
-        steps.stride(0),
+        *index_strides,
     )
     kwargs = dict(
         WIDTH=width,
@@ -147,7 +160,7 @@ def scatter_launch_args(
         SRC_CONTIGUOUS=src_order == order,
         num_warps=num_warps,
     )
-    return (num_rows * num_blocks, num_layers), args, kwargs
+    return (num_rows * num_blocks, num_layers), scalars, kwargs
 
 
 def launch_scatter(

@@ -29,6 +29,7 @@ from ._common import (
     check_grid,
     contiguous_order,
     next_power_of_2,
+    row_indices,
     window_block,
 )
 
@@ -70,12 +71,10 @@ def _scatter_tree_kernel(
     block = pid % num_blocks
     layer = tl.program_id(1).to(tl.int64)
 
-    node = tl.load(nodes_ptr + row * nodes_stride).to(tl.int64)
-    dst = tl.load(dst_slots_ptr + row * dst_slots_stride).to(tl.int64)
-    src = tl.load(src_slots_ptr + row * src_slots_stride).to(tl.int64)
-    active = (node >= 0) & (node < num_nodes)
-    active &= (dst >= 0) & (dst < num_state_slots)
-    active &= (src >= 0) & (src < num_src_slots)
+    node, dst, src, active = row_indices(
+        row, nodes_ptr, nodes_stride, num_nodes, dst_slots_ptr, dst_slots_stride, num_state_slots,
+        src_slots_ptr, src_slots_stride, num_src_slots,
+    )
     if active:
         # Per-element offsets are int32 (the launcher checks that one slot's span fits); the
         # int64 bases are scalars. Measured on the H200 (docs/benchmarks.md): int64 offsets
