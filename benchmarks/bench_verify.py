@@ -189,14 +189,17 @@ def check(device) -> bool:
     return ok
 
 
-def bench(batches, layers=36, dim=8192, kernel_size=4):
+DRAFTS = {"chain": (False, 4, None), "tree2": (True, 8, 2), "tree3": (True, 8, 3), "tree4": (True, 8, 4)}
+
+
+def bench(batches, drafts, layers=36, dim=8192, kernel_size=4):
     ceiling = copy_ceiling_gbps()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     print(f"copy ceiling (device-to-device, read+write): {ceiling:.0f} GB/s")
     print(f"Qwen3-Next TP1 shape: L={layers}, dim={dim}, K={kernel_size}, bf16; one step = {layers} x "
           f"(verify conv + capture) + 1 commit")
     rows = []
-    for tree, num_nodes, topk in ((False, 4, None), (True, 8, 2), (True, 8, 3), (True, 8, 4)):
+    for tree, num_nodes, topk in (DRAFTS[name] for name in drafts):
         draft = f"chain D={num_nodes}" if not tree else f"tree N={num_nodes} topk {topk}"
         for B in batches:
             for name, layout, step in VARIANTS:
@@ -222,6 +225,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--verify-only", action="store_true")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64, 256])
+    parser.add_argument("--drafts", nargs="+", default=list(DRAFTS), choices=list(DRAFTS),
+                        help="chain: D=4; treeK: N=8 nodes, topk K")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if not check(device):
@@ -231,7 +236,7 @@ def main(argv=None) -> int:
     if device != "cuda":
         print("timing needs CUDA")
         return 1
-    bench(args.batches)
+    bench(args.batches, args.drafts)
     return 0
 
 

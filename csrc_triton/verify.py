@@ -34,8 +34,7 @@ import triton.language as tl
 
 from ._common import INT32_MAX, MAX_GRID_Y, cdiv, next_power_of_2
 
-ROWS_BLOCK = 64  # channels per program of the rows kernel (fewer for large trees, see _rows_block)
-ROWS_WARPS = 1
+ROWS_WARPS = 1  # the rows kernel's channels per program depend on the node count: _rows_block
 DENSE_BLOCK = 256  # channels per program of the dense kernel
 DENSE_WARPS = 2
 
@@ -270,9 +269,13 @@ def _verify_dense_kernel(
 
 
 def _rows_block(nodes: int) -> int:
-    """Channels per program of the rows kernel: ROWS_BLOCK, fewer once the [nodes, channels] tile
-    would pass 1024 elements (large trees), at least 16."""
-    return max(16, min(ROWS_BLOCK, 1024 // nodes))
+    """Channels per program of the rows kernel for a [nodes, channels] tile (nodes a power of two).
+    Measured best on the H200 (one warp, docs/benchmarks.md): 64 for 4 nodes, 32 for 8 and for 32
+    (16 and 64 were slower at B >= 64). Above 32 nodes, not timed: 16, to keep the tile's registers
+    in bounds."""
+    if nodes <= 4:
+        return 64
+    return 32 if nodes <= 32 else 16
 
 
 def _launch(

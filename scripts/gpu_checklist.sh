@@ -7,6 +7,8 @@
 #   verify    the verify-kernel sweep and the tiles candidate (benchmarks/explore_verify_kernel.py)
 #   scaling   commit time vs B and vs D, JSON + PNGs (bench_scatter.py, plot_scaling.py)
 #   demo      python -m sgl_convwin demo --device cuda
+#   step      verify step (36 layers + commit), chain and topk-3 tree (benchmarks/bench_verify.py)
+#   vtests    the GPU tests of the verify kernels only
 #   small     the commit kernel at small batches (benchmarks/explore_small_batch.py)
 #   eager     host time per eager call (benchmarks/bench_scatter.py --eager-only)
 set -uo pipefail
@@ -22,7 +24,11 @@ for phase in "$@"; do
   case "$phase" in
     tests)    timeout 400 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=15 tests > "$out/gpu_tests.log" 2>&1
               rc=$?; tail -25 "$out/gpu_tests.log" ;;
-    sanitize) timeout 500 bash scripts/gpu_sanitize.sh "$out"; rc=$? ;;
+    vtests)   timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py > "$out/gpu_vtests.log" 2>&1
+              rc=$?; tail -3 "$out/gpu_vtests.log" ;;
+    step)     timeout 170 python3 benchmarks/bench_verify.py --drafts chain tree3 > "$out/bench_verify.log" 2>&1
+              rc=$?; tail -40 "$out/bench_verify.log" ;;
+    sanitize) SANITIZE_TIMEOUT=165 bash scripts/gpu_sanitize.sh "$out"; rc=$? ;;
     verify)   timeout 400 python3 benchmarks/explore_verify_kernel.py > "$out/explore_verify.log" 2>&1
               rc=$?; tail -90 "$out/explore_verify.log" ;;
     scaling)  timeout 450 python3 benchmarks/bench_scatter.py --batches 1 8 64 256 512 --drafts 2 4 8 16 \

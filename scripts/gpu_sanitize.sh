@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck, then racecheck) over short GPU runs of every op's tests, on the H200.
 # Usage: bash scripts/gpu_sanitize.sh [LOG_DIR]; prints each tool's summary ("ERROR SUMMARY: ...").
+# SANITIZE_TIMEOUT (seconds, default 900) bounds each tool's run.
 # The fuzz tests use the "sanitize" hypothesis profile (8 derandomised examples each; they include
 # out-of-range indices and broken parent links, the cases a bad kernel would read or write beyond).
 set -uo pipefail
@@ -9,7 +10,7 @@ export HYPOTHESIS_PROFILE=sanitize PYTHONUNBUFFERED=1
 tests=(tests/test_scatter.py tests/test_scatter_tree.py tests/test_verify.py)
 status=0
 for tool in memcheck racecheck; do
-  compute-sanitizer --tool "$tool" --target-processes all --print-limit 20 \
+  timeout "${SANITIZE_TIMEOUT:-900}" compute-sanitizer --tool "$tool" --target-processes all --print-limit 20 \
     python3 -m pytest -q -p no:cacheprovider -m gpu -k "cuda and not model_sized" "${tests[@]}" \
     > "$log_dir/sanitize-$tool.log" 2>&1 || status=1
   echo "== $tool"; grep -E "ERROR SUMMARY|passed|failed" "$log_dir/sanitize-$tool.log" | tail -3
