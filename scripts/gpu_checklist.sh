@@ -9,6 +9,7 @@
 #   demo      python -m sgl_convwin demo --device cuda
 #   step      verify step (36 layers + commit), chain and topk-3 tree (benchmarks/bench_verify.py)
 #   vtests    the GPU tests of the verify kernels only
+#   fp32      the commit table with float32 caches (bench_scatter.py --dtypes fp32)
 #   small     the commit kernel at small batches (benchmarks/explore_small_batch.py)
 #   eager     host time per eager call (benchmarks/bench_scatter.py --eager-only)
 set -uo pipefail
@@ -31,7 +32,9 @@ for phase in "$@"; do
     sanitize) SANITIZE_TIMEOUT=165 bash scripts/gpu_sanitize.sh "$out"; rc=$? ;;
     verify)   timeout 400 python3 benchmarks/explore_verify_kernel.py > "$out/explore_verify.log" 2>&1
               rc=$?; tail -90 "$out/explore_verify.log" ;;
-    scaling)  timeout 450 python3 benchmarks/bench_scatter.py --batches 1 8 64 256 512 --drafts 2 4 8 16 \
+    fp32)     timeout 100 python3 benchmarks/bench_scatter.py --dtypes fp32 --json "$out/fp32.json" > "$out/bench_fp32.log" 2>&1
+              rc=$?; tail -9 "$out/bench_fp32.log" ;;
+    scaling)  timeout 270 python3 benchmarks/bench_scatter.py --batches 1 8 64 256 512 --drafts 2 4 8 16 \
                 --json "$out/scaling.json" > "$out/bench_scaling.log" 2>&1
               rc=$?
               python3 benchmarks/plot_scaling.py "$out/scaling.json" --out "$out" && tail -5 "$out/bench_scaling.log" ;;
