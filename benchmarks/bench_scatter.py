@@ -214,15 +214,19 @@ def bench(shapes, batches, drafts, dtypes, out_json):
                         row = dict(shape=shape_name, dtype=dtype_name, D=D, B=B, variant=name,
                                    us=ms * 1e3, graph_us=graph_us, gbps=gbps, frac=gbps / ceiling)
                         rows.append(row)
+                        if out_json:  # after every row: a run cut short keeps what it measured
+                            write_json(out_json, ceiling, rows)
                         print(f"{shape_name:14} {dtype_name:5} D={D:<2} B={B:<4} {name:32} "
                               f"{ms * 1e3:9.1f} us  graph {graph_us:8.1f} us  {gbps:7.0f} GB/s  {gbps / ceiling:5.1%}",
                               flush=True)
                         del problem
-    if out_json:
-        with open(out_json, "w") as f:
-            json.dump(dict(ceiling_gbps=ceiling, device=torch.cuda.get_device_name(), torch=torch.__version__,
-                           triton=triton.__version__, rows=rows), f, indent=1)
     return rows, ceiling
+
+
+def write_json(path, ceiling, rows):
+    with open(path, "w") as f:
+        json.dump(dict(ceiling_gbps=ceiling, device=torch.cuda.get_device_name(), torch=torch.__version__,
+                       triton=triton.__version__, rows=rows), f, indent=1)
 
 
 def eager_overhead(calls=2000):
