@@ -97,7 +97,7 @@ def main(argv=None) -> int:
         with open(args.results) as f:
             data = json.load(f)
     rows = data["rows"]
-    where = f"{args.shape}, {args.dtype}, {data.get('device', '?')}, torch {data.get('torch', '?')}, triton {data.get('triton', '?')}"
+    where = f"{args.shape}, {args.dtype}\n{data.get('device', '?')}, torch {data.get('torch', '?')}, triton {data.get('triton', '?')}"
     written = [
         plot(rows, "B", dict(shape=args.shape, dtype=args.dtype, D=args.draft),
              f"commit time vs batch, D={args.draft} ({where})", os.path.join(args.out, "commit-vs-batch.png"), True),
