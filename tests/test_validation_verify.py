@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import sgl_convwin
-from support import impl_params, whole_storage
+from sgl_convwin._kernels import triton_kernels
+from support import HAS_TRITON, impl_params, whole_storage
 
 L, M, NS, N, DIM, K, B = 2, 3, 4, 4, 8, 4, 2
 
@@ -207,3 +208,22 @@ def test_destinations_that_cannot_be_written_in_place(impl, op):
         with torch.inference_mode():
             call(impl, op, args)
         assert inference.any()
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_rows_kernel_refuses_slots_beyond_int32_offsets():
+    """The rows verify kernel's per-element offsets are int32: a buffer slot of 2**31 elements or
+    more is refused before launch; a large buffer made of small slots is not (meta tensors: no
+    memory is allocated)."""
+    verify = triton_kernels().verify
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    state, x = torch.empty(1, 2, 8, K - 1, **meta), torch.empty(1, 2, 8, **meta)
+    weight, slots = torch.empty(8, K, **meta), torch.zeros(1, dtype=torch.int64, device="meta")
+    wide_slot = torch.empty(1, 2, 3, 2**31 // 2, **meta)  # one slot: 3 rows of 2**30 elements
+    with pytest.raises(ValueError, match=r"a buffer slot spans 3221225472 elements; at most 2\*\*31"):
+        verify.launch_causal_conv1d_verify(
+            torch.empty(1, 2, 8, **meta), wide_slot, state, x, weight, None, slots, slots, 0, None,
+            dense=False, silu=False,
+        )
+    many_slots = torch.empty(1, 2**31 // 6 + 1, 3, 2, **meta)  # > 2**31 elements, 6 per slot
+    verify._check_rows_spans(many_slots, state, x, None, weight, None, None)  # no error
