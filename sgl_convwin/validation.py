@@ -229,7 +229,8 @@ def _state_sizes(op: str, conv_state: torch.Tensor, state_layout: str) -> tuple[
             f"{op}: conv_state must be 4-D {state_desc} (state_layout={state_layout!r}), "
             f"got shape {tuple(conv_state.shape)}"
         )
-    check_cache_dtype(f"{op}: conv_state", conv_state)
+    if conv_state.dtype not in CACHE_DTYPES:  # (messages are built only on failure)
+        check_cache_dtype(f"{op}: conv_state", conv_state)
     if state_layout == DIM_MAJOR:
         num_layers, num_state_slots, dim, width = conv_state.shape
     else:
@@ -431,10 +432,10 @@ def check_capture_args(
     num_layers, num_state_slots, dim, width, state_desc = _state_sizes(op, conv_state, state_layout)
     if x.dim() != 3:
         raise ValueError(f"{op}: x must be 3-D [B, N, dim] (the draft tokens' conv inputs), got shape {tuple(x.shape)}")
-    for name, t in (("buffer", buffer), ("x", x)):
-        check_cache_dtype(f"{op}: {name}", t)
     device = conv_state.device
     for name, t in (("buffer", buffer), ("x", x)):
+        if t.dtype not in CACHE_DTYPES:
+            check_cache_dtype(f"{op}: {name}", t)
         if t.device != device:
             raise ValueError(f"{op}: {name} is on {t.device} but conv_state is on {device}")
     num_rows, num_nodes, x_dim = x.shape
@@ -503,9 +504,9 @@ def check_verify_args(
         raise ValueError(f"{op}: activation must be None, 'silu' or 'swish', got {activation!r}")
     kernel_size = sizes.width + 1
     expected_out = (sizes.num_rows, sizes.num_nodes, sizes.dim)
-    if tuple(out.shape) != expected_out:
+    if out.shape != expected_out:
         raise ValueError(f"{op}: out must be [B, N, dim] = {list(expected_out)} like x, got shape {tuple(out.shape)}")
-    if tuple(weight.shape) != (sizes.dim, kernel_size):
+    if weight.shape != (sizes.dim, kernel_size):
         raise ValueError(
             f"{op}: weight must be [dim, K] = [{sizes.dim}, {kernel_size}] (K-1 = conv_state's "
             f"window width), got shape {tuple(weight.shape)}"
@@ -513,12 +514,13 @@ def check_verify_args(
     if bias is not None:
         if not isinstance(bias, torch.Tensor):
             check_tensor(f"{op}: bias", bias)
-        if tuple(bias.shape) != (sizes.dim,):
+        if bias.shape != (sizes.dim,):
             raise ValueError(f"{op}: bias must be [dim] = [{sizes.dim}] or None, got shape {tuple(bias.shape)}")
     for name, t in (("out", out), ("weight", weight), ("bias", bias)):
         if t is None:
             continue
-        check_cache_dtype(f"{op}: {name}", t)
+        if t.dtype not in CACHE_DTYPES:
+            check_cache_dtype(f"{op}: {name}", t)
         if t.device != device:
             raise ValueError(f"{op}: {name} is on {t.device} but conv_state is on {device}")
     check_writable(op, "out", out)
