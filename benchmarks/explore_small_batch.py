@@ -1,10 +1,15 @@
-"""Exploration (kept as a record): the commit kernel at small batches, where a launch is latency,
-not bandwidth. Issue 4 asks token_major for <= 2.5 us at B = 1 and <= 7 us at B = 8 (graph replay,
-Qwen3-Next TP1, D = 4, bf16). Tries block sizes and warps, and walking the SOURCE window flat
-(contiguous, vectorised loads; stores scattered with stride K-1) instead of the destination.
+"""Exploration (kept as a record): the commit kernel's block size, warps and walk order per layout.
+First written for small batches, where a launch is latency, not bandwidth (issue 4 asks token_major
+for <= 2.5 us at B = 1 and <= 7 us at B = 8, Qwen3-Next TP1, D = 4, bf16); also sweeps long drafts,
+where channel_major windows are gathered from rows of D+K-2 elements per channel. Tries block
+sizes and warps, and walking the SOURCE window flat (contiguous, vectorised loads; stores scattered
+with stride K-1) instead of the destination.
 
-    python benchmarks/explore_small_batch.py      (CUDA)
+    python benchmarks/explore_small_batch.py                                     (CUDA; B 1 8 64, D 4)
+    python benchmarks/explore_small_batch.py --drafts 16 --batches 64 256 --layouts channel_major
 """
+
+import argparse
 
 import os
 import sys
@@ -15,7 +20,7 @@ import triton
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import sgl_convwin  # noqa: E402
-from bench_scatter import dense_flat_copy, graph_time_us, make_problem  # noqa: E402
+from bench_scatter import channel_major_strided, dense_flat_copy, graph_time_us, make_problem  # noqa: E402
 from sgl_convwin._kernels import triton_kernels  # noqa: E402
 
 
@@ -33,36 +38,43 @@ def op_variant(problem, block, warps, walk_source):
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64])
+    parser.add_argument("--drafts", nargs="+", type=int, default=[4])
+    parser.add_argument("--layouts", nargs="+", default=list(sgl_convwin.LAYOUTS), choices=sgl_convwin.LAYOUTS)
+    args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs CUDA")
         return 1
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
-    print("commit, Qwen3-Next TP1 (36 layers, dim 8192), D=4, K=4, bf16, graph replay us/launch")
-    print("| B | windows | variant | us | equal to oracle |")
-    print("|---|---|---|---|---|")
+    print("commit, Qwen3-Next TP1 (36 layers, dim 8192), K=4, bf16, graph replay us/launch")
+    print("| D | B | windows | variant | us | equal to oracle |")
+    print("|---|---|---|---|---|---|")
     configs = [(None, 4, False)] + [(b, w, s) for s in (False, True) for b, w in
                                     ((512, 1), (512, 2), (1024, 2), (1024, 4), (2048, 4), (4096, 4), (4096, 8), (8192, 8))]
-    for B in (1, 8, 64):
-        for layout in ("dense", "token_major", "channel_major"):
-            problem = make_problem(36, max(B, 8), 8192, 4, 4, B, torch.bfloat16, layout, "cuda")
-            problem[0].zero_()  # every variant starts from a zero state
-            want = problem[0].clone()
-            sgl_convwin.scatter(want, *problem[1:])
-            variants = [("op default", lambda: sgl_convwin.scatter(*problem))]
-            if layout == "dense":
-                variants.append(("baseline dense flat copy (1024)", lambda: dense_flat_copy(*problem)))
-            for block, warps, walk_source in configs[1:]:
-                if walk_source and layout != "token_major":
-                    continue
-                name = f"{'source-flat' if walk_source else 'dest-flat'} {block}/{warps}w"
-                variants.append((name, op_variant(problem, block, warps, walk_source)))
-            for name, fn in variants:
-                problem[0].zero_()
-                fn()
-                ok = torch.equal(problem[0], want)
-                us = graph_time_us(fn)
-                print(f"| {B} | {layout} | {name} | {us:.2f} | {'yes' if ok else 'NO'} |", flush=True)
-            del problem, want
+    cases = [(D, B, layout) for D in args.drafts for B in args.batches for layout in args.layouts]
+    for D, B, layout in cases:
+        problem = make_problem(36, max(B, 8), 8192, D, 4, B, torch.bfloat16, layout, "cuda")
+        problem[0].zero_()  # every variant starts from a zero state
+        want = problem[0].clone()
+        sgl_convwin.scatter(want, *problem[1:])
+        variants = [("op default", lambda: sgl_convwin.scatter(*problem))]
+        if layout == "dense":
+            variants.append(("baseline dense flat copy (1024)", lambda: dense_flat_copy(*problem)))
+        if layout == "channel_major":
+            variants.append(("baseline channel_major strided (1024)", lambda: channel_major_strided(*problem)))
+        for block, warps, walk_source in configs[1:]:
+            if walk_source and layout != "token_major":
+                continue
+            name = f"{'source-flat' if walk_source else 'dest-flat'} {block}/{warps}w"
+            variants.append((name, op_variant(problem, block, warps, walk_source)))
+        for name, fn in variants:
+            problem[0].zero_()
+            fn()
+            ok = torch.equal(problem[0], want)
+            us = graph_time_us(fn)
+            print(f"| {D} | {B} | {layout} | {name} | {us:.2f} | {'yes' if ok else 'NO'} |", flush=True)
+        del problem, want
     return 0
 
 

@@ -10,6 +10,8 @@
 #   step      verify step (36 layers + commit), chain and topk-3 tree (benchmarks/bench_verify.py)
 #   vtests    the GPU tests of the verify kernels only
 #   fp32      the commit table with float32 caches (bench_scatter.py --dtypes fp32)
+#   profile   Nsight Compute (--clock-control none) on each case of benchmarks/profile_one.py
+#   cmlong    channel_major commit at D = 16: block/warps sweep against the strided baseline
 #   small     the commit kernel at small batches (benchmarks/explore_small_batch.py)
 #   eager     host time per eager call (benchmarks/bench_scatter.py --eager-only)
 set -uo pipefail
@@ -44,6 +46,18 @@ for phase in "$@"; do
               rc=$?; cat "$out/explore_small_batch.log" ;;
     eager)    timeout 200 python3 benchmarks/bench_scatter.py --eager-only > "$out/eager.log" 2>&1
               rc=$?; tail -8 "$out/eager.log" ;;
+    profile)  rc=0
+              for case in verify-chain verify-tree commit-token-major-b8 commit-dense-b8 commit-channel-major-d16; do
+                kernel=$(python3 benchmarks/profile_one.py "$case" --print-kernel)
+                timeout 120 ncu --clock-control none --launch-skip 2 --launch-count 1 -k "regex:$kernel" \
+                  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+                  --section MemoryWorkloadAnalysis python3 benchmarks/profile_one.py "$case" \
+                  > "$out/ncu-$case.log" 2>&1 || rc=1
+                echo "-- $case"; grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|Block Limit" "$out/ncu-$case.log" | head -12
+              done ;;
+    cmlong)   timeout 200 python3 benchmarks/explore_small_batch.py --drafts 8 16 --batches 8 64 256 \
+                --layouts channel_major > "$out/explore_channel_major_long.log" 2>&1
+              rc=$?; cat "$out/explore_channel_major_long.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"

@@ -1,0 +1,74 @@
+"""One kernel case, launched a few times, for a profiler to catch (Nsight Compute on the H200).
+
+    ncu --clock-control none --launch-skip 2 --launch-count 1 -k regex:_verify_rows_kernel \\
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \\
+        python3 benchmarks/profile_one.py verify-chain
+
+`scripts/gpu_checklist.sh OUT profile` runs every case this way. Shapes: Qwen3-Next TP1 (dim 8192,
+K = 4, bf16); the verify cases are one layer at B = 256, the commit cases 36 layers.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import sgl_convwin  # noqa: E402
+from bench_scatter import make_problem  # noqa: E402
+from bench_verify import tree_parents  # noqa: E402
+
+
+def verify_case(num_nodes, topk, batch=256, dim=8192, kernel_size=4):
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    slots = batch
+    buffer = sgl_convwin.alloc_windows(1, slots, dim, num_nodes, kernel_size, device="cuda")
+    state = torch.randn(1, slots, dim, kernel_size - 1, generator=generator, device="cuda").to(torch.bfloat16)
+    x = torch.randn(batch, num_nodes, dim, generator=generator, device="cuda").to(torch.bfloat16)
+    out = torch.empty_like(x)
+    weight = torch.randn(dim, kernel_size, generator=generator, device="cuda").to(torch.bfloat16)
+    bias = torch.randn(dim, generator=generator, device="cuda").to(torch.bfloat16)
+    slots_b = torch.randperm(slots, generator=generator, device="cuda")
+    slots_s = torch.randperm(slots, generator=generator, device="cuda")
+    parents = None if topk is None else torch.tensor([tree_parents(num_nodes, topk)] * batch, device="cuda")
+    return lambda: sgl_convwin.causal_conv1d_verify(
+        out, buffer, state, x, weight, bias, slots_b, slots_s, 0, parents, activation="silu")
+
+
+def commit_case(layout, num_draft, batch):
+    problem = make_problem(36, max(batch, 8), 8192, num_draft, 4, batch, torch.bfloat16, layout, "cuda")
+    return lambda: sgl_convwin.scatter(*problem)
+
+
+CASES = {  # name: (what it runs, the kernel ncu should filter on)
+    "verify-chain": (lambda: verify_case(4, None), "_verify_rows_kernel"),
+    "verify-tree": (lambda: verify_case(8, 3), "_verify_rows_kernel"),
+    "commit-token-major-b8": (lambda: commit_case("token_major", 4, 8), "_scatter_windows_kernel"),
+    "commit-dense-b8": (lambda: commit_case("dense", 4, 8), "_scatter_windows_kernel"),
+    "commit-channel-major-d16": (lambda: commit_case("channel_major", 16, 256), "_scatter_windows_kernel"),
+}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("case", choices=list(CASES))
+    parser.add_argument("--print-kernel", action="store_true", help="print the kernel name to filter on")
+    args = parser.parse_args()
+    build, kernel = CASES[args.case]
+    if args.print_kernel:
+        print(kernel)
+        return 0
+    if not torch.cuda.is_available():
+        print("needs CUDA")
+        return 1
+    run = build()
+    for _ in range(4):
+        run()
+    torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
