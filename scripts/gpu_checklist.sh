@@ -12,6 +12,7 @@
 #   fp32      the commit table with float32 caches (bench_scatter.py --dtypes fp32)
 #   profile   Nsight Compute (--clock-control none) on each case of benchmarks/profile_one.py
 #   cmlong    channel_major commit at D = 16: block/warps sweep against the strided baseline
+#   layers    commit candidates moving several layers per program (benchmarks/explore_layer_tiles.py)
 #   small     the commit kernel at small batches (benchmarks/explore_small_batch.py)
 #   eager     host time per eager call (benchmarks/bench_scatter.py --eager-only)
 set -uo pipefail
@@ -58,6 +59,8 @@ for phase in "$@"; do
     cmlong)   timeout 200 python3 benchmarks/explore_small_batch.py --drafts 8 16 --batches 8 64 256 \
                 --layouts channel_major > "$out/explore_channel_major_long.log" 2>&1
               rc=$?; cat "$out/explore_channel_major_long.log" ;;
+    layers)   timeout 200 python3 benchmarks/explore_layer_tiles.py > "$out/explore_layer_tiles.log" 2>&1
+              rc=$?; tail -40 "$out/explore_layer_tiles.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"
