@@ -141,21 +141,21 @@ def launch_tree_layers(state, rows, dst, src, nodes, parents, *, layers_per_prog
 def problem(layers, slots, dim, num_nodes, K, B, tree, device, seed=0):
     """A commit of B rows: token_major windows (chain) or rows + parents (tree), dim-major state;
     destinations distinct, one row padded (-1) and one out of range when B >= 4."""
-    g = torch.Generator().manual_seed(seed)
-    buffer = torch.randn(sgl_convwin.physical_shape("token_major", layers, slots, dim, num_nodes, K), generator=g)
-    state = torch.randn(layers, slots + 1, dim, K - 1, generator=g)
-    dst = torch.randperm(slots + 1, generator=g)[:B]
-    src = torch.randint(0, slots, (B,), generator=g)
-    picks = torch.randint(0, num_nodes, (B,), generator=g)
+    g = torch.Generator(device=device).manual_seed(seed)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    shape = sgl_convwin.physical_shape("token_major", layers, slots, dim, num_nodes, K)
+    buffer = torch.randn(shape, generator=g, device=device).to(dtype)
+    state = torch.randn(layers, slots + 1, dim, K - 1, generator=g, device=device).to(dtype)
+    dst = torch.randperm(slots + 1, generator=g, device=device)[:B]
+    src = torch.randint(0, slots, (B,), generator=g, device=device)
+    picks = torch.randint(0, num_nodes, (B,), generator=g, device=device)
     if B >= 4:
         picks[1], src[2] = -1, slots + 5
-    to = (lambda t: t.to(device).to(torch.bfloat16)) if device == "cuda" else (lambda t: t)
-    idx = (lambda t: t.to(device))
     if not tree:
-        return to(state), sgl_convwin.window_view(to(buffer), "token_major", num_nodes, K), idx(dst), idx(src), idx(picks)
+        return state, sgl_convwin.window_view(buffer, "token_major", num_nodes, K), dst, src, picks
     topk = 3
-    parents = torch.tensor([[-1 if n < topk else (n - topk) // topk for n in range(num_nodes)]] * B)
-    return to(state), to(buffer), idx(dst), idx(src), idx(picks), idx(parents)
+    parents = torch.tensor([[-1 if n < topk else (n - topk) // topk for n in range(num_nodes)]] * B, device=device)
+    return state, buffer, dst, src, picks, parents
 
 
 def check() -> bool:
