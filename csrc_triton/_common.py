@@ -12,6 +12,26 @@ GATHER_BLOCK = 4096  # elements per program when the source is gathered through 
 DEFAULT_WARPS = 4
 
 
+MISSING = object()
+
+
+class LaunchPlans(dict):
+    """Launch plans (grid, scalar arguments, constexprs) keyed by a call's shape/stride signature.
+
+    Engines repeat the same call shapes step after step, and computing a plan costs more host time
+    than building its key (docs/benchmarks.md, "Eager overhead"). Use ``plans.get(key, MISSING)``
+    (dict's own, the fast path), and ``plans.add(key, plan)`` on a miss. A plan must depend on
+    nothing but its key; an error raised while planning is not stored. Bounded: cleared when full."""
+
+    max_size = 4096
+
+    def add(self, key: tuple, plan):
+        if len(self) >= self.max_size:
+            self.clear()
+        self[key] = plan
+        return plan
+
+
 def next_power_of_2(n: int) -> int:
     # triton.next_power_of_2 and triton.cdiv cost microseconds per call (Triton 3.9); these do not.
     return 1 << (n - 1).bit_length()

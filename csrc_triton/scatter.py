@@ -25,6 +25,8 @@ from ._common import (
     COPY_BLOCK,
     DEFAULT_WARPS,
     GATHER_BLOCK,
+    MISSING,
+    LaunchPlans,
     cdiv,
     check_grid,
     contiguous_order,
@@ -94,12 +96,6 @@ def _scatter_windows_kernel(
         tl.store(state + dst_offsets, values.to(state_ptr.dtype.element_ty), mask=mask)
 
 
-# Launch arguments depend only on shapes and strides, which an engine passes the same call after
-# call: computing them costs more host time than the lookup (docs/benchmarks.md, "Eager overhead").
-_LAUNCH_CACHE: dict[tuple, tuple | None] = {}
-_LAUNCH_CACHE_SIZE = 4096
-
-
 def scatter_launch_args(
     state: torch.Tensor,
     windows: torch.Tensor,
@@ -116,11 +112,9 @@ def scatter_launch_args(
         state.shape, state.stride(), windows.shape, windows.stride(), steps.shape[0],
         dst_slots.stride(0), src_slots.stride(0), steps.stride(0), block, num_warps,
     )
-    plan = _LAUNCH_CACHE.get(key)
-    if plan is None and key not in _LAUNCH_CACHE:
-        if len(_LAUNCH_CACHE) >= _LAUNCH_CACHE_SIZE:
-            _LAUNCH_CACHE.clear()
-        plan = _LAUNCH_CACHE[key] = _plan_scatter(state, windows, steps.shape[0], key[5:8], block, num_warps)
+    plan = _PLANS.get(key, MISSING)
+    if plan is MISSING:
+        plan = _PLANS.add(key, _plan_scatter(state, windows, steps.shape[0], key[5:8], block, num_warps))
     if plan is None:
         return None
     grid, scalars, kwargs = plan
@@ -161,6 +155,9 @@ def _plan_scatter(state, windows, num_rows, index_strides, block, num_warps):
         num_warps=num_warps,
     )
     return (num_rows * num_blocks, num_layers), scalars, kwargs
+
+
+_PLANS = LaunchPlans()
 
 
 def launch_scatter(

@@ -25,6 +25,8 @@ from ._common import (
     DEFAULT_WARPS,
     GATHER_BLOCK,
     INT32_MAX,
+    MISSING,
+    LaunchPlans,
     cdiv,
     check_grid,
     contiguous_order,
@@ -124,11 +126,25 @@ def launch_scatter_tree(
     rows: [L, M, N+K-2, dim], any strides. dst_slots, src_slots, nodes: [B]; parents: [B, N];
     int32 or int64, any strides.
     """
+    key = (
+        state.shape, state.stride(), rows.shape, rows.stride(), nodes.shape[0], parents.shape[1],
+        dst_slots.stride(0), src_slots.stride(0), nodes.stride(0), parents.stride(), block, num_warps,
+    )
+    plan = _PLANS.get(key, MISSING)
+    if plan is MISSING:
+        plan = _PLANS.add(key, _plan_scatter_tree(state, rows, nodes.shape[0], parents.shape[1], key[6:10],
+                                                  block, num_warps))
+    if plan is not None:
+        grid, scalars, kwargs = plan
+        _scatter_tree_kernel[grid](state, rows, dst_slots, src_slots, nodes, parents, *scalars, **kwargs)
+
+
+def _plan_scatter_tree(state, rows, num_rows, num_nodes, index_strides, block, num_warps):
+    """(grid, scalar arguments, constexpr kwargs) for these shapes and strides, or None."""
     num_layers, num_state_slots, dim, width = state.shape
-    num_rows = nodes.shape[0]
     window_numel = dim * width
     if num_rows == 0 or window_numel == 0 or num_layers == 0 or rows.shape[1] == 0:
-        return
+        return None
     state_strides = state.stride()
     dst_order = contiguous_order(state_strides[2], state_strides[3], dim, width)
     order = dst_order or "dim_major"
@@ -142,27 +158,25 @@ def launch_scatter_tree(
     )
     if slot_span > INT32_MAX:
         raise ValueError(f"convwin.scatter_tree: one slot spans {slot_span + 1} elements; at most 2**31 are supported")
-    _scatter_tree_kernel[(num_rows * num_blocks, num_layers)](
-        state,
-        rows,
-        dst_slots,
-        src_slots,
-        nodes,
-        parents,
+    scalars = (
         num_state_slots,
         rows.shape[1],
-        parents.shape[1],
+        num_nodes,
         dim,
         num_blocks,
         *state_strides,
         *rows_strides,
-        dst_slots.stride(0),
-        src_slots.stride(0),
-        nodes.stride(0),
-        *parents.stride(),
+        *index_strides[:3],
+        *index_strides[3],
+    )
+    kwargs = dict(
         WIDTH=width,
         BLOCK=block,
         WINDOW_MAJOR_ORDER=order == "window_major",
         DST_CONTIGUOUS=dst_order == order,
         num_warps=num_warps,
     )
+    return (num_rows * num_blocks, num_layers), scalars, kwargs
+
+
+_PLANS = LaunchPlans()

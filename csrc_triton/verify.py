@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INT32_MAX, MAX_GRID_Y, cdiv, next_power_of_2
+from ._common import INT32_MAX, MAX_GRID_Y, MISSING, LaunchPlans, cdiv, next_power_of_2
 
 ROWS_WARPS = 1  # the rows kernel's channels per program depend on the node count: _rows_block
 DENSE_BLOCK = 256  # channels per program of the dense kernel
@@ -282,9 +282,43 @@ def _launch(
     out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
     *, dense, silu, block, num_warps,
 ) -> None:
+    has_conv = out is not None
+    key = (
+        dense, silu, block, num_warps, dest.shape, dest.stride(), state.shape, state.stride(),
+        x.shape, x.stride(), out.stride() if has_conv else None, weight.stride() if has_conv else None,
+        None if bias is None else bias.stride(), buffer_slots.stride(0), state_slots.stride(0),
+        None if parents is None else parents.stride(),
+    )
+    plan = _PLANS.get(key, MISSING)
+    if plan is MISSING:
+        plan = _PLANS.add(key, _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
+                                     dense, silu, block, num_warps))
+    if plan is None:
+        return
+    kernel, grid, scalars, flags = plan
+    kernel[grid](
+        dest,
+        state,
+        x,
+        out if has_conv else x,  # placeholders are never read
+        weight if has_conv else x,
+        bias if bias is not None else x,
+        buffer_slots,
+        state_slots,
+        parents if parents is not None else buffer_slots,
+        layer * dest.stride(0),
+        layer * state.stride(0),
+        *scalars,
+        **flags,
+    )
+
+
+def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents, dense, silu, block, num_warps):
+    """(kernel, grid, scalar arguments after the layer offsets, constexprs), or None if there is
+    nothing to do; raises for what the kernels cannot address. Depends only on _launch's key."""
     num_rows, num_nodes, dim = x.shape
     if num_rows == 0 or dim == 0 or dest.shape[1] == 0 or state.shape[1] == 0:
-        return
+        return None
     if num_rows > INT32_MAX:
         raise ValueError(f"convwin verify: {num_rows} requests is too large a grid")
     has_conv = out is not None
@@ -298,18 +332,7 @@ def _launch(
     grid = (num_rows, cdiv(dim, block))
     if grid[1] > MAX_GRID_Y:
         raise ValueError(f"convwin verify: dim {dim} needs {grid[1]} channel blocks; at most {MAX_GRID_Y}")
-    args = (
-        dest,
-        state,
-        x,
-        out if has_conv else x,  # placeholders are never read
-        weight if has_conv else x,
-        bias if bias is not None else x,
-        buffer_slots,
-        state_slots,
-        parents if has_parents else buffer_slots,
-        layer * dest.stride(0),
-        layer * state.stride(0),
+    scalars = (
         dest.shape[1],
         state.shape[1],
         num_nodes,
@@ -334,10 +357,9 @@ def _launch(
         num_warps=num_warps,
     )
     if dense:
-        _verify_dense_kernel[grid](*args, **flags)
-    else:
-        _check_rows_spans(dest, state, x, out, weight, bias, parents)
-        _verify_rows_kernel[grid](*args, NODES=nodes, **flags)
+        return _verify_dense_kernel, grid, scalars, flags
+    _check_rows_spans(dest, state, x, out, weight, bias, parents)
+    return _verify_rows_kernel, grid, scalars, dict(flags, NODES=nodes)
 
 
 def _span(tensor: torch.Tensor | None, start_dim: int) -> int:
@@ -367,6 +389,9 @@ def _check_rows_spans(rows, state, x, out, weight, bias, parents) -> None:
     for name, span in spans.items():
         if span > INT32_MAX:
             raise ValueError(f"convwin verify: {name} spans {span + 1} elements; at most 2**31 are supported")
+
+
+_PLANS = LaunchPlans()
 
 
 def launch_capture(

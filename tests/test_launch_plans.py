@@ -1,0 +1,75 @@
+"""The launchers' plan caches (csrc_triton/_common.LaunchPlans): a plan is reused only for the same
+shapes and strides, so calls that differ only in strides, layer or index values each get their own
+launch arguments and the right result."""
+
+import pytest
+import torch
+
+import sgl_convwin
+from sgl_convwin import reference
+from support import IMPLS, chain_parents, impl_params
+
+L, M, DIM, D, K = 2, 4, 12, 4, 4
+
+
+@pytest.fixture()
+def kernels():
+    pytest.importorskip("triton")
+    from sgl_convwin._kernels import triton_kernels
+
+    return triton_kernels()
+
+
+def test_plans_are_bounded_and_keep_empty_plans(kernels):
+    plans = kernels._common.LaunchPlans()
+    plans.max_size = 2
+    missing = kernels._common.MISSING
+    assert plans.get(("a",), missing) is missing
+    assert plans.add(("a",), None) is None and plans.get(("a",), missing) is None  # "nothing to do" is a plan
+    plans.add(("b",), 1)
+    plans.add(("c",), 2)  # full: cleared first
+    assert plans.get(("a",), missing) is missing and plans.get(("c",), missing) == 2
+
+
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+def test_same_shapes_other_strides_each_get_their_own_plan(impl):
+    """One logical window shape, three physical layouts (three stride patterns), then both state
+    layouts: every call right, in an order that would expose a plan reused across strides."""
+    generator = torch.Generator().manual_seed(5)
+    dst, src, steps = (torch.tensor(v, device=impl.device) for v in ([2, 0, 3], [1, 3, 0], [3, 0, 2]))
+    for state_layout in ("dim_major", "window_major", "dim_major"):
+        for layout in ("dense", "channel_major", "token_major", "dense"):
+            buffer = torch.randn(sgl_convwin.physical_shape(layout, L, M, DIM, D, K), generator=generator)
+            windows = sgl_convwin.window_view(buffer.to(impl.device), layout, D, K)
+            shape = (L, 5, DIM, K - 1) if state_layout == "dim_major" else (L, 5, K - 1, DIM)
+            conv_state = torch.randn(shape, generator=generator).to(impl.device)
+            want = reference.scatter_reference(conv_state, windows, dst, src, steps, state_layout)
+            impl.scatter(conv_state, windows, dst, src, steps, state_layout=state_layout)
+            assert torch.equal(conv_state.cpu(), want), (layout, state_layout)
+
+
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+def test_verify_plans_follow_layer_and_strides(impl):
+    """The verify launcher's plan leaves out the layer (its offset is computed per call): every
+    layer of a buffer, then the same call on a transposed (channel_major) buffer and on x with
+    other strides, each equal to the CPU implementation."""
+    generator = torch.Generator().manual_seed(6)
+    conv_state = torch.randn(L, 5, DIM, K - 1, generator=generator)
+    weight = torch.randn(DIM, K, generator=generator)
+    slots = torch.tensor([3, 1])
+    x_plain = torch.randn(2, D, DIM, generator=generator)
+    x_strided = torch.randn(2, DIM, D, generator=generator).transpose(1, 2).copy_(x_plain)
+    for layout in ("token_major", "channel_major"):
+        for x in (x_plain, x_strided):
+            for layer in range(L):
+                results = []
+                for run in (IMPLS["cpu"], impl):
+                    buffer = torch.zeros(sgl_convwin.physical_shape(layout, L, M, DIM, D, K), device=run.device)
+                    out = torch.zeros(2, D, DIM, device=run.device)
+                    run.causal_conv1d_verify(
+                        out, buffer, conv_state.to(run.device), x.to(run.device), weight.to(run.device), None,
+                        slots.to(run.device), slots.to(run.device), layer, torch.tensor([chain_parents(D)] * 2, device=run.device),
+                        layout=layout)
+                    results.append((buffer.cpu(), out.cpu()))
+                assert torch.equal(results[0][0], results[1][0]), (layout, layer)
+                torch.testing.assert_close(results[1][1], results[0][1], rtol=2e-5, atol=2e-5)
