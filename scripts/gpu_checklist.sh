@@ -4,7 +4,7 @@
 # Usage (from the repo root, on the device): bash scripts/gpu_checklist.sh OUT_DIR PHASE [PHASE ...]
 #   tests     every GPU test (pytest -m gpu), incl. the 10,000-replay and reduce-overhead tests
 #   sanitize  compute-sanitizer memcheck + racecheck (scripts/gpu_sanitize.sh)
-#   verify    the verify-kernel sweep and the tiles candidate (benchmarks/explore_verify_kernel.py)
+#   verify    block/warps sweep of both verify kernels (benchmarks/explore_verify_kernel.py)
 #   scaling   commit time vs B and vs D, JSON + PNGs (bench_scatter.py, plot_scaling.py)
 #   demo      python -m sgl_convwin demo --device cuda
 #   step      verify step (36 layers + commit), chain and topk-3 tree (benchmarks/bench_verify.py)

@@ -218,6 +218,21 @@ def check_scatter_args(
     return ScatterSizes(num_layers, num_state_slots, dim, width, num_src_slots, num_draft, num_rows)
 
 
+def _check_parents(op: str, parents, device, num_rows: int, num_nodes: int, shape_hint: str) -> None:
+    """parents: a [B, N] int32/int64 tensor on the cache's device (shape_hint says where B, N come from)."""
+    if not isinstance(parents, torch.Tensor):
+        check_tensor(f"{op}: parents", parents)
+    if parents.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{op}: parents must be int32 or int64, got {parents.dtype}")
+    if parents.device != device:
+        raise ValueError(f"{op}: parents is on {parents.device} but conv_state is on {device}")
+    if parents.dim() != 2 or parents.shape[0] != num_rows or parents.shape[1] != num_nodes:
+        raise ValueError(
+            f"{op}: parents must be [B, N] = [{num_rows}, {num_nodes}] ({shape_hint}), "
+            f"got shape {tuple(parents.shape)}"
+        )
+
+
 def _state_sizes(op: str, conv_state: torch.Tensor, state_layout: str) -> tuple[int, int, int, int, str]:
     """Check conv_state's layout name, rank, dtype and window width; return (L, N_state, dim,
     K-1, how it was read)."""
@@ -293,15 +308,7 @@ def check_scatter_tree_args(
         )
     check_writable(op, "conv_state", conv_state)
     num_rows = check_index_tensors(op, device, _SCATTER_TREE_INDICES, dst_slots, src_slots, nodes)
-    if parents.dtype not in INDEX_DTYPES:
-        raise TypeError(f"{op}: parents must be int32 or int64, got {parents.dtype}")
-    if parents.device != device:
-        raise ValueError(f"{op}: parents is on {parents.device} but conv_state is on {device}")
-    if parents.dim() != 2 or parents.shape[0] != num_rows or parents.shape[1] != num_nodes:
-        raise ValueError(
-            f"{op}: parents must be [B, N] = [{num_rows}, {num_nodes}] (B rows, N = rows axis 2 "
-            f"minus K-2 history rows), got shape {tuple(parents.shape)}"
-        )
+    _check_parents(op, parents, device, num_rows, num_nodes, "B rows, N = rows axis 2 minus K-2 history rows")
     return ScatterTreeSizes(num_layers, num_state_slots, dim, width, num_src_slots, num_nodes, num_rows)
 
 
@@ -470,17 +477,7 @@ def check_capture_args(
             f"{num_rows} (axis 0); there is one slot pair per request"
         )
     if parents is not None:
-        if not isinstance(parents, torch.Tensor):
-            check_tensor(f"{op}: parents", parents)
-        if parents.dtype not in INDEX_DTYPES:
-            raise TypeError(f"{op}: parents must be int32 or int64, got {parents.dtype}")
-        if parents.device != device:
-            raise ValueError(f"{op}: parents is on {parents.device} but conv_state is on {device}")
-        if parents.dim() != 2 or parents.shape[0] != num_rows or parents.shape[1] != num_nodes:
-            raise ValueError(
-                f"{op}: parents must be [B, N] = [{num_rows}, {num_nodes}] (x is [B, N, dim]), "
-                f"got shape {tuple(parents.shape)}"
-            )
+        _check_parents(op, parents, device, num_rows, num_nodes, "x is [B, N, dim]")
     return CaptureSizes(num_layers, num_state_slots, dim, width, buffer.shape[1], num_nodes, num_rows)
 
 
