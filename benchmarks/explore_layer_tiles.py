@@ -47,7 +47,7 @@ def _chain_layers_kernel(
     pid = tl.program_id(0)
     row = pid // num_blocks
     block = pid % num_blocks
-    layer = tl.program_id(1) * LAYERS + tl.arange(0, LAYERS)
+    layer = (tl.program_id(1) * LAYERS + tl.arange(0, LAYERS)).to(tl.int64)
     step, dst, src, active = row_indices(row, steps_ptr, 1, num_draft, dst_ptr, 1, num_state_slots,
                                          src_ptr, 1, num_src_slots)
     if active:
@@ -55,7 +55,6 @@ def _chain_layers_kernel(
         src_offsets = flat if SRC_CONTIGUOUS else chan * wsd + col * wsw
         dst_offsets = flat if DST_CONTIGUOUS else chan * ssd + col * ssw
         tile_mask = (layer < num_layers)[:, None] & mask[None, :]
-        layer = layer.to(tl.int64)
         source = windows_ptr + src * wss + step * wst + (layer * wsl)[:, None]
         values = tl.load(source + src_offsets[None, :], mask=tile_mask)
         dest = state_ptr + dst * sss + (layer * ssl)[:, None]
@@ -74,7 +73,7 @@ def _tree_layers_kernel(
     pid = tl.program_id(0)
     row = pid // num_blocks
     block = pid % num_blocks
-    layer = tl.program_id(1) * LAYERS + tl.arange(0, LAYERS)
+    layer = (tl.program_id(1) * LAYERS + tl.arange(0, LAYERS)).to(tl.int64)
     node, dst, src, active = row_indices(row, nodes_ptr, 1, num_nodes, dst_ptr, 1, num_state_slots,
                                          src_ptr, 1, num_src_slots)
     if active:
@@ -94,7 +93,6 @@ def _tree_layers_kernel(
             src_offsets = row_offset + chan * rsd
             dst_offsets = flat if DST_CONTIGUOUS else chan * ssd + col * ssw
             tile_mask = (layer < num_layers)[:, None] & mask[None, :]
-            layer = layer.to(tl.int64)
             values = tl.load(rows_ptr + src * rss + (layer * rsl)[:, None] + src_offsets[None, :], mask=tile_mask)
             dest = state_ptr + dst * sss + (layer * ssl)[:, None]
             tl.store(dest + dst_offsets[None, :], values.to(state_ptr.dtype.element_ty), mask=tile_mask)

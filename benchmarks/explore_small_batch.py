@@ -2,8 +2,10 @@
 First written for small batches, where a launch is latency, not bandwidth (issue 4 asks token_major
 for <= 2.5 us at B = 1 and <= 7 us at B = 8, Qwen3-Next TP1, D = 4, bf16); also sweeps long drafts,
 where channel_major windows are gathered from rows of D+K-2 elements per channel. Tries block
-sizes and warps, and walking the SOURCE window flat (contiguous, vectorised loads; stores scattered
-with stride K-1) instead of the destination.
+sizes and warps, int64 against int32 per-element offsets, vectorised against
+strided stores, and walking the SOURCE window flat (contiguous, vectorised loads; stores
+scattered with stride K-1) instead of the destination. (Earlier sweeps also had 512/1w, 512/2w,
+1024/2w, 2048/4w, 8192/8w and a rows-fastest grid order: none won; see docs/benchmarks.md.)
 
     python benchmarks/explore_small_batch.py                                     (CUDA; B 1 8 64, D 4)
     python benchmarks/explore_small_batch.py --drafts 16 --batches 64 256 --layouts channel_major
@@ -24,10 +26,12 @@ from bench_scatter import channel_major_strided, dense_flat_copy, graph_time_us,
 from sgl_convwin._kernels import triton_kernels  # noqa: E402
 
 
-def op_variant(problem, block, warps, walk_source):
-    """The package's kernel with its launch arguments changed: block, warps, walk order."""
+def op_variant(problem, block=None, warps=4, walk_source=False, **launch):
+    """The package's kernel with its launch arguments changed: block, warps, walk order, and the
+    launcher's own choices (wide_offsets, flat_stores)."""
     kernels = triton_kernels().scatter
-    grid, args, kwargs = kernels.scatter_launch_args(*problem, block=block, num_warps=warps)
+    grid, args, kwargs = kernels.scatter_launch_args(*problem, block=block, num_warps=warps, **launch)
+    kwargs = dict(kwargs)  # the launcher's cached plan: never mutate it
     if walk_source:  # walk [K-1, dim] (the token_major source's own order), scatter the stores
         kwargs.update(WINDOW_MAJOR_ORDER=True, DST_CONTIGUOUS=False, SRC_CONTIGUOUS=True)
 
@@ -50,24 +54,24 @@ def main():
     print("commit, Qwen3-Next TP1 (36 layers, dim 8192), K=4, bf16, graph replay us/launch")
     print("| D | B | windows | variant | us | equal to oracle |")
     print("|---|---|---|---|---|---|")
-    configs = [(None, 4, False)] + [(b, w, s) for s in (False, True) for b, w in
-                                    ((512, 1), (512, 2), (1024, 2), (1024, 4), (2048, 4), (4096, 4), (4096, 8), (8192, 8))]
     cases = [(D, B, layout) for D in args.drafts for B in args.batches for layout in args.layouts]
     for D, B, layout in cases:
         problem = make_problem(36, max(B, 8), 8192, D, 4, B, torch.bfloat16, layout, "cuda")
         problem[0].zero_()  # every variant starts from a zero state
         want = problem[0].clone()
         sgl_convwin.scatter(want, *problem[1:])
-        variants = [("op default", lambda: sgl_convwin.scatter(*problem))]
+        variants = [("op default", lambda: sgl_convwin.scatter(*problem)),
+                    ("op default, int64 offsets", op_variant(problem, wide_offsets=True))]
+        for block, warps in ((1024, 4), (4096, 4), (4096, 8)):
+            for flat in (True, False):
+                variants.append((f"{'flat' if flat else 'strided'} stores {block}/{warps}w",
+                                 op_variant(problem, block, warps, flat_stores=flat)))
         if layout == "dense":
             variants.append(("baseline dense flat copy (1024)", lambda: dense_flat_copy(*problem)))
         if layout == "channel_major":
             variants.append(("baseline channel_major strided (1024)", lambda: channel_major_strided(*problem)))
-        for block, warps, walk_source in configs[1:]:
-            if walk_source and layout != "token_major":
-                continue
-            name = f"{'source-flat' if walk_source else 'dest-flat'} {block}/{warps}w"
-            variants.append((name, op_variant(problem, block, warps, walk_source)))
+        if layout == "token_major":
+            variants.append(("source-flat 1024/4w", op_variant(problem, 1024, 4, walk_source=True)))
         for name, fn in variants:
             problem[0].zero_()
             fn()

@@ -25,7 +25,9 @@ from ._common import (
     COPY_BLOCK,
     DEFAULT_WARPS,
     GATHER_BLOCK,
+    INT32_MAX,
     MISSING,
+    STRIDED_GATHER_BYTES,
     LaunchPlans,
     cdiv,
     check_grid,
@@ -63,8 +65,9 @@ def _scatter_windows_kernel(
     WIDTH: tl.constexpr,
     BLOCK: tl.constexpr,
     WINDOW_MAJOR_ORDER: tl.constexpr,  # walk the window as [K-1, dim] (else [dim, K-1])
-    DST_CONTIGUOUS: tl.constexpr,  # the destination window is one block in that order
+    DST_CONTIGUOUS: tl.constexpr,  # the destination is one block in that order, addressed flat
     SRC_CONTIGUOUS: tl.constexpr,  # so is the source window
+    WIDE_OFFSETS: tl.constexpr,  # per-element offsets in int64 (a window spans >= 2**31 elements)
 ):
     pid = tl.program_id(0)
     row = pid // num_blocks
@@ -76,15 +79,19 @@ def _scatter_windows_kernel(
         src_slots_ptr, src_slots_stride, num_src_slots,
     )
     if active:
+        # Per-element offsets are int32 unless one slot spans >= 2**31 elements (the launcher
+        # decides); the int64 bases are scalars. Measured on the H200 (docs/benchmarks.md).
         flat, mask, chan, col = window_block(block, dim, WIDTH, BLOCK, WINDOW_MAJOR_ORDER)
+        if WIDE_OFFSETS:
+            flat, chan, col = flat.to(tl.int64), chan.to(tl.int64), col.to(tl.int64)
         if SRC_CONTIGUOUS:
-            src_offsets = flat.to(tl.int64)
+            src_offsets = flat
         else:
-            src_offsets = chan.to(tl.int64) * windows_stride_dim + col.to(tl.int64) * windows_stride_win
+            src_offsets = chan * windows_stride_dim + col * windows_stride_win
         if DST_CONTIGUOUS:
-            dst_offsets = flat.to(tl.int64)
+            dst_offsets = flat
         else:
-            dst_offsets = chan.to(tl.int64) * state_stride_dim + col.to(tl.int64) * state_stride_win
+            dst_offsets = chan * state_stride_dim + col * state_stride_win
         window = (
             windows_ptr
             + layer * windows_stride_layer
@@ -105,23 +112,28 @@ def scatter_launch_args(
     *,
     block: int | None = None,
     num_warps: int = DEFAULT_WARPS,
+    wide_offsets: bool | None = None,
+    flat_stores: bool | None = None,
 ) -> tuple[tuple[int, int], tuple, dict] | None:
     """(grid, args, kwargs) of the kernel launch for launch_scatter, or None if there is nothing
-    to do. Split out so benchmarks can time the bare Triton launch of exactly the same call."""
+    to do. Split out so benchmarks can time the bare Triton launch of exactly the same call. The
+    kwargs dict is the cached plan's own: copy it before changing it."""
+    index_strides = (dst_slots.stride(0), src_slots.stride(0), steps.stride(0))
     key = (
-        state.shape, state.stride(), windows.shape, windows.stride(), steps.shape[0],
-        dst_slots.stride(0), src_slots.stride(0), steps.stride(0), block, num_warps,
+        state.shape, state.stride(), windows.shape, windows.stride(), windows.dtype, steps.shape[0],
+        index_strides, block, num_warps, wide_offsets, flat_stores,
     )
     plan = _PLANS.get(key, MISSING)
     if plan is MISSING:
-        plan = _PLANS.add(key, _plan_scatter(state, windows, steps.shape[0], key[5:8], block, num_warps))
+        plan = _PLANS.add(key, _plan_scatter(state, windows, steps.shape[0], index_strides, block, num_warps,
+                                             wide_offsets, flat_stores))
     if plan is None:
         return None
     grid, scalars, kwargs = plan
     return grid, (state, windows, dst_slots, src_slots, steps, *scalars), kwargs
 
 
-def _plan_scatter(state, windows, num_rows, index_strides, block, num_warps):
+def _plan_scatter(state, windows, num_rows, index_strides, block, num_warps, wide_offsets, flat_stores):
     """(grid, scalar arguments, constexpr kwargs) for these shapes and strides, or None."""
     num_layers, num_state_slots, dim, width = state.shape
     window_numel = dim * width
@@ -136,6 +148,20 @@ def _plan_scatter(state, windows, num_rows, index_strides, block, num_warps):
     block = min(block, next_power_of_2(window_numel))
     num_blocks = cdiv(window_numel, block)
     check_grid("convwin.scatter", num_layers, num_rows, num_blocks, window_numel)
+    if wide_offsets is None:  # int32 per-element offsets whenever one window's span fits
+        wide_offsets = max(
+            (dim - 1) * state_strides[2] + (width - 1) * state_strides[3],
+            (dim - 1) * window_strides[3] + (width - 1) * window_strides[4],
+        ) > INT32_MAX
+    dst_flat = dst_order == order
+    if flat_stores is None and dst_flat and src_order != order:
+        # Gathering from channel rows a sector or more apart (channel_major windows of long
+        # drafts): address the destination through its strides too, so loads and stores share
+        # one register layout (a warp's load then touches a few sectors, not one per channel).
+        source_channel_bytes = window_strides[3] * windows.element_size()
+        flat_stores = source_channel_bytes < STRIDED_GATHER_BYTES
+    if flat_stores is False:
+        dst_flat = False
     scalars = (
         num_state_slots,
         windows.shape[1],
@@ -150,8 +176,9 @@ def _plan_scatter(state, windows, num_rows, index_strides, block, num_warps):
         WIDTH=width,
         BLOCK=block,
         WINDOW_MAJOR_ORDER=order == "window_major",
-        DST_CONTIGUOUS=dst_order == order,
+        DST_CONTIGUOUS=dst_flat,
         SRC_CONTIGUOUS=src_order == order,
+        WIDE_OFFSETS=wide_offsets,
         num_warps=num_warps,
     )
     return (num_rows * num_blocks, num_layers), scalars, kwargs
@@ -169,15 +196,22 @@ def launch_scatter(
     *,
     block: int | None = None,
     num_warps: int = DEFAULT_WARPS,
+    wide_offsets: bool | None = None,
+    flat_stores: bool | None = None,
 ) -> None:
     """``state[:, dst_slots[b]] = windows[:, src_slots[b], steps[b]]`` for every active row b.
 
     state: [L, N, dim, K-1], any strides (a window-major state is passed transposed).
     windows: [L, M, D, dim, K-1], any strides. Indices: [B], int32 or int64, any stride.
     block, num_warps: elements per program and warps per program (tuning only).
+    wide_offsets: int64 per-element offsets (default: only when a window spans >= 2**31 elements).
+    flat_stores: address a contiguous destination flat, with vectorised stores (default: unless
+    the source is gathered from channels STRIDED_GATHER_BYTES or more apart). Both are measured
+    choices; forcing them is for tests and benchmarks.
     """
     launch = scatter_launch_args(
-        state, windows, dst_slots, src_slots, steps, block=block, num_warps=num_warps
+        state, windows, dst_slots, src_slots, steps, block=block, num_warps=num_warps,
+        wide_offsets=wide_offsets, flat_stores=flat_stores,
     )
     if launch is not None:
         grid, args, kwargs = launch

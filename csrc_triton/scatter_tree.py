@@ -126,13 +126,14 @@ def launch_scatter_tree(
     rows: [L, M, N+K-2, dim], any strides. dst_slots, src_slots, nodes: [B]; parents: [B, N];
     int32 or int64, any strides.
     """
+    index_strides = (dst_slots.stride(0), src_slots.stride(0), nodes.stride(0), parents.stride())
     key = (
         state.shape, state.stride(), rows.shape, rows.stride(), nodes.shape[0], parents.shape[1],
-        dst_slots.stride(0), src_slots.stride(0), nodes.stride(0), parents.stride(), block, num_warps,
+        index_strides, block, num_warps,
     )
     plan = _PLANS.get(key, MISSING)
     if plan is MISSING:
-        plan = _PLANS.add(key, _plan_scatter_tree(state, rows, nodes.shape[0], parents.shape[1], key[6:10],
+        plan = _PLANS.add(key, _plan_scatter_tree(state, rows, nodes.shape[0], parents.shape[1], index_strides,
                                                   block, num_warps))
     if plan is not None:
         grid, scalars, kwargs = plan

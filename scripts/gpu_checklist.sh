@@ -11,7 +11,7 @@
 #   vtests    the GPU tests of the verify kernels only
 #   fp32      the commit table with float32 caches (bench_scatter.py --dtypes fp32)
 #   profile   Nsight Compute (--clock-control none) on each case of benchmarks/profile_one.py
-#   cmlong    channel_major commit at D = 16: block/warps sweep against the strided baseline
+#   cmlong    channel_major commit at D = 8, 16: block/warps/offsets sweep against the strided baseline
 #   layers    commit candidates moving several layers per program (benchmarks/explore_layer_tiles.py)
 #   small     the commit kernel at small batches (benchmarks/explore_small_batch.py)
 #   eager     host time per eager call (benchmarks/bench_scatter.py --eager-only)
@@ -43,7 +43,7 @@ for phase in "$@"; do
               python3 benchmarks/plot_scaling.py "$out/scaling.json" --out "$out" && tail -5 "$out/bench_scaling.log" ;;
     demo)     timeout 200 python3 -m sgl_convwin demo --device cuda --no-progress > "$out/demo_cuda.log" 2>&1
               rc=$?; cat "$out/demo_cuda.log" ;;
-    small)    timeout 300 python3 benchmarks/explore_small_batch.py > "$out/explore_small_batch.log" 2>&1
+    small)    timeout 200 python3 benchmarks/explore_small_batch.py --batches 1 8 --layouts token_major dense > "$out/explore_small_batch.log" 2>&1
               rc=$?; cat "$out/explore_small_batch.log" ;;
     eager)    timeout 200 python3 benchmarks/bench_scatter.py --eager-only > "$out/eager.log" 2>&1
               rc=$?; tail -8 "$out/eager.log" ;;
@@ -56,7 +56,7 @@ for phase in "$@"; do
                   > "$out/ncu-$case.log" 2>&1 || rc=1
                 echo "-- $case"; grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|Block Limit" "$out/ncu-$case.log" | head -12
               done ;;
-    cmlong)   timeout 200 python3 benchmarks/explore_small_batch.py --drafts 8 16 --batches 8 64 256 \
+    cmlong)   timeout 240 python3 benchmarks/explore_small_batch.py --drafts 8 16 --batches 1 8 64 256 \
                 --layouts channel_major > "$out/explore_channel_major_long.log" 2>&1
               rc=$?; cat "$out/explore_channel_major_long.log" ;;
     layers)   timeout 200 python3 benchmarks/explore_layer_tiles.py > "$out/explore_layer_tiles.log" 2>&1

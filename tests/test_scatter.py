@@ -6,13 +6,16 @@ casts, every step (partial acceptance), window-major states, storage offsets, pe
 and B = 0.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 import sgl_convwin
-from sgl_convwin import reference
+from sgl_convwin import ops, reference
+from sgl_convwin._kernels import triton_kernels
 from support import (
     CACHE_DTYPES,
     exact_cast,
@@ -217,6 +220,40 @@ def test_windows_span_several_blocks(impl, layout, state_layout):
     src = torch.tensor([1, 2, 0], device=impl.device)
     steps = torch.tensor([2, 0, 1], device=impl.device)
     check_scatter(impl, conv_state, windows, dst, src, steps, state_layout)
+
+
+def _triton_scatter_forcing(**launch_kwargs):
+    """ops' Triton scatter, with these launcher arguments forced (paths the defaults never take at
+    test sizes)."""
+
+    def scatter(conv_state, windows, dst, src, steps, *, state_layout="dim_major"):
+        def launch(*args):
+            triton_kernels().launch_scatter(*args, **launch_kwargs)
+
+        ops._run_scatter(launch, conv_state, windows, dst, src, steps, state_layout)
+
+    return scatter
+
+
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("wide_offsets, flat_stores", ((True, None), (False, True), (False, False)))
+@pytest.mark.parametrize("layout", ("dense", "channel_major", "token_major"))
+def test_launcher_choices(impl, layout, wide_offsets, flat_stores):
+    """Every path the launcher may choose gives the oracle's result: int64 per-element offsets
+    (taken only when a window spans >= 2**31 elements) and int32 ones; flat (vectorised) and
+    strided stores into a contiguous destination. On every layout: contiguous and gathered
+    sources, contiguous and strided destinations, dim- and window-major states."""
+    generator = torch.Generator().manual_seed(6)
+    scatter = _triton_scatter_forcing(wide_offsets=wide_offsets, flat_stores=flat_stores, block=256)
+    cases = [(w, s, v) for w in ("contiguous", "sliced") for s in ("dim_major", "window_major")
+             for v in ("contiguous", "permuted")]
+    for window_variant, state_layout, state_variant in cases:
+        windows = make_windows(layout, (2, 3, 3, 300, 3), torch.float32, impl.device, generator, window_variant)
+        conv_state = make_state(state_layout, 2, 4, 300, 3, torch.float32, impl.device, generator, state_variant)
+        dst = torch.tensor([3, 0, -1, 1], device=impl.device)
+        src = torch.tensor([1, 2, 0, 0], device=impl.device)
+        steps = torch.tensor([2, 0, 1, 1], device=impl.device)
+        check_scatter(SimpleNamespace(scatter=scatter), conv_state, windows, dst, src, steps, state_layout)
 
 
 @pytest.mark.gpu
