@@ -46,17 +46,19 @@ def main():
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64])
     parser.add_argument("--drafts", nargs="+", type=int, default=[4])
     parser.add_argument("--layouts", nargs="+", default=list(sgl_convwin.LAYOUTS), choices=sgl_convwin.LAYOUTS)
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs CUDA")
         return 1
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
-    print("commit, Qwen3-Next TP1 (36 layers, dim 8192), K=4, bf16, graph replay us/launch")
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    print(f"commit, Qwen3-Next TP1 (36 layers, dim 8192), K=4, {args.dtype}, graph replay us/launch")
     print("| D | B | windows | variant | us | equal to oracle |")
     print("|---|---|---|---|---|---|")
     cases = [(D, B, layout) for D in args.drafts for B in args.batches for layout in args.layouts]
     for D, B, layout in cases:
-        problem = make_problem(36, max(B, 8), 8192, D, 4, B, torch.bfloat16, layout, "cuda")
+        problem = make_problem(36, max(B, 8), 8192, D, 4, B, dtype, layout, "cuda")
         problem[0].zero_()  # every variant starts from a zero state
         want = problem[0].clone()
         sgl_convwin.scatter(want, *problem[1:])
