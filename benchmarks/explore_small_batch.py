@@ -47,6 +47,8 @@ def main():
     parser.add_argument("--drafts", nargs="+", type=int, default=[4])
     parser.add_argument("--layouts", nargs="+", default=list(sgl_convwin.LAYOUTS), choices=sgl_convwin.LAYOUTS)
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--configs", nargs="+", default=[(1024, 4), (4096, 4), (4096, 8)],
+                        type=lambda text: tuple(int(v) for v in text.split("/")), help="BLOCK/WARPS ...")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs CUDA")
@@ -64,7 +66,7 @@ def main():
         sgl_convwin.scatter(want, *problem[1:])
         variants = [("op default", lambda: sgl_convwin.scatter(*problem)),
                     ("op default, int64 offsets", op_variant(problem, wide_offsets=True))]
-        for block, warps in ((1024, 4), (4096, 4), (4096, 8)):
+        for block, warps in args.configs:
             for flat in (True, False):
                 variants.append((f"{'flat' if flat else 'strided'} stores {block}/{warps}w",
                                  op_variant(problem, block, warps, flat_stores=flat)))

@@ -73,3 +73,38 @@ def test_verify_plans_follow_layer_and_strides(impl):
                     results.append((buffer.cpu(), out.cpu()))
                 assert torch.equal(results[0][0], results[1][0]), (layout, layer)
                 torch.testing.assert_close(results[1][1], results[0][1], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    "layout, num_draft, dtype, flat",
+    [
+        ("token_major", 16, torch.bfloat16, True),  # gathered from 3 rows, channels 2 bytes apart
+        ("channel_major", 4, torch.bfloat16, True),  # channels 12 bytes apart
+        ("channel_major", 8, torch.bfloat16, False),  # 20 bytes
+        ("channel_major", 16, torch.bfloat16, False),  # 36 bytes
+        ("channel_major", 4, torch.float32, False),  # 24 bytes
+    ],
+)
+def test_scatter_plan_stores(kernels, layout, num_draft, dtype, flat):
+    """The commit launcher's measured choice (docs/benchmarks.md): flat, vectorised stores unless
+    the source is gathered from channels STRIDED_GATHER_BYTES or more apart; int32 offsets."""
+    meta = dict(device="meta", dtype=dtype)
+    buffer = torch.empty(sgl_convwin.physical_shape(layout, 36, 8, 8192, num_draft, 4), **meta)
+    windows = sgl_convwin.window_view(buffer, layout, num_draft, 4)
+    state = torch.empty(36, 8, 8192, 3, **meta)
+    index = torch.zeros(4, dtype=torch.int32, device="meta")
+    _, _, plan = kernels.scatter.scatter_launch_args(state, windows, index, index, index)
+    assert plan["DST_CONTIGUOUS"] is flat and plan["WIDE_OFFSETS"] is False
+
+
+def test_scatter_plan_takes_wide_offsets_past_int32(kernels):
+    """A window spanning 2**31 elements or more gets int64 per-element offsets (meta tensors: no memory)."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    windows = torch.empty(1, 2, 1, 2**16, 2**15 + 1, **meta)[..., :3]  # channels 2**15 + 1 elements apart
+    state = torch.empty(1, 2, 2**16, 3, **meta)
+    index = torch.zeros(1, dtype=torch.int64, device="meta")
+    _, _, plan = kernels.scatter.scatter_launch_args(state, windows, index, index, index)
+    assert plan["WIDE_OFFSETS"] is True
+    half = slice(0, 2**15)  # half the channels: the span fits
+    _, _, plan = kernels.scatter.scatter_launch_args(state[:, :, half], windows[:, :, :, half], index, index, index)
+    assert plan["WIDE_OFFSETS"] is False
