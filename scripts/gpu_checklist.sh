@@ -13,6 +13,7 @@
 #   profile   Nsight Compute (--clock-control none) on each case of benchmarks/profile_one.py
 #   cmlong    channel_major commit at D = 8, 16: block/warps/offsets sweep against the strided baseline
 #   layers    commit candidates moving several layers per program (benchmarks/explore_layer_tiles.py)
+#   grid3d    the commit kernel with a 3-D grid (row, layer, block) at B = 1 and 8 (benchmarks/explore_grid3d.py)
 #   small     the commit kernel at small batches (benchmarks/explore_small_batch.py)
 #   eager     host time per eager call (benchmarks/bench_scatter.py --eager-only)
 set -uo pipefail
@@ -61,6 +62,8 @@ for phase in "$@"; do
               rc=$?; cat "$out/explore_channel_major_long.log" ;;
     layers)   timeout 200 python3 benchmarks/explore_layer_tiles.py > "$out/explore_layer_tiles.log" 2>&1
               rc=$?; tail -40 "$out/explore_layer_tiles.log" ;;
+    grid3d)   timeout 120 python3 benchmarks/explore_grid3d.py > "$out/explore_grid3d.log" 2>&1
+              rc=$?; cat "$out/explore_grid3d.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"
