@@ -83,7 +83,7 @@ def _scatter_windows_kernel(
         src_slots_ptr, src_slots_stride, num_src_slots,
     )
     if active:
-        # Per-element offsets are int32 unless one slot spans >= 2**31 elements (the launcher
+        # Per-element offsets are int32 unless one window spans >= 2**31 elements (the launcher
         # decides); the int64 bases are scalars. Measured on the H200 (docs/benchmarks.md).
         flat, mask, chan, col = window_block(block, dim, WIDTH, BLOCK, WINDOW_MAJOR_ORDER)
         if WIDE_OFFSETS:
@@ -159,9 +159,9 @@ def _plan_scatter(state, windows, num_rows, index_strides, block, num_warps, wid
         ) > INT32_MAX
     dst_flat = dst_order == order
     if flat_stores is None and dst_flat and src_order != order:
-        # Gathering from channel rows a sector or more apart (channel_major windows of long
-        # drafts): address the destination through its strides too, so loads and stores share
-        # one register layout (a warp's load then touches a few sectors, not one per channel).
+        # Gathering from channels STRIDED_GATHER_BYTES or more apart (channel_major windows of
+        # long drafts): address the destination through its strides too, so loads and stores
+        # share one register layout (a warp's load then spans ~11 channels, not ~85).
         source_channel_bytes = window_strides[3] * windows.element_size()
         flat_stores = source_channel_bytes < STRIDED_GATHER_BYTES
     if flat_stores is False:
