@@ -67,9 +67,16 @@ def physical_shape(
     """Shape of the physical buffer of ``layout`` (module docstring)."""
     check_layout(layout)
     check_sizes(num_layers, num_slots, dim, num_draft, kernel_size)
-    width, seq = kernel_size - 1, sequence_length(num_draft, kernel_size)
+    return physical_shape_unchecked(layout, num_layers, num_slots, dim, num_draft, kernel_size)
+
+
+def physical_shape_unchecked(
+    layout: str, num_layers: int, num_slots: int, dim: int, num_draft: int, kernel_size: int
+) -> tuple[int, ...]:
+    """physical_shape for arguments already known to be valid (the ops' per-call checks)."""
     if layout == DENSE:
-        return (num_layers, num_slots, num_draft, dim, width)
+        return (num_layers, num_slots, num_draft, dim, kernel_size - 1)
+    seq = sequence_length(num_draft, kernel_size)
     if layout == CHANNEL_MAJOR:
         return (num_layers, num_slots, dim, seq)
     return (num_layers, num_slots, seq, dim)

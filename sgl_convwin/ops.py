@@ -31,6 +31,7 @@ from .validation import (
     check_capture_args,
     check_capture_index_values,
     check_no_shared_storage,
+    check_no_shared_storages,
     check_scatter_args,
     check_scatter_index_values,
     check_scatter_tree_args,
@@ -300,8 +301,7 @@ def _run_capture(kernel, buffer, conv_state, x, buffer_slots, state_slots, layer
     sizes = check_capture_args(
         _CAPTURE, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
     )
-    for name, source in (("conv_state", conv_state), ("x", x)):
-        check_no_shared_storage(_CAPTURE, "buffer", buffer, name, source)
+    check_no_shared_storages(_CAPTURE, "buffer", buffer, conv_state=conv_state, x=x)
     if should_check_index_values(buffer):
         check_capture_index_values(_CAPTURE, sizes, buffer_slots, state_slots, parents)
     dest, state = _kernel_views(buffer, conv_state, layout, state_layout)
@@ -396,11 +396,8 @@ def _run_verify(
         _VERIFY, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
     )
     check_verify_args(_VERIFY, sizes, out, weight, bias, activation, conv_state.device)
-    for name, source in (("conv_state", conv_state), ("x", x)):
-        check_no_shared_storage(_VERIFY, "buffer", buffer, name, source)
-    for name, source in (("buffer", buffer), ("conv_state", conv_state), ("x", x), ("weight", weight), ("bias", bias)):
-        if source is not None:
-            check_no_shared_storage(_VERIFY, "out", out, name, source)
+    check_no_shared_storages(_VERIFY, "buffer", buffer, conv_state=conv_state, x=x)
+    check_no_shared_storages(_VERIFY, "out", out, buffer=buffer, conv_state=conv_state, x=x, weight=weight, bias=bias)
     if should_check_index_values(buffer):
         check_capture_index_values(_VERIFY, sizes, buffer_slots, state_slots, parents)
     dest, state = _kernel_views(buffer, conv_state, layout, state_layout)

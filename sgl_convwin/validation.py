@@ -23,7 +23,7 @@ from .layout import (
     STATE_LAYOUTS,
     TOKEN_MAJOR,
     WINDOW_MAJOR,
-    physical_shape,
+    physical_shape_unchecked,
 )
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -127,7 +127,7 @@ def check_writable(op: str, name: str, t: torch.Tensor) -> None:
     cannot be written row by row), no autograd history to corrupt (the ops have no derivative; a
     cache never requires grad), and not an inference tensor outside inference mode (the Triton
     kernel writes through a raw pointer, so PyTorch's own check would not fire on the GPU)."""
-    if torch._debug_has_internal_overlap(t) == 1:
+    if not t.is_contiguous() and torch._debug_has_internal_overlap(t) == 1:  # (contiguous: never)
         raise ValueError(
             f"{op}: {name} has overlapping elements (strides {t.stride()}, e.g. from expand); "
             f"it must be a writable tensor with one memory location per element"
@@ -149,6 +149,16 @@ def check_no_shared_storage(op: str, dst_name: str, dst: torch.Tensor, src_name:
     dst_storage = dst.untyped_storage()
     if src.untyped_storage().data_ptr() == dst_storage.data_ptr() and dst_storage.nbytes() > 0:
         raise ValueError(f"{op}: {dst_name} and {src_name} share storage; they must be separate buffers")
+
+
+def check_no_shared_storages(op: str, dst_name: str, dst: torch.Tensor, **sources: torch.Tensor | None) -> None:
+    """check_no_shared_storage against several sources (by keyword; None is skipped), reading the
+    destination's storage once (the verify op has five sources, on every eager call)."""
+    dst_storage = dst.untyped_storage()
+    dst_ptr = dst_storage.data_ptr()
+    for src_name, src in sources.items():
+        if src is not None and src.untyped_storage().data_ptr() == dst_ptr and dst_storage.nbytes() > 0:
+            raise ValueError(f"{op}: {dst_name} and {src_name} share storage; they must be separate buffers")
 
 
 _SCATTER = "convwin.scatter"
@@ -454,10 +464,10 @@ def check_capture_args(
     if num_nodes < 1:
         raise ValueError(f"{op}: x must hold at least one draft token (axis 1), got shape {tuple(x.shape)}")
     kernel_size = width + 1
-    expected = physical_shape(layout, num_layers, 1, dim, num_nodes, kernel_size)
-    if buffer.dim() != len(expected) or any(
-        got != want for axis, (got, want) in enumerate(zip(buffer.shape, expected)) if axis != 1
-    ):
+    buffer_shape = buffer.shape
+    num_buffer_slots = buffer_shape[1] if len(buffer_shape) > 1 else 0
+    expected = physical_shape_unchecked(layout, num_layers, num_buffer_slots, dim, num_nodes, kernel_size)
+    if buffer_shape != expected:
         wanted = list(expected)
         wanted[1] = "M"
         raise ValueError(
@@ -478,7 +488,7 @@ def check_capture_args(
         )
     if parents is not None:
         _check_parents(op, parents, device, num_rows, num_nodes, "x is [B, N, dim]")
-    return CaptureSizes(num_layers, num_state_slots, dim, width, buffer.shape[1], num_nodes, num_rows)
+    return CaptureSizes(num_layers, num_state_slots, dim, width, num_buffer_slots, num_nodes, num_rows)
 
 
 ACTIVATIONS = (None, "silu", "swish")

@@ -143,6 +143,23 @@ def test_tensors_on_another_device(op):
                                                               "parents", "activation", "state_layout")))
 
 
+@pytest.mark.parametrize(
+    "op, dst, src",
+    [("capture", "buffer", "conv_state"), ("capture", "buffer", "x"), ("verify", "buffer", "conv_state")]
+    + [("verify", "out", src) for src in ("buffer", "conv_state", "x", "weight", "bias")],
+)
+def test_every_shared_storage_pair_is_refused(op, dst, src):
+    """Each destination against each source it reads: two views of one storage are refused."""
+    args = good_args()
+    first, second = args[dst], args[src]
+    storage = torch.zeros(first.numel() + second.numel(), dtype=first.dtype)
+    args[dst] = storage[: first.numel()].view(first.shape)
+    args[src] = storage[first.numel():].view(second.shape)
+    assert args[src].untyped_storage().data_ptr() == storage.untyped_storage().data_ptr()
+    with pytest.raises(ValueError, match=rf"{dst} and {src} share storage"):
+        call(sgl_convwin, op, args)
+
+
 @pytest.mark.parametrize("op", ("capture", "verify"))
 def test_shared_storage(op):
     args = good_args()
