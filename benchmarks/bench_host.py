@@ -1,0 +1,72 @@
+"""Host time of the ops' Python path on every eager call: argument checks, aliasing checks and the
+commit's launch planning, with the kernel itself replaced by a no-op. Runs on any machine (CPU
+tensors; the checks read only metadata), so host overhead can be worked on without a GPU; the
+GPU machine's end-to-end numbers are `bench_scatter.py --eager-only`.
+
+    python benchmarks/bench_host.py
+
+Shape: Qwen3-Next TP1 (36 layers, dim 8192, K = 4), token_major buffer of 8 slots, D = N = 4,
+B = 1, bf16. Prints the best of 9 rounds of 20,000 calls, us per call.
+"""
+
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import sgl_convwin  # noqa: E402
+from sgl_convwin import ops  # noqa: E402
+
+L, M, N, DIM, K, B = 36, 8, 4, 8192, 4, 1
+
+
+def per_call_us(fn, calls=20000, rounds=9) -> float:
+    for _ in range(1000):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def main():
+    buffer = sgl_convwin.alloc_windows(L, M, DIM, N, K, layout="token_major", dtype=torch.bfloat16)
+    windows = sgl_convwin.window_view(buffer, "token_major", N, K)
+    state = torch.zeros(L, M, DIM, K - 1, dtype=torch.bfloat16)
+    x = torch.zeros(B, N, DIM, dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+    weight, bias = torch.zeros(DIM, K, dtype=torch.bfloat16), torch.zeros(DIM, dtype=torch.bfloat16)
+    index = torch.zeros(B, dtype=torch.int64)
+    noop = lambda *args, **kwargs: None  # noqa: E731
+    rows = [
+        ("eager-call test (_eager_device, 5 tensors)", lambda: ops._eager_device(state, windows, index, index, index)),
+        ("scatter: checks, no kernel", lambda: ops._run_scatter(noop, state, windows, index, index, index, "dim_major")),
+        ("capture: checks, no kernel", lambda: ops._run_capture(noop, buffer, state, x, index, index, 3,
+                                                                "token_major", None, "dim_major")),
+        ("causal_conv1d_verify: checks, no kernel",
+         lambda: ops._run_verify(noop, out, buffer, state, x, weight, bias, index, index, 3, "token_major",
+                                 None, "silu", "dim_major")),
+    ]
+    try:
+        from sgl_convwin._kernels import triton_kernels
+
+        plan = triton_kernels().scatter.scatter_launch_args
+        rows.append(("scatter: launch plan lookup", lambda: plan(state, windows, index, index, index)))
+    except ImportError:
+        pass
+    print(f"host time per call, torch {torch.__version__}, {os.cpu_count()} CPUs")
+    print("| path | us per call |")
+    print("|---|---|")
+    for name, fn in rows:
+        print(f"| {name} | {per_call_us(fn):.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
