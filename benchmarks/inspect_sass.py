@@ -119,6 +119,18 @@ def commit_cases():
     return cases
 
 
+def tree_commit_cases():
+    import bench_verify
+
+    nodes = 8
+    rows = torch.zeros(sgl_convwin.physical_shape("token_major", L, 8, DIM, nodes, K), dtype=torch.bfloat16)
+    state = torch.zeros(L, 8, DIM, K - 1, dtype=torch.bfloat16)
+    slots, accepted = torch.arange(4), torch.full((4,), nodes - 1)
+    parents = torch.tensor([bench_verify.tree_parents(nodes, 3)] * 4)
+    return [("scatter_tree N=8 topk 3 (production)",
+             lambda: ops._scatter_tree_triton(state, rows, slots, slots, accepted, parents))]
+
+
 def verify_cases():
     import bench_verify
 
@@ -141,7 +153,7 @@ def main():
     print(f"offline compile for sm_90 with triton {triton.__version__} (no GPU needed); bf16, dim {DIM}, K = {K}")
     print("| case | registers | shared bytes | SASS instructions | global loads / stores | first load at | first 2-byte load at |")
     print("|---|---|---|---|---|---|---|")
-    for name, launch in commit_cases() + verify_cases():
+    for name, launch in commit_cases() + tree_commit_cases() + verify_cases():
         for kernel in compiled_launches(launch):
             s = sass_summary(kernel)
             print(f"| {name} | {s['regs']} | {s['shared']} | {s['instructions']} | {s['memory']} | "
