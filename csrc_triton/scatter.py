@@ -152,11 +152,14 @@ def _plan_scatter(state, windows, num_rows, index_strides, block, num_warps, wid
     block = min(block, next_power_of_2(window_numel))
     num_blocks = cdiv(window_numel, block)
     check_grid("convwin.scatter", num_layers, num_rows, num_blocks, window_numel)
-    if wide_offsets is None:  # int32 per-element offsets whenever one window's span fits
-        wide_offsets = max(
-            (dim - 1) * state_strides[2] + (width - 1) * state_strides[3],
-            (dim - 1) * window_strides[3] + (width - 1) * window_strides[4],
-        ) > INT32_MAX
+    needs_wide = max(  # int32 per-element offsets whenever one window's span fits
+        (dim - 1) * state_strides[2] + (width - 1) * state_strides[3],
+        (dim - 1) * window_strides[3] + (width - 1) * window_strides[4],
+    ) > INT32_MAX
+    if wide_offsets is None:
+        wide_offsets = needs_wide
+    elif needs_wide and not wide_offsets:
+        raise ValueError("convwin.scatter: a window spans 2**31 elements or more; int32 offsets cannot address it")
     dst_flat = dst_order == order
     if flat_stores is None and dst_flat and src_order != order:
         # Gathering from channels STRIDED_GATHER_BYTES or more apart (channel_major windows of

@@ -98,13 +98,16 @@ def test_scatter_plan_stores(kernels, layout, num_draft, dtype, flat):
 
 
 def test_scatter_plan_takes_wide_offsets_past_int32(kernels):
-    """A window spanning 2**31 elements or more gets int64 per-element offsets (meta tensors: no memory)."""
+    """A window spanning 2**31 elements or more gets int64 per-element offsets, and forcing int32
+    ones is refused (meta tensors: no memory)."""
     meta = dict(device="meta", dtype=torch.bfloat16)
     windows = torch.empty(1, 2, 1, 2**16, 2**15 + 1, **meta)[..., :3]  # channels 2**15 + 1 elements apart
     state = torch.empty(1, 2, 2**16, 3, **meta)
     index = torch.zeros(1, dtype=torch.int64, device="meta")
     _, _, plan = kernels.scatter.scatter_launch_args(state, windows, index, index, index)
     assert plan["WIDE_OFFSETS"] is True
+    with pytest.raises(ValueError, match="int32 offsets cannot address it"):
+        kernels.scatter.scatter_launch_args(state, windows, index, index, index, wide_offsets=False)
     half = slice(0, 2**15)  # half the channels: the span fits
     _, _, plan = kernels.scatter.scatter_launch_args(state[:, :, half], windows[:, :, :, half], index, index, index)
     assert plan["WIDE_OFFSETS"] is False
