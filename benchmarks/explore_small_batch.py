@@ -22,7 +22,7 @@ import triton
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import sgl_convwin  # noqa: E402
-from bench_scatter import channel_major_strided, dense_flat_copy, graph_time_us, make_problem  # noqa: E402
+from bench_scatter import SHAPES, channel_major_strided, dense_flat_copy, graph_time_us, make_problem  # noqa: E402
 from sgl_convwin._kernels import triton_kernels  # noqa: E402
 
 
@@ -43,6 +43,7 @@ def op_variant(problem, block=None, warps=4, walk_source=False, **launch):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="qwen3next-tp1", choices=list(SHAPES))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64])
     parser.add_argument("--drafts", nargs="+", type=int, default=[4])
     parser.add_argument("--layouts", nargs="+", default=list(sgl_convwin.LAYOUTS), choices=sgl_convwin.LAYOUTS)
@@ -55,12 +56,13 @@ def main():
         return 1
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    print(f"commit, Qwen3-Next TP1 (36 layers, dim 8192), K=4, {args.dtype}, graph replay us/launch")
+    layers, dim = SHAPES[args.shape]
+    print(f"commit, {args.shape} ({layers} layers, dim {dim}), K=4, {args.dtype}, graph replay us/launch")
     print("| D | B | windows | variant | us | equal to oracle |")
     print("|---|---|---|---|---|---|")
     cases = [(D, B, layout) for D in args.drafts for B in args.batches for layout in args.layouts]
     for D, B, layout in cases:
-        problem = make_problem(36, max(B, 8), 8192, D, 4, B, dtype, layout, "cuda")
+        problem = make_problem(layers, max(B, 8), dim, D, 4, B, dtype, layout, "cuda")
         problem[0].zero_()  # every variant starts from a zero state
         want = problem[0].clone()
         sgl_convwin.scatter(want, *problem[1:])

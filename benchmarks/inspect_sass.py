@@ -49,9 +49,8 @@ def compiled_launches(launch):
     jitted = {obj for module in (kernels.scatter, kernels.scatter_tree, kernels.verify)
               for obj in vars(module).values() if isinstance(obj, triton.runtime.JITFunction)}
     import bench_scatter
-    import explore_grid3d
 
-    jitted |= {bench_scatter._channel_major_strided_kernel, explore_grid3d._scatter_grid3d_kernel}
+    jitted.add(bench_scatter._channel_major_strided_kernel)
     compiled = []
 
     def recorder(fn):
@@ -96,10 +95,9 @@ def sass_summary(kernel) -> dict:
 
 
 def commit_cases():
-    """(name, launch) for the chain commit: production choices, the forced alternatives, the
-    strided baseline and the 3-D-grid candidate."""
+    """(name, launch) for the chain commit: production choices, the forced alternatives and the
+    strided baseline."""
     import bench_scatter
-    import explore_grid3d
 
     scatter = triton_kernels().scatter
     cases = []
@@ -115,7 +113,6 @@ def commit_cases():
         if layout == "channel_major":
             cases.append((f"baseline channel_major strided D={draft}",
                           lambda p=problem: bench_scatter.channel_major_strided(*p)))
-        cases.append((f"grid3d candidate {tag}", lambda p=problem: explore_grid3d.launch_grid3d(*p)))
     return cases
 
 

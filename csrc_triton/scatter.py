@@ -1,6 +1,6 @@
 """Commit kernel: copy the accepted window of every row into the conv state, all layers at once.
 
-One program copies one block of one window for one (row, layer): grid (B * blocks, L). Index
+One program copies one block of one window for one (row, layer): grid (blocks, B, L). Index
 values are read on the device; a row whose step or destination slot is negative, or whose index is
 out of range, writes nothing.
 
@@ -16,7 +16,9 @@ column, and several layers per program, for token_major and channel_major window
 per-element offsets beat int64 (B = 8 token_major: 6.4 vs 7.3 us); and when the gathered source
 channels lie STRIDED_GATHER_BYTES or more apart (channel_major windows of long drafts) storing
 through the destination's strides beats flat stores (D = 16, B = 256: 710 vs 877 us), because
-loads and stores then share one register layout.
+loads and stores then share one register layout. A launch too small to fill the GPU (B = 1, or
+B = 8 at narrow shapes) is latency: it gathers in smaller blocks, with strided stores from
+channels that are not adjacent (TP4, B = 8: 3.1 vs 4.1 us).
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from ._common import (
     GATHER_BLOCK,
     INT32_MAX,
     MISSING,
+    SMALL_GATHER_BLOCK,
+    SMALL_GRID_PROGRAMS,
     STRIDED_GATHER_BYTES,
     LaunchPlans,
     cdiv,
-    check_grid,
+    commit_grid,
     contiguous_order,
     next_power_of_2,
     row_indices,
@@ -53,7 +57,6 @@ def _scatter_windows_kernel(
     num_src_slots,
     num_draft,
     dim,
-    num_blocks,
     state_stride_layer,
     state_stride_slot,
     state_stride_dim,
@@ -73,10 +76,9 @@ def _scatter_windows_kernel(
     SRC_CONTIGUOUS: tl.constexpr,  # so is the source window
     WIDE_OFFSETS: tl.constexpr,  # per-element offsets in int64 (a window spans >= 2**31 elements)
 ):
-    pid = tl.program_id(0)
-    row = pid // num_blocks
-    block = pid % num_blocks
-    layer = tl.program_id(1).to(tl.int64)
+    block = tl.program_id(0)
+    row = tl.program_id(1)
+    layer = tl.program_id(2).to(tl.int64)
 
     step, dst, src, active = row_indices(
         row, steps_ptr, steps_stride, num_draft, dst_slots_ptr, dst_slots_stride, num_state_slots,
@@ -118,7 +120,7 @@ def scatter_launch_args(
     num_warps: int = DEFAULT_WARPS,
     wide_offsets: bool | None = None,
     flat_stores: bool | None = None,
-) -> tuple[tuple[int, int], tuple, dict] | None:
+) -> tuple[tuple[int, int, int], tuple, dict] | None:
     """(grid, args, kwargs) of the kernel launch for launch_scatter, or None if there is nothing
     to do. Split out so benchmarks can time the bare Triton launch of exactly the same call. The
     kwargs dict is the cached plan's own: copy it before changing it."""
@@ -147,11 +149,15 @@ def _plan_scatter(state, windows, num_rows, index_strides, block, num_warps, wid
     dst_order = contiguous_order(state_strides[2], state_strides[3], dim, width)
     src_order = contiguous_order(window_strides[3], window_strides[4], dim, width)
     order = dst_order or src_order or "dim_major"
-    if block is None:  # measured best on the H200: straight copies 2048, gathers 4096
-        block = COPY_BLOCK if src_order == order else GATHER_BLOCK
+    gather = src_order != order
+    programs = lambda size: num_rows * num_layers * cdiv(window_numel, size)  # noqa: E731
+    small_grid = gather and programs(GATHER_BLOCK) < SMALL_GRID_PROGRAMS
+    if block is None:  # measured best on the H200: straight copies 2048, gathers 4096 (smaller if few)
+        block = COPY_BLOCK if not gather else GATHER_BLOCK
+        while small_grid and block > SMALL_GATHER_BLOCK and programs(block) < SMALL_GRID_PROGRAMS:
+            block //= 2
     block = min(block, next_power_of_2(window_numel))
-    num_blocks = cdiv(window_numel, block)
-    check_grid("convwin.scatter", num_layers, num_rows, num_blocks, window_numel)
+    grid = commit_grid("convwin.scatter", num_rows, num_layers, window_numel, block)
     needs_wide = max(  # int32 per-element offsets whenever one window's span fits
         (dim - 1) * state_strides[2] + (width - 1) * state_strides[3],
         (dim - 1) * window_strides[3] + (width - 1) * window_strides[4],
@@ -161,12 +167,14 @@ def _plan_scatter(state, windows, num_rows, index_strides, block, num_warps, wid
     elif needs_wide and not wide_offsets:
         raise ValueError("convwin.scatter: a window spans 2**31 elements or more; int32 offsets cannot address it")
     dst_flat = dst_order == order
-    if flat_stores is None and dst_flat and src_order != order:
+    if flat_stores is None and dst_flat and gather:
         # Gathering from channels STRIDED_GATHER_BYTES or more apart (channel_major windows of
-        # long drafts): address the destination through its strides too, so loads and stores
-        # share one register layout (a warp's load then spans ~11 channels, not ~85).
+        # long drafts), or from channels that are not adjacent in a small grid: address the
+        # destination through its strides too, so loads and stores share one register layout (a
+        # warp's load then spans ~11 channels, not ~85).
         source_channel_bytes = window_strides[3] * windows.element_size()
-        flat_stores = source_channel_bytes < STRIDED_GATHER_BYTES
+        strided = source_channel_bytes >= STRIDED_GATHER_BYTES or (small_grid and window_strides[3] != 1)
+        flat_stores = not strided
     if flat_stores is False:
         dst_flat = False
     scalars = (
@@ -174,7 +182,6 @@ def _plan_scatter(state, windows, num_rows, index_strides, block, num_warps, wid
         windows.shape[1],
         windows.shape[2],
         dim,
-        num_blocks,
         *state_strides,
         *window_strides,
         *index_strides,
@@ -188,7 +195,7 @@ def _plan_scatter(state, windows, num_rows, index_strides, block, num_warps, wid
         WIDE_OFFSETS=wide_offsets,
         num_warps=num_warps,
     )
-    return (num_rows * num_blocks, num_layers), scalars, kwargs
+    return grid, scalars, kwargs
 
 
 _PLANS = LaunchPlans()
@@ -210,11 +217,14 @@ def launch_scatter(
 
     state: [L, N, dim, K-1], any strides (a window-major state is passed transposed).
     windows: [L, M, D, dim, K-1], any strides. Indices: [B], int32 or int64, any stride.
-    block, num_warps: elements per program and warps per program (tuning only).
+    block, num_warps: elements per program and warps per program (tuning only; default block:
+    2048 for a straight copy, 4096 for a gather, down to 1024 for a gather whose grid would be too
+    small to fill the GPU).
     wide_offsets: int64 per-element offsets (default: only when a window spans >= 2**31 elements).
     flat_stores: address a contiguous destination flat, with vectorised stores (default: unless
-    the source is gathered from channels STRIDED_GATHER_BYTES or more apart). Both are measured
-    choices; forcing them is for tests and benchmarks.
+    the source is gathered from channels STRIDED_GATHER_BYTES or more apart, or from channels that
+    are not adjacent in a small grid). Both are measured choices; forcing them is for tests and
+    benchmarks.
     """
     launch = scatter_launch_args(
         state, windows, dst_slots, src_slots, steps, block=block, num_warps=num_warps,

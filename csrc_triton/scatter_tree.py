@@ -9,7 +9,7 @@ p-1. Walking up from a node: position K-2+n -> K-2+parents[n] (-1, "hangs off th
 on the last history row). For a chain (parents[n] = n-1) this is window n of the sequence, which is
 what makes this equal to convwin.scatter bit for bit on chains.
 
-One program copies one block of one window for one (row, layer): grid (B * blocks, L). It first
+One program copies one block of one window for one (row, layer): grid (blocks, B, L). It first
 walks the K-2 nearest ancestors (K-2 scalar loads of parents), then copies like the chain kernel:
 destination walked flat, source gathered through its strides, with int32 per-element offsets. A row is skipped when its node,
 source or destination slot is out of range, or when a parent it reads lies outside [-1, n-1].
@@ -27,8 +27,7 @@ from ._common import (
     INT32_MAX,
     MISSING,
     LaunchPlans,
-    cdiv,
-    check_grid,
+    commit_grid,
     contiguous_order,
     next_power_of_2,
     row_indices,
@@ -48,7 +47,6 @@ def _scatter_tree_kernel(
     num_src_slots,
     num_nodes,
     dim,
-    num_blocks,
     state_stride_layer,
     state_stride_slot,
     state_stride_dim,
@@ -68,10 +66,9 @@ def _scatter_tree_kernel(
     DST_CONTIGUOUS: tl.constexpr,
 ):
     HISTORY: tl.constexpr = WIDTH - 1  # K-2 history rows
-    pid = tl.program_id(0)
-    row = pid // num_blocks
-    block = pid % num_blocks
-    layer = tl.program_id(1).to(tl.int64)
+    block = tl.program_id(0)
+    row = tl.program_id(1)
+    layer = tl.program_id(2).to(tl.int64)
 
     node, dst, src, active = row_indices(
         row, nodes_ptr, nodes_stride, num_nodes, dst_slots_ptr, dst_slots_stride, num_state_slots,
@@ -150,8 +147,7 @@ def _plan_scatter_tree(state, rows, num_rows, num_nodes, index_strides, block, n
     dst_order = contiguous_order(state_strides[2], state_strides[3], dim, width)
     order = dst_order or "dim_major"
     block = min(block, next_power_of_2(window_numel))
-    num_blocks = cdiv(window_numel, block)
-    check_grid("convwin.scatter_tree", num_layers, num_rows, num_blocks, window_numel)
+    grid = commit_grid("convwin.scatter_tree", num_rows, num_layers, window_numel, block)
     rows_strides = rows.stride()
     slot_span = max(
         (rows.shape[2] - 1) * rows_strides[2] + (dim - 1) * rows_strides[3],
@@ -164,7 +160,6 @@ def _plan_scatter_tree(state, rows, num_rows, num_nodes, index_strides, block, n
         rows.shape[1],
         num_nodes,
         dim,
-        num_blocks,
         *state_strides,
         *rows_strides,
         *index_strides[:3],
@@ -177,7 +172,7 @@ def _plan_scatter_tree(state, rows, num_rows, num_nodes, index_strides, block, n
         DST_CONTIGUOUS=dst_order == order,
         num_warps=num_warps,
     )
-    return (num_rows * num_blocks, num_layers), scalars, kwargs
+    return grid, scalars, kwargs
 
 
 _PLANS = LaunchPlans()

@@ -13,7 +13,9 @@
 #   profile   Nsight Compute (--clock-control none) on each case of benchmarks/profile_one.py
 #   cmlong    channel_major commit at D = 8, 16: block/warps/offsets sweep against the strided baseline
 #   layers    commit candidates moving several layers per program (benchmarks/explore_layer_tiles.py)
-#   grid3d    the commit kernel with a 3-D grid (row, layer, block) at B = 1 and 8 (benchmarks/explore_grid3d.py)
+#   latency   the commit kernel at B = 1 and 8, D = 2, 4, 8, every layout: defaults, forced choices, baselines
+#   commit    the commit table (bench_scatter.py, Qwen3-Next TP1, D = 4, bf16) with the tree commit
+#   shapes    the commit table at the Qwen3-Next TP4 and Nemotron-H shapes, B = 1 .. 256
 #   small     the commit kernel at small batches (benchmarks/explore_small_batch.py)
 #   eager     host time per eager call (benchmarks/bench_scatter.py --eager-only)
 set -uo pipefail
@@ -62,8 +64,14 @@ for phase in "$@"; do
               rc=$?; cat "$out/explore_channel_major_long.log" ;;
     layers)   timeout 200 python3 benchmarks/explore_layer_tiles.py > "$out/explore_layer_tiles.log" 2>&1
               rc=$?; tail -40 "$out/explore_layer_tiles.log" ;;
-    grid3d)   timeout 120 python3 benchmarks/explore_grid3d.py > "$out/explore_grid3d.log" 2>&1
-              rc=$?; cat "$out/explore_grid3d.log" ;;
+    latency)  timeout 200 python3 benchmarks/explore_small_batch.py --batches 1 8 --drafts 2 4 8 \
+                --configs 1024/4 4096/4 > "$out/explore_latency.log" 2>&1
+              rc=$?; grep -E "op default \||baseline" "$out/explore_latency.log" ;;
+    commit)   timeout 200 python3 benchmarks/bench_scatter.py --tree --json "$out/commit.json" > "$out/bench_commit.log" 2>&1
+              rc=$?; grep '^|' "$out/bench_commit.log" ;;
+    shapes)   timeout 200 python3 benchmarks/bench_scatter.py --shapes qwen3next-tp4 nemotronh-tp1 --batches 1 8 64 256 \
+                > "$out/bench_shapes.log" 2>&1
+              rc=$?; sed -n '/^| shape/,$p' "$out/bench_shapes.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"

@@ -92,9 +92,53 @@ def test_scatter_plan_stores(kernels, layout, num_draft, dtype, flat):
     buffer = torch.empty(sgl_convwin.physical_shape(layout, 36, 8, 8192, num_draft, 4), **meta)
     windows = sgl_convwin.window_view(buffer, layout, num_draft, 4)
     state = torch.empty(36, 8, 8192, 3, **meta)
-    index = torch.zeros(4, dtype=torch.int32, device="meta")
+    index = torch.zeros(8, dtype=torch.int32, device="meta")  # 8 rows: a grid large enough
     _, _, plan = kernels.scatter.scatter_launch_args(state, windows, index, index, index)
     assert plan["DST_CONTIGUOUS"] is flat and plan["WIDE_OFFSETS"] is False
+
+
+@pytest.mark.parametrize(
+    "layers, dim, rows, block",
+    [
+        (36, 8192, 1, 1024),  # Qwen3-Next TP1, B = 1: 216 programs at 4096, 864 at 1024
+        (36, 8192, 8, 4096),  # B = 8: 1728 programs, enough
+        (36, 2048, 8, 1024),  # TP4, B = 8: 576 at 4096, 864 at 2048
+        (23, 6144, 8, 2048),  # Nemotron-H, B = 8: 920 at 4096, 1656 at 2048
+    ],
+)
+@pytest.mark.parametrize("layout", ["dense", "token_major", "channel_major"])
+def test_scatter_plan_small_grid(kernels, layers, dim, rows, block, layout):
+    """A gather whose grid would have fewer than SMALL_GRID_PROGRAMS programs is latency: it halves
+    its block until the grid has that many (down to SMALL_GATHER_BLOCK), and stores through the
+    destination's strides when the source channels are not adjacent (channel_major, 6 elements
+    apart at D = 4). A straight copy (dense) keeps its block. The grid is (blocks, rows, layers)."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    buffer = torch.empty(sgl_convwin.physical_shape(layout, layers, 8, dim, 4, 4), **meta)
+    windows = sgl_convwin.window_view(buffer, layout, 4, 4)
+    state = torch.empty(layers, 8, dim, 3, **meta)
+    index = torch.zeros(rows, dtype=torch.int32, device="meta")
+    grid, _, plan = kernels.scatter.scatter_launch_args(state, windows, index, index, index)
+    small = block < 4096
+    want_block = 2048 if layout == "dense" else block
+    want_flat = not (small and layout == "channel_major")
+    assert (plan["BLOCK"], plan["DST_CONTIGUOUS"]) == (want_block, want_flat)
+    assert grid == (-(-dim * 3 // want_block), rows, layers)
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_commit_grid_limits(kernels, tree):
+    """Rows are the grid's y axis: more than 65535 in one call are refused with the numbers, before
+    any launch (meta tensors: no memory)."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    state = torch.empty(1, 2, 8, 3, **meta)
+    index = torch.zeros(65536, dtype=torch.int64, device="meta")
+    with pytest.raises(ValueError, match="commits at most 65535 rows per call, got 65536"):
+        if tree:
+            rows = torch.empty(1, 2, 4, 8, **meta)
+            kernels.scatter_tree.launch_scatter_tree(state, rows, index, index, index, index[:, None])
+        else:
+            windows = torch.empty(1, 2, 1, 8, 3, **meta)
+            kernels.scatter.scatter_launch_args(state, windows, index, index, index)
 
 
 def test_scatter_plan_takes_wide_offsets_past_int32(kernels):
