@@ -1,5 +1,6 @@
 """Host time of the ops' Python path on every eager call: argument checks, aliasing checks and the
-commit's launch planning, with the kernel itself replaced by a no-op. Runs on any machine (CPU
+commit's launch planning, and the public eager commit with a signature it has seen (its
+signature cache), with the kernel itself replaced by a no-op. Runs on any machine (CPU
 tensors; the checks read only metadata), so host overhead can be worked on without a GPU; the
 GPU machine's end-to-end numbers are `bench_scatter.py --eager-only`.
 
@@ -53,6 +54,8 @@ def main():
          lambda: ops._run_verify(noop, out, buffer, state, x, weight, bias, index, index, 3, "token_major",
                                  None, "silu", "dim_major")),
     ]
+    rows.append(("scatter: public eager call, signature seen (kernel no-op)",
+                 lambda: sgl_convwin.scatter(state, windows, index, index, index)))
     try:
         from sgl_convwin._kernels import triton_kernels
 
@@ -60,11 +63,15 @@ def main():
         rows.append(("scatter: launch plan lookup", lambda: plan(state, windows, index, index, index)))
     except ImportError:
         pass
+    ops._EAGER_SCATTER.clear()
+    ops.cpu.scatter_cpu, cpu_scatter = noop, ops.cpu.scatter_cpu  # the eager plan takes the no-op
     print(f"host time per call, torch {torch.__version__}, {os.cpu_count()} CPUs")
     print("| path | us per call |")
     print("|---|---|")
     for name, fn in rows:
         print(f"| {name} | {per_call_us(fn):.2f} |", flush=True)
+    ops.cpu.scatter_cpu = cpu_scatter
+    ops._EAGER_SCATTER.clear()
     return 0
 
 

@@ -23,6 +23,8 @@ channels that are not adjacent (TP4, B = 8: 3.1 vs 4.1 us).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -199,6 +201,33 @@ def _plan_scatter(state, windows, num_rows, index_strides, block, num_warps, wid
 
 
 _PLANS = LaunchPlans()
+
+
+def planned_scatter(
+    state: torch.Tensor,
+    windows: torch.Tensor,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    steps: torch.Tensor,
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]:
+    """launch_scatter with its plan fixed: a function of the five tensors that launches the kernel
+    as launch_scatter would for THESE shapes, strides and dtypes, skipping the plan lookup. For
+    callers that key their own cache by at least that signature (the eager fast path in
+    sgl_convwin.ops); with other shapes or strides it would launch a wrong plan."""
+    launch = scatter_launch_args(state, windows, dst_slots, src_slots, steps)
+    if launch is None:
+        return _nothing_to_do
+    grid, args, kwargs = launch
+    scalars, kernel = args[5:], _scatter_windows_kernel[grid]
+
+    def run(state, windows, dst_slots, src_slots, steps):
+        kernel(state, windows, dst_slots, src_slots, steps, *scalars, **kwargs)
+
+    return run
+
+
+def _nothing_to_do(*tensors: torch.Tensor) -> None:
+    pass
 
 
 def launch_scatter(

@@ -137,6 +137,12 @@ def check_writable(op: str, name: str, t: torch.Tensor) -> None:
             f"{op}: {name} requires grad; the ops write it in place and have no derivative, so it "
             f"must not (allocate it with requires_grad=False, or pass {name}.detach())"
         )
+    check_not_inference(op, name, t)
+
+
+def check_not_inference(op: str, name: str, t: torch.Tensor) -> None:
+    """Part of check_writable that depends on the tensor and the mode, not on shapes and strides
+    (the eager fast path repeats it on every call)."""
     if t.is_inference() and not torch.is_inference_mode_enabled():
         raise ValueError(
             f"{op}: {name} is an inference tensor (made under torch.inference_mode()); it can only "

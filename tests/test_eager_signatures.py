@@ -1,0 +1,150 @@
+"""The eager fast path of sgl_convwin.scatter (ops._EAGER_SCATTER): a call whose signature (every
+shape, stride, dtype and device, and the state layout) was seen before skips the argument checks
+and the launch planning, but never the checks that depend on the tensors themselves, and never
+reuses a plan for a call that differs in anything the plan depends on."""
+
+import pytest
+import torch
+
+import sgl_convwin
+from sgl_convwin import ops, reference
+from support import impl_params, whole_storage
+
+L, N, M, D, DIM, K = 2, 3, 2, 4, 8, 4
+
+
+def problem(device, seed, layout="token_major"):
+    generator = torch.Generator().manual_seed(seed)
+    conv_state = torch.randn(L, N, DIM, K - 1, generator=generator).to(device)
+    buffer = torch.randn(sgl_convwin.physical_shape(layout, L, M, DIM, D, K), generator=generator).to(device)
+    windows = sgl_convwin.window_view(buffer, layout, D, K)
+    dst, src, steps = (torch.tensor(v, device=device) for v in ([2, 0], [1, 0], [3, 1]))
+    return conv_state, windows, dst, src, steps
+
+
+@pytest.fixture(autouse=True)
+def empty_cache():
+    ops._EAGER_SCATTER.clear()
+    yield
+    ops._EAGER_SCATTER.clear()
+
+
+@pytest.mark.parametrize("impl", impl_params("cpu", "cuda"))
+def test_a_seen_signature_still_checks_each_call(impl):
+    """Same signature, other data: right results; an inference state, a state sharing the windows'
+    storage, and (checked mode) an out-of-range index are still refused with nothing written."""
+    impl.scatter(*problem(impl.device, 0))
+    assert len(ops._EAGER_SCATTER) == 1
+    for seed in (1, 2):  # values and indices change, the signature does not
+        conv_state, windows, dst, src, steps = problem(impl.device, seed)
+        dst.copy_(torch.tensor([seed, 1]))
+        want = reference.scatter_reference(conv_state, windows, dst, src, steps)
+        impl.scatter(conv_state, windows, dst, src, steps)
+        assert torch.equal(conv_state.cpu(), want.cpu())
+    assert len(ops._EAGER_SCATTER) == 1
+
+    conv_state, windows, dst, src, steps = problem(impl.device, 3)
+    with torch.inference_mode():
+        inference = conv_state.clone()
+    with pytest.raises(ValueError, match=r"conv_state is an inference tensor"):
+        impl.scatter(inference, windows, dst, src, steps)
+    assert torch.equal(inference, conv_state)
+
+    # one storage holding both, with the signature of the first call (same shapes and strides)
+    buffer_shape = sgl_convwin.physical_shape("token_major", L, M, DIM, D, K)
+    storage = torch.zeros(conv_state.numel() + torch.Size(buffer_shape).numel(), device=impl.device)
+    shared_state = storage[: conv_state.numel()].view(conv_state.shape)
+    buffer = storage[conv_state.numel():].view(buffer_shape)
+    shared_windows = sgl_convwin.window_view(buffer, "token_major", D, K)
+    assert shared_windows.stride() == windows.stride()
+    before = storage.clone()
+    with pytest.raises(ValueError, match=r"conv_state and windows share storage"):
+        impl.scatter(shared_state, shared_windows, dst, src, steps)
+    assert torch.equal(storage, before)
+
+    before = whole_storage(conv_state).clone()
+    with sgl_convwin.index_checks(), pytest.raises(IndexError, match=r"dst_slots\[0\] = 3 is out of range"):
+        impl.scatter(conv_state, windows, torch.tensor([3, 0], device=impl.device), src, steps)
+    assert torch.equal(whole_storage(conv_state), before)
+    assert len(ops._EAGER_SCATTER) == 1
+
+
+BAD_AFTER_GOOD = {  # name: (arguments replaced, state_layout, error, message)
+    "index dtype": (dict(steps=torch.tensor([3.0, 1.0])), "dim_major", TypeError, r"steps must be int32 or int64"),
+    "index length": (dict(src_slots=torch.tensor([1, 0, 0])), "dim_major", ValueError,
+                     r"src_slots has 3 rows but dst_slots has 2"),
+    "state dtype": (dict(conv_state=torch.zeros(L, N, DIM, K - 1, dtype=torch.float64)), "dim_major", TypeError,
+                    r"conv_state must be float32, float16 or bfloat16"),
+    "expanded state": (dict(conv_state=torch.zeros(L, 1, DIM, K - 1).expand(L, N, DIM, K - 1)), "dim_major",
+                       ValueError, r"conv_state has overlapping elements"),
+    "state layout": (dict(), "window_major", ValueError, r"dim \(axis 3\) is 8 but conv_state has 3"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_AFTER_GOOD)
+def test_a_bad_call_after_a_good_one_is_checked(name):
+    """A call that differs from a seen signature in one field gets every check again."""
+    conv_state, windows, dst, src, steps = problem("cpu", 0)
+    sgl_convwin.scatter(conv_state, windows, dst, src, steps)
+    changes, state_layout, error, message = BAD_AFTER_GOOD[name]
+    args = dict(conv_state=conv_state, windows=windows, dst_slots=dst, src_slots=src, steps=steps)
+    args.update(changes)
+    before = whole_storage(args["conv_state"]).clone()
+    with pytest.raises(error, match=message):
+        sgl_convwin.scatter(**args, state_layout=state_layout)
+    assert torch.equal(whole_storage(args["conv_state"]), before)
+
+
+@pytest.mark.parametrize("impl", impl_params("cpu", "cuda"))
+def test_every_signature_gets_its_own_plan(impl):
+    """Calls alternating between layouts, strides, dtypes, index widths and batch sizes, each
+    compared with the oracle over the whole state: a plan reused across signatures would be wrong
+    in at least one (the CUDA plans differ in strides, blocks and store modes)."""
+    calls = []
+    for layout in sgl_convwin.LAYOUTS:
+        calls.append(problem(impl.device, 10, layout))
+    conv_state, windows, dst, src, steps = problem(impl.device, 11)
+    calls.append((conv_state.half(), windows, dst, src, steps))
+    calls.append((conv_state, windows, dst.int(), src.int(), steps))
+    calls.append((conv_state, windows, dst[:1], src[:1], steps[:1]))
+    window_major = torch.randn(L, N, K - 1, DIM, device=impl.device)
+    for round_ in range(2):  # the second round finds every signature in the cache
+        for args in calls:
+            state = args[0].clone()
+            want = reference.scatter_reference(state, *args[1:])
+            impl.scatter(state, *args[1:])
+            assert torch.equal(state.cpu(), want.cpu()), round_
+        state = window_major.clone()
+        want = reference.scatter_reference(state, *calls[0][1:], state_layout="window_major")
+        impl.scatter(state, *calls[0][1:], state_layout="window_major")
+        assert torch.equal(state.cpu(), want.cpu()), round_
+    assert len(ops._EAGER_SCATTER) == len(calls) + 1
+
+
+def test_the_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(ops, "_EAGER_SCATTER_MAX", 2)
+    conv_state, windows, dst, src, steps = problem("cpu", 0)
+    for rows in (1, 2, 1, 2):
+        sgl_convwin.scatter(conv_state, windows, dst[:rows], src[:rows], steps[:rows])
+    assert len(ops._EAGER_SCATTER) == 2
+    sgl_convwin.scatter(conv_state, windows, dst[:0], src[:0], steps[:0])  # a third: cleared first
+    assert len(ops._EAGER_SCATTER) == 1
+
+
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+def test_planned_scatter_runs_the_plan_on_other_tensors(impl):
+    """csrc_triton.planned_scatter fixes launch_scatter's plan for one signature; run on other
+    tensors of that signature it is right, and a call with nothing to do launches nothing."""
+    from sgl_convwin._kernels import triton_kernels
+
+    planned = triton_kernels().planned_scatter(*problem(impl.device, 20, "channel_major"))
+    for seed in (21, 22):
+        conv_state, windows, dst, src, steps = problem(impl.device, seed, "channel_major")
+        want = reference.scatter_reference(conv_state, windows, dst, src, steps)
+        planned(conv_state, windows, dst, src, steps)
+        assert torch.equal(conv_state.cpu(), want.cpu())
+    conv_state, windows, dst, src, steps = problem(impl.device, 23)
+    empty = triton_kernels().planned_scatter(conv_state, windows, dst[:0], src[:0], steps[:0])
+    before = conv_state.clone()
+    empty(conv_state, windows, dst[:0], src[:0], steps[:0])
+    assert torch.equal(conv_state, before)
