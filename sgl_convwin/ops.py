@@ -28,6 +28,7 @@ from .layout import (
     physical_shape,
 )
 from .validation import (
+    ScatterSizes,
     check_capture_args,
     check_capture_index_values,
     check_no_shared_storage,
@@ -113,14 +114,24 @@ def _run_scatter(
     src_slots: torch.Tensor,
     steps: torch.Tensor,
     state_layout: str,
+    sizes: ScatterSizes | None = None,
 ) -> None:
-    sizes = check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
-    check_no_shared_storage("convwin.scatter", "conv_state", conv_state, "windows", windows)
+    """Check a scatter call, then run ``kernel``. ``sizes``: the call's sizes when its signature
+    was checked before (the eager fast path in ``scatter``); then only the checks that depend on
+    the tensors themselves run."""
+    if sizes is None:
+        sizes = check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
+    else:  # (requires_grad: the fast path sends such calls through the dispatcher)
+        check_not_inference(_SCATTER_OP, "conv_state", conv_state)
+    check_no_shared_storage(_SCATTER_OP, "conv_state", conv_state, "windows", windows)
     if should_check_index_values(conv_state):
         check_scatter_index_values(sizes, dst_slots, src_slots, steps)
-    # Kernels see every state as [L, N, dim, K-1]; a window-major one is a transposed view.
-    state = conv_state.transpose(2, 3) if state_layout == WINDOW_MAJOR else conv_state
-    kernel(state, windows, dst_slots, src_slots, steps)
+    kernel(_kernel_state(conv_state, state_layout), windows, dst_slots, src_slots, steps)
+
+
+def _kernel_state(conv_state: torch.Tensor, state_layout: str) -> torch.Tensor:
+    """Kernels see every state as [L, N, dim, K-1]; a window-major one is a transposed view."""
+    return conv_state.transpose(2, 3) if state_layout == WINDOW_MAJOR else conv_state
 
 
 @torch.library.custom_op("convwin::scatter", mutates_args=("conv_state",), device_types="cpu")
@@ -214,22 +225,16 @@ def scatter(
     plan = _EAGER_SCATTER.get(signature)
     if plan is None:  # every check (they raise on bad input), then this signature's launch
         sizes = check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
-        state = conv_state.transpose(2, 3) if state_layout == WINDOW_MAJOR else conv_state
         if device == "cpu":
             launch = cpu.scatter_cpu
         else:
+            state = _kernel_state(conv_state, state_layout)
             launch = triton_kernels().planned_scatter(state, windows, dst_slots, src_slots, steps)
         if len(_EAGER_SCATTER) >= _EAGER_SCATTER_MAX:
             _EAGER_SCATTER.clear()
         plan = _EAGER_SCATTER[signature] = (sizes, launch)
-    else:  # what the signature does not fix (requires_grad took the dispatcher path above)
-        check_not_inference(_SCATTER_OP, "conv_state", conv_state)
-        state = conv_state.transpose(2, 3) if state_layout == WINDOW_MAJOR else conv_state
     sizes, launch = plan
-    check_no_shared_storage(_SCATTER_OP, "conv_state", conv_state, "windows", windows)
-    if should_check_index_values(conv_state):
-        check_scatter_index_values(sizes, dst_slots, src_slots, steps)
-    launch(state, windows, dst_slots, src_slots, steps)
+    _run_scatter(launch, conv_state, windows, dst_slots, src_slots, steps, state_layout, sizes)
 
 
 # Eager scatter calls, per signature: every shape, stride, dtype and device of the call's tensors
@@ -253,8 +258,7 @@ def _run_scatter_tree(kernel, conv_state, rows, dst_slots, src_slots, nodes, par
     check_no_shared_storage("convwin.scatter_tree", "conv_state", conv_state, "rows", rows)
     if should_check_index_values(conv_state):
         check_scatter_tree_index_values(sizes, dst_slots, src_slots, nodes, parents)
-    state = conv_state.transpose(2, 3) if state_layout == WINDOW_MAJOR else conv_state
-    kernel(state, rows, dst_slots, src_slots, nodes, parents)
+    kernel(_kernel_state(conv_state, state_layout), rows, dst_slots, src_slots, nodes, parents)
 
 
 @torch.library.custom_op("convwin::scatter_tree", mutates_args=("conv_state",), device_types="cpu")
@@ -331,8 +335,7 @@ def _kernel_views(buffer, conv_state, layout, state_layout):
     """What the kernels see: the buffer as rows [L, M, N+K-2, dim] (dense: windows as they are),
     and the state as [L, N_state, dim, K-1]. Views only, never copies."""
     dest = buffer.transpose(-1, -2) if layout == CHANNEL_MAJOR else buffer
-    state = conv_state.transpose(2, 3) if state_layout == WINDOW_MAJOR else conv_state
-    return dest, state
+    return dest, _kernel_state(conv_state, state_layout)
 
 
 def _run_capture(kernel, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout):
