@@ -70,6 +70,17 @@ IMPLS = {
 }
 
 
+class CountingBackend:
+    """A torch.compile backend that runs the traced graph as it is and counts the compilations."""
+
+    def __init__(self):
+        self.compiles = 0
+
+    def __call__(self, graph_module, example_inputs):
+        self.compiles += 1
+        return graph_module.forward
+
+
 def impl_params(*names: str):
     """pytest params for the implementations this machine can run (others are skipped, with why)."""
     params = []

@@ -9,7 +9,7 @@ from torch._inductor.utils import run_and_get_code
 
 import sgl_convwin
 from sgl_convwin import ConvWindowCache
-from support import DEVICES
+from support import DEVICES, CountingBackend
 
 L, M, DIM, K = 2, 5, 24, 4
 
@@ -106,12 +106,7 @@ def test_compiled_step_does_not_copy_the_cache(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_dynamic_batch_commit_compiles_at_most_twice(device):
     torch._dynamo.reset()
-    compiles = 0
-
-    def counting_backend(graph_module, example_inputs):
-        nonlocal compiles
-        compiles += 1
-        return graph_module.forward
+    counting_backend = CountingBackend()
 
     cache = ConvWindowCache(L, 8, DIM, 4, K, dtype=torch.float32, device=device)
     cache.buffer.normal_()
@@ -128,7 +123,7 @@ def test_dynamic_batch_commit_compiles_at_most_twice(device):
         expected = torch.zeros_like(state)
         sgl_convwin.scatter(expected, cache.windows, slots, slots, accepted)
         assert torch.equal(state, expected)
-    assert compiles <= 2, f"{compiles} compilations for batch sizes 1..512"
+    assert counting_backend.compiles <= 2, f"{counting_backend.compiles} compilations for batch sizes 1..512"
 
 
 class EngineStep(torch.nn.Module):

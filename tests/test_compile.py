@@ -8,7 +8,7 @@ from torch._inductor.utils import run_and_get_code
 
 import sgl_convwin
 from sgl_convwin import reference
-from support import DEVICES
+from support import DEVICES, CountingBackend
 
 L, M, N, D, K, DIM = 2, 3, 5, 4, 4, 16
 
@@ -81,12 +81,7 @@ def test_window_major_view_is_not_cloned_either(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_dynamic_batch_compiles_at_most_twice(device):
     torch._dynamo.reset()
-    compiles = 0
-
-    def counting_backend(graph_module, example_inputs):
-        nonlocal compiles
-        compiles += 1
-        return graph_module.forward
+    counting_backend = CountingBackend()
 
     conv_state, buffer, _, _, _ = inputs(device, "token_major", "dim_major")
     step = torch.compile(commit_step, fullgraph=True, dynamic=True, backend=counting_backend)
@@ -102,7 +97,7 @@ def test_dynamic_batch_compiles_at_most_twice(device):
         expected = reference.scatter_reference(conv_state, windows, dst, src, steps)
         step(conv_state, buffer, dst, src, steps, "token_major", "dim_major")
         assert torch.equal(conv_state.cpu(), expected)
-    assert compiles <= 2, f"{compiles} compilations for batch sizes 1..512"
+    assert counting_backend.compiles <= 2, f"{counting_backend.compiles} compilations for batch sizes 1..512"
 
 
 def tree_commit_step(conv_state, buffer, dst, src, nodes, parents, layout, state_layout):
