@@ -37,7 +37,7 @@ def test_a_seen_signature_still_checks_each_call(impl):
     assert len(ops._EAGER_SCATTER) == 1
     for seed in (1, 2):  # values and indices change, the signature does not
         conv_state, windows, dst, src, steps = problem(impl.device, seed)
-        dst.copy_(torch.tensor([seed, 1]))
+        dst.copy_(torch.tensor([seed, (seed + 1) % N]))  # distinct: a shared destination is unspecified
         want = reference.scatter_reference(conv_state, windows, dst, src, steps)
         impl.scatter(conv_state, windows, dst, src, steps)
         assert torch.equal(conv_state.cpu(), want.cpu())
@@ -148,3 +148,4 @@ def test_planned_scatter_runs_the_plan_on_other_tensors(impl):
     before = conv_state.clone()
     empty(conv_state, windows, dst[:0], src[:0], steps[:0])
     assert torch.equal(conv_state, before)
+
