@@ -42,6 +42,42 @@ class LaunchPlans(dict):
         return plan
 
 
+def fixed_launch(kernel, grid: tuple, args: tuple, kwargs: dict, num_tensors: int):
+    """A function of the kernel's first ``num_tensors`` arguments (tensors) that launches ``kernel``
+    on ``grid`` with the other arguments fixed to ``args[num_tensors:]`` and ``kwargs``.
+
+    Triton's own launch re-derives the kernel's specialisation from every argument on every call
+    (its binder: the dtype, 16-byte alignment and value class of each argument), most of a small
+    launch's host time. Here the arguments other than the tensors never change, and the tensors'
+    dtypes, shapes and strides are fixed by the caller's key, so only their alignment can change:
+    the first call whose tensors all start on 16-byte boundaries launches through Triton, which
+    compiles (or finds) that specialisation and returns it; later such calls launch that compiled
+    kernel directly, on the current stream, with the same arguments. A call with a misaligned
+    tensor always launches through Triton. Under TRITON_INTERPRET=1 every call does.
+
+    For callers that key their cache by at least every dtype, shape and stride of the tensors and
+    the device (sgl_convwin.ops' eager signature cache)."""
+    fixed = tuple(args[num_tensors:])
+    # the constexpr parameters, in order, after the positional ones (the compiled kernel takes them all)
+    tail = fixed + tuple(kwargs[name] for name in kernel.arg_names[len(args):])
+    launch = kernel[grid]
+    direct = None
+
+    def run(*tensors):
+        nonlocal direct
+        misaligned = 0
+        for tensor in tensors:
+            misaligned |= tensor.data_ptr() & 15
+        if direct is not None and not misaligned:
+            direct(*tensors, *tail)
+            return
+        compiled = launch(*tensors, *fixed, **kwargs)
+        if not misaligned and hasattr(compiled, "__getitem__"):
+            direct = compiled[grid]
+
+    return run
+
+
 def next_power_of_2(n: int) -> int:
     # triton.next_power_of_2 and triton.cdiv cost microseconds per call (Triton 3.9); these do not.
     return 1 << (n - 1).bit_length()

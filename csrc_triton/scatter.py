@@ -42,6 +42,7 @@ from ._common import (
     cdiv,
     commit_grid,
     contiguous_order,
+    fixed_launch,
     next_power_of_2,
     row_indices,
     window_block,
@@ -211,19 +212,15 @@ def planned_scatter(
     steps: torch.Tensor,
 ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]:
     """launch_scatter with its plan fixed: a function of the five tensors that launches the kernel
-    as launch_scatter would for THESE shapes, strides and dtypes, skipping the plan lookup. For
-    callers that key their own cache by at least that signature (the eager fast path in
-    sgl_convwin.ops); with other shapes or strides it would launch a wrong plan."""
+    as launch_scatter would for THESE shapes, strides, dtypes and device, skipping the plan lookup
+    and, once compiled, Triton's per-call binder (_common.fixed_launch). For callers that key their
+    own cache by at least that signature (the eager fast path in sgl_convwin.ops); with other
+    shapes or strides it would launch a wrong plan."""
     launch = scatter_launch_args(state, windows, dst_slots, src_slots, steps)
     if launch is None:
         return _nothing_to_do
     grid, args, kwargs = launch
-    scalars, kernel = args[5:], _scatter_windows_kernel[grid]
-
-    def run(state, windows, dst_slots, src_slots, steps):
-        kernel(state, windows, dst_slots, src_slots, steps, *scalars, **kwargs)
-
-    return run
+    return fixed_launch(_scatter_windows_kernel, grid, args, kwargs, num_tensors=5)
 
 
 def _nothing_to_do(*tensors: torch.Tensor) -> None:

@@ -149,3 +149,38 @@ def test_planned_scatter_runs_the_plan_on_other_tensors(impl):
     empty(conv_state, windows, dst[:0], src[:0], steps[:0])
     assert torch.equal(conv_state, before)
 
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_planned_scatter_skips_the_binder_only_for_aligned_tensors(monkeypatch):
+    """After the first call with 16-byte-aligned tensors, planned_scatter launches the compiled
+    kernel without Triton's binder; a call with a misaligned tensor (the same shapes and strides
+    at an odd storage offset: another specialisation) goes through Triton. Each call is compared
+    with the oracle over the whole state."""
+    from sgl_convwin._kernels import triton_kernels
+
+    kernel = triton_kernels().scatter._scatter_windows_kernel
+    binder_runs = []
+    triton_run = kernel.run
+    monkeypatch.setattr(kernel, "run", lambda *a, **k: binder_runs.append(1) or triton_run(*a, **k))
+
+    def misaligned(tensor):  # same shape and strides, 4 bytes past a 16-byte boundary
+        storage = torch.empty(tensor.numel() + 1, dtype=tensor.dtype, device=tensor.device)
+        moved = storage[1:].view(tensor.shape)
+        moved.copy_(tensor)
+        assert moved.stride() == tensor.stride() and moved.data_ptr() % 16 == 4
+        return moved
+
+    planned = triton_kernels().planned_scatter(*problem("cuda", 30))
+    expected_runs = [1, 1, 2, 2, 3, 3]  # Triton's launch: first aligned call and each misaligned one
+    for call, seed in enumerate((31, 32, 33, 34, 35, 36)):
+        conv_state, windows, dst, src, steps = problem("cuda", seed)
+        if seed == 33:
+            buffer = torch.randn(sgl_convwin.physical_shape("token_major", L, M, DIM, D, K), device="cuda")
+            windows = sgl_convwin.window_view(misaligned(buffer), "token_major", D, K)
+        if seed == 35:
+            conv_state = misaligned(conv_state)
+        want = reference.scatter_reference(conv_state, windows, dst, src, steps)
+        planned(conv_state, windows, dst, src, steps)
+        assert torch.equal(conv_state.cpu(), want.cpu()), seed
+        assert len(binder_runs) == expected_runs[call], seed
