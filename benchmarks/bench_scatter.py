@@ -14,6 +14,7 @@ a fraction of a device-to-device copy ceiling measured in the same run.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -278,12 +279,16 @@ def eager_overhead(calls=1000, rounds=15):
     return results
 
 
-def bench_tree(batches, num_nodes=8, topk=3):
-    """Tree commit at Qwen3-Next TP1: scatter_tree on token_major rows (N+K-2 rows per slot)
-    against the dense fallback engines use for trees today (one [dim, K-1] window per node)."""
-    layers, dim, K = 36, 8192, 4
+def bench_tree(batches, shape="qwen3next-tp1", num_nodes=8, topk=3, blocks=()):
+    """Tree commit: scatter_tree on token_major rows (N+K-2 rows per slot) against the dense
+    fallback engines use for trees today (one [dim, K-1] window per node); ``blocks``: also the
+    tree kernel with these elements per program (exploration)."""
+    from sgl_convwin._kernels import triton_kernels
+
+    launch_tree = triton_kernels().launch_scatter_tree
+    (layers, dim), K = SHAPES[shape], 4
     parents_list = [(n // topk) - 1 if n >= topk else -1 for n in range(num_nodes)]
-    print(f"\ntree commit, N={num_nodes} nodes (topk {topk}: parents {parents_list}), Qwen3-Next TP1, bf16")
+    print(f"\ntree commit, N={num_nodes} nodes (topk {topk}: parents {parents_list}), {shape}, bf16")
     print("| B | variant | graph replay (us/launch) | GB/s | cache bytes per slot |")
     print("|---|---|---|---|---|")
     for B in batches:
@@ -306,6 +311,9 @@ def bench_tree(batches, num_nodes=8, topk=3):
             ("convwin scatter_tree (token_major rows)", lambda: sgl_convwin.scatter_tree(conv_state, rows, dst, src, nodes, parents), rows),
             ("convwin scatter (dense tree fallback)", lambda: sgl_convwin.scatter(conv_state, dense, dst, src, nodes), dense),
         ]
+        for block in blocks:
+            variants.append((f"scatter_tree kernel, block {block}", functools.partial(
+                launch_tree, conv_state, rows, dst, src, nodes, parents, block=block), rows))
         for name, fn, cache in variants:
             conv_state.zero_()
             fn()
@@ -327,6 +335,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="write all rows here")
     parser.add_argument("--tree", action="store_true", help="also time the tree commit")
     parser.add_argument("--tree-only", action="store_true", help="time only the tree commit")
+    parser.add_argument("--tree-blocks", nargs="+", type=int, default=[], help="tree kernel blocks to explore")
     parser.add_argument("--eager-only", action="store_true", help="time only the eager host overhead")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -338,7 +347,8 @@ def main(argv=None) -> int:
         print("timing needs CUDA")
         return 1
     if args.tree_only:
-        bench_tree(args.batches)
+        for shape in args.shapes:
+            bench_tree(args.batches, shape, blocks=args.tree_blocks)
         return 0
     eager_overhead()
     if args.eager_only:

@@ -96,6 +96,15 @@ def contiguous_order(dim_stride: int, win_stride: int, dim: int, width: int) -> 
     return None
 
 
+def gather_block(num_rows: int, num_layers: int, window_numel: int) -> int:
+    """Elements per program for a commit that gathers its source: GATHER_BLOCK, halved (down to
+    SMALL_GATHER_BLOCK) while the grid would have fewer than SMALL_GRID_PROGRAMS programs."""
+    block = GATHER_BLOCK
+    while block > SMALL_GATHER_BLOCK and num_rows * num_layers * cdiv(window_numel, block) < SMALL_GRID_PROGRAMS:
+        block //= 2
+    return block
+
+
 def commit_grid(op: str, num_rows: int, num_layers: int, window_numel: int, block: int) -> tuple[int, int, int]:
     """The commit kernels' grid (block, row, layer): each program reads its coordinates straight
     from program_id, with no division before its first index load (that division cost ~0.05-0.1 us

@@ -35,7 +35,6 @@ from ._common import (
     GATHER_BLOCK,
     INT32_MAX,
     MISSING,
-    SMALL_GATHER_BLOCK,
     SMALL_GRID_PROGRAMS,
     STRIDED_GATHER_BYTES,
     LaunchPlans,
@@ -43,6 +42,7 @@ from ._common import (
     commit_grid,
     contiguous_order,
     fixed_launch,
+    gather_block,
     next_power_of_2,
     row_indices,
     window_block,
@@ -153,12 +153,9 @@ def _plan_scatter(state, windows, num_rows, index_strides, block, num_warps, wid
     src_order = contiguous_order(window_strides[3], window_strides[4], dim, width)
     order = dst_order or src_order or "dim_major"
     gather = src_order != order
-    programs = lambda size: num_rows * num_layers * cdiv(window_numel, size)  # noqa: E731
-    small_grid = gather and programs(GATHER_BLOCK) < SMALL_GRID_PROGRAMS
+    small_grid = gather and num_rows * num_layers * cdiv(window_numel, GATHER_BLOCK) < SMALL_GRID_PROGRAMS
     if block is None:  # measured best on the H200: straight copies 2048, gathers 4096 (smaller if few)
-        block = COPY_BLOCK if not gather else GATHER_BLOCK
-        while small_grid and block > SMALL_GATHER_BLOCK and programs(block) < SMALL_GRID_PROGRAMS:
-            block //= 2
+        block = gather_block(num_rows, num_layers, window_numel) if gather else COPY_BLOCK
     block = min(block, next_power_of_2(window_numel))
     grid = commit_grid("convwin.scatter", num_rows, num_layers, window_numel, block)
     needs_wide = max(  # int32 per-element offsets whenever one window's span fits

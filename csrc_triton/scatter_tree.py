@@ -23,12 +23,12 @@ import triton.language as tl
 
 from ._common import (
     DEFAULT_WARPS,
-    GATHER_BLOCK,
     INT32_MAX,
     MISSING,
     LaunchPlans,
     commit_grid,
     contiguous_order,
+    gather_block,
     next_power_of_2,
     row_indices,
     window_block,
@@ -114,7 +114,7 @@ def launch_scatter_tree(
     nodes: torch.Tensor,
     parents: torch.Tensor,
     *,
-    block: int = GATHER_BLOCK,
+    block: int | None = None,
     num_warps: int = DEFAULT_WARPS,
 ) -> None:
     """``state[:, dst_slots[b]] = window of node nodes[b] in rows[:, src_slots[b]]``, every active b.
@@ -122,6 +122,8 @@ def launch_scatter_tree(
     state: [L, N_state, dim, K-1], any strides (a window-major state is passed transposed).
     rows: [L, M, N+K-2, dim], any strides. dst_slots, src_slots, nodes: [B]; parents: [B, N];
     int32 or int64, any strides.
+    block, num_warps: elements per program and warps per program (tuning only; default block:
+    a gather's, _common.gather_block: 4096, down to 1024 for a grid too small to fill the GPU).
     """
     index_strides = (dst_slots.stride(0), src_slots.stride(0), nodes.stride(0), parents.stride())
     key = (
@@ -146,6 +148,8 @@ def _plan_scatter_tree(state, rows, num_rows, num_nodes, index_strides, block, n
     state_strides = state.stride()
     dst_order = contiguous_order(state_strides[2], state_strides[3], dim, width)
     order = dst_order or "dim_major"
+    if block is None:
+        block = gather_block(num_rows, num_layers, window_numel)
     block = min(block, next_power_of_2(window_numel))
     grid = commit_grid("convwin.scatter_tree", num_rows, num_layers, window_numel, block)
     rows_strides = rows.stride()

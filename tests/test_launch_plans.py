@@ -97,15 +97,15 @@ def test_scatter_plan_stores(kernels, layout, num_draft, dtype, flat):
     assert plan["DST_CONTIGUOUS"] is flat and plan["WIDE_OFFSETS"] is False
 
 
-@pytest.mark.parametrize(
-    "layers, dim, rows, block",
-    [
-        (36, 8192, 1, 1024),  # Qwen3-Next TP1, B = 1: 216 programs at 4096, 864 at 1024
-        (36, 8192, 8, 4096),  # B = 8: 1728 programs, enough
-        (36, 2048, 8, 1024),  # TP4, B = 8: 576 at 4096, 864 at 2048
-        (23, 6144, 8, 2048),  # Nemotron-H, B = 8: 920 at 4096, 1656 at 2048
-    ],
-)
+SMALL_GRIDS = [  # layers, dim, rows (B), the gather block the plan must choose
+    (36, 8192, 1, 1024),  # Qwen3-Next TP1, B = 1: 216 programs at 4096, 864 at 1024
+    (36, 8192, 8, 4096),  # B = 8: 1728 programs, enough
+    (36, 2048, 8, 1024),  # TP4, B = 8: 576 at 4096, 864 at 2048
+    (23, 6144, 8, 2048),  # Nemotron-H, B = 8: 920 at 4096, 1656 at 2048
+]
+
+
+@pytest.mark.parametrize("layers, dim, rows, block", SMALL_GRIDS)
 @pytest.mark.parametrize("layout", ["dense", "token_major", "channel_major"])
 def test_scatter_plan_small_grid(kernels, layers, dim, rows, block, layout):
     """A gather whose grid would have fewer than SMALL_GRID_PROGRAMS programs is latency: it halves
@@ -123,6 +123,17 @@ def test_scatter_plan_small_grid(kernels, layers, dim, rows, block, layout):
     want_flat = not (small and layout == "channel_major")
     assert (plan["BLOCK"], plan["DST_CONTIGUOUS"]) == (want_block, want_flat)
     assert grid == (-(-dim * 3 // want_block), rows, layers)
+
+
+@pytest.mark.parametrize("layers, dim, rows, block", SMALL_GRIDS)
+def test_scatter_tree_plan_small_grid(kernels, layers, dim, rows, block):
+    """The tree commit gathers too: the same block rule as the chain commit's gathers."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    state = torch.empty(layers, 8, dim, 3, **meta)
+    tree_rows = torch.empty(sgl_convwin.physical_shape("token_major", layers, 8, dim, 8, 4), **meta)
+    grid, _, plan = kernels.scatter_tree._plan_scatter_tree(state, tree_rows, rows, 8, (1, 1, 1, (8, 1)), None, 4)
+    assert plan["BLOCK"] == block
+    assert grid == (-(-dim * 3 // block), rows, layers)
 
 
 @pytest.mark.parametrize("tree", [False, True])
