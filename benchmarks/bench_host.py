@@ -56,6 +56,9 @@ def main():
     ]
     rows.append(("scatter: public eager call, signature seen (kernel no-op)",
                  lambda: sgl_convwin.scatter(state, windows, index, index, index)))
+    parents = torch.full((B, N), -1, dtype=torch.int64)
+    rows.append(("scatter_tree: public eager call, signature seen (kernel no-op)",
+                 lambda: sgl_convwin.scatter_tree(state, buffer, index, index, index, parents)))
     try:
         from sgl_convwin._kernels import triton_kernels
 
@@ -64,14 +67,17 @@ def main():
     except ImportError:
         pass
     ops._EAGER_SCATTER.clear()
-    ops.cpu.scatter_cpu, cpu_scatter = noop, ops.cpu.scatter_cpu  # the eager plan takes the no-op
+    ops._EAGER_SCATTER_TREE.clear()
+    ops.cpu.scatter_cpu, cpu_scatter = noop, ops.cpu.scatter_cpu  # the eager plans take the no-ops
+    ops.cpu.scatter_tree_cpu, cpu_scatter_tree = noop, ops.cpu.scatter_tree_cpu
     print(f"host time per call, torch {torch.__version__}, {os.cpu_count()} CPUs")
     print("| path | us per call |")
     print("|---|---|")
     for name, fn in rows:
         print(f"| {name} | {per_call_us(fn):.2f} |", flush=True)
-    ops.cpu.scatter_cpu = cpu_scatter
+    ops.cpu.scatter_cpu, ops.cpu.scatter_tree_cpu = cpu_scatter, cpu_scatter_tree
     ops._EAGER_SCATTER.clear()
+    ops._EAGER_SCATTER_TREE.clear()
     return 0
 
 

@@ -231,7 +231,8 @@ def write_json(path, ceiling, rows):
 
 
 def eager_overhead(calls=1000, rounds=15):
-    """Host time per call at B=1 (the GPU work is shorter than the launch, so the host bounds it).
+    """Host time per call at B=1 (the GPU work is shorter than the launch, so the host bounds it),
+    of the chain commit and the tree commit, each against a raw Triton launch of its own kernel.
 
     The candidates are timed in interleaved rounds (each round times every candidate, in an order
     rotated from round to round), so a slow spell of the host weighs on all of them alike; the
@@ -241,40 +242,52 @@ def eager_overhead(calls=1000, rounds=15):
 
     from sgl_convwin._kernels import triton_kernels
 
-    kernels = triton_kernels().scatter
+    kernels = triton_kernels()
     problem = make_problem(36, 8, 8192, 4, 4, 1, torch.bfloat16, "token_major", "cuda")
-    grid, args, kwargs = kernels.scatter_launch_args(*problem)
+    grid, args, kwargs = kernels.scatter.scatter_launch_args(*problem)
+    state, _, dst, src, steps = problem
+    rows = sgl_convwin.alloc_windows(36, 8, 8192, 4, 4, layout="token_major", device="cuda")  # N = 4 nodes
+    tree = (state, rows, dst, src, steps, torch.full((1, 4), -1, device="cuda"))
+    index_strides = (1, 1, 1, tree[5].stride())
+    tree_grid, tree_scalars, tree_kwargs = kernels.scatter_tree._plan_scatter_tree(
+        state, rows, 1, 4, index_strides, None, 4)
 
     def raw():
-        kernels._scatter_windows_kernel[grid](*args, **kwargs)
+        kernels.scatter._scatter_windows_kernel[grid](*args, **kwargs)
 
-    candidates = [
-        ("raw Triton launch (args prepared)", raw),
-        ("csrc_triton launch_scatter", lambda: kernels.launch_scatter(*problem)),
-        ("sgl_convwin.scatter (public)", lambda: sgl_convwin.scatter(*problem)),
-        ("torch.ops.convwin.scatter", lambda: torch.ops.convwin.scatter(*problem)),
+    def raw_tree():
+        kernels.scatter_tree._scatter_tree_kernel[tree_grid](*tree, *tree_scalars, **tree_kwargs)
+
+    raw_name, raw_tree_name = "raw Triton launch (args prepared)", "raw Triton launch of the tree kernel"
+    candidates = [  # name, call, the raw launch it is compared with
+        (raw_name, raw, raw_name),
+        ("csrc_triton launch_scatter", lambda: kernels.launch_scatter(*problem), raw_name),
+        ("sgl_convwin.scatter (public)", lambda: sgl_convwin.scatter(*problem), raw_name),
+        ("torch.ops.convwin.scatter", lambda: torch.ops.convwin.scatter(*problem), raw_name),
+        (raw_tree_name, raw_tree, raw_tree_name),
+        ("sgl_convwin.scatter_tree (public)", lambda: sgl_convwin.scatter_tree(*tree), raw_tree_name),
     ]
-    times = {name: [] for name, _ in candidates}
-    for _, fn in candidates:
+    times = {name: [] for name, _, _ in candidates}
+    for _, fn, _ in candidates:
         for _ in range(200):
             fn()
     torch.cuda.synchronize()
     for round_ in range(rounds):
         shift = round_ % len(candidates)
-        for name, fn in candidates[shift:] + candidates[:shift]:
+        for name, fn, _ in candidates[shift:] + candidates[:shift]:
             start = time.perf_counter()
             for _ in range(calls):
                 fn()
             times[name].append((time.perf_counter() - start) / calls * 1e6)
             torch.cuda.synchronize()
-    raw_best, raw_median = min(times[candidates[0][0]]), statistics.median(times[candidates[0][0]])
     print(f"\neager host time per call, B=1, Qwen3-Next TP1 shape ({rounds} interleaved rounds x {calls} calls)")
-    print("| call | best us per call | median us per call | vs raw launch (best) | vs raw launch (median) |")
+    print("| call | best us per call | median us per call | vs its raw launch (best) | vs its raw launch (median) |")
     print("|---|---|---|---|---|")
     results = []
-    for name, _ in candidates:
+    for name, _, ref in candidates:
         best, median = min(times[name]), statistics.median(times[name])
-        print(f"| {name} | {best:.2f} | {median:.2f} | {best / raw_best:.2f}x | {median / raw_median:.2f}x |")
+        ref_best, ref_median = min(times[ref]), statistics.median(times[ref])
+        print(f"| {name} | {best:.2f} | {median:.2f} | {best / ref_best:.2f}x | {median / ref_median:.2f}x |")
         results.append((name, best))
     return results
 

@@ -5,7 +5,14 @@ they never allocate, never read device memory on the host and hold no torch.libr
 """
 
 from .scatter import launch_scatter, planned_scatter
-from .scatter_tree import launch_scatter_tree
+from .scatter_tree import launch_scatter_tree, planned_scatter_tree
 from .verify import launch_capture, launch_causal_conv1d_verify
 
-__all__ = ["launch_capture", "launch_causal_conv1d_verify", "launch_scatter", "launch_scatter_tree", "planned_scatter"]
+__all__ = [
+    "launch_capture",
+    "launch_causal_conv1d_verify",
+    "launch_scatter",
+    "launch_scatter_tree",
+    "planned_scatter",
+    "planned_scatter_tree",
+]

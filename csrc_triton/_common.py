@@ -42,9 +42,9 @@ class LaunchPlans(dict):
         return plan
 
 
-def fixed_launch(kernel, grid: tuple, args: tuple, kwargs: dict, num_tensors: int):
+def fixed_launch(kernel, grid: tuple, scalars: tuple, kwargs: dict, num_tensors: int):
     """A function of the kernel's first ``num_tensors`` arguments (tensors) that launches ``kernel``
-    on ``grid`` with the other arguments fixed to ``args[num_tensors:]`` and ``kwargs``.
+    on ``grid`` with the arguments after them fixed to ``scalars`` and ``kwargs``.
 
     Triton's own launch re-derives the kernel's specialisation from every argument on every call
     (its binder: the dtype, 16-byte alignment and value class of each argument), most of a small
@@ -56,10 +56,10 @@ def fixed_launch(kernel, grid: tuple, args: tuple, kwargs: dict, num_tensors: in
     tensor always launches through Triton. Under TRITON_INTERPRET=1 every call does.
 
     For callers that key their cache by at least every dtype, shape and stride of the tensors and
-    the device (sgl_convwin.ops' eager signature cache)."""
-    fixed = tuple(args[num_tensors:])
-    # the constexpr parameters, in order, after the positional ones (the compiled kernel takes them all)
-    tail = fixed + tuple(kwargs[name] for name in kernel.arg_names[len(args):])
+    the device (sgl_convwin.ops' eager signature caches)."""
+    scalars = tuple(scalars)
+    # then the constexpr parameters, in order (the compiled kernel takes every parameter)
+    tail = scalars + tuple(kwargs[name] for name in kernel.arg_names[num_tensors + len(scalars):])
     launch = kernel[grid]
     direct = None
 
@@ -71,11 +71,15 @@ def fixed_launch(kernel, grid: tuple, args: tuple, kwargs: dict, num_tensors: in
         if direct is not None and not misaligned:
             direct(*tensors, *tail)
             return
-        compiled = launch(*tensors, *fixed, **kwargs)
+        compiled = launch(*tensors, *scalars, **kwargs)
         if not misaligned and hasattr(compiled, "__getitem__"):
             direct = compiled[grid]
 
     return run
+
+
+def nothing_to_do(*tensors) -> None:
+    """What a planned launch with no work (no rows, no layers, empty windows) runs."""
 
 
 def next_power_of_2(n: int) -> int:

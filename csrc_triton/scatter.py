@@ -44,6 +44,7 @@ from ._common import (
     fixed_launch,
     gather_block,
     next_power_of_2,
+    nothing_to_do,
     row_indices,
     window_block,
 )
@@ -215,13 +216,9 @@ def planned_scatter(
     shapes or strides it would launch a wrong plan."""
     launch = scatter_launch_args(state, windows, dst_slots, src_slots, steps)
     if launch is None:
-        return _nothing_to_do
+        return nothing_to_do
     grid, args, kwargs = launch
-    return fixed_launch(_scatter_windows_kernel, grid, args, kwargs, num_tensors=5)
-
-
-def _nothing_to_do(*tensors: torch.Tensor) -> None:
-    pass
+    return fixed_launch(_scatter_windows_kernel, grid, args[5:], kwargs, num_tensors=5)
 
 
 def launch_scatter(

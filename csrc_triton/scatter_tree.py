@@ -17,6 +17,8 @@ source or destination slot is out of range, or when a parent it reads lies outsi
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import triton
 import triton.language as tl
@@ -28,8 +30,10 @@ from ._common import (
     LaunchPlans,
     commit_grid,
     contiguous_order,
+    fixed_launch,
     gather_block,
     next_power_of_2,
+    nothing_to_do,
     row_indices,
     window_block,
 )
@@ -137,6 +141,26 @@ def launch_scatter_tree(
     if plan is not None:
         grid, scalars, kwargs = plan
         _scatter_tree_kernel[grid](state, rows, dst_slots, src_slots, nodes, parents, *scalars, **kwargs)
+
+
+def planned_scatter_tree(
+    state: torch.Tensor,
+    rows: torch.Tensor,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    nodes: torch.Tensor,
+    parents: torch.Tensor,
+) -> Callable[..., None]:
+    """launch_scatter_tree with its plan fixed: a function of the six tensors that launches the
+    kernel as launch_scatter_tree would for THESE shapes, strides, dtypes and device, skipping the
+    plan lookup and, once compiled, Triton's per-call binder (_common.fixed_launch). For callers
+    that key their own cache by at least that signature (the eager fast path in sgl_convwin.ops)."""
+    index_strides = (dst_slots.stride(0), src_slots.stride(0), nodes.stride(0), parents.stride())
+    plan = _plan_scatter_tree(state, rows, nodes.shape[0], parents.shape[1], index_strides, None, DEFAULT_WARPS)
+    if plan is None:
+        return nothing_to_do
+    grid, scalars, kwargs = plan
+    return fixed_launch(_scatter_tree_kernel, grid, scalars, kwargs, num_tensors=6)
 
 
 def _plan_scatter_tree(state, rows, num_rows, num_nodes, index_strides, block, num_warps):

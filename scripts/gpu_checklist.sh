@@ -49,7 +49,7 @@ for phase in "$@"; do
     small)    timeout 200 python3 benchmarks/explore_small_batch.py --batches 1 8 --layouts token_major dense > "$out/explore_small_batch.log" 2>&1
               rc=$?; cat "$out/explore_small_batch.log" ;;
     eager)    timeout 200 python3 benchmarks/bench_scatter.py --eager-only > "$out/eager.log" 2>&1
-              rc=$?; tail -8 "$out/eager.log" ;;
+              rc=$?; tail -10 "$out/eager.log" ;;
     profile)  rc=0
               for case in verify-chain verify-tree commit-token-major-b8 commit-dense-b8 commit-channel-major-d16; do
                 kernel=$(python3 benchmarks/profile_one.py "$case" --print-kernel)

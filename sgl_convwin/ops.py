@@ -206,7 +206,8 @@ def scatter(
         ``sgl_convwin.index_checks()`` turns them into an IndexError (host sync, for debugging).
 
     Same as ``torch.ops.convwin.scatter``; eager calls skip the dispatcher (see _eager_device)
-    and repeat only the per-tensor checks for a signature already seen (see _EAGER_SCATTER).
+    and repeat only the per-tensor checks for a signature already seen (see _EAGER_SCATTER),
+    launching the compiled kernel directly.
     """
     device = _eager_device(conv_state, windows, dst_slots, src_slots, steps)
     if device is None:
@@ -214,14 +215,7 @@ def scatter(
             conv_state, windows, dst_slots, src_slots, steps, state_layout=state_layout
         )
         return
-    signature = (
-        state_layout,
-        conv_state.shape, conv_state.stride(), conv_state.dtype, conv_state.device,
-        windows.shape, windows.stride(), windows.dtype, windows.device,
-        dst_slots.shape, dst_slots.stride(), dst_slots.dtype, dst_slots.device,
-        src_slots.shape, src_slots.stride(), src_slots.dtype, src_slots.device,
-        steps.shape, steps.stride(), steps.dtype, steps.device,
-    )
+    signature = _eager_signature(state_layout, conv_state, windows, dst_slots, src_slots, steps)
     plan = _EAGER_SCATTER.get(signature)
     if plan is None:  # every check (they raise on bad input), then this signature's launch
         sizes = check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
@@ -230,22 +224,38 @@ def scatter(
         else:
             state = _kernel_state(conv_state, state_layout)
             launch = triton_kernels().planned_scatter(state, windows, dst_slots, src_slots, steps)
-        if len(_EAGER_SCATTER) >= _EAGER_SCATTER_MAX:
-            _EAGER_SCATTER.clear()
-        plan = _EAGER_SCATTER[signature] = (sizes, launch)
+        plan = _remember(_EAGER_SCATTER, signature, (sizes, launch))
     sizes, launch = plan
     _run_scatter(launch, conv_state, windows, dst_slots, src_slots, steps, state_layout, sizes)
 
 
-# Eager scatter calls, per signature: every shape, stride, dtype and device of the call's tensors
-# plus the state layout -- everything the argument checks and the launch plan depend on, so
-# neither is repeated for a signature seen before. The checks that depend on the tensors
+# The eager fast paths of scatter and scatter_tree keep, per call signature -- every shape,
+# stride, dtype and device of the call's tensors, and the state layout: everything the argument
+# checks and the launch plan depend on -- the call's sizes and its launch (on CUDA a fixed plan
+# that, once compiled, skips Triton's per-call binder; csrc_triton/_common.fixed_launch). A seen
+# signature repeats neither the checks nor the planning; the checks that depend on the tensors
 # themselves (shared storage, inference tensors, the checked mode) run on every call. Engines
-# repeat a few signatures step after step (bounded anyway: cleared when full). On the CI machine
-# this takes the eager host path of scatter from 6.0 to 3.5 us per call (docs/benchmarks.md).
+# repeat a few signatures step after step (bounded anyway: cleared when full). On the H200 host
+# the public eager scatter costs 0.72-0.74x a raw Triton launch (docs/benchmarks.md).
 _EAGER_SCATTER: dict[tuple, tuple] = {}
-_EAGER_SCATTER_MAX = 1024
+_EAGER_SCATTER_TREE: dict[tuple, tuple] = {}
+_EAGER_MAX = 1024
 _SCATTER_OP = "convwin.scatter"
+_SCATTER_TREE_OP = "convwin.scatter_tree"
+
+
+def _eager_signature(state_layout: str, *tensors: torch.Tensor) -> tuple:
+    signature = [state_layout]
+    for t in tensors:
+        signature += (t.shape, t.stride(), t.dtype, t.device)
+    return tuple(signature)
+
+
+def _remember(cache: dict, signature: tuple, plan: tuple) -> tuple:
+    if len(cache) >= _EAGER_MAX:
+        cache.clear()
+    cache[signature] = plan
+    return plan
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,9 +263,13 @@ _SCATTER_OP = "convwin.scatter"
 # ---------------------------------------------------------------------------------------------
 
 
-def _run_scatter_tree(kernel, conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout):
-    sizes = check_scatter_tree_args(conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout)
-    check_no_shared_storage("convwin.scatter_tree", "conv_state", conv_state, "rows", rows)
+def _run_scatter_tree(kernel, conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout, sizes=None):
+    """Check a scatter_tree call, then run ``kernel``; ``sizes`` as in _run_scatter."""
+    if sizes is None:
+        sizes = check_scatter_tree_args(conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout)
+    else:
+        check_not_inference(_SCATTER_TREE_OP, "conv_state", conv_state)
+    check_no_shared_storage(_SCATTER_TREE_OP, "conv_state", conv_state, "rows", rows)
     if should_check_index_values(conv_state):
         check_scatter_tree_index_values(sizes, dst_slots, src_slots, nodes, parents)
     kernel(_kernel_state(conv_state, state_layout), rows, dst_slots, src_slots, nodes, parents)
@@ -311,16 +325,27 @@ def scatter_tree(
     -> node -- into conv_state[:, dst_slots[b]]. With chain parents (parents[b, n] = n-1) this is
     ``scatter`` with steps = nodes, bit for bit. Out-of-range indices, and parent links outside
     [-1, n-1] met on the walk, skip the row; ``index_checks()`` raises instead. conv_state and
-    state_layout as in ``scatter``.
+    state_layout as in ``scatter``. Same as ``torch.ops.convwin.scatter_tree``; eager calls take
+    the same fast path as ``scatter``'s (see _EAGER_SCATTER_TREE).
     """
     device = _eager_device(conv_state, rows, dst_slots, src_slots, nodes, parents)
-    if device is not None:
-        kernel = cpu.scatter_tree_cpu if device == "cpu" else triton_kernels().launch_scatter_tree
-        _run_scatter_tree(kernel, conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout)
-    else:
+    if device is None:
         torch.ops.convwin.scatter_tree(
             conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout=state_layout
         )
+        return
+    signature = _eager_signature(state_layout, conv_state, rows, dst_slots, src_slots, nodes, parents)
+    plan = _EAGER_SCATTER_TREE.get(signature)
+    if plan is None:  # as in scatter
+        sizes = check_scatter_tree_args(conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout)
+        if device == "cpu":
+            launch = cpu.scatter_tree_cpu
+        else:
+            state = _kernel_state(conv_state, state_layout)
+            launch = triton_kernels().planned_scatter_tree(state, rows, dst_slots, src_slots, nodes, parents)
+        plan = _remember(_EAGER_SCATTER_TREE, signature, (sizes, launch))
+    sizes, launch = plan
+    _run_scatter_tree(launch, conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout, sizes)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""The eager fast path of sgl_convwin.scatter (ops._EAGER_SCATTER): a call whose signature (every
-shape, stride, dtype and device, and the state layout) was seen before skips the argument checks
-and the launch planning, but never the checks that depend on the tensors themselves, and never
+"""The eager fast paths of sgl_convwin.scatter and scatter_tree (ops._EAGER_SCATTER,
+ops._EAGER_SCATTER_TREE): a call whose signature (every shape, stride, dtype and device, and the
+state layout) was seen before skips the argument checks and the launch planning, and on CUDA
+Triton's per-call binder, but never the checks that depend on the tensors themselves, and never
 reuses a plan for a call that differs in anything the plan depends on."""
 
 import pytest
@@ -22,11 +23,23 @@ def problem(device, seed, layout="token_major"):
     return conv_state, windows, dst, src, steps
 
 
+def tree_problem(device, seed):
+    """A topk-2 tree of 4 nodes on token_major rows [L, M, N+K-2, dim], two rows."""
+    generator = torch.Generator().manual_seed(seed)
+    conv_state = torch.randn(L, N, DIM, K - 1, generator=generator).to(device)
+    rows = torch.randn(sgl_convwin.physical_shape("token_major", L, M, DIM, 4, K), generator=generator).to(device)
+    dst, src, nodes = (torch.tensor(v, device=device) for v in ([2, 0], [1, 0], [3, 2]))
+    parents = torch.tensor([[-1, -1, 0, 1], [-1, -1, 0, 0]], device=device)
+    return conv_state, rows, dst, src, nodes, parents
+
+
 @pytest.fixture(autouse=True)
 def empty_cache():
     ops._EAGER_SCATTER.clear()
+    ops._EAGER_SCATTER_TREE.clear()
     yield
     ops._EAGER_SCATTER.clear()
+    ops._EAGER_SCATTER_TREE.clear()
 
 
 @pytest.mark.parametrize("impl", impl_params("cpu", "cuda"))
@@ -122,7 +135,7 @@ def test_every_signature_gets_its_own_plan(impl):
 
 
 def test_the_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(ops, "_EAGER_SCATTER_MAX", 2)
+    monkeypatch.setattr(ops, "_EAGER_MAX", 2)
     conv_state, windows, dst, src, steps = problem("cpu", 0)
     for rows in (1, 2, 1, 2):
         sgl_convwin.scatter(conv_state, windows, dst[:rows], src[:rows], steps[:rows])
@@ -150,37 +163,122 @@ def test_planned_scatter_runs_the_plan_on_other_tensors(impl):
     assert torch.equal(conv_state, before)
 
 
+@pytest.mark.parametrize("impl", impl_params("cpu", "cuda"))
+def test_scatter_tree_seen_signature_still_checks_each_call(impl):
+    """scatter_tree's fast path, as scatter's above: right results for other data of a seen
+    signature; inference state, shared storage and (checked mode) a bad parent link refused."""
+    impl.scatter_tree(*tree_problem(impl.device, 0))
+    assert len(ops._EAGER_SCATTER_TREE) == 1
+    for seed in (1, 2):
+        conv_state, rows, dst, src, nodes, parents = tree_problem(impl.device, seed)
+        dst.copy_(torch.tensor([seed, (seed + 1) % N]))
+        nodes.copy_(torch.tensor([seed, 3 - seed]))
+        want = reference.scatter_tree_reference(conv_state, rows, dst, src, nodes, parents)
+        impl.scatter_tree(conv_state, rows, dst, src, nodes, parents)
+        assert torch.equal(conv_state.cpu(), want.cpu())
+    assert len(ops._EAGER_SCATTER_TREE) == 1
+
+    conv_state, rows, dst, src, nodes, parents = tree_problem(impl.device, 3)
+    with torch.inference_mode():
+        inference = conv_state.clone()
+    with pytest.raises(ValueError, match=r"conv_state is an inference tensor"):
+        impl.scatter_tree(inference, rows, dst, src, nodes, parents)
+    assert torch.equal(inference, conv_state)
+
+    rows_shape = rows.shape
+    storage = torch.zeros(conv_state.numel() + rows.numel(), device=impl.device)
+    shared_state = storage[: conv_state.numel()].view(conv_state.shape)
+    shared_rows = storage[conv_state.numel():].view(rows_shape)
+    before = storage.clone()
+    with pytest.raises(ValueError, match=r"conv_state and rows share storage"):
+        impl.scatter_tree(shared_state, shared_rows, dst, src, nodes, parents)
+    assert torch.equal(storage, before)
+
+    before = whole_storage(conv_state).clone()
+    bad_parents = torch.tensor([[-1, -1, 0, 3], [-1, -1, 0, 0]], device=impl.device)  # node 3 -> 3
+    with sgl_convwin.index_checks(), pytest.raises(IndexError, match=r"parents\[0, 3\] = 3"):
+        impl.scatter_tree(conv_state, rows, dst, src, nodes, bad_parents)
+    assert torch.equal(whole_storage(conv_state), before)
+    assert len(ops._EAGER_SCATTER_TREE) == 1
+
+
+@pytest.mark.parametrize("impl", impl_params("cpu", "cuda"))
+def test_scatter_tree_every_signature_gets_its_own_plan(impl):
+    """scatter_tree calls alternating between state layouts, dtypes, index widths, parents strides
+    and batch sizes, each compared with the oracle over the whole state, twice."""
+    conv_state, rows, dst, src, nodes, parents = tree_problem(impl.device, 10)
+    wide_parents = torch.cat([parents, parents[:, :1]], dim=1)[:, :4]  # row stride 5, not 4
+    calls = [
+        (conv_state, rows, dst, src, nodes, parents, "dim_major"),
+        (conv_state.half(), rows, dst, src, nodes, parents, "dim_major"),
+        (conv_state, rows, dst.int(), src.int(), nodes.int(), parents.int(), "dim_major"),
+        (conv_state, rows, dst, src, nodes, wide_parents, "dim_major"),
+        (conv_state, rows, dst[:1], src[:1], nodes[:1], parents[:1], "dim_major"),
+        (conv_state.transpose(2, 3).contiguous(), rows, dst, src, nodes, parents, "window_major"),
+    ]
+    for round_ in range(2):  # the second round finds every signature in the cache
+        for *args, state_layout in calls:
+            state = args[0].clone()
+            want = reference.scatter_tree_reference(state, *args[1:], state_layout=state_layout)
+            impl.scatter_tree(state, *args[1:], state_layout=state_layout)
+            assert torch.equal(state.cpu(), want.cpu()), (round_, state_layout)
+    assert len(ops._EAGER_SCATTER_TREE) == len(calls)
+
+
+def test_scatter_tree_bad_call_after_a_good_one_is_checked():
+    conv_state, rows, dst, src, nodes, parents = tree_problem("cpu", 0)
+    sgl_convwin.scatter_tree(conv_state, rows, dst, src, nodes, parents)
+    before = conv_state.clone()
+    with pytest.raises(ValueError, match=r"parents must be"):
+        sgl_convwin.scatter_tree(conv_state, rows, dst, src, nodes, parents[:, :3])
+    with pytest.raises(TypeError, match=r"nodes must be int32 or int64"):
+        sgl_convwin.scatter_tree(conv_state, rows, dst, src, nodes.float(), parents)
+    assert torch.equal(conv_state, before)
+
+
+def _misaligned(tensor):
+    """The same values, shape and strides, 4 bytes past a 16-byte boundary."""
+    storage = torch.empty(tensor.numel() + 1, dtype=tensor.dtype, device=tensor.device)
+    moved = storage[1:].view(tensor.shape)
+    moved.copy_(tensor)
+    assert moved.stride() == tensor.stride() and moved.data_ptr() % 16 == 4
+    return moved
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_planned_scatter_skips_the_binder_only_for_aligned_tensors(monkeypatch):
-    """After the first call with 16-byte-aligned tensors, planned_scatter launches the compiled
-    kernel without Triton's binder; a call with a misaligned tensor (the same shapes and strides
-    at an odd storage offset: another specialisation) goes through Triton. Each call is compared
-    with the oracle over the whole state."""
+@pytest.mark.parametrize("op", ["scatter", "scatter_tree"])
+def test_planned_launch_skips_the_binder_only_for_aligned_tensors(monkeypatch, op):
+    """After the first call with 16-byte-aligned tensors, a planned launch runs the compiled kernel
+    without Triton's binder; a call with a misaligned tensor (the same shapes and strides at an
+    odd storage offset: another specialisation) goes through Triton. Each call is compared with
+    the oracle over the whole state."""
     from sgl_convwin._kernels import triton_kernels
 
-    kernel = triton_kernels().scatter._scatter_windows_kernel
+    kernels = triton_kernels()
+    if op == "scatter":
+        kernel, planned_for = kernels.scatter._scatter_windows_kernel, kernels.planned_scatter
+        make, want_of = problem, reference.scatter_reference
+    else:
+        kernel, planned_for = kernels.scatter_tree._scatter_tree_kernel, kernels.planned_scatter_tree
+        make, want_of = tree_problem, reference.scatter_tree_reference
     binder_runs = []
     triton_run = kernel.run
     monkeypatch.setattr(kernel, "run", lambda *a, **k: binder_runs.append(1) or triton_run(*a, **k))
 
-    def misaligned(tensor):  # same shape and strides, 4 bytes past a 16-byte boundary
-        storage = torch.empty(tensor.numel() + 1, dtype=tensor.dtype, device=tensor.device)
-        moved = storage[1:].view(tensor.shape)
-        moved.copy_(tensor)
-        assert moved.stride() == tensor.stride() and moved.data_ptr() % 16 == 4
-        return moved
-
-    planned = triton_kernels().planned_scatter(*problem("cuda", 30))
+    planned = planned_for(*make("cuda", 30))
     expected_runs = [1, 1, 2, 2, 3, 3]  # Triton's launch: first aligned call and each misaligned one
     for call, seed in enumerate((31, 32, 33, 34, 35, 36)):
-        conv_state, windows, dst, src, steps = problem("cuda", seed)
-        if seed == 33:
-            buffer = torch.randn(sgl_convwin.physical_shape("token_major", L, M, DIM, D, K), device="cuda")
-            windows = sgl_convwin.window_view(misaligned(buffer), "token_major", D, K)
+        args = list(make("cuda", seed))
+        if seed == 33:  # the source (windows or rows) misaligned
+            if op == "scatter":
+                buffer = torch.randn(sgl_convwin.physical_shape("token_major", L, M, DIM, D, K), device="cuda")
+                args[1] = sgl_convwin.window_view(_misaligned(buffer), "token_major", D, K)
+            else:
+                args[1] = _misaligned(args[1])
         if seed == 35:
-            conv_state = misaligned(conv_state)
-        want = reference.scatter_reference(conv_state, windows, dst, src, steps)
-        planned(conv_state, windows, dst, src, steps)
-        assert torch.equal(conv_state.cpu(), want.cpu()), seed
+            args[0] = _misaligned(args[0])
+        want = want_of(*args)
+        planned(*args)
+        assert torch.equal(args[0].cpu(), want.cpu()), seed
         assert len(binder_runs) == expected_runs[call], seed
