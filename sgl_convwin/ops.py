@@ -236,7 +236,8 @@ def scatter(
 # signature repeats neither the checks nor the planning; the checks that depend on the tensors
 # themselves (shared storage, inference tensors, the checked mode) run on every call. Engines
 # repeat a few signatures step after step (bounded anyway: cleared when full). On the H200 host
-# the public eager scatter costs 0.72-0.74x a raw Triton launch (docs/benchmarks.md).
+# the public eager scatter costs 0.72-0.76x a raw Triton launch of its kernel, scatter_tree
+# 0.77-0.79x (docs/benchmarks.md).
 _EAGER_SCATTER: dict[tuple, tuple] = {}
 _EAGER_SCATTER_TREE: dict[tuple, tuple] = {}
 _EAGER_MAX = 1024
