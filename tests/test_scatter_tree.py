@@ -213,3 +213,24 @@ def test_windows_span_several_blocks(impl):
         nodes = torch.tensor([4, 2], device=impl.device)
         parents = torch.tensor([[-1, 0, -1, 2, 3], [-1, -1, 1, 1, 0]], device=impl.device)
         check_scatter_tree(impl, conv_state, rows, dst, src, nodes, parents, state_layout)
+
+
+@pytest.mark.parametrize("impl", impl_params())
+@pytest.mark.parametrize("num_nodes", [3, 256, 257])  # the parents row in registers up to 256, then link by link
+@pytest.mark.parametrize("kernel_size", [4, 5])
+def test_both_parent_walks(impl, num_nodes, kernel_size):
+    """The kernel loads a row's parents at once for trees of up to PARENTS_ROW_MAX nodes and link
+    by link above: random trees on both sides of the bound, deep nodes, and one bad link."""
+    generator = torch.Generator().manual_seed(num_nodes + kernel_size)
+    layers, dim = 2, 8
+    # parents[b, n] uniform in [-1, n-1]; row 3's last node links to itself (a bad link)
+    parents = (torch.rand(4, num_nodes, generator=generator) * (torch.arange(num_nodes) + 1)).long() - 1
+    parents[3, -1] = num_nodes - 1
+    rows = make_rows("token_major", layers, 2, num_nodes, kernel_size, dim, torch.float32, impl.device, generator,
+                     "contiguous")
+    conv_state = make_state("dim_major", layers, 5, dim, kernel_size - 1, torch.float32, impl.device, generator,
+                            "contiguous")
+    dst, src = torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 0, 1])
+    nodes = torch.tensor([num_nodes - 1, num_nodes - 2, num_nodes // 2, num_nodes - 1])
+    check_scatter_tree(impl, conv_state, rows, dst.to(impl.device), src.to(impl.device), nodes.to(impl.device),
+                       parents.to(impl.device), "dim_major")
