@@ -292,15 +292,13 @@ def eager_overhead(calls=1000, rounds=15):
     return results
 
 
-def bench_tree(batches, shape="qwen3next-tp1", num_nodes=8, topk=3, blocks=(), link_walk=False):
+def bench_tree(batches, shape="qwen3next-tp1", num_nodes=8, topk=3, blocks=()):
     """Tree commit: scatter_tree on token_major rows (N+K-2 rows per slot) against the dense
-    fallback engines use for trees today (one [dim, K-1] window per node). Explorations:
-    ``blocks``, the tree kernel with these elements per program; ``link_walk``, the production
-    plan with the parents loaded link by link (PARENTS_ROW = 0) instead of as one row."""
+    fallback engines use for trees today (one [dim, K-1] window per node); ``blocks``: also the
+    tree kernel with these elements per program (exploration)."""
     from sgl_convwin._kernels import triton_kernels
 
-    tree_kernels = triton_kernels().scatter_tree
-    launch_tree = tree_kernels.launch_scatter_tree
+    launch_tree = triton_kernels().launch_scatter_tree
     (layers, dim), K = SHAPES[shape], 4
     parents_list = [(n // topk) - 1 if n >= topk else -1 for n in range(num_nodes)]
     print(f"\ntree commit, N={num_nodes} nodes (topk {topk}: parents {parents_list}), {shape}, bf16")
@@ -329,12 +327,6 @@ def bench_tree(batches, shape="qwen3next-tp1", num_nodes=8, topk=3, blocks=(), l
         for block in blocks:
             variants.append((f"scatter_tree kernel, block {block}", functools.partial(
                 launch_tree, conv_state, rows, dst, src, nodes, parents, block=block), rows))
-        if link_walk:
-            grid, scalars, kwargs = tree_kernels._plan_scatter_tree(
-                conv_state, rows, B, num_nodes, (1, 1, 1, parents.stride()), None, 4)
-            variants.append(("scatter_tree kernel, parents link by link", functools.partial(
-                tree_kernels._scatter_tree_kernel[grid], conv_state, rows, dst, src, nodes, parents, *scalars,
-                **{**kwargs, "PARENTS_ROW": 0}), rows))
         for name, fn, cache in variants:
             conv_state.zero_()
             fn()
@@ -357,7 +349,6 @@ def main(argv=None) -> int:
     parser.add_argument("--tree", action="store_true", help="also time the tree commit")
     parser.add_argument("--tree-only", action="store_true", help="time only the tree commit")
     parser.add_argument("--tree-blocks", nargs="+", type=int, default=[], help="tree kernel blocks to explore")
-    parser.add_argument("--tree-link-walk", action="store_true", help="also the tree kernel walking parents link by link")
     parser.add_argument("--eager-only", action="store_true", help="time only the eager host overhead")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -370,7 +361,7 @@ def main(argv=None) -> int:
         return 1
     if args.tree_only:
         for shape in args.shapes:
-            bench_tree(args.batches, shape, blocks=args.tree_blocks, link_walk=args.tree_link_walk)
+            bench_tree(args.batches, shape, blocks=args.tree_blocks)
         return 0
     eager_overhead()
     if args.eager_only:

@@ -68,7 +68,6 @@ def _scatter_tree_kernel(
     BLOCK: tl.constexpr,
     WINDOW_MAJOR_ORDER: tl.constexpr,
     DST_CONTIGUOUS: tl.constexpr,
-    PARENTS_ROW: tl.constexpr,  # >= N, a power of two: load the row's parents at once; 0: link by link
 ):
     HISTORY: tl.constexpr = WIDTH - 1  # K-2 history rows
     block = tl.program_id(0)
@@ -79,10 +78,6 @@ def _scatter_tree_kernel(
         row, nodes_ptr, nodes_stride, num_nodes, dst_slots_ptr, dst_slots_stride, num_state_slots,
         src_slots_ptr, src_slots_stride, num_src_slots,
     )
-    parents_row = parents_ptr + row.to(tl.int64) * parents_stride_row
-    if PARENTS_ROW:  # one load round, issued with the index loads; the walk then reads registers
-        node_ids = tl.arange(0, PARENTS_ROW)
-        links = tl.load(parents_row + node_ids * parents_stride_node, mask=node_ids < num_nodes, other=-1)
     if active:
         # Per-element offsets are int32 (the launcher checks that one slot's span fits); the
         # int64 bases are scalars. Measured on the H200 (docs/benchmarks.md): int64 offsets
@@ -93,15 +88,12 @@ def _scatter_tree_kernel(
         pos = HISTORY + node
         row_offset = tl.zeros([BLOCK], dtype=tl.int32) + (pos * rows_stride_pos).to(tl.int32)
         links_ok = node >= 0  # a scalar True
+        parents_row = parents_ptr + row.to(tl.int64) * parents_stride_row
         for older in tl.static_range(1, WIDTH):
             is_node = pos >= HISTORY
-            if PARENTS_ROW:  # the link of node pos-HISTORY (none matches when not is_node)
-                parent = tl.sum(tl.where(node_ids == pos - HISTORY, links, 0)).to(tl.int64)
-                parent = tl.where(is_node, parent, -1)
-            else:
-                parent = tl.load(
-                    parents_row + (pos - HISTORY) * parents_stride_node, mask=is_node, other=-1
-                ).to(tl.int64)
+            parent = tl.load(
+                parents_row + (pos - HISTORY) * parents_stride_node, mask=is_node, other=-1
+            ).to(tl.int64)
             parent_ok = (parent >= -1) & (parent < pos - HISTORY)
             links_ok &= parent_ok | (pos < HISTORY)
             pos = tl.where(is_node & parent_ok, HISTORY + parent, pos - 1)
@@ -171,11 +163,6 @@ def planned_scatter_tree(
     return fixed_launch(_scatter_tree_kernel, grid, scalars, kwargs, num_tensors=6)
 
 
-# Trees of up to this many nodes load each row's parents in one round (a vector of int64 per
-# program), instead of one dependent load per link walked (K-2 of them).
-PARENTS_ROW_MAX = 256
-
-
 def _plan_scatter_tree(state, rows, num_rows, num_nodes, index_strides, block, num_warps):
     """(grid, scalar arguments, constexpr kwargs) for these shapes and strides, or None."""
     num_layers, num_state_slots, dim, width = state.shape
@@ -211,7 +198,6 @@ def _plan_scatter_tree(state, rows, num_rows, num_nodes, index_strides, block, n
         BLOCK=block,
         WINDOW_MAJOR_ORDER=order == "window_major",
         DST_CONTIGUOUS=dst_order == order,
-        PARENTS_ROW=next_power_of_2(num_nodes) if num_nodes <= PARENTS_ROW_MAX else 0,
         num_warps=num_warps,
     )
     return grid, scalars, kwargs

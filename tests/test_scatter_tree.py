@@ -216,11 +216,11 @@ def test_windows_span_several_blocks(impl):
 
 
 @pytest.mark.parametrize("impl", impl_params())
-@pytest.mark.parametrize("num_nodes", [3, 256, 257])  # the parents row in registers up to 256, then link by link
+@pytest.mark.parametrize("num_nodes", [3, 256, 257])
 @pytest.mark.parametrize("kernel_size", [4, 5])
-def test_both_parent_walks(impl, num_nodes, kernel_size):
-    """The kernel loads a row's parents at once for trees of up to PARENTS_ROW_MAX nodes and link
-    by link above: random trees on both sides of the bound, deep nodes, and one bad link."""
+def test_random_trees_deep_nodes(impl, num_nodes, kernel_size):
+    """Random trees up to 257 nodes (parents[b, n] uniform in [-1, n-1]), deep nodes, K = 4 and 5
+    (two and three links walked), and one bad link."""
     generator = torch.Generator().manual_seed(num_nodes + kernel_size)
     layers, dim = 2, 8
     # parents[b, n] uniform in [-1, n-1]; row 3's last node links to itself (a bad link)
