@@ -29,6 +29,25 @@ def layer_bytes(batch, num_nodes, dim, kernel_size, layout, element=2):
     return element * (2 * batch * num_nodes * dim + batch * width * dim + dim * (kernel_size + 1) + written)
 
 
+def layer_problem(batch, num_nodes, parents_list, layout, dim, kernel_size, device="cuda"):
+    """One verify layer's tensors (bf16, seeded): buffer, dest (what the kernel writes: the buffer,
+    a channel_major one transposed), state, x, out, weight, bias, buffer and state slots, parents
+    (None for a chain: parents_list None)."""
+    slots = max(batch, 8)
+    generator = torch.Generator(device=device).manual_seed(0)
+    buffer = sgl_convwin.alloc_windows(1, slots, dim, num_nodes, kernel_size, layout=layout, device=device)
+    dest = buffer if layout != "channel_major" else buffer.transpose(-1, -2)
+    state = torch.randn(1, slots, dim, kernel_size - 1, generator=generator, device=device).to(torch.bfloat16)
+    x = torch.randn(batch, num_nodes, dim, generator=generator, device=device).to(torch.bfloat16)
+    out = torch.empty_like(x)
+    weight = torch.randn(dim, kernel_size, generator=generator, device=device).to(torch.bfloat16)
+    bias = torch.randn(dim, generator=generator, device=device).to(torch.bfloat16)
+    slots_b = torch.randperm(slots, generator=generator, device=device)[:batch]
+    slots_s = torch.randperm(slots, generator=generator, device=device)[:batch]
+    parents = None if parents_list is None else torch.tensor([parents_list] * batch, device=device)
+    return buffer, dest, state, x, out, weight, bias, slots_b, slots_s, parents
+
+
 def main():
     if not torch.cuda.is_available():
         print("needs CUDA")
@@ -51,18 +70,8 @@ def main():
             for B in (1, 8, 64, 256):
                 if num_nodes == 32 and B == 1:
                     continue
-                slots = max(B, 8)
-                generator = torch.Generator(device="cuda").manual_seed(0)
-                buffer = sgl_convwin.alloc_windows(1, slots, dim, num_nodes, K, layout=layout, device="cuda")
-                dest = buffer if layout != "channel_major" else buffer.transpose(-1, -2)
-                state = torch.randn(1, slots, dim, K - 1, generator=generator, device="cuda").to(torch.bfloat16)
-                x = torch.randn(B, num_nodes, dim, generator=generator, device="cuda").to(torch.bfloat16)
-                out = torch.empty_like(x)
-                weight = torch.randn(dim, K, generator=generator, device="cuda").to(torch.bfloat16)
-                bias = torch.randn(dim, generator=generator, device="cuda").to(torch.bfloat16)
-                slots_b = torch.randperm(slots, generator=generator, device="cuda")[:B]
-                slots_s = torch.randperm(slots, generator=generator, device="cuda")[:B]
-                parents = torch.tensor([parents_list] * B, device="cuda") if tree else None
+                buffer, dest, state, x, out, weight, bias, slots_b, slots_s, parents = layer_problem(
+                    B, num_nodes, parents_list if tree else None, layout, dim, K)
                 nbytes = layer_bytes(B, num_nodes, dim, K, layout)
                 reference_out = None
                 for config in configs["dense" if layout == "dense" else "rows"]:

@@ -15,10 +15,9 @@ import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import sgl_convwin  # noqa: E402
 from bench_scatter import copy_ceiling_gbps, graph_time_us  # noqa: E402
 from bench_verify import tree_parents  # noqa: E402
-from explore_verify_kernel import layer_bytes  # noqa: E402
+from explore_verify_kernel import layer_bytes, layer_problem  # noqa: E402
 from sgl_convwin._kernels import triton_kernels  # noqa: E402
 
 VARIANTS = [  # name: launch options changed from the production plan's
@@ -46,17 +45,8 @@ def main():
     for tree, num_nodes in ((False, 4), (True, 8)):
         parents_list = tree_parents(num_nodes, 3 if tree else None)
         for B in (8, 64, 256):
-            slots = max(B, 8)
-            generator = torch.Generator(device="cuda").manual_seed(0)
-            buffer = sgl_convwin.alloc_windows(1, slots, dim, num_nodes, K, layout="token_major", device="cuda")
-            state = torch.randn(1, slots, dim, K - 1, generator=generator, device="cuda").to(torch.bfloat16)
-            x = torch.randn(B, num_nodes, dim, generator=generator, device="cuda").to(torch.bfloat16)
-            out = torch.empty_like(x)
-            weight = torch.randn(dim, K, generator=generator, device="cuda").to(torch.bfloat16)
-            bias = torch.randn(dim, generator=generator, device="cuda").to(torch.bfloat16)
-            slots_b = torch.randperm(slots, generator=generator, device="cuda")[:B]
-            slots_s = torch.randperm(slots, generator=generator, device="cuda")[:B]
-            parents = torch.tensor([parents_list] * B, device="cuda") if tree else None
+            buffer, _, state, x, out, weight, bias, slots_b, slots_s, parents = layer_problem(
+                B, num_nodes, parents_list if tree else None, "token_major", dim, K)
             kernel, grid, scalars, flags = verify._plan(
                 out, buffer, state, x, weight, bias, slots_b, slots_s, parents, False, True, None, None)
             tensors = (buffer, state, x, out, weight, bias, slots_b, slots_s,
