@@ -16,10 +16,12 @@ from .layout import (
     physical_nbytes,
     physical_shape,
     sequence_length,
+    token_views,
     window_view,
 )
 from .cache import ConvWindowCache
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
+from .ops_replay import alloc_gates, capture_gates, gdn_commit
 from .validation import index_checks, index_checks_enabled, set_index_checks
 
 __version__ = "0.1.0"
@@ -33,11 +35,14 @@ __all__ = [
     "STATE_LAYOUTS",
     "TOKEN_MAJOR",
     "WINDOW_MAJOR",
+    "alloc_gates",
     "alloc_windows",
+    "capture_gates",
     "capture",
     "causal_conv1d_verify",
     "dedup_ratio",
     "dim_per_rank",
+    "gdn_commit",
     "index_checks",
     "index_checks_enabled",
     "physical_nbytes",
@@ -45,6 +50,7 @@ __all__ = [
     "scatter",
     "scatter_tree",
     "sequence_length",
+    "token_views",
     "set_index_checks",
     "window_view",
 ]

@@ -152,3 +152,106 @@ def causal_conv1d_verify_cpu(
     row, node = links_ok.nonzero(as_tuple=True)
     out[rows[row], node] = y[row, node].to(out.dtype)
     _write_captured(dest, dense, layer, dst, inputs, positions, links_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay commit (Gated DeltaNet) and its gates. ``tokens [L, M, N, dim]`` and ``history
+# [L, M, N, dim, K-2]`` are the buffer's layout-free views (see csrc_triton/gdn_commit.py).
+# ---------------------------------------------------------------------------------------------
+
+
+def capture_gates_cpu(gates, g, beta, buffer_slots, layer):
+    """gates [L, M, D, G, H]; g, beta [B, N, H] (beta None: a single-gate buffer)."""
+    slots = buffer_slots.long()
+    rows = ((slots >= 0) & (slots < gates.shape[1])).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return
+    num_nodes = g.shape[1]
+    gates[layer, slots[rows], :num_nodes, 0] = g[rows].to(gates.dtype)
+    if beta is not None:
+        gates[layer, slots[rows], :num_nodes, 1] = beta[rows].to(gates.dtype)
+
+
+def _accepted_paths(steps, parents, num_nodes):
+    """Per row: the accepted path, root first, as [B, N] node indices (valid up to its length),
+    its length [B], and whether its links are all in [-1, n-1] [B]."""
+    num_rows = steps.shape[0]
+    node = steps.long().clamp(0, num_nodes - 1)
+    index = torch.arange(num_nodes, device=steps.device)
+    if parents is None:
+        return index.expand(num_rows, num_nodes), node + 1, torch.ones_like(node, dtype=torch.bool)
+    parents = parents.long()
+    up = torch.zeros(num_rows, num_nodes, dtype=torch.long, device=steps.device)
+    length = torch.zeros_like(node)
+    links_ok = torch.ones_like(node, dtype=torch.bool)
+    current = node
+    for i in range(num_nodes):
+        live = current >= 0
+        up[:, i] = torch.where(live, current, 0)
+        parent = parents.gather(1, current.clamp(min=0)[:, None]).squeeze(1)
+        bad = live & ((parent < -1) | (parent >= current))
+        links_ok &= ~bad
+        length += live.long()
+        current = torch.where(live & ~bad, parent, -1)
+    flipped = (length[:, None] - 1 - index).clamp(min=0)
+    return up.gather(1, flipped), length, links_ok
+
+
+def gdn_commit_cpu(
+    ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents,
+    *, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm,
+):
+    """ssm [L, N_state, Hv, dk, dv], conv [L, N_state, dim, K-1] (any strides), in place."""
+    num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
+    num_src_slots, num_nodes = tokens.shape[1], tokens.shape[2]
+    dst, src, step = dst_slots.long(), src_slots.long(), steps.long()
+    paths, lengths, links_ok = _accepted_paths(step, parents, num_nodes)
+    active = _rows_in_range(step, num_nodes, dst, num_state_slots, src, num_src_slots) & links_ok
+    rows = active.nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return
+    dst, src, paths, lengths = dst[rows], src[rows], paths[rows], lengths[rows]
+    width = conv.shape[3]
+    key_width = num_k_heads * head_k_dim
+    ratio = num_v_heads // num_k_heads
+
+    window = conv[:, dst].float()  # [L, R, dim, K-1]: the K-1 newest inputs, oldest first
+    state = ssm[:, dst].float()  # [L, R, Hv, dk, dv]
+    taps = weight.float()[:, None]  # [L, 1, dim, K]
+    for j in range(num_nodes):
+        live = (j < lengths)[None, :]  # [1, R]
+        node = paths[:, j]
+        x = tokens[:, src, node].float()  # [L, R, dim]
+        y = (window * taps[..., :width]).sum(-1) + x * taps[..., width]
+        if bias is not None:
+            y = y + bias.float()[:, None]
+        c = torch.nn.functional.silu(y)
+        k = c[..., key_width: 2 * key_width].unflatten(-1, (num_k_heads, head_k_dim))
+        if use_qk_l2norm:
+            k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        k = k.repeat_interleave(ratio, dim=2)  # [L, R, Hv, dk]: value head h reads key head h // ratio
+        v = c[..., 2 * key_width:].unflatten(-1, (num_v_heads, head_v_dim))
+        g = gates[:, src, node, 0].float()[..., None, None]  # [L, R, Hv, 1, 1]
+        beta = gates[:, src, node, 1].float()[..., None]  # [L, R, Hv, 1]
+        decayed = state * torch.exp(g)
+        u = beta * (v - (decayed * k[..., None]).sum(-2))
+        updated = decayed + k[..., None] * u[..., None, :]
+        state = torch.where(live[..., None, None, None], updated, state)
+        shifted = torch.cat([window[..., 1:], x[..., None]], dim=-1)
+        window = torch.where(live[..., None, None], shifted, window)
+    ssm[:, dst] = state.to(ssm.dtype)
+
+    # The new conv window: the last K-1 inputs of the path, from the buffer (no arithmetic).
+    columns = []
+    for col in range(width):
+        position = lengths - width + col  # [R]; < 0: history column width-1+position
+        node = paths.gather(1, position.clamp(min=0)[:, None]).squeeze(1)
+        from_token = tokens[:, src, node]  # [L, R, dim]
+        if history.shape[-1] > 0:
+            held = history[:, src, paths[:, 0]]  # [L, R, dim, K-2]: what the root's window holds
+            history_col = (width - 1 + position).clamp(0, held.shape[-1] - 1)[None, :, None, None]
+            from_history = held.gather(-1, history_col.expand(*held.shape[:-1], 1)).squeeze(-1)
+            columns.append(torch.where((position >= 0)[None, :, None], from_token, from_history))
+        else:
+            columns.append(from_token)
+    conv[:, dst] = torch.stack(columns, dim=-1).to(conv.dtype)

@@ -158,3 +158,17 @@ def window_view(buffer: torch.Tensor, layout: str, num_draft: int, kernel_size: 
     if layout == CHANNEL_MAJOR:  # [L, M, dim, D, K-1] -> [L, M, D, dim, K-1]
         windows = windows.transpose(2, 3)
     return windows
+
+
+def token_views(buffer: torch.Tensor, layout: str, kernel_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The replay's layout-free views of a physical buffer (no copy): ``tokens [L, M, D, dim]``,
+    draft token (or tree node) n's conv input, and ``history [L, M, D, dim, K-2]``, the K-2 newest
+    committed inputs (oldest first) as node n's window holds them -- token_major and channel_major
+    keep them once per slot (node stride 0), a dense buffer in every window."""
+    history_rows = kernel_size - 2
+    if layout == DENSE:  # [L, M, D, dim, K-1]: a window's newest column is its node's input
+        return buffer[..., history_rows], buffer[..., :history_rows]
+    rows = buffer.transpose(-1, -2) if layout == CHANNEL_MAJOR else buffer  # [L, M, D+K-2, dim]
+    num_layers, num_slots, seq, dim = rows.shape
+    history = rows[:, :, :history_rows].transpose(-1, -2).unsqueeze(2)
+    return rows[:, :, history_rows:], history.expand(num_layers, num_slots, seq - history_rows, dim, history_rows)

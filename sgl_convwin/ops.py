@@ -18,6 +18,7 @@ import torch
 
 from . import cpu
 from ._kernels import triton_kernels
+from .declare import _PLAIN_TENSORS, eager_device
 from .layout import (
     CACHE_DTYPES,
     CHANNEL_MAJOR,
@@ -158,29 +159,9 @@ def _scatter_fake(conv_state, windows, dst_slots, src_slots, steps, *, state_lay
     check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
 
 
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # Parameter disables __torch_function__
-
-
 def _eager_device(*tensors: torch.Tensor) -> str | None:
-    """"cpu" or "cuda" when a public function may call the implementation directly, else None.
-
-    The dispatcher costs more than the whole kernel at small batches, so plain eager calls on
-    CPU or CUDA tensors (or Parameters: conv weights) skip it (quack does the same). The first
-    tensor is the one the op writes; if it requires grad, the call goes through the op too.
-    Everything else -- tracing by
-    torch.compile, fake or functional tensors, an active dispatch mode (make_fx, FakeTensorMode),
-    autograd -- goes through the registered op, so graphs still see ``convwin::*``.
-    """
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
-        return None
-    for t in tensors:
-        if type(t) not in _PLAIN_TENSORS:
-            return None
-    first = tensors[0]
-    if first.requires_grad:
-        return None
-    # (is_cuda / is_cpu: reading .device builds an object, 4x slower on the hot path)
-    return "cuda" if first.is_cuda else "cpu" if first.is_cpu else None
+    device = eager_device(*tensors)
+    return None if device == "invalid" else device  # non-tensors: the op's own type errors
 
 
 def scatter(

@@ -300,3 +300,138 @@ def causal_conv1d_verify_reference(
                 expected[row, node] = decoded[0]
                 written[row, node] = True
     return expected, written
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay commit of a Gated DeltaNet layer, and the gates it reads
+# ---------------------------------------------------------------------------------------------
+
+
+def capture_gates_reference(gates, g, beta, buffer_slots, layer):
+    """What convwin.capture_gates must leave in ``gates`` [L, M, D, G, H], as a new CPU tensor:
+    gates[layer, buffer_slots[b], n] = (g[b, n], beta[b, n]) for every row b whose slot is in
+    range (beta None: only g, gate 0)."""
+    result = gates.cpu().clone()
+    g = g.cpu()
+    beta = None if beta is None else beta.cpu()
+    for row in range(g.shape[0]):
+        slot = int(buffer_slots[row])
+        if not 0 <= slot < gates.shape[1]:
+            continue
+        for node in range(g.shape[1]):
+            for head in range(g.shape[2]):
+                result[layer, slot, node, 0, head] = g[row, node, head].to(gates.dtype)
+                if beta is not None:
+                    result[layer, slot, node, 1, head] = beta[row, node, head].to(gates.dtype)
+    return result
+
+
+def accepted_path(step: int, parents_row: list[int] | None) -> list[int] | None:
+    """Nodes a row accepted, root first: 0..step for a chain, else the walk up from ``step`` to
+    the node whose parent is -1; None if a link on the way is outside [-1, n-1]."""
+    if parents_row is None:
+        return list(range(step + 1))
+    path = [step]
+    while True:
+        parent = parents_row[path[-1]]
+        if not -1 <= parent < path[-1]:
+            return None
+        if parent == -1:
+            return path[::-1]
+        path.append(parent)
+
+
+def _buffer_input(buffer, layout, layer, slot, node, kernel_size):
+    """Node ``node``'s conv input, read from the physical buffer of ``layout``."""
+    if layout == "token_major":  # [L, M, N+K-2, dim]
+        return buffer[layer, slot, kernel_size - 2 + node, :]
+    if layout == "channel_major":  # [L, M, dim, N+K-2]
+        return buffer[layer, slot, :, kernel_size - 2 + node]
+    return buffer[layer, slot, node, :, kernel_size - 2]  # dense [L, M, N, dim, K-1]: its newest column
+
+
+def _buffer_history(buffer, layout, layer, slot, root, column):
+    """History input ``column`` (0 = oldest of the K-2 the buffer keeps), as the buffer holds it."""
+    if layout == "token_major":
+        return buffer[layer, slot, column, :]
+    if layout == "channel_major":
+        return buffer[layer, slot, :, column]
+    return buffer[layer, slot, root, :, column]  # the root's window starts with the history
+
+
+def gdn_commit_reference(
+    ssm_state, conv_state, buffer, gates, conv_weight, dst_slots, src_slots, steps, parents=None, *,
+    layout, num_k_heads, head_k_dim, num_v_heads, head_v_dim, conv_bias=None, use_qk_l2norm=True,
+    state_layout="dim_major",
+):
+    """What convwin.gdn_commit must leave behind: (ssm_state in float64, conv_state exactly in its
+    dtype, the set of destination slots written), all on the CPU.
+
+    Token by token in float64 along each accepted path, from the state held at the destination:
+    c = silu(bias + sum_k w[:, k] * input k) over the K inputs ending at the token (the committed
+    ones from conv_state, then the path's), q, k, v = split(c), k /= sqrt(|k|^2 + 1e-6) per key
+    head, and per value head h (key head h // (Hv / Hk)) with g, beta of the token:
+    S = S * exp(g); u = beta * (v - S^T k); S = S + k u^T. The new conv window is the last K-1
+    inputs of the path, read from the buffer as scatter / scatter_tree would.
+    """
+    ssm, conv = ssm_state.cpu(), conv_state.cpu()
+    buffer, gates = buffer.cpu(), gates.cpu()
+    weight = conv_weight.cpu().double()
+    bias = None if conv_bias is None else conv_bias.cpu().double()
+    expected_ssm = ssm.double().clone()
+    expected_conv = conv.clone()
+    num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
+    num_src_slots, num_nodes = gates.shape[1], gates.shape[2]
+    kernel_size = weight.shape[2]
+    key_width = num_k_heads * head_k_dim
+    ratio = num_v_heads // num_k_heads
+    written = set()
+    for row in range(steps.shape[0]):
+        step, dst, src = int(steps[row]), int(dst_slots[row]), int(src_slots[row])
+        if step < 0 or dst < 0:
+            continue
+        if step >= num_nodes or dst >= num_state_slots or not 0 <= src < num_src_slots:
+            continue
+        path = accepted_path(step, None if parents is None else parents[row].tolist())
+        if path is None:
+            continue
+        written.add(dst)
+        for layer in range(num_layers):
+            if state_layout == "dim_major":
+                committed = [conv[layer, dst, :, col].double() for col in range(kernel_size - 1)]
+            else:
+                committed = [conv[layer, dst, col, :].double() for col in range(kernel_size - 1)]
+            inputs = committed + [
+                _buffer_input(buffer, layout, layer, src, node, kernel_size).double() for node in path
+            ]
+            state = expected_ssm[layer, dst]  # [Hv, dk, dv], updated in place
+            for j, node in enumerate(path):
+                window = inputs[j: j + kernel_size]  # the K inputs ending at path token j
+                y = torch.zeros_like(window[0]) if bias is None else bias[layer].clone()
+                for tap in range(kernel_size):
+                    y = y + weight[layer, :, tap] * window[tap]
+                c = y / (1 + torch.exp(-y))
+                for head in range(num_v_heads):
+                    k_head = head // ratio
+                    k = c[key_width + k_head * head_k_dim: key_width + (k_head + 1) * head_k_dim]
+                    if use_qk_l2norm:
+                        k = k / torch.sqrt((k * k).sum() + 1e-6)
+                    v_start = 2 * key_width + head * head_v_dim
+                    v = c[v_start: v_start + head_v_dim]
+                    g = gates[layer, src, node, 0, head].double()
+                    beta = gates[layer, src, node, 1, head].double()
+                    state[head] = state[head] * torch.exp(g)
+                    u = beta * (v - state[head].t() @ k)
+                    state[head] = state[head] + torch.outer(k, u)
+            root, length, width = path[0], len(path), kernel_size - 1
+            for col in range(width):
+                position = length - width + col
+                if position >= 0:
+                    value = _buffer_input(buffer, layout, layer, src, path[position], kernel_size)
+                else:
+                    value = _buffer_history(buffer, layout, layer, src, root, width - 1 + position)
+                if state_layout == "dim_major":
+                    expected_conv[layer, dst, :, col] = value.to(conv.dtype)
+                else:
+                    expected_conv[layer, dst, col, :] = value.to(conv.dtype)
+    return expected_ssm, expected_conv, written

@@ -579,3 +579,196 @@ def check_capture_index_values(
                 f"which one lands would be unspecified"
             )
         written_by[dst[row]] = row
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay commit: capture_gates and gdn_commit
+# ---------------------------------------------------------------------------------------------
+
+_CAPTURE_GATES = "convwin.capture_gates"
+_GDN_COMMIT = "convwin.gdn_commit"
+
+
+def _check_float(op: str, name: str, t: torch.Tensor, device: torch.device) -> None:
+    if not t.dtype.is_floating_point:
+        raise TypeError(f"{op}: {name} must be a floating-point tensor, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{op}: {name} is on {t.device} but must be on {device} like the state it goes with")
+
+
+def _check_layer(op: str, layer: int, num_layers: int) -> None:
+    if isinstance(layer, bool) or not isinstance(layer, (int, torch.SymInt)):
+        raise TypeError(f"{op}: layer must be an int, got {type(layer).__name__}")
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"{op}: layer {layer} is out of range for {num_layers} layers (expected 0..{num_layers - 1})")
+
+
+def check_capture_gates_args(gates, g, beta, buffer_slots, layer) -> int:
+    """Validate a capture_gates call (see ops_replay.capture_gates); returns the number of rows."""
+    op = _CAPTURE_GATES
+    for name, value in (("gates", gates), ("g", g)):
+        if not isinstance(value, torch.Tensor):
+            check_tensor(f"{op}: {name}", value)
+    if gates.dim() != 5 or gates.shape[3] not in (1, 2):
+        raise ValueError(
+            f"{op}: gates must be 5-D [L, M, D, G, H] with G = 2 (g, beta) or 1 (dt), as alloc_gates "
+            f"makes it, got shape {tuple(gates.shape)}"
+        )
+    num_layers, num_slots, num_draft, num_gates, num_heads = gates.shape
+    device = gates.device
+    _check_float(op, "gates", gates, device)
+    _check_float(op, "g", g, device)
+    if g.dim() != 3 or g.shape[2] != num_heads or not 1 <= g.shape[1] <= num_draft:
+        raise ValueError(
+            f"{op}: g must be [B, N, H] with H = {num_heads} heads and 1 <= N <= {num_draft} draft tokens "
+            f"(gates is {tuple(gates.shape)}), got shape {tuple(g.shape)}"
+        )
+    if num_gates == 2:
+        if beta is None:
+            raise ValueError(f"{op}: gates holds two gates per head (g, beta): beta must be given")
+        if not isinstance(beta, torch.Tensor):
+            check_tensor(f"{op}: beta", beta)
+        _check_float(op, "beta", beta, device)
+        if beta.shape != g.shape:
+            raise ValueError(f"{op}: beta must have g's shape {tuple(g.shape)}, got {tuple(beta.shape)}")
+    elif beta is not None:
+        raise ValueError(f"{op}: gates holds one gate per head (alloc_gates(..., num_gates=1)): pass beta=None")
+    _check_layer(op, layer, num_layers)
+    check_writable(op, "gates", gates)
+    num_rows = check_index_tensors(op, device, ("buffer_slots",), buffer_slots)
+    if num_rows != g.shape[0]:
+        raise ValueError(f"{op}: buffer_slots has {num_rows} rows but g has {g.shape[0]} (axis 0)")
+    return num_rows
+
+
+def check_capture_gates_index_values(gates, buffer_slots) -> None:
+    """Checked mode for capture_gates: in-range slots, no slot written twice."""
+    written_by: dict[int, int] = {}
+    for row, slot in enumerate(buffer_slots.tolist()):
+        if slot < 0:
+            continue
+        if slot >= gates.shape[1]:
+            raise IndexError(
+                f"{_CAPTURE_GATES}: buffer_slots[{row}] = {slot} is out of range for gates with "
+                f"{gates.shape[1]} slots (expected 0..{gates.shape[1] - 1}, or negative to skip the row)"
+            )
+        if slot in written_by:
+            raise IndexError(f"{_CAPTURE_GATES}: rows {written_by[slot]} and {row} both write slot {slot}")
+        written_by[slot] = row
+
+
+class ReplaySizes(NamedTuple):
+    num_layers: int  # L
+    num_state_slots: int  # N_state (ssm_state and conv_state alike)
+    dim: int
+    width: int  # K-1
+    num_src_slots: int  # M
+    num_nodes: int  # D draft tokens or tree nodes
+    num_rows: int  # B
+
+
+def _check_positive_ints(op: str, **values) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+            raise TypeError(f"{op}: {name} must be an int, got {type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"{op}: {name} must be >= 1, got {value}")
+
+
+def check_gdn_commit_args(
+    ssm_state, conv_state, buffer, gates, conv_weight, dst_slots, src_slots, steps, parents, conv_bias,
+    layout, num_k_heads, head_k_dim, num_v_heads, head_v_dim, state_layout,
+) -> ReplaySizes:
+    """Validate a gdn_commit call (see ops_replay.gdn_commit) and return its sizes."""
+    op = _GDN_COMMIT
+    for name, value in (("ssm_state", ssm_state), ("conv_state", conv_state), ("buffer", buffer),
+                        ("gates", gates), ("conv_weight", conv_weight)):
+        if not isinstance(value, torch.Tensor):
+            check_tensor(f"{op}: {name}", value)
+    buffer_desc = _BUFFER_DESC.get(layout)
+    if buffer_desc is None:
+        raise ValueError(f"{op}: layout must be one of {tuple(_BUFFER_DESC)}, got {layout!r}")
+    _check_positive_ints(op, num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads,
+                         head_v_dim=head_v_dim)
+    if num_v_heads % num_k_heads:
+        raise ValueError(f"{op}: num_v_heads ({num_v_heads}) must be a multiple of num_k_heads ({num_k_heads})")
+    num_layers, num_state_slots, dim, width, state_desc = _state_sizes(op, conv_state, state_layout)
+    expected_dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+    if dim != expected_dim:
+        raise ValueError(
+            f"{op}: conv_state has dim {dim} (shape {tuple(conv_state.shape)} read as {state_desc}) but "
+            f"q, k, v need 2*num_k_heads*head_k_dim + num_v_heads*head_v_dim = {expected_dim} channels"
+        )
+    device = conv_state.device
+    expected_ssm = (num_layers, num_state_slots, num_v_heads, head_k_dim, head_v_dim)
+    if ssm_state.shape != expected_ssm:
+        raise ValueError(
+            f"{op}: ssm_state must be [L, N, Hv, dk, dv] = {list(expected_ssm)} (L, N from conv_state), "
+            f"got shape {tuple(ssm_state.shape)}"
+        )
+    for name, t in (("ssm_state", ssm_state), ("buffer", buffer), ("gates", gates), ("conv_weight", conv_weight)):
+        if t.dtype not in CACHE_DTYPES:
+            check_cache_dtype(f"{op}: {name}", t)
+        if t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device} but conv_state is on {device}")
+    if gates.dim() != 5 or gates.shape[0] != num_layers or gates.shape[3] != 2 or gates.shape[4] != num_v_heads:
+        raise ValueError(
+            f"{op}: gates must be [L, M, D, 2, Hv] = [{num_layers}, M, D, 2, {num_v_heads}] (alloc_gates), "
+            f"got shape {tuple(gates.shape)}"
+        )
+    num_src_slots, num_nodes = gates.shape[1], gates.shape[2]
+    expected_buffer = physical_shape_unchecked(layout, num_layers, num_src_slots, dim, num_nodes, width + 1)
+    if buffer.shape != expected_buffer:
+        raise ValueError(
+            f"{op}: a {layout} buffer {buffer_desc} for L={num_layers}, M={num_src_slots}, D={num_nodes} "
+            f"(gates), dim={dim}, K={width + 1} (conv_state) must be {list(expected_buffer)}, got shape "
+            f"{tuple(buffer.shape)}"
+        )
+    if conv_weight.shape != (num_layers, dim, width + 1):
+        raise ValueError(
+            f"{op}: conv_weight must be [L, dim, K] = [{num_layers}, {dim}, {width + 1}], got shape "
+            f"{tuple(conv_weight.shape)}"
+        )
+    if conv_bias is not None:
+        if not isinstance(conv_bias, torch.Tensor):
+            check_tensor(f"{op}: conv_bias", conv_bias)
+        if conv_bias.shape != (num_layers, dim):
+            raise ValueError(f"{op}: conv_bias must be [L, dim] = [{num_layers}, {dim}] or None, got shape "
+                             f"{tuple(conv_bias.shape)}")
+        if conv_bias.dtype not in CACHE_DTYPES:
+            check_cache_dtype(f"{op}: conv_bias", conv_bias)
+        if conv_bias.device != device:
+            raise ValueError(f"{op}: conv_bias is on {conv_bias.device} but conv_state is on {device}")
+    check_writable(op, "ssm_state", ssm_state)
+    check_writable(op, "conv_state", conv_state)
+    num_rows = check_index_tensors(op, device, _SCATTER_INDICES, dst_slots, src_slots, steps)
+    if parents is not None:
+        _check_parents(op, parents, device, num_rows, num_nodes, "B rows, N = gates axis 2")
+    return ReplaySizes(num_layers, num_state_slots, dim, width, num_src_slots, num_nodes, num_rows)
+
+
+def check_replay_storages(op: str, ssm_state, conv_state, buffer, gates, conv_weight, conv_bias) -> None:
+    """Real tensors only: neither state may share memory with the other or with a source."""
+    check_no_shared_storages(op, "ssm_state", ssm_state, conv_state=conv_state, buffer=buffer, gates=gates,
+                             conv_weight=conv_weight, conv_bias=conv_bias)
+    check_no_shared_storages(op, "conv_state", conv_state, buffer=buffer, gates=gates,
+                             conv_weight=conv_weight, conv_bias=conv_bias)
+
+
+def check_replay_index_values(op: str, sizes: ReplaySizes, dst_slots, src_slots, steps, parents) -> None:
+    """Checked mode for gdn_commit: the rules of scatter (chains) or scatter_tree (trees)."""
+    links = None if parents is None else parents.tolist()
+
+    def check_links(row: int) -> None:
+        for node, parent in enumerate(links[row]):
+            if not -1 <= parent < node:
+                raise IndexError(
+                    f"{op}: parents[{row}, {node}] = {parent}; a node's parent must be an earlier node "
+                    f"(0..{node - 1}) or -1 for the committed history"
+                )
+
+    _check_active_rows(
+        op, "buffer", sizes.num_state_slots, sizes.num_src_slots, dst_slots, src_slots, "steps", steps,
+        sizes.num_nodes, "draft tokens" if parents is None else "draft nodes",
+        None if parents is None else check_links,
+    )

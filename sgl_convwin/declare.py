@@ -1,0 +1,141 @@
+"""One declaration per op: the public function, the registered ``torch.ops.convwin`` op, its fake
+and its CPU and CUDA implementations all come from one ``declare_op`` call::
+
+    @declare_op(mutates=("gates",), prepare=_prepare_capture_gates,
+                cpu=cpu.capture_gates_cpu, cuda="launch_capture_gates")
+    def capture_gates(gates: Tensor, g: Tensor, beta: Tensor | None, buffer_slots: Tensor,
+                      layer: int) -> None:
+        '''The public contract (this docstring is the public function's).'''
+
+``prepare(real, **arguments)`` is the op's one validation: it raises on bad input before anything
+is written and returns ``(args, kwargs)`` for the kernels, which take those and nothing else (the
+CPU kernel as ``cpu``, the Triton launcher named ``cuda`` in csrc_triton). The fake runs it with
+``real=False``: no storage, no index values are read then.
+
+Why ``torch.library.custom_op`` and not ``triton_op``: a triton_op's Python body is traced into
+the graph by torch.compile on EVERY device, so a CPU call would be compiled into a Triton launch.
+An opaque custom op keeps one validated path per device; inside compiled graphs Inductor calls it
+in place on the caller's buffers (no clone), inside CUDA graphs its launches are what is captured.
+custom_op refuses keyword-only tensors, so the op's schema takes the public function's
+keyword-only tensor arguments positionally, after its positional ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from typing import Callable
+
+import torch
+
+from ._kernels import triton_kernels
+
+NAMESPACE = "convwin"
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # Parameter disables __torch_function__
+
+
+def eager_device(*tensors: torch.Tensor | None) -> str | None:
+    """"cpu" or "cuda" when a public function may call the implementation directly, else None.
+
+    The dispatcher costs more than the whole kernel at small batches, so plain eager calls on
+    CPU or CUDA tensors (or Parameters: conv weights) skip it (quack does the same). The first
+    tensor is the one the op writes; if it requires grad, the call goes through the op too.
+    Everything else -- tracing by torch.compile, fake or functional tensors, an active dispatch
+    mode (make_fx, FakeTensorMode), autograd -- goes through the registered op, so graphs still
+    see ``convwin::*``. None entries (optional tensors not given) are ignored.
+    """
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        return None
+    for t in tensors:
+        if t is not None and type(t) not in _PLAIN_TENSORS:
+            # a non-tensor goes to the checks, which name it; a tensor subclass to the dispatcher
+            return None if isinstance(t, torch.Tensor) else "invalid"
+    first = tensors[0]
+    if first.requires_grad:
+        return None
+    # (is_cuda / is_cpu: reading .device builds an object, 4x slower on the hot path)
+    return "cuda" if first.is_cuda else "cpu" if first.is_cpu else None
+
+
+def _is_tensor_type(annotation) -> bool:
+    return annotation is torch.Tensor or torch.Tensor in typing.get_args(annotation)
+
+
+def declare_op(
+    *,
+    mutates: tuple[str, ...],
+    prepare: Callable[..., tuple[tuple, dict]],
+    cpu: Callable[..., None],
+    cuda: str,
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Decorate the public signature (annotations, defaults, docstring; its body is never run)
+    of a destination-passing op ``convwin::<name>``; returns the public function, with the
+    registered op as its ``.op`` attribute and ``.kernel_arguments``."""
+
+    def decorate(signature_function: Callable[..., None]) -> Callable[..., None]:
+        name = signature_function.__name__
+        public_signature = inspect.signature(signature_function)
+        hints = typing.get_type_hints(signature_function)
+        params = [p.replace(annotation=hints[p.name]) for p in public_signature.parameters.values()]
+        keyword_only = inspect.Parameter.KEYWORD_ONLY
+        moved = [p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                 for p in params if p.kind is keyword_only and _is_tensor_type(p.annotation)]
+        positional = [p for p in params if p.kind is not keyword_only] + moved
+        keywords = [p for p in params if p.kind is keyword_only and not _is_tensor_type(p.annotation)]
+        op_signature = inspect.Signature(positional + keywords, return_annotation=None)
+        positional_names = tuple(p.name for p in positional)
+        keyword_names = tuple(p.name for p in keywords)
+        tensor_names = tuple(mutates) + tuple(
+            p.name for p in params if _is_tensor_type(p.annotation) and p.name not in mutates
+        )
+
+        def run(kernel, real: bool, args: tuple, kwargs: dict) -> None:
+            bound = op_signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            kernel_args, kernel_kwargs = prepare(real, **bound.arguments)
+            if kernel is not None:
+                kernel(*kernel_args, **kernel_kwargs)
+
+        def cpu_impl(*args, **kwargs):
+            run(cpu, True, args, kwargs)
+
+        def cuda_impl(*args, **kwargs):
+            run(getattr(triton_kernels(), cuda), True, args, kwargs)
+
+        def fake_impl(*args, **kwargs):
+            run(None, False, args, kwargs)
+
+        for impl in (cpu_impl, cuda_impl, fake_impl):
+            impl.__signature__ = op_signature
+        op = torch.library.custom_op(f"{NAMESPACE}::{name}", cpu_impl, mutates_args=mutates, device_types="cpu")
+        op.register_kernel("cuda")(cuda_impl)
+        op.register_fake(fake_impl)
+        packet = getattr(getattr(torch.ops, NAMESPACE), name)
+
+        @functools.wraps(signature_function)
+        def public(*args, **kwargs) -> None:
+            bound = public_signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            arguments = bound.arguments
+            device = eager_device(*(arguments[n] for n in tensor_names))
+            if device is None:
+                packet(*(arguments[n] for n in positional_names), **{n: arguments[n] for n in keyword_names})
+                return
+            kernel = getattr(triton_kernels(), cuda) if device == "cuda" else cpu
+            kernel_args, kernel_kwargs = prepare(True, **arguments)
+            kernel(*kernel_args, **kernel_kwargs)
+
+        def kernel_arguments(*args, **kwargs) -> tuple[tuple, dict]:
+            """What the kernels get for this call (checked): ``(args, kwargs)``. For tests that run
+            one implementation on any device (the Triton launcher under the interpreter)."""
+            bound = public_signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return prepare(True, **bound.arguments)
+
+        public.op = op
+        public.kernel_arguments = kernel_arguments
+        public.__signature__ = public_signature
+        return public
+
+    return decorate
