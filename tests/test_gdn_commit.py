@@ -1,0 +1,478 @@
+"""gdn_commit, capture_gates and alloc_gates against the float64 oracle (reference.py).
+
+Every implementation (the public function on the CPU, the registered op, the Triton kernels under
+the interpreter, the CUDA kernels) replays chains and trees of every layout onto the state; the
+recurrent state is compared with a tolerance (arithmetic), everything else bit for bit over the
+whole tensor (the conv window is a copy; untouched slots stay untouched).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import sgl_convwin
+from sgl_convwin import reference
+from sgl_convwin._kernels import triton_kernels
+from support import HAS_CUDA, HAS_TRITON, INTERPRET
+
+LAYOUTS = ("token_major", "channel_major", "dense")
+
+
+@dataclass
+class Replay:
+    """One gdn_commit call's tensors and keyword arguments."""
+
+    ssm_state: torch.Tensor
+    conv_state: torch.Tensor
+    buffer: torch.Tensor
+    gates: torch.Tensor
+    conv_weight: torch.Tensor
+    dst_slots: torch.Tensor
+    src_slots: torch.Tensor
+    steps: torch.Tensor
+    parents: torch.Tensor | None
+    kwargs: dict
+
+    def args(self, ssm_state=None, conv_state=None):
+        return (
+            self.ssm_state if ssm_state is None else ssm_state,
+            self.conv_state if conv_state is None else conv_state,
+            self.buffer, self.gates, self.conv_weight, self.dst_slots, self.src_slots, self.steps, self.parents,
+        )
+
+
+def random_tree(num_nodes: int, generator: torch.Generator) -> list[int]:
+    """Parent links of a random tree: node 0 is the root, node n hangs off an earlier node."""
+    return [-1] + [int(torch.randint(0, n, (), generator=generator)) for n in range(1, num_nodes)]
+
+
+def make_replay(
+    *, layout="token_major", tree=False, num_layers=2, num_k_heads=2, ratio=2, head_k_dim=4, head_v_dim=4,
+    kernel_size=4, num_draft=3, num_rows=3, num_slots=5, buffer_slots=4, ssm_dtype=torch.float32,
+    buffer_dtype=torch.float32, conv_dtype=torch.float32, state_layout="dim_major", transposed_ssm=False,
+    bias=True, use_qk_l2norm=True, steps=None, device="cpu", seed=0,
+) -> Replay:
+    """A verify pass through the package's own capture ops, then the commit's arguments."""
+    gen = torch.Generator().manual_seed(seed)
+    num_slots, buffer_slots = max(num_slots, num_rows), max(buffer_slots, num_rows)
+    num_v_heads = num_k_heads * ratio
+    dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+    width = kernel_size - 1
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(device)
+
+    ssm_shape = (num_layers, num_slots, num_v_heads, head_k_dim, head_v_dim)
+    if transposed_ssm:  # stored [.., dv, dk], passed as a transposed view, with a storage offset
+        storage = randn(7 + num_layers * num_slots * num_v_heads * head_k_dim * head_v_dim).to(ssm_dtype)
+        ssm_state = storage[7:].view(num_layers, num_slots, num_v_heads, head_v_dim, head_k_dim).transpose(-1, -2)
+    else:
+        ssm_state = randn(*ssm_shape).to(ssm_dtype)
+    conv_shape = (num_layers, num_slots, dim, width) if state_layout == "dim_major" else (num_layers, num_slots, width, dim)
+    conv_state = randn(*conv_shape).to(conv_dtype)
+    buffer = sgl_convwin.alloc_windows(num_layers, buffer_slots, dim, num_draft, kernel_size, layout=layout,
+                                       dtype=buffer_dtype, device=device)
+    gates = sgl_convwin.alloc_gates(num_layers, buffer_slots, num_draft, num_v_heads, device=device)
+    # row b: buffer slot perm[b], state slot dst[b]; the last row is padding (-1) when B > 1
+    slots_perm = torch.randperm(buffer_slots, generator=gen)[:num_rows]
+    dst = torch.randperm(num_slots, generator=gen)[:num_rows]
+    if num_rows > 1:
+        dst[-1] = -1
+    parents = None
+    if tree:
+        parents = torch.tensor([random_tree(num_draft, gen) for _ in range(num_rows)], device=device)
+    conv_weight = randn(num_layers, dim, kernel_size, scale=0.5)
+    conv_bias = randn(num_layers, dim, scale=0.1) if bias else None
+    for layer in range(num_layers):
+        x = randn(num_rows, num_draft, dim).to(buffer_dtype)
+        state_slots = dst.clamp(min=0).to(device)
+        sgl_convwin.capture(buffer, conv_state, x, slots_perm.to(device), state_slots, layer, parents,
+                            layout=layout, state_layout=state_layout)
+        g = -torch.nn.functional.softplus(randn(num_rows, num_draft, num_v_heads))
+        beta = torch.sigmoid(randn(num_rows, num_draft, num_v_heads))
+        sgl_convwin.capture_gates(gates, g, beta, slots_perm.to(device), layer)
+    if steps is None:
+        steps = torch.randint(0, num_draft, (num_rows,), generator=gen)
+    kwargs = dict(layout=layout, num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads,
+                  head_v_dim=head_v_dim, conv_bias=conv_bias, use_qk_l2norm=use_qk_l2norm,
+                  state_layout=state_layout)
+    return Replay(ssm_state, conv_state, buffer, gates, conv_weight, dst.to(device), slots_perm.to(device),
+                  torch.as_tensor(steps).to(device), parents, kwargs)
+
+
+def run_public(replay, ssm_state, conv_state):
+    sgl_convwin.gdn_commit(*replay.args(ssm_state, conv_state), **replay.kwargs)
+
+
+def run_op(replay, ssm_state, conv_state):
+    kwargs = dict(replay.kwargs)
+    conv_bias = kwargs.pop("conv_bias")
+    torch.ops.convwin.gdn_commit(*replay.args(ssm_state, conv_state), conv_bias, **kwargs)
+
+
+def run_triton(replay, ssm_state, conv_state):
+    args, kwargs = sgl_convwin.gdn_commit.kernel_arguments(*replay.args(ssm_state, conv_state), **replay.kwargs)
+    triton_kernels().launch_gdn_commit(*args, **kwargs)
+
+
+IMPLS = [
+    pytest.param(("cpu", run_public), id="cpu-public"),
+    pytest.param(("cpu", run_op), id="cpu-op"),
+    pytest.param(("cuda", run_public), id="cuda", marks=pytest.mark.gpu),
+]
+interpreted = pytest.mark.skipif(not (INTERPRET and HAS_TRITON), reason="Triton's interpreter runs on the CPU only")
+
+
+def check_against_oracle(replay: Replay, run, atol=1e-4, rtol=1e-4) -> set:
+    expected_ssm, expected_conv, written = reference.gdn_commit_reference(*replay.args(), **replay.kwargs)
+    ssm_state, conv_state = replay.ssm_state.clone(), replay.conv_state.clone()
+    buffer, gates = replay.buffer.clone(), replay.gates.clone()
+    run(replay, ssm_state, conv_state)
+    assert torch.equal(conv_state.cpu(), expected_conv), "conv window differs from the oracle"
+    got = ssm_state.cpu().double()
+    untouched = [s for s in range(got.shape[1]) if s not in written]
+    assert torch.equal(ssm_state.cpu()[:, untouched], replay.ssm_state.cpu()[:, untouched]), "an untouched slot changed"
+    if ssm_state.dtype != torch.float32:
+        expected_ssm = expected_ssm.to(ssm_state.dtype).double()  # the oracle's state, stored like the kernel's
+    torch.testing.assert_close(got, expected_ssm, atol=atol, rtol=rtol)
+    assert torch.equal(replay.buffer, buffer) and torch.equal(replay.gates, gates), "a source was written"
+    return written
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_matches_oracle(impl, layout, tree):
+    device, run = impl
+    for seed in range(3):
+        replay = make_replay(layout=layout, tree=tree, num_draft=4, num_rows=4, device=device, seed=seed)
+        assert check_against_oracle(replay, run), "no row was committed"
+
+
+@interpreted
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_triton_interpreted_matches_oracle(layout, tree):
+    replay = make_replay(layout=layout, tree=tree, num_draft=3, num_rows=3, seed=1)
+    check_against_oracle(replay, run_triton)
+
+
+@interpreted
+def test_triton_interpreted_odd_shapes():
+    """dk, dv not powers of two, K = 2 (no history rows), GQA 1, window-major conv state,
+    transposed bf16 state, no bias, no l2norm."""
+    replay = make_replay(kernel_size=2, ratio=1, head_k_dim=3, head_v_dim=5, state_layout="window_major",
+                         transposed_ssm=True, ssm_dtype=torch.bfloat16, bias=False, use_qk_l2norm=False,
+                         tree=True, seed=3)
+    check_against_oracle(replay, run_triton, atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_partial_acceptance_at_every_step(impl, layout, tree):
+    device, run = impl
+    num_draft = 4
+    for step in range(num_draft):
+        replay = make_replay(layout=layout, tree=tree, num_draft=num_draft, num_rows=4, steps=[step] * 4,
+                             device=device, seed=10 + step)
+        check_against_oracle(replay, run)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(kernel_size=2), dict(kernel_size=3), dict(kernel_size=5), dict(ratio=1), dict(ratio=4, num_k_heads=1),
+        dict(head_k_dim=5, head_v_dim=3), dict(state_layout="window_major"), dict(transposed_ssm=True),
+        dict(bias=False), dict(use_qk_l2norm=False), dict(num_rows=1), dict(num_draft=1),
+        dict(buffer_dtype=torch.bfloat16, conv_dtype=torch.bfloat16),
+        dict(buffer_dtype=torch.bfloat16, conv_dtype=torch.float32),
+    ],
+    ids=lambda case: "-".join(f"{k}={v}" for k, v in case.items()),
+)
+def test_shapes_and_layouts(impl, case):
+    device, run = impl
+    for tree in (False, True):
+        check_against_oracle(make_replay(tree=tree, device=device, seed=20, **case), run)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_bf16_state(impl):
+    device, run = impl
+    for tree in (False, True):
+        replay = make_replay(tree=tree, ssm_dtype=torch.bfloat16, device=device, seed=30)
+        check_against_oracle(replay, run, atol=3e-2, rtol=2e-2)
+
+
+@given(
+    layout=st.sampled_from(LAYOUTS),
+    tree=st.booleans(),
+    kernel_size=st.integers(2, 5),
+    ratio=st.sampled_from([1, 2]),
+    num_draft=st.integers(1, 5),
+    num_rows=st.integers(1, 5),
+    state_layout=st.sampled_from(["dim_major", "window_major"]),
+    transposed_ssm=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_fuzz_cpu(layout, tree, kernel_size, ratio, num_draft, num_rows, state_layout, transposed_ssm, seed):
+    replay = make_replay(layout=layout, tree=tree, kernel_size=kernel_size, ratio=ratio, num_draft=num_draft,
+                         num_rows=num_rows, state_layout=state_layout, transposed_ssm=transposed_ssm, seed=seed)
+    check_against_oracle(replay, run_public)
+
+
+@pytest.mark.gpu
+@given(
+    layout=st.sampled_from(LAYOUTS),
+    tree=st.booleans(),
+    kernel_size=st.integers(2, 5),
+    ratio=st.sampled_from([1, 2]),
+    num_draft=st.integers(1, 9),
+    num_rows=st.integers(1, 9),
+    state_layout=st.sampled_from(["dim_major", "window_major"]),
+    transposed_ssm=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_fuzz_cuda(layout, tree, kernel_size, ratio, num_draft, num_rows, state_layout, transposed_ssm, seed):
+    replay = make_replay(layout=layout, tree=tree, kernel_size=kernel_size, ratio=ratio, num_draft=num_draft,
+                         num_rows=num_rows, num_slots=10, buffer_slots=10, state_layout=state_layout,
+                         transposed_ssm=transposed_ssm, head_k_dim=16, head_v_dim=32, device="cuda", seed=seed)
+    check_against_oracle(replay, run_public)
+
+
+@pytest.mark.gpu
+def test_cuda_qwen3_next_head_shape():
+    """The real head shape (dk = dv = 128, GQA 2) through the CUDA kernels."""
+    for tree in (False, True):
+        replay = make_replay(tree=tree, num_k_heads=2, ratio=2, head_k_dim=128, head_v_dim=128, num_draft=4,
+                             num_rows=4, buffer_dtype=torch.bfloat16, conv_dtype=torch.bfloat16, device="cuda", seed=40)
+        check_against_oracle(replay, run_public, atol=2e-4, rtol=2e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Consistency with the package's other ops
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_conv_window_is_what_scatter_writes(device, layout):
+    for tree in (False, True):
+        replay = make_replay(layout=layout, tree=tree, buffer_dtype=torch.bfloat16, device=device, seed=50)
+        ssm_state, conv_state = replay.ssm_state.clone(), replay.conv_state.clone()
+        run_public(replay, ssm_state, conv_state)
+        expected = replay.conv_state.clone()
+        if tree and layout != "dense":
+            rows = replay.buffer if layout == "token_major" else replay.buffer.transpose(-1, -2)
+            sgl_convwin.scatter_tree(expected, rows, replay.dst_slots, replay.src_slots, replay.steps, replay.parents)
+        else:
+            windows = sgl_convwin.window_view(replay.buffer, layout, replay.gates.shape[2], 4)
+            sgl_convwin.scatter(expected, windows, replay.dst_slots, replay.src_slots, replay.steps)
+        assert torch.equal(conv_state, expected)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_replaying_a_chain_equals_one_token_at_a_time(device, layout):
+    """Committing T accepted tokens at once leaves the same bits as T one-token decode steps
+    (capture one token, commit it), so speculative decoding with replay emits the tokens of
+    plain decoding."""
+    gen = torch.Generator().manual_seed(60)
+    num_layers, hk, dk, hv, dv, width, num_draft = 2, 2, 8, 4, 8, 3, 4
+    dim = 2 * hk * dk + hv * dv
+    kwargs = dict(num_k_heads=hk, head_k_dim=dk, num_v_heads=hv, head_v_dim=dv)
+    ssm = torch.randn(num_layers, 2, hv, dk, dv, generator=gen).to(device)
+    conv = torch.randn(num_layers, 2, dim, width, generator=gen).to(device)
+    weight = (torch.randn(num_layers, dim, width + 1, generator=gen) * 0.5).to(device)
+    bias = (torch.randn(num_layers, dim, generator=gen) * 0.1).to(device)
+    x = torch.randn(num_layers, 1, num_draft, dim, generator=gen).to(device)
+    g = -torch.rand(num_layers, 1, num_draft, hv, generator=gen).to(device)
+    beta = torch.rand(num_layers, 1, num_draft, hv, generator=gen).to(device)
+    slot = torch.tensor([1], device=device)
+    zero = torch.tensor([0], device=device)
+
+    def step(ssm, conv, tokens, accepted):
+        buffer = sgl_convwin.alloc_windows(num_layers, 1, dim, tokens.stop - tokens.start, width + 1,
+                                           layout=layout, dtype=torch.float32, device=device)
+        gates = sgl_convwin.alloc_gates(num_layers, 1, tokens.stop - tokens.start, hv, device=device)
+        for layer in range(num_layers):
+            sgl_convwin.capture(buffer, conv, x[layer, :, tokens], zero, slot, layer, layout=layout)
+            sgl_convwin.capture_gates(gates, g[layer, :, tokens], beta[layer, :, tokens], zero, layer)
+        sgl_convwin.gdn_commit(ssm, conv, buffer, gates, weight, slot, zero, torch.tensor([accepted], device=device),
+                               layout=layout, conv_bias=bias, **kwargs)
+
+    for accepted in range(num_draft):
+        at_once = (ssm.clone(), conv.clone())
+        step(*at_once, slice(0, num_draft), accepted)
+        one_by_one = (ssm.clone(), conv.clone())
+        for token in range(accepted + 1):
+            step(*one_by_one, slice(token, token + 1), 0)
+        assert torch.equal(at_once[0], one_by_one[0]), f"state differs after {accepted + 1} tokens"
+        assert torch.equal(at_once[1], one_by_one[1])
+        assert not torch.equal(at_once[0], ssm)
+
+
+def test_matches_fla_naive_recurrence():
+    """The same replay against flash-linear-attention's naive recurrence, fed with q, k, v from
+    a conv the test computes itself (an optional test dependency)."""
+    naive = pytest.importorskip("fla.ops.gated_delta_rule.naive").naive_recurrent_gated_delta_rule
+    num_draft = 4
+    replay = make_replay(num_draft=num_draft, num_rows=1, num_layers=1, steps=[num_draft - 1], seed=70,
+                         head_k_dim=8, head_v_dim=8)
+    kw = replay.kwargs
+    hk, dk, hv, dv = kw["num_k_heads"], kw["head_k_dim"], kw["num_v_heads"], kw["head_v_dim"]
+    dst, src = int(replay.dst_slots[0]), int(replay.src_slots[0])
+    rows = replay.buffer[0, src].double()  # token_major [D+K-2, dim]
+    history = replay.conv_state[0, dst].double().t()  # [K-1, dim], oldest first
+    inputs = torch.cat([history, rows[2:]])  # committed K-1 inputs, then the drafts
+    weight, bias = replay.conv_weight[0].double(), kw["conv_bias"][0].double()
+    c = torch.stack([torch.nn.functional.silu(bias + (inputs[t: t + 4].t() * weight).sum(-1))
+                     for t in range(num_draft)])  # [T, dim]
+    q = c[:, : hk * dk].view(num_draft, hk, dk).repeat_interleave(hv // hk, dim=1)
+    k = c[:, hk * dk: 2 * hk * dk].view(num_draft, hk, dk).repeat_interleave(hv // hk, dim=1)
+    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+    v = c[:, 2 * hk * dk:].view(num_draft, hv, dv)
+    g = replay.gates[0, src, :, 0].double()
+    beta = replay.gates[0, src, :, 1].double()
+    _, final = naive(q[None], k[None], v[None], beta[None], g[None], scale=dk**-0.5,
+                     initial_state=replay.ssm_state[0, dst][None].double(), output_final_state=True)
+    ssm_state, conv_state = replay.ssm_state.clone(), replay.conv_state.clone()
+    run_public(replay, ssm_state, conv_state)
+    torch.testing.assert_close(ssm_state[0, dst].double(), final[0], atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Skip rules, checked mode, errors
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_skip_rules(impl):
+    device, run = impl
+    replay = make_replay(tree=True, num_rows=4, num_draft=4, device=device, seed=80)
+    replay.dst_slots = torch.tensor([0, 1, 2, 3], device=device)
+    replay.src_slots = torch.tensor([0, 1, 2, 9], device=device)  # row 3: source out of range
+    replay.steps = torch.tensor([3, -1, 3, 0], device=device)  # row 1: padding
+    replay.parents = torch.tensor([[-1, 0, 1, 2], [-1, 0, 0, 0], [-1, 0, 5, 2], [-1, 0, 0, 0]], device=device)
+    # row 2's path 3 -> 2 -> 5 meets a bad link: skipped whole, although its window's K-1 inputs
+    # (nodes 3, 2 and the link) would be enough for scatter_tree
+    written = check_against_oracle(replay, run)
+    assert written == {0}
+
+
+def test_checked_mode_names_the_bad_row():
+    for replay, match in (
+        (make_replay(tree=True, num_rows=3, steps=[0, 2, 1], seed=90), r"parents\[1, 2\] = 2"),
+        (make_replay(num_rows=3, steps=[0, 7, 1], seed=90), r"steps\[1\] = 7"),
+    ):
+        if replay.parents is not None:
+            replay.parents[1, 2] = 2
+        replay.dst_slots[2] = next(s for s in range(5) if s not in replay.dst_slots[:2].tolist())  # all active
+        ssm_state, conv_state = replay.ssm_state.clone(), replay.conv_state.clone()
+        with sgl_convwin.index_checks(), pytest.raises(IndexError, match=match):
+            run_public(replay, ssm_state, conv_state)
+        assert torch.equal(ssm_state, replay.ssm_state) and torch.equal(conv_state, replay.conv_state)
+
+
+@pytest.mark.parametrize(
+    "mutate, error, match",
+    [
+        (lambda r: setattr(r, "ssm_state", r.ssm_state[:, :, :1]), ValueError, "ssm_state must be"),
+        (lambda r: r.kwargs.update(num_k_heads=3), ValueError, "multiple of num_k_heads"),
+        (lambda r: r.kwargs.update(head_v_dim=8), ValueError, "dim"),
+        (lambda r: setattr(r, "gates", r.gates[..., :1, :]), ValueError, "gates must be"),
+        (lambda r: setattr(r, "buffer", r.buffer[:, :, 1:]), ValueError, "buffer"),
+        (lambda r: setattr(r, "conv_weight", r.conv_weight[..., 1:]), ValueError, "conv_weight must be"),
+        (lambda r: r.kwargs.update(conv_bias=torch.zeros(3)), ValueError, "conv_bias must be"),
+        (lambda r: setattr(r, "steps", r.steps[:1]), ValueError, "rows"),
+        (lambda r: setattr(r, "steps", r.steps.float()), TypeError, "steps must be int32 or int64"),
+        (lambda r: setattr(r, "parents", torch.zeros(3, 2, dtype=torch.long)), ValueError, "parents must be"),
+        (lambda r: r.kwargs.update(layout="rows"), ValueError, "layout must be one of"),
+        (lambda r: setattr(r, "buffer", None), TypeError, "buffer must be a torch.Tensor"),
+        (lambda r: setattr(r, "gates", r.ssm_state), ValueError, "share storage|gates must be"),
+        (lambda r: setattr(r, "ssm_state", r.ssm_state.int()), TypeError, "ssm_state must be float"),
+    ],
+)
+def test_errors_name_the_argument_and_write_nothing(mutate, error, match):
+    replay = make_replay(seed=100)
+    before = (replay.ssm_state.clone(), replay.conv_state.clone())
+    mutate(replay)
+    with pytest.raises(error, match=match):
+        sgl_convwin.gdn_commit(*replay.args(), **replay.kwargs)
+    if replay.ssm_state.shape == before[0].shape and replay.ssm_state.dtype == before[0].dtype:
+        assert torch.equal(replay.ssm_state, before[0])
+    assert torch.equal(replay.conv_state, before[1])
+
+
+def test_states_may_not_share_storage():
+    replay = make_replay(seed=101)
+    with pytest.raises(ValueError, match="share storage"):
+        sgl_convwin.gdn_commit(replay.ssm_state, replay.conv_state, replay.buffer, replay.gates,
+                               replay.ssm_state.flatten()[: replay.conv_weight.numel()].view_as(replay.conv_weight),
+                               replay.dst_slots, replay.src_slots, replay.steps, **replay.kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# capture_gates and alloc_gates
+# ---------------------------------------------------------------------------------------------
+
+
+def run_capture_gates_triton(gates, g, beta, slots, layer):
+    args, kwargs = sgl_convwin.capture_gates.kernel_arguments(gates, g, beta, slots, layer)
+    triton_kernels().launch_capture_gates(*args, **kwargs)
+
+
+GATE_IMPLS = [
+    pytest.param(("cpu", sgl_convwin.capture_gates), id="cpu-public"),
+    pytest.param(("cpu", lambda *a: torch.ops.convwin.capture_gates(*a)), id="cpu-op"),
+    pytest.param(("cpu", run_capture_gates_triton), id="triton-interpreted", marks=interpreted),
+    pytest.param(("cuda", sgl_convwin.capture_gates), id="cuda", marks=pytest.mark.gpu),
+]
+
+
+@pytest.mark.parametrize("impl", GATE_IMPLS)
+@pytest.mark.parametrize("num_gates", [2, 1])
+def test_capture_gates(impl, num_gates):
+    device, run = impl
+    gen = torch.Generator().manual_seed(110)
+    gates = torch.randn(3, 5, 4, num_gates, 6, generator=gen).to(device)
+    # strided, bf16 sources with fewer nodes than the buffer holds
+    g = torch.randn(4, 6, 3, generator=gen).to(device=device, dtype=torch.bfloat16).transpose(1, 2)
+    beta = torch.rand(4, 3, 6, generator=gen).to(device) if num_gates == 2 else None
+    slots = torch.tensor([4, -1, 0, 5], device=device)
+    expected = reference.capture_gates_reference(gates, g, beta, slots, 1)
+    run(gates, g, beta, slots, 1)
+    assert torch.equal(gates.cpu(), expected)
+
+
+def test_capture_gates_errors():
+    gates = sgl_convwin.alloc_gates(2, 3, 4, 5)
+    g = torch.zeros(2, 4, 5)
+    slots = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="beta must be given"):
+        sgl_convwin.capture_gates(gates, g, None, slots, 0)
+    with pytest.raises(ValueError, match="pass beta=None"):
+        sgl_convwin.capture_gates(sgl_convwin.alloc_gates(2, 3, 4, 5, num_gates=1), g, g, slots, 0)
+    with pytest.raises(ValueError, match="g must be"):
+        sgl_convwin.capture_gates(gates, torch.zeros(2, 5, 5), torch.zeros(2, 5, 5), slots, 0)
+    with pytest.raises(ValueError, match="layer 2 is out of range"):
+        sgl_convwin.capture_gates(gates, g, g, slots, 2)
+    with sgl_convwin.index_checks(), pytest.raises(IndexError, match=r"buffer_slots\[1\] = 3"):
+        sgl_convwin.capture_gates(gates, g, g, torch.tensor([0, 3]), 0)
+    assert not gates.any()
+
+
+def test_alloc_gates():
+    gates = sgl_convwin.alloc_gates(2, 3, 4, 5)
+    assert gates.shape == (2, 3, 4, 2, 5) and gates.dtype == torch.float32 and not gates.any()
+    assert sgl_convwin.alloc_gates(2, 3, 4, 5, num_gates=1, dtype=torch.bfloat16).shape == (2, 3, 4, 1, 5)
+    with pytest.raises(ValueError, match="num_gates"):
+        sgl_convwin.alloc_gates(2, 3, 4, 5, num_gates=3)
+    with pytest.raises(TypeError, match="dtype"):
+        sgl_convwin.alloc_gates(2, 3, 4, 5, dtype=torch.int32)
