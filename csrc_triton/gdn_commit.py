@@ -61,39 +61,46 @@ def accepted_path(
 
 
 @triton.jit
-def _nth(path, j, NODES: tl.constexpr):
-    """path[j] as a scalar (a vector element cannot be indexed directly)."""
-    return tl.sum(tl.where(tl.arange(0, NODES) == j, path, 0))
+def _nth(path, j, NODES: tl.constexpr, TREE: tl.constexpr):
+    """path[j] as a scalar (a vector element cannot be indexed directly; a chain's path is 0..)."""
+    if TREE:
+        return tl.sum(tl.where(tl.arange(0, NODES) == j, path, 0))
+    else:
+        return j
 
 
 @triton.jit
-def _conv_silu(
-    chan, cmask, j, path, tokens_base, tokens_stride_node, tokens_stride_dim,
-    conv_base, conv_stride_dim, conv_stride_win,
-    weight_base, weight_stride_dim, weight_stride_tap, bias_base, bias_stride,
-    KERNEL_SIZE: tl.constexpr, NODES: tl.constexpr, HAS_BIAS: tl.constexpr,
-):
-    """SiLU of the causal conv of path token j over channels ``chan``, in float32: the inputs
-    before token j on the path come from the path (tokens) or, above the root, from the committed
-    conv state. The fma order (bias, then the taps from the newest input up) is the verify
+def _committed(conv_base, chan, cmask, conv_stride_dim, conv_stride_win, back: tl.constexpr,
+               WIDTH: tl.constexpr):
+    """The committed input ``back`` steps before the first path token (1 = the newest), float32;
+    zeros past the K-1 that conv_state holds (those taps do not exist)."""
+    if back <= WIDTH:
+        return tl.load(conv_base + chan * conv_stride_dim + (WIDTH - back) * conv_stride_win,
+                       mask=cmask, other=0.0).to(tl.float32)
+    else:
+        return tl.zeros(chan.shape, dtype=tl.float32)
+
+
+@triton.jit
+def _conv_silu(x, back1, back2, back3, back4, chan, cmask, weight_base, weight_stride_dim, weight_stride_tap,
+               bias_base, bias_stride, KERNEL_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """silu(bias + sum_k w[:, k] * input k) in float32 for input x and the K-1 before it
+    (back1 the newest). The fma order (bias, then the taps from the newest input up) is the verify
     kernel's, so both give the same bits for the same inputs."""
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
     if HAS_BIAS:
         acc = tl.load(bias_base + chan * bias_stride, mask=cmask).to(tl.float32)
     else:
         acc = tl.zeros(chan.shape, dtype=tl.float32)
-    for up in tl.static_range(KERNEL_SIZE):
-        position = j - up  # path position of this tap's input; < 0: committed input
-        is_token = (chan * 0 + position) >= 0  # (a vector: j may be a plain int in the interpreter)
-        node = _nth(path, tl.maximum(position, 0), NODES)
-        from_token = tl.load(tokens_base + node * tokens_stride_node + chan * tokens_stride_dim,
-                             mask=cmask & is_token)
-        column = tl.maximum(WIDTH + position, 0)
-        from_state = tl.load(conv_base + chan * conv_stride_dim + column * conv_stride_win,
-                             mask=cmask & ~is_token)
-        value = tl.where(is_token, from_token.to(tl.float32), from_state.to(tl.float32))
-        tap = tl.load(weight_base + chan * weight_stride_dim + (WIDTH - up) * weight_stride_tap, mask=cmask)
-        acc = tl.fma(tap.to(tl.float32), value, acc)
+    taps = weight_base + chan * weight_stride_dim
+    acc = tl.fma(tl.load(taps + WIDTH * weight_stride_tap, mask=cmask).to(tl.float32), x, acc)
+    acc = tl.fma(tl.load(taps + (WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32), back1, acc)
+    if KERNEL_SIZE > 2:
+        acc = tl.fma(tl.load(taps + (WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32), back2, acc)
+    if KERNEL_SIZE > 3:
+        acc = tl.fma(tl.load(taps + (WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32), back3, acc)
+    if KERNEL_SIZE > 4:
+        acc = tl.fma(tl.load(taps + (WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32), back4, acc)
     return acc * tl.sigmoid(acc)
 
 
@@ -146,17 +153,31 @@ def _gdn_replay_kernel(
         gates_base = gates_ptr + layer * gates_stride_layer + src * gates_stride_slot + head * gates_stride_head
         weight_base = weight_ptr + layer * weight_stride_layer
         bias_base = bias_ptr + layer * bias_stride_layer
+        # The conv's K-1 previous inputs slide along in registers (k1/v1 the newest), so each path
+        # token loads only its own input.
+        k1 = _committed(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
+        k2 = _committed(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
+        k3 = _committed(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
+        k4 = _committed(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
+        v1 = _committed(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
+        v2 = _committed(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
+        v3 = _committed(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
+        v4 = _committed(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
         for j in range(0, length):
-            k = _conv_silu(k_chan, k_mask, j, path, tokens_base, tokens_stride_node, tokens_stride_dim,
-                           conv_base, conv_stride_dim, conv_stride_win, weight_base, weight_stride_dim,
-                           weight_stride_tap, bias_base, bias_stride_dim, KERNEL_SIZE, NODES, HAS_BIAS)
-            v = _conv_silu(v_chan, v_mask, j, path, tokens_base, tokens_stride_node, tokens_stride_dim,
-                           conv_base, conv_stride_dim, conv_stride_win, weight_base, weight_stride_dim,
-                           weight_stride_tap, bias_base, bias_stride_dim, KERNEL_SIZE, NODES, HAS_BIAS)
+            node = _nth(path, j, NODES, TREE)
+            token = tokens_base + node * tokens_stride_node
+            xk = tl.load(token + k_chan * tokens_stride_dim, mask=k_mask, other=0.0).to(tl.float32)
+            xv = tl.load(token + v_chan * tokens_stride_dim, mask=v_mask, other=0.0).to(tl.float32)
+            k = _conv_silu(xk, k1, k2, k3, k4, k_chan, k_mask, weight_base, weight_stride_dim, weight_stride_tap,
+                           bias_base, bias_stride_dim, KERNEL_SIZE, HAS_BIAS)
+            v = _conv_silu(xv, v1, v2, v3, v4, v_chan, v_mask, weight_base, weight_stride_dim, weight_stride_tap,
+                           bias_base, bias_stride_dim, KERNEL_SIZE, HAS_BIAS)
+            k4, k3, k2, k1 = k3, k2, k1, xk
+            v4, v3, v2, v1 = v3, v2, v1, xv
             k = tl.where(k_mask, k, 0.0)
             if L2NORM:
                 k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
-            gate = gates_base + _nth(path, j, NODES) * gates_stride_node
+            gate = gates_base + node * gates_stride_node
             g = tl.load(gate).to(tl.float32)
             beta = tl.load(gate + gates_stride_gate).to(tl.float32)
             state = state * tl.exp(g)
@@ -190,7 +211,7 @@ def _path_window_kernel(
     if active & links_ok:
         chan = block * BLOCK + tl.arange(0, BLOCK)
         cmask = chan < dim
-        root = _nth(path, 0, NODES)
+        root = _nth(path, 0, NODES, TREE)
         tokens_base = tokens_ptr + layer * tokens_stride_layer + src * tokens_stride_slot
         history_base = (history_ptr + layer * history_stride_layer + src * history_stride_slot
                         + root * history_stride_node)
@@ -198,7 +219,7 @@ def _path_window_kernel(
         for column in tl.static_range(WIDTH):
             position = length - WIDTH + column  # on the path; < 0: history column WIDTH-1+position
             is_token = (chan * 0 + position) >= 0
-            node_here = _nth(path, tl.maximum(position, 0), NODES)
+            node_here = _nth(path, tl.maximum(position, 0), NODES, TREE)
             from_token = tl.load(tokens_base + node_here * tokens_stride_node + chan * tokens_stride_dim,
                                  mask=cmask & is_token)
             history_column = tl.maximum(WIDTH - 1 + position, 0)
