@@ -21,7 +21,8 @@ import triton.language as tl
 
 from ._common import MAX_GRID_Y, cdiv, next_power_of_2, row_indices
 
-REPLAY_WARPS = 4
+REPLAY_BLOCK_V = 64  # value columns per replay program: a [dk, 64] fp32 tile over 2 warps
+REPLAY_WARPS = 2
 WINDOW_BLOCK = 1024  # channels per program of the window commit
 
 
@@ -132,40 +133,45 @@ def _gdn_replay_kernel(
         row, steps_ptr, steps_stride, num_nodes, dst_slots_ptr, dst_slots_stride, num_state_slots,
         src_slots_ptr, src_slots_stride, num_src_slots,
     )
+    k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
+    kk = tl.arange(0, BLOCK_K)
+    vv = v_block * BLOCK_V + tl.arange(0, BLOCK_V)
+    k_mask = kk < HEAD_K_DIM
+    v_mask = vv < HEAD_V_DIM
+    k_chan = NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk  # q, then k, then v
+    v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
+
+    ssm = (ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
+           + (kk * ssm_stride_k)[:, None] + (vv * ssm_stride_v)[None, :])
+    # nothing is read for a row out of range (the flag is widened first: Triton's interpreter
+    # cannot combine a scalar and a vector mask)
+    k_live = k_mask & ((kk * 0 + active.to(tl.int32)) != 0)
+    v_live = v_mask & ((vv * 0 + active.to(tl.int32)) != 0)
+    tile_mask = k_live[:, None] & v_live[None, :]
+    state = tl.load(ssm, mask=tile_mask, other=0.0).to(tl.float32)
+
+    conv_base = conv_ptr + layer * conv_stride_layer + dst * conv_stride_slot
+    tokens_base = tokens_ptr + layer * tokens_stride_layer + src * tokens_stride_slot
+    gates_base = gates_ptr + layer * gates_stride_layer + src * gates_stride_slot + head * gates_stride_head
+    weight_base = weight_ptr + layer * weight_stride_layer
+    bias_base = bias_ptr + layer * bias_stride_layer
+    # The state and the committed inputs are loaded before the path walk, whose dependent loads
+    # would delay them. The conv's K-1 previous inputs then slide along in registers (k1/v1 the
+    # newest), so each path token loads only its own input.
+    k1 = _committed(conv_base, k_chan, k_live, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
+    k2 = _committed(conv_base, k_chan, k_live, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
+    k3 = _committed(conv_base, k_chan, k_live, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
+    k4 = _committed(conv_base, k_chan, k_live, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
+    v1 = _committed(conv_base, v_chan, v_live, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
+    v2 = _committed(conv_base, v_chan, v_live, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
+    v3 = _committed(conv_base, v_chan, v_live, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
+    v4 = _committed(conv_base, v_chan, v_live, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
     path, length, links_ok = accepted_path(row, node, parents_ptr, parents_stride_row, parents_stride_node,
                                            NODES, TREE)
     if active & links_ok:
-        k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
-        kk = tl.arange(0, BLOCK_K)
-        vv = v_block * BLOCK_V + tl.arange(0, BLOCK_V)
-        k_mask = kk < HEAD_K_DIM
-        v_mask = vv < HEAD_V_DIM
-        k_chan = NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk  # q, then k, then v
-        v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
-
-        ssm = (ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
-               + (kk * ssm_stride_k)[:, None] + (vv * ssm_stride_v)[None, :])
-        tile_mask = k_mask[:, None] & v_mask[None, :]
-        state = tl.load(ssm, mask=tile_mask, other=0.0).to(tl.float32)
-
-        conv_base = conv_ptr + layer * conv_stride_layer + dst * conv_stride_slot
-        tokens_base = tokens_ptr + layer * tokens_stride_layer + src * tokens_stride_slot
-        gates_base = gates_ptr + layer * gates_stride_layer + src * gates_stride_slot + head * gates_stride_head
-        weight_base = weight_ptr + layer * weight_stride_layer
-        bias_base = bias_ptr + layer * bias_stride_layer
-        # The conv's K-1 previous inputs slide along in registers (k1/v1 the newest), so each path
-        # token loads only its own input.
-        k1 = _committed(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
-        k2 = _committed(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
-        k3 = _committed(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
-        k4 = _committed(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
-        v1 = _committed(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
-        v2 = _committed(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
-        v3 = _committed(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
-        v4 = _committed(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
         for j in range(0, length):
-            node = _nth(path, j, NODES, TREE)
-            token = tokens_base + node * tokens_stride_node
+            path_node = _nth(path, j, NODES, TREE)
+            token = tokens_base + path_node * tokens_stride_node
             xk = tl.load(token + k_chan * tokens_stride_dim, mask=k_mask, other=0.0).to(tl.float32)
             xv = tl.load(token + v_chan * tokens_stride_dim, mask=v_mask, other=0.0).to(tl.float32)
             k = _conv_silu(xk, k1, k2, k3, k4, k_chan, k_mask, weight_base, weight_stride_dim, weight_stride_tap,
@@ -177,7 +183,7 @@ def _gdn_replay_kernel(
             k = tl.where(k_mask, k, 0.0)
             if L2NORM:
                 k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
-            gate = gates_base + node * gates_stride_node
+            gate = gates_base + path_node * gates_stride_node
             g = tl.load(gate).to(tl.float32)
             beta = tl.load(gate + gates_stride_gate).to(tl.float32)
             state = state * tl.exp(g)
@@ -276,7 +282,7 @@ def launch_gdn_commit(
         return
     _check_grid("convwin.gdn_commit", num_rows, num_layers)
     if block_v is None:
-        block_v = min(32, next_power_of_2(head_v_dim))
+        block_v = min(REPLAY_BLOCK_V, next_power_of_2(head_v_dim))
     v_blocks = cdiv(head_v_dim, block_v)
     width = conv.shape[3]
     index_strides = _index_strides(dst_slots, src_slots, steps, parents)

@@ -177,6 +177,6 @@ def gdn_commit(
     dst_slots, src_slots, steps: [B]; parents: [B, D] or None; int32 or int64.
     A row is skipped (both states untouched) when its step or destination is negative, an index
     is out of range, or its path meets a parent link outside [-1, n-1]; ``index_checks()`` turns
-    out-of-range values into an IndexError (host sync, for debugging). Two launches, no sync, no
-    allocation; the ssm_state of skipped rows is never read. Same as ``torch.ops.convwin.gdn_commit``.
+    out-of-range values into an IndexError (host sync, for debugging). Two launches (the replay,
+    then the windows), no sync, no allocation. Same as ``torch.ops.convwin.gdn_commit``.
     """
