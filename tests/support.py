@@ -166,3 +166,90 @@ def trees(draw, num_nodes):
         branching = draw(st.integers(2, 4))
         return [(n // branching) - 1 if n >= branching else -1 for n in range(num_nodes)]
     return [draw(st.integers(-1, n - 1)) for n in range(num_nodes)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Replay commit (gdn_commit) problems
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Replay:
+    """One gdn_commit call's tensors and keyword arguments."""
+
+    ssm_state: torch.Tensor
+    conv_state: torch.Tensor
+    buffer: torch.Tensor
+    gates: torch.Tensor
+    conv_weight: torch.Tensor
+    dst_slots: torch.Tensor
+    src_slots: torch.Tensor
+    steps: torch.Tensor
+    parents: torch.Tensor | None
+    kwargs: dict
+
+    def args(self, ssm_state=None, conv_state=None):
+        return (
+            self.ssm_state if ssm_state is None else ssm_state,
+            self.conv_state if conv_state is None else conv_state,
+            self.buffer, self.gates, self.conv_weight, self.dst_slots, self.src_slots, self.steps, self.parents,
+        )
+
+
+def random_tree(num_nodes: int, generator: torch.Generator) -> list[int]:
+    """Parent links of a random tree: node 0 is the root, node n hangs off an earlier node."""
+    return [-1] + [int(torch.randint(0, n, (), generator=generator)) for n in range(1, num_nodes)]
+
+
+def make_replay(
+    *, layout="token_major", tree=False, num_layers=2, num_k_heads=2, ratio=2, head_k_dim=4, head_v_dim=4,
+    kernel_size=4, num_draft=3, num_rows=3, num_slots=5, buffer_slots=4, ssm_dtype=torch.float32,
+    buffer_dtype=torch.float32, conv_dtype=torch.float32, state_layout="dim_major", transposed_ssm=False,
+    bias=True, use_qk_l2norm=True, steps=None, device="cpu", seed=0,
+) -> Replay:
+    """A verify pass through the package's own capture ops, then the commit's arguments."""
+    gen = torch.Generator().manual_seed(seed)
+    num_slots, buffer_slots = max(num_slots, num_rows), max(buffer_slots, num_rows)
+    num_v_heads = num_k_heads * ratio
+    dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+    width = kernel_size - 1
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(device)
+
+    ssm_shape = (num_layers, num_slots, num_v_heads, head_k_dim, head_v_dim)
+    if transposed_ssm:  # stored [.., dv, dk], passed as a transposed view, with a storage offset
+        storage = randn(7 + num_layers * num_slots * num_v_heads * head_k_dim * head_v_dim).to(ssm_dtype)
+        ssm_state = storage[7:].view(num_layers, num_slots, num_v_heads, head_v_dim, head_k_dim).transpose(-1, -2)
+    else:
+        ssm_state = randn(*ssm_shape).to(ssm_dtype)
+    conv_shape = (num_layers, num_slots, dim, width) if state_layout == "dim_major" else (num_layers, num_slots, width, dim)
+    conv_state = randn(*conv_shape).to(conv_dtype)
+    buffer = sgl_convwin.alloc_windows(num_layers, buffer_slots, dim, num_draft, kernel_size, layout=layout,
+                                       dtype=buffer_dtype, device=device)
+    gates = sgl_convwin.alloc_gates(num_layers, buffer_slots, num_draft, num_v_heads, device=device)
+    # row b: buffer slot perm[b], state slot dst[b]; the last row is padding (-1) when B > 1
+    slots_perm = torch.randperm(buffer_slots, generator=gen)[:num_rows]
+    dst = torch.randperm(num_slots, generator=gen)[:num_rows]
+    if num_rows > 1:
+        dst[-1] = -1
+    parents = None
+    if tree:
+        parents = torch.tensor([random_tree(num_draft, gen) for _ in range(num_rows)], device=device)
+    conv_weight = randn(num_layers, dim, kernel_size, scale=0.5)
+    conv_bias = randn(num_layers, dim, scale=0.1) if bias else None
+    for layer in range(num_layers):
+        x = randn(num_rows, num_draft, dim).to(buffer_dtype)
+        state_slots = dst.clamp(min=0).to(device)
+        sgl_convwin.capture(buffer, conv_state, x, slots_perm.to(device), state_slots, layer, parents,
+                            layout=layout, state_layout=state_layout)
+        g = -torch.nn.functional.softplus(randn(num_rows, num_draft, num_v_heads))
+        beta = torch.sigmoid(randn(num_rows, num_draft, num_v_heads))
+        sgl_convwin.capture_gates(gates, g, beta, slots_perm.to(device), layer)
+    if steps is None:
+        steps = torch.randint(0, num_draft, (num_rows,), generator=gen)
+    kwargs = dict(layout=layout, num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads,
+                  head_v_dim=head_v_dim, conv_bias=conv_bias, use_qk_l2norm=use_qk_l2norm,
+                  state_layout=state_layout)
+    return Replay(ssm_state, conv_state, buffer, gates, conv_weight, dst.to(device), slots_perm.to(device),
+                  torch.as_tensor(steps).to(device), parents, kwargs)

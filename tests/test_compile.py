@@ -174,3 +174,53 @@ def test_compiled_verify_step(device, layout):
     for name in ("outs", "buffer", "conv_state"):
         assert torch.equal(compiled_args[name], eager[name]), name
     assert eager["outs"].any() and not torch.equal(eager["conv_state"], verify_inputs(device, layout, 5)["conv_state"])
+
+
+def replay_step(ssm_state, conv_state, buffer, gates, x, g, beta, conv_weight, slots, steps, *, layout, dims):
+    """A verify pass that keeps no state (capture inputs and gates), then the replay commit."""
+    for layer in range(buffer.shape[0]):
+        sgl_convwin.capture(buffer, conv_state, x[layer], slots, slots, layer, layout=layout)
+        sgl_convwin.capture_gates(gates, g[layer], beta[layer], slots, layer)
+    sgl_convwin.gdn_commit(ssm_state, conv_state, buffer, gates, conv_weight, slots, slots, steps,
+                           layout=layout, **dims)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_replay_step(device, layout, dynamic):
+    """Compiled (fullgraph) == eager bit for bit, and the states are written in place: no copy or
+    clone of ssm_state or conv_state in the generated code."""
+    torch._dynamo.reset()
+    generator = torch.Generator().manual_seed(7)
+    layers, slots_n, hk, dk, hv, dv, draft = 2, 4, 1, 4, 2, 4, 3
+    dim = 2 * hk * dk + hv * dv
+    dims = dict(num_k_heads=hk, head_k_dim=dk, num_v_heads=hv, head_v_dim=dv)
+
+    def make():
+        generator.manual_seed(7)
+        return dict(
+            ssm_state=torch.randn(layers, slots_n, hv, dk, dv, generator=generator).to(device),
+            conv_state=torch.randn(layers, slots_n, dim, K - 1, generator=generator).to(device),
+            buffer=sgl_convwin.alloc_windows(layers, slots_n, dim, draft, K, layout=layout, dtype=torch.float32,
+                                             device=device),
+            gates=sgl_convwin.alloc_gates(layers, slots_n, draft, hv, device=device),
+            x=torch.randn(layers, 3, draft, dim, generator=generator).to(device),
+            g=-torch.rand(layers, 3, draft, hv, generator=generator).to(device),
+            beta=torch.rand(layers, 3, draft, hv, generator=generator).to(device),
+            conv_weight=torch.randn(layers, dim, K, generator=generator).to(device),
+            slots=torch.tensor([2, 0, -1], device=device),
+            steps=torch.tensor([1, 2, 0], device=device),
+        )
+
+    eager, compiled_args, before = make(), make(), make()
+    replay_step(**eager, layout=layout, dims=dims)
+    compiled = torch.compile(replay_step, fullgraph=True, dynamic=dynamic)
+    _, codes = run_and_get_code(compiled, **compiled_args, layout=layout, dims=dims)
+    code = "\n".join(codes)
+    assert code.count("torch.ops.convwin.gdn_commit.default(") == 1
+    assert allocations(code) == [], allocations(code)
+    assert ".copy_(" not in code and "clone" not in code
+    for name in ("ssm_state", "conv_state", "buffer", "gates"):
+        assert torch.equal(compiled_args[name], eager[name]), name
+    assert not torch.equal(eager["ssm_state"], before["ssm_state"]), "the commit wrote nothing"

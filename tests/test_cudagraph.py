@@ -251,3 +251,32 @@ def test_ten_thousand_replays(layout, tree):
             torch.testing.assert_close(static["outs"].cpu().double(), want_outs, rtol=1.6e-2, atol=1.6e-2)
             checked += 1
     assert checked == 100
+
+
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_replay_commit_capture_and_replay(layout, tree):
+    """gdn_commit captured once; new slots, steps and parents written into the static inputs
+    before each replay; every replay equals the oracle (states whole, as the oracle leaves them)."""
+    from support import make_replay
+
+    replay = make_replay(layout=layout, tree=tree, num_rows=4, num_draft=4, num_slots=6, buffer_slots=6,
+                         head_k_dim=16, head_v_dim=32, device="cuda", seed=0)
+    ssm_state, conv_state = replay.ssm_state.clone(), replay.conv_state.clone()
+    graph = capture(lambda: sgl_convwin.gdn_commit(*replay.args(ssm_state, conv_state), **replay.kwargs))
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        ssm_state.copy_(replay.ssm_state)
+        conv_state.copy_(replay.conv_state)
+        dst = torch.randperm(6, generator=generator)[:4]
+        dst[torch.rand(4, generator=generator) < 0.25] = -1
+        replay.dst_slots.copy_(dst)
+        replay.src_slots.copy_(torch.randperm(6, generator=generator)[:4])
+        replay.steps.copy_(torch.randint(-1, 4, (4,), generator=generator))
+        if tree:
+            replay.parents.copy_(torch.tensor([[-1] + [int(torch.randint(0, n, (), generator=generator))
+                                                       for n in range(1, 4)] for _ in range(4)]))
+        graph.replay()
+        expected_ssm, expected_conv, _ = reference.gdn_commit_reference(*replay.args(), **replay.kwargs)
+        assert torch.equal(conv_state.cpu(), expected_conv)
+        torch.testing.assert_close(ssm_state.cpu().double(), expected_ssm, atol=1e-4, rtol=1e-4)

@@ -128,3 +128,41 @@ def test_opcheck_capture_and_verify(device):
             torch.library.opcheck(torch.ops.convwin.causal_conv1d_verify.default, verify_args, verify_kwargs)
         except Exception as error:
             raise AssertionError(f"opcheck failed for sample {name}") from error
+
+
+def gdn_commit_samples(device):
+    from support import make_replay
+
+    for i, (layout, tree) in enumerate([(layout, tree) for layout in sgl_convwin.LAYOUTS for tree in (False, True)]):
+        replay = make_replay(layout=layout, tree=tree, device=device, seed=i,
+                             state_layout=sgl_convwin.STATE_LAYOUTS[i % 2], transposed_ssm=i % 3 == 0)
+        kwargs = dict(replay.kwargs)
+        conv_bias = kwargs.pop("conv_bias")
+        yield f"{layout}-{'tree' if tree else 'chain'}", (*replay.args(), conv_bias), kwargs
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_gdn_commit(device):
+    for name, args, kwargs in gdn_commit_samples(device):
+        try:
+            torch.library.opcheck(torch.ops.convwin.gdn_commit.default, args, kwargs)
+        except Exception as error:
+            raise AssertionError(f"opcheck failed for sample {name}") from error
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_capture_gates(device):
+    generator = torch.Generator().manual_seed(3)
+    slots = torch.tensor([1, -1, 0], device=device)
+    for num_gates in (2, 1):
+        gates = torch.zeros(2, 3, 4, num_gates, 5, device=device)
+        g = torch.randn(3, 4, 5, generator=generator).to(device)
+        beta = torch.rand(3, 4, 5, generator=generator).to(device).transpose(0, 1).contiguous().transpose(0, 1)
+        torch.library.opcheck(torch.ops.convwin.capture_gates.default,
+                              (gates, g, beta if num_gates == 2 else None, slots, 1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_alloc_gates(device):
+    for num_gates, dtype in ((2, torch.float32), (1, torch.bfloat16)):
+        torch.library.opcheck(torch.ops.convwin.alloc_gates.default, (2, 3, 4, 5, num_gates, dtype, torch.device(device)))
