@@ -260,7 +260,7 @@ def test_matches_fla_naive_recurrence():
                      initial_state=replay.ssm_state[0, dst][None].double(), output_final_state=True)
     ssm_state, conv_state = replay.ssm_state.clone(), replay.conv_state.clone()
     run_public(replay, ssm_state, conv_state)
-    torch.testing.assert_close(ssm_state[0, dst].double(), final[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ssm_state[0, dst].double(), final[0].double(), atol=1e-5, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------
