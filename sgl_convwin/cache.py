@@ -6,6 +6,10 @@
         cache.causal_conv1d_verify(out, conv_state, x, weight, bias, slots, layer)
     cache.commit(conv_state, slots, accepted)         # after acceptance, all layers, one launch
 
+Replay commit (Gated DeltaNet): construct with ``gate_heads=Hv`` for a gates buffer, store each
+layer's g, beta with ``capture_gates`` during verify, and commit the recurrent state and the conv
+window together with ``gdn_commit`` -- no state snapshots.
+
 ``slots`` index the buffer; the engine's conv_state is read (verify) and written (commit) at
 ``state_slots``, which default to ``slots`` (engines usually use one cache index for both).
 Trees: pass ``parents`` [B, N] to every call; token_major / channel_major buffers then hold one
@@ -18,6 +22,7 @@ import torch
 
 from .layout import DEFAULT_LAYOUT, DENSE, DIM_MAJOR, TOKEN_MAJOR, check_layout, physical_nbytes, window_view
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
+from .ops_replay import alloc_gates, capture_gates, gdn_commit
 
 
 class ConvWindowCache(torch.nn.Module):
@@ -32,6 +37,7 @@ class ConvWindowCache(torch.nn.Module):
         layout: str = DEFAULT_LAYOUT,
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str | None = None,
+        gate_heads: int | None = None,
     ):
         super().__init__()
         check_layout(layout)
@@ -43,12 +49,17 @@ class ConvWindowCache(torch.nn.Module):
             alloc_windows(num_layers, num_slots, dim, num_draft, kernel_size, layout=layout, dtype=dtype, device=device),
             persistent=False,
         )
+        # [L, M, D, 2, gate_heads] float32: g, beta per draft token for gdn_commit (None: no replay)
+        gates = None if gate_heads is None else alloc_gates(num_layers, num_slots, num_draft, gate_heads,
+                                                            device=self.buffer.device)
+        self.register_buffer("gates", gates, persistent=False)
 
     @property
     def nbytes(self) -> int:
-        """Physical bytes of the buffer (the logical window view would over-report)."""
-        return physical_nbytes(self.layout, self.num_layers, self.num_slots, self.dim, self.num_draft,
-                               self.kernel_size, self.buffer.dtype)
+        """Physical bytes of the buffer and the gates (the logical window view would over-report)."""
+        gates = 0 if self.gates is None else self.gates.numel() * self.gates.element_size()
+        return gates + physical_nbytes(self.layout, self.num_layers, self.num_slots, self.dim, self.num_draft,
+                                       self.kernel_size, self.buffer.dtype)
 
     @property
     def windows(self) -> torch.Tensor:
@@ -85,6 +96,27 @@ class ConvWindowCache(torch.nn.Module):
             scatter_tree(conv_state, self.rows, state_slots, slots, accepted, parents, state_layout=state_layout)
         else:
             scatter(conv_state, self.windows, state_slots, slots, accepted, state_layout=state_layout)
+
+    def capture_gates(self, g, beta, slots, layer):
+        """Store layer ``layer``'s gates g, beta [B, N, Hv] of the verify pass (needs gate_heads)."""
+        capture_gates(self._gates(), g, beta, slots, layer)
+
+    def gdn_commit(
+        self, ssm_state, conv_state, conv_weight, slots, accepted, *, num_k_heads, head_k_dim, num_v_heads,
+        head_v_dim, state_slots=None, parents=None, conv_bias=None, use_qk_l2norm=True, state_layout=DIM_MAJOR,
+    ):
+        """Replay each request's accepted path onto ssm_state and commit its conv window
+        (``sgl_convwin.gdn_commit``): both states at ``state_slots`` (default ``slots``), all layers."""
+        state_slots = slots if state_slots is None else state_slots
+        gdn_commit(ssm_state, conv_state, self.buffer, self._gates(), conv_weight, state_slots, slots, accepted,
+                   parents, layout=self.layout, num_k_heads=num_k_heads, head_k_dim=head_k_dim,
+                   num_v_heads=num_v_heads, head_v_dim=head_v_dim, conv_bias=conv_bias,
+                   use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
+
+    def _gates(self) -> torch.Tensor:
+        if self.gates is None:
+            raise ValueError("this ConvWindowCache has no gates buffer: construct it with gate_heads=num_v_heads")
+        return self.gates
 
     def extra_repr(self) -> str:
         return (f"layers={self.num_layers}, slots={self.num_slots}, dim={self.dim}, num_draft={self.num_draft}, "

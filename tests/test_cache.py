@@ -176,3 +176,30 @@ def test_capture_method_equals_the_op(device, layout):
         sgl_convwin.capture(buffer, inputs["conv_state"], inputs["x"][layer], inputs["slots"], inputs["state_slots"],
                             layer, parents, layout=layout)
     assert torch.equal(cache.buffer, buffer) and buffer.any()
+
+
+def test_cache_replay_commit_matches_the_functions():
+    """ConvWindowCache's gates and gdn_commit are the free functions on its own buffers."""
+    from support import make_replay
+
+    replay = make_replay(tree=True, seed=5, buffer_slots=4)
+    kw = dict(replay.kwargs)
+    layout = kw.pop("layout")
+    cache = sgl_convwin.ConvWindowCache(replay.buffer.shape[0], 4, replay.conv_state.shape[2], replay.gates.shape[2],
+                                        4, layout=layout, dtype=replay.buffer.dtype, gate_heads=kw["num_v_heads"])
+    cache.buffer.copy_(replay.buffer)
+    g, beta = replay.gates[0, :, :, 0][None].clone(), replay.gates[0, :, :, 1][None].clone()
+    cache.capture_gates(g[0], beta[0], torch.arange(4), 0)
+    cache.gates[1:].copy_(replay.gates[1:])
+    assert torch.equal(cache.gates, replay.gates)
+    assert cache.nbytes == replay.buffer.numel() * replay.buffer.element_size() + replay.gates.numel() * 4
+    expected = (replay.ssm_state.clone(), replay.conv_state.clone())
+    sgl_convwin.gdn_commit(*replay.args(*expected), **replay.kwargs)
+    got = (replay.ssm_state.clone(), replay.conv_state.clone())
+    cache.gdn_commit(*got, replay.conv_weight, replay.src_slots, replay.steps, state_slots=replay.dst_slots,
+                     parents=replay.parents, **{k: v for k, v in kw.items() if k != "state_layout"},
+                     state_layout=kw["state_layout"])
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert not torch.equal(got[0], replay.ssm_state)
+    with pytest.raises(ValueError, match="gate_heads"):
+        sgl_convwin.ConvWindowCache(1, 2, 8, 2, 4).capture_gates(g[0], beta[0], torch.arange(4), 0)
