@@ -133,42 +133,37 @@ def _gdn_replay_kernel(
         row, steps_ptr, steps_stride, num_nodes, dst_slots_ptr, dst_slots_stride, num_state_slots,
         src_slots_ptr, src_slots_stride, num_src_slots,
     )
-    k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
-    kk = tl.arange(0, BLOCK_K)
-    vv = v_block * BLOCK_V + tl.arange(0, BLOCK_V)
-    k_mask = kk < HEAD_K_DIM
-    v_mask = vv < HEAD_V_DIM
-    k_chan = NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk  # q, then k, then v
-    v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
-
-    ssm = (ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
-           + (kk * ssm_stride_k)[:, None] + (vv * ssm_stride_v)[None, :])
-    # nothing is read for a row out of range (the flag is widened first: Triton's interpreter
-    # cannot combine a scalar and a vector mask)
-    k_live = k_mask & ((kk * 0 + active.to(tl.int32)) != 0)
-    v_live = v_mask & ((vv * 0 + active.to(tl.int32)) != 0)
-    tile_mask = k_live[:, None] & v_live[None, :]
-    state = tl.load(ssm, mask=tile_mask, other=0.0).to(tl.float32)
-
-    conv_base = conv_ptr + layer * conv_stride_layer + dst * conv_stride_slot
-    tokens_base = tokens_ptr + layer * tokens_stride_layer + src * tokens_stride_slot
-    gates_base = gates_ptr + layer * gates_stride_layer + src * gates_stride_slot + head * gates_stride_head
-    weight_base = weight_ptr + layer * weight_stride_layer
-    bias_base = bias_ptr + layer * bias_stride_layer
-    # The state and the committed inputs are loaded before the path walk, whose dependent loads
-    # would delay them. The conv's K-1 previous inputs then slide along in registers (k1/v1 the
-    # newest), so each path token loads only its own input.
-    k1 = _committed(conv_base, k_chan, k_live, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
-    k2 = _committed(conv_base, k_chan, k_live, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
-    k3 = _committed(conv_base, k_chan, k_live, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
-    k4 = _committed(conv_base, k_chan, k_live, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
-    v1 = _committed(conv_base, v_chan, v_live, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
-    v2 = _committed(conv_base, v_chan, v_live, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
-    v3 = _committed(conv_base, v_chan, v_live, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
-    v4 = _committed(conv_base, v_chan, v_live, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
     path, length, links_ok = accepted_path(row, node, parents_ptr, parents_stride_row, parents_stride_node,
                                            NODES, TREE)
     if active & links_ok:
+        k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
+        kk = tl.arange(0, BLOCK_K)
+        vv = v_block * BLOCK_V + tl.arange(0, BLOCK_V)
+        k_mask = kk < HEAD_K_DIM
+        v_mask = vv < HEAD_V_DIM
+        k_chan = NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk  # q, then k, then v
+        v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
+
+        ssm = (ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
+               + (kk * ssm_stride_k)[:, None] + (vv * ssm_stride_v)[None, :])
+        tile_mask = k_mask[:, None] & v_mask[None, :]
+        state = tl.load(ssm, mask=tile_mask, other=0.0).to(tl.float32)
+
+        conv_base = conv_ptr + layer * conv_stride_layer + dst * conv_stride_slot
+        tokens_base = tokens_ptr + layer * tokens_stride_layer + src * tokens_stride_slot
+        gates_base = gates_ptr + layer * gates_stride_layer + src * gates_stride_slot + head * gates_stride_head
+        weight_base = weight_ptr + layer * weight_stride_layer
+        bias_base = bias_ptr + layer * bias_stride_layer
+        # The conv's K-1 previous inputs slide along in registers (k1/v1 the newest), so each path
+        # token loads only its own input. (Loading the state before the path walk gained nothing.)
+        k1 = _committed(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
+        k2 = _committed(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
+        k3 = _committed(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
+        k4 = _committed(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
+        v1 = _committed(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
+        v2 = _committed(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
+        v3 = _committed(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
+        v4 = _committed(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
         for j in range(0, length):
             path_node = _nth(path, j, NODES, TREE)
             token = tokens_base + path_node * tokens_stride_node
