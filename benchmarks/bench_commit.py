@@ -1,0 +1,1009 @@
+"""Replay-commit benchmark: this package's gdn_commit against a snapshot-copy commit and an
+input-replay commit, the engine-side verify with and without state snapshots, and a traffic model.
+
+    python benchmarks/bench_commit.py            # H200 tables (needs CUDA; ~2-3 min at the defaults)
+    python benchmarks/bench_commit.py --check    # every kernel on tiny shapes (CPU: TRITON_INTERPRET=1)
+
+Shapes: Qwen3-Next TP1 layers (L=36 GDN layers, Hk=16, Hv=32, dk=dv=128, conv dim 8192, K=4), fp32
+recurrent state, bf16 conv inputs; chain drafts of D=4 with accepted lengths uniform in 1..D, and an
+8-node topk-3 tree, TREE_PARENTS below, with the accepted node at a depth uniform in 1..4: the depth
+is the chain's accepted length drawn with the same seed, so chain and tree replay equally long paths.
+
+Commit candidates (one step's commit of every layer; dst_slots = src_slots = arange(B)):
+  convwin gdn_commit  sgl_convwin.gdn_commit: recomputes conv -> SiLU -> split -> l2norm(k) from the
+                      conv-input buffer (token_major) and replays the accepted path onto the state;
+                      writes the new conv window too.
+  snapshot copy       what engines without replay do: _snapshot_copy_kernel gathers the accepted
+                      step's state snapshot snap[l, src, step] -> ssm_state[l, dst] (one launch, all
+                      layers), then sgl_convwin.scatter (chain, window_view of the buffer) or
+                      scatter_tree (tree) commits the conv window.
+  input replay        the ReplaySSM way (vLLM): _kv_replay_kernel replays the accepted path from a
+                      cache of post-conv k [.., Hk*dk] and v [.., Hv*dv] (bf16, k NOT normalised:
+                      the kernel l2-normalises it, as vLLM's kernels do in-kernel) and g, beta
+                      (fp32). Its conv state is widened to K-1+D columns and read at an offset by
+                      the next step, so its commit moves no conv bytes (counted as zero).
+Each is timed with triton.testing.do_bench (median) and with CUDA-graph replay (captured after a
+warm-up, replayed many times, timed with CUDA events), beside the bytes it must move and that as a
+fraction of a device-to-device copy ceiling measured in the same run.
+
+Verify (chain only): a Triton stand-in of the engine's verify recurrence over the D draft tokens (reads
+the state once, writes o_t = S_t^T (q_t * dk**-0.5) per token) with a snapshot written per token (the
+snapshot design) and with no state written (the replay designs), one launch per layer, and FLA's
+fused_recurrent_gated_delta_rule on the same inputs when `fla` imports. Then the recurrent-state
+traffic per step of each design beside its memory per slot: a model, not a measurement.
+
+Memory: at B=256 the fp32 state is 18 GiB and a D=4 snapshot buffer 72 GiB (an 8-node tree's would
+be 144 GiB): every candidate's own tensors are allocated just before it is timed and freed after, and
+a snapshot buffer that does not fit the budget (--mem-limit-gib) holds fewer node snapshots (said so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from types import SimpleNamespace
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+import sgl_convwin  # noqa: E402
+
+HAS_GDN_COMMIT = hasattr(sgl_convwin, "gdn_commit")
+
+# Tree draft (topk 3, 8 nodes): node 0 is the root (its parent is the committed history), nodes
+# 1, 2, 3 its children, nodes 4, 5, 6 node 1's children, node 7 node 4's child. Depths 1..4, so
+# accepted paths are 1..4 tokens long, like the D=4 chain's.
+TREE_PARENTS = [-1, 0, 0, 0, 1, 1, 1, 4]
+
+
+@dataclass(frozen=True)
+class Shapes:
+    layers: int = 36
+    k_heads: int = 16
+    v_heads: int = 32
+    head_k: int = 128
+    head_v: int = 128
+    kernel_size: int = 4
+    num_draft: int = 4
+
+    @property
+    def key_width(self) -> int:  # Hk * dk: the width of q, and of k
+        return self.k_heads * self.head_k
+
+    @property
+    def dim(self) -> int:  # conv channels: q, k, v
+        return 2 * self.key_width + self.v_heads * self.head_v
+
+    @property
+    def kv_width(self) -> int:  # what input replay caches per token: k, v
+        return self.key_width + self.v_heads * self.head_v
+
+    @property
+    def state_numel(self) -> int:  # one layer's recurrent state per slot
+        return self.v_heads * self.head_k * self.head_v
+
+
+QWEN3_NEXT_TP1 = Shapes()
+CHECK_SHAPES = Shapes(layers=2, k_heads=2, v_heads=4, head_k=16, head_v=16, kernel_size=4, num_draft=3)
+
+# ------------------------------------------------------------------------------------------------
+# Kernels written here (baselines and the verify stand-in)
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _snapshot_copy_kernel(
+    state_ptr, snap_ptr, dst_ptr, src_ptr, steps_ptr,
+    state_stride_layer, state_stride_slot,
+    snap_stride_layer, snap_stride_slot, snap_stride_step,
+    num_state_slots, num_snap_slots, num_steps, numel,
+    BLOCK: tl.constexpr,
+):
+    """ssm_state[layer, dst[row]] = snap[layer, src[row], steps[row]]: one BLOCK of one state per
+    program; each per-slot state is contiguous. A negative or out-of-range index skips the row."""
+    block = tl.program_id(0)
+    row = tl.program_id(1)
+    layer = tl.program_id(2).to(tl.int64)
+    step = tl.load(steps_ptr + row).to(tl.int64)
+    dst = tl.load(dst_ptr + row).to(tl.int64)
+    src = tl.load(src_ptr + row).to(tl.int64)
+    valid = (step >= 0) & (step < num_steps) & (dst >= 0) & (dst < num_state_slots)
+    valid = valid & (src >= 0) & (src < num_snap_slots)
+    if valid:
+        offsets = block * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < numel
+        source = snap_ptr + layer * snap_stride_layer + src * snap_stride_slot + step * snap_stride_step
+        values = tl.load(source + offsets, mask=mask)
+        dest = state_ptr + layer * state_stride_layer + dst * state_stride_slot
+        tl.store(dest + offsets, values.to(state_ptr.dtype.element_ty), mask=mask)
+
+
+def snapshot_copy(ssm_state, snapshots, dst_slots, src_slots, steps, *, block=4096, num_warps=8):
+    """ssm_state [L, N, Hv, dk, dv]; snapshots [L, M, S, Hv, dk, dv]; each slot's state contiguous."""
+    num_layers, num_state_slots = ssm_state.shape[:2]
+    numel = ssm_state[0, 0].numel()
+    assert ssm_state[0, 0].is_contiguous() and snapshots[0, 0, 0].is_contiguous()
+    grid = (triton.cdiv(numel, block), steps.shape[0], num_layers)
+    _snapshot_copy_kernel[grid](
+        ssm_state, snapshots, dst_slots, src_slots, steps,
+        ssm_state.stride(0), ssm_state.stride(1),
+        snapshots.stride(0), snapshots.stride(1), snapshots.stride(2),
+        num_state_slots, snapshots.shape[1], snapshots.shape[2], numel,
+        BLOCK=block, num_warps=num_warps,
+    )
+
+
+@triton.jit
+def _kv_replay_kernel(
+    state_ptr, kv_ptr, gates_ptr, dst_ptr, src_ptr, steps_ptr, parents_ptr,
+    state_stride_layer, state_stride_slot, state_stride_head, state_stride_k, state_stride_v,
+    kv_stride_layer, kv_stride_slot, kv_stride_token,
+    gates_stride_layer, gates_stride_slot, gates_stride_token, gates_stride_kind,
+    parents_stride_row, parents_stride_node,
+    num_state_slots, num_src_slots, num_nodes,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, V_BLOCKS: tl.constexpr,
+    KEY_WIDTH: tl.constexpr, MAX_DEPTH: tl.constexpr, TREE: tl.constexpr, L2NORM: tl.constexpr,
+):
+    """One program per (value head x dv block, row, layer): the [DK, BV] fp32 state tile stays in
+    registers while the accepted path's tokens are replayed onto it, root first:
+    k /= sqrt(|k|^2 + 1e-6) (L2NORM); S *= exp(g); u = beta * (v - S^T k); S += k u^T."""
+    pid = tl.program_id(0)
+    head = pid // V_BLOCKS
+    v_block = pid % V_BLOCKS
+    row = tl.program_id(1)
+    layer = tl.program_id(2).to(tl.int64)
+    node = tl.load(steps_ptr + row).to(tl.int32)  # the accepted step (chain) or node (tree)
+    dst = tl.load(dst_ptr + row).to(tl.int64)
+    src = tl.load(src_ptr + row).to(tl.int64)
+    valid = (node >= 0) & (node < num_nodes) & (dst >= 0) & (dst < num_state_slots)
+    valid = valid & (src >= 0) & (src < num_src_slots)
+    if valid:
+        parents_row = parents_ptr + row.to(tl.int64) * parents_stride_row
+        if TREE:  # path length = the accepted node's depth
+            length = node * 0
+            current = node
+            for _ in range(MAX_DEPTH):
+                live = current >= 0
+                length += live.to(tl.int32)
+                parent = tl.load(parents_row + current * parents_stride_node, mask=live, other=-1)
+                current = tl.where(live, parent.to(tl.int32), -1)
+        else:
+            length = node + 1
+        rk = tl.arange(0, DK)
+        rv = v_block * BV + tl.arange(0, BV)
+        state_tile = (state_ptr + layer * state_stride_layer + dst * state_stride_slot + head * state_stride_head
+                      + rk[:, None] * state_stride_k + rv[None, :] * state_stride_v)
+        state = tl.load(state_tile).to(tl.float32)
+        kv_base = kv_ptr + layer * kv_stride_layer + src * kv_stride_slot
+        gates_base = gates_ptr + layer * gates_stride_layer + src * gates_stride_slot + head
+        for j in range(length):
+            if TREE:  # path token j = the accepted node's ancestor (length - 1 - j) links up
+                token = node
+                for _ in range(length - 1 - j):
+                    token = tl.load(parents_row + token * parents_stride_node).to(tl.int32)
+            else:
+                token = j
+            token_base = kv_base + token * kv_stride_token
+            k = tl.load(token_base + (head // GROUP) * DK + rk).to(tl.float32)
+            if L2NORM:
+                k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+            v = tl.load(token_base + KEY_WIDTH + head * DV + rv).to(tl.float32)
+            g = tl.load(gates_base + token * gates_stride_token).to(tl.float32)
+            beta = tl.load(gates_base + token * gates_stride_token + gates_stride_kind).to(tl.float32)
+            state = state * tl.exp(g)
+            u = beta * (v - tl.sum(state * k[:, None], axis=0))
+            state = state + k[:, None] * u[None, :]
+        tl.store(state_tile, state.to(state_ptr.dtype.element_ty))
+
+
+def kv_replay_commit(ssm_state, kv_cache, gates, dst_slots, src_slots, steps, parents, shapes, *,
+                     block_v=32, num_warps=4, l2norm=True):
+    """ssm_state [L, N, Hv, dk, dv] any strides; kv_cache [L, M, D, Hk*dk + Hv*dv] (k then v, last dim
+    contiguous); gates [L, M, D, 2, Hv]; parents [B, D] or None (chain: tokens 0..steps[b])."""
+    num_layers, num_state_slots = ssm_state.shape[:2]
+    block_v = min(block_v, shapes.head_v)
+    v_blocks = shapes.head_v // block_v
+    assert kv_cache.stride(-1) == 1 and gates.stride(-1) == 1 and v_blocks * block_v == shapes.head_v
+    tree = parents is not None
+    parents_arg = parents if tree else steps
+    parents_strides = parents.stride() if tree else (0, 0)
+    grid = (shapes.v_heads * v_blocks, steps.shape[0], num_layers)
+    _kv_replay_kernel[grid](
+        ssm_state, kv_cache, gates, dst_slots, src_slots, steps, parents_arg,
+        *ssm_state.stride(),
+        kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2),
+        gates.stride(0), gates.stride(1), gates.stride(2), gates.stride(3),
+        *parents_strides,
+        num_state_slots, kv_cache.shape[1], kv_cache.shape[2],
+        GROUP=shapes.v_heads // shapes.k_heads, DK=shapes.head_k, DV=shapes.head_v, BV=block_v,
+        V_BLOCKS=v_blocks, KEY_WIDTH=shapes.key_width, MAX_DEPTH=kv_cache.shape[2], TREE=tree,
+        L2NORM=l2norm, num_warps=num_warps,
+    )
+
+
+@triton.jit
+def _verify_kernel(
+    state_ptr, qkv_ptr, gates_ptr, out_ptr, snap_ptr, slots_ptr,
+    state_stride_slot, state_stride_head, state_stride_k, state_stride_v,
+    qkv_stride_row, qkv_stride_token,
+    gates_stride_row, gates_stride_token, gates_stride_kind,
+    out_stride_row, out_stride_token, out_stride_head,
+    snap_stride_slot, snap_stride_step, snap_stride_head, snap_stride_k, snap_stride_v,
+    scale,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, V_BLOCKS: tl.constexpr,
+    KEY_WIDTH: tl.constexpr, NUM_DRAFT: tl.constexpr, SNAPSHOT: tl.constexpr,
+):
+    """One layer's verify over the D draft tokens of each row, per (value head x dv block, row):
+    reads the state once, writes every token's output o_t = S_t^T (l2norm(q_t) * scale), and with
+    SNAPSHOT every token's state S_t; never writes the state itself."""
+    pid = tl.program_id(0)
+    head = pid // V_BLOCKS
+    v_block = pid % V_BLOCKS
+    row = tl.program_id(1).to(tl.int64)
+    slot = tl.load(slots_ptr + row).to(tl.int64)
+    if slot >= 0:
+        rk = tl.arange(0, DK)
+        rv = v_block * BV + tl.arange(0, BV)
+        tile = rk[:, None] * state_stride_k + rv[None, :] * state_stride_v
+        state = tl.load(state_ptr + slot * state_stride_slot + head * state_stride_head + tile).to(tl.float32)
+        key = (head // GROUP) * DK + rk
+        for t in tl.static_range(NUM_DRAFT):
+            token = qkv_ptr + row * qkv_stride_row + t * qkv_stride_token
+            q = tl.load(token + key).to(tl.float32)
+            k = tl.load(token + KEY_WIDTH + key).to(tl.float32)
+            v = tl.load(token + 2 * KEY_WIDTH + head * DV + rv).to(tl.float32)
+            q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
+            k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+            gate = gates_ptr + row * gates_stride_row + t * gates_stride_token + head
+            g = tl.load(gate).to(tl.float32)
+            beta = tl.load(gate + gates_stride_kind).to(tl.float32)
+            state = state * tl.exp(g)
+            u = beta * (v - tl.sum(state * k[:, None], axis=0))
+            state = state + k[:, None] * u[None, :]
+            o = tl.sum(state * q[:, None], axis=0)
+            tl.store(out_ptr + row * out_stride_row + t * out_stride_token + head * out_stride_head + rv,
+                     o.to(out_ptr.dtype.element_ty))
+            if SNAPSHOT:
+                snap = snap_ptr + slot * snap_stride_slot + t * snap_stride_step + head * snap_stride_head
+                snap_tile = rk[:, None] * snap_stride_k + rv[None, :] * snap_stride_v
+                tl.store(snap + snap_tile, state.to(snap_ptr.dtype.element_ty))
+
+
+def verify_layer(ssm_state, qkv, gates, out, snapshots, slots, shapes, *, block_v=32, num_warps=4):
+    """One layer: ssm_state [N, Hv, dk, dv]; qkv [B, D, dim] (post-conv q, k, v, last dim contiguous);
+    gates [B, D, 2, Hv]; out [B, D, Hv, dv]; snapshots [N, D, Hv, dk, dv] or None (no state write)."""
+    block_v = min(block_v, shapes.head_v)
+    v_blocks = shapes.head_v // block_v
+    snap = snapshots if snapshots is not None else ssm_state
+    snap_strides = snapshots.stride() if snapshots is not None else (0,) * 5
+    grid = (shapes.v_heads * v_blocks, slots.shape[0])
+    _verify_kernel[grid](
+        ssm_state, qkv, gates, out, snap, slots,
+        *ssm_state.stride(),
+        qkv.stride(0), qkv.stride(1),
+        gates.stride(0), gates.stride(1), gates.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        *snap_strides,
+        shapes.head_k ** -0.5,
+        GROUP=shapes.v_heads // shapes.k_heads, DK=shapes.head_k, DV=shapes.head_v, BV=block_v,
+        V_BLOCKS=v_blocks, KEY_WIDTH=shapes.key_width, NUM_DRAFT=qkv.shape[1],
+        SNAPSHOT=snapshots is not None, num_warps=num_warps,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Oracles: plain float64 loops, written for reading (the --check references)
+# ------------------------------------------------------------------------------------------------
+
+
+def accepted_path(step: int, parents_row: list[int] | None) -> list[int]:
+    """Root-first draft tokens (tree nodes) of the accepted path ending at ``step``."""
+    if parents_row is None:
+        return list(range(step + 1))
+    path = [step]
+    while parents_row[path[-1]] >= 0:
+        path.append(parents_row[path[-1]])
+    return path[::-1]
+
+
+def delta_rule_step(state, k, v, g, beta):
+    """One token of the gated delta rule on one value head: state [dk, dv], k [dk], v [dv]."""
+    state = state * math.exp(g)
+    u = beta * (v - state.t() @ k)
+    return state + torch.outer(k, u)
+
+
+def l2normalize(x):
+    return x / torch.sqrt((x * x).sum() + 1e-6)
+
+
+def _live_rows(steps, dst_slots):
+    return [b for b in range(steps.shape[0]) if int(steps[b]) >= 0 and int(dst_slots[b]) >= 0]
+
+
+def snapshot_copy_oracle(ssm_state, snapshots, dst_slots, src_slots, steps):
+    expected = ssm_state.cpu().clone()
+    for b in _live_rows(steps, dst_slots):
+        expected[:, int(dst_slots[b])] = snapshots.cpu()[:, int(src_slots[b]), int(steps[b])]
+    return expected
+
+
+def kv_replay_oracle(ssm_state, kv_cache, gates, dst_slots, src_slots, steps, parents, shapes):
+    expected = ssm_state.cpu().double().clone()
+    kv_cache, gates = kv_cache.cpu().double(), gates.cpu().double()
+    group, kw = shapes.v_heads // shapes.k_heads, shapes.key_width
+    for b in _live_rows(steps, dst_slots):
+        dst, src = int(dst_slots[b]), int(src_slots[b])
+        path = accepted_path(int(steps[b]), None if parents is None else parents[b].tolist())
+        for layer in range(shapes.layers):
+            for node in path:
+                token = kv_cache[layer, src, node]
+                for head in range(shapes.v_heads):
+                    kh = head // group
+                    k = l2normalize(token[kh * shapes.head_k:(kh + 1) * shapes.head_k])
+                    v = token[kw + head * shapes.head_v: kw + (head + 1) * shapes.head_v]
+                    g, beta = float(gates[layer, src, node, 0, head]), float(gates[layer, src, node, 1, head])
+                    expected[layer, dst, head] = delta_rule_step(expected[layer, dst, head], k, v, g, beta)
+    return expected
+
+
+def gdn_commit_oracle(ssm_state, conv_state, buffer, gates, conv_weight, dst_slots, src_slots, steps, parents,
+                      shapes):
+    """(ssm_state in float64, conv_state in its dtype) after the commit: token by token along each
+    accepted path, the conv over the K inputs ending at the token (the K-1 committed ones from
+    conv_state, then the path's buffer rows), SiLU, split, l2norm(k), the gated delta rule."""
+    expected = ssm_state.cpu().double().clone()
+    expected_conv = conv_state.cpu().clone()
+    buffer, gates, weight = buffer.cpu(), gates.cpu().double(), conv_weight.cpu().double()
+    K, kw, group = shapes.kernel_size, shapes.key_width, shapes.v_heads // shapes.k_heads
+    for b in _live_rows(steps, dst_slots):
+        dst, src = int(dst_slots[b]), int(src_slots[b])
+        path = accepted_path(int(steps[b]), None if parents is None else parents[b].tolist())
+        for layer in range(shapes.layers):
+            committed = [conv_state.cpu()[layer, dst, :, col] for col in range(K - 1)]
+            inputs = committed + [buffer[layer, src, K - 2 + node] for node in path]  # token_major rows
+            for j, node in enumerate(path):
+                window = inputs[j: j + K]
+                y = sum(weight[layer, :, tap] * window[tap].double() for tap in range(K))
+                c = y / (1 + torch.exp(-y))
+                for head in range(shapes.v_heads):
+                    kh = head // group
+                    k = l2normalize(c[kw + kh * shapes.head_k: kw + (kh + 1) * shapes.head_k])
+                    v = c[2 * kw + head * shapes.head_v: 2 * kw + (head + 1) * shapes.head_v]
+                    g, beta = float(gates[layer, src, node, 0, head]), float(gates[layer, src, node, 1, head])
+                    expected[layer, dst, head] = delta_rule_step(expected[layer, dst, head], k, v, g, beta)
+            for col, value in enumerate(inputs[-(K - 1):]):
+                expected_conv[layer, dst, :, col] = value.to(expected_conv.dtype)
+    return expected, expected_conv
+
+
+def verify_oracle(ssm_state, qkv, gates, slots, shapes):
+    """(outputs [L, B, D, Hv, dv], states after each token [L, B, D, Hv, dk, dv]), float64."""
+    ssm_state, qkv, gates = ssm_state.cpu().double(), qkv.cpu().double(), gates.cpu().double()
+    L, B, D = qkv.shape[:3]
+    kw, group, scale = shapes.key_width, shapes.v_heads // shapes.k_heads, shapes.head_k ** -0.5
+    outs = torch.zeros(L, B, D, shapes.v_heads, shapes.head_v, dtype=torch.float64)
+    states = torch.zeros(L, B, D, shapes.v_heads, shapes.head_k, shapes.head_v, dtype=torch.float64)
+    for layer in range(L):
+        for b in range(B):
+            if int(slots[b]) < 0:
+                continue
+            for head in range(shapes.v_heads):
+                state = ssm_state[layer, int(slots[b]), head]
+                kh = head // group
+                for t in range(D):
+                    q = l2normalize(qkv[layer, b, t, kh * shapes.head_k:(kh + 1) * shapes.head_k]) * scale
+                    k = l2normalize(qkv[layer, b, t, kw + kh * shapes.head_k: kw + (kh + 1) * shapes.head_k])
+                    v = qkv[layer, b, t, 2 * kw + head * shapes.head_v: 2 * kw + (head + 1) * shapes.head_v]
+                    g, beta = float(gates[layer, b, t, 0, head]), float(gates[layer, b, t, 1, head])
+                    state = delta_rule_step(state, k, v, g, beta)
+                    outs[layer, b, t, head] = state.t() @ q
+                    states[layer, b, t, head] = state
+    return outs, states
+
+
+# ------------------------------------------------------------------------------------------------
+# Problems
+# ------------------------------------------------------------------------------------------------
+
+
+def tree_depths(parents: list[int]) -> list[int]:
+    return [len(accepted_path(n, parents)) for n in range(len(parents))]
+
+
+def draw_steps(num_rows: int, tree: bool, num_draft: int, generator: torch.Generator) -> torch.Tensor:
+    """Accepted lengths uniform in 1..D (chain: step = length - 1). A tree row accepts a node at the
+    depth its chain row's length gives (capped at the tree's depth), chosen uniformly among that
+    depth's nodes: with the same seed, chain and tree replay paths of the same lengths."""
+    lengths = 1 + torch.randint(0, num_draft, (num_rows,), generator=generator)
+    if not tree:
+        return lengths - 1
+    depths = tree_depths(TREE_PARENTS)
+    nodes = []
+    for length in lengths.tolist():
+        choices = [n for n, depth in enumerate(depths) if depth == min(length, max(depths))]
+        nodes.append(choices[int(torch.randint(0, len(choices), (1,), generator=generator))])
+    return torch.tensor(nodes)
+
+
+def path_lengths(steps: torch.Tensor, parents: torch.Tensor | None, dst_slots: torch.Tensor) -> list[int]:
+    return [len(accepted_path(int(steps[b]), None if parents is None else parents[b].tolist()))
+            for b in _live_rows(steps.cpu(), dst_slots.cpu())]
+
+
+def make_problem(shapes: Shapes, batch: int, tree: bool, device, *, seed=0, dst_slots=None, src_slots=None,
+                 steps=None, num_state_slots=None, num_src_slots=None):
+    """The committed state and the verify pass's products for one commit of ``batch`` rows:
+    ssm_state [L, N_state, Hv, dk, dv] fp32, conv_state [L, N_state, dim, K-1] bf16, the token_major
+    conv-input buffer [L, M, N+K-2, dim] bf16 filled by sgl_convwin.capture, gates [L, M, N, 2, Hv]
+    fp32, conv_weight [L, dim, K] bf16; N = D (chain) or len(TREE_PARENTS) (tree)."""
+    L, K, dim, Hv = shapes.layers, shapes.kernel_size, shapes.dim, shapes.v_heads
+    num_nodes = len(TREE_PARENTS) if tree else shapes.num_draft
+    host = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    num_state_slots = batch if num_state_slots is None else num_state_slots
+    num_src_slots = batch if num_src_slots is None else num_src_slots
+    dst_slots = torch.arange(batch) if dst_slots is None else torch.as_tensor(dst_slots)
+    src_slots = torch.arange(batch) if src_slots is None else torch.as_tensor(src_slots)
+    steps = draw_steps(batch, tree, shapes.num_draft, host) if steps is None else torch.as_tensor(steps)
+    parents = torch.tensor([TREE_PARENTS] * batch, device=device) if tree else None
+
+    def normal(*shape, dtype=torch.float32, std=1.0):
+        return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=gen)
+
+    p = SimpleNamespace(
+        shapes=shapes, tree=tree, num_nodes=num_nodes, parents=parents,
+        dst_slots=dst_slots.to(device), src_slots=src_slots.to(device), steps=steps.to(device),
+        ssm_state=normal(L, num_state_slots, Hv, shapes.head_k, shapes.head_v, std=0.1),
+        conv_state=normal(L, num_state_slots, dim, K - 1, dtype=torch.bfloat16),
+        conv_weight=normal(L, dim, K, dtype=torch.bfloat16, std=0.5),
+        buffer=sgl_convwin.alloc_windows(L, num_src_slots, dim, num_nodes, K, layout="token_major",
+                                         dtype=torch.bfloat16, device=device),
+    )
+    for layer in range(L):  # the verify pass's capture: history rows from conv_state, then x
+        x = normal(batch, num_nodes, dim, dtype=torch.bfloat16)
+        sgl_convwin.capture(p.buffer, p.conv_state, x, p.src_slots, p.dst_slots, layer)
+    if hasattr(sgl_convwin, "alloc_gates"):
+        p.gates = sgl_convwin.alloc_gates(L, num_src_slots, num_nodes, Hv, device=device)
+    else:
+        p.gates = torch.zeros(L, num_src_slots, num_nodes, 2, Hv, device=device)
+    p.gates[:, :, :, 0] = -torch.nn.functional.softplus(normal(L, num_src_slots, num_nodes, Hv)) * 0.5
+    p.gates[:, :, :, 1] = torch.sigmoid(normal(L, num_src_slots, num_nodes, Hv))
+    p.normal = normal
+    return p
+
+
+def convwin_commit_fn(p):
+    s = p.shapes
+    return lambda: sgl_convwin.gdn_commit(
+        p.ssm_state, p.conv_state, p.buffer, p.gates, p.conv_weight, p.dst_slots, p.src_slots, p.steps,
+        p.parents, layout="token_major", num_k_heads=s.k_heads, head_k_dim=s.head_k, num_v_heads=s.v_heads,
+        head_v_dim=s.head_v, conv_bias=None, use_qk_l2norm=True)
+
+
+def snapshot_commit_fn(p, snapshots, snapshot_steps):
+    """The state copy (one launch) then the conv window's scatter (one launch)."""
+    s = p.shapes
+    if p.tree:
+        def conv_commit():
+            sgl_convwin.scatter_tree(p.conv_state, p.buffer, p.dst_slots, p.src_slots, p.steps, p.parents)
+    else:
+        windows = sgl_convwin.window_view(p.buffer, "token_major", s.num_draft, s.kernel_size)
+
+        def conv_commit():
+            sgl_convwin.scatter(p.conv_state, windows, p.dst_slots, p.src_slots, p.steps)
+
+    def commit():
+        snapshot_copy(p.ssm_state, snapshots, p.dst_slots, p.src_slots, snapshot_steps)
+        conv_commit()
+    return commit
+
+
+def kv_replay_commit_fn(p, kv_cache, block_v):
+    return lambda: kv_replay_commit(p.ssm_state, kv_cache, p.gates, p.dst_slots, p.src_slots, p.steps,
+                                    p.parents, p.shapes, block_v=block_v)
+
+
+def make_verify_problem(shapes: Shapes, batch: int, device, *, seed=0, slots=None, num_state_slots=None):
+    L, D, Hv = shapes.layers, shapes.num_draft, shapes.v_heads
+    gen = torch.Generator(device=device).manual_seed(seed)
+    num_state_slots = batch if num_state_slots is None else num_state_slots
+    slots = torch.arange(batch) if slots is None else torch.as_tensor(slots)
+
+    def normal(*shape, dtype=torch.float32, std=1.0):
+        return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=gen)
+
+    gates = torch.empty(L, batch, D, 2, Hv, device=device)
+    gates[:, :, :, 0] = -torch.nn.functional.softplus(normal(L, batch, D, Hv)) * 0.5
+    gates[:, :, :, 1] = torch.sigmoid(normal(L, batch, D, Hv))
+    return SimpleNamespace(
+        shapes=shapes, slots=slots.to(device), gates=gates, normal=normal,
+        ssm_state=normal(L, num_state_slots, Hv, shapes.head_k, shapes.head_v, std=0.1),
+        qkv=normal(L, batch, D, shapes.dim, dtype=torch.bfloat16),
+        out=torch.zeros(batch, D, Hv, shapes.head_v, dtype=torch.bfloat16, device=device),
+    )
+
+
+def verify_step_fn(v, snapshots, block_v):
+    """One step's verify recurrence: one launch per layer (as an engine runs it)."""
+    s = v.shapes
+
+    def step():
+        for layer in range(s.layers):
+            verify_layer(v.ssm_state[layer], v.qkv[layer], v.gates[layer], v.out,
+                         None if snapshots is None else snapshots[layer], v.slots, s, block_v=block_v)
+    return step
+
+
+# ------------------------------------------------------------------------------------------------
+# --check: every kernel here, and the calls of the package's ops, against the float64 loops
+# ------------------------------------------------------------------------------------------------
+
+
+def _close(name, got, want, tol=2e-3) -> bool:
+    err = (got.cpu().double() - want).abs().max().item()
+    scale = want.abs().max().item()
+    good = err <= tol * max(1.0, scale)
+    print(f"  {name:58} {'ok' if good else 'MISMATCH'} (max abs err {err:.2e}, max |ref| {scale:.2f})", flush=True)
+    return good
+
+
+def _equal(name, got, want) -> bool:
+    good = torch.equal(got.cpu(), want)
+    print(f"  {name:58} {'ok' if good else 'MISMATCH'} (bit-exact over the whole tensor)", flush=True)
+    return good
+
+
+def check(device, block_v=32) -> bool:
+    start = time.perf_counter()
+    s = CHECK_SHAPES
+    ok = True
+    print(f"check on {device} (TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}): L={s.layers} "
+          f"Hk={s.k_heads} Hv={s.v_heads} dk=dv={s.head_k} dim={s.dim} K={s.kernel_size} D={s.num_draft}; "
+          f"3 rows, row 1 padded (step -1), permuted slots", flush=True)
+    # rows: full acceptance, a padded row, partial acceptance (tree: depth 4, padded, depth 2)
+    for tree, steps in ((False, [2, -1, 1]), (True, [7, -1, 2])):
+        print(f"{'tree ' + str(TREE_PARENTS) if tree else 'chain'}: steps {steps}", flush=True)
+        kwargs = dict(dst_slots=[2, 0, 3], src_slots=[1, 2, 0], steps=steps, num_state_slots=4, num_src_slots=3)
+        p = make_problem(s, 3, tree, device, seed=1, **kwargs)
+        before = SimpleNamespace(ssm=p.ssm_state.clone(), conv=p.conv_state.clone())
+        args = (p.dst_slots, p.src_slots, p.steps)
+
+        # (b) snapshot copy + conv scatter
+        snapshots = p.normal(s.layers, 3, p.num_nodes, s.v_heads, s.head_k, s.head_v)
+        snapshot_commit_fn(p, snapshots, p.steps)()
+        ok &= _equal("snapshot copy kernel: ssm_state", p.ssm_state, snapshot_copy_oracle(before.ssm, snapshots, *args))
+        _, want_conv = gdn_commit_oracle(before.ssm, before.conv, p.buffer, p.gates, p.conv_weight, *args,
+                                         p.parents, s)
+        ok &= _equal(f"snapshot commit: conv window ({'scatter_tree' if tree else 'scatter'})", p.conv_state, want_conv)
+
+        # (c) input replay from a k, v cache
+        p.ssm_state.copy_(before.ssm)
+        kv_cache = p.normal(s.layers, 3, p.num_nodes, s.kv_width, dtype=torch.bfloat16)
+        kv_replay_commit_fn(p, kv_cache, block_v)()
+        want = kv_replay_oracle(before.ssm, kv_cache, p.gates, *args, p.parents, s)
+        ok &= _close("input-replay kernel: ssm_state (vs float64 loop)", p.ssm_state, want)
+
+        # (a) this package's gdn_commit
+        if HAS_GDN_COMMIT:
+            p.ssm_state.copy_(before.ssm)
+            p.conv_state.copy_(before.conv)
+            convwin_commit_fn(p)()
+            want, want_conv = gdn_commit_oracle(before.ssm, before.conv, p.buffer, p.gates, p.conv_weight, *args,
+                                                p.parents, s)
+            ok &= _close("sgl_convwin.gdn_commit: ssm_state (vs float64 loop)", p.ssm_state, want)
+            ok &= _equal("sgl_convwin.gdn_commit: conv_state", p.conv_state, want_conv)
+        else:
+            print("  sgl_convwin.gdn_commit is not in this sgl_convwin: its check is skipped", flush=True)
+
+    print("verify stand-in (chain): slots [2, -1, 0]", flush=True)
+    v = make_verify_problem(s, 3, device, seed=2, slots=[2, -1, 0], num_state_slots=4)
+    want_out, want_states = verify_oracle(v.ssm_state, v.qkv, v.gates, v.slots, s)
+    live = v.slots >= 0
+    state_before = v.ssm_state.clone()
+    for snapshot in (False, True):
+        snapshots = torch.zeros(s.layers, 4, s.num_draft, s.v_heads, s.head_k, s.head_v, device=device)
+        outs = []
+        for layer in range(s.layers):
+            v.out.zero_()
+            verify_layer(v.ssm_state[layer], v.qkv[layer], v.gates[layer], v.out,
+                         snapshots[layer] if snapshot else None, v.slots, s, block_v=block_v)
+            outs.append(v.out.clone())
+        label = "with snapshots" if snapshot else "no state write"
+        ok &= _close(f"verify stand-in ({label}): outputs", torch.stack(outs)[:, live], want_out[:, live], tol=2e-2)
+        ok &= _equal(f"verify stand-in ({label}): ssm_state untouched", v.ssm_state, state_before.cpu())
+        if snapshot:
+            ok &= _close("verify stand-in: snapshots", snapshots[:, v.slots[live]], want_states[:, live])
+    try:
+        from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
+    except Exception as error:  # optional: fla-core
+        print(f"  fla naive recurrence: not importable ({type(error).__name__}): skipped", flush=True)
+    else:  # the float64 loop itself against FLA's naive recurrence (float32), layer 0, live rows
+        kw, group = s.key_width, s.v_heads // s.k_heads
+        qkv = v.qkv[0, live].float()
+        q = qkv[..., :kw].unflatten(-1, (s.k_heads, s.head_k))
+        k = qkv[..., kw:2 * kw].unflatten(-1, (s.k_heads, s.head_k))
+        q, k = (x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (q, k))
+        q, k = (x.repeat_interleave(group, dim=2) for x in (q, k))
+        val = qkv[..., 2 * kw:].unflatten(-1, (s.v_heads, s.head_v))
+        gates = v.gates[0, live].float()
+        o, final = naive_recurrent_gated_delta_rule(q, k, val, gates[:, :, 1], gates[:, :, 0], scale=s.head_k ** -0.5,
+                                                    initial_state=v.ssm_state[0, v.slots[live]].float(),
+                                                    output_final_state=True)
+        ok &= _close("float64 verify loop vs fla naive recurrence: outputs", o, want_out[0, live])
+        ok &= _close("float64 verify loop vs fla naive recurrence: final state", final, want_states[0, live, -1])
+    print(f"check: {'all match' if ok else 'FAILED'} ({time.perf_counter() - start:.1f} s)", flush=True)
+    return ok
+
+
+# ------------------------------------------------------------------------------------------------
+# Timing
+# ------------------------------------------------------------------------------------------------
+
+GiB = 1 << 30
+DEVICE = "cuda"  # where the timed problems live (a CPU dry run of the tables sets "cpu")
+
+
+def copy_ceiling_gbps() -> float:
+    numel = 1 << 29  # 1 GiB of bf16 each way
+    src = torch.randn(numel, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    return 2 * numel * 2 / (ms * 1e-3) / 1e9
+
+
+def graph_replay_us(fn, estimate_us: float, budget_ms: float = 120.0, rounds: int = 3) -> float:
+    """Per-call time from CUDA-graph replays: ``fn`` warmed up on a side stream, captured
+    ``launches`` times into one graph (a graph of >= ~0.5 ms), the graph replayed so that a round
+    takes about ``budget_ms``; the median round."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    launches = max(1, min(20, int(500 / max(estimate_us, 1e-3))))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    replays = max(3, min(100, int(budget_ms * 1e3 / (max(estimate_us, 1e-3) * launches))))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(rounds):
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (replays * launches))
+    del graph
+    return sorted(times)[len(times) // 2]
+
+
+def time_fn(fn):
+    """(do_bench median us, graph replay us); graph NaN if capture fails (printed)."""
+    fn()
+    torch.cuda.synchronize()
+    us = triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median") * 1e3
+    try:
+        graph_us = graph_replay_us(fn, us)
+    except Exception as error:  # noqa: BLE001 -- report and go on
+        print(f"    (graph capture failed: {type(error).__name__}: {str(error)[:200]})", flush=True)
+        torch.cuda.synchronize()
+        graph_us = float("nan")
+    return us, graph_us
+
+
+def commit_bytes(candidate: str, shapes: Shapes, rows: int, tokens: int, state_bytes=4, conv_bytes=2) -> int:
+    """Bytes one commit must move, each distinct input read once and each output written once.
+    rows: rows committed (A); tokens: accepted path tokens over those rows (P)."""
+    s, W = shapes, shapes.kernel_size - 1
+    state = 2 * rows * s.state_numel * state_bytes  # read + write the accepted rows' states
+    gates = tokens * 2 * s.v_heads * 4  # g, beta fp32 per path token
+    if candidate == "convwin":
+        inputs = tokens * s.dim * conv_bytes + rows * W * s.dim * conv_bytes  # path rows + committed inputs
+        window = rows * W * s.dim * conv_bytes  # the new conv window written
+        weights = s.dim * s.kernel_size * conv_bytes
+        return s.layers * (state + inputs + gates + window + weights)
+    if candidate == "snapshot":
+        return s.layers * (state + 2 * rows * W * s.dim * conv_bytes)  # snapshot read + state write; window r+w
+    if candidate == "replay":
+        return s.layers * (state + tokens * s.kv_width * 2 + gates)  # no conv bytes: widened conv state
+    raise ValueError(candidate)
+
+
+def verify_bytes(shapes: Shapes, rows: int, snapshot: bool, state_bytes=4) -> int:
+    s, D = shapes, shapes.num_draft
+    per_layer = rows * s.state_numel * state_bytes  # state read once
+    per_layer += rows * D * s.state_numel * state_bytes if snapshot else 0
+    per_layer += rows * D * (s.dim * 2 + 2 * s.v_heads * 4)  # q, k, v bf16 and g, beta
+    per_layer += rows * D * s.v_heads * s.head_v * 2  # outputs bf16
+    return s.layers * per_layer
+
+
+class Memory:
+    """The allocation budget: what the candidate's own tensors may take on top of what is held."""
+
+    def __init__(self, limit_gib):
+        free, _ = torch.cuda.mem_get_info()
+        self.limit = int(limit_gib * GiB) if limit_gib else free - 3 * GiB
+
+    def room(self) -> int:
+        return self.limit - torch.cuda.memory_allocated()
+
+
+def release():
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+CANDIDATES = ("convwin", "snapshot", "replay")
+LABELS = {"convwin": "convwin gdn_commit", "snapshot": "snapshot copy + conv scatter",
+          "replay": "input replay (k,v cache)"}
+
+
+def bench_commit(shapes, batches, modes, ceiling, memory, block_v, results, json_path):
+    for mode in modes:
+        tree = mode == "tree"
+        rows_out = []
+        draft = (f"N={len(TREE_PARENTS)} nodes, topk 3, parents {TREE_PARENTS}, accepted depth = the chain's length"
+                 if tree else f"D={shapes.num_draft}, accepted length uniform 1..D")
+        print(f"\n== commit, {mode} ({draft})", flush=True)
+        for B in batches:
+            p = make_problem(shapes, B, tree, DEVICE, seed=B)
+            lengths = path_lengths(p.steps, p.parents, p.dst_slots)
+            A, P = len(lengths), sum(lengths)
+            print(f"B={B}: {A} rows, {P} path tokens; common tensors {torch.cuda.memory_allocated() / GiB:.1f} GiB",
+                  flush=True)
+            for cand in CANDIDATES:
+                note = ""
+                if cand == "convwin":
+                    if not HAS_GDN_COMMIT:
+                        print("  convwin gdn_commit: not in this sgl_convwin, skipped", flush=True)
+                        continue
+                    fn, extra = convwin_commit_fn(p), []
+                elif cand == "snapshot":
+                    per_node = shapes.layers * B * shapes.state_numel * 4
+                    held = min(p.num_nodes, memory.room() // per_node)
+                    if held < 1:
+                        print(f"  snapshot copy: a snapshot buffer does not fit ({per_node / GiB:.1f} GiB per "
+                              f"node), skipped", flush=True)
+                        continue
+                    snapshots = p.normal(shapes.layers, B, held, shapes.v_heads, shapes.head_k, shapes.head_v)
+                    snap_steps = p.steps if held == p.num_nodes else p.steps % held
+                    if held < p.num_nodes:
+                        note = f"snapshots of {held}/{p.num_nodes} nodes held (memory): node % {held} read"
+                        print(f"  note: {note}; the copy moves the same bytes", flush=True)
+                    fn, extra = snapshot_commit_fn(p, snapshots, snap_steps), [snapshots]
+                else:
+                    kv_cache = p.normal(shapes.layers, B, p.num_nodes, shapes.kv_width, dtype=torch.bfloat16)
+                    fn, extra = kv_replay_commit_fn(p, kv_cache, block_v), [kv_cache]
+                us, graph_us = time_fn(fn)
+                nbytes = commit_bytes(cand, shapes, A, P)
+                row = dict(mode=mode, B=B, candidate=cand, label=LABELS[cand], us=us, graph_us=graph_us,
+                           bytes=nbytes, rows=A, tokens=P, gbps_graph=nbytes / (graph_us * 1e-6) / 1e9,
+                           gbps=nbytes / (us * 1e-6) / 1e9, peak_gib=torch.cuda.max_memory_allocated() / GiB,
+                           note=note)
+                row["frac"], row["frac_graph"] = row["gbps"] / ceiling, row["gbps_graph"] / ceiling
+                rows_out.append(row)
+                print(f"  {LABELS[cand]:30} do_bench {us:9.1f} us  graph {graph_us:9.1f} us  "
+                      f"{nbytes / 1e6:9.1f} MB  {row['frac_graph']:6.1%} of ceiling (graph)  "
+                      f"peak {row['peak_gib']:.1f} GiB", flush=True)
+                del fn, extra
+                if cand != "convwin":
+                    snapshots = kv_cache = None  # noqa: F841 -- free this baseline's tensors now
+                release()
+                torch.cuda.reset_peak_memory_stats()
+            del p
+            release()
+        results["commit"] += rows_out
+        write_json(json_path, results)
+        print_commit_table(mode, rows_out, ceiling)
+    if "chain" in modes and "tree" in modes and HAS_GDN_COMMIT:
+        chain = {r["B"]: r for r in results["commit"] if r["mode"] == "chain" and r["candidate"] == "convwin"}
+        tree = {r["B"]: r for r in results["commit"] if r["mode"] == "tree" and r["candidate"] == "convwin"}
+        print("\ngdn_commit, tree (8 nodes, topk 3) over chain (D=4), graph replay: " + ", ".join(
+            f"B={B}: {tree[B]['graph_us'] / chain[B]['graph_us']:.2f}x" for B in batches if B in chain and B in tree))
+
+
+def print_commit_table(mode, rows, ceiling):
+    base = {r["B"]: r for r in rows if r["candidate"] == "convwin"}
+    print(f"\n| {mode} | B | candidate | do_bench median (us) | graph replay (us) | bytes moved (MB) | "
+          f"GB/s (graph) | of ceiling {ceiling:.0f} GB/s (do_bench / graph) | time vs convwin (graph) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = r["graph_us"] / base[r["B"]]["graph_us"] if r["B"] in base else float("nan")
+        print(f"| {mode} | {r['B']} | {r['label']} | {r['us']:.1f} | {r['graph_us']:.1f} | {r['bytes'] / 1e6:.1f} | "
+              f"{r['gbps_graph']:.0f} | {r['frac']:.1%} / {r['frac_graph']:.1%} | {ratio:.2f}x |"
+              + (f" {r['note']}" if r["note"] else ""), flush=True)
+
+
+def bench_verify(shapes, batches, ceiling, memory, block_v, results, json_path):
+    print(f"\n== verify (engine side, chain D={shapes.num_draft}): one launch per layer, {shapes.layers} layers "
+          "per step", flush=True)
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    except Exception as error:  # optional: fla-core
+        fused_recurrent_gated_delta_rule = None
+        print(f"fla not importable ({type(error).__name__}: {str(error)[:120]}): its row is skipped", flush=True)
+    rows_out = []
+    for B in batches:
+        v = make_verify_problem(shapes, B, DEVICE, seed=B)
+        variants = [("stand-in, D snapshots written", True), ("stand-in, no state written", False)]
+        if fused_recurrent_gated_delta_rule is not None:
+            variants.append(("fla fused_recurrent (no state written)", None))
+        for label, snapshot in variants:
+            extra = None
+            if snapshot:
+                need = shapes.layers * B * shapes.num_draft * shapes.state_numel * 4
+                if need > memory.room():
+                    print(f"  B={B} {label}: snapshots need {need / GiB:.1f} GiB, over the budget: skipped", flush=True)
+                    continue
+                extra = torch.empty(shapes.layers, B, shapes.num_draft, shapes.v_heads, shapes.head_k,
+                                    shapes.head_v, device=DEVICE)
+                fn = verify_step_fn(v, extra, block_v)
+            elif snapshot is False:
+                fn = verify_step_fn(v, None, block_v)
+            else:
+                kw = shapes.key_width
+                qkv = v.qkv
+                q = qkv[..., :kw].unflatten(-1, (shapes.k_heads, shapes.head_k)).contiguous()
+                k = qkv[..., kw:2 * kw].unflatten(-1, (shapes.k_heads, shapes.head_k)).contiguous()
+                val = qkv[..., 2 * kw:].unflatten(-1, (shapes.v_heads, shapes.head_v)).contiguous()
+                g, beta = v.gates[:, :, :, 0].contiguous(), v.gates[:, :, :, 1].contiguous()
+                extra = (q, k, val, g, beta)
+
+                def fn(q=q, k=k, val=val, g=g, beta=beta, ssm_state=v.ssm_state):
+                    for layer in range(shapes.layers):
+                        fused_recurrent_gated_delta_rule(
+                            q[layer], k[layer], val[layer], g=g[layer], beta=beta[layer], scale=shapes.head_k ** -0.5,
+                            initial_state=ssm_state[layer], output_final_state=False, use_qk_l2norm_in_kernel=True)
+            try:
+                us, graph_us = time_fn(fn)
+            except Exception as error:  # noqa: BLE001 -- the optional FLA row must not end the run
+                print(f"  B={B} {label}: failed ({type(error).__name__}: {str(error)[:200]})", flush=True)
+                continue
+            nbytes = verify_bytes(shapes, B, bool(snapshot))
+            row = dict(B=B, variant=label, us=us, graph_us=graph_us, bytes=nbytes,
+                       gbps_graph=nbytes / (graph_us * 1e-6) / 1e9)
+            row["frac_graph"] = row["gbps_graph"] / ceiling
+            rows_out.append(row)
+            print(f"  B={B:<4} {label:40} do_bench {us:9.1f} us  graph {graph_us:9.1f} us  {nbytes / 1e6:9.1f} MB  "
+                  f"{row['frac_graph']:6.1%} of ceiling (graph)", flush=True)
+            del fn, extra
+            release()
+        del v
+        release()
+    results["verify"] = rows_out
+    write_json(json_path, results)
+    print(f"\n| B | verify variant (all {shapes.layers} layers) | do_bench median (us) | graph replay (us) | "
+          f"bytes moved (MB) | of ceiling (graph) |")
+    print("|---|---|---|---|---|---|")
+    for r in rows_out:
+        print(f"| {r['B']} | {r['variant']} | {r['us']:.1f} | {r['graph_us']:.1f} | {r['bytes'] / 1e6:.1f} | "
+              f"{r['frac_graph']:.1%} |")
+    step_table(batches, results)
+
+
+def step_table(batches, results):
+    """Measured verify + commit per design (chain), graph replay times added."""
+    commit = {(r["B"], r["candidate"]): r["graph_us"] for r in results["commit"] if r["mode"] == "chain"}
+    verify = {(r["B"], r["variant"]): r["graph_us"] for r in results["verify"]}
+    designs = [("snapshots", "stand-in, D snapshots written", "snapshot"),
+               ("input replay (k,v cache)", "stand-in, no state written", "replay"),
+               ("convwin replay", "stand-in, no state written", "convwin")]
+    print("\nwhole step, chain, measured (graph replay): verify recurrence + commit, us")
+    print("| B | " + " | ".join(name for name, _, _ in designs) + " | convwin saves vs snapshots |")
+    print("|---|" + "---|" * (len(designs) + 1))
+    rows = []
+    for B in batches:
+        totals = [verify.get((B, ver), float("nan")) + commit.get((B, cand), float("nan")) for _, ver, cand in designs]
+        rows.append(dict(B=B, **{name: t for (name, _, _), t in zip(designs, totals)}))
+        print(f"| {B} | " + " | ".join(f"{t:.1f}" for t in totals) + f" | {1 - totals[2] / totals[0]:.0%} |")
+    results["step"] = rows
+
+
+def traffic_model(shapes: Shapes, batches, ring_every: int, ceiling, results):
+    """Recurrent-state traffic per step and speculative memory per slot of four designs: a MODEL,
+    computed from the shapes, not measured."""
+    s, D, K, R = shapes, shapes.num_draft, shapes.kernel_size, ring_every
+    state = s.state_numel * 4 * s.layers  # one fp32 state, all layers, one slot
+    gates = D * 2 * s.v_heads * 4
+    kv_token = s.kv_width * 2 + 2 * s.v_heads * 4  # k, v bf16 + g, beta fp32
+    designs = [  # name, states read per step, states written per step, speculative bytes per slot
+        ("snapshots (dense conv windows + D state snapshots)", 2, D + 1,
+         s.layers * (D * (K - 1) * s.dim * 2) + D * state),
+        ("eager replay, input cache (vLLM ReplaySSM: k,v,g,beta + conv widened by D)", 2, 1,
+         s.layers * (D * kv_token + D * s.dim * 2)),
+        ("eager replay, convwin (dedup conv-input buffer + g,beta)", 2, 1,
+         s.layers * ((D + K - 2) * s.dim * 2 + gates)),
+        (f"ring, delayed commit every R={R} steps (ring of R*D={R * D} tokens k,v,g,beta + conv widened by D)",
+         1, 1 / R, s.layers * (R * D * kv_token + D * s.dim * 2)),
+    ]
+    print(f"\nrecurrent-state traffic per step vs speculative memory per slot -- a MODEL (computed, not measured):"
+          f"\n  snapshots: verify reads 1 state and writes D={D}, commit copies 1 (read 1 + write 1);"
+          f"\n  eager replay: verify reads 1, commit reads 1 + writes 1; ring: verify reads 1, writes 1 every R steps"
+          f"\n  (one state = {s.state_numel * 4 / 2**20:.0f} MiB per layer, {state / 2**20:.0f} MiB over {s.layers} "
+          f"layers;"
+          f" memory excludes the committed state and conv state every design keeps; times at the measured ceiling)")
+    print("| design | states read + written per step | state MiB per slot per step | speculative MiB per slot | "
+          + " | ".join(f"us at B={B}" for B in batches) + " |")
+    print("|---|---|---|---|" + "---|" * len(batches))
+    rows = []
+    for name, reads, writes, memory in designs:
+        traffic = (reads + writes) * state
+        at = [B * traffic / (ceiling * 1e9) * 1e6 for B in batches]
+        rows.append(dict(design=name, states_read=reads, states_written=writes, state_bytes_per_step=traffic,
+                         speculative_bytes_per_slot=memory, us_at_ceiling={str(B): t for B, t in zip(batches, at)}))
+        print(f"| {name} | {reads} + {writes:g} | {traffic / 2**20:.0f} | {memory / 2**20:.2f} | "
+              + " | ".join(f"{t:.0f}" for t in at) + " |")
+    results["model"] = rows
+
+
+def write_json(path, results):
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", "--verify-only", dest="check", action="store_true",
+                        help="only check every kernel on tiny shapes (CPU: TRITON_INTERPRET=1)")
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64, 256])
+    parser.add_argument("--modes", nargs="+", default=["chain", "tree"], choices=["chain", "tree"])
+    parser.add_argument("--layers", type=int, default=QWEN3_NEXT_TP1.layers, help="GDN layers (36: Qwen3-Next TP1)")
+    parser.add_argument("--num-draft", type=int, default=QWEN3_NEXT_TP1.num_draft, help="chain draft tokens D")
+    parser.add_argument("--ring-every", type=int, default=4, help="R: the ring's checkpoint period (model only)")
+    parser.add_argument("--block-v", type=int, default=32, help="dv columns per program of the kernels written here")
+    parser.add_argument("--mem-limit-gib", type=float, default=None,
+                        help="GPU memory the benchmark may hold (default: free memory at start - 3 GiB)")
+    parser.add_argument("--no-verify", action="store_true", help="skip the engine-side verify timing")
+    parser.add_argument("--json", default=None, help="write every measured number here")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if not check(device, block_v=args.block_v):
+        return 1
+    if args.check:
+        return 0
+    if device != "cuda":
+        print("timing needs CUDA")
+        return 1
+    start = time.perf_counter()
+    shapes = Shapes(layers=args.layers, num_draft=args.num_draft)
+    ceiling = copy_ceiling_gbps()
+    release()
+    memory = Memory(args.mem_limit_gib)
+    print(f"\ndevice: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"copy ceiling (device-to-device 1 GiB bf16, read+write / do_bench median): {ceiling:.0f} GB/s")
+    print(f"shapes: {asdict(shapes)} (dim {shapes.dim}), fp32 state, bf16 conv inputs; memory budget "
+          f"{memory.limit / GiB:.0f} GiB: each baseline's tensors are allocated just before it runs and freed after "
+          f"(B=256: state {shapes.layers * 256 * shapes.state_numel * 4 / GiB:.0f} GiB, D={shapes.num_draft} "
+          f"snapshots {shapes.layers * 256 * shapes.num_draft * shapes.state_numel * 4 / GiB:.0f} GiB)", flush=True)
+    results = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                   ceiling_gbps=ceiling, shapes=asdict(shapes), tree_parents=TREE_PARENTS, block_v=args.block_v,
+                   commit=[], verify=[])
+    bench_commit(shapes, args.batches, args.modes, ceiling, memory, args.block_v, results, args.json)
+    if not args.no_verify:
+        bench_verify(shapes, args.batches, ceiling, memory, args.block_v, results, args.json)
+    traffic_model(shapes, args.batches, args.ring_every, ceiling, results)
+    write_json(args.json, results)
+    print(f"\ndone in {time.perf_counter() - start:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
