@@ -609,7 +609,7 @@ def check(device, block_v=32) -> bool:
     print("verify stand-in (chain): slots [2, -1, 0]", flush=True)
     v = make_verify_problem(s, 3, device, seed=2, slots=[2, -1, 0], num_state_slots=4)
     want_out, want_states = verify_oracle(v.ssm_state, v.qkv, v.gates, v.slots, s)
-    live = v.slots >= 0
+    live = (v.slots >= 0).cpu()  # the oracle's tensors are on the CPU
     state_before = v.ssm_state.clone()
     for snapshot in (False, True):
         snapshots = torch.zeros(s.layers, 4, s.num_draft, s.v_heads, s.head_k, s.head_v, device=device)
@@ -620,10 +620,10 @@ def check(device, block_v=32) -> bool:
                          snapshots[layer] if snapshot else None, v.slots, s, block_v=block_v)
             outs.append(v.out.clone())
         label = "with snapshots" if snapshot else "no state write"
-        ok &= _close(f"verify stand-in ({label}): outputs", torch.stack(outs)[:, live], want_out[:, live], tol=2e-2)
+        ok &= _close(f"verify stand-in ({label}): outputs", torch.stack(outs).cpu()[:, live], want_out[:, live], tol=2e-2)
         ok &= _equal(f"verify stand-in ({label}): ssm_state untouched", v.ssm_state, state_before.cpu())
         if snapshot:
-            ok &= _close("verify stand-in: snapshots", snapshots[:, v.slots[live]], want_states[:, live])
+            ok &= _close("verify stand-in: snapshots", snapshots.cpu()[:, v.slots.cpu()[live]], want_states[:, live])
     try:
         from fla.ops.gated_delta_rule.naive import naive_recurrent_gated_delta_rule
     except Exception as error:  # optional: fla-core
