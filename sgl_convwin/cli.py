@@ -1,8 +1,9 @@
-"""Command line: ``python -m sgl_convwin demo | plan | selfcheck``.
+"""Command line: python -m sgl_convwin demo | plan | selfcheck.
 
 demo: speculative decoding of a tiny hybrid model through the ops, every layout, chain and tree,
 checked token for token against plain greedy decoding (sgl_convwin/demo.py).
-plan: the conv-window cache's memory per rank for a real model (sgl_convwin/plan.py).
+plan: the speculative state per request slot and rank for a real model, four designs side by side
+(snapshots, dedup conv + snapshots, input replay, this package) (sgl_convwin/plan.py).
 selfcheck: allocates every layout, commits a partially accepted batch with
 torch.ops.convwin.scatter, checks it against the loop oracle bit for bit, prints the memory saved.
 """
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--draft-noise", type=float, default=0.01, help="how far the drafter's weights are perturbed")
     demo.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     demo.add_argument("--no-progress", action="store_true")
-    plan = commands.add_parser("plan", help="memory of the conv-window cache per rank for a real model")
+    plan = commands.add_parser(
+        "plan", help="speculative-state memory per slot and rank for a real model, four designs side by side")
     plan_module.add_arguments(plan)
     check = commands.add_parser("selfcheck", help="allocate, commit and check every layout; print the memory saved")
     check.add_argument("--device", default="cpu", help="cpu (default) or cuda")

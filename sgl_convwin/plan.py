@@ -1,23 +1,136 @@
-"""``python -m sgl_convwin plan``: what the conv-window cache costs per rank for a real model.
+"""``python -m sgl_convwin plan``: the speculative state a hybrid model keeps per request slot and rank.
 
-Shapes per tensor-parallel rank: conv_dim and the SSM state are sharded across ranks (heads and
-channels are split), layers and K are not. Chains (topk 1) store D windows densely or D+K-2 inputs
-deduplicated; trees (topk > 1) store one window per draft node densely, or K-2 history rows plus
-one row per node. The SSM state snapshots of the same verify pass (fp32, one per draft token) are
-printed too: the conv saving is a small share of the whole speculative state, and the planner says
-how small.
+During speculative decoding every Gated DeltaNet / Mamba2 layer keeps, per request slot and besides
+its committed state (conv state ``[conv_dim, K-1]`` and recurrent state, which every design keeps
+and which is therefore left out here), what the commit needs to reach the state after any accepted
+draft token (or tree node). Four designs, side by side:
+
+(a) snapshots: the dense conv windows (K-1 columns per draft token) and one fp32 recurrent-state
+    snapshot per draft token -- what engines did first.
+(b) dedup conv + snapshots: the conv windows deduplicated to one sequence of D+K-2 conv inputs
+    (N+K-2 rows for a tree of N nodes), the state snapshots as in (a).
+(c) input replay as engines do it (vLLM / SGLang / TensorRT-LLM "ReplaySSM"): the conv state
+    widened to K-1+D columns (D columns beyond the committed state), and per draft token the
+    cached post-conv recurrence inputs in the model dtype (GDN: k and v, Hk*dk + Hv*dv elements;
+    Mamba2: x and B, H*P + G*Ns elements) plus fp32 gates (GDN: g and beta per value head; Mamba2:
+    dt per head). No engine replays trees; for a tree this is sized with dense conv windows (what
+    SGLang keeps for trees) plus the same per-node inputs and gates.
+(d) this package: the deduplicated conv-input buffer (D+K-2 rows, N+K-2 for a tree) and the fp32
+    gates per draft token; k and v (x and B) are recomputed from the buffer at commit.
+
+Shapes per tensor-parallel rank: everything mixer-wide (conv_dim, heads, groups, the state) is
+divided by the TP degree; layers and K are not. Conv windows, conv inputs and cached k/v are in
+``--dtype``; recurrent states and gates are fp32.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
+from typing import ClassVar, Optional, Union
 
 import torch
 
-from .layout import LAYOUTS, physical_nbytes
+from .layout import physical_nbytes
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_FP32 = 4  # bytes of a recurrent-state element and of a gate, in every design
+
+
+def _split(name: str, what: str, value: int, tp: int) -> int:
+    if value % tp:
+        raise ValueError(f"{name}: {what} {value} is not divisible by tp={tp}")
+    return value // tp
+
+
+@dataclass(frozen=True)
+class GatedDeltaNet:
+    """A Gated DeltaNet layer's dims (Qwen3-Next / Qwen3.5 ``linear_*`` config keys)."""
+
+    num_k_heads: int  # Hk
+    head_k_dim: int  # dk
+    num_v_heads: int  # Hv
+    head_v_dim: int  # dv
+    kind: ClassVar[str] = "gdn"
+    title: ClassVar[str] = "Gated DeltaNet"
+
+    @property
+    def conv_dim(self) -> int:  # q, k, v
+        return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+
+    @property
+    def state_elements(self) -> int:  # [Hv, dk, dv]
+        return self.num_v_heads * self.head_k_dim * self.head_v_dim
+
+    @property
+    def gate_scalars(self) -> int:  # g and beta per value head, per token
+        return 2 * self.num_v_heads
+
+    @property
+    def cached_inputs(self) -> int:  # post-conv k and v per token (input replay, design c)
+        return self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+
+    def per_rank(self, tp: int, name: str) -> "GatedDeltaNet":
+        return replace(self, num_k_heads=_split(name, "num_k_heads", self.num_k_heads, tp),
+                       num_v_heads=_split(name, "num_v_heads", self.num_v_heads, tp))
+
+    def describe(self) -> str:
+        return (f"conv_dim {self.conv_dim} = 2*{self.num_k_heads}*{self.head_k_dim} (q, k) + "
+                f"{self.num_v_heads}*{self.head_v_dim} (v); state [{self.num_v_heads}, {self.head_k_dim}, "
+                f"{self.head_v_dim}] fp32; gates g, beta per value head")
+
+    def keeps_for_replay(self) -> str:
+        return "post-conv k, v"
+
+    def gate_names(self) -> str:
+        return "g, beta"
+
+
+@dataclass(frozen=True)
+class Mamba2:
+    """A Mamba2 layer's dims (Nemotron-H ``mamba_num_heads``, ``mamba_head_dim``, ``n_groups``,
+    ``ssm_state_size``)."""
+
+    num_heads: int  # H
+    head_dim: int  # P
+    n_groups: int  # G
+    d_state: int  # Ns
+    kind: ClassVar[str] = "mamba2"
+    title: ClassVar[str] = "Mamba2"
+
+    @property
+    def conv_dim(self) -> int:  # x, B, C
+        return self.num_heads * self.head_dim + 2 * self.n_groups * self.d_state
+
+    @property
+    def state_elements(self) -> int:  # [H, P, Ns]
+        return self.num_heads * self.head_dim * self.d_state
+
+    @property
+    def gate_scalars(self) -> int:  # dt per head, per token
+        return self.num_heads
+
+    @property
+    def cached_inputs(self) -> int:  # x and B per token (input replay, design c)
+        return self.num_heads * self.head_dim + self.n_groups * self.d_state
+
+    def per_rank(self, tp: int, name: str) -> "Mamba2":
+        return replace(self, num_heads=_split(name, "num_heads", self.num_heads, tp),
+                       n_groups=_split(name, "n_groups", self.n_groups, tp))
+
+    def describe(self) -> str:
+        return (f"conv_dim {self.conv_dim} = {self.num_heads}*{self.head_dim} (x) + 2*{self.n_groups}*"
+                f"{self.d_state} (B, C); state [{self.num_heads}, {self.head_dim}, {self.d_state}] fp32; "
+                f"gate dt per head")
+
+    def keeps_for_replay(self) -> str:
+        return "x, B"
+
+    def gate_names(self) -> str:
+        return "dt"
+
+
+Mixer = Union[GatedDeltaNet, Mamba2]
 
 
 @dataclass(frozen=True)
@@ -26,34 +139,111 @@ class ModelShape:
     conv_layers: int  # mixer layers that carry a conv (GDN / Mamba2)
     conv_dim: int  # at TP1
     kernel_size: int
-    ssm_state_elements: int  # one layer's recurrent state per slot at TP1 (stored fp32)
+    ssm_state_elements: Optional[int]  # one layer's recurrent state per slot at TP1 (fp32); None: unknown
     draft_tokens: int  # the typical speculative setting (draft tokens, tree nodes if topk > 1)
     topk: int
-    source: str
+    source: str  # where the dims come from; says which numbers are assumed
+    mixer: Optional[Mixer] = None  # None: only conv_dim (and maybe the state size) is known
+    draft_source: str = ""  # where the default draft setting comes from
 
+    def __post_init__(self):
+        if self.mixer is not None:
+            for what, given, derived in (("conv_dim", self.conv_dim, self.mixer.conv_dim),
+                                         ("SSM state", self.ssm_state_elements, self.mixer.state_elements)):
+                if given != derived:
+                    raise ValueError(f"{self.name}: {what} {given} does not match the mixer's dims ({derived})")
+
+
+def _preset(name, layers, mixer, draft_tokens, topk, source, draft_source) -> ModelShape:
+    return ModelShape(name, layers, mixer.conv_dim, 4, mixer.state_elements, draft_tokens, topk, source,
+                      mixer, draft_source)
+
+
+_QWEN_MTP = ("NEXTN/MTP chain: steps 3, topk 1, 4 draft tokens, as in the Qwen3-Next model card's SGLang "
+             "launch; a typical setting, not a config value")
+_QWEN35_MTP = "NEXTN/MTP chain: steps 3, topk 1, 4 draft tokens -- ASSUMED (Qwen3-Next's setting; not a config value)"
+_EAGLE_TREE = "EAGLE tree of 8 nodes, topk 3 -- ASSUMED (a typical tree; Nemotron-H has no MTP layer)"
 
 PRESETS = {
     shape.name: shape
     for shape in (
-        ModelShape(
-            "qwen3-next-80b-a3b", 36, 8192, 4, 32 * 128 * 128, 4, 1,
-            "36 of 48 layers are Gated DeltaNet; conv_dim = 2*16*128 (q, k) + 32*128 (v); state "
-            "[32 value heads, 128, 128]; NEXTN steps 3, topk 1, 4 draft tokens",
+        _preset(
+            "qwen3-next-80b-a3b", 36, GatedDeltaNet(16, 128, 32, 128), 4, 1,
+            "public config.json: 48 layers, full_attention_interval 4 -> 36 Gated DeltaNet layers; "
+            "linear_num_key_heads 16, linear_key_head_dim 128, linear_num_value_heads 32, "
+            "linear_value_head_dim 128, linear_conv_kernel_dim 4; nothing assumed",
+            _QWEN_MTP,
         ),
-        ModelShape(
-            "qwen3.5-35b-a3b", 30, 8192, 4, 32 * 128 * 128, 4, 1,
-            "the Qwen3.5 MoE hidden-2048 class: Gated DeltaNet conv_dim 8192, K=4, one MTP layer; "
-            "3 of every 4 layers are GDN -- 30 of 40 layers is ASSUMED here (not verified from "
-            "the model's config): pass --layers to override",
+        _preset(
+            "qwen3.5-35b-a3b", 30, GatedDeltaNet(16, 128, 32, 128), 4, 1,
+            "public config: 40 layers, full_attention_interval 4 -> 30 Gated DeltaNet layers; "
+            "linear heads 16 (k) / 32 (v) of 128, conv kernel 4; nothing assumed",
+            _QWEN35_MTP,
         ),
-        ModelShape(
-            "nemotron-h", 23, 6144, 4, 64 * 64 * 128, 5, 3,
-            "Nemotron-H / Nemotron-3-Nano-30B-A3B class: 23 of 52 layers are Mamba2; conv_dim = "
-            "64*64 (x) + 2*8*128 (B, C); state [64 heads, 64, 128]; steps 2, topk 3, 5 draft tokens",
+        _preset(
+            "qwen3.5-9b", 24, GatedDeltaNet(16, 128, 32, 128), 4, 1,
+            "public config: 32 layers, full_attention_interval 4 -> 24 Gated DeltaNet layers; "
+            "linear heads 16 (k) / 32 (v) of 128, conv kernel 4; nothing assumed",
+            _QWEN35_MTP,
+        ),
+        _preset(
+            "qwen3.5-0.8b", 18, GatedDeltaNet(16, 128, 16, 128), 4, 1,
+            "public config: 24 layers, full_attention_interval 4 -> 18 Gated DeltaNet layers; "
+            "linear heads 16 (k) / 16 (v) of 128, conv kernel 4; nothing assumed",
+            _QWEN35_MTP,
+        ),
+        _preset(
+            "nemotron-h-8b", 24, Mamba2(128, 64, 8, 128), 8, 3,
+            "public config: 52 layers, hybrid_override_pattern has 24 Mamba2 ('M') layers; "
+            "mamba_num_heads 128, mamba_head_dim 64, n_groups 8, ssm_state_size 128, conv_kernel 4; "
+            "nothing assumed",
+            _EAGLE_TREE,
+        ),
+        _preset(
+            "nemotron-h-47b", 45, Mamba2(256, 64, 8, 256), 8, 3,
+            "public config: 98 layers, hybrid_override_pattern has 45 Mamba2 ('M') layers; "
+            "mamba_num_heads 256, mamba_head_dim 64, n_groups 8, ssm_state_size 256, conv_kernel 4; "
+            "nothing assumed",
+            _EAGLE_TREE,
+        ),
+        _preset(
+            "nemotron-h-56b", 54, Mamba2(256, 64, 8, 256), 8, 3,
+            "public config: 118 layers, hybrid_override_pattern has 54 Mamba2 ('M') layers; "
+            "mamba_num_heads 256, mamba_head_dim 64, ssm_state_size 256, conv_kernel 4; n_groups 8 is "
+            "ASSUMED from the family's other configs and Megatron-Bridge's Nemotron-H provider (this "
+            "checkpoint's own config.json was not read)",
+            _EAGLE_TREE,
+        ),
+        _preset(
+            "nemotron-3-nano-30b-a3b", 23, Mamba2(64, 64, 8, 128), 5, 3,
+            "public config: 52 layers, hybrid_override_pattern has 23 Mamba2 ('M') layers (23 MoE, "
+            "6 attention); mamba_num_heads 64, mamba_head_dim 64, n_groups 8, ssm_state_size 128, "
+            "conv_kernel 4; nothing assumed",
+            "EAGLE tree of 5 draft tokens (steps 2, topk 3) -- ASSUMED (kept from the first planner)",
         ),
     )
 }
-PRESETS["nemotron-3-nano-30b-a3b"] = PRESETS["nemotron-h"]
+# The first planner's name for the Nemotron-3-Nano-30B-A3B shape; it aliases nemotron-3-nano-30b-a3b
+# (NOT Nemotron-H-8B), so that existing commands keep their numbers.
+PRESETS["nemotron-h"] = PRESETS["nemotron-3-nano-30b-a3b"]
+
+# The four designs, in the order they are printed. Each keeps, per slot and beyond the committed state:
+DESIGNS = (
+    ("snapshot", "(a) snapshots"),
+    ("dedup_snapshot", "(b) dedup conv + snapshots"),
+    ("input_replay", "(c) input replay (engines)"),
+    ("replay", "(d) this package"),
+)
+
+
+@dataclass
+class Design:
+    key: str  # snapshot | dedup_snapshot | input_replay | replay
+    label: str
+    keeps: str  # what it keeps per slot, in words
+    bytes_per_slot: Optional[int]  # None: the recurrent state (or, for c and d, the mixer's dims) unknown
+    bytes_total: Optional[int]  # for max_running_requests slots
+    parts: dict  # bytes per slot by part: conv, states, inputs, gates (None where unknown)
 
 
 @dataclass
@@ -73,59 +263,233 @@ class Plan:
     saving_bytes_per_slot: int
     saving_bytes_total: int  # for max_running_requests slots
     dedup_ratio: float
-    ssm_snapshot_bytes_per_slot: int  # fp32, one snapshot per draft token
-    saving_share_of_speculative_state: float  # saving / (dense conv windows + SSM snapshots)
+    ssm_snapshot_bytes_per_slot: Optional[int]  # fp32, one snapshot per draft token; None: state unknown
+    saving_share_of_speculative_state: Optional[float]  # saving / (dense conv windows + SSM snapshots)
+    # the whole speculative state (None where the mixer's dims are unknown)
+    mixer: Optional[str] = None  # "gdn" | "mamba2" | None
+    state_bytes_per_layer: Optional[int] = None  # one fp32 recurrent state per rank
+    gate_scalars_per_token: Optional[int] = None  # per layer and rank (GDN 2*Hv, Mamba2 H)
+    cached_inputs_per_token: Optional[int] = None  # elements per layer and rank that design (c) caches
+    snapshot_bytes_per_slot: Optional[int] = None  # (a)
+    dedup_snapshot_bytes_per_slot: Optional[int] = None  # (b)
+    input_replay_bytes_per_slot: Optional[int] = None  # (c)
+    replay_bytes_per_slot: Optional[int] = None  # (d)
+    snapshot_bytes_total: Optional[int] = None
+    dedup_snapshot_bytes_total: Optional[int] = None
+    input_replay_bytes_total: Optional[int] = None
+    replay_bytes_total: Optional[int] = None
+    replay_ratio_to_snapshot: Optional[float] = None  # (d) / (a)
+    designs: list = field(default_factory=list)  # the four Design records, in DESIGNS order
+
+
+def _mul(*factors) -> Optional[int]:
+    product = 1
+    for factor in factors:
+        if factor is None:
+            return None
+        product *= factor
+    return product
+
+
+def _add(*terms) -> Optional[int]:
+    return None if any(term is None for term in terms) else sum(terms)
 
 
 def make_plan(shape: ModelShape, tp: int, draft_tokens: int, topk: int, requests: int, dtype: str) -> Plan:
-    for what, value in (("conv_dim", shape.conv_dim), ("SSM state", shape.ssm_state_elements)):
-        if value % tp:
-            raise ValueError(f"{shape.name}: {what} {value} is not divisible by tp={tp}")
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
     if draft_tokens < 1 or topk < 1 or requests < 0:
         raise ValueError("draft tokens and topk must be >= 1, max running requests >= 0")
-    conv_dim = shape.conv_dim // tp
+    conv_dim = _split(shape.name, "conv_dim", shape.conv_dim, tp)
+    state = None if shape.ssm_state_elements is None else _split(shape.name, "SSM state", shape.ssm_state_elements, tp)
+    mixer = None if shape.mixer is None else shape.mixer.per_rank(tp, shape.name)
     torch_dtype = _DTYPES[dtype]
-    dense = physical_nbytes("dense", shape.conv_layers, 1, conv_dim, draft_tokens, shape.kernel_size, torch_dtype)
-    dedup = physical_nbytes("token_major", shape.conv_layers, 1, conv_dim, draft_tokens, shape.kernel_size, torch_dtype)
-    ssm = shape.conv_layers * draft_tokens * (shape.ssm_state_elements // tp) * 4
+    itemsize = torch.empty((), dtype=torch_dtype).element_size()
+    layers, n, k = shape.conv_layers, draft_tokens, shape.kernel_size
+    dense = physical_nbytes("dense", layers, 1, conv_dim, n, k, torch_dtype)  # N*(K-1) columns
+    dedup = physical_nbytes("token_major", layers, 1, conv_dim, n, k, torch_dtype)  # N+K-2 rows
+    # (c): vLLM widens the conv state by D columns (chains only); trees keep dense windows (SGLang)
+    widened = layers * n * conv_dim * itemsize if topk == 1 else dense
+    states = _mul(layers, n, state, _FP32)
+    inputs = gates = None
+    if mixer is not None:
+        inputs = layers * n * mixer.cached_inputs * itemsize
+        gates = layers * n * mixer.gate_scalars * _FP32
     saving = dense - dedup
+    tree = topk > 1
+    snaps = f"{n} fp32 state snapshots" + (" (one per node)" if tree else "")
+    dense_words = f"dense conv windows ({n} x {k - 1} columns)"
+    dedup_words = f"deduplicated conv inputs ({n}+{k - 2} = {n + k - 2} rows)"
+    replay_inputs = "k, v / x, B" if mixer is None else mixer.keeps_for_replay()
+    gate_words = "gates" if mixer is None else mixer.gate_names()
+    keeps = {
+        "snapshot": f"{dense_words} + {snaps}",
+        "dedup_snapshot": f"{dedup_words} + {snaps}",
+        "input_replay": (f"dense conv windows ({n} x {k - 1} columns; no engine replays trees) + "
+                         if tree else f"conv state widened to K-1+D (+{n} columns) + ")
+        + f"{replay_inputs} ({dtype}) and fp32 {gate_words} per {'node' if tree else 'draft token'}",
+        "replay": f"{dedup_words} + fp32 {gate_words} per {'node' if tree else 'draft token'}",
+    }
+    parts = {
+        "snapshot": {"conv": dense, "states": states, "inputs": 0, "gates": 0},
+        "dedup_snapshot": {"conv": dedup, "states": states, "inputs": 0, "gates": 0},
+        "input_replay": {"conv": widened, "states": 0, "inputs": inputs, "gates": gates},
+        "replay": {"conv": dedup, "states": 0, "inputs": 0, "gates": gates},
+    }
+    designs = []
+    for key, label in DESIGNS:
+        per_slot = _add(*parts[key].values())
+        designs.append(Design(key, label, keeps[key], per_slot, _mul(per_slot, requests), parts[key]))
+    totals = {design.key: design.bytes_per_slot for design in designs}
     return Plan(
-        model=shape.name, tp=tp, draft_tokens=draft_tokens, topk=topk, max_running_requests=requests,
-        dtype=dtype, conv_layers=shape.conv_layers, conv_dim_per_rank=conv_dim,
-        kernel_size=shape.kernel_size,
-        dedup_layout="token_major / channel_major rows, one per node" if topk > 1 else "token_major / channel_major",
+        model=shape.name, tp=tp, draft_tokens=n, topk=topk, max_running_requests=requests,
+        dtype=dtype, conv_layers=layers, conv_dim_per_rank=conv_dim, kernel_size=k,
+        dedup_layout="token_major / channel_major rows, one per node" if tree else "token_major / channel_major",
         dense_bytes_per_slot=dense, dedup_bytes_per_slot=dedup, saving_bytes_per_slot=saving,
-        saving_bytes_total=saving * requests, dedup_ratio=dedup / dense, ssm_snapshot_bytes_per_slot=ssm,
-        saving_share_of_speculative_state=saving / (dense + ssm),
+        saving_bytes_total=saving * requests, dedup_ratio=dedup / dense, ssm_snapshot_bytes_per_slot=states,
+        saving_share_of_speculative_state=None if states is None else saving / (dense + states),
+        mixer=None if mixer is None else mixer.kind,
+        state_bytes_per_layer=_mul(state, _FP32),
+        gate_scalars_per_token=None if mixer is None else mixer.gate_scalars,
+        cached_inputs_per_token=None if mixer is None else mixer.cached_inputs,
+        snapshot_bytes_per_slot=totals["snapshot"],
+        dedup_snapshot_bytes_per_slot=totals["dedup_snapshot"],
+        input_replay_bytes_per_slot=totals["input_replay"],
+        replay_bytes_per_slot=totals["replay"],
+        snapshot_bytes_total=_mul(totals["snapshot"], requests),
+        dedup_snapshot_bytes_total=_mul(totals["dedup_snapshot"], requests),
+        input_replay_bytes_total=_mul(totals["input_replay"], requests),
+        replay_bytes_total=_mul(totals["replay"], requests),
+        replay_ratio_to_snapshot=(None if totals["replay"] is None or not totals["snapshot"]
+                                  else totals["replay"] / totals["snapshot"]),
+        designs=designs,
     )
 
 
-def _size(nbytes: int) -> str:
+def _size(nbytes: Optional[int]) -> str:
+    if nbytes is None:
+        return "unknown"
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if nbytes >= scale:
             return f"{nbytes / scale:.2f} {unit}"
     return f"{nbytes} B"
 
 
+def _draft_words(draft_tokens: int, topk: int) -> str:
+    if topk > 1:
+        return f"tree of {draft_tokens} nodes (topk {topk})"
+    return f"chain of {draft_tokens} draft token{'s' if draft_tokens != 1 else ''}"
+
+
 def print_plan(plan: Plan, shape: ModelShape) -> None:
-    draft = f"tree of {plan.draft_tokens} nodes (topk {plan.topk})" if plan.topk > 1 else f"chain of {plan.draft_tokens}"
-    print(f"{plan.model}, TP{plan.tp}, {draft}, {plan.max_running_requests} running requests, {plan.dtype}")
-    print(f"  shape per rank: {plan.conv_layers} conv layers, conv_dim {plan.conv_dim_per_rank}, K={plan.kernel_size}")
-    print(f"  ({shape.source})")
-    print("| per rank | per slot | for all running requests |")
-    print("|---|---|---|")
     requests = plan.max_running_requests
+    print(f"{plan.model}, TP{plan.tp}, {_draft_words(plan.draft_tokens, plan.topk)}, "
+          f"{requests} running requests, {plan.dtype}")
+    if (plan.draft_tokens, plan.topk) == (shape.draft_tokens, shape.topk) and shape.draft_source:
+        print(f"  draft: the preset's default ({shape.draft_source})")
+    elif shape.draft_source:
+        print(f"  draft: as given on the command line (--draft-tokens {plan.draft_tokens} --topk {plan.topk}), "
+              f"not the preset's default")
+    mixer = shape.mixer.per_rank(plan.tp, shape.name) if shape.mixer is not None else None
+    kind = f"{mixer.title} " if mixer is not None else ""
+    print(f"  shape per rank: {plan.conv_layers} {kind}conv layers, conv_dim {plan.conv_dim_per_rank}, "
+          f"K={plan.kernel_size}")
+    if mixer is not None:
+        print(f"  mixer per rank: {mixer.describe()}")
+    if plan.state_bytes_per_layer is None:
+        print("  recurrent state: UNKNOWN (pass --mixer gdn|mamba2 with its dims, or --ssm-state): "
+              "the state snapshots, the designs that need them and the saving's share are not computed")
+    else:
+        print(f"  recurrent state: {_size(plan.state_bytes_per_layer)} per layer (fp32)")
+    print(f"  ({shape.source})")
+    print()
+    print("| conv windows, per rank | per slot | for all running requests |")
+    print("|---|---|---|")
     print(f"| conv windows, dense | {_size(plan.dense_bytes_per_slot)} | {_size(plan.dense_bytes_per_slot * requests)} |")
     print(f"| conv windows, deduplicated ({plan.dedup_layout}) | {_size(plan.dedup_bytes_per_slot)} "
           f"({plan.dedup_ratio:.2f}x) | {_size(plan.dedup_bytes_per_slot * requests)} |")
     print(f"| saved | {_size(plan.saving_bytes_per_slot)} | {_size(plan.saving_bytes_total)} |")
     print(f"| SSM state snapshots of the same pass (fp32) | {_size(plan.ssm_snapshot_bytes_per_slot)} | "
-          f"{_size(plan.ssm_snapshot_bytes_per_slot * requests)} |")
-    print(f"The saving is {plan.saving_share_of_speculative_state:.1%} of the speculative state "
-          f"(dense conv windows + SSM snapshots).")
+          f"{_size(_mul(plan.ssm_snapshot_bytes_per_slot, requests))} |")
+    if plan.saving_share_of_speculative_state is None:
+        print("The conv saving's share of the speculative state is unknown: the recurrent state is unknown.")
+    else:
+        print(f"The conv saving is {plan.saving_share_of_speculative_state:.1%} of the speculative state "
+              f"(dense conv windows + SSM snapshots).")
+    print()
+    if all(design.bytes_per_slot is None for design in plan.designs):
+        print("The whole speculative state (four designs): unknown without the recurrent state's size "
+              "(--ssm-state) and, for designs (c) and (d), the mixer's dims (--mixer gdn|mamba2 ...).")
+        return
+    print("The whole speculative state per slot and rank, four designs:")
+    print(f"| design | keeps per slot | per slot | vs (a) | for {requests} requests |")
+    print("|---|---|---|---|---|")
+    first = plan.designs[0].bytes_per_slot
+    for design in plan.designs:
+        ratio = ("" if design.bytes_per_slot is None or not first else f"{design.bytes_per_slot / first:.3f}x")
+        if design.bytes_per_slot is None:
+            print(f"| {design.label} | {design.keeps} | unknown: needs --mixer and its dims | | |")
+            continue
+        print(f"| {design.label} | {design.keeps} | {_size(design.bytes_per_slot)} | {ratio} | "
+              f"{_size(design.bytes_total)} |")
+    print("Assumptions: per tensor-parallel rank; the committed conv state and recurrent state are NOT "
+          "counted (every design keeps them);")
+    print(f"conv windows, conv inputs and cached k/v (x/B) in {plan.dtype}; recurrent states and gates in "
+          "fp32; activations and scratch of the verify pass not counted;")
+    print("(c) is the engines' ReplaySSM (vLLM: conv state widened to K-1+D columns, post-conv inputs and "
+          "gates cached per token);")
+    print("(d) keeps only the conv inputs once (the dedup buffer) and the gates, recomputing k, v (x, B) "
+          "from the buffer at commit; trees too.")
+    if plan.replay_ratio_to_snapshot is not None:
+        print(f"(d) keeps {plan.replay_ratio_to_snapshot:.2%} of (a): "
+              f"{_size(plan.snapshot_bytes_per_slot - plan.replay_bytes_per_slot)} less per slot, "
+              f"{_size(plan.snapshot_bytes_total - plan.replay_bytes_total)} for {requests} requests; "
+              f"{plan.replay_bytes_per_slot / plan.input_replay_bytes_per_slot:.2f}x of (c).")
 
 
-def plot_plan(shape: ModelShape, tp: int, dtype: str, path: str, max_draft: int = 16) -> None:
+def designs_figure(plan: Plan):
+    """A matplotlib figure: one horizontal bar per design (bytes per slot, log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    known = [design for design in plan.designs if design.bytes_per_slot]
+    if not known:
+        raise ValueError("the recurrent state is unknown: pass --mixer gdn|mamba2 with its dims to plot the designs")
+    fig, ax = plt.subplots(figsize=(8.4, 4.6), layout="constrained")
+    colors = ("#b03a2e", "#c46a1b", "#3b6ea8", "#2e7d4f")
+    rows = range(len(known))[::-1]  # (a) on top
+    values = [design.bytes_per_slot / 2**20 for design in known]
+    ax.barh(list(rows), values, color=[colors[[key for key, _ in DESIGNS].index(design.key)] for design in known],
+            height=0.6)
+    low = min(values) / 2  # the axis' left end
+    first = plan.designs[0].bytes_per_slot
+    names = {"conv": "conv", "states": "state snapshots", "inputs": "cached inputs", "gates": "gates"}
+    for row, design, value in zip(rows, known, values):
+        ratio = f"  ({design.bytes_per_slot / first:.3f}x of (a))" if first else ""
+        parts = " + ".join(f"{names[part]} {_size(nbytes)}" for part, nbytes in design.parts.items() if nbytes)
+        if design.key == "input_replay" and plan.topk > 1:
+            parts += "\n(dense windows: no engine replays trees)"
+        label = f"{_size(design.bytes_per_slot)}{ratio}\n{parts}"
+        if value > 30 * low:  # a long bar: the label inside it
+            ax.text(low * 1.15, row, label, va="center", fontsize=8.5, color="white")
+        else:
+            ax.text(value * 1.1, row, label, va="center", fontsize=8.5)
+    ax.set_yticks(list(rows))
+    ax.set_yticklabels([design.label for design in known])
+    ax.set_xscale("log")
+    ax.set_xlim(low, max(max(values) * 2, low * 300))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _: f"{value:g}"))
+    ax.set_xlabel(f"speculative state per request slot and rank (MiB, log scale); {plan.dtype} conv, fp32 state")
+    ax.set_title(f"{plan.model}, TP{plan.tp}, {_draft_words(plan.draft_tokens, plan.topk)}\n"
+                 "speculative state per slot (the committed state, kept by all, excluded)", fontsize=11)
+    ax.grid(axis="x", alpha=0.3, which="both")
+    return fig
+
+
+def plot_plan(plan: Plan, path: str) -> None:
     try:
         import matplotlib
 
@@ -133,62 +497,114 @@ def plot_plan(shape: ModelShape, tp: int, dtype: str, path: str, max_draft: int 
         import matplotlib.pyplot as plt
     except ImportError as error:  # an optional dependency
         raise SystemExit(f"--plot needs matplotlib ({error}); pip install matplotlib") from error
-    drafts = list(range(1, max_draft + 1))
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for layout, style in zip(LAYOUTS, ("-o", "--s", ":^")):
-        per_slot = [
-            physical_nbytes(layout, shape.conv_layers, 1, shape.conv_dim // tp, d, shape.kernel_size, _DTYPES[dtype]) / 2**20
-            for d in drafts
-        ]
-        ax.plot(drafts, per_slot, style, label=layout, markersize=4)
-    ax.set_xlabel("draft tokens (tree nodes)")
-    ax.set_ylabel("conv-window cache per slot (MiB)")
-    ax.set_title(f"{shape.name}, TP{tp}, {dtype}: channel_major and token_major coincide")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
+
+    try:
+        fig = designs_figure(plan)
+    except ValueError as error:
+        raise SystemExit(str(error)) from error
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+_GDN_DIMS = ("num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim")
+_MAMBA2_DIMS = ("num_heads", "head_dim", "n_groups", "d_state")
+_CUSTOM_ONLY = ("conv_dim", "kernel_size", "ssm_state", "mixer", *_GDN_DIMS, *_MAMBA2_DIMS)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def custom_shape(args) -> ModelShape:
+    """The shape of ``--model custom`` from the command line's dims (SystemExit if they do not fit)."""
+    gdn_given = [n for n in _GDN_DIMS if getattr(args, n) is not None]
+    mamba_given = [n for n in _MAMBA2_DIMS if getattr(args, n) is not None]
+    mixer = None
+    if args.mixer is None and (gdn_given or mamba_given):
+        raise SystemExit(f"{_flag((gdn_given + mamba_given)[0])} needs --mixer gdn or --mixer mamba2")
+    if args.mixer is not None:
+        needed, other, cls = ((_GDN_DIMS, mamba_given, GatedDeltaNet) if args.mixer == "gdn"
+                              else (_MAMBA2_DIMS, gdn_given, Mamba2))
+        if other:
+            raise SystemExit(f"{_flag(other[0])} does not apply to --mixer {args.mixer}")
+        missing = [_flag(n) for n in needed if getattr(args, n) is None]
+        if missing:
+            raise SystemExit(f"--mixer {args.mixer} needs {', '.join(missing)}")
+        if any(getattr(args, n) < 1 for n in needed):
+            raise SystemExit(f"--mixer {args.mixer}: every dim must be >= 1")
+        mixer = cls(*(getattr(args, n) for n in needed))
+    if args.layers is None:
+        raise SystemExit("--model custom needs --layers")
+    conv_dim = args.conv_dim
+    if conv_dim is None:
+        if mixer is None:
+            raise SystemExit("--model custom needs --conv-dim (or --mixer gdn|mamba2 with its dims)")
+        conv_dim = mixer.conv_dim
+    state = args.ssm_state
+    if mixer is not None and state is None:
+        state = mixer.state_elements
+    if args.layers < 1 or conv_dim < 1 or (state is not None and state < 1):
+        raise SystemExit("--layers, --conv-dim and --ssm-state must be >= 1")
+    try:
+        return ModelShape("custom", args.layers, conv_dim, 4 if args.kernel_size is None else args.kernel_size,
+                          state, 4, 1, "custom shape from the command line", mixer)
+    except ValueError as error:  # --conv-dim / --ssm-state contradict the mixer's dims
+        raise SystemExit(f"{error}: drop --conv-dim / --ssm-state or fix the dims") from error
 
 
 def run_plan(args) -> int:
     if args.model == "custom":
-        missing = [f"--{n.replace('_', '-')}" for n in ("layers", "conv_dim") if getattr(args, n) is None]
-        if missing:
-            raise SystemExit(f"--model custom needs {' and '.join(missing)}")
-        shape = ModelShape("custom", args.layers, args.conv_dim, args.kernel_size or 4, args.ssm_state or 0,
-                           4, 1, "custom shape from the command line")
+        shape = custom_shape(args)
     else:
+        stray = [_flag(n) for n in _CUSTOM_ONLY if getattr(args, n) is not None]
+        if stray:
+            raise SystemExit(f"{', '.join(stray)} only apply to --model custom "
+                             "(a preset's dims are fixed; --layers overrides its layer count)")
         shape = PRESETS[args.model]
         if args.layers is not None:
-            shape = ModelShape(**{**asdict(shape), "conv_layers": args.layers})
+            shape = replace(shape, conv_layers=args.layers)
     draft_tokens = shape.draft_tokens if args.draft_tokens is None else args.draft_tokens
     topk = shape.topk if args.topk is None else args.topk
     try:
         plan = make_plan(shape, args.tp, draft_tokens, topk, args.max_running_requests, args.dtype)
     except ValueError as error:
         raise SystemExit(str(error)) from error
+    if args.plot and all(design.bytes_per_slot is None for design in plan.designs):
+        raise SystemExit("--plot: the recurrent state is unknown: pass --mixer gdn|mamba2 with its dims "
+                         "(or --ssm-state) to plot the designs")
     if args.json:
         print(json.dumps(asdict(plan)))
     else:
         print_plan(plan, shape)
     if args.plot:
-        plot_plan(shape, args.tp, args.dtype, args.plot)
+        plot_plan(plan, args.plot)
         if not args.json:
             print(f"plot written to {args.plot}")
     return 0
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model", required=True, choices=[*PRESETS, "custom"])
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (conv_dim is sharded)")
+    parser.add_argument("--model", required=True, choices=[*PRESETS, "custom"],
+                        help="a preset (nemotron-h aliases nemotron-3-nano-30b-a3b) or custom")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (everything mixer-wide is split)")
     parser.add_argument("--draft-tokens", type=int, default=None, help="draft tokens (tree nodes if topk > 1)")
     parser.add_argument("--topk", type=int, default=None, help="1: a chain; > 1: a tree")
     parser.add_argument("--max-running-requests", type=int, default=256)
-    parser.add_argument("--dtype", default="bf16", choices=list(_DTYPES))
+    parser.add_argument("--dtype", default="bf16", choices=list(_DTYPES),
+                        help="conv windows / inputs and cached k, v (states and gates are fp32)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--plot", default=None, metavar="FILE", help="PNG of memory vs draft length per layout")
+    parser.add_argument("--plot", default=None, metavar="FILE", help="PNG: the four designs' bytes per slot")
     parser.add_argument("--layers", type=int, default=None, help="custom: conv layers (or override a preset)")
-    parser.add_argument("--conv-dim", dest="conv_dim", type=int, default=None, help="custom: conv_dim at TP1")
+    parser.add_argument("--conv-dim", dest="conv_dim", type=int, default=None,
+                        help="custom: conv_dim at TP1 (derived from --mixer dims when omitted)")
     parser.add_argument("--kernel-size", type=int, default=None, help="custom: K (default 4)")
     parser.add_argument("--ssm-state", dest="ssm_state", type=int, default=None,
-                        help="custom: elements of one layer's SSM state per slot at TP1")
+                        help="custom: elements of one layer's recurrent state per slot at TP1 (derived from "
+                             "--mixer dims when omitted)")
+    parser.add_argument("--mixer", default=None, choices=["gdn", "mamba2"],
+                        help="custom: the recurrent mixer, with its dims below (needed for designs c and d)")
+    for name, what in (("num_k_heads", "GDN key heads Hk"), ("head_k_dim", "GDN dk"),
+                       ("num_v_heads", "GDN value heads Hv"), ("head_v_dim", "GDN dv"),
+                       ("num_heads", "Mamba2 heads H"), ("head_dim", "Mamba2 head dim P"),
+                       ("n_groups", "Mamba2 groups G"), ("d_state", "Mamba2 state size Ns")):
+        parser.add_argument(_flag(name), dest=name, type=int, default=None, help=f"custom: {what} at TP1")

@@ -65,3 +65,212 @@ def test_plot(tmp_path):
 def test_presets_are_consistent():
     for name, shape in plan.PRESETS.items():
         assert shape.conv_dim % 8 == 0 and shape.kernel_size == 4, name
+
+
+# --- the whole speculative state: four designs (issues 14, 15, 17) -------------------------------
+
+OLD_KEYS = {  # what the first planner printed and callers may read: still there, same meaning
+    "model", "tp", "draft_tokens", "topk", "max_running_requests", "dtype", "conv_layers",
+    "conv_dim_per_rank", "kernel_size", "dedup_layout", "dense_bytes_per_slot", "dedup_bytes_per_slot",
+    "saving_bytes_per_slot", "saving_bytes_total", "dedup_ratio", "ssm_snapshot_bytes_per_slot",
+    "saving_share_of_speculative_state",
+}
+DESIGN_KEYS = ("snapshot", "dedup_snapshot", "input_replay", "replay")
+
+# CONTEXT.md's shapes table at TP1: (mixer layers, conv_dim, state MiB per layer)
+TABLE = {
+    "qwen3-next-80b-a3b": (36, 8192, 2), "qwen3.5-35b-a3b": (30, 8192, 2), "qwen3.5-9b": (24, 8192, 2),
+    "qwen3.5-0.8b": (18, 6144, 1), "nemotron-h-8b": (24, 10240, 4), "nemotron-h-47b": (45, 20480, 16),
+    "nemotron-h-56b": (54, 20480, 16), "nemotron-3-nano-30b-a3b": (23, 6144, 2),
+}
+
+
+def test_qwen3_next_exact_values(capsys):
+    """The numbers the issue fixes: Qwen3-Next TP1, D = 4, bf16."""
+    result = run_json(capsys, "--model", "qwen3-next-80b-a3b", "--draft-tokens", "4", "--dtype", "bf16")
+    assert result["snapshot_bytes_per_slot"] == 309_067_776 == 36 * (4 * 8192 * 3 * 2) + 36 * 4 * 32 * 128 * 128 * 4
+    assert result["replay_bytes_per_slot"] == 3_575_808 == 36 * 6 * 8192 * 2 + 36 * 4 * 2 * 32 * 4
+    assert result["dedup_snapshot_bytes_per_slot"] == 36 * 6 * 8192 * 2 + 36 * 4 * 32 * 128 * 128 * 4
+    # widened conv state (+D columns) + post-conv k, v (16*128 + 32*128, bf16) + fp32 g, beta per token
+    assert result["input_replay_bytes_per_slot"] == 36 * 4 * 8192 * 2 + 36 * 4 * 6144 * 2 + 36 * 4 * 64 * 4
+    assert [d["key"] for d in result["designs"]] == list(DESIGN_KEYS)
+    for design in result["designs"]:
+        assert design["bytes_per_slot"] == result[f"{design['key']}_bytes_per_slot"] == sum(design["parts"].values())
+        assert design["bytes_total"] == 256 * design["bytes_per_slot"] == result[f"{design['key']}_bytes_total"]
+    assert result["replay_ratio_to_snapshot"] == 3_575_808 / 309_067_776
+    assert OLD_KEYS <= result.keys()
+
+
+def test_designs_ordered_for_qwen3_next(capsys):
+    sizes = [run_json(capsys, "--model", "qwen3-next-80b-a3b")[f"{key}_bytes_per_slot"] for key in DESIGN_KEYS]
+    assert sizes[0] > sizes[1] > sizes[2] > sizes[3]
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_presets_from_their_dims(name):
+    shape = plan.PRESETS[name]
+    mixer = shape.mixer
+    if isinstance(mixer, plan.GatedDeltaNet):
+        hk, dk, hv, dv = mixer.num_k_heads, mixer.head_k_dim, mixer.num_v_heads, mixer.head_v_dim
+        conv_dim, state = 2 * hk * dk + hv * dv, hv * dk * dv
+        gates, cached = 2 * hv, hk * dk + hv * dv
+    else:
+        h, p, g, ns = mixer.num_heads, mixer.head_dim, mixer.n_groups, mixer.d_state
+        conv_dim, state = h * p + 2 * g * ns, h * p * ns
+        gates, cached = h, h * p + g * ns
+    assert (shape.conv_dim, shape.ssm_state_elements) == (conv_dim, state)
+    assert (mixer.gate_scalars, mixer.cached_inputs) == (gates, cached)
+    layers, table_dim, mib = TABLE[name]
+    assert (shape.conv_layers, conv_dim, state * 4) == (layers, table_dim, mib * 2**20)
+    assert "nothing assumed" in shape.source or "ASSUMED" in shape.source  # each source says which
+    assert shape.draft_source
+
+
+def test_nemotron_h_alias_and_mamba2_keys(capsys):
+    assert plan.PRESETS["nemotron-h"] is plan.PRESETS["nemotron-3-nano-30b-a3b"]
+    result = run_json(capsys, "--model", "nemotron-h-8b", "--draft-tokens", "4", "--topk", "1")
+    layers, dim, state = 24, 10240, 128 * 64 * 128
+    assert result["mixer"] == "mamba2"
+    assert result["snapshot_bytes_per_slot"] == layers * 4 * dim * 3 * 2 + layers * 4 * state * 4
+    assert result["replay_bytes_per_slot"] == layers * 6 * dim * 2 + layers * 4 * 128 * 4  # dt per head
+    # x and B (128*64 + 8*128) in bf16 + fp32 dt, conv state widened by 4 columns
+    widened, x_and_b, dt = layers * 4 * dim * 2, layers * 4 * (8192 + 1024) * 2, layers * 4 * 128 * 4
+    assert result["input_replay_bytes_per_slot"] == widened + x_and_b + dt
+
+
+def test_tree_sizing(capsys):
+    """topk > 1: dense windows N*(K-1) columns, dedup N+K-2 rows, one snapshot and one set of gates per
+    node; input replay (no engine replays trees) keeps dense windows plus the per-node inputs."""
+    n, k, layers, dim = 8, 4, 36, 8192
+    result = run_json(capsys, "--model", "qwen3-next-80b-a3b", "--draft-tokens", str(n), "--topk", "3")
+    snapshots, gates = layers * n * 32 * 128 * 128 * 4, layers * n * 64 * 4
+    assert result["dense_bytes_per_slot"] == layers * n * (k - 1) * dim * 2
+    assert result["dedup_bytes_per_slot"] == layers * (n + k - 2) * dim * 2
+    assert result["snapshot_bytes_per_slot"] == result["dense_bytes_per_slot"] + snapshots
+    assert result["dedup_snapshot_bytes_per_slot"] == result["dedup_bytes_per_slot"] + snapshots
+    assert result["input_replay_bytes_per_slot"] == result["dense_bytes_per_slot"] + layers * n * 6144 * 2 + gates
+    assert result["replay_bytes_per_slot"] == layers * (n + k - 2) * dim * 2 + gates
+    assert "rows, one per node" in result["dedup_layout"]
+
+
+@pytest.mark.parametrize("name", ["qwen3-next-80b-a3b", "nemotron-h-8b"])
+def test_everything_mixer_wide_divides_by_tp(capsys, name):
+    base = run_json(capsys, "--model", name)
+    for tp in (2, 4, 8):
+        result = run_json(capsys, "--model", name, "--tp", str(tp))
+        assert result["conv_dim_per_rank"] * tp == base["conv_dim_per_rank"]
+        for key in ("state_bytes_per_layer", "gate_scalars_per_token", "cached_inputs_per_token",
+                    *(f"{design}_bytes_per_slot" for design in DESIGN_KEYS)):
+            assert result[key] * tp == base[key], (tp, key)
+    mixer = plan.PRESETS[name].mixer.per_rank(4, name)
+    assert mixer.conv_dim * 4 == plan.PRESETS[name].conv_dim
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "qwen3.5-0.8b", "--tp", "32"], "num_k_heads 16 is not divisible by tp=32"),
+    (["--model", "nemotron-h-8b", "--tp", "16"], "n_groups 8 is not divisible by tp=16"),
+    (["--model", "qwen3-next-80b-a3b", "--tp", "0"], "tp must be >= 1"),
+])
+def test_tp_errors(args, message):
+    with pytest.raises(SystemExit, match=message):
+        cli.main(["plan", *args])
+
+
+GDN_DIMS = ["--num-k-heads", "2", "--head-k-dim", "8", "--num-v-heads", "4", "--head-v-dim", "8"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layers", "2", "--mixer", "gdn", "--num-k-heads", "2"], "needs --head-k-dim, --num-v-heads, --head-v-dim"),
+    (["--layers", "2", "--num-heads", "4"], "--num-heads needs --mixer"),
+    (["--layers", "2", "--mixer", "gdn", *GDN_DIMS, "--d-state", "4"], "--d-state does not apply to --mixer gdn"),
+    (["--layers", "2", "--mixer", "mamba2", "--num-heads", "4", "--head-dim", "4"], "needs --n-groups, --d-state"),
+    (["--layers", "2", "--mixer", "gdn", *GDN_DIMS, "--conv-dim", "100"], "conv_dim 100 does not match"),
+    (["--layers", "2", "--mixer", "gdn", *GDN_DIMS, "--ssm-state", "7"], "SSM state 7 does not match"),
+    (["--mixer", "gdn", *GDN_DIMS], "needs --layers"),
+    (["--layers", "2", "--mixer", "gdn", *GDN_DIMS[:-1], "0"], "every dim must be >= 1"),
+])
+def test_custom_errors(args, message):
+    with pytest.raises(SystemExit, match=message):
+        cli.main(["plan", "--model", "custom", *args])
+
+
+def test_custom_dims_only_for_custom():
+    with pytest.raises(SystemExit, match="--conv-dim, --mixer only apply to --model custom"):
+        cli.main(["plan", "--model", "qwen3-next-80b-a3b", "--conv-dim", "4096", "--mixer", "gdn"])
+
+
+def test_custom_with_mixer_dims(capsys):
+    result = run_json(capsys, "--model", "custom", "--layers", "3", "--mixer", "gdn", *GDN_DIMS, "--dtype", "fp32")
+    dim, state = 2 * 2 * 8 + 4 * 8, 4 * 8 * 8
+    assert result["conv_dim_per_rank"] == dim and result["state_bytes_per_layer"] == state * 4
+    assert result["snapshot_bytes_per_slot"] == 3 * 4 * 3 * dim * 4 + 3 * 4 * state * 4
+    assert result["replay_bytes_per_slot"] == 3 * 6 * dim * 4 + 3 * 4 * 8 * 4
+    result = run_json(capsys, "--model", "custom", "--layers", "3", "--mixer", "mamba2", "--num-heads", "4",
+                      "--head-dim", "2", "--n-groups", "2", "--d-state", "3", "--tp", "2")
+    assert result["conv_dim_per_rank"] == (4 * 2 + 2 * 2 * 3) // 2 and result["gate_scalars_per_token"] == 2
+
+
+def test_custom_without_the_state_says_it_is_unknown(capsys):
+    """No meaningless saving share: without the state's size, everything that needs it is null."""
+    result = run_json(capsys, "--model", "custom", "--layers", "2", "--conv-dim", "100")
+    assert result["saving_share_of_speculative_state"] is None and result["ssm_snapshot_bytes_per_slot"] is None
+    assert all(result[f"{key}_bytes_per_slot"] is None for key in DESIGN_KEYS)
+    assert cli.main(["plan", "--model", "custom", "--layers", "2", "--conv-dim", "100"]) == 0
+    text = capsys.readouterr().out
+    assert "recurrent state: UNKNOWN" in text and "share of the speculative state is unknown" in text
+    assert "%" not in text
+    # the state size alone gives the snapshot designs, not the replay ones (they need the mixer's dims)
+    result = run_json(capsys, "--model", "custom", "--layers", "2", "--conv-dim", "100", "--ssm-state", "1000")
+    assert result["snapshot_bytes_per_slot"] == 2 * 4 * 3 * 100 * 2 + 2 * 4 * 1000 * 4
+    assert result["input_replay_bytes_per_slot"] is None and result["replay_bytes_per_slot"] is None
+    assert 0 < result["saving_share_of_speculative_state"] < 1
+
+
+def test_text_shows_what_is_planned(capsys):
+    """--draft-tokens 8 --topk 3 on a topk-1 preset: the text says tree of 8, never the preset's chain."""
+    assert cli.main(["plan", "--model", "qwen3-next-80b-a3b", "--draft-tokens", "8", "--topk", "3"]) == 0
+    text = capsys.readouterr().out
+    assert "tree of 8 nodes (topk 3)" in text
+    assert "topk 1" not in text and "4 draft tokens" not in text and "steps 3" not in text
+    assert cli.main(["plan", "--model", "qwen3-next-80b-a3b"]) == 0
+    text = capsys.readouterr().out
+    assert "chain of 4 draft tokens" in text and "the preset's default" in text
+
+
+def test_text_shows_four_designs_and_assumptions(capsys):
+    assert cli.main(["plan", "--model", "qwen3-next-80b-a3b"]) == 0
+    text = capsys.readouterr().out
+    for label in ("(a) snapshots", "(b) dedup conv + snapshots", "(c) input replay", "(d) this package"):
+        assert label in text
+    assert "294.75 MiB" in text and "3.41 MiB" in text  # 309,067,776 and 3,575,808 bytes
+    assert "NOT counted (every design keeps them)" in text and "in bf16" in text and "fp32" in text
+
+
+def test_top_level_help_has_no_markup(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    text = capsys.readouterr().out
+    assert "``" not in text and "plan" in text
+
+
+def test_plot_shows_four_designs_uncut(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    for name, extra in (("qwen3-next-80b-a3b", ()), ("nemotron-h-47b", ("--draft-tokens", "16", "--tp", "8"))):
+        path = tmp_path / f"{name}.png"
+        assert cli.main(["plan", "--model", name, *extra, "--plot", str(path)]) == 0
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    p = plan.make_plan(plan.PRESETS["qwen3-next-80b-a3b"], 1, 4, 1, 256, "bf16")
+    fig = plan.designs_figure(p)
+    fig.canvas.draw()
+    renderer, (ax,) = fig.canvas.get_renderer(), fig.axes
+    assert len(ax.patches) == 4
+    box = fig.bbox
+    for text in (ax.title, ax.xaxis.label, *ax.texts, *ax.get_yticklabels()):
+        extent = text.get_window_extent(renderer)
+        assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and box.y0 <= extent.y0 and extent.y1 <= box.y1, text
+    assert "qwen3-next-80b-a3b, TP1, chain of 4 draft tokens" in ax.get_title()
+    plt.close(fig)
+    with pytest.raises(SystemExit, match="recurrent state is unknown"):
+        cli.main(["plan", "--model", "custom", "--layers", "2", "--conv-dim", "64", "--plot", str(tmp_path / "x.png")])
