@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--draft-noise", type=float, default=0.01, help="how far the drafter's weights are perturbed")
     demo.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     demo.add_argument("--no-progress", action="store_true")
+    demo.add_argument("--mixer", default="gdn", choices=list(demo_module.MIXERS),
+                      help="gdn (default): Gated DeltaNet layers committed by replay; linear: snapshotted states")
     plan = commands.add_parser(
         "plan", help="speculative-state memory per slot and rank for a real model, four designs side by side")
     plan_module.add_arguments(plan)
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = demo_module.run_demo(
             device=args.device, new_tokens=args.tokens, batch=args.requests, draft=args.draft,
             tree_nodes=args.tree_nodes, topk=args.topk, layers=args.layers, seed=args.seed,
-            noise=args.draft_noise, layouts_to_run=args.layouts,
+            noise=args.draft_noise, layouts_to_run=args.layouts, mixer=args.mixer,
             show_progress=not args.no_progress and sys.stderr.isatty(),
         )
         return 0 if ok else 1

@@ -12,28 +12,47 @@ from support import DEVICES
 SMALL = dict(new_tokens=10, batch=3, prompt_len=5, draft=4, tree_nodes=7, topk=3, layers=2, show_progress=False)
 
 
+@pytest.mark.parametrize("mixer", demo.MIXERS)
 @pytest.mark.parametrize("seed", (0, 1))
 @pytest.mark.parametrize("device", DEVICES)
-def test_every_layout_and_draft_shape_matches_greedy(device, seed):
+def test_every_layout_and_draft_shape_matches_greedy(device, seed, mixer):
     out = io.StringIO()
-    assert demo.run_demo(device=device, out=out, seed=seed, **SMALL)
+    assert demo.run_demo(device=device, out=out, seed=seed, mixer=mixer, **SMALL)
     table = [line for line in out.getvalue().splitlines() if line.startswith("| ") and "layout" not in line]
     assert len(table) == 6 and all("| yes |" in line for line in table), out.getvalue()
     assert "all streams identical" in out.getvalue()
 
 
-def test_the_check_fails_when_the_commit_is_wrong(monkeypatch):
+@pytest.mark.parametrize("mixer, cache", [("gdn", demo.ReplayCache), ("linear", demo.SpecCache)])
+def test_the_check_fails_when_the_commit_is_wrong(monkeypatch, mixer, cache):
     """Committing the parent of the accepted node (one input short) must change the streams."""
-    commit = demo.SpecCache.commit
+    commit = cache.commit
 
     def off_by_one(self, state_slots, buffer_slots, accepted, parents):
         wrong = parents.gather(1, accepted.clamp(min=0)[:, None]).squeeze(1).clamp(min=0)
         commit(self, state_slots, buffer_slots, wrong.where(accepted >= 0, accepted), parents)
 
-    monkeypatch.setattr(demo.SpecCache, "commit", off_by_one)
+    monkeypatch.setattr(cache, "commit", off_by_one)
     out = io.StringIO()
-    assert not demo.run_demo(out=out, **SMALL)
+    assert not demo.run_demo(out=out, mixer=mixer, **SMALL)
     assert "| NO |" in out.getvalue() and "STREAMS DIFFER" in out.getvalue()
+
+
+def test_the_check_fails_when_the_gates_are_not_captured(monkeypatch):
+    """The replay reads each node's g, beta from the gates buffer: without them it must differ."""
+    monkeypatch.setattr(torch.ops.convwin, "capture_gates", lambda *args: None)
+    assert not demo.run_demo(out=io.StringIO(), mixer="gdn", **SMALL)
+
+
+def test_replay_keeps_no_state_snapshots():
+    """The GDN cache keeps the conv-input buffer and the gates only; the linear one snapshots."""
+    config = demo.GDNConfig(layers=2)
+    cache = demo.ReplayCache(config, slots=3, num_nodes=4, layout="token_major", tree=False, device="cpu")
+    assert not hasattr(cache, "snapshots")
+    per_slot = 2 * (4 + 2) * config.conv_dim * 4 + 2 * 4 * 2 * config.num_v_heads * 4
+    assert cache.speculative_nbytes_per_slot() == per_slot
+    state = config.num_v_heads * config.head_k_dim * config.head_v_dim * 4
+    assert cache.snapshot_nbytes_per_slot() == 2 * 4 * (config.conv_dim * 3 * 4 + state)
 
 
 def test_the_check_fails_when_the_capture_is_wrong(monkeypatch):
