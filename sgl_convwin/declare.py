@@ -58,6 +58,25 @@ def eager_device(*tensors: torch.Tensor | None) -> str | None:
     return "cuda" if first.is_cuda else "cpu" if first.is_cpu else None
 
 
+def _binder(name: str, signature: inspect.Signature) -> Callable[..., dict]:
+    """A function with exactly ``signature`` that returns its arguments as a dict, defaults
+    applied: Python's own argument parsing, several times faster than ``Signature.bind``."""
+    namespace: dict = {}
+    params, star = [], False
+    for i, p in enumerate(signature.parameters.values()):
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and not star:
+            params.append("*")
+            star = True
+        text = p.name
+        if p.default is not inspect.Parameter.empty:
+            namespace[f"_default{i}"] = p.default
+            text += f"=_default{i}"
+        params.append(text)
+    names = ", ".join(f"{p!r}: {p}" for p in signature.parameters)
+    exec(f"def {name}({', '.join(params)}):\n    return {{{names}}}\n", namespace)  # noqa: S102
+    return namespace[name]  # (named after the op: argument errors read "gdn_commit() missing ...")
+
+
 def _is_tensor_type(annotation) -> bool:
     return annotation is torch.Tensor or torch.Tensor in typing.get_args(annotation)
 
@@ -90,10 +109,10 @@ def declare_op(
             p.name for p in params if _is_tensor_type(p.annotation) and p.name not in mutates
         )
 
+        bind_op, bind_public = _binder(name, op_signature), _binder(name, public_signature)
+
         def run(kernel, real: bool, args: tuple, kwargs: dict) -> None:
-            bound = op_signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            kernel_args, kernel_kwargs = prepare(real, **bound.arguments)
+            kernel_args, kernel_kwargs = prepare(real, **bind_op(*args, **kwargs))
             if kernel is not None:
                 kernel(*kernel_args, **kernel_kwargs)
 
@@ -115,9 +134,7 @@ def declare_op(
 
         @functools.wraps(signature_function)
         def public(*args, **kwargs) -> None:
-            bound = public_signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            arguments = bound.arguments
+            arguments = bind_public(*args, **kwargs)
             device = eager_device(*(arguments[n] for n in tensor_names))
             if device is None:
                 packet(*(arguments[n] for n in positional_names), **{n: arguments[n] for n in keyword_names})
@@ -129,9 +146,7 @@ def declare_op(
         def kernel_arguments(*args, **kwargs) -> tuple[tuple, dict]:
             """What the kernels get for this call (checked): ``(args, kwargs)``. For tests that run
             one implementation on any device (the Triton launcher under the interpreter)."""
-            bound = public_signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            return prepare(True, **bound.arguments)
+            return prepare(True, **bind_public(*args, **kwargs))
 
         public.op = op
         public.kernel_arguments = kernel_arguments
