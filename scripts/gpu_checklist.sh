@@ -12,7 +12,6 @@
 #   fp32      the commit table with float32 caches (bench_scatter.py --dtypes fp32)
 #   profile   Nsight Compute (--clock-control none) on each case of benchmarks/profile_one.py
 #   cmlong    channel_major commit at D = 8, 16: block/warps/offsets sweep against the strided baseline
-#   layers    commit candidates moving several layers per program (benchmarks/explore_layer_tiles.py)
 #   latency   the commit kernel at B = 1 and 8, D = 2, 4, 8, every layout: defaults, forced choices, baselines
 #   commit    the commit table (bench_scatter.py, Qwen3-Next TP1, D = 4, bf16) with the tree commit
 #   shapes    the commit table at the Qwen3-Next TP4 and Nemotron-H shapes, B = 1 .. 256
@@ -62,8 +61,6 @@ for phase in "$@"; do
     cmlong)   timeout 240 python3 benchmarks/explore_small_batch.py --drafts 8 16 --batches 1 8 64 256 \
                 --layouts channel_major > "$out/explore_channel_major_long.log" 2>&1
               rc=$?; cat "$out/explore_channel_major_long.log" ;;
-    layers)   timeout 200 python3 benchmarks/explore_layer_tiles.py > "$out/explore_layer_tiles.log" 2>&1
-              rc=$?; tail -40 "$out/explore_layer_tiles.log" ;;
     latency)  timeout 200 python3 benchmarks/explore_small_batch.py --batches 1 8 --drafts 2 4 8 \
                 --configs 1024/4 4096/4 > "$out/explore_latency.log" 2>&1
               rc=$?; grep -E "op default \||baseline" "$out/explore_latency.log" ;;
