@@ -12,18 +12,14 @@ scattered with stride K-1) instead of the destination. (Earlier sweeps also had 
 """
 
 import argparse
-
-import os
 import sys
 
 import torch
-import triton
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import sgl_convwin  # noqa: E402
-from bench_scatter import SHAPES, channel_major_strided, dense_flat_copy, graph_time_us, make_problem  # noqa: E402
-from sgl_convwin._kernels import triton_kernels  # noqa: E402
+import common  # before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1
+import sgl_convwin
+from common import SHAPES, channel_major_strided, commit_problem, dense_flat_copy, graph_time_us
+from sgl_convwin._kernels import triton_kernels
 
 
 def op_variant(problem, block=None, warps=4, walk_source=False, **launch):
@@ -51,18 +47,17 @@ def main():
     parser.add_argument("--configs", nargs="+", default=[(1024, 4), (4096, 4), (4096, 8)],
                         type=lambda text: tuple(int(v) for v in text.split("/")), help="BLOCK/WARPS ...")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("needs CUDA")
+    if not common.needs_cuda("this sweep"):
         return 1
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    common.print_environment()
+    dtype = common.DTYPES[args.dtype]
     layers, dim = SHAPES[args.shape]
     print(f"commit, {args.shape} ({layers} layers, dim {dim}), K=4, {args.dtype}, graph replay us/launch")
     print("| D | B | windows | variant | us | equal to oracle |")
     print("|---|---|---|---|---|---|")
     cases = [(D, B, layout) for D in args.drafts for B in args.batches for layout in args.layouts]
     for D, B, layout in cases:
-        problem = make_problem(layers, max(B, 8), dim, D, 4, B, dtype, layout, "cuda")
+        problem = commit_problem(layers, max(B, 8), dim, D, 4, B, dtype, layout, "cuda")
         problem[0].zero_()  # every variant starts from a zero state
         want = problem[0].clone()
         sgl_convwin.scatter(want, *problem[1:])

@@ -9,18 +9,13 @@ node, was at 34-42% of the ceiling. A [nodes, channels] tile version written her
 node loop stays for dense. This script now sweeps the tuning of both.
 """
 
-import os
 import sys
 
 import torch
-import triton
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import sgl_convwin  # noqa: E402
-from bench_scatter import copy_ceiling_gbps, graph_time_us  # noqa: E402
-from bench_verify import tree_parents  # noqa: E402
-from sgl_convwin._kernels import triton_kernels  # noqa: E402
+import common  # before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1
+from common import graph_time_us, tree_parents, verify_layer_problem
+from sgl_convwin._kernels import triton_kernels
 
 
 def layer_bytes(batch, num_nodes, dim, kernel_size, layout, element=2):
@@ -29,34 +24,13 @@ def layer_bytes(batch, num_nodes, dim, kernel_size, layout, element=2):
     return element * (2 * batch * num_nodes * dim + batch * width * dim + dim * (kernel_size + 1) + written)
 
 
-def layer_problem(batch, num_nodes, parents_list, layout, dim, kernel_size, device="cuda"):
-    """One verify layer's tensors (bf16, seeded): buffer, dest (what the kernel writes: the buffer,
-    a channel_major one transposed), state, x, out, weight, bias, buffer and state slots, parents
-    (None for a chain: parents_list None)."""
-    slots = max(batch, 8)
-    generator = torch.Generator(device=device).manual_seed(0)
-    buffer = sgl_convwin.alloc_windows(1, slots, dim, num_nodes, kernel_size, layout=layout, device=device)
-    dest = buffer if layout != "channel_major" else buffer.transpose(-1, -2)
-    state = torch.randn(1, slots, dim, kernel_size - 1, generator=generator, device=device).to(torch.bfloat16)
-    x = torch.randn(batch, num_nodes, dim, generator=generator, device=device).to(torch.bfloat16)
-    out = torch.empty_like(x)
-    weight = torch.randn(dim, kernel_size, generator=generator, device=device).to(torch.bfloat16)
-    bias = torch.randn(dim, generator=generator, device=device).to(torch.bfloat16)
-    slots_b = torch.randperm(slots, generator=generator, device=device)[:batch]
-    slots_s = torch.randperm(slots, generator=generator, device=device)[:batch]
-    parents = None if parents_list is None else torch.tensor([parents_list] * batch, device=device)
-    return buffer, dest, state, x, out, weight, bias, slots_b, slots_s, parents
-
-
 def main():
-    if not torch.cuda.is_available():
-        print("needs CUDA")
+    if not common.needs_cuda("this sweep"):
         return 1
-    dim, K = 8192, 4
+    dim, K = common.SHAPES["qwen3next-tp1"][1], common.KERNEL_SIZE
     kernels = triton_kernels()
-    ceiling = copy_ceiling_gbps()
-    print(f"copy ceiling {ceiling:.0f} GB/s; {torch.cuda.get_device_name()} torch {torch.__version__} "
-          f"triton {triton.__version__}")
+    ceiling = common.copy_ceiling_gbps()
+    common.print_environment(ceiling)
     print("fused verify (conv + capture), one layer, dim 8192, K=4, bf16")
     print("| draft | layout | B | block/warps | graph replay (us/launch) | of copy ceiling | out equal to default |")
     print("|---|---|---|---|---|---|---|")
@@ -70,7 +44,7 @@ def main():
             for B in (1, 8, 64, 256):
                 if num_nodes == 32 and B == 1:
                     continue
-                buffer, dest, state, x, out, weight, bias, slots_b, slots_s, parents = layer_problem(
+                buffer, dest, state, x, out, weight, bias, slots_b, slots_s, parents = verify_layer_problem(
                     B, num_nodes, parents_list if tree else None, layout, dim, K)
                 nbytes = layer_bytes(B, num_nodes, dim, K, layout)
                 reference_out = None
