@@ -1,21 +1,19 @@
-"""Exploration: channels per program and warps of the fused verify kernels (csrc_triton/verify.py),
-one layer at the Qwen3-Next TP1 shape, against the copy ceiling.
+"""Channels per program and warps of the fused verify kernels (csrc_triton/verify.py), one layer
+at the Qwen3-Next TP1 shape, against the copy ceiling: chain D = 4 and trees of 8 and 32 nodes,
+every layout, B = 1 .. 256. The rows kernel's block rule (_rows_block) comes from this sweep.
 
-    python benchmarks/explore_verify_kernel.py            (CUDA)
-
-History (docs/benchmarks.md, "Verify kernel"): the node-loop kernel, one [channels] vector per
-node, was at 34-42% of the ceiling. A [nodes, channels] tile version written here ("tiles") was
-1.1-2x faster for the rows layouts and slower for dense windows, and became the rows kernel; the
-node loop stays for dense. This script now sweeps the tuning of both.
+    python benchmarks/explore/verify_sweep.py            (CUDA)
 """
 
+import os
 import sys
 
 import torch
 
-import common  # before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1
-from common import graph_time_us, tree_parents, verify_layer_problem
-from sgl_convwin._kernels import triton_kernels
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/common.py
+import common  # noqa: E402  (before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1)
+from common import graph_time_us, tree_parents, verify_layer_problem  # noqa: E402
+from sgl_convwin._kernels import triton_kernels  # noqa: E402
 
 
 def layer_bytes(batch, num_nodes, dim, kernel_size, layout, element=2):

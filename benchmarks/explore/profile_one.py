@@ -2,20 +2,22 @@
 
     ncu --clock-control none --launch-skip 2 --launch-count 1 -k regex:_verify_rows_kernel \\
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \\
-        python3 benchmarks/profile_one.py verify-chain
+        python3 benchmarks/explore/profile_one.py verify-chain
 
 `scripts/gpu_checklist.sh OUT profile` runs every case this way. Shapes: Qwen3-Next TP1 (dim 8192,
 K = 4, bf16); the verify cases are one layer at B = 256, the commit cases 36 layers.
 """
 
 import argparse
+import os
 import sys
 
 import torch
 
-import common  # before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1
-import sgl_convwin
-from common import SHAPES, commit_problem, tree_parents, verify_layer_problem
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/common.py
+import common  # noqa: E402  (before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1)
+import sgl_convwin  # noqa: E402
+from common import SHAPES, commit_problem, tree_parents, verify_layer_problem  # noqa: E402
 
 
 def verify_case(num_nodes, topk, batch=256):

@@ -7,7 +7,7 @@ thread, shared memory, SASS instruction count, the global loads and stores by wi
 instructions come before the first load (the index loads) and before the first 2-byte load (the
 first bf16 data) -- the latency a one-row launch pays before its data moves.
 
-    python benchmarks/inspect_sass.py
+    python benchmarks/explore/inspect_sass.py
 
 Uses Triton internals (the JIT's binder and _pack_args, written against triton 3.9); the GPU runs
 triton 3.6, whose compiler and ptxas may allocate differently. Timings stay on the GPU
@@ -16,7 +16,7 @@ triton 3.6, whose compiler and ptxas may allocate differently. Timings stay on t
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "0"  # compile real kernels (the explore scripts set 1 without a GPU)
+os.environ["TRITON_INTERPRET"] = "0"  # compile real kernels (common.py would set 1 without a GPU)
 
 import collections  # noqa: E402
 import re  # noqa: E402
@@ -30,6 +30,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # noqa: E402  (benchmarks/common.py)
 import common  # noqa: E402
 import sgl_convwin  # noqa: E402
 from sgl_convwin import ops  # noqa: E402
