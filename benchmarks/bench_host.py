@@ -12,28 +12,16 @@ B = 1, bf16. Prints the best of 9 rounds of 20,000 calls, us per call.
 
 import os
 import sys
-import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1
+import sgl_convwin
+from common import host_time_us, markdown_header, markdown_row
+from sgl_convwin import ops
 
-import sgl_convwin  # noqa: E402
-from sgl_convwin import ops  # noqa: E402
-
-L, M, N, DIM, K, B = 36, 8, 4, 8192, 4, 1
-
-
-def per_call_us(fn, calls=20000, rounds=9) -> float:
-    for _ in range(1000):
-        fn()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-    return best
+(L, DIM), K = common.SHAPES["qwen3next-tp1"], common.KERNEL_SIZE
+M, N, B = 8, 4, 1
 
 
 def main():
@@ -71,10 +59,9 @@ def main():
     ops.cpu.scatter_cpu, cpu_scatter = noop, ops.cpu.scatter_cpu  # the eager plans take the no-ops
     ops.cpu.scatter_tree_cpu, cpu_scatter_tree = noop, ops.cpu.scatter_tree_cpu
     print(f"host time per call, torch {torch.__version__}, {os.cpu_count()} CPUs")
-    print("| path | us per call |")
-    print("|---|---|")
+    print(markdown_header("path", "us per call"))
     for name, fn in rows:
-        print(f"| {name} | {per_call_us(fn):.2f} |", flush=True)
+        print(markdown_row(name, f"{host_time_us(fn):.2f}"), flush=True)
     ops.cpu.scatter_cpu, ops.cpu.scatter_tree_cpu = cpu_scatter, cpu_scatter_tree
     ops._EAGER_SCATTER.clear()
     ops._EAGER_SCATTER_TREE.clear()

@@ -16,27 +16,14 @@ commit's read + write), that as GB/s and as a fraction of a copy ceiling measure
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import triton  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import sgl_convwin  # noqa: E402
-from bench_scatter import copy_ceiling_gbps, graph_time_us  # noqa: E402
-from sgl_convwin import reference  # noqa: E402
-
-
-def tree_parents(num_nodes: int, topk: int | None) -> list[int]:
-    if topk is None:
-        return list(range(-1, num_nodes - 1))
-    return [-1 if n < topk else (n - topk) // topk for n in range(num_nodes)]
+import common  # before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1
+import sgl_convwin
+from common import graph_time_us, markdown_header, markdown_row, tree_parents
+from sgl_convwin import reference
 
 
 def path_positions(parents: torch.Tensor, kernel_size: int) -> torch.Tensor:
@@ -193,9 +180,8 @@ DRAFTS = {"chain": (False, 4, None), "tree2": (True, 8, 2), "tree3": (True, 8, 3
 
 
 def bench(batches, drafts, layers=36, dim=8192, kernel_size=4):
-    ceiling = copy_ceiling_gbps()
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    print(f"copy ceiling (device-to-device, read+write): {ceiling:.0f} GB/s")
+    ceiling = common.copy_ceiling_gbps()
+    common.print_environment(ceiling)
     print(f"Qwen3-Next TP1 shape: L={layers}, dim={dim}, K={kernel_size}, bf16; one step = {layers} x "
           f"(verify conv + capture) + 1 commit")
     rows = []
@@ -204,21 +190,21 @@ def bench(batches, drafts, layers=36, dim=8192, kernel_size=4):
         for B in batches:
             for name, layout, step in VARIANTS:
                 p = make_problem(layers, dim, kernel_size, num_nodes, topk, tree, B, layout, "cuda")
-                ms = triton.testing.do_bench(lambda: step(p, layout), warmup=2, rep=30, return_mode="median")
+                us = common.do_bench_us(lambda: step(p, layout), warmup=2, rep=30)
                 graph_us = graph_time_us(lambda: step(p, layout), launches=1, replays=10)
                 nbytes = step_bytes(layers, dim, kernel_size, num_nodes, B, layout)
                 gbps = nbytes / (graph_us * 1e-6) / 1e9
                 cache = p["buffer"].numel() * p["buffer"].element_size() // p["buffer"].shape[1]
-                rows.append((draft, B, name, ms * 1e3, graph_us, nbytes, gbps, gbps / ceiling, cache))
-                print(f"{draft:18} B={B:<4} {name:24} {ms * 1e3:9.1f} us  graph {graph_us:9.1f} us  "
+                rows.append((draft, B, name, us, graph_us, nbytes, gbps, gbps / ceiling, cache))
+                print(f"{draft:18} B={B:<4} {name:24} {us:9.1f} us  graph {graph_us:9.1f} us  "
                       f"{gbps:6.0f} GB/s {gbps / ceiling:6.1%}", flush=True)
                 del p
-    print(f"\n| draft | B | variant | graph replay per step (us) | do_bench median (us) | bytes moved | GB/s | "
-          f"of copy ceiling ({ceiling:.0f} GB/s) | cache bytes per slot |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print()
+    print(markdown_header("draft", "B", "variant", "graph replay per step (us)", "do_bench median (us)", "bytes moved",
+                          "GB/s", f"of copy ceiling ({ceiling:.0f} GB/s)", "cache bytes per slot"))
     for draft, B, name, us, graph_us, nbytes, gbps, frac, cache in rows:
-        print(f"| {draft} | {B} | {name} | {graph_us:.1f} | {us:.1f} | {nbytes / 1e6:.1f} MB | {gbps:.0f} | "
-              f"{frac:.1%} | {cache} |")
+        print(markdown_row(draft, B, name, f"{graph_us:.1f}", f"{us:.1f}", f"{nbytes / 1e6:.1f} MB", f"{gbps:.0f}",
+                           f"{frac:.1%}", cache))
 
 
 def main(argv=None) -> int:
@@ -228,13 +214,11 @@ def main(argv=None) -> int:
     parser.add_argument("--drafts", nargs="+", default=list(DRAFTS), choices=list(DRAFTS),
                         help="chain: D=4; treeK: N=8 nodes, topk K")
     args = parser.parse_args(argv)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if not check(device):
+    if not check(common.DEVICE):
         return 1
     if args.verify_only:
         return 0
-    if device != "cuda":
-        print("timing needs CUDA")
+    if not common.needs_cuda():
         return 1
     bench(args.batches, args.drafts)
     return 0

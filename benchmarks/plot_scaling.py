@@ -9,12 +9,12 @@ layout, against the baselines. Writes PNGs (matplotlib).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import sys
 
 import matplotlib
+
+from common import read_results
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -57,31 +57,6 @@ def plot(rows, key, fixed, title, path, log_x):
     return path
 
 
-_ROW = re.compile(
-    r"^(?P<shape>\S+)\s+(?P<dtype>bf16|fp32)\s+D=(?P<D>\d+)\s+B=(?P<B>\d+)\s+(?P<variant>.+?)\s+"
-    r"(?P<us>[\d.]+) us\s+graph\s+(?P<graph_us>[\d.]+) us\s+(?P<gbps>[\d.]+) GB/s\s+(?P<frac>[\d.]+)%$"
-)
-
-
-def read_log(path: str) -> dict:
-    """bench_scatter's log read back into its JSON form: one printed line per timed row, so a run
-    cut short by a time limit still plots what it measured."""
-    rows, header = [], {}
-    with open(path) as f:
-        for line in f:
-            line = line.rstrip()
-            if line.startswith("device: "):
-                device, torch_version, triton_version = (part.strip() for part in line[len("device: "):].split(","))
-                header = dict(device=device, torch=torch_version.split()[-1], triton=triton_version.split()[-1])
-            match = _ROW.match(line)
-            if match:
-                row = match.groupdict()
-                rows.append(dict(row, D=int(row["D"]), B=int(row["B"]), us=float(row["us"]),
-                                 graph_us=float(row["graph_us"]), gbps=float(row["gbps"]),
-                                 frac=float(row["frac"]) / 100))
-    return dict(header, rows=rows)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", help="bench_scatter's --json file, or its log (*.log)")
@@ -91,11 +66,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=256, help="B of the time-vs-D plot")
     parser.add_argument("--draft", type=int, default=4, help="D of the time-vs-B plot")
     args = parser.parse_args(argv)
-    if args.results.endswith(".log"):
-        data = read_log(args.results)
-    else:
-        with open(args.results) as f:
-            data = json.load(f)
+    data = read_results(args.results)
     rows = data["rows"]
     where = f"{args.shape}, {args.dtype}\n{data.get('device', '?')}, torch {data.get('torch', '?')}, triton {data.get('triton', '?')}"
     written = [

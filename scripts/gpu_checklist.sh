@@ -4,19 +4,18 @@
 # Usage (from the repo root, on the device): bash scripts/gpu_checklist.sh OUT_DIR PHASE [PHASE ...]
 #   tests     every GPU test (pytest -m gpu), incl. the 10,000-replay and reduce-overhead tests
 #   sanitize  compute-sanitizer memcheck + racecheck (scripts/gpu_sanitize.sh)
-#   verify    block/warps sweep of both verify kernels (benchmarks/explore_verify_kernel.py)
+#   verify    block/warps sweep of both verify kernels (benchmarks/explore/verify_sweep.py)
 #   scaling   commit time vs B and vs D, JSON + PNGs (bench_scatter.py, plot_scaling.py)
 #   demo      python -m sgl_convwin demo --device cuda
 #   step      verify step (36 layers + commit), chain and topk-3 tree (benchmarks/bench_verify.py)
 #   vtests    the GPU tests of the verify kernels only
 #   fp32      the commit table with float32 caches (bench_scatter.py --dtypes fp32)
-#   profile   Nsight Compute (--clock-control none) on each case of benchmarks/profile_one.py
+#   profile   Nsight Compute (--clock-control none) on each case of benchmarks/explore/profile_one.py
 #   cmlong    channel_major commit at D = 8, 16: block/warps/offsets sweep against the strided baseline
-#   layers    commit candidates moving several layers per program (benchmarks/explore_layer_tiles.py)
 #   latency   the commit kernel at B = 1 and 8, D = 2, 4, 8, every layout: defaults, forced choices, baselines
 #   commit    the commit table (bench_scatter.py, Qwen3-Next TP1, D = 4, bf16) with the tree commit
 #   shapes    the commit table at the Qwen3-Next TP4 and Nemotron-H shapes, B = 1 .. 256
-#   small     the commit kernel at small batches (benchmarks/explore_small_batch.py)
+#   small     the commit kernel at small batches (benchmarks/explore/commit_sweep.py)
 #   eager     host time per eager call (benchmarks/bench_scatter.py --eager-only)
 set -uo pipefail
 out=${1:?output directory}
@@ -36,8 +35,8 @@ for phase in "$@"; do
     step)     timeout 170 python3 benchmarks/bench_verify.py --drafts chain tree3 > "$out/bench_verify.log" 2>&1
               rc=$?; tail -40 "$out/bench_verify.log" ;;
     sanitize) SANITIZE_TIMEOUT=165 bash scripts/gpu_sanitize.sh "$out"; rc=$? ;;
-    verify)   timeout 400 python3 benchmarks/explore_verify_kernel.py > "$out/explore_verify.log" 2>&1
-              rc=$?; tail -90 "$out/explore_verify.log" ;;
+    verify)   timeout 400 python3 benchmarks/explore/verify_sweep.py > "$out/verify_sweep.log" 2>&1
+              rc=$?; tail -90 "$out/verify_sweep.log" ;;
     fp32)     timeout 200 python3 benchmarks/bench_scatter.py --dtypes fp32 --json "$out/fp32.json" > "$out/bench_fp32.log" 2>&1
               rc=$?; grep "^|" "$out/bench_fp32.log" ;;
     scaling)  timeout 270 python3 benchmarks/bench_scatter.py --batches 1 8 64 256 512 --drafts 2 4 8 16 \
@@ -46,25 +45,23 @@ for phase in "$@"; do
               python3 benchmarks/plot_scaling.py "$out/scaling.json" --out "$out" && tail -5 "$out/bench_scaling.log" ;;
     demo)     timeout 200 python3 -m sgl_convwin demo --device cuda --no-progress > "$out/demo_cuda.log" 2>&1
               rc=$?; cat "$out/demo_cuda.log" ;;
-    small)    timeout 200 python3 benchmarks/explore_small_batch.py --batches 1 8 --layouts token_major dense > "$out/explore_small_batch.log" 2>&1
+    small)    timeout 200 python3 benchmarks/explore/commit_sweep.py --batches 1 8 --layouts token_major dense > "$out/explore_small_batch.log" 2>&1
               rc=$?; cat "$out/explore_small_batch.log" ;;
     eager)    timeout 200 python3 benchmarks/bench_scatter.py --eager-only > "$out/eager.log" 2>&1
               rc=$?; tail -10 "$out/eager.log" ;;
     profile)  rc=0
               for case in verify-chain verify-tree commit-token-major-b8 commit-dense-b8 commit-channel-major-d16; do
-                kernel=$(python3 benchmarks/profile_one.py "$case" --print-kernel)
+                kernel=$(python3 benchmarks/explore/profile_one.py "$case" --print-kernel)
                 timeout 120 ncu --clock-control none --launch-skip 2 --launch-count 1 -k "regex:$kernel" \
                   --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-                  --section MemoryWorkloadAnalysis python3 benchmarks/profile_one.py "$case" \
+                  --section MemoryWorkloadAnalysis python3 benchmarks/explore/profile_one.py "$case" \
                   > "$out/ncu-$case.log" 2>&1 || rc=1
                 echo "-- $case"; grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|Block Limit" "$out/ncu-$case.log" | head -12
               done ;;
-    cmlong)   timeout 240 python3 benchmarks/explore_small_batch.py --drafts 8 16 --batches 1 8 64 256 \
+    cmlong)   timeout 240 python3 benchmarks/explore/commit_sweep.py --drafts 8 16 --batches 1 8 64 256 \
                 --layouts channel_major > "$out/explore_channel_major_long.log" 2>&1
               rc=$?; cat "$out/explore_channel_major_long.log" ;;
-    layers)   timeout 200 python3 benchmarks/explore_layer_tiles.py > "$out/explore_layer_tiles.log" 2>&1
-              rc=$?; tail -40 "$out/explore_layer_tiles.log" ;;
-    latency)  timeout 200 python3 benchmarks/explore_small_batch.py --batches 1 8 --drafts 2 4 8 \
+    latency)  timeout 200 python3 benchmarks/explore/commit_sweep.py --batches 1 8 --drafts 2 4 8 \
                 --configs 1024/4 4096/4 > "$out/explore_latency.log" 2>&1
               rc=$?; grep -E "op default \||baseline" "$out/explore_latency.log" ;;
     commit)   timeout 200 python3 benchmarks/bench_scatter.py --tree --json "$out/commit.json" > "$out/bench_commit.log" 2>&1

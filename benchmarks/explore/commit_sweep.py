@@ -1,28 +1,27 @@
-"""Exploration (kept as a record): the commit kernel's block size, warps and walk order per layout.
-First written for small batches, where a launch is latency, not bandwidth (issue 4 asks token_major
-for <= 2.5 us at B = 1 and <= 7 us at B = 8, Qwen3-Next TP1, D = 4, bf16); also sweeps long drafts,
-where channel_major windows are gathered from rows of D+K-2 elements per channel. Tries block
-sizes and warps, int64 against int32 per-element offsets, vectorised against
-strided stores, and walking the SOURCE window flat (contiguous, vectorised loads; stores
-scattered with stride K-1) instead of the destination. (Earlier sweeps also had 512/1w, 512/2w,
-1024/2w, 2048/4w, 8192/8w and a rows-fastest grid order: none won; see docs/benchmarks.md.)
+"""The commit kernel's launch choices, swept per layout against the baselines (CUDA-graph replay).
 
-    python benchmarks/explore_small_batch.py                                     (CUDA; B 1 8 64, D 4)
-    python benchmarks/explore_small_batch.py --drafts 16 --batches 64 256 --layouts channel_major
+Per (D, B, layout): the op's default plan; the same kernel with int64 per-element offsets; flat
+against strided stores at each BLOCK/WARPS of --configs; the baseline of the layout (dense flat
+copy, channel_major strided gather); for token_major, walking the SOURCE window flat (contiguous
+loads, stores scattered with stride K-1). Every variant is checked against the op's result.
+Small batches (B = 1, 8) are latency, long drafts gather channel_major windows from rows of D+K-2
+elements per channel: the two places where the launcher's rules were chosen.
+
+    python benchmarks/explore/commit_sweep.py                                   (CUDA; B 1 8 64, D 4)
+    python benchmarks/explore/commit_sweep.py --batches 1 8 --drafts 2 4 8 --configs 1024/4 4096/4
+    python benchmarks/explore/commit_sweep.py --drafts 8 16 --batches 1 8 64 256 --layouts channel_major
 """
 
 import argparse
-
 import os
 import sys
 
 import torch
-import triton
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/common.py
+import common  # noqa: E402  (before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1)
 import sgl_convwin  # noqa: E402
-from bench_scatter import SHAPES, channel_major_strided, dense_flat_copy, graph_time_us, make_problem  # noqa: E402
+from common import SHAPES, channel_major_strided, commit_problem, dense_flat_copy, graph_time_us  # noqa: E402
 from sgl_convwin._kernels import triton_kernels  # noqa: E402
 
 
@@ -51,18 +50,17 @@ def main():
     parser.add_argument("--configs", nargs="+", default=[(1024, 4), (4096, 4), (4096, 8)],
                         type=lambda text: tuple(int(v) for v in text.split("/")), help="BLOCK/WARPS ...")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("needs CUDA")
+    if not common.needs_cuda("this sweep"):
         return 1
-    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    common.print_environment()
+    dtype = common.DTYPES[args.dtype]
     layers, dim = SHAPES[args.shape]
     print(f"commit, {args.shape} ({layers} layers, dim {dim}), K=4, {args.dtype}, graph replay us/launch")
     print("| D | B | windows | variant | us | equal to oracle |")
     print("|---|---|---|---|---|---|")
     cases = [(D, B, layout) for D in args.drafts for B in args.batches for layout in args.layouts]
     for D, B, layout in cases:
-        problem = make_problem(layers, max(B, 8), dim, D, 4, B, dtype, layout, "cuda")
+        problem = commit_problem(layers, max(B, 8), dim, D, 4, B, dtype, layout, "cuda")
         problem[0].zero_()  # every variant starts from a zero state
         want = problem[0].clone()
         sgl_convwin.scatter(want, *problem[1:])

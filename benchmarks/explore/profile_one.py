@@ -2,7 +2,7 @@
 
     ncu --clock-control none --launch-skip 2 --launch-count 1 -k regex:_verify_rows_kernel \\
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \\
-        python3 benchmarks/profile_one.py verify-chain
+        python3 benchmarks/explore/profile_one.py verify-chain
 
 `scripts/gpu_checklist.sh OUT profile` runs every case this way. Shapes: Qwen3-Next TP1 (dim 8192,
 K = 4, bf16); the verify cases are one layer at B = 256, the commit cases 36 layers.
@@ -14,31 +14,25 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/common.py
+import common  # noqa: E402  (before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1)
 import sgl_convwin  # noqa: E402
-from bench_scatter import make_problem  # noqa: E402
-from bench_verify import tree_parents  # noqa: E402
+from common import SHAPES, commit_problem, tree_parents, verify_layer_problem  # noqa: E402
 
 
-def verify_case(num_nodes, topk, batch=256, dim=8192, kernel_size=4):
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    slots = batch
-    buffer = sgl_convwin.alloc_windows(1, slots, dim, num_nodes, kernel_size, device="cuda")
-    state = torch.randn(1, slots, dim, kernel_size - 1, generator=generator, device="cuda").to(torch.bfloat16)
-    x = torch.randn(batch, num_nodes, dim, generator=generator, device="cuda").to(torch.bfloat16)
-    out = torch.empty_like(x)
-    weight = torch.randn(dim, kernel_size, generator=generator, device="cuda").to(torch.bfloat16)
-    bias = torch.randn(dim, generator=generator, device="cuda").to(torch.bfloat16)
-    slots_b = torch.randperm(slots, generator=generator, device="cuda")
-    slots_s = torch.randperm(slots, generator=generator, device="cuda")
-    parents = None if topk is None else torch.tensor([tree_parents(num_nodes, topk)] * batch, device="cuda")
+def verify_case(num_nodes, topk, batch=256):
+    """One verify layer at B = 256 (as many slots as requests), token_major."""
+    dim, kernel_size = SHAPES["qwen3next-tp1"][1], common.KERNEL_SIZE
+    buffer, _, state, x, out, weight, bias, slots_b, slots_s, parents = verify_layer_problem(
+        batch, num_nodes, tree_parents(num_nodes, topk) if topk else None, "token_major", dim, kernel_size)
     return lambda: sgl_convwin.causal_conv1d_verify(
         out, buffer, state, x, weight, bias, slots_b, slots_s, 0, parents, activation="silu")
 
 
 def commit_case(layout, num_draft, batch):
-    problem = make_problem(36, max(batch, 8), 8192, num_draft, 4, batch, torch.bfloat16, layout, "cuda")
+    layers, dim = SHAPES["qwen3next-tp1"]
+    problem = commit_problem(layers, max(batch, 8), dim, num_draft, common.KERNEL_SIZE, batch, torch.bfloat16,
+                             layout, "cuda")
     return lambda: sgl_convwin.scatter(*problem)
 
 
@@ -60,8 +54,7 @@ def main():
     if args.print_kernel:
         print(kernel)
         return 0
-    if not torch.cuda.is_available():
-        print("needs CUDA")
+    if not common.needs_cuda("profiling"):
         return 1
     run = build()
     for _ in range(4):

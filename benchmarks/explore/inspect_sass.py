@@ -7,7 +7,7 @@ thread, shared memory, SASS instruction count, the global loads and stores by wi
 instructions come before the first load (the index loads) and before the first 2-byte load (the
 first bf16 data) -- the latency a one-row launch pays before its data moves.
 
-    python benchmarks/inspect_sass.py
+    python benchmarks/explore/inspect_sass.py
 
 Uses Triton internals (the JIT's binder and _pack_args, written against triton 3.9); the GPU runs
 triton 3.6, whose compiler and ptxas may allocate differently. Timings stay on the GPU
@@ -16,7 +16,7 @@ triton 3.6, whose compiler and ptxas may allocate differently. Timings stay on t
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "0"  # compile real kernels (the explore scripts set 1 without a GPU)
+os.environ["TRITON_INTERPRET"] = "0"  # compile real kernels (common.py would set 1 without a GPU)
 
 import collections  # noqa: E402
 import re  # noqa: E402
@@ -30,8 +30,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource, make_backend  # noqa: E402
 from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # noqa: E402  (benchmarks/common.py)
+import common  # noqa: E402
 import sgl_convwin  # noqa: E402
 from sgl_convwin import ops  # noqa: E402
 from sgl_convwin._kernels import triton_kernels  # noqa: E402
@@ -48,9 +48,7 @@ def compiled_launches(launch):
     kernels = triton_kernels()
     jitted = {obj for module in (kernels.scatter, kernels.scatter_tree, kernels.verify)
               for obj in vars(module).values() if isinstance(obj, triton.runtime.JITFunction)}
-    import bench_scatter
-
-    jitted.add(bench_scatter._channel_major_strided_kernel)
+    jitted.add(common._channel_major_strided_kernel)
     compiled = []
 
     def recorder(fn):
@@ -97,12 +95,10 @@ def sass_summary(kernel) -> dict:
 def commit_cases():
     """(name, launch) for the chain commit: production choices, the forced alternatives and the
     strided baseline."""
-    import bench_scatter
-
     scatter = triton_kernels().scatter
     cases = []
     for layout, draft in (("token_major", 4), ("channel_major", 4), ("channel_major", 16)):
-        problem = bench_scatter.make_problem(L, 8, DIM, draft, K, 1, torch.bfloat16, layout, "cpu")
+        problem = common.commit_problem(L, 8, DIM, draft, K, 1, torch.bfloat16, layout, "cpu")
         tag = f"{layout} D={draft}"
         cases += [
             (f"scatter {tag} (production)", lambda p=problem: ops._scatter_triton(*p)),
@@ -112,25 +108,21 @@ def commit_cases():
         ]
         if layout == "channel_major":
             cases.append((f"baseline channel_major strided D={draft}",
-                          lambda p=problem: bench_scatter.channel_major_strided(*p)))
+                          lambda p=problem: common.channel_major_strided(*p)))
     return cases
 
 
 def tree_commit_cases():
-    import bench_verify
-
     nodes = 8
     rows = torch.zeros(sgl_convwin.physical_shape("token_major", L, 8, DIM, nodes, K), dtype=torch.bfloat16)
     state = torch.zeros(L, 8, DIM, K - 1, dtype=torch.bfloat16)
     slots, accepted = torch.arange(4), torch.full((4,), nodes - 1)
-    parents = torch.tensor([bench_verify.tree_parents(nodes, 3)] * 4)
+    parents = torch.tensor([common.tree_parents(nodes, 3)] * 4)
     return [("scatter_tree N=8 topk 3 (production)",
              lambda: ops._scatter_tree_triton(state, rows, slots, slots, accepted, parents))]
 
 
 def verify_cases():
-    import bench_verify
-
     cases = []
     for name, nodes, topk in (("chain N=4", 4, None), ("tree N=8 topk 3", 8, 3)):
         for layout in ("token_major", "dense"):
@@ -139,7 +131,7 @@ def verify_cases():
             x = torch.zeros(4, nodes, DIM, dtype=torch.bfloat16)
             weight, bias = torch.zeros(DIM, K, dtype=torch.bfloat16), torch.zeros(DIM, dtype=torch.bfloat16)
             slots = torch.arange(4)
-            parents = None if topk is None else torch.tensor([bench_verify.tree_parents(nodes, topk)] * 4)
+            parents = None if topk is None else torch.tensor([common.tree_parents(nodes, topk)] * 4)
             cases.append((f"verify {name} {layout}", lambda a=(torch.empty_like(x), buffer, state, x, weight, bias,
                                                                 slots, slots, 0, parents), lay=layout:
                           ops._causal_conv1d_verify_triton(*a, layout=lay, activation="silu")))
