@@ -1,7 +1,8 @@
 """Block/warps sweep of the gdn_commit replay kernel at a real model shape, against a copy ceiling
-measured in the same run. Prints one table per batch size; the chosen default is marked.
+measured in the same run; one table per batch size. Where the replay launcher's default (64 value
+columns over 2 warps, csrc_triton/gdn_commit.py) comes from.
 
-    python benchmarks/tune_gdn_commit.py [--batches 1 8 64 256] [--draft 4] [--tree]
+    python benchmarks/explore/replay_sweep.py [--batches 1 8 64 256] [--draft 4] [--tree]
 """
 
 from __future__ import annotations
