@@ -443,7 +443,7 @@ def _run_verify(
     sizes = check_capture_args(
         _VERIFY, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
     )
-    check_verify_args(_VERIFY, sizes, out, weight, bias, activation, conv_state.device)
+    out = check_verify_args(_VERIFY, sizes, out, weight, bias, activation, conv_state.device, layer)
     check_no_shared_storages(_VERIFY, "buffer", buffer, conv_state=conv_state, x=x)
     check_no_shared_storages(_VERIFY, "out", out, buffer=buffer, conv_state=conv_state, x=x, weight=weight, bias=bias)
     if should_check_index_values(buffer):
@@ -499,7 +499,7 @@ def _causal_conv1d_verify_fake(
     sizes = check_capture_args(
         _VERIFY, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
     )
-    check_verify_args(_VERIFY, sizes, out, weight, bias, activation, conv_state.device)
+    check_verify_args(_VERIFY, sizes, out, weight, bias, activation, conv_state.device, layer)
 
 
 def causal_conv1d_verify(
@@ -524,7 +524,10 @@ def causal_conv1d_verify(
     ending at n (the committed inputs of conv_state slot state_slots[b], then the drafts on the
     way from the root; weight[:, K-1] multiplies x[b, n] itself). Accumulates in float32.
 
-    out: [B, N, dim] (written in place; any strides, any float dtype). weight: [dim, K];
+    out: every layer's output [L, B, N, dim], of which layer ``layer`` is written (pass it whole,
+        as the buffer: a slice out[layer] of it is a view at a symbolic storage offset under
+        torch.compile(dynamic=True), which Inductor would write at offset 0, so the op refuses it
+        there), or one layer's [B, N, dim]; any strides, any float dtype. weight: [dim, K];
     bias: [dim] or None; activation: None or "silu" ("swish"). Everything else as in
     ``capture``, which this writes bit-identically in the same pass. conv_state is not modified:
     commit the accepted window afterwards with ``scatter`` / ``scatter_tree``. Rows skipped by

@@ -14,6 +14,7 @@ import os
 from typing import Callable, Iterator, NamedTuple
 
 import torch
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from .layout import (
     CACHE_DTYPES,
@@ -136,6 +137,16 @@ def check_writable(op: str, name: str, t: torch.Tensor) -> None:
         raise ValueError(
             f"{op}: {name} requires grad; the ops write it in place and have no derivative, so it "
             f"must not (allocate it with requires_grad=False, or pass {name}.detach())"
+        )
+    offset = t.storage_offset()
+    if type(offset) is not int and not is_concrete_int(offset):
+        # Inductor rebuilds a mutated view from its base and a symbolic storage offset that it
+        # lowers to 0 (pytorch/pytorch#198068): the op would silently write at the base's start.
+        raise ValueError(
+            f"{op}: {name} is a view at a symbolic storage offset ({offset}) inside a graph compiled "
+            f"with dynamic shapes; Inductor would write it at offset 0 of the tensor it was cut "
+            f"from (pytorch/pytorch#198068). Pass the whole tensor instead (the ops take a layer "
+            f"index and slot indices for that), or compile with dynamic=False"
         )
     check_not_inference(op, name, t)
 
@@ -508,8 +519,10 @@ def check_verify_args(
     bias: torch.Tensor | None,
     activation: str | None,
     device: torch.device,
-) -> None:
-    """The arguments causal_conv1d_verify adds to capture's."""
+    layer: int,
+) -> torch.Tensor:
+    """The arguments causal_conv1d_verify adds to capture's; returns the layer's output [B, N, dim]
+    (``out`` itself, or ``out[layer]`` when the whole [L, B, N, dim] output is passed)."""
     for name, value in (("out", out), ("weight", weight)):
         if not isinstance(value, torch.Tensor):
             check_tensor(f"{op}: {name}", value)
@@ -517,8 +530,15 @@ def check_verify_args(
         raise ValueError(f"{op}: activation must be None, 'silu' or 'swish', got {activation!r}")
     kernel_size = sizes.width + 1
     expected_out = (sizes.num_rows, sizes.num_nodes, sizes.dim)
+    written = out  # what the op writes (and the checks below see as a destination)
+    if out.dim() == 4 and out.shape[0] == sizes.num_layers:
+        out = out[layer]
     if out.shape != expected_out:
-        raise ValueError(f"{op}: out must be [B, N, dim] = {list(expected_out)} like x, got shape {tuple(out.shape)}")
+        raise ValueError(
+            f"{op}: out must be [B, N, dim] = {list(expected_out)} like x, or every layer's output "
+            f"[L, B, N, dim] = {[sizes.num_layers, *expected_out]} (layer {layer} is written), got shape "
+            f"{tuple(written.shape)}"
+        )
     if weight.shape != (sizes.dim, kernel_size):
         raise ValueError(
             f"{op}: weight must be [dim, K] = [{sizes.dim}, {kernel_size}] (K-1 = conv_state's "
@@ -536,7 +556,8 @@ def check_verify_args(
             check_cache_dtype(f"{op}: {name}", t)
         if t.device != device:
             raise ValueError(f"{op}: {name} is on {t.device} but conv_state is on {device}")
-    check_writable(op, "out", out)
+    check_writable(op, "out", written)
+    return out
 
 
 def check_capture_index_values(

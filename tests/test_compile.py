@@ -123,12 +123,14 @@ def test_compiled_tree_commit(device, layout, state_layout):
     assert torch.equal(conv_state.cpu(), expected)
 
 
-def verify_step(outs, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, nodes, parents, layout):
-    """A whole speculative step as an engine compiles it: per layer the fused conv (writing that
-    layer's slice of ``outs`` and capturing into the whole buffer), then one commit for all layers."""
+def verify_step(outs, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, nodes, parents, layout,
+                out_slices=False):
+    """A whole speculative step as an engine compiles it: per layer the fused conv (writing layer
+    ``layer`` of the whole ``outs`` and capturing into the whole buffer), then one commit for all
+    layers. ``out_slices``: pass ``outs[layer]`` instead (refused under dynamic shapes)."""
     for layer in range(x.shape[0]):
         sgl_convwin.causal_conv1d_verify(
-            outs[layer], buffer, conv_state, x[layer], weight[layer], bias[layer], buffer_slots, state_slots,
+            outs[layer] if out_slices else outs, buffer, conv_state, x[layer], weight[layer], bias[layer], buffer_slots, state_slots,
             layer, parents, layout=layout, activation="silu",
         )
     if layout == "dense":
@@ -159,13 +161,15 @@ def verify_inputs(device, layout, seed):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
-def test_compiled_verify_step(device, layout):
-    """Compiled == eager bit for bit; the ops run in place: no allocation, no copy, no clone."""
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_verify_step(device, layout, dynamic):
+    """Compiled (dynamic shapes or not) == eager bit for bit; the ops run in place: no allocation,
+    no copy, no clone."""
     torch._dynamo.reset()
     eager = verify_inputs(device, layout, seed=5)
     compiled_args = verify_inputs(device, layout, seed=5)
     verify_step(**eager, layout=layout)
-    compiled = torch.compile(verify_step, fullgraph=True)
+    compiled = torch.compile(verify_step, fullgraph=True, dynamic=dynamic)
     _, codes = run_and_get_code(compiled, **compiled_args, layout=layout)
     code = "\n".join(codes)
     assert code.count("torch.ops.convwin.causal_conv1d_verify.default(") == L
@@ -224,3 +228,44 @@ def test_compiled_replay_step(device, layout, dynamic):
     for name in ("ssm_state", "conv_state", "buffer", "gates"):
         assert torch.equal(compiled_args[name], eager[name]), name
     assert not torch.equal(eager["ssm_state"], before["ssm_state"]), "the commit wrote nothing"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_output_slices_are_right_or_refused(device):
+    """out[layer] slices: right eagerly and with static shapes; with dynamic shapes Inductor would
+    write every slice at offset 0 of outs (pytorch/pytorch#198068), so the op refuses them."""
+    eager = verify_inputs(device, "token_major", seed=6)
+    verify_step(**eager, layout="token_major", out_slices=True)
+    whole = verify_inputs(device, "token_major", seed=6)
+    verify_step(**whole, layout="token_major")
+    assert torch.equal(eager["outs"], whole["outs"]) and eager["outs"][1].any()
+    torch._dynamo.reset()
+    static = verify_inputs(device, "token_major", seed=6)
+    torch.compile(verify_step, fullgraph=True, dynamic=False)(**static, layout="token_major", out_slices=True)
+    assert torch.equal(static["outs"], eager["outs"])
+    torch._dynamo.reset()
+    dynamic = verify_inputs(device, "token_major", seed=6)
+    with pytest.raises(Exception, match="symbolic storage offset"):
+        torch.compile(verify_step, fullgraph=True, dynamic=True)(**dynamic, layout="token_major", out_slices=True)
+
+
+def test_state_slices_are_refused_under_dynamic_shapes():
+    """The same protection for the replay commit's states: a slot-range view of a larger pool at a
+    symbolic offset raises instead of being written at the pool's start."""
+    from support import make_replay
+
+    replay = make_replay(num_slots=6, seed=8)
+    pool = torch.cat([replay.ssm_state[:, :1], replay.ssm_state], dim=1)  # one extra slot in front
+
+    def commit(pool, conv_state):
+        sgl_convwin.gdn_commit(pool[:, 1:], conv_state, *replay.args()[2:], **replay.kwargs)
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="symbolic storage offset"):
+        torch.compile(commit, fullgraph=True, dynamic=True)(pool.clone(), replay.conv_state.clone())
+    torch._dynamo.reset()
+    static_pool, conv_state = pool.clone(), replay.conv_state.clone()
+    torch.compile(commit, fullgraph=True, dynamic=False)(static_pool, conv_state)
+    eager_pool, eager_conv = pool.clone(), replay.conv_state.clone()
+    commit(eager_pool, eager_conv)
+    assert torch.equal(static_pool, eager_pool) and not torch.equal(eager_pool, pool)
