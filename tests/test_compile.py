@@ -269,3 +269,25 @@ def test_state_slices_are_refused_under_dynamic_shapes():
     eager_pool, eager_conv = pool.clone(), replay.conv_state.clone()
     commit(eager_pool, eager_conv)
     assert torch.equal(static_pool, eager_pool) and not torch.equal(eager_pool, pool)
+
+
+def test_cache_verify_into_a_whole_output_compiles_with_dynamic_shapes():
+    """The pattern integration.md recommends, through ConvWindowCache: one [L, B, N, dim] output
+    passed whole, dynamic shapes, equal to eager."""
+    generator = torch.Generator().manual_seed(9)
+    cache = sgl_convwin.ConvWindowCache(L, M, DIM, 4, K, dtype=torch.float32)
+    conv_state = torch.randn(L, N, DIM, K - 1, generator=generator)
+    x = torch.randn(L, 3, 4, DIM, generator=generator)
+    weight = torch.randn(L, DIM, K, generator=generator)
+    slots = torch.tensor([0, 2, -1])
+
+    def step(x):
+        out = torch.zeros(L, 3, 4, DIM)
+        for layer in range(L):
+            cache.causal_conv1d_verify(out, conv_state, x[layer], weight[layer], None, slots, layer)
+        return out
+
+    expected = step(x)
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True, dynamic=True)(x)
+    assert torch.equal(got, expected) and expected[1, 0].any() and not expected[:, 2].any()
