@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan":
         return plan_module.run_plan(args)
     if args.command == "selfcheck":
+        if args.num_draft < 1 or args.kernel_size < 2:
+            parser.error("selfcheck needs --num-draft >= 1 and --kernel-size >= 2 (a conv window holds K-1 >= 1 inputs)")
         ok = selfcheck(args.device, args.num_draft, args.kernel_size, args.seed)
         return 0 if ok else 1
     return 2

@@ -48,3 +48,12 @@ def test_module_entry_point():
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "D=2" in out.stdout
+
+
+@pytest.mark.parametrize("args", [["--kernel-size", "1"], ["--num-draft", "0"]])
+def test_selfcheck_rejects_impossible_sizes_without_a_traceback(args, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["selfcheck", *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--kernel-size >= 2" in err and "Traceback" not in err
