@@ -19,6 +19,7 @@ import common  # before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1
 import sgl_convwin
 from common import host_time_us, markdown_header, markdown_row
 from sgl_convwin import ops
+from sgl_convwin.declare import eager_device
 
 (L, DIM), K = common.SHAPES["qwen3next-tp1"], common.KERNEL_SIZE
 M, N, B = 8, 4, 1
@@ -34,7 +35,7 @@ def main():
     index = torch.zeros(B, dtype=torch.int64)
     noop = lambda *args, **kwargs: None  # noqa: E731
     rows = [
-        ("eager-call test (_eager_device, 5 tensors)", lambda: ops._eager_device(state, windows, index, index, index)),
+        ("eager-call test (eager_device, 5 tensors)", lambda: eager_device(state, windows, index, index, index)),
         ("scatter: checks, no kernel", lambda: ops._run_scatter(noop, state, windows, index, index, index, "dim_major")),
         ("capture: checks, no kernel", lambda: ops._run_capture(noop, buffer, state, x, index, index, 3,
                                                                 "token_major", None, "dim_major")),

@@ -52,6 +52,8 @@ def eager_device(*tensors: torch.Tensor | None) -> str | None:
             # a non-tensor goes to the checks, which name it; a tensor subclass to the dispatcher
             return None if isinstance(t, torch.Tensor) else "invalid"
     first = tensors[0]
+    if first is None:  # the written tensor is never optional
+        return "invalid"
     if first.requires_grad:
         return None
     # (is_cuda / is_cpu: reading .device builds an object, 4x slower on the hot path)

@@ -124,6 +124,10 @@ def window_view(buffer: torch.Tensor, layout: str, num_draft: int, kernel_size: 
     layouts neighbouring windows overlap in K-2 columns, so the view must not be written through
     with different values for the same input. Works for a buffer with any strides and storage
     offset, and inside torch.compile(fullgraph=True) (it is an ``unfold``, a plain view op).
+
+    A tensor does not record its layout: a token_major buffer read as channel_major (or the
+    reverse) is refused only when its shape gives it away; when dim == D+K-2 it is read transposed,
+    silently. Keep the layout with the buffer (``ConvWindowCache`` does).
     """
     check_layout(layout)
     if not isinstance(buffer, torch.Tensor):

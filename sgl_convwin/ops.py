@@ -159,9 +159,15 @@ def _scatter_fake(conv_state, windows, dst_slots, src_slots, steps, *, state_lay
     check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
 
 
-def _eager_device(*tensors: torch.Tensor) -> str | None:
+def _eager_device(op: str, names: tuple[str, ...], *tensors: torch.Tensor) -> str | None:
+    """declare.eager_device, with a TypeError naming a non-tensor argument (the dispatcher's
+    schema error would come first otherwise)."""
     device = eager_device(*tensors)
-    return None if device == "invalid" else device  # non-tensors: the op's own type errors
+    if device == "invalid":
+        for name, t in zip(names, tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    return device
 
 
 def scatter(
@@ -190,7 +196,8 @@ def scatter(
     and repeat only the per-tensor checks for a signature already seen (see _EAGER_SCATTER),
     launching the compiled kernel directly.
     """
-    device = _eager_device(conv_state, windows, dst_slots, src_slots, steps)
+    device = _eager_device(_SCATTER_OP, ("conv_state", "windows", "dst_slots", "src_slots", "steps"),
+                           conv_state, windows, dst_slots, src_slots, steps)
     if device is None:
         torch.ops.convwin.scatter(
             conv_state, windows, dst_slots, src_slots, steps, state_layout=state_layout
@@ -310,7 +317,8 @@ def scatter_tree(
     state_layout as in ``scatter``. Same as ``torch.ops.convwin.scatter_tree``; eager calls take
     the same fast path as ``scatter``'s (see _EAGER_SCATTER_TREE).
     """
-    device = _eager_device(conv_state, rows, dst_slots, src_slots, nodes, parents)
+    device = _eager_device(_SCATTER_TREE_OP, ("conv_state", "rows", "dst_slots", "src_slots", "nodes", "parents"),
+                           conv_state, rows, dst_slots, src_slots, nodes, parents)
     if device is None:
         torch.ops.convwin.scatter_tree(
             conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout=state_layout
@@ -425,7 +433,8 @@ def capture(
     Commit later with ``scatter(conv_state, window_view(buffer, ...), ...)`` for chains or
     ``scatter_tree(conv_state, rows, ...)`` for trees. Same as ``torch.ops.convwin.capture``.
     """
-    device = _eager_device(buffer, conv_state, x, buffer_slots, state_slots)
+    device = _eager_device(_CAPTURE, ("buffer", "conv_state", "x", "buffer_slots", "state_slots"),
+                           buffer, conv_state, x, buffer_slots, state_slots)
     if device is not None and (parents is None or type(parents) in _PLAIN_TENSORS):
         kernel = cpu.capture_cpu if device == "cpu" else triton_kernels().launch_capture
         _run_capture(kernel, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout)
@@ -534,7 +543,8 @@ def causal_conv1d_verify(
     capture write no output either (out keeps its values there), and so do nodes with a bad
     parent link. Same as ``torch.ops.convwin.causal_conv1d_verify``.
     """
-    device = _eager_device(out, buffer, conv_state, x, weight, buffer_slots, state_slots)
+    device = _eager_device(_VERIFY, ("out", "buffer", "conv_state", "x", "weight", "buffer_slots", "state_slots"),
+                           out, buffer, conv_state, x, weight, buffer_slots, state_slots)
     if device is not None and all(t is None or type(t) in _PLAIN_TENSORS for t in (bias, parents)):
         kernel = cpu.causal_conv1d_verify_cpu if device == "cpu" else triton_kernels().launch_causal_conv1d_verify
         _run_verify(

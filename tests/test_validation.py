@@ -293,3 +293,19 @@ def test_state_that_cannot_be_written_in_place(impl):
     with torch.inference_mode():
         impl.scatter(**dict(args, conv_state=inference))
     assert inference.any()
+
+
+@pytest.mark.parametrize("bad", [None, [1, 2], 3.0])
+def test_public_functions_raise_type_error_for_any_non_tensor(bad):
+    """Not only None: a list or a number in a tensor argument is a TypeError naming it, before
+    the dispatcher sees it."""
+    buffer = sgl_convwin.alloc_windows(1, 2, 4, 2, 4)
+    index = torch.tensor([0])
+    with pytest.raises(TypeError, match="convwin.scatter: conv_state must be a torch.Tensor"):
+        sgl_convwin.scatter(bad, sgl_convwin.window_view(buffer, "token_major", 2, 4), index, index, index)
+    with pytest.raises(TypeError, match="convwin.capture: x must be a torch.Tensor"):
+        sgl_convwin.capture(buffer, torch.zeros(1, 2, 4, 3), bad, index, index, 0)
+    with pytest.raises(TypeError, match="convwin.gdn_commit: .* must be a torch.Tensor"):
+        sgl_convwin.gdn_commit(bad, torch.zeros(1, 2, 4, 3), buffer, torch.zeros(1, 2, 2, 2, 1),
+                               torch.zeros(1, 4, 4), index, index, index,
+                               num_k_heads=1, head_k_dim=1, num_v_heads=1, head_v_dim=2)
