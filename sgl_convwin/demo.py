@@ -41,6 +41,22 @@ def on_grid(t: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.round(t / GRID) * GRID, -LIMIT, LIMIT)
 
 
+def seeded_weights(seed: int):
+    """weight(*shape, scale): seeded normal draws, one generator per model."""
+    g = torch.Generator().manual_seed(seed)
+    return lambda *shape, scale: torch.randn(*shape, generator=g) * scale
+
+
+def set_weights(model, params: dict, seed: int, noise: float, device) -> None:
+    """Put ``params`` on the grid as the model's attributes; a drafter (noise > 0) is the same
+    model, perturbed."""
+    if noise:
+        noise_g = torch.Generator().manual_seed(seed + 1)
+        params = {k: v + noise * torch.randn(v.shape, generator=noise_g) for k, v in params.items()}
+    for name, value in params.items():
+        setattr(model, name, on_grid(value).to(device))
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab: int = 64
@@ -54,11 +70,8 @@ class TinyHybridLM:
     """Weights on the grid; ``step`` decodes one token per request, ``verify`` a tree of them."""
 
     def __init__(self, config: ModelConfig, seed: int, device: torch.device, noise: float = 0.0):
-        g = torch.Generator().manual_seed(seed)
         c = config
-
-        def weight(*shape, scale):
-            return torch.randn(*shape, generator=g) * scale
+        weight = seeded_weights(seed)
 
         params = dict(
             embed=weight(c.vocab, c.d_model, scale=1.0),
@@ -69,12 +82,8 @@ class TinyHybridLM:
             w_out=weight(c.layers, c.conv_dim, c.d_model, scale=c.conv_dim**-0.5),
             head=weight(c.d_model, c.vocab, scale=c.d_model**-0.5),
         )
-        if noise:  # the drafter: the same model, perturbed
-            noise_g = torch.Generator().manual_seed(seed + 1)
-            params = {k: v + noise * torch.randn(v.shape, generator=noise_g) for k, v in params.items()}
         self.config = config
-        for name, value in params.items():
-            setattr(self, name, on_grid(value).to(device))
+        set_weights(self, params, seed, noise, device)
 
     def new_states(self, batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero conv state [L, B, C, K-1] and recurrent state [L, B, C] for ``step``."""
@@ -186,11 +195,8 @@ class TinyGDNLM:
     """The Gated DeltaNet model: ``step`` decodes one token per request, ``verify`` a tree."""
 
     def __init__(self, config: GDNConfig, seed: int, device: torch.device, noise: float = 0.0):
-        g = torch.Generator().manual_seed(seed)
         c = config
-
-        def weight(*shape, scale):
-            return torch.randn(*shape, generator=g) * scale
+        weight = seeded_weights(seed)
 
         params = dict(
             embed=weight(c.vocab, c.d_model, scale=1.0),
@@ -204,12 +210,8 @@ class TinyGDNLM:
             w_out=weight(c.layers, c.num_v_heads * c.head_v_dim, c.d_model, scale=0.5),
             head=weight(c.d_model, c.vocab, scale=c.d_model**-0.5),
         )
-        if noise:  # the drafter: the same model, perturbed
-            noise_g = torch.Generator().manual_seed(seed + 1)
-            params = {k: v + noise * torch.randn(v.shape, generator=noise_g) for k, v in params.items()}
         self.config = config
-        for name, value in params.items():
-            setattr(self, name, on_grid(value).to(device))
+        set_weights(self, params, seed, noise, device)
 
     def new_states(self, batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         """Zero conv state [L, B, conv_dim, K-1] and recurrent state [L, B, Hv, dk, dv]."""

@@ -339,6 +339,16 @@ def check_scatter_tree_args(
     return ScatterTreeSizes(num_layers, num_state_slots, dim, width, num_src_slots, num_nodes, num_rows)
 
 
+def check_parent_links(op: str, row: int, links: list[int]) -> None:
+    """Checked mode: every parent link of one row lies in [-1, n-1] (else an IndexError naming it)."""
+    for node, parent in enumerate(links):
+        if not -1 <= parent < node:
+            raise IndexError(
+                f"{op}: parents[{row}, {node}] = {parent}; a node's parent must be an earlier node "
+                f"(0..{node - 1}) or -1 for the committed history"
+            )
+
+
 def _check_active_rows(
     op: str,
     source: str,
@@ -408,12 +418,7 @@ def check_scatter_tree_index_values(
     links = parents.tolist()
 
     def check_links(row: int) -> None:
-        for node, parent in enumerate(links[row]):
-            if not -1 <= parent < node:
-                raise IndexError(
-                    f"{_SCATTER_TREE}: parents[{row}, {node}] = {parent}; a node's parent must be "
-                    f"an earlier node (0..{node - 1}) or -1 for the committed history"
-                )
+        check_parent_links(_SCATTER_TREE, row, links[row])
 
     _check_active_rows(
         _SCATTER_TREE, "rows", sizes.num_state_slots, sizes.num_src_slots,
@@ -588,12 +593,7 @@ def check_capture_index_values(
                 f"negative to skip the row)"
             )
         if links is not None:
-            for node, parent in enumerate(links[row]):
-                if not -1 <= parent < node:
-                    raise IndexError(
-                        f"{op}: parents[{row}, {node}] = {parent}; a node's parent must be an "
-                        f"earlier node (0..{node - 1}) or -1 for the committed history"
-                    )
+            check_parent_links(op, row, links[row])
         if dst[row] in written_by:
             raise IndexError(
                 f"{op}: rows {written_by[dst[row]]} and {row} both write buffer slot {dst[row]}; "
@@ -781,12 +781,7 @@ def check_replay_index_values(op: str, sizes: ReplaySizes, dst_slots, src_slots,
     links = None if parents is None else parents.tolist()
 
     def check_links(row: int) -> None:
-        for node, parent in enumerate(links[row]):
-            if not -1 <= parent < node:
-                raise IndexError(
-                    f"{op}: parents[{row}, {node}] = {parent}; a node's parent must be an earlier node "
-                    f"(0..{node - 1}) or -1 for the committed history"
-                )
+        check_parent_links(op, row, links[row])
 
     _check_active_rows(
         op, "buffer", sizes.num_state_slots, sizes.num_src_slots, dst_slots, src_slots, "steps", steps,
