@@ -4,7 +4,9 @@ Launchers take tensors that the caller has already validated, read every stride,
 they never allocate, never read device memory on the host and hold no torch.library code.
 """
 
-from .gdn_commit import launch_capture_gates, launch_gdn_commit, launch_path_window
+from .gdn_commit import launch_gdn_commit
+from .mamba2_commit import launch_mamba2_commit
+from .replay import launch_capture_gates, launch_path_window
 from .scatter import launch_scatter, planned_scatter
 from .scatter_tree import launch_scatter_tree, planned_scatter_tree
 from .verify import launch_capture, launch_causal_conv1d_verify
@@ -12,6 +14,7 @@ from .verify import launch_capture, launch_causal_conv1d_verify
 __all__ = [
     "launch_capture_gates",
     "launch_gdn_commit",
+    "launch_mamba2_commit",
     "launch_path_window",
     "launch_capture",
     "launch_causal_conv1d_verify",

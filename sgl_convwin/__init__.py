@@ -21,7 +21,7 @@ from .layout import (
 )
 from .cache import ConvWindowCache
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
-from .ops_replay import alloc_gates, capture_gates, gdn_commit
+from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
 from .validation import index_checks, index_checks_enabled, set_index_checks
 
 __version__ = "0.1.0"
@@ -45,6 +45,7 @@ __all__ = [
     "gdn_commit",
     "index_checks",
     "index_checks_enabled",
+    "mamba2_commit",
     "physical_nbytes",
     "physical_shape",
     "scatter",

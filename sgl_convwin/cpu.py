@@ -197,51 +197,37 @@ def _accepted_paths(steps, parents, num_nodes):
     return up.gather(1, flipped), length, links_ok
 
 
-def gdn_commit_cpu(
-    ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents,
-    *, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm,
-):
-    """ssm [L, N_state, Hv, dk, dv], conv [L, N_state, dim, K-1] (any strides), in place."""
-    num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
-    num_src_slots, num_nodes = tokens.shape[1], tokens.shape[2]
+def _replay_rows(dst_slots, src_slots, steps, parents, num_state_slots, num_src_slots, num_nodes):
+    """The rows a replay commit writes -- (dst, src, paths [R, N], lengths [R]) -- or None."""
     dst, src, step = dst_slots.long(), src_slots.long(), steps.long()
     paths, lengths, links_ok = _accepted_paths(step, parents, num_nodes)
     active = _rows_in_range(step, num_nodes, dst, num_state_slots, src, num_src_slots) & links_ok
     rows = active.nonzero().squeeze(1)
     if rows.numel() == 0:
-        return
-    dst, src, paths, lengths = dst[rows], src[rows], paths[rows], lengths[rows]
-    width = conv.shape[3]
-    key_width = num_k_heads * head_k_dim
-    ratio = num_v_heads // num_k_heads
+        return None
+    return dst[rows], src[rows], paths[rows], lengths[rows]
 
+
+def _path_conv_outputs(conv, tokens, weight, bias, dst, src, paths, lengths):
+    """For each path position j: (j, live [1, R], node [R], c [L, R, dim]), c = silu of the causal
+    conv of path token j in float32 (inputs before the path from conv [L, N_state, dim, K-1])."""
+    width = conv.shape[3]
     window = conv[:, dst].float()  # [L, R, dim, K-1]: the K-1 newest inputs, oldest first
-    state = ssm[:, dst].float()  # [L, R, Hv, dk, dv]
     taps = weight.float()[:, None]  # [L, 1, dim, K]
-    for j in range(num_nodes):
-        live = (j < lengths)[None, :]  # [1, R]
+    for j in range(tokens.shape[2]):
+        live = (j < lengths)[None, :]
         node = paths[:, j]
         x = tokens[:, src, node].float()  # [L, R, dim]
         y = (window * taps[..., :width]).sum(-1) + x * taps[..., width]
         if bias is not None:
             y = y + bias.float()[:, None]
-        c = torch.nn.functional.silu(y)
-        k = c[..., key_width: 2 * key_width].unflatten(-1, (num_k_heads, head_k_dim))
-        if use_qk_l2norm:
-            k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
-        k = k.repeat_interleave(ratio, dim=2)  # [L, R, Hv, dk]: value head h reads key head h // ratio
-        v = c[..., 2 * key_width:].unflatten(-1, (num_v_heads, head_v_dim))
-        g = gates[:, src, node, 0].float()[..., None, None]  # [L, R, Hv, 1, 1]
-        beta = gates[:, src, node, 1].float()[..., None]  # [L, R, Hv, 1]
-        decayed = state * torch.exp(g)
-        u = beta * (v - (decayed * k[..., None]).sum(-2))
-        updated = decayed + k[..., None] * u[..., None, :]
-        state = torch.where(live[..., None, None, None], updated, state)
-        shifted = torch.cat([window[..., 1:], x[..., None]], dim=-1)
-        window = torch.where(live[..., None, None], shifted, window)
-    ssm[:, dst] = state.to(ssm.dtype)
+        yield j, live, node, torch.nn.functional.silu(y)
+        window = torch.where(live[..., None, None], torch.cat([window[..., 1:], x[..., None]], dim=-1), window)
 
-    # The new conv window: the last K-1 inputs of the path, from the buffer (no arithmetic).
+
+def _commit_path_windows(conv, tokens, history, dst, src, paths, lengths):
+    """conv[:, dst] = the last K-1 inputs of each path, from the buffer (no arithmetic)."""
+    width = conv.shape[3]
     columns = []
     for col in range(width):
         position = lengths - width + col  # [R]; < 0: history column width-1+position
@@ -255,3 +241,54 @@ def gdn_commit_cpu(
         else:
             columns.append(from_token)
     conv[:, dst] = torch.stack(columns, dim=-1).to(conv.dtype)
+
+
+def gdn_commit_cpu(
+    ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents,
+    *, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm,
+):
+    """ssm [L, N_state, Hv, dk, dv], conv [L, N_state, dim, K-1] (any strides), in place."""
+    replayed = _replay_rows(dst_slots, src_slots, steps, parents, ssm.shape[1], tokens.shape[1], tokens.shape[2])
+    if replayed is None:
+        return
+    dst, src, paths, lengths = replayed
+    key_width = num_k_heads * head_k_dim
+    ratio = num_v_heads // num_k_heads
+    state = ssm[:, dst].float()  # [L, R, Hv, dk, dv]
+    for _, live, node, c in _path_conv_outputs(conv, tokens, weight, bias, dst, src, paths, lengths):
+        k = c[..., key_width: 2 * key_width].unflatten(-1, (num_k_heads, head_k_dim))
+        if use_qk_l2norm:
+            k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        k = k.repeat_interleave(ratio, dim=2)  # [L, R, Hv, dk]: value head h reads key head h // ratio
+        v = c[..., 2 * key_width:].unflatten(-1, (num_v_heads, head_v_dim))
+        g = gates[:, src, node, 0].float()[..., None, None]  # [L, R, Hv, 1, 1]
+        beta = gates[:, src, node, 1].float()[..., None]  # [L, R, Hv, 1]
+        decayed = state * torch.exp(g)
+        u = beta * (v - (decayed * k[..., None]).sum(-2))
+        updated = decayed + k[..., None] * u[..., None, :]
+        state = torch.where(live[..., None, None, None], updated, state)
+    ssm[:, dst] = state.to(ssm.dtype)
+    _commit_path_windows(conv, tokens, history, dst, src, paths, lengths)
+
+
+def mamba2_commit_cpu(
+    ssm, conv, tokens, history, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
+    *, num_heads, head_dim, n_groups, d_state,
+):
+    """ssm [L, N_state, H, P, Ns], conv [L, N_state, dim, K-1] (any strides), in place."""
+    replayed = _replay_rows(dst_slots, src_slots, steps, parents, ssm.shape[1], tokens.shape[1], tokens.shape[2])
+    if replayed is None:
+        return
+    dst, src, paths, lengths = replayed
+    x_width = num_heads * head_dim
+    state = ssm[:, dst].float()  # [L, R, H, P, Ns]
+    rate = a.float()[:, None, :, None, None]  # [L, 1, H, 1, 1]
+    for _, live, node, c in _path_conv_outputs(conv, tokens, weight, bias, dst, src, paths, lengths):
+        x = c[..., :x_width].unflatten(-1, (num_heads, head_dim))  # [L, R, H, P]
+        b = c[..., x_width: x_width + n_groups * d_state].unflatten(-1, (n_groups, d_state))
+        b = b.repeat_interleave(num_heads // n_groups, dim=2)  # [L, R, H, Ns]: head h reads group h // (H/G)
+        dt = gates[:, src, node, 0].float()[..., None, None]  # [L, R, H, 1, 1]
+        updated = torch.exp(dt * rate) * state + (dt * x[..., None]) * b[..., None, :]
+        state = torch.where(live[..., None, None, None], updated, state)
+    ssm[:, dst] = state.to(ssm.dtype)
+    _commit_path_windows(conv, tokens, history, dst, src, paths, lengths)

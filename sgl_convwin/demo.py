@@ -417,7 +417,6 @@ class DecodeResult:
 
 def speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, topk, device, progress=None):
     """Speculative decoding of every prompt to ``new_tokens`` tokens with one cache layout."""
-    c = target.config
     B = len(prompts)
     tree = topk > 1
     parents_list = tree_parents(num_nodes, topk)

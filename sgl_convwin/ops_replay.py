@@ -1,8 +1,8 @@
-"""The replay-commit operators: commit a Gated DeltaNet layer's whole speculative state -- the
-recurrent state and the conv window -- by replaying the accepted path from the conv-input buffer
-that ``capture`` / ``causal_conv1d_verify`` fill, plus the per-token gates it needs. No state
-snapshots: per draft token a layer keeps its conv input (one buffer row) and two scalars per
-value head (``alloc_gates``).
+"""The replay-commit operators: commit a Gated DeltaNet or Mamba2 layer's whole speculative state
+-- the recurrent state and the conv window -- by replaying the accepted path from the conv-input
+buffer that ``capture`` / ``causal_conv1d_verify`` fill, plus the per-token gates it needs. No
+state snapshots: per draft token a layer keeps its conv input (one buffer row) and, per head, two
+scalars (GDN: g, beta) or one (Mamba2: dt) (``alloc_gates``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from .validation import (
     check_capture_gates_args,
     check_capture_gates_index_values,
     check_gdn_commit_args,
+    check_mamba2_commit_args,
     check_no_shared_storages,
     check_replay_index_values,
     check_replay_storages,
@@ -179,4 +180,67 @@ def gdn_commit(
     is out of range, or its path meets a parent link outside [-1, n-1]; ``index_checks()`` turns
     out-of-range values into an IndexError (host sync, for debugging). Two launches (the replay,
     then the windows), no sync, no allocation. Same as ``torch.ops.convwin.gdn_commit``.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# mamba2_commit: the same for Mamba2 layers
+# ---------------------------------------------------------------------------------------------
+
+_MAMBA2_COMMIT = "convwin.mamba2_commit"
+
+
+def _prepare_mamba2_commit(
+    real, ssm_state, conv_state, buffer, gates, conv_weight, A, dst_slots, src_slots, steps, parents, conv_bias,
+    layout, num_heads, head_dim, n_groups, d_state, state_layout,
+):
+    sizes = check_mamba2_commit_args(
+        ssm_state, conv_state, buffer, gates, conv_weight, A, dst_slots, src_slots, steps, parents, conv_bias,
+        layout, num_heads, head_dim, n_groups, d_state, state_layout,
+    )
+    if real:
+        check_replay_storages(_MAMBA2_COMMIT, ssm_state, conv_state, buffer, gates, conv_weight, conv_bias, A)
+        if should_check_index_values(ssm_state):
+            check_replay_index_values(_MAMBA2_COMMIT, sizes, dst_slots, src_slots, steps, parents)
+    tokens, history = token_views(buffer, layout, sizes.width + 1)
+    conv = conv_state.transpose(2, 3) if state_layout == WINDOW_MAJOR else conv_state
+    args = (ssm_state, conv, tokens, history, gates, conv_weight, conv_bias, A, dst_slots, src_slots, steps, parents)
+    return args, dict(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state)
+
+
+@declare_op(mutates=("ssm_state", "conv_state"), prepare=_prepare_mamba2_commit, cpu=cpu.mamba2_commit_cpu,
+            cuda="launch_mamba2_commit")
+def mamba2_commit(
+    ssm_state: torch.Tensor,
+    conv_state: torch.Tensor,
+    buffer: torch.Tensor,
+    gates: torch.Tensor,
+    conv_weight: torch.Tensor,
+    A: torch.Tensor,
+    dst_slots: torch.Tensor,
+    src_slots: torch.Tensor,
+    steps: torch.Tensor,
+    parents: torch.Tensor | None = None,
+    *,
+    layout: str = DEFAULT_LAYOUT,
+    num_heads: int,
+    head_dim: int,
+    n_groups: int,
+    d_state: int,
+    conv_bias: torch.Tensor | None = None,
+    state_layout: str = DIM_MAJOR,
+) -> None:
+    """Commit the accepted draft tokens of every request into a Mamba2 layer's state -- recurrent
+    state and conv window -- for all layers, in place, with no snapshots.
+
+    As ``gdn_commit``, with the Mamba2 recurrence: per path token, c = silu(conv_bias + conv) over
+    the K inputs ending at it, x = c[:H*P] as [H, P], B = c[H*P : H*P + G*Ns] as [G, Ns]; head h
+    (group h // (H // G)) with the token's dt: ``h_state = exp(dt * A[h]) * h_state + (dt * x[h]) B^T``.
+
+    ssm_state: [L, N_state, H, P, Ns], float32 or bfloat16, any strides. conv_state: [L, N_state,
+        dim, K-1] (or window-major), dim = H*P + 2*G*Ns (x, B, C). gates: [L, M, D, 1, H] from
+        ``alloc_gates(..., num_gates=1)``: dt as the model uses it (after softplus(dt + dt_bias) and
+        its limits). A: [L, H], the negative per-head rate (-exp(A_log)). conv_weight: [L, dim, K];
+        conv_bias: [L, dim] or None. Everything else -- buffer, indices, parents, skip rules,
+        checked mode, errors, two launches -- as ``gdn_commit``. Same as ``torch.ops.convwin.mamba2_commit``.
     """

@@ -359,6 +359,55 @@ def _buffer_history(buffer, layout, layer, slot, root, column):
     return buffer[layer, slot, root, :, column]  # the root's window starts with the history
 
 
+def _replayed_rows(steps, dst_slots, src_slots, parents, num_state_slots, num_src_slots, num_nodes):
+    """(dst, src, accepted path) of every row a replay commit writes, in row order."""
+    rows = []
+    for row in range(steps.shape[0]):
+        step, dst, src = int(steps[row]), int(dst_slots[row]), int(src_slots[row])
+        if step < 0 or dst < 0:
+            continue
+        if step >= num_nodes or dst >= num_state_slots or not 0 <= src < num_src_slots:
+            continue
+        path = accepted_path(step, None if parents is None else parents[row].tolist())
+        if path is not None:
+            rows.append((dst, src, path))
+    return rows
+
+
+def _path_conv_outputs(conv, buffer, layout, weight, bias, layer, dst, src, path, state_layout):
+    """silu(bias + sum_k w[:, k] * input k) of every path token in float64: the K inputs ending at
+    the token are the committed ones (from conv_state), then the path's (from the buffer)."""
+    kernel_size = weight.shape[2]
+    if state_layout == "dim_major":
+        committed = [conv[layer, dst, :, col].double() for col in range(kernel_size - 1)]
+    else:
+        committed = [conv[layer, dst, col, :].double() for col in range(kernel_size - 1)]
+    inputs = committed + [_buffer_input(buffer, layout, layer, src, node, kernel_size).double() for node in path]
+    outputs = []
+    for j in range(len(path)):
+        window = inputs[j: j + kernel_size]  # the K inputs ending at path token j
+        y = torch.zeros_like(window[0]) if bias is None else bias[layer].clone()
+        for tap in range(kernel_size):
+            y = y + weight[layer, :, tap] * window[tap]
+        outputs.append(y / (1 + torch.exp(-y)))
+    return outputs
+
+
+def _write_path_window(expected_conv, buffer, layout, layer, src, dst, path, kernel_size, state_layout):
+    """The last K-1 inputs of the path, read from the buffer as scatter / scatter_tree would."""
+    root, length, width = path[0], len(path), kernel_size - 1
+    for col in range(width):
+        position = length - width + col
+        if position >= 0:
+            value = _buffer_input(buffer, layout, layer, src, path[position], kernel_size)
+        else:
+            value = _buffer_history(buffer, layout, layer, src, root, width - 1 + position)
+        if state_layout == "dim_major":
+            expected_conv[layer, dst, :, col] = value.to(expected_conv.dtype)
+        else:
+            expected_conv[layer, dst, col, :] = value.to(expected_conv.dtype)
+
+
 def gdn_commit_reference(
     ssm_state, conv_state, buffer, gates, conv_weight, dst_slots, src_slots, steps, parents=None, *,
     layout, num_k_heads, head_k_dim, num_v_heads, head_v_dim, conv_bias=None, use_qk_l2norm=True,
@@ -380,37 +429,14 @@ def gdn_commit_reference(
     bias = None if conv_bias is None else conv_bias.cpu().double()
     expected_ssm = ssm.double().clone()
     expected_conv = conv.clone()
-    num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
-    num_src_slots, num_nodes = gates.shape[1], gates.shape[2]
-    kernel_size = weight.shape[2]
     key_width = num_k_heads * head_k_dim
     ratio = num_v_heads // num_k_heads
-    written = set()
-    for row in range(steps.shape[0]):
-        step, dst, src = int(steps[row]), int(dst_slots[row]), int(src_slots[row])
-        if step < 0 or dst < 0:
-            continue
-        if step >= num_nodes or dst >= num_state_slots or not 0 <= src < num_src_slots:
-            continue
-        path = accepted_path(step, None if parents is None else parents[row].tolist())
-        if path is None:
-            continue
-        written.add(dst)
-        for layer in range(num_layers):
-            if state_layout == "dim_major":
-                committed = [conv[layer, dst, :, col].double() for col in range(kernel_size - 1)]
-            else:
-                committed = [conv[layer, dst, col, :].double() for col in range(kernel_size - 1)]
-            inputs = committed + [
-                _buffer_input(buffer, layout, layer, src, node, kernel_size).double() for node in path
-            ]
+    rows = _replayed_rows(steps, dst_slots, src_slots, parents, ssm.shape[1], gates.shape[1], gates.shape[2])
+    for dst, src, path in rows:
+        for layer in range(ssm.shape[0]):
+            outputs = _path_conv_outputs(conv, buffer, layout, weight, bias, layer, dst, src, path, state_layout)
             state = expected_ssm[layer, dst]  # [Hv, dk, dv], updated in place
-            for j, node in enumerate(path):
-                window = inputs[j: j + kernel_size]  # the K inputs ending at path token j
-                y = torch.zeros_like(window[0]) if bias is None else bias[layer].clone()
-                for tap in range(kernel_size):
-                    y = y + weight[layer, :, tap] * window[tap]
-                c = y / (1 + torch.exp(-y))
+            for node, c in zip(path, outputs):
                 for head in range(num_v_heads):
                     k_head = head // ratio
                     k = c[key_width + k_head * head_k_dim: key_width + (k_head + 1) * head_k_dim]
@@ -423,15 +449,38 @@ def gdn_commit_reference(
                     state[head] = state[head] * torch.exp(g)
                     u = beta * (v - state[head].t() @ k)
                     state[head] = state[head] + torch.outer(k, u)
-            root, length, width = path[0], len(path), kernel_size - 1
-            for col in range(width):
-                position = length - width + col
-                if position >= 0:
-                    value = _buffer_input(buffer, layout, layer, src, path[position], kernel_size)
-                else:
-                    value = _buffer_history(buffer, layout, layer, src, root, width - 1 + position)
-                if state_layout == "dim_major":
-                    expected_conv[layer, dst, :, col] = value.to(conv.dtype)
-                else:
-                    expected_conv[layer, dst, col, :] = value.to(conv.dtype)
-    return expected_ssm, expected_conv, written
+            _write_path_window(expected_conv, buffer, layout, layer, src, dst, path, weight.shape[2], state_layout)
+    return expected_ssm, expected_conv, {dst for dst, _, _ in rows}
+
+
+def mamba2_commit_reference(
+    ssm_state, conv_state, buffer, gates, conv_weight, A, dst_slots, src_slots, steps, parents=None, *,
+    layout, num_heads, head_dim, n_groups, d_state, conv_bias=None, state_layout="dim_major",
+):
+    """What convwin.mamba2_commit must leave behind, as gdn_commit_reference returns it.
+
+    Token by token in float64 along each accepted path: c = silu(bias + conv), x = c[:H*P] as
+    [H, P], B = c[H*P : H*P + G*Ns] as [G, Ns]; per head h (group h // (H / G)) with the token's
+    dt: h_state = exp(dt * A[h]) * h_state + (dt * x[h]) B[group]^T.
+    """
+    ssm, conv = ssm_state.cpu(), conv_state.cpu()
+    buffer, gates, rates = buffer.cpu(), gates.cpu(), A.cpu().double()
+    weight = conv_weight.cpu().double()
+    bias = None if conv_bias is None else conv_bias.cpu().double()
+    expected_ssm = ssm.double().clone()
+    expected_conv = conv.clone()
+    heads_per_group = num_heads // n_groups
+    rows = _replayed_rows(steps, dst_slots, src_slots, parents, ssm.shape[1], gates.shape[1], gates.shape[2])
+    for dst, src, path in rows:
+        for layer in range(ssm.shape[0]):
+            outputs = _path_conv_outputs(conv, buffer, layout, weight, bias, layer, dst, src, path, state_layout)
+            state = expected_ssm[layer, dst]  # [H, P, Ns], updated in place
+            for node, c in zip(path, outputs):
+                for head in range(num_heads):
+                    x = c[head * head_dim: (head + 1) * head_dim]
+                    b_start = num_heads * head_dim + (head // heads_per_group) * d_state
+                    b = c[b_start: b_start + d_state]
+                    dt = gates[layer, src, node, 0, head].double()
+                    state[head] = torch.exp(dt * rates[layer, head]) * state[head] + torch.outer(dt * x, b)
+            _write_path_window(expected_conv, buffer, layout, layer, src, dst, path, weight.shape[2], state_layout)
+    return expected_ssm, expected_conv, {dst for dst, _, _ in rows}

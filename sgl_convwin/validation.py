@@ -608,6 +608,7 @@ def check_capture_index_values(
 
 _CAPTURE_GATES = "convwin.capture_gates"
 _GDN_COMMIT = "convwin.gdn_commit"
+_MAMBA2_COMMIT = "convwin.mamba2_commit"
 
 
 def _check_float(op: str, name: str, t: torch.Tensor, device: torch.device) -> None:
@@ -702,6 +703,50 @@ def check_gdn_commit_args(
 ) -> ReplaySizes:
     """Validate a gdn_commit call (see ops_replay.gdn_commit) and return its sizes."""
     op = _GDN_COMMIT
+    _check_positive_ints(op, num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads,
+                         head_v_dim=head_v_dim)
+    if num_v_heads % num_k_heads:
+        raise ValueError(f"{op}: num_v_heads ({num_v_heads}) must be a multiple of num_k_heads ({num_k_heads})")
+    return _check_replay_args(
+        op, ssm_state, conv_state, buffer, gates, conv_weight, dst_slots, src_slots, steps, parents, conv_bias,
+        layout, state_layout, mixer_dim=(2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim,
+                                         "2*num_k_heads*head_k_dim + num_v_heads*head_v_dim (q, k, v)"),
+        state_tail=((num_v_heads, head_k_dim, head_v_dim), "[L, N, Hv, dk, dv]"),
+        gates_tail=((2, num_v_heads), "[L, M, D, 2, Hv]"),
+    )
+
+
+def check_mamba2_commit_args(
+    ssm_state, conv_state, buffer, gates, conv_weight, A, dst_slots, src_slots, steps, parents, conv_bias,
+    layout, num_heads, head_dim, n_groups, d_state, state_layout,
+) -> ReplaySizes:
+    """Validate a mamba2_commit call (see ops_replay.mamba2_commit) and return its sizes."""
+    op = _MAMBA2_COMMIT
+    _check_positive_ints(op, num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state)
+    if num_heads % n_groups:
+        raise ValueError(f"{op}: num_heads ({num_heads}) must be a multiple of n_groups ({n_groups})")
+    sizes = _check_replay_args(
+        op, ssm_state, conv_state, buffer, gates, conv_weight, dst_slots, src_slots, steps, parents, conv_bias,
+        layout, state_layout, mixer_dim=(num_heads * head_dim + 2 * n_groups * d_state,
+                                         "num_heads*head_dim + 2*n_groups*d_state (x, B, C)"),
+        state_tail=((num_heads, head_dim, d_state), "[L, N, H, P, Ns]"),
+        gates_tail=((1, num_heads), "[L, M, D, 1, H] (alloc_gates(..., num_gates=1))"),
+    )
+    if not isinstance(A, torch.Tensor):
+        check_tensor(f"{op}: A", A)
+    if A.shape != (sizes.num_layers, num_heads):
+        raise ValueError(f"{op}: A must be [L, H] = [{sizes.num_layers}, {num_heads}] (-exp(A_log)), got shape "
+                         f"{tuple(A.shape)}")
+    _check_float(op, "A", A, conv_state.device)
+    return sizes
+
+
+def _check_replay_args(
+    op, ssm_state, conv_state, buffer, gates, conv_weight, dst_slots, src_slots, steps, parents, conv_bias,
+    layout, state_layout, *, mixer_dim, state_tail, gates_tail,
+) -> ReplaySizes:
+    """What every replay commit checks; ``mixer_dim``, ``state_tail`` and ``gates_tail`` are the
+    mixer's (value, how to say it)."""
     for name, value in (("ssm_state", ssm_state), ("conv_state", conv_state), ("buffer", buffer),
                         ("gates", gates), ("conv_weight", conv_weight)):
         if not isinstance(value, torch.Tensor):
@@ -709,22 +754,17 @@ def check_gdn_commit_args(
     buffer_desc = _BUFFER_DESC.get(layout)
     if buffer_desc is None:
         raise ValueError(f"{op}: layout must be one of {tuple(_BUFFER_DESC)}, got {layout!r}")
-    _check_positive_ints(op, num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads,
-                         head_v_dim=head_v_dim)
-    if num_v_heads % num_k_heads:
-        raise ValueError(f"{op}: num_v_heads ({num_v_heads}) must be a multiple of num_k_heads ({num_k_heads})")
     num_layers, num_state_slots, dim, width, state_desc = _state_sizes(op, conv_state, state_layout)
-    expected_dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
-    if dim != expected_dim:
+    if dim != mixer_dim[0]:
         raise ValueError(
             f"{op}: conv_state has dim {dim} (shape {tuple(conv_state.shape)} read as {state_desc}) but "
-            f"q, k, v need 2*num_k_heads*head_k_dim + num_v_heads*head_v_dim = {expected_dim} channels"
+            f"the mixer needs {mixer_dim[1]} = {mixer_dim[0]} channels"
         )
     device = conv_state.device
-    expected_ssm = (num_layers, num_state_slots, num_v_heads, head_k_dim, head_v_dim)
+    expected_ssm = (num_layers, num_state_slots, *state_tail[0])
     if ssm_state.shape != expected_ssm:
         raise ValueError(
-            f"{op}: ssm_state must be [L, N, Hv, dk, dv] = {list(expected_ssm)} (L, N from conv_state), "
+            f"{op}: ssm_state must be {state_tail[1]} = {list(expected_ssm)} (L, N from conv_state), "
             f"got shape {tuple(ssm_state.shape)}"
         )
     for name, t in (("ssm_state", ssm_state), ("buffer", buffer), ("gates", gates), ("conv_weight", conv_weight)):
@@ -732,10 +772,10 @@ def check_gdn_commit_args(
             check_cache_dtype(f"{op}: {name}", t)
         if t.device != device:
             raise ValueError(f"{op}: {name} is on {t.device} but conv_state is on {device}")
-    if gates.dim() != 5 or gates.shape[0] != num_layers or gates.shape[3] != 2 or gates.shape[4] != num_v_heads:
+    if gates.dim() != 5 or gates.shape[0] != num_layers or tuple(gates.shape[3:]) != gates_tail[0]:
         raise ValueError(
-            f"{op}: gates must be [L, M, D, 2, Hv] = [{num_layers}, M, D, 2, {num_v_heads}] (alloc_gates), "
-            f"got shape {tuple(gates.shape)}"
+            f"{op}: gates must be {gates_tail[1]} with L = {num_layers} and the last two axes "
+            f"{list(gates_tail[0])}, got shape {tuple(gates.shape)}"
         )
     num_src_slots, num_nodes = gates.shape[1], gates.shape[2]
     expected_buffer = physical_shape_unchecked(layout, num_layers, num_src_slots, dim, num_nodes, width + 1)
@@ -768,16 +808,16 @@ def check_gdn_commit_args(
     return ReplaySizes(num_layers, num_state_slots, dim, width, num_src_slots, num_nodes, num_rows)
 
 
-def check_replay_storages(op: str, ssm_state, conv_state, buffer, gates, conv_weight, conv_bias) -> None:
+def check_replay_storages(op: str, ssm_state, conv_state, buffer, gates, conv_weight, conv_bias, A=None) -> None:
     """Real tensors only: neither state may share memory with the other or with a source."""
     check_no_shared_storages(op, "ssm_state", ssm_state, conv_state=conv_state, buffer=buffer, gates=gates,
-                             conv_weight=conv_weight, conv_bias=conv_bias)
+                             conv_weight=conv_weight, conv_bias=conv_bias, A=A)
     check_no_shared_storages(op, "conv_state", conv_state, buffer=buffer, gates=gates,
-                             conv_weight=conv_weight, conv_bias=conv_bias)
+                             conv_weight=conv_weight, conv_bias=conv_bias, A=A)
 
 
 def check_replay_index_values(op: str, sizes: ReplaySizes, dst_slots, src_slots, steps, parents) -> None:
-    """Checked mode for gdn_commit: the rules of scatter (chains) or scatter_tree (trees)."""
+    """Checked mode for the replay commits: the rules of scatter (chains) or scatter_tree (trees)."""
     links = None if parents is None else parents.tolist()
 
     def check_links(row: int) -> None:

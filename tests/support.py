@@ -11,7 +11,7 @@ import torch
 from hypothesis import strategies as st
 
 import sgl_convwin
-from sgl_convwin import ops
+from sgl_convwin import ops, reference
 
 HAS_CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -175,7 +175,7 @@ def trees(draw, num_nodes):
 
 @dataclass
 class Replay:
-    """One gdn_commit call's tensors and keyword arguments."""
+    """One replay commit's tensors and keyword arguments (``mixer`` "gdn" or "mamba2")."""
 
     ssm_state: torch.Tensor
     conv_state: torch.Tensor
@@ -187,13 +187,35 @@ class Replay:
     steps: torch.Tensor
     parents: torch.Tensor | None
     kwargs: dict
+    mixer: str = "gdn"
+    A: torch.Tensor | None = None  # Mamba2's per-head rate
 
     def args(self, ssm_state=None, conv_state=None):
+        rate = () if self.mixer == "gdn" else (self.A,)
         return (
             self.ssm_state if ssm_state is None else ssm_state,
             self.conv_state if conv_state is None else conv_state,
-            self.buffer, self.gates, self.conv_weight, self.dst_slots, self.src_slots, self.steps, self.parents,
+            self.buffer, self.gates, self.conv_weight, *rate, self.dst_slots, self.src_slots, self.steps,
+            self.parents,
         )
+
+    @property
+    def commit(self):
+        """The public function under test."""
+        return sgl_convwin.gdn_commit if self.mixer == "gdn" else sgl_convwin.mamba2_commit
+
+    @property
+    def op(self):
+        return torch.ops.convwin.gdn_commit if self.mixer == "gdn" else torch.ops.convwin.mamba2_commit
+
+    @property
+    def launcher(self) -> str:
+        return f"launch_{self.mixer}_commit"
+
+    def reference(self):
+        """The oracle's (ssm_state float64, conv_state, destinations written)."""
+        oracle = reference.gdn_commit_reference if self.mixer == "gdn" else reference.mamba2_commit_reference
+        return oracle(*self.args(), **self.kwargs)
 
 
 def random_tree(num_nodes: int, generator: torch.Generator) -> list[int]:
@@ -202,32 +224,42 @@ def random_tree(num_nodes: int, generator: torch.Generator) -> list[int]:
 
 
 def make_replay(
-    *, layout="token_major", tree=False, num_layers=2, num_k_heads=2, ratio=2, head_k_dim=4, head_v_dim=4,
-    kernel_size=4, num_draft=3, num_rows=3, num_slots=5, buffer_slots=4, ssm_dtype=torch.float32,
+    *, mixer="gdn", layout="token_major", tree=False, num_layers=2, num_k_heads=2, ratio=2, head_k_dim=4,
+    head_v_dim=4, kernel_size=4, num_draft=3, num_rows=3, num_slots=5, buffer_slots=4, ssm_dtype=torch.float32,
     buffer_dtype=torch.float32, conv_dtype=torch.float32, state_layout="dim_major", transposed_ssm=False,
     bias=True, use_qk_l2norm=True, steps=None, device="cpu", seed=0,
 ) -> Replay:
-    """A verify pass through the package's own capture ops, then the commit's arguments."""
+    """A verify pass through the package's own capture ops, then the commit's arguments.
+
+    Gated DeltaNet: Hk = num_k_heads, Hv = Hk * ratio, dk = head_k_dim, dv = head_v_dim. Mamba2 (the
+    same knobs): G = num_k_heads groups, H = G * ratio heads, Ns = head_k_dim, P = head_v_dim."""
     gen = torch.Generator().manual_seed(seed)
     num_slots, buffer_slots = max(num_slots, num_rows), max(buffer_slots, num_rows)
-    num_v_heads = num_k_heads * ratio
-    dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+    num_heads = num_k_heads * ratio
+    if mixer == "gdn":
+        dim = 2 * num_k_heads * head_k_dim + num_heads * head_v_dim
+        state_tail = (num_heads, head_k_dim, head_v_dim)
+    else:
+        dim = num_heads * head_v_dim + 2 * num_k_heads * head_k_dim
+        state_tail = (num_heads, head_v_dim, head_k_dim)
     width = kernel_size - 1
 
     def randn(*shape, scale=1.0):
         return (torch.randn(*shape, generator=gen) * scale).to(device)
 
-    ssm_shape = (num_layers, num_slots, num_v_heads, head_k_dim, head_v_dim)
-    if transposed_ssm:  # stored [.., dv, dk], passed as a transposed view, with a storage offset
-        storage = randn(7 + num_layers * num_slots * num_v_heads * head_k_dim * head_v_dim).to(ssm_dtype)
-        ssm_state = storage[7:].view(num_layers, num_slots, num_v_heads, head_v_dim, head_k_dim).transpose(-1, -2)
+    if transposed_ssm:  # stored with its last two axes swapped, passed transposed, at a storage offset
+        numel = num_layers * num_slots * state_tail[0] * state_tail[1] * state_tail[2]
+        storage = randn(7 + numel).to(ssm_dtype)
+        swapped = (num_layers, num_slots, state_tail[0], state_tail[2], state_tail[1])
+        ssm_state = storage[7:].view(swapped).transpose(-1, -2)
     else:
-        ssm_state = randn(*ssm_shape).to(ssm_dtype)
+        ssm_state = randn(num_layers, num_slots, *state_tail).to(ssm_dtype)
     conv_shape = (num_layers, num_slots, dim, width) if state_layout == "dim_major" else (num_layers, num_slots, width, dim)
     conv_state = randn(*conv_shape).to(conv_dtype)
     buffer = sgl_convwin.alloc_windows(num_layers, buffer_slots, dim, num_draft, kernel_size, layout=layout,
                                        dtype=buffer_dtype, device=device)
-    gates = sgl_convwin.alloc_gates(num_layers, buffer_slots, num_draft, num_v_heads, device=device)
+    num_gates = 2 if mixer == "gdn" else 1
+    gates = sgl_convwin.alloc_gates(num_layers, buffer_slots, num_draft, num_heads, num_gates=num_gates, device=device)
     # row b: buffer slot perm[b], state slot dst[b]; the last row is padding (-1) when B > 1
     slots_perm = torch.randperm(buffer_slots, generator=gen)[:num_rows]
     dst = torch.randperm(num_slots, generator=gen)[:num_rows]
@@ -243,13 +275,23 @@ def make_replay(
         state_slots = dst.clamp(min=0).to(device)
         sgl_convwin.capture(buffer, conv_state, x, slots_perm.to(device), state_slots, layer, parents,
                             layout=layout, state_layout=state_layout)
-        g = -torch.nn.functional.softplus(randn(num_rows, num_draft, num_v_heads))
-        beta = torch.sigmoid(randn(num_rows, num_draft, num_v_heads))
-        sgl_convwin.capture_gates(gates, g, beta, slots_perm.to(device), layer)
+        if mixer == "gdn":
+            g = -torch.nn.functional.softplus(randn(num_rows, num_draft, num_heads))
+            beta = torch.sigmoid(randn(num_rows, num_draft, num_heads))
+            sgl_convwin.capture_gates(gates, g, beta, slots_perm.to(device), layer)
+        else:
+            dt = torch.nn.functional.softplus(randn(num_rows, num_draft, num_heads)) * 0.5
+            sgl_convwin.capture_gates(gates, dt, None, slots_perm.to(device), layer)
     if steps is None:
         steps = torch.randint(0, num_draft, (num_rows,), generator=gen)
-    kwargs = dict(layout=layout, num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads,
-                  head_v_dim=head_v_dim, conv_bias=conv_bias, use_qk_l2norm=use_qk_l2norm,
-                  state_layout=state_layout)
+    if mixer == "gdn":
+        kwargs = dict(layout=layout, num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_heads,
+                      head_v_dim=head_v_dim, conv_bias=conv_bias, use_qk_l2norm=use_qk_l2norm,
+                      state_layout=state_layout)
+        rate = None
+    else:
+        kwargs = dict(layout=layout, num_heads=num_heads, head_dim=head_v_dim, n_groups=num_k_heads,
+                      d_state=head_k_dim, conv_bias=conv_bias, state_layout=state_layout)
+        rate = -torch.exp(randn(num_layers, num_heads, scale=0.5))
     return Replay(ssm_state, conv_state, buffer, gates, conv_weight, dst.to(device), slots_perm.to(device),
-                  torch.as_tensor(steps).to(device), parents, kwargs)
+                  torch.as_tensor(steps).to(device), parents, kwargs, mixer, rate)

@@ -253,17 +253,18 @@ def test_ten_thousand_replays(layout, tree):
     assert checked == 100
 
 
+@pytest.mark.parametrize("mixer", ["gdn", "mamba2"])
 @pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_replay_commit_capture_and_replay(layout, tree):
-    """gdn_commit captured once; new slots, steps and parents written into the static inputs
+def test_replay_commit_capture_and_replay(mixer, layout, tree):
+    """A replay commit captured once; new slots, steps and parents written into the static inputs
     before each replay; every replay equals the oracle (states whole, as the oracle leaves them)."""
     from support import make_replay
 
-    replay = make_replay(layout=layout, tree=tree, num_rows=4, num_draft=4, num_slots=6, buffer_slots=6,
-                         head_k_dim=16, head_v_dim=32, device="cuda", seed=0)
+    replay = make_replay(mixer=mixer, layout=layout, tree=tree, num_rows=4, num_draft=4, num_slots=6,
+                         buffer_slots=6, head_k_dim=16, head_v_dim=32, device="cuda", seed=0)
     ssm_state, conv_state = replay.ssm_state.clone(), replay.conv_state.clone()
-    graph = capture(lambda: sgl_convwin.gdn_commit(*replay.args(ssm_state, conv_state), **replay.kwargs))
+    graph = capture(lambda: replay.commit(*replay.args(ssm_state, conv_state), **replay.kwargs))
     generator = torch.Generator().manual_seed(1)
     for _ in range(4):
         ssm_state.copy_(replay.ssm_state)
@@ -277,6 +278,6 @@ def test_replay_commit_capture_and_replay(layout, tree):
             replay.parents.copy_(torch.tensor([[-1] + [int(torch.randint(0, n, (), generator=generator))
                                                        for n in range(1, 4)] for _ in range(4)]))
         graph.replay()
-        expected_ssm, expected_conv, _ = reference.gdn_commit_reference(*replay.args(), **replay.kwargs)
+        expected_ssm, expected_conv, _ = replay.reference()
         assert torch.equal(conv_state.cpu(), expected_conv)
         torch.testing.assert_close(ssm_state.cpu().double(), expected_ssm, atol=1e-4, rtol=1e-4)

@@ -130,11 +130,11 @@ def test_opcheck_capture_and_verify(device):
             raise AssertionError(f"opcheck failed for sample {name}") from error
 
 
-def gdn_commit_samples(device):
+def replay_samples(device, mixer):
     from support import make_replay
 
     for i, (layout, tree) in enumerate([(layout, tree) for layout in sgl_convwin.LAYOUTS for tree in (False, True)]):
-        replay = make_replay(layout=layout, tree=tree, device=device, seed=i,
+        replay = make_replay(mixer=mixer, layout=layout, tree=tree, device=device, seed=i,
                              state_layout=sgl_convwin.STATE_LAYOUTS[i % 2], transposed_ssm=i % 3 == 0)
         kwargs = dict(replay.kwargs)
         conv_bias = kwargs.pop("conv_bias")
@@ -142,10 +142,12 @@ def gdn_commit_samples(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_opcheck_gdn_commit(device):
-    for name, args, kwargs in gdn_commit_samples(device):
+@pytest.mark.parametrize("mixer", ["gdn", "mamba2"])
+def test_opcheck_replay_commit(device, mixer):
+    op = torch.ops.convwin.gdn_commit if mixer == "gdn" else torch.ops.convwin.mamba2_commit
+    for name, args, kwargs in replay_samples(device, mixer):
         try:
-            torch.library.opcheck(torch.ops.convwin.gdn_commit.default, args, kwargs)
+            torch.library.opcheck(op.default, args, kwargs)
         except Exception as error:
             raise AssertionError(f"opcheck failed for sample {name}") from error
 

@@ -1,4 +1,5 @@
-"""gdn_commit, capture_gates and alloc_gates against the float64 oracle (reference.py).
+"""The replay commits (gdn_commit, mamba2_commit), capture_gates and alloc_gates against the
+float64 oracles (reference.py).
 
 Every implementation (the public function on the CPU, the registered op, the Triton kernels under
 the interpreter, the CUDA kernels) replays chains and trees of every layout onto the state; the
@@ -19,21 +20,22 @@ from sgl_convwin._kernels import triton_kernels
 from support import HAS_TRITON, INTERPRET, Replay, make_replay
 
 LAYOUTS = ("token_major", "channel_major", "dense")
+MIXERS = ("gdn", "mamba2")
 
 
 def run_public(replay, ssm_state, conv_state):
-    sgl_convwin.gdn_commit(*replay.args(ssm_state, conv_state), **replay.kwargs)
+    replay.commit(*replay.args(ssm_state, conv_state), **replay.kwargs)
 
 
 def run_op(replay, ssm_state, conv_state):
     kwargs = dict(replay.kwargs)
     conv_bias = kwargs.pop("conv_bias")
-    torch.ops.convwin.gdn_commit(*replay.args(ssm_state, conv_state), conv_bias, **kwargs)
+    replay.op(*replay.args(ssm_state, conv_state), conv_bias, **kwargs)
 
 
 def run_triton(replay, ssm_state, conv_state):
-    args, kwargs = sgl_convwin.gdn_commit.kernel_arguments(*replay.args(ssm_state, conv_state), **replay.kwargs)
-    triton_kernels().launch_gdn_commit(*args, **kwargs)
+    args, kwargs = replay.commit.kernel_arguments(*replay.args(ssm_state, conv_state), **replay.kwargs)
+    getattr(triton_kernels(), replay.launcher)(*args, **kwargs)
 
 
 IMPLS = [
@@ -45,7 +47,7 @@ interpreted = pytest.mark.skipif(not (INTERPRET and HAS_TRITON), reason="Triton'
 
 
 def check_against_oracle(replay: Replay, run, atol=1e-4, rtol=1e-4) -> set:
-    expected_ssm, expected_conv, written = reference.gdn_commit_reference(*replay.args(), **replay.kwargs)
+    expected_ssm, expected_conv, written = replay.reference()
     ssm_state, conv_state = replay.ssm_state.clone(), replay.conv_state.clone()
     buffer, gates = replay.buffer.clone(), replay.gates.clone()
     run(replay, ssm_state, conv_state)
@@ -60,46 +62,52 @@ def check_against_oracle(replay: Replay, run, atol=1e-4, rtol=1e-4) -> set:
     return written
 
 
+@pytest.mark.parametrize("mixer", MIXERS)
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_matches_oracle(impl, layout, tree):
+def test_matches_oracle(mixer, impl, layout, tree):
     device, run = impl
     for seed in range(3):
-        replay = make_replay(layout=layout, tree=tree, num_draft=4, num_rows=4, device=device, seed=seed)
+        replay = make_replay(mixer=mixer, layout=layout, tree=tree, num_draft=4, num_rows=4, device=device,
+                             seed=seed)
         assert check_against_oracle(replay, run), "no row was committed"
 
 
+@pytest.mark.parametrize("mixer", MIXERS)
 @interpreted
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_triton_interpreted_matches_oracle(layout, tree):
-    replay = make_replay(layout=layout, tree=tree, num_draft=3, num_rows=3, seed=1)
+def test_triton_interpreted_matches_oracle(mixer, layout, tree):
+    replay = make_replay(mixer=mixer, layout=layout, tree=tree, num_draft=3, num_rows=3, seed=1)
     check_against_oracle(replay, run_triton)
 
 
+@pytest.mark.parametrize("mixer", MIXERS)
 @interpreted
-def test_triton_interpreted_odd_shapes():
+def test_triton_interpreted_odd_shapes(mixer):
     """dk, dv not powers of two, K = 2 (no history rows), GQA 1, window-major conv state,
     transposed bf16 state, no bias, no l2norm."""
-    replay = make_replay(kernel_size=2, ratio=1, head_k_dim=3, head_v_dim=5, state_layout="window_major",
+    replay = make_replay(mixer=mixer, kernel_size=2, ratio=1, head_k_dim=3, head_v_dim=5, state_layout="window_major",
                          transposed_ssm=True, ssm_dtype=torch.bfloat16, bias=False, use_qk_l2norm=False,
                          tree=True, seed=3)
     check_against_oracle(replay, run_triton, atol=3e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("mixer", MIXERS)
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_partial_acceptance_at_every_step(impl, layout, tree):
+def test_partial_acceptance_at_every_step(mixer, impl, layout, tree):
     device, run = impl
     num_draft = 4
     for step in range(num_draft):
-        replay = make_replay(layout=layout, tree=tree, num_draft=num_draft, num_rows=4, steps=[step] * 4,
+        replay = make_replay(mixer=mixer, layout=layout, tree=tree, num_draft=num_draft, num_rows=4, steps=[step] * 4,
                              device=device, seed=10 + step)
         check_against_oracle(replay, run)
 
 
+@pytest.mark.parametrize("mixer", MIXERS)
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize(
     "case",
@@ -112,21 +120,23 @@ def test_partial_acceptance_at_every_step(impl, layout, tree):
     ],
     ids=lambda case: "-".join(f"{k}={v}" for k, v in case.items()),
 )
-def test_shapes_and_layouts(impl, case):
+def test_shapes_and_layouts(mixer, impl, case):
     device, run = impl
     for tree in (False, True):
-        check_against_oracle(make_replay(tree=tree, device=device, seed=20, **case), run)
+        check_against_oracle(make_replay(mixer=mixer, tree=tree, device=device, seed=20, **case), run)
 
 
+@pytest.mark.parametrize("mixer", MIXERS)
 @pytest.mark.parametrize("impl", IMPLS)
-def test_bf16_state(impl):
+def test_bf16_state(mixer, impl):
     device, run = impl
     for tree in (False, True):
-        replay = make_replay(tree=tree, ssm_dtype=torch.bfloat16, device=device, seed=30)
+        replay = make_replay(mixer=mixer, tree=tree, ssm_dtype=torch.bfloat16, device=device, seed=30)
         check_against_oracle(replay, run, atol=3e-2, rtol=2e-2)
 
 
 @given(
+    mixer=st.sampled_from(MIXERS),
     layout=st.sampled_from(LAYOUTS),
     tree=st.booleans(),
     kernel_size=st.integers(2, 5),
@@ -137,14 +147,15 @@ def test_bf16_state(impl):
     transposed_ssm=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_fuzz_cpu(layout, tree, kernel_size, ratio, num_draft, num_rows, state_layout, transposed_ssm, seed):
-    replay = make_replay(layout=layout, tree=tree, kernel_size=kernel_size, ratio=ratio, num_draft=num_draft,
+def test_fuzz_cpu(mixer, layout, tree, kernel_size, ratio, num_draft, num_rows, state_layout, transposed_ssm, seed):
+    replay = make_replay(mixer=mixer, layout=layout, tree=tree, kernel_size=kernel_size, ratio=ratio, num_draft=num_draft,
                          num_rows=num_rows, state_layout=state_layout, transposed_ssm=transposed_ssm, seed=seed)
     check_against_oracle(replay, run_public)
 
 
 @pytest.mark.gpu
 @given(
+    mixer=st.sampled_from(MIXERS),
     layout=st.sampled_from(LAYOUTS),
     tree=st.booleans(),
     kernel_size=st.integers(2, 5),
@@ -155,8 +166,8 @@ def test_fuzz_cpu(layout, tree, kernel_size, ratio, num_draft, num_rows, state_l
     transposed_ssm=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_fuzz_cuda(layout, tree, kernel_size, ratio, num_draft, num_rows, state_layout, transposed_ssm, seed):
-    replay = make_replay(layout=layout, tree=tree, kernel_size=kernel_size, ratio=ratio, num_draft=num_draft,
+def test_fuzz_cuda(mixer, layout, tree, kernel_size, ratio, num_draft, num_rows, state_layout, transposed_ssm, seed):
+    replay = make_replay(mixer=mixer, layout=layout, tree=tree, kernel_size=kernel_size, ratio=ratio, num_draft=num_draft,
                          num_rows=num_rows, num_slots=10, buffer_slots=10, state_layout=state_layout,
                          transposed_ssm=transposed_ssm, head_k_dim=16, head_v_dim=32, device="cuda", seed=seed)
     check_against_oracle(replay, run_public)
@@ -171,16 +182,28 @@ def test_cuda_qwen3_next_head_shape():
         check_against_oracle(replay, run_public, atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.gpu
+def test_cuda_nemotron_h_head_shape():
+    """Mamba2 at Nemotron-H's head shape (P = 64, Ns = 128, 16 heads per group) through CUDA."""
+    for tree in (False, True):
+        replay = make_replay(mixer="mamba2", tree=tree, num_k_heads=1, ratio=16, head_k_dim=128, head_v_dim=64,
+                             num_draft=4, num_rows=4, buffer_dtype=torch.bfloat16, conv_dtype=torch.bfloat16,
+                             device="cuda", seed=41)
+        check_against_oracle(replay, run_public, atol=2e-4, rtol=2e-4)
+
+
 # ---------------------------------------------------------------------------------------------
 # Consistency with the package's other ops
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("mixer", MIXERS)
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_conv_window_is_what_scatter_writes(device, layout):
+def test_conv_window_is_what_scatter_writes(mixer, device, layout):
     for tree in (False, True):
-        replay = make_replay(layout=layout, tree=tree, buffer_dtype=torch.bfloat16, device=device, seed=50)
+        replay = make_replay(mixer=mixer, layout=layout, tree=tree, buffer_dtype=torch.bfloat16, device=device,
+                             seed=50)
         ssm_state, conv_state = replay.ssm_state.clone(), replay.conv_state.clone()
         run_public(replay, ssm_state, conv_state)
         expected = replay.conv_state.clone()
@@ -193,35 +216,50 @@ def test_conv_window_is_what_scatter_writes(device, layout):
         assert torch.equal(conv_state, expected)
 
 
+@pytest.mark.parametrize("mixer", MIXERS)
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_replaying_a_chain_equals_one_token_at_a_time(device, layout):
+def test_replaying_a_chain_equals_one_token_at_a_time(mixer, device, layout):
     """Committing T accepted tokens at once leaves the same bits as T one-token decode steps
     (capture one token, commit it), so speculative decoding with replay emits the tokens of
     plain decoding."""
     gen = torch.Generator().manual_seed(60)
-    num_layers, hk, dk, hv, dv, width, num_draft = 2, 2, 8, 4, 8, 3, 4
-    dim = 2 * hk * dk + hv * dv
-    kwargs = dict(num_k_heads=hk, head_k_dim=dk, num_v_heads=hv, head_v_dim=dv)
-    ssm = torch.randn(num_layers, 2, hv, dk, dv, generator=gen).to(device)
+    num_layers, groups, state_k, heads, state_v, width, num_draft = 2, 2, 8, 4, 8, 3, 4
+    if mixer == "gdn":
+        dim = 2 * groups * state_k + heads * state_v
+        state_shape = (num_layers, 2, heads, state_k, state_v)
+        kwargs = dict(num_k_heads=groups, head_k_dim=state_k, num_v_heads=heads, head_v_dim=state_v)
+        rate = ()
+    else:
+        dim = heads * state_v + 2 * groups * state_k
+        state_shape = (num_layers, 2, heads, state_v, state_k)
+        kwargs = dict(num_heads=heads, head_dim=state_v, n_groups=groups, d_state=state_k)
+        rate = (-torch.rand(num_layers, heads, generator=gen).to(device),)
+    commit = sgl_convwin.gdn_commit if mixer == "gdn" else sgl_convwin.mamba2_commit
+    ssm = torch.randn(*state_shape, generator=gen).to(device)
     conv = torch.randn(num_layers, 2, dim, width, generator=gen).to(device)
     weight = (torch.randn(num_layers, dim, width + 1, generator=gen) * 0.5).to(device)
     bias = (torch.randn(num_layers, dim, generator=gen) * 0.1).to(device)
     x = torch.randn(num_layers, 1, num_draft, dim, generator=gen).to(device)
-    g = -torch.rand(num_layers, 1, num_draft, hv, generator=gen).to(device)
-    beta = torch.rand(num_layers, 1, num_draft, hv, generator=gen).to(device)
+    g = -torch.rand(num_layers, 1, num_draft, heads, generator=gen).to(device)  # Mamba2: dt = -g
+    beta = torch.rand(num_layers, 1, num_draft, heads, generator=gen).to(device)
     slot = torch.tensor([1], device=device)
     zero = torch.tensor([0], device=device)
 
     def step(ssm, conv, tokens, accepted):
-        buffer = sgl_convwin.alloc_windows(num_layers, 1, dim, tokens.stop - tokens.start, width + 1,
-                                           layout=layout, dtype=torch.float32, device=device)
-        gates = sgl_convwin.alloc_gates(num_layers, 1, tokens.stop - tokens.start, hv, device=device)
+        count = tokens.stop - tokens.start
+        buffer = sgl_convwin.alloc_windows(num_layers, 1, dim, count, width + 1, layout=layout,
+                                           dtype=torch.float32, device=device)
+        gates = sgl_convwin.alloc_gates(num_layers, 1, count, heads, num_gates=2 if mixer == "gdn" else 1,
+                                        device=device)
         for layer in range(num_layers):
             sgl_convwin.capture(buffer, conv, x[layer, :, tokens], zero, slot, layer, layout=layout)
-            sgl_convwin.capture_gates(gates, g[layer, :, tokens], beta[layer, :, tokens], zero, layer)
-        sgl_convwin.gdn_commit(ssm, conv, buffer, gates, weight, slot, zero, torch.tensor([accepted], device=device),
-                               layout=layout, conv_bias=bias, **kwargs)
+            if mixer == "gdn":
+                sgl_convwin.capture_gates(gates, g[layer, :, tokens], beta[layer, :, tokens], zero, layer)
+            else:
+                sgl_convwin.capture_gates(gates, -g[layer, :, tokens], None, zero, layer)
+        commit(ssm, conv, buffer, gates, weight, *rate, slot, zero, torch.tensor([accepted], device=device),
+               layout=layout, conv_bias=bias, **kwargs)
 
     for accepted in range(num_draft):
         at_once = (ssm.clone(), conv.clone())
@@ -268,10 +306,11 @@ def test_matches_fla_naive_recurrence():
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("mixer", MIXERS)
 @pytest.mark.parametrize("impl", IMPLS)
-def test_skip_rules(impl):
+def test_skip_rules(mixer, impl):
     device, run = impl
-    replay = make_replay(tree=True, num_rows=4, num_draft=4, device=device, seed=80)
+    replay = make_replay(mixer=mixer, tree=True, num_rows=4, num_draft=4, device=device, seed=80)
     replay.dst_slots = torch.tensor([0, 1, 2, 3], device=device)
     replay.src_slots = torch.tensor([0, 1, 2, 9], device=device)  # row 3: source out of range
     replay.steps = torch.tensor([3, -1, 3, 0], device=device)  # row 1: padding
@@ -282,10 +321,11 @@ def test_skip_rules(impl):
     assert written == {0}
 
 
-def test_checked_mode_names_the_bad_row():
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_checked_mode_names_the_bad_row(mixer):
     for replay, match in (
-        (make_replay(tree=True, num_rows=3, steps=[0, 2, 1], seed=90), r"parents\[1, 2\] = 2"),
-        (make_replay(num_rows=3, steps=[0, 7, 1], seed=90), r"steps\[1\] = 7"),
+        (make_replay(mixer=mixer, tree=True, num_rows=3, steps=[0, 2, 1], seed=90), r"parents\[1, 2\] = 2"),
+        (make_replay(mixer=mixer, num_rows=3, steps=[0, 7, 1], seed=90), r"steps\[1\] = 7"),
     ):
         if replay.parents is not None:
             replay.parents[1, 2] = 2

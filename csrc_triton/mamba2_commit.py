@@ -1,0 +1,122 @@
+"""The replay commit of a Mamba2 layer: each row's accepted path, decoded token by token from its
+conv inputs (conv + bias -> SiLU -> x, B; dt from the gates) onto the committed state
+``h = exp(dt * A) * h + (dt * x) B^T``, then the accepted conv window (csrc_triton/replay.py says
+what all replay commits share).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import cdiv, next_power_of_2, row_indices
+from .replay import accepted_path, check_grid, committed_input, conv_silu, index_strides, launch_path_window, path_node
+
+REPLAY_BLOCK_P = 32  # head_dim rows per replay program: a [32, d_state] fp32 tile over 2 warps
+REPLAY_WARPS = 2
+
+
+@triton.jit
+def _mamba2_replay_kernel(
+    ssm_ptr, conv_ptr, tokens_ptr, gates_ptr, weight_ptr, bias_ptr, a_ptr,
+    dst_slots_ptr, src_slots_ptr, steps_ptr, parents_ptr,
+    num_state_slots, num_src_slots, num_nodes,
+    ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_p, ssm_stride_n,
+    conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
+    tokens_stride_layer, tokens_stride_slot, tokens_stride_node, tokens_stride_dim,
+    gates_stride_layer, gates_stride_slot, gates_stride_node, gates_stride_gate, gates_stride_head,
+    weight_stride_layer, weight_stride_dim, weight_stride_tap,
+    bias_stride_layer, bias_stride_dim, a_stride_layer, a_stride_head,
+    dst_slots_stride, src_slots_stride, steps_stride, parents_stride_row, parents_stride_node,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, N_GROUPS: tl.constexpr, D_STATE: tl.constexpr,
+    KERNEL_SIZE: tl.constexpr, NODES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    TREE: tl.constexpr, HAS_BIAS: tl.constexpr,
+):
+    """One program: one (head, block of head_dim rows) of one row and layer. The update is
+    elementwise in the state, so the [BLOCK_P, d_state] tile stays in registers over the path and
+    blocks need nothing from each other; each program recomputes its group's B."""
+    P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
+    head = tl.program_id(0) // P_BLOCKS
+    p_block = tl.program_id(0) % P_BLOCKS
+    row = tl.program_id(1)
+    layer = tl.program_id(2).to(tl.int64)
+    node, dst, src, active = row_indices(
+        row, steps_ptr, steps_stride, num_nodes, dst_slots_ptr, dst_slots_stride, num_state_slots,
+        src_slots_ptr, src_slots_stride, num_src_slots,
+    )
+    path, length, links_ok = accepted_path(row, node, parents_ptr, parents_stride_row, parents_stride_node,
+                                           NODES, TREE)
+    if active & links_ok:
+        group = head // (NUM_HEADS // N_GROUPS)
+        pp = p_block * BLOCK_P + tl.arange(0, BLOCK_P)
+        nn = tl.arange(0, BLOCK_N)
+        p_mask = pp < HEAD_DIM
+        n_mask = nn < D_STATE
+        x_chan = head * HEAD_DIM + pp  # x, then B, then C
+        b_chan = NUM_HEADS * HEAD_DIM + group * D_STATE + nn
+
+        ssm = (ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
+               + (pp * ssm_stride_p)[:, None] + (nn * ssm_stride_n)[None, :])
+        tile_mask = p_mask[:, None] & n_mask[None, :]
+        state = tl.load(ssm, mask=tile_mask, other=0.0).to(tl.float32)
+        rate = tl.load(a_ptr + layer * a_stride_layer + head * a_stride_head).to(tl.float32)
+
+        conv_base = conv_ptr + layer * conv_stride_layer + dst * conv_stride_slot
+        tokens_base = tokens_ptr + layer * tokens_stride_layer + src * tokens_stride_slot
+        gates_base = gates_ptr + layer * gates_stride_layer + src * gates_stride_slot + head * gates_stride_head
+        weight_base = weight_ptr + layer * weight_stride_layer
+        bias_base = bias_ptr + layer * bias_stride_layer
+        # the conv's K-1 previous inputs slide along in registers (x1/b1 the newest)
+        x1 = committed_input(conv_base, x_chan, p_mask, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
+        x2 = committed_input(conv_base, x_chan, p_mask, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
+        x3 = committed_input(conv_base, x_chan, p_mask, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
+        x4 = committed_input(conv_base, x_chan, p_mask, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
+        b1 = committed_input(conv_base, b_chan, n_mask, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
+        b2 = committed_input(conv_base, b_chan, n_mask, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
+        b3 = committed_input(conv_base, b_chan, n_mask, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
+        b4 = committed_input(conv_base, b_chan, n_mask, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
+        for j in range(0, length):
+            token_node = path_node(path, j, NODES, TREE)
+            token = tokens_base + token_node * tokens_stride_node
+            xx = tl.load(token + x_chan * tokens_stride_dim, mask=p_mask, other=0.0).to(tl.float32)
+            xb = tl.load(token + b_chan * tokens_stride_dim, mask=n_mask, other=0.0).to(tl.float32)
+            x = conv_silu(xx, x1, x2, x3, x4, x_chan, p_mask, weight_base, weight_stride_dim, weight_stride_tap,
+                          bias_base, bias_stride_dim, KERNEL_SIZE, HAS_BIAS)
+            b = conv_silu(xb, b1, b2, b3, b4, b_chan, n_mask, weight_base, weight_stride_dim, weight_stride_tap,
+                          bias_base, bias_stride_dim, KERNEL_SIZE, HAS_BIAS)
+            x4, x3, x2, x1 = x3, x2, x1, xx
+            b4, b3, b2, b1 = b3, b2, b1, xb
+            dt = tl.load(gates_base + token_node * gates_stride_node).to(tl.float32)
+            state = state * tl.exp(dt * rate) + (dt * x)[:, None] * b[None, :]
+        tl.store(ssm, state.to(ssm_ptr.dtype.element_ty), mask=tile_mask)
+
+
+def launch_mamba2_commit(
+    ssm, conv, tokens, history, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
+    *, num_heads, head_dim, n_groups, d_state, block_p=None, num_warps=REPLAY_WARPS,
+):
+    """Replay every accepted path onto ssm [L, N_state, H, P, Ns], then commit its conv window
+    into conv [L, N_state, dim, K-1]. tokens, history: see csrc_triton/replay.py; gates
+    [L, M, N, 1, H] (dt, final); weight [L, dim, K]; bias [L, dim] or None; a [L, H] (A = -exp(A_log));
+    any strides everywhere. block_p, num_warps: head_dim rows and warps per program (tuning only)."""
+    num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
+    num_rows, num_nodes = steps.shape[0], tokens.shape[2]
+    if num_rows == 0 or num_layers == 0:
+        return
+    check_grid("convwin.mamba2_commit", num_rows, num_layers)
+    if block_p is None:
+        block_p = min(REPLAY_BLOCK_P, next_power_of_2(head_dim))
+    width = conv.shape[3]
+    _mamba2_replay_kernel[(num_heads * cdiv(head_dim, block_p), num_rows, num_layers)](
+        ssm, conv, tokens, gates, weight, weight if bias is None else bias, a,
+        dst_slots, src_slots, steps, steps if parents is None else parents,
+        num_state_slots, tokens.shape[1], num_nodes,
+        *ssm.stride(), *conv.stride(), *tokens.stride(), *gates.stride(), *weight.stride(),
+        *((0, 0) if bias is None else bias.stride()), *a.stride(),
+        *index_strides(dst_slots, src_slots, steps, parents),
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, N_GROUPS=n_groups, D_STATE=d_state,
+        KERNEL_SIZE=width + 1, NODES=next_power_of_2(num_nodes), BLOCK_P=block_p,
+        BLOCK_N=next_power_of_2(d_state), TREE=parents is not None, HAS_BIAS=bias is not None,
+        num_warps=num_warps,
+    )
+    launch_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)

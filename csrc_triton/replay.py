@@ -1,0 +1,220 @@
+"""What the replay commits share: the accepted path of a row, the causal conv of a path token,
+the commit of the accepted conv window, and the per-token gates' capture.
+
+Every replay kernel sees the conv-input buffer through two layout-free views
+(sgl_convwin.layout.token_views): ``tokens [L, M, N, dim]`` (node n's conv input) and
+``history [L, M, N, dim, K-2]`` (the K-2 newest committed inputs, oldest first, as the window of
+node n holds them: token_major and channel_major buffers store them once, so their node stride is
+0; a dense buffer's windows hold them per node). Indices are never trusted: a row whose step
+(node), destination or source slot is out of range, or whose accepted path meets a parent link
+outside [-1, n-1], is skipped whole.
+
+A commit is two launches, in this order, because a path's first token needs all K-1 committed
+inputs and only conv_state holds the oldest: the mixer's replay kernel reads conv_state and writes
+the recurrent state, then ``_path_window_kernel`` overwrites conv_state from the buffer alone.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import MAX_GRID_Y, cdiv, next_power_of_2, row_indices
+
+WINDOW_BLOCK = 1024  # channels per program of the window commit
+
+
+@triton.jit
+def accepted_path(
+    row, node, parents_ptr, parents_stride_row, parents_stride_node,
+    NODES: tl.constexpr, TREE: tl.constexpr,
+):
+    """The accepted path of one row, root first: (path [NODES] node indices, length, links_ok).
+
+    Chain: nodes 0 .. node. Tree: node, its parent, ... up to the node whose parent is -1,
+    reversed; links_ok is False if a link on the way lies outside [-1, n-1]."""
+    index = tl.arange(0, NODES)
+    if TREE:
+        parents_row = parents_ptr + row.to(tl.int64) * parents_stride_row
+        up = tl.zeros([NODES], dtype=tl.int64)  # up[i]: the i-th node walking up from ``node``
+        current = node
+        length = node * 0
+        links_ok = node >= 0
+        for i in tl.static_range(NODES):
+            live = current >= 0
+            up = tl.where((index == i) & live, current, up)
+            parent = tl.load(parents_row + current * parents_stride_node, mask=live, other=-1).to(tl.int64)
+            bad = live & ((parent < -1) | (parent >= current))
+            links_ok &= ~bad
+            length += live.to(tl.int64)
+            current = tl.where(live & ~bad, parent, -1)
+        # reverse: path[j] = up[length - 1 - j]
+        flipped = length - 1 - index
+        path = tl.zeros([NODES], dtype=tl.int64)
+        for i in tl.static_range(NODES):
+            take = tl.sum(tl.where(index == i, up, 0))
+            path = tl.where(flipped == i, take, path)
+        return path, length, links_ok
+    else:
+        return index.to(tl.int64), node + 1, node >= 0
+
+
+@triton.jit
+def path_node(path, j, NODES: tl.constexpr, TREE: tl.constexpr):
+    """path[j] as a scalar (a vector element cannot be indexed directly; a chain's path is 0..)."""
+    if TREE:
+        return tl.sum(tl.where(tl.arange(0, NODES) == j, path, 0))
+    else:
+        return j
+
+
+@triton.jit
+def committed_input(conv_base, chan, cmask, conv_stride_dim, conv_stride_win, back: tl.constexpr,
+               WIDTH: tl.constexpr):
+    """The committed input ``back`` steps before the first path token (1 = the newest), float32;
+    zeros past the K-1 that conv_state holds (those taps do not exist)."""
+    if back <= WIDTH:
+        return tl.load(conv_base + chan * conv_stride_dim + (WIDTH - back) * conv_stride_win,
+                       mask=cmask, other=0.0).to(tl.float32)
+    else:
+        return tl.zeros(chan.shape, dtype=tl.float32)
+
+
+@triton.jit
+def conv_silu(x, back1, back2, back3, back4, chan, cmask, weight_base, weight_stride_dim, weight_stride_tap,
+               bias_base, bias_stride, KERNEL_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """silu(bias + sum_k w[:, k] * input k) in float32 for input x and the K-1 before it
+    (back1 the newest). The fma order (bias, then the taps from the newest input up) is the verify
+    kernel's, so both give the same bits for the same inputs."""
+    WIDTH: tl.constexpr = KERNEL_SIZE - 1
+    if HAS_BIAS:
+        acc = tl.load(bias_base + chan * bias_stride, mask=cmask).to(tl.float32)
+    else:
+        acc = tl.zeros(chan.shape, dtype=tl.float32)
+    taps = weight_base + chan * weight_stride_dim
+    acc = tl.fma(tl.load(taps + WIDTH * weight_stride_tap, mask=cmask).to(tl.float32), x, acc)
+    acc = tl.fma(tl.load(taps + (WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32), back1, acc)
+    if KERNEL_SIZE > 2:
+        acc = tl.fma(tl.load(taps + (WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32), back2, acc)
+    if KERNEL_SIZE > 3:
+        acc = tl.fma(tl.load(taps + (WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32), back3, acc)
+    if KERNEL_SIZE > 4:
+        acc = tl.fma(tl.load(taps + (WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32), back4, acc)
+    return acc * tl.sigmoid(acc)
+
+
+@triton.jit
+def _path_window_kernel(
+    conv_ptr, tokens_ptr, history_ptr, dst_slots_ptr, src_slots_ptr, steps_ptr, parents_ptr,
+    num_state_slots, num_src_slots, num_nodes, dim,
+    conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
+    tokens_stride_layer, tokens_stride_slot, tokens_stride_node, tokens_stride_dim,
+    history_stride_layer, history_stride_slot, history_stride_node, history_stride_dim, history_stride_col,
+    dst_slots_stride, src_slots_stride, steps_stride, parents_stride_row, parents_stride_node,
+    KERNEL_SIZE: tl.constexpr, NODES: tl.constexpr, BLOCK: tl.constexpr, TREE: tl.constexpr,
+):
+    """conv_state[l, dst] = the last K-1 inputs of the accepted path (history above the root).
+    Copies only, so the window is what scatter / scatter_tree write for the same buffer."""
+    WIDTH: tl.constexpr = KERNEL_SIZE - 1
+    block = tl.program_id(0)
+    row = tl.program_id(1)
+    layer = tl.program_id(2).to(tl.int64)
+    node, dst, src, active = row_indices(
+        row, steps_ptr, steps_stride, num_nodes, dst_slots_ptr, dst_slots_stride, num_state_slots,
+        src_slots_ptr, src_slots_stride, num_src_slots,
+    )
+    path, length, links_ok = accepted_path(row, node, parents_ptr, parents_stride_row, parents_stride_node,
+                                           NODES, TREE)
+    if active & links_ok:
+        chan = block * BLOCK + tl.arange(0, BLOCK)
+        cmask = chan < dim
+        root = path_node(path, 0, NODES, TREE)
+        tokens_base = tokens_ptr + layer * tokens_stride_layer + src * tokens_stride_slot
+        history_base = (history_ptr + layer * history_stride_layer + src * history_stride_slot
+                        + root * history_stride_node)
+        conv_base = conv_ptr + layer * conv_stride_layer + dst * conv_stride_slot
+        for column in tl.static_range(WIDTH):
+            position = length - WIDTH + column  # on the path; < 0: history column WIDTH-1+position
+            is_token = (chan * 0 + position) >= 0
+            node_here = path_node(path, tl.maximum(position, 0), NODES, TREE)
+            from_token = tl.load(tokens_base + node_here * tokens_stride_node + chan * tokens_stride_dim,
+                                 mask=cmask & is_token)
+            history_column = tl.maximum(WIDTH - 1 + position, 0)
+            from_history = tl.load(history_base + chan * history_stride_dim + history_column * history_stride_col,
+                                   mask=cmask & ~is_token)
+            value = tl.where(is_token, from_token, from_history)
+            tl.store(conv_base + chan * conv_stride_dim + column * conv_stride_win,
+                     value.to(conv_ptr.dtype.element_ty), mask=cmask)
+
+
+def index_strides(dst_slots, src_slots, steps, parents):
+    parents_strides = (0, 0) if parents is None else parents.stride()
+    return (dst_slots.stride(0), src_slots.stride(0), steps.stride(0), *parents_strides)
+
+
+def check_grid(op: str, num_rows: int, num_layers: int) -> None:
+    if num_layers > MAX_GRID_Y:
+        raise ValueError(f"{op} supports at most {MAX_GRID_Y} layers, got {num_layers}")
+    if num_rows > MAX_GRID_Y:
+        raise ValueError(f"{op} commits at most {MAX_GRID_Y} rows per call, got {num_rows}; split the batch")
+
+
+def launch_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents, *, block=WINDOW_BLOCK):
+    """conv [L, N_state, dim, K-1], tokens [L, M, N, dim], history [L, M, N, dim, K-2]; any strides."""
+    num_layers, num_state_slots, dim, width = conv.shape
+    num_rows = steps.shape[0]
+    if num_rows == 0 or num_layers == 0 or dim == 0:
+        return
+    check_grid("convwin window commit", num_rows, num_layers)
+    block = min(block, next_power_of_2(dim))
+    history_strides = history.stride() if history.shape[-1] > 0 else (0,) * 5
+    grid = (cdiv(dim, block), num_rows, num_layers)
+    _path_window_kernel[grid](
+        conv, tokens, history, dst_slots, src_slots, steps, steps if parents is None else parents,
+        num_state_slots, tokens.shape[1], tokens.shape[2], dim,
+        *conv.stride(), *tokens.stride(), *history_strides,
+        *index_strides(dst_slots, src_slots, steps, parents),
+        KERNEL_SIZE=width + 1, NODES=next_power_of_2(tokens.shape[2]), BLOCK=block, TREE=parents is not None,
+        num_warps=4,
+    )
+
+
+@triton.jit
+def _capture_gates_kernel(
+    gates_ptr, g_ptr, beta_ptr, slots_ptr, gates_layer_offset, num_slots, num_nodes, num_heads,
+    gates_stride_slot, gates_stride_node, gates_stride_gate, gates_stride_head,
+    g_stride_row, g_stride_node, g_stride_head,
+    beta_stride_row, beta_stride_node, beta_stride_head, slots_stride,
+    HAS_BETA: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """gates[layer, slots[row], n] = (g[row, n], beta[row, n]) for every node n: grid (B,)."""
+    row = tl.program_id(0)
+    slot = tl.load(slots_ptr + row * slots_stride).to(tl.int64)
+    if (slot >= 0) & (slot < num_slots):
+        for start in range(0, num_nodes * num_heads, BLOCK):
+            flat = start + tl.arange(0, BLOCK)
+            mask = flat < num_nodes * num_heads
+            n = flat // num_heads
+            h = flat - n * num_heads
+            dest = (gates_ptr + gates_layer_offset + slot * gates_stride_slot
+                    + n * gates_stride_node + h * gates_stride_head)
+            g = tl.load(g_ptr + row * g_stride_row + n * g_stride_node + h * g_stride_head, mask=mask)
+            tl.store(dest, g.to(gates_ptr.dtype.element_ty), mask=mask)
+            if HAS_BETA:
+                beta = tl.load(beta_ptr + row * beta_stride_row + n * beta_stride_node + h * beta_stride_head,
+                               mask=mask)
+                tl.store(dest + gates_stride_gate, beta.to(gates_ptr.dtype.element_ty), mask=mask)
+
+
+def launch_capture_gates(gates, g, beta, slots, layer, *, block=1024):
+    """gates [L, M, D, G, H]; g, beta [B, N, H] (beta None: a single-gate buffer); any strides."""
+    num_rows, num_nodes, num_heads = g.shape
+    if num_rows == 0 or num_nodes == 0 or num_heads == 0:
+        return
+    block = min(block, next_power_of_2(num_nodes * num_heads))
+    beta_strides = (0, 0, 0) if beta is None else beta.stride()
+    _capture_gates_kernel[(num_rows,)](
+        gates, g, g if beta is None else beta, slots, layer * gates.stride(0), gates.shape[1], num_nodes, num_heads,
+        *gates.stride()[1:], *g.stride(), *beta_strides, slots.stride(0),
+        HAS_BETA=beta is not None, BLOCK=block, num_warps=4,
+    )
