@@ -6,9 +6,10 @@
         cache.causal_conv1d_verify(out, conv_state, x, weight, bias, slots, layer)
     cache.commit(conv_state, slots, accepted)         # after acceptance, all layers, one launch
 
-Replay commit (Gated DeltaNet): construct with ``gate_heads=Hv`` for a gates buffer, store each
-layer's g, beta with ``capture_gates`` during verify, and commit the recurrent state and the conv
-window together with ``gdn_commit`` -- no state snapshots.
+Replay commit: construct with ``gate_heads=Hv`` (Mamba2: ``gate_heads=H, num_gates=1``) for a gates
+buffer, store each layer's g, beta (dt) with ``capture_gates`` during verify, and commit the
+recurrent state and the conv window together with ``gdn_commit`` (``mamba2_commit``) -- no state
+snapshots.
 
 ``slots`` index the buffer; the engine's conv_state is read (verify) and written (commit) at
 ``state_slots``, which default to ``slots`` (engines usually use one cache index for both).
@@ -22,7 +23,7 @@ import torch
 
 from .layout import DEFAULT_LAYOUT, DENSE, DIM_MAJOR, TOKEN_MAJOR, check_layout, physical_nbytes, window_view
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
-from .ops_replay import alloc_gates, capture_gates, gdn_commit
+from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
 
 
 class ConvWindowCache(torch.nn.Module):
@@ -38,6 +39,7 @@ class ConvWindowCache(torch.nn.Module):
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str | None = None,
         gate_heads: int | None = None,
+        num_gates: int = 2,
     ):
         super().__init__()
         check_layout(layout)
@@ -49,9 +51,10 @@ class ConvWindowCache(torch.nn.Module):
             alloc_windows(num_layers, num_slots, dim, num_draft, kernel_size, layout=layout, dtype=dtype, device=device),
             persistent=False,
         )
-        # [L, M, D, 2, gate_heads] float32: g, beta per draft token for gdn_commit (None: no replay)
+        # [L, M, D, num_gates, gate_heads] float32: g, beta (GDN) or dt (Mamba2, num_gates=1) per
+        # draft token for the replay commits (None: no replay)
         gates = None if gate_heads is None else alloc_gates(num_layers, num_slots, num_draft, gate_heads,
-                                                            device=self.buffer.device)
+                                                            num_gates=num_gates, device=self.buffer.device)
         self.register_buffer("gates", gates, persistent=False)
 
     @property
@@ -98,7 +101,8 @@ class ConvWindowCache(torch.nn.Module):
             scatter(conv_state, self.windows, state_slots, slots, accepted, state_layout=state_layout)
 
     def capture_gates(self, g, beta, slots, layer):
-        """Store layer ``layer``'s gates g, beta [B, N, Hv] of the verify pass (needs gate_heads)."""
+        """Store layer ``layer``'s gates g, beta [B, N, Hv] (Mamba2: dt, beta=None) of the verify
+        pass (needs gate_heads)."""
         capture_gates(self._gates(), g, beta, slots, layer)
 
     def gdn_commit(
@@ -112,6 +116,16 @@ class ConvWindowCache(torch.nn.Module):
                    parents, layout=self.layout, num_k_heads=num_k_heads, head_k_dim=head_k_dim,
                    num_v_heads=num_v_heads, head_v_dim=head_v_dim, conv_bias=conv_bias,
                    use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
+
+    def mamba2_commit(
+        self, ssm_state, conv_state, conv_weight, A, slots, accepted, *, num_heads, head_dim, n_groups, d_state,
+        state_slots=None, parents=None, conv_bias=None, state_layout=DIM_MAJOR,
+    ):
+        """``sgl_convwin.mamba2_commit`` on this cache's buffers (construct with num_gates=1)."""
+        state_slots = slots if state_slots is None else state_slots
+        mamba2_commit(ssm_state, conv_state, self.buffer, self._gates(), conv_weight, A, state_slots, slots, accepted,
+                      parents, layout=self.layout, num_heads=num_heads, head_dim=head_dim, n_groups=n_groups,
+                      d_state=d_state, conv_bias=conv_bias, state_layout=state_layout)
 
     def _gates(self) -> torch.Tensor:
         if self.gates is None:

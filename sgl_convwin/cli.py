@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     demo.add_argument("--no-progress", action="store_true")
     demo.add_argument("--mixer", default="gdn", choices=list(demo_module.MIXERS),
-                      help="gdn (default): Gated DeltaNet layers committed by replay; linear: snapshotted states")
+                      help="gdn (default) / mamba2: Gated DeltaNet / Mamba2 layers committed by replay; "
+                           "linear: a linear recurrence with snapshotted states")
     plan = commands.add_parser(
         "plan", help="speculative-state memory per slot and rank for a real model, four designs side by side")
     plan_module.add_arguments(plan)

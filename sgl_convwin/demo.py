@@ -1,6 +1,6 @@
 """``python -m sgl_convwin demo``: speculative decoding of a tiny hybrid model through the ops.
 
-The model (plain PyTorch, seeded random weights): an embedding, L mixer layers, a head. Two mixers:
+The model (plain PyTorch, seeded random weights): an embedding, L mixer layers, a head. Mixers:
 
 - ``gdn`` (the default): Gated DeltaNet -- mixed q/k/v projection -> depthwise causal conv1d ->
   SiLU -> q, k, v (l2-normalised q, k) -> gated delta rule ``S = S*exp(g); S += k (beta*(v - S^T k))^T``
@@ -8,6 +8,8 @@ The model (plain PyTorch, seeded random weights): an embedding, L mixer layers, 
   snapshots: the verify pass captures each node's conv input (``causal_conv1d_verify``) and gates
   (``capture_gates``) and computes the outputs without writing any state; after acceptance
   ``gdn_commit`` replays the accepted path onto the recurrent state and commits the conv window.
+- ``mamba2``: Mamba2 -- x/B/C projection -> conv + bias -> SiLU -> ``h = exp(dt*A) h + (dt x) B^T``,
+  y = h C + D x, with dt from the layer input; committed by ``mamba2_commit`` the same way.
 - ``linear``: a gated linear recurrence h = decay*h + silu(conv) whose per-node states are
   snapshotted during verify; the conv window is committed with ``scatter`` / ``scatter_tree``.
 
@@ -165,6 +167,10 @@ class GDNConfig:
         return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
 
     @property
+    def state_shape(self) -> tuple[int, int, int]:
+        return (self.num_v_heads, self.head_k_dim, self.head_v_dim)
+
+    @property
     def dims(self) -> dict:
         return dict(num_k_heads=self.num_k_heads, head_k_dim=self.head_k_dim, num_v_heads=self.num_v_heads,
                     head_v_dim=self.head_v_dim)
@@ -191,65 +197,58 @@ def gated_delta_step(state, c, g, beta, config: GDNConfig):
     return state, (state * (q * dk**-0.5)[..., None]).sum(-2)
 
 
-class TinyGDNLM:
-    """The Gated DeltaNet model: ``step`` decodes one token per request, ``verify`` a tree."""
+class ReplayLM:
+    """A hybrid model whose mixer layers are committed by replay: ``step`` decodes one token per
+    request, ``verify`` a tree of them without writing any state. Subclasses give the mixer:
+    its weights, gates, one-token recurrence and commit op."""
 
-    def __init__(self, config: GDNConfig, seed: int, device: torch.device, noise: float = 0.0):
+    num_gates: int  # gates per head and token in the cache (GDN: g, beta; Mamba2: dt)
+
+    def __init__(self, config, seed: int, device: torch.device, noise: float, mixer_params: dict):
         c = config
         weight = seeded_weights(seed)
-
         params = dict(
             embed=weight(c.vocab, c.d_model, scale=1.0),
             w_in=weight(c.layers, c.d_model, c.conv_dim, scale=c.d_model**-0.5),
-            w_a=weight(c.layers, c.d_model, c.num_v_heads, scale=c.d_model**-0.5),
-            w_b=weight(c.layers, c.d_model, c.num_v_heads, scale=c.d_model**-0.5),
-            a_log=weight(c.layers, c.num_v_heads, scale=0.5),
-            dt_bias=weight(c.layers, c.num_v_heads, scale=0.5),
             conv_w=weight(c.layers, c.conv_dim, c.kernel_size, scale=0.5),
             conv_b=weight(c.layers, c.conv_dim, scale=0.1),
-            w_out=weight(c.layers, c.num_v_heads * c.head_v_dim, c.d_model, scale=0.5),
             head=weight(c.d_model, c.vocab, scale=c.d_model**-0.5),
         )
+        params.update({name: weight(*shape, scale=scale) for name, (shape, scale) in mixer_params.items()})
         self.config = config
         set_weights(self, params, seed, noise, device)
 
     def new_states(self, batch: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Zero conv state [L, B, conv_dim, K-1] and recurrent state [L, B, Hv, dk, dv]."""
+        """Zero conv state [L, B, conv_dim, K-1] and recurrent state [L, B, *state_shape]."""
         c = self.config
         return (torch.zeros(c.layers, batch, c.conv_dim, c.kernel_size - 1, device=device),
-                torch.zeros(c.layers, batch, c.num_v_heads, c.head_k_dim, c.head_v_dim, device=device))
+                torch.zeros(c.layers, batch, *c.state_shape, device=device))
 
     def new_cache(self, slots, num_nodes, layout, tree, device):
-        return ReplayCache(self.config, slots, num_nodes, layout, tree, device)
+        return ReplayCache(self, slots, num_nodes, layout, tree, device)
 
-    def _gates(self, x, layer):
-        """g = -exp(A_log) * softplus(a + dt_bias) <= 0 and beta = sigmoid(b), per value head."""
-        a = x @ self.w_a[layer]
-        g = -torch.exp(self.a_log[layer]) * torch.nn.functional.softplus(a + self.dt_bias[layer])
-        return g, torch.sigmoid(x @ self.w_b[layer])
-
-    def _mix_out(self, x, o, layer):
-        return on_grid(x + on_grid(o.flatten(-2)) @ self.w_out[layer])
+    def _mix_out(self, x, out, layer):
+        return on_grid(x + on_grid(out.flatten(-2)) @ self.w_out[layer])
 
     def step(self, tokens, conv_state, rec_state):
         """One token per request (the reference decoder). tokens: [B]; conv_state [L, B, C, K-1]
-        and rec_state [L, B, Hv, dk, dv], updated in place. Returns logits."""
+        and rec_state [L, B, *state_shape], updated in place. Returns logits."""
         x = self.embed[tokens]
         for layer in range(self.config.layers):
             u = on_grid(x @ self.w_in[layer])
             window = torch.cat([conv_state[layer], u[:, :, None]], dim=2)  # [B, C, K]
             conv = (window * self.conv_w[layer]).sum(dim=2) + self.conv_b[layer]
             conv_state[layer] = window[:, :, 1:]
-            g, beta = self._gates(x, layer)
-            state, o = gated_delta_step(rec_state[layer], torch.nn.functional.silu(conv), g, beta, self.config)
+            gates = self._gates(x, layer)
+            state, out = self._recurrence(rec_state[layer], torch.nn.functional.silu(conv), gates, layer)
             rec_state[layer] = state
-            x = self._mix_out(x, o, layer)
+            x = self._mix_out(x, out, layer)
         return x @ self.head
 
     def verify(self, tokens, parents, cache, state_slots, buffer_slots):
         """Every node of every request's draft tree in one pass per layer, writing no state.
 
-        Captures each node's conv input and gates into the cache's buffers (what ``gdn_commit``
+        Captures each node's conv input and gates into the cache's buffers (what the commit
         replays); the recurrence along each node's path runs on temporaries. tokens, parents:
         [B, N] (parents[b, 0] = -1: node 0 is the pending token). Returns logits [B, N, vocab]."""
         c = self.config
@@ -265,17 +264,120 @@ class TinyGDNLM:
                 buffer_slots, state_slots, layer, cache.parents_arg(parents), layout=cache.layout,
                 activation="silu",
             )
-            g, beta = self._gates(x, layer)
-            torch.ops.convwin.capture_gates(cache.gates, g, beta, buffer_slots, layer)
-            states = torch.empty(B, N, c.num_v_heads, c.head_k_dim, c.head_v_dim, device=tokens.device)
-            o = torch.empty(B, N, c.num_v_heads, c.head_v_dim, device=tokens.device)
+            gates = self._gates(x, layer)
+            torch.ops.convwin.capture_gates(cache.gates, *gates, buffer_slots, layer)
+            states = torch.empty(B, N, *c.state_shape, device=tokens.device)
+            outs = []
             for node in range(N):  # along each node's path, from the committed state
                 parent = parents[:, node]
-                previous = torch.where((parent >= 0)[:, None, None, None], states[rows, parent.clamp(min=0)],
+                ancestor = states[rows, parent.clamp(min=0)]
+                previous = torch.where((parent >= 0).view(-1, *[1] * len(c.state_shape)), ancestor,
                                        cache.rec_state[layer, read])
-                states[:, node], o[:, node] = gated_delta_step(previous, conv[:, node], g[:, node], beta[:, node], c)
-            x = self._mix_out(x, o, layer)
+                node_gates = tuple(None if gate is None else gate[:, node] for gate in gates)
+                states[:, node], out = self._recurrence(previous, conv[:, node], node_gates, layer)
+                outs.append(out)
+            x = self._mix_out(x, torch.stack(outs, dim=1), layer)
         return x @ self.head
+
+
+class TinyGDNLM(ReplayLM):
+    """Gated DeltaNet layers: g, beta from the layer input, the gated delta rule, o = S^T q."""
+
+    num_gates = 2
+
+    def __init__(self, config: GDNConfig, seed: int, device: torch.device, noise: float = 0.0):
+        c = config
+        super().__init__(config, seed, device, noise, dict(
+            w_a=((c.layers, c.d_model, c.num_v_heads), c.d_model**-0.5),
+            w_b=((c.layers, c.d_model, c.num_v_heads), c.d_model**-0.5),
+            a_log=((c.layers, c.num_v_heads), 0.5),
+            dt_bias=((c.layers, c.num_v_heads), 0.5),
+            w_out=((c.layers, c.num_v_heads * c.head_v_dim, c.d_model), 0.5),
+        ))
+
+    def _gates(self, x, layer):
+        """g = -exp(A_log) * softplus(a + dt_bias) <= 0 and beta = sigmoid(b), per value head."""
+        a = x @ self.w_a[layer]
+        g = -torch.exp(self.a_log[layer]) * torch.nn.functional.softplus(a + self.dt_bias[layer])
+        return g, torch.sigmoid(x @ self.w_b[layer])
+
+    def _recurrence(self, state, c, gates, layer):
+        return gated_delta_step(state, c, *gates, self.config)
+
+    def commit(self, cache, state_slots, buffer_slots, accepted, parents):
+        torch.ops.convwin.gdn_commit(
+            cache.rec_state, cache.conv_state, cache.buffer, cache.gates, self.conv_w, state_slots, buffer_slots,
+            accepted, parents, self.conv_b, layout=cache.layout, **self.config.dims,
+        )
+
+
+@dataclass(frozen=True)
+class Mamba2Config:
+    vocab: int = 64
+    d_model: int = 32
+    num_heads: int = 4
+    head_dim: int = 8
+    n_groups: int = 2
+    d_state: int = 8
+    kernel_size: int = 4
+    layers: int = 3
+
+    @property
+    def conv_dim(self) -> int:  # x, B, C
+        return self.num_heads * self.head_dim + 2 * self.n_groups * self.d_state
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        return (self.num_heads, self.head_dim, self.d_state)
+
+    @property
+    def dims(self) -> dict:
+        return dict(num_heads=self.num_heads, head_dim=self.head_dim, n_groups=self.n_groups, d_state=self.d_state)
+
+
+def mamba2_step(state, c, dt, rate, config: Mamba2Config):
+    """One token of the Mamba2 recurrence for a batch: state [.., H, P, Ns] float32, c the conv
+    output [.., conv_dim], dt [.., H], rate [H] (A = -exp(A_log)). Returns (new state, y [.., H, P]).
+    The same float32 operations as the commit's CPU path."""
+    h, p, g, n = config.num_heads, config.head_dim, config.n_groups, config.d_state
+    x = c[..., : h * p].unflatten(-1, (h, p))
+    b = c[..., h * p: h * p + g * n].unflatten(-1, (g, n)).repeat_interleave(h // g, dim=-2)
+    c_out = c[..., h * p + g * n:].unflatten(-1, (g, n)).repeat_interleave(h // g, dim=-2)
+    dt = dt[..., None, None]
+    state = torch.exp(dt * rate[:, None, None]) * state + (dt * x[..., None]) * b[..., None, :]
+    return state, (state * c_out[..., None, :]).sum(-1)
+
+
+class TinyMamba2LM(ReplayLM):
+    """Mamba2 layers: dt from the layer input, h = exp(dt A) h + (dt x) B^T, y = h C + D x."""
+
+    num_gates = 1
+
+    def __init__(self, config: Mamba2Config, seed: int, device: torch.device, noise: float = 0.0):
+        c = config
+        super().__init__(config, seed, device, noise, dict(
+            w_dt=((c.layers, c.d_model, c.num_heads), c.d_model**-0.5),
+            dt_bias=((c.layers, c.num_heads), 0.5),
+            a_log=((c.layers, c.num_heads), 0.5),
+            d_skip=((c.layers, c.num_heads), 0.5),
+            w_out=((c.layers, c.num_heads * c.head_dim, c.d_model), 0.5),
+        ))
+        self.rate = -torch.exp(self.a_log)  # [L, H], what the commit takes
+
+    def _gates(self, x, layer):
+        """dt = softplus(x w_dt + dt_bias) > 0 per head (no beta)."""
+        return torch.nn.functional.softplus(x @ self.w_dt[layer] + self.dt_bias[layer]), None
+
+    def _recurrence(self, state, c, gates, layer):
+        state, y = mamba2_step(state, c, gates[0], self.rate[layer], self.config)
+        x = c[..., : self.config.num_heads * self.config.head_dim].unflatten(-1, self.config.state_shape[:2])
+        return state, y + self.d_skip[layer][:, None] * x
+
+    def commit(self, cache, state_slots, buffer_slots, accepted, parents):
+        torch.ops.convwin.mamba2_commit(
+            cache.rec_state, cache.conv_state, cache.buffer, cache.gates, self.conv_w, self.rate, state_slots,
+            buffer_slots, accepted, parents, self.conv_b, layout=cache.layout, **self.config.dims,
+        )
 
 
 def tree_parents(num_nodes: int, topk: int) -> list[int]:
@@ -328,17 +430,15 @@ class ReplayCache:
     """The engine side of the replay design: conv and recurrent state per slot, the conv-input
     buffer of one layout and the gates -- no recurrent-state snapshots."""
 
-    def __init__(self, config: GDNConfig, slots, num_nodes, layout, tree, device):
-        c = config
-        self.config, self.layout, self.tree, self.num_nodes = config, layout, tree, num_nodes
-        self.conv_state = torch.zeros(c.layers, slots, c.conv_dim, c.kernel_size - 1, device=device)
-        self.rec_state = torch.zeros(c.layers, slots, c.num_v_heads, c.head_k_dim, c.head_v_dim, device=device)
+    def __init__(self, model: ReplayLM, slots, num_nodes, layout, tree, device):
+        c = model.config
+        self.model, self.config, self.layout, self.tree, self.num_nodes = model, c, layout, tree, num_nodes
+        self.conv_state, self.rec_state = model.new_states(slots, device)
         self.buffer = torch.ops.convwin.alloc(
             c.layers, slots, c.conv_dim, num_nodes, c.kernel_size, layout, torch.float32, torch.device(device)
         )
-        self.gates = torch.ops.convwin.alloc_gates(c.layers, slots, num_nodes, c.num_v_heads, 2, torch.float32,
-                                                   torch.device(device))
-        self.conv_w = self.conv_b = None  # the target's, set by speculative_decode
+        self.gates = torch.ops.convwin.alloc_gates(c.layers, slots, num_nodes, c.state_shape[0], model.num_gates,
+                                                   torch.float32, torch.device(device))
 
     def parents_arg(self, parents):
         return parents if self.tree else None
@@ -355,10 +455,7 @@ class ReplayCache:
 
     def commit(self, state_slots, buffer_slots, accepted, parents):
         """Replay the accepted path onto both states: all layers, no snapshots."""
-        torch.ops.convwin.gdn_commit(
-            self.rec_state, self.conv_state, self.buffer, self.gates, self.conv_w, state_slots, buffer_slots,
-            accepted, self.parents_arg(parents), self.conv_b, layout=self.layout, **self.config.dims,
-        )
+        self.model.commit(self, state_slots, buffer_slots, accepted, self.parents_arg(parents))
 
 
 def greedy_reference(target, prompts, new_tokens):
@@ -421,8 +518,6 @@ def speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, 
     tree = topk > 1
     parents_list = tree_parents(num_nodes, topk)
     cache = target.new_cache(B + 2, num_nodes, layout, tree, device)  # two spare slots: never used
-    if isinstance(cache, ReplayCache):
-        cache.conv_w, cache.conv_b = target.conv_w, target.conv_b
     slots = torch.arange(B, device=device) + 1  # slot 0 stays untouched
     # prefill: the prompt but its last token (the pending one), one token at a time
     prompt = torch.tensor(prompts, device=device)
@@ -488,7 +583,7 @@ def progress_bar(label: str, stream=sys.stderr):
     return update
 
 
-MIXERS = ("gdn", "linear")
+MIXERS = ("gdn", "mamba2", "linear")
 
 
 def run_demo(
@@ -512,8 +607,9 @@ def run_demo(
 
 def _run_demo(device, new_tokens, batch, prompt_len, draft, tree_nodes, topk, layers, seed, noise,
               layouts_to_run, show_progress, out, mixer) -> bool:
-    model = TinyGDNLM if mixer == "gdn" else TinyHybridLM
-    config = GDNConfig(layers=layers) if mixer == "gdn" else ModelConfig(layers=layers)
+    model, config_type = {"gdn": (TinyGDNLM, GDNConfig), "mamba2": (TinyMamba2LM, Mamba2Config),
+                          "linear": (TinyHybridLM, ModelConfig)}[mixer]
+    config = config_type(layers=layers)
     target = model(config, seed, torch.device(device))
     drafter = model(config, seed, torch.device(device), noise=noise)
     g = torch.Generator().manual_seed(seed + 2)
@@ -541,8 +637,9 @@ def _run_demo(device, new_tokens, batch, prompt_len, draft, tree_nodes, topk, la
                          result.accepted / (steps * tree_depth(parents_list)),
                          (result.accepted + result.request_steps) / steps, nbytes, nbytes / snapshot,
                          batch * new_tokens / seconds))
-    what = ("Gated DeltaNet layers, committed by replay (gdn_commit, no state snapshots)" if mixer == "gdn"
-            else "linear-recurrence layers, per-node state snapshots")
+    what = {"gdn": "Gated DeltaNet layers, committed by replay (gdn_commit, no state snapshots)",
+            "mamba2": "Mamba2 layers, committed by replay (mamba2_commit, no state snapshots)",
+            "linear": "linear-recurrence layers, per-node state snapshots"}[mixer]
     print(f"\nspeculative decoding of a {config.layers}-layer hybrid model ({what}; dim {config.d_model}, conv "
           f"{config.conv_dim}, K={config.kernel_size}), {batch} requests x {new_tokens} tokens, "
           f"{device}, seed {seed}", file=out)

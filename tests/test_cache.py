@@ -203,3 +203,22 @@ def test_cache_replay_commit_matches_the_functions():
     assert not torch.equal(got[0], replay.ssm_state)
     with pytest.raises(ValueError, match="gate_heads"):
         sgl_convwin.ConvWindowCache(1, 2, 8, 2, 4).capture_gates(g[0], beta[0], torch.arange(4), 0)
+
+
+def test_cache_mamba2_commit_matches_the_function():
+    from support import make_replay
+
+    replay = make_replay(mixer="mamba2", tree=True, seed=6, buffer_slots=4)
+    kw = dict(replay.kwargs)
+    cache = sgl_convwin.ConvWindowCache(replay.buffer.shape[0], 4, replay.conv_state.shape[2], replay.gates.shape[2],
+                                        4, layout=kw.pop("layout"), dtype=replay.buffer.dtype,
+                                        gate_heads=kw["num_heads"], num_gates=1)
+    cache.buffer.copy_(replay.buffer)
+    cache.gates.copy_(replay.gates)
+    expected = (replay.ssm_state.clone(), replay.conv_state.clone())
+    sgl_convwin.mamba2_commit(*replay.args(*expected), **replay.kwargs)
+    got = (replay.ssm_state.clone(), replay.conv_state.clone())
+    cache.mamba2_commit(*got, replay.conv_weight, replay.A, replay.src_slots, replay.steps,
+                        state_slots=replay.dst_slots, parents=replay.parents, **kw)
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
+    assert not torch.equal(got[0], replay.ssm_state)

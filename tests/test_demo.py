@@ -23,7 +23,8 @@ def test_every_layout_and_draft_shape_matches_greedy(device, seed, mixer):
     assert "all streams identical" in out.getvalue()
 
 
-@pytest.mark.parametrize("mixer, cache", [("gdn", demo.ReplayCache), ("linear", demo.SpecCache)])
+@pytest.mark.parametrize("mixer, cache", [("gdn", demo.ReplayCache), ("mamba2", demo.ReplayCache),
+                                          ("linear", demo.SpecCache)])
 def test_the_check_fails_when_the_commit_is_wrong(monkeypatch, mixer, cache):
     """Committing the parent of the accepted node (one input short) must change the streams."""
     commit = cache.commit
@@ -38,16 +39,19 @@ def test_the_check_fails_when_the_commit_is_wrong(monkeypatch, mixer, cache):
     assert "| NO |" in out.getvalue() and "STREAMS DIFFER" in out.getvalue()
 
 
-def test_the_check_fails_when_the_gates_are_not_captured(monkeypatch):
-    """The replay reads each node's g, beta from the gates buffer: without them it must differ."""
+@pytest.mark.parametrize("mixer", ["gdn", "mamba2"])
+def test_the_check_fails_when_the_gates_are_not_captured(monkeypatch, mixer):
+    """The replay reads each node's gates (g, beta; dt) from the gates buffer: without them the
+    streams must differ."""
     monkeypatch.setattr(torch.ops.convwin, "capture_gates", lambda *args: None)
-    assert not demo.run_demo(out=io.StringIO(), mixer="gdn", **SMALL)
+    assert not demo.run_demo(out=io.StringIO(), mixer=mixer, **SMALL)
 
 
 def test_replay_keeps_no_state_snapshots():
     """The GDN cache keeps the conv-input buffer and the gates only; the linear one snapshots."""
     config = demo.GDNConfig(layers=2)
-    cache = demo.ReplayCache(config, slots=3, num_nodes=4, layout="token_major", tree=False, device="cpu")
+    model = demo.TinyGDNLM(config, seed=0, device=torch.device("cpu"))
+    cache = demo.ReplayCache(model, slots=3, num_nodes=4, layout="token_major", tree=False, device="cpu")
     assert not hasattr(cache, "snapshots")
     per_slot = 2 * (4 + 2) * config.conv_dim * 4 + 2 * 4 * 2 * config.num_v_heads * 4
     assert cache.speculative_nbytes_per_slot() == per_slot
