@@ -198,14 +198,23 @@ def test_sglang_tree_commit_root_trap(layout, device):
     assert torch.equal(sglang_accepted_steps(accept_index, accept_length), accepted_steps)
     mamba_cache_indices = sglang_mamba_cache_indices(pool_slots, padded_batch).to(device)
 
-    # the verify pass: buffer slot = batch row (SGLang's speculative buffers), padded row skipped
+    # the verify pass as the docs' SGLang section runs it: buffer slot = batch row (SGLang's
+    # speculative buffers), state slot = mamba_cache_indices (padded row skipped), parents from links
     conv_state = torch.randn(layers, pool, dim, K - 1, generator=gen).to(device)
-    buffer = sgl_convwin.alloc_windows(layers, padded_batch, dim, num_nodes, K, layout=layout,
-                                       dtype=torch.float32, device=device)
+    spec_cache = sgl_convwin.ConvWindowCache(layers, padded_batch, dim, num_nodes, K, layout=layout,
+                                             dtype=torch.float32, device=device)
+    links_pad = torch.cat([next_token, torch.zeros(1, num_nodes, dtype=torch.int64)]).to(device)  # graph buffers:
+    sib_pad = torch.cat([next_sibling, torch.zeros(1, num_nodes, dtype=torch.int64)]).to(device)  # zeros when padded
+    parents = sglang_parents(retrieve_next_token=links_pad, retrieve_next_sibling=sib_pad)
     rows = torch.arange(padded_batch, device=device)
     for layer in range(layers):
         x = torch.randn(padded_batch, num_nodes, dim, generator=gen).to(device)
-        sgl_convwin.capture(buffer, conv_state, x, rows, mamba_cache_indices, layer, layout=layout)
+        out = torch.zeros_like(x)
+        weight = torch.randn(dim, K, generator=gen).to(device)
+        spec_cache.causal_conv1d_verify(out, conv_state, x, weight, None, rows, layer,
+                                        state_slots=mamba_cache_indices, parents=parents, activation="silu")
+        assert torch.equal(out[-1], torch.zeros_like(out[-1]))  # the padded row wrote nothing
+    buffer = spec_cache.buffer
 
     def commit(dst, src, steps, parents):
         state = conv_state.clone()
@@ -223,8 +232,6 @@ def test_sglang_tree_commit_root_trap(layout, device):
     assert set(args) == {"dst_slots", "src_slots", "steps", "parents"}
     assert torch.equal(commit(args["dst_slots"], args["src_slots"], args["steps"], args["parents"]), expected)
     # the padded cuda-graph row: SGLang's buffers hold zeros there; the adapter keeps it skipped
-    links_pad = torch.cat([next_token, torch.zeros(1, num_nodes, dtype=torch.int64)]).to(device)
-    sib_pad = torch.cat([next_sibling, torch.zeros(1, num_nodes, dtype=torch.int64)]).to(device)
     steps_pad = torch.cat([accepted_steps, torch.tensor([0])]).to(device)
     args = sglang_commit_args(mamba_cache_indices, steps_pad, retrieve_next_token=links_pad,
                               retrieve_next_sibling=sib_pad)
@@ -357,12 +364,21 @@ def vllm_widened_conv_state(committed_window, previous_accepted, x_tokens):
     return torch.cat([old[:, offset + 1 : offset + width], x_tokens.T], dim=1)
 
 
+def vllm_conv_state(layers, blocks, dim, gen, device):
+    """Each layer's conv state as vLLM stores it -- its own tensor [num_blocks, K-1, dim] (the
+    shape calculator's swapped orientation) -- and the [num_blocks, dim, K-1] view _forward_core
+    takes with .transpose(-1, -2)."""
+    storages = [torch.randn(blocks, K - 1, dim, generator=gen).to(device) for _ in range(layers)]
+    return storages, [storage.transpose(-1, -2) for storage in storages]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["channel_major", "token_major"])
 def test_vllm_uniform_view_and_commit(layout, device):
-    """vLLM's ragged spec batch through vllm_uniform_view into the verify capture, the commit with
-    vllm_commit_args equals the package's convention, and the committed window is what vLLM's
-    widened conv state holds at offset num_accepted_tokens - 1."""
+    """vLLM's ragged spec batch through vllm_uniform_view into the verify conv (one 1-layer cache
+    per GDN layer, as vLLM keeps one state tensor per layer), the commit with vllm_commit_args
+    equals the package's convention, and the committed window is what vLLM's widened conv state
+    holds at offset num_accepted_tokens - 1."""
     gen = torch.Generator().manual_seed(5)
     layers, dim, num_spec, real, padded, pool = 2, 8, 3, 3, 5, 10
     num_tokens = num_spec + 1
@@ -374,46 +390,52 @@ def test_vllm_uniform_view_and_commit(layout, device):
     assert num_accepted.tolist() == [1, 3, 4, 1, 1]
     spec_state_indices, qsl, num_accepted = spec_state_indices.to(device), qsl.to(device), num_accepted.to(device)
 
-    conv_state = torch.randn(layers, pool, dim, K - 1, generator=gen).to(device)
-    buffer = sgl_convwin.alloc_windows(layers, pool, dim, num_tokens, K, layout=layout, dtype=torch.float32,
-                                       device=device)
+    _, conv_states = vllm_conv_state(layers, pool, dim, gen, device)
+    before = [state.clone() for state in conv_states]
+    spec_caches = [sgl_convwin.ConvWindowCache(1, pool, dim, num_tokens, K, layout=layout, dtype=torch.float32,
+                                               device=device) for _ in range(layers)]
     xs = []
     for layer in range(layers):
-        mixed_qkv = torch.randn(padded * num_tokens, dim, generator=gen).to(device)  # padded token rows too
-        x, rows_ok = vllm_uniform_view(mixed_qkv, qsl, num_tokens)
+        mixed_qkv_spec = torch.randn(padded * num_tokens, dim, generator=gen).to(device)  # padded token rows too
+        conv_weights = torch.randn(dim, K, generator=gen).to(device)
+        x, rows_ok = vllm_uniform_view(mixed_qkv_spec, qsl, num_tokens)
         assert rows_ok.tolist() == [True] * real + [False] * (padded - real)
-        assert x.data_ptr() == mixed_qkv.data_ptr()  # a view, no copy
+        assert x.data_ptr() == mixed_qkv_spec.data_ptr()  # a view, no copy
         for b in range(real):
-            assert torch.equal(x[b], mixed_qkv[qsl[b] : qsl[b + 1]])
-        slots = torch.where(rows_ok, spec_state_indices[:, 0], -1)
-        sgl_convwin.capture(buffer, conv_state, x, slots, slots, layer, layout=layout)
-        xs.append(mixed_qkv)
-    windows = sgl_convwin.window_view(buffer, layout, num_tokens, K)
+            assert torch.equal(x[b], mixed_qkv_spec[qsl[b] : qsl[b + 1]])
+        slots = torch.where(rows_ok, spec_state_indices[:, 0], PAD_SLOT_ID)
+        out = torch.empty_like(x)
+        spec_caches[layer].causal_conv1d_verify(out, conv_states[layer][None], x, conv_weights, None, slots, 0,
+                                                activation="silu")
+        xs.append(mixed_qkv_spec)
 
-    expected = conv_state.clone()
     truth_slots = block_table[:, 0].to(device)
-    sgl_convwin.scatter(expected, windows, truth_slots, truth_slots, torch.tensor([0, 2, 3], device=device))
+    truth_steps = torch.tensor([0, 2, 3], device=device)
     args = vllm_commit_args(spec_state_indices, num_accepted)
     assert torch.equal(args["dst_slots"], spec_state_indices[:, 0]) and args["steps"][real:].tolist() == [-1, -1]
-    state = conv_state.clone()
-    sgl_convwin.scatter(state, windows, **args)
-    assert torch.equal(state, expected)
+    for layer in range(layers):
+        expected = before[layer][None].clone()
+        sgl_convwin.scatter(expected, spec_caches[layer].windows, truth_slots, truth_slots, truth_steps)
+        sgl_convwin.scatter(conv_states[layer][None], spec_caches[layer].windows, **args)
+        assert torch.equal(conv_states[layer][None], expected)
 
     for layer in range(layers):  # vLLM's own bookkeeping reaches the same windows
         for b in range(real):
             slot = int(block_table[b, 0])
             tokens = xs[layer][b * num_tokens : (b + 1) * num_tokens].cpu()
-            widened = vllm_widened_conv_state(conv_state[layer, slot].cpu(), previous_accepted=2, x_tokens=tokens)
+            widened = vllm_widened_conv_state(before[layer][slot].cpu(), previous_accepted=2, x_tokens=tokens)
             n = int(num_accepted[b])
-            assert torch.equal(widened[:, n - 1 : n - 1 + K - 1], state[layer, slot].cpu())
+            assert torch.equal(widened[:, n - 1 : n - 1 + K - 1], conv_states[layer][slot].cpu())
             if layout == "channel_major":  # the widened state IS the channel_major buffer row
-                assert torch.equal(widened, buffer[layer, slot].cpu())
+                assert torch.equal(widened, spec_caches[layer].buffer[0, slot].cpu())
 
 
 @pytest.mark.parametrize("layout", ["token_major", "channel_major"])
 def test_vllm_gdn_commit(layout):
     """The replay commit with vLLM's tensors: spec_state_indices_tensor [B, 1 + num_spec] (column 0
-    the request's slot, PAD_SLOT_ID rows), num_accepted_tokens with the bonus counted."""
+    the request's slot, PAD_SLOT_ID rows), num_accepted_tokens with the bonus counted, the states
+    stored as vLLM stores them (conv [blocks, K-1, dim], recurrent [blocks, Hv, dv, dk]); all layers
+    at once, and one layer at a time on 1-layer views (vLLM's per-layer state tensors)."""
     replay = make_replay(layout=layout, num_rows=4, num_draft=4, seed=6, steps=torch.tensor([3, 0, 1, 2]))
     expected_ssm, expected_conv = replay.ssm_state.clone(), replay.conv_state.clone()
     sgl_convwin.gdn_commit(*replay.args(expected_ssm, expected_conv), **replay.kwargs)
@@ -422,8 +444,21 @@ def test_vllm_gdn_commit(layout):
     spec_state_indices[replay.dst_slots < 0] = PAD_SLOT_ID
     num_accepted = torch.where(replay.dst_slots >= 0, replay.steps + 1, 1).to(torch.int32)
     args = vllm_commit_args(spec_state_indices, num_accepted, buffer_slots=replay.src_slots)
-    ssm, conv = replay.ssm_state.clone(), replay.conv_state.clone()
+
+    def vllm_storage(state):  # the last two axes swapped in memory, seen in the package's order
+        return state.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+    ssm, conv = vllm_storage(replay.ssm_state), vllm_storage(replay.conv_state)
     sgl_convwin.gdn_commit(ssm, conv, replay.buffer, replay.gates, replay.conv_weight, **args, **replay.kwargs)
+    assert torch.equal(ssm, expected_ssm) and torch.equal(conv, expected_conv)
+
+    ssm, conv = vllm_storage(replay.ssm_state), vllm_storage(replay.conv_state)
+    kwargs = dict(replay.kwargs)
+    conv_bias = kwargs.pop("conv_bias")
+    for layer in range(ssm.shape[0]):
+        sgl_convwin.gdn_commit(ssm[layer][None], conv[layer][None], replay.buffer[layer][None],
+                               replay.gates[layer][None], replay.conv_weight[layer][None], **args,
+                               conv_bias=conv_bias[layer][None], **kwargs)
     assert torch.equal(ssm, expected_ssm) and torch.equal(conv, expected_conv)
 
 
