@@ -202,7 +202,7 @@ def test_sglang_tree_commit_root_trap(layout, device):
     # speculative buffers), state slot = mamba_cache_indices (padded row skipped), parents from links
     conv_state = torch.randn(layers, pool, dim, K - 1, generator=gen).to(device)
     spec_cache = sgl_convwin.ConvWindowCache(layers, padded_batch, dim, num_nodes, K, layout=layout,
-                                             dtype=torch.float32, device=device)
+                                             dtype=torch.float32, device=device, gate_heads=3)
     links_pad = torch.cat([next_token, torch.zeros(1, num_nodes, dtype=torch.int64)]).to(device)  # graph buffers:
     sib_pad = torch.cat([next_sibling, torch.zeros(1, num_nodes, dtype=torch.int64)]).to(device)  # zeros when padded
     parents = sglang_parents(retrieve_next_token=links_pad, retrieve_next_sibling=sib_pad)
@@ -214,6 +214,10 @@ def test_sglang_tree_commit_root_trap(layout, device):
         spec_cache.causal_conv1d_verify(out, conv_state, x, weight, None, rows, layer,
                                         state_slots=mamba_cache_indices, parents=parents, activation="silu")
         assert torch.equal(out[-1], torch.zeros_like(out[-1]))  # the padded row wrote nothing
+        g, beta = torch.randn(2, padded_batch * num_nodes, 3, generator=gen).to(device)  # SGLang's [tokens, Hv]
+        spec_cache.capture_gates(g.view(padded_batch, num_nodes, -1), beta.view(padded_batch, num_nodes, -1),
+                                 rows, layer)
+        assert torch.equal(spec_cache.gates[layer, :, :, 0], g.view(padded_batch, num_nodes, -1))
     buffer = spec_cache.buffer
 
     def commit(dst, src, steps, parents):
@@ -231,6 +235,9 @@ def test_sglang_tree_commit_root_trap(layout, device):
                               retrieve_next_token=next_token.to(device), retrieve_next_sibling=next_sibling.to(device))
     assert set(args) == {"dst_slots", "src_slots", "steps", "parents"}
     assert torch.equal(commit(args["dst_slots"], args["src_slots"], args["steps"], args["parents"]), expected)
+    state = conv_state.clone()  # the docs' conv-only commit through the cache
+    spec_cache.commit(state, args["src_slots"], args["steps"], state_slots=args["dst_slots"], parents=args["parents"])
+    assert torch.equal(state, expected)
     # the padded cuda-graph row: SGLang's buffers hold zeros there; the adapter keeps it skipped
     steps_pad = torch.cat([accepted_steps, torch.tensor([0])]).to(device)
     args = sglang_commit_args(mamba_cache_indices, steps_pad, retrieve_next_token=links_pad,
@@ -393,11 +400,12 @@ def test_vllm_uniform_view_and_commit(layout, device):
     _, conv_states = vllm_conv_state(layers, pool, dim, gen, device)
     before = [state.clone() for state in conv_states]
     spec_caches = [sgl_convwin.ConvWindowCache(1, pool, dim, num_tokens, K, layout=layout, dtype=torch.float32,
-                                               device=device) for _ in range(layers)]
+                                               device=device, gate_heads=2) for _ in range(layers)]
     xs = []
     for layer in range(layers):
         mixed_qkv_spec = torch.randn(padded * num_tokens, dim, generator=gen).to(device)  # padded token rows too
         conv_weights = torch.randn(dim, K, generator=gen).to(device)
+        xs.append(mixed_qkv_spec.clone())
         x, rows_ok = vllm_uniform_view(mixed_qkv_spec, qsl, num_tokens)
         assert rows_ok.tolist() == [True] * real + [False] * (padded - real)
         assert x.data_ptr() == mixed_qkv_spec.data_ptr()  # a view, no copy
@@ -407,7 +415,13 @@ def test_vllm_uniform_view_and_commit(layout, device):
         out = torch.empty_like(x)
         spec_caches[layer].causal_conv1d_verify(out, conv_states[layer][None], x, conv_weights, None, slots, 0,
                                                 activation="silu")
-        xs.append(mixed_qkv_spec)
+        mixed_qkv_spec[: out.shape[0] * num_tokens] = out.view(-1, dim)  # the docs' write-back
+        g_spec, beta_spec = torch.randn(2, padded * num_tokens, 2, generator=gen).to(device)  # [tokens, Hv]
+        spec_caches[layer].capture_gates(vllm_uniform_view(g_spec, qsl, num_tokens)[0],
+                                         vllm_uniform_view(beta_spec, qsl, num_tokens)[0], slots, 0)
+        for b in range(real):
+            slot = int(block_table[b, 0])
+            assert torch.equal(spec_caches[layer].gates[0, slot, :, 1], beta_spec[qsl[b] : qsl[b + 1]])
 
     truth_slots = block_table[:, 0].to(device)
     truth_steps = torch.tensor([0, 2, 3], device=device)
