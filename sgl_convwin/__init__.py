@@ -23,6 +23,7 @@ from .cache import ConvWindowCache
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
 from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
 from .validation import index_checks, index_checks_enabled, set_index_checks
+from . import integrations  # engine adapters (SGLang, vLLM) and pool sizing
 
 __version__ = "0.1.0"
 
