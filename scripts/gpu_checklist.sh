@@ -17,6 +17,11 @@
 #   shapes    the commit table at the Qwen3-Next TP4 and Nemotron-H shapes, B = 1 .. 256
 #   small     the commit kernel at small batches (benchmarks/explore/commit_sweep.py)
 #   eager     host time per eager call (benchmarks/bench_scatter.py --eager-only)
+#   replay    the replay commits' GPU tests (gdn_commit, mamba2_commit: oracle, fuzz, CUDA graphs, opcheck, cache)
+#   rsan      compute-sanitizer memcheck + racecheck over the replay commits' CUDA tests
+#   rbench    bench_commit.py: gdn_commit and mamba2_commit against snapshot-copy and input-replay commits
+#   rsweep    block/warps sweep of the replay kernels (benchmarks/explore/replay_sweep.py)
+# The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
 set -uo pipefail
 out=${1:?output directory}
 shift
@@ -69,6 +74,21 @@ for phase in "$@"; do
     shapes)   timeout 200 python3 benchmarks/bench_scatter.py --shapes qwen3next-tp4 nemotronh-tp1 --batches 1 8 64 256 \
                 > "$out/bench_shapes.log" 2>&1
               rc=$?; sed -n '/^| shape/,$p' "$out/bench_shapes.log" ;;
+    replay)   timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_replay_commit.py \
+                tests/test_cudagraph.py tests/test_cache.py tests/test_opcheck.py tests/test_integrations.py \
+                > "$out/gpu_tests_replay.log" 2>&1
+              rc=$?; tail -5 "$out/gpu_tests_replay.log" ;;
+    rsan)     SANITIZE_TIMEOUT=200 SANITIZE_TESTS="tests/test_replay_commit.py" bash scripts/gpu_sanitize.sh "$out"
+              rc=$? ;;
+    rbench)   rc=0
+              for mixer in gdn mamba2; do
+                timeout 280 python3 benchmarks/bench_commit.py --mixer "$mixer" --batches 1 8 64 256 \
+                  --json "$out/bench_commit_$mixer.json" > "$out/bench_commit_$mixer.log" 2>&1 || rc=1
+                grep '^|' "$out/bench_commit_$mixer.log" | head -40
+              done ;;
+    rsweep)   timeout 250 python3 benchmarks/explore/replay_sweep.py --batches 8 256 --blocks 16 32 64 128 \
+                --warps 1 2 4 > "$out/replay_sweep.log" 2>&1
+              rc=$?; cat "$out/replay_sweep.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"
