@@ -360,7 +360,7 @@ class TinyMamba2LM(ReplayLM):
             dt_bias=((c.layers, c.num_heads), 0.5),
             a_log=((c.layers, c.num_heads), 0.5),
             d_skip=((c.layers, c.num_heads), 0.5),
-            w_out=((c.layers, c.num_heads * c.head_dim, c.d_model), 0.5),
+            w_out=((c.layers, c.num_heads * c.head_dim, c.d_model), (c.num_heads * c.head_dim) ** -0.5),
         ))
         self.rate = -torch.exp(self.a_log)  # [L, H], what the commit takes
 
