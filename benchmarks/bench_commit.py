@@ -906,6 +906,20 @@ def check_mamba2(device, block_p=32) -> bool:
         want_ssm, want_conv, _ = mamba2_commit_reference(
             before.ssm, before.conv, p.buffer, p.gates, p.conv_weight, p.A, *args, p.parents, layout="token_major",
             num_heads=s.heads, head_dim=s.head_dim, n_groups=s.groups, d_state=s.d_state, conv_bias=p.conv_bias)
+        # the float64 x, B loop fed with x, B of the conv (computed here) must give the oracle's state
+        K, weight, bias = s.kernel_size, p.conv_weight.cpu().double(), p.conv_bias.cpu().double()
+        conv_xb = torch.zeros(s.layers, 3, p.num_nodes, s.replay_width, dtype=torch.float64)
+        for b in _live_rows(p.steps.cpu(), p.dst_slots.cpu()):
+            dst, src = int(p.dst_slots[b]), int(p.src_slots[b])
+            path = accepted_path(int(p.steps[b]), None if p.parents is None else p.parents[b].tolist())
+            for layer in range(s.layers):
+                inputs = ([before.conv.cpu()[layer, dst, :, col] for col in range(K - 1)]
+                          + [p.buffer.cpu()[layer, src, K - 2 + node] for node in path])  # token_major rows
+                for j, node in enumerate(path):
+                    y = bias[layer] + sum(weight[layer, :, tap] * inputs[j + tap].double() for tap in range(K))
+                    conv_xb[layer, src, node] = (y / (1 + torch.exp(-y)))[:s.replay_width]
+        ok &= _close("float64 x,B loop (conv x, B) vs mamba2_commit_reference",
+                     xb_replay_oracle(before.ssm, conv_xb, p.gates, p.A, *args, p.parents, s), want_ssm, tol=1e-9)
 
         snapshots = p.normal(s.layers, 3, p.num_nodes, *s.state_shape)
         snapshot_commit_fn(p, snapshots, p.steps)()
