@@ -67,13 +67,13 @@ from types import SimpleNamespace
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import common  # noqa: F401 -- before any kernel: without CUDA it sets TRITON_INTERPRET=1
+import triton
+import triton.language as tl
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-import sgl_convwin  # noqa: E402
+import sgl_convwin
+from common import (copy_ceiling_gbps, do_bench_us, environment_line, graph_time_us, markdown_header, markdown_row,
+                    needs_cuda)
 
 HAS_GDN_COMMIT = hasattr(sgl_convwin, "gdn_commit")
 HAS_MAMBA2_COMMIT = hasattr(sgl_convwin, "mamba2_commit")
@@ -953,52 +953,13 @@ GiB = 1 << 30
 DEVICE = "cuda"  # where the timed problems live (a CPU dry run of the tables sets "cpu")
 
 
-def copy_ceiling_gbps() -> float:
-    numel = 1 << 29  # 1 GiB of bf16 each way
-    src = torch.randn(numel, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-    return 2 * numel * 2 / (ms * 1e-3) / 1e9
-
-
-def graph_replay_us(fn, estimate_us: float, budget_ms: float = 120.0, rounds: int = 3) -> float:
-    """Per-call time from CUDA-graph replays: ``fn`` warmed up on a side stream, captured
-    ``launches`` times into one graph (a graph of >= ~0.5 ms), the graph replayed so that a round
-    takes about ``budget_ms``; the median round."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    launches = max(1, min(20, int(500 / max(estimate_us, 1e-3))))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    replays = max(3, min(100, int(budget_ms * 1e3 / (max(estimate_us, 1e-3) * launches))))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(rounds):
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (replays * launches))
-    del graph
-    return sorted(times)[len(times) // 2]
-
-
 def time_fn(fn):
     """(do_bench median us, graph replay us); graph NaN if capture fails (printed)."""
     fn()
     torch.cuda.synchronize()
-    us = triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median") * 1e3
-    try:
-        graph_us = graph_replay_us(fn, us)
+    us = do_bench_us(fn, warmup=10, rep=100)
+    try:  # a graph of >= ~0.5 ms, rounds of ~120 ms, the median of 3
+        graph_us = graph_time_us(fn, rounds=3, warmup=2, estimate_us=us)
     except Exception as error:  # noqa: BLE001 -- report and go on
         print(f"    (graph capture failed: {type(error).__name__}: {str(error)[:200]})", flush=True)
         torch.cuda.synchronize()
@@ -1130,13 +1091,13 @@ def bench_commit(shapes, batches, modes, ceiling, memory, block_v, results, json
 
 def print_commit_table(mode, rows, ceiling):
     base = {r["B"]: r for r in rows if r["candidate"] == "convwin"}
-    print(f"\n| {mode} | B | candidate | do_bench median (us) | graph replay (us) | bytes moved (MB) | "
-          f"GB/s (graph) | of ceiling {ceiling:.0f} GB/s (do_bench / graph) | time vs convwin (graph) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n" + markdown_header(mode, "B", "candidate", "do_bench median (us)", "graph replay (us)", "bytes moved (MB)",
+                                 "GB/s (graph)", f"of ceiling {ceiling:.0f} GB/s (do_bench / graph)",
+                                 "time vs convwin (graph)"))
     for r in rows:
         ratio = r["graph_us"] / base[r["B"]]["graph_us"] if r["B"] in base else float("nan")
-        print(f"| {mode} | {r['B']} | {r['label']} | {r['us']:.1f} | {r['graph_us']:.1f} | {r['bytes'] / 1e6:.1f} | "
-              f"{r['gbps_graph']:.0f} | {r['frac']:.1%} / {r['frac_graph']:.1%} | {ratio:.2f}x |"
+        print(markdown_row(mode, r["B"], r["label"], f"{r['us']:.1f}", f"{r['graph_us']:.1f}", f"{r['bytes'] / 1e6:.1f}",
+                           f"{r['gbps_graph']:.0f}", f"{r['frac']:.1%} / {r['frac_graph']:.1%}", f"{ratio:.2f}x")
               + (f" {r['note']}" if r["note"] else ""), flush=True)
 
 
@@ -1198,12 +1159,11 @@ def bench_verify(shapes, batches, ceiling, memory, block_v, results, json_path):
         release()
     results["verify"] = rows_out
     write_json(json_path, results)
-    print(f"\n| B | verify variant (all {shapes.layers} layers) | do_bench median (us) | graph replay (us) | "
-          f"bytes moved (MB) | of ceiling (graph) |")
-    print("|---|---|---|---|---|---|")
+    print("\n" + markdown_header("B", f"verify variant (all {shapes.layers} layers)", "do_bench median (us)",
+                                 "graph replay (us)", "bytes moved (MB)", "of ceiling (graph)"))
     for r in rows_out:
-        print(f"| {r['B']} | {r['variant']} | {r['us']:.1f} | {r['graph_us']:.1f} | {r['bytes'] / 1e6:.1f} | "
-              f"{r['frac_graph']:.1%} |")
+        print(markdown_row(r["B"], r["variant"], f"{r['us']:.1f}", f"{r['graph_us']:.1f}", f"{r['bytes'] / 1e6:.1f}",
+                           f"{r['frac_graph']:.1%}"))
     step_table(batches, results)
 
 
@@ -1215,13 +1175,12 @@ def step_table(batches, results):
                ("input replay (k,v cache)", "stand-in, no state written", "replay"),
                ("convwin replay", "stand-in, no state written", "convwin")]
     print("\nwhole step, chain, measured (graph replay): verify recurrence + commit, us")
-    print("| B | " + " | ".join(name for name, _, _ in designs) + " | convwin saves vs snapshots |")
-    print("|---|" + "---|" * (len(designs) + 1))
+    print(markdown_header("B", *(name for name, _, _ in designs), "convwin saves vs snapshots"))
     rows = []
     for B in batches:
         totals = [verify.get((B, ver), float("nan")) + commit.get((B, cand), float("nan")) for _, ver, cand in designs]
         rows.append(dict(B=B, **{name: t for (name, _, _), t in zip(designs, totals)}))
-        print(f"| {B} | " + " | ".join(f"{t:.1f}" for t in totals) + f" | {1 - totals[2] / totals[0]:.0%} |")
+        print(markdown_row(B, *(f"{t:.1f}" for t in totals), f"{1 - totals[2] / totals[0]:.0%}"))
     results["step"] = rows
 
 
@@ -1249,17 +1208,16 @@ def traffic_model(shapes: Shapes, batches, ring_every: int, ceiling, results):
           f"\n  (one state = {s.state_numel * 4 / 2**20:.0f} MiB per layer, {state / 2**20:.0f} MiB over {s.layers} "
           f"layers;"
           f" memory excludes the committed state and conv state every design keeps; times at the measured ceiling)")
-    print("| design | states read + written per step | state MiB per slot per step | speculative MiB per slot | "
-          + " | ".join(f"us at B={B}" for B in batches) + " |")
-    print("|---|---|---|---|" + "---|" * len(batches))
+    print(markdown_header("design", "states read + written per step", "state MiB per slot per step",
+                          "speculative MiB per slot", *(f"us at B={B}" for B in batches)))
     rows = []
     for name, reads, writes, memory in designs:
         traffic = (reads + writes) * state
         at = [B * traffic / (ceiling * 1e9) * 1e6 for B in batches]
         rows.append(dict(design=name, states_read=reads, states_written=writes, state_bytes_per_step=traffic,
                          speculative_bytes_per_slot=memory, us_at_ceiling={str(B): t for B, t in zip(batches, at)}))
-        print(f"| {name} | {reads} + {writes:g} | {traffic / 2**20:.0f} | {memory / 2**20:.2f} | "
-              + " | ".join(f"{t:.0f}" for t in at) + " |")
+        print(markdown_row(name, f"{reads} + {writes:g}", f"{traffic / 2**20:.0f}", f"{memory / 2**20:.2f}",
+                           *(f"{t:.0f}" for t in at)))
     results["model"] = rows
 
 
@@ -1295,8 +1253,7 @@ def main(argv=None) -> int:
         return 1
     if args.check:
         return 0
-    if device != "cuda":
-        print("timing needs CUDA")
+    if not needs_cuda():
         return 1
     start = time.perf_counter()
     mamba2 = args.mixer == "mamba2"
@@ -1308,7 +1265,7 @@ def main(argv=None) -> int:
     ceiling = copy_ceiling_gbps()
     release()
     memory = Memory(args.mem_limit_gib)
-    print(f"\ndevice: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    print("\n" + environment_line())
     print(f"copy ceiling (device-to-device 1 GiB bf16, read+write / do_bench median): {ceiling:.0f} GB/s")
     print(f"shapes: {asdict(shapes)} (dim {shapes.dim}), fp32 state, bf16 conv inputs; memory budget "
           f"{memory.limit / GiB:.0f} GiB: each baseline's tensors are allocated just before it runs and freed after "
