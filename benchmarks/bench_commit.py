@@ -1,8 +1,9 @@
 """Replay-commit benchmark: this package's gdn_commit against a snapshot-copy commit and an
 input-replay commit, the engine-side verify with and without state snapshots, and a traffic model.
 
-    python benchmarks/bench_commit.py            # H200 tables (needs CUDA; ~2-3 min at the defaults)
-    python benchmarks/bench_commit.py --check    # every kernel on tiny shapes (CPU: TRITON_INTERPRET=1)
+    python benchmarks/bench_commit.py                 # H200 tables (needs CUDA; ~2-3 min at the defaults)
+    python benchmarks/bench_commit.py --mixer mamba2  # the same commit tables for Mamba2 layers (below)
+    python benchmarks/bench_commit.py --check         # every kernel, both mixers, tiny shapes (CPU: interpreted)
 
 Shapes: Qwen3-Next TP1 layers (L=36 GDN layers, Hk=16, Hv=32, dk=dv=128, conv dim 8192, K=4), fp32
 recurrent state, bf16 conv inputs; chain drafts of D=4 with accepted lengths uniform in 1..D, and an
@@ -32,8 +33,24 @@ snapshot design) and with no state written (the replay designs), one launch per 
 fused_recurrent_gated_delta_rule on the same inputs when `fla` imports. Then the recurrent-state
 traffic per step of each design beside its memory per slot: a model, not a measurement.
 
+--mixer mamba2: Nemotron-H-8B TP1 Mamba2 layers (L=24, H=128 heads, P=64, G=8 groups, Ns=128, conv dim
+H*P + 2*G*Ns = 10240 with a bias, K=4), fp32 state [H, P, Ns] (4 MiB per layer per slot), bf16 conv
+inputs, fp32 dt, A = -uniform(1, 16) per head; the same drafts, B and timers; commit candidates:
+  convwin mamba2_commit  sgl_convwin.mamba2_commit: conv + bias -> SiLU -> x, B from the buffer, then
+                      h = exp(dt*A) h + (dt x) B^T along the accepted path; writes the conv window too.
+  snapshot copy       the same _snapshot_copy_kernel (it copies a flat per-slot state of any shape) of
+                      the accepted step's [H, P, Ns] snapshot, then scatter / scatter_tree.
+  input replay        _xb_replay_kernel: from a cache of post-conv x [H*P] and B [G*Ns] (bf16) and dt
+                      (fp32) per token, one program per (head x block of --block-p rows of P, row,
+                      layer), the [block, Ns] state tile in registers; conv state widened, no conv bytes.
+Bytes (per layer; A rows committed, T path tokens): every candidate 2*A*H*P*Ns*4 (state read + write);
+convwin + T*dim*2 + A*(K-1)*dim*2 (committed inputs) + A*(K-1)*dim*2 (window) + T*H*4 (dt) + dim*K*2
++ dim*2 (weight, bias) + H*4 (A); snapshot + 2*A*(K-1)*dim*2; input replay + T*(H*P + G*Ns)*2 + T*H*4
++ H*4. The engine-side verify is timed for GDN only (said so in the output); the traffic model is
+printed for both.
+
 Memory: at B=256 the fp32 state is 18 GiB and a D=4 snapshot buffer 72 GiB (an 8-node tree's would
-be 144 GiB): every candidate's own tensors are allocated just before it is timed and freed after, and
+be 144 GiB; Mamba2: 24 GiB, 96 GiB): every candidate's own tensors are allocated just before it is timed and freed after, and
 a snapshot buffer that does not fit the budget (--mem-limit-gib) holds fewer node snapshots (said so).
 """
 
@@ -50,15 +67,16 @@ from types import SimpleNamespace
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+import common  # noqa: F401 -- before any kernel: without CUDA it sets TRITON_INTERPRET=1
+import triton
+import triton.language as tl
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-import sgl_convwin  # noqa: E402
+import sgl_convwin
+from common import (copy_ceiling_gbps, do_bench_us, environment_line, graph_time_us, markdown_header, markdown_row,
+                    needs_cuda)
 
 HAS_GDN_COMMIT = hasattr(sgl_convwin, "gdn_commit")
+HAS_MAMBA2_COMMIT = hasattr(sgl_convwin, "mamba2_commit")
 
 # Tree draft (topk 3, 8 nodes): node 0 is the root (its parent is the committed history), nodes
 # 1, 2, 3 its children, nodes 4, 5, 6 node 1's children, node 7 node 4's child. Depths 1..4, so
@@ -93,8 +111,66 @@ class Shapes:
         return self.v_heads * self.head_k * self.head_v
 
 
+    mixer = "gdn"  # class attributes, not fields: asdict(shapes) (printed, in the JSON) lists the fields only
+    num_gates = 2  # g, beta
+
+    @property
+    def gate_heads(self) -> int:
+        return self.v_heads
+
+    @property
+    def replay_width(self) -> int:  # bf16 elements input replay caches per token
+        return self.kv_width
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        return (self.v_heads, self.head_k, self.head_v)
+
+
+@dataclass(frozen=True)
+class Mamba2Shapes:
+    """Mamba2 layers: H heads of P channels, G groups of B and C, state [H, P, Ns] per slot; conv input
+    x, B, C of width H*P + 2*G*Ns, conv with bias. Defaults: Nemotron-H-8B at TP1 (24 of its 52 layers,
+    H 128, P 64, G 8, Ns 128, dim 10240, K 4)."""
+    layers: int = 24
+    heads: int = 128
+    head_dim: int = 64
+    groups: int = 8
+    d_state: int = 128
+    kernel_size: int = 4
+    num_draft: int = 4
+    mixer = "mamba2"
+    num_gates = 1  # dt
+
+    @property
+    def dim(self) -> int:  # conv channels: x, B, C
+        return self.heads * self.head_dim + 2 * self.groups * self.d_state
+
+    @property
+    def x_width(self) -> int:  # H * P
+        return self.heads * self.head_dim
+
+    @property
+    def replay_width(self) -> int:  # what input replay caches per token: x [H, P], B [G, Ns]
+        return self.x_width + self.groups * self.d_state
+
+    @property
+    def gate_heads(self) -> int:
+        return self.heads
+
+    @property
+    def state_numel(self) -> int:  # one layer's recurrent state per slot
+        return self.heads * self.head_dim * self.d_state
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        return (self.heads, self.head_dim, self.d_state)
+
+
 QWEN3_NEXT_TP1 = Shapes()
+NEMOTRON_H_8B_TP1 = Mamba2Shapes()
 CHECK_SHAPES = Shapes(layers=2, k_heads=2, v_heads=4, head_k=16, head_v=16, kernel_size=4, num_draft=3)
+MAMBA2_CHECK_SHAPES = Mamba2Shapes(layers=2, heads=4, head_dim=8, groups=2, d_state=16, kernel_size=4, num_draft=3)
 
 # ------------------------------------------------------------------------------------------------
 # Kernels written here (baselines and the verify stand-in)
@@ -144,6 +220,33 @@ def snapshot_copy(ssm_state, snapshots, dst_slots, src_slots, steps, *, block=40
 
 
 @triton.jit
+def _path_length(node, parents_row, parents_stride_node, MAX_DEPTH: tl.constexpr, TREE: tl.constexpr):
+    """Tokens on the accepted path: node + 1 (chain), the accepted node's depth (tree)."""
+    if TREE:
+        length = node * 0
+        current = node
+        for _ in range(MAX_DEPTH):
+            live = current >= 0
+            length += live.to(tl.int32)
+            parent = tl.load(parents_row + current * parents_stride_node, mask=live, other=-1)
+            current = tl.where(live, parent.to(tl.int32), -1)
+    else:
+        length = node + 1
+    return length
+
+
+@triton.jit
+def _path_token(node, j, length, parents_row, parents_stride_node, TREE: tl.constexpr):
+    """Path token j, root first: j (chain); the accepted node's ancestor (length - 1 - j) links up (tree)."""
+    token = node * 0 + j
+    if TREE:
+        token = node
+        for _ in range(length - 1 - j):
+            token = tl.load(parents_row + token * parents_stride_node).to(tl.int32)
+    return token
+
+
+@triton.jit
 def _kv_replay_kernel(
     state_ptr, kv_ptr, gates_ptr, dst_ptr, src_ptr, steps_ptr, parents_ptr,
     state_stride_layer, state_stride_slot, state_stride_head, state_stride_k, state_stride_v,
@@ -169,16 +272,7 @@ def _kv_replay_kernel(
     valid = valid & (src >= 0) & (src < num_src_slots)
     if valid:
         parents_row = parents_ptr + row.to(tl.int64) * parents_stride_row
-        if TREE:  # path length = the accepted node's depth
-            length = node * 0
-            current = node
-            for _ in range(MAX_DEPTH):
-                live = current >= 0
-                length += live.to(tl.int32)
-                parent = tl.load(parents_row + current * parents_stride_node, mask=live, other=-1)
-                current = tl.where(live, parent.to(tl.int32), -1)
-        else:
-            length = node + 1
+        length = _path_length(node, parents_row, parents_stride_node, MAX_DEPTH, TREE)
         rk = tl.arange(0, DK)
         rv = v_block * BV + tl.arange(0, BV)
         state_tile = (state_ptr + layer * state_stride_layer + dst * state_stride_slot + head * state_stride_head
@@ -187,12 +281,7 @@ def _kv_replay_kernel(
         kv_base = kv_ptr + layer * kv_stride_layer + src * kv_stride_slot
         gates_base = gates_ptr + layer * gates_stride_layer + src * gates_stride_slot + head
         for j in range(length):
-            if TREE:  # path token j = the accepted node's ancestor (length - 1 - j) links up
-                token = node
-                for _ in range(length - 1 - j):
-                    token = tl.load(parents_row + token * parents_stride_node).to(tl.int32)
-            else:
-                token = j
+            token = _path_token(node, j, length, parents_row, parents_stride_node, TREE)
             token_base = kv_base + token * kv_stride_token
             k = tl.load(token_base + (head // GROUP) * DK + rk).to(tl.float32)
             if L2NORM:
@@ -228,6 +317,78 @@ def kv_replay_commit(ssm_state, kv_cache, gates, dst_slots, src_slots, steps, pa
         GROUP=shapes.v_heads // shapes.k_heads, DK=shapes.head_k, DV=shapes.head_v, BV=block_v,
         V_BLOCKS=v_blocks, KEY_WIDTH=shapes.key_width, MAX_DEPTH=kv_cache.shape[2], TREE=tree,
         L2NORM=l2norm, num_warps=num_warps,
+    )
+
+
+@triton.jit
+def _xb_replay_kernel(
+    state_ptr, xb_ptr, gates_ptr, a_ptr, dst_ptr, src_ptr, steps_ptr, parents_ptr,
+    state_stride_layer, state_stride_slot, state_stride_head, state_stride_p, state_stride_n,
+    xb_stride_layer, xb_stride_slot, xb_stride_token,
+    gates_stride_layer, gates_stride_slot, gates_stride_token,
+    a_stride_layer,
+    parents_stride_row, parents_stride_node,
+    num_state_slots, num_src_slots, num_nodes,
+    HEADS_PER_GROUP: tl.constexpr, P: tl.constexpr, NS: tl.constexpr, BP: tl.constexpr, P_BLOCKS: tl.constexpr,
+    X_WIDTH: tl.constexpr, MAX_DEPTH: tl.constexpr, TREE: tl.constexpr,
+):
+    """Mamba2 input replay. One program per (head x block of BP rows of P, row, layer): the [BP, Ns]
+    fp32 state tile stays in registers while the accepted path's tokens are replayed onto it, root
+    first: h = exp(dt * A[head]) * h + (dt * x[head]) B[group]^T."""
+    pid = tl.program_id(0)
+    head = pid // P_BLOCKS
+    p_block = pid % P_BLOCKS
+    row = tl.program_id(1)
+    layer = tl.program_id(2).to(tl.int64)
+    node = tl.load(steps_ptr + row).to(tl.int32)
+    dst = tl.load(dst_ptr + row).to(tl.int64)
+    src = tl.load(src_ptr + row).to(tl.int64)
+    valid = (node >= 0) & (node < num_nodes) & (dst >= 0) & (dst < num_state_slots)
+    valid = valid & (src >= 0) & (src < num_src_slots)
+    if valid:
+        parents_row = parents_ptr + row.to(tl.int64) * parents_stride_row
+        length = _path_length(node, parents_row, parents_stride_node, MAX_DEPTH, TREE)
+        rp = p_block * BP + tl.arange(0, BP)
+        rn = tl.arange(0, NS)
+        state_tile = (state_ptr + layer * state_stride_layer + dst * state_stride_slot + head * state_stride_head
+                      + rp[:, None] * state_stride_p + rn[None, :] * state_stride_n)
+        state = tl.load(state_tile).to(tl.float32)
+        rate = tl.load(a_ptr + layer * a_stride_layer + head).to(tl.float32)
+        xb_base = xb_ptr + layer * xb_stride_layer + src * xb_stride_slot
+        gates_base = gates_ptr + layer * gates_stride_layer + src * gates_stride_slot + head
+        for j in range(length):
+            token = _path_token(node, j, length, parents_row, parents_stride_node, TREE)
+            token_base = xb_base + token * xb_stride_token
+            x = tl.load(token_base + head * P + rp).to(tl.float32)
+            b = tl.load(token_base + X_WIDTH + (head // HEADS_PER_GROUP) * NS + rn).to(tl.float32)
+            dt = tl.load(gates_base + token * gates_stride_token).to(tl.float32)
+            state = state * tl.exp(dt * rate) + (dt * x)[:, None] * b[None, :]
+        tl.store(state_tile, state.to(state_ptr.dtype.element_ty))
+
+
+def xb_replay_commit(ssm_state, xb_cache, gates, A, dst_slots, src_slots, steps, parents, shapes, *,
+                     block_p=32, num_warps=4):
+    """Mamba2: ssm_state [L, N, H, P, Ns] any strides; xb_cache [L, M, D, H*P + G*Ns] (x then B, last
+    dim contiguous); gates [L, M, D, 1, H] (dt); A [L, H]; parents [B, D] or None (chain)."""
+    num_layers, num_state_slots = ssm_state.shape[:2]
+    block_p = min(block_p, shapes.head_dim)
+    p_blocks = shapes.head_dim // block_p
+    assert xb_cache.stride(-1) == 1 and gates.stride(-1) == 1 and A.stride(-1) == 1
+    assert p_blocks * block_p == shapes.head_dim
+    tree = parents is not None
+    parents_arg = parents if tree else steps
+    parents_strides = parents.stride() if tree else (0, 0)
+    grid = (shapes.heads * p_blocks, steps.shape[0], num_layers)
+    _xb_replay_kernel[grid](
+        ssm_state, xb_cache, gates, A, dst_slots, src_slots, steps, parents_arg,
+        *ssm_state.stride(),
+        xb_cache.stride(0), xb_cache.stride(1), xb_cache.stride(2),
+        gates.stride(0), gates.stride(1), gates.stride(2),
+        A.stride(0),
+        *parents_strides,
+        num_state_slots, xb_cache.shape[1], xb_cache.shape[2],
+        HEADS_PER_GROUP=shapes.heads // shapes.groups, P=shapes.head_dim, NS=shapes.d_state, BP=block_p,
+        P_BLOCKS=p_blocks, X_WIDTH=shapes.x_width, MAX_DEPTH=xb_cache.shape[2], TREE=tree, num_warps=num_warps,
     )
 
 
@@ -357,6 +518,28 @@ def kv_replay_oracle(ssm_state, kv_cache, gates, dst_slots, src_slots, steps, pa
     return expected
 
 
+def xb_replay_oracle(ssm_state, xb_cache, gates, A, dst_slots, src_slots, steps, parents, shapes):
+    """Mamba2 input replay, float64: per path token and head h (group h // (H / G)),
+    h_state = exp(dt * A[h]) * h_state + (dt * x[h]) B[group]^T."""
+    expected = ssm_state.cpu().double().clone()
+    xb_cache, gates, A = xb_cache.cpu().double(), gates.cpu().double(), A.cpu().double()
+    P, Ns, per_group = shapes.head_dim, shapes.d_state, shapes.heads // shapes.groups
+    for b in _live_rows(steps, dst_slots):
+        dst, src = int(dst_slots[b]), int(src_slots[b])
+        path = accepted_path(int(steps[b]), None if parents is None else parents[b].tolist())
+        for layer in range(shapes.layers):
+            for node in path:
+                token = xb_cache[layer, src, node]
+                for head in range(shapes.heads):
+                    x = token[head * P:(head + 1) * P]
+                    group = head // per_group
+                    B = token[shapes.x_width + group * Ns: shapes.x_width + (group + 1) * Ns]
+                    dt = float(gates[layer, src, node, 0, head])
+                    state = expected[layer, dst, head]
+                    expected[layer, dst, head] = math.exp(dt * float(A[layer, head])) * state + torch.outer(dt * x, B)
+    return expected
+
+
 def gdn_commit_oracle(ssm_state, conv_state, buffer, gates, conv_weight, dst_slots, src_slots, steps, parents,
                       shapes):
     """(ssm_state in float64, conv_state in its dtype) after the commit: token by token along each
@@ -483,8 +666,62 @@ def make_problem(shapes: Shapes, batch: int, tree: bool, device, *, seed=0, dst_
     return p
 
 
+def make_mamba2_problem(shapes: Mamba2Shapes, batch: int, tree: bool, device, *, seed=0, dst_slots=None,
+                        src_slots=None, steps=None, num_state_slots=None, num_src_slots=None):
+    """make_problem for Mamba2 layers: ssm_state [L, N_state, H, P, Ns] fp32, conv_state
+    [L, N_state, dim, K-1] bf16, the token_major buffer filled by sgl_convwin.capture, gates
+    [L, M, N, 1, H] fp32 holding dt (softplus, ~0.05), A [L, H] = -uniform(1, 16) fp32, conv_weight
+    [L, dim, K] and conv_bias [L, dim] bf16."""
+    L, K, dim, H = shapes.layers, shapes.kernel_size, shapes.dim, shapes.heads
+    num_nodes = len(TREE_PARENTS) if tree else shapes.num_draft
+    host = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    num_state_slots = batch if num_state_slots is None else num_state_slots
+    num_src_slots = batch if num_src_slots is None else num_src_slots
+    dst_slots = torch.arange(batch) if dst_slots is None else torch.as_tensor(dst_slots)
+    src_slots = torch.arange(batch) if src_slots is None else torch.as_tensor(src_slots)
+    steps = draw_steps(batch, tree, shapes.num_draft, host) if steps is None else torch.as_tensor(steps)
+    parents = torch.tensor([TREE_PARENTS] * batch, device=device) if tree else None
+
+    def normal(*shape, dtype=torch.float32, std=1.0):
+        return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=gen)
+
+    p = SimpleNamespace(
+        shapes=shapes, tree=tree, num_nodes=num_nodes, parents=parents,
+        dst_slots=dst_slots.to(device), src_slots=src_slots.to(device), steps=steps.to(device),
+        ssm_state=normal(L, num_state_slots, H, shapes.head_dim, shapes.d_state, std=0.1),
+        conv_state=normal(L, num_state_slots, dim, K - 1, dtype=torch.bfloat16),
+        conv_weight=normal(L, dim, K, dtype=torch.bfloat16, std=0.5),
+        conv_bias=normal(L, dim, dtype=torch.bfloat16, std=0.1),
+        A=-torch.empty(L, H, device=device).uniform_(1.0, 16.0, generator=gen),
+        buffer=sgl_convwin.alloc_windows(L, num_src_slots, dim, num_nodes, K, layout="token_major",
+                                         dtype=torch.bfloat16, device=device),
+    )
+    for layer in range(L):  # the verify pass's capture: history rows from conv_state, then x
+        x = normal(batch, num_nodes, dim, dtype=torch.bfloat16)
+        sgl_convwin.capture(p.buffer, p.conv_state, x, p.src_slots, p.dst_slots, layer)
+    p.gates = sgl_convwin.alloc_gates(L, num_src_slots, num_nodes, H, num_gates=1, device=device)
+    p.gates[:, :, :, 0] = torch.nn.functional.softplus(normal(L, num_src_slots, num_nodes, H) - 3.0)
+    p.normal = normal
+    return p
+
+
+def problem_for(shapes, batch, tree, device, **kwargs):
+    maker = make_mamba2_problem if shapes.mixer == "mamba2" else make_problem
+    return maker(shapes, batch, tree, device, **kwargs)
+
+
+def has_commit(shapes) -> bool:
+    return HAS_MAMBA2_COMMIT if shapes.mixer == "mamba2" else HAS_GDN_COMMIT
+
+
 def convwin_commit_fn(p):
     s = p.shapes
+    if s.mixer == "mamba2":
+        return lambda: sgl_convwin.mamba2_commit(
+            p.ssm_state, p.conv_state, p.buffer, p.gates, p.conv_weight, p.A, p.dst_slots, p.src_slots, p.steps,
+            p.parents, layout="token_major", num_heads=s.heads, head_dim=s.head_dim, n_groups=s.groups,
+            d_state=s.d_state, conv_bias=p.conv_bias)
     return lambda: sgl_convwin.gdn_commit(
         p.ssm_state, p.conv_state, p.buffer, p.gates, p.conv_weight, p.dst_slots, p.src_slots, p.steps,
         p.parents, layout="token_major", num_k_heads=s.k_heads, head_k_dim=s.head_k, num_v_heads=s.v_heads,
@@ -510,6 +747,10 @@ def snapshot_commit_fn(p, snapshots, snapshot_steps):
 
 
 def kv_replay_commit_fn(p, kv_cache, block_v):
+    """Input replay: the k, v cache (GDN) or the x, B cache (Mamba2; block_v = rows of P per program)."""
+    if p.shapes.mixer == "mamba2":
+        return lambda: xb_replay_commit(p.ssm_state, kv_cache, p.gates, p.A, p.dst_slots, p.src_slots, p.steps,
+                                        p.parents, p.shapes, block_p=block_v)
     return lambda: kv_replay_commit(p.ssm_state, kv_cache, p.gates, p.dst_slots, p.src_slots, p.steps,
                                     p.parents, p.shapes, block_v=block_v)
 
@@ -564,7 +805,7 @@ def _equal(name, got, want) -> bool:
     return good
 
 
-def check(device, block_v=32) -> bool:
+def check(device, block_v=32, block_p=32) -> bool:
     start = time.perf_counter()
     s = CHECK_SHAPES
     ok = True
@@ -642,7 +883,65 @@ def check(device, block_v=32) -> bool:
                                                     output_final_state=True)
         ok &= _close("float64 verify loop vs fla naive recurrence: outputs", o, want_out[0, live])
         ok &= _close("float64 verify loop vs fla naive recurrence: final state", final, want_states[0, live, -1])
+    ok &= check_mamba2(device, block_p=block_p)
     print(f"check: {'all match' if ok else 'FAILED'} ({time.perf_counter() - start:.1f} s)", flush=True)
+    return ok
+
+
+def check_mamba2(device, block_p=32) -> bool:
+    """The Mamba2 candidates on tiny shapes: the snapshot copy and the conv scatter, the x, B input
+    replay (vs its float64 loop), sgl_convwin.mamba2_commit (vs reference.mamba2_commit_reference)."""
+    from sgl_convwin.reference import mamba2_commit_reference
+
+    s = MAMBA2_CHECK_SHAPES
+    ok = True
+    print(f"mamba2: L={s.layers} H={s.heads} P={s.head_dim} G={s.groups} Ns={s.d_state} dim={s.dim} "
+          f"K={s.kernel_size} D={s.num_draft}, conv bias; rows as above", flush=True)
+    for tree, steps in ((False, [2, -1, 1]), (True, [7, -1, 2])):
+        print(f"mamba2 {'tree ' + str(TREE_PARENTS) if tree else 'chain'}: steps {steps}", flush=True)
+        kwargs = dict(dst_slots=[2, 0, 3], src_slots=[1, 2, 0], steps=steps, num_state_slots=4, num_src_slots=3)
+        p = make_mamba2_problem(s, 3, tree, device, seed=1, **kwargs)
+        before = SimpleNamespace(ssm=p.ssm_state.clone(), conv=p.conv_state.clone())
+        args = (p.dst_slots, p.src_slots, p.steps)
+        want_ssm, want_conv, _ = mamba2_commit_reference(
+            before.ssm, before.conv, p.buffer, p.gates, p.conv_weight, p.A, *args, p.parents, layout="token_major",
+            num_heads=s.heads, head_dim=s.head_dim, n_groups=s.groups, d_state=s.d_state, conv_bias=p.conv_bias)
+        # the float64 x, B loop fed with x, B of the conv (computed here) must give the oracle's state
+        K, weight, bias = s.kernel_size, p.conv_weight.cpu().double(), p.conv_bias.cpu().double()
+        conv_xb = torch.zeros(s.layers, 3, p.num_nodes, s.replay_width, dtype=torch.float64)
+        for b in _live_rows(p.steps.cpu(), p.dst_slots.cpu()):
+            dst, src = int(p.dst_slots[b]), int(p.src_slots[b])
+            path = accepted_path(int(p.steps[b]), None if p.parents is None else p.parents[b].tolist())
+            for layer in range(s.layers):
+                inputs = ([before.conv.cpu()[layer, dst, :, col] for col in range(K - 1)]
+                          + [p.buffer.cpu()[layer, src, K - 2 + node] for node in path])  # token_major rows
+                for j, node in enumerate(path):
+                    y = bias[layer] + sum(weight[layer, :, tap] * inputs[j + tap].double() for tap in range(K))
+                    conv_xb[layer, src, node] = (y / (1 + torch.exp(-y)))[:s.replay_width]
+        ok &= _close("float64 x,B loop (conv x, B) vs mamba2_commit_reference",
+                     xb_replay_oracle(before.ssm, conv_xb, p.gates, p.A, *args, p.parents, s), want_ssm, tol=1e-9)
+
+        snapshots = p.normal(s.layers, 3, p.num_nodes, *s.state_shape)
+        snapshot_commit_fn(p, snapshots, p.steps)()
+        ok &= _equal("mamba2 snapshot copy kernel: ssm_state", p.ssm_state,
+                     snapshot_copy_oracle(before.ssm, snapshots, *args))
+        ok &= _equal(f"mamba2 snapshot commit: conv window ({'scatter_tree' if tree else 'scatter'})", p.conv_state,
+                     want_conv)
+
+        p.ssm_state.copy_(before.ssm)
+        xb_cache = p.normal(s.layers, 3, p.num_nodes, s.replay_width, dtype=torch.bfloat16)
+        kv_replay_commit_fn(p, xb_cache, block_p)()
+        want = xb_replay_oracle(before.ssm, xb_cache, p.gates, p.A, *args, p.parents, s)
+        ok &= _close("mamba2 input-replay kernel: ssm_state (vs float64 loop)", p.ssm_state, want)
+
+        if HAS_MAMBA2_COMMIT:
+            p.ssm_state.copy_(before.ssm)
+            p.conv_state.copy_(before.conv)
+            convwin_commit_fn(p)()
+            ok &= _close("sgl_convwin.mamba2_commit: ssm_state (vs float64 oracle)", p.ssm_state, want_ssm)
+            ok &= _equal("sgl_convwin.mamba2_commit: conv_state", p.conv_state, want_conv)
+        else:
+            print("  sgl_convwin.mamba2_commit is not in this sgl_convwin: its check is skipped", flush=True)
     return ok
 
 
@@ -654,52 +953,13 @@ GiB = 1 << 30
 DEVICE = "cuda"  # where the timed problems live (a CPU dry run of the tables sets "cpu")
 
 
-def copy_ceiling_gbps() -> float:
-    numel = 1 << 29  # 1 GiB of bf16 each way
-    src = torch.randn(numel, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-    return 2 * numel * 2 / (ms * 1e-3) / 1e9
-
-
-def graph_replay_us(fn, estimate_us: float, budget_ms: float = 120.0, rounds: int = 3) -> float:
-    """Per-call time from CUDA-graph replays: ``fn`` warmed up on a side stream, captured
-    ``launches`` times into one graph (a graph of >= ~0.5 ms), the graph replayed so that a round
-    takes about ``budget_ms``; the median round."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    launches = max(1, min(20, int(500 / max(estimate_us, 1e-3))))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    replays = max(3, min(100, int(budget_ms * 1e3 / (max(estimate_us, 1e-3) * launches))))
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(rounds):
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / (replays * launches))
-    del graph
-    return sorted(times)[len(times) // 2]
-
-
 def time_fn(fn):
     """(do_bench median us, graph replay us); graph NaN if capture fails (printed)."""
     fn()
     torch.cuda.synchronize()
-    us = triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median") * 1e3
-    try:
-        graph_us = graph_replay_us(fn, us)
+    us = do_bench_us(fn, warmup=10, rep=100)
+    try:  # a graph of >= ~0.5 ms, rounds of ~120 ms, the median of 3
+        graph_us = graph_time_us(fn, rounds=3, warmup=2, estimate_us=us)
     except Exception as error:  # noqa: BLE001 -- report and go on
         print(f"    (graph capture failed: {type(error).__name__}: {str(error)[:200]})", flush=True)
         torch.cuda.synchronize()
@@ -712,16 +972,18 @@ def commit_bytes(candidate: str, shapes: Shapes, rows: int, tokens: int, state_b
     rows: rows committed (A); tokens: accepted path tokens over those rows (P)."""
     s, W = shapes, shapes.kernel_size - 1
     state = 2 * rows * s.state_numel * state_bytes  # read + write the accepted rows' states
-    gates = tokens * 2 * s.v_heads * 4  # g, beta fp32 per path token
+    gates = tokens * s.num_gates * s.gate_heads * 4  # g, beta (GDN) or dt (Mamba2) fp32 per path token
+    rates = s.heads * 4 if s.mixer == "mamba2" else 0  # Mamba2's A [H] fp32
     if candidate == "convwin":
         inputs = tokens * s.dim * conv_bytes + rows * W * s.dim * conv_bytes  # path rows + committed inputs
         window = rows * W * s.dim * conv_bytes  # the new conv window written
         weights = s.dim * s.kernel_size * conv_bytes
-        return s.layers * (state + inputs + gates + window + weights)
+        bias = s.dim * conv_bytes if s.mixer == "mamba2" else 0  # Mamba2 convs have a bias
+        return s.layers * (state + inputs + gates + window + weights + bias + rates)
     if candidate == "snapshot":
         return s.layers * (state + 2 * rows * W * s.dim * conv_bytes)  # snapshot read + state write; window r+w
-    if candidate == "replay":
-        return s.layers * (state + tokens * s.kv_width * 2 + gates)  # no conv bytes: widened conv state
+    if candidate == "replay":  # no conv bytes: widened conv state; k, v (GDN) or x, B (Mamba2) bf16
+        return s.layers * (state + tokens * s.replay_width * 2 + gates + rates)
     raise ValueError(candidate)
 
 
@@ -753,9 +1015,17 @@ def release():
 CANDIDATES = ("convwin", "snapshot", "replay")
 LABELS = {"convwin": "convwin gdn_commit", "snapshot": "snapshot copy + conv scatter",
           "replay": "input replay (k,v cache)"}
+MAMBA2_LABELS = {"convwin": "convwin mamba2_commit", "snapshot": "snapshot copy + conv scatter",
+                 "replay": "input replay (x,B cache)"}
+
+
+def labels_for(shapes):
+    return MAMBA2_LABELS if shapes.mixer == "mamba2" else LABELS
 
 
 def bench_commit(shapes, batches, modes, ceiling, memory, block_v, results, json_path):
+    """block_v: dv columns (GDN) or rows of P (Mamba2) per program of the input-replay kernel."""
+    labels = labels_for(shapes)
     for mode in modes:
         tree = mode == "tree"
         rows_out = []
@@ -763,7 +1033,7 @@ def bench_commit(shapes, batches, modes, ceiling, memory, block_v, results, json
                  if tree else f"D={shapes.num_draft}, accepted length uniform 1..D")
         print(f"\n== commit, {mode} ({draft})", flush=True)
         for B in batches:
-            p = make_problem(shapes, B, tree, DEVICE, seed=B)
+            p = problem_for(shapes, B, tree, DEVICE, seed=B)
             lengths = path_lengths(p.steps, p.parents, p.dst_slots)
             A, P = len(lengths), sum(lengths)
             print(f"B={B}: {A} rows, {P} path tokens; common tensors {torch.cuda.memory_allocated() / GiB:.1f} GiB",
@@ -771,8 +1041,8 @@ def bench_commit(shapes, batches, modes, ceiling, memory, block_v, results, json
             for cand in CANDIDATES:
                 note = ""
                 if cand == "convwin":
-                    if not HAS_GDN_COMMIT:
-                        print("  convwin gdn_commit: not in this sgl_convwin, skipped", flush=True)
+                    if not has_commit(shapes):
+                        print(f"  {labels[cand]}: not in this sgl_convwin, skipped", flush=True)
                         continue
                     fn, extra = convwin_commit_fn(p), []
                 elif cand == "snapshot":
@@ -782,24 +1052,24 @@ def bench_commit(shapes, batches, modes, ceiling, memory, block_v, results, json
                         print(f"  snapshot copy: a snapshot buffer does not fit ({per_node / GiB:.1f} GiB per "
                               f"node), skipped", flush=True)
                         continue
-                    snapshots = p.normal(shapes.layers, B, held, shapes.v_heads, shapes.head_k, shapes.head_v)
+                    snapshots = p.normal(shapes.layers, B, held, *shapes.state_shape)
                     snap_steps = p.steps if held == p.num_nodes else p.steps % held
                     if held < p.num_nodes:
                         note = f"snapshots of {held}/{p.num_nodes} nodes held (memory): node % {held} read"
                         print(f"  note: {note}; the copy moves the same bytes", flush=True)
                     fn, extra = snapshot_commit_fn(p, snapshots, snap_steps), [snapshots]
                 else:
-                    kv_cache = p.normal(shapes.layers, B, p.num_nodes, shapes.kv_width, dtype=torch.bfloat16)
+                    kv_cache = p.normal(shapes.layers, B, p.num_nodes, shapes.replay_width, dtype=torch.bfloat16)
                     fn, extra = kv_replay_commit_fn(p, kv_cache, block_v), [kv_cache]
                 us, graph_us = time_fn(fn)
                 nbytes = commit_bytes(cand, shapes, A, P)
-                row = dict(mode=mode, B=B, candidate=cand, label=LABELS[cand], us=us, graph_us=graph_us,
+                row = dict(mode=mode, B=B, candidate=cand, label=labels[cand], us=us, graph_us=graph_us,
                            bytes=nbytes, rows=A, tokens=P, gbps_graph=nbytes / (graph_us * 1e-6) / 1e9,
                            gbps=nbytes / (us * 1e-6) / 1e9, peak_gib=torch.cuda.max_memory_allocated() / GiB,
                            note=note)
                 row["frac"], row["frac_graph"] = row["gbps"] / ceiling, row["gbps_graph"] / ceiling
                 rows_out.append(row)
-                print(f"  {LABELS[cand]:30} do_bench {us:9.1f} us  graph {graph_us:9.1f} us  "
+                print(f"  {labels[cand]:30} do_bench {us:9.1f} us  graph {graph_us:9.1f} us  "
                       f"{nbytes / 1e6:9.1f} MB  {row['frac_graph']:6.1%} of ceiling (graph)  "
                       f"peak {row['peak_gib']:.1f} GiB", flush=True)
                 del fn, extra
@@ -812,22 +1082,22 @@ def bench_commit(shapes, batches, modes, ceiling, memory, block_v, results, json
         results["commit"] += rows_out
         write_json(json_path, results)
         print_commit_table(mode, rows_out, ceiling)
-    if "chain" in modes and "tree" in modes and HAS_GDN_COMMIT:
+    if "chain" in modes and "tree" in modes and has_commit(shapes):
         chain = {r["B"]: r for r in results["commit"] if r["mode"] == "chain" and r["candidate"] == "convwin"}
         tree = {r["B"]: r for r in results["commit"] if r["mode"] == "tree" and r["candidate"] == "convwin"}
-        print("\ngdn_commit, tree (8 nodes, topk 3) over chain (D=4), graph replay: " + ", ".join(
+        print(f"\n{labels['convwin'].split()[-1]}, tree (8 nodes, topk 3) over chain (D=4), graph replay: " + ", ".join(
             f"B={B}: {tree[B]['graph_us'] / chain[B]['graph_us']:.2f}x" for B in batches if B in chain and B in tree))
 
 
 def print_commit_table(mode, rows, ceiling):
     base = {r["B"]: r for r in rows if r["candidate"] == "convwin"}
-    print(f"\n| {mode} | B | candidate | do_bench median (us) | graph replay (us) | bytes moved (MB) | "
-          f"GB/s (graph) | of ceiling {ceiling:.0f} GB/s (do_bench / graph) | time vs convwin (graph) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n" + markdown_header(mode, "B", "candidate", "do_bench median (us)", "graph replay (us)", "bytes moved (MB)",
+                                 "GB/s (graph)", f"of ceiling {ceiling:.0f} GB/s (do_bench / graph)",
+                                 "time vs convwin (graph)"))
     for r in rows:
         ratio = r["graph_us"] / base[r["B"]]["graph_us"] if r["B"] in base else float("nan")
-        print(f"| {mode} | {r['B']} | {r['label']} | {r['us']:.1f} | {r['graph_us']:.1f} | {r['bytes'] / 1e6:.1f} | "
-              f"{r['gbps_graph']:.0f} | {r['frac']:.1%} / {r['frac_graph']:.1%} | {ratio:.2f}x |"
+        print(markdown_row(mode, r["B"], r["label"], f"{r['us']:.1f}", f"{r['graph_us']:.1f}", f"{r['bytes'] / 1e6:.1f}",
+                           f"{r['gbps_graph']:.0f}", f"{r['frac']:.1%} / {r['frac_graph']:.1%}", f"{ratio:.2f}x")
               + (f" {r['note']}" if r["note"] else ""), flush=True)
 
 
@@ -889,12 +1159,11 @@ def bench_verify(shapes, batches, ceiling, memory, block_v, results, json_path):
         release()
     results["verify"] = rows_out
     write_json(json_path, results)
-    print(f"\n| B | verify variant (all {shapes.layers} layers) | do_bench median (us) | graph replay (us) | "
-          f"bytes moved (MB) | of ceiling (graph) |")
-    print("|---|---|---|---|---|---|")
+    print("\n" + markdown_header("B", f"verify variant (all {shapes.layers} layers)", "do_bench median (us)",
+                                 "graph replay (us)", "bytes moved (MB)", "of ceiling (graph)"))
     for r in rows_out:
-        print(f"| {r['B']} | {r['variant']} | {r['us']:.1f} | {r['graph_us']:.1f} | {r['bytes'] / 1e6:.1f} | "
-              f"{r['frac_graph']:.1%} |")
+        print(markdown_row(r["B"], r["variant"], f"{r['us']:.1f}", f"{r['graph_us']:.1f}", f"{r['bytes'] / 1e6:.1f}",
+                           f"{r['frac_graph']:.1%}"))
     step_table(batches, results)
 
 
@@ -906,13 +1175,12 @@ def step_table(batches, results):
                ("input replay (k,v cache)", "stand-in, no state written", "replay"),
                ("convwin replay", "stand-in, no state written", "convwin")]
     print("\nwhole step, chain, measured (graph replay): verify recurrence + commit, us")
-    print("| B | " + " | ".join(name for name, _, _ in designs) + " | convwin saves vs snapshots |")
-    print("|---|" + "---|" * (len(designs) + 1))
+    print(markdown_header("B", *(name for name, _, _ in designs), "convwin saves vs snapshots"))
     rows = []
     for B in batches:
         totals = [verify.get((B, ver), float("nan")) + commit.get((B, cand), float("nan")) for _, ver, cand in designs]
         rows.append(dict(B=B, **{name: t for (name, _, _), t in zip(designs, totals)}))
-        print(f"| {B} | " + " | ".join(f"{t:.1f}" for t in totals) + f" | {1 - totals[2] / totals[0]:.0%} |")
+        print(markdown_row(B, *(f"{t:.1f}" for t in totals), f"{1 - totals[2] / totals[0]:.0%}"))
     results["step"] = rows
 
 
@@ -921,16 +1189,17 @@ def traffic_model(shapes: Shapes, batches, ring_every: int, ceiling, results):
     computed from the shapes, not measured."""
     s, D, K, R = shapes, shapes.num_draft, shapes.kernel_size, ring_every
     state = s.state_numel * 4 * s.layers  # one fp32 state, all layers, one slot
-    gates = D * 2 * s.v_heads * 4
-    kv_token = s.kv_width * 2 + 2 * s.v_heads * 4  # k, v bf16 + g, beta fp32
+    gates = D * s.num_gates * s.gate_heads * 4
+    kv_token = s.replay_width * 2 + s.num_gates * s.gate_heads * 4  # k, v bf16 + g, beta fp32 (Mamba2: x, B + dt)
+    cached, gate_names = ("x,B,dt", "dt") if s.mixer == "mamba2" else ("k,v,g,beta", "g,beta")
     designs = [  # name, states read per step, states written per step, speculative bytes per slot
         ("snapshots (dense conv windows + D state snapshots)", 2, D + 1,
          s.layers * (D * (K - 1) * s.dim * 2) + D * state),
-        ("eager replay, input cache (vLLM ReplaySSM: k,v,g,beta + conv widened by D)", 2, 1,
+        (f"eager replay, input cache (vLLM ReplaySSM: {cached} + conv widened by D)", 2, 1,
          s.layers * (D * kv_token + D * s.dim * 2)),
-        ("eager replay, convwin (dedup conv-input buffer + g,beta)", 2, 1,
+        (f"eager replay, convwin (dedup conv-input buffer + {gate_names})", 2, 1,
          s.layers * ((D + K - 2) * s.dim * 2 + gates)),
-        (f"ring, delayed commit every R={R} steps (ring of R*D={R * D} tokens k,v,g,beta + conv widened by D)",
+        (f"ring, delayed commit every R={R} steps (ring of R*D={R * D} tokens {cached} + conv widened by D)",
          1, 1 / R, s.layers * (R * D * kv_token + D * s.dim * 2)),
     ]
     print(f"\nrecurrent-state traffic per step vs speculative memory per slot -- a MODEL (computed, not measured):"
@@ -939,17 +1208,16 @@ def traffic_model(shapes: Shapes, batches, ring_every: int, ceiling, results):
           f"\n  (one state = {s.state_numel * 4 / 2**20:.0f} MiB per layer, {state / 2**20:.0f} MiB over {s.layers} "
           f"layers;"
           f" memory excludes the committed state and conv state every design keeps; times at the measured ceiling)")
-    print("| design | states read + written per step | state MiB per slot per step | speculative MiB per slot | "
-          + " | ".join(f"us at B={B}" for B in batches) + " |")
-    print("|---|---|---|---|" + "---|" * len(batches))
+    print(markdown_header("design", "states read + written per step", "state MiB per slot per step",
+                          "speculative MiB per slot", *(f"us at B={B}" for B in batches)))
     rows = []
     for name, reads, writes, memory in designs:
         traffic = (reads + writes) * state
         at = [B * traffic / (ceiling * 1e9) * 1e6 for B in batches]
         rows.append(dict(design=name, states_read=reads, states_written=writes, state_bytes_per_step=traffic,
                          speculative_bytes_per_slot=memory, us_at_ceiling={str(B): t for B, t in zip(batches, at)}))
-        print(f"| {name} | {reads} + {writes:g} | {traffic / 2**20:.0f} | {memory / 2**20:.2f} | "
-              + " | ".join(f"{t:.0f}" for t in at) + " |")
+        print(markdown_row(name, f"{reads} + {writes:g}", f"{traffic / 2**20:.0f}", f"{memory / 2**20:.2f}",
+                           *(f"{t:.0f}" for t in at)))
     results["model"] = rows
 
 
@@ -965,29 +1233,39 @@ def main(argv=None) -> int:
                         help="only check every kernel on tiny shapes (CPU: TRITON_INTERPRET=1)")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64, 256])
     parser.add_argument("--modes", nargs="+", default=["chain", "tree"], choices=["chain", "tree"])
-    parser.add_argument("--layers", type=int, default=QWEN3_NEXT_TP1.layers, help="GDN layers (36: Qwen3-Next TP1)")
+    parser.add_argument("--mixer", default="gdn", choices=["gdn", "mamba2"],
+                        help="gdn: Qwen3-Next TP1 GDN layers, gdn_commit (default); mamba2: Nemotron-H-8B TP1 Mamba2 "
+                             "layers, mamba2_commit")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="recurrent layers (default: 36 GDN layers of Qwen3-Next TP1, 24 Mamba2 layers of "
+                             "Nemotron-H-8B TP1)")
     parser.add_argument("--num-draft", type=int, default=QWEN3_NEXT_TP1.num_draft, help="chain draft tokens D")
     parser.add_argument("--ring-every", type=int, default=4, help="R: the ring's checkpoint period (model only)")
     parser.add_argument("--block-v", type=int, default=32, help="dv columns per program of the kernels written here")
+    parser.add_argument("--block-p", type=int, default=32, help="rows of P per program of the Mamba2 input replay")
     parser.add_argument("--mem-limit-gib", type=float, default=None,
                         help="GPU memory the benchmark may hold (default: free memory at start - 3 GiB)")
     parser.add_argument("--no-verify", action="store_true", help="skip the engine-side verify timing")
     parser.add_argument("--json", default=None, help="write every measured number here")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if not check(device, block_v=args.block_v):
+    if not check(device, block_v=args.block_v, block_p=args.block_p):
         return 1
     if args.check:
         return 0
-    if device != "cuda":
-        print("timing needs CUDA")
+    if not needs_cuda():
         return 1
     start = time.perf_counter()
-    shapes = Shapes(layers=args.layers, num_draft=args.num_draft)
+    mamba2 = args.mixer == "mamba2"
+    if mamba2:
+        shapes = Mamba2Shapes(layers=args.layers or NEMOTRON_H_8B_TP1.layers, num_draft=args.num_draft)
+    else:
+        shapes = Shapes(layers=args.layers or QWEN3_NEXT_TP1.layers, num_draft=args.num_draft)
+    block = args.block_p if mamba2 else args.block_v
     ceiling = copy_ceiling_gbps()
     release()
     memory = Memory(args.mem_limit_gib)
-    print(f"\ndevice: {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    print("\n" + environment_line())
     print(f"copy ceiling (device-to-device 1 GiB bf16, read+write / do_bench median): {ceiling:.0f} GB/s")
     print(f"shapes: {asdict(shapes)} (dim {shapes.dim}), fp32 state, bf16 conv inputs; memory budget "
           f"{memory.limit / GiB:.0f} GiB: each baseline's tensors are allocated just before it runs and freed after "
@@ -996,8 +1274,13 @@ def main(argv=None) -> int:
     results = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                    ceiling_gbps=ceiling, shapes=asdict(shapes), tree_parents=TREE_PARENTS, block_v=args.block_v,
                    commit=[], verify=[])
-    bench_commit(shapes, args.batches, args.modes, ceiling, memory, args.block_v, results, args.json)
-    if not args.no_verify:
+    if mamba2:
+        results.update(mixer="mamba2", block_p=args.block_p)
+    bench_commit(shapes, args.batches, args.modes, ceiling, memory, block, results, args.json)
+    if mamba2:
+        print("\nengine-side verify timing: GDN only (run --mixer gdn); not timed for mamba2, so no whole-step "
+              "table here", flush=True)
+    elif not args.no_verify:
         bench_verify(shapes, args.batches, ceiling, memory, args.block_v, results, args.json)
     traffic_model(shapes, args.batches, args.ring_every, ceiling, results)
     write_json(args.json, results)

@@ -107,14 +107,21 @@ def do_bench_us(fn, warmup=25, rep=200) -> float:
     return triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median") * 1e3
 
 
-def graph_time_us(fn, launches=20, replays=50) -> float:
-    """GPU time per call of ``fn``, us: ``launches`` calls captured in one CUDA graph (after a
-    warm-up call on a side stream), replayed ``replays`` times, median of 5 such rounds."""
+def graph_time_us(fn, launches=20, replays=50, *, rounds=5, warmup=1, estimate_us=None, budget_ms=120.0) -> float:
+    """GPU time per call of ``fn``, us: ``launches`` calls captured in one CUDA graph (after
+    ``warmup`` calls on a side stream), replayed ``replays`` times, median of ``rounds`` such rounds.
+    With ``estimate_us`` (a time per call measured before, e.g. do_bench's) the graph's size and the
+    replays follow it instead: ``launches`` = 500 us / estimate in 1..20 (a graph of >= ~0.5 ms),
+    ``replays`` so that a round takes about ``budget_ms``, in 3..100."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        fn()
+        for _ in range(warmup):
+            fn()
     torch.cuda.current_stream().wait_stream(side)
+    if estimate_us is not None:
+        launches = max(1, min(20, int(500 / max(estimate_us, 1e-3))))
+        replays = max(3, min(100, int(budget_ms * 1e3 / (max(estimate_us, 1e-3) * launches))))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(launches):
@@ -123,13 +130,14 @@ def graph_time_us(fn, launches=20, replays=50) -> float:
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
-    for _ in range(5):
+    for _ in range(rounds):
         start.record()
         for _ in range(replays):
             graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / (replays * launches))
+    del graph
     return sorted(times)[len(times) // 2]
 
 

@@ -61,3 +61,52 @@ def test_model_memory_matches_the_plan_numbers():
     bench_commit.traffic_model(bench_commit.QWEN3_NEXT_TP1, [1], 4, 4000.0, results)
     memory = [row["speculative_bytes_per_slot"] for row in results["model"]]
     assert memory[0] == 309_067_776 and memory[2] == 3_575_808
+
+
+def test_mamba2_timing_flow_dry_run(monkeypatch, tmp_path, capsys):
+    """--mixer mamba2's tables and JSON (Mamba2 shapes, the three candidates, the traffic model), on
+    tiny shapes on the CPU, each timed call run once; its verify timing is GDN-only."""
+    calls = []
+
+    def run_once(fn):
+        fn()
+        calls.append(fn)
+        return 10.0, 8.0
+
+    monkeypatch.setattr(bench_commit, "DEVICE", "cpu")
+    monkeypatch.setattr(bench_commit, "time_fn", run_once)
+    monkeypatch.setattr(bench_commit, "release", lambda: None)
+    for name in ("memory_allocated", "max_memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, lambda: 0)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
+    shapes = bench_commit.Mamba2Shapes(layers=2, heads=4, head_dim=8, groups=2, d_state=16, num_draft=4)
+    memory = SimpleNamespace(limit=1 << 40, room=lambda: 1 << 40)
+    path = str(tmp_path / "out.json")
+    results = dict(commit=[], verify=[])
+    batches = [1, 3]
+    bench_commit.bench_commit(shapes, batches, ["chain", "tree"], 1000.0, memory, 4, results, path)
+    bench_commit.traffic_model(shapes, batches, 4, 1000.0, results)
+    bench_commit.write_json(path, results)
+
+    candidates = 3 if bench_commit.HAS_MAMBA2_COMMIT else 2
+    assert len(results["commit"]) == 2 * len(batches) * candidates
+    assert len(calls) == len(results["commit"])
+    assert {r["label"] for r in results["commit"]} >= {"snapshot copy + conv scatter", "input replay (x,B cache)"}
+    assert len(results["model"]) == 4 and "x,B,dt" in results["model"][1]["design"]
+    assert json.load(open(path))["commit"][0]["bytes"] > 0
+    out = capsys.readouterr().out
+    assert "| chain | 3 |" in out and "| tree | 3 |" in out
+
+
+def test_mamba2_bytes_and_memory_at_nemotron_h_8b():
+    """Nemotron-H-8B TP1: 24 layers x 4 MiB fp32 state per slot; the byte formulas' state terms."""
+    s = bench_commit.NEMOTRON_H_8B_TP1
+    assert (s.dim, s.replay_width, s.state_numel * 4) == (10240, 9216, 4 << 20)
+    state = 24 * 2 * (4 << 20)  # one row: read + write every layer's state
+    assert bench_commit.commit_bytes("snapshot", s, 1, 1) == state + 24 * 2 * 3 * 10240 * 2
+    assert bench_commit.commit_bytes("replay", s, 1, 1) == state + 24 * (9216 * 2 + 128 * 4 + 128 * 4)
+    assert bench_commit.commit_bytes("convwin", s, 1, 1) == state + 24 * (
+        10240 * 2 + 3 * 10240 * 2 + 128 * 4 + 3 * 10240 * 2 + 10240 * 4 * 2 + 10240 * 2 + 128 * 4)
+    results = {}
+    bench_commit.traffic_model(s, [1], 4, 4000.0, results)
+    assert results["model"][0]["speculative_bytes_per_slot"] == 24 * 4 * 3 * 10240 * 2 + 4 * 24 * (4 << 20)
