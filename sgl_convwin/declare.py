@@ -176,6 +176,8 @@ def declare_op(
         # are as cheap as a hand-written wrapper (they cost more than a small kernel).
         prepare_names = list(inspect.signature(prepare).parameters)[1:]
         if eager_plan is not None:
+            if "sizes" not in prepare_names:
+                raise TypeError(f"declare_op {name}: with eager_plan, prepare takes sizes= (see declare.py)")
             prepare_names.remove("sizes")
         if sorted(prepare_names) != sorted(public_signature.parameters):
             raise TypeError(f"declare_op {name}: prepare takes real, then the op's arguments")
