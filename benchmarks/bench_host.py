@@ -18,7 +18,6 @@ import torch
 import common  # before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1
 import sgl_convwin
 from common import host_time_us, markdown_header, markdown_row
-from sgl_convwin import ops
 from sgl_convwin.declare import eager_device
 
 (L, DIM), K = common.SHAPES["qwen3next-tp1"], common.KERNEL_SIZE
@@ -36,12 +35,12 @@ def main():
     noop = lambda *args, **kwargs: None  # noqa: E731
     rows = [
         ("eager-call test (eager_device, 5 tensors)", lambda: eager_device(state, windows, index, index, index)),
-        ("scatter: checks, no kernel", lambda: ops._run_scatter(noop, state, windows, index, index, index, "dim_major")),
-        ("capture: checks, no kernel", lambda: ops._run_capture(noop, buffer, state, x, index, index, 3,
-                                                                "token_major", None, "dim_major")),
+        ("scatter: checks, no kernel",
+         lambda: sgl_convwin.scatter.kernel_arguments(state, windows, index, index, index)),
+        ("capture: checks, no kernel", lambda: sgl_convwin.capture.kernel_arguments(buffer, state, x, index, index, 3)),
         ("causal_conv1d_verify: checks, no kernel",
-         lambda: ops._run_verify(noop, out, buffer, state, x, weight, bias, index, index, 3, "token_major",
-                                 None, "silu", "dim_major")),
+         lambda: sgl_convwin.causal_conv1d_verify.kernel_arguments(out, buffer, state, x, weight, bias, index, index, 3,
+                                                                   activation="silu")),
     ]
     rows.append(("scatter: public eager call, signature seen (kernel no-op)",
                  lambda: sgl_convwin.scatter(state, windows, index, index, index)))
@@ -55,17 +54,20 @@ def main():
         rows.append(("scatter: launch plan lookup", lambda: plan(state, windows, index, index, index)))
     except ImportError:
         pass
-    ops._EAGER_SCATTER.clear()
-    ops._EAGER_SCATTER_TREE.clear()
-    ops.cpu.scatter_cpu, cpu_scatter = noop, ops.cpu.scatter_cpu  # the eager plans take the no-ops
-    ops.cpu.scatter_tree_cpu, cpu_scatter_tree = noop, ops.cpu.scatter_tree_cpu
+    planned = (sgl_convwin.scatter, sgl_convwin.scatter_tree)
+    for public in planned:
+        public.eager_plans.clear()
+    sgl_convwin.scatter(state, windows, index, index, index)
+    sgl_convwin.scatter_tree(state, buffer, index, index, index, parents)
+    for public in planned:  # the eager plans take the no-op
+        plans = public.eager_plans
+        plans.update({key: (sizes, noop) for key, (sizes, _) in plans.items()})
     print(f"host time per call, torch {torch.__version__}, {os.cpu_count()} CPUs")
     print(markdown_header("path", "us per call"))
     for name, fn in rows:
         print(markdown_row(name, f"{host_time_us(fn):.2f}"), flush=True)
-    ops.cpu.scatter_cpu, ops.cpu.scatter_tree_cpu = cpu_scatter, cpu_scatter_tree
-    ops._EAGER_SCATTER.clear()
-    ops._EAGER_SCATTER_TREE.clear()
+    for public in planned:
+        public.eager_plans.clear()
     return 0
 
 

@@ -18,6 +18,15 @@ An opaque custom op keeps one validated path per device; inside compiled graphs 
 in place on the caller's buffers (no clone), inside CUDA graphs its launches are what is captured.
 custom_op refuses keyword-only tensors, so the op's schema takes the public function's
 keyword-only tensor arguments positionally, after its positional ones.
+
+An op may opt into the eager plan cache with ``eager_plan="planned_..."``, the name of a
+csrc_triton planner: ``planner(*args, **kwargs)`` (the kernel arguments of one call) returns a
+launch taking the same arguments that is valid for every call of that signature -- every shape,
+stride, dtype and device of its tensors and the values of its other arguments. Such an op's
+``prepare`` returns ``(args, kwargs, sizes)`` and takes ``sizes=`` (what it returned for a call
+of the same signature): then it skips the checks that depend on the signature only and runs
+those that depend on the tensors themselves (shared storage, inference tensors, the checked
+mode). On the CPU the plan is ``cpu`` itself.
 """
 
 from __future__ import annotations
@@ -33,6 +42,9 @@ from ._kernels import triton_kernels
 
 NAMESPACE = "convwin"
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # Parameter disables __torch_function__
+# Per op, (sizes, launch) per eager call signature. Engines repeat a few signatures step after
+# step; bounded anyway (cleared when full).
+EAGER_PLANS_MAX = 1024
 
 
 def eager_device(*tensors: torch.Tensor | None) -> str | None:
@@ -60,10 +72,9 @@ def eager_device(*tensors: torch.Tensor | None) -> str | None:
     return "cuda" if first.is_cuda else "cpu" if first.is_cpu else None
 
 
-def _binder(name: str, signature: inspect.Signature) -> Callable[..., dict]:
-    """A function with exactly ``signature`` that returns its arguments as a dict, defaults
-    applied: Python's own argument parsing, several times faster than ``Signature.bind``."""
-    namespace: dict = {}
+def _compile(name: str, signature: inspect.Signature, body: str, namespace: dict) -> Callable:
+    """A function with exactly ``signature`` (its arguments as local variables) and ``body``:
+    Python's own argument parsing, several times faster than ``Signature.bind``."""
     params, star = [], False
     for i, p in enumerate(signature.parameters.values()):
         if p.kind is inspect.Parameter.KEYWORD_ONLY and not star:
@@ -74,9 +85,14 @@ def _binder(name: str, signature: inspect.Signature) -> Callable[..., dict]:
             namespace[f"_default{i}"] = p.default
             text += f"=_default{i}"
         params.append(text)
-    names = ", ".join(f"{p!r}: {p}" for p in signature.parameters)
-    exec(f"def {name}({', '.join(params)}):\n    return {{{names}}}\n", namespace)  # noqa: S102
+    exec(f"def {name}({', '.join(params)}):\n{body}", namespace)  # noqa: S102
     return namespace[name]  # (named after the op: argument errors read "gdn_commit() missing ...")
+
+
+def _binder(name: str, signature: inspect.Signature) -> Callable[..., dict]:
+    """A function with exactly ``signature`` that returns its arguments as a dict, defaults applied."""
+    names = ", ".join(f"{p!r}: {p}" for p in signature.parameters)
+    return _compile(name, signature, f"    return {{{names}}}\n", {})
 
 
 def _is_tensor_type(annotation) -> bool:
@@ -89,10 +105,13 @@ def declare_op(
     prepare: Callable[..., tuple[tuple, dict]],
     cpu: Callable[..., None],
     cuda: str,
+    eager_plan: str | None = None,
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Decorate the public signature (annotations, defaults, docstring; its body is never run)
     of a destination-passing op ``convwin::<name>``; returns the public function, with the
-    registered op as its ``.op`` attribute and ``.kernel_arguments``."""
+    registered op as its ``.op`` attribute, ``.kernel_arguments``, ``.cuda_impl`` (the CUDA
+    implementation, callable with the op's arguments on any device: Triton's interpreter) and,
+    with ``eager_plan``, ``.eager_plans`` (its cache)."""
 
     def decorate(signature_function: Callable[..., None]) -> Callable[..., None]:
         name = signature_function.__name__
@@ -112,9 +131,14 @@ def declare_op(
         )
 
         bind_op, bind_public = _binder(name, op_signature), _binder(name, public_signature)
+        other_names = tuple(p.name for p in params if not _is_tensor_type(p.annotation))
+
+        def prepared(real: bool, arguments: dict) -> tuple[tuple, dict]:
+            result = prepare(real, **arguments)  # (args, kwargs[, sizes])
+            return result[0], result[1]
 
         def run(kernel, real: bool, args: tuple, kwargs: dict) -> None:
-            kernel_args, kernel_kwargs = prepare(real, **bind_op(*args, **kwargs))
+            kernel_args, kernel_kwargs = prepared(real, bind_op(*args, **kwargs))
             if kernel is not None:
                 kernel(*kernel_args, **kernel_kwargs)
 
@@ -133,25 +157,74 @@ def declare_op(
         op.register_kernel("cuda")(cuda_impl)
         op.register_fake(fake_impl)
         packet = getattr(getattr(torch.ops, NAMESPACE), name)
+        plans: dict[tuple, tuple] = {}
 
-        @functools.wraps(signature_function)
-        def public(*args, **kwargs) -> None:
-            arguments = bind_public(*args, **kwargs)
-            device = eager_device(*(arguments[n] for n in tensor_names))
-            if device is None:
-                packet(*(arguments[n] for n in positional_names), **{n: arguments[n] for n in keyword_names})
-                return
-            kernel = getattr(triton_kernels(), cuda) if device == "cuda" else cpu
-            kernel_args, kernel_kwargs = prepare(True, **arguments)
-            kernel(*kernel_args, **kernel_kwargs)
+        def first_call(device: str, key: tuple | None, *prepare_args) -> None:
+            """An eager call of a signature without a plan: every check, then its plan."""
+            kernel_args, kernel_kwargs, sizes = prepare(True, *prepare_args)
+            if device == "cpu":
+                launch = cpu
+            else:
+                launch = getattr(triton_kernels(), eager_plan)(*kernel_args, **kernel_kwargs)
+            if key is not None:
+                if len(plans) >= EAGER_PLANS_MAX:
+                    plans.clear()
+                plans[key] = (sizes, launch)
+            launch(*kernel_args, **kernel_kwargs)
+
+        # The public function, generated so that its arguments are local variables: eager calls
+        # are as cheap as a hand-written wrapper (they cost more than a small kernel).
+        prepare_names = list(inspect.signature(prepare).parameters)[1:]
+        if eager_plan is not None:
+            if "sizes" not in prepare_names:
+                raise TypeError(f"declare_op {name}: with eager_plan, prepare takes sizes= (see declare.py)")
+            prepare_names.remove("sizes")
+        if sorted(prepare_names) != sorted(public_signature.parameters):
+            raise TypeError(f"declare_op {name}: prepare takes real, then the op's arguments")
+        prepare_args = ", ".join(prepare_names)
+        tensors = ", ".join(tensor_names)
+        op_call = ", ".join(list(positional_names) + [f"{n}={n}" for n in keyword_names])
+        body = f"""    _device = _eager_device({tensors})
+    if _device is None:
+        _packet({op_call})
+        return
+"""
+        if eager_plan is not None:
+            key = [*other_names] + [
+                f"{n}.shape, {n}.stride(), {n}.dtype, {n}.device" if p.annotation is torch.Tensor
+                else f"None if {n} is None else ({n}.shape, {n}.stride(), {n}.dtype, {n}.device)"
+                for n, p in ((p.name, p) for p in params) if n in tensor_names
+            ]
+            body += f"""    if _device != "invalid":
+        _key = ({", ".join(key)},)
+        try:
+            _plan = _plans.get(_key)
+        except TypeError:  # an unhashable argument: no plan (the checks name a wrong one)
+            _plan = _key = None
+        if _plan is None:
+            _first_call(_device, _key, {prepare_args})
+            return
+        _args, _kwargs, _ = _prepare(True, {prepare_args}, sizes=_plan[0])
+        _plan[1](*_args, **_kwargs)
+        return
+"""
+        body += f"""    _args, _kwargs = _prepare(True, {prepare_args})[:2]
+    (_cuda_kernel() if _device == "cuda" else _cpu)(*_args, **_kwargs)
+"""
+        namespace = dict(_eager_device=eager_device, _packet=packet, _plans=plans, _prepare=prepare, _cpu=cpu,
+                         _first_call=first_call, _cuda_kernel=lambda: getattr(triton_kernels(), cuda))
+        public = functools.wraps(signature_function)(_compile(name, public_signature, body, namespace))
 
         def kernel_arguments(*args, **kwargs) -> tuple[tuple, dict]:
             """What the kernels get for this call (checked): ``(args, kwargs)``. For tests that run
             one implementation on any device (the Triton launcher under the interpreter)."""
-            return prepare(True, **bind_public(*args, **kwargs))
+            return prepared(True, bind_public(*args, **kwargs))
 
         public.op = op
         public.kernel_arguments = kernel_arguments
+        public.cuda_impl = cuda_impl
+        if eager_plan is not None:
+            public.eager_plans = plans
         public.__signature__ = public_signature
         return public
 

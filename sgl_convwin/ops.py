@@ -1,10 +1,7 @@
-"""The ``torch.ops.convwin`` operators: schemas, fakes, and their CPU and CUDA kernels.
-
-Why ``torch.library.custom_op`` and not ``triton_op``: a triton_op's Python body is traced into
-the graph by torch.compile on EVERY device, so a CPU call would be compiled into a Triton launch.
-An opaque custom op keeps one validated path per device (vectorised PyTorch on the CPU, a Triton
-launch on CUDA); inside compiled graphs Inductor calls it in place on the caller's buffers (no
-clone), and inside CUDA graphs the single kernel launch is what gets captured.
+"""The ``torch.ops.convwin`` operators of the window cache: ``alloc``, and the commit and verify
+ops, each declared once with ``declare_op`` (declare.py: the registered op, its fake, its CPU and
+CUDA implementations and the public function) from its public signature and its ``prepare``,
+the op's one validation.
 
 Every op is destination-passing where it writes (it returns None) and never allocates, syncs or
 produces data-dependent shapes, except ``alloc``, the factory op that creates the buffer.
@@ -12,13 +9,10 @@ produces data-dependent shapes, except ``alloc``, the factory op that creates th
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 
 from . import cpu
-from ._kernels import triton_kernels
-from .declare import _PLAIN_TENSORS, eager_device
+from .declare import declare_op
 from .layout import (
     CACHE_DTYPES,
     CHANNEL_MAJOR,
@@ -29,7 +23,6 @@ from .layout import (
     physical_shape,
 )
 from .validation import (
-    ScatterSizes,
     check_capture_args,
     check_capture_index_values,
     check_no_shared_storage,
@@ -102,32 +95,10 @@ def alloc_windows(
 # scatter: commit the accepted windows
 # ---------------------------------------------------------------------------------------------
 
-_ScatterKernel = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None
-]
-
-
-def _run_scatter(
-    kernel: _ScatterKernel,
-    conv_state: torch.Tensor,
-    windows: torch.Tensor,
-    dst_slots: torch.Tensor,
-    src_slots: torch.Tensor,
-    steps: torch.Tensor,
-    state_layout: str,
-    sizes: ScatterSizes | None = None,
-) -> None:
-    """Check a scatter call, then run ``kernel``. ``sizes``: the call's sizes when its signature
-    was checked before (the eager fast path in ``scatter``); then only the checks that depend on
-    the tensors themselves run."""
-    if sizes is None:
-        sizes = check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
-    else:  # (requires_grad: the fast path sends such calls through the dispatcher)
-        check_not_inference(_SCATTER_OP, "conv_state", conv_state)
-    check_no_shared_storage(_SCATTER_OP, "conv_state", conv_state, "windows", windows)
-    if should_check_index_values(conv_state):
-        check_scatter_index_values(sizes, dst_slots, src_slots, steps)
-    kernel(_kernel_state(conv_state, state_layout), windows, dst_slots, src_slots, steps)
+_SCATTER = "convwin.scatter"
+_SCATTER_TREE = "convwin.scatter_tree"
+_CAPTURE = "convwin.capture"
+_VERIFY = "convwin.causal_conv1d_verify"
 
 
 def _kernel_state(conv_state: torch.Tensor, state_layout: str) -> torch.Tensor:
@@ -135,41 +106,22 @@ def _kernel_state(conv_state: torch.Tensor, state_layout: str) -> torch.Tensor:
     return conv_state.transpose(2, 3) if state_layout == WINDOW_MAJOR else conv_state
 
 
-@torch.library.custom_op("convwin::scatter", mutates_args=("conv_state",), device_types="cpu")
-def _scatter(
-    conv_state: torch.Tensor,
-    windows: torch.Tensor,
-    dst_slots: torch.Tensor,
-    src_slots: torch.Tensor,
-    steps: torch.Tensor,
-    *,
-    state_layout: str = DIM_MAJOR,
-) -> None:
-    _run_scatter(cpu.scatter_cpu, conv_state, windows, dst_slots, src_slots, steps, state_layout)
+def _prepare_scatter(real, conv_state, windows, dst_slots, src_slots, steps, state_layout, sizes=None):
+    """``sizes``: this call signature's, checked before (the eager plan); then only the checks
+    that depend on the tensors themselves run (requires_grad sends a call through the op)."""
+    if sizes is None:
+        sizes = check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
+    else:
+        check_not_inference(_SCATTER, "conv_state", conv_state)
+    if real:
+        check_no_shared_storage(_SCATTER, "conv_state", conv_state, "windows", windows)
+        if should_check_index_values(conv_state):
+            check_scatter_index_values(sizes, dst_slots, src_slots, steps)
+    return (_kernel_state(conv_state, state_layout), windows, dst_slots, src_slots, steps), {}, sizes
 
 
-@_scatter.register_kernel("cuda")
-def _scatter_triton(conv_state, windows, dst_slots, src_slots, steps, *, state_layout=DIM_MAJOR):
-    launch = triton_kernels().launch_scatter
-    _run_scatter(launch, conv_state, windows, dst_slots, src_slots, steps, state_layout)
-
-
-@_scatter.register_fake
-def _scatter_fake(conv_state, windows, dst_slots, src_slots, steps, *, state_layout=DIM_MAJOR):
-    check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
-
-
-def _eager_device(op: str, names: tuple[str, ...], *tensors: torch.Tensor) -> str | None:
-    """declare.eager_device, with a TypeError naming a non-tensor argument (the dispatcher's
-    schema error would come first otherwise)."""
-    device = eager_device(*tensors)
-    if device == "invalid":
-        for name, t in zip(names, tensors):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    return device
-
-
+@declare_op(mutates=("conv_state",), prepare=_prepare_scatter, cpu=cpu.scatter_cpu,
+            cuda="launch_scatter", eager_plan="planned_scatter")
 def scatter(
     conv_state: torch.Tensor,
     windows: torch.Tensor,
@@ -192,59 +144,10 @@ def scatter(
         destination skips the row (pad batches with -1). Out-of-range values skip the row too;
         ``sgl_convwin.index_checks()`` turns them into an IndexError (host sync, for debugging).
 
-    Same as ``torch.ops.convwin.scatter``; eager calls skip the dispatcher (see _eager_device)
-    and repeat only the per-tensor checks for a signature already seen (see _EAGER_SCATTER),
-    launching the compiled kernel directly.
+    Same as ``torch.ops.convwin.scatter``; eager calls skip the dispatcher (see declare.eager_device)
+    and repeat only the per-tensor checks for a signature already seen (see declare_op's
+    eager_plan), launching the compiled kernel directly.
     """
-    device = _eager_device(_SCATTER_OP, ("conv_state", "windows", "dst_slots", "src_slots", "steps"),
-                           conv_state, windows, dst_slots, src_slots, steps)
-    if device is None:
-        torch.ops.convwin.scatter(
-            conv_state, windows, dst_slots, src_slots, steps, state_layout=state_layout
-        )
-        return
-    signature = _eager_signature(state_layout, conv_state, windows, dst_slots, src_slots, steps)
-    plan = _EAGER_SCATTER.get(signature)
-    if plan is None:  # every check (they raise on bad input), then this signature's launch
-        sizes = check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
-        if device == "cpu":
-            launch = cpu.scatter_cpu
-        else:
-            state = _kernel_state(conv_state, state_layout)
-            launch = triton_kernels().planned_scatter(state, windows, dst_slots, src_slots, steps)
-        plan = _remember(_EAGER_SCATTER, signature, (sizes, launch))
-    sizes, launch = plan
-    _run_scatter(launch, conv_state, windows, dst_slots, src_slots, steps, state_layout, sizes)
-
-
-# The eager fast paths of scatter and scatter_tree keep, per call signature -- every shape,
-# stride, dtype and device of the call's tensors, and the state layout: everything the argument
-# checks and the launch plan depend on -- the call's sizes and its launch (on CUDA a fixed plan
-# that, once compiled, skips Triton's per-call binder; csrc_triton/_common.fixed_launch). A seen
-# signature repeats neither the checks nor the planning; the checks that depend on the tensors
-# themselves (shared storage, inference tensors, the checked mode) run on every call. Engines
-# repeat a few signatures step after step (bounded anyway: cleared when full). On the H200 host
-# the public eager scatter costs 0.72-0.76x a raw Triton launch of its kernel, scatter_tree
-# 0.77-0.79x (docs/benchmarks.md).
-_EAGER_SCATTER: dict[tuple, tuple] = {}
-_EAGER_SCATTER_TREE: dict[tuple, tuple] = {}
-_EAGER_MAX = 1024
-_SCATTER_OP = "convwin.scatter"
-_SCATTER_TREE_OP = "convwin.scatter_tree"
-
-
-def _eager_signature(state_layout: str, *tensors: torch.Tensor) -> tuple:
-    signature = [state_layout]
-    for t in tensors:
-        signature += (t.shape, t.stride(), t.dtype, t.device)
-    return tuple(signature)
-
-
-def _remember(cache: dict, signature: tuple, plan: tuple) -> tuple:
-    if len(cache) >= _EAGER_MAX:
-        cache.clear()
-    cache[signature] = plan
-    return plan
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,45 +155,22 @@ def _remember(cache: dict, signature: tuple, plan: tuple) -> tuple:
 # ---------------------------------------------------------------------------------------------
 
 
-def _run_scatter_tree(kernel, conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout, sizes=None):
-    """Check a scatter_tree call, then run ``kernel``; ``sizes`` as in _run_scatter."""
+def _prepare_scatter_tree(real, conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout, sizes=None):
+    """As _prepare_scatter."""
     if sizes is None:
         sizes = check_scatter_tree_args(conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout)
     else:
-        check_not_inference(_SCATTER_TREE_OP, "conv_state", conv_state)
-    check_no_shared_storage(_SCATTER_TREE_OP, "conv_state", conv_state, "rows", rows)
-    if should_check_index_values(conv_state):
-        check_scatter_tree_index_values(sizes, dst_slots, src_slots, nodes, parents)
-    kernel(_kernel_state(conv_state, state_layout), rows, dst_slots, src_slots, nodes, parents)
+        check_not_inference(_SCATTER_TREE, "conv_state", conv_state)
+    if real:
+        check_no_shared_storage(_SCATTER_TREE, "conv_state", conv_state, "rows", rows)
+        if should_check_index_values(conv_state):
+            check_scatter_tree_index_values(sizes, dst_slots, src_slots, nodes, parents)
+    args = (_kernel_state(conv_state, state_layout), rows, dst_slots, src_slots, nodes, parents)
+    return args, {}, sizes
 
 
-@torch.library.custom_op("convwin::scatter_tree", mutates_args=("conv_state",), device_types="cpu")
-def _scatter_tree(
-    conv_state: torch.Tensor,
-    rows: torch.Tensor,
-    dst_slots: torch.Tensor,
-    src_slots: torch.Tensor,
-    nodes: torch.Tensor,
-    parents: torch.Tensor,
-    *,
-    state_layout: str = DIM_MAJOR,
-) -> None:
-    _run_scatter_tree(
-        cpu.scatter_tree_cpu, conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout
-    )
-
-
-@_scatter_tree.register_kernel("cuda")
-def _scatter_tree_triton(conv_state, rows, dst_slots, src_slots, nodes, parents, *, state_layout=DIM_MAJOR):
-    launch = triton_kernels().launch_scatter_tree
-    _run_scatter_tree(launch, conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout)
-
-
-@_scatter_tree.register_fake
-def _scatter_tree_fake(conv_state, rows, dst_slots, src_slots, nodes, parents, *, state_layout=DIM_MAJOR):
-    check_scatter_tree_args(conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout)
-
-
+@declare_op(mutates=("conv_state",), prepare=_prepare_scatter_tree, cpu=cpu.scatter_tree_cpu,
+            cuda="launch_scatter_tree", eager_plan="planned_scatter_tree")
 def scatter_tree(
     conv_state: torch.Tensor,
     rows: torch.Tensor,
@@ -315,35 +195,13 @@ def scatter_tree(
     ``scatter`` with steps = nodes, bit for bit. Out-of-range indices, and parent links outside
     [-1, n-1] met on the walk, skip the row; ``index_checks()`` raises instead. conv_state and
     state_layout as in ``scatter``. Same as ``torch.ops.convwin.scatter_tree``; eager calls take
-    the same fast path as ``scatter``'s (see _EAGER_SCATTER_TREE).
+    the same fast path as ``scatter``'s (see declare_op's eager_plan).
     """
-    device = _eager_device(_SCATTER_TREE_OP, ("conv_state", "rows", "dst_slots", "src_slots", "nodes", "parents"),
-                           conv_state, rows, dst_slots, src_slots, nodes, parents)
-    if device is None:
-        torch.ops.convwin.scatter_tree(
-            conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout=state_layout
-        )
-        return
-    signature = _eager_signature(state_layout, conv_state, rows, dst_slots, src_slots, nodes, parents)
-    plan = _EAGER_SCATTER_TREE.get(signature)
-    if plan is None:  # as in scatter
-        sizes = check_scatter_tree_args(conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout)
-        if device == "cpu":
-            launch = cpu.scatter_tree_cpu
-        else:
-            state = _kernel_state(conv_state, state_layout)
-            launch = triton_kernels().planned_scatter_tree(state, rows, dst_slots, src_slots, nodes, parents)
-        plan = _remember(_EAGER_SCATTER_TREE, signature, (sizes, launch))
-    sizes, launch = plan
-    _run_scatter_tree(launch, conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout, sizes)
 
 
 # ---------------------------------------------------------------------------------------------
 # capture and causal_conv1d_verify: fill the buffer during the verify pass
 # ---------------------------------------------------------------------------------------------
-
-_CAPTURE = "convwin.capture"
-_VERIFY = "convwin.causal_conv1d_verify"
 
 
 def _kernel_views(buffer, conv_state, layout, state_layout):
@@ -353,54 +211,19 @@ def _kernel_views(buffer, conv_state, layout, state_layout):
     return dest, _kernel_state(conv_state, state_layout)
 
 
-def _run_capture(kernel, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout):
+def _prepare_capture(real, buffer, conv_state, x, buffer_slots, state_slots, layer, parents, layout, state_layout):
     sizes = check_capture_args(
         _CAPTURE, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
     )
-    check_no_shared_storages(_CAPTURE, "buffer", buffer, conv_state=conv_state, x=x)
-    if should_check_index_values(buffer):
-        check_capture_index_values(_CAPTURE, sizes, buffer_slots, state_slots, parents)
+    if real:
+        check_no_shared_storages(_CAPTURE, "buffer", buffer, conv_state=conv_state, x=x)
+        if should_check_index_values(buffer):
+            check_capture_index_values(_CAPTURE, sizes, buffer_slots, state_slots, parents)
     dest, state = _kernel_views(buffer, conv_state, layout, state_layout)
-    kernel(dest, state, x, buffer_slots, state_slots, layer, parents, dense=layout == DENSE)
+    return (dest, state, x, buffer_slots, state_slots, layer, parents), dict(dense=layout == DENSE)
 
 
-@torch.library.custom_op("convwin::capture", mutates_args=("buffer",), device_types="cpu")
-def _capture(
-    buffer: torch.Tensor,
-    conv_state: torch.Tensor,
-    x: torch.Tensor,
-    buffer_slots: torch.Tensor,
-    state_slots: torch.Tensor,
-    layer: int,
-    parents: torch.Tensor | None = None,
-    *,
-    layout: str = DEFAULT_LAYOUT,
-    state_layout: str = DIM_MAJOR,
-) -> None:
-    _run_capture(
-        cpu.capture_cpu, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
-    )
-
-
-@_capture.register_kernel("cuda")
-def _capture_triton(
-    buffer, conv_state, x, buffer_slots, state_slots, layer, parents=None, *,
-    layout=DEFAULT_LAYOUT, state_layout=DIM_MAJOR,
-):
-    launch = triton_kernels().launch_capture
-    _run_capture(launch, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout)
-
-
-@_capture.register_fake
-def _capture_fake(
-    buffer, conv_state, x, buffer_slots, state_slots, layer, parents=None, *,
-    layout=DEFAULT_LAYOUT, state_layout=DIM_MAJOR,
-):
-    check_capture_args(
-        _CAPTURE, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
-    )
-
-
+@declare_op(mutates=("buffer",), prepare=_prepare_capture, cpu=cpu.capture_cpu, cuda="launch_capture")
 def capture(
     buffer: torch.Tensor,
     conv_state: torch.Tensor,
@@ -433,84 +256,30 @@ def capture(
     Commit later with ``scatter(conv_state, window_view(buffer, ...), ...)`` for chains or
     ``scatter_tree(conv_state, rows, ...)`` for trees. Same as ``torch.ops.convwin.capture``.
     """
-    device = _eager_device(_CAPTURE, ("buffer", "conv_state", "x", "buffer_slots", "state_slots"),
-                           buffer, conv_state, x, buffer_slots, state_slots)
-    if device is not None and (parents is None or type(parents) in _PLAIN_TENSORS):
-        kernel = cpu.capture_cpu if device == "cpu" else triton_kernels().launch_capture
-        _run_capture(kernel, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout)
-    else:
-        torch.ops.convwin.capture(
-            buffer, conv_state, x, buffer_slots, state_slots, layer, parents,
-            layout=layout, state_layout=state_layout,
-        )
 
 
-def _run_verify(
-    kernel, out, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, layer,
-    layout, parents, activation, state_layout,
+def _prepare_verify(
+    real, out, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, layer, parents,
+    layout, activation, state_layout,
 ):
     sizes = check_capture_args(
         _VERIFY, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
     )
     out = check_verify_args(_VERIFY, sizes, out, weight, bias, activation, conv_state.device, layer)
-    check_no_shared_storages(_VERIFY, "buffer", buffer, conv_state=conv_state, x=x)
-    check_no_shared_storages(_VERIFY, "out", out, buffer=buffer, conv_state=conv_state, x=x, weight=weight, bias=bias)
-    if should_check_index_values(buffer):
-        check_capture_index_values(_VERIFY, sizes, buffer_slots, state_slots, parents)
+    if real:
+        check_no_shared_storages(_VERIFY, "buffer", buffer, conv_state=conv_state, x=x)
+        check_no_shared_storages(
+            _VERIFY, "out", out, buffer=buffer, conv_state=conv_state, x=x, weight=weight, bias=bias
+        )
+        if should_check_index_values(buffer):
+            check_capture_index_values(_VERIFY, sizes, buffer_slots, state_slots, parents)
     dest, state = _kernel_views(buffer, conv_state, layout, state_layout)
-    kernel(
-        out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
-        dense=layout == DENSE, silu=activation is not None,
-    )
+    args = (out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents)
+    return args, dict(dense=layout == DENSE, silu=activation is not None)
 
 
-@torch.library.custom_op(
-    "convwin::causal_conv1d_verify", mutates_args=("out", "buffer"), device_types="cpu"
-)
-def _causal_conv1d_verify(
-    out: torch.Tensor,
-    buffer: torch.Tensor,
-    conv_state: torch.Tensor,
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    buffer_slots: torch.Tensor,
-    state_slots: torch.Tensor,
-    layer: int,
-    parents: torch.Tensor | None = None,
-    *,
-    layout: str = DEFAULT_LAYOUT,
-    activation: str | None = None,
-    state_layout: str = DIM_MAJOR,
-) -> None:
-    _run_verify(
-        cpu.causal_conv1d_verify_cpu, out, buffer, conv_state, x, weight, bias, buffer_slots,
-        state_slots, layer, layout, parents, activation, state_layout,
-    )
-
-
-@_causal_conv1d_verify.register_kernel("cuda")
-def _causal_conv1d_verify_triton(
-    out, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, layer, parents=None, *,
-    layout=DEFAULT_LAYOUT, activation=None, state_layout=DIM_MAJOR,
-):
-    _run_verify(
-        triton_kernels().launch_causal_conv1d_verify, out, buffer, conv_state, x, weight, bias,
-        buffer_slots, state_slots, layer, layout, parents, activation, state_layout,
-    )
-
-
-@_causal_conv1d_verify.register_fake
-def _causal_conv1d_verify_fake(
-    out, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, layer, parents=None, *,
-    layout=DEFAULT_LAYOUT, activation=None, state_layout=DIM_MAJOR,
-):
-    sizes = check_capture_args(
-        _VERIFY, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
-    )
-    check_verify_args(_VERIFY, sizes, out, weight, bias, activation, conv_state.device, layer)
-
-
+@declare_op(mutates=("out", "buffer"), prepare=_prepare_verify, cpu=cpu.causal_conv1d_verify_cpu,
+            cuda="launch_causal_conv1d_verify")
 def causal_conv1d_verify(
     out: torch.Tensor,
     buffer: torch.Tensor,
@@ -543,16 +312,32 @@ def causal_conv1d_verify(
     capture write no output either (out keeps its values there), and so do nodes with a bad
     parent link. Same as ``torch.ops.convwin.causal_conv1d_verify``.
     """
-    device = _eager_device(_VERIFY, ("out", "buffer", "conv_state", "x", "weight", "buffer_slots", "state_slots"),
-                           out, buffer, conv_state, x, weight, buffer_slots, state_slots)
-    if device is not None and all(t is None or type(t) in _PLAIN_TENSORS for t in (bias, parents)):
-        kernel = cpu.causal_conv1d_verify_cpu if device == "cpu" else triton_kernels().launch_causal_conv1d_verify
-        _run_verify(
-            kernel, out, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, layer,
-            layout, parents, activation, state_layout,
-        )
-    else:
-        torch.ops.convwin.causal_conv1d_verify(
-            out, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, layer, parents,
-            layout=layout, activation=activation, state_layout=state_layout,
-        )
+
+
+# Checks, then ``kernel`` on what the kernels get, in the argument order tests call them with.
+def _run_scatter(kernel, conv_state, windows, dst_slots, src_slots, steps, state_layout):
+    args, kwargs = scatter.kernel_arguments(conv_state, windows, dst_slots, src_slots, steps, state_layout=state_layout)
+    kernel(*args, **kwargs)
+
+
+def _run_capture(kernel, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout):
+    args, kwargs = capture.kernel_arguments(
+        buffer, conv_state, x, buffer_slots, state_slots, layer, parents, layout=layout, state_layout=state_layout
+    )
+    kernel(*args, **kwargs)
+
+
+def _run_verify(
+    kernel, out, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, layer, layout, parents,
+    activation, state_layout,
+):
+    args, kwargs = causal_conv1d_verify.kernel_arguments(
+        out, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, layer, parents,
+        layout=layout, activation=activation, state_layout=state_layout,
+    )
+    kernel(*args, **kwargs)
+
+
+# the CUDA implementations, callable on CPU tensors under Triton's interpreter
+_scatter_triton, _scatter_tree_triton = scatter.cuda_impl, scatter_tree.cuda_impl
+_capture_triton, _causal_conv1d_verify_triton = capture.cuda_impl, causal_conv1d_verify.cuda_impl

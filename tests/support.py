@@ -11,7 +11,7 @@ import torch
 from hypothesis import strategies as st
 
 import sgl_convwin
-from sgl_convwin import ops, reference
+from sgl_convwin import reference
 
 HAS_CUDA = torch.cuda.is_available()
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -58,7 +58,7 @@ def _dispatched_verify(*args, **kwargs):
 _PUBLIC = (sgl_convwin.scatter, sgl_convwin.scatter_tree, sgl_convwin.capture, sgl_convwin.causal_conv1d_verify)
 _DISPATCHED = (_dispatched_scatter, _dispatched_scatter_tree, _dispatched_capture, _dispatched_verify)
 # the CUDA kernels' functions, run on CPU tensors under Triton's interpreter
-_TRITON = (ops._scatter_triton, ops._scatter_tree_triton, ops._capture_triton, ops._causal_conv1d_verify_triton)
+_TRITON = tuple(public.cuda_impl for public in _PUBLIC)
 
 # sgl_convwin.* skip the dispatcher in eager mode; the *_op entries go through it.
 IMPLS = {

@@ -1,14 +1,15 @@
-"""The eager fast paths of sgl_convwin.scatter and scatter_tree (ops._EAGER_SCATTER,
-ops._EAGER_SCATTER_TREE): a call whose signature (every shape, stride, dtype and device, and the
-state layout) was seen before skips the argument checks and the launch planning, and on CUDA
-Triton's per-call binder, but never the checks that depend on the tensors themselves, and never
-reuses a plan for a call that differs in anything the plan depends on."""
+"""The eager fast paths of sgl_convwin.scatter and scatter_tree (declare_op's eager plans:
+``scatter.eager_plans``, ``scatter_tree.eager_plans``): a call whose signature (every shape,
+stride, dtype and device, and the state layout) was seen before skips the argument checks and
+the launch planning, and on CUDA Triton's per-call binder, but never the checks that depend on
+the tensors themselves, and never reuses a plan for a call that differs in anything the plan
+depends on."""
 
 import pytest
 import torch
 
 import sgl_convwin
-from sgl_convwin import ops, reference
+from sgl_convwin import declare, reference
 from support import impl_params, whole_storage
 
 L, N, M, D, DIM, K = 2, 3, 2, 4, 8, 4
@@ -35,11 +36,11 @@ def tree_problem(device, seed):
 
 @pytest.fixture(autouse=True)
 def empty_cache():
-    ops._EAGER_SCATTER.clear()
-    ops._EAGER_SCATTER_TREE.clear()
+    sgl_convwin.scatter.eager_plans.clear()
+    sgl_convwin.scatter_tree.eager_plans.clear()
     yield
-    ops._EAGER_SCATTER.clear()
-    ops._EAGER_SCATTER_TREE.clear()
+    sgl_convwin.scatter.eager_plans.clear()
+    sgl_convwin.scatter_tree.eager_plans.clear()
 
 
 @pytest.mark.parametrize("impl", impl_params("cpu", "cuda"))
@@ -47,14 +48,14 @@ def test_a_seen_signature_still_checks_each_call(impl):
     """Same signature, other data: right results; an inference state, a state sharing the windows'
     storage, and (checked mode) an out-of-range index are still refused with nothing written."""
     impl.scatter(*problem(impl.device, 0))
-    assert len(ops._EAGER_SCATTER) == 1
+    assert len(sgl_convwin.scatter.eager_plans) == 1
     for seed in (1, 2):  # values and indices change, the signature does not
         conv_state, windows, dst, src, steps = problem(impl.device, seed)
         dst.copy_(torch.tensor([seed, (seed + 1) % N]))  # distinct: a shared destination is unspecified
         want = reference.scatter_reference(conv_state, windows, dst, src, steps)
         impl.scatter(conv_state, windows, dst, src, steps)
         assert torch.equal(conv_state.cpu(), want.cpu())
-    assert len(ops._EAGER_SCATTER) == 1
+    assert len(sgl_convwin.scatter.eager_plans) == 1
 
     conv_state, windows, dst, src, steps = problem(impl.device, 3)
     with torch.inference_mode():
@@ -79,7 +80,7 @@ def test_a_seen_signature_still_checks_each_call(impl):
     with sgl_convwin.index_checks(), pytest.raises(IndexError, match=r"dst_slots\[0\] = 3 is out of range"):
         impl.scatter(conv_state, windows, torch.tensor([3, 0], device=impl.device), src, steps)
     assert torch.equal(whole_storage(conv_state), before)
-    assert len(ops._EAGER_SCATTER) == 1
+    assert len(sgl_convwin.scatter.eager_plans) == 1
 
 
 BAD_AFTER_GOOD = {  # name: (arguments replaced, state_layout, error, message)
@@ -131,17 +132,17 @@ def test_every_signature_gets_its_own_plan(impl):
         want = reference.scatter_reference(state, *calls[0][1:], state_layout="window_major")
         impl.scatter(state, *calls[0][1:], state_layout="window_major")
         assert torch.equal(state.cpu(), want.cpu()), round_
-    assert len(ops._EAGER_SCATTER) == len(calls) + 1
+    assert len(sgl_convwin.scatter.eager_plans) == len(calls) + 1
 
 
 def test_the_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(ops, "_EAGER_MAX", 2)
+    monkeypatch.setattr(declare, "EAGER_PLANS_MAX", 2)
     conv_state, windows, dst, src, steps = problem("cpu", 0)
     for rows in (1, 2, 1, 2):
         sgl_convwin.scatter(conv_state, windows, dst[:rows], src[:rows], steps[:rows])
-    assert len(ops._EAGER_SCATTER) == 2
+    assert len(sgl_convwin.scatter.eager_plans) == 2
     sgl_convwin.scatter(conv_state, windows, dst[:0], src[:0], steps[:0])  # a third: cleared first
-    assert len(ops._EAGER_SCATTER) == 1
+    assert len(sgl_convwin.scatter.eager_plans) == 1
 
 
 @pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
@@ -168,7 +169,7 @@ def test_scatter_tree_seen_signature_still_checks_each_call(impl):
     """scatter_tree's fast path, as scatter's above: right results for other data of a seen
     signature; inference state, shared storage and (checked mode) a bad parent link refused."""
     impl.scatter_tree(*tree_problem(impl.device, 0))
-    assert len(ops._EAGER_SCATTER_TREE) == 1
+    assert len(sgl_convwin.scatter_tree.eager_plans) == 1
     for seed in (1, 2):
         conv_state, rows, dst, src, nodes, parents = tree_problem(impl.device, seed)
         dst.copy_(torch.tensor([seed, (seed + 1) % N]))
@@ -176,7 +177,7 @@ def test_scatter_tree_seen_signature_still_checks_each_call(impl):
         want = reference.scatter_tree_reference(conv_state, rows, dst, src, nodes, parents)
         impl.scatter_tree(conv_state, rows, dst, src, nodes, parents)
         assert torch.equal(conv_state.cpu(), want.cpu())
-    assert len(ops._EAGER_SCATTER_TREE) == 1
+    assert len(sgl_convwin.scatter_tree.eager_plans) == 1
 
     conv_state, rows, dst, src, nodes, parents = tree_problem(impl.device, 3)
     with torch.inference_mode():
@@ -199,7 +200,7 @@ def test_scatter_tree_seen_signature_still_checks_each_call(impl):
     with sgl_convwin.index_checks(), pytest.raises(IndexError, match=r"parents\[0, 3\] = 3"):
         impl.scatter_tree(conv_state, rows, dst, src, nodes, bad_parents)
     assert torch.equal(whole_storage(conv_state), before)
-    assert len(ops._EAGER_SCATTER_TREE) == 1
+    assert len(sgl_convwin.scatter_tree.eager_plans) == 1
 
 
 @pytest.mark.parametrize("impl", impl_params("cpu", "cuda"))
@@ -222,7 +223,7 @@ def test_scatter_tree_every_signature_gets_its_own_plan(impl):
             want = reference.scatter_tree_reference(state, *args[1:], state_layout=state_layout)
             impl.scatter_tree(state, *args[1:], state_layout=state_layout)
             assert torch.equal(state.cpu(), want.cpu()), (round_, state_layout)
-    assert len(ops._EAGER_SCATTER_TREE) == len(calls)
+    assert len(sgl_convwin.scatter_tree.eager_plans) == len(calls)
 
 
 def test_scatter_tree_bad_call_after_a_good_one_is_checked():
@@ -282,3 +283,28 @@ def test_planned_launch_skips_the_binder_only_for_aligned_tensors(monkeypatch, o
         planned(*args)
         assert torch.equal(args[0].cpu(), want.cpu()), seed
         assert len(binder_runs) == expected_runs[call], seed
+
+
+SCHEMAS = {
+    "scatter": 'convwin::scatter(Tensor(a0!) conv_state, Tensor windows, Tensor dst_slots, Tensor src_slots, '
+               'Tensor steps, *, str state_layout="dim_major") -> ()',
+    "scatter_tree": 'convwin::scatter_tree(Tensor(a0!) conv_state, Tensor rows, Tensor dst_slots, '
+                    'Tensor src_slots, Tensor nodes, Tensor parents, *, str state_layout="dim_major") -> ()',
+    "capture": 'convwin::capture(Tensor(a0!) buffer, Tensor conv_state, Tensor x, Tensor buffer_slots, '
+               'Tensor state_slots, SymInt layer, Tensor? parents=None, *, str layout="token_major", '
+               'str state_layout="dim_major") -> ()',
+    "causal_conv1d_verify": 'convwin::causal_conv1d_verify(Tensor(a0!) out, Tensor(a1!) buffer, '
+                            'Tensor conv_state, Tensor x, Tensor weight, Tensor? bias, Tensor buffer_slots, '
+                            'Tensor state_slots, SymInt layer, Tensor? parents=None, *, '
+                            'str layout="token_major", str? activation=None, str state_layout="dim_major") -> ()',
+}
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_declared_schemas(name):
+    """declare_op registers exactly the schemas engines and compiled graphs call (argument order,
+    defaults, keyword-only markers, mutated arguments); only the public op has an eager plan cache."""
+    assert str(getattr(torch.ops.convwin, name).default._schema) == SCHEMAS[name]
+    public = getattr(sgl_convwin, name)
+    assert public.op is not None and callable(public.kernel_arguments)
+    assert hasattr(public, "eager_plans") == (name in ("scatter", "scatter_tree"))
