@@ -432,3 +432,30 @@ def test_alloc_gates():
         sgl_convwin.alloc_gates(2, 3, 4, 5, num_gates=3)
     with pytest.raises(TypeError, match="dtype"):
         sgl_convwin.alloc_gates(2, 3, 4, 5, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_int32_indices_bf16_gates_and_an_empty_batch(mixer, impl):
+    device, run = impl
+    replay = make_replay(mixer=mixer, tree=True, num_rows=4, num_draft=4, device=device, seed=120)
+    replay.dst_slots, replay.src_slots = replay.dst_slots.int(), replay.src_slots.int()
+    replay.steps, replay.parents = replay.steps.int(), replay.parents.int()
+    replay.gates = replay.gates.to(torch.bfloat16)  # alloc_gates(..., dtype=torch.bfloat16)
+    assert check_against_oracle(replay, run)
+    empty = torch.empty(0, dtype=torch.int64, device=device)
+    replay.dst_slots = replay.src_slots = replay.steps = empty
+    replay.parents = torch.empty(0, 4, dtype=torch.int64, device=device)
+    assert check_against_oracle(replay, run) == set()
+
+
+@interpreted
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_triton_interpreted_int32_indices_and_an_empty_batch(mixer):
+    replay = make_replay(mixer=mixer, tree=True, num_rows=3, seed=121)
+    replay.dst_slots, replay.steps, replay.parents = replay.dst_slots.int(), replay.steps.int(), replay.parents.int()
+    check_against_oracle(replay, run_triton)
+    empty = torch.empty(0, dtype=torch.int32)
+    replay.dst_slots = replay.src_slots = replay.steps = empty
+    replay.parents = torch.empty(0, 3, dtype=torch.int32)
+    assert check_against_oracle(replay, run_triton) == set()
