@@ -24,6 +24,15 @@ STRIDED_GATHER_BYTES = 16
 
 MISSING = object()
 
+# Launching a CompiledKernel directly (``compiled[grid](*args)``) relies on how Triton lays out a
+# compiled kernel's launch arguments: used only on the Triton versions it was verified on (the
+# GPU tests and the eager table ran on 3.6); any other version launches through Triton every time.
+DIRECT_LAUNCH_TRITON_VERSIONS = ("3.6.",)
+
+
+def direct_launch_supported(version: str = triton.__version__) -> bool:
+    return version.startswith(DIRECT_LAUNCH_TRITON_VERSIONS)
+
 
 class LaunchPlans(dict):
     """Launch plans (grid, scalar arguments, constexprs) keyed by a call's shape/stride signature.
@@ -53,7 +62,8 @@ def fixed_launch(kernel, grid: tuple, scalars: tuple, kwargs: dict, num_tensors:
     the first call whose tensors all start on 16-byte boundaries launches through Triton, which
     compiles (or finds) that specialisation and returns it; later such calls launch that compiled
     kernel directly, on the current stream, with the same arguments. A call with a misaligned
-    tensor always launches through Triton. Under TRITON_INTERPRET=1 every call does.
+    tensor always launches through Triton. Under TRITON_INTERPRET=1 every call does, and so does
+    every call on a Triton version the direct launch was not verified on (DIRECT_LAUNCH_TRITON_VERSIONS).
 
     For callers that key their cache by at least every dtype, shape and stride of the tensors and
     the device (sgl_convwin.ops' eager signature caches)."""
@@ -62,6 +72,7 @@ def fixed_launch(kernel, grid: tuple, scalars: tuple, kwargs: dict, num_tensors:
     tail = scalars + tuple(kwargs[name] for name in kernel.arg_names[num_tensors + len(scalars):])
     launch = kernel[grid]
     direct = None
+    direct_ok = direct_launch_supported()
 
     def run(*tensors):
         nonlocal direct
@@ -72,7 +83,7 @@ def fixed_launch(kernel, grid: tuple, scalars: tuple, kwargs: dict, num_tensors:
             direct(*tensors, *tail)
             return
         compiled = launch(*tensors, *scalars, **kwargs)
-        if not misaligned and hasattr(compiled, "__getitem__"):
+        if direct_ok and not misaligned and hasattr(compiled, "__getitem__"):
             direct = compiled[grid]
 
     return run

@@ -2,6 +2,8 @@
 shapes and strides, so calls that differ only in strides, layer or index values each get their own
 launch arguments and the right result."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -166,3 +168,37 @@ def test_scatter_plan_takes_wide_offsets_past_int32(kernels):
     half = slice(0, 2**15)  # half the channels: the span fits
     _, _, plan = kernels.scatter.scatter_launch_args(state[:, :, half], windows[:, :, :, half], index, index, index)
     assert plan["WIDE_OFFSETS"] is False
+
+
+def test_direct_launch_only_on_verified_triton_versions(monkeypatch):
+    """fixed_launch launches the compiled kernel directly only on the Triton versions that path
+    was verified on; elsewhere every call goes through Triton's own launch."""
+    pytest.importorskip("triton")
+    from sgl_convwin._kernels import triton_kernels
+
+    common = importlib.import_module(triton_kernels().__name__ + "._common")
+    assert common.direct_launch_supported("3.6.0") and not common.direct_launch_supported("3.9.0")
+
+    calls = []
+
+    class FakeKernel:  # the parts of a JITFunction fixed_launch uses
+        arg_names = ["a", "b", "n", "BLOCK"]
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                calls.append("triton")
+                return Compiled()
+            return launch
+
+    class Compiled:
+        def __getitem__(self, grid):
+            return lambda *args: calls.append("direct")
+
+    aligned = torch.zeros(8)
+    for supported, expected in ((False, ["triton"] * 3), (True, ["triton", "direct", "direct"])):
+        monkeypatch.setattr(common, "direct_launch_supported", lambda: supported)
+        calls.clear()
+        run = common.fixed_launch(FakeKernel(), (1,), (8,), {"BLOCK": 4}, num_tensors=2)
+        for _ in range(3):
+            run(aligned, aligned)
+        assert calls == expected, (supported, calls)
