@@ -75,8 +75,6 @@ import sgl_convwin
 from common import (copy_ceiling_gbps, do_bench_us, environment_line, graph_time_us, markdown_header, markdown_row,
                     needs_cuda)
 
-HAS_GDN_COMMIT = hasattr(sgl_convwin, "gdn_commit")
-HAS_MAMBA2_COMMIT = hasattr(sgl_convwin, "mamba2_commit")
 
 # Tree draft (topk 3, 8 nodes): node 0 is the root (its parent is the committed history), nodes
 # 1, 2, 3 its children, nodes 4, 5, 6 node 1's children, node 7 node 4's child. Depths 1..4, so
@@ -624,13 +622,12 @@ def path_lengths(steps: torch.Tensor, parents: torch.Tensor | None, dst_slots: t
             for b in _live_rows(steps.cpu(), dst_slots.cpu())]
 
 
-def make_problem(shapes: Shapes, batch: int, tree: bool, device, *, seed=0, dst_slots=None, src_slots=None,
-                 steps=None, num_state_slots=None, num_src_slots=None):
-    """The committed state and the verify pass's products for one commit of ``batch`` rows:
-    ssm_state [L, N_state, Hv, dk, dv] fp32, conv_state [L, N_state, dim, K-1] bf16, the token_major
-    conv-input buffer [L, M, N+K-2, dim] bf16 filled by sgl_convwin.capture, gates [L, M, N, 2, Hv]
-    fp32, conv_weight [L, dim, K] bf16; N = D (chain) or len(TREE_PARENTS) (tree)."""
-    L, K, dim, Hv = shapes.layers, shapes.kernel_size, shapes.dim, shapes.v_heads
+def _make_base_problem(shapes, batch, tree, device, state_tail, *, seed, dst_slots, src_slots, steps,
+                       num_state_slots, num_src_slots):
+    """What both mixers' problems share: indices, steps, tree parents, the fp32 ssm_state
+    [L, N_state, *state_tail], the bf16 conv_state and conv_weight, and the token_major buffer
+    filled by sgl_convwin.capture (the verify pass). ``p.normal`` draws more from the same generator."""
+    L, K, dim = shapes.layers, shapes.kernel_size, shapes.dim
     num_nodes = len(TREE_PARENTS) if tree else shapes.num_draft
     host = torch.Generator().manual_seed(seed)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -645,24 +642,34 @@ def make_problem(shapes: Shapes, batch: int, tree: bool, device, *, seed=0, dst_
         return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=gen)
 
     p = SimpleNamespace(
-        shapes=shapes, tree=tree, num_nodes=num_nodes, parents=parents,
+        shapes=shapes, tree=tree, num_nodes=num_nodes, num_src_slots=num_src_slots, parents=parents,
         dst_slots=dst_slots.to(device), src_slots=src_slots.to(device), steps=steps.to(device),
-        ssm_state=normal(L, num_state_slots, Hv, shapes.head_k, shapes.head_v, std=0.1),
+        ssm_state=normal(L, num_state_slots, *state_tail, std=0.1),
         conv_state=normal(L, num_state_slots, dim, K - 1, dtype=torch.bfloat16),
         conv_weight=normal(L, dim, K, dtype=torch.bfloat16, std=0.5),
         buffer=sgl_convwin.alloc_windows(L, num_src_slots, dim, num_nodes, K, layout="token_major",
                                          dtype=torch.bfloat16, device=device),
+        normal=normal, generator=gen,
     )
     for layer in range(L):  # the verify pass's capture: history rows from conv_state, then x
         x = normal(batch, num_nodes, dim, dtype=torch.bfloat16)
         sgl_convwin.capture(p.buffer, p.conv_state, x, p.src_slots, p.dst_slots, layer)
-    if hasattr(sgl_convwin, "alloc_gates"):
-        p.gates = sgl_convwin.alloc_gates(L, num_src_slots, num_nodes, Hv, device=device)
-    else:
-        p.gates = torch.zeros(L, num_src_slots, num_nodes, 2, Hv, device=device)
-    p.gates[:, :, :, 0] = -torch.nn.functional.softplus(normal(L, num_src_slots, num_nodes, Hv)) * 0.5
-    p.gates[:, :, :, 1] = torch.sigmoid(normal(L, num_src_slots, num_nodes, Hv))
-    p.normal = normal
+    return p
+
+
+def make_problem(shapes: Shapes, batch: int, tree: bool, device, *, seed=0, dst_slots=None, src_slots=None,
+                 steps=None, num_state_slots=None, num_src_slots=None):
+    """One commit problem for Gated DeltaNet layers: ssm_state [L, N_state, Hv, dk, dv] fp32, conv_state
+    [L, N_state, dim, K-1] bf16, the token_major conv-input buffer [L, M, N+K-2, dim] bf16 filled by
+    sgl_convwin.capture, gates [L, M, N, 2, Hv] fp32, conv_weight [L, dim, K] bf16; N = D (chain) or
+    len(TREE_PARENTS) (tree)."""
+    p = _make_base_problem(shapes, batch, tree, device, (shapes.v_heads, shapes.head_k, shapes.head_v), seed=seed,
+                           dst_slots=dst_slots, src_slots=src_slots, steps=steps, num_state_slots=num_state_slots,
+                           num_src_slots=num_src_slots)
+    gate_shape = (shapes.layers, p.num_src_slots, p.num_nodes, shapes.v_heads)
+    p.gates = sgl_convwin.alloc_gates(*gate_shape, device=device)
+    p.gates[:, :, :, 0] = -torch.nn.functional.softplus(p.normal(*gate_shape)) * 0.5
+    p.gates[:, :, :, 1] = torch.sigmoid(p.normal(*gate_shape))
     return p
 
 
@@ -672,47 +679,20 @@ def make_mamba2_problem(shapes: Mamba2Shapes, batch: int, tree: bool, device, *,
     [L, N_state, dim, K-1] bf16, the token_major buffer filled by sgl_convwin.capture, gates
     [L, M, N, 1, H] fp32 holding dt (softplus, ~0.05), A [L, H] = -uniform(1, 16) fp32, conv_weight
     [L, dim, K] and conv_bias [L, dim] bf16."""
-    L, K, dim, H = shapes.layers, shapes.kernel_size, shapes.dim, shapes.heads
-    num_nodes = len(TREE_PARENTS) if tree else shapes.num_draft
-    host = torch.Generator().manual_seed(seed)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    num_state_slots = batch if num_state_slots is None else num_state_slots
-    num_src_slots = batch if num_src_slots is None else num_src_slots
-    dst_slots = torch.arange(batch) if dst_slots is None else torch.as_tensor(dst_slots)
-    src_slots = torch.arange(batch) if src_slots is None else torch.as_tensor(src_slots)
-    steps = draw_steps(batch, tree, shapes.num_draft, host) if steps is None else torch.as_tensor(steps)
-    parents = torch.tensor([TREE_PARENTS] * batch, device=device) if tree else None
-
-    def normal(*shape, dtype=torch.float32, std=1.0):
-        return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=gen)
-
-    p = SimpleNamespace(
-        shapes=shapes, tree=tree, num_nodes=num_nodes, parents=parents,
-        dst_slots=dst_slots.to(device), src_slots=src_slots.to(device), steps=steps.to(device),
-        ssm_state=normal(L, num_state_slots, H, shapes.head_dim, shapes.d_state, std=0.1),
-        conv_state=normal(L, num_state_slots, dim, K - 1, dtype=torch.bfloat16),
-        conv_weight=normal(L, dim, K, dtype=torch.bfloat16, std=0.5),
-        conv_bias=normal(L, dim, dtype=torch.bfloat16, std=0.1),
-        A=-torch.empty(L, H, device=device).uniform_(1.0, 16.0, generator=gen),
-        buffer=sgl_convwin.alloc_windows(L, num_src_slots, dim, num_nodes, K, layout="token_major",
-                                         dtype=torch.bfloat16, device=device),
-    )
-    for layer in range(L):  # the verify pass's capture: history rows from conv_state, then x
-        x = normal(batch, num_nodes, dim, dtype=torch.bfloat16)
-        sgl_convwin.capture(p.buffer, p.conv_state, x, p.src_slots, p.dst_slots, layer)
-    p.gates = sgl_convwin.alloc_gates(L, num_src_slots, num_nodes, H, num_gates=1, device=device)
-    p.gates[:, :, :, 0] = torch.nn.functional.softplus(normal(L, num_src_slots, num_nodes, H) - 3.0)
-    p.normal = normal
+    p = _make_base_problem(shapes, batch, tree, device, (shapes.heads, shapes.head_dim, shapes.d_state), seed=seed,
+                           dst_slots=dst_slots, src_slots=src_slots, steps=steps, num_state_slots=num_state_slots,
+                           num_src_slots=num_src_slots)
+    L, H = shapes.layers, shapes.heads
+    p.conv_bias = p.normal(L, shapes.dim, dtype=torch.bfloat16, std=0.1)
+    p.A = -torch.empty(L, H, device=device).uniform_(1.0, 16.0, generator=p.generator)
+    p.gates = sgl_convwin.alloc_gates(L, p.num_src_slots, p.num_nodes, H, num_gates=1, device=device)
+    p.gates[:, :, :, 0] = torch.nn.functional.softplus(p.normal(L, p.num_src_slots, p.num_nodes, H) - 3.0)
     return p
 
 
 def problem_for(shapes, batch, tree, device, **kwargs):
     maker = make_mamba2_problem if shapes.mixer == "mamba2" else make_problem
     return maker(shapes, batch, tree, device, **kwargs)
-
-
-def has_commit(shapes) -> bool:
-    return HAS_MAMBA2_COMMIT if shapes.mixer == "mamba2" else HAS_GDN_COMMIT
 
 
 def convwin_commit_fn(p):
@@ -836,16 +816,13 @@ def check(device, block_v=32, block_p=32) -> bool:
         ok &= _close("input-replay kernel: ssm_state (vs float64 loop)", p.ssm_state, want)
 
         # (a) this package's gdn_commit
-        if HAS_GDN_COMMIT:
-            p.ssm_state.copy_(before.ssm)
-            p.conv_state.copy_(before.conv)
-            convwin_commit_fn(p)()
-            want, want_conv = gdn_commit_oracle(before.ssm, before.conv, p.buffer, p.gates, p.conv_weight, *args,
-                                                p.parents, s)
-            ok &= _close("sgl_convwin.gdn_commit: ssm_state (vs float64 loop)", p.ssm_state, want)
-            ok &= _equal("sgl_convwin.gdn_commit: conv_state", p.conv_state, want_conv)
-        else:
-            print("  sgl_convwin.gdn_commit is not in this sgl_convwin: its check is skipped", flush=True)
+        p.ssm_state.copy_(before.ssm)
+        p.conv_state.copy_(before.conv)
+        convwin_commit_fn(p)()
+        want, want_conv = gdn_commit_oracle(before.ssm, before.conv, p.buffer, p.gates, p.conv_weight, *args,
+                                            p.parents, s)
+        ok &= _close("sgl_convwin.gdn_commit: ssm_state (vs float64 loop)", p.ssm_state, want)
+        ok &= _equal("sgl_convwin.gdn_commit: conv_state", p.conv_state, want_conv)
 
     print("verify stand-in (chain): slots [2, -1, 0]", flush=True)
     v = make_verify_problem(s, 3, device, seed=2, slots=[2, -1, 0], num_state_slots=4)
@@ -934,14 +911,11 @@ def check_mamba2(device, block_p=32) -> bool:
         want = xb_replay_oracle(before.ssm, xb_cache, p.gates, p.A, *args, p.parents, s)
         ok &= _close("mamba2 input-replay kernel: ssm_state (vs float64 loop)", p.ssm_state, want)
 
-        if HAS_MAMBA2_COMMIT:
-            p.ssm_state.copy_(before.ssm)
-            p.conv_state.copy_(before.conv)
-            convwin_commit_fn(p)()
-            ok &= _close("sgl_convwin.mamba2_commit: ssm_state (vs float64 oracle)", p.ssm_state, want_ssm)
-            ok &= _equal("sgl_convwin.mamba2_commit: conv_state", p.conv_state, want_conv)
-        else:
-            print("  sgl_convwin.mamba2_commit is not in this sgl_convwin: its check is skipped", flush=True)
+        p.ssm_state.copy_(before.ssm)
+        p.conv_state.copy_(before.conv)
+        convwin_commit_fn(p)()
+        ok &= _close("sgl_convwin.mamba2_commit: ssm_state (vs float64 oracle)", p.ssm_state, want_ssm)
+        ok &= _equal("sgl_convwin.mamba2_commit: conv_state", p.conv_state, want_conv)
     return ok
 
 
@@ -1041,9 +1015,6 @@ def bench_commit(shapes, batches, modes, ceiling, memory, block_v, results, json
             for cand in CANDIDATES:
                 note = ""
                 if cand == "convwin":
-                    if not has_commit(shapes):
-                        print(f"  {labels[cand]}: not in this sgl_convwin, skipped", flush=True)
-                        continue
                     fn, extra = convwin_commit_fn(p), []
                 elif cand == "snapshot":
                     per_node = shapes.layers * B * shapes.state_numel * 4
@@ -1082,7 +1053,7 @@ def bench_commit(shapes, batches, modes, ceiling, memory, block_v, results, json
         results["commit"] += rows_out
         write_json(json_path, results)
         print_commit_table(mode, rows_out, ceiling)
-    if "chain" in modes and "tree" in modes and has_commit(shapes):
+    if "chain" in modes and "tree" in modes:
         chain = {r["B"]: r for r in results["commit"] if r["mode"] == "chain" and r["candidate"] == "convwin"}
         tree = {r["B"]: r for r in results["commit"] if r["mode"] == "tree" and r["candidate"] == "convwin"}
         print(f"\n{labels['convwin'].split()[-1]}, tree (8 nodes, topk 3) over chain (D=4), graph replay: " + ", ".join(

@@ -44,7 +44,7 @@ def test_timing_flow_dry_run(monkeypatch, tmp_path, capsys):
     bench_commit.traffic_model(shapes, batches, 4, 1000.0, results)
     bench_commit.write_json(path, results)
 
-    candidates = 3 if bench_commit.HAS_GDN_COMMIT else 2
+    candidates = 3
     assert len(results["commit"]) == 2 * len(batches) * candidates
     assert len(results["verify"]) == 2 * len(batches)
     assert len(results["model"]) == 4
@@ -88,7 +88,7 @@ def test_mamba2_timing_flow_dry_run(monkeypatch, tmp_path, capsys):
     bench_commit.traffic_model(shapes, batches, 4, 1000.0, results)
     bench_commit.write_json(path, results)
 
-    candidates = 3 if bench_commit.HAS_MAMBA2_COMMIT else 2
+    candidates = 3
     assert len(results["commit"]) == 2 * len(batches) * candidates
     assert len(calls) == len(results["commit"])
     assert {r["label"] for r in results["commit"]} >= {"snapshot copy + conv scatter", "input replay (x,B cache)"}
