@@ -135,41 +135,25 @@ def test_bf16_state(mixer, impl):
         check_against_oracle(replay, run, atol=3e-2, rtol=2e-2)
 
 
-@given(
-    mixer=st.sampled_from(MIXERS),
-    layout=st.sampled_from(LAYOUTS),
-    tree=st.booleans(),
-    kernel_size=st.integers(2, 5),
-    ratio=st.sampled_from([1, 2]),
-    num_draft=st.integers(1, 5),
-    num_rows=st.integers(1, 5),
-    state_layout=st.sampled_from(["dim_major", "window_major"]),
-    transposed_ssm=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
-def test_fuzz_cpu(mixer, layout, tree, kernel_size, ratio, num_draft, num_rows, state_layout, transposed_ssm, seed):
-    replay = make_replay(mixer=mixer, layout=layout, tree=tree, kernel_size=kernel_size, ratio=ratio, num_draft=num_draft,
-                         num_rows=num_rows, state_layout=state_layout, transposed_ssm=transposed_ssm, seed=seed)
-    check_against_oracle(replay, run_public)
+def fuzz_cases(max_nodes: int, max_rows: int) -> dict:
+    """Hypothesis strategies for a random replay problem (make_replay's knobs)."""
+    return dict(
+        mixer=st.sampled_from(MIXERS), layout=st.sampled_from(LAYOUTS), tree=st.booleans(),
+        kernel_size=st.integers(2, 5), ratio=st.sampled_from([1, 2]), num_draft=st.integers(1, max_nodes),
+        num_rows=st.integers(1, max_rows), state_layout=st.sampled_from(["dim_major", "window_major"]),
+        transposed_ssm=st.booleans(), seed=st.integers(0, 2**16),
+    )
+
+
+@given(**fuzz_cases(max_nodes=5, max_rows=5))
+def test_fuzz_cpu(**case):
+    check_against_oracle(make_replay(**case), run_public)
 
 
 @pytest.mark.gpu
-@given(
-    mixer=st.sampled_from(MIXERS),
-    layout=st.sampled_from(LAYOUTS),
-    tree=st.booleans(),
-    kernel_size=st.integers(2, 5),
-    ratio=st.sampled_from([1, 2]),
-    num_draft=st.integers(1, 9),
-    num_rows=st.integers(1, 9),
-    state_layout=st.sampled_from(["dim_major", "window_major"]),
-    transposed_ssm=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
-def test_fuzz_cuda(mixer, layout, tree, kernel_size, ratio, num_draft, num_rows, state_layout, transposed_ssm, seed):
-    replay = make_replay(mixer=mixer, layout=layout, tree=tree, kernel_size=kernel_size, ratio=ratio, num_draft=num_draft,
-                         num_rows=num_rows, num_slots=10, buffer_slots=10, state_layout=state_layout,
-                         transposed_ssm=transposed_ssm, head_k_dim=16, head_v_dim=32, device="cuda", seed=seed)
+@given(**fuzz_cases(max_nodes=9, max_rows=9))
+def test_fuzz_cuda(**case):
+    replay = make_replay(**case, num_slots=10, buffer_slots=10, head_k_dim=16, head_v_dim=32, device="cuda")
     check_against_oracle(replay, run_public)
 
 
