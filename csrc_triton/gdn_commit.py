@@ -45,7 +45,7 @@ def _gdn_replay_kernel(
         src_slots_ptr, src_slots_stride, num_src_slots,
     )
     path, length, links_ok = accepted_path(row, node, parents_ptr, parents_stride_row, parents_stride_node,
-                                           NODES, TREE)
+                                           num_nodes, NODES, TREE)
     if active & links_ok:
         k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
         kk = tl.arange(0, BLOCK_K)

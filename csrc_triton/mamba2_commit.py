@@ -12,8 +12,8 @@ import triton.language as tl
 from ._common import cdiv, next_power_of_2, row_indices
 from .replay import accepted_path, check_grid, committed_input, conv_silu, index_strides, launch_path_window, path_node
 
-REPLAY_BLOCK_P = 32  # head_dim rows per replay program: a [32, d_state] fp32 tile over 2 warps
-REPLAY_WARPS = 2
+REPLAY_BLOCK_P = 32  # head_dim rows per replay program: a [32, d_state] fp32 tile in one warp
+REPLAY_WARPS = 1
 
 
 @triton.jit
@@ -45,7 +45,7 @@ def _mamba2_replay_kernel(
         src_slots_ptr, src_slots_stride, num_src_slots,
     )
     path, length, links_ok = accepted_path(row, node, parents_ptr, parents_stride_row, parents_stride_node,
-                                           NODES, TREE)
+                                           num_nodes, NODES, TREE)
     if active & links_ok:
         group = head // (NUM_HEADS // N_GROUPS)
         pp = p_block * BLOCK_P + tl.arange(0, BLOCK_P)

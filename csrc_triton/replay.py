@@ -26,16 +26,18 @@ WINDOW_BLOCK = 1024  # channels per program of the window commit
 
 @triton.jit
 def accepted_path(
-    row, node, parents_ptr, parents_stride_row, parents_stride_node,
+    row, node, parents_ptr, parents_stride_row, parents_stride_node, num_nodes,
     NODES: tl.constexpr, TREE: tl.constexpr,
 ):
     """The accepted path of one row, root first: (path [NODES] node indices, length, links_ok).
 
     Chain: nodes 0 .. node. Tree: node, its parent, ... up to the node whose parent is -1,
-    reversed; links_ok is False if a link on the way lies outside [-1, n-1]."""
+    reversed; links_ok is False if a link on the way lies outside [-1, n-1]. The row's links are
+    loaded once, as one vector, and walked in registers: no load waits on the one before."""
     index = tl.arange(0, NODES)
     if TREE:
-        parents_row = parents_ptr + row.to(tl.int64) * parents_stride_row
+        links = tl.load(parents_ptr + row.to(tl.int64) * parents_stride_row + index * parents_stride_node,
+                        mask=index < num_nodes, other=-1).to(tl.int64)
         up = tl.zeros([NODES], dtype=tl.int64)  # up[i]: the i-th node walking up from ``node``
         current = node
         length = node * 0
@@ -43,7 +45,7 @@ def accepted_path(
         for i in tl.static_range(NODES):
             live = current >= 0
             up = tl.where((index == i) & live, current, up)
-            parent = tl.load(parents_row + current * parents_stride_node, mask=live, other=-1).to(tl.int64)
+            parent = tl.where(live, tl.sum(tl.where(index == current, links, 0)), -1)
             bad = live & ((parent < -1) | (parent >= current))
             links_ok &= ~bad
             length += live.to(tl.int64)
@@ -124,7 +126,7 @@ def _path_window_kernel(
         src_slots_ptr, src_slots_stride, num_src_slots,
     )
     path, length, links_ok = accepted_path(row, node, parents_ptr, parents_stride_row, parents_stride_node,
-                                           NODES, TREE)
+                                           num_nodes, NODES, TREE)
     if active & links_ok:
         chan = block * BLOCK + tl.arange(0, BLOCK)
         cmask = chan < dim

@@ -20,7 +20,9 @@
 #   replay    the replay commits' GPU tests (gdn_commit, mamba2_commit: oracle, fuzz, CUDA graphs, opcheck, cache)
 #   rsan      compute-sanitizer memcheck + racecheck over the replay commits' CUDA tests
 #   rbench    bench_commit.py: gdn_commit and mamba2_commit against snapshot-copy and input-replay commits
-#   rsweep    block/warps sweep of the replay kernels (benchmarks/explore/replay_sweep.py)
+#   rsweep    block/warps sweep of the gdn_commit replay kernel (benchmarks/explore/replay_sweep.py)
+#   msweep    the same sweep of the mamba2_commit replay kernel
+#   rprofile  Nsight Compute on both replay kernels at B = 64 (benchmarks/explore/profile_one.py)
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
 set -uo pipefail
 out=${1:?output directory}
@@ -54,8 +56,11 @@ for phase in "$@"; do
               rc=$?; cat "$out/explore_small_batch.log" ;;
     eager)    timeout 200 python3 benchmarks/bench_scatter.py --eager-only > "$out/eager.log" 2>&1
               rc=$?; tail -10 "$out/eager.log" ;;
-    profile)  rc=0
-              for case in verify-chain verify-tree commit-token-major-b8 commit-dense-b8 commit-channel-major-d16; do
+    profile|rprofile)
+              rc=0
+              cases="verify-chain verify-tree commit-token-major-b8 commit-dense-b8 commit-channel-major-d16"
+              [ "$phase" = rprofile ] && cases="gdn-commit-b64 mamba2-commit-b64"
+              for case in $cases; do
                 kernel=$(python3 benchmarks/explore/profile_one.py "$case" --print-kernel)
                 timeout 120 ncu --clock-control none --launch-skip 2 --launch-count 1 -k "regex:$kernel" \
                   --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
@@ -74,7 +79,7 @@ for phase in "$@"; do
     shapes)   timeout 200 python3 benchmarks/bench_scatter.py --shapes qwen3next-tp4 nemotronh-tp1 --batches 1 8 64 256 \
                 > "$out/bench_shapes.log" 2>&1
               rc=$?; sed -n '/^| shape/,$p' "$out/bench_shapes.log" ;;
-    replay)   timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_replay_commit.py \
+    replay)   timeout 380 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_replay_commit.py \
                 tests/test_cudagraph.py tests/test_cache.py tests/test_opcheck.py tests/test_integrations.py \
                 > "$out/gpu_tests_replay.log" 2>&1
               rc=$?; tail -5 "$out/gpu_tests_replay.log" ;;
@@ -89,6 +94,9 @@ for phase in "$@"; do
     rsweep)   timeout 250 python3 benchmarks/explore/replay_sweep.py --batches 8 256 --blocks 16 32 64 128 \
                 --warps 1 2 4 > "$out/replay_sweep.log" 2>&1
               rc=$?; cat "$out/replay_sweep.log" ;;
+    msweep)   timeout 200 python3 benchmarks/explore/replay_sweep.py --mixer mamba2 --batches 64 256 \
+                --blocks 8 16 32 64 --warps 1 2 4 8 > "$out/replay_sweep_mamba2.log" 2>&1
+              rc=$?; cat "$out/replay_sweep_mamba2.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"

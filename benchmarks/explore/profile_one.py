@@ -5,7 +5,8 @@
         python3 benchmarks/explore/profile_one.py verify-chain
 
 `scripts/gpu_checklist.sh OUT profile` runs every case this way. Shapes: Qwen3-Next TP1 (dim 8192,
-K = 4, bf16); the verify cases are one layer at B = 256, the commit cases 36 layers.
+K = 4, bf16); the verify cases are one layer at B = 256, the commit cases 36 layers; the replay
+cases are benchmarks/explore/replay_sweep.py's shapes.
 """
 
 import argparse
@@ -36,12 +37,25 @@ def commit_case(layout, num_draft, batch):
     return lambda: sgl_convwin.scatter(*problem)
 
 
+def replay_case(mixer, batch=64, nodes=4):
+    """One replay commit of every layer (chain, D = 4, steps uniform) at B = 64; replay_sweep's shapes."""
+    from replay_sweep import problem
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    op, _, tensors, kwargs, *_ = problem(mixer, batch, nodes, gen)
+    slots = torch.arange(batch, device="cuda")
+    steps = torch.randint(0, nodes, (batch,), device="cuda", generator=gen)
+    return lambda: op(*tensors, slots, slots, steps, **kwargs)
+
+
 CASES = {  # name: (what it runs, the kernel ncu should filter on)
     "verify-chain": (lambda: verify_case(4, None), "_verify_rows_kernel"),
     "verify-tree": (lambda: verify_case(8, 3), "_verify_rows_kernel"),
     "commit-token-major-b8": (lambda: commit_case("token_major", 4, 8), "_scatter_windows_kernel"),
     "commit-dense-b8": (lambda: commit_case("dense", 4, 8), "_scatter_windows_kernel"),
     "commit-channel-major-d16": (lambda: commit_case("channel_major", 16, 256), "_scatter_windows_kernel"),
+    "gdn-commit-b64": (lambda: replay_case("gdn"), "_gdn_replay_kernel"),
+    "mamba2-commit-b64": (lambda: replay_case("mamba2"), "_mamba2_replay_kernel"),
 }
 
 

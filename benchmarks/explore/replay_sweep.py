@@ -1,8 +1,11 @@
-"""Block/warps sweep of the gdn_commit replay kernel at a real model shape, against a copy ceiling
-measured in the same run; one table per batch size. Where the replay launcher's default (64 value
-columns over 2 warps, csrc_triton/gdn_commit.py) comes from.
+"""Block/warps sweep of a replay-commit kernel at a real model shape, against a copy ceiling
+measured in the same run; one table per batch size. Where the launchers' defaults come from
+(csrc_triton/gdn_commit.py REPLAY_BLOCK_V, csrc_triton/mamba2_commit.py REPLAY_BLOCK_P).
 
-    python benchmarks/explore/replay_sweep.py [--batches 1 8 64 256] [--draft 4] [--tree]
+    python benchmarks/explore/replay_sweep.py [--mixer gdn|mamba2] [--batches 1 8 64 256] [--draft 4] [--tree]
+
+Shapes: gdn, Qwen3-Next TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128, K 4); mamba2, Nemotron-H-8B TP1
+(24 layers, H 128, P 64, G 8, Ns 128, K 4, conv bias). fp32 state, bf16 conv inputs.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import triton.testing
 import sgl_convwin
 from sgl_convwin._kernels import triton_kernels
 
-L, HK, DK, HV, DV, K = 36, 16, 128, 32, 128, 4
-DIM = 2 * HK * DK + HV * DV
+K = 4
+GDN = dict(layers=36, k_heads=16, head_k=128, v_heads=32, head_v=128)
+MAMBA2 = dict(layers=24, heads=128, head_dim=64, groups=8, d_state=128)
 
 
 def copy_ceiling_gbps() -> float:
@@ -26,57 +30,85 @@ def copy_ceiling_gbps() -> float:
     return 2 * src.numel() * 4 / ms / 1e6
 
 
+def problem(mixer, batch, nodes, gen):
+    """(launcher, its arguments, its keyword arguments, layers, dim, state floats per slot and layer,
+    gate heads, gates per head, the tuning keyword)."""
+    if mixer == "gdn":
+        s = GDN
+        dim = 2 * s["k_heads"] * s["head_k"] + s["v_heads"] * s["head_v"]
+        state = (s["v_heads"], s["head_k"], s["head_v"])
+        heads, num_gates = s["v_heads"], 2
+    else:
+        s = MAMBA2
+        dim = s["heads"] * s["head_dim"] + 2 * s["groups"] * s["d_state"]
+        state = (s["heads"], s["head_dim"], s["d_state"])
+        heads, num_gates = s["heads"], 1
+    layers = s["layers"]
+    ssm = torch.randn(layers, batch, *state, device="cuda", generator=gen)
+    conv = torch.randn(layers, batch, dim, K - 1, device="cuda", dtype=torch.bfloat16, generator=gen)
+    buffer = torch.randn(layers, batch, nodes + K - 2, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    gates = torch.rand(layers, batch, nodes, num_gates, heads, device="cuda", generator=gen)
+    weight = torch.randn(layers, dim, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+    if mixer == "gdn":
+        gates[:, :, :, 0] *= -1
+        return (sgl_convwin.gdn_commit, triton_kernels().launch_gdn_commit, (ssm, conv, buffer, gates, weight),
+                dict(num_k_heads=s["k_heads"], head_k_dim=s["head_k"], num_v_heads=s["v_heads"],
+                     head_v_dim=s["head_v"]), layers, dim, ssm[0, 0].numel(), heads, "block_v")
+    a = -torch.rand(layers, heads, device="cuda", generator=gen) * 8 - 1
+    bias = torch.randn(layers, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    return (sgl_convwin.mamba2_commit, triton_kernels().launch_mamba2_commit, (ssm, conv, buffer, gates, weight, a),
+            dict(num_heads=s["heads"], head_dim=s["head_dim"], n_groups=s["groups"], d_state=s["d_state"],
+                 conv_bias=bias), layers, dim, ssm[0, 0].numel(), heads, "block_p")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--mixer", default="gdn", choices=["gdn", "mamba2"])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--draft", type=int, default=4)
     parser.add_argument("--tree", action="store_true", help="a topk-3 tree of 8 nodes instead of a chain")
     parser.add_argument("--blocks", type=int, nargs="+", default=[16, 32, 64, 128])
     parser.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--configs", nargs="+", default=None,
+                        help="block/warps pairs instead of the product of --blocks and --warps")
     args = parser.parse_args()
     ceiling = copy_ceiling_gbps()
-    print(f"copy ceiling {ceiling:.0f} GB/s; L={L} Hk={HK} Hv={HV} dk={DK} dv={DV} dim={DIM} K={K}", flush=True)
-    launch = triton_kernels().launch_gdn_commit
+    print(f"copy ceiling {ceiling:.0f} GB/s; {args.mixer}: {GDN if args.mixer == 'gdn' else MAMBA2} K={K}", flush=True)
     nodes = 8 if args.tree else args.draft
     parents_row = [-1, 0, 0, 0, 1, 1, 2, 3][:nodes] if args.tree else None
     for batch in args.batches:
         gen = torch.Generator(device="cuda").manual_seed(batch)
-        ssm = torch.randn(L, batch, HV, DK, DV, device="cuda", generator=gen)
-        conv = torch.randn(L, batch, DIM, K - 1, device="cuda", dtype=torch.bfloat16, generator=gen)
-        buffer = torch.randn(L, batch, nodes + K - 2, DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
-        gates = torch.rand(L, batch, nodes, 2, HV, device="cuda", generator=gen)
-        gates[:, :, :, 0] *= -1
-        weight = torch.randn(L, DIM, K, device="cuda", dtype=torch.bfloat16, generator=gen)
+        op, launch, tensors, kwargs, layers, dim, state_numel, heads, tuning = problem(args.mixer, batch, nodes, gen)
         slots = torch.arange(batch, device="cuda")
+        steps = torch.randint(0, nodes, (batch,), device="cuda", generator=gen)
         if args.tree:
-            steps = torch.randint(0, nodes, (batch,), device="cuda", generator=gen)
             parents = torch.tensor([parents_row] * batch, device="cuda")
             depth = [1, 2, 2, 2, 3, 3, 3, 3]
             accepted = sum(depth[s] for s in steps.tolist())
         else:
-            steps = torch.randint(0, nodes, (batch,), device="cuda", generator=gen)
             parents = None
             accepted = int(steps.sum()) + batch
-        kwargs = dict(layout="token_major", num_k_heads=HK, head_k_dim=DK, num_v_heads=HV, head_v_dim=DV)
-        a, kw = sgl_convwin.gdn_commit.kernel_arguments(ssm, conv, buffer, gates, weight, slots, slots, steps,
-                                                        parents, **kwargs)
-        state_bytes = 2 * L * batch * HV * DK * DV * 4
-        input_bytes = L * accepted * (DIM * 2 + 2 * HV * 4) + L * batch * DIM * (K - 1) * 2 * 2
+        a, kw = op.kernel_arguments(*tensors, slots, slots, steps, parents, layout="token_major", **kwargs)
+        state_bytes = 2 * layers * batch * state_numel * 4
+        input_bytes = layers * accepted * (dim * 2 + 2 * heads * 4) + layers * batch * dim * (K - 1) * 2 * 2
         nbytes = state_bytes + input_bytes
         print(f"\nB={batch} ({'tree' if args.tree else 'chain'}, {accepted} accepted tokens): "
               f"{nbytes / 1e6:.1f} MB to move = {nbytes / ceiling / 1e3:.1f} us at the ceiling", flush=True)
-        print(f"{'block_v':>8} {'warps':>6} {'us':>9} {'% ceiling':>10}")
-        for block_v in args.blocks:
-            for warps in args.warps:
-                run = lambda: launch(*a, **kw, block_v=block_v, num_warps=warps)  # noqa: E731
-                try:
-                    ms = triton.testing.do_bench(run, warmup=25, rep=150)
-                except Exception as error:  # e.g. out of registers / shared memory
-                    print(f"{block_v:>8} {warps:>6}  failed: {type(error).__name__}: {str(error)[:80]}")
-                    continue
-                print(f"{block_v:>8} {warps:>6} {ms * 1e3:>9.1f} {100 * nbytes / (ms * 1e-3) / 1e9 / ceiling:>9.0f}%",
-                      flush=True)
-        del ssm, conv, buffer, gates
+        if args.configs:
+            configs = [tuple(int(x) for x in c.split("/")) for c in args.configs]
+        else:
+            configs = [(b, w) for b in args.blocks for w in args.warps]
+        print(f"{tuning + '/warps':>16} {'us':>9} {'% ceiling':>10}")
+        for block, warps in configs:
+            name = f"{block}/{warps}"
+            run = lambda: launch(*a, **kw, **{tuning: block}, num_warps=warps)  # noqa: E731
+            try:
+                ms = triton.testing.do_bench(run, warmup=25, rep=150)
+            except Exception as error:  # e.g. out of registers / shared memory
+                print(f"{name:>16}  failed: {type(error).__name__}: {str(error)[:80]}")
+                continue
+            print(f"{name:>16} {ms * 1e3:>9.1f} {100 * nbytes / (ms * 1e-3) / 1e9 / ceiling:>9.0f}%", flush=True)
+        del tensors, a, kw
         torch.cuda.empty_cache()
 
 
