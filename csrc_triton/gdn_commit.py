@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ._common import cdiv, next_power_of_2, row_indices
-from .replay import accepted_path, check_grid, committed_input, conv_silu, index_strides, launch_path_window, path_node
+from .replay import accepted_path, check_grid, committed_inputs, conv_silu, index_strides, launch_path_window, path_node
 
 REPLAY_BLOCK_V = 64  # value columns per replay program: a [dk, 64] fp32 tile over 2 warps
 REPLAY_WARPS = 2
@@ -67,14 +67,10 @@ def _gdn_replay_kernel(
         bias_base = bias_ptr + layer * bias_stride_layer
         # The conv's K-1 previous inputs slide along in registers (k1/v1 the newest), so each path
         # token loads only its own input. (Loading the state before the path walk gained nothing.)
-        k1 = committed_input(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
-        k2 = committed_input(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
-        k3 = committed_input(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
-        k4 = committed_input(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
-        v1 = committed_input(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
-        v2 = committed_input(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
-        v3 = committed_input(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
-        v4 = committed_input(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
+        k1, k2, k3, k4 = committed_inputs(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win,
+                                          KERNEL_SIZE - 1)
+        v1, v2, v3, v4 = committed_inputs(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win,
+                                          KERNEL_SIZE - 1)
         for j in range(0, length):
             token_node = path_node(path, j, NODES, TREE)
             token = tokens_base + token_node * tokens_stride_node

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from ._common import cdiv, next_power_of_2, row_indices
-from .replay import accepted_path, check_grid, committed_input, conv_silu, index_strides, launch_path_window, path_node
+from .replay import accepted_path, check_grid, committed_inputs, conv_silu, index_strides, launch_path_window, path_node
 
 REPLAY_BLOCK_P = 32  # head_dim rows per replay program: a [32, d_state] fp32 tile in one warp
 REPLAY_WARPS = 1
@@ -67,14 +67,10 @@ def _mamba2_replay_kernel(
         weight_base = weight_ptr + layer * weight_stride_layer
         bias_base = bias_ptr + layer * bias_stride_layer
         # the conv's K-1 previous inputs slide along in registers (x1/b1 the newest)
-        x1 = committed_input(conv_base, x_chan, p_mask, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
-        x2 = committed_input(conv_base, x_chan, p_mask, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
-        x3 = committed_input(conv_base, x_chan, p_mask, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
-        x4 = committed_input(conv_base, x_chan, p_mask, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
-        b1 = committed_input(conv_base, b_chan, n_mask, conv_stride_dim, conv_stride_win, 1, KERNEL_SIZE - 1)
-        b2 = committed_input(conv_base, b_chan, n_mask, conv_stride_dim, conv_stride_win, 2, KERNEL_SIZE - 1)
-        b3 = committed_input(conv_base, b_chan, n_mask, conv_stride_dim, conv_stride_win, 3, KERNEL_SIZE - 1)
-        b4 = committed_input(conv_base, b_chan, n_mask, conv_stride_dim, conv_stride_win, 4, KERNEL_SIZE - 1)
+        x1, x2, x3, x4 = committed_inputs(conv_base, x_chan, p_mask, conv_stride_dim, conv_stride_win,
+                                          KERNEL_SIZE - 1)
+        b1, b2, b3, b4 = committed_inputs(conv_base, b_chan, n_mask, conv_stride_dim, conv_stride_win,
+                                          KERNEL_SIZE - 1)
         for j in range(0, length):
             token_node = path_node(path, j, NODES, TREE)
             token = tokens_base + token_node * tokens_stride_node

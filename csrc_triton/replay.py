@@ -83,6 +83,16 @@ def committed_input(conv_base, chan, cmask, conv_stride_dim, conv_stride_win, ba
 
 
 @triton.jit
+def committed_inputs(conv_base, chan, cmask, conv_stride_dim, conv_stride_win, WIDTH: tl.constexpr):
+    """The four committed inputs before the first path token, newest first: what conv_silu takes
+    as back1..back4 for the first token (zeros past the K-1 that exist)."""
+    return (committed_input(conv_base, chan, cmask, conv_stride_dim, conv_stride_win, 1, WIDTH),
+            committed_input(conv_base, chan, cmask, conv_stride_dim, conv_stride_win, 2, WIDTH),
+            committed_input(conv_base, chan, cmask, conv_stride_dim, conv_stride_win, 3, WIDTH),
+            committed_input(conv_base, chan, cmask, conv_stride_dim, conv_stride_win, 4, WIDTH))
+
+
+@triton.jit
 def conv_silu(x, back1, back2, back3, back4, chan, cmask, weight_base, weight_stride_dim, weight_stride_tap,
                bias_base, bias_stride, KERNEL_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr):
     """silu(bias + sum_k w[:, k] * input k) in float32 for input x and the K-1 before it
