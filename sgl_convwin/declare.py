@@ -12,11 +12,14 @@ is written and returns ``(args, kwargs)`` for the kernels, which take those and 
 CPU kernel as ``cpu``, the Triton launcher named ``cuda`` in csrc_triton). The fake runs it with
 ``real=False``: no storage, no index values are read then.
 
-Why ``torch.library.custom_op`` and not ``triton_op``: a triton_op's Python body is traced into
-the graph by torch.compile on EVERY device, so a CPU call would be compiled into a Triton launch.
-An opaque custom op keeps one validated path per device; inside compiled graphs Inductor calls it
-in place on the caller's buffers (no clone), inside CUDA graphs its launches are what is captured.
-custom_op refuses keyword-only tensors, so the op's schema takes the public function's
+Why an opaque op and not a ``triton_op``: a triton_op's Python body is traced into the graph by
+torch.compile on EVERY device, so a CPU call would be compiled into a Triton launch. An opaque op
+keeps one validated path per device; inside compiled graphs Inductor calls it in place on the
+caller's buffers (no clone), inside CUDA graphs its launches are what is captured. It is
+registered through ``torch.library.Library`` with the schema ``torch.library.custom_op`` would
+infer and the same tag, fake, CPU and CUDA kernels, but without custom_op's Python Autograd layer
+and with a leaner ADInplaceOrView one: custom_op's layers cost several times a small kernel per
+eager call (``_register``). As with custom_op, the op's schema takes the public function's
 keyword-only tensor arguments positionally, after its positional ones.
 
 An op may opt into the eager plan cache with ``eager_plan="planned_..."``, the name of a
@@ -45,6 +48,8 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # Parameter disables __torc
 # Per op, (sizes, launch) per eager call signature. Engines repeat a few signatures step after
 # step; bounded anyway (cleared when full).
 EAGER_PLANS_MAX = 1024
+# Every declared op's registrations; they are undone when this object is deleted.
+_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 
 
 def eager_device(*tensors: torch.Tensor | None) -> str | None:
@@ -97,6 +102,34 @@ def _binder(name: str, signature: inspect.Signature) -> Callable[..., dict]:
 
 def _is_tensor_type(annotation) -> bool:
     return annotation is torch.Tensor or torch.Tensor in typing.get_args(annotation)
+
+
+def _register(name: str, positional_names: tuple[str, ...], mutates: tuple[str, ...],
+              cpu_kernel: Callable, cuda_kernel: Callable, fake_kernel: Callable) -> None:
+    """Define ``convwin::<name>`` with the schema custom_op would infer from ``cpu_kernel`` and
+    register its CPU, CUDA, fake and ADInplaceOrView kernels: custom_op's registrations without its
+    Python Autograd kernel and with a leaner ADInplaceOrView one.
+
+    Autograd: none registered, so the dispatcher's C++ fallback runs (the ops return nothing, so
+    nothing gets a grad_fn; a written tensor that requires grad is refused by the checks).
+    ADInplaceOrView: bumps the written tensors' versions (as custom_op does; the C++ fallback only
+    bumps returned ones), then redispatches below it. Written tensors are never defaulted, so the
+    dispatcher always passes them positionally. Every Python kernel runs with Dynamo off, as
+    custom_op's do: an eager call from a frame Dynamo is compiling must not trace it.
+    """
+    schema = torch.library.infer_schema(cpu_kernel, mutates_args=mutates)  # (its __signature__ is the op's)
+    _LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+    overload = getattr(getattr(torch.ops, NAMESPACE), name).default
+    written = "".join(f"args[{positional_names.index(n)}], " for n in mutates)
+    namespace = dict(_increment_version=torch._C._increment_version, _redispatch=overload.redispatch,
+                     _below=torch._C._after_ADInplaceOrView_keyset)
+    exec(f"def {name}(keyset, *args, **kwargs):\n"  # noqa: S102
+         f"    _increment_version(({written}))\n"
+         f"    return _redispatch(keyset & _below, *args, **kwargs)\n", namespace)
+    _LIBRARY.impl(name, torch._disable_dynamo(namespace[name]), "ADInplaceOrView", with_keyset=True)
+    _LIBRARY.impl(name, torch._disable_dynamo(cpu_kernel), "CPU")
+    _LIBRARY.impl(name, torch._disable_dynamo(cuda_kernel), "CUDA")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", fake_kernel, lib=_LIBRARY)
 
 
 def declare_op(
@@ -153,9 +186,7 @@ def declare_op(
 
         for impl in (cpu_impl, cuda_impl, fake_impl):
             impl.__signature__ = op_signature
-        op = torch.library.custom_op(f"{NAMESPACE}::{name}", cpu_impl, mutates_args=mutates, device_types="cpu")
-        op.register_kernel("cuda")(cuda_impl)
-        op.register_fake(fake_impl)
+        _register(name, positional_names, mutates, cpu_impl, cuda_impl, fake_impl)
         packet = getattr(getattr(torch.ops, NAMESPACE), name)
         plans: dict[tuple, tuple] = {}
 
@@ -220,7 +251,7 @@ def declare_op(
             one implementation on any device (the Triton launcher under the interpreter)."""
             return prepared(True, bind_public(*args, **kwargs))
 
-        public.op = op
+        public.op = packet
         public.kernel_arguments = kernel_arguments
         public.cuda_impl = cuda_impl
         if eager_plan is not None:
