@@ -29,7 +29,8 @@ stride, dtype and device of its tensors and the values of its other arguments. S
 ``prepare`` returns ``(args, kwargs, sizes)`` and takes ``sizes=`` (what it returned for a call
 of the same signature): then it skips the checks that depend on the signature only and runs
 those that depend on the tensors themselves (shared storage, inference tensors, the checked
-mode). On the CPU the plan is ``cpu`` itself.
+mode). On the CPU the plan is ``cpu`` itself. The public function and the registered op's CPU and
+CUDA kernels share the cache, so ``torch.ops.convwin.<name>`` calls use it too.
 """
 
 from __future__ import annotations
@@ -143,7 +144,8 @@ def declare_op(
     """Decorate the public signature (annotations, defaults, docstring; its body is never run)
     of a destination-passing op ``convwin::<name>``; returns the public function, with the
     registered op as its ``.op`` attribute, ``.kernel_arguments``, ``.cuda_impl`` (the CUDA
-    implementation, callable with the op's arguments on any device: Triton's interpreter) and,
+    implementation without the eager plans, callable with the op's arguments on any device:
+    Triton's interpreter) and,
     with ``eager_plan``, ``.eager_plans`` (its cache)."""
 
     def decorate(signature_function: Callable[..., None]) -> Callable[..., None]:
@@ -163,31 +165,8 @@ def declare_op(
             p.name for p in params if _is_tensor_type(p.annotation) and p.name not in mutates
         )
 
-        bind_op, bind_public = _binder(name, op_signature), _binder(name, public_signature)
+        bind_public = _binder(name, public_signature)
         other_names = tuple(p.name for p in params if not _is_tensor_type(p.annotation))
-
-        def prepared(real: bool, arguments: dict) -> tuple[tuple, dict]:
-            result = prepare(real, **arguments)  # (args, kwargs[, sizes])
-            return result[0], result[1]
-
-        def run(kernel, real: bool, args: tuple, kwargs: dict) -> None:
-            kernel_args, kernel_kwargs = prepared(real, bind_op(*args, **kwargs))
-            if kernel is not None:
-                kernel(*kernel_args, **kernel_kwargs)
-
-        def cpu_impl(*args, **kwargs):
-            run(cpu, True, args, kwargs)
-
-        def cuda_impl(*args, **kwargs):
-            run(getattr(triton_kernels(), cuda), True, args, kwargs)
-
-        def fake_impl(*args, **kwargs):
-            run(None, False, args, kwargs)
-
-        for impl in (cpu_impl, cuda_impl, fake_impl):
-            impl.__signature__ = op_signature
-        _register(name, positional_names, mutates, cpu_impl, cuda_impl, fake_impl)
-        packet = getattr(getattr(torch.ops, NAMESPACE), name)
         plans: dict[tuple, tuple] = {}
 
         def first_call(device: str, key: tuple | None, *prepare_args) -> None:
@@ -203,8 +182,9 @@ def declare_op(
                 plans[key] = (sizes, launch)
             launch(*kernel_args, **kernel_kwargs)
 
-        # The public function, generated so that its arguments are local variables: eager calls
-        # are as cheap as a hand-written wrapper (they cost more than a small kernel).
+        # The public function and the kernels, generated so that their arguments are local
+        # variables: eager calls are as cheap as hand-written wrappers (they cost more than a
+        # small kernel).
         prepare_names = list(inspect.signature(prepare).parameters)[1:]
         if eager_plan is not None:
             if "sizes" not in prepare_names:
@@ -215,19 +195,14 @@ def declare_op(
         prepare_args = ", ".join(prepare_names)
         tensors = ", ".join(tensor_names)
         op_call = ", ".join(list(positional_names) + [f"{n}={n}" for n in keyword_names])
-        body = f"""    _device = _eager_device({tensors})
-    if _device is None:
-        _packet({op_call})
-        return
-"""
+        planned = ""  # (under an 8-space block) a call of a seen signature runs its plan
         if eager_plan is not None:
             key = [*other_names] + [
                 f"{n}.shape, {n}.stride(), {n}.dtype, {n}.device" if p.annotation is torch.Tensor
                 else f"None if {n} is None else ({n}.shape, {n}.stride(), {n}.dtype, {n}.device)"
                 for n, p in ((p.name, p) for p in params) if n in tensor_names
             ]
-            body += f"""    if _device != "invalid":
-        _key = ({", ".join(key)},)
+            planned = f"""        _key = ({", ".join(key)},)
         try:
             _plan = _plans.get(_key)
         except TypeError:  # an unhashable argument: no plan (the checks name a wrong one)
@@ -239,17 +214,43 @@ def declare_op(
         _plan[1](*_args, **_kwargs)
         return
 """
-        body += f"""    _args, _kwargs = _prepare(True, {prepare_args})[:2]
+        checked = f"""    _args, _kwargs = _prepare(True, {prepare_args})[:2]
     (_cuda_kernel() if _device == "cuda" else _cpu)(*_args, **_kwargs)
 """
-        namespace = dict(_eager_device=eager_device, _packet=packet, _plans=plans, _prepare=prepare, _cpu=cpu,
+        namespace = dict(_eager_device=eager_device, _plans=plans, _prepare=prepare, _cpu=cpu,
                          _first_call=first_call, _cuda_kernel=lambda: getattr(triton_kernels(), cuda))
-        public = functools.wraps(signature_function)(_compile(name, public_signature, body, namespace))
+
+        def kernel(device: str, plan: bool) -> Callable[..., None]:
+            """The registered kernel of ``device`` (the dispatcher's call: the op's signature).
+            A written tensor that requires grad never takes a plan: the checks a plan skips refuse it."""
+            body = f"    _device = {device!r}\n"
+            if plan and planned:
+                body += f"    if not {tensor_names[0]}.requires_grad:\n{planned}"
+            function = _compile(name, op_signature, body + checked, dict(namespace))
+            function.__signature__ = op_signature
+            return function
+
+        cpu_impl, cuda_impl, cuda_planned = kernel("cpu", True), kernel("cuda", False), kernel("cuda", True)
+        fake_impl = _compile(name, op_signature, f"    _prepare(False, {prepare_args})\n", dict(namespace))
+        fake_impl.__signature__ = op_signature
+        _register(name, positional_names, mutates, cpu_impl, cuda_planned, fake_impl)
+        packet = getattr(getattr(torch.ops, NAMESPACE), name)
+
+        body = f"""    _device = _eager_device({tensors})
+    if _device is None:
+        _packet({op_call})
+        return
+"""
+        if planned:
+            body += f"    if _device != \"invalid\":\n{planned}"
+        public = _compile(name, public_signature, body + checked, dict(namespace, _packet=packet))
+        public = functools.wraps(signature_function)(public)
 
         def kernel_arguments(*args, **kwargs) -> tuple[tuple, dict]:
             """What the kernels get for this call (checked): ``(args, kwargs)``. For tests that run
             one implementation on any device (the Triton launcher under the interpreter)."""
-            return prepared(True, bind_public(*args, **kwargs))
+            result = prepare(True, **bind_public(*args, **kwargs))  # (args, kwargs[, sizes])
+            return result[0], result[1]
 
         public.op = packet
         public.kernel_arguments = kernel_arguments
