@@ -198,3 +198,17 @@ def test_ops_bump_the_versions_of_what_they_write(fake):
         for i, (a, before) in enumerate(zip(args, versions)):
             if before is not None:
                 assert (a._version > before) == (i in written), (op, i)
+
+
+def test_ops_record_no_autograd_history():
+    """The ops have no derivative: weights that require grad (model parameters) leave no autograd
+    history on what a registered op writes, whichever kernel runs."""
+    _, _, _, verify_args, verify_kwargs = next(verify_samples("cpu"))
+    _, gdn_args, gdn_kwargs = next(replay_samples("cpu", "gdn"))
+    for op, args, kwargs, weight, written in ((torch.ops.convwin.causal_conv1d_verify, verify_args, verify_kwargs, 4, (0, 1)),
+                                              (torch.ops.convwin.gdn_commit, gdn_args, gdn_kwargs, 4, (0, 1))):
+        args = list(args)
+        args[weight] = torch.nn.Parameter(args[weight])
+        op(*args, **kwargs)
+        for i in written:
+            assert not args[i].requires_grad and args[i].grad_fn is None, (op, i)
