@@ -17,10 +17,11 @@ nothing. Rows:
 - Library, bump in the kernel: the backend kernel bumps the version itself (the fast way, but
   a tensor subclass's wrapper or a FunctionalTensor would not see the bump).
 - Library, Python ADInplaceOrView: + a minimal Python ADInplaceOrView kernel that bumps the
-  mutated tensor's version and redispatches (custom_op's, without its fill_defaults).
-- ... + dynamo-disabled kernel: the backend kernel wrapped in ``torch._disable_dynamo`` as
-  custom_op does (so an eager call inside a compiled function's frame never traces the kernel):
-  what declare.py registers.
+  mutated tensor's version and redispatches with autograd off (custom_op's Autograd and
+  ADInplaceOrView layers in one, without its fill_defaults).
+- ... + dynamo-disabled kernels: both Python kernels wrapped in ``torch._disable_dynamo`` as
+  custom_op does (so an eager call inside a compiled function's frame never traces them): what
+  declare.py registers.
 """
 
 import argparse
@@ -47,16 +48,18 @@ def fake(conv_state, windows, dst_slots, src_slots, steps, *, state_layout="dim_
 
 
 def bumping_impl(conv_state, windows, dst_slots, src_slots, steps, *, state_layout="dim_major"):
-    torch._C._increment_version((conv_state,))  # (a tuple: a bare tensor is iterated)
+    torch.autograd.graph.increment_version((conv_state,))
 
 
 def ad_inplace_or_view_kernel(overload):
-    """Bumps the mutated tensor's version, then the kernels below (custom_op's, minus fill_defaults)."""
+    """Bumps the mutated tensor's version, then the kernels below with autograd off (custom_op's two
+    Python layers in one, minus fill_defaults)."""
     after = torch._C._after_ADInplaceOrView_keyset
 
     def ad_inplace_or_view(keyset, conv_state, *args, **kwargs):
-        torch._C._increment_version((conv_state,))
-        return overload.redispatch(keyset & after, conv_state, *args, **kwargs)
+        torch.autograd.graph.increment_version((conv_state,))
+        with torch._C._AutoDispatchBelowAutograd():  # as custom_op's Autograd kernel
+            return overload.redispatch(keyset & after, conv_state, *args, **kwargs)
 
     return ad_inplace_or_view
 
@@ -81,11 +84,11 @@ def register_all():
     _LIB.impl("bump_in_kernel", bumping_impl, "CPU")
     ops["Library, bump in the kernel"] = op
 
-    for name, kernel in (("py_inplace", impl), ("py_inplace_disabled", torch._disable_dynamo(impl))):
+    for name, off in (("py_inplace", lambda f: f), ("py_inplace_disabled", torch._disable_dynamo)):
         op = define(name)
-        _LIB.impl(name, kernel, "CPU")
-        _LIB.impl(name, ad_inplace_or_view_kernel(op.default), "ADInplaceOrView", with_keyset=True)
-        ops[f"Library, Python ADInplaceOrView{' + dynamo-disabled kernel' if 'disabled' in name else ''}"] = op
+        _LIB.impl(name, off(impl), "CPU")
+        _LIB.impl(name, off(ad_inplace_or_view_kernel(op.default)), "ADInplaceOrView", with_keyset=True)
+        ops[f"Library, Python ADInplaceOrView{' + dynamo-disabled kernels' if 'disabled' in name else ''}"] = op
     return ops
 
 
@@ -122,7 +125,7 @@ def main(argv=None) -> int:
         print(f"# {name}: version {before} -> {state._version}")
     candidates = {"direct (Python kernel, no dispatcher)": lambda: impl(*call)}
     candidates.update({name: (lambda op=op: op(*call)) for name, op in ops.items()})
-    candidates["convwin-style keyword call (custom_op)"] = lambda: ops["custom_op"](*call, state_layout="dim_major")
+    candidates["custom_op, keyword-only argument passed"] = lambda: ops["custom_op"](*call, state_layout="dim_major")
     times = interleaved(candidates, args.calls, args.rounds)
     direct = times["direct (Python kernel, no dispatcher)"][1]
     print(f"host time per call of a no-op op, torch {torch.__version__}, {os.cpu_count()} CPUs, "
