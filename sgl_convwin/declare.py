@@ -116,17 +116,18 @@ def _register(name: str, positional_names: tuple[str, ...], mutates: tuple[str, 
     ADInplaceOrView: bumps the written tensors' versions (as custom_op does; the C++ fallback only
     bumps returned ones), then redispatches below it with autograd off, as custom_op's Autograd
     kernel does (a CPU kernel's writes must not record history from a weight that requires
-    grad). Written tensors are never defaulted, so the dispatcher always passes them positionally. Every Python kernel runs with Dynamo off, as
-    custom_op's do: an eager call from a frame Dynamo is compiling must not trace it.
+    grad). Written tensors are never defaulted, so the dispatcher always passes them
+    positionally. Every Python kernel runs with Dynamo off, as custom_op's do: an eager call from
+    a frame Dynamo is compiling must not trace it.
     """
     schema = torch.library.infer_schema(cpu_kernel, mutates_args=mutates)  # (its __signature__ is the op's)
     _LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
     overload = getattr(getattr(torch.ops, NAMESPACE), name).default
-    written = "".join(f"args[{positional_names.index(n)}], " for n in mutates)
+    # one tensor per call: the form every supported torch version takes
+    bumps = "".join(f"    _increment_version(args[{positional_names.index(n)}])\n" for n in mutates)
     namespace = dict(_increment_version=torch.autograd.graph.increment_version, _redispatch=overload.redispatch,
                      _below=torch._C._after_ADInplaceOrView_keyset, _no_autograd=torch._C._AutoDispatchBelowAutograd)
-    exec(f"def {name}(keyset, *args, **kwargs):\n"  # noqa: S102
-         f"    _increment_version(({written}))\n"
+    exec(f"def {name}(keyset, *args, **kwargs):\n{bumps}"  # noqa: S102
          f"    with _no_autograd():\n"
          f"        return _redispatch(keyset & _below, *args, **kwargs)\n", namespace)
     _LIBRARY.impl(name, torch._disable_dynamo(namespace[name]), "ADInplaceOrView", with_keyset=True)

@@ -48,7 +48,7 @@ def fake(conv_state, windows, dst_slots, src_slots, steps, *, state_layout="dim_
 
 
 def bumping_impl(conv_state, windows, dst_slots, src_slots, steps, *, state_layout="dim_major"):
-    torch.autograd.graph.increment_version((conv_state,))
+    torch.autograd.graph.increment_version(conv_state)
 
 
 def ad_inplace_or_view_kernel(overload):
@@ -57,7 +57,7 @@ def ad_inplace_or_view_kernel(overload):
     after = torch._C._after_ADInplaceOrView_keyset
 
     def ad_inplace_or_view(keyset, conv_state, *args, **kwargs):
-        torch.autograd.graph.increment_version((conv_state,))
+        torch.autograd.graph.increment_version(conv_state)
         with torch._C._AutoDispatchBelowAutograd():  # as custom_op's Autograd kernel
             return overload.redispatch(keyset & after, conv_state, *args, **kwargs)
 
