@@ -12,11 +12,14 @@ is written and returns ``(args, kwargs)`` for the kernels, which take those and 
 CPU kernel as ``cpu``, the Triton launcher named ``cuda`` in csrc_triton). The fake runs it with
 ``real=False``: no storage, no index values are read then.
 
-Why ``torch.library.custom_op`` and not ``triton_op``: a triton_op's Python body is traced into
-the graph by torch.compile on EVERY device, so a CPU call would be compiled into a Triton launch.
-An opaque custom op keeps one validated path per device; inside compiled graphs Inductor calls it
-in place on the caller's buffers (no clone), inside CUDA graphs its launches are what is captured.
-custom_op refuses keyword-only tensors, so the op's schema takes the public function's
+Why an opaque op and not a ``triton_op``: a triton_op's Python body is traced into the graph by
+torch.compile on EVERY device, so a CPU call would be compiled into a Triton launch. An opaque op
+keeps one validated path per device; inside compiled graphs Inductor calls it in place on the
+caller's buffers (no clone), inside CUDA graphs its launches are what is captured. It is
+registered through ``torch.library.Library`` with the schema ``torch.library.custom_op`` would
+infer and the same tag, fake, CPU and CUDA kernels, but without custom_op's Python Autograd layer
+and with a leaner ADInplaceOrView one: custom_op's layers cost several times a small kernel per
+eager call (``_register``). As with custom_op, the op's schema takes the public function's
 keyword-only tensor arguments positionally, after its positional ones.
 
 An op may opt into the eager plan cache with ``eager_plan="planned_..."``, the name of a
@@ -26,7 +29,8 @@ stride, dtype and device of its tensors and the values of its other arguments. S
 ``prepare`` returns ``(args, kwargs, sizes)`` and takes ``sizes=`` (what it returned for a call
 of the same signature): then it skips the checks that depend on the signature only and runs
 those that depend on the tensors themselves (shared storage, inference tensors, the checked
-mode). On the CPU the plan is ``cpu`` itself.
+mode). On the CPU the plan is ``cpu`` itself. The public function and the registered op's CPU and
+CUDA kernels share the cache, so ``torch.ops.convwin.<name>`` calls use it too.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # Parameter disables __torc
 # Per op, (sizes, launch) per eager call signature. Engines repeat a few signatures step after
 # step; bounded anyway (cleared when full).
 EAGER_PLANS_MAX = 1024
+# Every declared op's registrations; they are undone when this object is deleted.
+_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 
 
 def eager_device(*tensors: torch.Tensor | None) -> str | None:
@@ -99,6 +105,37 @@ def _is_tensor_type(annotation) -> bool:
     return annotation is torch.Tensor or torch.Tensor in typing.get_args(annotation)
 
 
+def _register(name: str, positional_names: tuple[str, ...], mutates: tuple[str, ...],
+              cpu_kernel: Callable, cuda_kernel: Callable, fake_kernel: Callable) -> None:
+    """Define ``convwin::<name>`` with the schema custom_op would infer from ``cpu_kernel`` and
+    register its CPU, CUDA, fake and ADInplaceOrView kernels: custom_op's registrations without its
+    Python Autograd kernel and with a leaner ADInplaceOrView one.
+
+    Autograd: none registered, so the dispatcher's C++ fallback runs (the ops return nothing, so
+    nothing gets a grad_fn; a written tensor that requires grad is refused by the checks).
+    ADInplaceOrView: bumps the written tensors' versions (as custom_op does; the C++ fallback only
+    bumps returned ones), then redispatches below it with autograd off, as custom_op's Autograd
+    kernel does (a CPU kernel's writes must not record history from a weight that requires
+    grad). Written tensors are never defaulted, so the dispatcher always passes them
+    positionally. Every Python kernel runs with Dynamo off, as custom_op's do: an eager call from
+    a frame Dynamo is compiling must not trace it.
+    """
+    schema = torch.library.infer_schema(cpu_kernel, mutates_args=mutates)  # (its __signature__ is the op's)
+    _LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+    overload = getattr(getattr(torch.ops, NAMESPACE), name).default
+    # one tensor per call: the form every supported torch version takes
+    bumps = "".join(f"    _increment_version(args[{positional_names.index(n)}])\n" for n in mutates)
+    namespace = dict(_increment_version=torch.autograd.graph.increment_version, _redispatch=overload.redispatch,
+                     _below=torch._C._after_ADInplaceOrView_keyset, _no_autograd=torch._C._AutoDispatchBelowAutograd)
+    exec(f"def {name}(keyset, *args, **kwargs):\n{bumps}"  # noqa: S102
+         f"    with _no_autograd():\n"
+         f"        return _redispatch(keyset & _below, *args, **kwargs)\n", namespace)
+    _LIBRARY.impl(name, torch._disable_dynamo(namespace[name]), "ADInplaceOrView", with_keyset=True)
+    _LIBRARY.impl(name, torch._disable_dynamo(cpu_kernel), "CPU")
+    _LIBRARY.impl(name, torch._disable_dynamo(cuda_kernel), "CUDA")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", fake_kernel, lib=_LIBRARY)
+
+
 def declare_op(
     *,
     mutates: tuple[str, ...],
@@ -110,7 +147,8 @@ def declare_op(
     """Decorate the public signature (annotations, defaults, docstring; its body is never run)
     of a destination-passing op ``convwin::<name>``; returns the public function, with the
     registered op as its ``.op`` attribute, ``.kernel_arguments``, ``.cuda_impl`` (the CUDA
-    implementation, callable with the op's arguments on any device: Triton's interpreter) and,
+    implementation without the eager plans, callable with the op's arguments on any device:
+    Triton's interpreter) and,
     with ``eager_plan``, ``.eager_plans`` (its cache)."""
 
     def decorate(signature_function: Callable[..., None]) -> Callable[..., None]:
@@ -130,33 +168,8 @@ def declare_op(
             p.name for p in params if _is_tensor_type(p.annotation) and p.name not in mutates
         )
 
-        bind_op, bind_public = _binder(name, op_signature), _binder(name, public_signature)
+        bind_public = _binder(name, public_signature)
         other_names = tuple(p.name for p in params if not _is_tensor_type(p.annotation))
-
-        def prepared(real: bool, arguments: dict) -> tuple[tuple, dict]:
-            result = prepare(real, **arguments)  # (args, kwargs[, sizes])
-            return result[0], result[1]
-
-        def run(kernel, real: bool, args: tuple, kwargs: dict) -> None:
-            kernel_args, kernel_kwargs = prepared(real, bind_op(*args, **kwargs))
-            if kernel is not None:
-                kernel(*kernel_args, **kernel_kwargs)
-
-        def cpu_impl(*args, **kwargs):
-            run(cpu, True, args, kwargs)
-
-        def cuda_impl(*args, **kwargs):
-            run(getattr(triton_kernels(), cuda), True, args, kwargs)
-
-        def fake_impl(*args, **kwargs):
-            run(None, False, args, kwargs)
-
-        for impl in (cpu_impl, cuda_impl, fake_impl):
-            impl.__signature__ = op_signature
-        op = torch.library.custom_op(f"{NAMESPACE}::{name}", cpu_impl, mutates_args=mutates, device_types="cpu")
-        op.register_kernel("cuda")(cuda_impl)
-        op.register_fake(fake_impl)
-        packet = getattr(getattr(torch.ops, NAMESPACE), name)
         plans: dict[tuple, tuple] = {}
 
         def first_call(device: str, key: tuple | None, *prepare_args) -> None:
@@ -172,8 +185,9 @@ def declare_op(
                 plans[key] = (sizes, launch)
             launch(*kernel_args, **kernel_kwargs)
 
-        # The public function, generated so that its arguments are local variables: eager calls
-        # are as cheap as a hand-written wrapper (they cost more than a small kernel).
+        # The public function and the kernels, generated so that their arguments are local
+        # variables: eager calls are as cheap as hand-written wrappers (they cost more than a
+        # small kernel).
         prepare_names = list(inspect.signature(prepare).parameters)[1:]
         if eager_plan is not None:
             if "sizes" not in prepare_names:
@@ -184,19 +198,14 @@ def declare_op(
         prepare_args = ", ".join(prepare_names)
         tensors = ", ".join(tensor_names)
         op_call = ", ".join(list(positional_names) + [f"{n}={n}" for n in keyword_names])
-        body = f"""    _device = _eager_device({tensors})
-    if _device is None:
-        _packet({op_call})
-        return
-"""
+        planned = ""  # (under an 8-space block) a call of a seen signature runs its plan
         if eager_plan is not None:
             key = [*other_names] + [
                 f"{n}.shape, {n}.stride(), {n}.dtype, {n}.device" if p.annotation is torch.Tensor
                 else f"None if {n} is None else ({n}.shape, {n}.stride(), {n}.dtype, {n}.device)"
                 for n, p in ((p.name, p) for p in params) if n in tensor_names
             ]
-            body += f"""    if _device != "invalid":
-        _key = ({", ".join(key)},)
+            planned = f"""        _key = ({", ".join(key)},)
         try:
             _plan = _plans.get(_key)
         except TypeError:  # an unhashable argument: no plan (the checks name a wrong one)
@@ -208,19 +217,45 @@ def declare_op(
         _plan[1](*_args, **_kwargs)
         return
 """
-        body += f"""    _args, _kwargs = _prepare(True, {prepare_args})[:2]
+        checked = f"""    _args, _kwargs = _prepare(True, {prepare_args})[:2]
     (_cuda_kernel() if _device == "cuda" else _cpu)(*_args, **_kwargs)
 """
-        namespace = dict(_eager_device=eager_device, _packet=packet, _plans=plans, _prepare=prepare, _cpu=cpu,
+        namespace = dict(_eager_device=eager_device, _plans=plans, _prepare=prepare, _cpu=cpu,
                          _first_call=first_call, _cuda_kernel=lambda: getattr(triton_kernels(), cuda))
-        public = functools.wraps(signature_function)(_compile(name, public_signature, body, namespace))
+
+        def kernel(device: str, plan: bool) -> Callable[..., None]:
+            """The registered kernel of ``device`` (the dispatcher's call: the op's signature).
+            A written tensor that requires grad never takes a plan: the checks a plan skips refuse it."""
+            body = f"    _device = {device!r}\n"
+            if plan and planned:
+                body += f"    if not {tensor_names[0]}.requires_grad:\n{planned}"
+            function = _compile(name, op_signature, body + checked, dict(namespace))
+            function.__signature__ = op_signature
+            return function
+
+        cpu_impl, cuda_impl, cuda_planned = kernel("cpu", True), kernel("cuda", False), kernel("cuda", True)
+        fake_impl = _compile(name, op_signature, f"    _prepare(False, {prepare_args})\n", dict(namespace))
+        fake_impl.__signature__ = op_signature
+        _register(name, positional_names, mutates, cpu_impl, cuda_planned, fake_impl)
+        packet = getattr(getattr(torch.ops, NAMESPACE), name)
+
+        body = f"""    _device = _eager_device({tensors})
+    if _device is None:
+        _packet({op_call})
+        return
+"""
+        if planned:
+            body += f"    if _device != \"invalid\":\n{planned}"
+        public = _compile(name, public_signature, body + checked, dict(namespace, _packet=packet))
+        public = functools.wraps(signature_function)(public)
 
         def kernel_arguments(*args, **kwargs) -> tuple[tuple, dict]:
             """What the kernels get for this call (checked): ``(args, kwargs)``. For tests that run
             one implementation on any device (the Triton launcher under the interpreter)."""
-            return prepared(True, bind_public(*args, **kwargs))
+            result = prepare(True, **bind_public(*args, **kwargs))  # (args, kwargs[, sizes])
+            return result[0], result[1]
 
-        public.op = op
+        public.op = packet
         public.kernel_arguments = kernel_arguments
         public.cuda_impl = cuda_impl
         if eager_plan is not None:

@@ -1,9 +1,9 @@
 """The eager fast paths of sgl_convwin.scatter and scatter_tree (declare_op's eager plans:
-``scatter.eager_plans``, ``scatter_tree.eager_plans``): a call whose signature (every shape,
-stride, dtype and device, and the state layout) was seen before skips the argument checks and
-the launch planning, and on CUDA Triton's per-call binder, but never the checks that depend on
-the tensors themselves, and never reuses a plan for a call that differs in anything the plan
-depends on."""
+``scatter.eager_plans``, ``scatter_tree.eager_plans``, shared by the public functions and the
+registered ops' kernels): a call whose signature (every shape, stride, dtype and device, and the
+state layout) was seen before skips the argument checks and the launch planning, and on CUDA
+Triton's per-call binder, but never the checks that depend on the tensors themselves, and never
+reuses a plan for a call that differs in anything the plan depends on."""
 
 import pytest
 import torch
@@ -43,7 +43,7 @@ def empty_cache():
     sgl_convwin.scatter_tree.eager_plans.clear()
 
 
-@pytest.mark.parametrize("impl", impl_params("cpu", "cuda"))
+@pytest.mark.parametrize("impl", impl_params("cpu", "cpu_op", "cuda", "cuda_op"))
 def test_a_seen_signature_still_checks_each_call(impl):
     """Same signature, other data: right results; an inference state, a state sharing the windows'
     storage, and (checked mode) an out-of-range index are still refused with nothing written."""
@@ -63,6 +63,10 @@ def test_a_seen_signature_still_checks_each_call(impl):
     with pytest.raises(ValueError, match=r"conv_state is an inference tensor"):
         impl.scatter(inference, windows, dst, src, steps)
     assert torch.equal(inference, conv_state)
+    leaf = conv_state.clone().requires_grad_()  # the signature of the first call
+    with pytest.raises(ValueError, match=r"conv_state requires grad"):
+        impl.scatter(leaf, windows, dst, src, steps)
+    assert torch.equal(leaf.detach(), conv_state)
 
     # one storage holding both, with the signature of the first call (same shapes and strides)
     buffer_shape = sgl_convwin.physical_shape("token_major", L, M, DIM, D, K)
@@ -109,7 +113,7 @@ def test_a_bad_call_after_a_good_one_is_checked(name):
     assert torch.equal(whole_storage(args["conv_state"]), before)
 
 
-@pytest.mark.parametrize("impl", impl_params("cpu", "cuda"))
+@pytest.mark.parametrize("impl", impl_params("cpu", "cpu_op", "cuda", "cuda_op"))
 def test_every_signature_gets_its_own_plan(impl):
     """Calls alternating between layouts, strides, dtypes, index widths and batch sizes, each
     compared with the oracle over the whole state: a plan reused across signatures would be wrong
@@ -164,7 +168,7 @@ def test_planned_scatter_runs_the_plan_on_other_tensors(impl):
     assert torch.equal(conv_state, before)
 
 
-@pytest.mark.parametrize("impl", impl_params("cpu", "cuda"))
+@pytest.mark.parametrize("impl", impl_params("cpu", "cpu_op", "cuda", "cuda_op"))
 def test_scatter_tree_seen_signature_still_checks_each_call(impl):
     """scatter_tree's fast path, as scatter's above: right results for other data of a seen
     signature; inference state, shared storage and (checked mode) a bad parent link refused."""
@@ -185,6 +189,10 @@ def test_scatter_tree_seen_signature_still_checks_each_call(impl):
     with pytest.raises(ValueError, match=r"conv_state is an inference tensor"):
         impl.scatter_tree(inference, rows, dst, src, nodes, parents)
     assert torch.equal(inference, conv_state)
+    leaf = conv_state.clone().requires_grad_()
+    with pytest.raises(ValueError, match=r"conv_state requires grad"):
+        impl.scatter_tree(leaf, rows, dst, src, nodes, parents)
+    assert torch.equal(leaf.detach(), conv_state)
 
     rows_shape = rows.shape
     storage = torch.zeros(conv_state.numel() + rows.numel(), device=impl.device)
@@ -203,7 +211,7 @@ def test_scatter_tree_seen_signature_still_checks_each_call(impl):
     assert len(sgl_convwin.scatter_tree.eager_plans) == 1
 
 
-@pytest.mark.parametrize("impl", impl_params("cpu", "cuda"))
+@pytest.mark.parametrize("impl", impl_params("cpu", "cpu_op", "cuda", "cuda_op"))
 def test_scatter_tree_every_signature_gets_its_own_plan(impl):
     """scatter_tree calls alternating between state layouts, dtypes, index widths, parents strides
     and batch sizes, each compared with the oracle over the whole state, twice."""

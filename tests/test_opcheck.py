@@ -3,6 +3,8 @@
 Kept apart from the numeric tests; these say nothing about values beyond what opcheck compares.
 """
 
+import contextlib
+
 import pytest
 import torch
 
@@ -168,3 +170,45 @@ def test_opcheck_capture_gates(device):
 def test_opcheck_alloc_gates(device):
     for num_gates, dtype in ((2, torch.float32), (1, torch.bfloat16)):
         torch.library.opcheck(torch.ops.convwin.alloc_gates.default, (2, 3, 4, 5, num_gates, dtype, torch.device(device)))
+
+
+@pytest.mark.parametrize("fake", [False, True], ids=["real", "fake"])
+def test_ops_bump_the_versions_of_what_they_write(fake):
+    """Autograd's saved-tensor check and Dynamo's input-mutation tracking read tensor versions:
+    each registered op bumps the version of every tensor it writes and of nothing else, fake
+    tensors included (their kernel writes nothing, so the bump is the registration's)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _, capture_args, capture_kwargs, verify_args, verify_kwargs = next(verify_samples("cpu"))
+    _, scatter_args, scatter_kwargs = next(scatter_samples("cpu"))
+    _, gdn_args, gdn_kwargs = next(replay_samples("cpu", "gdn"))
+    cases = [  # op, args, kwargs, the positions it writes
+        (torch.ops.convwin.scatter, scatter_args, scatter_kwargs, {0}),
+        (torch.ops.convwin.capture, capture_args, capture_kwargs, {0}),
+        (torch.ops.convwin.causal_conv1d_verify, verify_args, verify_kwargs, {0, 1}),
+        (torch.ops.convwin.gdn_commit, gdn_args, gdn_kwargs, {0, 1}),
+    ]
+    mode = FakeTensorMode()
+    for op, args, kwargs, written in cases:
+        if fake:
+            args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+        versions = [a._version if isinstance(a, torch.Tensor) else None for a in args]
+        with mode if fake else contextlib.nullcontext():
+            op(*args, **kwargs)
+        for i, (a, before) in enumerate(zip(args, versions)):
+            if before is not None:
+                assert (a._version > before) == (i in written), (op, i)
+
+
+def test_ops_record_no_autograd_history():
+    """The ops have no derivative: weights that require grad (model parameters) leave no autograd
+    history on what a registered op writes, whichever kernel runs."""
+    _, _, _, verify_args, verify_kwargs = next(verify_samples("cpu"))
+    _, gdn_args, gdn_kwargs = next(replay_samples("cpu", "gdn"))
+    for op, args, kwargs, weight, written in ((torch.ops.convwin.causal_conv1d_verify, verify_args, verify_kwargs, 4, (0, 1)),
+                                              (torch.ops.convwin.gdn_commit, gdn_args, gdn_kwargs, 4, (0, 1))):
+        args = list(args)
+        args[weight] = torch.nn.Parameter(args[weight])
+        op(*args, **kwargs)
+        for i in written:
+            assert not args[i].requires_grad and args[i].grad_fn is None, (op, i)
