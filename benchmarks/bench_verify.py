@@ -95,12 +95,13 @@ VARIANTS = [
 
 
 def make_problem(layers, dim, kernel_size, num_nodes, topk, tree, batch, layout, device, seed=0):
-    generator = torch.Generator().manual_seed(seed)
+    # drawn on the device: the host's randn of a B=256 model-sized problem takes seconds per row
+    generator = torch.Generator(device=device).manual_seed(seed)
     slots = max(batch, 8)
     dtype = torch.bfloat16
 
     def randn(*shape):
-        return torch.randn(*shape, generator=generator).to(dtype=dtype, device=device)
+        return torch.randn(*shape, generator=generator, device=device).to(dtype)
 
     return dict(
         kernel_size=kernel_size, tree=tree,
@@ -111,9 +112,9 @@ def make_problem(layers, dim, kernel_size, num_nodes, topk, tree, batch, layout,
         x=randn(layers, batch, num_nodes, dim),
         weight=randn(layers, dim, kernel_size),
         bias=randn(layers, dim),
-        buffer_slots=torch.randperm(slots, generator=generator)[:batch].to(device),
-        state_slots=torch.randperm(slots, generator=generator)[:batch].to(device),
-        nodes=torch.randint(0, num_nodes, (batch,), generator=generator).to(device),
+        buffer_slots=torch.randperm(slots, generator=generator, device=device)[:batch],
+        state_slots=torch.randperm(slots, generator=generator, device=device)[:batch],
+        nodes=torch.randint(0, num_nodes, (batch,), generator=generator, device=device),
         parents=torch.tensor([tree_parents(num_nodes, topk if tree else None)] * batch, device=device),
     )
 
