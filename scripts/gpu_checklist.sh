@@ -7,7 +7,8 @@
 #   verify    block/warps sweep of both verify kernels (benchmarks/explore/verify_sweep.py)
 #   scaling   commit time vs B and vs D, JSON + PNGs (bench_scatter.py, plot_scaling.py)
 #   demo      python -m sgl_convwin demo --device cuda
-#   step      verify step (36 layers + commit), chain and topk-3 tree (benchmarks/bench_verify.py)
+#   step      verify per layer and per step (36 layers + commit) against the engine baselines, chain and
+#             topk-3 tree (benchmarks/bench_verify.py)
 #   vtests    the GPU tests of the verify kernels only
 #   fp32      the commit table with float32 caches (bench_scatter.py --dtypes fp32)
 #   profile   Nsight Compute (--clock-control none) on each case of benchmarks/explore/profile_one.py
@@ -40,7 +41,7 @@ for phase in "$@"; do
     vtests)   timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py > "$out/gpu_vtests.log" 2>&1
               rc=$?; tail -3 "$out/gpu_vtests.log" ;;
     step)     timeout 170 python3 benchmarks/bench_verify.py --drafts chain tree3 > "$out/bench_verify.log" 2>&1
-              rc=$?; tail -40 "$out/bench_verify.log" ;;
+              rc=$?; grep -E '^(\||verify:|engine|checks and tables)' "$out/bench_verify.log"; tail -2 "$out/bench_verify.log" ;;
     sanitize) SANITIZE_TIMEOUT=165 bash scripts/gpu_sanitize.sh "$out"; rc=$? ;;
     verify)   timeout 400 python3 benchmarks/explore/verify_sweep.py > "$out/verify_sweep.log" 2>&1
               rc=$?; tail -90 "$out/verify_sweep.log" ;;
