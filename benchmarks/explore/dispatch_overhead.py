@@ -26,11 +26,12 @@ nothing. Rows:
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/common.py
+from common import interleaved_host_times  # noqa: E402
 
 SCHEMA = '(Tensor(a0!) conv_state, Tensor windows, Tensor dst_slots, Tensor src_slots, Tensor steps, *, ' \
          'str state_layout="dim_major") -> ()'
@@ -92,24 +93,6 @@ def register_all():
     return ops
 
 
-def interleaved(candidates, calls, rounds, warmup=500):
-    """Per candidate, us per call: (best round, median round); rounds rotate the order."""
-    names = list(candidates)
-    for fn in candidates.values():
-        for _ in range(warmup):
-            fn()
-    times = {name: [] for name in names}
-    for round_ in range(rounds):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
-            fn = candidates[name]
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            times[name].append((time.perf_counter() - start) / calls * 1e6)
-    return {name: (min(v), statistics.median(v)) for name, v in times.items()}
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=5000)
@@ -126,7 +109,7 @@ def main(argv=None) -> int:
     candidates = {"direct (Python kernel, no dispatcher)": lambda: impl(*call)}
     candidates.update({name: (lambda op=op: op(*call)) for name, op in ops.items()})
     candidates["custom_op, keyword-only argument passed"] = lambda: ops["custom_op"](*call, state_layout="dim_major")
-    times = interleaved(candidates, args.calls, args.rounds)
+    times = interleaved_host_times(candidates, args.calls, args.rounds, warmup=500, sync=lambda: None)
     direct = times["direct (Python kernel, no dispatcher)"][1]
     print(f"host time per call of a no-op op, torch {torch.__version__}, {os.cpu_count()} CPUs, "
           f"{args.rounds} interleaved rounds x {args.calls} calls")
