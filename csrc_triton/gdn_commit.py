@@ -10,10 +10,27 @@ import triton
 import triton.language as tl
 
 from ._common import cdiv, next_power_of_2, row_indices
-from .replay import accepted_path, check_grid, committed_inputs, conv_silu, index_strides, launch_path_window, path_node
+from .replay import (
+    accepted_path, check_grid, committed_inputs, conv_silu, conv_taps, index_strides, launch_path_window, path_node,
+)
 
 REPLAY_BLOCK_V = 64  # value columns per replay program: a [dk, 64] fp32 tile over 2 warps
 REPLAY_WARPS = 2
+
+
+@triton.jit
+def gdn_token_inputs(tokens_base, gates_base, node, live, k_chan, k_mask, v_chan, v_mask,
+                     tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate):
+    """A path token's conv inputs (its key head's channels, the program's value columns) and its
+    gates (g, beta) in float32; zeros where ``live`` is False (a token past the path's end)."""
+    token = tokens_base + node * tokens_stride_node
+    # tl.where, not ``mask & live``: Triton's interpreter refuses a vector & scalar mask
+    xk = tl.load(token + k_chan * tokens_stride_dim, mask=tl.where(live, k_mask, False), other=0.0).to(tl.float32)
+    xv = tl.load(token + v_chan * tokens_stride_dim, mask=tl.where(live, v_mask, False), other=0.0).to(tl.float32)
+    gate = gates_base + node * gates_stride_node
+    g = tl.load(gate, mask=live, other=0.0).to(tl.float32)
+    beta = tl.load(gate + gates_stride_gate, mask=live, other=0.0).to(tl.float32)
+    return xk, xv, g, beta
 
 
 @triton.jit
@@ -66,31 +83,40 @@ def _gdn_replay_kernel(
         weight_base = weight_ptr + layer * weight_stride_layer
         bias_base = bias_ptr + layer * bias_stride_layer
         # The conv's K-1 previous inputs slide along in registers (k1/v1 the newest), so each path
-        # token loads only its own input. (Loading the state before the path walk gained nothing.)
+        # token loads only its own input, two tokens ahead of its use: no step of the path waits
+        # on memory.
         k1, k2, k3, k4 = committed_inputs(conv_base, k_chan, k_mask, conv_stride_dim, conv_stride_win,
                                           KERNEL_SIZE - 1)
         v1, v2, v3, v4 = committed_inputs(conv_base, v_chan, v_mask, conv_stride_dim, conv_stride_win,
                                           KERNEL_SIZE - 1)
+        k_bias, k_wx, k_w1, k_w2, k_w3, k_w4 = conv_taps(weight_base, k_chan, k_mask, weight_stride_dim,
+                                                         weight_stride_tap, bias_base, bias_stride_dim,
+                                                         KERNEL_SIZE, HAS_BIAS)
+        v_bias, v_wx, v_w1, v_w2, v_w3, v_w4 = conv_taps(weight_base, v_chan, v_mask, weight_stride_dim,
+                                                         weight_stride_tap, bias_base, bias_stride_dim,
+                                                         KERNEL_SIZE, HAS_BIAS)
+        xk, xv, g, beta = gdn_token_inputs(
+            tokens_base, gates_base, path_node(path, length, 0, NODES, TREE), length > 0, k_chan, k_mask, v_chan,
+            v_mask, tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate)
+        xk_next, xv_next, g_next, beta_next = gdn_token_inputs(
+            tokens_base, gates_base, path_node(path, length, 1, NODES, TREE), length > 1, k_chan, k_mask, v_chan,
+            v_mask, tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate)
         for j in range(0, length):
-            token_node = path_node(path, j, NODES, TREE)
-            token = tokens_base + token_node * tokens_stride_node
-            xk = tl.load(token + k_chan * tokens_stride_dim, mask=k_mask, other=0.0).to(tl.float32)
-            xv = tl.load(token + v_chan * tokens_stride_dim, mask=v_mask, other=0.0).to(tl.float32)
-            k = conv_silu(xk, k1, k2, k3, k4, k_chan, k_mask, weight_base, weight_stride_dim, weight_stride_tap,
-                           bias_base, bias_stride_dim, KERNEL_SIZE, HAS_BIAS)
-            v = conv_silu(xv, v1, v2, v3, v4, v_chan, v_mask, weight_base, weight_stride_dim, weight_stride_tap,
-                           bias_base, bias_stride_dim, KERNEL_SIZE, HAS_BIAS)
+            xk_after, xv_after, g_after, beta_after = gdn_token_inputs(
+                tokens_base, gates_base, path_node(path, length, j + 2, NODES, TREE), j + 2 < length, k_chan,
+                k_mask, v_chan, v_mask, tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate)
+            k = conv_silu(xk, k1, k2, k3, k4, k_bias, k_wx, k_w1, k_w2, k_w3, k_w4, KERNEL_SIZE)
+            v = conv_silu(xv, v1, v2, v3, v4, v_bias, v_wx, v_w1, v_w2, v_w3, v_w4, KERNEL_SIZE)
             k4, k3, k2, k1 = k3, k2, k1, xk
             v4, v3, v2, v1 = v3, v2, v1, xv
             k = tl.where(k_mask, k, 0.0)
             if L2NORM:
                 k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
-            gate = gates_base + token_node * gates_stride_node
-            g = tl.load(gate).to(tl.float32)
-            beta = tl.load(gate + gates_stride_gate).to(tl.float32)
             state = state * tl.exp(g)
             u = beta * (v - tl.sum(state * k[:, None], axis=0))
             state = state + k[:, None] * u[None, :]
+            xk, xv, g, beta = xk_next, xv_next, g_next, beta_next
+            xk_next, xv_next, g_next, beta_next = xk_after, xv_after, g_after, beta_after
         tl.store(ssm, state.to(ssm_ptr.dtype.element_ty), mask=tile_mask)
 
 

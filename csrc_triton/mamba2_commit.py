@@ -10,10 +10,25 @@ import triton
 import triton.language as tl
 
 from ._common import cdiv, next_power_of_2, row_indices
-from .replay import accepted_path, check_grid, committed_inputs, conv_silu, index_strides, launch_path_window, path_node
+from .replay import (
+    accepted_path, check_grid, committed_inputs, conv_silu, conv_taps, index_strides, launch_path_window, path_node,
+)
 
 REPLAY_BLOCK_P = 32  # head_dim rows per replay program: a [32, d_state] fp32 tile in one warp
 REPLAY_WARPS = 1
+
+
+@triton.jit
+def mamba2_token_inputs(tokens_base, gates_base, node, live, x_chan, p_mask, b_chan, n_mask,
+                        tokens_stride_node, tokens_stride_dim, gates_stride_node):
+    """A path token's conv inputs (the program's x rows, its group's B) and its dt in float32;
+    zeros where ``live`` is False (a token past the path's end)."""
+    token = tokens_base + node * tokens_stride_node
+    # tl.where, not ``mask & live``: Triton's interpreter refuses a vector & scalar mask
+    xx = tl.load(token + x_chan * tokens_stride_dim, mask=tl.where(live, p_mask, False), other=0.0).to(tl.float32)
+    xb = tl.load(token + b_chan * tokens_stride_dim, mask=tl.where(live, n_mask, False), other=0.0).to(tl.float32)
+    dt = tl.load(gates_base + node * gates_stride_node, mask=live, other=0.0).to(tl.float32)
+    return xx, xb, dt
 
 
 @triton.jit
@@ -66,24 +81,35 @@ def _mamba2_replay_kernel(
         gates_base = gates_ptr + layer * gates_stride_layer + src * gates_stride_slot + head * gates_stride_head
         weight_base = weight_ptr + layer * weight_stride_layer
         bias_base = bias_ptr + layer * bias_stride_layer
-        # the conv's K-1 previous inputs slide along in registers (x1/b1 the newest)
+        # the conv's K-1 previous inputs slide along in registers (x1/b1 the newest); each path
+        # token's own inputs are loaded two tokens ahead of their use
         x1, x2, x3, x4 = committed_inputs(conv_base, x_chan, p_mask, conv_stride_dim, conv_stride_win,
                                           KERNEL_SIZE - 1)
         b1, b2, b3, b4 = committed_inputs(conv_base, b_chan, n_mask, conv_stride_dim, conv_stride_win,
                                           KERNEL_SIZE - 1)
+        x_bias, x_wx, x_w1, x_w2, x_w3, x_w4 = conv_taps(weight_base, x_chan, p_mask, weight_stride_dim,
+                                                         weight_stride_tap, bias_base, bias_stride_dim,
+                                                         KERNEL_SIZE, HAS_BIAS)
+        b_bias, b_wx, b_w1, b_w2, b_w3, b_w4 = conv_taps(weight_base, b_chan, n_mask, weight_stride_dim,
+                                                         weight_stride_tap, bias_base, bias_stride_dim,
+                                                         KERNEL_SIZE, HAS_BIAS)
+        xx, xb, dt = mamba2_token_inputs(tokens_base, gates_base, path_node(path, length, 0, NODES, TREE), length > 0,
+                                         x_chan, p_mask, b_chan, n_mask, tokens_stride_node, tokens_stride_dim,
+                                         gates_stride_node)
+        xx_next, xb_next, dt_next = mamba2_token_inputs(
+            tokens_base, gates_base, path_node(path, length, 1, NODES, TREE), length > 1, x_chan, p_mask, b_chan,
+            n_mask, tokens_stride_node, tokens_stride_dim, gates_stride_node)
         for j in range(0, length):
-            token_node = path_node(path, j, NODES, TREE)
-            token = tokens_base + token_node * tokens_stride_node
-            xx = tl.load(token + x_chan * tokens_stride_dim, mask=p_mask, other=0.0).to(tl.float32)
-            xb = tl.load(token + b_chan * tokens_stride_dim, mask=n_mask, other=0.0).to(tl.float32)
-            x = conv_silu(xx, x1, x2, x3, x4, x_chan, p_mask, weight_base, weight_stride_dim, weight_stride_tap,
-                          bias_base, bias_stride_dim, KERNEL_SIZE, HAS_BIAS)
-            b = conv_silu(xb, b1, b2, b3, b4, b_chan, n_mask, weight_base, weight_stride_dim, weight_stride_tap,
-                          bias_base, bias_stride_dim, KERNEL_SIZE, HAS_BIAS)
+            xx_after, xb_after, dt_after = mamba2_token_inputs(
+                tokens_base, gates_base, path_node(path, length, j + 2, NODES, TREE), j + 2 < length, x_chan,
+                p_mask, b_chan, n_mask, tokens_stride_node, tokens_stride_dim, gates_stride_node)
+            x = conv_silu(xx, x1, x2, x3, x4, x_bias, x_wx, x_w1, x_w2, x_w3, x_w4, KERNEL_SIZE)
+            b = conv_silu(xb, b1, b2, b3, b4, b_bias, b_wx, b_w1, b_w2, b_w3, b_w4, KERNEL_SIZE)
             x4, x3, x2, x1 = x3, x2, x1, xx
             b4, b3, b2, b1 = b3, b2, b1, xb
-            dt = tl.load(gates_base + token_node * gates_stride_node).to(tl.float32)
             state = state * tl.exp(dt * rate) + (dt * x)[:, None] * b[None, :]
+            xx, xb, dt = xx_next, xb_next, dt_next
+            xx_next, xb_next, dt_next = xx_after, xb_after, dt_after
         tl.store(ssm, state.to(ssm_ptr.dtype.element_ty), mask=tile_mask)
 
 

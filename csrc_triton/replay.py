@@ -29,43 +29,38 @@ def accepted_path(
     row, node, parents_ptr, parents_stride_row, parents_stride_node, num_nodes,
     NODES: tl.constexpr, TREE: tl.constexpr,
 ):
-    """The accepted path of one row, root first: (path [NODES] node indices, length, links_ok).
+    """The accepted path of one row: (up [NODES], length, links_ok); path_node(up, length, j)
+    is its j-th node, root first.
 
-    Chain: nodes 0 .. node. Tree: node, its parent, ... up to the node whose parent is -1,
-    reversed; links_ok is False if a link on the way lies outside [-1, n-1]. The row's links are
-    loaded once, as one vector, and walked in registers: no load waits on the one before."""
+    Chain: nodes 0 .. node. Tree: up lists node, its parent, ... up to the node whose parent is
+    -1; links_ok is False if a link on the way lies outside [-1, n-1]. The walk loads one link
+    at a time from the row (one cached line): no cross-thread reduction per link."""
     index = tl.arange(0, NODES)
     if TREE:
-        links = tl.load(parents_ptr + row.to(tl.int64) * parents_stride_row + index * parents_stride_node,
-                        mask=index < num_nodes, other=-1).to(tl.int64)
-        up = tl.zeros([NODES], dtype=tl.int64)  # up[i]: the i-th node walking up from ``node``
+        links = parents_ptr + row.to(tl.int64) * parents_stride_row
+        up = tl.zeros([NODES], dtype=tl.int64)
         current = node
         length = node * 0
         links_ok = node >= 0
         for i in tl.static_range(NODES):
             live = current >= 0
             up = tl.where((index == i) & live, current, up)
-            parent = tl.where(live, tl.sum(tl.where(index == current, links, 0)), -1)
+            parent = tl.load(links + current * parents_stride_node, mask=live & (current < num_nodes),
+                             other=-1).to(tl.int64)
             bad = live & ((parent < -1) | (parent >= current))
             links_ok &= ~bad
             length += live.to(tl.int64)
             current = tl.where(live & ~bad, parent, -1)
-        # reverse: path[j] = up[length - 1 - j]
-        flipped = length - 1 - index
-        path = tl.zeros([NODES], dtype=tl.int64)
-        for i in tl.static_range(NODES):
-            take = tl.sum(tl.where(index == i, up, 0))
-            path = tl.where(flipped == i, take, path)
-        return path, length, links_ok
+        return up, length, links_ok
     else:
         return index.to(tl.int64), node + 1, node >= 0
 
 
 @triton.jit
-def path_node(path, j, NODES: tl.constexpr, TREE: tl.constexpr):
-    """path[j] as a scalar (a vector element cannot be indexed directly; a chain's path is 0..)."""
+def path_node(up, length, j, NODES: tl.constexpr, TREE: tl.constexpr):
+    """The j-th node of an accepted path, root first, as a scalar (a chain's path is 0 ..)."""
     if TREE:
-        return tl.sum(tl.where(tl.arange(0, NODES) == j, path, 0))
+        return tl.sum(tl.where(tl.arange(0, NODES) == length - 1 - j, up, 0))
     else:
         return j
 
@@ -93,25 +88,43 @@ def committed_inputs(conv_base, chan, cmask, conv_stride_dim, conv_stride_win, W
 
 
 @triton.jit
-def conv_silu(x, back1, back2, back3, back4, chan, cmask, weight_base, weight_stride_dim, weight_stride_tap,
-               bias_base, bias_stride, KERNEL_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """silu(bias + sum_k w[:, k] * input k) in float32 for input x and the K-1 before it
-    (back1 the newest). The fma order (bias, then the taps from the newest input up) is the verify
-    kernel's, so both give the same bits for the same inputs."""
+def conv_taps(weight_base, chan, cmask, weight_stride_dim, weight_stride_tap, bias_base, bias_stride,
+              KERNEL_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """A program's conv weights and bias in float32, loaded once before its path: (bias, w_x, w_1,
+    w_2, w_3, w_4), w_x multiplying the token's own input and w_i the one i steps back (zeros where
+    no such tap or no bias exists)."""
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
-    if HAS_BIAS:
-        acc = tl.load(bias_base + chan * bias_stride, mask=cmask).to(tl.float32)
-    else:
-        acc = tl.zeros(chan.shape, dtype=tl.float32)
     taps = weight_base + chan * weight_stride_dim
-    acc = tl.fma(tl.load(taps + WIDTH * weight_stride_tap, mask=cmask).to(tl.float32), x, acc)
-    acc = tl.fma(tl.load(taps + (WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32), back1, acc)
+    bias = tl.zeros(chan.shape, dtype=tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_base + chan * bias_stride, mask=cmask).to(tl.float32)
+    w_x = tl.load(taps + WIDTH * weight_stride_tap, mask=cmask).to(tl.float32)
+    w_1 = tl.load(taps + (WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
+    w_2 = tl.zeros(chan.shape, dtype=tl.float32)
+    w_3 = tl.zeros(chan.shape, dtype=tl.float32)
+    w_4 = tl.zeros(chan.shape, dtype=tl.float32)
     if KERNEL_SIZE > 2:
-        acc = tl.fma(tl.load(taps + (WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32), back2, acc)
+        w_2 = tl.load(taps + (WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
     if KERNEL_SIZE > 3:
-        acc = tl.fma(tl.load(taps + (WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32), back3, acc)
+        w_3 = tl.load(taps + (WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
     if KERNEL_SIZE > 4:
-        acc = tl.fma(tl.load(taps + (WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32), back4, acc)
+        w_4 = tl.load(taps + (WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
+    return bias, w_x, w_1, w_2, w_3, w_4
+
+
+@triton.jit
+def conv_silu(x, back1, back2, back3, back4, bias, w_x, w_1, w_2, w_3, w_4, KERNEL_SIZE: tl.constexpr):
+    """silu(bias + sum_k w[:, k] * input k) in float32 for input x and the K-1 before it (back1 the
+    newest), with conv_taps' weights. The fma order (bias, then the taps from the newest input up)
+    is the verify kernel's, so both give the same bits for the same inputs."""
+    acc = tl.fma(w_x, x, bias)
+    acc = tl.fma(w_1, back1, acc)
+    if KERNEL_SIZE > 2:
+        acc = tl.fma(w_2, back2, acc)
+    if KERNEL_SIZE > 3:
+        acc = tl.fma(w_3, back3, acc)
+    if KERNEL_SIZE > 4:
+        acc = tl.fma(w_4, back4, acc)
     return acc * tl.sigmoid(acc)
 
 
@@ -140,7 +153,7 @@ def _path_window_kernel(
     if active & links_ok:
         chan = block * BLOCK + tl.arange(0, BLOCK)
         cmask = chan < dim
-        root = path_node(path, 0, NODES, TREE)
+        root = path_node(path, length, 0, NODES, TREE)
         tokens_base = tokens_ptr + layer * tokens_stride_layer + src * tokens_stride_slot
         history_base = (history_ptr + layer * history_stride_layer + src * history_stride_slot
                         + root * history_stride_node)
@@ -148,7 +161,7 @@ def _path_window_kernel(
         for column in tl.static_range(WIDTH):
             position = length - WIDTH + column  # on the path; < 0: history column WIDTH-1+position
             is_token = (chan * 0 + position) >= 0
-            node_here = path_node(path, tl.maximum(position, 0), NODES, TREE)
+            node_here = path_node(path, length, tl.maximum(position, 0), NODES, TREE)
             from_token = tl.load(tokens_base + node_here * tokens_stride_node + chan * tokens_stride_dim,
                                  mask=cmask & is_token)
             history_column = tl.maximum(WIDTH - 1 + position, 0)
