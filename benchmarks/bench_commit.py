@@ -245,6 +245,38 @@ def _path_token(node, j, length, parents_row, parents_stride_node, TREE: tl.cons
 
 
 @triton.jit
+def _kv_token(kv_base, gates_base, node, j, length, parents_row, parents_stride_node, kv_stride_token,
+              gates_stride_token, gates_stride_kind, head, rk, rv,
+              GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KEY_WIDTH: tl.constexpr, TREE: tl.constexpr):
+    """Path token j's cached k, v and its g, beta in float32 (zeros past the path's end)."""
+    live = j < length
+    token = _path_token(node, tl.minimum(j, length - 1), length, parents_row, parents_stride_node, TREE)
+    token_base = kv_base + token * kv_stride_token
+    k = tl.load(token_base + (head // GROUP) * DK + rk, mask=tl.where(live, rk >= 0, False), other=0.0)
+    v = tl.load(token_base + KEY_WIDTH + head * DV + rv, mask=tl.where(live, rv >= 0, False), other=0.0)
+    gate = gates_base + token * gates_stride_token
+    g = tl.load(gate, mask=live, other=0.0)
+    beta = tl.load(gate + gates_stride_kind, mask=live, other=0.0)
+    return k.to(tl.float32), v.to(tl.float32), g.to(tl.float32), beta.to(tl.float32)
+
+
+@triton.jit
+def _xb_token(xb_base, gates_base, node, j, length, parents_row, parents_stride_node, xb_stride_token,
+              gates_stride_token, head, rp, rn,
+              HEADS_PER_GROUP: tl.constexpr, P: tl.constexpr, NS: tl.constexpr, X_WIDTH: tl.constexpr,
+              TREE: tl.constexpr):
+    """Path token j's cached x, B and its dt in float32 (zeros past the path's end)."""
+    live = j < length
+    token = _path_token(node, tl.minimum(j, length - 1), length, parents_row, parents_stride_node, TREE)
+    token_base = xb_base + token * xb_stride_token
+    x = tl.load(token_base + head * P + rp, mask=tl.where(live, rp >= 0, False), other=0.0)
+    b = tl.load(token_base + X_WIDTH + (head // HEADS_PER_GROUP) * NS + rn, mask=tl.where(live, rn >= 0, False),
+                other=0.0)
+    dt = tl.load(gates_base + token * gates_stride_token, mask=live, other=0.0)
+    return x.to(tl.float32), b.to(tl.float32), dt.to(tl.float32)
+
+
+@triton.jit
 def _kv_replay_kernel(
     state_ptr, kv_ptr, gates_ptr, dst_ptr, src_ptr, steps_ptr, parents_ptr,
     state_stride_layer, state_stride_slot, state_stride_head, state_stride_k, state_stride_v,
@@ -278,18 +310,24 @@ def _kv_replay_kernel(
         state = tl.load(state_tile).to(tl.float32)
         kv_base = kv_ptr + layer * kv_stride_layer + src * kv_stride_slot
         gates_base = gates_ptr + layer * gates_stride_layer + src * gates_stride_slot + head
+        # each token's inputs are loaded two tokens ahead of their use (as the convwin kernels do)
+        k, v, g, beta = _kv_token(kv_base, gates_base, node, 0, length, parents_row, parents_stride_node,
+                                  kv_stride_token, gates_stride_token, gates_stride_kind, head, rk, rv,
+                                  GROUP, DK, DV, KEY_WIDTH, TREE)
+        k_next, v_next, g_next, beta_next = _kv_token(
+            kv_base, gates_base, node, 1, length, parents_row, parents_stride_node, kv_stride_token,
+            gates_stride_token, gates_stride_kind, head, rk, rv, GROUP, DK, DV, KEY_WIDTH, TREE)
         for j in range(length):
-            token = _path_token(node, j, length, parents_row, parents_stride_node, TREE)
-            token_base = kv_base + token * kv_stride_token
-            k = tl.load(token_base + (head // GROUP) * DK + rk).to(tl.float32)
+            k_after, v_after, g_after, beta_after = _kv_token(
+                kv_base, gates_base, node, j + 2, length, parents_row, parents_stride_node, kv_stride_token,
+                gates_stride_token, gates_stride_kind, head, rk, rv, GROUP, DK, DV, KEY_WIDTH, TREE)
             if L2NORM:
                 k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
-            v = tl.load(token_base + KEY_WIDTH + head * DV + rv).to(tl.float32)
-            g = tl.load(gates_base + token * gates_stride_token).to(tl.float32)
-            beta = tl.load(gates_base + token * gates_stride_token + gates_stride_kind).to(tl.float32)
             state = state * tl.exp(g)
             u = beta * (v - tl.sum(state * k[:, None], axis=0))
             state = state + k[:, None] * u[None, :]
+            k, v, g, beta = k_next, v_next, g_next, beta_next
+            k_next, v_next, g_next, beta_next = k_after, v_after, g_after, beta_after
         tl.store(state_tile, state.to(state_ptr.dtype.element_ty))
 
 
@@ -354,13 +392,19 @@ def _xb_replay_kernel(
         rate = tl.load(a_ptr + layer * a_stride_layer + head).to(tl.float32)
         xb_base = xb_ptr + layer * xb_stride_layer + src * xb_stride_slot
         gates_base = gates_ptr + layer * gates_stride_layer + src * gates_stride_slot + head
+        # each token's inputs are loaded two tokens ahead of their use (as the convwin kernels do)
+        x, b, dt = _xb_token(xb_base, gates_base, node, 0, length, parents_row, parents_stride_node,
+                             xb_stride_token, gates_stride_token, head, rp, rn, HEADS_PER_GROUP, P, NS, X_WIDTH, TREE)
+        x_next, b_next, dt_next = _xb_token(xb_base, gates_base, node, 1, length, parents_row, parents_stride_node,
+                                            xb_stride_token, gates_stride_token, head, rp, rn, HEADS_PER_GROUP, P, NS,
+                                            X_WIDTH, TREE)
         for j in range(length):
-            token = _path_token(node, j, length, parents_row, parents_stride_node, TREE)
-            token_base = xb_base + token * xb_stride_token
-            x = tl.load(token_base + head * P + rp).to(tl.float32)
-            b = tl.load(token_base + X_WIDTH + (head // HEADS_PER_GROUP) * NS + rn).to(tl.float32)
-            dt = tl.load(gates_base + token * gates_stride_token).to(tl.float32)
+            x_after, b_after, dt_after = _xb_token(xb_base, gates_base, node, j + 2, length, parents_row,
+                                                   parents_stride_node, xb_stride_token, gates_stride_token, head, rp,
+                                                   rn, HEADS_PER_GROUP, P, NS, X_WIDTH, TREE)
             state = state * tl.exp(dt * rate) + (dt * x)[:, None] * b[None, :]
+            x, b, dt = x_next, b_next, dt_next
+            x_next, b_next, dt_next = x_after, b_after, dt_after
         tl.store(state_tile, state.to(state_ptr.dtype.element_ty))
 
 
