@@ -117,6 +117,13 @@ def _gdn_replay_kernel(
             state = state + k[:, None] * u[None, :]
             xk, xv, g, beta = xk_next, xv_next, g_next, beta_next
             xk_next, xv_next, g_next, beta_next = xk_after, xv_after, g_after, beta_after
+        if TREE:
+            # A tree's walk leaves no registers for the tile's store addresses over the path (they
+            # spill): reload the slot (volatile, so not merged with the first load) and recompute
+            # them; a chain keeps them.
+            dst = tl.load(dst_slots_ptr + row * dst_slots_stride, volatile=True).to(tl.int64)
+            ssm = (ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
+                   + (kk * ssm_stride_k)[:, None] + (vv * ssm_stride_v)[None, :])
         tl.store(ssm, state.to(ssm_ptr.dtype.element_ty), mask=tile_mask)
 
 

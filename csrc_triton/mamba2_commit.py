@@ -110,6 +110,13 @@ def _mamba2_replay_kernel(
             state = state * tl.exp(dt * rate) + (dt * x)[:, None] * b[None, :]
             xx, xb, dt = xx_next, xb_next, dt_next
             xx_next, xb_next, dt_next = xx_after, xb_after, dt_after
+        if TREE:
+            # A tree's walk leaves no registers for the tile's store addresses over the path (they
+            # spill): reload the slot (volatile, so not merged with the first load) and recompute
+            # them; a chain keeps them.
+            dst = tl.load(dst_slots_ptr + row * dst_slots_stride, volatile=True).to(tl.int64)
+            ssm = (ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
+                   + (pp * ssm_stride_p)[:, None] + (nn * ssm_stride_n)[None, :])
         tl.store(ssm, state.to(ssm_ptr.dtype.element_ty), mask=tile_mask)
 
 
