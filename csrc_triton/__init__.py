@@ -1,15 +1,16 @@
 """Triton kernels of sgl_convwin and their launchers (installed as ``sgl_convwin.csrc_triton``).
 
 Launchers take tensors that the caller has already validated, read every stride, and launch once;
-they never allocate, never read device memory on the host and hold no torch.library code.
+they never allocate, never read device memory on the host and hold no torch.library code. Each
+``planned_<op>`` fixes its launcher's launch for one call signature (the ops' eager plans).
 """
 
-from .gdn_commit import launch_gdn_commit
-from .mamba2_commit import launch_mamba2_commit
-from .replay import launch_capture_gates, launch_path_window
+from .gdn_commit import launch_gdn_commit, planned_gdn_commit
+from .mamba2_commit import launch_mamba2_commit, planned_mamba2_commit
+from .replay import launch_capture_gates, launch_path_window, planned_capture_gates
 from .scatter import launch_scatter, planned_scatter
 from .scatter_tree import launch_scatter_tree, planned_scatter_tree
-from .verify import launch_capture, launch_causal_conv1d_verify
+from .verify import launch_capture, launch_causal_conv1d_verify, planned_capture, planned_causal_conv1d_verify
 
 __all__ = [
     "launch_capture_gates",
@@ -20,6 +21,11 @@ __all__ = [
     "launch_causal_conv1d_verify",
     "launch_scatter",
     "launch_scatter_tree",
+    "planned_capture",
+    "planned_capture_gates",
+    "planned_causal_conv1d_verify",
+    "planned_gdn_commit",
+    "planned_mamba2_commit",
     "planned_scatter",
     "planned_scatter_tree",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import triton
 import triton.language as tl
 
@@ -89,8 +91,30 @@ def fixed_launch(kernel, grid: tuple, scalars: tuple, kwargs: dict, num_tensors:
     return run
 
 
-def nothing_to_do(*tensors) -> None:
+def nothing_to_do(*args, **kwargs) -> None:
     """What a planned launch with no work (no rows, no layers, empty windows) runs."""
+
+
+class KernelCall(NamedTuple):
+    """One kernel launch as a launcher's call helper computes it: the launcher runs it, the
+    op's planner fixes it (planned_launch) and benchmarks time it as a raw Triton launch."""
+
+    kernel: Any  # a triton.JITFunction
+    grid: tuple
+    tensors: tuple  # the kernel's leading tensor arguments
+    scalars: tuple  # the non-constexpr arguments after them
+    constexprs: dict  # the constexpr arguments and launch options (num_warps)
+
+    def launch(self) -> None:
+        self.kernel[self.grid](*self.tensors, *self.scalars, **self.constexprs)
+
+
+def planned_launch(call: KernelCall | None):
+    """``call`` fixed for its signature (fixed_launch): a function of the kernel's tensor
+    arguments; nothing_to_do when the call helper found nothing to do (None)."""
+    if call is None:
+        return nothing_to_do
+    return fixed_launch(call.kernel, call.grid, call.scalars, call.constexprs, num_tensors=len(call.tensors))
 
 
 def next_power_of_2(n: int) -> int:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import cdiv, next_power_of_2, row_indices
+from ._common import KernelCall, cdiv, next_power_of_2, planned_launch, row_indices
 from .replay import (
     accepted_path, check_grid, committed_inputs, conv_silu, conv_taps, index_strides, launch_path_window, path_node,
+    planned_path_window,
 )
 
 REPLAY_BLOCK_V = 64  # value columns per replay program: a [dk, 64] fp32 tile over 2 warps
@@ -127,6 +128,42 @@ def _gdn_replay_kernel(
         tl.store(ssm, state.to(ssm_ptr.dtype.element_ty), mask=tile_mask)
 
 
+def _gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents):
+    """The replay kernel's tensor arguments (placeholders, never read, for no bias or a chain)."""
+    return (ssm, conv, tokens, gates, weight, weight if bias is None else bias,
+            dst_slots, src_slots, steps, steps if parents is None else parents)
+
+
+def _gdn_replay_call(
+    ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents,
+    *, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm, block_v=None, num_warps=REPLAY_WARPS,
+):
+    """The replay kernel's launch for launch_gdn_commit and planned_gdn_commit, or None if there
+    is nothing to do."""
+    num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
+    num_rows, num_nodes = steps.shape[0], tokens.shape[2]
+    if num_rows == 0 or num_layers == 0:
+        return None
+    check_grid("convwin.gdn_commit", num_rows, num_layers)
+    if block_v is None:
+        block_v = min(REPLAY_BLOCK_V, next_power_of_2(head_v_dim))
+    grid = (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers)
+    scalars = (
+        num_state_slots, tokens.shape[1], num_nodes,
+        *ssm.stride(), *conv.stride(), *tokens.stride(), *gates.stride(), *weight.stride(),
+        *((0, 0) if bias is None else bias.stride()),
+        *index_strides(dst_slots, src_slots, steps, parents),
+    )
+    constexprs = dict(
+        NUM_K_HEADS=num_k_heads, HEAD_K_DIM=head_k_dim, NUM_V_HEADS=num_v_heads, HEAD_V_DIM=head_v_dim,
+        KERNEL_SIZE=conv.shape[3] + 1, NODES=next_power_of_2(num_nodes), BLOCK_K=next_power_of_2(head_k_dim),
+        BLOCK_V=block_v, TREE=parents is not None, HAS_BIAS=bias is not None, L2NORM=use_qk_l2norm,
+        num_warps=num_warps,
+    )
+    tensors = _gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents)
+    return KernelCall(_gdn_replay_kernel, grid, tensors, scalars, constexprs)
+
+
 def launch_gdn_commit(
     ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents,
     *, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm, block_v=None, num_warps=REPLAY_WARPS,
@@ -135,25 +172,28 @@ def launch_gdn_commit(
     into conv [L, N_state, dim, K-1]. tokens, history: see the module docstring; gates
     [L, M, N, 2, Hv]; weight [L, dim, K]; bias [L, dim] or None; any strides everywhere.
     block_v, num_warps: value columns and warps per replay program (tuning only)."""
-    num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
-    num_rows, num_nodes = steps.shape[0], tokens.shape[2]
-    if num_rows == 0 or num_layers == 0:
-        return
-    check_grid("convwin.gdn_commit", num_rows, num_layers)
-    if block_v is None:
-        block_v = min(REPLAY_BLOCK_V, next_power_of_2(head_v_dim))
-    v_blocks = cdiv(head_v_dim, block_v)
-    width = conv.shape[3]
-    _gdn_replay_kernel[(num_v_heads * v_blocks, num_rows, num_layers)](
-        ssm, conv, tokens, gates, weight, weight if bias is None else bias,
-        dst_slots, src_slots, steps, steps if parents is None else parents,
-        num_state_slots, tokens.shape[1], num_nodes,
-        *ssm.stride(), *conv.stride(), *tokens.stride(), *gates.stride(), *weight.stride(),
-        *((0, 0) if bias is None else bias.stride()),
-        *index_strides(dst_slots, src_slots, steps, parents),
-        NUM_K_HEADS=num_k_heads, HEAD_K_DIM=head_k_dim, NUM_V_HEADS=num_v_heads, HEAD_V_DIM=head_v_dim,
-        KERNEL_SIZE=width + 1, NODES=next_power_of_2(num_nodes), BLOCK_K=next_power_of_2(head_k_dim),
-        BLOCK_V=block_v, TREE=parents is not None, HAS_BIAS=bias is not None, L2NORM=use_qk_l2norm,
-        num_warps=num_warps,
+    call = _gdn_replay_call(
+        ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents,
+        num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
+        use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps,
     )
+    if call is None:
+        return
+    call.launch()
     launch_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
+
+
+def planned_gdn_commit(ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents,
+                       **heads):
+    """launch_gdn_commit with its plan fixed for THESE shapes, strides, dtypes, device and head
+    sizes (``heads``: its keyword arguments): a function of the same arguments that launches the
+    replay kernel, then the window commit (_common.planned_launch)."""
+    replay = planned_launch(_gdn_replay_call(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps,
+                                             parents, **heads))
+    window = planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
+
+    def run(ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents, **heads):
+        replay(*_gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents))
+        window(conv, tokens, history, dst_slots, src_slots, steps, parents)
+
+    return run

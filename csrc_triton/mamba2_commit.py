@@ -9,9 +9,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import cdiv, next_power_of_2, row_indices
+from ._common import KernelCall, cdiv, next_power_of_2, planned_launch, row_indices
 from .replay import (
     accepted_path, check_grid, committed_inputs, conv_silu, conv_taps, index_strides, launch_path_window, path_node,
+    planned_path_window,
 )
 
 REPLAY_BLOCK_P = 32  # head_dim rows per replay program: a [32, d_state] fp32 tile in one warp
@@ -120,6 +121,42 @@ def _mamba2_replay_kernel(
         tl.store(ssm, state.to(ssm_ptr.dtype.element_ty), mask=tile_mask)
 
 
+def _mamba2_replay_tensors(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps, parents):
+    """The replay kernel's tensor arguments (placeholders, never read, for no bias or a chain)."""
+    return (ssm, conv, tokens, gates, weight, weight if bias is None else bias, a,
+            dst_slots, src_slots, steps, steps if parents is None else parents)
+
+
+def _mamba2_replay_call(
+    ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
+    *, num_heads, head_dim, n_groups, d_state, block_p=None, num_warps=REPLAY_WARPS,
+):
+    """The replay kernel's launch for launch_mamba2_commit and planned_mamba2_commit, or None if
+    there is nothing to do."""
+    num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
+    num_rows, num_nodes = steps.shape[0], tokens.shape[2]
+    if num_rows == 0 or num_layers == 0:
+        return None
+    check_grid("convwin.mamba2_commit", num_rows, num_layers)
+    if block_p is None:
+        block_p = min(REPLAY_BLOCK_P, next_power_of_2(head_dim))
+    grid = (num_heads * cdiv(head_dim, block_p), num_rows, num_layers)
+    scalars = (
+        num_state_slots, tokens.shape[1], num_nodes,
+        *ssm.stride(), *conv.stride(), *tokens.stride(), *gates.stride(), *weight.stride(),
+        *((0, 0) if bias is None else bias.stride()), *a.stride(),
+        *index_strides(dst_slots, src_slots, steps, parents),
+    )
+    constexprs = dict(
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, N_GROUPS=n_groups, D_STATE=d_state,
+        KERNEL_SIZE=conv.shape[3] + 1, NODES=next_power_of_2(num_nodes), BLOCK_P=block_p,
+        BLOCK_N=next_power_of_2(d_state), TREE=parents is not None, HAS_BIAS=bias is not None,
+        num_warps=num_warps,
+    )
+    tensors = _mamba2_replay_tensors(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps, parents)
+    return KernelCall(_mamba2_replay_kernel, grid, tensors, scalars, constexprs)
+
+
 def launch_mamba2_commit(
     ssm, conv, tokens, history, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
     *, num_heads, head_dim, n_groups, d_state, block_p=None, num_warps=REPLAY_WARPS,
@@ -128,24 +165,29 @@ def launch_mamba2_commit(
     into conv [L, N_state, dim, K-1]. tokens, history: see csrc_triton/replay.py; gates
     [L, M, N, 1, H] (dt, final); weight [L, dim, K]; bias [L, dim] or None; a [L, H] (A = -exp(A_log));
     any strides everywhere. block_p, num_warps: head_dim rows and warps per program (tuning only)."""
-    num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
-    num_rows, num_nodes = steps.shape[0], tokens.shape[2]
-    if num_rows == 0 or num_layers == 0:
-        return
-    check_grid("convwin.mamba2_commit", num_rows, num_layers)
-    if block_p is None:
-        block_p = min(REPLAY_BLOCK_P, next_power_of_2(head_dim))
-    width = conv.shape[3]
-    _mamba2_replay_kernel[(num_heads * cdiv(head_dim, block_p), num_rows, num_layers)](
-        ssm, conv, tokens, gates, weight, weight if bias is None else bias, a,
-        dst_slots, src_slots, steps, steps if parents is None else parents,
-        num_state_slots, tokens.shape[1], num_nodes,
-        *ssm.stride(), *conv.stride(), *tokens.stride(), *gates.stride(), *weight.stride(),
-        *((0, 0) if bias is None else bias.stride()), *a.stride(),
-        *index_strides(dst_slots, src_slots, steps, parents),
-        NUM_HEADS=num_heads, HEAD_DIM=head_dim, N_GROUPS=n_groups, D_STATE=d_state,
-        KERNEL_SIZE=width + 1, NODES=next_power_of_2(num_nodes), BLOCK_P=block_p,
-        BLOCK_N=next_power_of_2(d_state), TREE=parents is not None, HAS_BIAS=bias is not None,
+    call = _mamba2_replay_call(
+        ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
+        num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state, block_p=block_p,
         num_warps=num_warps,
     )
+    if call is None:
+        return
+    call.launch()
     launch_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
+
+
+def planned_mamba2_commit(ssm, conv, tokens, history, gates, weight, bias, a, dst_slots, src_slots, steps,
+                          parents, **heads):
+    """launch_mamba2_commit with its plan fixed for THESE shapes, strides, dtypes, device and head
+    sizes (``heads``: its keyword arguments): a function of the same arguments that launches the
+    replay kernel, then the window commit (_common.planned_launch)."""
+    replay = planned_launch(_mamba2_replay_call(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots,
+                                                steps, parents, **heads))
+    window = planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
+
+    def run(ssm, conv, tokens, history, gates, weight, bias, a, dst_slots, src_slots, steps, parents, **heads):
+        replay(*_mamba2_replay_tensors(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps,
+                                       parents))
+        window(conv, tokens, history, dst_slots, src_slots, steps, parents)
+
+    return run

@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import MAX_GRID_Y, cdiv, next_power_of_2, row_indices
+from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_launch, row_indices
 
 WINDOW_BLOCK = 1024  # channels per program of the window commit
 
@@ -184,24 +184,49 @@ def check_grid(op: str, num_rows: int, num_layers: int) -> None:
         raise ValueError(f"{op} commits at most {MAX_GRID_Y} rows per call, got {num_rows}; split the batch")
 
 
-def launch_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents, *, block=WINDOW_BLOCK):
-    """conv [L, N_state, dim, K-1], tokens [L, M, N, dim], history [L, M, N, dim, K-2]; any strides."""
+def _path_window_tensors(conv, tokens, history, dst_slots, src_slots, steps, parents):
+    """The window kernel's tensor arguments (a chain passes steps for parents: never read)."""
+    return conv, tokens, history, dst_slots, src_slots, steps, steps if parents is None else parents
+
+
+def _path_window_call(conv, tokens, history, dst_slots, src_slots, steps, parents, *, block=WINDOW_BLOCK):
+    """The window kernel's launch for launch_path_window and planned_path_window, or None if there
+    is nothing to do."""
     num_layers, num_state_slots, dim, width = conv.shape
     num_rows = steps.shape[0]
     if num_rows == 0 or num_layers == 0 or dim == 0:
-        return
+        return None
     check_grid("convwin window commit", num_rows, num_layers)
     block = min(block, next_power_of_2(dim))
     history_strides = history.stride() if history.shape[-1] > 0 else (0,) * 5
     grid = (cdiv(dim, block), num_rows, num_layers)
-    _path_window_kernel[grid](
-        conv, tokens, history, dst_slots, src_slots, steps, steps if parents is None else parents,
+    scalars = (
         num_state_slots, tokens.shape[1], tokens.shape[2], dim,
         *conv.stride(), *tokens.stride(), *history_strides,
         *index_strides(dst_slots, src_slots, steps, parents),
-        KERNEL_SIZE=width + 1, NODES=next_power_of_2(tokens.shape[2]), BLOCK=block, TREE=parents is not None,
-        num_warps=4,
     )
+    constexprs = dict(KERNEL_SIZE=width + 1, NODES=next_power_of_2(tokens.shape[2]), BLOCK=block,
+                      TREE=parents is not None, num_warps=4)
+    tensors = _path_window_tensors(conv, tokens, history, dst_slots, src_slots, steps, parents)
+    return KernelCall(_path_window_kernel, grid, tensors, scalars, constexprs)
+
+
+def launch_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents, *, block=WINDOW_BLOCK):
+    """conv [L, N_state, dim, K-1], tokens [L, M, N, dim], history [L, M, N, dim, K-2]; any strides."""
+    call = _path_window_call(conv, tokens, history, dst_slots, src_slots, steps, parents, block=block)
+    if call is not None:
+        call.launch()
+
+
+def planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents):
+    """launch_path_window with its plan fixed for THESE shapes, strides, dtypes and device: a
+    function of the same seven arguments (_common.planned_launch)."""
+    launch = planned_launch(_path_window_call(conv, tokens, history, dst_slots, src_slots, steps, parents))
+
+    def run(conv, tokens, history, dst_slots, src_slots, steps, parents):
+        launch(*_path_window_tensors(conv, tokens, history, dst_slots, src_slots, steps, parents))
+
+    return run
 
 
 @triton.jit
@@ -231,15 +256,39 @@ def _capture_gates_kernel(
                 tl.store(dest + gates_stride_gate, beta.to(gates_ptr.dtype.element_ty), mask=mask)
 
 
-def launch_capture_gates(gates, g, beta, slots, layer, *, block=1024):
-    """gates [L, M, D, G, H]; g, beta [B, N, H] (beta None: a single-gate buffer); any strides."""
+def _capture_gates_tensors(gates, g, beta, slots, layer):
+    """The gates kernel's tensor arguments (a single-gate buffer passes g for beta: never read)."""
+    return gates, g, g if beta is None else beta, slots
+
+
+def _capture_gates_call(gates, g, beta, slots, layer, *, block=1024):
+    """The gates kernel's launch for launch_capture_gates and planned_capture_gates, or None if
+    there is nothing to do."""
     num_rows, num_nodes, num_heads = g.shape
     if num_rows == 0 or num_nodes == 0 or num_heads == 0:
-        return
+        return None
     block = min(block, next_power_of_2(num_nodes * num_heads))
     beta_strides = (0, 0, 0) if beta is None else beta.stride()
-    _capture_gates_kernel[(num_rows,)](
-        gates, g, g if beta is None else beta, slots, layer * gates.stride(0), gates.shape[1], num_nodes, num_heads,
-        *gates.stride()[1:], *g.stride(), *beta_strides, slots.stride(0),
-        HAS_BETA=beta is not None, BLOCK=block, num_warps=4,
-    )
+    scalars = (layer * gates.stride(0), gates.shape[1], num_nodes, num_heads,
+               *gates.stride()[1:], *g.stride(), *beta_strides, slots.stride(0))
+    constexprs = dict(HAS_BETA=beta is not None, BLOCK=block, num_warps=4)
+    return KernelCall(_capture_gates_kernel, (num_rows,), _capture_gates_tensors(gates, g, beta, slots, layer),
+                      scalars, constexprs)
+
+
+def launch_capture_gates(gates, g, beta, slots, layer, *, block=1024):
+    """gates [L, M, D, G, H]; g, beta [B, N, H] (beta None: a single-gate buffer); any strides."""
+    call = _capture_gates_call(gates, g, beta, slots, layer, block=block)
+    if call is not None:
+        call.launch()
+
+
+def planned_capture_gates(gates, g, beta, slots, layer):
+    """launch_capture_gates with its plan fixed for THESE shapes, strides, dtypes, device and
+    layer: a function of the same five arguments (_common.planned_launch)."""
+    launch = planned_launch(_capture_gates_call(gates, g, beta, slots, layer))
+
+    def run(gates, g, beta, slots, layer):
+        launch(*_capture_gates_tensors(gates, g, beta, slots, layer))
+
+    return run

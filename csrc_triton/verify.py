@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INT32_MAX, MAX_GRID_Y, MISSING, LaunchPlans, cdiv, next_power_of_2
+from ._common import INT32_MAX, MAX_GRID_Y, MISSING, KernelCall, LaunchPlans, cdiv, next_power_of_2, planned_launch
 
 ROWS_WARPS = 1  # the rows kernel's channels per program depend on the node count: _rows_block
 DENSE_BLOCK = 256  # channels per program of the dense kernel
@@ -278,10 +278,28 @@ def _rows_block(nodes: int) -> int:
     return 32 if nodes <= 32 else 16
 
 
-def _launch(
+def _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents):
+    """The kernels' tensor arguments: placeholders, never read, for what a capture, a conv without
+    bias or a chain does not have."""
+    return (
+        dest,
+        state,
+        x,
+        x if out is None else out,
+        x if weight is None else weight,
+        x if bias is None else bias,
+        buffer_slots,
+        state_slots,
+        buffer_slots if parents is None else parents,
+    )
+
+
+def _verify_call(
     out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
-    *, dense, silu, block, num_warps,
-) -> None:
+    *, dense, silu, block=None, num_warps=None,
+) -> KernelCall | None:
+    """The launch of launch_capture / launch_causal_conv1d_verify (``out`` None: a capture) and
+    of their planners, or None if there is nothing to do. Its plan comes from _PLANS."""
     has_conv = out is not None
     key = (
         dense, silu, block, num_warps, dest.shape, dest.stride(), state.shape, state.stride(),
@@ -294,28 +312,15 @@ def _launch(
         plan = _PLANS.add(key, _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
                                      dense, silu, block, num_warps))
     if plan is None:
-        return
+        return None
     kernel, grid, scalars, flags = plan
-    kernel[grid](
-        dest,
-        state,
-        x,
-        out if has_conv else x,  # placeholders are never read
-        weight if has_conv else x,
-        bias if bias is not None else x,
-        buffer_slots,
-        state_slots,
-        parents if parents is not None else buffer_slots,
-        layer * dest.stride(0),
-        layer * state.stride(0),
-        *scalars,
-        **flags,
-    )
+    tensors = _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents)
+    return KernelCall(kernel, grid, tensors, (layer * dest.stride(0), layer * state.stride(0), *scalars), flags)
 
 
 def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents, dense, silu, block, num_warps):
     """(kernel, grid, scalar arguments after the layer offsets, constexprs), or None if there is
-    nothing to do; raises for what the kernels cannot address. Depends only on _launch's key."""
+    nothing to do; raises for what the kernels cannot address. Depends only on _verify_call's key."""
     num_rows, num_nodes, dim = x.shape
     if num_rows == 0 or dim == 0 or dest.shape[1] == 0 or state.shape[1] == 0:
         return None
@@ -413,10 +418,22 @@ def launch_capture(
     state: [L, N_state, dim, K-1], any strides. x: [B, N, dim], any strides. Slots: [B];
     parents: [B, N] or None for a chain; int32 or int64, any strides.
     """
-    _launch(
-        None, dest, state, x, None, None, buffer_slots, state_slots, layer, parents,
-        dense=dense, silu=False, block=block, num_warps=num_warps,
-    )
+    call = _verify_call(None, dest, state, x, None, None, buffer_slots, state_slots, layer, parents,
+                        dense=dense, silu=False, block=block, num_warps=num_warps)
+    if call is not None:
+        call.launch()
+
+
+def planned_capture(dest, state, x, buffer_slots, state_slots, layer, parents, *, dense):
+    """launch_capture with its plan fixed for THESE shapes, strides, dtypes, device, layer and
+    layout: a function of the same arguments (_common.planned_launch)."""
+    launch = planned_launch(_verify_call(None, dest, state, x, None, None, buffer_slots, state_slots, layer, parents,
+                                         dense=dense, silu=False))
+
+    def run(dest, state, x, buffer_slots, state_slots, layer, parents, **layout):
+        launch(*_verify_tensors(None, dest, state, x, None, None, buffer_slots, state_slots, layer, parents))
+
+    return run
 
 
 def launch_causal_conv1d_verify(
@@ -440,7 +457,20 @@ def launch_causal_conv1d_verify(
 
     out: [B, N, dim], weight: [dim, K], bias: [dim] or None; any strides.
     """
-    _launch(
-        out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
-        dense=dense, silu=silu, block=block, num_warps=num_warps,
-    )
+    call = _verify_call(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
+                        dense=dense, silu=silu, block=block, num_warps=num_warps)
+    if call is not None:
+        call.launch()
+
+
+def planned_causal_conv1d_verify(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
+                                 *, dense, silu):
+    """launch_causal_conv1d_verify with its plan fixed for THESE shapes, strides, dtypes, device,
+    layer, layout and activation: a function of the same arguments (_common.planned_launch)."""
+    launch = planned_launch(_verify_call(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
+                                         dense=dense, silu=silu))
+
+    def run(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents, **layout):
+        launch(*_verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents))
+
+    return run
