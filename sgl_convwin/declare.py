@@ -30,13 +30,16 @@ stride, dtype and device of its tensors and the values of its other arguments. S
 of the same signature): then it skips the checks that depend on the signature only and runs
 those that depend on the tensors themselves (shared storage, inference tensors, the checked
 mode). On the CPU the plan is ``cpu`` itself. The public function and the registered op's CPU and
-CUDA kernels share the cache, so ``torch.ops.convwin.<name>`` calls use it too.
+CUDA kernels share the cache, so ``torch.ops.convwin.<name>`` calls use it too. A call whose
+written tensors require grad, or that passes something other than a tensor where one goes, never
+takes a plan. Every declared op has a planner (``csrc_triton.planned_<name>``).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import textwrap
 import typing
 from typing import Callable
 
@@ -148,8 +151,8 @@ def declare_op(
     of a destination-passing op ``convwin::<name>``; returns the public function, with the
     registered op as its ``.op`` attribute, ``.kernel_arguments``, ``.cuda_impl`` (the CUDA
     implementation without the eager plans, callable with the op's arguments on any device:
-    Triton's interpreter) and,
-    with ``eager_plan``, ``.eager_plans`` (its cache)."""
+    Triton's interpreter) and, with ``eager_plan``, ``.eager_plans`` (its cache) and
+    ``.cuda_impl_planned`` (the registered CUDA kernel, eager plans included; any device too)."""
 
     def decorate(signature_function: Callable[..., None]) -> Callable[..., None]:
         name = signature_function.__name__
@@ -198,24 +201,27 @@ def declare_op(
         prepare_args = ", ".join(prepare_names)
         tensors = ", ".join(tensor_names)
         op_call = ", ".join(list(positional_names) + [f"{n}={n}" for n in keyword_names])
-        planned = ""  # (under an 8-space block) a call of a seen signature runs its plan
+        planned = ""  # (a function body's lines) a call of a seen signature runs its plan
         if eager_plan is not None:
-            key = [*other_names] + [
+            # each other argument with its type: 1, 1.0 and True are one dict key, not one signature
+            key = [f"{n}, type({n})" for n in other_names] + [
                 f"{n}.shape, {n}.stride(), {n}.dtype, {n}.device" if p.annotation is torch.Tensor
                 else f"None if {n} is None else ({n}.shape, {n}.stride(), {n}.dtype, {n}.device)"
                 for n, p in ((p.name, p) for p in params) if n in tensor_names
             ]
-            planned = f"""        _key = ({", ".join(key)},)
-        try:
-            _plan = _plans.get(_key)
-        except TypeError:  # an unhashable argument: no plan (the checks name a wrong one)
-            _plan = _key = None
-        if _plan is None:
-            _first_call(_device, _key, {prepare_args})
-            return
-        _args, _kwargs, _ = _prepare(True, {prepare_args}, sizes=_plan[0])
-        _plan[1](*_args, **_kwargs)
+            # a written tensor that requires grad never takes a plan: the checks a plan skips refuse it
+            written_requires_grad = " or ".join(f"{n}.requires_grad" for n in mutates)
+            planned = f"""    try:
+        _key = ({", ".join(key)},)
+        _plan = _plans.get(_key)
+    except (TypeError, AttributeError):  # unhashable, or no tensor where one goes: the checks name it
+        _plan = _key = None
+    if _plan is None or {written_requires_grad}:
+        _first_call(_device, _key, {prepare_args})
         return
+    _args, _kwargs, _ = _prepare(True, {prepare_args}, sizes=_plan[0])
+    _plan[1](*_args, **_kwargs)
+    return
 """
         checked = f"""    _args, _kwargs = _prepare(True, {prepare_args})[:2]
     (_cuda_kernel() if _device == "cuda" else _cpu)(*_args, **_kwargs)
@@ -224,11 +230,10 @@ def declare_op(
                          _first_call=first_call, _cuda_kernel=lambda: getattr(triton_kernels(), cuda))
 
         def kernel(device: str, plan: bool) -> Callable[..., None]:
-            """The registered kernel of ``device`` (the dispatcher's call: the op's signature).
-            A written tensor that requires grad never takes a plan: the checks a plan skips refuse it."""
+            """The registered kernel of ``device`` (the dispatcher's call: the op's signature)."""
             body = f"    _device = {device!r}\n"
-            if plan and planned:
-                body += f"    if not {tensor_names[0]}.requires_grad:\n{planned}"
+            if plan:
+                body += planned
             function = _compile(name, op_signature, body + checked, dict(namespace))
             function.__signature__ = op_signature
             return function
@@ -245,7 +250,7 @@ def declare_op(
         return
 """
         if planned:
-            body += f"    if _device != \"invalid\":\n{planned}"
+            body += f"    if _device != \"invalid\":\n{textwrap.indent(planned, '    ')}"
         public = _compile(name, public_signature, body + checked, dict(namespace, _packet=packet))
         public = functools.wraps(signature_function)(public)
 
@@ -260,6 +265,7 @@ def declare_op(
         public.cuda_impl = cuda_impl
         if eager_plan is not None:
             public.eager_plans = plans
+            public.cuda_impl_planned = cuda_planned
         public.__signature__ = public_signature
         return public
 
