@@ -33,6 +33,7 @@ from .validation import (
     check_scatter_tree_args,
     check_scatter_tree_index_values,
     check_verify_args,
+    layer_output,
     should_check_index_values,
 )
 
@@ -211,19 +212,26 @@ def _kernel_views(buffer, conv_state, layout, state_layout):
     return dest, _kernel_state(conv_state, state_layout)
 
 
-def _prepare_capture(real, buffer, conv_state, x, buffer_slots, state_slots, layer, parents, layout, state_layout):
-    sizes = check_capture_args(
-        _CAPTURE, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
-    )
+def _prepare_capture(
+    real, buffer, conv_state, x, buffer_slots, state_slots, layer, parents, layout, state_layout, sizes=None,
+):
+    """As _prepare_scatter."""
+    if sizes is None:
+        sizes = check_capture_args(
+            _CAPTURE, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
+        )
+    else:
+        check_not_inference(_CAPTURE, "buffer", buffer)
     if real:
         check_no_shared_storages(_CAPTURE, "buffer", buffer, conv_state=conv_state, x=x)
         if should_check_index_values(buffer):
             check_capture_index_values(_CAPTURE, sizes, buffer_slots, state_slots, parents)
     dest, state = _kernel_views(buffer, conv_state, layout, state_layout)
-    return (dest, state, x, buffer_slots, state_slots, layer, parents), dict(dense=layout == DENSE)
+    return (dest, state, x, buffer_slots, state_slots, layer, parents), dict(dense=layout == DENSE), sizes
 
 
-@declare_op(mutates=("buffer",), prepare=_prepare_capture, cpu=cpu.capture_cpu, cuda="launch_capture")
+@declare_op(mutates=("buffer",), prepare=_prepare_capture, cpu=cpu.capture_cpu, cuda="launch_capture",
+            eager_plan="planned_capture")
 def capture(
     buffer: torch.Tensor,
     conv_state: torch.Tensor,
@@ -260,12 +268,18 @@ def capture(
 
 def _prepare_verify(
     real, out, buffer, conv_state, x, weight, bias, buffer_slots, state_slots, layer, parents,
-    layout, activation, state_layout,
+    layout, activation, state_layout, sizes=None,
 ):
-    sizes = check_capture_args(
-        _VERIFY, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
-    )
-    out = check_verify_args(_VERIFY, sizes, out, weight, bias, activation, conv_state.device, layer)
+    """As _prepare_scatter."""
+    if sizes is None:
+        sizes = check_capture_args(
+            _VERIFY, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
+        )
+        out = check_verify_args(_VERIFY, sizes, out, weight, bias, activation, conv_state.device, layer)
+    else:
+        check_not_inference(_VERIFY, "buffer", buffer)
+        check_not_inference(_VERIFY, "out", out)
+        out = layer_output(sizes, out, layer)
     if real:
         check_no_shared_storages(_VERIFY, "buffer", buffer, conv_state=conv_state, x=x)
         check_no_shared_storages(
@@ -275,11 +289,11 @@ def _prepare_verify(
             check_capture_index_values(_VERIFY, sizes, buffer_slots, state_slots, parents)
     dest, state = _kernel_views(buffer, conv_state, layout, state_layout)
     args = (out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents)
-    return args, dict(dense=layout == DENSE, silu=activation is not None)
+    return args, dict(dense=layout == DENSE, silu=activation is not None), sizes
 
 
 @declare_op(mutates=("out", "buffer"), prepare=_prepare_verify, cpu=cpu.causal_conv1d_verify_cpu,
-            cuda="launch_causal_conv1d_verify")
+            cuda="launch_causal_conv1d_verify", eager_plan="planned_causal_conv1d_verify")
 def causal_conv1d_verify(
     out: torch.Tensor,
     buffer: torch.Tensor,

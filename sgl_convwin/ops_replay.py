@@ -18,6 +18,7 @@ from .validation import (
     check_gdn_commit_args,
     check_mamba2_commit_args,
     check_no_shared_storages,
+    check_not_inference,
     check_replay_index_values,
     check_replay_storages,
     should_check_index_values,
@@ -77,17 +78,25 @@ def alloc_gates(
 # ---------------------------------------------------------------------------------------------
 
 
-def _prepare_capture_gates(real, gates, g, beta, buffer_slots, layer):
-    check_capture_gates_args(gates, g, beta, buffer_slots, layer)
+_CAPTURE_GATES = "convwin.capture_gates"
+
+
+def _prepare_capture_gates(real, gates, g, beta, buffer_slots, layer, sizes=None):
+    """``sizes``: this call signature's, checked before (the eager plan); then only the checks
+    that depend on the tensors themselves run (see declare.py)."""
+    if sizes is None:
+        sizes = check_capture_gates_args(gates, g, beta, buffer_slots, layer)
+    else:
+        check_not_inference(_CAPTURE_GATES, "gates", gates)
     if real:
-        check_no_shared_storages("convwin.capture_gates", "gates", gates, g=g, beta=beta)
+        check_no_shared_storages(_CAPTURE_GATES, "gates", gates, g=g, beta=beta)
         if should_check_index_values(gates):
             check_capture_gates_index_values(gates, buffer_slots)
-    return (gates, g, beta, buffer_slots, layer), {}
+    return (gates, g, beta, buffer_slots, layer), {}, sizes
 
 
 @declare_op(mutates=("gates",), prepare=_prepare_capture_gates, cpu=cpu.capture_gates_cpu,
-            cuda="launch_capture_gates")
+            cuda="launch_capture_gates", eager_plan="planned_capture_gates")
 def capture_gates(
     gates: torch.Tensor,
     g: torch.Tensor,
@@ -113,12 +122,17 @@ _GDN_COMMIT = "convwin.gdn_commit"
 
 def _prepare_gdn_commit(
     real, ssm_state, conv_state, buffer, gates, conv_weight, dst_slots, src_slots, steps, parents, conv_bias,
-    layout, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm, state_layout,
+    layout, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm, state_layout, sizes=None,
 ):
-    sizes = check_gdn_commit_args(
-        ssm_state, conv_state, buffer, gates, conv_weight, dst_slots, src_slots, steps, parents, conv_bias,
-        layout, num_k_heads, head_k_dim, num_v_heads, head_v_dim, state_layout,
-    )
+    """As _prepare_capture_gates."""
+    if sizes is None:
+        sizes = check_gdn_commit_args(
+            ssm_state, conv_state, buffer, gates, conv_weight, dst_slots, src_slots, steps, parents, conv_bias,
+            layout, num_k_heads, head_k_dim, num_v_heads, head_v_dim, state_layout,
+        )
+    else:
+        check_not_inference(_GDN_COMMIT, "ssm_state", ssm_state)
+        check_not_inference(_GDN_COMMIT, "conv_state", conv_state)
     if real:
         check_replay_storages(_GDN_COMMIT, ssm_state, conv_state, buffer, gates, conv_weight, conv_bias)
         if should_check_index_values(ssm_state):
@@ -128,11 +142,11 @@ def _prepare_gdn_commit(
     args = (ssm_state, conv, tokens, history, gates, conv_weight, conv_bias, dst_slots, src_slots, steps, parents)
     kwargs = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads,
                   head_v_dim=head_v_dim, use_qk_l2norm=bool(use_qk_l2norm))
-    return args, kwargs
+    return args, kwargs, sizes
 
 
 @declare_op(mutates=("ssm_state", "conv_state"), prepare=_prepare_gdn_commit, cpu=cpu.gdn_commit_cpu,
-            cuda="launch_gdn_commit")
+            cuda="launch_gdn_commit", eager_plan="planned_gdn_commit")
 def gdn_commit(
     ssm_state: torch.Tensor,
     conv_state: torch.Tensor,
@@ -192,12 +206,17 @@ _MAMBA2_COMMIT = "convwin.mamba2_commit"
 
 def _prepare_mamba2_commit(
     real, ssm_state, conv_state, buffer, gates, conv_weight, A, dst_slots, src_slots, steps, parents, conv_bias,
-    layout, num_heads, head_dim, n_groups, d_state, state_layout,
+    layout, num_heads, head_dim, n_groups, d_state, state_layout, sizes=None,
 ):
-    sizes = check_mamba2_commit_args(
-        ssm_state, conv_state, buffer, gates, conv_weight, A, dst_slots, src_slots, steps, parents, conv_bias,
-        layout, num_heads, head_dim, n_groups, d_state, state_layout,
-    )
+    """As _prepare_capture_gates."""
+    if sizes is None:
+        sizes = check_mamba2_commit_args(
+            ssm_state, conv_state, buffer, gates, conv_weight, A, dst_slots, src_slots, steps, parents, conv_bias,
+            layout, num_heads, head_dim, n_groups, d_state, state_layout,
+        )
+    else:
+        check_not_inference(_MAMBA2_COMMIT, "ssm_state", ssm_state)
+        check_not_inference(_MAMBA2_COMMIT, "conv_state", conv_state)
     if real:
         check_replay_storages(_MAMBA2_COMMIT, ssm_state, conv_state, buffer, gates, conv_weight, conv_bias, A)
         if should_check_index_values(ssm_state):
@@ -205,11 +224,11 @@ def _prepare_mamba2_commit(
     tokens, history = token_views(buffer, layout, sizes.width + 1)
     conv = conv_state.transpose(2, 3) if state_layout == WINDOW_MAJOR else conv_state
     args = (ssm_state, conv, tokens, history, gates, conv_weight, conv_bias, A, dst_slots, src_slots, steps, parents)
-    return args, dict(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state)
+    return args, dict(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state), sizes
 
 
 @declare_op(mutates=("ssm_state", "conv_state"), prepare=_prepare_mamba2_commit, cpu=cpu.mamba2_commit_cpu,
-            cuda="launch_mamba2_commit")
+            cuda="launch_mamba2_commit", eager_plan="planned_mamba2_commit")
 def mamba2_commit(
     ssm_state: torch.Tensor,
     conv_state: torch.Tensor,

@@ -536,8 +536,7 @@ def check_verify_args(
     kernel_size = sizes.width + 1
     expected_out = (sizes.num_rows, sizes.num_nodes, sizes.dim)
     written = out  # what the op writes (and the checks below see as a destination)
-    if out.dim() == 4 and out.shape[0] == sizes.num_layers:
-        out = out[layer]
+    out = layer_output(sizes, out, layer)
     if out.shape != expected_out:
         raise ValueError(
             f"{op}: out must be [B, N, dim] = {list(expected_out)} like x, or every layer's output "
@@ -562,6 +561,13 @@ def check_verify_args(
         if t.device != device:
             raise ValueError(f"{op}: {name} is on {t.device} but conv_state is on {device}")
     check_writable(op, "out", written)
+    return out
+
+
+def layer_output(sizes: CaptureSizes, out: torch.Tensor, layer: int) -> torch.Tensor:
+    """The layer's output [B, N, dim] within ``out``: ``out[layer]`` when it holds every layer's."""
+    if out.dim() == 4 and out.shape[0] == sizes.num_layers:
+        return out[layer]
     return out
 
 
