@@ -1,16 +1,18 @@
-"""The eager fast paths of sgl_convwin.scatter and scatter_tree (declare_op's eager plans:
-``scatter.eager_plans``, ``scatter_tree.eager_plans``, shared by the public functions and the
-registered ops' kernels): a call whose signature (every shape, stride, dtype and device, and the
-state layout) was seen before skips the argument checks and the launch planning, and on CUDA
-Triton's per-call binder, but never the checks that depend on the tensors themselves, and never
-reuses a plan for a call that differs in anything the plan depends on."""
+"""The eager fast paths of every op that launches a kernel (declare_op's eager plans:
+``<op>.eager_plans``, shared by the public function and the registered op's kernels): a call whose
+signature (every shape, stride, dtype and device, and the values of the other arguments) was seen
+before skips the argument checks and the launch planning, and on CUDA Triton's per-call binder,
+but never the checks that depend on the tensors themselves, and never reuses a plan for a call that
+differs in anything the plan depends on. scatter and scatter_tree first, then every op alike."""
+
+import inspect
 
 import pytest
 import torch
 
 import sgl_convwin
 from sgl_convwin import declare, reference
-from support import impl_params, whole_storage
+from support import IMPLS, impl_params, make_replay, make_state, random_tree, strided_tensor, whole_storage
 
 L, N, M, D, DIM, K = 2, 3, 2, 4, 8, 4
 
@@ -34,13 +36,19 @@ def tree_problem(device, seed):
     return conv_state, rows, dst, src, nodes, parents
 
 
+OPS = ("scatter", "scatter_tree", "capture", "causal_conv1d_verify", "capture_gates", "gdn_commit", "mamba2_commit")
+
+
+def clear_plans():
+    for name in OPS:
+        getattr(sgl_convwin, name).eager_plans.clear()
+
+
 @pytest.fixture(autouse=True)
 def empty_cache():
-    sgl_convwin.scatter.eager_plans.clear()
-    sgl_convwin.scatter_tree.eager_plans.clear()
+    clear_plans()
     yield
-    sgl_convwin.scatter.eager_plans.clear()
-    sgl_convwin.scatter_tree.eager_plans.clear()
+    clear_plans()
 
 
 @pytest.mark.parametrize("impl", impl_params("cpu", "cpu_op", "cuda", "cuda_op"))
@@ -315,3 +323,334 @@ def test_declared_schemas(name):
     assert str(getattr(torch.ops.convwin, name).default._schema) == SCHEMAS[name]
     public = getattr(sgl_convwin, name)
     assert public.op is not None and callable(public.kernel_arguments)
+
+
+def test_every_op_that_launches_a_kernel_has_a_planner():
+    """Each op's eager plan comes from its csrc_triton planner; only the factory ops have none."""
+    from sgl_convwin._kernels import triton_kernels
+
+    for name in OPS:
+        public = getattr(sgl_convwin, name)
+        assert isinstance(public.eager_plans, dict) and callable(public.cuda_impl_planned), name
+        assert callable(getattr(triton_kernels(), f"planned_{name}")), name
+
+
+# ---------------------------------------------------------------------------------------------
+# Every op alike: one call's arguments by name (a dict), for the public function, the registered
+# op and the registered CUDA kernel (on CPU tensors under Triton's interpreter)
+# ---------------------------------------------------------------------------------------------
+
+H = 4  # gate heads
+
+
+def capture_case(device, seed, *, layout="token_major", state_layout="dim_major", tree=False, layer=1,
+                 x_dtype=torch.float32, x_variant="contiguous", index_dtype=torch.int64, rows=2):
+    generator = torch.Generator().manual_seed(seed)
+    buffer = torch.randn(sgl_convwin.physical_shape(layout, L, M, DIM, D, K), generator=generator).to(device)
+    conv_state = make_state(state_layout, L, N, DIM, K - 1, torch.float32, device, generator)
+    x = strided_tensor((rows, D, DIM), x_dtype, device, generator, x_variant)
+    buffer_slots = torch.randperm(M, generator=generator)[:rows].to(device, index_dtype)
+    state_slots = torch.randperm(N, generator=generator)[:rows].to(device, index_dtype)
+    parents = torch.tensor([random_tree(D, generator) for _ in range(rows)], device=device) if tree else None
+    return dict(buffer=buffer, conv_state=conv_state, x=x, buffer_slots=buffer_slots, state_slots=state_slots,
+                layer=layer, parents=parents, layout=layout, state_layout=state_layout)
+
+
+def verify_case(device, seed, *, activation="silu", bias=True, whole_out=False, **capture_variant):
+    arguments = capture_case(device, seed, **capture_variant)
+    generator = torch.Generator().manual_seed(seed + 1000)
+    rows = arguments["x"].shape[0]
+    out_shape = (L, rows, D, DIM) if whole_out else (rows, D, DIM)
+    return dict(arguments, out=torch.randn(out_shape, generator=generator).to(device),
+                weight=torch.randn(DIM, K, generator=generator).to(device),
+                bias=torch.randn(DIM, generator=generator).to(device) if bias else None, activation=activation)
+
+
+def capture_gates_case(device, seed, *, layer=1, one_gate=False, g_dtype=torch.float32, g_variant="contiguous",
+                       index_dtype=torch.int64, rows=2, nodes=D):
+    generator = torch.Generator().manual_seed(seed)
+    gates = torch.randn(L, M, D, 1 if one_gate else 2, H, generator=generator).to(device)
+    g = strided_tensor((rows, nodes, H), g_dtype, device, generator, g_variant)
+    beta = None if one_gate else strided_tensor((rows, nodes, H), g_dtype, device, generator, g_variant)
+    buffer_slots = torch.randperm(M, generator=generator)[:rows].to(device, index_dtype)
+    return dict(gates=gates, g=g, beta=beta, buffer_slots=buffer_slots, layer=layer)
+
+
+def replay_case(mixer):
+    def case(device, seed, index_dtype=torch.int64, **variant):
+        options = dict(num_layers=L, num_k_heads=1, ratio=2, num_rows=2, num_draft=3)
+        replay = make_replay(mixer=mixer, device=device, seed=seed, **dict(options, **variant))
+        public = replay.commit
+        arguments = inspect.signature(public).bind(*replay.args(), **replay.kwargs).arguments
+        for name in ("dst_slots", "src_slots", "steps"):
+            arguments[name] = arguments[name].to(index_dtype)
+        return dict(arguments)
+
+    return case
+
+
+def scatter_case(device, seed, layout="token_major"):
+    conv_state, windows, dst, src, steps = problem(device, seed, layout)
+    return dict(conv_state=conv_state, windows=windows, dst_slots=dst, src_slots=src, steps=steps)
+
+
+def scatter_tree_case(device, seed):
+    conv_state, rows, dst, src, nodes, parents = tree_problem(device, seed)
+    return dict(conv_state=conv_state, rows=rows, dst_slots=dst, src_slots=src, nodes=nodes, parents=parents)
+
+
+CASES = {
+    "scatter": scatter_case,
+    "scatter_tree": scatter_tree_case,
+    "capture": capture_case,
+    "causal_conv1d_verify": verify_case,
+    "capture_gates": capture_gates_case,
+    "gdn_commit": replay_case("gdn"),
+    "mamba2_commit": replay_case("mamba2"),
+}
+ALL_IMPLS = impl_params("cpu", "cpu_op", "triton_interpret", "cuda", "cuda_op")
+
+
+def written(name):
+    """The arguments ``name`` writes, from its schema."""
+    schema = getattr(torch.ops.convwin, name).default._schema
+    return [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
+def planned(impl, name):
+    """What ``impl`` calls: the public function, the registered op, or (Triton's interpreter) the
+    registered CUDA kernel itself on CPU tensors -- each through the op's eager plans."""
+    public = getattr(sgl_convwin, name)
+    if impl.name == "triton_interpret":
+        return public.cuda_impl_planned
+    return public.op if impl.name.endswith("_op") else public
+
+
+def storage_copy(t):
+    """A copy of t's whole storage seen with t's shape, strides and storage offset: the same signature."""
+    copy = whole_storage(t).clone()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(copy.untyped_storage(), t.storage_offset(), t.shape,
+                                                               t.stride())
+
+
+def with_copies(name, arguments):
+    """The arguments with fresh copies of the tensors the op writes."""
+    return dict(arguments, **{n: storage_copy(arguments[n]) for n in written(name)})
+
+
+def unplanned(impl, name, arguments):
+    """The whole storages of the written tensors after the implementation ``impl`` stands for ran
+    WITHOUT a plan (every check, then the CPU kernel or the Triton launcher) on copies of them."""
+    public, copies = getattr(sgl_convwin, name), with_copies(name, arguments)
+    if impl.device == "cpu" and impl.name != "triton_interpret":
+        args, kwargs = public.kernel_arguments(**copies)
+        getattr(sgl_convwin.cpu, f"{name}_cpu")(*args, **kwargs)
+    else:
+        public.cuda_impl(**copies)
+    return [whole_storage(copies[n]) for n in written(name)]
+
+
+def written_storages(name, arguments):
+    return [whole_storage(arguments[n]) for n in written(name) if isinstance(arguments[n], torch.Tensor)]
+
+
+def assert_same(got, want, what):
+    for got_storage, want_storage, n in zip(got, want, written(what[0])):
+        assert torch.equal(got_storage.cpu(), want_storage.cpu()), (*what, n)
+
+
+@pytest.mark.parametrize("impl", ALL_IMPLS)
+@pytest.mark.parametrize("name", OPS)
+def test_a_planned_call_writes_what_an_unplanned_one_does(impl, name):
+    """Three calls of one signature with other data: the first makes the op's plan, the other two
+    run that same plan (one cache entry, the same object); each writes exactly what the unplanned
+    implementation writes, over the whole storage of every written tensor, and writes something."""
+    calls = [CASES[name](impl.device, seed) for seed in range(3)]
+    plans = getattr(sgl_convwin, name).eager_plans
+    plans.clear()
+    first_plan = None
+    for seed, arguments in enumerate(calls):
+        want = unplanned(impl, name, arguments)
+        before = [storage.clone() for storage in written_storages(name, arguments)]
+        planned(impl, name)(**arguments)
+        assert_same(written_storages(name, arguments), want, (name, seed))
+        assert any(not torch.equal(b.cpu(), w.cpu()) for b, w in zip(before, want)), "the call writes nothing"
+        assert len(plans) == 1, seed
+        (plan,) = plans.values()
+        first_plan = first_plan or plan
+        assert plan is first_plan, seed
+
+
+VARIANTS = {  # per op: calls that each differ from all others in their signature
+    "capture": [
+        dict(), dict(layer=0), dict(layout="channel_major"), dict(layout="dense"), dict(state_layout="window_major"),
+        dict(tree=True), dict(x_dtype=torch.bfloat16), dict(x_variant="permuted"), dict(index_dtype=torch.int32),
+        dict(rows=1), dict(rows=0),
+    ],
+    "causal_conv1d_verify": [
+        dict(), dict(layer=0), dict(layout="channel_major"), dict(layout="dense"), dict(state_layout="window_major"),
+        dict(tree=True), dict(x_variant="sliced"), dict(index_dtype=torch.int32), dict(rows=1), dict(activation=None),
+        dict(bias=False), dict(whole_out=True), dict(whole_out=True, layer=0), dict(layout="dense", tree=True),
+    ],
+    "capture_gates": [
+        dict(), dict(layer=0), dict(one_gate=True), dict(g_dtype=torch.bfloat16), dict(g_variant="permuted"),
+        dict(index_dtype=torch.int32), dict(rows=1), dict(nodes=2), dict(rows=0),
+    ],
+    "gdn_commit": [
+        dict(), dict(tree=True), dict(layout="channel_major"), dict(layout="dense"), dict(state_layout="window_major"),
+        dict(transposed_ssm=True), dict(bias=False), dict(use_qk_l2norm=False), dict(ssm_dtype=torch.bfloat16),
+        dict(index_dtype=torch.int32), dict(num_rows=1),
+    ],
+    "mamba2_commit": [
+        dict(), dict(tree=True), dict(layout="dense"), dict(state_layout="window_major"), dict(bias=False),
+        dict(ssm_dtype=torch.bfloat16), dict(num_rows=1),
+    ],
+}
+
+
+@pytest.mark.parametrize("impl", ALL_IMPLS)
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_signature_of_every_op_gets_its_own_plan(impl, name):
+    """Calls that differ in a layout, a layer, strides, a dtype, an index width, the batch, a
+    missing bias or parents, or a flag, in turn and twice over: every call writes what the
+    unplanned implementation writes (a plan reused across signatures would be wrong somewhere),
+    and there is one plan per signature."""
+    variants = VARIANTS[name]
+    calls = [CASES[name](impl.device, 10 + i, **variant) for i, variant in enumerate(variants)]
+    wants = [unplanned(impl, name, arguments) for arguments in calls]
+    plans = getattr(sgl_convwin, name).eager_plans
+    plans.clear()
+    for round_ in range(2):  # the second round finds every signature in the cache
+        for variant, arguments, want in zip(variants, calls, wants):
+            copies = with_copies(name, arguments)
+            planned(impl, name)(**copies)
+            assert_same(written_storages(name, copies), want, (name, round_, variant))
+        assert len(plans) == len(calls), round_
+
+
+SHARED = {  # a written tensor and a source of the same dtype, both contiguous
+    "capture": ("buffer", "x"),
+    "causal_conv1d_verify": ("out", "x"),
+    "capture_gates": ("gates", "g"),
+    "gdn_commit": ("ssm_state", "gates"),
+    "mamba2_commit": ("conv_state", "A"),
+}
+BAD_INDEX = {  # an index whose row 0 is active, the out-of-range value, the checked mode's message
+    "capture": ("buffer_slots", 99, r"buffer_slots\[0\] = 99 is out of range"),
+    "causal_conv1d_verify": ("state_slots", 99, r"state_slots\[0\] = 99 is out of range"),
+    "capture_gates": ("buffer_slots", 99, r"buffer_slots\[0\] = 99 is out of range"),
+    "gdn_commit": ("dst_slots", 99, r"dst_slots\[0\] = 99 is out of range"),
+    "mamba2_commit": ("src_slots", 99, r"src_slots\[0\] = 99 is out of range"),
+}
+
+
+def one_storage(a, b):
+    """Copies of a and b (contiguous, one dtype) at two places of ONE storage: their shapes and strides."""
+    storage = torch.zeros(a.numel() + b.numel(), dtype=a.dtype, device=a.device)
+    a_view, b_view = storage[: a.numel()].view(a.shape), storage[a.numel():].view(b.shape)
+    a_view.copy_(a)
+    b_view.copy_(b)
+    assert a_view.stride() == a.stride() and b_view.stride() == b.stride()
+    return a_view, b_view
+
+
+@pytest.mark.parametrize("impl", ALL_IMPLS)
+@pytest.mark.parametrize("name", SHARED)
+def test_a_planned_signature_still_checks_the_tensors(impl, name):
+    """After a call has planned a signature, calls of that signature are still refused, with the
+    unplanned call's errors and nothing written, for an inference tensor or one that requires grad
+    in place of each tensor the op writes, a destination sharing storage with a source, and (checked
+    mode) an out-of-range index."""
+    planned(impl, name)(**CASES[name](impl.device, 1))
+    plans = getattr(sgl_convwin, name).eager_plans
+    assert len(plans) == 1
+    arguments = CASES[name](impl.device, 0)
+
+    def refused(error, match, **changes):
+        call = dict(arguments, **changes)
+        before = [storage.clone() for storage in written_storages(name, call)]
+        with pytest.raises(error, match=match):
+            planned(impl, name)(**call)
+        assert_same(written_storages(name, call), before, (name, match))
+
+    for tensor in written(name):
+        with torch.inference_mode():
+            inference = storage_copy(arguments[tensor])
+        refused(ValueError, rf"{tensor} is an inference tensor", **{tensor: inference})
+        refused(ValueError, rf"{tensor} requires grad", **{tensor: storage_copy(arguments[tensor]).requires_grad_()})
+    destination, source = SHARED[name]
+    shared = one_storage(arguments[destination], arguments[source])
+    refused(ValueError, rf"{destination} and {source} share storage", **dict(zip(SHARED[name], shared)))
+    index, value, message = BAD_INDEX[name]
+    bad = arguments[index].clone()
+    bad[0] = value
+    with sgl_convwin.index_checks():
+        refused(IndexError, message, **{index: bad})
+    assert len(plans) == 1
+    planned(impl, name)(**arguments)  # and the plan still runs
+    assert len(plans) == 1
+
+
+BAD_AFTER_A_PLAN = [  # (op, arguments replaced, error, message)
+    ("capture", dict(layer=True), TypeError, r"layer must be an int"),
+    ("causal_conv1d_verify", dict(layer=True), TypeError, r"layer must be an int"),
+    ("capture_gates", dict(layer=True), TypeError, r"layer must be an int"),
+    ("gdn_commit", dict(num_k_heads=1.0), TypeError, r"num_k_heads must be an int"),
+    ("mamba2_commit", dict(n_groups=1.0), TypeError, r"n_groups must be an int"),
+    ("scatter", dict(windows=None), TypeError, r"windows must be a torch.Tensor"),
+    ("capture", dict(x=None), TypeError, r"x must be a torch.Tensor"),
+    ("causal_conv1d_verify", dict(buffer=None), TypeError, r"buffer must be a torch.Tensor"),
+    ("gdn_commit", dict(gates=None), TypeError, r"gates must be a torch.Tensor"),
+    ("capture", dict(layer=L), ValueError, r"layer 2 is out of range for 2 layers"),
+    ("capture_gates", dict(g=torch.zeros(2, D, H, dtype=torch.int32)), TypeError, r"g must be a floating-point"),
+    ("mamba2_commit", dict(A=torch.zeros(L, 3)), ValueError, r"A must be \[L, H\]"),
+]
+
+
+@pytest.mark.parametrize("name, changes, error, message", BAD_AFTER_A_PLAN,
+                         ids=[f"{op}-{next(iter(changes))}-{i}" for i, (op, changes, _, _) in enumerate(BAD_AFTER_A_PLAN)])
+def test_a_bad_call_after_a_planned_one_gets_every_check(name, changes, error, message):
+    """A call that differs from a planned signature -- in a value equal to the planned one but of
+    another type (True for 1), in a tensor that is not one, or in a shape or dtype -- runs every
+    check again and raises the unplanned call's error, writing nothing."""
+    public = getattr(sgl_convwin, name)
+    public(**CASES[name]("cpu", 0))
+    arguments = dict(CASES[name]("cpu", 1), **changes)
+    before = [storage.clone() for storage in written_storages(name, arguments)]
+    with pytest.raises(error, match=message):
+        public(**arguments)
+    assert_same(written_storages(name, arguments), before, (name, message))
+    assert len(public.eager_plans) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", OPS)
+def test_planned_launches_skip_the_binder_for_every_op(monkeypatch, name):
+    """Once a signature's plan has launched through Triton (compiling its kernels), the next calls
+    of every op launch the compiled kernels directly, without Triton's binder (on the Triton
+    versions that direct launch was verified on), and write what an unplanned call writes."""
+    from sgl_convwin._kernels import triton_kernels
+
+    kernels = triton_kernels()
+    if not kernels._common.direct_launch_supported():
+        pytest.skip(f"direct launches are not used on Triton {kernels._common.triton.__version__}")
+    jit_kernels = [
+        kernels.scatter._scatter_windows_kernel, kernels.scatter_tree._scatter_tree_kernel,
+        kernels.verify._verify_rows_kernel, kernels.verify._verify_dense_kernel, kernels.replay._path_window_kernel,
+        kernels.replay._capture_gates_kernel, kernels.gdn_commit._gdn_replay_kernel,
+        kernels.mamba2_commit._mamba2_replay_kernel,
+    ]
+    calls = [CASES[name]("cuda", seed) for seed in range(3)]
+    wants = [unplanned(IMPLS["cuda"], name, arguments) for arguments in calls]
+    binder_runs = []
+    for kernel in jit_kernels:
+        triton_run = kernel.run
+        monkeypatch.setattr(kernel, "run", lambda *a, _run=triton_run, **k: binder_runs.append(1) or _run(*a, **k))
+    public = getattr(sgl_convwin, name)
+    public.eager_plans.clear()
+    for seed, (arguments, want) in enumerate(zip(calls, wants)):
+        binder_runs.clear()
+        public(**arguments)
+        assert_same(written_storages(name, arguments), want, (name, seed))
+        assert (len(binder_runs) > 0) == (seed == 0), (seed, len(binder_runs))
