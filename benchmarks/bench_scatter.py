@@ -9,13 +9,15 @@ channel-major view); and sgl_convwin.scatter on each layout. Per row: the median
 triton.testing.do_bench, the time per launch from CUDA-graph replays, the effective bandwidth on
 the bytes the commit must move (read K-1 columns per window + write them), and that bandwidth as
 a fraction of a device-to-device copy ceiling measured in the same run. --tree adds the tree
-commit, --eager-only times the host path of one eager call against a raw Triton launch.
+commit, --eager-only times the host path of one eager call of every op (public function and
+registered op) against a raw Triton launch of its kernels.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import sys
 
 import torch
@@ -83,40 +85,131 @@ def bench(shapes, batches, drafts, dtypes, out_json):
     return rows, ceiling
 
 
-def eager_overhead(calls=1000, rounds=15):
-    """Host time per call at B=1 (the GPU work is shorter than the launch, so the host bounds it),
-    of the chain commit and the tree commit, each against a raw Triton launch of its own kernel,
-    timed in interleaved rounds (common.interleaved_host_times); best and median round."""
+GDN_TP1 = dict(layers=36, num_k_heads=16, head_k_dim=128, num_v_heads=32, head_v_dim=128)  # Qwen3-Next-80B
+MAMBA2_TP1 = dict(layers=24, num_heads=128, head_dim=64, n_groups=8, d_state=128)  # Nemotron-H-8B
+
+
+def eager_calls(device, conv_shape=SHAPES["qwen3next-tp1"], gdn=GDN_TP1, mamba2=MAMBA2_TP1, slots=8, num_draft=4):
+    """One B = 1 call ``(args, kwargs)`` of every op that launches a kernel: bf16 caches, token_major
+    buffers, chains (scatter_tree: num_draft roots), zeros. The replay commits' row is padding
+    (dst_slots -1): the host path is the same, and the GPU work stays shorter than a launch, as a
+    B = 1 commit of the conv windows is, so the host time bounds every row."""
+    K, bf16 = common.KERNEL_SIZE, dict(dtype=torch.bfloat16, device=device)
+    layers, dim = conv_shape
+    layer = min(3, layers - 1)
+    index = torch.zeros(1, dtype=torch.int64, device=device)
+    padding = torch.full((1,), -1, dtype=torch.int64, device=device)
+    buffer = sgl_convwin.alloc_windows(layers, slots, dim, num_draft, K, layout="token_major", device=device)
+    conv_state = torch.zeros(layers, slots, dim, K - 1, **bf16)
+    x = torch.zeros(1, num_draft, dim, **bf16)
+    parents = torch.full((1, num_draft), -1, dtype=torch.int64, device=device)
+    heads = gdn["num_v_heads"]
+    gates = sgl_convwin.alloc_gates(layers, slots, num_draft, heads, device=device)
+    g = torch.zeros(1, num_draft, heads, device=device)
+    calls = {
+        "scatter": ((conv_state, sgl_convwin.window_view(buffer, "token_major", num_draft, K), index, index, index),
+                    {}),
+        "scatter_tree": ((conv_state, buffer, index, index, index, parents), {}),
+        "capture": ((buffer, conv_state, x, index, index, layer), {}),
+        "causal_conv1d_verify": ((torch.zeros_like(x), buffer, conv_state, x, torch.zeros(dim, K, **bf16),
+                                  torch.zeros(dim, **bf16), index, index, layer), dict(activation="silu")),
+        "capture_gates": ((gates, g, g, index, layer), {}),
+    }
+    for name, sizes in (("gdn_commit", gdn), ("mamba2_commit", mamba2)):
+        sizes = dict(sizes)
+        layers = sizes.pop("layers")
+        if name == "gdn_commit":
+            dim = 2 * sizes["num_k_heads"] * sizes["head_k_dim"] + sizes["num_v_heads"] * sizes["head_v_dim"]
+            state, gates = (sizes["num_v_heads"], sizes["head_k_dim"], sizes["head_v_dim"]), (sizes["num_v_heads"], 2)
+        else:
+            dim = sizes["num_heads"] * sizes["head_dim"] + 2 * sizes["n_groups"] * sizes["d_state"]
+            state, gates = (sizes["num_heads"], sizes["head_dim"], sizes["d_state"]), (sizes["num_heads"], 1)
+        tensors = [
+            torch.zeros(layers, slots, *state, device=device),
+            torch.zeros(layers, slots, dim, K - 1, **bf16),
+            sgl_convwin.alloc_windows(layers, slots, dim, num_draft, K, layout="token_major", device=device),
+            sgl_convwin.alloc_gates(layers, slots, num_draft, gates[0], num_gates=gates[1], device=device),
+            torch.zeros(layers, dim, K, **bf16),
+        ]
+        if name == "mamba2_commit":
+            tensors.append(torch.zeros(layers, sizes["num_heads"], device=device))  # A
+            sizes["conv_bias"] = torch.zeros(layers, dim, **bf16)
+        calls[name] = ((*tensors, padding, index, index), sizes)
+    return calls
+
+
+def raw_calls(name, args, kwargs):
+    """The kernel launches (csrc_triton._common.KernelCall) that ``sgl_convwin.<name>(*args, **kwargs)``
+    makes, computed once from its checked kernel arguments: what a raw Triton launch repeats."""
     from sgl_convwin._kernels import triton_kernels
 
     kernels = triton_kernels()
-    layers, dim = SHAPES["qwen3next-tp1"]
-    problem = commit_problem(layers, 8, dim, 4, 4, 1, torch.bfloat16, "token_major", "cuda")
-    grid, args, kwargs = kernels.scatter.scatter_launch_args(*problem)
-    state, _, dst, src, steps = problem
-    rows = sgl_convwin.alloc_windows(layers, 8, dim, 4, 4, layout="token_major", device="cuda")  # N = 4 nodes
-    tree = (state, rows, dst, src, steps, torch.full((1, 4), -1, device="cuda"))
-    index_strides = (1, 1, 1, tree[5].stride())
-    tree_grid, tree_scalars, tree_kwargs = kernels.scatter_tree._plan_scatter_tree(
-        state, rows, 1, 4, index_strides, None, 4)
+    kernel_call = kernels._common.KernelCall
+    kernel_args, kernel_kwargs = getattr(sgl_convwin, name).kernel_arguments(*args, **kwargs)
+    if name == "scatter":
+        grid, launch_args, launch_kwargs = kernels.scatter.scatter_launch_args(*kernel_args)
+        return [kernel_call(kernels.scatter._scatter_windows_kernel, grid, launch_args[:5], launch_args[5:],
+                            launch_kwargs)]
+    if name == "scatter_tree":
+        state, rows, dst, src, nodes, parents = kernel_args
+        index_strides = (dst.stride(0), src.stride(0), nodes.stride(0), parents.stride())
+        grid, scalars, constexprs = kernels.scatter_tree._plan_scatter_tree(
+            state, rows, nodes.shape[0], parents.shape[1], index_strides, None, 4)
+        return [kernel_call(kernels.scatter_tree._scatter_tree_kernel, grid, kernel_args, scalars, constexprs)]
+    if name == "capture":
+        dest, state, x, buffer_slots, state_slots, layer, parents = kernel_args
+        return [kernels.verify._verify_call(None, dest, state, x, None, None, buffer_slots, state_slots, layer,
+                                            parents, silu=False, **kernel_kwargs)]
+    if name == "causal_conv1d_verify":
+        return [kernels.verify._verify_call(*kernel_args, **kernel_kwargs)]
+    if name == "capture_gates":
+        return [kernels.replay._capture_gates_call(*kernel_args)]
+    ssm, conv, tokens, history, gates, weight, bias, *rest = kernel_args  # rest: [A,] dst, src, steps, parents
+    replay = kernels.gdn_commit._gdn_replay_call if name == "gdn_commit" else kernels.mamba2_commit._mamba2_replay_call
+    window = kernels.replay._path_window_call(conv, tokens, history, *rest[-4:])
+    return [replay(ssm, conv, tokens, gates, weight, bias, *rest, **kernel_kwargs), window]
 
-    def raw():
-        kernels.scatter._scatter_windows_kernel[grid](*args, **kwargs)
 
-    def raw_tree():
-        kernels.scatter_tree._scatter_tree_kernel[tree_grid](*tree, *tree_scalars, **tree_kwargs)
+def raw_launch(calls):
+    """A function launching ``calls`` straight through Triton, every argument prepared."""
+    launches = [(call.kernel, call.grid, call.tensors + call.scalars, call.constexprs) for call in calls]
 
-    raw_name, raw_tree_name = "raw Triton launch (args prepared)", "raw Triton launch of the tree kernel"
-    candidates = [  # name, call, the raw launch it is compared with
-        (raw_name, raw, raw_name),
-        ("csrc_triton launch_scatter", lambda: kernels.launch_scatter(*problem), raw_name),
-        ("sgl_convwin.scatter (public)", lambda: sgl_convwin.scatter(*problem), raw_name),
-        ("torch.ops.convwin.scatter", lambda: torch.ops.convwin.scatter(*problem), raw_name),
-        (raw_tree_name, raw_tree, raw_tree_name),
-        ("sgl_convwin.scatter_tree (public)", lambda: sgl_convwin.scatter_tree(*tree), raw_tree_name),
-    ]
-    times = common.interleaved_host_times({name: fn for name, fn, _ in candidates}, calls=calls, rounds=rounds)
-    print(f"\neager host time per call, B=1, Qwen3-Next TP1 shape ({rounds} interleaved rounds x {calls} calls)")
+    def launch():
+        for kernel, grid, args, kwargs in launches:
+            kernel[grid](*args, **kwargs)
+
+    return launch
+
+
+def call_of(fn, *args, **kwargs):
+    return lambda: fn(*args, **kwargs)
+
+
+def eager_overhead(calls=1000, rounds=15, device="cuda", **shapes):
+    """Host time per call at B=1 (the GPU work is shorter than the launch, so the host bounds it)
+    of every op that launches a kernel: a raw Triton launch of its kernel(s) with every argument
+    prepared, the public function ``sgl_convwin.<op>`` and the registered ``torch.ops.convwin.<op>``
+    (scatter also through its launcher), each against its raw launch, timed in interleaved rounds
+    (common.interleaved_host_times); best and median round. ``shapes``: eager_calls's."""
+    from sgl_convwin._kernels import triton_kernels
+
+    candidates = []  # name, call, the raw launch it is compared with
+    for name, (args, kwargs) in eager_calls(device, **shapes).items():
+        public = getattr(sgl_convwin, name)
+        bound = inspect.signature(public.cuda_impl).bind(*args, **kwargs)  # the op's own argument order
+        raw_name = f"raw Triton launch of {name} (args prepared)"
+        candidates.append((raw_name, raw_launch(raw_calls(name, args, kwargs)), raw_name))
+        if name == "scatter":
+            launcher_args = public.kernel_arguments(*args)[0]
+            candidates.append(("csrc_triton launch_scatter", call_of(triton_kernels().launch_scatter, *launcher_args),
+                               raw_name))
+        candidates.append((f"sgl_convwin.{name} (public)", call_of(public, *args, **kwargs), raw_name))
+        candidates.append((f"torch.ops.convwin.{name}", call_of(public.op, *bound.args, **bound.kwargs), raw_name))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    times = common.interleaved_host_times({name: fn for name, fn, _ in candidates}, calls=calls, rounds=rounds,
+                                          sync=sync)
+    print(f"\neager host time per call, B=1, Qwen3-Next TP1 shapes, mamba2_commit at Nemotron-H-8B's (the replay "
+          f"commits' row is padding; {rounds} interleaved rounds x {calls} calls)")
     print(markdown_header("call", "best us per call", "median us per call", "vs its raw launch (best)",
                           "vs its raw launch (median)"))
     results = []
