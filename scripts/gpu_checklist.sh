@@ -17,7 +17,7 @@
 #   commit    the commit table (bench_scatter.py, Qwen3-Next TP1, D = 4, bf16) with the tree commit
 #   shapes    the commit table at the Qwen3-Next TP4 and Nemotron-H shapes, B = 1 .. 256
 #   small     the commit kernel at small batches (benchmarks/explore/commit_sweep.py)
-#   eager     host time per eager call (benchmarks/bench_scatter.py --eager-only)
+#   eager     host time per eager call of every op against a raw launch (benchmarks/bench_scatter.py --eager-only)
 #   replay    the replay commits' GPU tests (gdn_commit, mamba2_commit: oracle, fuzz, CUDA graphs, opcheck, cache)
 #   rsan      compute-sanitizer memcheck + racecheck over the replay commits' CUDA tests
 #   rbench    bench_commit.py: gdn_commit and mamba2_commit against snapshot-copy and input-replay commits
@@ -56,7 +56,7 @@ for phase in "$@"; do
     small)    timeout 200 python3 benchmarks/explore/commit_sweep.py --batches 1 8 --layouts token_major dense > "$out/explore_small_batch.log" 2>&1
               rc=$?; cat "$out/explore_small_batch.log" ;;
     eager)    timeout 200 python3 benchmarks/bench_scatter.py --eager-only > "$out/eager.log" 2>&1
-              rc=$?; tail -10 "$out/eager.log" ;;
+              rc=$?; sed -n "/^eager host time/,\$p" "$out/eager.log" ;;
     profile|rprofile)
               rc=0
               cases="verify-chain verify-tree commit-token-major-b8 commit-dense-b8 commit-channel-major-d16"
