@@ -496,14 +496,14 @@ VARIANTS = {  # per op: calls that each differ from all others in their signatur
         dict(), dict(layer=0), dict(one_gate=True), dict(g_dtype=torch.bfloat16), dict(g_variant="permuted"),
         dict(index_dtype=torch.int32), dict(rows=1), dict(nodes=2), dict(rows=0),
     ],
-    "gdn_commit": [
-        dict(), dict(tree=True), dict(layout="channel_major"), dict(layout="dense"), dict(state_layout="window_major"),
-        dict(transposed_ssm=True), dict(bias=False), dict(use_qk_l2norm=False), dict(ssm_dtype=torch.bfloat16),
-        dict(index_dtype=torch.int32), dict(num_rows=1),
+    "gdn_commit": [  # (several changes per call: each interpreted call takes a while)
+        dict(), dict(tree=True, bias=False), dict(layout="channel_major", use_qk_l2norm=False),
+        dict(layout="dense", index_dtype=torch.int32), dict(state_layout="window_major", transposed_ssm=True),
+        dict(ssm_dtype=torch.bfloat16, num_rows=1),
     ],
     "mamba2_commit": [
-        dict(), dict(tree=True), dict(layout="dense"), dict(state_layout="window_major"), dict(bias=False),
-        dict(ssm_dtype=torch.bfloat16), dict(num_rows=1),
+        dict(), dict(tree=True, bias=False), dict(layout="dense", index_dtype=torch.int32),
+        dict(state_layout="window_major", ssm_dtype=torch.bfloat16), dict(num_rows=1),
     ],
 }
 
