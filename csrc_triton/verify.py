@@ -430,7 +430,7 @@ def planned_capture(dest, state, x, buffer_slots, state_slots, layer, parents, *
     launch = planned_launch(_verify_call(None, dest, state, x, None, None, buffer_slots, state_slots, layer, parents,
                                          dense=dense, silu=False))
 
-    def run(dest, state, x, buffer_slots, state_slots, layer, parents, **layout):
+    def run(dest, state, x, buffer_slots, state_slots, layer, parents, **flags):  # layer, flags: the plan's
         launch(*_verify_tensors(None, dest, state, x, None, None, buffer_slots, state_slots, layer, parents))
 
     return run
@@ -470,7 +470,7 @@ def planned_causal_conv1d_verify(out, dest, state, x, weight, bias, buffer_slots
     launch = planned_launch(_verify_call(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
                                          dense=dense, silu=silu))
 
-    def run(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents, **layout):
+    def run(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents, **flags):
         launch(*_verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents))
 
     return run
