@@ -607,8 +607,10 @@ BAD_AFTER_A_PLAN = [  # (op, arguments replaced, error, message)
 ]
 
 
-@pytest.mark.parametrize("name, changes, error, message", BAD_AFTER_A_PLAN,
-                         ids=[f"{op}-{next(iter(changes))}-{i}" for i, (op, changes, _, _) in enumerate(BAD_AFTER_A_PLAN)])
+@pytest.mark.parametrize(
+    "name, changes, error, message", BAD_AFTER_A_PLAN,
+    ids=[f"{op}-{next(iter(changes))}-{i}" for i, (op, changes, *_) in enumerate(BAD_AFTER_A_PLAN)],
+)
 def test_a_bad_call_after_a_planned_one_gets_every_check(name, changes, error, message):
     """A call that differs from a planned signature -- in a value equal to the planned one but of
     another type (True for 1), in a tensor that is not one, or in a shape or dtype -- runs every
