@@ -86,7 +86,7 @@ def fixed_launch(kernel, grid: tuple, scalars: tuple, kwargs: dict, num_tensors:
             return
         compiled = launch(*tensors, *scalars, **kwargs)
         if direct_ok and not misaligned and hasattr(compiled, "__getitem__"):
-            direct = compiled[grid]
+            direct = compiled[tuple(grid) + (1,) * (3 - len(grid))]  # a compiled kernel reads 3 grid dims
 
     return run
 

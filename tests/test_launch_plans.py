@@ -202,3 +202,31 @@ def test_direct_launch_only_on_verified_triton_versions(monkeypatch):
         for _ in range(3):
             run(aligned, aligned)
         assert calls == expected, (supported, calls)
+
+
+@pytest.mark.parametrize("grid", [(5,), (5, 6), (5, 6, 7)])
+def test_direct_launch_gets_a_three_dim_grid(monkeypatch, grid):
+    """A compiled kernel's direct launch reads grid[0], grid[1] and grid[2]: fixed_launch pads a
+    1-D or 2-D grid with ones (Triton's own launch does that itself)."""
+    pytest.importorskip("triton")
+    from sgl_convwin._kernels import triton_kernels
+
+    common = importlib.import_module(triton_kernels().__name__ + "._common")
+    monkeypatch.setattr(common, "direct_launch_supported", lambda: True)
+    grids = []
+
+    class FakeKernel:
+        arg_names = ["a", "n", "BLOCK"]
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: Compiled()
+
+    class Compiled:
+        def __getitem__(self, grid):
+            grids.append(grid)
+            return lambda *args: None
+
+    run = common.fixed_launch(FakeKernel(), grid, (8,), {"BLOCK": 4}, num_tensors=1)
+    run(torch.zeros(8))
+    assert grids == [grid + (1,) * (3 - len(grid))]
+
