@@ -117,6 +117,7 @@ def conv_silu(x, back1, back2, back3, back4, bias, w_x, w_1, w_2, w_3, w_4, KERN
     """silu(bias + sum_k w[:, k] * input k) in float32 for input x and the K-1 before it (back1 the
     newest), with conv_taps' weights. The fma order (bias, then the taps from the newest input up)
     is the verify kernel's, so both give the same bits for the same inputs."""
+    tl.static_assert(KERNEL_SIZE <= 5, "the replay conv keeps at most 4 previous inputs")
     acc = tl.fma(w_x, x, bias)
     acc = tl.fma(w_1, back1, acc)
     if KERNEL_SIZE > 2:

@@ -615,6 +615,8 @@ def check_capture_index_values(
 _CAPTURE_GATES = "convwin.capture_gates"
 _GDN_COMMIT = "convwin.gdn_commit"
 _MAMBA2_COMMIT = "convwin.mamba2_commit"
+# The replay kernels keep a path token's K-1 previous conv inputs in registers, four at most.
+REPLAY_MAX_KERNEL_SIZE = 5
 
 
 def _check_float(op: str, name: str, t: torch.Tensor, device: torch.device) -> None:
@@ -761,6 +763,11 @@ def _check_replay_args(
     if buffer_desc is None:
         raise ValueError(f"{op}: layout must be one of {tuple(_BUFFER_DESC)}, got {layout!r}")
     num_layers, num_state_slots, dim, width, state_desc = _state_sizes(op, conv_state, state_layout)
+    if width + 1 > REPLAY_MAX_KERNEL_SIZE:
+        raise ValueError(
+            f"{op}: conv kernels of K <= {REPLAY_MAX_KERNEL_SIZE} are supported; conv_state "
+            f"(shape {tuple(conv_state.shape)} read as {state_desc}) holds K-1 = {width} columns, K = {width + 1}"
+        )
     if dim != mixer_dim[0]:
         raise ValueError(
             f"{op}: conv_state has dim {dim} (shape {tuple(conv_state.shape)} read as {state_desc}) but "

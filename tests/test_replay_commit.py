@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import sgl_convwin
-from sgl_convwin import reference
+from sgl_convwin import reference, validation
 from sgl_convwin._kernels import triton_kernels
 from support import HAS_TRITON, INTERPRET, Replay, make_replay
 
@@ -318,6 +318,28 @@ def test_checked_mode_names_the_bad_row(mixer):
         with sgl_convwin.index_checks(), pytest.raises(IndexError, match=match):
             run_public(replay, ssm_state, conv_state)
         assert torch.equal(ssm_state, replay.ssm_state) and torch.equal(conv_state, replay.conv_state)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_conv_kernels_wider_than_five_are_refused(mixer):
+    """The replay kernels hold at most K-1 = 4 previous conv inputs: a wider conv is refused on
+    every device, never replayed with taps dropped."""
+    replay = make_replay(mixer=mixer, kernel_size=6, seed=110)
+    ssm_state, conv_state = replay.ssm_state.clone(), replay.conv_state.clone()
+    for run in (run_public, run_op):
+        with pytest.raises(ValueError, match="conv kernels of K <= 5 are supported.*K = 6"):
+            run(replay, ssm_state, conv_state)
+    assert torch.equal(ssm_state, replay.ssm_state) and torch.equal(conv_state, replay.conv_state)
+
+
+@interpreted
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_triton_interpreted_replay_kernel_refuses_a_wide_conv(mixer, monkeypatch):
+    """Past the checks (raised here), the kernel itself refuses to compile a conv wider than K = 5."""
+    monkeypatch.setattr(validation, "REPLAY_MAX_KERNEL_SIZE", 6)
+    replay = make_replay(mixer=mixer, kernel_size=6, seed=111)
+    with pytest.raises(Exception, match="at most 4 previous inputs"):
+        run_triton(replay, replay.ssm_state.clone(), replay.conv_state.clone())
 
 
 @pytest.mark.parametrize(
