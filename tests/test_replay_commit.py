@@ -62,6 +62,19 @@ def check_against_oracle(replay: Replay, run, atol=1e-4, rtol=1e-4) -> set:
     return written
 
 
+@interpreted
+@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_triton_interpreted_long_paths(mixer, tree):
+    """Paths of 1 to 12 tokens (inputs loaded two tokens ahead, a tree walked link by link over 16
+    node slots): the kernel against the oracle."""
+    replay = make_replay(mixer=mixer, num_draft=12, num_rows=4, steps=[11, 6, 0, 11], seed=4)
+    if tree:  # a deep tree with side branches (token_major rows do not depend on the links)
+        row = [-1, 0, 1, 1, 3, 4, 4, 6, 7, 7, 9, 10]
+        replay.parents = torch.tensor([row] * 4)
+    check_against_oracle(replay, run_triton)
+
+
 @pytest.mark.parametrize("mixer", MIXERS)
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("layout", LAYOUTS)
