@@ -278,7 +278,7 @@ def _rows_block(nodes: int) -> int:
     return 32 if nodes <= 32 else 16
 
 
-def _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents):
+def _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents):
     """The kernels' tensor arguments: placeholders, never read, for what a capture, a conv without
     bias or a chain does not have."""
     return (
@@ -314,7 +314,7 @@ def _verify_call(
     if plan is None:
         return None
     kernel, grid, scalars, flags = plan
-    tensors = _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents)
+    tensors = _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents)
     return KernelCall(kernel, grid, tensors, (layer * dest.stride(0), layer * state.stride(0), *scalars), flags)
 
 
@@ -431,7 +431,7 @@ def planned_capture(dest, state, x, buffer_slots, state_slots, layer, parents, *
                                          dense=dense, silu=False))
 
     def run(dest, state, x, buffer_slots, state_slots, layer, parents, **flags):  # layer, flags: the plan's
-        launch(*_verify_tensors(None, dest, state, x, None, None, buffer_slots, state_slots, layer, parents))
+        launch(*_verify_tensors(None, dest, state, x, None, None, buffer_slots, state_slots, parents))
 
     return run
 
@@ -471,6 +471,6 @@ def planned_causal_conv1d_verify(out, dest, state, x, weight, bias, buffer_slots
                                          dense=dense, silu=silu))
 
     def run(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents, **flags):
-        launch(*_verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents))
+        launch(*_verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents))
 
     return run
