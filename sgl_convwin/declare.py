@@ -28,11 +28,11 @@ launch taking the same arguments that is valid for every call of that signature 
 stride, dtype and device of its tensors and the values of its other arguments. Such an op's
 ``prepare`` returns ``(args, kwargs, sizes)`` and takes ``sizes=`` (what it returned for a call
 of the same signature): then it skips the checks that depend on the signature only and runs
-those that depend on the tensors themselves (shared storage, inference tensors, the checked
-mode). On the CPU the plan is ``cpu`` itself. The public function and the registered op's CPU and
-CUDA kernels share the cache, so ``torch.ops.convwin.<name>`` calls use it too. A call whose
-written tensors require grad, or that passes something other than a tensor where one goes, never
-takes a plan. Every declared op has a planner (``csrc_triton.planned_<name>``).
+those that depend on the tensors' storage (shared storage, the checked mode). On the CPU the plan
+is ``cpu`` itself. The public function and the registered op's CPU and CUDA kernels share the
+cache, so ``torch.ops.convwin.<name>`` calls use it too. A call whose written tensors require grad
+or are inference tensors outside inference mode, or that passes something other than a tensor
+where one goes, never takes a plan (the full checks then name what is wrong). Every declared op has a planner (``csrc_triton.planned_<name>``).
 """
 
 from __future__ import annotations
@@ -209,14 +209,16 @@ def declare_op(
                 else f"None if {n} is None else ({n}.shape, {n}.stride(), {n}.dtype, {n}.device)"
                 for n, p in ((p.name, p) for p in params) if n in tensor_names
             ]
-            # a written tensor that requires grad never takes a plan: the checks a plan skips refuse it
-            written_requires_grad = " or ".join(f"{n}.requires_grad" for n in mutates)
+            # a written tensor that requires grad, or an inference tensor outside inference mode,
+            # never takes a plan: the checks a plan skips refuse it
+            unwritable = " or ".join(f"{n}.requires_grad or ({n}.is_inference() and not _inference_mode())"
+                                     for n in mutates)
             planned = f"""    try:
         _key = ({", ".join(key)},)
         _plan = _plans.get(_key)
     except (TypeError, AttributeError):  # unhashable, or no tensor where one goes: the checks name it
         _plan = _key = None
-    if _plan is None or {written_requires_grad}:
+    if _plan is None or {unwritable}:
         _first_call(_device, _key, {prepare_args})
         return
     _args, _kwargs, _ = _prepare(True, {prepare_args}, sizes=_plan[0])
@@ -227,6 +229,7 @@ def declare_op(
     (_cuda_kernel() if _device == "cuda" else _cpu)(*_args, **_kwargs)
 """
         namespace = dict(_eager_device=eager_device, _plans=plans, _prepare=prepare, _cpu=cpu,
+                         _inference_mode=torch.is_inference_mode_enabled,
                          _first_call=first_call, _cuda_kernel=lambda: getattr(triton_kernels(), cuda))
 
         def kernel(device: str, plan: bool) -> Callable[..., None]:

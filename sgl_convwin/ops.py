@@ -27,7 +27,6 @@ from .validation import (
     check_capture_index_values,
     check_no_shared_storage,
     check_no_shared_storages,
-    check_not_inference,
     check_scatter_args,
     check_scatter_index_values,
     check_scatter_tree_args,
@@ -109,11 +108,9 @@ def _kernel_state(conv_state: torch.Tensor, state_layout: str) -> torch.Tensor:
 
 def _prepare_scatter(real, conv_state, windows, dst_slots, src_slots, steps, state_layout, sizes=None):
     """``sizes``: this call signature's, checked before (the eager plan); then only the checks
-    that depend on the tensors themselves run (requires_grad sends a call through the op)."""
+    that depend on the tensors' storage run (see declare.py)."""
     if sizes is None:
         sizes = check_scatter_args(conv_state, windows, dst_slots, src_slots, steps, state_layout)
-    else:
-        check_not_inference(_SCATTER, "conv_state", conv_state)
     if real:
         check_no_shared_storage(_SCATTER, "conv_state", conv_state, "windows", windows)
         if should_check_index_values(conv_state):
@@ -160,8 +157,6 @@ def _prepare_scatter_tree(real, conv_state, rows, dst_slots, src_slots, nodes, p
     """As _prepare_scatter."""
     if sizes is None:
         sizes = check_scatter_tree_args(conv_state, rows, dst_slots, src_slots, nodes, parents, state_layout)
-    else:
-        check_not_inference(_SCATTER_TREE, "conv_state", conv_state)
     if real:
         check_no_shared_storage(_SCATTER_TREE, "conv_state", conv_state, "rows", rows)
         if should_check_index_values(conv_state):
@@ -220,8 +215,6 @@ def _prepare_capture(
         sizes = check_capture_args(
             _CAPTURE, buffer, conv_state, x, buffer_slots, state_slots, layer, layout, parents, state_layout
         )
-    else:
-        check_not_inference(_CAPTURE, "buffer", buffer)
     if real:
         check_no_shared_storages(_CAPTURE, "buffer", buffer, conv_state=conv_state, x=x)
         if should_check_index_values(buffer):
@@ -277,8 +270,6 @@ def _prepare_verify(
         )
         out = check_verify_args(_VERIFY, sizes, out, weight, bias, activation, conv_state.device, layer)
     else:
-        check_not_inference(_VERIFY, "buffer", buffer)
-        check_not_inference(_VERIFY, "out", out)
         out = layer_output(sizes, out, layer)
     if real:
         check_no_shared_storages(_VERIFY, "buffer", buffer, conv_state=conv_state, x=x)

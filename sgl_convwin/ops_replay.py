@@ -18,7 +18,6 @@ from .validation import (
     check_gdn_commit_args,
     check_mamba2_commit_args,
     check_no_shared_storages,
-    check_not_inference,
     check_replay_index_values,
     check_replay_storages,
     should_check_index_values,
@@ -83,11 +82,9 @@ _CAPTURE_GATES = "convwin.capture_gates"
 
 def _prepare_capture_gates(real, gates, g, beta, buffer_slots, layer, sizes=None):
     """``sizes``: this call signature's, checked before (the eager plan); then only the checks
-    that depend on the tensors themselves run (see declare.py)."""
+    that depend on the tensors' storage run (see declare.py)."""
     if sizes is None:
         sizes = check_capture_gates_args(gates, g, beta, buffer_slots, layer)
-    else:
-        check_not_inference(_CAPTURE_GATES, "gates", gates)
     if real:
         check_no_shared_storages(_CAPTURE_GATES, "gates", gates, g=g, beta=beta)
         if should_check_index_values(gates):
@@ -130,9 +127,6 @@ def _prepare_gdn_commit(
             ssm_state, conv_state, buffer, gates, conv_weight, dst_slots, src_slots, steps, parents, conv_bias,
             layout, num_k_heads, head_k_dim, num_v_heads, head_v_dim, state_layout,
         )
-    else:
-        check_not_inference(_GDN_COMMIT, "ssm_state", ssm_state)
-        check_not_inference(_GDN_COMMIT, "conv_state", conv_state)
     if real:
         check_replay_storages(_GDN_COMMIT, ssm_state, conv_state, buffer, gates, conv_weight, conv_bias)
         if should_check_index_values(ssm_state):
@@ -214,9 +208,6 @@ def _prepare_mamba2_commit(
             ssm_state, conv_state, buffer, gates, conv_weight, A, dst_slots, src_slots, steps, parents, conv_bias,
             layout, num_heads, head_dim, n_groups, d_state, state_layout,
         )
-    else:
-        check_not_inference(_MAMBA2_COMMIT, "ssm_state", ssm_state)
-        check_not_inference(_MAMBA2_COMMIT, "conv_state", conv_state)
     if real:
         check_replay_storages(_MAMBA2_COMMIT, ssm_state, conv_state, buffer, gates, conv_weight, conv_bias, A)
         if should_check_index_values(ssm_state):

@@ -148,12 +148,7 @@ def check_writable(op: str, name: str, t: torch.Tensor) -> None:
             f"from (pytorch/pytorch#198068). Pass the whole tensor instead (the ops take a layer "
             f"index and slot indices for that), or compile with dynamic=False"
         )
-    check_not_inference(op, name, t)
-
-
-def check_not_inference(op: str, name: str, t: torch.Tensor) -> None:
-    """Part of check_writable that depends on the tensor and the mode, not on shapes and strides
-    (the eager fast path repeats it on every call)."""
+    # (declare.py's eager plans send such a tensor here instead of skipping this check)
     if t.is_inference() and not torch.is_inference_mode_enabled():
         raise ValueError(
             f"{op}: {name} is an inference tensor (made under torch.inference_mode()); it can only "
