@@ -21,9 +21,11 @@ _verify_rows_kernel (rows layouts) holds all N nodes as one [nodes, channels] ti
 of every node's k-th input come from one vectorised step up the links, so each tap is one tile
 load (from x, or the state for positions in the history) and each weight column is read once;
 per-element offsets are int32 (the launcher checks one slot's span). _verify_dense_kernel loops
-over the nodes instead, one [channels] vector at a time: measured on the H200, the tile version
-is 1.1-2x faster for rows and up to 1.8x slower for dense windows, whose stores are strided
-(docs/benchmarks.md, "Verify kernel").
+over the nodes instead, one [channels] vector at a time, with the committed inputs, the weights
+and (chains) the previous inputs in registers, for K <= 5; _verify_dense_any_width_kernel, for
+wider convs, reloads each input per tap. Measured on the H200, the tile version is 1.1-2x faster
+for rows and up to 1.8x slower for dense windows, whose stores are strided (docs/benchmarks.md,
+"Verify kernel").
 """
 
 from __future__ import annotations
@@ -167,7 +169,158 @@ def _verify_rows_kernel(
 
 
 @triton.jit
+def _input_at(pos, xs, x_stride_node, h1, h2, h3, h4, cmask):
+    """The input at path position ``pos`` in float32: node pos's token from x, or committed input
+    -pos from the registers (h1 the newest)."""
+    # (tl.where, not &: Triton's interpreter mistypes a vector & scalar mask)
+    token = tl.load(xs + tl.maximum(pos, 0) * x_stride_node, mask=tl.where(pos >= 0, cmask, False))
+    committed = tl.where(pos == -1, h1, tl.where(pos == -2, h2, tl.where(pos == -3, h3, h4)))
+    return tl.where(pos >= 0, token.to(tl.float32), committed)
+
+
+@triton.jit
 def _verify_dense_kernel(
+    windows_ptr,
+    state_ptr,
+    x_ptr,
+    out_ptr,
+    weight_ptr,
+    bias_ptr,
+    buffer_slots_ptr,
+    state_slots_ptr,
+    parents_ptr,
+    windows_layer_offset,  # layer * windows.stride(0), computed on the host (may exceed int32)
+    state_layer_offset,
+    num_buffer_slots,
+    num_state_slots,
+    num_nodes,
+    dim,
+    windows_stride_slot,
+    windows_stride_node,
+    windows_stride_dim,
+    windows_stride_win,
+    state_stride_slot,
+    state_stride_dim,
+    state_stride_win,
+    x_stride_row,
+    x_stride_node,
+    x_stride_dim,
+    out_stride_row,
+    out_stride_node,
+    out_stride_dim,
+    weight_stride_dim,
+    weight_stride_tap,
+    bias_stride,
+    buffer_slots_stride,
+    state_slots_stride,
+    parents_stride_row,
+    parents_stride_node,
+    KERNEL_SIZE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_PARENTS: tl.constexpr,
+    HAS_CONV: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+):
+    """Dense windows for K <= 5: the K-1 committed inputs and the conv's weights stay in registers,
+    a chain's previous inputs roll along in registers (each node loads only its own input), and a
+    tree node's inputs come from one walk up its links, which also checks them."""
+    WIDTH: tl.constexpr = KERNEL_SIZE - 1
+    tl.static_assert(WIDTH <= 4, "_verify_dense_kernel holds at most 4 committed inputs")
+    row = tl.program_id(0).to(tl.int64)
+    chan = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    cmask = chan < dim
+    chan = chan.to(tl.int64)
+
+    dst = tl.load(buffer_slots_ptr + row * buffer_slots_stride).to(tl.int64)
+    src = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
+    # Index values are never trusted: a slot out of range skips the request.
+    if (dst >= 0) & (dst < num_buffer_slots) & (src >= 0) & (src < num_state_slots):
+        windows = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan * windows_stride_dim
+        state = state_ptr + state_layer_offset + src * state_stride_slot + chan * state_stride_dim
+        xs = x_ptr + row * x_stride_row + chan * x_stride_dim
+        parents_row = parents_ptr + row * parents_stride_row
+        zero = tl.zeros([BLOCK], dtype=tl.float32)
+        h1 = tl.load(state + (WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)  # the newest
+        h2 = zero
+        h3 = zero
+        h4 = zero
+        if WIDTH >= 2:
+            h2 = tl.load(state + (WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
+        if WIDTH >= 3:
+            h3 = tl.load(state + (WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
+        if WIDTH >= 4:
+            h4 = tl.load(state + (WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
+        bias = zero
+        w_x = zero
+        w_1 = zero
+        w_2 = zero
+        w_3 = zero
+        w_4 = zero
+        if HAS_CONV:
+            taps = weight_ptr + chan * weight_stride_dim
+            if HAS_BIAS:
+                bias = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
+            w_x = tl.load(taps + WIDTH * weight_stride_tap, mask=cmask).to(tl.float32)
+            w_1 = tl.load(taps + (WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
+            if WIDTH >= 2:
+                w_2 = tl.load(taps + (WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
+            if WIDTH >= 3:
+                w_3 = tl.load(taps + (WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
+            if WIDTH >= 4:
+                w_4 = tl.load(taps + (WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
+        p1, p2, p3, p4 = h1, h2, h3, h4  # the node's previous inputs, p1 the newest
+        for node in range(num_nodes):
+            raw = tl.load(xs + node * x_stride_node, mask=cmask)
+            token = raw.to(tl.float32)
+            write = cmask
+            if HAS_PARENTS:  # walk up once: the inputs above the node, and whether every link is in range
+                pos = tl.cast(node, tl.int64)
+                ok = pos >= 0
+                for up in tl.static_range(1, KERNEL_SIZE):
+                    is_node = pos >= 0
+                    parent = tl.load(parents_row + pos * parents_stride_node, mask=is_node, other=-1).to(tl.int64)
+                    parent_ok = (parent >= -1) & (parent < pos)
+                    ok &= parent_ok | (pos < 0)
+                    pos = tl.where(is_node, tl.where(parent_ok, parent, -1), pos - 1)  # next read in bounds
+                    value = _input_at(pos, xs, x_stride_node, h1, h2, h3, h4, cmask)
+                    if up == 1:
+                        p1 = value
+                    if up == 2:
+                        p2 = value
+                    if up == 3:
+                        p3 = value
+                    if up == 4:
+                        p4 = value
+                write = tl.where(ok, cmask, False)  # a bad link among the K-1 above skips the node
+            window = windows + node * windows_stride_node
+            # column K-2 of window `node` is the node's own input, the columns before it its path's
+            tl.store(window + (WIDTH - 1) * windows_stride_win, raw.to(windows_ptr.dtype.element_ty), mask=write)
+            if WIDTH >= 2:
+                tl.store(window + (WIDTH - 2) * windows_stride_win, p1.to(windows_ptr.dtype.element_ty), mask=write)
+            if WIDTH >= 3:
+                tl.store(window + (WIDTH - 3) * windows_stride_win, p2.to(windows_ptr.dtype.element_ty), mask=write)
+            if WIDTH >= 4:
+                tl.store(window + (WIDTH - 4) * windows_stride_win, p3.to(windows_ptr.dtype.element_ty), mask=write)
+            if HAS_CONV:  # the rows kernel's fma order: bias, then the taps from the newest input up
+                acc = tl.fma(w_x, token, bias)
+                acc = tl.fma(w_1, p1, acc)
+                if WIDTH >= 2:
+                    acc = tl.fma(w_2, p2, acc)
+                if WIDTH >= 3:
+                    acc = tl.fma(w_3, p3, acc)
+                if WIDTH >= 4:
+                    acc = tl.fma(w_4, p4, acc)
+                if SILU:
+                    acc = acc * tl.sigmoid(acc)
+                out = out_ptr + row * out_stride_row + node * out_stride_node + chan * out_stride_dim
+                tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=write)
+            if not HAS_PARENTS:
+                p4, p3, p2, p1 = p3, p2, p1, token
+
+
+@triton.jit
+def _verify_dense_any_width_kernel(
     windows_ptr,
     state_ptr,
     x_ptr,
@@ -362,7 +515,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         num_warps=num_warps,
     )
     if dense:
-        return _verify_dense_kernel, grid, scalars, flags
+        return (_verify_dense_kernel if flags["KERNEL_SIZE"] <= 5 else _verify_dense_any_width_kernel), grid, scalars, flags
     _check_rows_spans(dest, state, x, out, weight, bias, parents)
     return _verify_rows_kernel, grid, scalars, dict(flags, NODES=nodes)
 
