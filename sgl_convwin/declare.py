@@ -111,15 +111,17 @@ def _is_tensor_type(annotation) -> bool:
 def _register(name: str, positional_names: tuple[str, ...], mutates: tuple[str, ...],
               cpu_kernel: Callable, cuda_kernel: Callable, fake_kernel: Callable) -> None:
     """Define ``convwin::<name>`` with the schema custom_op would infer from ``cpu_kernel`` and
-    register its CPU, CUDA, fake and ADInplaceOrView kernels: custom_op's registrations without its
-    Python Autograd kernel and with a leaner ADInplaceOrView one.
+    register its CPU, CUDA and fake kernels, and one Autograd kernel in place of custom_op's
+    Autograd and ADInplaceOrView ones.
 
-    Autograd: none registered, so the dispatcher's C++ fallback runs (the ops return nothing, so
-    nothing gets a grad_fn; a written tensor that requires grad is refused by the checks).
-    ADInplaceOrView: bumps the written tensors' versions (as custom_op does; the C++ fallback only
-    bumps returned ones), then redispatches below it with autograd off, as custom_op's Autograd
-    kernel does (a CPU kernel's writes must not record history from a weight that requires
-    grad). Written tensors are never defaulted, so the dispatcher always passes them
+    The Autograd kernel bumps the written tensors' versions (as custom_op does; the C++ fallback
+    only bumps returned ones) and runs the rest with autograd off (a CPU kernel's writes must
+    not record history from a weight that requires grad; the ops return nothing, so nothing gets
+    a grad_fn, and a written tensor that requires grad is refused by the checks). When nothing
+    but a CPU or CUDA backend lies below it -- a plain eager call -- it calls that backend's
+    kernel itself: a second trip through the dispatcher into Python costs more than a small
+    kernel. Anything else below (fake or functional tensors, a dispatch mode, subclasses) gets a
+    redispatch. Written tensors are never defaulted, so the dispatcher always passes them
     positionally. Every Python kernel runs with Dynamo off, as custom_op's do: an eager call from
     a frame Dynamo is compiling must not trace it.
     """
@@ -129,11 +131,19 @@ def _register(name: str, positional_names: tuple[str, ...], mutates: tuple[str, 
     # one tensor per call: the form every supported torch version takes
     bumps = "".join(f"    _increment_version(args[{positional_names.index(n)}])\n" for n in mutates)
     namespace = dict(_increment_version=torch.autograd.graph.increment_version, _redispatch=overload.redispatch,
-                     _below=torch._C._after_ADInplaceOrView_keyset, _no_autograd=torch._C._AutoDispatchBelowAutograd)
+                     _below_autograd=torch._C._after_autograd_keyset,
+                     _below_inplace=torch._C._after_ADInplaceOrView_keyset,
+                     _no_autograd=torch._C._AutoDispatchBelowAutograd, _cpu_key=torch._C.DispatchKey.CPU,
+                     _cuda_key=torch._C.DispatchKey.CUDA, _cpu=cpu_kernel, _cuda=cuda_kernel)
     exec(f"def {name}(keyset, *args, **kwargs):\n{bumps}"  # noqa: S102
+         f"    backend = (keyset & _below_inplace).highestPriorityTypeId()\n"
          f"    with _no_autograd():\n"
-         f"        return _redispatch(keyset & _below, *args, **kwargs)\n", namespace)
-    _LIBRARY.impl(name, torch._disable_dynamo(namespace[name]), "ADInplaceOrView", with_keyset=True)
+         f"        if backend == _cuda_key:\n"
+         f"            return _cuda(*args, **kwargs)\n"
+         f"        if backend == _cpu_key:\n"
+         f"            return _cpu(*args, **kwargs)\n"
+         f"        return _redispatch(keyset & _below_autograd, *args, **kwargs)\n", namespace)
+    _LIBRARY.impl(name, torch._disable_dynamo(namespace[name]), "Autograd", with_keyset=True)
     _LIBRARY.impl(name, torch._disable_dynamo(cpu_kernel), "CPU")
     _LIBRARY.impl(name, torch._disable_dynamo(cuda_kernel), "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake_kernel, lib=_LIBRARY)

@@ -212,3 +212,37 @@ def test_ops_record_no_autograd_history():
         op(*args, **kwargs)
         for i in written:
             assert not args[i].requires_grad and args[i].grad_fn is None, (op, i)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dispatch_modes_see_every_op_call(device):
+    """A registered op's Autograd kernel calls the backend kernel itself only for plain tensors:
+    under a dispatch mode the call goes on down the dispatcher, so the mode sees it, and both
+    routes write the same."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    _, _, _, verify_args, verify_kwargs = next(verify_samples(device))
+    _, scatter_args, scatter_kwargs = next(scatter_samples(device))
+    _, gdn_args, gdn_kwargs = next(replay_samples(device, "gdn"))
+    cases = ((torch.ops.convwin.scatter, scatter_args, scatter_kwargs, (0,)),
+             (torch.ops.convwin.causal_conv1d_verify, verify_args, verify_kwargs, (0, 1)),
+             (torch.ops.convwin.gdn_commit, gdn_args, gdn_kwargs, (0, 1)))
+    for op, args, kwargs, written in cases:
+        plain = [a.clone() if i in written else a for i, a in enumerate(args)]
+        moded = [a.clone() if i in written else a for i, a in enumerate(args)]
+        op(*plain, **kwargs)
+        with Record() as mode:
+            op(*moded, **kwargs)
+        assert op.default in mode.seen, (op, mode.seen)
+        for i in written:
+            assert torch.equal(plain[i], moded[i]), (op, i)
+            assert not torch.equal(plain[i], args[i]), (op, i)  # the call wrote something

@@ -20,8 +20,10 @@ nothing. Rows:
   mutated tensor's version and redispatches with autograd off (custom_op's Autograd and
   ADInplaceOrView layers in one, without its fill_defaults).
 - ... + dynamo-disabled kernels: both Python kernels wrapped in ``torch._disable_dynamo`` as
-  custom_op does (so an eager call inside a compiled function's frame never traces them): what
-  declare.py registers.
+  custom_op does (so an eager call inside a compiled function's frame never traces them).
+- Library, Python Autograd calling the backend: one dynamo-disabled Python Autograd kernel that
+  bumps the version and, with autograd off, calls the CPU kernel itself when the keyset below
+  holds nothing but it (else redispatches): what declare.py registers.
 """
 
 import argparse
@@ -65,6 +67,22 @@ def ad_inplace_or_view_kernel(overload):
     return ad_inplace_or_view
 
 
+def autograd_kernel(overload, backend_kernel):
+    """Bumps the mutated tensor's version, then, autograd off, the backend kernel itself when
+    nothing else lies below (plain CPU tensors), else the kernels below."""
+    below_inplace, below_autograd = torch._C._after_ADInplaceOrView_keyset, torch._C._after_autograd_keyset
+    cpu = torch._C.DispatchKey.CPU
+
+    def autograd(keyset, conv_state, *args, **kwargs):
+        torch.autograd.graph.increment_version(conv_state)
+        with torch._C._AutoDispatchBelowAutograd():
+            if (keyset & below_inplace).highestPriorityTypeId() == cpu:
+                return backend_kernel(conv_state, *args, **kwargs)
+            return overload.redispatch(keyset & below_autograd, conv_state, *args, **kwargs)
+
+    return autograd
+
+
 def define(name: str):
     _LIB.define(name + SCHEMA, tags=(torch.Tag.pt2_compliant_tag,))
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIB)
@@ -90,6 +108,11 @@ def register_all():
         _LIB.impl(name, off(impl), "CPU")
         _LIB.impl(name, off(ad_inplace_or_view_kernel(op.default)), "ADInplaceOrView", with_keyset=True)
         ops[f"Library, Python ADInplaceOrView{' + dynamo-disabled kernels' if 'disabled' in name else ''}"] = op
+
+    op = define("py_autograd")
+    _LIB.impl("py_autograd", torch._disable_dynamo(impl), "CPU")
+    _LIB.impl("py_autograd", torch._disable_dynamo(autograd_kernel(op.default, impl)), "Autograd", with_keyset=True)
+    ops["Library, Python Autograd calling the backend (dynamo-disabled)"] = op
     return ops
 
 
