@@ -17,9 +17,9 @@ torch.compile on EVERY device, so a CPU call would be compiled into a Triton lau
 keeps one validated path per device; inside compiled graphs Inductor calls it in place on the
 caller's buffers (no clone), inside CUDA graphs its launches are what is captured. It is
 registered through ``torch.library.Library`` with the schema ``torch.library.custom_op`` would
-infer and the same tag, fake, CPU and CUDA kernels, but without custom_op's Python Autograd layer
-and with a leaner ADInplaceOrView one: custom_op's layers cost several times a small kernel per
-eager call (``_register``). As with custom_op, the op's schema takes the public function's
+infer and the same tag, fake, CPU and CUDA kernels, but with one lean Python Autograd kernel in
+place of custom_op's Autograd and ADInplaceOrView layers, which cost several times a small kernel
+per eager call (``_register``). As with custom_op, the op's schema takes the public function's
 keyword-only tensor arguments positionally, after its positional ones.
 
 An op may opt into the eager plan cache with ``eager_plan="planned_..."``, the name of a
