@@ -428,6 +428,7 @@ def check(device) -> bool:
 
 DRAFTS = {"chain": (False, 4, None), "tree2": (True, 8, 2), "tree3": (True, 8, 3), "tree4": (True, 8, 4)}
 TABLES = ("layer", "step")
+COPY_ROW = "copy of as many bytes"
 CHAIN_ONLY = ("engine conv update, channel-major sequence: chains only, not run on trees (a tree node's window "
               "is not a slice of the node-order sequence)")
 
@@ -455,12 +456,22 @@ def bench_layers(batches, drafts, ceiling, dim, kernel_size, device):
                 print(f"{draft:18} B={B:<4} {name:44} graph {us:8.2f} us  {gbps:6.0f} GB/s {gbps / ceiling:6.1%}",
                       flush=True)
                 del problem
+            # how near a plain copy of as many bytes (the rows layouts') comes to the ceiling at this size
+            nbytes = layer_bytes(dim, kernel_size, num_nodes, B, "token_major")
+            src = torch.empty(nbytes // 4, dtype=torch.bfloat16, device=device)
+            dst = torch.empty_like(src)
+            us = graph_time_us(lambda: dst.copy_(src), launches=20, replays=20)
+            gbps = nbytes / (us * 1e-6) / 1e9
+            rows.append((draft, B, COPY_ROW, us, nbytes, gbps, gbps / ceiling))
+            print(f"{draft:18} B={B:<4} {COPY_ROW:44} graph {us:8.2f} us  {gbps:6.0f} GB/s {gbps / ceiling:6.1%}",
+                  flush=True)
+            del src, dst
     print()
     print(markdown_header("draft", "B", "variant", "graph replay per layer (us)", "bytes moved", "GB/s",
                           f"of copy ceiling ({ceiling:.0f} GB/s)"))
     for draft, B, name, us, nbytes, gbps, frac in rows:
         print(markdown_row(draft, B, name, f"{us:.2f}", f"{nbytes / 1e6:.2f} MB", f"{gbps:.0f}", f"{frac:.1%}"))
-    print(f"\n{CHAIN_ONLY}.")
+    print(f"\n{CHAIN_ONLY}. {COPY_ROW}: half of the rows layouts' bytes read, half written, by one copy.")
     return rows
 
 
