@@ -20,12 +20,12 @@ window.
 _verify_rows_kernel (rows layouts) holds all N nodes as one [nodes, channels] tile: the positions
 of every node's k-th input come from one vectorised step up the links, so each tap is one tile
 load (from x, or the state for positions in the history) and each weight column is read once;
-per-element offsets are int32 (the launcher checks one slot's span). _verify_dense_kernel loops
-over the nodes instead, one [channels] vector at a time, with the committed inputs, the weights
-and (chains) the previous inputs in registers, for K <= 5; _verify_dense_any_width_kernel, for
-wider convs, reloads each input per tap. Measured on the H200, the tile version is 1.1-2x faster
-for rows and up to 1.8x slower for dense windows, whose stores are strided (docs/benchmarks.md,
-"Verify kernel").
+per-element offsets are int32 (the launcher checks one slot's span). _verify_node_loop_kernel
+loops over the nodes instead, one [channels] vector at a time, with the committed inputs, the
+weights and (chains) the previous inputs in registers, for K <= 5, writing dense windows or rows;
+_verify_dense_any_width_kernel, for wider dense windows, reloads each input per tap. Which one
+serves a launch, and with how many channels per program, was measured on the H200 (_node_loop;
+docs/benchmarks.md, "Verify kernel").
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ import triton.language as tl
 from ._common import INT32_MAX, MAX_GRID_Y, MISSING, KernelCall, LaunchPlans, cdiv, next_power_of_2, planned_launch
 
 ROWS_WARPS = 1  # the rows kernel's channels per program depend on the node count: _rows_block
-DENSE_BLOCK = 256  # channels per program of the dense kernel
+NODE_LOOP_WARPS = 1  # the node-loop kernel (K <= 5): channels per program from _node_loop_block
+NODE_LOOP_MIN_ROWS = 32  # token_major rows take the node loop from this many requests (_node_loop)
+DENSE_ANY_WIDTH_BLOCK = 256  # channels per program of the dense kernel for K > 5
 DENSE_WARPS = 2
 
 
@@ -179,7 +181,7 @@ def _input_at(pos, xs, x_stride_node, h1, h2, h3, h4, cmask):
 
 
 @triton.jit
-def _verify_dense_kernel(
+def _verify_node_loop_kernel(
     windows_ptr,
     state_ptr,
     x_ptr,
@@ -221,12 +223,15 @@ def _verify_dense_kernel(
     HAS_CONV: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
+    ROWS: tl.constexpr = False,
 ):
     """Dense windows for K <= 5: the K-1 committed inputs and the conv's weights stay in registers,
     a chain's previous inputs roll along in registers (each node loads only its own input), and a
-    tree node's inputs come from one walk up its links, which also checks them."""
+    tree node's inputs come from one walk up its links, which also checks them. With ROWS, the
+    same walk writes rows instead (windows_stride_node: the rows' position stride; no window
+    stride)."""
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
-    tl.static_assert(WIDTH <= 4, "_verify_dense_kernel holds at most 4 committed inputs")
+    tl.static_assert(WIDTH <= 4, "_verify_node_loop_kernel holds at most 4 committed inputs")
     row = tl.program_id(0).to(tl.int64)
     chan = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     cmask = chan < dim
@@ -269,6 +274,13 @@ def _verify_dense_kernel(
                 w_3 = tl.load(taps + (WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
             if WIDTH >= 4:
                 w_4 = tl.load(taps + (WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
+        if ROWS:  # rows 0 .. K-3: the K-2 newest committed inputs, oldest first
+            if WIDTH >= 2:
+                tl.store(windows + (WIDTH - 2) * windows_stride_node, h1.to(windows_ptr.dtype.element_ty), mask=cmask)
+            if WIDTH >= 3:
+                tl.store(windows + (WIDTH - 3) * windows_stride_node, h2.to(windows_ptr.dtype.element_ty), mask=cmask)
+            if WIDTH >= 4:
+                tl.store(windows + (WIDTH - 4) * windows_stride_node, h3.to(windows_ptr.dtype.element_ty), mask=cmask)
         p1, p2, p3, p4 = h1, h2, h3, h4  # the node's previous inputs, p1 the newest
         for node in range(num_nodes):
             raw = tl.load(xs + node * x_stride_node, mask=cmask)
@@ -293,15 +305,22 @@ def _verify_dense_kernel(
                     if up == 4:
                         p4 = value
                 write = tl.where(ok, cmask, False)  # a bad link among the K-1 above skips the node
-            window = windows + node * windows_stride_node
-            # column K-2 of window `node` is the node's own input, the columns before it its path's
-            tl.store(window + (WIDTH - 1) * windows_stride_win, raw.to(windows_ptr.dtype.element_ty), mask=write)
-            if WIDTH >= 2:
-                tl.store(window + (WIDTH - 2) * windows_stride_win, p1.to(windows_ptr.dtype.element_ty), mask=write)
-            if WIDTH >= 3:
-                tl.store(window + (WIDTH - 3) * windows_stride_win, p2.to(windows_ptr.dtype.element_ty), mask=write)
-            if WIDTH >= 4:
-                tl.store(window + (WIDTH - 4) * windows_stride_win, p3.to(windows_ptr.dtype.element_ty), mask=write)
+            if ROWS:  # row K-2+n: node n's input, whatever its links
+                tl.store(windows + (WIDTH - 1 + node) * windows_stride_node, raw.to(windows_ptr.dtype.element_ty),
+                         mask=cmask)
+            else:
+                window = windows + node * windows_stride_node
+                # column K-2 of window `node` is the node's own input, the columns before it its path's
+                tl.store(window + (WIDTH - 1) * windows_stride_win, raw.to(windows_ptr.dtype.element_ty), mask=write)
+                if WIDTH >= 2:
+                    tl.store(window + (WIDTH - 2) * windows_stride_win, p1.to(windows_ptr.dtype.element_ty),
+                             mask=write)
+                if WIDTH >= 3:
+                    tl.store(window + (WIDTH - 3) * windows_stride_win, p2.to(windows_ptr.dtype.element_ty),
+                             mask=write)
+                if WIDTH >= 4:
+                    tl.store(window + (WIDTH - 4) * windows_stride_win, p3.to(windows_ptr.dtype.element_ty),
+                             mask=write)
             if HAS_CONV:  # the rows kernel's fma order: bias, then the taps from the newest input up
                 acc = tl.fma(w_x, token, bias)
                 acc = tl.fma(w_1, p1, acc)
@@ -421,6 +440,25 @@ def _verify_dense_any_width_kernel(
                 tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=write)
 
 
+def _node_loop(dense: bool, dest: torch.Tensor, num_rows: int) -> bool:
+    """Whether the node-loop kernel serves this launch (K <= 5 aside). Measured on the H200
+    (docs/benchmarks.md, "Verify kernel"): always for dense windows; for rows whose channels are
+    contiguous (token_major) from 32 requests up, where it moves the bytes faster than the tile
+    (below, the tile's many small programs start sooner); never for channel_major rows, whose
+    per-node stores the loop would stride."""
+    if dense:
+        return True
+    return dest.stride(-1) == 1 and num_rows >= NODE_LOOP_MIN_ROWS
+
+
+def _node_loop_block(dense: bool, num_rows: int) -> int:
+    """Channels per program of the node-loop kernel: dense windows 32 below 64 requests (more
+    programs to fill the GPU), else 64; rows 128 (one warp each)."""
+    if not dense:
+        return 128
+    return 32 if num_rows < 64 else 64
+
+
 def _rows_block(nodes: int) -> int:
     """Channels per program of the rows kernel for a [nodes, channels] tile (nodes a power of two).
     Measured best on the H200 (one warp, docs/benchmarks.md): 64 for 4 nodes, 32 for 8 and for 32
@@ -449,13 +487,13 @@ def _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots
 
 def _verify_call(
     out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
-    *, dense, silu, block=None, num_warps=None,
+    *, dense, silu, block=None, num_warps=None, node_loop=None,
 ) -> KernelCall | None:
     """The launch of launch_capture / launch_causal_conv1d_verify (``out`` None: a capture) and
     of their planners, or None if there is nothing to do. Its plan comes from _PLANS."""
     has_conv = out is not None
     key = (
-        dense, silu, block, num_warps, dest.shape, dest.stride(), state.shape, state.stride(),
+        dense, silu, block, num_warps, node_loop, dest.shape, dest.stride(), state.shape, state.stride(),
         x.shape, x.stride(), out.stride() if has_conv else None, weight.stride() if has_conv else None,
         None if bias is None else bias.stride(), buffer_slots.stride(0), state_slots.stride(0),
         None if parents is None else parents.stride(),
@@ -463,7 +501,7 @@ def _verify_call(
     plan = _PLANS.get(key, MISSING)
     if plan is MISSING:
         plan = _PLANS.add(key, _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
-                                     dense, silu, block, num_warps))
+                                     dense, silu, block, num_warps, node_loop))
     if plan is None:
         return None
     kernel, grid, scalars, flags = plan
@@ -471,7 +509,8 @@ def _verify_call(
     return KernelCall(kernel, grid, tensors, (layer * dest.stride(0), layer * state.stride(0), *scalars), flags)
 
 
-def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents, dense, silu, block, num_warps):
+def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents, dense, silu, block, num_warps,
+          node_loop):
     """(kernel, grid, scalar arguments after the layer offsets, constexprs), or None if there is
     nothing to do; raises for what the kernels cannot address. Depends only on _verify_call's key."""
     num_rows, num_nodes, dim = x.shape
@@ -482,10 +521,18 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     has_conv = out is not None
     has_parents = parents is not None
     nodes = next_power_of_2(max(num_nodes, 1))
-    if block is None:
-        block = DENSE_BLOCK if dense else _rows_block(nodes)
-    if num_warps is None:
-        num_warps = DENSE_WARPS if dense else ROWS_WARPS
+    kernel_size = state.shape[3] + 1
+    if node_loop is None:
+        node_loop = _node_loop(dense, dest, num_rows)
+    node_loop = node_loop and kernel_size <= 5  # wider: the rows tile, or dense windows' any-width kernel
+    if dense and not node_loop:
+        kernel, default_block, default_warps = _verify_dense_any_width_kernel, DENSE_ANY_WIDTH_BLOCK, DENSE_WARPS
+    elif node_loop:
+        kernel, default_block, default_warps = _verify_node_loop_kernel, _node_loop_block(dense, num_rows), NODE_LOOP_WARPS
+    else:
+        kernel, default_block, default_warps = _verify_rows_kernel, _rows_block(nodes), ROWS_WARPS
+    block = default_block if block is None else block
+    num_warps = default_warps if num_warps is None else num_warps
     block = min(block, next_power_of_2(dim))
     grid = (num_rows, cdiv(dim, block))
     if grid[1] > MAX_GRID_Y:
@@ -496,6 +543,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         num_nodes,
         dim,
         *dest.stride()[1:],
+        *((0,) if node_loop and not dense else ()),  # rows have no window stride
         *state.stride()[1:],
         *x.stride(),
         *(out.stride() if has_conv else (0, 0, 0)),
@@ -506,7 +554,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         *(parents.stride() if has_parents else (0, 0)),
     )
     flags = dict(
-        KERNEL_SIZE=state.shape[3] + 1,
+        KERNEL_SIZE=kernel_size,
         BLOCK=block,
         HAS_PARENTS=has_parents,
         HAS_CONV=has_conv,
@@ -514,10 +562,12 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         SILU=silu,
         num_warps=num_warps,
     )
-    if dense:
-        return (_verify_dense_kernel if flags["KERNEL_SIZE"] <= 5 else _verify_dense_any_width_kernel), grid, scalars, flags
-    _check_rows_spans(dest, state, x, out, weight, bias, parents)
-    return _verify_rows_kernel, grid, scalars, dict(flags, NODES=nodes)
+    if kernel is _verify_node_loop_kernel:
+        return kernel, grid, scalars, dict(flags, ROWS=not dense)
+    if kernel is _verify_rows_kernel:
+        _check_rows_spans(dest, state, x, out, weight, bias, parents)
+        return kernel, grid, scalars, dict(flags, NODES=nodes)
+    return kernel, grid, scalars, flags
 
 
 def _span(tensor: torch.Tensor | None, start_dim: int) -> int:
@@ -564,6 +614,7 @@ def launch_capture(
     dense: bool,
     block: int | None = None,
     num_warps: int | None = None,
+    node_loop: bool | None = None,
 ) -> None:
     """Write layer ``layer`` of every active request's buffer slot (see the module docstring).
 
@@ -572,7 +623,7 @@ def launch_capture(
     parents: [B, N] or None for a chain; int32 or int64, any strides.
     """
     call = _verify_call(None, dest, state, x, None, None, buffer_slots, state_slots, layer, parents,
-                        dense=dense, silu=False, block=block, num_warps=num_warps)
+                        dense=dense, silu=False, block=block, num_warps=num_warps, node_loop=node_loop)
     if call is not None:
         call.launch()
 
@@ -605,13 +656,14 @@ def launch_causal_conv1d_verify(
     silu: bool,
     block: int | None = None,
     num_warps: int | None = None,
+    node_loop: bool | None = None,
 ) -> None:
     """launch_capture, fused with out[b, n] = act(bias + sum_k weight[:, k] * input k of node n).
 
     out: [B, N, dim], weight: [dim, K], bias: [dim] or None; any strides.
     """
     call = _verify_call(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
-                        dense=dense, silu=silu, block=block, num_warps=num_warps)
+                        dense=dense, silu=silu, block=block, num_warps=num_warps, node_loop=node_loop)
     if call is not None:
         call.launch()
 

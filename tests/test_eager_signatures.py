@@ -639,7 +639,7 @@ def test_planned_launches_skip_the_binder_for_every_op(monkeypatch, name):
         pytest.skip(f"direct launches are not used on Triton {kernels._common.triton.__version__}")
     jit_kernels = [
         kernels.scatter._scatter_windows_kernel, kernels.scatter_tree._scatter_tree_kernel,
-        kernels.verify._verify_rows_kernel, kernels.verify._verify_dense_kernel, kernels.replay._path_window_kernel,
+        kernels.verify._verify_rows_kernel, kernels.verify._verify_node_loop_kernel, kernels.replay._path_window_kernel,
         kernels.replay._capture_gates_kernel, kernels.gdn_commit._gdn_replay_kernel,
         kernels.mamba2_commit._mamba2_replay_kernel,
     ]

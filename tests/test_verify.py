@@ -196,6 +196,38 @@ def test_verify_fuzz(impl):
     fuzz()
 
 
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("node_loop", [False, True], ids=["tile-or-any-width", "node-loop"])
+def test_verify_fuzz_each_kernel(impl, node_loop):
+    """Both verify kernels on every layout, whichever the launcher would pick for the shape: the
+    node loop (K <= 5; rows or dense windows) and the rows tile / the any-width dense kernel,
+    against the same oracles as test_verify_fuzz."""
+    from sgl_convwin._kernels import triton_kernels
+
+    launch = triton_kernels().launch_causal_conv1d_verify
+
+    @given(case=verify_cases(exact_casts_only=impl.exact_casts_only))
+    def fuzz(case):
+        args, conv = build(case, impl.device)
+        layout, state_layout, activation = case["layout"], case["state_layout"], case["activation"]
+        want = expected_storage(args["buffer"], expected_buffer(args, layout, state_layout))
+        expected, written = reference.causal_conv1d_verify_reference(
+            conv["out"], args["conv_state"], args["x"], conv["weight"], conv["bias"],
+            args["buffer_slots"].cpu(), args["state_slots"].cpu(), case["num_buffer"], args["layer"],
+            None if args["parents"] is None else args["parents"].cpu(), activation, state_layout,
+        )
+        out_before = whole_storage(conv["out"]).clone()
+        kernel_args, kernel_kwargs = sgl_convwin.causal_conv1d_verify.kernel_arguments(
+            conv["out"], args["buffer"], args["conv_state"], args["x"], conv["weight"], conv["bias"],
+            args["buffer_slots"], args["state_slots"], args["layer"], args["parents"],
+            layout=layout, activation=activation, state_layout=state_layout)
+        launch(*kernel_args, **kernel_kwargs, node_loop=node_loop)
+        assert torch.equal(whole_storage(args["buffer"]), want)
+        check_outputs(conv["out"], out_before, expected, written)
+
+    fuzz()
+
+
 @pytest.mark.parametrize("impl", impl_params())
 @pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
 @pytest.mark.parametrize("kernel_size", (2, 3, 4, 5))

@@ -21,13 +21,13 @@ import sgl_convwin  # noqa: E402
 from common import SHAPES, commit_problem, tree_parents, verify_layer_problem  # noqa: E402
 
 
-def verify_case(num_nodes, topk, batch=256):
-    """One verify layer at B = 256 (as many slots as requests), token_major."""
+def verify_case(num_nodes, topk, batch=256, layout="token_major"):
+    """One verify layer at B = 256 (as many slots as requests)."""
     dim, kernel_size = SHAPES["qwen3next-tp1"][1], common.KERNEL_SIZE
     buffer, _, state, x, out, weight, bias, slots_b, slots_s, parents = verify_layer_problem(
-        batch, num_nodes, tree_parents(num_nodes, topk) if topk else None, "token_major", dim, kernel_size)
+        batch, num_nodes, tree_parents(num_nodes, topk) if topk else None, layout, dim, kernel_size)
     return lambda: sgl_convwin.causal_conv1d_verify(
-        out, buffer, state, x, weight, bias, slots_b, slots_s, 0, parents, activation="silu")
+        out, buffer, state, x, weight, bias, slots_b, slots_s, 0, parents, layout=layout, activation="silu")
 
 
 def commit_case(layout, num_draft, batch):
@@ -51,6 +51,7 @@ def replay_case(mixer, batch=64, nodes=4):
 CASES = {  # name: (what it runs, the kernel ncu should filter on)
     "verify-chain": (lambda: verify_case(4, None), "_verify_rows_kernel"),
     "verify-tree": (lambda: verify_case(8, 3), "_verify_rows_kernel"),
+    "verify-dense-chain": (lambda: verify_case(4, None, layout="dense"), "_verify_node_loop_kernel"),
     "commit-token-major-b8": (lambda: commit_case("token_major", 4, 8), "_scatter_windows_kernel"),
     "commit-dense-b8": (lambda: commit_case("dense", 4, 8), "_scatter_windows_kernel"),
     "commit-channel-major-d16": (lambda: commit_case("channel_major", 16, 256), "_scatter_windows_kernel"),

@@ -1,10 +1,12 @@
 """Channels per program and warps of the fused verify kernels (csrc_triton/verify.py), one layer
 at the Qwen3-Next TP1 shape, against the copy ceiling: chain D = 4 and trees of 8 and 32 nodes,
-every layout, B = 1 .. 256. The rows kernel's block rule (_rows_block) comes from this sweep.
+every layout, B = 1 .. 256: the rows tile kernel and the node-loop kernel (node_loop) at several
+channels per program and warps. The launcher's kernel choice and block rules come from this sweep.
 
-    python benchmarks/explore/verify_sweep.py            (CUDA)
+    python benchmarks/explore/verify_sweep.py [--layouts dense] [--nodes 4 8] [--batches 8 256]   (CUDA)
 """
 
+import argparse
 import os
 import sys
 
@@ -22,7 +24,19 @@ def layer_bytes(batch, num_nodes, dim, kernel_size, layout, element=2):
     return element * (2 * batch * num_nodes * dim + batch * width * dim + dim * (kernel_size + 1) + written)
 
 
+LAYOUTS = ("token_major", "channel_major", "dense")
+
+
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
+    parser.add_argument("--nodes", nargs="+", type=int, choices=(4, 8, 32), default=[4, 8, 32],
+                        help="4: the chain; 8, 32: topk-3 trees")
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8, 64, 256])
+    parser.add_argument("--channel-contiguous", action="store_true",
+                        help="conv_state and weight stored channel-contiguous (a window_major state, a transposed "
+                             "weight): what the kernels gain when their per-tap loads coalesce")
+    args = parser.parse_args()
     if not common.needs_cuda("this sweep"):
         return 1
     dim, K = common.SHAPES["qwen3next-tp1"][1], common.KERNEL_SIZE
@@ -32,22 +46,28 @@ def main():
     print("fused verify (conv + capture), one layer, dim 8192, K=4, bf16")
     print("| draft | layout | B | block/warps | graph replay (us/launch) | of copy ceiling | out equal to default |")
     print("|---|---|---|---|---|---|---|")
-    configs = {  # None: the launcher's default
-        "rows": [None, (16, 1), (32, 1), (64, 1), (128, 1), (64, 2)],
-        "dense": [None, (128, 1), (512, 4)],
+    configs = {  # None: the launcher's default; (channels, warps, node loop or the rows tile)
+        "rows": [None, (16, 1, False), (32, 1, False), (64, 1, False), (128, 1, False), (64, 2, False),
+                 (32, 1, True), (64, 1, True), (128, 1, True), (64, 2, True), (128, 2, True), (256, 4, True)],
+        "dense": [None, (32, 1, True), (64, 1, True), (128, 1, True), (128, 2, True), (256, 2, True),
+                  (256, 4, True), (512, 4, True)],
     }
-    for tree, num_nodes in ((False, 4), (True, 8), (True, 32)):
+    for num_nodes in args.nodes:
+        tree = num_nodes != 4
         parents_list = tree_parents(num_nodes, 3 if tree else None)
-        for layout in ("token_major", "channel_major", "dense"):
-            for B in (1, 8, 64, 256):
+        for layout in args.layouts:
+            for B in args.batches:
                 if num_nodes == 32 and B == 1:
                     continue
                 buffer, dest, state, x, out, weight, bias, slots_b, slots_s, parents = verify_layer_problem(
                     B, num_nodes, parents_list if tree else None, layout, dim, K)
+                if args.channel_contiguous:  # same values, strides (1, dim) over (channel, tap)
+                    state = state.transpose(-1, -2).contiguous().transpose(-1, -2)
+                    weight = weight.t().contiguous().t()
                 nbytes = layer_bytes(B, num_nodes, dim, K, layout)
                 reference_out = None
                 for config in configs["dense" if layout == "dense" else "rows"]:
-                    tuning = {} if config is None else dict(block=config[0], num_warps=config[1])
+                    tuning = {} if config is None else dict(block=config[0], num_warps=config[1], node_loop=config[2])
 
                     def run():
                         kernels.launch_causal_conv1d_verify(
@@ -59,7 +79,7 @@ def main():
                         reference_out = out.clone()
                     same = "yes" if torch.equal(out, reference_out) else "NO"
                     us = graph_time_us(run)
-                    name = "default" if config is None else f"{config[0]}/{config[1]}w"
+                    name = "default" if config is None else f"{'loop ' if config[2] else 'tile '}{config[0]}/{config[1]}w"
                     draft = f"tree N={num_nodes} topk 3" if tree else f"chain D={num_nodes}"
                     gbps = nbytes / (us * 1e-6) / 1e9
                     print(f"| {draft} | {layout} | {B} | {name} | {us:.1f} | {gbps / ceiling:.1%} | {same} |", flush=True)
