@@ -70,6 +70,14 @@ def physical_shape(
     return physical_shape_unchecked(layout, num_layers, num_slots, dim, num_draft, kernel_size)
 
 
+# Each layout's physical buffer in words, with ``{n}`` for the draft length or node count.
+PHYSICAL_SHAPE_TEXT = {
+    DENSE: "[L, M, {n}, dim, K-1]",
+    CHANNEL_MAJOR: "[L, M, dim, {n}+K-2]",
+    TOKEN_MAJOR: "[L, M, {n}+K-2, dim]",
+}
+
+
 def physical_shape_unchecked(
     layout: str, num_layers: int, num_slots: int, dim: int, num_draft: int, kernel_size: int
 ) -> tuple[int, ...]:
@@ -134,11 +142,7 @@ def window_view(buffer: torch.Tensor, layout: str, num_draft: int, kernel_size: 
         raise TypeError(f"buffer must be a Tensor, got {type(buffer).__name__}")
     check_sizes(1, 1, 1, num_draft, kernel_size)
     width, seq = kernel_size - 1, sequence_length(num_draft, kernel_size)
-    expected = {
-        DENSE: "[L, M, D, dim, K-1]",
-        CHANNEL_MAJOR: "[L, M, dim, D+K-2]",
-        TOKEN_MAJOR: "[L, M, D+K-2, dim]",
-    }[layout]
+    expected = PHYSICAL_SHAPE_TEXT[layout].format(n="D")
     rank = 5 if layout == DENSE else 4
     if buffer.dim() != rank:
         raise ValueError(

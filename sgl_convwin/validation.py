@@ -18,11 +18,9 @@ from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from .layout import (
     CACHE_DTYPES,
-    CHANNEL_MAJOR,
-    DENSE,
     DIM_MAJOR,
+    PHYSICAL_SHAPE_TEXT,
     STATE_LAYOUTS,
-    TOKEN_MAJOR,
     WINDOW_MAJOR,
     physical_shape_unchecked,
 )
@@ -437,11 +435,6 @@ class CaptureSizes(NamedTuple):
 
 
 _CAPTURE_INDICES = ("buffer_slots", "state_slots")
-_BUFFER_DESC = {
-    DENSE: "[L, M, N, dim, K-1]",
-    CHANNEL_MAJOR: "[L, M, dim, N+K-2]",
-    TOKEN_MAJOR: "[L, M, N+K-2, dim]",
-}
 
 
 def check_capture_args(
@@ -460,9 +453,9 @@ def check_capture_args(
     for name, value in (("buffer", buffer), ("conv_state", conv_state), ("x", x)):
         if not isinstance(value, torch.Tensor):
             check_tensor(f"{op}: {name}", value)
-    buffer_desc = _BUFFER_DESC.get(layout)
-    if buffer_desc is None:
-        raise ValueError(f"{op}: layout must be one of {tuple(_BUFFER_DESC)}, got {layout!r}")
+    if layout not in PHYSICAL_SHAPE_TEXT:
+        raise ValueError(f"{op}: layout must be one of {tuple(PHYSICAL_SHAPE_TEXT)}, got {layout!r}")
+    buffer_desc = PHYSICAL_SHAPE_TEXT[layout].format(n="N")
     num_layers, num_state_slots, dim, width, state_desc = _state_sizes(op, conv_state, state_layout)
     if x.dim() != 3:
         raise ValueError(f"{op}: x must be 3-D [B, N, dim] (the draft tokens' conv inputs), got shape {tuple(x.shape)}")
@@ -754,9 +747,9 @@ def _check_replay_args(
                         ("gates", gates), ("conv_weight", conv_weight)):
         if not isinstance(value, torch.Tensor):
             check_tensor(f"{op}: {name}", value)
-    buffer_desc = _BUFFER_DESC.get(layout)
-    if buffer_desc is None:
-        raise ValueError(f"{op}: layout must be one of {tuple(_BUFFER_DESC)}, got {layout!r}")
+    if layout not in PHYSICAL_SHAPE_TEXT:
+        raise ValueError(f"{op}: layout must be one of {tuple(PHYSICAL_SHAPE_TEXT)}, got {layout!r}")
+    buffer_desc = PHYSICAL_SHAPE_TEXT[layout].format(n="D")
     num_layers, num_state_slots, dim, width, state_desc = _state_sizes(op, conv_state, state_layout)
     if width + 1 > REPLAY_MAX_KERNEL_SIZE:
         raise ValueError(
