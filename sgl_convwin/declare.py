@@ -17,10 +17,11 @@ torch.compile on EVERY device, so a CPU call would be compiled into a Triton lau
 keeps one validated path per device; inside compiled graphs Inductor calls it in place on the
 caller's buffers (no clone), inside CUDA graphs its launches are what is captured. It is
 registered through ``torch.library.Library`` with the schema ``torch.library.custom_op`` would
-infer and the same tag, fake, CPU and CUDA kernels, but with one lean Python Autograd kernel in
-place of custom_op's Autograd and ADInplaceOrView layers, which cost several times a small kernel
-per eager call (``_register``). As with custom_op, the op's schema takes the public function's
-keyword-only tensor arguments positionally, after its positional ones.
+infer and the same tag, fake, CPU and CUDA kernels, but with one lean Python kernel (at Autograd
+and ADInplaceOrView) in place of custom_op's Autograd and ADInplaceOrView layers, which cost
+several times a small kernel per eager call (``_register``). As with custom_op, the op's schema
+takes the public function's keyword-only tensor arguments positionally, after its positional
+ones.
 
 An op may opt into the eager plan cache with ``eager_plan="planned_..."``, the name of a
 csrc_triton planner: ``planner(*args, **kwargs)`` (the kernel arguments of one call) returns a
@@ -32,7 +33,8 @@ those that depend on the tensors' storage (shared storage, the checked mode). On
 is ``cpu`` itself. The public function and the registered op's CPU and CUDA kernels share the
 cache, so ``torch.ops.convwin.<name>`` calls use it too. A call whose written tensors require grad
 or are inference tensors outside inference mode, or that passes something other than a tensor
-where one goes, never takes a plan (the full checks then name what is wrong). Every declared op has a planner (``csrc_triton.planned_<name>``).
+where one goes, never takes a plan (the full checks then name what is wrong). Every declared op
+has a planner (``csrc_triton.planned_<name>``).
 """
 
 from __future__ import annotations
@@ -111,39 +113,42 @@ def _is_tensor_type(annotation) -> bool:
 def _register(name: str, positional_names: tuple[str, ...], mutates: tuple[str, ...],
               cpu_kernel: Callable, cuda_kernel: Callable, fake_kernel: Callable) -> None:
     """Define ``convwin::<name>`` with the schema custom_op would infer from ``cpu_kernel`` and
-    register its CPU, CUDA and fake kernels, and one Autograd kernel in place of custom_op's
-    Autograd and ADInplaceOrView ones.
+    register its CPU, CUDA and fake kernels, and one lean Python kernel at Autograd and at
+    ADInplaceOrView in place of custom_op's two layers there.
 
-    The Autograd kernel bumps the written tensors' versions (as custom_op does; the C++ fallback
-    only bumps returned ones) and runs the rest with autograd off (a CPU kernel's writes must
-    not record history from a weight that requires grad; the ops return nothing, so nothing gets
-    a grad_fn, and a written tensor that requires grad is refused by the checks). When nothing
-    but a CPU or CUDA backend lies below it -- a plain eager call -- it calls that backend's
-    kernel itself: a second trip through the dispatcher into Python costs more than a small
-    kernel. Anything else below (fake or functional tensors, a dispatch mode, subclasses) gets a
-    redispatch. Written tensors are never defaulted, so the dispatcher always passes them
-    positionally. Every Python kernel runs with Dynamo off, as custom_op's do: an eager call from
-    a frame Dynamo is compiling must not trace it.
+    That kernel bumps the written tensors' versions (as custom_op's ADInplaceOrView kernel does;
+    a Library op without one bumps nothing) and runs the rest with autograd off (a CPU kernel's
+    writes must not record history from a weight that requires grad; the ops return nothing, so
+    nothing gets a grad_fn, and a written tensor that requires grad is refused by the checks).
+    When nothing but a CPU or CUDA backend lies below it -- a plain eager call -- it calls that
+    backend's kernel itself: a second trip through the dispatcher into Python costs more than a
+    small kernel. Anything else below (fake or functional tensors, a dispatch mode, subclasses)
+    gets a redispatch. Autograd runs it for calls with grad mode's keys; ADInplaceOrView for the
+    rest that still track versions (normal tensors under inference_mode; a call redispatched from
+    Autograd bumps twice, which is harmless). Written tensors are never defaulted, so the
+    dispatcher always passes them positionally. Every Python kernel runs with Dynamo off, as
+    custom_op's do: an eager call from a frame Dynamo is compiling must not trace it.
     """
     schema = torch.library.infer_schema(cpu_kernel, mutates_args=mutates)  # (its __signature__ is the op's)
     _LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
     overload = getattr(getattr(torch.ops, NAMESPACE), name).default
     # one tensor per call: the form every supported torch version takes
     bumps = "".join(f"    _increment_version(args[{positional_names.index(n)}])\n" for n in mutates)
-    namespace = dict(_increment_version=torch.autograd.graph.increment_version, _redispatch=overload.redispatch,
-                     _below_autograd=torch._C._after_autograd_keyset,
-                     _below_inplace=torch._C._after_ADInplaceOrView_keyset,
-                     _no_autograd=torch._C._AutoDispatchBelowAutograd, _cpu_key=torch._C.DispatchKey.CPU,
-                     _cuda_key=torch._C.DispatchKey.CUDA, _cpu=cpu_kernel, _cuda=cuda_kernel)
-    exec(f"def {name}(keyset, *args, **kwargs):\n{bumps}"  # noqa: S102
-         f"    backend = (keyset & _below_inplace).highestPriorityTypeId()\n"
-         f"    with _no_autograd():\n"
-         f"        if backend == _cuda_key:\n"
-         f"            return _cuda(*args, **kwargs)\n"
-         f"        if backend == _cpu_key:\n"
-         f"            return _cpu(*args, **kwargs)\n"
-         f"        return _redispatch(keyset & _below_autograd, *args, **kwargs)\n", namespace)
-    _LIBRARY.impl(name, torch._disable_dynamo(namespace[name]), "Autograd", with_keyset=True)
+    below_inplace = torch._C._after_ADInplaceOrView_keyset
+    for key, below in (("Autograd", torch._C._after_autograd_keyset), ("ADInplaceOrView", below_inplace)):
+        namespace = dict(_increment_version=torch.autograd.graph.increment_version, _redispatch=overload.redispatch,
+                         _below=below, _below_inplace=below_inplace, _no_autograd=torch._C._AutoDispatchBelowAutograd,
+                         _cpu_key=torch._C.DispatchKey.CPU, _cuda_key=torch._C.DispatchKey.CUDA, _cpu=cpu_kernel,
+                         _cuda=cuda_kernel)
+        exec(f"def {name}(keyset, *args, **kwargs):\n{bumps}"  # noqa: S102
+             f"    backend = (keyset & _below_inplace).highestPriorityTypeId()\n"
+             f"    with _no_autograd():\n"
+             f"        if backend == _cuda_key:\n"
+             f"            return _cuda(*args, **kwargs)\n"
+             f"        if backend == _cpu_key:\n"
+             f"            return _cpu(*args, **kwargs)\n"
+             f"        return _redispatch(keyset & _below, *args, **kwargs)\n", namespace)
+        _LIBRARY.impl(name, torch._disable_dynamo(namespace[name]), key, with_keyset=True)
     _LIBRARY.impl(name, torch._disable_dynamo(cpu_kernel), "CPU")
     _LIBRARY.impl(name, torch._disable_dynamo(cuda_kernel), "CUDA")
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake_kernel, lib=_LIBRARY)

@@ -172,11 +172,13 @@ def test_opcheck_alloc_gates(device):
         torch.library.opcheck(torch.ops.convwin.alloc_gates.default, (2, 3, 4, 5, num_gates, dtype, torch.device(device)))
 
 
+@pytest.mark.parametrize("inference", [False, True], ids=["grad-mode", "inference-mode"])
 @pytest.mark.parametrize("fake", [False, True], ids=["real", "fake"])
-def test_ops_bump_the_versions_of_what_they_write(fake):
+def test_ops_bump_the_versions_of_what_they_write(fake, inference):
     """Autograd's saved-tensor check and Dynamo's input-mutation tracking read tensor versions:
     each registered op bumps the version of every tensor it writes and of nothing else, fake
-    tensors included (their kernel writes nothing, so the bump is the registration's)."""
+    tensors included (their kernel writes nothing, so the bump is the registration's), and under
+    inference_mode too (normal tensors keep counting versions there)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     _, capture_args, capture_kwargs, verify_args, verify_kwargs = next(verify_samples("cpu"))
@@ -193,7 +195,7 @@ def test_ops_bump_the_versions_of_what_they_write(fake):
         if fake:
             args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
         versions = [a._version if isinstance(a, torch.Tensor) else None for a in args]
-        with mode if fake else contextlib.nullcontext():
+        with mode if fake else contextlib.nullcontext(), torch.inference_mode(inference):
             op(*args, **kwargs)
         for i, (a, before) in enumerate(zip(args, versions)):
             if before is not None:
