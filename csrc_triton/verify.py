@@ -6,13 +6,13 @@ inputs of conv_state slot state_slots[b] (K-1 columns, oldest first) followed by
 on the way from the root to n (a chain: nodes 0..n; a tree: parents[b] links). Walking up from n
 one step is "node -> its parent" and, once in the history, "column -> the column before it".
 
-Both kernels give one program one block of channels of one request, all its nodes: grid
+Every kernel here gives one program one block of channels of one request, all its nodes: grid
 (B, cdiv(dim, BLOCK)). They write
   - rows layouts (token_major, or channel_major seen transposed, [L, M, N+K-2, dim]): the K-2
     newest committed inputs, then x[b, n] at row K-2+n -- parents do not matter;
   - dense ([L, M, N, dim, K-1]): window n = the K-1 inputs of node n's path ending at n;
   - with HAS_CONV: out[b, n] = act(bias + sum_k weight[:, k] * input k), in float32, by fma in a
-    fixed order (bias, then the taps from the newest input up), so both kernels round alike.
+    fixed order (bias, then the taps from the newest input up), so all of them round alike.
 A request whose slot is out of range (negative: padding) writes nothing; a node with a parent
 link outside [-1, m-1] among the K-1 links above it writes neither its output nor its dense
 window.
@@ -22,8 +22,9 @@ of every node's k-th input come from one vectorised step up the links, so each t
 load (from x, or the state for positions in the history) and each weight column is read once;
 per-element offsets are int32 (the launcher checks one slot's span). _verify_node_loop_kernel
 loops over the nodes instead, one [channels] vector at a time, with the committed inputs, the
-weights and (chains) the previous inputs in registers, for K <= 5, writing dense windows or rows;
-_verify_dense_any_width_kernel, for wider dense windows, reloads each input per tap. Which one
+weights and (chains) the previous inputs in registers, for K <= 5, writing dense windows or rows
+(int64 offsets: no span to check); _verify_dense_any_width_kernel, for wider dense windows,
+reloads each input per tap. Which one
 serves a launch, and with how many channels per program, was measured on the H200 (_node_loop;
 docs/benchmarks.md, "Verify kernel").
 """
@@ -245,17 +246,19 @@ def _verify_node_loop_kernel(
         state = state_ptr + state_layer_offset + src * state_stride_slot + chan * state_stride_dim
         xs = x_ptr + row * x_stride_row + chan * x_stride_dim
         parents_row = parents_ptr + row * parents_stride_row
+        # every offset in int64: a factor times an int32 stride may pass 2**31 (no span check here)
+        n0 = row * 0
         zero = tl.zeros([BLOCK], dtype=tl.float32)
-        h1 = tl.load(state + (WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)  # the newest
+        h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)  # the newest
         h2 = zero
         h3 = zero
         h4 = zero
         if WIDTH >= 2:
-            h2 = tl.load(state + (WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
+            h2 = tl.load(state + (n0 + WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
         if WIDTH >= 3:
-            h3 = tl.load(state + (WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
+            h3 = tl.load(state + (n0 + WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
         if WIDTH >= 4:
-            h4 = tl.load(state + (WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
+            h4 = tl.load(state + (n0 + WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
         bias = zero
         w_x = zero
         w_1 = zero
@@ -266,28 +269,32 @@ def _verify_node_loop_kernel(
             taps = weight_ptr + chan * weight_stride_dim
             if HAS_BIAS:
                 bias = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
-            w_x = tl.load(taps + WIDTH * weight_stride_tap, mask=cmask).to(tl.float32)
-            w_1 = tl.load(taps + (WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
+            w_x = tl.load(taps + (n0 + WIDTH) * weight_stride_tap, mask=cmask).to(tl.float32)
+            w_1 = tl.load(taps + (n0 + WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
             if WIDTH >= 2:
-                w_2 = tl.load(taps + (WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
+                w_2 = tl.load(taps + (n0 + WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
             if WIDTH >= 3:
-                w_3 = tl.load(taps + (WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
+                w_3 = tl.load(taps + (n0 + WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
             if WIDTH >= 4:
-                w_4 = tl.load(taps + (WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
+                w_4 = tl.load(taps + (n0 + WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
         if ROWS:  # rows 0 .. K-3: the K-2 newest committed inputs, oldest first
             if WIDTH >= 2:
-                tl.store(windows + (WIDTH - 2) * windows_stride_node, h1.to(windows_ptr.dtype.element_ty), mask=cmask)
+                tl.store(windows + (n0 + WIDTH - 2) * windows_stride_node, h1.to(windows_ptr.dtype.element_ty),
+                         mask=cmask)
             if WIDTH >= 3:
-                tl.store(windows + (WIDTH - 3) * windows_stride_node, h2.to(windows_ptr.dtype.element_ty), mask=cmask)
+                tl.store(windows + (n0 + WIDTH - 3) * windows_stride_node, h2.to(windows_ptr.dtype.element_ty),
+                         mask=cmask)
             if WIDTH >= 4:
-                tl.store(windows + (WIDTH - 4) * windows_stride_node, h3.to(windows_ptr.dtype.element_ty), mask=cmask)
+                tl.store(windows + (n0 + WIDTH - 4) * windows_stride_node, h3.to(windows_ptr.dtype.element_ty),
+                         mask=cmask)
         p1, p2, p3, p4 = h1, h2, h3, h4  # the node's previous inputs, p1 the newest
-        for node in range(num_nodes):
+        for node32 in range(num_nodes):
+            node = n0 + node32
             raw = tl.load(xs + node * x_stride_node, mask=cmask)
             token = raw.to(tl.float32)
             write = cmask
-            if HAS_PARENTS:  # walk up once: the inputs above the node, and whether every link is in range
-                pos = tl.cast(node, tl.int64)
+            if HAS_PARENTS and (HAS_CONV or not ROWS):  # walk up once: the inputs above the node, and
+                pos = node                               # whether every link is in range (rows need neither)
                 ok = pos >= 0
                 for up in tl.static_range(1, KERNEL_SIZE):
                     is_node = pos >= 0
@@ -311,15 +318,16 @@ def _verify_node_loop_kernel(
             else:
                 window = windows + node * windows_stride_node
                 # column K-2 of window `node` is the node's own input, the columns before it its path's
-                tl.store(window + (WIDTH - 1) * windows_stride_win, raw.to(windows_ptr.dtype.element_ty), mask=write)
+                tl.store(window + (n0 + WIDTH - 1) * windows_stride_win, raw.to(windows_ptr.dtype.element_ty),
+                         mask=write)
                 if WIDTH >= 2:
-                    tl.store(window + (WIDTH - 2) * windows_stride_win, p1.to(windows_ptr.dtype.element_ty),
+                    tl.store(window + (n0 + WIDTH - 2) * windows_stride_win, p1.to(windows_ptr.dtype.element_ty),
                              mask=write)
                 if WIDTH >= 3:
-                    tl.store(window + (WIDTH - 3) * windows_stride_win, p2.to(windows_ptr.dtype.element_ty),
+                    tl.store(window + (n0 + WIDTH - 3) * windows_stride_win, p2.to(windows_ptr.dtype.element_ty),
                              mask=write)
                 if WIDTH >= 4:
-                    tl.store(window + (WIDTH - 4) * windows_stride_win, p3.to(windows_ptr.dtype.element_ty),
+                    tl.store(window + (n0 + WIDTH - 4) * windows_stride_win, p3.to(windows_ptr.dtype.element_ty),
                              mask=write)
             if HAS_CONV:  # the rows kernel's fma order: bias, then the taps from the newest input up
                 acc = tl.fma(w_x, token, bias)
@@ -528,7 +536,8 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     if dense and not node_loop:
         kernel, default_block, default_warps = _verify_dense_any_width_kernel, DENSE_ANY_WIDTH_BLOCK, DENSE_WARPS
     elif node_loop:
-        kernel, default_block, default_warps = _verify_node_loop_kernel, _node_loop_block(dense, num_rows), NODE_LOOP_WARPS
+        kernel, default_block = _verify_node_loop_kernel, _node_loop_block(dense, num_rows)
+        default_warps = NODE_LOOP_WARPS
     else:
         kernel, default_block, default_warps = _verify_rows_kernel, _rows_block(nodes), ROWS_WARPS
     block = default_block if block is None else block
