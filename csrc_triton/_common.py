@@ -53,7 +53,7 @@ class LaunchPlans(dict):
         return plan
 
 
-def fixed_launch(kernel, grid: tuple, scalars: tuple, kwargs: dict, num_tensors: int):
+def fixed_launch(kernel, grid: tuple, scalars: tuple, kwargs: dict, num_tensors: int, num_descriptors: int = 0):
     """A function of the kernel's first ``num_tensors`` arguments (tensors) that launches ``kernel``
     on ``grid`` with the arguments after them fixed to ``scalars`` and ``kwargs``.
 
@@ -68,7 +68,9 @@ def fixed_launch(kernel, grid: tuple, scalars: tuple, kwargs: dict, num_tensors:
     every call on a Triton version the direct launch was not verified on (DIRECT_LAUNCH_TRITON_VERSIONS).
 
     For callers that key their cache by at least every dtype, shape and stride of the tensors and
-    the device (sgl_convwin.ops' eager signature caches)."""
+    the device (sgl_convwin.ops' eager signature caches). The first ``num_descriptors`` of those
+    arguments may be tensor descriptors, built per call (their bases are 16-byte aligned, or they
+    would not exist)."""
     scalars = tuple(scalars)
     # then the constexpr parameters, in order (the compiled kernel takes every parameter)
     tail = scalars + tuple(kwargs[name] for name in kernel.arg_names[num_tensors + len(scalars):])
@@ -79,7 +81,7 @@ def fixed_launch(kernel, grid: tuple, scalars: tuple, kwargs: dict, num_tensors:
     def run(*tensors):
         nonlocal direct
         misaligned = 0
-        for tensor in tensors:
+        for tensor in tensors[num_descriptors:]:
             misaligned |= tensor.data_ptr() & 15
         if direct is not None and not misaligned:
             direct(*tensors, *tail)
@@ -109,12 +111,14 @@ class KernelCall(NamedTuple):
         self.kernel[self.grid](*self.tensors, *self.scalars, **self.constexprs)
 
 
-def planned_launch(call: KernelCall | None):
+def planned_launch(call: KernelCall | None, num_descriptors: int = 0):
     """``call`` fixed for its signature (fixed_launch): a function of the kernel's tensor
-    arguments; nothing_to_do when the call helper found nothing to do (None)."""
+    arguments (the first ``num_descriptors`` of them tensor descriptors); nothing_to_do when the
+    call helper found nothing to do (None)."""
     if call is None:
         return nothing_to_do
-    return fixed_launch(call.kernel, call.grid, call.scalars, call.constexprs, num_tensors=len(call.tensors))
+    return fixed_launch(call.kernel, call.grid, call.scalars, call.constexprs, num_tensors=len(call.tensors),
+                        num_descriptors=num_descriptors)
 
 
 def next_power_of_2(n: int) -> int:

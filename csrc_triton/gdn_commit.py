@@ -6,6 +6,7 @@ commits share).
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -14,6 +15,11 @@ from .replay import (
     accepted_path, check_grid, committed_inputs, conv_silu, conv_taps, index_strides, launch_path_window, path_node,
     planned_path_window,
 )
+
+try:  # host-side tensor descriptors (the state tile's TMA load)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:
+    TensorDescriptor = None
 
 REPLAY_BLOCK_V = 64  # value columns per replay program: a [dk, 64] fp32 tile over 2 warps
 REPLAY_WARPS = 2
@@ -36,7 +42,7 @@ def gdn_token_inputs(tokens_base, gates_base, node, live, k_chan, k_mask, v_chan
 
 @triton.jit
 def _gdn_replay_kernel(
-    ssm_ptr, conv_ptr, tokens_ptr, gates_ptr, weight_ptr, bias_ptr,
+    ssm_desc, ssm_ptr, conv_ptr, tokens_ptr, gates_ptr, weight_ptr, bias_ptr,
     dst_slots_ptr, src_slots_ptr, steps_ptr, parents_ptr,
     num_state_slots, num_src_slots, num_nodes,
     ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_k, ssm_stride_v,
@@ -48,16 +54,20 @@ def _gdn_replay_kernel(
     dst_slots_stride, src_slots_stride, steps_stride, parents_stride_row, parents_stride_node,
     NUM_K_HEADS: tl.constexpr, HEAD_K_DIM: tl.constexpr, NUM_V_HEADS: tl.constexpr, HEAD_V_DIM: tl.constexpr,
     KERNEL_SIZE: tl.constexpr, NODES: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    TREE: tl.constexpr, HAS_BIAS: tl.constexpr, L2NORM: tl.constexpr,
+    TREE: tl.constexpr, HAS_BIAS: tl.constexpr, L2NORM: tl.constexpr, TMA_LOAD: tl.constexpr,
 ):
     """One program: one (value head, block of value columns) of one row and layer. Its state tile
     [dk, BLOCK_V] stays in registers over the whole path: the delta rule updates value columns
-    independently, so blocks of them need nothing from each other."""
+    independently, so blocks of them need nothing from each other. With TMA_LOAD the tile comes
+    in through ssm_desc (a tensor descriptor over ssm: the copy engine loads it while the path's
+    first inputs load, and no per-element addresses live over the path), else through pointers
+    (ssm_desc is then a placeholder)."""
     V_BLOCKS: tl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = tl.program_id(0) // V_BLOCKS
     v_block = tl.program_id(0) % V_BLOCKS
     row = tl.program_id(1)
-    layer = tl.program_id(2).to(tl.int64)
+    layer32 = tl.program_id(2)  # (a descriptor's coordinates are int32)
+    layer = layer32.to(tl.int64)
     node, dst, src, active = row_indices(
         row, steps_ptr, steps_stride, num_nodes, dst_slots_ptr, dst_slots_stride, num_state_slots,
         src_slots_ptr, src_slots_stride, num_src_slots,
@@ -73,10 +83,11 @@ def _gdn_replay_kernel(
         k_chan = NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk  # q, then k, then v
         v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
 
-        ssm = (ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
-               + (kk * ssm_stride_k)[:, None] + (vv * ssm_stride_v)[None, :])
         tile_mask = k_mask[:, None] & v_mask[None, :]
-        state = tl.load(ssm, mask=tile_mask, other=0.0).to(tl.float32)
+        if not TMA_LOAD:
+            ssm = (ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
+                   + (kk * ssm_stride_k)[:, None] + (vv * ssm_stride_v)[None, :])
+            state = tl.load(ssm, mask=tile_mask, other=0.0).to(tl.float32)
 
         conv_base = conv_ptr + layer * conv_stride_layer + dst * conv_stride_slot
         tokens_base = tokens_ptr + layer * tokens_stride_layer + src * tokens_stride_slot
@@ -102,6 +113,9 @@ def _gdn_replay_kernel(
         xk_next, xv_next, g_next, beta_next = gdn_token_inputs(
             tokens_base, gates_base, path_node(path, length, 1, NODES, TREE), length > 1, k_chan, k_mask, v_chan,
             v_mask, tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate)
+        if TMA_LOAD:  # the box's parts past dk / dv read as zeros, as the masked load's do
+            state = ssm_desc.load([layer32, dst.to(tl.int32), head, 0, v_block * BLOCK_V])
+            state = state.reshape(BLOCK_K, BLOCK_V).to(tl.float32)
         for j in range(0, length):
             xk_after, xv_after, g_after, beta_after = gdn_token_inputs(
                 tokens_base, gates_base, path_node(path, length, j + 2, NODES, TREE), j + 2 < length, k_chan,
@@ -118,28 +132,63 @@ def _gdn_replay_kernel(
             state = state + k[:, None] * u[None, :]
             xk, xv, g, beta = xk_next, xv_next, g_next, beta_next
             xk_next, xv_next, g_next, beta_next = xk_after, xv_after, g_after, beta_after
-        if TREE:
+        if TREE or TMA_LOAD:
             # A tree's walk leaves no registers for the tile's store addresses over the path (they
             # spill): reload the slot (volatile, so not merged with the first load) and recompute
-            # them; a chain keeps them.
-            dst = tl.load(dst_slots_ptr + row * dst_slots_stride, volatile=True).to(tl.int64)
+            # them; a chain keeps them, or computes them now after a descriptor load.
+            if TREE:
+                dst = tl.load(dst_slots_ptr + row * dst_slots_stride, volatile=True).to(tl.int64)
             ssm = (ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
                    + (kk * ssm_stride_k)[:, None] + (vv * ssm_stride_v)[None, :])
         tl.store(ssm, state.to(ssm_ptr.dtype.element_ty), mask=tile_mask)
 
 
 def _gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents):
-    """The replay kernel's tensor arguments (placeholders, never read, for no bias or a chain)."""
+    """The replay kernel's tensor arguments after ssm_desc (placeholders, never read, for no bias or
+    a chain)."""
     return (ssm, conv, tokens, gates, weight, weight if bias is None else bias,
             dst_slots, src_slots, steps, steps if parents is None else parents)
+
+
+def _tma_capable(device: torch.device) -> bool:
+    """Whether ``device`` has the copy engine's tensor maps (sm_90+); asked once per device."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    capable = _TMA_DEVICES.get(index)
+    if capable is None:
+        capable = _TMA_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return capable
+
+
+_TMA_DEVICES: dict[int, bool] = {}
+
+
+def _tma_signature_ok(ssm: torch.Tensor, block_k: int, block_v: int) -> bool:
+    """Whether ssm's state tiles can come in through a tensor descriptor, as far as its signature
+    says (a CUDA sm_90+ device, the value axis contiguous, every other stride on 16 bytes, sizes
+    a tensor map takes, a box of at most 256 per axis); the base's alignment is the call's."""
+    if TensorDescriptor is None or not ssm.is_cuda or block_k > 256 or block_v > 256:
+        return False
+    strides, size = ssm.stride(), ssm.element_size()
+    if strides[-1] != 1 or any(stride * size % 16 or stride >= 2**40 for stride in strides[:-1]):
+        return False
+    if any(not 0 < n < 2**31 for n in ssm.shape):
+        return False
+    return _tma_capable(ssm.device)
+
+
+def _state_descriptor(ssm: torch.Tensor, block_k: int, block_v: int):
+    """A tensor descriptor over ssm [L, N, Hv, dk, dv] whose box is one program's state tile."""
+    return TensorDescriptor(ssm, list(ssm.shape), list(ssm.stride()), [1, 1, 1, block_k, block_v])
 
 
 def _gdn_replay_call(
     ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents,
     *, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm, block_v=None, num_warps=REPLAY_WARPS,
+    tma=None,
 ):
     """The replay kernel's launch for launch_gdn_commit and planned_gdn_commit, or None if there
-    is nothing to do."""
+    is nothing to do. tma: load the state tiles through a tensor descriptor (None: where
+    _tma_signature_ok allows and ssm's base is 16-byte aligned)."""
     num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
     num_rows, num_nodes = steps.shape[0], tokens.shape[2]
     if num_rows == 0 or num_layers == 0:
@@ -147,6 +196,9 @@ def _gdn_replay_call(
     check_grid("convwin.gdn_commit", num_rows, num_layers)
     if block_v is None:
         block_v = min(REPLAY_BLOCK_V, next_power_of_2(head_v_dim))
+    block_k = next_power_of_2(head_k_dim)
+    if tma is None:
+        tma = _tma_signature_ok(ssm, block_k, block_v) and not ssm.data_ptr() & 15
     grid = (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers)
     scalars = (
         num_state_slots, tokens.shape[1], num_nodes,
@@ -156,26 +208,31 @@ def _gdn_replay_call(
     )
     constexprs = dict(
         NUM_K_HEADS=num_k_heads, HEAD_K_DIM=head_k_dim, NUM_V_HEADS=num_v_heads, HEAD_V_DIM=head_v_dim,
-        KERNEL_SIZE=conv.shape[3] + 1, NODES=next_power_of_2(num_nodes), BLOCK_K=next_power_of_2(head_k_dim),
+        KERNEL_SIZE=conv.shape[3] + 1, NODES=next_power_of_2(num_nodes), BLOCK_K=block_k,
         BLOCK_V=block_v, TREE=parents is not None, HAS_BIAS=bias is not None, L2NORM=use_qk_l2norm,
-        num_warps=num_warps,
+        TMA_LOAD=bool(tma), num_warps=num_warps,
     )
-    tensors = _gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents)
+    desc = _state_descriptor(ssm, block_k, block_v) if tma else ssm
+    tensors = (desc, *_gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps,
+                                          parents))
     return KernelCall(_gdn_replay_kernel, grid, tensors, scalars, constexprs)
 
 
 def launch_gdn_commit(
     ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents,
     *, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm, block_v=None, num_warps=REPLAY_WARPS,
+    tma=None,
 ):
     """Replay every accepted path onto ssm [L, N_state, Hv, dk, dv], then commit its conv window
     into conv [L, N_state, dim, K-1]. tokens, history: see the module docstring; gates
     [L, M, N, 2, Hv]; weight [L, dim, K]; bias [L, dim] or None; any strides everywhere.
-    block_v, num_warps: value columns and warps per replay program (tuning only)."""
+    block_v, num_warps, tma: value columns and warps per replay program, and whether its state
+    tiles load through a tensor descriptor (tuning only; tma=True needs what _tma_signature_ok
+    checks and a 16-byte aligned ssm)."""
     call = _gdn_replay_call(
         ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents,
         num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
-        use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps,
+        use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, tma=tma,
     )
     if call is None:
         return
@@ -187,13 +244,36 @@ def planned_gdn_commit(ssm, conv, tokens, history, gates, weight, bias, dst_slot
                        **heads):
     """launch_gdn_commit with its plan fixed for THESE shapes, strides, dtypes, device and head
     sizes (``heads``: its keyword arguments): a function of the same arguments that launches the
-    replay kernel, then the window commit (_common.planned_launch)."""
-    replay = planned_launch(_gdn_replay_call(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps,
-                                             parents, **heads))
+    replay kernel, then the window commit (_common.planned_launch). A signature that allows the
+    descriptor load takes it on every call whose ssm is 16-byte aligned (a descriptor per call:
+    it holds ssm)."""
+    by_pointers = _gdn_replay_call(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents,
+                                   **heads, tma=False)
+    replay = planned_launch(by_pointers)
     window = planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
+    box = [1, 1, 1, by_pointers.constexprs["BLOCK_K"], by_pointers.constexprs["BLOCK_V"]] if by_pointers else None
+    if box is None or not _tma_signature_ok(ssm, box[3], box[4]):
+        def run(ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents, **heads):
+            replay(ssm, *_gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps,
+                                             parents))
+            window(conv, tokens, history, dst_slots, src_slots, steps, parents)
 
-    def run(ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents, **heads):
-        replay(*_gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents))
+        return run
+
+    by_descriptor = planned_launch(by_pointers._replace(constexprs=dict(by_pointers.constexprs, TMA_LOAD=True)),
+                                   num_descriptors=1)
+    shape, strides = list(ssm.shape), list(ssm.stride())  # the signature's
+
+    def run_tma(ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents, **heads):
+        tensors = _gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents)
+        if ssm.data_ptr() & 15:
+            replay(ssm, *tensors)
+        else:
+            # TensorDescriptor's own checks are this signature's (made above) and the alignment:
+            # skipping them saves most of a descriptor's host time
+            desc = object.__new__(TensorDescriptor)
+            desc.base, desc.shape, desc.strides, desc.block_shape = ssm, shape, strides, box
+            by_descriptor(desc, *tensors)
         window(conv, tokens, history, dst_slots, src_slots, steps, parents)
 
-    return run
+    return run_tma

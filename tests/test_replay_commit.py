@@ -96,6 +96,68 @@ def test_triton_interpreted_matches_oracle(mixer, layout, tree):
     check_against_oracle(replay, run_triton)
 
 
+DESCRIPTOR_DEVICES = [pytest.param("cpu", id="interpreted", marks=interpreted),
+                      pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", DESCRIPTOR_DEVICES)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.parametrize("ssm_dtype", [torch.float32, torch.bfloat16])
+def test_gdn_state_tile_by_descriptor_or_pointers(device, tree, ssm_dtype):
+    """gdn_commit's two ways to load a state tile (a tensor descriptor, per-element pointers) write
+    the same bits, on heads whose box runs past dk and dv (24: the box is 32 x 16 and the second
+    value block half-full), and both match the oracle; a padded row and untouched slots stay as
+    they were."""
+    launch = triton_kernels().launch_gdn_commit
+    heads = ((24, 24),) if device == "cpu" else ((16, 16), (24, 24), (32, 8))  # (the interpreter is slow)
+    atol = 1e-4 if ssm_dtype == torch.float32 else 3e-2
+    for seed, (head_k, head_v) in enumerate(heads):
+        replay = make_replay(tree=tree, head_k_dim=head_k, head_v_dim=head_v, num_draft=4, num_rows=3,
+                             ssm_dtype=ssm_dtype, device=device, seed=seed)
+        states = []
+        for tma in (True, False):
+            def run(replay, ssm_state, conv_state, tma=tma):
+                args, kwargs = replay.commit.kernel_arguments(*replay.args(ssm_state, conv_state), **replay.kwargs)
+                launch(*args, **kwargs, tma=tma, block_v=16)  # several value blocks, the last one partial
+                states.append((ssm_state, conv_state))
+
+            assert check_against_oracle(replay, run, atol=atol, rtol=atol), "no row was committed"
+        assert torch.equal(states[0][0], states[1][0]) and torch.equal(states[0][1], states[1][1])
+
+
+@pytest.mark.gpu
+def test_gdn_state_tile_load_choice():
+    """The launcher loads state tiles through a descriptor on sm_90+ for a state whose value axis
+    is contiguous and 16-byte aligned, else through pointers (a transposed state, a misaligned
+    base); the eager plans too, and both give the oracle's states."""
+    from sgl_convwin.csrc_triton import gdn_commit as module
+
+    capable = torch.cuda.get_device_capability()[0] >= 9
+    seen = []
+    original = module._gdn_replay_kernel.run
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["TMA_LOAD"])
+        return original(*args, **kwargs)
+
+    for transposed, offset in ((False, 0), (True, 0), (False, 1)):
+        replay = make_replay(head_k_dim=16, head_v_dim=16, transposed_ssm=transposed, device="cuda", seed=5)
+        if offset:  # the same values at a base 4 bytes past a 16-byte boundary
+            storage = torch.empty(replay.ssm_state.numel() + offset, device="cuda")
+            moved = storage[offset:].view(replay.ssm_state.shape)
+            moved.copy_(replay.ssm_state)
+            replay.ssm_state = moved
+        sgl_convwin.gdn_commit.eager_plans.clear()
+        seen.clear()
+        module._gdn_replay_kernel.run = spy
+        try:
+            check_against_oracle(replay, run_public)  # the first call: Triton's launch
+        finally:
+            module._gdn_replay_kernel.run = original
+        assert seen == [capable and not transposed and not offset], (transposed, offset, seen)
+        check_against_oracle(replay, run_public)  # the planned call
+
+
 @pytest.mark.parametrize("mixer", MIXERS)
 @interpreted
 def test_triton_interpreted_odd_shapes(mixer):
