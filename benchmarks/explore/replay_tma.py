@@ -12,10 +12,11 @@ Default mode: Qwen3-Next TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128, K 4, D = 4
 bf16 buffer and conv), each commit timed with triton.testing.do_bench (median) and as CUDA graph
 replays, in % of a 1 GiB copy measured the same way, on replay_sweep.py's byte count; registers,
 local (spill) bytes, shared bytes and resident programs per SM of each compiled replay kernel.
-Needs sm_90+ for the TMA variants. ptr/ptr is the package kernel's code (a control);
-ptr/ptr+reload recomputes the store addresses after the path (no spills, no TMA).
-docs/benchmarks.md ("Rejected designs") has an earlier descriptor attempt on the kernel before the
-two-ahead prefetch (74% vs 79%).
+Needs sm_90+ for the TMA variants. "package" is gdn_commit's kernel as launched (it loads its tile
+through a descriptor where it can: tma/ptr's design), "package, pointer load" the same with
+tma=False; ptr/ptr is the pointer kernel with its store addresses kept over the path, and
+ptr/ptr+reload recomputes them after the path. docs/benchmarks.md ("Rejected designs") has the
+descriptor attempts on the kernel before the two-ahead prefetch and after it.
 """
 
 from __future__ import annotations
@@ -161,14 +162,16 @@ def tma_commit(args, kwargs, variant="tma/tma", block_v=64, num_warps=2):
     ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents = args
     tma_load, tma_store, reload_dst = VARIANTS[variant]
     call = pkg._gdn_replay_call(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents,
-                                **kwargs, block_v=block_v, num_warps=num_warps)
+                                **kwargs, block_v=block_v, num_warps=num_warps, tma=False)
+    tensors = call.tensors[1:]  # (the package kernel's own ssm_desc placeholder dropped)
+    constexprs = {name: value for name, value in call.constexprs.items() if name != "TMA_LOAD"}
     block_k = call.constexprs["BLOCK_K"]
     # ssm.shape, not padded sizes: TMA's own bounds give the package kernel's dk / dv masks
     desc = TensorDescriptor(ssm, list(ssm.shape), list(ssm.stride()), [1, 1, 1, block_k, block_v])
     launch = _gdn_replay_tma_kernel[call.grid]
 
     def run():
-        compiled = launch(desc, *call.tensors, *call.scalars, **call.constexprs, TMA_LOAD=tma_load,
+        compiled = launch(desc, *tensors, *call.scalars, **constexprs, TMA_LOAD=tma_load,
                           TMA_STORE=tma_store, RELOAD_DST=reload_dst)
         launch_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
         return compiled
@@ -314,7 +317,8 @@ def bench(batches, configs) -> None:
         print(f"\nB={batch}: {nbytes / 1e6:.1f} MB to move = {nbytes / ceil_bench / 1e3:.1f} us at the ceiling")
         print(f"{'config':>20} {'us bench':>9} {'%':>5} {'us graph':>9} {'%':>5} {'regs':>5} {'spill B':>7} "
               f"{'smem':>6} {'progs/SM':>8}")
-        runs = [("package", package_commit(args, kwargs))]
+        runs = [("package", package_commit(args, kwargs)),
+                ("package, pointer load", package_commit(args, kwargs, tma=False))]
         for spec in configs:
             variant, tuning = spec.split(":")
             block_v, warps = (int(x) for x in tuning.split("/"))
