@@ -104,10 +104,11 @@ DESCRIPTOR_DEVICES = [pytest.param("cpu", id="interpreted", marks=interpreted),
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize("ssm_dtype", [torch.float32, torch.bfloat16])
 def test_gdn_state_tile_by_descriptor_or_pointers(device, tree, ssm_dtype):
-    """gdn_commit's two ways to load a state tile (a tensor descriptor, per-element pointers) write
-    the same bits, on heads whose box runs past dk and dv (24: the box is 32 x 16 and the second
-    value block half-full), and both match the oracle; a padded row and untouched slots stay as
-    they were."""
+    """gdn_commit's two ways to load a state tile (a tensor descriptor, per-element pointers) both
+    match the oracle, on heads whose box runs past dk and dv (24: the box is 32 x 16 and the second
+    value block half-full); a padded row and untouched slots stay as they were, and the conv
+    windows are the same bits. The states too under the interpreter; compiled, the two loads leave
+    the tile in different register layouts, so the S^T k sums may round in another order."""
     launch = triton_kernels().launch_gdn_commit
     heads = ((24, 24),) if device == "cpu" else ((16, 16), (24, 24), (32, 8))  # (the interpreter is slow)
     atol = 1e-4 if ssm_dtype == torch.float32 else 3e-2
@@ -122,40 +123,52 @@ def test_gdn_state_tile_by_descriptor_or_pointers(device, tree, ssm_dtype):
                 states.append((ssm_state, conv_state))
 
             assert check_against_oracle(replay, run, atol=atol, rtol=atol), "no row was committed"
-        assert torch.equal(states[0][0], states[1][0]) and torch.equal(states[0][1], states[1][1])
+        assert torch.equal(states[0][1], states[1][1])
+        if device == "cpu":
+            assert torch.equal(states[0][0], states[1][0])
+        else:
+            tol = 1e-5 if ssm_dtype == torch.float32 else 1.6e-2  # a few roundings apart
+            torch.testing.assert_close(states[0][0], states[1][0], rtol=tol, atol=tol)
+
+
+def run_public_misaligned(replay, ssm_state, conv_state):
+    """run_public on a copy of ssm_state whose base lies 4 bytes past a 16-byte boundary."""
+    storage = torch.empty(ssm_state.numel() + 1, dtype=ssm_state.dtype, device=ssm_state.device)
+    moved = storage[1:].view(ssm_state.shape)
+    moved.copy_(ssm_state)
+    run_public(replay, moved, conv_state)
+    ssm_state.copy_(moved)
 
 
 @pytest.mark.gpu
 def test_gdn_state_tile_load_choice():
     """The launcher loads state tiles through a descriptor on sm_90+ for a state whose value axis
-    is contiguous and 16-byte aligned, else through pointers (a transposed state, a misaligned
-    base); the eager plans too, and both give the oracle's states."""
+    is contiguous and 16-byte aligned, else through pointers (a transposed state; a misaligned
+    base, also when the signature's eager plan was made on an aligned one), and both give the
+    oracle's states."""
     from sgl_convwin.csrc_triton import gdn_commit as module
 
     capable = torch.cuda.get_device_capability()[0] >= 9
     seen = []
     original = module._gdn_replay_kernel.run
 
-    def spy(*args, **kwargs):
+    def spy(*args, **kwargs):  # what each launch through Triton chose (the plans' first launches)
         seen.append(kwargs["TMA_LOAD"])
         return original(*args, **kwargs)
 
-    for transposed, offset in ((False, 0), (True, 0), (False, 1)):
+    for transposed, runs in ((False, (run_public, run_public_misaligned)), (True, (run_public,))):
         replay = make_replay(head_k_dim=16, head_v_dim=16, transposed_ssm=transposed, device="cuda", seed=5)
-        if offset:  # the same values at a base 4 bytes past a 16-byte boundary
-            storage = torch.empty(replay.ssm_state.numel() + offset, device="cuda")
-            moved = storage[offset:].view(replay.ssm_state.shape)
-            moved.copy_(replay.ssm_state)
-            replay.ssm_state = moved
         sgl_convwin.gdn_commit.eager_plans.clear()
-        seen.clear()
-        module._gdn_replay_kernel.run = spy
-        try:
-            check_against_oracle(replay, run_public)  # the first call: Triton's launch
-        finally:
-            module._gdn_replay_kernel.run = original
-        assert seen == [capable and not transposed and not offset], (transposed, offset, seen)
-        check_against_oracle(replay, run_public)  # the planned call
+        for run in runs:
+            seen.clear()
+            module._gdn_replay_kernel.run = spy
+            try:
+                check_against_oracle(replay, run)
+            finally:
+                module._gdn_replay_kernel.run = original
+            aligned = run is run_public and not transposed  # (a transposed state: its value axis is strided)
+            assert seen == [capable and aligned], (transposed, run.__name__, seen)
+        assert len(sgl_convwin.gdn_commit.eager_plans) == 1  # one signature: the plan served every call
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
