@@ -151,11 +151,12 @@ def _gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_s
 
 
 def _tma_capable(device: torch.device) -> bool:
-    """Whether ``device`` has the copy engine's tensor maps (sm_90+); asked once per device."""
+    """Whether ``device`` has the copy engine's tensor maps (NVIDIA sm_90+); asked once per device."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     capable = _TMA_DEVICES.get(index)
     if capable is None:
-        capable = _TMA_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
+        nvidia = torch.version.hip is None  # (ROCm devices report CUDA-like capabilities too)
+        capable = _TMA_DEVICES[index] = nvidia and torch.cuda.get_device_capability(index)[0] >= 9
     return capable
 
 
