@@ -41,7 +41,7 @@ ROWS_WARPS = 1  # the rows kernel's channels per program depend on the node coun
 NODE_LOOP_WARPS = 1  # the node-loop kernel (K <= 5): channels per program from _node_loop_block
 NODE_LOOP_MIN_ROWS = 32  # token_major rows take the node loop from this many requests (_node_loop)
 DENSE_ANY_WIDTH_BLOCK = 256  # channels per program of the dense kernel for K > 5
-DENSE_WARPS = 2
+DENSE_ANY_WIDTH_WARPS = 2
 
 
 @triton.jit
@@ -534,7 +534,8 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         node_loop = _node_loop(dense, dest, num_rows)
     node_loop = node_loop and kernel_size <= 5  # wider: the rows tile, or dense windows' any-width kernel
     if dense and not node_loop:
-        kernel, default_block, default_warps = _verify_dense_any_width_kernel, DENSE_ANY_WIDTH_BLOCK, DENSE_WARPS
+        kernel, default_block = _verify_dense_any_width_kernel, DENSE_ANY_WIDTH_BLOCK
+        default_warps = DENSE_ANY_WIDTH_WARPS
     elif node_loop:
         kernel, default_block = _verify_node_loop_kernel, _node_loop_block(dense, num_rows)
         default_warps = NODE_LOOP_WARPS
