@@ -3,6 +3,7 @@ measured in the same run; one table per batch size. Where the launchers' default
 (csrc_triton/gdn_commit.py REPLAY_BLOCK_V, csrc_triton/mamba2_commit.py REPLAY_BLOCK_P).
 
     python benchmarks/explore/replay_sweep.py [--mixer gdn|mamba2] [--batches 1 8 64 256] [--draft 4] [--tree]
+        [--configs 64/2 ...] [--tma on off]
 
 Shapes: gdn, Qwen3-Next TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128, K 4); mamba2, Nemotron-H-8B TP1
 (24 layers, H 128, P 64, G 8, Ns 128, K 4, conv bias). fp32 state, bf16 conv inputs.
@@ -71,7 +72,13 @@ def main() -> None:
     parser.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--configs", nargs="+", default=None,
                         help="block/warps pairs instead of the product of --blocks and --warps")
+    parser.add_argument("--tma", nargs="+", choices=["auto", "on", "off"], default=["auto"],
+                        help="gdn only: the state tiles' load -- the launcher's choice, a tensor descriptor, "
+                             "pointers (each timed)")
     args = parser.parse_args()
+    if args.mixer != "gdn" and args.tma != ["auto"]:
+        parser.error("--tma applies to --mixer gdn")
+    loads = {"auto": {}, "on": {"tma": True}, "off": {"tma": False}}
     ceiling = copy_ceiling_gbps()
     print(f"copy ceiling {ceiling:.0f} GB/s; {args.mixer}: {GDN if args.mixer == 'gdn' else MAMBA2} K={K}", flush=True)
     nodes = 8 if args.tree else args.draft
@@ -99,9 +106,9 @@ def main() -> None:
         else:
             configs = [(b, w) for b in args.blocks for w in args.warps]
         print(f"{tuning + '/warps':>16} {'us':>9} {'% ceiling':>10}")
-        for block, warps in configs:
-            name = f"{block}/{warps}"
-            run = lambda: launch(*a, **kw, **{tuning: block}, num_warps=warps)  # noqa: E731
+        for (block, warps), load in ((config, load) for config in configs for load in args.tma):
+            name = f"{block}/{warps}" + ("" if load == "auto" else f" tma={load}")
+            run = lambda: launch(*a, **kw, **{tuning: block}, num_warps=warps, **loads[load])  # noqa: E731
             try:
                 ms = triton.testing.do_bench(run, warmup=25, rep=150)
             except Exception as error:  # e.g. out of registers / shared memory
