@@ -6,20 +6,14 @@ commits share).
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from ._common import KernelCall, cdiv, next_power_of_2, planned_launch, row_indices
+from ._common import KernelCall, cdiv, next_power_of_2, row_indices
 from .replay import (
     accepted_path, check_grid, committed_inputs, conv_silu, conv_taps, index_strides, launch_path_window, path_node,
-    planned_path_window,
+    planned_path_window, planned_state_replay, state_descriptor, state_tile_box, tma_signature_ok,
 )
-
-try:  # host-side tensor descriptors (the state tile's TMA load)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:
-    TensorDescriptor = None
 
 REPLAY_BLOCK_V = 64  # value columns per replay program: a [dk, 64] fp32 tile over 2 warps
 REPLAY_WARPS = 2
@@ -150,38 +144,6 @@ def _gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_s
             dst_slots, src_slots, steps, steps if parents is None else parents)
 
 
-def _tma_capable(device: torch.device) -> bool:
-    """Whether ``device`` has the copy engine's tensor maps (NVIDIA sm_90+); asked once per device."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    capable = _TMA_DEVICES.get(index)
-    if capable is None:
-        nvidia = torch.version.hip is None  # (ROCm devices report CUDA-like capabilities too)
-        capable = _TMA_DEVICES[index] = nvidia and torch.cuda.get_device_capability(index)[0] >= 9
-    return capable
-
-
-_TMA_DEVICES: dict[int, bool] = {}
-
-
-def _tma_signature_ok(ssm: torch.Tensor, block_k: int, block_v: int) -> bool:
-    """Whether ssm's state tiles can come in through a tensor descriptor, as far as its signature
-    says (a CUDA sm_90+ device, the value axis contiguous, every other stride on 16 bytes, sizes
-    a tensor map takes, a box of at most 256 per axis); the base's alignment is the call's."""
-    if TensorDescriptor is None or not ssm.is_cuda or block_k > 256 or block_v > 256:
-        return False
-    strides, size = ssm.stride(), ssm.element_size()
-    if strides[-1] != 1 or any(stride * size % 16 or stride >= 2**40 for stride in strides[:-1]):
-        return False
-    if any(not 0 < n < 2**31 for n in ssm.shape):
-        return False
-    return _tma_capable(ssm.device)
-
-
-def _state_descriptor(ssm: torch.Tensor, block_k: int, block_v: int):
-    """A tensor descriptor over ssm [L, N, Hv, dk, dv] whose box is one program's state tile."""
-    return TensorDescriptor(ssm, list(ssm.shape), list(ssm.stride()), [1, 1, 1, block_k, block_v])
-
-
 def _gdn_replay_call(
     ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents,
     *, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm, block_v=None, num_warps=REPLAY_WARPS,
@@ -189,7 +151,7 @@ def _gdn_replay_call(
 ):
     """The replay kernel's launch for launch_gdn_commit and planned_gdn_commit, or None if there
     is nothing to do. tma: load the state tiles through a tensor descriptor (None: where
-    _tma_signature_ok allows and ssm's base is 16-byte aligned)."""
+    replay.tma_signature_ok allows and ssm's base is 16-byte aligned)."""
     num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
     num_rows, num_nodes = steps.shape[0], tokens.shape[2]
     if num_rows == 0 or num_layers == 0:
@@ -198,8 +160,9 @@ def _gdn_replay_call(
     if block_v is None:
         block_v = min(REPLAY_BLOCK_V, next_power_of_2(head_v_dim))
     block_k = next_power_of_2(head_k_dim)
+    box = state_tile_box(ssm, block_k, block_v)
     if tma is None:
-        tma = _tma_signature_ok(ssm, block_k, block_v) and not ssm.data_ptr() & 15
+        tma = tma_signature_ok(ssm, box) and not ssm.data_ptr() & 15
     grid = (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers)
     scalars = (
         num_state_slots, tokens.shape[1], num_nodes,
@@ -213,7 +176,7 @@ def _gdn_replay_call(
         BLOCK_V=block_v, TREE=parents is not None, HAS_BIAS=bias is not None, L2NORM=use_qk_l2norm,
         TMA_LOAD=bool(tma), num_warps=num_warps,
     )
-    desc = _state_descriptor(ssm, block_k, block_v) if tma else ssm
+    desc = state_descriptor(ssm, box) if tma else ssm
     tensors = (desc, *_gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps,
                                           parents))
     return KernelCall(_gdn_replay_kernel, grid, tensors, scalars, constexprs)
@@ -228,8 +191,8 @@ def launch_gdn_commit(
     into conv [L, N_state, dim, K-1]. tokens, history: see the module docstring; gates
     [L, M, N, 2, Hv]; weight [L, dim, K]; bias [L, dim] or None; any strides everywhere.
     block_v, num_warps, tma: value columns and warps per replay program, and whether its state
-    tiles load through a tensor descriptor (tuning only; tma=True needs what _tma_signature_ok
-    checks and a 16-byte aligned ssm)."""
+    tiles load through a tensor descriptor (tuning only; tma=True needs what
+    replay.tma_signature_ok checks and a 16-byte aligned ssm)."""
     call = _gdn_replay_call(
         ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents,
         num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
@@ -245,36 +208,17 @@ def planned_gdn_commit(ssm, conv, tokens, history, gates, weight, bias, dst_slot
                        **heads):
     """launch_gdn_commit with its plan fixed for THESE shapes, strides, dtypes, device and head
     sizes (``heads``: its keyword arguments): a function of the same arguments that launches the
-    replay kernel, then the window commit (_common.planned_launch). A signature that allows the
-    descriptor load takes it on every call whose ssm is 16-byte aligned (a descriptor per call:
-    it holds ssm)."""
-    by_pointers = _gdn_replay_call(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents,
-                                   **heads, tma=False)
-    replay = planned_launch(by_pointers)
+    replay kernel (its state tiles through a descriptor where replay.planned_state_replay can),
+    then the window commit (_common.planned_launch)."""
+    call = _gdn_replay_call(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents,
+                            **heads, tma=False)
+    box = state_tile_box(ssm, call.constexprs["BLOCK_K"], call.constexprs["BLOCK_V"]) if call else []
+    replay = planned_state_replay(call, ssm, box)
     window = planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
-    box = [1, 1, 1, by_pointers.constexprs["BLOCK_K"], by_pointers.constexprs["BLOCK_V"]] if by_pointers else None
-    if box is None or not _tma_signature_ok(ssm, box[3], box[4]):
-        def run(ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents, **heads):
-            replay(ssm, *_gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps,
-                                             parents))
-            window(conv, tokens, history, dst_slots, src_slots, steps, parents)
 
-        return run
-
-    by_descriptor = planned_launch(by_pointers._replace(constexprs=dict(by_pointers.constexprs, TMA_LOAD=True)),
-                                   num_descriptors=1)
-    shape, strides = list(ssm.shape), list(ssm.stride())  # the signature's
-
-    def run_tma(ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents, **heads):
-        tensors = _gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents)
-        if ssm.data_ptr() & 15:
-            replay(ssm, *tensors)
-        else:
-            # TensorDescriptor's own checks are this signature's (made above) and the alignment:
-            # skipping them saves most of a descriptor's host time
-            desc = object.__new__(TensorDescriptor)
-            desc.base, desc.shape, desc.strides, desc.block_shape = ssm, shape, strides, box
-            by_descriptor(desc, *tensors)
+    def run(ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents, **heads):
+        replay(ssm, *_gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps,
+                                         parents))
         window(conv, tokens, history, dst_slots, src_slots, steps, parents)
 
-    return run_tma
+    return run

@@ -9,10 +9,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import KernelCall, cdiv, next_power_of_2, planned_launch, row_indices
+from ._common import KernelCall, cdiv, next_power_of_2, row_indices
 from .replay import (
     accepted_path, check_grid, committed_inputs, conv_silu, conv_taps, index_strides, launch_path_window, path_node,
-    planned_path_window,
+    planned_path_window, planned_state_replay, state_descriptor, state_tile_box, tma_signature_ok,
 )
 
 REPLAY_BLOCK_P = 32  # head_dim rows per replay program: a [32, d_state] fp32 tile in one warp
@@ -34,7 +34,7 @@ def mamba2_token_inputs(tokens_base, gates_base, node, live, x_chan, p_mask, b_c
 
 @triton.jit
 def _mamba2_replay_kernel(
-    ssm_ptr, conv_ptr, tokens_ptr, gates_ptr, weight_ptr, bias_ptr, a_ptr,
+    ssm_desc, ssm_ptr, conv_ptr, tokens_ptr, gates_ptr, weight_ptr, bias_ptr, a_ptr,
     dst_slots_ptr, src_slots_ptr, steps_ptr, parents_ptr,
     num_state_slots, num_src_slots, num_nodes,
     ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_p, ssm_stride_n,
@@ -46,16 +46,19 @@ def _mamba2_replay_kernel(
     dst_slots_stride, src_slots_stride, steps_stride, parents_stride_row, parents_stride_node,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, N_GROUPS: tl.constexpr, D_STATE: tl.constexpr,
     KERNEL_SIZE: tl.constexpr, NODES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    TREE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    TREE: tl.constexpr, HAS_BIAS: tl.constexpr, TMA_LOAD: tl.constexpr,
 ):
     """One program: one (head, block of head_dim rows) of one row and layer. The update is
     elementwise in the state, so the [BLOCK_P, d_state] tile stays in registers over the path and
-    blocks need nothing from each other; each program recomputes its group's B."""
+    blocks need nothing from each other; each program recomputes its group's B. With TMA_LOAD
+    the tile comes in through ssm_desc, a tensor descriptor over ssm, as in gdn_commit's kernel
+    (else ssm_desc is a placeholder)."""
     P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
     head = tl.program_id(0) // P_BLOCKS
     p_block = tl.program_id(0) % P_BLOCKS
     row = tl.program_id(1)
-    layer = tl.program_id(2).to(tl.int64)
+    layer32 = tl.program_id(2)  # (a descriptor's coordinates are int32)
+    layer = layer32.to(tl.int64)
     node, dst, src, active = row_indices(
         row, steps_ptr, steps_stride, num_nodes, dst_slots_ptr, dst_slots_stride, num_state_slots,
         src_slots_ptr, src_slots_stride, num_src_slots,
@@ -71,10 +74,11 @@ def _mamba2_replay_kernel(
         x_chan = head * HEAD_DIM + pp  # x, then B, then C
         b_chan = NUM_HEADS * HEAD_DIM + group * D_STATE + nn
 
-        ssm = (ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
-               + (pp * ssm_stride_p)[:, None] + (nn * ssm_stride_n)[None, :])
         tile_mask = p_mask[:, None] & n_mask[None, :]
-        state = tl.load(ssm, mask=tile_mask, other=0.0).to(tl.float32)
+        if not TMA_LOAD:
+            ssm = (ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
+                   + (pp * ssm_stride_p)[:, None] + (nn * ssm_stride_n)[None, :])
+            state = tl.load(ssm, mask=tile_mask, other=0.0).to(tl.float32)
         rate = tl.load(a_ptr + layer * a_stride_layer + head * a_stride_head).to(tl.float32)
 
         conv_base = conv_ptr + layer * conv_stride_layer + dst * conv_stride_slot
@@ -100,6 +104,9 @@ def _mamba2_replay_kernel(
         xx_next, xb_next, dt_next = mamba2_token_inputs(
             tokens_base, gates_base, path_node(path, length, 1, NODES, TREE), length > 1, x_chan, p_mask, b_chan,
             n_mask, tokens_stride_node, tokens_stride_dim, gates_stride_node)
+        if TMA_LOAD:  # the box's parts past head_dim / d_state read as zeros, as the masked load's do
+            state = ssm_desc.load([layer32, dst.to(tl.int32), head, p_block * BLOCK_P, 0])
+            state = state.reshape(BLOCK_P, BLOCK_N).to(tl.float32)
         for j in range(0, length):
             xx_after, xb_after, dt_after = mamba2_token_inputs(
                 tokens_base, gates_base, path_node(path, length, j + 2, NODES, TREE), j + 2 < length, x_chan,
@@ -111,28 +118,30 @@ def _mamba2_replay_kernel(
             state = state * tl.exp(dt * rate) + (dt * x)[:, None] * b[None, :]
             xx, xb, dt = xx_next, xb_next, dt_next
             xx_next, xb_next, dt_next = xx_after, xb_after, dt_after
-        if TREE:
+        if TREE or TMA_LOAD:
             # A tree's walk leaves no registers for the tile's store addresses over the path (they
             # spill): reload the slot (volatile, so not merged with the first load) and recompute
-            # them; a chain keeps them.
-            dst = tl.load(dst_slots_ptr + row * dst_slots_stride, volatile=True).to(tl.int64)
+            # them; a chain keeps them, or computes them now after a descriptor load.
+            if TREE:
+                dst = tl.load(dst_slots_ptr + row * dst_slots_stride, volatile=True).to(tl.int64)
             ssm = (ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
                    + (pp * ssm_stride_p)[:, None] + (nn * ssm_stride_n)[None, :])
         tl.store(ssm, state.to(ssm_ptr.dtype.element_ty), mask=tile_mask)
 
 
 def _mamba2_replay_tensors(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps, parents):
-    """The replay kernel's tensor arguments (placeholders, never read, for no bias or a chain)."""
+    """The replay kernel's tensor arguments after ssm_desc (placeholders, never read, for no bias
+    or a chain)."""
     return (ssm, conv, tokens, gates, weight, weight if bias is None else bias, a,
             dst_slots, src_slots, steps, steps if parents is None else parents)
 
 
 def _mamba2_replay_call(
     ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
-    *, num_heads, head_dim, n_groups, d_state, block_p=None, num_warps=REPLAY_WARPS,
+    *, num_heads, head_dim, n_groups, d_state, block_p=None, num_warps=REPLAY_WARPS, tma=None,
 ):
     """The replay kernel's launch for launch_mamba2_commit and planned_mamba2_commit, or None if
-    there is nothing to do."""
+    there is nothing to do. tma: as gdn_commit's."""
     num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
     num_rows, num_nodes = steps.shape[0], tokens.shape[2]
     if num_rows == 0 or num_layers == 0:
@@ -140,6 +149,10 @@ def _mamba2_replay_call(
     check_grid("convwin.mamba2_commit", num_rows, num_layers)
     if block_p is None:
         block_p = min(REPLAY_BLOCK_P, next_power_of_2(head_dim))
+    block_n = next_power_of_2(d_state)
+    box = state_tile_box(ssm, block_p, block_n)
+    if tma is None:
+        tma = tma_signature_ok(ssm, box) and not ssm.data_ptr() & 15
     grid = (num_heads * cdiv(head_dim, block_p), num_rows, num_layers)
     scalars = (
         num_state_slots, tokens.shape[1], num_nodes,
@@ -150,25 +163,28 @@ def _mamba2_replay_call(
     constexprs = dict(
         NUM_HEADS=num_heads, HEAD_DIM=head_dim, N_GROUPS=n_groups, D_STATE=d_state,
         KERNEL_SIZE=conv.shape[3] + 1, NODES=next_power_of_2(num_nodes), BLOCK_P=block_p,
-        BLOCK_N=next_power_of_2(d_state), TREE=parents is not None, HAS_BIAS=bias is not None,
+        BLOCK_N=block_n, TREE=parents is not None, HAS_BIAS=bias is not None, TMA_LOAD=bool(tma),
         num_warps=num_warps,
     )
-    tensors = _mamba2_replay_tensors(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps, parents)
+    desc = state_descriptor(ssm, box) if tma else ssm
+    tensors = (desc, *_mamba2_replay_tensors(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps,
+                                             parents))
     return KernelCall(_mamba2_replay_kernel, grid, tensors, scalars, constexprs)
 
 
 def launch_mamba2_commit(
     ssm, conv, tokens, history, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
-    *, num_heads, head_dim, n_groups, d_state, block_p=None, num_warps=REPLAY_WARPS,
+    *, num_heads, head_dim, n_groups, d_state, block_p=None, num_warps=REPLAY_WARPS, tma=None,
 ):
     """Replay every accepted path onto ssm [L, N_state, H, P, Ns], then commit its conv window
     into conv [L, N_state, dim, K-1]. tokens, history: see csrc_triton/replay.py; gates
     [L, M, N, 1, H] (dt, final); weight [L, dim, K]; bias [L, dim] or None; a [L, H] (A = -exp(A_log));
-    any strides everywhere. block_p, num_warps: head_dim rows and warps per program (tuning only)."""
+    any strides everywhere. block_p, num_warps, tma: head_dim rows and warps per program, and the
+    state tiles' descriptor load (tuning only; see launch_gdn_commit)."""
     call = _mamba2_replay_call(
         ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
         num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state, block_p=block_p,
-        num_warps=num_warps,
+        num_warps=num_warps, tma=tma,
     )
     if call is None:
         return
@@ -180,14 +196,17 @@ def planned_mamba2_commit(ssm, conv, tokens, history, gates, weight, bias, a, ds
                           parents, **heads):
     """launch_mamba2_commit with its plan fixed for THESE shapes, strides, dtypes, device and head
     sizes (``heads``: its keyword arguments): a function of the same arguments that launches the
-    replay kernel, then the window commit (_common.planned_launch)."""
-    replay = planned_launch(_mamba2_replay_call(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots,
-                                                steps, parents, **heads))
+    replay kernel (its state tiles through a descriptor where replay.planned_state_replay can),
+    then the window commit (_common.planned_launch)."""
+    call = _mamba2_replay_call(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
+                               **heads, tma=False)
+    box = state_tile_box(ssm, call.constexprs["BLOCK_P"], call.constexprs["BLOCK_N"]) if call else []
+    replay = planned_state_replay(call, ssm, box)
     window = planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
 
     def run(ssm, conv, tokens, history, gates, weight, bias, a, dst_slots, src_slots, steps, parents, **heads):
-        replay(*_mamba2_replay_tensors(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps,
-                                       parents))
+        replay(ssm, *_mamba2_replay_tensors(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps,
+                                            parents))
         window(conv, tokens, history, dst_slots, src_slots, steps, parents)
 
     return run

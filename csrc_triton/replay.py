@@ -16,10 +16,16 @@ the recurrent state, then ``_path_window_kernel`` overwrites conv_state from the
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_launch, row_indices
+
+try:  # host-side tensor descriptors (the replay kernels' state tile loads)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:
+    TensorDescriptor = None
 
 WINDOW_BLOCK = 1024  # channels per program of the window commit
 
@@ -183,6 +189,70 @@ def check_grid(op: str, num_rows: int, num_layers: int) -> None:
         raise ValueError(f"{op} supports at most {MAX_GRID_Y} layers, got {num_layers}")
     if num_rows > MAX_GRID_Y:
         raise ValueError(f"{op} commits at most {MAX_GRID_Y} rows per call, got {num_rows}; split the batch")
+
+
+def _tma_capable(device: torch.device) -> bool:
+    """Whether ``device`` has the copy engine's tensor maps (NVIDIA sm_90+); asked once per device."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    capable = _TMA_DEVICES.get(index)
+    if capable is None:
+        nvidia = torch.version.hip is None  # (ROCm devices report CUDA-like capabilities too)
+        capable = _TMA_DEVICES[index] = nvidia and torch.cuda.get_device_capability(index)[0] >= 9
+    return capable
+
+
+_TMA_DEVICES: dict[int, bool] = {}
+
+
+def tma_signature_ok(ssm: torch.Tensor, box: list[int]) -> bool:
+    """Whether ssm's state tiles (one ``box`` each) can come in through a tensor descriptor, as far
+    as its signature says (a CUDA sm_90+ device, the last axis contiguous, every other stride on
+    16 bytes, sizes a tensor map takes, at most 256 per box axis); the base's alignment is the
+    call's."""
+    if TensorDescriptor is None or not ssm.is_cuda or max(box) > 256:
+        return False
+    strides, size = ssm.stride(), ssm.element_size()
+    if strides[-1] != 1 or any(stride * size % 16 or stride >= 2**40 for stride in strides[:-1]):
+        return False
+    if any(not 0 < n < 2**31 for n in ssm.shape):
+        return False
+    return _tma_capable(ssm.device)
+
+
+def state_descriptor(ssm: torch.Tensor, box: list[int]):
+    """A tensor descriptor over the state ``ssm`` whose box is one program's state tile."""
+    return TensorDescriptor(ssm, list(ssm.shape), list(ssm.stride()), box)
+
+
+def state_tile_box(ssm: torch.Tensor, rows: int, columns: int) -> list[int]:
+    """The descriptor box of a [rows, columns] tile of a state [L, N, heads, ., .]."""
+    return [1] * (ssm.dim() - 2) + [rows, columns]
+
+
+def planned_state_replay(by_pointers: KernelCall | None, ssm: torch.Tensor, box: list[int]):
+    """A replay kernel's launch fixed for its signature (``by_pointers``: its KernelCall with
+    TMA_LOAD off and ssm as the descriptor's placeholder): a function of (ssm, the kernel's tensors
+    after its descriptor argument). A signature that allows the descriptor load takes it on
+    every call whose ssm is 16-byte aligned (a descriptor per call: it holds ssm), else the
+    pointer load."""
+    replay = planned_launch(by_pointers)
+    if by_pointers is None or not tma_signature_ok(ssm, box):
+        return replay
+    by_descriptor = planned_launch(by_pointers._replace(constexprs=dict(by_pointers.constexprs, TMA_LOAD=True)),
+                                   num_descriptors=1)
+    shape, strides = list(ssm.shape), list(ssm.stride())  # the signature's
+
+    def run(ssm, *tensors):
+        if ssm.data_ptr() & 15:
+            replay(ssm, *tensors)
+            return
+        # TensorDescriptor's own checks are this signature's (made above) and the alignment:
+        # skipping them saves most of a descriptor's host time
+        desc = object.__new__(TensorDescriptor)
+        desc.base, desc.shape, desc.strides, desc.block_shape = ssm, shape, strides, box
+        by_descriptor(desc, *tensors)
+
+    return run
 
 
 def _path_window_tensors(conv, tokens, history, dst_slots, src_slots, steps, parents):

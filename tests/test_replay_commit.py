@@ -100,26 +100,28 @@ DESCRIPTOR_DEVICES = [pytest.param("cpu", id="interpreted", marks=interpreted),
                       pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
+@pytest.mark.parametrize("mixer", MIXERS)
 @pytest.mark.parametrize("device", DESCRIPTOR_DEVICES)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize("ssm_dtype", [torch.float32, torch.bfloat16])
-def test_gdn_state_tile_by_descriptor_or_pointers(device, tree, ssm_dtype):
-    """gdn_commit's two ways to load a state tile (a tensor descriptor, per-element pointers) both
-    match the oracle, on heads whose box runs past dk and dv (24: the box is 32 x 16 and the second
-    value block half-full); a padded row and untouched slots stay as they were, and the conv
-    windows are the same bits. The states too under the interpreter; compiled, the two loads leave
-    the tile in different register layouts, so the S^T k sums may round in another order."""
-    launch = triton_kernels().launch_gdn_commit
+def test_state_tile_by_descriptor_or_pointers(mixer, device, tree, ssm_dtype):
+    """The replay kernels' two ways to load a state tile (a tensor descriptor, per-element
+    pointers) both match the oracle, on heads whose box runs past the tile (24: the box is 32 x 16
+    and the second block half-full); a padded row and untouched slots stay as they were, and the
+    conv windows are the same bits. The states too under the interpreter; compiled, the two loads
+    may leave the tile in different register layouts, so a reduction may round in another order."""
+    launch = getattr(triton_kernels(), f"launch_{mixer}_commit")
+    block = {"block_v": 16} if mixer == "gdn" else {"block_p": 16}  # several blocks, the last one partial
     heads = ((24, 24),) if device == "cpu" else ((16, 16), (24, 24), (32, 8))  # (the interpreter is slow)
     atol = 1e-4 if ssm_dtype == torch.float32 else 3e-2
     for seed, (head_k, head_v) in enumerate(heads):
-        replay = make_replay(tree=tree, head_k_dim=head_k, head_v_dim=head_v, num_draft=4, num_rows=3,
+        replay = make_replay(mixer=mixer, tree=tree, head_k_dim=head_k, head_v_dim=head_v, num_draft=4, num_rows=3,
                              ssm_dtype=ssm_dtype, device=device, seed=seed)
         states = []
         for tma in (True, False):
             def run(replay, ssm_state, conv_state, tma=tma):
                 args, kwargs = replay.commit.kernel_arguments(*replay.args(ssm_state, conv_state), **replay.kwargs)
-                launch(*args, **kwargs, tma=tma, block_v=16)  # several value blocks, the last one partial
+                launch(*args, **kwargs, tma=tma, **block)
                 states.append((ssm_state, conv_state))
 
             assert check_against_oracle(replay, run, atol=atol, rtol=atol), "no row was committed"
@@ -141,34 +143,37 @@ def run_public_misaligned(replay, ssm_state, conv_state):
 
 
 @pytest.mark.gpu
-def test_gdn_state_tile_load_choice():
-    """The launcher loads state tiles through a descriptor on sm_90+ for a state whose value axis
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_state_tile_load_choice(mixer):
+    """The launchers load state tiles through a descriptor on sm_90+ for a state whose last axis
     is contiguous and 16-byte aligned, else through pointers (a transposed state; a misaligned
     base, also when the signature's eager plan was made on an aligned one), and both give the
     oracle's states."""
-    from sgl_convwin.csrc_triton import gdn_commit as module
+    from sgl_convwin.csrc_triton import gdn_commit, mamba2_commit
 
+    kernel = gdn_commit._gdn_replay_kernel if mixer == "gdn" else mamba2_commit._mamba2_replay_kernel
     capable = torch.cuda.get_device_capability()[0] >= 9
     seen = []
-    original = module._gdn_replay_kernel.run
+    original = kernel.run
 
     def spy(*args, **kwargs):  # what each launch through Triton chose (the plans' first launches)
         seen.append(kwargs["TMA_LOAD"])
         return original(*args, **kwargs)
 
     for transposed, runs in ((False, (run_public, run_public_misaligned)), (True, (run_public,))):
-        replay = make_replay(head_k_dim=16, head_v_dim=16, transposed_ssm=transposed, device="cuda", seed=5)
-        sgl_convwin.gdn_commit.eager_plans.clear()
+        replay = make_replay(mixer=mixer, head_k_dim=16, head_v_dim=16, transposed_ssm=transposed, device="cuda",
+                             seed=5)
+        replay.commit.eager_plans.clear()
         for run in runs:
             seen.clear()
-            module._gdn_replay_kernel.run = spy
+            kernel.run = spy
             try:
                 check_against_oracle(replay, run)
             finally:
-                module._gdn_replay_kernel.run = original
-            aligned = run is run_public and not transposed  # (a transposed state: its value axis is strided)
+                kernel.run = original
+            aligned = run is run_public and not transposed  # (a transposed state: its last axis is strided)
             assert seen == [capable and aligned], (transposed, run.__name__, seen)
-        assert len(sgl_convwin.gdn_commit.eager_plans) == 1  # one signature: the plan served every call
+        assert len(replay.commit.eager_plans) == 1  # one signature: the plan served every call
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
