@@ -295,6 +295,7 @@ def _verify_node_loop_kernel(
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
     ROWS: tl.constexpr = False,
+    PRELOAD: tl.constexpr = False,  # the committed inputs and the weights as one 2-D load each
 ):
     """Dense windows for K <= 5: the K-1 committed inputs and the conv's weights stay in registers,
     a chain's previous inputs roll along in registers (each node loads only its own input), and a
@@ -319,16 +320,28 @@ def _verify_node_loop_kernel(
         # every offset in int64: a factor times an int32 stride may pass 2**31 (no span check here)
         n0 = row * 0
         zero = tl.zeros([BLOCK], dtype=tl.float32)
-        h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)  # the newest
-        h2 = zero
-        h3 = zero
-        h4 = zero
-        if WIDTH >= 2:
-            h2 = tl.load(state + (n0 + WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
-        if WIDTH >= 3:
-            h3 = tl.load(state + (n0 + WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
-        if WIDTH >= 4:
-            h4 = tl.load(state + (n0 + WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
+        if PRELOAD:
+            state_base = state_ptr + state_layer_offset + src * state_stride_slot
+            s0, s1, s2, s3 = _columns(state_base, chan, cmask, state_stride_dim, n0 + state_stride_win, WIDTH)
+            s0, s1, s2, s3 = s0.to(tl.float32), s1.to(tl.float32), s2.to(tl.float32), s3.to(tl.float32)
+            h1, h2, h3, h4 = s0, s1, s2, s3  # WIDTH == 1 (h2.. are zeros)
+            if WIDTH == 2:
+                h1, h2, h3, h4 = s1, s0, s2, s3
+            if WIDTH == 3:
+                h1, h2, h3, h4 = s2, s1, s0, s3
+            if WIDTH == 4:
+                h1, h2, h3, h4 = s3, s2, s1, s0
+        else:
+            h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)  # the newest
+            h2 = zero
+            h3 = zero
+            h4 = zero
+            if WIDTH >= 2:
+                h2 = tl.load(state + (n0 + WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
+            if WIDTH >= 3:
+                h3 = tl.load(state + (n0 + WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
+            if WIDTH >= 4:
+                h4 = tl.load(state + (n0 + WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
         bias = zero
         w_x = zero
         w_1 = zero
@@ -339,14 +352,32 @@ def _verify_node_loop_kernel(
             taps = weight_ptr + chan * weight_stride_dim
             if HAS_BIAS:
                 bias = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
-            w_x = tl.load(taps + (n0 + WIDTH) * weight_stride_tap, mask=cmask).to(tl.float32)
-            w_1 = tl.load(taps + (n0 + WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
-            if WIDTH >= 2:
-                w_2 = tl.load(taps + (n0 + WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
-            if WIDTH >= 3:
-                w_3 = tl.load(taps + (n0 + WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
-            if WIDTH >= 4:
-                w_4 = tl.load(taps + (n0 + WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
+            if PRELOAD:  # tap t, t = 0 the oldest input's
+                if KERNEL_SIZE > 4:
+                    t0, t1, t2, t3 = _columns(weight_ptr, chan, cmask, weight_stride_dim, n0 + weight_stride_tap, 4)
+                    t4 = tl.load(taps + (n0 + 4) * weight_stride_tap, mask=cmask).to(tl.float32)
+                else:
+                    t0, t1, t2, t3 = _columns(weight_ptr, chan, cmask, weight_stride_dim, n0 + weight_stride_tap,
+                                              KERNEL_SIZE)
+                    t4 = t3.to(tl.float32)
+                t0, t1, t2, t3 = t0.to(tl.float32), t1.to(tl.float32), t2.to(tl.float32), t3.to(tl.float32)
+                if KERNEL_SIZE == 2:
+                    w_x, w_1 = t1, t0
+                if KERNEL_SIZE == 3:
+                    w_x, w_1, w_2 = t2, t1, t0
+                if KERNEL_SIZE == 4:
+                    w_x, w_1, w_2, w_3 = t3, t2, t1, t0
+                if KERNEL_SIZE == 5:
+                    w_x, w_1, w_2, w_3, w_4 = t4, t3, t2, t1, t0
+            else:
+                w_x = tl.load(taps + (n0 + WIDTH) * weight_stride_tap, mask=cmask).to(tl.float32)
+                w_1 = tl.load(taps + (n0 + WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
+                if WIDTH >= 2:
+                    w_2 = tl.load(taps + (n0 + WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
+                if WIDTH >= 3:
+                    w_3 = tl.load(taps + (n0 + WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
+                if WIDTH >= 4:
+                    w_4 = tl.load(taps + (n0 + WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
         if ROWS:  # rows 0 .. K-3: the K-2 newest committed inputs, oldest first
             if WIDTH >= 2:
                 tl.store(windows + (n0 + WIDTH - 2) * windows_stride_node, h1.to(windows_ptr.dtype.element_ty),
@@ -643,7 +674,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         num_warps=num_warps,
     )
     if kernel is _verify_node_loop_kernel:
-        return kernel, grid, scalars, dict(flags, ROWS=not dense)
+        return kernel, grid, scalars, dict(flags, ROWS=not dense, PRELOAD=bool(preload))
     if kernel is _verify_rows_kernel:
         _check_rows_spans(dest, state, x, out, weight, bias, parents)
         return kernel, grid, scalars, dict(flags, NODES=nodes, PRELOAD=bool(preload) and kernel_size <= 5)

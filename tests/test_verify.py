@@ -197,8 +197,8 @@ def test_verify_fuzz(impl):
 
 
 @pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
-@pytest.mark.parametrize("node_loop, preload", [(False, False), (True, False), (False, True)],
-                         ids=["tile-or-any-width", "node-loop", "tile-preloaded"])
+@pytest.mark.parametrize("node_loop, preload", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["tile-or-any-width", "node-loop", "tile-preloaded", "node-loop-preloaded"])
 def test_verify_fuzz_each_kernel(impl, node_loop, preload):
     """Both verify kernels on every layout, whichever the launcher would pick for the shape: the
     node loop (K <= 5; rows or dense windows) and the rows tile / the any-width dense kernel,

@@ -49,9 +49,10 @@ def main():
     configs = {  # None: the launcher's default; (channels, warps, node loop or the rows tile[, preload])
         "rows": [None, (16, 1, False), (32, 1, False), (64, 1, False), (128, 1, False), (64, 2, False),
                  (32, 1, False, True), (64, 1, False, True), (128, 1, False, True), (64, 2, False, True),
-                 (32, 1, True), (64, 1, True), (128, 1, True), (64, 2, True), (128, 2, True), (256, 4, True)],
+                 (32, 1, True), (64, 1, True), (128, 1, True), (64, 2, True), (128, 2, True), (256, 4, True),
+                 (64, 1, True, True), (128, 1, True, True)],
         "dense": [None, (32, 1, True), (64, 1, True), (128, 1, True), (128, 2, True), (256, 2, True),
-                  (256, 4, True), (512, 4, True)],
+                  (256, 4, True), (512, 4, True), (32, 1, True, True), (64, 1, True, True)],
     }
     for num_nodes in args.nodes:
         tree = num_nodes != 4
@@ -81,8 +82,11 @@ def main():
                         reference_out = out.clone()
                     same = "yes" if torch.equal(out, reference_out) else "NO"
                     us = graph_time_us(run)
-                    kind = "loop " if config and config[2] else "tile+preload " if config and len(config) > 3 else "tile "
-                    name = "default" if config is None else f"{kind}{config[0]}/{config[1]}w"
+                    name = "default"
+                    if config is not None:
+                        kind = "loop" if config[2] else "tile"
+                        preloaded = "+preload" if len(config) > 3 and config[3] else ""
+                        name = f"{kind}{preloaded} {config[0]}/{config[1]}w"
                     draft = f"tree N={num_nodes} topk 3" if tree else f"chain D={num_nodes}"
                     gbps = nbytes / (us * 1e-6) / 1e9
                     print(f"| {draft} | {layout} | {B} | {name} | {us:.1f} | {gbps / ceiling:.1%} | {same} |", flush=True)
