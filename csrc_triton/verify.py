@@ -74,6 +74,21 @@ def _links_ok(node, parents_row, parents_stride_node, WIDTH: tl.constexpr):
 
 
 @triton.jit
+def _columns(base, chan, cmask, stride_row, stride_col, NUM: tl.constexpr):
+    """Columns 0..NUM-1 (NUM <= 4) of the [rows, NUM] block at ``base`` (row r at chan[r]) as
+    [channels] vectors in the block's dtype, zeros past NUM: one 2-D load, so neighbouring lanes
+    read neighbouring elements whichever axis is contiguous, then split in registers."""
+    tl.static_assert(NUM <= 4, "_columns reads at most 4 columns")
+    col = tl.arange(0, 4)
+    block = tl.load(base + (chan * stride_row)[:, None] + (col * stride_col)[None, :],
+                    mask=cmask[:, None] & (col < NUM)[None, :], other=0.0)
+    even, odd = tl.split(tl.reshape(block, [chan.shape[0], 2, 2]))  # columns (0, 2) and (1, 3)
+    c0, c2 = tl.split(even)
+    c1, c3 = tl.split(odd)
+    return c0, c1, c2, c3
+
+
+@triton.jit
 def _verify_rows_kernel(
     rows_ptr,
     state_ptr,
@@ -116,6 +131,7 @@ def _verify_rows_kernel(
     HAS_CONV: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
+    PRELOAD: tl.constexpr = False,  # K <= 5: the committed inputs and the weights as one 2-D load each
 ):
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
     row = tl.program_id(0).to(tl.int64)
@@ -133,10 +149,33 @@ def _verify_rows_kernel(
         rows_chan = (chan * rows_stride_dim)[None, :]
         state_chan = (chan * state_stride_dim)[None, :]
         x_chan = (chan * x_stride_dim)[None, :]
-        for h in tl.static_range(WIDTH - 1):  # rows 0 .. K-3: the K-2 newest committed inputs
-            committed = tl.load(state + (h + 1) * state_stride_win + state_chan, mask=cmask[None, :])
-            tl.store(rows + h * rows_stride_pos + rows_chan, committed.to(rows_ptr.dtype.element_ty),
-                     mask=cmask[None, :])
+        if PRELOAD:
+            tl.static_assert(KERNEL_SIZE <= 5, "PRELOAD holds at most 4 committed inputs and 5 taps")
+            # committed column c, oldest first; then h1 the newest, as _input_at takes them
+            s0, s1, s2, s3 = _columns(state, chan, cmask, state_stride_dim, state_stride_win, WIDTH)
+            h1, h2, h3, h4 = s0, s0, s0, s0
+            if WIDTH == 1:
+                h1, h2, h3, h4 = s0, s1, s2, s3  # (s1.. are zeros)
+            if WIDTH == 2:
+                h1, h2, h3, h4 = s1, s0, s2, s3
+            if WIDTH == 3:
+                h1, h2, h3, h4 = s2, s1, s0, s3
+            if WIDTH == 4:
+                h1, h2, h3, h4 = s3, s2, s1, s0
+            if WIDTH >= 2:  # rows 0 .. K-3: the K-2 newest committed inputs, oldest first
+                tl.store(rows + (WIDTH - 2) * rows_stride_pos + rows_chan,
+                         h1.to(rows_ptr.dtype.element_ty)[None, :], mask=cmask[None, :])
+            if WIDTH >= 3:
+                tl.store(rows + (WIDTH - 3) * rows_stride_pos + rows_chan,
+                         h2.to(rows_ptr.dtype.element_ty)[None, :], mask=cmask[None, :])
+            if WIDTH >= 4:
+                tl.store(rows + (WIDTH - 4) * rows_stride_pos + rows_chan,
+                         h3.to(rows_ptr.dtype.element_ty)[None, :], mask=cmask[None, :])
+        else:
+            for h in tl.static_range(WIDTH - 1):  # rows 0 .. K-3: the K-2 newest committed inputs
+                committed = tl.load(state + (h + 1) * state_stride_win + state_chan, mask=cmask[None, :])
+                tl.store(rows + h * rows_stride_pos + rows_chan, committed.to(rows_ptr.dtype.element_ty),
+                         mask=cmask[None, :])
         node = tl.arange(0, NODES)
         nmask = node < num_nodes
         tile_mask = nmask[:, None] & cmask[None, :]
@@ -154,16 +193,47 @@ def _verify_rows_kernel(
                 acc = tl.zeros([NODES, BLOCK], dtype=tl.float32) + bias[None, :]
             else:
                 acc = tl.zeros([NODES, BLOCK], dtype=tl.float32)
-            newest = tl.load(weight_ptr + chan * weight_stride_dim + WIDTH * weight_stride_tap, mask=cmask)
+            if PRELOAD:  # tap t of channel c, t = 0 the oldest input's
+                if KERNEL_SIZE > 4:
+                    t0, t1, t2, t3 = _columns(weight_ptr, chan, cmask, weight_stride_dim, weight_stride_tap, 4)
+                    t4 = tl.load(weight_ptr + chan * weight_stride_dim + 4 * weight_stride_tap, mask=cmask)
+                else:
+                    t0, t1, t2, t3 = _columns(weight_ptr, chan, cmask, weight_stride_dim, weight_stride_tap,
+                                              KERNEL_SIZE)
+                    t4 = t3
+                newest = t4
+                if KERNEL_SIZE == 2:
+                    newest = t1
+                if KERNEL_SIZE == 3:
+                    newest = t2
+                if KERNEL_SIZE == 4:
+                    newest = t3
+            else:
+                newest = tl.load(weight_ptr + chan * weight_stride_dim + WIDTH * weight_stride_tap, mask=cmask)
             acc = tl.fma(newest.to(tl.float32)[None, :], tokens.to(tl.float32), acc)
             for up in tl.static_range(1, KERNEL_SIZE):
                 pos = _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS)
                 is_token = (pos >= 0)[:, None]
                 from_x = tl.load(xs + (pos * x_stride_node)[:, None] + x_chan, mask=is_token & write)
-                from_state = tl.load(state + ((WIDTH + pos) * state_stride_win)[:, None] + state_chan,
-                                     mask=(~is_token) & write)
+                if PRELOAD:
+                    back = pos[:, None]
+                    from_state = tl.where(back == -1, h1.to(tl.float32)[None, :],
+                                          tl.where(back == -2, h2.to(tl.float32)[None, :],
+                                                   tl.where(back == -3, h3.to(tl.float32)[None, :],
+                                                            h4.to(tl.float32)[None, :])))
+                    tap = t0
+                    if WIDTH - up == 1:
+                        tap = t1
+                    if WIDTH - up == 2:
+                        tap = t2
+                    if WIDTH - up == 3:
+                        tap = t3
+                else:
+                    from_state = tl.load(state + ((WIDTH + pos) * state_stride_win)[:, None] + state_chan,
+                                         mask=(~is_token) & write)
+                    tap = tl.load(weight_ptr + chan * weight_stride_dim + (WIDTH - up) * weight_stride_tap,
+                                  mask=cmask)
                 value = tl.where(is_token, from_x.to(tl.float32), from_state.to(tl.float32))
-                tap = tl.load(weight_ptr + chan * weight_stride_dim + (WIDTH - up) * weight_stride_tap, mask=cmask)
                 acc = tl.fma(tap.to(tl.float32)[None, :], value, acc)
             if SILU:
                 acc = acc * tl.sigmoid(acc)
@@ -225,6 +295,7 @@ def _verify_node_loop_kernel(
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
     ROWS: tl.constexpr = False,
+    PRELOAD: tl.constexpr = False,  # the committed inputs and the weights as one 2-D load each
 ):
     """Dense windows for K <= 5: the K-1 committed inputs and the conv's weights stay in registers,
     a chain's previous inputs roll along in registers (each node loads only its own input), and a
@@ -249,16 +320,28 @@ def _verify_node_loop_kernel(
         # every offset in int64: a factor times an int32 stride may pass 2**31 (no span check here)
         n0 = row * 0
         zero = tl.zeros([BLOCK], dtype=tl.float32)
-        h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)  # the newest
-        h2 = zero
-        h3 = zero
-        h4 = zero
-        if WIDTH >= 2:
-            h2 = tl.load(state + (n0 + WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
-        if WIDTH >= 3:
-            h3 = tl.load(state + (n0 + WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
-        if WIDTH >= 4:
-            h4 = tl.load(state + (n0 + WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
+        if PRELOAD:
+            state_base = state_ptr + state_layer_offset + src * state_stride_slot
+            s0, s1, s2, s3 = _columns(state_base, chan, cmask, state_stride_dim, n0 + state_stride_win, WIDTH)
+            s0, s1, s2, s3 = s0.to(tl.float32), s1.to(tl.float32), s2.to(tl.float32), s3.to(tl.float32)
+            h1, h2, h3, h4 = s0, s1, s2, s3  # WIDTH == 1 (h2.. are zeros)
+            if WIDTH == 2:
+                h1, h2, h3, h4 = s1, s0, s2, s3
+            if WIDTH == 3:
+                h1, h2, h3, h4 = s2, s1, s0, s3
+            if WIDTH == 4:
+                h1, h2, h3, h4 = s3, s2, s1, s0
+        else:
+            h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)  # the newest
+            h2 = zero
+            h3 = zero
+            h4 = zero
+            if WIDTH >= 2:
+                h2 = tl.load(state + (n0 + WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
+            if WIDTH >= 3:
+                h3 = tl.load(state + (n0 + WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
+            if WIDTH >= 4:
+                h4 = tl.load(state + (n0 + WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
         bias = zero
         w_x = zero
         w_1 = zero
@@ -269,14 +352,32 @@ def _verify_node_loop_kernel(
             taps = weight_ptr + chan * weight_stride_dim
             if HAS_BIAS:
                 bias = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
-            w_x = tl.load(taps + (n0 + WIDTH) * weight_stride_tap, mask=cmask).to(tl.float32)
-            w_1 = tl.load(taps + (n0 + WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
-            if WIDTH >= 2:
-                w_2 = tl.load(taps + (n0 + WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
-            if WIDTH >= 3:
-                w_3 = tl.load(taps + (n0 + WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
-            if WIDTH >= 4:
-                w_4 = tl.load(taps + (n0 + WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
+            if PRELOAD:  # tap t, t = 0 the oldest input's
+                if KERNEL_SIZE > 4:
+                    t0, t1, t2, t3 = _columns(weight_ptr, chan, cmask, weight_stride_dim, n0 + weight_stride_tap, 4)
+                    t4 = tl.load(taps + (n0 + 4) * weight_stride_tap, mask=cmask).to(tl.float32)
+                else:
+                    t0, t1, t2, t3 = _columns(weight_ptr, chan, cmask, weight_stride_dim, n0 + weight_stride_tap,
+                                              KERNEL_SIZE)
+                    t4 = t3.to(tl.float32)
+                t0, t1, t2, t3 = t0.to(tl.float32), t1.to(tl.float32), t2.to(tl.float32), t3.to(tl.float32)
+                if KERNEL_SIZE == 2:
+                    w_x, w_1 = t1, t0
+                if KERNEL_SIZE == 3:
+                    w_x, w_1, w_2 = t2, t1, t0
+                if KERNEL_SIZE == 4:
+                    w_x, w_1, w_2, w_3 = t3, t2, t1, t0
+                if KERNEL_SIZE == 5:
+                    w_x, w_1, w_2, w_3, w_4 = t4, t3, t2, t1, t0
+            else:
+                w_x = tl.load(taps + (n0 + WIDTH) * weight_stride_tap, mask=cmask).to(tl.float32)
+                w_1 = tl.load(taps + (n0 + WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
+                if WIDTH >= 2:
+                    w_2 = tl.load(taps + (n0 + WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
+                if WIDTH >= 3:
+                    w_3 = tl.load(taps + (n0 + WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
+                if WIDTH >= 4:
+                    w_4 = tl.load(taps + (n0 + WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
         if ROWS:  # rows 0 .. K-3: the K-2 newest committed inputs, oldest first
             if WIDTH >= 2:
                 tl.store(windows + (n0 + WIDTH - 2) * windows_stride_node, h1.to(windows_ptr.dtype.element_ty),
@@ -495,13 +596,13 @@ def _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots
 
 def _verify_call(
     out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
-    *, dense, silu, block=None, num_warps=None, node_loop=None,
+    *, dense, silu, block=None, num_warps=None, node_loop=None, preload=False,
 ) -> KernelCall | None:
     """The launch of launch_capture / launch_causal_conv1d_verify (``out`` None: a capture) and
     of their planners, or None if there is nothing to do. Its plan comes from _PLANS."""
     has_conv = out is not None
     key = (
-        dense, silu, block, num_warps, node_loop, dest.shape, dest.stride(), state.shape, state.stride(),
+        dense, silu, block, num_warps, node_loop, preload, dest.shape, dest.stride(), state.shape, state.stride(),
         x.shape, x.stride(), out.stride() if has_conv else None, weight.stride() if has_conv else None,
         None if bias is None else bias.stride(), buffer_slots.stride(0), state_slots.stride(0),
         None if parents is None else parents.stride(),
@@ -509,7 +610,7 @@ def _verify_call(
     plan = _PLANS.get(key, MISSING)
     if plan is MISSING:
         plan = _PLANS.add(key, _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
-                                     dense, silu, block, num_warps, node_loop))
+                                     dense, silu, block, num_warps, node_loop, preload))
     if plan is None:
         return None
     kernel, grid, scalars, flags = plan
@@ -518,7 +619,7 @@ def _verify_call(
 
 
 def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents, dense, silu, block, num_warps,
-          node_loop):
+          node_loop, preload):
     """(kernel, grid, scalar arguments after the layer offsets, constexprs), or None if there is
     nothing to do; raises for what the kernels cannot address. Depends only on _verify_call's key."""
     num_rows, num_nodes, dim = x.shape
@@ -573,10 +674,10 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         num_warps=num_warps,
     )
     if kernel is _verify_node_loop_kernel:
-        return kernel, grid, scalars, dict(flags, ROWS=not dense)
+        return kernel, grid, scalars, dict(flags, ROWS=not dense, PRELOAD=bool(preload))
     if kernel is _verify_rows_kernel:
         _check_rows_spans(dest, state, x, out, weight, bias, parents)
-        return kernel, grid, scalars, dict(flags, NODES=nodes)
+        return kernel, grid, scalars, dict(flags, NODES=nodes, PRELOAD=bool(preload) and kernel_size <= 5)
     return kernel, grid, scalars, flags
 
 
@@ -625,6 +726,7 @@ def launch_capture(
     block: int | None = None,
     num_warps: int | None = None,
     node_loop: bool | None = None,
+    preload: bool = False,
 ) -> None:
     """Write layer ``layer`` of every active request's buffer slot (see the module docstring).
 
@@ -633,7 +735,8 @@ def launch_capture(
     parents: [B, N] or None for a chain; int32 or int64, any strides.
     """
     call = _verify_call(None, dest, state, x, None, None, buffer_slots, state_slots, layer, parents,
-                        dense=dense, silu=False, block=block, num_warps=num_warps, node_loop=node_loop)
+                        dense=dense, silu=False, block=block, num_warps=num_warps, node_loop=node_loop,
+                        preload=preload)
     if call is not None:
         call.launch()
 
@@ -667,13 +770,15 @@ def launch_causal_conv1d_verify(
     block: int | None = None,
     num_warps: int | None = None,
     node_loop: bool | None = None,
+    preload: bool = False,
 ) -> None:
     """launch_capture, fused with out[b, n] = act(bias + sum_k weight[:, k] * input k of node n).
 
     out: [B, N, dim], weight: [dim, K], bias: [dim] or None; any strides.
     """
     call = _verify_call(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
-                        dense=dense, silu=silu, block=block, num_warps=num_warps, node_loop=node_loop)
+                        dense=dense, silu=silu, block=block, num_warps=num_warps, node_loop=node_loop,
+                        preload=preload)
     if call is not None:
         call.launch()
 

@@ -197,8 +197,9 @@ def test_verify_fuzz(impl):
 
 
 @pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
-@pytest.mark.parametrize("node_loop", [False, True], ids=["tile-or-any-width", "node-loop"])
-def test_verify_fuzz_each_kernel(impl, node_loop):
+@pytest.mark.parametrize("node_loop, preload", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["tile-or-any-width", "node-loop", "tile-preloaded", "node-loop-preloaded"])
+def test_verify_fuzz_each_kernel(impl, node_loop, preload):
     """Both verify kernels on every layout, whichever the launcher would pick for the shape: the
     node loop (K <= 5; rows or dense windows) and the rows tile / the any-width dense kernel,
     against the same oracles as test_verify_fuzz."""
@@ -221,7 +222,7 @@ def test_verify_fuzz_each_kernel(impl, node_loop):
             conv["out"], args["buffer"], args["conv_state"], args["x"], conv["weight"], conv["bias"],
             args["buffer_slots"], args["state_slots"], args["layer"], args["parents"],
             layout=layout, activation=activation, state_layout=state_layout)
-        launch(*kernel_args, **kernel_kwargs, node_loop=node_loop)
+        launch(*kernel_args, **kernel_kwargs, node_loop=node_loop, preload=preload)
         assert torch.equal(whole_storage(args["buffer"]), want)
         check_outputs(conv["out"], out_before, expected, written)
 

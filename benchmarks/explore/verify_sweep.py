@@ -46,11 +46,13 @@ def main():
     print("fused verify (conv + capture), one layer, dim 8192, K=4, bf16")
     print("| draft | layout | B | block/warps | graph replay (us/launch) | of copy ceiling | out equal to default |")
     print("|---|---|---|---|---|---|---|")
-    configs = {  # None: the launcher's default; (channels, warps, node loop or the rows tile)
+    configs = {  # None: the launcher's default; (channels, warps, node loop or the rows tile[, preload])
         "rows": [None, (16, 1, False), (32, 1, False), (64, 1, False), (128, 1, False), (64, 2, False),
-                 (32, 1, True), (64, 1, True), (128, 1, True), (64, 2, True), (128, 2, True), (256, 4, True)],
+                 (32, 1, False, True), (64, 1, False, True), (128, 1, False, True), (64, 2, False, True),
+                 (32, 1, True), (64, 1, True), (128, 1, True), (64, 2, True), (128, 2, True), (256, 4, True),
+                 (64, 1, True, True), (128, 1, True, True)],
         "dense": [None, (32, 1, True), (64, 1, True), (128, 1, True), (128, 2, True), (256, 2, True),
-                  (256, 4, True), (512, 4, True)],
+                  (256, 4, True), (512, 4, True), (32, 1, True, True), (64, 1, True, True)],
     }
     for num_nodes in args.nodes:
         tree = num_nodes != 4
@@ -67,7 +69,8 @@ def main():
                 nbytes = layer_bytes(B, num_nodes, dim, K, layout)
                 reference_out = None
                 for config in configs["dense" if layout == "dense" else "rows"]:
-                    tuning = {} if config is None else dict(block=config[0], num_warps=config[1], node_loop=config[2])
+                    tuning = {} if config is None else dict(block=config[0], num_warps=config[1], node_loop=config[2],
+                                                            preload=config[3] if len(config) > 3 else False)
 
                     def run():
                         kernels.launch_causal_conv1d_verify(
@@ -79,7 +82,11 @@ def main():
                         reference_out = out.clone()
                     same = "yes" if torch.equal(out, reference_out) else "NO"
                     us = graph_time_us(run)
-                    name = "default" if config is None else f"{'loop ' if config[2] else 'tile '}{config[0]}/{config[1]}w"
+                    name = "default"
+                    if config is not None:
+                        kind = "loop" if config[2] else "tile"
+                        preloaded = "+preload" if len(config) > 3 and config[3] else ""
+                        name = f"{kind}{preloaded} {config[0]}/{config[1]}w"
                     draft = f"tree N={num_nodes} topk 3" if tree else f"chain D={num_nodes}"
                     gbps = nbytes / (us * 1e-6) / 1e9
                     print(f"| {draft} | {layout} | {B} | {name} | {us:.1f} | {gbps / ceiling:.1%} | {same} |", flush=True)
