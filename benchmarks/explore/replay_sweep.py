@@ -73,11 +73,9 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=None,
                         help="block/warps pairs instead of the product of --blocks and --warps")
     parser.add_argument("--tma", nargs="+", choices=["auto", "on", "off"], default=["auto"],
-                        help="gdn only: the state tiles' load -- the launcher's choice, a tensor descriptor, "
+                        help="the state tiles' load -- the launcher's choice, a tensor descriptor, "
                              "pointers (each timed)")
     args = parser.parse_args()
-    if args.mixer != "gdn" and args.tma != ["auto"]:
-        parser.error("--tma applies to --mixer gdn")
     loads = {"auto": {}, "on": {"tma": True}, "off": {"tma": False}}
     ceiling = copy_ceiling_gbps()
     print(f"copy ceiling {ceiling:.0f} GB/s; {args.mixer}: {GDN if args.mixer == 'gdn' else MAMBA2} K={K}", flush=True)
