@@ -229,14 +229,14 @@ def state_tile_box(ssm: torch.Tensor, rows: int, columns: int) -> list[int]:
     return [1] * (ssm.dim() - 2) + [rows, columns]
 
 
-def planned_state_replay(by_pointers: KernelCall | None, ssm: torch.Tensor, box: list[int]):
+def planned_state_replay(by_pointers: KernelCall | None, ssm: torch.Tensor, box: list[int], *, descriptor: bool):
     """A replay kernel's launch fixed for its signature (``by_pointers``: its KernelCall with
     TMA_LOAD off and ssm as the descriptor's placeholder): a function of (ssm, the kernel's tensors
-    after its descriptor argument). A signature that allows the descriptor load takes it on
-    every call whose ssm is 16-byte aligned (a descriptor per call: it holds ssm), else the
-    pointer load."""
+    after its descriptor argument). Where ``descriptor`` (the mixer's choice for this kind of
+    path) and the signature allow the descriptor load, it takes it on every call whose ssm is
+    16-byte aligned (a descriptor per call: it holds ssm), else the pointer load."""
     replay = planned_launch(by_pointers)
-    if by_pointers is None or not tma_signature_ok(ssm, box):
+    if by_pointers is None or not descriptor or not tma_signature_ok(ssm, box):
         return replay
     by_descriptor = planned_launch(by_pointers._replace(constexprs=dict(by_pointers.constexprs, TMA_LOAD=True)),
                                    num_descriptors=1)

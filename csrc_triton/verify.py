@@ -20,7 +20,9 @@ window.
 _verify_rows_kernel (rows layouts) holds all N nodes as one [nodes, channels] tile: the positions
 of every node's k-th input come from one vectorised step up the links, so each tap is one tile
 load (from x, or the state for positions in the history) and each weight column is read once;
-per-element offsets are int32 (the launcher checks one slot's span). _verify_node_loop_kernel
+for K <= 5 (PRELOAD) the committed inputs and the weights come in as one [channels, K] load each,
+split in registers, rather than one strided load per tap; per-element offsets are int32 (the
+launcher checks one slot's span). _verify_node_loop_kernel
 loops over the nodes instead, one [channels] vector at a time, with the committed inputs, the
 weights and (chains) the previous inputs in registers, for K <= 5, writing dense windows or rows
 (int64 offsets: no span to check); _verify_dense_any_width_kernel, for wider dense windows,
@@ -39,7 +41,8 @@ from ._common import INT32_MAX, MAX_GRID_Y, MISSING, KernelCall, LaunchPlans, cd
 
 ROWS_WARPS = 1  # the rows kernel's channels per program depend on the node count: _rows_block
 NODE_LOOP_WARPS = 1  # the node-loop kernel (K <= 5): channels per program from _node_loop_block
-NODE_LOOP_MIN_ROWS = 32  # token_major rows take the node loop from this many requests (_node_loop)
+NODE_LOOP_MIN_ROWS = 32  # token_major chains take the node loop from this many requests (_node_loop)
+NODE_LOOP_MIN_ROWS_TREE = 128  # token_major trees from this many
 DENSE_ANY_WIDTH_BLOCK = 256  # channels per program of the dense kernel for K > 5
 DENSE_ANY_WIDTH_WARPS = 2
 
@@ -295,7 +298,6 @@ def _verify_node_loop_kernel(
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
     ROWS: tl.constexpr = False,
-    PRELOAD: tl.constexpr = False,  # the committed inputs and the weights as one 2-D load each
 ):
     """Dense windows for K <= 5: the K-1 committed inputs and the conv's weights stay in registers,
     a chain's previous inputs roll along in registers (each node loads only its own input), and a
@@ -320,28 +322,16 @@ def _verify_node_loop_kernel(
         # every offset in int64: a factor times an int32 stride may pass 2**31 (no span check here)
         n0 = row * 0
         zero = tl.zeros([BLOCK], dtype=tl.float32)
-        if PRELOAD:
-            state_base = state_ptr + state_layer_offset + src * state_stride_slot
-            s0, s1, s2, s3 = _columns(state_base, chan, cmask, state_stride_dim, n0 + state_stride_win, WIDTH)
-            s0, s1, s2, s3 = s0.to(tl.float32), s1.to(tl.float32), s2.to(tl.float32), s3.to(tl.float32)
-            h1, h2, h3, h4 = s0, s1, s2, s3  # WIDTH == 1 (h2.. are zeros)
-            if WIDTH == 2:
-                h1, h2, h3, h4 = s1, s0, s2, s3
-            if WIDTH == 3:
-                h1, h2, h3, h4 = s2, s1, s0, s3
-            if WIDTH == 4:
-                h1, h2, h3, h4 = s3, s2, s1, s0
-        else:
-            h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)  # the newest
-            h2 = zero
-            h3 = zero
-            h4 = zero
-            if WIDTH >= 2:
-                h2 = tl.load(state + (n0 + WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
-            if WIDTH >= 3:
-                h3 = tl.load(state + (n0 + WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
-            if WIDTH >= 4:
-                h4 = tl.load(state + (n0 + WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
+        h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)  # the newest
+        h2 = zero
+        h3 = zero
+        h4 = zero
+        if WIDTH >= 2:
+            h2 = tl.load(state + (n0 + WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
+        if WIDTH >= 3:
+            h3 = tl.load(state + (n0 + WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
+        if WIDTH >= 4:
+            h4 = tl.load(state + (n0 + WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
         bias = zero
         w_x = zero
         w_1 = zero
@@ -352,32 +342,14 @@ def _verify_node_loop_kernel(
             taps = weight_ptr + chan * weight_stride_dim
             if HAS_BIAS:
                 bias = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
-            if PRELOAD:  # tap t, t = 0 the oldest input's
-                if KERNEL_SIZE > 4:
-                    t0, t1, t2, t3 = _columns(weight_ptr, chan, cmask, weight_stride_dim, n0 + weight_stride_tap, 4)
-                    t4 = tl.load(taps + (n0 + 4) * weight_stride_tap, mask=cmask).to(tl.float32)
-                else:
-                    t0, t1, t2, t3 = _columns(weight_ptr, chan, cmask, weight_stride_dim, n0 + weight_stride_tap,
-                                              KERNEL_SIZE)
-                    t4 = t3.to(tl.float32)
-                t0, t1, t2, t3 = t0.to(tl.float32), t1.to(tl.float32), t2.to(tl.float32), t3.to(tl.float32)
-                if KERNEL_SIZE == 2:
-                    w_x, w_1 = t1, t0
-                if KERNEL_SIZE == 3:
-                    w_x, w_1, w_2 = t2, t1, t0
-                if KERNEL_SIZE == 4:
-                    w_x, w_1, w_2, w_3 = t3, t2, t1, t0
-                if KERNEL_SIZE == 5:
-                    w_x, w_1, w_2, w_3, w_4 = t4, t3, t2, t1, t0
-            else:
-                w_x = tl.load(taps + (n0 + WIDTH) * weight_stride_tap, mask=cmask).to(tl.float32)
-                w_1 = tl.load(taps + (n0 + WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
-                if WIDTH >= 2:
-                    w_2 = tl.load(taps + (n0 + WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
-                if WIDTH >= 3:
-                    w_3 = tl.load(taps + (n0 + WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
-                if WIDTH >= 4:
-                    w_4 = tl.load(taps + (n0 + WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
+            w_x = tl.load(taps + (n0 + WIDTH) * weight_stride_tap, mask=cmask).to(tl.float32)
+            w_1 = tl.load(taps + (n0 + WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
+            if WIDTH >= 2:
+                w_2 = tl.load(taps + (n0 + WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
+            if WIDTH >= 3:
+                w_3 = tl.load(taps + (n0 + WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
+            if WIDTH >= 4:
+                w_4 = tl.load(taps + (n0 + WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
         if ROWS:  # rows 0 .. K-3: the K-2 newest committed inputs, oldest first
             if WIDTH >= 2:
                 tl.store(windows + (n0 + WIDTH - 2) * windows_stride_node, h1.to(windows_ptr.dtype.element_ty),
@@ -549,15 +521,16 @@ def _verify_dense_any_width_kernel(
                 tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=write)
 
 
-def _node_loop(dense: bool, dest: torch.Tensor, num_rows: int) -> bool:
+def _node_loop(dense: bool, dest: torch.Tensor, num_rows: int, tree: bool) -> bool:
     """Whether the node-loop kernel serves this launch (K <= 5 aside). Measured on the H200
     (docs/benchmarks.md, "Verify kernel"): always for dense windows; for rows whose channels are
     contiguous (token_major) from 32 requests up, where it moves the bytes faster than the tile
     (below, the tile's many small programs start sooner); never for channel_major rows, whose
-    per-node stores the loop would stride."""
+    per-node stores the loop would stride. Trees keep the preloading tile longer: it beat the loop
+    at 64 requests, the loop won at 256."""
     if dense:
         return True
-    return dest.stride(-1) == 1 and num_rows >= NODE_LOOP_MIN_ROWS
+    return dest.stride(-1) == 1 and num_rows >= (NODE_LOOP_MIN_ROWS_TREE if tree else NODE_LOOP_MIN_ROWS)
 
 
 def _node_loop_block(dense: bool, num_rows: int) -> int:
@@ -596,7 +569,7 @@ def _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots
 
 def _verify_call(
     out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
-    *, dense, silu, block=None, num_warps=None, node_loop=None, preload=False,
+    *, dense, silu, block=None, num_warps=None, node_loop=None, preload=None,
 ) -> KernelCall | None:
     """The launch of launch_capture / launch_causal_conv1d_verify (``out`` None: a capture) and
     of their planners, or None if there is nothing to do. Its plan comes from _PLANS."""
@@ -632,7 +605,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     nodes = next_power_of_2(max(num_nodes, 1))
     kernel_size = state.shape[3] + 1
     if node_loop is None:
-        node_loop = _node_loop(dense, dest, num_rows)
+        node_loop = _node_loop(dense, dest, num_rows, has_parents)
     node_loop = node_loop and kernel_size <= 5  # wider: the rows tile, or dense windows' any-width kernel
     if dense and not node_loop:
         kernel, default_block = _verify_dense_any_width_kernel, DENSE_ANY_WIDTH_BLOCK
@@ -674,10 +647,11 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         num_warps=num_warps,
     )
     if kernel is _verify_node_loop_kernel:
-        return kernel, grid, scalars, dict(flags, ROWS=not dense, PRELOAD=bool(preload))
+        return kernel, grid, scalars, dict(flags, ROWS=not dense)
     if kernel is _verify_rows_kernel:
         _check_rows_spans(dest, state, x, out, weight, bias, parents)
-        return kernel, grid, scalars, dict(flags, NODES=nodes, PRELOAD=bool(preload) and kernel_size <= 5)
+        preload = kernel_size <= 5 if preload is None else preload and kernel_size <= 5
+        return kernel, grid, scalars, dict(flags, NODES=nodes, PRELOAD=preload)
     return kernel, grid, scalars, flags
 
 
@@ -726,7 +700,7 @@ def launch_capture(
     block: int | None = None,
     num_warps: int | None = None,
     node_loop: bool | None = None,
-    preload: bool = False,
+    preload: bool | None = None,
 ) -> None:
     """Write layer ``layer`` of every active request's buffer slot (see the module docstring).
 
@@ -770,11 +744,13 @@ def launch_causal_conv1d_verify(
     block: int | None = None,
     num_warps: int | None = None,
     node_loop: bool | None = None,
-    preload: bool = False,
+    preload: bool | None = None,
 ) -> None:
     """launch_capture, fused with out[b, n] = act(bias + sum_k weight[:, k] * input k of node n).
 
-    out: [B, N, dim], weight: [dim, K], bias: [dim] or None; any strides.
+    out: [B, N, dim], weight: [dim, K], bias: [dim] or None; any strides. block, num_warps,
+    node_loop (the node-loop kernel or the rows tile / the any-width dense kernel) and preload (the
+    rows tile's 2-D loads, K <= 5): tuning, None for the measured defaults.
     """
     call = _verify_call(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
                         dense=dense, silu=silu, block=block, num_warps=num_warps, node_loop=node_loop,

@@ -144,15 +144,17 @@ def run_public_misaligned(replay, ssm_state, conv_state):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mixer", MIXERS)
-def test_state_tile_load_choice(mixer):
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_state_tile_load_choice(mixer, tree):
     """The launchers load state tiles through a descriptor on sm_90+ for a state whose last axis
-    is contiguous and 16-byte aligned, else through pointers (a transposed state; a misaligned
-    base, also when the signature's eager plan was made on an aligned one), and both give the
-    oracle's states."""
+    is contiguous and 16-byte aligned, and for trees only where the mixer's DESCRIPTOR_LOAD_TREES
+    says so; else through pointers (a transposed state; a misaligned base, also when the
+    signature's eager plan was made on an aligned one); both give the oracle's states."""
     from sgl_convwin.csrc_triton import gdn_commit, mamba2_commit
 
+    module = gdn_commit if mixer == "gdn" else mamba2_commit
     kernel = gdn_commit._gdn_replay_kernel if mixer == "gdn" else mamba2_commit._mamba2_replay_kernel
-    capable = torch.cuda.get_device_capability()[0] >= 9
+    capable = torch.cuda.get_device_capability()[0] >= 9 and (not tree or module.DESCRIPTOR_LOAD_TREES)
     seen = []
     original = kernel.run
 
@@ -161,8 +163,8 @@ def test_state_tile_load_choice(mixer):
         return original(*args, **kwargs)
 
     for transposed, runs in ((False, (run_public, run_public_misaligned)), (True, (run_public,))):
-        replay = make_replay(mixer=mixer, head_k_dim=16, head_v_dim=16, transposed_ssm=transposed, device="cuda",
-                             seed=5)
+        replay = make_replay(mixer=mixer, head_k_dim=16, head_v_dim=16, transposed_ssm=transposed, tree=tree,
+                             device="cuda", seed=5)
         replay.commit.eager_plans.clear()
         for run in runs:
             seen.clear()
