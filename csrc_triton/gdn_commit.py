@@ -11,13 +11,12 @@ import triton.language as tl
 
 from ._common import KernelCall, cdiv, next_power_of_2, row_indices
 from .replay import (
-    accepted_path, check_grid, committed_inputs, conv_silu, conv_taps, index_strides, launch_path_window, path_node,
-    planned_path_window, planned_state_replay, state_descriptor, state_tile_box, tma_signature_ok,
+    accepted_path, check_grid, committed_inputs, conv_silu, conv_taps, descriptor_load, index_strides,
+    launch_path_window, path_node, planned_path_window, planned_state_replay, state_descriptor, state_tile_box,
 )
 
 REPLAY_BLOCK_V = 64  # value columns per replay program: a [dk, 64] fp32 tile over 2 warps
 REPLAY_WARPS = 2
-DESCRIPTOR_LOAD_TREES = True  # trees load their state tiles through the descriptor too (where it is allowed)
 
 
 @triton.jit
@@ -151,9 +150,8 @@ def _gdn_replay_call(
     tma=None,
 ):
     """The replay kernel's launch for launch_gdn_commit and planned_gdn_commit, or None if there
-    is nothing to do. tma: load the state tiles through a tensor descriptor (None: where
-    replay.tma_signature_ok allows, ssm's base is 16-byte aligned and, for a tree,
-    DESCRIPTOR_LOAD_TREES)."""
+    is nothing to do. tma: load the state tiles through a tensor descriptor (None:
+    replay.descriptor_load decides)."""
     num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
     num_rows, num_nodes = steps.shape[0], tokens.shape[2]
     if num_rows == 0 or num_layers == 0:
@@ -164,7 +162,7 @@ def _gdn_replay_call(
     block_k = next_power_of_2(head_k_dim)
     box = state_tile_box(ssm, block_k, block_v)
     if tma is None:
-        tma = (parents is None or DESCRIPTOR_LOAD_TREES) and tma_signature_ok(ssm, box) and not ssm.data_ptr() & 15
+        tma = descriptor_load(ssm, box, tree=parents is not None)
     grid = (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers)
     scalars = (
         num_state_slots, tokens.shape[1], num_nodes,
@@ -215,7 +213,7 @@ def planned_gdn_commit(ssm, conv, tokens, history, gates, weight, bias, dst_slot
     call = _gdn_replay_call(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents,
                             **heads, tma=False)
     box = state_tile_box(ssm, call.constexprs["BLOCK_K"], call.constexprs["BLOCK_V"]) if call else []
-    replay = planned_state_replay(call, ssm, box, descriptor=parents is None or DESCRIPTOR_LOAD_TREES)
+    replay = planned_state_replay(call, ssm, box, descriptor=parents is None)
     window = planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
 
     def run(ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents, **heads):

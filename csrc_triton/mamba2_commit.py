@@ -11,13 +11,12 @@ import triton.language as tl
 
 from ._common import KernelCall, cdiv, next_power_of_2, row_indices
 from .replay import (
-    accepted_path, check_grid, committed_inputs, conv_silu, conv_taps, index_strides, launch_path_window, path_node,
-    planned_path_window, planned_state_replay, state_descriptor, state_tile_box, tma_signature_ok,
+    accepted_path, check_grid, committed_inputs, conv_silu, conv_taps, descriptor_load, index_strides,
+    launch_path_window, path_node, planned_path_window, planned_state_replay, state_descriptor, state_tile_box,
 )
 
 REPLAY_BLOCK_P = 32  # head_dim rows per replay program: a [32, d_state] fp32 tile in one warp
 REPLAY_WARPS = 1
-DESCRIPTOR_LOAD_TREES = False  # trees load their state tiles by pointers: the descriptor load measured slower there
 
 
 @triton.jit
@@ -153,7 +152,7 @@ def _mamba2_replay_call(
     block_n = next_power_of_2(d_state)
     box = state_tile_box(ssm, block_p, block_n)
     if tma is None:
-        tma = (parents is None or DESCRIPTOR_LOAD_TREES) and tma_signature_ok(ssm, box) and not ssm.data_ptr() & 15
+        tma = descriptor_load(ssm, box, tree=parents is not None)
     grid = (num_heads * cdiv(head_dim, block_p), num_rows, num_layers)
     scalars = (
         num_state_slots, tokens.shape[1], num_nodes,
@@ -202,7 +201,7 @@ def planned_mamba2_commit(ssm, conv, tokens, history, gates, weight, bias, a, ds
     call = _mamba2_replay_call(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
                                **heads, tma=False)
     box = state_tile_box(ssm, call.constexprs["BLOCK_P"], call.constexprs["BLOCK_N"]) if call else []
-    replay = planned_state_replay(call, ssm, box, descriptor=parents is None or DESCRIPTOR_LOAD_TREES)
+    replay = planned_state_replay(call, ssm, box, descriptor=parents is None)
     window = planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
 
     def run(ssm, conv, tokens, history, gates, weight, bias, a, dst_slots, src_slots, steps, parents, **heads):

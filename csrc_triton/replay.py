@@ -219,6 +219,13 @@ def tma_signature_ok(ssm: torch.Tensor, box: list[int]) -> bool:
     return _tma_capable(ssm.device)
 
 
+def descriptor_load(ssm: torch.Tensor, box: list[int], *, tree: bool) -> bool:
+    """The launchers' choice of state-tile load: through a descriptor for chains whose state
+    allows it (tma_signature_ok, a 16-byte aligned base), by pointers otherwise and for trees
+    (the descriptor load measured slower there on the H200, docs/benchmarks.md)."""
+    return not tree and tma_signature_ok(ssm, box) and not ssm.data_ptr() & 15
+
+
 def state_descriptor(ssm: torch.Tensor, box: list[int]):
     """A tensor descriptor over the state ``ssm`` whose box is one program's state tile."""
     return TensorDescriptor(ssm, list(ssm.shape), list(ssm.stride()), box)
@@ -232,9 +239,9 @@ def state_tile_box(ssm: torch.Tensor, rows: int, columns: int) -> list[int]:
 def planned_state_replay(by_pointers: KernelCall | None, ssm: torch.Tensor, box: list[int], *, descriptor: bool):
     """A replay kernel's launch fixed for its signature (``by_pointers``: its KernelCall with
     TMA_LOAD off and ssm as the descriptor's placeholder): a function of (ssm, the kernel's tensors
-    after its descriptor argument). Where ``descriptor`` (the mixer's choice for this kind of
-    path) and the signature allow the descriptor load, it takes it on every call whose ssm is
-    16-byte aligned (a descriptor per call: it holds ssm), else the pointer load."""
+    after its descriptor argument). Where ``descriptor`` (False for trees: descriptor_load) and the
+    signature allow the descriptor load, it takes it on every call whose ssm is 16-byte aligned (a
+    descriptor per call: it holds ssm), else the pointer load."""
     replay = planned_launch(by_pointers)
     if by_pointers is None or not descriptor or not tma_signature_ok(ssm, box):
         return replay

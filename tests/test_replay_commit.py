@@ -147,14 +147,13 @@ def run_public_misaligned(replay, ssm_state, conv_state):
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_state_tile_load_choice(mixer, tree):
     """The launchers load state tiles through a descriptor on sm_90+ for a state whose last axis
-    is contiguous and 16-byte aligned, and for trees only where the mixer's DESCRIPTOR_LOAD_TREES
-    says so; else through pointers (a transposed state; a misaligned base, also when the
-    signature's eager plan was made on an aligned one); both give the oracle's states."""
+    is contiguous and 16-byte aligned, chains only; else through pointers (trees; a transposed
+    state; a misaligned base, also when the signature's eager plan was made on an aligned one);
+    both give the oracle's states."""
     from sgl_convwin.csrc_triton import gdn_commit, mamba2_commit
 
-    module = gdn_commit if mixer == "gdn" else mamba2_commit
     kernel = gdn_commit._gdn_replay_kernel if mixer == "gdn" else mamba2_commit._mamba2_replay_kernel
-    capable = torch.cuda.get_device_capability()[0] >= 9 and (not tree or module.DESCRIPTOR_LOAD_TREES)
+    capable = torch.cuda.get_device_capability()[0] >= 9 and not tree
     seen = []
     original = kernel.run
 
