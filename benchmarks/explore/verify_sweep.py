@@ -49,9 +49,10 @@ def main():
     configs = {  # None: the launcher's default; (channels, warps, node loop or the rows tile[, preload])
         "rows": [None, (16, 1, False), (32, 1, False), (64, 1, False), (128, 1, False), (64, 2, False),
                  (32, 1, False, True), (64, 1, False, True), (128, 1, False, True), (64, 2, False, True),
-                 (32, 1, True), (64, 1, True), (128, 1, True), (64, 2, True), (128, 2, True), (256, 4, True)],
+                 (32, 1, True), (64, 1, True), (128, 1, True), (64, 2, True), (128, 2, True), (256, 4, True),
+                 (256, 1, True), (256, 2, True), (512, 2, True), (512, 4, True)],
         "dense": [None, (32, 1, True), (64, 1, True), (128, 1, True), (128, 2, True), (256, 2, True),
-                  (256, 4, True), (512, 4, True)],
+                  (256, 4, True), (512, 4, True), (256, 1, True), (512, 2, True)],
     }
     for num_nodes in args.nodes:
         tree = num_nodes != 4
