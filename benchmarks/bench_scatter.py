@@ -154,7 +154,7 @@ def raw_calls(name, args, kwargs):
         state, rows, dst, src, nodes, parents = kernel_args
         index_strides = (dst.stride(0), src.stride(0), nodes.stride(0), parents.stride())
         grid, scalars, constexprs = kernels.scatter_tree._plan_scatter_tree(
-            state, rows, nodes.shape[0], parents.shape[1], index_strides, None, 4)
+            state, rows, nodes.shape[0], parents.shape[1], index_strides, None, None, None, None)
         return [kernel_call(kernels.scatter_tree._scatter_tree_kernel, grid, kernel_args, scalars, constexprs)]
     if name == "capture":
         dest, state, x, buffer_slots, state_slots, layer, parents = kernel_args
@@ -220,10 +220,27 @@ def eager_overhead(calls=1000, rounds=15, device="cuda", **shapes):
     return results
 
 
-def bench_tree(batches, shape="qwen3next-tp1", num_nodes=8, topk=3, blocks=()):
+def tree_config(text: str) -> dict:
+    """A --tree-configs entry, CHANNELS/WARPS[/preload|/links]: the tree launcher's channels per
+    program, warps, and whether the parent links are loaded up front (default: its own rule)."""
+    channels, warps, *walk = text.split("/")
+    if walk not in ([], ["preload"], ["links"]):
+        raise argparse.ArgumentTypeError(f"expected CHANNELS/WARPS[/preload|/links], got {text!r}")
+    config = dict(channels=int(channels), num_warps=int(warps))
+    if walk:
+        config["preload_parents"] = walk == ["preload"]
+    return config
+
+
+def tree_config_name(config: dict) -> str:
+    walk = {None: "", True: ", links preloaded", False: ", link by link"}[config.get("preload_parents")]
+    return f"scatter_tree kernel, {config['channels']} channels / {config['num_warps']} warps{walk}"
+
+
+def bench_tree(batches, shape="qwen3next-tp1", num_nodes=8, topk=3, configs=()):
     """Tree commit: scatter_tree on token_major rows (N+K-2 rows per slot) against the dense
-    fallback engines use for trees today (one [dim, K-1] window per node); ``blocks``: also the
-    tree kernel with these elements per program (exploration)."""
+    fallback engines use for trees today (one [dim, K-1] window per node); ``configs``: also the
+    tree kernel with these launcher arguments (tree_config; exploration)."""
     from sgl_convwin._kernels import triton_kernels
 
     launch_tree = triton_kernels().launch_scatter_tree
@@ -251,9 +268,9 @@ def bench_tree(batches, shape="qwen3next-tp1", num_nodes=8, topk=3, blocks=()):
             ("convwin scatter_tree (token_major rows)", lambda: sgl_convwin.scatter_tree(conv_state, rows, dst, src, nodes, parents), rows),
             ("convwin scatter (dense tree fallback)", lambda: sgl_convwin.scatter(conv_state, dense, dst, src, nodes), dense),
         ]
-        for block in blocks:
-            variants.append((f"scatter_tree kernel, block {block}", functools.partial(
-                launch_tree, conv_state, rows, dst, src, nodes, parents, block=block), rows))
+        for config in configs:
+            variants.append((tree_config_name(config), functools.partial(
+                launch_tree, conv_state, rows, dst, src, nodes, parents, **config), rows))
         for name, fn, cache in variants:
             conv_state.zero_()
             fn()
@@ -275,7 +292,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="write all rows here")
     parser.add_argument("--tree", action="store_true", help="also time the tree commit")
     parser.add_argument("--tree-only", action="store_true", help="time only the tree commit")
-    parser.add_argument("--tree-blocks", nargs="+", type=int, default=[], help="tree kernel blocks to explore")
+    parser.add_argument("--tree-configs", nargs="+", type=tree_config, default=[],
+                        help="tree kernel launches to explore: CHANNELS/WARPS[/preload|/links] ...")
     parser.add_argument("--eager-only", action="store_true", help="time only the eager host overhead")
     args = parser.parse_args(argv)
     if not verify(common.DEVICE):
@@ -286,7 +304,7 @@ def main(argv=None) -> int:
         return 1
     if args.tree_only:
         for shape in args.shapes:
-            bench_tree(args.batches, shape, blocks=args.tree_blocks)
+            bench_tree(args.batches, shape, configs=args.tree_configs)
         return 0
     eager_overhead()
     if args.eager_only:

@@ -9,10 +9,17 @@ p-1. Walking up from a node: position K-2+n -> K-2+parents[n] (-1, "hangs off th
 on the last history row). For a chain (parents[n] = n-1) this is window n of the sequence, which is
 what makes this equal to convwin.scatter bit for bit on chains.
 
-One program copies one block of one window for one (row, layer): grid (blocks, B, L). It first
-walks the K-2 nearest ancestors (K-2 scalar loads of parents), then copies like the chain kernel:
-destination walked flat, source gathered through its strides, with int32 per-element offsets. A row is skipped when its node,
-source or destination slot is out of range, or when a parent it reads lies outside [-1, n-1].
+One program copies a block of channels of one window for one (row, layer): grid (blocks, B, L).
+It finds the window's K-1 rows once, as scalars -- walking the K-2 nearest ancestors link by link
+(one dependent load each), or, in small grids, from the row's N parent links loaded up front with
+the indices (a select tree per link, no dependent load) -- then copies by window column: column j
+of the destination is a segment of ONE source row, so each thread loads a vector of VEC channels
+(16 bytes) from each of the K-1 rows. Into a dim-major state window ([dim, K-1], one block) the
+thread interleaves its VEC x (K-1) values in registers (splits and joins: register renaming and
+byte permutes, no shared memory) and stores them as K-1 contiguous vectors; into any other state
+each column is stored through the state's strides (a window-major state: contiguous vectors too).
+A row is skipped when its node, source or destination slot is out of range, or when a parent it
+reads lies outside [-1, n-1].
 """
 
 from __future__ import annotations
@@ -27,16 +34,131 @@ from ._common import (
     DEFAULT_WARPS,
     INT32_MAX,
     MISSING,
+    SMALL_GRID_PROGRAMS,
     LaunchPlans,
+    cdiv,
     commit_grid,
-    contiguous_order,
     fixed_launch,
-    gather_block,
     next_power_of_2,
     nothing_to_do,
     row_indices,
-    window_block,
 )
+
+
+@triton.jit
+def _row_columns(values, GROUPS: tl.constexpr, VEC: tl.constexpr):
+    """The VEC columns of a [GROUPS, VEC] tile, each [GROUPS], in order (register renaming: every
+    split axis lies inside one thread)."""
+    columns = (values,)
+    for level in tl.static_range(VEC.bit_length() - 1):
+        evens = ()
+        odds = ()
+        for i in tl.static_range(len(columns)):
+            even, odd = tl.split(tl.reshape(columns[i], [GROUPS, VEC // (2 << level), 2]))
+            evens = evens + (even,)
+            odds = odds + (odd,)
+        columns = evens + odds
+    flat = ()
+    for i in tl.static_range(VEC):
+        flat = flat + (tl.reshape(columns[i], [GROUPS]),)
+    return flat
+
+
+@triton.jit
+def _interleave(columns, GROUPS: tl.constexpr, VEC: tl.constexpr, WIDTH: tl.constexpr, WIDTH_P2: tl.constexpr):
+    """[GROUPS, WIDTH_P2, VEC] from columns[j][k] (window column j of channel k of each group):
+    element (q, e) is the group's [VEC, WIDTH] window flattened, f = q*VEC + e -> columns[f % WIDTH]
+    [f // WIDTH]; rows q >= WIDTH are padding. Built by joins, so it stays in registers."""
+    leaves = ()
+    for f in tl.static_range(WIDTH_P2 * VEC):
+        if f < WIDTH * VEC:
+            leaves = leaves + (columns[f % WIDTH][f // WIDTH],)
+        else:
+            leaves = leaves + (columns[0][0],)
+    for level in tl.static_range((WIDTH_P2 * VEC).bit_length() - 1):
+        joined = ()
+        for f in tl.static_range((WIDTH_P2 * VEC) // (2 << level)):
+            joined = joined + (tl.join(leaves[f], leaves[f + (WIDTH_P2 * VEC) // (2 << level)]),)
+        leaves = joined
+    return tl.reshape(leaves[0], [GROUPS, WIDTH_P2, VEC])
+
+
+@triton.jit
+def _walk_loads(parents_row, parents_stride_node, node, WIDTH: tl.constexpr):
+    """The window's K-1 positions (oldest first, int64 scalars) by walking up from an in-range node,
+    one dependent load per link, and whether every link met lies in [-1, n-1]."""
+    HISTORY: tl.constexpr = WIDTH - 1
+    pos = HISTORY + node
+    positions = (pos,)
+    links_ok = node >= 0  # a scalar True
+    for older in tl.static_range(1, WIDTH):
+        is_node = pos >= HISTORY
+        parent = tl.load(parents_row + (pos - HISTORY) * parents_stride_node, mask=is_node, other=-1).to(tl.int64)
+        parent_ok = (parent >= -1) & (parent < pos - HISTORY)
+        links_ok &= parent_ok | (pos < HISTORY)
+        pos = tl.where(is_node & parent_ok, HISTORY + parent, pos - 1)
+        positions = (pos,) + positions
+    return positions, links_ok
+
+
+@triton.jit
+def _walk_registers(node, links, WIDTH: tl.constexpr, NUM_NODES: tl.constexpr):
+    """_walk_loads over the row's parent links already in registers (links[n], int64): each link
+    is picked by a select tree on the bits of n. Any node value: selects only, no memory access."""
+    HISTORY: tl.constexpr = WIDTH - 1
+    pos = HISTORY + node
+    positions = (pos,)
+    links_ok = node >= 0
+    for older in tl.static_range(1, WIDTH):
+        link_of = pos - HISTORY
+        bits = link_of.to(tl.int32)
+        choices = links
+        for level in tl.static_range((NUM_NODES - 1).bit_length()):
+            take_odd = ((bits >> level) & 1) != 0
+            picked = ()
+            for i in tl.static_range(0, len(choices), 2):
+                if i + 1 < len(choices):
+                    picked = picked + (tl.where(take_odd, choices[i + 1], choices[i]),)
+                else:
+                    picked = picked + (choices[i],)
+            choices = picked
+        parent = choices[0]
+        is_node = pos >= HISTORY
+        parent_ok = (parent >= -1) & (parent < link_of)
+        links_ok &= parent_ok | (pos < HISTORY)
+        pos = tl.where(is_node & parent_ok, HISTORY + parent, pos - 1)
+        positions = (pos,) + positions
+    return positions, links_ok
+
+
+@triton.jit
+def _copy_window(
+    state, source, positions, block, dim, rows_stride_pos, rows_stride_dim, state_stride_dim, state_stride_win,
+    WIDTH: tl.constexpr, WIDTH_P2: tl.constexpr, GROUPS: tl.constexpr, VEC: tl.constexpr, INTERLEAVE: tl.constexpr,
+):
+    """One block of GROUPS*VEC channels of the window: column j from row positions[j] of source."""
+    # Per-element offsets are int32 (the launcher checks that one slot's span fits); the int64 row
+    # bases are scalars. Masks are per vector: VEC divides dim.
+    first = block * (GROUPS * VEC)
+    group_chan = first + tl.arange(0, GROUPS)[:, None] * VEC  # [GROUPS, 1]
+    chan = group_chan + tl.arange(0, VEC)[None, :]
+    mask = group_chan < dim
+    source_offsets = chan * rows_stride_dim
+    if INTERLEAVE:
+        columns = ()
+        for j in tl.static_range(WIDTH):
+            values = tl.load(source + positions[j] * rows_stride_pos + source_offsets, mask=mask)
+            columns = columns + (_row_columns(values.to(state.dtype.element_ty), GROUPS, VEC),)
+        window = _interleave(columns, GROUPS, VEC, WIDTH, WIDTH_P2)
+        q = tl.arange(0, WIDTH_P2)[None, :, None]
+        offsets = first * WIDTH + tl.arange(0, GROUPS)[:, None, None] * (WIDTH * VEC) + q * VEC
+        offsets += tl.arange(0, VEC)[None, None, :]
+        tl.store(state + offsets, window, mask=(q < WIDTH) & (group_chan[:, :, None] < dim))
+    else:
+        for j in tl.static_range(WIDTH):
+            values = tl.load(source + positions[j] * rows_stride_pos + source_offsets, mask=mask)
+            tl.store(state + chan * state_stride_dim + j * state_stride_win, values.to(state.dtype.element_ty),
+                     mask=mask)
 
 
 @triton.jit
@@ -65,49 +187,39 @@ def _scatter_tree_kernel(
     parents_stride_row,
     parents_stride_node,
     WIDTH: tl.constexpr,
-    BLOCK: tl.constexpr,
-    WINDOW_MAJOR_ORDER: tl.constexpr,
-    DST_CONTIGUOUS: tl.constexpr,
+    WIDTH_P2: tl.constexpr,
+    GROUPS: tl.constexpr,  # channel vectors per program
+    VEC: tl.constexpr,  # channels per vector, a divisor of dim
+    INTERLEAVE: tl.constexpr,  # the state window is one [dim, K-1] block: interleave in registers
+    PRELOADED_NODES: tl.constexpr,  # N: load the row's parent links with the indices; 0: link by link
 ):
-    HISTORY: tl.constexpr = WIDTH - 1  # K-2 history rows
     block = tl.program_id(0)
     row = tl.program_id(1)
     layer = tl.program_id(2).to(tl.int64)
 
+    parents_row = parents_ptr + row.to(tl.int64) * parents_stride_row
+    if PRELOADED_NODES:  # independent loads, in flight with the index loads (parents is [B, N])
+        links = ()
+        for n in tl.static_range(PRELOADED_NODES):
+            links = links + (tl.load(parents_row + n * parents_stride_node).to(tl.int64),)
     node, dst, src, active = row_indices(
         row, nodes_ptr, nodes_stride, num_nodes, dst_slots_ptr, dst_slots_stride, num_state_slots,
         src_slots_ptr, src_slots_stride, num_src_slots,
     )
-    if active:
-        # Per-element offsets are int32 (the launcher checks that one slot's span fits); the
-        # int64 bases are scalars. Measured on the H200 (docs/benchmarks.md): int64 offsets
-        # made this kernel integer-bound at 55% of the copy ceiling.
-        flat, mask, chan, col = window_block(block, dim, WIDTH, BLOCK, WINDOW_MAJOR_ORDER)
-        # Column K-2 (the newest) is the node itself; walk up for the older columns, picking
-        # each element's source row among K-1 scalar row offsets.
-        pos = HISTORY + node
-        row_offset = tl.zeros([BLOCK], dtype=tl.int32) + (pos * rows_stride_pos).to(tl.int32)
-        links_ok = node >= 0  # a scalar True
-        parents_row = parents_ptr + row.to(tl.int64) * parents_stride_row
-        for older in tl.static_range(1, WIDTH):
-            is_node = pos >= HISTORY
-            parent = tl.load(
-                parents_row + (pos - HISTORY) * parents_stride_node, mask=is_node, other=-1
-            ).to(tl.int64)
-            parent_ok = (parent >= -1) & (parent < pos - HISTORY)
-            links_ok &= parent_ok | (pos < HISTORY)
-            pos = tl.where(is_node & parent_ok, HISTORY + parent, pos - 1)
-            row_offset = tl.where(col == WIDTH - 1 - older, (pos * rows_stride_pos).to(tl.int32), row_offset)
-        if links_ok:
-            src_offsets = row_offset + chan * rows_stride_dim
-            if DST_CONTIGUOUS:
-                dst_offsets = flat
-            else:
-                dst_offsets = chan * state_stride_dim + col * state_stride_win
-            source = rows_ptr + layer * rows_stride_layer + src * rows_stride_slot
-            values = tl.load(source + src_offsets, mask=mask)
-            state = state_ptr + layer * state_stride_layer + dst * state_stride_slot
-            tl.store(state + dst_offsets, values.to(state_ptr.dtype.element_ty), mask=mask)
+    source = rows_ptr + layer * rows_stride_layer + src * rows_stride_slot
+    state = state_ptr + layer * state_stride_layer + dst * state_stride_slot
+    if PRELOADED_NODES:
+        # walked for every row, before the branch: nothing between the loads and the data but selects
+        positions, links_ok = _walk_registers(node, links, WIDTH, PRELOADED_NODES)
+        if active & links_ok:
+            _copy_window(state, source, positions, block, dim, rows_stride_pos, rows_stride_dim, state_stride_dim,
+                         state_stride_win, WIDTH, WIDTH_P2, GROUPS, VEC, INTERLEAVE)
+    else:
+        if active:
+            positions, links_ok = _walk_loads(parents_row, parents_stride_node, node, WIDTH)
+            if links_ok:
+                _copy_window(state, source, positions, block, dim, rows_stride_pos, rows_stride_dim,
+                             state_stride_dim, state_stride_win, WIDTH, WIDTH_P2, GROUPS, VEC, INTERLEAVE)
 
 
 def launch_scatter_tree(
@@ -118,26 +230,29 @@ def launch_scatter_tree(
     nodes: torch.Tensor,
     parents: torch.Tensor,
     *,
-    block: int | None = None,
-    num_warps: int = DEFAULT_WARPS,
+    channels: int | None = None,
+    num_warps: int | None = None,
+    vec: int | None = None,
+    preload_parents: bool | None = None,
 ) -> None:
     """``state[:, dst_slots[b]] = window of node nodes[b] in rows[:, src_slots[b]]``, every active b.
 
     state: [L, N_state, dim, K-1], any strides (a window-major state is passed transposed).
     rows: [L, M, N+K-2, dim], any strides. dst_slots, src_slots, nodes: [B]; parents: [B, N];
     int32 or int64, any strides.
-    block, num_warps: elements per program and warps per program (tuning only; default block:
-    a gather's, _common.gather_block: 4096, down to 1024 for a grid too small to fill the GPU).
+    channels, num_warps, vec, preload_parents: channels per program, warps per program, channels
+    per thread vector, and whether each program loads its row's N parent links up front (tuning
+    only; defaults: tree_launch_choices).
     """
     index_strides = (dst_slots.stride(0), src_slots.stride(0), nodes.stride(0), parents.stride())
     key = (
-        state.shape, state.stride(), rows.shape, rows.stride(), nodes.shape[0], parents.shape[1],
-        index_strides, block, num_warps,
+        state.shape, state.stride(), rows.shape, rows.stride(), rows.dtype, nodes.shape[0], parents.shape[1],
+        index_strides, channels, num_warps, vec, preload_parents,
     )
     plan = _PLANS.get(key, MISSING)
     if plan is MISSING:
         plan = _PLANS.add(key, _plan_scatter_tree(state, rows, nodes.shape[0], parents.shape[1], index_strides,
-                                                  block, num_warps))
+                                                  channels, num_warps, vec, preload_parents))
     if plan is not None:
         grid, scalars, kwargs = plan
         _scatter_tree_kernel[grid](state, rows, dst_slots, src_slots, nodes, parents, *scalars, **kwargs)
@@ -156,27 +271,78 @@ def planned_scatter_tree(
     plan lookup and, once compiled, Triton's per-call binder (_common.fixed_launch). For callers
     that key their own cache by at least that signature (the eager fast path in sgl_convwin.ops)."""
     index_strides = (dst_slots.stride(0), src_slots.stride(0), nodes.stride(0), parents.stride())
-    plan = _plan_scatter_tree(state, rows, nodes.shape[0], parents.shape[1], index_strides, None, DEFAULT_WARPS)
+    plan = _plan_scatter_tree(state, rows, nodes.shape[0], parents.shape[1], index_strides, None, None, None, None)
     if plan is None:
         return nothing_to_do
     grid, scalars, kwargs = plan
     return fixed_launch(_scatter_tree_kernel, grid, scalars, kwargs, num_tensors=6)
 
 
-def _plan_scatter_tree(state, rows, num_rows, num_nodes, index_strides, block, num_warps):
+TREE_CHANNELS = 1024  # channels per program (4 warps: one 16-byte vector per thread and window column)
+TREE_SMALL_CHANNELS = 256  # the least a small grid halves down to
+VECTOR_BYTES = 16  # one LDG.128 / STG.128
+MAX_INTERLEAVE = 64  # window elements one thread interleaves in registers (next_power_of_2(K-1) * vec)
+PRELOAD_MAX_NODES = 32  # trees up to this many nodes may load their parent links up front
+
+
+def tree_launch_choices(
+    num_rows: int, num_layers: int, num_nodes: int, dim: int, width: int, element_size: int, state_interleaved: bool,
+    channels: int | None = None, num_warps: int | None = None, vec: int | None = None,
+    preload_parents: bool | None = None,
+) -> tuple[int, int, int, bool, bool]:
+    """(channels, num_warps, vec, interleave, preload_parents) of a tree commit; the arguments
+    given are kept.
+
+    vec: channels per thread vector: 16 bytes of the rows' dtype, halved until it divides dim (the
+    masks are per vector) and until one thread's interleaved window fits MAX_INTERLEAVE elements.
+    interleave: the state window is one [dim, K-1] block (K > 2), so each thread interleaves its
+    vec channels' K-1 columns in registers and stores them contiguously; else each column is
+    stored through the state's strides. channels: TREE_CHANNELS, halved (down to
+    TREE_SMALL_CHANNELS) while the grid would have fewer than SMALL_GRID_PROGRAMS programs, and
+    never more than dim needs. num_warps: DEFAULT_WARPS, fewer when a program has fewer vectors
+    than threads. preload_parents: in such a small grid (latency: the walk's dependent loads are
+    on every program's path to its data), for trees of at most PRELOAD_MAX_NODES nodes.
+    """
+    width_p2 = next_power_of_2(width)
+    interleave = state_interleaved and width > 1 and width_p2 <= MAX_INTERLEAVE
+    if vec is None:
+        vec = max(1, VECTOR_BYTES // element_size)
+        if interleave:
+            vec = max(1, min(vec, MAX_INTERLEAVE // width_p2))
+    while dim % vec:
+        vec //= 2
+    small_grid = num_rows * num_layers * cdiv(dim, TREE_CHANNELS) < SMALL_GRID_PROGRAMS
+    if channels is None:
+        channels = TREE_CHANNELS
+        while channels > TREE_SMALL_CHANNELS and num_rows * num_layers * cdiv(dim, channels) < SMALL_GRID_PROGRAMS:
+            channels //= 2
+    if preload_parents is None:
+        preload_parents = small_grid and num_nodes <= PRELOAD_MAX_NODES
+    elif preload_parents and num_nodes > PRELOAD_MAX_NODES:
+        raise ValueError(f"convwin.scatter_tree: parent links are loaded up front for at most {PRELOAD_MAX_NODES} "
+                         f"nodes, got {num_nodes}")
+    channels = max(vec, min(channels, next_power_of_2(dim)))
+    if num_warps is None:
+        num_warps = max(1, min(DEFAULT_WARPS, channels // (vec * 32)))
+    return channels, num_warps, vec, interleave, preload_parents
+
+
+def _plan_scatter_tree(state, rows, num_rows, num_nodes, index_strides, channels, num_warps, vec, preload_parents):
     """(grid, scalar arguments, constexpr kwargs) for these shapes and strides, or None."""
     num_layers, num_state_slots, dim, width = state.shape
     window_numel = dim * width
     if num_rows == 0 or window_numel == 0 or num_layers == 0 or rows.shape[1] == 0:
         return None
-    state_strides = state.stride()
-    dst_order = contiguous_order(state_strides[2], state_strides[3], dim, width)
-    order = dst_order or "dim_major"
-    if block is None:
-        block = gather_block(num_rows, num_layers, window_numel)
-    block = min(block, next_power_of_2(window_numel))
-    grid = commit_grid("convwin.scatter_tree", num_rows, num_layers, window_numel, block)
-    rows_strides = rows.stride()
+    for name, value in (("channels", channels), ("vec", vec)):
+        if value is not None and (value < 1 or value & (value - 1)):
+            raise ValueError(f"convwin.scatter_tree: {name} must be a power of two, got {value}")
+    state_strides, rows_strides = state.stride(), rows.stride()
+    interleaved = state_strides[3] == 1 and (state_strides[2] == width or dim == 1)
+    channels, num_warps, vec, interleave, preload_parents = tree_launch_choices(
+        num_rows, num_layers, num_nodes, dim, width, rows.element_size(), interleaved, channels, num_warps, vec,
+        preload_parents,
+    )
+    grid = commit_grid("convwin.scatter_tree", num_rows, num_layers, window_numel, channels * width)
     slot_span = max(
         (rows.shape[2] - 1) * rows_strides[2] + (dim - 1) * rows_strides[3],
         (dim - 1) * state_strides[2] + (width - 1) * state_strides[3],
@@ -195,9 +361,11 @@ def _plan_scatter_tree(state, rows, num_rows, num_nodes, index_strides, block, n
     )
     kwargs = dict(
         WIDTH=width,
-        BLOCK=block,
-        WINDOW_MAJOR_ORDER=order == "window_major",
-        DST_CONTIGUOUS=dst_order == order,
+        WIDTH_P2=next_power_of_2(width),
+        GROUPS=channels // vec,
+        VEC=vec,
+        INTERLEAVE=interleave,
+        PRELOADED_NODES=num_nodes if preload_parents else 0,
         num_warps=num_warps,
     )
     return grid, scalars, kwargs

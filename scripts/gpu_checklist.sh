@@ -15,6 +15,8 @@
 #   cmlong    channel_major commit at D = 8, 16: block/warps/offsets sweep against the strided baseline
 #   latency   the commit kernel at B = 1 and 8, D = 2, 4, 8, every layout: defaults, forced choices, baselines
 #   commit    the commit table (bench_scatter.py, Qwen3-Next TP1, D = 4, bf16) with the tree commit
+#   tree      the tree commit against the dense fallback, three shapes, B = 1 .. 256, with its launch choices
+#             swept (channels per program / warps, parent links preloaded or walked link by link)
 #   shapes    the commit table at the Qwen3-Next TP4 and Nemotron-H shapes, B = 1 .. 256
 #   small     the commit kernel at small batches (benchmarks/explore/commit_sweep.py)
 #   eager     host time per eager call of every op against a raw launch (benchmarks/bench_scatter.py --eager-only)
@@ -88,6 +90,11 @@ for phase in "$@"; do
               rc=$?; grep -E "op default \||baseline" "$out/explore_latency.log" ;;
     commit)   timeout 200 python3 benchmarks/bench_scatter.py --tree --json "$out/commit.json" > "$out/bench_commit.log" 2>&1
               rc=$?; grep '^|' "$out/bench_commit.log" ;;
+    tree)     timeout 280 python3 benchmarks/bench_scatter.py --tree-only --batches 1 8 64 256 \
+                --shapes qwen3next-tp1 qwen3next-tp4 nemotronh-tp1 \
+                --tree-configs 256/1 512/2 1024/4 2048/4 2048/8 256/1/links 1024/4/preload \
+                > "$out/bench_tree.log" 2>&1
+              rc=$?; grep -E '^(\||tree commit)' "$out/bench_tree.log" ;;
     shapes)   timeout 200 python3 benchmarks/bench_scatter.py --shapes qwen3next-tp4 nemotronh-tp1 --batches 1 8 64 256 \
                 > "$out/bench_shapes.log" 2>&1
               rc=$?; sed -n '/^| shape/,$p' "$out/bench_shapes.log" ;;

@@ -77,3 +77,27 @@ def test_raw_launches_are_the_ops_launches(name):
     for i, old in zip(_written(name), before):
         assert torch.equal(whole_storage(args[i]), whole_storage(copies[i])), (name, i)
         assert not torch.equal(whole_storage(args[i]), old), (name, i, "nothing written")
+
+
+@interpreted
+def test_tree_configs_launch_the_tree_kernel():
+    """--tree-configs entries parse into launcher arguments that each commit the oracle's windows."""
+    import argparse
+
+    from sgl_convwin import reference
+    from sgl_convwin._kernels import triton_kernels
+
+    configs = [bench_scatter.tree_config(text) for text in ("256/1", "512/2/preload", "1024/4/links")]
+    assert configs[1] == dict(channels=512, num_warps=2, preload_parents=True)
+    assert bench_scatter.tree_config_name(configs[2]) == "scatter_tree kernel, 1024 channels / 4 warps, link by link"
+    with pytest.raises(argparse.ArgumentTypeError):
+        bench_scatter.tree_config("256/1/fast")
+    generator = torch.Generator().manual_seed(1)
+    rows = torch.randn(2, 3, 10, 24, generator=generator)
+    parents = torch.tensor([common.tree_parents(8, 3)] * 2)
+    dst, src, nodes = torch.tensor([2, 0]), torch.tensor([1, 2]), torch.tensor([7, 4])
+    for config in configs:
+        state = torch.zeros(2, 3, 24, 3)
+        want = reference.scatter_tree_reference(state, rows, dst, src, nodes, parents, "dim_major")
+        triton_kernels().launch_scatter_tree(state, rows, dst, src, nodes, parents, **config)
+        assert torch.equal(state, want), config

@@ -127,15 +127,55 @@ def test_scatter_plan_small_grid(kernels, layers, dim, rows, block, layout):
     assert grid == (-(-dim * 3 // want_block), rows, layers)
 
 
-@pytest.mark.parametrize("layers, dim, rows, block", SMALL_GRIDS)
-def test_scatter_tree_plan_small_grid(kernels, layers, dim, rows, block):
-    """The tree commit gathers too: the same block rule as the chain commit's gathers."""
+TREE_PLANS = [  # layers, dim, rows (B), channels per program, warps, parent links loaded up front
+    (36, 8192, 1, 256, 1, True),  # Qwen3-Next TP1, B = 1: 288 programs at 1024 channels, 1152 at 256
+    (36, 8192, 8, 1024, 4, False),  # B = 8: 2304 programs, enough
+    (36, 8192, 256, 1024, 4, False),
+    (36, 2048, 8, 512, 2, True),  # TP4, B = 8: 576 at 1024, 1152 at 512
+    (23, 6144, 8, 1024, 4, False),  # Nemotron-H, B = 8: 1104 programs
+]
+
+
+@pytest.mark.parametrize("layers, dim, rows, channels, warps, preloaded", TREE_PLANS)
+def test_scatter_tree_plan(kernels, layers, dim, rows, channels, warps, preloaded):
+    """The tree commit's plan: 1024 channels per program, halved (down to 256) while the grid has
+    fewer than SMALL_GRID_PROGRAMS programs, where the parent links are loaded up front too; one
+    16-byte vector per thread and window column, interleaved in registers for a dim-major state."""
     meta = dict(device="meta", dtype=torch.bfloat16)
     state = torch.empty(layers, 8, dim, 3, **meta)
     tree_rows = torch.empty(sgl_convwin.physical_shape("token_major", layers, 8, dim, 8, 4), **meta)
-    grid, _, plan = kernels.scatter_tree._plan_scatter_tree(state, tree_rows, rows, 8, (1, 1, 1, (8, 1)), None, 4)
-    assert plan["BLOCK"] == block
-    assert grid == (-(-dim * 3 // block), rows, layers)
+    grid, _, plan = kernels.scatter_tree._plan_scatter_tree(state, tree_rows, rows, 8, (1, 1, 1, (8, 1)),
+                                                            None, None, None, None)
+    assert (plan["GROUPS"] * plan["VEC"], plan["VEC"], plan["num_warps"]) == (channels, 8, warps)
+    assert (plan["INTERLEAVE"], plan["PRELOADED_NODES"]) == (True, 8 if preloaded else 0)
+    assert grid == (-(-dim // channels), rows, layers)
+
+
+def test_scatter_tree_plan_choices(kernels):
+    """Vectors divide dim and hold 16 bytes; window-major states and K = 2 store each column through
+    the strides; big trees walk link by link; forced choices are kept, bad ones refused."""
+    meta = dict(device="meta")
+    plan_of = kernels.scatter_tree._plan_scatter_tree
+
+    def plan(dim=8192, width=3, nodes=8, rows=1, dtype=torch.bfloat16, window_major=False, **forced):
+        state = torch.empty(2, 4, width, dim, dtype=dtype, **meta).transpose(2, 3) if window_major else \
+            torch.empty(2, 4, dim, width, dtype=dtype, **meta)
+        buffer = torch.empty(2, 4, nodes + width - 1, dim, dtype=dtype, **meta)
+        choices = [forced.get(name) for name in ("channels", "num_warps", "vec", "preload_parents")]
+        return plan_of(state, buffer, rows, nodes, (1, 1, 1, (nodes, 1)), *choices)[2]
+
+    assert plan()["VEC"] == 8 and plan(dtype=torch.float32)["VEC"] == 4
+    assert plan(dim=8190)["VEC"] == 2 and plan(dim=8191)["VEC"] == 1
+    assert plan(window_major=True)["INTERLEAVE"] is False and plan(width=1)["INTERLEAVE"] is False
+    assert plan(width=8)["VEC"] == 8 and plan(width=9)["VEC"] == 4  # 64 elements interleaved per thread
+    assert plan(nodes=32)["PRELOADED_NODES"] == 32 and plan(nodes=33)["PRELOADED_NODES"] == 0
+    assert plan(dim=100)["GROUPS"] * plan(dim=100)["VEC"] == 128  # never more channels than dim needs
+    forced = plan(channels=64, num_warps=8, vec=2, preload_parents=False)
+    assert (forced["GROUPS"], forced["VEC"], forced["num_warps"], forced["PRELOADED_NODES"]) == (32, 2, 8, 0)
+    with pytest.raises(ValueError, match="channels must be a power of two"):
+        plan(channels=96)
+    with pytest.raises(ValueError, match="at most 32 nodes"):
+        plan(nodes=33, preload_parents=True)
 
 
 @pytest.mark.parametrize("tree", [False, True])

@@ -6,6 +6,8 @@ channel_major seen transposed, strided), both state layouts, dtype casts, int32/
 chain special case equals convwin.scatter bit for bit.
 """
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from hypothesis import given
@@ -13,6 +15,7 @@ from hypothesis import strategies as st
 
 import sgl_convwin
 from sgl_convwin import reference
+from sgl_convwin._kernels import triton_kernels
 from support import (
     CACHE_DTYPES,
     chain_parents,
@@ -125,6 +128,60 @@ def test_scatter_tree_fuzz(impl):
         run_case(impl, case)
 
     fuzz()
+
+
+def _triton_scatter_tree_forcing(**launch_kwargs):
+    """The Triton scatter_tree with these launcher arguments forced (paths the defaults never take
+    at test sizes: link-by-link walks, several programs per window, narrow vectors)."""
+
+    def scatter_tree(conv_state, rows, dst, src, nodes, parents, *, state_layout="dim_major"):
+        args, kwargs = sgl_convwin.scatter_tree.kernel_arguments(conv_state, rows, dst, src, nodes, parents,
+                                                                 state_layout=state_layout)
+        triton_kernels().launch_scatter_tree(*args, **kwargs, **launch_kwargs)
+
+    return scatter_tree
+
+
+LAUNCHER_CHOICES = {
+    "links-loaded-per-step": dict(preload_parents=False, channels=8),
+    "links-preloaded": dict(preload_parents=True, channels=8),
+    "one-channel-vectors": dict(preload_parents=False, vec=1, channels=4, num_warps=1),
+    "wide-program": dict(preload_parents=True, vec=2, channels=64, num_warps=2),
+}
+
+
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("choices", list(LAUNCHER_CHOICES))
+def test_launcher_choices_fuzz(impl, choices):
+    """The fuzz cases through every path the launcher may choose: the parent links walked with one
+    load per link or loaded up front, interleaved and strided stores (every state layout),
+    several programs per window with a ragged last one, one to eight channels per vector."""
+    forced = SimpleNamespace(device=impl.device, scatter_tree=_triton_scatter_tree_forcing(**LAUNCHER_CHOICES[choices]))
+
+    @given(case=tree_cases(exact_casts_only=impl.exact_casts_only))
+    def fuzz(case):
+        run_case(forced, case)
+
+    fuzz()
+
+
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("kernel_size", (3, 4, 5, 6))
+@pytest.mark.parametrize("channels", (16, 64))
+def test_interleaved_windows_stay_in_their_slots(impl, kernel_size, channels):
+    """A dim-major state window is stored interleaved, K-1 columns padded to a power of two per
+    vector: the padding is never stored. Destinations are inner slots of a storage with sentinels
+    after it, the window takes several programs and the last one is ragged (44 channels)."""
+    generator = torch.Generator().manual_seed(kernel_size)
+    dim, num_nodes = 44, 5
+    rows = make_rows("token_major", 2, 2, num_nodes, kernel_size, dim, torch.float32, impl.device, generator,
+                     "contiguous")
+    conv_state = make_state("dim_major", 2, 4, dim, kernel_size - 1, torch.float32, impl.device, generator, "offset")
+    dst, src, nodes = (torch.tensor(v, device=impl.device) for v in ([1, 2], [0, 1], [4, 3]))
+    parents = torch.tensor([[-1, 0, 0, 1, 3], [-1, -1, 1, 2, 2]], device=impl.device)
+    for preload in (False, True):
+        forced = SimpleNamespace(scatter_tree=_triton_scatter_tree_forcing(channels=channels, preload_parents=preload))
+        check_scatter_tree(forced, conv_state, rows, dst, src, nodes, parents, "dim_major")
 
 
 @pytest.mark.parametrize(

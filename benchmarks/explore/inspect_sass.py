@@ -4,8 +4,8 @@ Calls the package's own Triton launchers on CPU tensors of the benchmark shapes,
 launching, compiles each kernel for sm_90 (H100/H200) exactly as that launch would specialise it,
 then reads the cubin with the cuobjdump / nvdisasm that ship with Triton. Per case: registers per
 thread, shared memory, SASS instruction count, the global loads and stores by width, and how many
-instructions come before the first load (the index loads) and before the first 2-byte load (the
-first bf16 data) -- the latency a one-row launch pays before its data moves.
+instructions come before the first load (the index loads) and before the first data load (a 2-byte
+or 16-byte load of bf16 data) -- the latency a one-row launch pays before its data moves.
 
     python benchmarks/explore/inspect_sass.py
 
@@ -88,7 +88,7 @@ def sass_summary(kernel) -> dict:
         instructions=len(ops_),
         memory=", ".join(f"{count} {op}" for op, count in sorted(memory.items())),
         first_load=first(lambda op: op.startswith("LDG")),
-        first_data=first(lambda op: op.startswith("LDG") and "U16" in op),
+        first_data=first(lambda op: op.startswith("LDG") and ("U16" in op or "128" in op)),
     )
 
 
@@ -113,13 +113,25 @@ def commit_cases():
 
 
 def tree_commit_cases():
+    """The tree commit's plans at B = 1 (small grid: 256 channels, links loaded up front) and
+    B = 64 (1024 channels, link by link), and its window-major-state and channel_major-rows kernels."""
     nodes = 8
     rows = torch.zeros(sgl_convwin.physical_shape("token_major", L, 8, DIM, nodes, K), dtype=torch.bfloat16)
+    channel_rows = torch.zeros(sgl_convwin.physical_shape("channel_major", L, 8, DIM, nodes, K),
+                               dtype=torch.bfloat16).transpose(-1, -2)
     state = torch.zeros(L, 8, DIM, K - 1, dtype=torch.bfloat16)
-    slots, accepted = torch.arange(4), torch.full((4,), nodes - 1)
-    parents = torch.tensor([common.tree_parents(nodes, 3)] * 4)
-    return [("scatter_tree N=8 topk 3 (production)",
-             lambda: ops._scatter_tree_triton(state, rows, slots, slots, accepted, parents))]
+    window_major = torch.zeros(L, 8, K - 1, DIM, dtype=torch.bfloat16).transpose(-1, -2)
+    cases = []
+    for batch in (1, 64):
+        slots, accepted = torch.arange(batch) % 8, torch.full((batch,), nodes - 1)
+        parents = torch.tensor([common.tree_parents(nodes, 3)] * batch)
+        for tag, tensors in (("", (state, rows)), (", window-major state", (window_major, rows)),
+                             (", channel_major rows", (state, channel_rows))):
+            if batch == 1 and tag:
+                continue
+            cases.append((f"scatter_tree N=8 topk 3, B={batch}{tag} (production)",
+                          lambda t=tensors, s=slots, a=accepted, p=parents: ops._scatter_tree_triton(*t, s, s, a, p)))
+    return cases
 
 
 def verify_cases():
@@ -140,7 +152,7 @@ def verify_cases():
 
 def main():
     print(f"offline compile for sm_90 with triton {triton.__version__} (no GPU needed); bf16, dim {DIM}, K = {K}")
-    print("| case | registers | shared bytes | SASS instructions | global loads / stores | first load at | first 2-byte load at |")
+    print("| case | registers | shared bytes | SASS instructions | global loads / stores | first load at | first data load at |")
     print("|---|---|---|---|---|---|---|")
     for name, launch in commit_cases() + tree_commit_cases() + verify_cases():
         for kernel in compiled_launches(launch):
