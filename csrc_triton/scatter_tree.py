@@ -278,8 +278,8 @@ def planned_scatter_tree(
     return fixed_launch(_scatter_tree_kernel, grid, scalars, kwargs, num_tensors=6)
 
 
-TREE_CHANNELS = 1024  # channels per program (4 warps: one 16-byte vector per thread and window column)
-TREE_SMALL_CHANNELS = 256  # the least a small grid halves down to
+TREE_CHANNELS = 256  # channels per program (bf16: one warp, one 16-byte vector per thread and window column)
+PRELOAD_GRID_CHANNELS = 1024  # a small grid (preloaded links): under SMALL_GRID_PROGRAMS programs of this many channels
 VECTOR_BYTES = 16  # one LDG.128 / STG.128
 MAX_INTERLEAVE = 64  # window elements one thread interleaves in registers (next_power_of_2(K-1) * vec)
 PRELOAD_MAX_NODES = 32  # trees up to this many nodes may load their parent links up front
@@ -297,11 +297,11 @@ def tree_launch_choices(
     masks are per vector) and until one thread's interleaved window fits MAX_INTERLEAVE elements.
     interleave: the state window is one [dim, K-1] block (K > 2), so each thread interleaves its
     vec channels' K-1 columns in registers and stores them contiguously; else each column is
-    stored through the state's strides. channels: TREE_CHANNELS, halved (down to
-    TREE_SMALL_CHANNELS) while the grid would have fewer than SMALL_GRID_PROGRAMS programs, and
-    never more than dim needs. num_warps: DEFAULT_WARPS, fewer when a program has fewer vectors
-    than threads. preload_parents: in such a small grid (latency: the walk's dependent loads are
-    on every program's path to its data), for trees of at most PRELOAD_MAX_NODES nodes.
+    stored through the state's strides. channels: TREE_CHANNELS (the fastest on the H200 at every
+    batch size, docs/benchmarks.md), never more than dim needs. num_warps: one thread per vector,
+    at most DEFAULT_WARPS. preload_parents: in a small grid (fewer than SMALL_GRID_PROGRAMS programs
+    of PRELOAD_GRID_CHANNELS channels: latency, the walk's dependent loads are on every program's
+    path to its data), for trees of at most PRELOAD_MAX_NODES nodes.
     """
     width_p2 = next_power_of_2(width)
     interleave = state_interleaved and width > 1 and width_p2 <= MAX_INTERLEAVE
@@ -311,11 +311,9 @@ def tree_launch_choices(
             vec = max(1, min(vec, MAX_INTERLEAVE // width_p2))
     while dim % vec:
         vec //= 2
-    small_grid = num_rows * num_layers * cdiv(dim, TREE_CHANNELS) < SMALL_GRID_PROGRAMS
+    small_grid = num_rows * num_layers * cdiv(dim, PRELOAD_GRID_CHANNELS) < SMALL_GRID_PROGRAMS
     if channels is None:
         channels = TREE_CHANNELS
-        while channels > TREE_SMALL_CHANNELS and num_rows * num_layers * cdiv(dim, channels) < SMALL_GRID_PROGRAMS:
-            channels //= 2
     if preload_parents is None:
         preload_parents = small_grid and num_nodes <= PRELOAD_MAX_NODES
     elif preload_parents and num_nodes > PRELOAD_MAX_NODES:
