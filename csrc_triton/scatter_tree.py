@@ -34,9 +34,7 @@ from ._common import (
     DEFAULT_WARPS,
     INT32_MAX,
     MISSING,
-    SMALL_GRID_PROGRAMS,
     LaunchPlans,
-    cdiv,
     commit_grid,
     fixed_launch,
     next_power_of_2,
@@ -279,7 +277,6 @@ def planned_scatter_tree(
 
 
 TREE_CHANNELS = 256  # channels per program (bf16: one warp, one 16-byte vector per thread and window column)
-PRELOAD_GRID_CHANNELS = 1024  # a small grid (preloaded links): under SMALL_GRID_PROGRAMS programs of this many channels
 VECTOR_BYTES = 16  # one LDG.128 / STG.128
 MAX_INTERLEAVE = 64  # window elements one thread interleaves in registers (next_power_of_2(K-1) * vec)
 PRELOAD_MAX_NODES = 32  # trees up to this many nodes may load their parent links up front
@@ -299,9 +296,8 @@ def tree_launch_choices(
     vec channels' K-1 columns in registers and stores them contiguously; else each column is
     stored through the state's strides. channels: TREE_CHANNELS (the fastest on the H200 at every
     batch size, docs/benchmarks.md), never more than dim needs. num_warps: one thread per vector,
-    at most DEFAULT_WARPS. preload_parents: in a small grid (fewer than SMALL_GRID_PROGRAMS programs
-    of PRELOAD_GRID_CHANNELS channels: latency, the walk's dependent loads are on every program's
-    path to its data), for trees of at most PRELOAD_MAX_NODES nodes.
+    at most DEFAULT_WARPS. preload_parents: for trees of at most PRELOAD_MAX_NODES nodes (no
+    dependent link load on a program's path to its data; never slower on the H200).
     """
     width_p2 = next_power_of_2(width)
     interleave = state_interleaved and width > 1 and width_p2 <= MAX_INTERLEAVE
@@ -311,11 +307,10 @@ def tree_launch_choices(
             vec = max(1, min(vec, MAX_INTERLEAVE // width_p2))
     while dim % vec:
         vec //= 2
-    small_grid = num_rows * num_layers * cdiv(dim, PRELOAD_GRID_CHANNELS) < SMALL_GRID_PROGRAMS
     if channels is None:
         channels = TREE_CHANNELS
     if preload_parents is None:
-        preload_parents = small_grid and num_nodes <= PRELOAD_MAX_NODES
+        preload_parents = num_nodes <= PRELOAD_MAX_NODES
     elif preload_parents and num_nodes > PRELOAD_MAX_NODES:
         raise ValueError(f"convwin.scatter_tree: parent links are loaded up front for at most {PRELOAD_MAX_NODES} "
                          f"nodes, got {num_nodes}")

@@ -129,10 +129,10 @@ def test_scatter_plan_small_grid(kernels, layers, dim, rows, block, layout):
 
 TREE_PLANS = [  # layers, dim, rows (B), channels per program, warps, parent links loaded up front
     (36, 8192, 1, 256, 1, True),  # Qwen3-Next TP1, B = 1: 288 programs at 1024 channels
-    (36, 8192, 8, 256, 1, False),  # B = 8: 2304 at 1024, enough
-    (36, 8192, 256, 256, 1, False),
+    (36, 8192, 8, 256, 1, True),  # B = 8
+    (36, 8192, 256, 256, 1, True),
     (36, 2048, 8, 256, 1, True),  # TP4, B = 8: 576 at 1024
-    (23, 6144, 8, 256, 1, False),  # Nemotron-H, B = 8: 1104 at 1024
+    (23, 6144, 8, 256, 1, True),  # Nemotron-H, B = 8
 ]
 
 
