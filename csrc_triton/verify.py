@@ -20,7 +20,7 @@ window.
 _verify_rows_kernel (rows layouts) holds all N nodes as one [nodes, channels] tile: the positions
 of every node's k-th input come from one vectorised step up the links, so each tap is one tile
 load (from x, or the state for positions in the history) and each weight column is read once;
-for K <= 5 (PRELOAD) the committed inputs and the weights come in as one [channels, K] load each,
+for K <= 5 (PRELOAD) the committed inputs and the weights come in as one [channels, 4] load each,
 split in registers, rather than one strided load per tap; per-element offsets are int32 (the
 launcher checks one slot's span). _verify_node_loop_kernel
 loops over the nodes instead, one [channels] vector at a time, with the committed inputs, the
