@@ -92,6 +92,25 @@ def _columns(base, chan, cmask, stride_row, stride_col, NUM: tl.constexpr):
 
 
 @triton.jit
+def _newest_first(oldest_first, NUM: tl.constexpr):
+    """(h1, h2, h3, h4), h1 the newest, from the committed inputs' four columns oldest first
+    (_columns with NUM of them: the columns past NUM are zeros, and so are the h past NUM)."""
+    newest_first = ()
+    for k in tl.static_range(1, 5):
+        if k <= NUM:
+            newest_first = newest_first + (oldest_first[NUM - k],)
+        else:
+            newest_first = newest_first + (oldest_first[k - 1],)
+    return newest_first
+
+
+@triton.jit
+def _committed_at(pos, h1, h2, h3, h4):
+    """Committed input -pos (pos in -4..-1) from the registers, h1 the newest."""
+    return tl.where(pos == -1, h1, tl.where(pos == -2, h2, tl.where(pos == -3, h3, h4)))
+
+
+@triton.jit
 def _verify_rows_kernel(
     rows_ptr,
     state_ptr,
@@ -154,26 +173,11 @@ def _verify_rows_kernel(
         x_chan = (chan * x_stride_dim)[None, :]
         if PRELOAD:
             tl.static_assert(KERNEL_SIZE <= 5, "PRELOAD holds at most 4 committed inputs and 5 taps")
-            # committed column c, oldest first; then h1 the newest, as _input_at takes them
-            s0, s1, s2, s3 = _columns(state, chan, cmask, state_stride_dim, state_stride_win, WIDTH)
-            h1, h2, h3, h4 = s0, s0, s0, s0
-            if WIDTH == 1:
-                h1, h2, h3, h4 = s0, s1, s2, s3  # (s1.. are zeros)
-            if WIDTH == 2:
-                h1, h2, h3, h4 = s1, s0, s2, s3
-            if WIDTH == 3:
-                h1, h2, h3, h4 = s2, s1, s0, s3
-            if WIDTH == 4:
-                h1, h2, h3, h4 = s3, s2, s1, s0
-            if WIDTH >= 2:  # rows 0 .. K-3: the K-2 newest committed inputs, oldest first
-                tl.store(rows + (WIDTH - 2) * rows_stride_pos + rows_chan,
-                         h1.to(rows_ptr.dtype.element_ty)[None, :], mask=cmask[None, :])
-            if WIDTH >= 3:
-                tl.store(rows + (WIDTH - 3) * rows_stride_pos + rows_chan,
-                         h2.to(rows_ptr.dtype.element_ty)[None, :], mask=cmask[None, :])
-            if WIDTH >= 4:
-                tl.store(rows + (WIDTH - 4) * rows_stride_pos + rows_chan,
-                         h3.to(rows_ptr.dtype.element_ty)[None, :], mask=cmask[None, :])
+            history = _columns(state, chan, cmask, state_stride_dim, state_stride_win, WIDTH)  # oldest first
+            h1, h2, h3, h4 = _newest_first(history, WIDTH)
+            for k in tl.static_range(1, WIDTH):  # rows K-3 .. 0: the K-2 newest committed inputs, newest first
+                tl.store(rows + (WIDTH - 1 - k) * rows_stride_pos + rows_chan,
+                         history[WIDTH - k].to(rows_ptr.dtype.element_ty)[None, :], mask=cmask[None, :])
         else:
             for h in tl.static_range(WIDTH - 1):  # rows 0 .. K-3: the K-2 newest committed inputs
                 committed = tl.load(state + (h + 1) * state_stride_win + state_chan, mask=cmask[None, :])
@@ -196,21 +200,13 @@ def _verify_rows_kernel(
                 acc = tl.zeros([NODES, BLOCK], dtype=tl.float32) + bias[None, :]
             else:
                 acc = tl.zeros([NODES, BLOCK], dtype=tl.float32)
-            if PRELOAD:  # tap t of channel c, t = 0 the oldest input's
+            if PRELOAD:  # taps[t]: tap t of each channel, t = 0 the oldest input's
                 if KERNEL_SIZE > 4:
-                    t0, t1, t2, t3 = _columns(weight_ptr, chan, cmask, weight_stride_dim, weight_stride_tap, 4)
-                    t4 = tl.load(weight_ptr + chan * weight_stride_dim + 4 * weight_stride_tap, mask=cmask)
+                    taps = _columns(weight_ptr, chan, cmask, weight_stride_dim, weight_stride_tap, 4)
+                    taps = taps + (tl.load(weight_ptr + chan * weight_stride_dim + 4 * weight_stride_tap, mask=cmask),)
                 else:
-                    t0, t1, t2, t3 = _columns(weight_ptr, chan, cmask, weight_stride_dim, weight_stride_tap,
-                                              KERNEL_SIZE)
-                    t4 = t3
-                newest = t4
-                if KERNEL_SIZE == 2:
-                    newest = t1
-                if KERNEL_SIZE == 3:
-                    newest = t2
-                if KERNEL_SIZE == 4:
-                    newest = t3
+                    taps = _columns(weight_ptr, chan, cmask, weight_stride_dim, weight_stride_tap, KERNEL_SIZE)
+                newest = taps[WIDTH]
             else:
                 newest = tl.load(weight_ptr + chan * weight_stride_dim + WIDTH * weight_stride_tap, mask=cmask)
             acc = tl.fma(newest.to(tl.float32)[None, :], tokens.to(tl.float32), acc)
@@ -219,18 +215,9 @@ def _verify_rows_kernel(
                 is_token = (pos >= 0)[:, None]
                 from_x = tl.load(xs + (pos * x_stride_node)[:, None] + x_chan, mask=is_token & write)
                 if PRELOAD:
-                    back = pos[:, None]
-                    from_state = tl.where(back == -1, h1.to(tl.float32)[None, :],
-                                          tl.where(back == -2, h2.to(tl.float32)[None, :],
-                                                   tl.where(back == -3, h3.to(tl.float32)[None, :],
-                                                            h4.to(tl.float32)[None, :])))
-                    tap = t0
-                    if WIDTH - up == 1:
-                        tap = t1
-                    if WIDTH - up == 2:
-                        tap = t2
-                    if WIDTH - up == 3:
-                        tap = t3
+                    from_state = _committed_at(pos[:, None], h1.to(tl.float32)[None, :], h2.to(tl.float32)[None, :],
+                                               h3.to(tl.float32)[None, :], h4.to(tl.float32)[None, :])
+                    tap = taps[WIDTH - up]
                 else:
                     from_state = tl.load(state + ((WIDTH + pos) * state_stride_win)[:, None] + state_chan,
                                          mask=(~is_token) & write)
@@ -250,7 +237,7 @@ def _input_at(pos, xs, x_stride_node, h1, h2, h3, h4, cmask):
     -pos from the registers (h1 the newest)."""
     # (tl.where, not &: Triton's interpreter mistypes a vector & scalar mask)
     token = tl.load(xs + tl.maximum(pos, 0) * x_stride_node, mask=tl.where(pos >= 0, cmask, False))
-    committed = tl.where(pos == -1, h1, tl.where(pos == -2, h2, tl.where(pos == -3, h3, h4)))
+    committed = _committed_at(pos, h1, h2, h3, h4)
     return tl.where(pos >= 0, token.to(tl.float32), committed)
 
 
