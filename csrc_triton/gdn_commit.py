@@ -213,7 +213,7 @@ def planned_gdn_commit(ssm, conv, tokens, history, gates, weight, bias, dst_slot
     call = _gdn_replay_call(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents,
                             **heads, tma=False)
     box = state_tile_box(ssm, call.constexprs["BLOCK_K"], call.constexprs["BLOCK_V"]) if call else []
-    replay = planned_state_replay(call, ssm, box, descriptor=parents is None)
+    replay = planned_state_replay(call, ssm, box)
     window = planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
 
     def run(ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents, **heads):

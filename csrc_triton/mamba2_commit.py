@@ -201,7 +201,7 @@ def planned_mamba2_commit(ssm, conv, tokens, history, gates, weight, bias, a, ds
     call = _mamba2_replay_call(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
                                **heads, tma=False)
     box = state_tile_box(ssm, call.constexprs["BLOCK_P"], call.constexprs["BLOCK_N"]) if call else []
-    replay = planned_state_replay(call, ssm, box, descriptor=parents is None)
+    replay = planned_state_replay(call, ssm, box)
     window = planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
 
     def run(ssm, conv, tokens, history, gates, weight, bias, a, dst_slots, src_slots, steps, parents, **heads):

@@ -219,11 +219,17 @@ def tma_signature_ok(ssm: torch.Tensor, box: list[int]) -> bool:
     return _tma_capable(ssm.device)
 
 
-def descriptor_load(ssm: torch.Tensor, box: list[int], *, tree: bool) -> bool:
-    """The launchers' choice of state-tile load: through a descriptor for chains whose state
-    allows it (tma_signature_ok, a 16-byte aligned base), by pointers otherwise and for trees
+def _descriptor_signature(ssm: torch.Tensor, box: list[int], tree: bool) -> bool:
+    """Whether a launch of this signature loads its state tiles through a descriptor (given a
+    16-byte aligned base): chains whose state allows it (tma_signature_ok); trees load by pointers
     (the descriptor load measured slower there on the H200, docs/benchmarks.md)."""
-    return not tree and tma_signature_ok(ssm, box) and not ssm.data_ptr() & 15
+    return not tree and tma_signature_ok(ssm, box)
+
+
+def descriptor_load(ssm: torch.Tensor, box: list[int], *, tree: bool) -> bool:
+    """The launchers' choice of state-tile load for this call: _descriptor_signature, and ssm's
+    base on 16 bytes."""
+    return _descriptor_signature(ssm, box, tree) and not ssm.data_ptr() & 15
 
 
 def state_descriptor(ssm: torch.Tensor, box: list[int]):
@@ -236,14 +242,14 @@ def state_tile_box(ssm: torch.Tensor, rows: int, columns: int) -> list[int]:
     return [1] * (ssm.dim() - 2) + [rows, columns]
 
 
-def planned_state_replay(by_pointers: KernelCall | None, ssm: torch.Tensor, box: list[int], *, descriptor: bool):
+def planned_state_replay(by_pointers: KernelCall | None, ssm: torch.Tensor, box: list[int]):
     """A replay kernel's launch fixed for its signature (``by_pointers``: its KernelCall with
     TMA_LOAD off and ssm as the descriptor's placeholder): a function of (ssm, the kernel's tensors
-    after its descriptor argument). Where ``descriptor`` (False for trees: descriptor_load) and the
-    signature allow the descriptor load, it takes it on every call whose ssm is 16-byte aligned (a
-    descriptor per call: it holds ssm), else the pointer load."""
+    after its descriptor argument). Where _descriptor_signature allows the descriptor load, it
+    takes it on every call whose ssm is 16-byte aligned (a descriptor per call: it holds ssm), else
+    the pointer load."""
     replay = planned_launch(by_pointers)
-    if by_pointers is None or not descriptor or not tma_signature_ok(ssm, box):
+    if by_pointers is None or not _descriptor_signature(ssm, box, by_pointers.constexprs["TREE"]):
         return replay
     by_descriptor = planned_launch(by_pointers._replace(constexprs=dict(by_pointers.constexprs, TMA_LOAD=True)),
                                    num_descriptors=1)
