@@ -283,7 +283,7 @@ PRELOAD_MAX_NODES = 32  # trees up to this many nodes may load their parent link
 
 
 def tree_launch_choices(
-    num_rows: int, num_layers: int, num_nodes: int, dim: int, width: int, element_size: int, state_interleaved: bool,
+    num_nodes: int, dim: int, width: int, element_size: int, state_interleaved: bool,
     channels: int | None = None, num_warps: int | None = None, vec: int | None = None,
     preload_parents: bool | None = None,
 ) -> tuple[int, int, int, bool, bool]:
@@ -332,9 +332,7 @@ def _plan_scatter_tree(state, rows, num_rows, num_nodes, index_strides, channels
     state_strides, rows_strides = state.stride(), rows.stride()
     interleaved = state_strides[3] == 1 and (state_strides[2] == width or dim == 1)
     channels, num_warps, vec, interleave, preload_parents = tree_launch_choices(
-        num_rows, num_layers, num_nodes, dim, width, rows.element_size(), interleaved, channels, num_warps, vec,
-        preload_parents,
-    )
+        num_nodes, dim, width, rows.element_size(), interleaved, channels, num_warps, vec, preload_parents)
     grid = commit_grid("convwin.scatter_tree", num_rows, num_layers, window_numel, channels * width)
     slot_span = max(
         (rows.shape[2] - 1) * rows_strides[2] + (dim - 1) * rows_strides[3],
