@@ -9,17 +9,17 @@ p-1. Walking up from a node: position K-2+n -> K-2+parents[n] (-1, "hangs off th
 on the last history row). For a chain (parents[n] = n-1) this is window n of the sequence, which is
 what makes this equal to convwin.scatter bit for bit on chains.
 
-One program copies a block of channels of one window for one (row, layer): grid (blocks, B, L).
-It finds the window's K-1 rows once, as scalars -- walking the K-2 nearest ancestors link by link
-(one dependent load each), or, in small grids, from the row's N parent links loaded up front with
-the indices (a select tree per link, no dependent load) -- then copies by window column: column j
-of the destination is a segment of ONE source row, so each thread loads a vector of VEC channels
-(16 bytes) from each of the K-1 rows. Into a dim-major state window ([dim, K-1], one block) the
-thread interleaves its VEC x (K-1) values in registers (splits and joins: register renaming and
-byte permutes, no shared memory) and stores them as K-1 contiguous vectors; into any other state
-each column is stored through the state's strides (a window-major state: contiguous vectors too).
-A row is skipped when its node, source or destination slot is out of range, or when a parent it
-reads lies outside [-1, n-1].
+One program copies a block of channels of one window for one (row, layer): grid (blocks, B, L). It
+finds the window's K-1 rows once, as scalars -- walking the K-2 nearest ancestors link by link (one
+dependent load each), or, for trees of up to 32 nodes, from the row's N parent links loaded up
+front with the indices (a select tree per link, no dependent load) -- then copies by window column:
+column j of the destination is a segment of ONE source row, so each thread loads a vector of VEC
+channels (16 bytes) from each of the K-1 rows. Into a dim-major state window ([dim, K-1], one
+block) the thread interleaves its VEC x (K-1) values in registers (splits and joins: register
+renaming and byte permutes, no shared memory) and stores them as K-1 contiguous vectors; into any
+other state each column is stored through the state's strides (a window-major state: contiguous
+vectors too). A row is skipped when its node, source or destination slot is out of range, or when a
+parent it reads lies outside [-1, n-1].
 """
 
 from __future__ import annotations

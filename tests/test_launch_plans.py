@@ -128,19 +128,19 @@ def test_scatter_plan_small_grid(kernels, layers, dim, rows, block, layout):
 
 
 TREE_PLANS = [  # layers, dim, rows (B), channels per program, warps, parent links loaded up front
-    (36, 8192, 1, 256, 1, True),  # Qwen3-Next TP1, B = 1: 288 programs at 1024 channels
-    (36, 8192, 8, 256, 1, True),  # B = 8
+    (36, 8192, 1, 256, 1, True),  # Qwen3-Next TP1
+    (36, 8192, 8, 256, 1, True),
     (36, 8192, 256, 256, 1, True),
-    (36, 2048, 8, 256, 1, True),  # TP4, B = 8: 576 at 1024
-    (23, 6144, 8, 256, 1, True),  # Nemotron-H, B = 8
+    (36, 2048, 8, 256, 1, True),  # TP4
+    (23, 6144, 8, 256, 1, True),  # Nemotron-H
 ]
 
 
 @pytest.mark.parametrize("layers, dim, rows, channels, warps, preloaded", TREE_PLANS)
 def test_scatter_tree_plan(kernels, layers, dim, rows, channels, warps, preloaded):
-    """The tree commit's plan: 256 channels per program (one warp); the parent links loaded up front
-    where the grid has fewer than SMALL_GRID_PROGRAMS programs of 1024 channels; one 16-byte vector
-    per thread and window column, interleaved in registers for a dim-major state."""
+    """The tree commit's plan at every grid size: 256 channels per program (one warp), the parent
+    links (8 nodes) loaded up front, one 16-byte vector per thread and window column, interleaved
+    in registers for a dim-major state."""
     meta = dict(device="meta", dtype=torch.bfloat16)
     state = torch.empty(layers, 8, dim, 3, **meta)
     tree_rows = torch.empty(sgl_convwin.physical_shape("token_major", layers, 8, dim, 8, 4), **meta)
