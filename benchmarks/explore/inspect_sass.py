@@ -113,8 +113,8 @@ def commit_cases():
 
 
 def tree_commit_cases():
-    """The tree commit's plans at B = 1 (small grid: 256 channels, links loaded up front) and
-    B = 64 (1024 channels, link by link), and its window-major-state and channel_major-rows kernels."""
+    """The tree commit's plan (256 channels, links loaded up front) at B = 1 and 64, and its
+    window-major-state and channel_major-rows kernels."""
     nodes = 8
     rows = torch.zeros(sgl_convwin.physical_shape("token_major", L, 8, DIM, nodes, K), dtype=torch.bfloat16)
     channel_rows = torch.zeros(sgl_convwin.physical_shape("channel_major", L, 8, DIM, nodes, K),
