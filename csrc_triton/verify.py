@@ -22,13 +22,12 @@ of every node's k-th input come from one vectorised step up the links, so each t
 load (from x, or the state for positions in the history) and each weight column is read once;
 for K <= 5 (PRELOAD) the committed inputs and the weights come in as one [channels, 4] load each,
 split in registers, rather than one strided load per tap; per-element offsets are int32 (the
-launcher checks one slot's span). _verify_node_loop_kernel
-loops over the nodes instead, one [channels] vector at a time, with the committed inputs, the
-weights and (chains) the previous inputs in registers, for K <= 5, writing dense windows or rows
-(int64 offsets: no span to check); _verify_dense_any_width_kernel, for wider dense windows,
-reloads each input per tap. Which one
-serves a launch, and with how many channels per program, was measured on the H200 (_node_loop;
-docs/benchmarks.md, "Verify kernel").
+launcher checks one slot's span). _verify_node_loop_kernel loops over the nodes instead, one
+[channels] vector at a time, with the committed inputs, the weights and (chains) the previous
+inputs in registers, for K <= 5, writing dense windows or rows (int64 offsets: no span to check),
+each node's own input loaded two nodes ahead of its use; _verify_dense_any_width_kernel, for wider
+dense windows, reloads each input per tap. Which one serves a launch, and with how many channels
+per program, was measured on the H200 (_node_loop; docs/benchmarks.md, "Verify kernel").
 """
 
 from __future__ import annotations
@@ -39,10 +38,15 @@ import triton.language as tl
 
 from ._common import INT32_MAX, MAX_GRID_Y, MISSING, KernelCall, LaunchPlans, cdiv, next_power_of_2, planned_launch
 
-ROWS_WARPS = 1  # the rows kernel's channels per program depend on the node count: _rows_block
+ROWS_WARPS = 1  # the rows kernel's channels per program depend on the node count and the grid: _rows_block
+ROWS_EARLY = True  # the rows kernel loads the inputs, the bias and the weights before the slots (they need none)
+ROWS_WIDE_BLOCK = 128  # its channels per program, up to 8 nodes, from ROWS_WIDE_MIN_ROWS requests
+ROWS_WIDE_MIN_ROWS = 256
+ROWS_WIDE_MIN_ROWS_TREE = 64  # token_major trees: from this many
 NODE_LOOP_WARPS = 1  # the node-loop kernel (K <= 5): channels per program from _node_loop_block
+NODE_LOOP_PREFETCH = 2  # the node-loop kernel loads each node's input this many nodes ahead
 NODE_LOOP_MIN_ROWS = 32  # token_major chains take the node loop from this many requests (_node_loop)
-NODE_LOOP_MIN_ROWS_TREE = 128  # token_major trees from this many
+NODE_LOOP_MIN_ROWS_TREE = 128  # token_major trees of more than 8 nodes from this many
 DENSE_ANY_WIDTH_BLOCK = 256  # channels per program of the dense kernel for K > 5
 DENSE_ANY_WIDTH_WARPS = 2
 
@@ -111,6 +115,18 @@ def _committed_at(pos, h1, h2, h3, h4):
 
 
 @triton.jit
+def _preloaded_taps(weight_ptr, chan, cmask, weight_stride_dim, weight_stride_tap, KERNEL_SIZE: tl.constexpr):
+    """The conv's K <= 5 taps of each channel as a tuple, taps[t] the oldest input's for t = 0: the
+    first (up to) four as one [channels, 4] load."""
+    if KERNEL_SIZE > 4:
+        taps = _columns(weight_ptr, chan, cmask, weight_stride_dim, weight_stride_tap, 4)
+        taps = taps + (tl.load(weight_ptr + chan * weight_stride_dim + 4 * weight_stride_tap, mask=cmask),)
+    else:
+        taps = _columns(weight_ptr, chan, cmask, weight_stride_dim, weight_stride_tap, KERNEL_SIZE)
+    return taps
+
+
+@triton.jit
 def _verify_rows_kernel(
     rows_ptr,
     state_ptr,
@@ -154,23 +170,33 @@ def _verify_rows_kernel(
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
     PRELOAD: tl.constexpr = False,  # K <= 5: the committed inputs and the weights as one 2-D load each
+    EARLY: tl.constexpr = False,  # the inputs, the bias and the preloaded weights before the slots (they need none)
 ):
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
     row = tl.program_id(0).to(tl.int64)
     chan = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # int32 from here on; bases are int64
     cmask = chan < dim
+    xs = x_ptr + row * x_stride_row
+    x_chan = (chan * x_stride_dim)[None, :]
+    node = tl.arange(0, NODES)
+    nmask = node < num_nodes
+    tile_mask = nmask[:, None] & cmask[None, :]
 
     dst = tl.load(buffer_slots_ptr + row * buffer_slots_stride).to(tl.int64)
     src = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
+    if EARLY:
+        tokens = tl.load(xs + (node * x_stride_node)[:, None] + x_chan, mask=tile_mask)
+        if HAS_CONV and HAS_BIAS:
+            bias = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
+        if HAS_CONV and PRELOAD:
+            taps = _preloaded_taps(weight_ptr, chan, cmask, weight_stride_dim, weight_stride_tap, KERNEL_SIZE)
     # Index values are never trusted: a slot out of range skips the request.
     if (dst >= 0) & (dst < num_buffer_slots) & (src >= 0) & (src < num_state_slots):
         rows = rows_ptr + rows_layer_offset + dst * rows_stride_slot
         state = state_ptr + state_layer_offset + src * state_stride_slot
-        xs = x_ptr + row * x_stride_row
         parents_row = parents_ptr + row * parents_stride_row
         rows_chan = (chan * rows_stride_dim)[None, :]
         state_chan = (chan * state_stride_dim)[None, :]
-        x_chan = (chan * x_stride_dim)[None, :]
         if PRELOAD:
             tl.static_assert(KERNEL_SIZE <= 5, "PRELOAD holds at most 4 committed inputs and 5 taps")
             history = _columns(state, chan, cmask, state_stride_dim, state_stride_win, WIDTH)  # oldest first
@@ -183,10 +209,8 @@ def _verify_rows_kernel(
                 committed = tl.load(state + (h + 1) * state_stride_win + state_chan, mask=cmask[None, :])
                 tl.store(rows + h * rows_stride_pos + rows_chan, committed.to(rows_ptr.dtype.element_ty),
                          mask=cmask[None, :])
-        node = tl.arange(0, NODES)
-        nmask = node < num_nodes
-        tile_mask = nmask[:, None] & cmask[None, :]
-        tokens = tl.load(xs + (node * x_stride_node)[:, None] + x_chan, mask=tile_mask)
+        if not EARLY:
+            tokens = tl.load(xs + (node * x_stride_node)[:, None] + x_chan, mask=tile_mask)
         tl.store(rows + ((WIDTH - 1 + node) * rows_stride_pos)[:, None] + rows_chan,
                  tokens.to(rows_ptr.dtype.element_ty), mask=tile_mask)  # row K-2+n: node n's input
         if HAS_CONV:
@@ -196,16 +220,14 @@ def _verify_rows_kernel(
             else:
                 write = tile_mask
             if HAS_BIAS:
-                bias = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
+                if not EARLY:
+                    bias = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
                 acc = tl.zeros([NODES, BLOCK], dtype=tl.float32) + bias[None, :]
             else:
                 acc = tl.zeros([NODES, BLOCK], dtype=tl.float32)
-            if PRELOAD:  # taps[t]: tap t of each channel, t = 0 the oldest input's
-                if KERNEL_SIZE > 4:
-                    taps = _columns(weight_ptr, chan, cmask, weight_stride_dim, weight_stride_tap, 4)
-                    taps = taps + (tl.load(weight_ptr + chan * weight_stride_dim + 4 * weight_stride_tap, mask=cmask),)
-                else:
-                    taps = _columns(weight_ptr, chan, cmask, weight_stride_dim, weight_stride_tap, KERNEL_SIZE)
+            if PRELOAD:
+                if not EARLY:
+                    taps = _preloaded_taps(weight_ptr, chan, cmask, weight_stride_dim, weight_stride_tap, KERNEL_SIZE)
                 newest = taps[WIDTH]
             else:
                 newest = tl.load(weight_ptr + chan * weight_stride_dim + WIDTH * weight_stride_tap, mask=cmask)
@@ -285,18 +307,25 @@ def _verify_node_loop_kernel(
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
     ROWS: tl.constexpr = False,
+    PREFETCH: tl.constexpr = 0,
 ):
     """Dense windows for K <= 5: the K-1 committed inputs and the conv's weights stay in registers,
     a chain's previous inputs roll along in registers (each node loads only its own input), and a
     tree node's inputs come from one walk up its links, which also checks them. With ROWS, the
     same walk writes rows instead (windows_stride_node: the rows' position stride; no window
-    stride)."""
+    stride). PREFETCH (0-2): each node's own input is loaded this many nodes ahead of its use, the
+    first ones before the slots are read (x needs no slot)."""
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
     tl.static_assert(WIDTH <= 4, "_verify_node_loop_kernel holds at most 4 committed inputs")
     row = tl.program_id(0).to(tl.int64)
     chan = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     cmask = chan < dim
     chan = chan.to(tl.int64)
+    xs = x_ptr + row * x_stride_row + chan * x_stride_dim
+    if PREFETCH >= 1:
+        raw_next = tl.load(xs, mask=tl.where(num_nodes > 0, cmask, False))
+    if PREFETCH >= 2:
+        raw_after = tl.load(xs + x_stride_node, mask=tl.where(num_nodes > 1, cmask, False))
 
     dst = tl.load(buffer_slots_ptr + row * buffer_slots_stride).to(tl.int64)
     src = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
@@ -304,7 +333,6 @@ def _verify_node_loop_kernel(
     if (dst >= 0) & (dst < num_buffer_slots) & (src >= 0) & (src < num_state_slots):
         windows = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan * windows_stride_dim
         state = state_ptr + state_layer_offset + src * state_stride_slot + chan * state_stride_dim
-        xs = x_ptr + row * x_stride_row + chan * x_stride_dim
         parents_row = parents_ptr + row * parents_stride_row
         # every offset in int64: a factor times an int32 stride may pass 2**31 (no span check here)
         n0 = row * 0
@@ -350,7 +378,15 @@ def _verify_node_loop_kernel(
         p1, p2, p3, p4 = h1, h2, h3, h4  # the node's previous inputs, p1 the newest
         for node32 in range(num_nodes):
             node = n0 + node32
-            raw = tl.load(xs + node * x_stride_node, mask=cmask)
+            if PREFETCH == 0:
+                raw = tl.load(xs + node * x_stride_node, mask=cmask)
+            if PREFETCH == 1:
+                raw = raw_next
+                raw_next = tl.load(xs + (node + 1) * x_stride_node, mask=tl.where(node + 1 < num_nodes, cmask, False))
+            if PREFETCH == 2:
+                raw = raw_next
+                raw_next = raw_after
+                raw_after = tl.load(xs + (node + 2) * x_stride_node, mask=tl.where(node + 2 < num_nodes, cmask, False))
             token = raw.to(tl.float32)
             write = cmask
             if HAS_PARENTS and (HAS_CONV or not ROWS):  # walk up once: the inputs above the node, and
@@ -508,16 +544,21 @@ def _verify_dense_any_width_kernel(
                 tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=write)
 
 
-def _node_loop(dense: bool, dest: torch.Tensor, num_rows: int, tree: bool) -> bool:
-    """Whether the node-loop kernel serves this launch (K <= 5 aside). Measured on the H200
-    (docs/benchmarks.md, "Verify kernel"): always for dense windows; for rows whose channels are
-    contiguous (token_major) from 32 requests up, where it moves the bytes faster than the tile
-    (below, the tile's many small programs start sooner); never for channel_major rows, whose
-    per-node stores the loop would stride. Trees keep the preloading tile longer: it beat the loop
-    at 64 requests, the loop won at 256."""
+def _node_loop(dense: bool, dest: torch.Tensor, num_rows: int, nodes: int, tree: bool) -> bool:
+    """Whether the node-loop kernel serves this launch (K <= 5 aside; nodes: the node count's next
+    power of two). Measured on the H200 (docs/benchmarks.md, "Verify kernel"): always for dense
+    windows; for rows whose channels are contiguous (token_major), chains from 32 requests up,
+    where it moves the bytes faster than the tile (below, the tile's many small programs start
+    sooner), and trees of more than 8 nodes from 128 up (smaller trees: the tile at 128 channels
+    beat it at 64 to 256 requests); never for channel_major rows, whose per-node stores the loop
+    would stride."""
     if dense:
         return True
-    return dest.stride(-1) == 1 and num_rows >= (NODE_LOOP_MIN_ROWS_TREE if tree else NODE_LOOP_MIN_ROWS)
+    if dest.stride(-1) != 1:
+        return False
+    if not tree:
+        return num_rows >= NODE_LOOP_MIN_ROWS
+    return nodes > 8 and num_rows >= NODE_LOOP_MIN_ROWS_TREE
 
 
 def _node_loop_block(dense: bool, num_rows: int) -> int:
@@ -528,14 +569,18 @@ def _node_loop_block(dense: bool, num_rows: int) -> int:
     return 32 if num_rows < 64 else 64
 
 
-def _rows_block(nodes: int) -> int:
-    """Channels per program of the rows kernel for a [nodes, channels] tile (nodes a power of two).
-    Measured best on the H200 (one warp, docs/benchmarks.md): 64 for 4 nodes, 32 for 8 and for 32
-    (16 and 64 were slower at B >= 64). Above 32 nodes, not timed: 16, to keep the tile's registers
-    in bounds."""
-    if nodes <= 4:
-        return 64
-    return 32 if nodes <= 32 else 16
+def _rows_block(nodes: int, num_rows: int, contiguous: bool, tree: bool) -> int:
+    """Channels per program of the rows kernel for a [nodes, channels] tile (nodes a power of two),
+    measured best on the H200 (one warp, docs/benchmarks.md, "Verify kernel"): up to 8 nodes,
+    ROWS_WIDE_BLOCK from 256 requests (token_major trees from 64: fewer, longer programs once the
+    grid is full), else 64 for 4 nodes and 32 for 8; 32 for up to 32 nodes (16 and 64 were slower
+    at B >= 64). Above 32 nodes, not timed: 16, to keep the tile's registers in bounds."""
+    if nodes > 32:
+        return 16
+    wide_from = ROWS_WIDE_MIN_ROWS_TREE if tree and contiguous else ROWS_WIDE_MIN_ROWS
+    if nodes <= 8 and num_rows >= wide_from:
+        return ROWS_WIDE_BLOCK
+    return 64 if nodes <= 4 else 32
 
 
 def _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents):
@@ -556,21 +601,21 @@ def _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots
 
 def _verify_call(
     out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
-    *, dense, silu, block=None, num_warps=None, node_loop=None, preload=None,
+    *, dense, silu, block=None, num_warps=None, node_loop=None, preload=None, prefetch=None, early=None,
 ) -> KernelCall | None:
     """The launch of launch_capture / launch_causal_conv1d_verify (``out`` None: a capture) and
     of their planners, or None if there is nothing to do. Its plan comes from _PLANS."""
     has_conv = out is not None
     key = (
-        dense, silu, block, num_warps, node_loop, preload, dest.shape, dest.stride(), state.shape, state.stride(),
-        x.shape, x.stride(), out.stride() if has_conv else None, weight.stride() if has_conv else None,
+        dense, silu, block, num_warps, node_loop, preload, prefetch, early, dest.shape, dest.stride(), state.shape,
+        state.stride(), x.shape, x.stride(), out.stride() if has_conv else None, weight.stride() if has_conv else None,
         None if bias is None else bias.stride(), buffer_slots.stride(0), state_slots.stride(0),
         None if parents is None else parents.stride(),
     )
     plan = _PLANS.get(key, MISSING)
     if plan is MISSING:
         plan = _PLANS.add(key, _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
-                                     dense, silu, block, num_warps, node_loop, preload))
+                                     dense, silu, block, num_warps, node_loop, preload, prefetch, early))
     if plan is None:
         return None
     kernel, grid, scalars, flags = plan
@@ -579,7 +624,7 @@ def _verify_call(
 
 
 def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents, dense, silu, block, num_warps,
-          node_loop, preload):
+          node_loop, preload, prefetch, early):
     """(kernel, grid, scalar arguments after the layer offsets, constexprs), or None if there is
     nothing to do; raises for what the kernels cannot address. Depends only on _verify_call's key."""
     num_rows, num_nodes, dim = x.shape
@@ -592,7 +637,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     nodes = next_power_of_2(max(num_nodes, 1))
     kernel_size = state.shape[3] + 1
     if node_loop is None:
-        node_loop = _node_loop(dense, dest, num_rows, has_parents)
+        node_loop = _node_loop(dense, dest, num_rows, nodes, has_parents)
     node_loop = node_loop and kernel_size <= 5  # wider: the rows tile, or dense windows' any-width kernel
     if dense and not node_loop:
         kernel, default_block = _verify_dense_any_width_kernel, DENSE_ANY_WIDTH_BLOCK
@@ -601,7 +646,8 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         kernel, default_block = _verify_node_loop_kernel, _node_loop_block(dense, num_rows)
         default_warps = NODE_LOOP_WARPS
     else:
-        kernel, default_block, default_warps = _verify_rows_kernel, _rows_block(nodes), ROWS_WARPS
+        kernel, default_warps = _verify_rows_kernel, ROWS_WARPS
+        default_block = _rows_block(nodes, num_rows, dest.stride(-1) == 1, has_parents)
     block = default_block if block is None else block
     num_warps = default_warps if num_warps is None else num_warps
     block = min(block, next_power_of_2(dim))
@@ -634,11 +680,13 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         num_warps=num_warps,
     )
     if kernel is _verify_node_loop_kernel:
-        return kernel, grid, scalars, dict(flags, ROWS=not dense)
+        prefetch = NODE_LOOP_PREFETCH if prefetch is None else prefetch
+        return kernel, grid, scalars, dict(flags, ROWS=not dense, PREFETCH=prefetch)
     if kernel is _verify_rows_kernel:
         _check_rows_spans(dest, state, x, out, weight, bias, parents)
         preload = kernel_size <= 5 if preload is None else preload and kernel_size <= 5
-        return kernel, grid, scalars, dict(flags, NODES=nodes, PRELOAD=preload)
+        early = ROWS_EARLY if early is None else early
+        return kernel, grid, scalars, dict(flags, NODES=nodes, PRELOAD=preload, EARLY=early)
     return kernel, grid, scalars, flags
 
 
@@ -688,6 +736,8 @@ def launch_capture(
     num_warps: int | None = None,
     node_loop: bool | None = None,
     preload: bool | None = None,
+    prefetch: int | None = None,
+    early: bool | None = None,
 ) -> None:
     """Write layer ``layer`` of every active request's buffer slot (see the module docstring).
 
@@ -697,7 +747,7 @@ def launch_capture(
     """
     call = _verify_call(None, dest, state, x, None, None, buffer_slots, state_slots, layer, parents,
                         dense=dense, silu=False, block=block, num_warps=num_warps, node_loop=node_loop,
-                        preload=preload)
+                        preload=preload, prefetch=prefetch, early=early)
     if call is not None:
         call.launch()
 
@@ -732,16 +782,20 @@ def launch_causal_conv1d_verify(
     num_warps: int | None = None,
     node_loop: bool | None = None,
     preload: bool | None = None,
+    prefetch: int | None = None,
+    early: bool | None = None,
 ) -> None:
     """launch_capture, fused with out[b, n] = act(bias + sum_k weight[:, k] * input k of node n).
 
     out: [B, N, dim], weight: [dim, K], bias: [dim] or None; any strides. block, num_warps,
-    node_loop (the node-loop kernel or the rows tile / the any-width dense kernel) and preload (the
-    rows tile's 2-D loads, K <= 5): tuning, None for the measured defaults.
+    node_loop (the node-loop kernel or the rows tile / the any-width dense kernel), preload (the
+    rows tile's 2-D loads, K <= 5), prefetch (how many nodes ahead the node loop loads inputs) and
+    early (the rows tile's slot-free loads before the slots): tuning, None for the measured
+    defaults.
     """
     call = _verify_call(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
                         dense=dense, silu=silu, block=block, num_warps=num_warps, node_loop=node_loop,
-                        preload=preload)
+                        preload=preload, prefetch=prefetch, early=early)
     if call is not None:
         call.launch()
 

@@ -197,12 +197,17 @@ def test_verify_fuzz(impl):
 
 
 @pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
-@pytest.mark.parametrize("node_loop, preload", [(False, False), (False, True), (True, None)],
-                         ids=["tile-or-any-width", "tile-preloaded", "node-loop"])
-def test_verify_fuzz_each_kernel(impl, node_loop, preload):
+@pytest.mark.parametrize("tuning", [
+    dict(node_loop=False, preload=False, early=False), dict(node_loop=False, preload=False, early=True),
+    dict(node_loop=False, preload=True, early=False), dict(node_loop=False, preload=True, early=True),
+    dict(node_loop=True, prefetch=0), dict(node_loop=True, prefetch=1), dict(node_loop=True, prefetch=2),
+], ids=["tile-or-any-width", "tile-early", "tile-preloaded", "tile-preloaded-early", "node-loop",
+        "node-loop-prefetch-1", "node-loop-prefetch-2"])
+def test_verify_fuzz_each_kernel(impl, tuning):
     """Each verify kernel on every layout, whichever the launcher would pick for the shape: the
-    node loop (K <= 5; rows or dense windows), the rows tile with and without its 2-D preload, the
-    any-width dense kernel, against the same oracles as test_verify_fuzz."""
+    node loop (K <= 5; rows or dense windows) with each node's input loaded 0, 1 or 2 nodes ahead,
+    the rows tile with and without its 2-D preload and with its slot-free loads before or after the
+    slots, the any-width dense kernel, against the same oracles as test_verify_fuzz."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_causal_conv1d_verify
@@ -222,7 +227,7 @@ def test_verify_fuzz_each_kernel(impl, node_loop, preload):
             conv["out"], args["buffer"], args["conv_state"], args["x"], conv["weight"], conv["bias"],
             args["buffer_slots"], args["state_slots"], args["layer"], args["parents"],
             layout=layout, activation=activation, state_layout=state_layout)
-        launch(*kernel_args, **kernel_kwargs, node_loop=node_loop, preload=preload)
+        launch(*kernel_args, **kernel_kwargs, **tuning)
         assert torch.equal(whole_storage(args["buffer"]), want)
         check_outputs(conv["out"], out_before, expected, written)
 

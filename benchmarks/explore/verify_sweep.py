@@ -4,6 +4,8 @@ every layout, B = 1 .. 256: the rows tile kernel and the node-loop kernel (node_
 channels per program and warps. The launcher's kernel choice and block rules come from this sweep.
 
     python benchmarks/explore/verify_sweep.py [--layouts dense] [--nodes 4 8] [--batches 8 256]   (CUDA)
+        [--prefetch 0 1 2]   (only the node loop, its inputs loaded 0, 1, 2 nodes ahead)
+        [--early]   (only the preloaded rows tile, its slot-free loads after and before the slots)
 """
 
 import argparse
@@ -36,6 +38,10 @@ def main():
     parser.add_argument("--channel-contiguous", action="store_true",
                         help="conv_state and weight stored channel-contiguous (a window_major state, a transposed "
                              "weight): what the kernels gain when their per-tap loads coalesce")
+    parser.add_argument("--prefetch", nargs="+", type=int, choices=(0, 1, 2), default=None,
+                        help="time only the node-loop kernel, at each of these prefetch distances")
+    parser.add_argument("--early", action="store_true",
+                        help="time only the preloaded rows tile, its slot-free loads after and before the slots")
     args = parser.parse_args()
     if not common.needs_cuda("this sweep"):
         return 1
@@ -54,6 +60,12 @@ def main():
         "dense": [None, (32, 1, True), (64, 1, True), (128, 1, True), (128, 2, True), (256, 2, True),
                   (256, 4, True), (512, 4, True), (256, 1, True), (512, 2, True)],
     }
+    if args.prefetch is not None:  # (channels, warps, True, prefetch)
+        configs = {kind: [None] + [(block, warps, True, ahead) for block, warps in blocks for ahead in args.prefetch]
+                   for kind, blocks in (("rows", [(64, 1), (128, 1), (256, 2)]), ("dense", [(32, 1), (64, 1)]))}
+    if args.early:  # (channels, warps, False, True, early), and the node loop at its default prefetch
+        configs["rows"] = [None] + [(block, warps, False, True, early) for block, warps in ((32, 1), (64, 1), (128, 1))
+                                    for early in (False, True)] + [(128, 1, True)]
     for num_nodes in args.nodes:
         tree = num_nodes != 4
         parents_list = tree_parents(num_nodes, 3 if tree else None)
@@ -69,8 +81,13 @@ def main():
                 nbytes = layer_bytes(B, num_nodes, dim, K, layout)
                 reference_out = None
                 for config in configs["dense" if layout == "dense" else "rows"]:
-                    tuning = {} if config is None else dict(block=config[0], num_warps=config[1], node_loop=config[2],
-                                                            preload=config[3] if len(config) > 3 else False)
+                    tuning = {} if config is None else dict(block=config[0], num_warps=config[1], node_loop=config[2])
+                    if config is not None and config[2]:
+                        tuning["prefetch"] = config[3] if len(config) > 3 else None
+                    elif config is not None:
+                        tuning["preload"] = config[3] if len(config) > 3 else False
+                        if len(config) > 4:
+                            tuning["early"] = config[4]
 
                     def run():
                         kernels.launch_causal_conv1d_verify(
@@ -85,7 +102,11 @@ def main():
                     name = "default"
                     if config is not None:
                         kind = "loop" if config[2] else "tile"
-                        preloaded = "+preload" if len(config) > 3 and config[3] else ""
+                        preloaded = ""
+                        if len(config) > 3 and config[2]:
+                            preloaded = f"+prefetch {config[3]}"
+                        elif len(config) > 3 and config[3]:
+                            preloaded = "+preload" + ("+early" if len(config) > 4 and config[4] else "")
                         name = f"{kind}{preloaded} {config[0]}/{config[1]}w"
                     draft = f"tree N={num_nodes} topk 3" if tree else f"chain D={num_nodes}"
                     gbps = nbytes / (us * 1e-6) / 1e9
