@@ -21,8 +21,9 @@ _verify_rows_kernel (rows layouts) holds all N nodes as one [nodes, channels] ti
 of every node's k-th input come from one vectorised step up the links, so each tap is one tile
 load (from x, or the state for positions in the history) and each weight column is read once;
 for K <= 5 (PRELOAD) the committed inputs and the weights come in as one [channels, 4] load each,
-split in registers, rather than one strided load per tap; per-element offsets are int32 (the
-launcher checks one slot's span). _verify_node_loop_kernel loops over the nodes instead, one
+split in registers, rather than one strided load per tap; with ONE_STORE (channel_major rows at
+128 channels) the committed rows and the nodes' rows go out as one [rows, channels] store;
+per-element offsets are int32 (the launcher checks one slot's span). _verify_node_loop_kernel loops over the nodes instead, one
 [channels] vector at a time, with the committed inputs, the weights and (chains) the previous
 inputs in registers, for K <= 5, writing dense windows or rows (int64 offsets: no span to check),
 each node's own input loaded two nodes ahead of its use; _verify_dense_any_width_kernel, for wider
@@ -41,8 +42,8 @@ from ._common import INT32_MAX, MAX_GRID_Y, MISSING, KernelCall, LaunchPlans, cd
 ROWS_WARPS = 1  # the rows kernel's channels per program depend on the node count and the grid: _rows_block
 ROWS_EARLY = True  # the rows kernel loads the inputs, the bias and the weights before the slots (they need none)
 ROWS_WIDE_BLOCK = 128  # its channels per program, up to 8 nodes, from ROWS_WIDE_MIN_ROWS requests
-ROWS_WIDE_MIN_ROWS = 256
-ROWS_WIDE_MIN_ROWS_TREE = 64  # token_major trees: from this many
+ROWS_WIDE_MIN_ROWS = 64
+ROWS_WIDE_MIN_ROWS_TREE_CHANNEL_MAJOR = 256  # channel_major trees: from this many
 NODE_LOOP_WARPS = 1  # the node-loop kernel (K <= 5): channels per program from _node_loop_block
 NODE_LOOP_PREFETCH = 2  # the node-loop kernel loads each node's input this many nodes ahead
 NODE_LOOP_MIN_ROWS = 32  # token_major chains take the node loop from this many requests (_node_loop)
@@ -171,6 +172,8 @@ def _verify_rows_kernel(
     SILU: tl.constexpr,
     PRELOAD: tl.constexpr = False,  # K <= 5: the committed inputs and the weights as one 2-D load each
     EARLY: tl.constexpr = False,  # the inputs, the bias and the preloaded weights before the slots (they need none)
+    ONE_STORE: tl.constexpr = False,  # the committed rows and the nodes' rows as one [ROW_TILE, channels] store
+    ROW_TILE: tl.constexpr = 1,  # next power of two >= NODES + K - 2
 ):
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
     row = tl.program_id(0).to(tl.int64)
@@ -201,18 +204,35 @@ def _verify_rows_kernel(
             tl.static_assert(KERNEL_SIZE <= 5, "PRELOAD holds at most 4 committed inputs and 5 taps")
             history = _columns(state, chan, cmask, state_stride_dim, state_stride_win, WIDTH)  # oldest first
             h1, h2, h3, h4 = _newest_first(history, WIDTH)
-            for k in tl.static_range(1, WIDTH):  # rows K-3 .. 0: the K-2 newest committed inputs, newest first
-                tl.store(rows + (WIDTH - 1 - k) * rows_stride_pos + rows_chan,
-                         history[WIDTH - k].to(rows_ptr.dtype.element_ty)[None, :], mask=cmask[None, :])
-        else:
-            for h in tl.static_range(WIDTH - 1):  # rows 0 .. K-3: the K-2 newest committed inputs
-                committed = tl.load(state + (h + 1) * state_stride_win + state_chan, mask=cmask[None, :])
-                tl.store(rows + h * rows_stride_pos + rows_chan, committed.to(rows_ptr.dtype.element_ty),
-                         mask=cmask[None, :])
         if not EARLY:
             tokens = tl.load(xs + (node * x_stride_node)[:, None] + x_chan, mask=tile_mask)
-        tl.store(rows + ((WIDTH - 1 + node) * rows_stride_pos)[:, None] + rows_chan,
-                 tokens.to(rows_ptr.dtype.element_ty), mask=tile_mask)  # row K-2+n: node n's input
+        if ONE_STORE:  # rows 0 .. K-3 (the K-2 newest committed inputs) and K-2+n (node n) as one tile
+            r = tl.arange(0, ROW_TILE)
+            n_of_r = r - (WIDTH - 1)
+            is_x = (n_of_r >= 0) & (n_of_r < num_nodes)
+            tile = tl.load(xs + (tl.maximum(n_of_r, 0) * x_stride_node)[:, None] + x_chan,
+                           mask=is_x[:, None] & cmask[None, :]).to(rows_ptr.dtype.element_ty)
+            if PRELOAD:
+                for k in tl.static_range(WIDTH - 1):
+                    tile = tl.where((r == k)[:, None], history[k + 1].to(rows_ptr.dtype.element_ty)[None, :], tile)
+            else:
+                committed = tl.load(state + ((tl.minimum(r, WIDTH - 2) + 1) * state_stride_win)[:, None] + state_chan,
+                                    mask=(r < WIDTH - 1)[:, None] & cmask[None, :])
+                tile = tl.where((r < WIDTH - 1)[:, None], committed.to(rows_ptr.dtype.element_ty), tile)
+            tl.store(rows + (r * rows_stride_pos)[:, None] + rows_chan, tile,
+                     mask=(r < WIDTH - 1 + num_nodes)[:, None] & cmask[None, :])
+        else:
+            if PRELOAD:
+                for k in tl.static_range(1, WIDTH):  # rows K-3 .. 0: the K-2 newest committed inputs, newest first
+                    tl.store(rows + (WIDTH - 1 - k) * rows_stride_pos + rows_chan,
+                             history[WIDTH - k].to(rows_ptr.dtype.element_ty)[None, :], mask=cmask[None, :])
+            else:
+                for h in tl.static_range(WIDTH - 1):  # rows 0 .. K-3: the K-2 newest committed inputs
+                    committed = tl.load(state + (h + 1) * state_stride_win + state_chan, mask=cmask[None, :])
+                    tl.store(rows + h * rows_stride_pos + rows_chan, committed.to(rows_ptr.dtype.element_ty),
+                             mask=cmask[None, :])
+            tl.store(rows + ((WIDTH - 1 + node) * rows_stride_pos)[:, None] + rows_chan,
+                     tokens.to(rows_ptr.dtype.element_ty), mask=tile_mask)  # row K-2+n: node n's input
         if HAS_CONV:
             pos = tl.where(nmask, node, -1)
             if HAS_PARENTS:  # a bad link among the K-1 above a node skips its output
@@ -572,15 +592,23 @@ def _node_loop_block(dense: bool, num_rows: int) -> int:
 def _rows_block(nodes: int, num_rows: int, contiguous: bool, tree: bool) -> int:
     """Channels per program of the rows kernel for a [nodes, channels] tile (nodes a power of two),
     measured best on the H200 (one warp, docs/benchmarks.md, "Verify kernel"): up to 8 nodes,
-    ROWS_WIDE_BLOCK from 256 requests (token_major trees from 64: fewer, longer programs once the
+    ROWS_WIDE_BLOCK from 64 requests (channel_major trees from 256: fewer, longer programs once the
     grid is full), else 64 for 4 nodes and 32 for 8; 32 for up to 32 nodes (16 and 64 were slower
     at B >= 64). Above 32 nodes, not timed: 16, to keep the tile's registers in bounds."""
     if nodes > 32:
         return 16
-    wide_from = ROWS_WIDE_MIN_ROWS_TREE if tree and contiguous else ROWS_WIDE_MIN_ROWS
+    wide_from = ROWS_WIDE_MIN_ROWS_TREE_CHANNEL_MAJOR if tree and not contiguous else ROWS_WIDE_MIN_ROWS
     if nodes <= 8 and num_rows >= wide_from:
         return ROWS_WIDE_BLOCK
     return 64 if nodes <= 4 else 32
+
+
+def _one_store(contiguous: bool, block: int) -> bool:
+    """Whether the rows kernel stores its committed rows and node rows as one tile: for channel_major
+    rows at 128 channels or more, where a warp's stores then cover whole channels' rows (12 bytes
+    each at D = 4, K = 4) instead of 2 bytes every 12; measured on the H200 (docs/benchmarks.md,
+    "Verify kernel"): slower or level at 32 and 64 channels, and on token_major rows."""
+    return not contiguous and block >= ROWS_WIDE_BLOCK
 
 
 def _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents):
@@ -602,12 +630,13 @@ def _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots
 def _verify_call(
     out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
     *, dense, silu, block=None, num_warps=None, node_loop=None, preload=None, prefetch=None, early=None,
+    one_store=None,
 ) -> KernelCall | None:
     """The launch of launch_capture / launch_causal_conv1d_verify (``out`` None: a capture) and
     of their planners, or None if there is nothing to do. Its plan comes from _PLANS."""
     has_conv = out is not None
     key = (
-        dense, silu, block, num_warps, node_loop, preload, prefetch, early, dest.shape, dest.stride(), state.shape,
+        dense, silu, block, num_warps, node_loop, preload, prefetch, early, one_store, dest.shape, dest.stride(), state.shape,
         state.stride(), x.shape, x.stride(), out.stride() if has_conv else None, weight.stride() if has_conv else None,
         None if bias is None else bias.stride(), buffer_slots.stride(0), state_slots.stride(0),
         None if parents is None else parents.stride(),
@@ -615,7 +644,7 @@ def _verify_call(
     plan = _PLANS.get(key, MISSING)
     if plan is MISSING:
         plan = _PLANS.add(key, _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
-                                     dense, silu, block, num_warps, node_loop, preload, prefetch, early))
+                                     dense, silu, block, num_warps, node_loop, preload, prefetch, early, one_store))
     if plan is None:
         return None
     kernel, grid, scalars, flags = plan
@@ -624,7 +653,7 @@ def _verify_call(
 
 
 def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents, dense, silu, block, num_warps,
-          node_loop, preload, prefetch, early):
+          node_loop, preload, prefetch, early, one_store):
     """(kernel, grid, scalar arguments after the layer offsets, constexprs), or None if there is
     nothing to do; raises for what the kernels cannot address. Depends only on _verify_call's key."""
     num_rows, num_nodes, dim = x.shape
@@ -686,7 +715,9 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         _check_rows_spans(dest, state, x, out, weight, bias, parents)
         preload = kernel_size <= 5 if preload is None else preload and kernel_size <= 5
         early = ROWS_EARLY if early is None else early
-        return kernel, grid, scalars, dict(flags, NODES=nodes, PRELOAD=preload, EARLY=early)
+        one_store = _one_store(dest.stride(-1) == 1, block) if one_store is None else one_store
+        return kernel, grid, scalars, dict(flags, NODES=nodes, PRELOAD=preload, EARLY=early, ONE_STORE=one_store,
+                                           ROW_TILE=next_power_of_2(nodes + kernel_size - 2))
     return kernel, grid, scalars, flags
 
 
@@ -738,6 +769,7 @@ def launch_capture(
     preload: bool | None = None,
     prefetch: int | None = None,
     early: bool | None = None,
+    one_store: bool | None = None,
 ) -> None:
     """Write layer ``layer`` of every active request's buffer slot (see the module docstring).
 
@@ -747,7 +779,7 @@ def launch_capture(
     """
     call = _verify_call(None, dest, state, x, None, None, buffer_slots, state_slots, layer, parents,
                         dense=dense, silu=False, block=block, num_warps=num_warps, node_loop=node_loop,
-                        preload=preload, prefetch=prefetch, early=early)
+                        preload=preload, prefetch=prefetch, early=early, one_store=one_store)
     if call is not None:
         call.launch()
 
@@ -784,6 +816,7 @@ def launch_causal_conv1d_verify(
     preload: bool | None = None,
     prefetch: int | None = None,
     early: bool | None = None,
+    one_store: bool | None = None,
 ) -> None:
     """launch_capture, fused with out[b, n] = act(bias + sum_k weight[:, k] * input k of node n).
 
@@ -795,7 +828,7 @@ def launch_causal_conv1d_verify(
     """
     call = _verify_call(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
                         dense=dense, silu=silu, block=block, num_warps=num_warps, node_loop=node_loop,
-                        preload=preload, prefetch=prefetch, early=early)
+                        preload=preload, prefetch=prefetch, early=early, one_store=one_store)
     if call is not None:
         call.launch()
 

@@ -51,7 +51,7 @@ for phase in "$@"; do
               pids="$pids $!"
               for pid in $pids; do wait "$pid" || rc=1; done
               for group in 1 2 3; do tail -3 "$out/gpu_tests_$group.log"; done ;;
-    vtests)   timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py > "$out/gpu_vtests.log" 2>&1
+    vtests)   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py > "$out/gpu_vtests.log" 2>&1
               rc=$?; tail -3 "$out/gpu_vtests.log" ;;
     step)     timeout 170 python3 benchmarks/bench_verify.py --drafts chain tree3 > "$out/bench_verify.log" 2>&1
               rc=$?; grep -E '^(\||verify:|engine|checks and tables)' "$out/bench_verify.log"; tail -2 "$out/bench_verify.log" ;;

@@ -6,6 +6,7 @@ channels per program and warps. The launcher's kernel choice and block rules com
     python benchmarks/explore/verify_sweep.py [--layouts dense] [--nodes 4 8] [--batches 8 256]   (CUDA)
         [--prefetch 0 1 2]   (only the node loop, its inputs loaded 0, 1, 2 nodes ahead)
         [--early]   (only the preloaded rows tile, its slot-free loads after and before the slots)
+        [--one-store]   (only the preloaded rows tile, its rows stored row by row and as one tile)
 """
 
 import argparse
@@ -42,6 +43,8 @@ def main():
                         help="time only the node-loop kernel, at each of these prefetch distances")
     parser.add_argument("--early", action="store_true",
                         help="time only the preloaded rows tile, its slot-free loads after and before the slots")
+    parser.add_argument("--one-store", action="store_true",
+                        help="time only the preloaded rows tile, its rows stored row by row and as one tile")
     args = parser.parse_args()
     if not common.needs_cuda("this sweep"):
         return 1
@@ -66,6 +69,9 @@ def main():
     if args.early:  # (channels, warps, False, True, early), and the node loop at its default prefetch
         configs["rows"] = [None] + [(block, warps, False, True, early) for block, warps in ((32, 1), (64, 1), (128, 1))
                                     for early in (False, True)] + [(128, 1, True)]
+    if args.one_store:  # (channels, warps, False, True, True, one_store)
+        configs["rows"] = [None] + [(block, 1, False, True, True, one) for block in (32, 64, 128)
+                                    for one in (False, True)]
     for num_nodes in args.nodes:
         tree = num_nodes != 4
         parents_list = tree_parents(num_nodes, 3 if tree else None)
@@ -88,6 +94,8 @@ def main():
                         tuning["preload"] = config[3] if len(config) > 3 else False
                         if len(config) > 4:
                             tuning["early"] = config[4]
+                        if len(config) > 5:
+                            tuning["one_store"] = config[5]
 
                     def run():
                         kernels.launch_causal_conv1d_verify(
@@ -107,6 +115,7 @@ def main():
                             preloaded = f"+prefetch {config[3]}"
                         elif len(config) > 3 and config[3]:
                             preloaded = "+preload" + ("+early" if len(config) > 4 and config[4] else "")
+                            preloaded += "+one store" if len(config) > 5 and config[5] else ""
                         name = f"{kind}{preloaded} {config[0]}/{config[1]}w"
                     draft = f"tree N={num_nodes} topk 3" if tree else f"chain D={num_nodes}"
                     gbps = nbytes / (us * 1e-6) / 1e9
