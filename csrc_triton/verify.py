@@ -23,12 +23,14 @@ load (from x, or the state for positions in the history) and each weight column 
 for K <= 5 (PRELOAD) the committed inputs and the weights come in as one [channels, 4] load each,
 split in registers, rather than one strided load per tap; with ONE_STORE (channel_major rows at
 128 channels) the committed rows and the nodes' rows go out as one [rows, channels] store;
-per-element offsets are int32 (the launcher checks one slot's span). _verify_node_loop_kernel loops over the nodes instead, one
-[channels] vector at a time, with the committed inputs, the weights and (chains) the previous
-inputs in registers, for K <= 5, writing dense windows or rows (int64 offsets: no span to check),
-each node's own input loaded two nodes ahead of its use; _verify_dense_any_width_kernel, for wider
-dense windows, reloads each input per tap. Which one serves a launch, and with how many channels
-per program, was measured on the H200 (_node_loop; docs/benchmarks.md, "Verify kernel").
+per-element offsets are int32 (the launcher checks one slot's span).
+
+_verify_node_loop_kernel loops over the nodes instead, one [channels] vector at a time, with the
+committed inputs, the weights and (chains) the previous inputs in registers, for K <= 5, writing
+dense windows or rows (int64 offsets: no span to check), each node's own input loaded two nodes
+ahead of its use. _verify_dense_any_width_kernel, for wider dense windows, reloads each input per
+tap. Which one serves a launch, and with how many channels per program, was measured on the H200
+(_node_loop, _rows_block, _one_store; docs/benchmarks.md, "Verify kernel").
 """
 
 from __future__ import annotations
@@ -636,9 +638,10 @@ def _verify_call(
     of their planners, or None if there is nothing to do. Its plan comes from _PLANS."""
     has_conv = out is not None
     key = (
-        dense, silu, block, num_warps, node_loop, preload, prefetch, early, one_store, dest.shape, dest.stride(), state.shape,
-        state.stride(), x.shape, x.stride(), out.stride() if has_conv else None, weight.stride() if has_conv else None,
-        None if bias is None else bias.stride(), buffer_slots.stride(0), state_slots.stride(0),
+        dense, silu, block, num_warps, node_loop, preload, prefetch, early, one_store, dest.shape, dest.stride(),
+        state.shape, state.stride(), x.shape, x.stride(), out.stride() if has_conv else None,
+        weight.stride() if has_conv else None, None if bias is None else bias.stride(), buffer_slots.stride(0),
+        state_slots.stride(0),
         None if parents is None else parents.stride(),
     )
     plan = _PLANS.get(key, MISSING)
@@ -822,9 +825,9 @@ def launch_causal_conv1d_verify(
 
     out: [B, N, dim], weight: [dim, K], bias: [dim] or None; any strides. block, num_warps,
     node_loop (the node-loop kernel or the rows tile / the any-width dense kernel), preload (the
-    rows tile's 2-D loads, K <= 5), prefetch (how many nodes ahead the node loop loads inputs) and
-    early (the rows tile's slot-free loads before the slots): tuning, None for the measured
-    defaults.
+    rows tile's 2-D loads, K <= 5), prefetch (how many nodes ahead the node loop loads inputs),
+    early (the rows tile's slot-free loads before the slots) and one_store (the rows tile's rows as
+    one store): tuning, None for the measured defaults.
     """
     call = _verify_call(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
                         dense=dense, silu=silu, block=block, num_warps=num_warps, node_loop=node_loop,

@@ -208,7 +208,8 @@ def test_verify_fuzz_each_kernel(impl, tuning):
     """Each verify kernel on every layout, whichever the launcher would pick for the shape: the
     node loop (K <= 5; rows or dense windows) with each node's input loaded 0, 1 or 2 nodes ahead,
     the rows tile with and without its 2-D preload, with its slot-free loads before or after the
-    slots and its rows stored as one tile or row by row, the any-width dense kernel, against the same oracles as test_verify_fuzz."""
+    slots and its rows stored as one tile or row by row, the any-width dense kernel, against the
+    same oracles as test_verify_fuzz."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_causal_conv1d_verify

@@ -55,7 +55,7 @@ def main():
     print("fused verify (conv + capture), one layer, dim 8192, K=4, bf16")
     print("| draft | layout | B | block/warps | graph replay (us/launch) | of copy ceiling | out equal to default |")
     print("|---|---|---|---|---|---|---|")
-    configs = {  # None: the launcher's default; (channels, warps, node loop or the rows tile[, preload])
+    configs = {  # None: the launcher's default; (channels, warps, node loop or the rows tile[, preload or prefetch])
         "rows": [None, (16, 1, False), (32, 1, False), (64, 1, False), (128, 1, False), (64, 2, False),
                  (32, 1, False, True), (64, 1, False, True), (128, 1, False, True), (64, 2, False, True),
                  (32, 1, True), (64, 1, True), (128, 1, True), (64, 2, True), (128, 2, True), (256, 4, True),
@@ -110,13 +110,13 @@ def main():
                     name = "default"
                     if config is not None:
                         kind = "loop" if config[2] else "tile"
-                        preloaded = ""
+                        variant = ""
                         if len(config) > 3 and config[2]:
-                            preloaded = f"+prefetch {config[3]}"
+                            variant = f"+prefetch {config[3]}"
                         elif len(config) > 3 and config[3]:
-                            preloaded = "+preload" + ("+early" if len(config) > 4 and config[4] else "")
-                            preloaded += "+one store" if len(config) > 5 and config[5] else ""
-                        name = f"{kind}{preloaded} {config[0]}/{config[1]}w"
+                            variant = "+preload" + ("+early" if len(config) > 4 and config[4] else "")
+                            variant += "+one store" if len(config) > 5 and config[5] else ""
+                        name = f"{kind}{variant} {config[0]}/{config[1]}w"
                     draft = f"tree N={num_nodes} topk 3" if tree else f"chain D={num_nodes}"
                     gbps = nbytes / (us * 1e-6) / 1e9
                     print(f"| {draft} | {layout} | {B} | {name} | {us:.1f} | {gbps / ceiling:.1%} | {same} |", flush=True)
