@@ -1,6 +1,6 @@
 """One kernel case, launched a few times, for a profiler to catch (Nsight Compute on the H200).
 
-    ncu --clock-control none --launch-skip 2 --launch-count 1 -k regex:_verify_rows_kernel \\
+    ncu --clock-control none --launch-skip 2 --launch-count 1 -k regex:_verify_node_loop_kernel \\
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \\
         python3 benchmarks/explore/profile_one.py verify-chain
 
@@ -49,8 +49,9 @@ def replay_case(mixer, batch=64, nodes=4):
 
 
 CASES = {  # name: (what it runs, the kernel ncu should filter on)
-    "verify-chain": (lambda: verify_case(4, None), "_verify_rows_kernel"),
+    "verify-chain": (lambda: verify_case(4, None), "_verify_node_loop_kernel"),
     "verify-tree": (lambda: verify_case(8, 3), "_verify_rows_kernel"),
+    "verify-channel-major-chain": (lambda: verify_case(4, None, layout="channel_major"), "_verify_rows_kernel"),
     "verify-dense-chain": (lambda: verify_case(4, None, layout="dense"), "_verify_node_loop_kernel"),
     "commit-token-major-b8": (lambda: commit_case("token_major", 4, 8), "_scatter_windows_kernel"),
     "commit-dense-b8": (lambda: commit_case("dense", 4, 8), "_scatter_windows_kernel"),
