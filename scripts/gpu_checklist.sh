@@ -72,7 +72,8 @@ for phase in "$@"; do
               rc=$?; sed -n "/^eager host time/,\$p" "$out/eager.log" ;;
     profile|rprofile)
               rc=0
-              cases="verify-chain verify-tree commit-token-major-b8 commit-dense-b8 commit-channel-major-d16"
+              cases="verify-chain verify-channel-major-chain verify-tree commit-token-major-b8 commit-dense-b8"
+              cases="$cases commit-channel-major-d16"
               [ "$phase" = rprofile ] && cases="gdn-commit-b64 mamba2-commit-b64"
               for case in $cases; do
                 kernel=$(python3 benchmarks/explore/profile_one.py "$case" --print-kernel)
