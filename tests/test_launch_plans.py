@@ -127,6 +127,47 @@ def test_scatter_plan_small_grid(kernels, layers, dim, rows, block, layout):
     assert grid == (-(-dim * 3 // want_block), rows, layers)
 
 
+VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per program and flags the plan must choose
+    ("token_major", 4, False, 8, "rows", 64, dict(EARLY=True, ONE_STORE=False)),
+    ("token_major", 4, False, 64, "node_loop", 128, dict(PREFETCH=2, ROWS=True)),
+    ("channel_major", 4, False, 8, "rows", 64, dict(EARLY=True, ONE_STORE=False)),
+    ("channel_major", 4, False, 64, "rows", 128, dict(EARLY=True, ONE_STORE=True)),
+    ("token_major", 8, True, 8, "rows", 32, dict(ONE_STORE=False)),
+    ("token_major", 8, True, 64, "rows", 128, dict(ONE_STORE=False)),
+    ("token_major", 8, True, 256, "rows", 128, dict(ONE_STORE=False)),
+    ("token_major", 32, True, 64, "rows", 32, dict(ONE_STORE=False)),
+    ("token_major", 32, True, 128, "node_loop", 128, dict(PREFETCH=2)),
+    ("channel_major", 8, True, 64, "rows", 32, dict(ONE_STORE=False)),
+    ("channel_major", 8, True, 256, "rows", 128, dict(ONE_STORE=True)),
+    ("dense", 4, False, 8, "node_loop", 32, dict(PREFETCH=2, ROWS=False)),
+    ("dense", 8, True, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False)),
+]
+
+
+@pytest.mark.parametrize("layout, nodes, tree, rows, kernel, channels, flags", VERIFY_PLANS)
+def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags):
+    """The verify launcher's measured choices at the Qwen3-Next TP1 shape (dim 8192, K = 4, bf16;
+    docs/benchmarks.md, "Verify kernel"): the node loop for dense windows, token_major chains from
+    32 requests and token_major trees of more than 8 nodes from 128; else the rows tile, at 128
+    channels for up to 8 nodes from 64 requests (channel_major trees from 256), storing its rows as
+    one tile on channel_major rows at 128 channels; the tile's slot-free loads go first and the
+    loop's inputs two nodes ahead."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    buffer = torch.empty(sgl_convwin.physical_shape(layout, 36, rows, 8192, nodes, 4), **meta)
+    dest = buffer.transpose(-1, -2) if layout == "channel_major" else buffer
+    state = torch.empty(36, rows, 8192, 3, **meta)
+    x = torch.empty(rows, nodes, 8192, **meta)
+    weight = torch.empty(8192, 4, **meta)
+    index = torch.zeros(rows, dtype=torch.int32, device="meta")
+    parents = torch.zeros(rows, nodes, dtype=torch.int32, device="meta") if tree else None
+    chosen, grid, _, plan = kernels.verify._plan(x, dest, state, x, weight, None, index, index, parents,
+                                                 layout == "dense", True, None, None, None, None, None, None, None)
+    want = {"rows": kernels.verify._verify_rows_kernel, "node_loop": kernels.verify._verify_node_loop_kernel}[kernel]
+    assert chosen is want
+    assert (plan["BLOCK"], plan["num_warps"]) == (channels, 1) and grid == (rows, 8192 // channels)
+    assert {name: plan[name] for name in flags} == flags
+
+
 TREE_PLANS = [  # layers, dim, rows (B), channels per program, warps, parent links loaded up front
     (36, 8192, 1, 256, 1, True),  # Qwen3-Next TP1
     (36, 8192, 8, 256, 1, True),
