@@ -6,7 +6,8 @@ channels per program and warps. The launcher's kernel choice and block rules com
     python benchmarks/explore/verify_sweep.py [--layouts dense] [--nodes 4 8] [--batches 8 256]   (CUDA)
         [--prefetch 0 1 2]   (only the node loop, its inputs loaded 0, 1, 2 nodes ahead)
         [--early]   (only the preloaded rows tile, its slot-free loads after and before the slots)
-        [--one-store]   (only the preloaded rows tile, its rows stored row by row and as one tile)
+        [--one-store]   (only the preloaded rows tile, its rows stored row by row and as one tile; at 128
+                        channels also one store without the early loads)
 """
 
 import argparse
@@ -69,9 +70,9 @@ def main():
     if args.early:  # (channels, warps, False, True, early), and the node loop at its default prefetch
         configs["rows"] = [None] + [(block, warps, False, True, early) for block, warps in ((32, 1), (64, 1), (128, 1))
                                     for early in (False, True)] + [(128, 1, True)]
-    if args.one_store:  # (channels, warps, False, True, True, one_store)
+    if args.one_store:  # (channels, warps, False, True, early, one_store); at 128 also without the early loads
         configs["rows"] = [None] + [(block, 1, False, True, True, one) for block in (32, 64, 128)
-                                    for one in (False, True)]
+                                    for one in (False, True)] + [(128, 1, False, True, False, True)]
     for num_nodes in args.nodes:
         tree = num_nodes != 4
         parents_list = tree_parents(num_nodes, 3 if tree else None)
