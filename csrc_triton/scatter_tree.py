@@ -82,47 +82,38 @@ def _interleave(columns, GROUPS: tl.constexpr, VEC: tl.constexpr, WIDTH: tl.cons
 
 
 @triton.jit
-def _walk_loads(parents_row, parents_stride_node, node, WIDTH: tl.constexpr):
+def _pick(links, index, NUM_NODES: tl.constexpr):
+    """links[index] for a scalar index, by a select tree on its bits: no memory access, any value."""
+    bits = index.to(tl.int32)
+    choices = links
+    for level in tl.static_range((NUM_NODES - 1).bit_length()):
+        take_odd = ((bits >> level) & 1) != 0
+        picked = ()
+        for i in tl.static_range(0, len(choices), 2):
+            if i + 1 < len(choices):
+                picked = picked + (tl.where(take_odd, choices[i + 1], choices[i]),)
+            else:
+                picked = picked + (choices[i],)
+        choices = picked
+    return choices[0]
+
+
+@triton.jit
+def _walk(node, parents_row, parents_stride_node, links, WIDTH: tl.constexpr, NUM_NODES: tl.constexpr):
     """The window's K-1 positions (oldest first, int64 scalars) by walking up from an in-range node,
-    one dependent load per link, and whether every link met lies in [-1, n-1]."""
+    and whether every link met lies in [-1, n-1]. NUM_NODES > 0: each link is picked from the
+    row's links already in registers (links[n], int64); 0: one dependent load per link."""
     HISTORY: tl.constexpr = WIDTH - 1
     pos = HISTORY + node
     positions = (pos,)
     links_ok = node >= 0  # a scalar True
     for older in tl.static_range(1, WIDTH):
         is_node = pos >= HISTORY
-        parent = tl.load(parents_row + (pos - HISTORY) * parents_stride_node, mask=is_node, other=-1).to(tl.int64)
+        if NUM_NODES:
+            parent = _pick(links, pos - HISTORY, NUM_NODES)
+        else:
+            parent = tl.load(parents_row + (pos - HISTORY) * parents_stride_node, mask=is_node, other=-1).to(tl.int64)
         parent_ok = (parent >= -1) & (parent < pos - HISTORY)
-        links_ok &= parent_ok | (pos < HISTORY)
-        pos = tl.where(is_node & parent_ok, HISTORY + parent, pos - 1)
-        positions = (pos,) + positions
-    return positions, links_ok
-
-
-@triton.jit
-def _walk_registers(node, links, WIDTH: tl.constexpr, NUM_NODES: tl.constexpr):
-    """_walk_loads over the row's parent links already in registers (links[n], int64): each link
-    is picked by a select tree on the bits of n. Any node value: selects only, no memory access."""
-    HISTORY: tl.constexpr = WIDTH - 1
-    pos = HISTORY + node
-    positions = (pos,)
-    links_ok = node >= 0
-    for older in tl.static_range(1, WIDTH):
-        link_of = pos - HISTORY
-        bits = link_of.to(tl.int32)
-        choices = links
-        for level in tl.static_range((NUM_NODES - 1).bit_length()):
-            take_odd = ((bits >> level) & 1) != 0
-            picked = ()
-            for i in tl.static_range(0, len(choices), 2):
-                if i + 1 < len(choices):
-                    picked = picked + (tl.where(take_odd, choices[i + 1], choices[i]),)
-                else:
-                    picked = picked + (choices[i],)
-            choices = picked
-        parent = choices[0]
-        is_node = pos >= HISTORY
-        parent_ok = (parent >= -1) & (parent < link_of)
         links_ok &= parent_ok | (pos < HISTORY)
         pos = tl.where(is_node & parent_ok, HISTORY + parent, pos - 1)
         positions = (pos,) + positions
@@ -196,8 +187,8 @@ def _scatter_tree_kernel(
     layer = tl.program_id(2).to(tl.int64)
 
     parents_row = parents_ptr + row.to(tl.int64) * parents_stride_row
+    links = ()
     if PRELOADED_NODES:  # independent loads, in flight with the index loads (parents is [B, N])
-        links = ()
         for n in tl.static_range(PRELOADED_NODES):
             links = links + (tl.load(parents_row + n * parents_stride_node).to(tl.int64),)
     node, dst, src, active = row_indices(
@@ -208,13 +199,13 @@ def _scatter_tree_kernel(
     state = state_ptr + layer * state_stride_layer + dst * state_stride_slot
     if PRELOADED_NODES:
         # walked for every row, before the branch: nothing between the loads and the data but selects
-        positions, links_ok = _walk_registers(node, links, WIDTH, PRELOADED_NODES)
+        positions, links_ok = _walk(node, parents_row, parents_stride_node, links, WIDTH, PRELOADED_NODES)
         if active & links_ok:
             _copy_window(state, source, positions, block, dim, rows_stride_pos, rows_stride_dim, state_stride_dim,
                          state_stride_win, WIDTH, WIDTH_P2, GROUPS, VEC, INTERLEAVE)
     else:
         if active:
-            positions, links_ok = _walk_loads(parents_row, parents_stride_node, node, WIDTH)
+            positions, links_ok = _walk(node, parents_row, parents_stride_node, links, WIDTH, 0)
             if links_ok:
                 _copy_window(state, source, positions, block, dim, rows_stride_pos, rows_stride_dim,
                              state_stride_dim, state_stride_win, WIDTH, WIDTH_P2, GROUPS, VEC, INTERLEAVE)
