@@ -566,7 +566,7 @@ def _verify_dense_any_width_kernel(
                 tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=write)
 
 
-def _node_loop(dense: bool, dest: torch.Tensor, num_rows: int, nodes: int, tree: bool) -> bool:
+def _node_loop(dense: bool, contiguous: bool, num_rows: int, nodes: int, tree: bool) -> bool:
     """Whether the node-loop kernel serves this launch (K <= 5 aside; nodes: the node count's next
     power of two). Measured on the H200 (docs/benchmarks.md, "Verify kernel"): always for dense
     windows; for rows whose channels are contiguous (token_major), chains from 32 requests up,
@@ -576,7 +576,7 @@ def _node_loop(dense: bool, dest: torch.Tensor, num_rows: int, nodes: int, tree:
     would stride."""
     if dense:
         return True
-    if dest.stride(-1) != 1:
+    if not contiguous:
         return False
     if not tree:
         return num_rows >= NODE_LOOP_MIN_ROWS
@@ -667,9 +667,10 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     has_conv = out is not None
     has_parents = parents is not None
     nodes = next_power_of_2(max(num_nodes, 1))
+    contiguous = dest.stride(-1) == 1  # rows whose channels are adjacent: token_major
     kernel_size = state.shape[3] + 1
     if node_loop is None:
-        node_loop = _node_loop(dense, dest, num_rows, nodes, has_parents)
+        node_loop = _node_loop(dense, contiguous, num_rows, nodes, has_parents)
     node_loop = node_loop and kernel_size <= 5  # wider: the rows tile, or dense windows' any-width kernel
     if dense and not node_loop:
         kernel, default_block = _verify_dense_any_width_kernel, DENSE_ANY_WIDTH_BLOCK
@@ -679,7 +680,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         default_warps = NODE_LOOP_WARPS
     else:
         kernel, default_warps = _verify_rows_kernel, ROWS_WARPS
-        default_block = _rows_block(nodes, num_rows, dest.stride(-1) == 1, has_parents)
+        default_block = _rows_block(nodes, num_rows, contiguous, has_parents)
     block = default_block if block is None else block
     num_warps = default_warps if num_warps is None else num_warps
     block = min(block, next_power_of_2(dim))
@@ -718,7 +719,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         _check_rows_spans(dest, state, x, out, weight, bias, parents)
         preload = kernel_size <= 5 if preload is None else preload and kernel_size <= 5
         early = ROWS_EARLY if early is None else early
-        one_store = _one_store(dest.stride(-1) == 1, block) if one_store is None else one_store
+        one_store = _one_store(contiguous, block) if one_store is None else one_store
         return kernel, grid, scalars, dict(flags, NODES=nodes, PRELOAD=preload, EARLY=early, ONE_STORE=one_store,
                                            ROW_TILE=next_power_of_2(nodes + kernel_size - 2))
     return kernel, grid, scalars, flags
