@@ -23,6 +23,10 @@ several times a small kernel per eager call (``_register``). As with custom_op, 
 takes the public function's keyword-only tensor arguments positionally, after its positional
 ones.
 
+Every CUDA path (the public function's and the registered kernel) makes the written tensor's GPU
+current for a call whose tensors live on another one, and runs the call there (``on_its_device``):
+Triton launches on the current device.
+
 An op may opt into the eager plan cache with ``eager_plan="planned_..."``, the name of a
 csrc_triton planner: ``planner(*args, **kwargs)`` (the kernel arguments of one call) returns a
 launch taking the same arguments that is valid for every call of that signature -- every shape,
@@ -54,6 +58,9 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)  # Parameter disables __torc
 # Per op, (sizes, launch) per eager call signature. Engines repeat a few signatures step after
 # step; bounded anyway (cleared when full).
 EAGER_PLANS_MAX = 1024
+# The current CUDA device's index: torch.cuda.current_device without its lazy-init check (a call
+# that asks has a CUDA tensor in hand, so CUDA is initialised), where this torch has the raw call.
+_CURRENT_CUDA_DEVICE = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 # Every declared op's registrations; they are undone when this object is deleted.
 _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 
@@ -245,14 +252,31 @@ def declare_op(
 """
         namespace = dict(_eager_device=eager_device, _plans=plans, _prepare=prepare, _cpu=cpu,
                          _inference_mode=torch.is_inference_mode_enabled,
-                         _first_call=first_call, _cuda_kernel=lambda: getattr(triton_kernels(), cuda))
+                         _first_call=first_call, _cuda_kernel=lambda: getattr(triton_kernels(), cuda),
+                         _Tensor=torch.Tensor, _current_device=_CURRENT_CUDA_DEVICE, _device_guard=torch.cuda.device)
+        written = tensor_names[0]
+
+        def on_its_device(signature: inspect.Signature, head: str, rest: str, condition: str,
+                          namespace: dict) -> Callable:
+            """``head + rest`` compiled with ``signature``, with a device guard between them for the
+            calls where ``condition`` holds: Triton launches on the current device, so such a call
+            whose written tensor lives on another GPU runs ``head + rest`` again with that GPU
+            current (as PyTorch's own CUDA ops guard their device), on its current stream."""
+            unguarded = _compile(name, signature, head + rest, dict(namespace))
+            arguments = ", ".join(f"{n}={n}" for n in signature.parameters)
+            guard = (f"    if {condition} and {written}.get_device() != _current_device():\n"
+                     f"        with _device_guard({written}.get_device()):\n"
+                     f"            return _unguarded({arguments})\n")
+            return _compile(name, signature, head + guard + rest, dict(namespace, _unguarded=unguarded))
 
         def kernel(device: str, plan: bool) -> Callable[..., None]:
             """The registered kernel of ``device`` (the dispatcher's call: the op's signature)."""
-            body = f"    _device = {device!r}\n"
-            if plan:
-                body += planned
-            function = _compile(name, op_signature, body + checked, dict(namespace))
+            head, rest = f"    _device = {device!r}\n", (planned if plan else "") + checked
+            if device == "cuda":
+                is_cuda = f"isinstance({written}, _Tensor) and {written}.is_cuda"
+                function = on_its_device(op_signature, head, rest, is_cuda, namespace)
+            else:
+                function = _compile(name, op_signature, head + rest, dict(namespace))
             function.__signature__ = op_signature
             return function
 
@@ -262,14 +286,13 @@ def declare_op(
         _register(name, positional_names, mutates, cpu_impl, cuda_planned, fake_impl)
         packet = getattr(getattr(torch.ops, NAMESPACE), name)
 
-        body = f"""    _device = _eager_device({tensors})
+        head = f"""    _device = _eager_device({tensors})
     if _device is None:
         _packet({op_call})
         return
 """
-        if planned:
-            body += f"    if _device != \"invalid\":\n{textwrap.indent(planned, '    ')}"
-        public = _compile(name, public_signature, body + checked, dict(namespace, _packet=packet))
+        rest = (f"    if _device != \"invalid\":\n{textwrap.indent(planned, '    ')}" if planned else "") + checked
+        public = on_its_device(public_signature, head, rest, '_device == "cuda"', dict(namespace, _packet=packet))
         public = functools.wraps(signature_function)(public)
 
         def kernel_arguments(*args, **kwargs) -> tuple[tuple, dict]:
