@@ -55,6 +55,16 @@ DENSE_ANY_WIDTH_WARPS = 2
 
 
 @triton.jit
+def _program_coordinates(BLOCKS_FIRST: tl.constexpr):
+    """(request, channel block) of this program: the grid is (B, channel blocks), or with
+    BLOCKS_FIRST (channel blocks, B), so that programs are dispatched a request's channels first."""
+    if BLOCKS_FIRST:
+        return tl.program_id(1), tl.program_id(0)
+    else:
+        return tl.program_id(0), tl.program_id(1)
+
+
+@triton.jit
 def _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS: tl.constexpr):
     """One step up the path from ``pos`` (a scalar or a vector of positions, int32 or int64): a
     node (>= 0) goes to its parent, a committed input (-1 the newest, -2 the one before, ...) to
@@ -176,10 +186,12 @@ def _verify_rows_kernel(
     EARLY: tl.constexpr = False,  # the inputs, the bias and the preloaded weights before the slots (they need none)
     ONE_STORE: tl.constexpr = False,  # the committed rows and the nodes' rows as one [ROW_TILE, channels] store
     ROW_TILE: tl.constexpr = 1,  # next power of two >= NODES + K - 2
+    BLOCKS_FIRST: tl.constexpr = False,
 ):
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
-    row = tl.program_id(0).to(tl.int64)
-    chan = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # int32 from here on; bases are int64
+    request, block = _program_coordinates(BLOCKS_FIRST)
+    row = request.to(tl.int64)
+    chan = block * BLOCK + tl.arange(0, BLOCK)  # int32 from here on; bases are int64
     cmask = chan < dim
     xs = x_ptr + row * x_stride_row
     x_chan = (chan * x_stride_dim)[None, :]
@@ -330,6 +342,7 @@ def _verify_node_loop_kernel(
     SILU: tl.constexpr,
     ROWS: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0,
+    BLOCKS_FIRST: tl.constexpr = False,
 ):
     """Dense windows for K <= 5: the K-1 committed inputs and the conv's weights stay in registers,
     a chain's previous inputs roll along in registers (each node loads only its own input), and a
@@ -339,8 +352,9 @@ def _verify_node_loop_kernel(
     first ones before the slots are read (x needs no slot)."""
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
     tl.static_assert(WIDTH <= 4, "_verify_node_loop_kernel holds at most 4 committed inputs")
-    row = tl.program_id(0).to(tl.int64)
-    chan = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    request, block = _program_coordinates(BLOCKS_FIRST)
+    row = request.to(tl.int64)
+    chan = block * BLOCK + tl.arange(0, BLOCK)
     cmask = chan < dim
     chan = chan.to(tl.int64)
     xs = x_ptr + row * x_stride_row + chan * x_stride_dim
@@ -507,10 +521,12 @@ def _verify_dense_any_width_kernel(
     HAS_CONV: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
+    BLOCKS_FIRST: tl.constexpr = False,
 ):
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
-    row = tl.program_id(0).to(tl.int64)
-    chan = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    request, block = _program_coordinates(BLOCKS_FIRST)
+    row = request.to(tl.int64)
+    chan = block * BLOCK + tl.arange(0, BLOCK)
     cmask = chan < dim
     chan = chan.to(tl.int64)
 
@@ -613,6 +629,13 @@ def _one_store(contiguous: bool, block: int) -> bool:
     return not contiguous and block >= ROWS_WIDE_BLOCK
 
 
+def _blocks_first(dense: bool, contiguous: bool) -> bool:
+    """Whether the grid dispatches a request's channel blocks first (else the requests of one
+    channel block first): for dense windows and channel_major rows, 3-5% faster at 64 and 256
+    requests on the H200; token_major rows level or slower (docs/benchmarks.md, "Verify kernel")."""
+    return dense or not contiguous
+
+
 def _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents):
     """The kernels' tensor arguments: placeholders, never read, for what a capture, a conv without
     bias or a chain does not have."""
@@ -632,13 +655,14 @@ def _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots
 def _verify_call(
     out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
     *, dense, silu, block=None, num_warps=None, node_loop=None, preload=None, prefetch=None, early=None,
-    one_store=None,
+    one_store=None, blocks_first=None,
 ) -> KernelCall | None:
     """The launch of launch_capture / launch_causal_conv1d_verify (``out`` None: a capture) and
     of their planners, or None if there is nothing to do. Its plan comes from _PLANS."""
     has_conv = out is not None
     key = (
-        dense, silu, block, num_warps, node_loop, preload, prefetch, early, one_store, dest.shape, dest.stride(),
+        dense, silu, block, num_warps, node_loop, preload, prefetch, early, one_store, blocks_first, dest.shape,
+        dest.stride(),
         state.shape, state.stride(), x.shape, x.stride(), out.stride() if has_conv else None,
         weight.stride() if has_conv else None, None if bias is None else bias.stride(), buffer_slots.stride(0),
         state_slots.stride(0),
@@ -647,7 +671,8 @@ def _verify_call(
     plan = _PLANS.get(key, MISSING)
     if plan is MISSING:
         plan = _PLANS.add(key, _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
-                                     dense, silu, block, num_warps, node_loop, preload, prefetch, early, one_store))
+                                     dense, silu, block, num_warps, node_loop, preload, prefetch, early, one_store,
+                                     blocks_first))
     if plan is None:
         return None
     kernel, grid, scalars, flags = plan
@@ -656,7 +681,7 @@ def _verify_call(
 
 
 def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents, dense, silu, block, num_warps,
-          node_loop, preload, prefetch, early, one_store):
+          node_loop, preload, prefetch, early, one_store, blocks_first):
     """(kernel, grid, scalar arguments after the layer offsets, constexprs), or None if there is
     nothing to do; raises for what the kernels cannot address. Depends only on _verify_call's key."""
     num_rows, num_nodes, dim = x.shape
@@ -684,9 +709,13 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     block = default_block if block is None else block
     num_warps = default_warps if num_warps is None else num_warps
     block = min(block, next_power_of_2(dim))
-    grid = (num_rows, cdiv(dim, block))
-    if grid[1] > MAX_GRID_Y:
-        raise ValueError(f"convwin verify: dim {dim} needs {grid[1]} channel blocks; at most {MAX_GRID_Y}")
+    num_blocks = cdiv(dim, block)
+    if num_blocks > MAX_GRID_Y:
+        raise ValueError(f"convwin verify: dim {dim} needs {num_blocks} channel blocks; at most {MAX_GRID_Y}")
+    if blocks_first is None:
+        blocks_first = _blocks_first(dense, contiguous)
+    blocks_first = blocks_first and num_rows <= MAX_GRID_Y  # (the requests then go on the grid's y axis)
+    grid = (num_blocks, num_rows) if blocks_first else (num_rows, num_blocks)
     scalars = (
         dest.shape[1],
         state.shape[1],
@@ -710,6 +739,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         HAS_CONV=has_conv,
         HAS_BIAS=bias is not None,
         SILU=silu,
+        BLOCKS_FIRST=blocks_first,
         num_warps=num_warps,
     )
     if kernel is _verify_node_loop_kernel:
@@ -774,6 +804,7 @@ def launch_capture(
     prefetch: int | None = None,
     early: bool | None = None,
     one_store: bool | None = None,
+    blocks_first: bool | None = None,
 ) -> None:
     """Write layer ``layer`` of every active request's buffer slot (see the module docstring).
 
@@ -783,7 +814,8 @@ def launch_capture(
     """
     call = _verify_call(None, dest, state, x, None, None, buffer_slots, state_slots, layer, parents,
                         dense=dense, silu=False, block=block, num_warps=num_warps, node_loop=node_loop,
-                        preload=preload, prefetch=prefetch, early=early, one_store=one_store)
+                        preload=preload, prefetch=prefetch, early=early, one_store=one_store,
+                        blocks_first=blocks_first)
     if call is not None:
         call.launch()
 
@@ -821,18 +853,20 @@ def launch_causal_conv1d_verify(
     prefetch: int | None = None,
     early: bool | None = None,
     one_store: bool | None = None,
+    blocks_first: bool | None = None,
 ) -> None:
     """launch_capture, fused with out[b, n] = act(bias + sum_k weight[:, k] * input k of node n).
 
     out: [B, N, dim], weight: [dim, K], bias: [dim] or None; any strides. block, num_warps,
     node_loop (the node-loop kernel or the rows tile / the any-width dense kernel), preload (the
     rows tile's 2-D loads, K <= 5), prefetch (how many nodes ahead the node loop loads inputs),
-    early (the rows tile's slot-free loads before the slots) and one_store (the rows tile's rows as
-    one store): tuning, None for the measured defaults.
+    early (the rows tile's slot-free loads before the slots), one_store (the rows tile's rows as
+    one store) and blocks_first (the grid's order): tuning, None for the measured defaults.
     """
     call = _verify_call(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
                         dense=dense, silu=silu, block=block, num_warps=num_warps, node_loop=node_loop,
-                        preload=preload, prefetch=prefetch, early=early, one_store=one_store)
+                        preload=preload, prefetch=prefetch, early=early, one_store=one_store,
+                        blocks_first=blocks_first)
     if call is not None:
         call.launch()
 

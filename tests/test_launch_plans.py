@@ -151,7 +151,8 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     32 requests and token_major trees of more than 8 nodes from 128; else the rows tile, at 128
     channels for up to 8 nodes from 64 requests (channel_major trees from 256), storing its rows as
     one tile on channel_major rows at 128 channels; the tile's slot-free loads go first and the
-    loop's inputs two nodes ahead."""
+    loop's inputs two nodes ahead; dense windows and channel_major rows on a grid of channel blocks
+    first."""
     meta = dict(device="meta", dtype=torch.bfloat16)
     buffer = torch.empty(sgl_convwin.physical_shape(layout, 36, rows, 8192, nodes, 4), **meta)
     dest = buffer.transpose(-1, -2) if layout == "channel_major" else buffer
@@ -161,10 +162,15 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     index = torch.zeros(rows, dtype=torch.int32, device="meta")
     parents = torch.zeros(rows, nodes, dtype=torch.int32, device="meta") if tree else None
     chosen, grid, _, plan = kernels.verify._plan(x, dest, state, x, weight, None, index, index, parents,
-                                                 layout == "dense", True, None, None, None, None, None, None, None)
+                                                 layout == "dense", True, None, None, None, None, None, None, None,
+                                                 None)
     want = {"rows": kernels.verify._verify_rows_kernel, "node_loop": kernels.verify._verify_node_loop_kernel}[kernel]
     assert chosen is want
-    assert (plan["BLOCK"], plan["num_warps"]) == (channels, 1) and grid == (rows, 8192 // channels)
+    assert (plan["BLOCK"], plan["num_warps"]) == (channels, 1)
+    # a request's channel blocks dispatched first for dense windows and channel_major rows
+    blocks_first = layout != "token_major"
+    assert plan["BLOCKS_FIRST"] == blocks_first
+    assert grid == ((8192 // channels, rows) if blocks_first else (rows, 8192 // channels))
     assert {name: plan[name] for name in flags} == flags
 
 

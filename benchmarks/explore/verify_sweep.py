@@ -8,6 +8,8 @@ channels per program and warps. The launcher's kernel choice and block rules com
         [--early]   (only the preloaded rows tile, its slot-free loads after and before the slots)
         [--one-store]   (only the preloaded rows tile, its rows stored row by row and as one tile; at 128
                         channels also one store without the early loads)
+        [--blocks-first] (only the default kernels, on their grid and forced to channel blocks first and to
+                        requests first)
 """
 
 import argparse
@@ -46,6 +48,9 @@ def main():
                         help="time only the preloaded rows tile, its slot-free loads after and before the slots")
     parser.add_argument("--one-store", action="store_true",
                         help="time only the preloaded rows tile, its rows stored row by row and as one tile")
+    parser.add_argument("--blocks-first", action="store_true",
+                        help="time only the launcher's default kernels, on their grid and forced to channel blocks "
+                             "first and to requests first")
     args = parser.parse_args()
     if not common.needs_cuda("this sweep"):
         return 1
@@ -73,6 +78,8 @@ def main():
     if args.one_store:  # (channels, warps, False, True, early, one_store); at 128 also without the early loads
         configs["rows"] = [None] + [(block, 1, False, True, True, one) for block in (32, 64, 128)
                                     for one in (False, True)] + [(128, 1, False, True, False, True)]
+    if args.blocks_first:  # the default kernel and configuration, the grid's order forced either way
+        configs = {"rows": [None, "blocks first", "requests first"], "dense": [None, "blocks first", "requests first"]}
     for num_nodes in args.nodes:
         tree = num_nodes != 4
         parents_list = tree_parents(num_nodes, 3 if tree else None)
@@ -88,10 +95,16 @@ def main():
                 nbytes = layer_bytes(B, num_nodes, dim, K, layout)
                 reference_out = None
                 for config in configs["dense" if layout == "dense" else "rows"]:
-                    tuning = {} if config is None else dict(block=config[0], num_warps=config[1], node_loop=config[2])
-                    if config is not None and config[2]:
+                    if isinstance(config, str):
+                        tuning = dict(blocks_first=config == "blocks first")
+                    else:
+                        tuning = {} if config is None else dict(block=config[0], num_warps=config[1],
+                                                                node_loop=config[2])
+                    if config is None or isinstance(config, str):
+                        pass
+                    elif config[2]:
                         tuning["prefetch"] = config[3] if len(config) > 3 else None
-                    elif config is not None:
+                    else:
                         tuning["preload"] = config[3] if len(config) > 3 else False
                         if len(config) > 4:
                             tuning["early"] = config[4]
@@ -108,8 +121,8 @@ def main():
                         reference_out = out.clone()
                     same = "yes" if torch.equal(out, reference_out) else "NO"
                     us = graph_time_us(run)
-                    name = "default"
-                    if config is not None:
+                    name = "default" if config is None else f"default, {config}"
+                    if config is not None and not isinstance(config, str):
                         kind = "loop" if config[2] else "tile"
                         variant = ""
                         if len(config) > 3 and config[2]:
