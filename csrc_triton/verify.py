@@ -7,7 +7,7 @@ on the way from the root to n (a chain: nodes 0..n; a tree: parents[b] links). W
 one step is "node -> its parent" and, once in the history, "column -> the column before it".
 
 Every kernel here gives one program one block of channels of one request, all its nodes: grid
-(B, cdiv(dim, BLOCK)). They write
+(B, cdiv(dim, BLOCK)), or (cdiv(dim, BLOCK), B) with BLOCKS_FIRST (_blocks_first). They write
   - rows layouts (token_major, or channel_major seen transposed, [L, M, N+K-2, dim]): the K-2
     newest committed inputs, then x[b, n] at row K-2+n -- parents do not matter;
   - dense ([L, M, N, dim, K-1]): window n = the K-1 inputs of node n's path ending at n;
