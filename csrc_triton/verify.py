@@ -631,8 +631,9 @@ def _one_store(contiguous: bool, block: int) -> bool:
 
 def _blocks_first(dense: bool, contiguous: bool) -> bool:
     """Whether the grid dispatches a request's channel blocks first (else the requests of one
-    channel block first): for dense windows and channel_major rows, 3-5% faster at 64 and 256
-    requests on the H200; token_major rows level or slower (docs/benchmarks.md, "Verify kernel")."""
+    channel block first): for dense windows and channel_major rows, up to 5% faster at 64 and 256
+    requests on the H200 and within 0.1 us at 8; token_major rows were level or slower at 256
+    (docs/benchmarks.md, "Verify kernel")."""
     return dense or not contiguous
 
 

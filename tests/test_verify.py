@@ -203,9 +203,11 @@ def test_verify_fuzz(impl):
     dict(node_loop=False, preload=False, one_store=True), dict(node_loop=False, preload=True, one_store=True),
     dict(node_loop=True, prefetch=0), dict(node_loop=True, prefetch=1), dict(node_loop=True, prefetch=2),
     dict(node_loop=False, preload=True, early=True, blocks_first=True), dict(node_loop=True, blocks_first=True),
+    dict(node_loop=False, preload=True, early=True, blocks_first=False), dict(node_loop=True, blocks_first=False),
 ], ids=["tile-or-any-width", "tile-early", "tile-preloaded", "tile-preloaded-early", "tile-one-store",
         "tile-preloaded-one-store", "node-loop", "node-loop-prefetch-1", "node-loop-prefetch-2",
-        "tile-or-any-width-blocks-first", "node-loop-blocks-first"])
+        "tile-or-any-width-blocks-first", "node-loop-blocks-first", "tile-or-any-width-requests-first",
+        "node-loop-requests-first"])
 def test_verify_fuzz_each_kernel(impl, tuning):
     """Each verify kernel on every layout, whichever the launcher would pick for the shape: the
     node loop (K <= 5; rows or dense windows) with each node's input loaded 0, 1 or 2 nodes ahead,
