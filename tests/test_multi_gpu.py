@@ -97,7 +97,7 @@ def test_the_demo_on_the_second_gpu_matches_greedy(mixer):
 @two_gpus
 def test_tensors_on_two_gpus_are_refused():
     conv_state = torch.zeros(2, 4, 24, 3, device=OTHER)
-    windows = sgl_convwin.alloc(2, 3, 24, 4, 4, layout="dense", device="cuda:0")
+    windows = sgl_convwin.alloc_windows(2, 3, 24, 4, 4, layout="dense", device="cuda:0")
     index = torch.zeros(1, dtype=torch.int64, device=OTHER)
     with pytest.raises(ValueError, match="windows is on cuda:0 but conv_state is on cuda:1"):
         sgl_convwin.scatter(conv_state, windows, index, index, index)
