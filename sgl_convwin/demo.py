@@ -625,8 +625,8 @@ def _run_demo(device, new_tokens, batch, prompt_len, draft, tree_nodes, topk, la
             progress = progress_bar(label) if show_progress else None
             start = time.perf_counter()
             result = speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, k, device, progress)
-            if device == "cuda":
-                torch.cuda.synchronize()
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize(device)
             seconds = time.perf_counter() - start
             identical = result.streams == expected and result.spare_slots_untouched
             all_ok &= identical
