@@ -52,6 +52,11 @@ NODE_LOOP_MIN_ROWS = 32  # token_major chains take the node loop from this many 
 NODE_LOOP_MIN_ROWS_TREE = 128  # token_major trees of more than 8 nodes from this many
 DENSE_ANY_WIDTH_BLOCK = 256  # channels per program of the dense kernel for K > 5
 DENSE_ANY_WIDTH_WARPS = 2
+# The launchers' tuning keywords (None or absent: the measured default): channels per program,
+# warps, the node-loop kernel or not, the rows tile's 2-D preload, how many nodes ahead the node
+# loop loads inputs, the rows tile's slot-free loads first, its rows as one store, and the grid's
+# order (a request's channel blocks first).
+TUNING = ("block", "num_warps", "node_loop", "preload", "prefetch", "early", "one_store", "blocks_first")
 
 
 @triton.jit
@@ -654,16 +659,16 @@ def _verify_tensors(out, dest, state, x, weight, bias, buffer_slots, state_slots
 
 
 def _verify_call(
-    out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
-    *, dense, silu, block=None, num_warps=None, node_loop=None, preload=None, prefetch=None, early=None,
-    one_store=None, blocks_first=None,
+    out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents, *, dense, silu, **tuning,
 ) -> KernelCall | None:
     """The launch of launch_capture / launch_causal_conv1d_verify (``out`` None: a capture) and
-    of their planners, or None if there is nothing to do. Its plan comes from _PLANS."""
+    of their planners, or None if there is nothing to do. Its plan comes from _PLANS; ``tuning``:
+    keywords named in TUNING."""
+    if not tuning.keys() <= set(TUNING):
+        raise TypeError(f"convwin verify: unknown tuning {sorted(tuning.keys() - set(TUNING))}; known: {TUNING}")
     has_conv = out is not None
     key = (
-        dense, silu, block, num_warps, node_loop, preload, prefetch, early, one_store, blocks_first, dest.shape,
-        dest.stride(),
+        dense, silu, tuple(tuning.get(name) for name in TUNING), dest.shape, dest.stride(),
         state.shape, state.stride(), x.shape, x.stride(), out.stride() if has_conv else None,
         weight.stride() if has_conv else None, None if bias is None else bias.stride(), buffer_slots.stride(0),
         state_slots.stride(0),
@@ -672,8 +677,7 @@ def _verify_call(
     plan = _PLANS.get(key, MISSING)
     if plan is MISSING:
         plan = _PLANS.add(key, _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
-                                     dense, silu, block, num_warps, node_loop, preload, prefetch, early, one_store,
-                                     blocks_first))
+                                     dense, silu, tuning))
     if plan is None:
         return None
     kernel, grid, scalars, flags = plan
@@ -681,10 +685,12 @@ def _verify_call(
     return KernelCall(kernel, grid, tensors, (layer * dest.stride(0), layer * state.stride(0), *scalars), flags)
 
 
-def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents, dense, silu, block, num_warps,
-          node_loop, preload, prefetch, early, one_store, blocks_first):
+def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents, dense, silu, tuning):
     """(kernel, grid, scalar arguments after the layer offsets, constexprs), or None if there is
-    nothing to do; raises for what the kernels cannot address. Depends only on _verify_call's key."""
+    nothing to do; raises for what the kernels cannot address. Depends only on _verify_call's key
+    (``tuning``: its keywords, a dict)."""
+    block, num_warps, node_loop, preload, prefetch, early, one_store, blocks_first = (
+        tuning.get(name) for name in TUNING)
     num_rows, num_nodes, dim = x.shape
     if num_rows == 0 or dim == 0 or dest.shape[1] == 0 or state.shape[1] == 0:
         return None
@@ -798,25 +804,17 @@ def launch_capture(
     parents: torch.Tensor | None,
     *,
     dense: bool,
-    block: int | None = None,
-    num_warps: int | None = None,
-    node_loop: bool | None = None,
-    preload: bool | None = None,
-    prefetch: int | None = None,
-    early: bool | None = None,
-    one_store: bool | None = None,
-    blocks_first: bool | None = None,
+    **tuning,
 ) -> None:
     """Write layer ``layer`` of every active request's buffer slot (see the module docstring).
 
     dest: rows [L, M, N+K-2, dim] or, if dense, windows [L, M, N, dim, K-1]; any strides.
     state: [L, N_state, dim, K-1], any strides. x: [B, N, dim], any strides. Slots: [B];
-    parents: [B, N] or None for a chain; int32 or int64, any strides.
+    parents: [B, N] or None for a chain; int32 or int64, any strides. tuning: keywords named in
+    TUNING, for the measured defaults when absent.
     """
     call = _verify_call(None, dest, state, x, None, None, buffer_slots, state_slots, layer, parents,
-                        dense=dense, silu=False, block=block, num_warps=num_warps, node_loop=node_loop,
-                        preload=preload, prefetch=prefetch, early=early, one_store=one_store,
-                        blocks_first=blocks_first)
+                        dense=dense, silu=False, **tuning)
     if call is not None:
         call.launch()
 
@@ -847,27 +845,14 @@ def launch_causal_conv1d_verify(
     *,
     dense: bool,
     silu: bool,
-    block: int | None = None,
-    num_warps: int | None = None,
-    node_loop: bool | None = None,
-    preload: bool | None = None,
-    prefetch: int | None = None,
-    early: bool | None = None,
-    one_store: bool | None = None,
-    blocks_first: bool | None = None,
+    **tuning,
 ) -> None:
     """launch_capture, fused with out[b, n] = act(bias + sum_k weight[:, k] * input k of node n).
 
-    out: [B, N, dim], weight: [dim, K], bias: [dim] or None; any strides. block, num_warps,
-    node_loop (the node-loop kernel or the rows tile / the any-width dense kernel), preload (the
-    rows tile's 2-D loads, K <= 5), prefetch (how many nodes ahead the node loop loads inputs),
-    early (the rows tile's slot-free loads before the slots), one_store (the rows tile's rows as
-    one store) and blocks_first (the grid's order): tuning, None for the measured defaults.
+    out: [B, N, dim], weight: [dim, K], bias: [dim] or None; any strides. tuning: as launch_capture's.
     """
     call = _verify_call(out, dest, state, x, weight, bias, buffer_slots, state_slots, layer, parents,
-                        dense=dense, silu=silu, block=block, num_warps=num_warps, node_loop=node_loop,
-                        preload=preload, prefetch=prefetch, early=early, one_store=one_store,
-                        blocks_first=blocks_first)
+                        dense=dense, silu=silu, **tuning)
     if call is not None:
         call.launch()
 

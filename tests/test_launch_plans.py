@@ -162,8 +162,7 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     index = torch.zeros(rows, dtype=torch.int32, device="meta")
     parents = torch.zeros(rows, nodes, dtype=torch.int32, device="meta") if tree else None
     chosen, grid, _, plan = kernels.verify._plan(x, dest, state, x, weight, None, index, index, parents,
-                                                 layout == "dense", True, None, None, None, None, None, None, None,
-                                                 None)
+                                                 layout == "dense", True, {})
     want = {"rows": kernels.verify._verify_rows_kernel, "node_loop": kernels.verify._verify_node_loop_kernel}[kernel]
     assert chosen is want
     assert (plan["BLOCK"], plan["num_warps"]) == (channels, 1)
@@ -172,6 +171,16 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     assert plan["BLOCKS_FIRST"] == blocks_first
     assert grid == ((8192 // channels, rows) if blocks_first else (rows, 8192 // channels))
     assert {name: plan[name] for name in flags} == flags
+
+
+def test_verify_launchers_name_an_unknown_tuning_keyword(kernels):
+    """A misspelt tuning keyword is refused, not silently ignored."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    x, state = torch.empty(1, 4, 8, **meta), torch.empty(1, 2, 8, 3, **meta)
+    buffer = torch.empty(sgl_convwin.physical_shape("token_major", 1, 2, 8, 4, 4), **meta)
+    index = torch.zeros(1, dtype=torch.int64, device="meta")
+    with pytest.raises(TypeError, match=r"unknown tuning \['one_stores'\]"):
+        kernels.launch_capture(buffer, state, x, index, index, 0, None, dense=False, one_stores=True)
 
 
 TREE_PLANS = [  # layers, dim, rows (B), channels per program, warps, parent links loaded up front
