@@ -33,6 +33,57 @@ def layer_bytes(batch, num_nodes, dim, kernel_size, layout, element=2):
 LAYOUTS = ("token_major", "channel_major", "dense")
 
 
+def tile(block, warps, **more):
+    """The rows tile kernel's tuning keywords (launch_causal_conv1d_verify)."""
+    return dict(block=block, num_warps=warps, node_loop=False, preload=False) | more
+
+
+def loop(block, warps, **more):
+    """The node-loop kernel's tuning keywords."""
+    return dict(block=block, num_warps=warps, node_loop=True) | more
+
+
+def sweep_configs(args):
+    """{"rows": [tuning, ...], "dense": [...]}: the launcher's default ({}) first, then the variants
+    the flags ask for."""
+    if args.blocks_first:  # the default kernel and configuration, the grid's order forced either way
+        orders = [{}, dict(blocks_first=True), dict(blocks_first=False)]
+        return {"rows": orders, "dense": orders}
+    if args.prefetch is not None:
+        return {kind: [{}] + [loop(block, warps, prefetch=ahead) for block, warps in blocks for ahead in args.prefetch]
+                for kind, blocks in (("rows", [(64, 1), (128, 1), (256, 2)]), ("dense", [(32, 1), (64, 1)]))}
+    configs = {
+        "rows": [{}] + [tile(block, warps) for block, warps in ((16, 1), (32, 1), (64, 1), (128, 1), (64, 2))]
+        + [tile(block, warps, preload=True) for block, warps in ((32, 1), (64, 1), (128, 1), (64, 2))]
+        + [loop(block, warps) for block, warps in ((32, 1), (64, 1), (128, 1), (64, 2), (128, 2), (256, 4),
+                                                    (256, 1), (256, 2), (512, 2), (512, 4))],
+        "dense": [{}] + [loop(block, warps) for block, warps in ((32, 1), (64, 1), (128, 1), (128, 2), (256, 2),
+                                                                  (256, 4), (512, 4), (256, 1), (512, 2))],
+    }
+    if args.early:  # and the node loop at its default prefetch
+        configs["rows"] = [{}] + [tile(block, 1, preload=True, early=early) for block in (32, 64, 128)
+                                  for early in (False, True)] + [loop(128, 1)]
+    if args.one_store:  # at 128 also without the early loads
+        configs["rows"] = [{}] + [tile(block, 1, preload=True, early=True, one_store=one) for block in (32, 64, 128)
+                                  for one in (False, True)] + [tile(128, 1, preload=True, early=False, one_store=True)]
+    return configs
+
+
+def config_name(tuning):
+    """The table's name of a configuration."""
+    if "block" not in tuning:
+        order = tuning.get("blocks_first")
+        return "default" if order is None else f"default, {'blocks' if order else 'requests'} first"
+    if tuning["node_loop"]:
+        kind, variant = "loop", f"+prefetch {tuning['prefetch']}" if "prefetch" in tuning else ""
+    else:
+        kind, variant = "tile", ""
+        if tuning["preload"]:
+            variant = "+preload" + ("+early" if tuning.get("early") else "")
+            variant += "+one store" if tuning.get("one_store") else ""
+    return f"{kind}{variant} {tuning['block']}/{tuning['num_warps']}w"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
@@ -61,25 +112,7 @@ def main():
     print("fused verify (conv + capture), one layer, dim 8192, K=4, bf16")
     print("| draft | layout | B | block/warps | graph replay (us/launch) | of copy ceiling | out equal to default |")
     print("|---|---|---|---|---|---|---|")
-    configs = {  # None: the launcher's default; (channels, warps, node loop or the rows tile[, preload or prefetch])
-        "rows": [None, (16, 1, False), (32, 1, False), (64, 1, False), (128, 1, False), (64, 2, False),
-                 (32, 1, False, True), (64, 1, False, True), (128, 1, False, True), (64, 2, False, True),
-                 (32, 1, True), (64, 1, True), (128, 1, True), (64, 2, True), (128, 2, True), (256, 4, True),
-                 (256, 1, True), (256, 2, True), (512, 2, True), (512, 4, True)],
-        "dense": [None, (32, 1, True), (64, 1, True), (128, 1, True), (128, 2, True), (256, 2, True),
-                  (256, 4, True), (512, 4, True), (256, 1, True), (512, 2, True)],
-    }
-    if args.prefetch is not None:  # (channels, warps, True, prefetch)
-        configs = {kind: [None] + [(block, warps, True, ahead) for block, warps in blocks for ahead in args.prefetch]
-                   for kind, blocks in (("rows", [(64, 1), (128, 1), (256, 2)]), ("dense", [(32, 1), (64, 1)]))}
-    if args.early:  # (channels, warps, False, True, early), and the node loop at its default prefetch
-        configs["rows"] = [None] + [(block, warps, False, True, early) for block, warps in ((32, 1), (64, 1), (128, 1))
-                                    for early in (False, True)] + [(128, 1, True)]
-    if args.one_store:  # (channels, warps, False, True, early, one_store); at 128 also without the early loads
-        configs["rows"] = [None] + [(block, 1, False, True, True, one) for block in (32, 64, 128)
-                                    for one in (False, True)] + [(128, 1, False, True, False, True)]
-    if args.blocks_first:  # the default kernel and configuration, the grid's order forced either way
-        configs = {"rows": [None, "blocks first", "requests first"], "dense": [None, "blocks first", "requests first"]}
+    configs = sweep_configs(args)
     for num_nodes in args.nodes:
         tree = num_nodes != 4
         parents_list = tree_parents(num_nodes, 3 if tree else None)
@@ -94,22 +127,7 @@ def main():
                     weight = weight.t().contiguous().t()
                 nbytes = layer_bytes(B, num_nodes, dim, K, layout)
                 reference_out = None
-                for config in configs["dense" if layout == "dense" else "rows"]:
-                    if isinstance(config, str):
-                        tuning = dict(blocks_first=config == "blocks first")
-                    else:
-                        tuning = {} if config is None else dict(block=config[0], num_warps=config[1],
-                                                                node_loop=config[2])
-                    if config is None or isinstance(config, str):
-                        pass
-                    elif config[2]:
-                        tuning["prefetch"] = config[3] if len(config) > 3 else None
-                    else:
-                        tuning["preload"] = config[3] if len(config) > 3 else False
-                        if len(config) > 4:
-                            tuning["early"] = config[4]
-                        if len(config) > 5:
-                            tuning["one_store"] = config[5]
+                for tuning in configs["dense" if layout == "dense" else "rows"]:
 
                     def run():
                         kernels.launch_causal_conv1d_verify(
@@ -121,16 +139,7 @@ def main():
                         reference_out = out.clone()
                     same = "yes" if torch.equal(out, reference_out) else "NO"
                     us = graph_time_us(run)
-                    name = "default" if config is None else f"default, {config}"
-                    if config is not None and not isinstance(config, str):
-                        kind = "loop" if config[2] else "tile"
-                        variant = ""
-                        if len(config) > 3 and config[2]:
-                            variant = f"+prefetch {config[3]}"
-                        elif len(config) > 3 and config[3]:
-                            variant = "+preload" + ("+early" if len(config) > 4 and config[4] else "")
-                            variant += "+one store" if len(config) > 5 and config[5] else ""
-                        name = f"{kind}{variant} {config[0]}/{config[1]}w"
+                    name = config_name(tuning)
                     draft = f"tree N={num_nodes} topk 3" if tree else f"chain D={num_nodes}"
                     gbps = nbytes / (us * 1e-6) / 1e9
                     print(f"| {draft} | {layout} | {B} | {name} | {us:.1f} | {gbps / ceiling:.1%} | {same} |", flush=True)
