@@ -154,7 +154,7 @@ def raw_calls(name, args, kwargs):
         state, rows, dst, src, nodes, parents = kernel_args
         index_strides = (dst.stride(0), src.stride(0), nodes.stride(0), parents.stride())
         grid, scalars, constexprs = kernels.scatter_tree._plan_scatter_tree(
-            state, rows, nodes.shape[0], parents.shape[1], index_strides, None, None, None, None)
+            state, rows, nodes.shape[0], parents.shape[1], index_strides)
         return [kernel_call(kernels.scatter_tree._scatter_tree_kernel, grid, kernel_args, scalars, constexprs)]
     if name == "capture":
         dest, state, x, buffer_slots, state_slots, layer, parents = kernel_args

@@ -260,7 +260,7 @@ def planned_scatter_tree(
     plan lookup and, once compiled, Triton's per-call binder (_common.fixed_launch). For callers
     that key their own cache by at least that signature (the eager fast path in sgl_convwin.ops)."""
     index_strides = (dst_slots.stride(0), src_slots.stride(0), nodes.stride(0), parents.stride())
-    plan = _plan_scatter_tree(state, rows, nodes.shape[0], parents.shape[1], index_strides, None, None, None, None)
+    plan = _plan_scatter_tree(state, rows, nodes.shape[0], parents.shape[1], index_strides)
     if plan is None:
         return nothing_to_do
     grid, scalars, kwargs = plan
@@ -311,7 +311,8 @@ def tree_launch_choices(
     return channels, num_warps, vec, interleave, preload_parents
 
 
-def _plan_scatter_tree(state, rows, num_rows, num_nodes, index_strides, channels, num_warps, vec, preload_parents):
+def _plan_scatter_tree(state, rows, num_rows, num_nodes, index_strides, channels=None, num_warps=None, vec=None,
+                       preload_parents=None):
     """(grid, scalar arguments, constexpr kwargs) for these shapes and strides, or None."""
     num_layers, num_state_slots, dim, width = state.shape
     window_numel = dim * width

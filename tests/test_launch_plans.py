@@ -200,8 +200,7 @@ def test_scatter_tree_plan(kernels, layers, dim, rows, channels, warps, preloade
     meta = dict(device="meta", dtype=torch.bfloat16)
     state = torch.empty(layers, 8, dim, 3, **meta)
     tree_rows = torch.empty(sgl_convwin.physical_shape("token_major", layers, 8, dim, 8, 4), **meta)
-    grid, _, plan = kernels.scatter_tree._plan_scatter_tree(state, tree_rows, rows, 8, (1, 1, 1, (8, 1)),
-                                                            None, None, None, None)
+    grid, _, plan = kernels.scatter_tree._plan_scatter_tree(state, tree_rows, rows, 8, (1, 1, 1, (8, 1)))
     assert (plan["GROUPS"] * plan["VEC"], plan["VEC"], plan["num_warps"]) == (channels, 8, warps)
     assert (plan["INTERLEAVE"], plan["PRELOADED_NODES"]) == (True, 8 if preloaded else 0)
     assert grid == (-(-dim // channels), rows, layers)
