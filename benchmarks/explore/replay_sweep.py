@@ -3,7 +3,10 @@ measured in the same run; one table per batch size. Where the launchers' default
 (csrc_triton/gdn_commit.py REPLAY_BLOCK_V, csrc_triton/mamba2_commit.py REPLAY_BLOCK_P).
 
     python benchmarks/explore/replay_sweep.py [--mixer gdn|mamba2] [--batches 1 8 64 256] [--draft 4] [--tree]
-        [--configs 64/2 ...] [--tma on off]
+        [--configs 64/2 ...] [--tma on off] [--accepted N]
+
+--accepted N fixes every chain row's accepted length, and times an in-place read + write of the state
+tensor beside the kernels: how much of the gap to the ceiling is the path's arithmetic.
 
 Shapes: gdn, Qwen3-Next TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128, K 4); mamba2, Nemotron-H-8B TP1
 (24 layers, H 128, P 64, G 8, Ns 128, K 4, conv bias). fp32 state, bf16 conv inputs.
@@ -68,6 +71,8 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--draft", type=int, default=4)
     parser.add_argument("--tree", action="store_true", help="a topk-3 tree of 8 nodes instead of a chain")
+    parser.add_argument("--accepted", type=int, default=None,
+                        help="every chain row accepts exactly this many tokens (1..draft) instead of 1..draft at random")
     parser.add_argument("--blocks", type=int, nargs="+", default=[16, 32, 64, 128])
     parser.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--configs", nargs="+", default=None,
@@ -76,6 +81,8 @@ def main() -> None:
                         help="the state tiles' load -- the launcher's choice, a tensor descriptor, "
                              "pointers (each timed)")
     args = parser.parse_args()
+    if args.accepted is not None and (args.tree or not 1 <= args.accepted <= args.draft):
+        parser.error(f"--accepted takes chains only, 1..{args.draft} tokens")
     loads = {"auto": {}, "on": {"tma": True}, "off": {"tma": False}}
     ceiling = copy_ceiling_gbps()
     print(f"copy ceiling {ceiling:.0f} GB/s; {args.mixer}: {GDN if args.mixer == 'gdn' else MAMBA2} K={K}", flush=True)
@@ -86,6 +93,8 @@ def main() -> None:
         op, launch, tensors, kwargs, layers, dim, state_numel, heads, tuning = problem(args.mixer, batch, nodes, gen)
         slots = torch.arange(batch, device="cuda")
         steps = torch.randint(0, nodes, (batch,), device="cuda", generator=gen)
+        if args.accepted is not None:
+            steps.fill_(args.accepted - 1)
         if args.tree:
             parents = torch.tensor([parents_row] * batch, device="cuda")
             depth = [1, 2, 2, 2, 3, 3, 3, 3]
@@ -104,6 +113,11 @@ def main() -> None:
         else:
             configs = [(b, w) for b in args.blocks for w in args.warps]
         print(f"{tuning + '/warps':>16} {'us':>9} {'% ceiling':>10}")
+        if args.accepted is not None:  # the state's own read + write in place, no path: what the state bytes cost alone
+            ssm = tensors[0]
+            ms = triton.testing.do_bench(lambda: ssm.mul_(1.0), warmup=25, rep=150)
+            print(f"{'ssm.mul_(1)':>16} {ms * 1e3:>9.1f} {100 * state_bytes / (ms * 1e-3) / 1e9 / ceiling:>9.0f}%"
+                  "   (state bytes only)", flush=True)
         for (block, warps), load in ((config, load) for config in configs for load in args.tma):
             name = f"{block}/{warps}" + ("" if load == "auto" else f" tma={load}")
             run = lambda: launch(*a, **kw, **{tuning: block}, num_warps=warps, **loads[load])  # noqa: E731
