@@ -144,6 +144,7 @@ def _path_window_kernel(
     history_stride_layer, history_stride_slot, history_stride_node, history_stride_dim, history_stride_col,
     dst_slots_stride, src_slots_stride, steps_stride, parents_stride_row, parents_stride_node,
     KERNEL_SIZE: tl.constexpr, NODES: tl.constexpr, BLOCK: tl.constexpr, TREE: tl.constexpr,
+    WIDTH_P2: tl.constexpr,
 ):
     """conv_state[l, dst] = the last K-1 inputs of the accepted path (history above the root).
     Copies only, so the window is what scatter / scatter_tree write for the same buffer."""
@@ -165,6 +166,8 @@ def _path_window_kernel(
         history_base = (history_ptr + layer * history_stride_layer + src * history_stride_slot
                         + root * history_stride_node)
         conv_base = conv_ptr + layer * conv_stride_layer + dst * conv_stride_slot
+        cols = tl.arange(0, WIDTH_P2)
+        window = tl.zeros([BLOCK, WIDTH_P2], dtype=conv_ptr.dtype.element_ty)
         for column in tl.static_range(WIDTH):
             position = length - WIDTH + column  # on the path; < 0: history column WIDTH-1+position
             is_token = (chan * 0 + position) >= 0
@@ -174,9 +177,11 @@ def _path_window_kernel(
             history_column = tl.maximum(WIDTH - 1 + position, 0)
             from_history = tl.load(history_base + chan * history_stride_dim + history_column * history_stride_col,
                                    mask=cmask & ~is_token)
-            value = tl.where(is_token, from_token, from_history)
-            tl.store(conv_base + chan * conv_stride_dim + column * conv_stride_win,
-                     value.to(conv_ptr.dtype.element_ty), mask=cmask)
+            value = tl.where(is_token, from_token, from_history).to(conv_ptr.dtype.element_ty)
+            window = tl.where(cols[None, :] == column, value[:, None], window)
+        # one [channels, K-1] store: lanes then write whole windows, not one column K-1 elements apart
+        tl.store(conv_base + chan[:, None] * conv_stride_dim + cols[None, :] * conv_stride_win, window,
+                 mask=cmask[:, None] & (cols < WIDTH)[None, :])
 
 
 def index_strides(dst_slots, src_slots, steps, parents):
@@ -290,7 +295,7 @@ def _path_window_call(conv, tokens, history, dst_slots, src_slots, steps, parent
         *index_strides(dst_slots, src_slots, steps, parents),
     )
     constexprs = dict(KERNEL_SIZE=width + 1, NODES=next_power_of_2(tokens.shape[2]), BLOCK=block,
-                      TREE=parents is not None, num_warps=4)
+                      TREE=parents is not None, WIDTH_P2=next_power_of_2(width), num_warps=4)
     tensors = _path_window_tensors(conv, tokens, history, dst_slots, src_slots, steps, parents)
     return KernelCall(_path_window_kernel, grid, tensors, scalars, constexprs)
 
