@@ -28,6 +28,7 @@ except ImportError:
     TensorDescriptor = None
 
 WINDOW_BLOCK = 1024  # channels per program of the window commit
+WINDOW_WARPS = 2
 
 
 @triton.jit
@@ -278,7 +279,8 @@ def _path_window_tensors(conv, tokens, history, dst_slots, src_slots, steps, par
     return conv, tokens, history, dst_slots, src_slots, steps, steps if parents is None else parents
 
 
-def _path_window_call(conv, tokens, history, dst_slots, src_slots, steps, parents, *, block=WINDOW_BLOCK):
+def _path_window_call(conv, tokens, history, dst_slots, src_slots, steps, parents, *, block=WINDOW_BLOCK,
+                      num_warps=WINDOW_WARPS):
     """The window kernel's launch for launch_path_window and planned_path_window, or None if there
     is nothing to do."""
     num_layers, num_state_slots, dim, width = conv.shape
@@ -295,14 +297,17 @@ def _path_window_call(conv, tokens, history, dst_slots, src_slots, steps, parent
         *index_strides(dst_slots, src_slots, steps, parents),
     )
     constexprs = dict(KERNEL_SIZE=width + 1, NODES=next_power_of_2(tokens.shape[2]), BLOCK=block,
-                      TREE=parents is not None, WIDTH_P2=next_power_of_2(width), num_warps=4)
+                      TREE=parents is not None, WIDTH_P2=next_power_of_2(width), num_warps=num_warps)
     tensors = _path_window_tensors(conv, tokens, history, dst_slots, src_slots, steps, parents)
     return KernelCall(_path_window_kernel, grid, tensors, scalars, constexprs)
 
 
-def launch_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents, *, block=WINDOW_BLOCK):
-    """conv [L, N_state, dim, K-1], tokens [L, M, N, dim], history [L, M, N, dim, K-2]; any strides."""
-    call = _path_window_call(conv, tokens, history, dst_slots, src_slots, steps, parents, block=block)
+def launch_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents, *, block=WINDOW_BLOCK,
+                       num_warps=WINDOW_WARPS):
+    """conv [L, N_state, dim, K-1], tokens [L, M, N, dim], history [L, M, N, dim, K-2]; any strides.
+    block, num_warps: channels and warps per program (tuning only)."""
+    call = _path_window_call(conv, tokens, history, dst_slots, src_slots, steps, parents, block=block,
+                             num_warps=num_warps)
     if call is not None:
         call.launch()
 

@@ -46,7 +46,7 @@ def _gdn_replay_ablated_kernel(
     NUM_K_HEADS: tl.constexpr, HEAD_K_DIM: tl.constexpr, NUM_V_HEADS: tl.constexpr, HEAD_V_DIM: tl.constexpr,
     KERNEL_SIZE: tl.constexpr, NODES: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
     TREE: tl.constexpr, HAS_BIAS: tl.constexpr, L2NORM: tl.constexpr, TMA_LOAD: tl.constexpr,
-    CONV: tl.constexpr, INPUTS: tl.constexpr, UNROLL: tl.constexpr,
+    CONV: tl.constexpr, INPUTS: tl.constexpr, UNROLL: tl.constexpr, RECOMPUTE: tl.constexpr,
 ):
     """The production kernel (chains) with parts switched off: CONV=False takes each token's input
     as its k, v (no committed inputs, weights or SiLU); INPUTS=False also loads no token input
@@ -154,7 +154,9 @@ def _gdn_replay_ablated_kernel(
                     xk_next, xv_next = xk_after, xv_after
                 g, beta = g_next, beta_next
                 g_next, beta_next = g_after, beta_after
-        if TMA_LOAD:
+        if TMA_LOAD or RECOMPUTE:
+            if RECOMPUTE:  # (volatile: not merged with the first load, so no address lives over the path)
+                dst = tl.load(dst_slots_ptr + row * dst_slots_stride, volatile=True).to(tl.int64)
             ssm = (ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
                    + (kk * ssm_stride_k)[:, None] + (vv * ssm_stride_v)[None, :])
         tl.store(ssm, state.to(ssm_ptr.dtype.element_ty), mask=tile_mask)

@@ -3,9 +3,10 @@ measured in the same run; one table per batch size. Where the launchers' default
 (csrc_triton/gdn_commit.py REPLAY_BLOCK_V, csrc_triton/mamba2_commit.py REPLAY_BLOCK_P).
 
     python benchmarks/explore/replay_sweep.py [--mixer gdn|mamba2] [--batches 1 8 64 256] [--draft 4] [--tree]
-        [--configs 64/2 ...] [--tma on off] [--accepted N]
+        [--configs 64/2 ...] [--tma on off] [--accepted N] [--window 1024/4 ...]
 
---accepted N fixes every chain row's accepted length, and times an in-place read + write of the state
+--window 512/4 ... times the window commit alone (csrc_triton/replay.py WINDOW_BLOCK, WINDOW_WARPS)
+instead. --accepted N fixes every chain row's accepted length, and times an in-place read + write of the state
 tensor beside the kernels: how much of the gap to the ceiling is the path's arithmetic.
 
 Shapes: gdn, Qwen3-Next TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128, K 4); mamba2, Nemotron-H-8B TP1
@@ -71,6 +72,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--draft", type=int, default=4)
     parser.add_argument("--tree", action="store_true", help="a topk-3 tree of 8 nodes instead of a chain")
+    parser.add_argument("--window", nargs="+", default=None, metavar="CHANNELS/WARPS",
+                        help="instead of the replay kernel, time the window commit alone (the second launch of a "
+                             "commit) at these channels / warps per program")
     parser.add_argument("--accepted", type=int, default=None,
                         help="every chain row accepts exactly this many tokens (1..draft) instead of 1..draft at random")
     parser.add_argument("--blocks", type=int, nargs="+", default=[16, 32, 64, 128])
@@ -83,7 +87,6 @@ def main() -> None:
     args = parser.parse_args()
     if args.accepted is not None and (args.tree or not 1 <= args.accepted <= args.draft):
         parser.error(f"--accepted takes chains only, 1..{args.draft} tokens")
-    loads = {"auto": {}, "on": {"tma": True}, "off": {"tma": False}}
     ceiling = copy_ceiling_gbps()
     print(f"copy ceiling {ceiling:.0f} GB/s; {args.mixer}: {GDN if args.mixer == 'gdn' else MAMBA2} K={K}", flush=True)
     nodes = 8 if args.tree else args.draft
@@ -108,27 +111,55 @@ def main() -> None:
         nbytes = state_bytes + input_bytes
         print(f"\nB={batch} ({'tree' if args.tree else 'chain'}, {accepted} accepted tokens): "
               f"{nbytes / 1e6:.1f} MB to move = {nbytes / ceiling / 1e3:.1f} us at the ceiling", flush=True)
-        if args.configs:
-            configs = [tuple(int(x) for x in c.split("/")) for c in args.configs]
+        if args.window:
+            window_sweep(a, args.window, ceiling)
         else:
-            configs = [(b, w) for b in args.blocks for w in args.warps]
-        print(f"{tuning + '/warps':>16} {'us':>9} {'% ceiling':>10}")
-        if args.accepted is not None:  # the state's own read + write in place, no path: what the state bytes cost alone
-            ssm = tensors[0]
-            ms = triton.testing.do_bench(lambda: ssm.mul_(1.0), warmup=25, rep=150)
-            print(f"{'ssm.mul_(1)':>16} {ms * 1e3:>9.1f} {100 * state_bytes / (ms * 1e-3) / 1e9 / ceiling:>9.0f}%"
-                  "   (state bytes only)", flush=True)
-        for (block, warps), load in ((config, load) for config in configs for load in args.tma):
-            name = f"{block}/{warps}" + ("" if load == "auto" else f" tma={load}")
-            run = lambda: launch(*a, **kw, **{tuning: block}, num_warps=warps, **loads[load])  # noqa: E731
-            try:
-                ms = triton.testing.do_bench(run, warmup=25, rep=150)
-            except Exception as error:  # e.g. out of registers / shared memory
-                print(f"{name:>16}  failed: {type(error).__name__}: {str(error)[:80]}")
-                continue
-            print(f"{name:>16} {ms * 1e3:>9.1f} {100 * nbytes / (ms * 1e-3) / 1e9 / ceiling:>9.0f}%", flush=True)
+            replay_table(args, launch, a, kw, tuning, tensors[0], state_bytes, nbytes, ceiling)
         del tensors, a, kw
         torch.cuda.empty_cache()
+
+
+def replay_table(args, launch, a, kw, tuning, ssm, state_bytes, nbytes, ceiling) -> None:
+    """The replay kernel at each block / warps (and state-tile load) of args."""
+    loads = {"auto": {}, "on": {"tma": True}, "off": {"tma": False}}
+    if args.configs:
+        configs = [tuple(int(x) for x in c.split("/")) for c in args.configs]
+    else:
+        configs = [(b, w) for b in args.blocks for w in args.warps]
+    print(f"{tuning + '/warps':>16} {'us':>9} {'% ceiling':>10}")
+    if args.accepted is not None:  # the state's own read + write in place, no path: what the state bytes cost alone
+        ms = triton.testing.do_bench(lambda: ssm.mul_(1.0), warmup=25, rep=150)
+        print(f"{'ssm.mul_(1)':>16} {ms * 1e3:>9.1f} {100 * state_bytes / (ms * 1e-3) / 1e9 / ceiling:>9.0f}%"
+              "   (state bytes only)", flush=True)
+    for (block, warps), load in ((config, load) for config in configs for load in args.tma):
+        name = f"{block}/{warps}" + ("" if load == "auto" else f" tma={load}")
+        run = lambda: launch(*a, **kw, **{tuning: block}, num_warps=warps, **loads[load])  # noqa: E731
+        try:
+            ms = triton.testing.do_bench(run, warmup=25, rep=150)
+        except Exception as error:  # e.g. out of registers / shared memory
+            print(f"{name:>16}  failed: {type(error).__name__}: {str(error)[:80]}")
+            continue
+        print(f"{name:>16} {ms * 1e3:>9.1f} {100 * nbytes / (ms * 1e-3) / 1e9 / ceiling:>9.0f}%", flush=True)
+
+
+def window_sweep(a, configs, ceiling) -> None:
+    """The window commit alone at each channels / warps, checked equal to the default's first."""
+    window = triton_kernels().replay.launch_path_window
+    conv, tokens, history, rest = a[1], a[2], a[3], a[-4:]  # rest: dst_slots, src_slots, steps, parents
+    nbytes = 2 * conv.numel() * conv.element_size()  # its window written, as many bytes read
+    before = conv.clone()
+    window(conv, tokens, history, *rest)
+    want = conv.clone()
+    print(f"{'window ch/warps':>16} {'us':>9} {'% ceiling':>10}   ({nbytes / 1e6:.0f} MB)")
+    for config in ["default"] + configs:
+        tuning = {} if config == "default" else dict(zip(("block", "num_warps"), map(int, config.split("/"))))
+        conv.copy_(before)
+        window(conv, tokens, history, *rest, **tuning)
+        if not torch.equal(conv, want):
+            print(f"{config:>16}  WRONG: differs from the default's window")
+            continue
+        ms = triton.testing.do_bench(lambda: window(conv, tokens, history, *rest, **tuning), warmup=25, rep=150)
+        print(f"{config:>16} {ms * 1e3:>9.1f} {100 * nbytes / (ms * 1e-3) / 1e9 / ceiling:>9.0f}%", flush=True)
 
 
 if __name__ == "__main__":
