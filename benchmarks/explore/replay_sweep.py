@@ -5,9 +5,9 @@ measured in the same run; one table per batch size. Where the launchers' default
     python benchmarks/explore/replay_sweep.py [--mixer gdn|mamba2] [--batches 1 8 64 256] [--draft 4] [--tree]
         [--configs 64/2 ...] [--tma on off] [--accepted N] [--window 1024/4 ...]
 
---window 512/4 ... times the window commit alone (csrc_triton/replay.py WINDOW_BLOCK, WINDOW_WARPS)
-instead. --accepted N fixes every chain row's accepted length, and times an in-place read + write of the state
-tensor beside the kernels: how much of the gap to the ceiling is the path's arithmetic.
+--window 512/4 ... times the window commit alone instead (csrc_triton/replay.py WINDOW_BLOCK,
+WINDOW_WARPS). --accepted N fixes every chain row's accepted length and times an in-place read +
+write of the state tensor beside the kernels: how much of the gap to the ceiling the path costs.
 
 Shapes: gdn, Qwen3-Next TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128, K 4); mamba2, Nemotron-H-8B TP1
 (24 layers, H 128, P 64, G 8, Ns 128, K 4, conv bias). fp32 state, bf16 conv inputs.
@@ -76,7 +76,7 @@ def main() -> None:
                         help="instead of the replay kernel, time the window commit alone (the second launch of a "
                              "commit) at these channels / warps per program")
     parser.add_argument("--accepted", type=int, default=None,
-                        help="every chain row accepts exactly this many tokens (1..draft) instead of 1..draft at random")
+                        help="every chain row accepts exactly this many tokens (1..draft), not 1..draft at random")
     parser.add_argument("--blocks", type=int, nargs="+", default=[16, 32, 64, 128])
     parser.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--configs", nargs="+", default=None,

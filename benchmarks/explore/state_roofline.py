@@ -57,7 +57,7 @@ def _state_rmw_kernel(
         state = desc.load([layer, slot.to(tl.int32), head, 0, v_block * BLOCK_V]).reshape(DK, BLOCK_V)
     else:
         state = tl.load(tile)
-    for r in tl.static_range(ROUNDS):
+    for r in tl.static_range(ROUNDS):  # token r reads row r % 4 of the tables (TABLE)
         k = tl.load(k_ptr + ((r % 4) * HEADS + head) * DK + kk) if r > 0 else k0
         v = tl.load(v_ptr + ((r % 4) * HEADS + head) * DV + vv) if r > 0 else v0
         g = tl.load(gates_ptr + ((r % 4) * HEADS + head) * 2)
@@ -104,8 +104,8 @@ def main() -> None:
         print(f"\nB={batch}: {nbytes / 1e9:.1f} GB = {nbytes / ceiling / 1e3:.0f} us at the ceiling", flush=True)
         print(f"{'variant':>34} {'regs':>5} {'spills':>6} {'us':>9} {'% ceiling':>10}")
         ms = triton.testing.do_bench(lambda: ssm.mul_(1.0), warmup=25, rep=150)
-        print(f"{'ssm.mul_(1)':>34} {'':>5} {'':>6} {ms * 1e3:>9.1f} {100 * nbytes / (ms * 1e-3) / 1e9 / ceiling:>9.0f}%",
-              flush=True)
+        share = 100 * nbytes / (ms * 1e-3) / 1e9 / ceiling
+        print(f"{'ssm.mul_(1)':>34} {'':>5} {'':>6} {ms * 1e3:>9.1f} {share:>9.0f}%", flush=True)
         for rounds in args.rounds:
             for config in args.configs:
                 block_v, warps = (int(x) for x in config.split("/"))
