@@ -16,23 +16,20 @@ Shapes: gdn, Qwen3-Next TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128, K 4); mamba
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 import triton.testing
 
-import sgl_convwin
-from sgl_convwin._kernels import triton_kernels
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/common.py
+from common import copy_ceiling_gbps  # noqa: E402  (before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1)
+import sgl_convwin  # noqa: E402
+from sgl_convwin._kernels import triton_kernels  # noqa: E402
 
 K = 4
 GDN = dict(layers=36, k_heads=16, head_k=128, v_heads=32, head_v=128)
 MAMBA2 = dict(layers=24, heads=128, head_dim=64, groups=8, d_state=128)
-
-
-def copy_ceiling_gbps() -> float:
-    src = torch.empty(2**30 // 4, dtype=torch.float32, device="cuda")
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300)
-    return 2 * src.numel() * 4 / ms / 1e6
 
 
 def problem(mixer, batch, nodes, gen):

@@ -16,11 +16,16 @@ first row before timing.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 import triton
 import triton.language as tl
 import triton.testing
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/common.py
+from common import copy_ceiling_gbps  # noqa: E402
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -92,10 +97,7 @@ def main() -> None:
     v = torch.randn(TABLE, HEADS, DV, device="cuda", generator=gen)
     gates = torch.rand(TABLE, HEADS, 2, device="cuda", generator=gen)
     gates[..., 0] *= -0.5
-    probe = torch.empty(int(2e9), dtype=torch.uint8, device="cuda")
-    ms = triton.testing.do_bench(lambda: probe[: int(1e9)].copy_(probe[int(1e9):]), warmup=50, rep=300)
-    ceiling = 2e9 / ms / 1e6
-    del probe
+    ceiling = copy_ceiling_gbps()
     print(f"copy ceiling {ceiling:.0f} GB/s; state [{LAYERS}, B, {HEADS}, {DK}, {DV}] fp32", flush=True)
     for batch in args.batches:
         ssm = torch.randn(LAYERS, batch, HEADS, DK, DV, device="cuda", generator=gen)
