@@ -1,0 +1,311 @@
+"""gdn_commit's replay with the state tile in shared memory instead of registers (Gluon, sm_90+).
+
+A register-resident [dk, 64] fp32 tile takes 128 registers per thread, so an SM holds four replay
+programs, and a path token's latency-bound k work (loads, conv, l2 norm) stalls a quarter of its
+state streams. Here the tile lands in shared memory by TMA and goes back by TMA; each path token
+walks it in chunks of rows ([CHUNK, BLOCK_V], one pass for S^T k, one for the update), so a
+program needs few registers and an SM holds as many as its shared memory allows. Warps split the
+value columns, so the dk reductions stay inside a warp.
+
+The same grid, skip rules and arithmetic per token as gdn_commit._gdn_replay_kernel (the S^T k sum
+is taken chunk by chunk, so its rounding differs from that kernel's by an order of summation).
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+
+from ._common import cdiv, next_power_of_2
+from .replay import launch_path_window
+
+# Triton 3.6 names the TMA copies async_copy_*; later versions renamed them async_load / async_store
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+
+@gluon.jit
+def _row_indices(row, steps_ptr, steps_stride, num_nodes, dst_ptr, dst_stride, num_dst, src_ptr, src_stride,
+                 num_src):
+    """(node, dst, src, in range) of one row, int64; any index out of range skips the row."""
+    node = gl.load(steps_ptr + row * steps_stride).to(gl.int64)
+    dst = gl.load(dst_ptr + row * dst_stride).to(gl.int64)
+    src = gl.load(src_ptr + row * src_stride).to(gl.int64)
+    active = (node >= 0) & (node < num_nodes)
+    active = active & (dst >= 0) & (dst < num_dst)
+    active = active & (src >= 0) & (src < num_src)
+    return node, dst, src, active
+
+
+@gluon.jit
+def _accepted_path(row, node, parents_ptr, parents_stride_row, parents_stride_node, num_nodes,
+                   NODES: gl.constexpr, TREE: gl.constexpr, PATH_L: gl.constexpr):
+    """replay.accepted_path: (up [NODES], length, links_ok); every thread holds the whole path."""
+    if TREE:
+        index = gl.arange(0, NODES, layout=PATH_L)
+        links = parents_ptr + row * parents_stride_row
+        up = gl.zeros([NODES], gl.int32, PATH_L)
+        current = node
+        length = node * 0
+        links_ok = node >= 0
+        for i in gl.static_range(NODES):
+            live = current >= 0
+            up = gl.where((index == i) & live, current.to(gl.int32), up)
+            parent = gl.load(links + current * parents_stride_node, mask=live & (current < num_nodes),
+                             other=-1).to(gl.int64)
+            bad = live & ((parent < -1) | (parent >= current))
+            links_ok = links_ok & (bad == 0)
+            length += live.to(gl.int64)
+            current = gl.where(live & (bad == 0), parent, -1)
+        return up, length, links_ok
+    else:
+        return node.to(gl.int32), node + 1, node >= 0
+
+
+@gluon.jit
+def _path_node(up, length, j, NODES: gl.constexpr, TREE: gl.constexpr, PATH_L: gl.constexpr):
+    """The j-th node of the path, root first (a chain's is j)."""
+    if TREE:
+        index = gl.arange(0, NODES, layout=PATH_L)
+        return gl.sum(gl.where(index.to(gl.int64) == length - 1 - j, up, 0), axis=0).to(gl.int64)
+    else:
+        return j
+
+
+@gluon.jit
+def _committed(conv_base, chan, conv_stride_dim, conv_stride_win, back: gl.constexpr, WIDTH: gl.constexpr):
+    """The committed input ``back`` steps before the path, fp32 (zeros past the K-1 that exist)."""
+    if back <= WIDTH:
+        return gl.load(conv_base + chan * conv_stride_dim + (WIDTH - back) * conv_stride_win).to(gl.float32)
+    else:
+        return gl.full(chan.shape, 0.0, gl.float32, layout=chan.type.layout)
+
+
+@gluon.jit
+def _tap(taps, chan, weight_stride_tap, back: gl.constexpr, WIDTH: gl.constexpr):
+    """The conv weight multiplying the input ``back`` steps before the token (0: its own), fp32."""
+    if back <= WIDTH:
+        return gl.load(taps + (WIDTH - back) * weight_stride_tap).to(gl.float32)
+    else:
+        return gl.full(chan.shape, 0.0, gl.float32, layout=chan.type.layout)
+
+
+@gluon.jit
+def _conv_silu(x, b1, b2, b3, b4, bias, w_x, w_1, w_2, w_3, w_4, KERNEL_SIZE: gl.constexpr):
+    """replay.conv_silu's fma order."""
+    acc = gl.fma(w_x, x, bias)
+    acc = gl.fma(w_1, b1, acc)
+    if KERNEL_SIZE > 2:
+        acc = gl.fma(w_2, b2, acc)
+    if KERNEL_SIZE > 3:
+        acc = gl.fma(w_3, b3, acc)
+    if KERNEL_SIZE > 4:
+        acc = gl.fma(w_4, b4, acc)
+    return acc * (1 / (1 + gl.exp(-acc)))
+
+
+@gluon.jit
+def _token(tokens_base, gates_base, node, live, k_chan, v_chan, tokens_stride_node, tokens_stride_dim,
+           gates_stride_node, gates_stride_gate):
+    """A path token's conv inputs (k channels, v columns) and (g, beta), fp32; zeros unless live."""
+    token = tokens_base + node * tokens_stride_node
+    xk = gl.load(token + k_chan * tokens_stride_dim, mask=(k_chan >= 0) & live, other=0.0).to(gl.float32)
+    xv = gl.load(token + v_chan * tokens_stride_dim, mask=(v_chan >= 0) & live, other=0.0).to(gl.float32)
+    gate = gates_base + node * gates_stride_node
+    g = gl.load(gate, mask=live, other=0.0).to(gl.float32)
+    beta = gl.load(gate + gates_stride_gate, mask=live, other=0.0).to(gl.float32)
+    return xk, xv, g, beta
+
+
+@gluon.jit
+def _gdn_replay_smem_kernel(
+    ssm_desc, ssm_ptr, conv_ptr, tokens_ptr, gates_ptr, weight_ptr, bias_ptr,
+    dst_slots_ptr, src_slots_ptr, steps_ptr, parents_ptr,
+    num_state_slots, num_src_slots, num_nodes,
+    ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_k,
+    conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
+    tokens_stride_layer, tokens_stride_slot, tokens_stride_node, tokens_stride_dim,
+    gates_stride_layer, gates_stride_slot, gates_stride_node, gates_stride_gate, gates_stride_head,
+    weight_stride_layer, weight_stride_dim, weight_stride_tap,
+    bias_stride_layer, bias_stride_dim,
+    dst_slots_stride, src_slots_stride, steps_stride, parents_stride_row, parents_stride_node,
+    NUM_K_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, NUM_V_HEADS: gl.constexpr, HEAD_V_DIM: gl.constexpr,
+    KERNEL_SIZE: gl.constexpr, NODES: gl.constexpr, BLOCK_V: gl.constexpr, CHUNK: gl.constexpr,
+    TREE: gl.constexpr, HAS_BIAS: gl.constexpr, L2NORM: gl.constexpr, TMA_STORE: gl.constexpr,
+    TPW_K: gl.constexpr, TPW_V: gl.constexpr, WARPS: gl.constexpr,
+):
+    """One program: one (value head, block of value columns) of one row and layer, as the
+    register kernel; its tile [dk, BLOCK_V] lives in shared memory over the path."""
+    V_BLOCKS: gl.constexpr = HEAD_V_DIM // BLOCK_V
+    CHUNKS: gl.constexpr = HEAD_K_DIM // CHUNK
+    WIDTH: gl.constexpr = KERNEL_SIZE - 1
+    STATE_L: gl.constexpr = gl.BlockedLayout([1, 4], [TPW_K, TPW_V], [1, WARPS], [1, 0])
+    K_L: gl.constexpr = gl.SliceLayout(1, STATE_L)
+    V_L: gl.constexpr = gl.SliceLayout(0, STATE_L)
+    KC_L: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])  # the k conv: channels over all threads
+    PATH_L: gl.constexpr = gl.BlockedLayout([NODES], [32], [WARPS], [0])
+    head = gl.program_id(0) // V_BLOCKS
+    v_block = gl.program_id(0) % V_BLOCKS
+    row = gl.program_id(1).to(gl.int64)
+    layer32 = gl.program_id(2)
+    layer = layer32.to(gl.int64)
+
+    tile = gl.allocate_shared_memory(ssm_desc.dtype, ssm_desc.block_type.shape, ssm_desc.layout)
+    k_row = gl.allocate_shared_memory(gl.float32, [HEAD_K_DIM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar, count=1)
+
+    node, dst, src, active = _row_indices(
+        row, steps_ptr, steps_stride, num_nodes, dst_slots_ptr, dst_slots_stride, num_state_slots,
+        src_slots_ptr, src_slots_stride, num_src_slots)
+    path, length, links_ok = _accepted_path(row, node, parents_ptr, parents_stride_row, parents_stride_node,
+                                            num_nodes, NODES, TREE, PATH_L)
+    if active & links_ok:
+        coords = [layer32, dst.to(gl.int32), head, 0, v_block * BLOCK_V]
+        mbarrier.expect(bar, ssm_desc.block_type.nbytes)
+        _tma_load(ssm_desc, coords, bar, tile)
+
+        k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
+        k_chan = NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + gl.arange(0, HEAD_K_DIM, layout=KC_L)
+        v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + v_block * BLOCK_V + gl.arange(
+            0, BLOCK_V, layout=V_L)
+        conv_base = conv_ptr + layer * conv_stride_layer + dst * conv_stride_slot
+        tokens_base = tokens_ptr + layer * tokens_stride_layer + src * tokens_stride_slot
+        gates_base = gates_ptr + layer * gates_stride_layer + src * gates_stride_slot + head * gates_stride_head
+        k_taps = weight_ptr + layer * weight_stride_layer + k_chan * weight_stride_dim
+        v_taps = weight_ptr + layer * weight_stride_layer + v_chan * weight_stride_dim
+        k1 = _committed(conv_base, k_chan, conv_stride_dim, conv_stride_win, 1, WIDTH)
+        k2 = _committed(conv_base, k_chan, conv_stride_dim, conv_stride_win, 2, WIDTH)
+        k3 = _committed(conv_base, k_chan, conv_stride_dim, conv_stride_win, 3, WIDTH)
+        k4 = _committed(conv_base, k_chan, conv_stride_dim, conv_stride_win, 4, WIDTH)
+        v1 = _committed(conv_base, v_chan, conv_stride_dim, conv_stride_win, 1, WIDTH)
+        v2 = _committed(conv_base, v_chan, conv_stride_dim, conv_stride_win, 2, WIDTH)
+        v3 = _committed(conv_base, v_chan, conv_stride_dim, conv_stride_win, 3, WIDTH)
+        v4 = _committed(conv_base, v_chan, conv_stride_dim, conv_stride_win, 4, WIDTH)
+        k_wx = _tap(k_taps, k_chan, weight_stride_tap, 0, WIDTH)
+        k_w1 = _tap(k_taps, k_chan, weight_stride_tap, 1, WIDTH)
+        k_w2 = _tap(k_taps, k_chan, weight_stride_tap, 2, WIDTH)
+        k_w3 = _tap(k_taps, k_chan, weight_stride_tap, 3, WIDTH)
+        k_w4 = _tap(k_taps, k_chan, weight_stride_tap, 4, WIDTH)
+        v_wx = _tap(v_taps, v_chan, weight_stride_tap, 0, WIDTH)
+        v_w1 = _tap(v_taps, v_chan, weight_stride_tap, 1, WIDTH)
+        v_w2 = _tap(v_taps, v_chan, weight_stride_tap, 2, WIDTH)
+        v_w3 = _tap(v_taps, v_chan, weight_stride_tap, 3, WIDTH)
+        v_w4 = _tap(v_taps, v_chan, weight_stride_tap, 4, WIDTH)
+        if HAS_BIAS:
+            bias_base = bias_ptr + layer * bias_stride_layer
+            k_bias = gl.load(bias_base + k_chan * bias_stride_dim).to(gl.float32)
+            v_bias = gl.load(bias_base + v_chan * bias_stride_dim).to(gl.float32)
+        else:
+            k_bias = gl.zeros([HEAD_K_DIM], gl.float32, KC_L)
+            v_bias = gl.zeros([BLOCK_V], gl.float32, V_L)
+        # each path token's inputs load two tokens ahead of their use, as in the register kernel
+        xk, xv, g, beta = _token(
+            tokens_base, gates_base, _path_node(path, length, 0, NODES, TREE, PATH_L), length > 0, k_chan,
+            v_chan, tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate)
+        xk_next, xv_next, g_next, beta_next = _token(
+            tokens_base, gates_base, _path_node(path, length, 1, NODES, TREE, PATH_L), length > 1, k_chan,
+            v_chan, tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate)
+
+        state = tile.reshape([HEAD_K_DIM, BLOCK_V])
+        mbarrier.wait(bar, 0)
+        for j in range(0, length):
+            xk_after, xv_after, g_after, beta_after = _token(
+                tokens_base, gates_base, _path_node(path, length, j + 2, NODES, TREE, PATH_L), j + 2 < length,
+                k_chan, v_chan, tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate)
+            k = _conv_silu(xk, k1, k2, k3, k4, k_bias, k_wx, k_w1, k_w2, k_w3, k_w4, KERNEL_SIZE)
+            v = _conv_silu(xv, v1, v2, v3, v4, v_bias, v_wx, v_w1, v_w2, v_w3, v_w4, KERNEL_SIZE)
+            k4, k3, k2, k1 = k3, k2, k1, xk
+            v4, v3, v2, v1 = v3, v2, v1, xv
+            if L2NORM:
+                k = k / gl.sqrt(gl.sum(k * k, axis=0) + 1e-6)
+            gl.thread_barrier()  # the last token's reads of k_row are done
+            k_row.store(k)
+            gl.thread_barrier()
+            decay = gl.exp(g)
+            sk = gl.zeros([BLOCK_V], gl.float32, V_L)
+            for c in gl.static_range(CHUNKS):
+                part = state.slice(c * CHUNK, CHUNK).load(STATE_L).to(gl.float32) * decay
+                k_part = k_row.slice(c * CHUNK, CHUNK).load(K_L)
+                sk += gl.sum(part * gl.expand_dims(k_part, 1), axis=0)
+            u = gl.expand_dims(beta * (v - sk), 0)
+            for c in gl.static_range(CHUNKS):
+                rows = state.slice(c * CHUNK, CHUNK)
+                part = rows.load(STATE_L).to(gl.float32) * decay
+                k_part = k_row.slice(c * CHUNK, CHUNK).load(K_L)
+                rows.store((part + gl.expand_dims(k_part, 1) * u).to(ssm_desc.dtype))
+            xk, xv, g, beta = xk_next, xv_next, g_next, beta_next
+            xk_next, xv_next, g_next, beta_next = xk_after, xv_after, g_after, beta_after
+        if TMA_STORE:
+            fence_async_shared()  # every thread's tile writes, before the copy engine reads the tile
+            gl.thread_barrier()
+            _tma_store(ssm_desc, coords, tile)
+            tma.store_wait(0)
+        else:
+            base = ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
+            vv = v_block * BLOCK_V + gl.arange(0, BLOCK_V, layout=V_L)
+            for c in gl.static_range(CHUNKS):
+                kk = c * CHUNK + gl.arange(0, CHUNK, layout=K_L)
+                gl.store(base + gl.expand_dims(kk.to(gl.int64) * ssm_stride_k, 1) + gl.expand_dims(vv, 0),
+                         state.slice(c * CHUNK, CHUNK).load(STATE_L))
+
+
+SMEM_BLOCK_V = 64
+SMEM_WARPS = 2
+SMEM_CHUNK = 32
+
+
+def supported(ssm, num_k_heads, head_k_dim, num_v_heads, head_v_dim, block_v=SMEM_BLOCK_V) -> bool:
+    """Whether this kernel takes the commit: an sm_90+ NVIDIA state, float32, value axis contiguous
+    and 16-byte aligned strides (a TMA descriptor over it), power-of-two head sizes."""
+    def power_of_2(n):
+        return n > 0 and not n & (n - 1)
+
+    if not ssm.is_cuda or torch.version.hip is not None or torch.cuda.get_device_capability(ssm.device)[0] < 9:
+        return False
+    return (ssm.dtype == torch.float32 and ssm.dim() == 5 and ssm.stride(-1) == 1
+            and all(s * 4 % 16 == 0 for s in ssm.stride()[:-1]) and ssm.data_ptr() % 16 == 0
+            and power_of_2(head_k_dim) and power_of_2(head_v_dim) and 16 <= head_k_dim <= 256
+            and head_v_dim % min(block_v, head_v_dim) == 0 and num_v_heads % num_k_heads == 0)
+
+
+def launch_gdn_commit_smem(
+    ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents,
+    *, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm, block_v=SMEM_BLOCK_V, num_warps=SMEM_WARPS,
+    chunk=SMEM_CHUNK, tma_store=True,
+):
+    """launch_gdn_commit's arguments and effect through the shared-memory kernel, then the window
+    commit. Needs what ``supported`` checks."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
+    num_rows, num_nodes = steps.shape[0], tokens.shape[2]
+    if num_rows == 0 or num_layers == 0:
+        return
+    block_v = min(block_v, head_v_dim)
+    chunk = min(chunk, head_k_dim)
+    columns = block_v // num_warps
+    lanes_v = columns // 4
+    if block_v % num_warps or lanes_v < 1 or lanes_v > 32 or lanes_v & (lanes_v - 1):
+        raise ValueError(f"gdn_commit_smem: {block_v} columns over {num_warps} warps must give each warp 4 to 128")
+    lanes_k = 32 // lanes_v
+    box = [1, 1, 1, head_k_dim, block_v]
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=5)
+    desc = TensorDescriptor(ssm, list(ssm.shape), list(ssm.stride()), box, layout)
+    parents_strides = (0, 0) if parents is None else parents.stride()
+    grid = (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers)
+    _gdn_replay_smem_kernel[grid](
+        desc, ssm, conv, tokens, gates, weight, weight if bias is None else bias,
+        dst_slots, src_slots, steps, steps if parents is None else parents,
+        num_state_slots, tokens.shape[1], num_nodes,
+        *ssm.stride()[:4], *conv.stride(), *tokens.stride(), *gates.stride(), *weight.stride(),
+        *((0, 0) if bias is None else bias.stride()),
+        dst_slots.stride(0), src_slots.stride(0), steps.stride(0), *parents_strides,
+        NUM_K_HEADS=num_k_heads, HEAD_K_DIM=head_k_dim, NUM_V_HEADS=num_v_heads, HEAD_V_DIM=head_v_dim,
+        KERNEL_SIZE=conv.shape[3] + 1, NODES=next_power_of_2(num_nodes), BLOCK_V=block_v, CHUNK=chunk,
+        TREE=parents is not None, HAS_BIAS=bias is not None, L2NORM=use_qk_l2norm, TMA_STORE=tma_store,
+        TPW_K=lanes_k, TPW_V=lanes_v, WARPS=num_warps, num_warps=num_warps,
+    )
+    launch_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
