@@ -133,7 +133,7 @@ def _gdn_replay_smem_kernel(
     dst_slots_stride, src_slots_stride, steps_stride, parents_stride_row, parents_stride_node,
     NUM_K_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, NUM_V_HEADS: gl.constexpr, HEAD_V_DIM: gl.constexpr,
     KERNEL_SIZE: gl.constexpr, NODES: gl.constexpr, BLOCK_V: gl.constexpr, CHUNK: gl.constexpr,
-    TREE: gl.constexpr, HAS_BIAS: gl.constexpr, L2NORM: gl.constexpr, TMA_STORE: gl.constexpr,
+    TREE: gl.constexpr, HAS_BIAS: gl.constexpr, L2NORM: gl.constexpr, TMA_STORE: gl.constexpr, FUSED: gl.constexpr,
     TPW_K: gl.constexpr, TPW_V: gl.constexpr, WARPS: gl.constexpr,
 ):
     """One program: one (value head, block of value columns) of one row and layer, as the
@@ -153,7 +153,7 @@ def _gdn_replay_smem_kernel(
     layer = layer32.to(gl.int64)
 
     tile = gl.allocate_shared_memory(ssm_desc.dtype, ssm_desc.block_type.shape, ssm_desc.layout)
-    k_row = gl.allocate_shared_memory(gl.float32, [HEAD_K_DIM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    k_rows = gl.allocate_shared_memory(gl.float32, [3, HEAD_K_DIM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(bar, count=1)
 
@@ -210,34 +210,85 @@ def _gdn_replay_smem_kernel(
             v_chan, tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate)
 
         state = tile.reshape([HEAD_K_DIM, BLOCK_V])
-        mbarrier.wait(bar, 0)
-        for j in range(0, length):
-            xk_after, xv_after, g_after, beta_after = _token(
-                tokens_base, gates_base, _path_node(path, length, j + 2, NODES, TREE, PATH_L), j + 2 < length,
-                k_chan, v_chan, tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate)
+        if FUSED:
+            # One pass over the tile per token: token j's update, and with the new rows in
+            # registers, token j+1's S^T k. k rows rotate through three buffers, so the one
+            # barrier per token (after k_{j+1} is stored) also orders the stores after the reads
+            # of the buffer two tokens back.
             k = _conv_silu(xk, k1, k2, k3, k4, k_bias, k_wx, k_w1, k_w2, k_w3, k_w4, KERNEL_SIZE)
             v = _conv_silu(xv, v1, v2, v3, v4, v_bias, v_wx, v_w1, v_w2, v_w3, v_w4, KERNEL_SIZE)
             k4, k3, k2, k1 = k3, k2, k1, xk
             v4, v3, v2, v1 = v3, v2, v1, xv
             if L2NORM:
                 k = k / gl.sqrt(gl.sum(k * k, axis=0) + 1e-6)
-            gl.thread_barrier()  # the last token's reads of k_row are done
-            k_row.store(k)
+            k_rows.index(0).store(k)
             gl.thread_barrier()
             decay = gl.exp(g)
+            mbarrier.wait(bar, 0)
             sk = gl.zeros([BLOCK_V], gl.float32, V_L)
             for c in gl.static_range(CHUNKS):
                 part = state.slice(c * CHUNK, CHUNK).load(STATE_L).to(gl.float32) * decay
-                k_part = k_row.slice(c * CHUNK, CHUNK).load(K_L)
+                k_part = k_rows.index(0).slice(c * CHUNK, CHUNK).load(K_L)
                 sk += gl.sum(part * gl.expand_dims(k_part, 1), axis=0)
-            u = gl.expand_dims(beta * (v - sk), 0)
-            for c in gl.static_range(CHUNKS):
-                rows = state.slice(c * CHUNK, CHUNK)
-                part = rows.load(STATE_L).to(gl.float32) * decay
-                k_part = k_row.slice(c * CHUNK, CHUNK).load(K_L)
-                rows.store((part + gl.expand_dims(k_part, 1) * u).to(ssm_desc.dtype))
-            xk, xv, g, beta = xk_next, xv_next, g_next, beta_next
-            xk_next, xv_next, g_next, beta_next = xk_after, xv_after, g_after, beta_after
+            xk, xv, g, beta = xk_next, xv_next, g_next, beta
+            for j in range(0, length):
+                xk_after, xv_after, g_after, beta_after = _token(
+                    tokens_base, gates_base, _path_node(path, length, j + 2, NODES, TREE, PATH_L), j + 2 < length,
+                    k_chan, v_chan, tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate)
+                u = gl.expand_dims(beta * (v - sk), 0)
+                # token j+1 (past the path's end: computed from zero inputs, never used)
+                k_next = _conv_silu(xk, k1, k2, k3, k4, k_bias, k_wx, k_w1, k_w2, k_w3, k_w4, KERNEL_SIZE)
+                v = _conv_silu(xv, v1, v2, v3, v4, v_bias, v_wx, v_w1, v_w2, v_w3, v_w4, KERNEL_SIZE)
+                k4, k3, k2, k1 = k3, k2, k1, xk
+                v4, v3, v2, v1 = v3, v2, v1, xv
+                if L2NORM:
+                    k_next = k_next / gl.sqrt(gl.sum(k_next * k_next, axis=0) + 1e-6)
+                this_row = k_rows.index((j % 3).to(gl.int32))
+                next_row = k_rows.index(((j + 1) % 3).to(gl.int32))
+                next_row.store(k_next)
+                gl.thread_barrier()
+                decay_next = gl.exp(g)
+                sk = gl.zeros([BLOCK_V], gl.float32, V_L)
+                for c in gl.static_range(CHUNKS):
+                    rows = state.slice(c * CHUNK, CHUNK)
+                    part = rows.load(STATE_L).to(gl.float32) * decay
+                    k_part = this_row.slice(c * CHUNK, CHUNK).load(K_L)
+                    part = part + gl.expand_dims(k_part, 1) * u
+                    rows.store(part.to(ssm_desc.dtype))
+                    k_part = next_row.slice(c * CHUNK, CHUNK).load(K_L)
+                    sk += gl.sum(part * decay_next * gl.expand_dims(k_part, 1), axis=0)
+                decay = decay_next
+                beta = beta_next
+                xk, xv, g, beta_next = xk_after, xv_after, g_after, beta_after
+        else:
+            mbarrier.wait(bar, 0)
+            for j in range(0, length):
+                xk_after, xv_after, g_after, beta_after = _token(
+                    tokens_base, gates_base, _path_node(path, length, j + 2, NODES, TREE, PATH_L), j + 2 < length,
+                    k_chan, v_chan, tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate)
+                k = _conv_silu(xk, k1, k2, k3, k4, k_bias, k_wx, k_w1, k_w2, k_w3, k_w4, KERNEL_SIZE)
+                v = _conv_silu(xv, v1, v2, v3, v4, v_bias, v_wx, v_w1, v_w2, v_w3, v_w4, KERNEL_SIZE)
+                k4, k3, k2, k1 = k3, k2, k1, xk
+                v4, v3, v2, v1 = v3, v2, v1, xv
+                if L2NORM:
+                    k = k / gl.sqrt(gl.sum(k * k, axis=0) + 1e-6)
+                gl.thread_barrier()  # the last token's reads of the k row are done
+                k_rows.index(0).store(k)
+                gl.thread_barrier()
+                decay = gl.exp(g)
+                sk = gl.zeros([BLOCK_V], gl.float32, V_L)
+                for c in gl.static_range(CHUNKS):
+                    part = state.slice(c * CHUNK, CHUNK).load(STATE_L).to(gl.float32) * decay
+                    k_part = k_rows.index(0).slice(c * CHUNK, CHUNK).load(K_L)
+                    sk += gl.sum(part * gl.expand_dims(k_part, 1), axis=0)
+                u = gl.expand_dims(beta * (v - sk), 0)
+                for c in gl.static_range(CHUNKS):
+                    rows = state.slice(c * CHUNK, CHUNK)
+                    part = rows.load(STATE_L).to(gl.float32) * decay
+                    k_part = k_rows.index(0).slice(c * CHUNK, CHUNK).load(K_L)
+                    rows.store((part + gl.expand_dims(k_part, 1) * u).to(ssm_desc.dtype))
+                xk, xv, g, beta = xk_next, xv_next, g_next, beta_next
+                xk_next, xv_next, g_next, beta_next = xk_after, xv_after, g_after, beta_after
         if TMA_STORE:
             fence_async_shared()  # every thread's tile writes, before the copy engine reads the tile
             gl.thread_barrier()
@@ -274,7 +325,7 @@ def supported(ssm, num_k_heads, head_k_dim, num_v_heads, head_v_dim, block_v=SME
 def launch_gdn_commit_smem(
     ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents,
     *, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm, block_v=SMEM_BLOCK_V, num_warps=SMEM_WARPS,
-    chunk=SMEM_CHUNK, tma_store=True,
+    chunk=SMEM_CHUNK, tma_store=True, fused=True,
 ):
     """launch_gdn_commit's arguments and effect through the shared-memory kernel, then the window
     commit. Needs what ``supported`` checks."""
@@ -305,7 +356,7 @@ def launch_gdn_commit_smem(
         dst_slots.stride(0), src_slots.stride(0), steps.stride(0), *parents_strides,
         NUM_K_HEADS=num_k_heads, HEAD_K_DIM=head_k_dim, NUM_V_HEADS=num_v_heads, HEAD_V_DIM=head_v_dim,
         KERNEL_SIZE=conv.shape[3] + 1, NODES=next_power_of_2(num_nodes), BLOCK_V=block_v, CHUNK=chunk,
-        TREE=parents is not None, HAS_BIAS=bias is not None, L2NORM=use_qk_l2norm, TMA_STORE=tma_store,
+        TREE=parents is not None, HAS_BIAS=bias is not None, L2NORM=use_qk_l2norm, TMA_STORE=tma_store, FUSED=fused,
         TPW_K=lanes_k, TPW_V=lanes_v, WARPS=num_warps, num_warps=num_warps,
     )
     launch_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)

@@ -4,7 +4,8 @@ production commit first (state within 1e-5 relative, window bit-equal), then tim
 
     python benchmarks/explore/replay_smem.py [--batches 8 64 256] [--tree] [--configs 64/2/32/1 ...]
 
-A config is block_v/warps/chunk/tma_store (tma_store 0: the tile goes back by pointer stores).
+A config is block_v/warps/chunk/tma_store[/fused] (tma_store 0: the tile goes back by pointer stores;
+fused 0: two passes over the tile per token instead of one).
 """
 
 from __future__ import annotations
@@ -64,10 +65,11 @@ def main() -> None:
 
         timed("production", lambda: launch(*a, **kw))
         for config in args.configs:
-            block, warps, chunk, store = (int(x) for x in config.split("/"))
+            block, warps, chunk, store, *fused = (int(x) for x in config.split("/"))
             try:
                 timed(config, lambda: smem.launch_gdn_commit_smem(*a, **kw, block_v=block, num_warps=warps,
-                                                                  chunk=chunk, tma_store=bool(store)))
+                                                                  chunk=chunk, tma_store=bool(store),
+                                                                  fused=bool(fused[0]) if fused else True))
             except Exception as error:
                 print(f"{config:>14}  failed: {type(error).__name__}: {str(error)[:160]}", flush=True)
         del tensors, a, kw
