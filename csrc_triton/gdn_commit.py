@@ -9,7 +9,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import KernelCall, cdiv, next_power_of_2, row_indices
+import copy
+
+import torch
+
+from ._common import KernelCall, cdiv, next_power_of_2, planned_launch, row_indices
 from .replay import (
     accepted_path, check_grid, committed_inputs, conv_silu, conv_taps, descriptor_load, index_strides,
     launch_path_window, path_node, planned_path_window, planned_state_replay, state_descriptor, state_tile_box,
@@ -17,6 +21,20 @@ from .replay import (
 
 REPLAY_BLOCK_V = 64  # value columns per replay program: a [dk, 64] fp32 tile over 2 warps
 REPLAY_WARPS = 2
+
+
+def _smem():
+    """csrc_triton/gdn_commit_smem.py (Gluon), imported only where a commit can use it."""
+    from . import gdn_commit_smem
+
+    return gdn_commit_smem
+
+
+def _smem_signature(ssm, box, head_k_dim, head_v_dim, block_v, num_warps) -> bool:
+    """Whether a commit of this signature replays with its tile in shared memory (given an aligned
+    base): float32 states on sm_90+ whose tiles a tensor map can move (gdn_commit_smem.signature_ok)."""
+    return (ssm.is_cuda and ssm.dtype == torch.float32
+            and _smem().signature_ok(ssm, box, head_k_dim, head_v_dim, block_v, num_warps, _smem().SMEM_CHUNK))
 
 
 @triton.jit
@@ -147,11 +165,13 @@ def _gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_s
 def _gdn_replay_call(
     ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents,
     *, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm, block_v=None, num_warps=REPLAY_WARPS,
-    tma=None,
+    tma=None, smem=None, chunk=None,
 ):
     """The replay kernel's launch for launch_gdn_commit and planned_gdn_commit, or None if there
-    is nothing to do. tma: load the state tiles through a tensor descriptor (None:
-    replay.descriptor_load decides)."""
+    is nothing to do. smem: replay with the tile in shared memory (gdn_commit_smem.py; None: where
+    _smem_signature allows it and ssm is 16-byte aligned, unless ``tma`` asks for the register
+    kernel); tma: that kernel's state tiles through a tensor descriptor (None: replay.descriptor_load
+    decides); chunk: the shared-memory kernel's rows per pass."""
     num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
     num_rows, num_nodes = steps.shape[0], tokens.shape[2]
     if num_rows == 0 or num_layers == 0:
@@ -161,8 +181,11 @@ def _gdn_replay_call(
         block_v = min(REPLAY_BLOCK_V, next_power_of_2(head_v_dim))
     block_k = next_power_of_2(head_k_dim)
     box = state_tile_box(ssm, block_k, block_v)
+    if smem is None:
+        smem = tma is None and not ssm.data_ptr() & 15 and _smem_signature(ssm, box, head_k_dim, head_v_dim, block_v,
+                                                                            num_warps)
     if tma is None:
-        tma = descriptor_load(ssm, box, tree=parents is not None)
+        tma = descriptor_load(ssm, box, tree=parents is not None) and not smem
     grid = (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers)
     scalars = (
         num_state_slots, tokens.shape[1], num_nodes,
@@ -176,27 +199,31 @@ def _gdn_replay_call(
         BLOCK_V=block_v, TREE=parents is not None, HAS_BIAS=bias is not None, L2NORM=use_qk_l2norm,
         TMA_LOAD=bool(tma), num_warps=num_warps,
     )
-    desc = state_descriptor(ssm, box) if tma else ssm
-    tensors = (desc, *_gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps,
-                                          parents))
-    return KernelCall(_gdn_replay_kernel, grid, tensors, scalars, constexprs)
+    tensors = _gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents)
+    if smem:
+        module = _smem()
+        return KernelCall(module._gdn_replay_smem_kernel, grid, (module.state_descriptor(ssm, box), *tensors),
+                          scalars, module.kernel_constexprs(constexprs, chunk or module.SMEM_CHUNK))
+    return KernelCall(_gdn_replay_kernel, grid, (state_descriptor(ssm, box) if tma else ssm, *tensors), scalars,
+                      constexprs)
 
 
 def launch_gdn_commit(
     ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents,
     *, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm, block_v=None, num_warps=REPLAY_WARPS,
-    tma=None,
+    tma=None, smem=None, chunk=None,
 ):
     """Replay every accepted path onto ssm [L, N_state, Hv, dk, dv], then commit its conv window
     into conv [L, N_state, dim, K-1]. tokens, history: see the module docstring; gates
     [L, M, N, 2, Hv]; weight [L, dim, K]; bias [L, dim] or None; any strides everywhere.
-    block_v, num_warps, tma: value columns and warps per replay program, and whether its state
-    tiles load through a tensor descriptor (tuning only; tma=True needs what
-    replay.tma_signature_ok checks and a 16-byte aligned ssm)."""
+    block_v, num_warps, tma, smem, chunk: value columns and warps per replay program, and which
+    kernel and tile load (_gdn_replay_call; tuning only: tma=True needs what
+    replay.tma_signature_ok checks and a 16-byte aligned ssm, smem=True what _smem_signature checks
+    too)."""
     call = _gdn_replay_call(
         ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents,
         num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
-        use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, tma=tma,
+        use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, tma=tma, smem=smem, chunk=chunk,
     )
     if call is None:
         return
@@ -208,17 +235,42 @@ def planned_gdn_commit(ssm, conv, tokens, history, gates, weight, bias, dst_slot
                        **heads):
     """launch_gdn_commit with its plan fixed for THESE shapes, strides, dtypes, device and head
     sizes (``heads``: its keyword arguments): a function of the same arguments that launches the
-    replay kernel (its state tiles through a descriptor where replay.planned_state_replay can),
-    then the window commit (_common.planned_launch)."""
+    replay kernel (the shared-memory one where _smem_signature allows it, else the register one with
+    its state tiles through a descriptor where replay.planned_state_replay can), then the window
+    commit (_common.planned_launch)."""
     call = _gdn_replay_call(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents,
                             **heads, tma=False)
     box = state_tile_box(ssm, call.constexprs["BLOCK_K"], call.constexprs["BLOCK_V"]) if call else []
     replay = planned_state_replay(call, ssm, box)
+    if call is not None and _smem_signature(ssm, box, heads["head_k_dim"], heads["head_v_dim"],
+                                            call.constexprs["BLOCK_V"], call.constexprs["num_warps"]):
+        replay = _planned_smem_replay(call, ssm, box, replay)
     window = planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
 
     def run(ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents, **heads):
         replay(ssm, *_gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps,
                                          parents))
         window(conv, tokens, history, dst_slots, src_slots, steps, parents)
+
+    return run
+
+
+def _planned_smem_replay(by_pointers: KernelCall, ssm, box, misaligned):
+    """The shared-memory replay fixed for by_pointers' signature: a function of (ssm, the kernel's
+    tensors after its descriptor) that builds the descriptor per call (it holds ssm), or runs
+    ``misaligned`` for an ssm whose base is not on 16 bytes."""
+    module = _smem()
+    launch = planned_launch(by_pointers._replace(
+        kernel=module._gdn_replay_smem_kernel,
+        constexprs=module.kernel_constexprs(by_pointers.constexprs, module.SMEM_CHUNK)), num_descriptors=1)
+    template = module.state_descriptor(ssm, box)  # its checks are the signature's: per call, only the base changes
+
+    def run(ssm, *tensors):
+        if ssm.data_ptr() & 15:
+            misaligned(ssm, *tensors)
+            return
+        desc = copy.copy(template)
+        desc.base = ssm
+        launch(desc, *tensors)
 
     return run

@@ -18,8 +18,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from ._common import cdiv, next_power_of_2
-from .replay import launch_path_window
+from .replay import tma_signature_ok
 
 # Triton 3.6 names the TMA copies async_copy_*; later versions renamed them async_load / async_store
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -124,7 +123,7 @@ def _gdn_replay_smem_kernel(
     ssm_desc, ssm_ptr, conv_ptr, tokens_ptr, gates_ptr, weight_ptr, bias_ptr,
     dst_slots_ptr, src_slots_ptr, steps_ptr, parents_ptr,
     num_state_slots, num_src_slots, num_nodes,
-    ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_k,
+    ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_k, ssm_stride_v,
     conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
     tokens_stride_layer, tokens_stride_slot, tokens_stride_node, tokens_stride_dim,
     gates_stride_layer, gates_stride_slot, gates_stride_node, gates_stride_gate, gates_stride_head,
@@ -133,7 +132,7 @@ def _gdn_replay_smem_kernel(
     dst_slots_stride, src_slots_stride, steps_stride, parents_stride_row, parents_stride_node,
     NUM_K_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, NUM_V_HEADS: gl.constexpr, HEAD_V_DIM: gl.constexpr,
     KERNEL_SIZE: gl.constexpr, NODES: gl.constexpr, BLOCK_V: gl.constexpr, CHUNK: gl.constexpr,
-    TREE: gl.constexpr, HAS_BIAS: gl.constexpr, L2NORM: gl.constexpr, TMA_STORE: gl.constexpr, FUSED: gl.constexpr,
+    TREE: gl.constexpr, HAS_BIAS: gl.constexpr, L2NORM: gl.constexpr,
     TPW_K: gl.constexpr, TPW_V: gl.constexpr, WARPS: gl.constexpr,
 ):
     """One program: one (value head, block of value columns) of one row and layer, as the
@@ -153,7 +152,7 @@ def _gdn_replay_smem_kernel(
     layer = layer32.to(gl.int64)
 
     tile = gl.allocate_shared_memory(ssm_desc.dtype, ssm_desc.block_type.shape, ssm_desc.layout)
-    k_rows = gl.allocate_shared_memory(gl.float32, [3, HEAD_K_DIM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    k_rows = gl.allocate_shared_memory(gl.float32, [2, HEAD_K_DIM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(bar, count=1)
 
@@ -210,153 +209,85 @@ def _gdn_replay_smem_kernel(
             v_chan, tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate)
 
         state = tile.reshape([HEAD_K_DIM, BLOCK_V])
-        if FUSED:
-            # One pass over the tile per token: token j's update, and with the new rows in
-            # registers, token j+1's S^T k. k rows rotate through three buffers, so the one
-            # barrier per token (after k_{j+1} is stored) also orders the stores after the reads
-            # of the buffer two tokens back.
+        mbarrier.wait(bar, 0)
+        for j in range(0, length):
+            xk_after, xv_after, g_after, beta_after = _token(
+                tokens_base, gates_base, _path_node(path, length, j + 2, NODES, TREE, PATH_L), j + 2 < length,
+                k_chan, v_chan, tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate)
             k = _conv_silu(xk, k1, k2, k3, k4, k_bias, k_wx, k_w1, k_w2, k_w3, k_w4, KERNEL_SIZE)
             v = _conv_silu(xv, v1, v2, v3, v4, v_bias, v_wx, v_w1, v_w2, v_w3, v_w4, KERNEL_SIZE)
             k4, k3, k2, k1 = k3, k2, k1, xk
             v4, v3, v2, v1 = v3, v2, v1, xv
             if L2NORM:
                 k = k / gl.sqrt(gl.sum(k * k, axis=0) + 1e-6)
-            k_rows.index(0).store(k)
+            # k rows alternate between two buffers: this token's store cannot overtake the reads
+            # of two tokens back, which all threads finished before the last token's barrier
+            k_row = k_rows.index((j % 2).to(gl.int32))
+            k_row.store(k)
             gl.thread_barrier()
             decay = gl.exp(g)
-            mbarrier.wait(bar, 0)
             sk = gl.zeros([BLOCK_V], gl.float32, V_L)
             for c in gl.static_range(CHUNKS):
                 part = state.slice(c * CHUNK, CHUNK).load(STATE_L).to(gl.float32) * decay
-                k_part = k_rows.index(0).slice(c * CHUNK, CHUNK).load(K_L)
+                k_part = k_row.slice(c * CHUNK, CHUNK).load(K_L)
                 sk += gl.sum(part * gl.expand_dims(k_part, 1), axis=0)
-            xk, xv, g, beta = xk_next, xv_next, g_next, beta
-            for j in range(0, length):
-                xk_after, xv_after, g_after, beta_after = _token(
-                    tokens_base, gates_base, _path_node(path, length, j + 2, NODES, TREE, PATH_L), j + 2 < length,
-                    k_chan, v_chan, tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate)
-                u = gl.expand_dims(beta * (v - sk), 0)
-                # token j+1 (past the path's end: computed from zero inputs, never used)
-                k_next = _conv_silu(xk, k1, k2, k3, k4, k_bias, k_wx, k_w1, k_w2, k_w3, k_w4, KERNEL_SIZE)
-                v = _conv_silu(xv, v1, v2, v3, v4, v_bias, v_wx, v_w1, v_w2, v_w3, v_w4, KERNEL_SIZE)
-                k4, k3, k2, k1 = k3, k2, k1, xk
-                v4, v3, v2, v1 = v3, v2, v1, xv
-                if L2NORM:
-                    k_next = k_next / gl.sqrt(gl.sum(k_next * k_next, axis=0) + 1e-6)
-                this_row = k_rows.index((j % 3).to(gl.int32))
-                next_row = k_rows.index(((j + 1) % 3).to(gl.int32))
-                next_row.store(k_next)
-                gl.thread_barrier()
-                decay_next = gl.exp(g)
-                sk = gl.zeros([BLOCK_V], gl.float32, V_L)
-                for c in gl.static_range(CHUNKS):
-                    rows = state.slice(c * CHUNK, CHUNK)
-                    part = rows.load(STATE_L).to(gl.float32) * decay
-                    k_part = this_row.slice(c * CHUNK, CHUNK).load(K_L)
-                    part = part + gl.expand_dims(k_part, 1) * u
-                    rows.store(part.to(ssm_desc.dtype))
-                    k_part = next_row.slice(c * CHUNK, CHUNK).load(K_L)
-                    sk += gl.sum(part * decay_next * gl.expand_dims(k_part, 1), axis=0)
-                decay = decay_next
-                beta = beta_next
-                xk, xv, g, beta_next = xk_after, xv_after, g_after, beta_after
-        else:
-            mbarrier.wait(bar, 0)
-            for j in range(0, length):
-                xk_after, xv_after, g_after, beta_after = _token(
-                    tokens_base, gates_base, _path_node(path, length, j + 2, NODES, TREE, PATH_L), j + 2 < length,
-                    k_chan, v_chan, tokens_stride_node, tokens_stride_dim, gates_stride_node, gates_stride_gate)
-                k = _conv_silu(xk, k1, k2, k3, k4, k_bias, k_wx, k_w1, k_w2, k_w3, k_w4, KERNEL_SIZE)
-                v = _conv_silu(xv, v1, v2, v3, v4, v_bias, v_wx, v_w1, v_w2, v_w3, v_w4, KERNEL_SIZE)
-                k4, k3, k2, k1 = k3, k2, k1, xk
-                v4, v3, v2, v1 = v3, v2, v1, xv
-                if L2NORM:
-                    k = k / gl.sqrt(gl.sum(k * k, axis=0) + 1e-6)
-                gl.thread_barrier()  # the last token's reads of the k row are done
-                k_rows.index(0).store(k)
-                gl.thread_barrier()
-                decay = gl.exp(g)
-                sk = gl.zeros([BLOCK_V], gl.float32, V_L)
-                for c in gl.static_range(CHUNKS):
-                    part = state.slice(c * CHUNK, CHUNK).load(STATE_L).to(gl.float32) * decay
-                    k_part = k_rows.index(0).slice(c * CHUNK, CHUNK).load(K_L)
-                    sk += gl.sum(part * gl.expand_dims(k_part, 1), axis=0)
-                u = gl.expand_dims(beta * (v - sk), 0)
-                for c in gl.static_range(CHUNKS):
-                    rows = state.slice(c * CHUNK, CHUNK)
-                    part = rows.load(STATE_L).to(gl.float32) * decay
-                    k_part = k_rows.index(0).slice(c * CHUNK, CHUNK).load(K_L)
-                    rows.store((part + gl.expand_dims(k_part, 1) * u).to(ssm_desc.dtype))
-                xk, xv, g, beta = xk_next, xv_next, g_next, beta_next
-                xk_next, xv_next, g_next, beta_next = xk_after, xv_after, g_after, beta_after
-        if TMA_STORE:
-            fence_async_shared()  # every thread's tile writes, before the copy engine reads the tile
-            gl.thread_barrier()
-            _tma_store(ssm_desc, coords, tile)
-            tma.store_wait(0)
-        else:
-            base = ssm_ptr + layer * ssm_stride_layer + dst * ssm_stride_slot + head * ssm_stride_head
-            vv = v_block * BLOCK_V + gl.arange(0, BLOCK_V, layout=V_L)
+            u = gl.expand_dims(beta * (v - sk), 0)
             for c in gl.static_range(CHUNKS):
-                kk = c * CHUNK + gl.arange(0, CHUNK, layout=K_L)
-                gl.store(base + gl.expand_dims(kk.to(gl.int64) * ssm_stride_k, 1) + gl.expand_dims(vv, 0),
-                         state.slice(c * CHUNK, CHUNK).load(STATE_L))
+                rows = state.slice(c * CHUNK, CHUNK)
+                part = rows.load(STATE_L).to(gl.float32) * decay
+                k_part = k_row.slice(c * CHUNK, CHUNK).load(K_L)
+                rows.store((part + gl.expand_dims(k_part, 1) * u).to(ssm_desc.dtype))
+            xk, xv, g, beta = xk_next, xv_next, g_next, beta_next
+            xk_next, xv_next, g_next, beta_next = xk_after, xv_after, g_after, beta_after
+        fence_async_shared()  # every thread's tile writes, before the copy engine reads the tile
+        gl.thread_barrier()
+        _tma_store(ssm_desc, coords, tile)
+        tma.store_wait(0)
 
 
-SMEM_BLOCK_V = 64
-SMEM_WARPS = 2
-SMEM_CHUNK = 32
+SMEM_CHUNK = 64  # state rows per pass: [64, 64] fp32 over 2 warps, 32 per thread
 
 
-def supported(ssm, num_k_heads, head_k_dim, num_v_heads, head_v_dim, block_v=SMEM_BLOCK_V) -> bool:
-    """Whether this kernel takes the commit: an sm_90+ NVIDIA state, float32, value axis contiguous
-    and 16-byte aligned strides (a TMA descriptor over it), power-of-two head sizes."""
+def tile_layout(head_k_dim: int, block_v: int, num_warps: int, chunk: int):
+    """(lanes along dk, lanes along dv, rows per pass) of the kernel's tile layout -- each warp owns
+    block_v / num_warps whole columns, 4 adjacent per lane -- or None where it does not fit."""
+    columns, chunk = block_v // num_warps, min(chunk, head_k_dim)
+    if block_v % num_warps or columns < 4 or columns > 128 or columns & (columns - 1):
+        return None
+    lanes_v = columns // 4
+    lanes_k = 32 // lanes_v
+    if chunk < lanes_k or head_k_dim % chunk:
+        return None
+    return lanes_k, lanes_v, chunk
+
+
+def signature_ok(ssm: torch.Tensor, box: list[int], head_k_dim: int, head_v_dim: int, block_v: int,
+                 num_warps: int, chunk: int) -> bool:
+    """Whether a commit of this signature can replay through this kernel, given a 16-byte aligned
+    ssm (replay.tma_signature_ok: the tile comes in and goes back by TMA): a float32 state, head
+    sizes that are powers of two with whole value blocks, a layout that fits."""
     def power_of_2(n):
         return n > 0 and not n & (n - 1)
 
-    if not ssm.is_cuda or torch.version.hip is not None or torch.cuda.get_device_capability(ssm.device)[0] < 9:
-        return False
-    return (ssm.dtype == torch.float32 and ssm.dim() == 5 and ssm.stride(-1) == 1
-            and all(s * 4 % 16 == 0 for s in ssm.stride()[:-1]) and ssm.data_ptr() % 16 == 0
-            and power_of_2(head_k_dim) and power_of_2(head_v_dim) and 16 <= head_k_dim <= 256
-            and head_v_dim % min(block_v, head_v_dim) == 0 and num_v_heads % num_k_heads == 0)
+    return (ssm.dtype == torch.float32 and power_of_2(head_k_dim) and power_of_2(block_v)
+            and 16 <= head_k_dim <= 256 and head_v_dim % block_v == 0
+            and tile_layout(head_k_dim, block_v, num_warps, chunk) is not None and tma_signature_ok(ssm, box))
 
 
-def launch_gdn_commit_smem(
-    ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents,
-    *, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm, block_v=SMEM_BLOCK_V, num_warps=SMEM_WARPS,
-    chunk=SMEM_CHUNK, tma_store=True, fused=True,
-):
-    """launch_gdn_commit's arguments and effect through the shared-memory kernel, then the window
-    commit. Needs what ``supported`` checks."""
+def state_descriptor(ssm: torch.Tensor, box: list[int]):
+    """A Gluon tensor descriptor over ssm whose box is one program's tile (no swizzle: the kernel's
+    row-chunk loads are bank-conflict free on the plain layout)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
-    num_rows, num_nodes = steps.shape[0], tokens.shape[2]
-    if num_rows == 0 or num_layers == 0:
-        return
-    block_v = min(block_v, head_v_dim)
-    chunk = min(chunk, head_k_dim)
-    columns = block_v // num_warps
-    lanes_v = columns // 4
-    if block_v % num_warps or lanes_v < 1 or lanes_v > 32 or lanes_v & (lanes_v - 1):
-        raise ValueError(f"gdn_commit_smem: {block_v} columns over {num_warps} warps must give each warp 4 to 128")
-    lanes_k = 32 // lanes_v
-    box = [1, 1, 1, head_k_dim, block_v]
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=5)
-    desc = TensorDescriptor(ssm, list(ssm.shape), list(ssm.stride()), box, layout)
-    parents_strides = (0, 0) if parents is None else parents.stride()
-    grid = (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers)
-    _gdn_replay_smem_kernel[grid](
-        desc, ssm, conv, tokens, gates, weight, weight if bias is None else bias,
-        dst_slots, src_slots, steps, steps if parents is None else parents,
-        num_state_slots, tokens.shape[1], num_nodes,
-        *ssm.stride()[:4], *conv.stride(), *tokens.stride(), *gates.stride(), *weight.stride(),
-        *((0, 0) if bias is None else bias.stride()),
-        dst_slots.stride(0), src_slots.stride(0), steps.stride(0), *parents_strides,
-        NUM_K_HEADS=num_k_heads, HEAD_K_DIM=head_k_dim, NUM_V_HEADS=num_v_heads, HEAD_V_DIM=head_v_dim,
-        KERNEL_SIZE=conv.shape[3] + 1, NODES=next_power_of_2(num_nodes), BLOCK_V=block_v, CHUNK=chunk,
-        TREE=parents is not None, HAS_BIAS=bias is not None, L2NORM=use_qk_l2norm, TMA_STORE=tma_store, FUSED=fused,
-        TPW_K=lanes_k, TPW_V=lanes_v, WARPS=num_warps, num_warps=num_warps,
-    )
-    launch_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=len(box))
+    return TensorDescriptor(ssm, list(ssm.shape), list(ssm.stride()), box, layout)
+
+
+def kernel_constexprs(constexprs: dict, chunk: int) -> dict:
+    """The register kernel's constexprs (gdn_commit._gdn_replay_call) turned into this kernel's."""
+    lanes_k, lanes_v, chunk = tile_layout(constexprs["HEAD_K_DIM"], constexprs["BLOCK_V"],
+                                          constexprs["num_warps"], chunk)
+    names = ("NUM_K_HEADS", "HEAD_K_DIM", "NUM_V_HEADS", "HEAD_V_DIM", "KERNEL_SIZE", "NODES", "BLOCK_V", "TREE",
+             "HAS_BIAS", "L2NORM", "num_warps")
+    return dict({name: constexprs[name] for name in names}, CHUNK=chunk, TPW_K=lanes_k,
+                TPW_V=lanes_v, WARPS=constexprs["num_warps"])

@@ -146,20 +146,25 @@ def run_public_misaligned(replay, ssm_state, conv_state):
 @pytest.mark.parametrize("mixer", MIXERS)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_state_tile_load_choice(mixer, tree):
-    """The launchers load state tiles through a descriptor on sm_90+ for a state whose last axis
-    is contiguous and 16-byte aligned, chains only; else through pointers (trees; a transposed
-    state; a misaligned base, also when the signature's eager plan was made on an aligned one);
-    both give the oracle's states."""
+    """On sm_90+, a float32 state whose last axis is contiguous and 16-byte aligned replays
+    gdn_commit with its tile in shared memory (chains and trees), and loads mamba2_commit's tiles
+    through a descriptor (chains only); anything else (a transposed state; a misaligned base, also
+    when the signature's eager plan was made on an aligned one) takes the register kernel with
+    pointer loads. Every choice gives the oracle's states."""
     from sgl_convwin.csrc_triton import gdn_commit, mamba2_commit
 
-    kernel = gdn_commit._gdn_replay_kernel if mixer == "gdn" else mamba2_commit._mamba2_replay_kernel
-    capable = torch.cuda.get_device_capability()[0] >= 9 and not tree
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    kernels = {"registers": gdn_commit._gdn_replay_kernel if mixer == "gdn" else mamba2_commit._mamba2_replay_kernel}
+    if mixer == "gdn" and hopper:
+        kernels["smem"] = gdn_commit._smem()._gdn_replay_smem_kernel
     seen = []
-    original = kernel.run
+    originals = {name: kernel.run for name, kernel in kernels.items()}
 
-    def spy(*args, **kwargs):  # what each launch through Triton chose (the plans' first launches)
-        seen.append(kwargs["TMA_LOAD"])
-        return original(*args, **kwargs)
+    def spy(name):  # what each launch through Triton chose (the plans' first launches)
+        def run(*args, **kwargs):
+            seen.append("smem" if name == "smem" else f"registers, tma={kwargs['TMA_LOAD']}")
+            return originals[name](*args, **kwargs)
+        return run
 
     for transposed, runs in ((False, (run_public, run_public_misaligned)), (True, (run_public,))):
         replay = make_replay(mixer=mixer, head_k_dim=16, head_v_dim=16, transposed_ssm=transposed, tree=tree,
@@ -167,14 +172,47 @@ def test_state_tile_load_choice(mixer, tree):
         replay.commit.eager_plans.clear()
         for run in runs:
             seen.clear()
-            kernel.run = spy
+            for name, kernel in kernels.items():
+                kernel.run = spy(name)
             try:
                 check_against_oracle(replay, run)
             finally:
-                kernel.run = original
+                for name, kernel in kernels.items():
+                    kernel.run = originals[name]
             aligned = run is run_public and not transposed  # (a transposed state: its last axis is strided)
-            assert seen == [capable and aligned], (transposed, run.__name__, seen)
+            if hopper and aligned and mixer == "gdn":
+                want = "smem"
+            else:
+                want = f"registers, tma={hopper and aligned and not tree}"
+            assert seen == [want], (transposed, run.__name__, seen)
         assert len(replay.commit.eager_plans) == 1  # one signature: the plan served every call
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.parametrize("heads", [(16, 16), (32, 64), (128, 128)], ids=lambda h: f"dk{h[0]}-dv{h[1]}")
+def test_smem_replay_kernel(tree, heads):
+    """gdn_commit's shared-memory replay (gdn_commit_smem.py) at every rows-per-pass it takes
+    matches the oracle and the register kernel (within an order of summation), with a padded row,
+    untouched slots and bit-equal conv windows."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the shared-memory replay needs sm_90+")
+    launch = triton_kernels().launch_gdn_commit
+    head_k, head_v = heads
+    replay = make_replay(tree=tree, head_k_dim=head_k, head_v_dim=head_v, num_draft=4, num_rows=4,
+                         steps=[3, -1, 1, 2], buffer_dtype=torch.bfloat16, conv_dtype=torch.bfloat16, device="cuda",
+                         seed=head_k + head_v)
+    states = []
+    for kernel in [dict(smem=False)] + [dict(smem=True, chunk=c) for c in (16, 32, 64) if c <= head_k]:
+        def run(replay, ssm_state, conv_state, kernel=kernel):
+            args, kwargs = replay.commit.kernel_arguments(*replay.args(ssm_state, conv_state), **replay.kwargs)
+            launch(*args, **kwargs, **kernel)
+            states.append((ssm_state, conv_state))
+
+        assert check_against_oracle(replay, run, atol=2e-4, rtol=2e-4), "no row was committed"
+    for ssm_state, conv_state in states[1:]:
+        assert torch.equal(conv_state, states[0][1])
+        torch.testing.assert_close(ssm_state, states[0][0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
@@ -297,12 +335,14 @@ def test_conv_window_is_what_scatter_writes(mixer, device, layout):
 @pytest.mark.parametrize("mixer", MIXERS)
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_replaying_a_chain_equals_one_token_at_a_time(mixer, device, layout):
+@pytest.mark.parametrize("state_k, state_v", [(8, 8), (16, 32)])
+def test_replaying_a_chain_equals_one_token_at_a_time(mixer, device, layout, state_k, state_v):
     """Committing T accepted tokens at once leaves the same bits as T one-token decode steps
     (capture one token, commit it), so speculative decoding with replay emits the tokens of
-    plain decoding."""
+    plain decoding. (On sm_90+, gdn_commit takes the register kernel at 8 x 8 and the
+    shared-memory one at 16 x 32.)"""
     gen = torch.Generator().manual_seed(60)
-    num_layers, groups, state_k, heads, state_v, width, num_draft = 2, 2, 8, 4, 8, 3, 4
+    num_layers, groups, heads, width, num_draft = 2, 2, 4, 3, 4
     if mixer == "gdn":
         dim = 2 * groups * state_k + heads * state_v
         state_shape = (num_layers, 2, heads, state_k, state_v)

@@ -81,6 +81,11 @@ def main() -> None:
     parser.add_argument("--tma", nargs="+", choices=["auto", "on", "off"], default=["auto"],
                         help="the state tiles' load -- the launcher's choice, a tensor descriptor, "
                              "pointers (each timed)")
+    parser.add_argument("--smem", nargs="+", choices=["auto", "on", "off"], default=["auto"],
+                        help="gdn: the state tile in shared memory (csrc_triton/gdn_commit_smem.py) -- the "
+                             "launcher's choice, yes, no (each timed)")
+    parser.add_argument("--chunk", type=int, nargs="+", default=[None],
+                        help="gdn with --smem on: state rows per pass over the shared-memory tile (each timed)")
     args = parser.parse_args()
     if args.accepted is not None and (args.tree or not 1 <= args.accepted <= args.draft):
         parser.error(f"--accepted takes chains only, 1..{args.draft} tokens")
@@ -128,9 +133,14 @@ def replay_table(args, launch, a, kw, tuning, ssm, state_bytes, nbytes, ceiling)
         ms = triton.testing.do_bench(lambda: ssm.mul_(1.0), warmup=25, rep=150)
         print(f"{'ssm.mul_(1)':>16} {ms * 1e3:>9.1f} {100 * state_bytes / (ms * 1e-3) / 1e9 / ceiling:>9.0f}%"
               "   (state bytes only)", flush=True)
-    for (block, warps), load in ((config, load) for config in configs for load in args.tma):
-        name = f"{block}/{warps}" + ("" if load == "auto" else f" tma={load}")
-        run = lambda: launch(*a, **kw, **{tuning: block}, num_warps=warps, **loads[load])  # noqa: E731
+    kernels = {"auto": {}, "on": {"smem": True}, "off": {"smem": False}}
+    variants = [(config, load, smem, chunk) for config in configs for load in args.tma for smem in args.smem
+                for chunk in (args.chunk if smem == "on" else [None])]
+    for (block, warps), load, smem, chunk in variants:
+        name = (f"{block}/{warps}" + ("" if load == "auto" else f" tma={load}")
+                + ("" if smem == "auto" else f" smem={smem}") + ("" if chunk is None else f"/{chunk}"))
+        extra = dict(loads[load], **kernels[smem], **({} if chunk is None else {"chunk": chunk}))
+        run = lambda: launch(*a, **kw, **{tuning: block}, num_warps=warps, **extra)  # noqa: E731
         try:
             ms = triton.testing.do_bench(run, warmup=25, rep=150)
         except Exception as error:  # e.g. out of registers / shared memory
