@@ -191,7 +191,7 @@ def test_state_tile_load_choice(mixer, tree):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize("heads", [(16, 16), (32, 64), (128, 128)], ids=lambda h: f"dk{h[0]}-dv{h[1]}")
-def test_smem_replay_kernel(tree, heads):
+def test_cuda_smem_replay_kernel(tree, heads):
     """gdn_commit's shared-memory replay (gdn_commit_smem.py) at every rows-per-pass it takes
     matches the oracle and the register kernel (within an order of summation), with a padded row,
     untouched slots and bit-equal conv windows."""
