@@ -159,13 +159,13 @@ def _gdn_replay_smem_kernel(
     node, dst, src, active = _row_indices(
         row, steps_ptr, steps_stride, num_nodes, dst_slots_ptr, dst_slots_stride, num_state_slots,
         src_slots_ptr, src_slots_stride, num_src_slots)
+    coords = [layer32, dst.to(gl.int32), head, 0, v_block * BLOCK_V]
+    if active:  # the tile's load goes out before a tree's walk of its parent links (dependent loads)
+        mbarrier.expect(bar, ssm_desc.block_type.nbytes)
+        _tma_load(ssm_desc, coords, bar, tile)
     path, length, links_ok = _accepted_path(row, node, parents_ptr, parents_stride_row, parents_stride_node,
                                             num_nodes, NODES, TREE, PATH_L)
     if active & links_ok:
-        coords = [layer32, dst.to(gl.int32), head, 0, v_block * BLOCK_V]
-        mbarrier.expect(bar, ssm_desc.block_type.nbytes)
-        _tma_load(ssm_desc, coords, bar, tile)
-
         k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
         k_chan = NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + gl.arange(0, HEAD_K_DIM, layout=KC_L)
         v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + v_block * BLOCK_V + gl.arange(
@@ -243,6 +243,8 @@ def _gdn_replay_smem_kernel(
         gl.thread_barrier()
         _tma_store(ssm_desc, coords, tile)
         tma.store_wait(0)
+    elif active:  # a broken parent link: the tile arrives, unread, before the program may exit
+        mbarrier.wait(bar, 0)
 
 
 SMEM_CHUNK = 64  # state rows per pass: [64, 64] fp32 over 2 warps, 32 per thread
