@@ -6,12 +6,11 @@ commits share).
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
-
 import copy
 
 import torch
+import triton
+import triton.language as tl
 
 from ._common import KernelCall, cdiv, next_power_of_2, planned_launch, row_indices
 from .replay import (
@@ -21,10 +20,16 @@ from .replay import (
 
 REPLAY_BLOCK_V = 64  # value columns per replay program: a [dk, 64] fp32 tile over 2 warps
 REPLAY_WARPS = 2
+# The shared-memory replay is written in Gluon, whose API still moves between Triton releases: it
+# runs only on the versions its GPU tests passed on; others take the register kernel.
+SMEM_TRITON_VERSIONS = ("3.6.",)
 
 
 def _smem():
-    """csrc_triton/gdn_commit_smem.py (Gluon), imported only where a commit can use it."""
+    """csrc_triton/gdn_commit_smem.py, imported only where a commit can use it; None on a Triton
+    outside SMEM_TRITON_VERSIONS."""
+    if not triton.__version__.startswith(SMEM_TRITON_VERSIONS):
+        return None
     from . import gdn_commit_smem
 
     return gdn_commit_smem
@@ -33,8 +38,9 @@ def _smem():
 def _smem_signature(ssm, box, head_k_dim, head_v_dim, block_v, num_warps) -> bool:
     """Whether a commit of this signature replays with its tile in shared memory (given an aligned
     base): float32 states on sm_90+ whose tiles a tensor map can move (gdn_commit_smem.signature_ok)."""
-    return (ssm.is_cuda and ssm.dtype == torch.float32
-            and _smem().signature_ok(ssm, box, head_k_dim, head_v_dim, block_v, num_warps, _smem().SMEM_CHUNK))
+    if not (ssm.is_cuda and ssm.dtype == torch.float32) or _smem() is None:
+        return False
+    return _smem().signature_ok(ssm, box, head_k_dim, head_v_dim, block_v, num_warps, _smem().SMEM_CHUNK)
 
 
 @triton.jit

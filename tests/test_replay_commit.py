@@ -147,7 +147,7 @@ def run_public_misaligned(replay, ssm_state, conv_state):
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_state_tile_load_choice(mixer, tree):
     """On sm_90+, a float32 state whose last axis is contiguous and 16-byte aligned replays
-    gdn_commit with its tile in shared memory (chains and trees), and loads mamba2_commit's tiles
+    gdn_commit with its tile in shared memory (chains and trees; Triton 3.6), and loads mamba2_commit's tiles
     through a descriptor (chains only); anything else (a transposed state; a misaligned base, also
     when the signature's eager plan was made on an aligned one) takes the register kernel with
     pointer loads. Every choice gives the oracle's states."""
@@ -155,7 +155,8 @@ def test_state_tile_load_choice(mixer, tree):
 
     hopper = torch.cuda.get_device_capability()[0] >= 9
     kernels = {"registers": gdn_commit._gdn_replay_kernel if mixer == "gdn" else mamba2_commit._mamba2_replay_kernel}
-    if mixer == "gdn" and hopper:
+    smem = mixer == "gdn" and hopper and gdn_commit._smem() is not None
+    if smem:
         kernels["smem"] = gdn_commit._smem()._gdn_replay_smem_kernel
     seen = []
     originals = {name: kernel.run for name, kernel in kernels.items()}
@@ -180,7 +181,7 @@ def test_state_tile_load_choice(mixer, tree):
                 for name, kernel in kernels.items():
                     kernel.run = originals[name]
             aligned = run is run_public and not transposed  # (a transposed state: its last axis is strided)
-            if hopper and aligned and mixer == "gdn":
+            if smem and aligned:
                 want = "smem"
             else:
                 want = f"registers, tma={hopper and aligned and not tree}"
@@ -195,8 +196,10 @@ def test_cuda_smem_replay_kernel(tree, heads):
     """gdn_commit's shared-memory replay (gdn_commit_smem.py) at every rows-per-pass it takes
     matches the oracle and the register kernel (within an order of summation), with a padded row,
     untouched slots and bit-equal conv windows."""
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("the shared-memory replay needs sm_90+")
+    from sgl_convwin.csrc_triton import gdn_commit
+
+    if torch.cuda.get_device_capability()[0] < 9 or gdn_commit._smem() is None:
+        pytest.skip("the shared-memory replay needs sm_90+ and a Triton in gdn_commit.SMEM_TRITON_VERSIONS")
     launch = triton_kernels().launch_gdn_commit
     head_k, head_v = heads
     replay = make_replay(tree=tree, head_k_dim=head_k, head_v_dim=head_v, num_draft=4, num_rows=4,
@@ -213,6 +216,20 @@ def test_cuda_smem_replay_kernel(tree, heads):
     for ssm_state, conv_state in states[1:]:
         assert torch.equal(conv_state, states[0][1])
         torch.testing.assert_close(ssm_state, states[0][0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_smem_tile_layout():
+    """The shared-memory replay's tile layout: each warp owns whole value columns, 4 adjacent per
+    lane, and a pass covers at least the lanes along dk; shapes it cannot lay out are refused (and
+    take the register kernel)."""
+    from sgl_convwin.csrc_triton import gdn_commit_smem
+
+    assert gdn_commit_smem.tile_layout(128, 64, 2, 64) == (4, 8, 64)  # Qwen3-Next: 8 lanes x 4 columns per warp
+    assert gdn_commit_smem.tile_layout(16, 32, 2, 64) == (8, 4, 16)  # the chunk is clipped to dk
+    assert gdn_commit_smem.tile_layout(16, 8, 2, 64) is None  # 1 lane of columns: 32 rows per pass > dk
+    assert gdn_commit_smem.tile_layout(128, 64, 32, 64) is None  # 2 columns per warp
+    assert gdn_commit_smem.tile_layout(128, 48, 2, 64) is None  # not a power of two
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
