@@ -4,8 +4,8 @@ A register-resident [dk, 64] fp32 tile takes 128 registers per thread, so an SM 
 programs, and a path token's latency-bound k work (loads, conv, l2 norm) stalls a quarter of its
 state streams. Here the tile lands in shared memory by TMA and goes back by TMA; each path token
 walks it in chunks of rows ([CHUNK, BLOCK_V], one pass for S^T k, one for the update), so a
-program needs few registers and an SM holds as many as its shared memory allows. Warps split the
-value columns, so the dk reductions stay inside a warp.
+program's registers hold a chunk, not the tile: at Qwen3-Next's heads 6 programs share an SM (34 KB
+of shared memory each). Warps split the value columns, so the dk reductions stay inside a warp.
 
 The same grid, skip rules and arithmetic per token as gdn_commit._gdn_replay_kernel (the S^T k sum
 is taken chunk by chunk, so its rounding differs from that kernel's by an order of summation).
@@ -136,7 +136,9 @@ def _gdn_replay_smem_kernel(
     TPW_K: gl.constexpr, TPW_V: gl.constexpr, WARPS: gl.constexpr,
 ):
     """One program: one (value head, block of value columns) of one row and layer, as the
-    register kernel; its tile [dk, BLOCK_V] lives in shared memory over the path."""
+    register kernel; its tile [dk, BLOCK_V] lives in shared memory over the path. The arguments
+    are the register kernel's (so both share one launch plan); the tile moves by ssm_desc alone,
+    so ssm_ptr and its strides go unread."""
     V_BLOCKS: gl.constexpr = HEAD_V_DIM // BLOCK_V
     CHUNKS: gl.constexpr = HEAD_K_DIM // CHUNK
     WIDTH: gl.constexpr = KERNEL_SIZE - 1
