@@ -6,8 +6,6 @@ commits share).
 
 from __future__ import annotations
 
-import copy
-
 import torch
 import triton
 import triton.language as tl
@@ -263,20 +261,18 @@ def planned_gdn_commit(ssm, conv, tokens, history, gates, weight, bias, dst_slot
 
 def _planned_smem_replay(by_pointers: KernelCall, ssm, box, misaligned):
     """The shared-memory replay fixed for by_pointers' signature: a function of (ssm, the kernel's
-    tensors after its descriptor) that builds the descriptor per call (it holds ssm), or runs
-    ``misaligned`` for an ssm whose base is not on 16 bytes."""
+    tensors after its descriptor) that makes the descriptor per call (it holds ssm), or runs
+    ``misaligned`` for an ssm whose base is not on 16 bytes (ssm here may be either)."""
     module = _smem()
     launch = planned_launch(by_pointers._replace(
         kernel=module._gdn_replay_smem_kernel,
         constexprs=module.kernel_constexprs(by_pointers.constexprs, module.SMEM_CHUNK)), num_descriptors=1)
-    template = module.state_descriptor(ssm, box)  # its checks are the signature's: per call, only the base changes
+    descriptor = module.descriptor_maker(ssm, box)
 
     def run(ssm, *tensors):
         if ssm.data_ptr() & 15:
             misaligned(ssm, *tensors)
             return
-        desc = copy.copy(template)
-        desc.base = ssm
-        launch(desc, *tensors)
+        launch(descriptor(ssm), *tensors)
 
     return run

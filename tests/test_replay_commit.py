@@ -150,7 +150,7 @@ def test_state_tile_load_choice(mixer, tree):
     gdn_commit with its tile in shared memory (chains and trees; Triton 3.6), and loads mamba2_commit's tiles
     through a descriptor (chains only); anything else (a transposed state; a misaligned base, also
     when the signature's eager plan was made on an aligned one) takes the register kernel with
-    pointer loads. Every choice gives the oracle's states."""
+    pointer loads. Every choice gives the oracle's states, whichever state the plan was made on."""
     from sgl_convwin.csrc_triton import gdn_commit, mamba2_commit
 
     hopper = torch.cuda.get_device_capability()[0] >= 9
@@ -167,7 +167,9 @@ def test_state_tile_load_choice(mixer, tree):
             return originals[name](*args, **kwargs)
         return run
 
-    for transposed, runs in ((False, (run_public, run_public_misaligned)), (True, (run_public,))):
+    orders = ((False, (run_public, run_public_misaligned)), (False, (run_public_misaligned, run_public)),
+              (True, (run_public,)))  # (each a fresh eager plan, made on the first call's state)
+    for transposed, runs in orders:
         replay = make_replay(mixer=mixer, head_k_dim=16, head_v_dim=16, transposed_ssm=transposed, tree=tree,
                              device="cuda", seed=5)
         replay.commit.eager_plans.clear()
@@ -230,6 +232,26 @@ def test_smem_tile_layout():
     assert gdn_commit_smem.tile_layout(16, 8, 2, 64) is None  # 1 lane of columns: 32 rows per pass > dk
     assert gdn_commit_smem.tile_layout(128, 64, 32, 64) is None  # 2 columns per warp
     assert gdn_commit_smem.tile_layout(128, 48, 2, 64) is None  # not a power of two
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_smem_descriptor_maker():
+    """The eager plan's per-call descriptor (gdn_commit_smem.descriptor_maker) is the one the
+    checked constructor makes over the same state, and a plan made on a misaligned state (which
+    that constructor refuses) can still make it for an aligned one."""
+    from sgl_convwin.csrc_triton import gdn_commit_smem
+
+    storage = torch.zeros(2 * 3 * 4 * 16 * 32 + 4)
+    aligned = storage[:-4].view(2, 3, 4, 16, 32)
+    misaligned = storage[1:-3].view(2, 3, 4, 16, 32)
+    box = [1, 1, 1, 16, 32]
+    want = vars(gdn_commit_smem.state_descriptor(aligned, box))
+    for plan_state in (aligned, misaligned):
+        made = gdn_commit_smem.descriptor_maker(plan_state, box)(aligned)
+        assert type(made).__name__ == "TensorDescriptor" and made.base is aligned
+        assert vars(made) == want
+    with pytest.raises(AssertionError):  # what the plan would have hit had it built one on ``misaligned``
+        gdn_commit_smem.state_descriptor(misaligned, box)
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
