@@ -19,8 +19,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from .replay_smem import (
-    accepted_path, committed_input, conv_silu, conv_tap, path_node, power_of_2, row_indices, state_descriptor,
-    tile_signature_ok, tma_load, tma_store,
+    accepted_path, committed_input, conv_silu, conv_tap, descriptor_maker, path_node, power_of_2, row_indices,
+    state_descriptor, tile_signature_ok, tma_load, tma_store,
 )
 
 

@@ -232,7 +232,7 @@ def planned_mamba2_commit(ssm, conv, tokens, history, gates, weight, bias, a, ds
         module = _smem()
         replay = planned_smem_replay(call, module._mamba2_replay_smem_kernel,
                                      module.kernel_constexprs(call.constexprs, module.SMEM_CHUNK),
-                                     module.state_descriptor(ssm, box), replay)
+                                     module.descriptor_maker(ssm, box), replay)
     window = planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
 
     def run(ssm, conv, tokens, history, gates, weight, bias, a, dst_slots, src_slots, steps, parents, **heads):

@@ -16,7 +16,6 @@ the recurrent state, then ``_path_window_kernel`` overwrites conv_state from the
 
 from __future__ import annotations
 
-import copy
 import importlib
 
 import torch
@@ -289,21 +288,18 @@ def smem_module(name: str):
     return importlib.import_module(f"{__package__}.{name}")
 
 
-def planned_smem_replay(by_pointers: KernelCall, kernel, constexprs: dict, desc, misaligned):
+def planned_smem_replay(by_pointers: KernelCall, kernel, constexprs: dict, descriptor, misaligned):
     """A shared-memory replay kernel fixed for by_pointers' signature (the register kernel's call:
     both take the same arguments): a function of (ssm, the kernel's tensors after its descriptor)
-    that launches ``kernel`` with ``constexprs`` through a copy of ``desc`` (a Gluon descriptor
-    made for this signature) holding the call's ssm, or runs ``misaligned`` for an ssm whose base
-    is not on 16 bytes."""
+    that launches ``kernel`` with ``constexprs`` through ``descriptor(ssm)`` (replay_smem.descriptor_maker
+    for this signature), or runs ``misaligned`` for an ssm whose base is not on 16 bytes."""
     launch = planned_launch(by_pointers._replace(kernel=kernel, constexprs=constexprs), num_descriptors=1)
 
     def run(ssm, *tensors):
         if ssm.data_ptr() & 15:
             misaligned(ssm, *tensors)
             return
-        call_desc = copy.copy(desc)  # (the signature's checks were made on desc: only the base changes)
-        call_desc.base = ssm
-        launch(call_desc, *tensors)
+        launch(descriptor(ssm), *tensors)
 
     return run
 

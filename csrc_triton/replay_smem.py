@@ -6,6 +6,8 @@ path walked link by link, the verify kernel's fma order).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -98,13 +100,35 @@ def conv_silu(x, b1, b2, b3, b4, bias, w_x, w_1, w_2, w_3, w_4, KERNEL_SIZE: gl.
     return acc * (1 / (1 + gl.exp(-acc)))
 
 
+def _tile_layout(rank: int):
+    # no swizzle: the kernels' row-chunk loads are bank-conflict free on the plain layout
+    return gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=rank)
+
+
 def state_descriptor(ssm: torch.Tensor, box: list[int]):
-    """A Gluon tensor descriptor over ssm whose box is one program's tile (no swizzle: the kernels'
-    row-chunk loads are bank-conflict free on the plain layout)."""
+    """A Gluon tensor descriptor over ssm (16-byte aligned) whose box is one program's tile."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=len(box))
-    return TensorDescriptor(ssm, list(ssm.shape), list(ssm.stride()), box, layout)
+    return TensorDescriptor(ssm, list(ssm.shape), list(ssm.stride()), box, _tile_layout(len(box)))
+
+
+def descriptor_maker(ssm: torch.Tensor, box: list[int]):
+    """A function of a state of ssm's signature (its shape and strides) on a 16-byte aligned base
+    that gives state_descriptor's descriptor over it without the constructor's checks: they hold
+    for the signature, cost about 3 us a call, and the base check would refuse ssm itself if the
+    plan is made on a misaligned state."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    fields = {f.name: f.default for f in dataclasses.fields(TensorDescriptor) if f.default is not dataclasses.MISSING}
+    fields.update(shape=list(ssm.shape), strides=list(ssm.stride()), block_shape=box, layout=_tile_layout(len(box)))
+
+    def make(base: torch.Tensor):
+        desc = object.__new__(TensorDescriptor)
+        desc.__dict__.update(fields)
+        desc.base = base
+        return desc
+
+    return make
 
 
 def power_of_2(n: int) -> bool:

@@ -150,7 +150,7 @@ def test_state_tile_load_choice(mixer, tree):
     replays with its tile in shared memory (chains and trees); anything else (a transposed state;
     a misaligned base, also when the signature's eager plan was made on an aligned one) takes the
     register kernel, whose tiles load through a descriptor on sm_90+ for aligned chains and by
-    pointers otherwise. Every choice gives the oracle's states."""
+    pointers otherwise. Every choice gives the oracle's states, whichever state the plan was made on."""
     from sgl_convwin.csrc_triton import gdn_commit, mamba2_commit
 
     hopper = torch.cuda.get_device_capability()[0] >= 9
@@ -168,7 +168,9 @@ def test_state_tile_load_choice(mixer, tree):
             return originals[name](*args, **kwargs)
         return run
 
-    for transposed, runs in ((False, (run_public, run_public_misaligned)), (True, (run_public,))):
+    orders = ((False, (run_public, run_public_misaligned)), (False, (run_public_misaligned, run_public)),
+              (True, (run_public,)))  # (each a fresh eager plan, made on the first call's state)
+    for transposed, runs in orders:
         replay = make_replay(mixer=mixer, head_k_dim=16, head_v_dim=16, transposed_ssm=transposed, tree=tree,
                              device="cuda", seed=5)
         replay.commit.eager_plans.clear()
@@ -244,6 +246,26 @@ def test_smem_tile_layout():
     assert mamba2_commit_smem.tile_layout(16, 16, 1, 16) == (8, 4, 16)
     assert mamba2_commit_smem.tile_layout(16, 16, 1, 4) is None  # 4 rows per pass < 8 lanes of rows
     assert mamba2_commit_smem.tile_layout(32, 96, 1, 16) is None  # d_state not a power of two
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_smem_descriptor_maker():
+    """The eager plans' per-call descriptor (replay_smem.descriptor_maker) is the one the
+    checked constructor makes over the same state, and a plan made on a misaligned state (which
+    that constructor refuses) can still make it for an aligned one."""
+    from sgl_convwin.csrc_triton import replay_smem
+
+    storage = torch.zeros(2 * 3 * 4 * 16 * 32 + 4)
+    aligned = storage[:-4].view(2, 3, 4, 16, 32)
+    misaligned = storage[1:-3].view(2, 3, 4, 16, 32)
+    box = [1, 1, 1, 16, 32]
+    want = vars(replay_smem.state_descriptor(aligned, box))
+    for plan_state in (aligned, misaligned):
+        made = replay_smem.descriptor_maker(plan_state, box)(aligned)
+        assert type(made).__name__ == "TensorDescriptor" and made.base is aligned
+        assert vars(made) == want
+    with pytest.raises(AssertionError):  # what the plan would have hit had it built one on ``misaligned``
+        replay_smem.state_descriptor(misaligned, box)
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
