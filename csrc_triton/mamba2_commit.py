@@ -29,9 +29,9 @@ def _smem():
 def _smem_signature(ssm, box, head_dim, d_state, block_p, num_warps) -> bool:
     """Whether a commit of this signature replays with its tile in shared memory (given an aligned
     base): float32 states on sm_90+ whose tiles a tensor map can move (mamba2_commit_smem.signature_ok)."""
-    if not (ssm.is_cuda and ssm.dtype == torch.float32) or _smem() is None:
-        return False
-    return _smem().signature_ok(ssm, box, head_dim, d_state, block_p, num_warps, _smem().SMEM_CHUNK)
+    module = _smem() if ssm.is_cuda and ssm.dtype == torch.float32 else None
+    return module is not None and module.signature_ok(ssm, box, head_dim, d_state, block_p, num_warps,
+                                                      module.SMEM_CHUNK)
 
 
 @triton.jit
