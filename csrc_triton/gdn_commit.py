@@ -10,27 +10,20 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import KernelCall, cdiv, next_power_of_2, planned_launch, row_indices
+from ._common import KernelCall, cdiv, next_power_of_2, row_indices
 from .replay import (
     accepted_path, check_grid, committed_inputs, conv_silu, conv_taps, descriptor_load, index_strides,
-    launch_path_window, path_node, planned_path_window, planned_state_replay, state_descriptor, state_tile_box,
+    launch_path_window, path_node, planned_path_window, planned_smem_replay, planned_state_replay, smem_module,
+    state_descriptor, state_tile_box,
 )
 
 REPLAY_BLOCK_V = 64  # value columns per replay program: a [dk, 64] fp32 tile over 2 warps
 REPLAY_WARPS = 2
-# The shared-memory replay is written in Gluon, whose API still moves between Triton releases: it
-# runs only on the versions its GPU tests passed on; others take the register kernel.
-SMEM_TRITON_VERSIONS = ("3.6.",)
 
 
 def _smem():
-    """csrc_triton/gdn_commit_smem.py, imported only where a commit can use it; None on a Triton
-    outside SMEM_TRITON_VERSIONS."""
-    if not triton.__version__.startswith(SMEM_TRITON_VERSIONS):
-        return None
-    from . import gdn_commit_smem
-
-    return gdn_commit_smem
+    """csrc_triton/gdn_commit_smem.py, or None (replay.smem_module)."""
+    return smem_module("gdn_commit_smem")
 
 
 def _smem_signature(ssm, box, head_k_dim, head_v_dim, block_v, num_warps) -> bool:
@@ -248,7 +241,10 @@ def planned_gdn_commit(ssm, conv, tokens, history, gates, weight, bias, dst_slot
     replay = planned_state_replay(call, ssm, box)
     if call is not None and _smem_signature(ssm, box, heads["head_k_dim"], heads["head_v_dim"],
                                             call.constexprs["BLOCK_V"], call.constexprs["num_warps"]):
-        replay = _planned_smem_replay(call, ssm, box, replay)
+        module = _smem()
+        replay = planned_smem_replay(call, module._gdn_replay_smem_kernel,
+                                     module.kernel_constexprs(call.constexprs, module.SMEM_CHUNK),
+                                     module.descriptor_maker(ssm, box), replay)
     window = planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
 
     def run(ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents, **heads):
@@ -258,21 +254,3 @@ def planned_gdn_commit(ssm, conv, tokens, history, gates, weight, bias, dst_slot
 
     return run
 
-
-def _planned_smem_replay(by_pointers: KernelCall, ssm, box, misaligned):
-    """The shared-memory replay fixed for by_pointers' signature: a function of (ssm, the kernel's
-    tensors after its descriptor) that makes the descriptor per call (it holds ssm), or runs
-    ``misaligned`` for an ssm whose base is not on 16 bytes (ssm here may be either)."""
-    module = _smem()
-    launch = planned_launch(by_pointers._replace(
-        kernel=module._gdn_replay_smem_kernel,
-        constexprs=module.kernel_constexprs(by_pointers.constexprs, module.SMEM_CHUNK)), num_descriptors=1)
-    descriptor = module.descriptor_maker(ssm, box)
-
-    def run(ssm, *tensors):
-        if ssm.data_ptr() & 15:
-            misaligned(ssm, *tensors)
-            return
-        launch(descriptor(ssm), *tensors)
-
-    return run

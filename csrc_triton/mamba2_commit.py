@@ -6,17 +6,32 @@ what all replay commits share).
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from ._common import KernelCall, cdiv, next_power_of_2, row_indices
 from .replay import (
     accepted_path, check_grid, committed_inputs, conv_silu, conv_taps, descriptor_load, index_strides,
-    launch_path_window, path_node, planned_path_window, planned_state_replay, state_descriptor, state_tile_box,
+    launch_path_window, path_node, planned_path_window, planned_smem_replay, planned_state_replay, smem_module,
+    state_descriptor, state_tile_box,
 )
 
 REPLAY_BLOCK_P = 32  # head_dim rows per replay program: a [32, d_state] fp32 tile in one warp
 REPLAY_WARPS = 1
+
+
+def _smem():
+    """csrc_triton/mamba2_commit_smem.py, or None (replay.smem_module)."""
+    return smem_module("mamba2_commit_smem")
+
+
+def _smem_signature(ssm, box, head_dim, d_state, block_p, num_warps) -> bool:
+    """Whether a commit of this signature replays with its tile in shared memory (given an aligned
+    base): float32 states on sm_90+ whose tiles a tensor map can move (mamba2_commit_smem.signature_ok)."""
+    module = _smem() if ssm.is_cuda and ssm.dtype == torch.float32 else None
+    return module is not None and module.signature_ok(ssm, box, head_dim, d_state, block_p, num_warps,
+                                                      module.SMEM_CHUNK)
 
 
 @triton.jit
@@ -138,10 +153,12 @@ def _mamba2_replay_tensors(ssm, conv, tokens, gates, weight, bias, a, dst_slots,
 
 def _mamba2_replay_call(
     ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
-    *, num_heads, head_dim, n_groups, d_state, block_p=None, num_warps=REPLAY_WARPS, tma=None,
+    *, num_heads, head_dim, n_groups, d_state, block_p=None, num_warps=REPLAY_WARPS, tma=None, smem=None,
+    chunk=None,
 ):
     """The replay kernel's launch for launch_mamba2_commit and planned_mamba2_commit, or None if
-    there is nothing to do. tma: as gdn_commit's."""
+    there is nothing to do. tma, smem, chunk: as gdn_commit's (the shared-memory kernel is
+    mamba2_commit_smem.py)."""
     num_layers, num_state_slots = ssm.shape[0], ssm.shape[1]
     num_rows, num_nodes = steps.shape[0], tokens.shape[2]
     if num_rows == 0 or num_layers == 0:
@@ -151,8 +168,11 @@ def _mamba2_replay_call(
         block_p = min(REPLAY_BLOCK_P, next_power_of_2(head_dim))
     block_n = next_power_of_2(d_state)
     box = state_tile_box(ssm, block_p, block_n)
+    if smem is None:
+        smem = tma is None and not ssm.data_ptr() & 15 and _smem_signature(ssm, box, head_dim, d_state, block_p,
+                                                                            num_warps)
     if tma is None:
-        tma = descriptor_load(ssm, box, tree=parents is not None)
+        tma = descriptor_load(ssm, box, tree=parents is not None) and not smem
     grid = (num_heads * cdiv(head_dim, block_p), num_rows, num_layers)
     scalars = (
         num_state_slots, tokens.shape[1], num_nodes,
@@ -166,25 +186,29 @@ def _mamba2_replay_call(
         BLOCK_N=block_n, TREE=parents is not None, HAS_BIAS=bias is not None, TMA_LOAD=bool(tma),
         num_warps=num_warps,
     )
-    desc = state_descriptor(ssm, box) if tma else ssm
-    tensors = (desc, *_mamba2_replay_tensors(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps,
-                                             parents))
-    return KernelCall(_mamba2_replay_kernel, grid, tensors, scalars, constexprs)
+    tensors = _mamba2_replay_tensors(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps, parents)
+    if smem:
+        module = _smem()
+        return KernelCall(module._mamba2_replay_smem_kernel, grid, (module.state_descriptor(ssm, box), *tensors),
+                          scalars, module.kernel_constexprs(constexprs, chunk or module.SMEM_CHUNK))
+    return KernelCall(_mamba2_replay_kernel, grid, (state_descriptor(ssm, box) if tma else ssm, *tensors), scalars,
+                      constexprs)
 
 
 def launch_mamba2_commit(
     ssm, conv, tokens, history, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
-    *, num_heads, head_dim, n_groups, d_state, block_p=None, num_warps=REPLAY_WARPS, tma=None,
+    *, num_heads, head_dim, n_groups, d_state, block_p=None, num_warps=REPLAY_WARPS, tma=None, smem=None,
+    chunk=None,
 ):
     """Replay every accepted path onto ssm [L, N_state, H, P, Ns], then commit its conv window
     into conv [L, N_state, dim, K-1]. tokens, history: see csrc_triton/replay.py; gates
     [L, M, N, 1, H] (dt, final); weight [L, dim, K]; bias [L, dim] or None; a [L, H] (A = -exp(A_log));
-    any strides everywhere. block_p, num_warps, tma: head_dim rows and warps per program, and the
-    state tiles' descriptor load (tuning only; see launch_gdn_commit)."""
+    any strides everywhere. block_p, num_warps, tma, smem, chunk: head_dim rows and warps per
+    program, and which kernel and tile load (tuning only; see launch_gdn_commit)."""
     call = _mamba2_replay_call(
         ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
         num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state, block_p=block_p,
-        num_warps=num_warps, tma=tma,
+        num_warps=num_warps, tma=tma, smem=smem, chunk=chunk,
     )
     if call is None:
         return
@@ -196,12 +220,19 @@ def planned_mamba2_commit(ssm, conv, tokens, history, gates, weight, bias, a, ds
                           parents, **heads):
     """launch_mamba2_commit with its plan fixed for THESE shapes, strides, dtypes, device and head
     sizes (``heads``: its keyword arguments): a function of the same arguments that launches the
-    replay kernel (its state tiles through a descriptor where replay.planned_state_replay can),
-    then the window commit (_common.planned_launch)."""
+    replay kernel (the shared-memory one where _smem_signature allows it, else the register one with
+    its state tiles through a descriptor where replay.planned_state_replay can), then the window
+    commit (_common.planned_launch)."""
     call = _mamba2_replay_call(ssm, conv, tokens, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
                                **heads, tma=False)
     box = state_tile_box(ssm, call.constexprs["BLOCK_P"], call.constexprs["BLOCK_N"]) if call else []
     replay = planned_state_replay(call, ssm, box)
+    if call is not None and _smem_signature(ssm, box, heads["head_dim"], heads["d_state"], call.constexprs["BLOCK_P"],
+                                            call.constexprs["num_warps"]):
+        module = _smem()
+        replay = planned_smem_replay(call, module._mamba2_replay_smem_kernel,
+                                     module.kernel_constexprs(call.constexprs, module.SMEM_CHUNK),
+                                     module.descriptor_maker(ssm, box), replay)
     window = planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
 
     def run(ssm, conv, tokens, history, gates, weight, bias, a, dst_slots, src_slots, steps, parents, **heads):

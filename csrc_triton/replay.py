@@ -16,6 +16,8 @@ the recurrent state, then ``_path_window_kernel`` overwrites conv_state from the
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 import triton
 import triton.language as tl
@@ -29,6 +31,10 @@ except ImportError:
 
 WINDOW_BLOCK = 1024  # channels per program of the window commit
 WINDOW_WARPS = 2
+# The shared-memory replay kernels (*_smem.py) are written in Gluon, whose API still moves between
+# Triton releases: they run only on the versions their GPU tests passed on; others take the
+# register kernels.
+SMEM_TRITON_VERSIONS = ("3.6.",)
 
 
 @triton.jit
@@ -270,6 +276,30 @@ def planned_state_replay(by_pointers: KernelCall | None, ssm: torch.Tensor, box:
         desc = object.__new__(TensorDescriptor)
         desc.base, desc.shape, desc.strides, desc.block_shape = ssm, shape, strides, box
         by_descriptor(desc, *tensors)
+
+    return run
+
+
+def smem_module(name: str):
+    """csrc_triton.<name>, a shared-memory replay kernel's module, imported only where a commit can
+    use it (it imports Gluon); None on a Triton outside SMEM_TRITON_VERSIONS."""
+    if not triton.__version__.startswith(SMEM_TRITON_VERSIONS):
+        return None
+    return importlib.import_module(f"{__package__}.{name}")
+
+
+def planned_smem_replay(by_pointers: KernelCall, kernel, constexprs: dict, descriptor, misaligned):
+    """A shared-memory replay kernel fixed for by_pointers' signature (the register kernel's call:
+    both take the same arguments): a function of (ssm, the kernel's tensors after its descriptor)
+    that launches ``kernel`` with ``constexprs`` through ``descriptor(ssm)`` (replay_smem.descriptor_maker
+    for this signature), or runs ``misaligned`` for an ssm whose base is not on 16 bytes."""
+    launch = planned_launch(by_pointers._replace(kernel=kernel, constexprs=constexprs), num_descriptors=1)
+
+    def run(ssm, *tensors):
+        if ssm.data_ptr() & 15:
+            misaligned(ssm, *tensors)
+            return
+        launch(descriptor(ssm), *tensors)
 
     return run
 

@@ -26,6 +26,8 @@
 #   rsweep    block/warps sweep of the gdn_commit replay kernel (benchmarks/explore/replay_sweep.py)
 #   msweep    the same sweep of the mamba2_commit replay kernel
 #   rprofile  Nsight Compute on both replay kernels at B = 64 (benchmarks/explore/profile_one.py)
+#   smem      the shared-memory replay kernels' users: test_replay_commit.py whole, then the CUDA-graph,
+#             opcheck, compile and cache tests of the replay commits (cold compiles: about 190 s + 120 s)
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
 set -uo pipefail
 out=${1:?output directory}
@@ -117,6 +119,14 @@ for phase in "$@"; do
     msweep)   timeout 200 python3 benchmarks/explore/replay_sweep.py --mixer mamba2 --batches 64 256 \
                 --blocks 8 16 32 64 --warps 1 2 4 8 > "$out/replay_sweep_mamba2.log" 2>&1
               rc=$?; cat "$out/replay_sweep_mamba2.log" ;;
+    smem)     rc=0
+              timeout 280 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_replay_commit.py \
+                > "$out/gpu_tests_smem_replay.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_smem_replay.log"
+              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cudagraph.py tests/test_opcheck.py \
+                tests/test_compile.py tests/test_cache.py -k "commit or replay or gates or mamba2 or gdn" \
+                > "$out/gpu_tests_smem_users.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_smem_users.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"

@@ -146,18 +146,19 @@ def run_public_misaligned(replay, ssm_state, conv_state):
 @pytest.mark.parametrize("mixer", MIXERS)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_state_tile_load_choice(mixer, tree):
-    """On sm_90+, a float32 state whose last axis is contiguous and 16-byte aligned replays
-    gdn_commit with its tile in shared memory (chains and trees; Triton 3.6), and loads mamba2_commit's tiles
-    through a descriptor (chains only); anything else (a transposed state; a misaligned base, also
-    when the signature's eager plan was made on an aligned one) takes the register kernel with
-    pointer loads. Every choice gives the oracle's states, whichever state the plan was made on."""
+    """On sm_90+ (Triton 3.6), a float32 state whose last axis is contiguous and 16-byte aligned
+    replays with its tile in shared memory (chains and trees); anything else (a transposed state;
+    a misaligned base, also when the signature's eager plan was made on an aligned one) takes the
+    register kernel, whose tiles load through a descriptor on sm_90+ for aligned chains and by
+    pointers otherwise. Every choice gives the oracle's states, whichever state the plan was made on."""
     from sgl_convwin.csrc_triton import gdn_commit, mamba2_commit
 
     hopper = torch.cuda.get_device_capability()[0] >= 9
-    kernels = {"registers": gdn_commit._gdn_replay_kernel if mixer == "gdn" else mamba2_commit._mamba2_replay_kernel}
-    smem = mixer == "gdn" and hopper and gdn_commit._smem() is not None
+    module = gdn_commit if mixer == "gdn" else mamba2_commit
+    kernels = {"registers": module._gdn_replay_kernel if mixer == "gdn" else module._mamba2_replay_kernel}
+    smem = hopper and module._smem() is not None
     if smem:
-        kernels["smem"] = gdn_commit._smem()._gdn_replay_smem_kernel
+        kernels["smem"] = getattr(module._smem(), f"_{mixer}_replay_smem_kernel")
     seen = []
     originals = {name: kernel.run for name, kernel in kernels.items()}
 
@@ -191,24 +192,33 @@ def test_state_tile_load_choice(mixer, tree):
         assert len(replay.commit.eager_plans) == 1  # one signature: the plan served every call
 
 
+# (head_k_dim, head_v_dim, rows per pass): GDN dk, dv; Mamba2 d_state, head_dim (make_replay's names)
+SMEM_CASES = {
+    "gdn": [(16, 16, (16,)), (32, 64, (16, 32)), (128, 128, (16, 32, 64))],
+    "mamba2": [(16, 16, (8, 16)), (64, 32, (2, 16, 32)), (128, 64, (8, 16, 32))],
+}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-@pytest.mark.parametrize("heads", [(16, 16), (32, 64), (128, 128)], ids=lambda h: f"dk{h[0]}-dv{h[1]}")
-def test_cuda_smem_replay_kernel(tree, heads):
-    """gdn_commit's shared-memory replay (gdn_commit_smem.py) at every rows-per-pass it takes
-    matches the oracle and the register kernel (within an order of summation), with a padded row,
-    untouched slots and bit-equal conv windows."""
-    from sgl_convwin.csrc_triton import gdn_commit
+@pytest.mark.parametrize("mixer, case", [(m, c) for m in MIXERS for c in SMEM_CASES[m]],
+                         ids=lambda v: v if isinstance(v, str) else f"{v[0]}x{v[1]}")
+def test_cuda_smem_replay_kernel(mixer, case, tree):
+    """The shared-memory replay kernels (gdn_commit_smem.py, mamba2_commit_smem.py) at several rows
+    per pass match the oracle and the register kernel (within an order of summation), with a padded
+    row, untouched slots and bit-equal conv windows."""
+    from sgl_convwin.csrc_triton import gdn_commit, mamba2_commit
 
-    if torch.cuda.get_device_capability()[0] < 9 or gdn_commit._smem() is None:
-        pytest.skip("the shared-memory replay needs sm_90+ and a Triton in gdn_commit.SMEM_TRITON_VERSIONS")
-    launch = triton_kernels().launch_gdn_commit
-    head_k, head_v = heads
-    replay = make_replay(tree=tree, head_k_dim=head_k, head_v_dim=head_v, num_draft=4, num_rows=4,
+    module = gdn_commit if mixer == "gdn" else mamba2_commit
+    if torch.cuda.get_device_capability()[0] < 9 or module._smem() is None:
+        pytest.skip("the shared-memory replay needs sm_90+ and a Triton in replay.SMEM_TRITON_VERSIONS")
+    launch = getattr(triton_kernels(), f"launch_{mixer}_commit")
+    head_k, head_v, chunks = case
+    replay = make_replay(mixer=mixer, tree=tree, head_k_dim=head_k, head_v_dim=head_v, num_draft=4, num_rows=4,
                          steps=[3, -1, 1, 2], buffer_dtype=torch.bfloat16, conv_dtype=torch.bfloat16, device="cuda",
                          seed=head_k + head_v)
     states = []
-    for kernel in [dict(smem=False)] + [dict(smem=True, chunk=c) for c in (16, 32, 64) if c <= head_k]:
+    for kernel in [dict(smem=False)] + [dict(smem=True, chunk=c) for c in chunks]:
         def run(replay, ssm_state, conv_state, kernel=kernel):
             args, kwargs = replay.commit.kernel_arguments(*replay.args(ssm_state, conv_state), **replay.kwargs)
             launch(*args, **kwargs, **kernel)
@@ -222,36 +232,40 @@ def test_cuda_smem_replay_kernel(tree, heads):
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 def test_smem_tile_layout():
-    """The shared-memory replay's tile layout: each warp owns whole value columns, 4 adjacent per
-    lane, and a pass covers at least the lanes along dk; shapes it cannot lay out are refused (and
-    take the register kernel)."""
-    from sgl_convwin.csrc_triton import gdn_commit_smem
+    """The shared-memory replays' tile layouts: 4 adjacent columns per lane (gdn_commit's warps own
+    whole value columns, mamba2_commit's split the rows), a pass covering at least the lanes along
+    its rows; shapes they cannot lay out are refused (and take the register kernels)."""
+    from sgl_convwin.csrc_triton import gdn_commit_smem, mamba2_commit_smem
 
     assert gdn_commit_smem.tile_layout(128, 64, 2, 64) == (4, 8, 64)  # Qwen3-Next: 8 lanes x 4 columns per warp
     assert gdn_commit_smem.tile_layout(16, 32, 2, 64) == (8, 4, 16)  # the chunk is clipped to dk
     assert gdn_commit_smem.tile_layout(16, 8, 2, 64) is None  # 1 lane of columns: 32 rows per pass > dk
     assert gdn_commit_smem.tile_layout(128, 64, 32, 64) is None  # 2 columns per warp
     assert gdn_commit_smem.tile_layout(128, 48, 2, 64) is None  # not a power of two
+    assert mamba2_commit_smem.tile_layout(32, 128, 1, 16) == (1, 32, 16)  # Nemotron-H: a row per warp pass
+    assert mamba2_commit_smem.tile_layout(16, 16, 1, 16) == (8, 4, 16)
+    assert mamba2_commit_smem.tile_layout(16, 16, 1, 4) is None  # 4 rows per pass < 8 lanes of rows
+    assert mamba2_commit_smem.tile_layout(32, 96, 1, 16) is None  # d_state not a power of two
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 def test_smem_descriptor_maker():
-    """The eager plan's per-call descriptor (gdn_commit_smem.descriptor_maker) is the one the
+    """The eager plans' per-call descriptor (replay_smem.descriptor_maker) is the one the
     checked constructor makes over the same state, and a plan made on a misaligned state (which
     that constructor refuses) can still make it for an aligned one."""
-    from sgl_convwin.csrc_triton import gdn_commit_smem
+    from sgl_convwin.csrc_triton import replay_smem
 
     storage = torch.zeros(2 * 3 * 4 * 16 * 32 + 4)
     aligned = storage[:-4].view(2, 3, 4, 16, 32)
     misaligned = storage[1:-3].view(2, 3, 4, 16, 32)
     box = [1, 1, 1, 16, 32]
-    want = vars(gdn_commit_smem.state_descriptor(aligned, box))
+    want = vars(replay_smem.state_descriptor(aligned, box))
     for plan_state in (aligned, misaligned):
-        made = gdn_commit_smem.descriptor_maker(plan_state, box)(aligned)
+        made = replay_smem.descriptor_maker(plan_state, box)(aligned)
         assert type(made).__name__ == "TensorDescriptor" and made.base is aligned
         assert vars(made) == want
     with pytest.raises(AssertionError):  # what the plan would have hit had it built one on ``misaligned``
-        gdn_commit_smem.state_descriptor(misaligned, box)
+        replay_smem.state_descriptor(misaligned, box)
 
 
 @pytest.mark.parametrize("mixer", MIXERS)
@@ -378,8 +392,8 @@ def test_conv_window_is_what_scatter_writes(mixer, device, layout):
 def test_replaying_a_chain_equals_one_token_at_a_time(mixer, device, layout, state_k, state_v):
     """Committing T accepted tokens at once leaves the same bits as T one-token decode steps
     (capture one token, commit it), so speculative decoding with replay emits the tokens of
-    plain decoding. (On sm_90+, gdn_commit takes the register kernel at 8 x 8 and the
-    shared-memory one at 16 x 32.)"""
+    plain decoding. (On sm_90+, the commits take their register kernels at 8 x 8 and their
+    shared-memory ones at 16 x 32.)"""
     gen = torch.Generator().manual_seed(60)
     num_layers, groups, heads, width, num_draft = 2, 2, 4, 3, 4
     if mixer == "gdn":

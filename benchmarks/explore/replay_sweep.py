@@ -82,10 +82,10 @@ def main() -> None:
                         help="the state tiles' load -- the launcher's choice, a tensor descriptor, "
                              "pointers (each timed)")
     parser.add_argument("--smem", nargs="+", choices=["auto", "on", "off"], default=["auto"],
-                        help="gdn: the state tile in shared memory (csrc_triton/gdn_commit_smem.py) -- the "
+                        help="the state tile in shared memory (csrc_triton/*_commit_smem.py) -- the "
                              "launcher's choice, yes, no (each timed)")
     parser.add_argument("--chunk", type=int, nargs="+", default=[None],
-                        help="gdn with --smem on: state rows per pass over the shared-memory tile (each timed)")
+                        help="with --smem on: state rows per pass over the shared-memory tile (each timed)")
     args = parser.parse_args()
     if args.accepted is not None and (args.tree or not 1 <= args.accepted <= args.draft):
         parser.error(f"--accepted takes chains only, 1..{args.draft} tokens")
