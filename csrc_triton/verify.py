@@ -30,7 +30,7 @@ committed inputs, the weights and (chains) the previous inputs in registers, for
 dense windows or rows (int64 offsets: no span to check), each node's own input loaded two nodes
 ahead of its use. _verify_dense_any_width_kernel, for wider dense windows, reloads each input per
 tap. Which one serves a launch, and with how many channels per program, was measured on the H200
-(_node_loop, _rows_block, _one_store; docs/benchmarks.md, "Verify kernel").
+(_node_loop, _node_loop_config, _rows_block, _one_store; docs/benchmarks.md, "Verify kernel").
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ ROWS_EARLY = True  # the rows kernel loads the inputs, the bias and the weights 
 ROWS_WIDE_BLOCK = 128  # its channels per program, up to 8 nodes, from ROWS_WIDE_MIN_ROWS requests
 ROWS_WIDE_MIN_ROWS = 64
 ROWS_WIDE_MIN_ROWS_TREE_CHANNEL_MAJOR = 256  # channel_major trees: from this many
-NODE_LOOP_WARPS = 1  # the node-loop kernel (K <= 5): channels per program from _node_loop_block
+NODE_LOOP_WARPS = 1  # the node-loop kernel (K <= 5): channels per program and warps from _node_loop_config
+DENSE_CHAIN_WARPS = 2  # dense chains from DENSE_CHAIN_MIN_ROWS requests: 64 channels over 2 warps
+DENSE_CHAIN_MIN_ROWS = 8
 NODE_LOOP_PREFETCH = 2  # the node-loop kernel loads each node's input this many nodes ahead
 NODE_LOOP_MIN_ROWS = 32  # token_major chains take the node loop from this many requests (_node_loop)
 NODE_LOOP_MIN_ROWS_TREE = 128  # token_major trees of more than 8 nodes from this many
@@ -604,12 +606,16 @@ def _node_loop(dense: bool, contiguous: bool, num_rows: int, nodes: int, tree: b
     return nodes > 8 and num_rows >= NODE_LOOP_MIN_ROWS_TREE
 
 
-def _node_loop_block(dense: bool, num_rows: int) -> int:
-    """Channels per program of the node-loop kernel: dense windows 32 below 64 requests (more
-    programs to fill the GPU), else 64; rows 128 (one warp each)."""
+def _node_loop_config(dense: bool, num_rows: int, tree: bool) -> tuple[int, int]:
+    """(channels per program, warps) of the node-loop kernel, measured on the H200 (docs/benchmarks.md,
+    "Verify kernel"): rows 128 / 1; dense windows 32 / 1 below 64 requests (more programs to fill
+    the GPU), else 64 / 1 -- but dense chains from 8 requests 64 / 2, one channel per lane (4-13%
+    faster there; trees took 1.4x as long that way)."""
     if not dense:
-        return 128
-    return 32 if num_rows < 64 else 64
+        return 128, NODE_LOOP_WARPS
+    if not tree and num_rows >= DENSE_CHAIN_MIN_ROWS:
+        return 64, DENSE_CHAIN_WARPS
+    return (32 if num_rows < 64 else 64), NODE_LOOP_WARPS
 
 
 def _rows_block(nodes: int, num_rows: int, contiguous: bool, tree: bool) -> int:
@@ -708,8 +714,8 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         kernel, default_block = _verify_dense_any_width_kernel, DENSE_ANY_WIDTH_BLOCK
         default_warps = DENSE_ANY_WIDTH_WARPS
     elif node_loop:
-        kernel, default_block = _verify_node_loop_kernel, _node_loop_block(dense, num_rows)
-        default_warps = NODE_LOOP_WARPS
+        kernel = _verify_node_loop_kernel
+        default_block, default_warps = _node_loop_config(dense, num_rows, has_parents)
     else:
         kernel, default_warps = _verify_rows_kernel, ROWS_WARPS
         default_block = _rows_block(nodes, num_rows, contiguous, has_parents)

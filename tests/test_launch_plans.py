@@ -139,7 +139,10 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
     ("token_major", 32, True, 128, "node_loop", 128, dict(PREFETCH=2)),
     ("channel_major", 8, True, 64, "rows", 32, dict(ONE_STORE=False)),
     ("channel_major", 8, True, 256, "rows", 128, dict(ONE_STORE=True)),
-    ("dense", 4, False, 8, "node_loop", 32, dict(PREFETCH=2, ROWS=False)),
+    ("dense", 4, False, 1, "node_loop", 32, dict(PREFETCH=2, ROWS=False)),
+    ("dense", 4, False, 8, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2)),
+    ("dense", 4, False, 256, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2)),
+    ("dense", 8, True, 8, "node_loop", 32, dict(PREFETCH=2, ROWS=False)),
     ("dense", 8, True, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False)),
 ]
 
@@ -148,7 +151,8 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
 def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags):
     """The verify launcher's measured choices at the Qwen3-Next TP1 shape (dim 8192, K = 4, bf16;
     docs/benchmarks.md, "Verify kernel"): the node loop for dense windows, token_major chains from
-    32 requests and token_major trees of more than 8 nodes from 128; else the rows tile, at 128
+    32 requests and token_major trees of more than 8 nodes from 128 (one warp; dense chains from 8
+    requests 64 channels over 2 warps); else the rows tile, at 128
     channels for up to 8 nodes from 64 requests (channel_major trees from 256), storing its rows as
     one tile on channel_major rows at 128 channels; the tile's slot-free loads go first and the
     loop's inputs two nodes ahead; dense windows and channel_major rows on a grid of channel blocks
@@ -165,7 +169,7 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
                                                  layout == "dense", True, {})
     want = {"rows": kernels.verify._verify_rows_kernel, "node_loop": kernels.verify._verify_node_loop_kernel}[kernel]
     assert chosen is want
-    assert (plan["BLOCK"], plan["num_warps"]) == (channels, 1)
+    assert (plan["BLOCK"], plan["num_warps"]) == (channels, flags.get("num_warps", 1))
     # a request's channel blocks dispatched first for dense windows and channel_major rows
     blocks_first = layout != "token_major"
     assert plan["BLOCKS_FIRST"] == blocks_first
