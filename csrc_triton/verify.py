@@ -27,10 +27,10 @@ per-element offsets are int32 (the launcher checks one slot's span).
 
 _verify_node_loop_kernel loops over the nodes instead, one [channels] vector at a time, with the
 committed inputs, the weights and (chains) the previous inputs in registers, for K <= 5, writing
-dense windows or rows (int64 offsets: no span to check), each node's own input loaded two nodes
-ahead of its use. _verify_dense_any_width_kernel, for wider dense windows, reloads each input per
+dense windows or rows (int64 offsets: no span to check), each node's own input loaded two to four
+nodes ahead of its use. _verify_dense_any_width_kernel, for wider dense windows, reloads each input per
 tap. Which one serves a launch, and with how many channels per program, was measured on the H200
-(_node_loop, _node_loop_config, _rows_block, _one_store; docs/benchmarks.md, "Verify kernel").
+(_node_loop, _node_loop_config, _node_loop_prefetch, _rows_block, _one_store; docs/benchmarks.md, "Verify kernel").
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ ROWS_WIDE_MIN_ROWS_TREE_CHANNEL_MAJOR = 256  # channel_major trees: from this ma
 NODE_LOOP_WARPS = 1  # the node-loop kernel (K <= 5): channels per program and warps from _node_loop_config
 DENSE_CHAIN_WARPS = 2  # dense chains from DENSE_CHAIN_MIN_ROWS requests: 64 channels over 2 warps
 DENSE_CHAIN_MIN_ROWS = 8
-NODE_LOOP_PREFETCH = 2  # the node-loop kernel loads each node's input this many nodes ahead
+NODE_LOOP_PREFETCH = 2  # the node-loop kernel loads each node's input this many nodes ahead (_node_loop_prefetch)
+NODE_LOOP_PREFETCH_CHAIN = 4  # chains from NODE_LOOP_PREFETCH_CHAIN_MIN_ROWS requests: up to 4 nodes ahead
+NODE_LOOP_PREFETCH_CHAIN_MIN_ROWS = 128
 NODE_LOOP_MIN_ROWS = 32  # token_major chains take the node loop from this many requests (_node_loop)
 NODE_LOOP_MIN_ROWS_TREE = 128  # token_major trees of more than 8 nodes from this many
 DENSE_ANY_WIDTH_BLOCK = 256  # channels per program of the dense kernel for K > 5
@@ -355,8 +357,9 @@ def _verify_node_loop_kernel(
     a chain's previous inputs roll along in registers (each node loads only its own input), and a
     tree node's inputs come from one walk up its links, which also checks them. With ROWS, the
     same walk writes rows instead (windows_stride_node: the rows' position stride; no window
-    stride). PREFETCH (0-2): each node's own input is loaded this many nodes ahead of its use, the
+    stride). PREFETCH (0-4): each node's own input is loaded this many nodes ahead of its use, the
     first ones before the slots are read (x needs no slot)."""
+    tl.static_assert(PREFETCH <= 4, "_verify_node_loop_kernel loads at most 4 nodes ahead")
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
     tl.static_assert(WIDTH <= 4, "_verify_node_loop_kernel holds at most 4 committed inputs")
     request, block = _program_coordinates(BLOCKS_FIRST)
@@ -365,10 +368,15 @@ def _verify_node_loop_kernel(
     cmask = chan < dim
     chan = chan.to(tl.int64)
     xs = x_ptr + row * x_stride_row + chan * x_stride_dim
+    # ahead_1 .. ahead_PREFETCH: the inputs of the next PREFETCH nodes, ahead_1 the next one's
     if PREFETCH >= 1:
-        raw_next = tl.load(xs, mask=tl.where(num_nodes > 0, cmask, False))
+        ahead_1 = tl.load(xs, mask=tl.where(num_nodes > 0, cmask, False))
     if PREFETCH >= 2:
-        raw_after = tl.load(xs + x_stride_node, mask=tl.where(num_nodes > 1, cmask, False))
+        ahead_2 = tl.load(xs + x_stride_node, mask=tl.where(num_nodes > 1, cmask, False))
+    if PREFETCH >= 3:
+        ahead_3 = tl.load(xs + 2 * x_stride_node, mask=tl.where(num_nodes > 2, cmask, False))
+    if PREFETCH >= 4:
+        ahead_4 = tl.load(xs + 3 * x_stride_node, mask=tl.where(num_nodes > 3, cmask, False))
 
     dst = tl.load(buffer_slots_ptr + row * buffer_slots_stride).to(tl.int64)
     src = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
@@ -423,13 +431,18 @@ def _verify_node_loop_kernel(
             node = n0 + node32
             if PREFETCH == 0:
                 raw = tl.load(xs + node * x_stride_node, mask=cmask)
-            if PREFETCH == 1:
-                raw = raw_next
-                raw_next = tl.load(xs + (node + 1) * x_stride_node, mask=tl.where(node + 1 < num_nodes, cmask, False))
-            if PREFETCH == 2:
-                raw = raw_next
-                raw_next = raw_after
-                raw_after = tl.load(xs + (node + 2) * x_stride_node, mask=tl.where(node + 2 < num_nodes, cmask, False))
+            else:
+                raw = ahead_1
+                later = tl.load(xs + (node + PREFETCH) * x_stride_node,
+                                mask=tl.where(node + PREFETCH < num_nodes, cmask, False))
+                if PREFETCH == 1:
+                    ahead_1 = later
+                if PREFETCH == 2:
+                    ahead_1, ahead_2 = ahead_2, later
+                if PREFETCH == 3:
+                    ahead_1, ahead_2, ahead_3 = ahead_2, ahead_3, later
+                if PREFETCH == 4:
+                    ahead_1, ahead_2, ahead_3, ahead_4 = ahead_2, ahead_3, ahead_4, later
             token = raw.to(tl.float32)
             write = cmask
             if HAS_PARENTS and (HAS_CONV or not ROWS):  # walk up once: the inputs above the node, and
@@ -618,6 +631,17 @@ def _node_loop_config(dense: bool, num_rows: int, tree: bool) -> tuple[int, int]
     return (32 if num_rows < 64 else 64), NODE_LOOP_WARPS
 
 
+def _node_loop_prefetch(num_rows: int, tree: bool) -> int:
+    """How many nodes ahead the node loop loads each node's input, measured on the H200
+    (docs/benchmarks.md, "Verify kernel"): 2; chains from 128 requests 4 (a D = 4 chain's inputs
+    all come with the committed inputs instead of half of them a round trip later: 22.5 vs 23.6 us
+    on token_major rows, 33.6 vs 34.6 on dense windows at 256 requests; level or slower at 64,
+    level or slower on trees)."""
+    if not tree and num_rows >= NODE_LOOP_PREFETCH_CHAIN_MIN_ROWS:
+        return NODE_LOOP_PREFETCH_CHAIN
+    return NODE_LOOP_PREFETCH
+
+
 def _rows_block(nodes: int, num_rows: int, contiguous: bool, tree: bool) -> int:
     """Channels per program of the rows kernel for a [nodes, channels] tile (nodes a power of two),
     measured best on the H200 (one warp, docs/benchmarks.md, "Verify kernel"): up to 8 nodes,
@@ -756,7 +780,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         num_warps=num_warps,
     )
     if kernel is _verify_node_loop_kernel:
-        prefetch = NODE_LOOP_PREFETCH if prefetch is None else prefetch
+        prefetch = _node_loop_prefetch(num_rows, has_parents) if prefetch is None else prefetch
         return kernel, grid, scalars, dict(flags, ROWS=not dense, PREFETCH=prefetch)
     if kernel is _verify_rows_kernel:
         _check_rows_spans(dest, state, x, out, weight, bias, parents)

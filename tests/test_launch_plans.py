@@ -130,6 +130,7 @@ def test_scatter_plan_small_grid(kernels, layers, dim, rows, block, layout):
 VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per program and flags the plan must choose
     ("token_major", 4, False, 8, "rows", 64, dict(EARLY=True, ONE_STORE=False)),
     ("token_major", 4, False, 64, "node_loop", 128, dict(PREFETCH=2, ROWS=True)),
+    ("token_major", 4, False, 256, "node_loop", 128, dict(PREFETCH=4, ROWS=True)),
     ("channel_major", 4, False, 8, "rows", 64, dict(EARLY=True, ONE_STORE=False)),
     ("channel_major", 4, False, 64, "rows", 128, dict(EARLY=True, ONE_STORE=True)),
     ("token_major", 8, True, 8, "rows", 32, dict(ONE_STORE=False)),
@@ -141,7 +142,8 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
     ("channel_major", 8, True, 256, "rows", 128, dict(ONE_STORE=True)),
     ("dense", 4, False, 1, "node_loop", 32, dict(PREFETCH=2, ROWS=False)),
     ("dense", 4, False, 8, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2)),
-    ("dense", 4, False, 256, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2)),
+    ("dense", 4, False, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2)),
+    ("dense", 4, False, 256, "node_loop", 64, dict(PREFETCH=4, ROWS=False, num_warps=2)),
     ("dense", 8, True, 8, "node_loop", 32, dict(PREFETCH=2, ROWS=False)),
     ("dense", 8, True, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False)),
 ]
@@ -155,7 +157,8 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     requests 64 channels over 2 warps); else the rows tile, at 128
     channels for up to 8 nodes from 64 requests (channel_major trees from 256), storing its rows as
     one tile on channel_major rows at 128 channels; the tile's slot-free loads go first and the
-    loop's inputs two nodes ahead; dense windows and channel_major rows on a grid of channel blocks
+    loop's inputs two nodes ahead (chains from 128 requests: four); dense windows and channel_major
+    rows on a grid of channel blocks
     first."""
     meta = dict(device="meta", dtype=torch.bfloat16)
     buffer = torch.empty(sgl_convwin.physical_shape(layout, 36, rows, 8192, nodes, 4), **meta)

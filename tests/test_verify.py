@@ -202,16 +202,18 @@ def test_verify_fuzz(impl):
     dict(node_loop=False, preload=True, early=False), dict(node_loop=False, preload=True, early=True),
     dict(node_loop=False, preload=False, one_store=True), dict(node_loop=False, preload=True, one_store=True),
     dict(node_loop=True, prefetch=0), dict(node_loop=True, prefetch=1), dict(node_loop=True, prefetch=2),
+    dict(node_loop=True, prefetch=3), dict(node_loop=True, prefetch=4),
     dict(node_loop=False, preload=True, early=True, blocks_first=True), dict(node_loop=True, blocks_first=True),
     dict(node_loop=False, preload=True, early=True, blocks_first=False), dict(node_loop=True, blocks_first=False),
     dict(node_loop=True, block=64, num_warps=2),
 ], ids=["tile-or-any-width", "tile-early", "tile-preloaded", "tile-preloaded-early", "tile-one-store",
-        "tile-preloaded-one-store", "node-loop", "node-loop-prefetch-1", "node-loop-prefetch-2",
+        "tile-preloaded-one-store", "node-loop", "node-loop-prefetch-1", "node-loop-prefetch-2", "node-loop-prefetch-3",
+        "node-loop-prefetch-4",
         "tile-or-any-width-blocks-first", "node-loop-blocks-first", "tile-or-any-width-requests-first",
         "node-loop-requests-first", "node-loop-64-2"])
 def test_verify_fuzz_each_kernel(impl, tuning):
     """Each verify kernel on every layout, whichever the launcher would pick for the shape: the
-    node loop (K <= 5; rows or dense windows) with each node's input loaded 0, 1 or 2 nodes ahead,
+    node loop (K <= 5; rows or dense windows) with each node's input loaded 0 to 4 nodes ahead,
     the rows tile with and without its 2-D preload, with its slot-free loads before or after the
     slots and its rows stored as one tile or row by row, the any-width dense kernel, each on a grid
     of requests first or of channel blocks first, and the node loop at one channel per lane (dense

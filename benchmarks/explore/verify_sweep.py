@@ -4,7 +4,7 @@ every layout, B = 1 .. 256: the rows tile kernel and the node-loop kernel (node_
 channels per program and warps. The launcher's kernel choice and block rules come from this sweep.
 
     python benchmarks/explore/verify_sweep.py [--layouts dense] [--nodes 4 8] [--batches 8 256]   (CUDA)
-        [--prefetch 0 1 2]   (only the node loop, its inputs loaded 0, 1, 2 nodes ahead)
+        [--prefetch 0 1 2 3 4]   (only the node loop, its inputs loaded 0 to 4 nodes ahead)
         [--early]   (only the preloaded rows tile, its slot-free loads after and before the slots)
         [--one-store]   (only the preloaded rows tile, its rows stored row by row and as one tile; at 128
                         channels also one store without the early loads)
@@ -51,7 +51,7 @@ def sweep_configs(args):
         return {"rows": orders, "dense": orders}
     if args.prefetch is not None:
         return {kind: [{}] + [loop(block, warps, prefetch=ahead) for block, warps in blocks for ahead in args.prefetch]
-                for kind, blocks in (("rows", [(64, 1), (128, 1), (256, 2)]), ("dense", [(32, 1), (64, 1)]))}
+                for kind, blocks in (("rows", [(64, 1), (128, 1), (256, 2)]), ("dense", [(32, 1), (64, 1), (64, 2)]))}
     configs = {
         "rows": [{}] + [tile(block, warps) for block, warps in ((16, 1), (32, 1), (64, 1), (128, 1), (64, 2))]
         + [tile(block, warps, preload=True) for block, warps in ((32, 1), (64, 1), (128, 1), (64, 2))]
@@ -93,7 +93,7 @@ def main():
     parser.add_argument("--channel-contiguous", action="store_true",
                         help="conv_state and weight stored channel-contiguous (a window_major state, a transposed "
                              "weight): what the kernels gain when their per-tap loads coalesce")
-    parser.add_argument("--prefetch", nargs="+", type=int, choices=(0, 1, 2), default=None,
+    parser.add_argument("--prefetch", nargs="+", type=int, choices=(0, 1, 2, 3, 4), default=None,
                         help="time only the node-loop kernel, at each of these prefetch distances")
     parser.add_argument("--early", action="store_true",
                         help="time only the preloaded rows tile, its slot-free loads after and before the slots")
