@@ -19,7 +19,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from .replay_smem import (
-    accepted_path, committed_input, conv_silu, conv_tap, descriptor_maker, path_node, power_of_2, row_indices,
+    accepted_path, conv_operands, conv_silu, descriptor_maker, path_node, power_of_2, row_indices,
     state_descriptor, tile_signature_ok, tma_load, tma_store,
 )
 
@@ -94,33 +94,14 @@ def _gdn_replay_smem_kernel(
         conv_base = conv_ptr + layer * conv_stride_layer + dst * conv_stride_slot
         tokens_base = tokens_ptr + layer * tokens_stride_layer + src * tokens_stride_slot
         gates_base = gates_ptr + layer * gates_stride_layer + src * gates_stride_slot + head * gates_stride_head
-        k_taps = weight_ptr + layer * weight_stride_layer + k_chan * weight_stride_dim
-        v_taps = weight_ptr + layer * weight_stride_layer + v_chan * weight_stride_dim
-        k1 = committed_input(conv_base, k_chan, conv_stride_dim, conv_stride_win, 1, WIDTH)
-        k2 = committed_input(conv_base, k_chan, conv_stride_dim, conv_stride_win, 2, WIDTH)
-        k3 = committed_input(conv_base, k_chan, conv_stride_dim, conv_stride_win, 3, WIDTH)
-        k4 = committed_input(conv_base, k_chan, conv_stride_dim, conv_stride_win, 4, WIDTH)
-        v1 = committed_input(conv_base, v_chan, conv_stride_dim, conv_stride_win, 1, WIDTH)
-        v2 = committed_input(conv_base, v_chan, conv_stride_dim, conv_stride_win, 2, WIDTH)
-        v3 = committed_input(conv_base, v_chan, conv_stride_dim, conv_stride_win, 3, WIDTH)
-        v4 = committed_input(conv_base, v_chan, conv_stride_dim, conv_stride_win, 4, WIDTH)
-        k_wx = conv_tap(k_taps, k_chan, weight_stride_tap, 0, WIDTH)
-        k_w1 = conv_tap(k_taps, k_chan, weight_stride_tap, 1, WIDTH)
-        k_w2 = conv_tap(k_taps, k_chan, weight_stride_tap, 2, WIDTH)
-        k_w3 = conv_tap(k_taps, k_chan, weight_stride_tap, 3, WIDTH)
-        k_w4 = conv_tap(k_taps, k_chan, weight_stride_tap, 4, WIDTH)
-        v_wx = conv_tap(v_taps, v_chan, weight_stride_tap, 0, WIDTH)
-        v_w1 = conv_tap(v_taps, v_chan, weight_stride_tap, 1, WIDTH)
-        v_w2 = conv_tap(v_taps, v_chan, weight_stride_tap, 2, WIDTH)
-        v_w3 = conv_tap(v_taps, v_chan, weight_stride_tap, 3, WIDTH)
-        v_w4 = conv_tap(v_taps, v_chan, weight_stride_tap, 4, WIDTH)
-        if HAS_BIAS:
-            bias_base = bias_ptr + layer * bias_stride_layer
-            k_bias = gl.load(bias_base + k_chan * bias_stride_dim).to(gl.float32)
-            v_bias = gl.load(bias_base + v_chan * bias_stride_dim).to(gl.float32)
-        else:
-            k_bias = gl.zeros([HEAD_K_DIM], gl.float32, KC_L)
-            v_bias = gl.zeros([BLOCK_V], gl.float32, V_L)
+        weight_base = weight_ptr + layer * weight_stride_layer
+        bias_base = bias_ptr + layer * bias_stride_layer
+        k1, k2, k3, k4, k_bias, k_wx, k_w1, k_w2, k_w3, k_w4 = conv_operands(
+            conv_base, weight_base, bias_base, k_chan, conv_stride_dim, conv_stride_win, weight_stride_dim,
+            weight_stride_tap, bias_stride_dim, HAS_BIAS, WIDTH)
+        v1, v2, v3, v4, v_bias, v_wx, v_w1, v_w2, v_w3, v_w4 = conv_operands(
+            conv_base, weight_base, bias_base, v_chan, conv_stride_dim, conv_stride_win, weight_stride_dim,
+            weight_stride_tap, bias_stride_dim, HAS_BIAS, WIDTH)
         # each path token's inputs load two tokens ahead of their use, as in the register kernel
         xk, xv, g, beta = _token(
             tokens_base, gates_base, path_node(path, length, 0, NODES, TREE, PATH_L), length > 0, k_chan,

@@ -19,7 +19,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from .replay_smem import (
-    accepted_path, committed_input, conv_silu, conv_tap, descriptor_maker, path_node, power_of_2, row_indices,
+    accepted_path, conv_operands, conv_silu, descriptor_maker, path_node, power_of_2, row_indices,
     state_descriptor, tile_signature_ok, tma_load, tma_store,
 )
 
@@ -92,33 +92,14 @@ def _mamba2_replay_smem_kernel(
         conv_base = conv_ptr + layer * conv_stride_layer + dst * conv_stride_slot
         tokens_base = tokens_ptr + layer * tokens_stride_layer + src * tokens_stride_slot
         gates_base = gates_ptr + layer * gates_stride_layer + src * gates_stride_slot + head * gates_stride_head
-        x_taps = weight_ptr + layer * weight_stride_layer + x_chan * weight_stride_dim
-        b_taps = weight_ptr + layer * weight_stride_layer + b_chan * weight_stride_dim
-        x1 = committed_input(conv_base, x_chan, conv_stride_dim, conv_stride_win, 1, WIDTH)
-        x2 = committed_input(conv_base, x_chan, conv_stride_dim, conv_stride_win, 2, WIDTH)
-        x3 = committed_input(conv_base, x_chan, conv_stride_dim, conv_stride_win, 3, WIDTH)
-        x4 = committed_input(conv_base, x_chan, conv_stride_dim, conv_stride_win, 4, WIDTH)
-        b1 = committed_input(conv_base, b_chan, conv_stride_dim, conv_stride_win, 1, WIDTH)
-        b2 = committed_input(conv_base, b_chan, conv_stride_dim, conv_stride_win, 2, WIDTH)
-        b3 = committed_input(conv_base, b_chan, conv_stride_dim, conv_stride_win, 3, WIDTH)
-        b4 = committed_input(conv_base, b_chan, conv_stride_dim, conv_stride_win, 4, WIDTH)
-        x_wx = conv_tap(x_taps, x_chan, weight_stride_tap, 0, WIDTH)
-        x_w1 = conv_tap(x_taps, x_chan, weight_stride_tap, 1, WIDTH)
-        x_w2 = conv_tap(x_taps, x_chan, weight_stride_tap, 2, WIDTH)
-        x_w3 = conv_tap(x_taps, x_chan, weight_stride_tap, 3, WIDTH)
-        x_w4 = conv_tap(x_taps, x_chan, weight_stride_tap, 4, WIDTH)
-        b_wx = conv_tap(b_taps, b_chan, weight_stride_tap, 0, WIDTH)
-        b_w1 = conv_tap(b_taps, b_chan, weight_stride_tap, 1, WIDTH)
-        b_w2 = conv_tap(b_taps, b_chan, weight_stride_tap, 2, WIDTH)
-        b_w3 = conv_tap(b_taps, b_chan, weight_stride_tap, 3, WIDTH)
-        b_w4 = conv_tap(b_taps, b_chan, weight_stride_tap, 4, WIDTH)
-        if HAS_BIAS:
-            bias_base = bias_ptr + layer * bias_stride_layer
-            x_bias = gl.load(bias_base + x_chan * bias_stride_dim).to(gl.float32)
-            b_bias = gl.load(bias_base + b_chan * bias_stride_dim).to(gl.float32)
-        else:
-            x_bias = gl.zeros([BLOCK_P], gl.float32, XC_L)
-            b_bias = gl.zeros([D_STATE], gl.float32, N_L)
+        weight_base = weight_ptr + layer * weight_stride_layer
+        bias_base = bias_ptr + layer * bias_stride_layer
+        x1, x2, x3, x4, x_bias, x_wx, x_w1, x_w2, x_w3, x_w4 = conv_operands(
+            conv_base, weight_base, bias_base, x_chan, conv_stride_dim, conv_stride_win, weight_stride_dim,
+            weight_stride_tap, bias_stride_dim, HAS_BIAS, WIDTH)
+        b1, b2, b3, b4, b_bias, b_wx, b_w1, b_w2, b_w3, b_w4 = conv_operands(
+            conv_base, weight_base, bias_base, b_chan, conv_stride_dim, conv_stride_win, weight_stride_dim,
+            weight_stride_tap, bias_stride_dim, HAS_BIAS, WIDTH)
         # each path token's inputs load two tokens ahead of their use, as in the register kernel
         xx, xb, dt = _token(tokens_base, gates_base, path_node(path, length, 0, NODES, TREE, PATH_L), length > 0,
                             x_chan, b_chan, tokens_stride_node, tokens_stride_dim, gates_stride_node)

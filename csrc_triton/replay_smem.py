@@ -87,6 +87,31 @@ def conv_tap(taps, chan, weight_stride_tap, back: gl.constexpr, WIDTH: gl.conste
 
 
 @gluon.jit
+def conv_operands(conv_base, weight_base, bias_base, chan, conv_stride_dim, conv_stride_win, weight_stride_dim,
+                  weight_stride_tap, bias_stride_dim, HAS_BIAS: gl.constexpr, WIDTH: gl.constexpr):
+    """What conv_silu needs for channels ``chan`` besides a token's own input, fp32: the committed
+    inputs, newest first, the bias (zeros without one) and the weights, the token's own first:
+    (b1, b2, b3, b4, bias, w_x, w_1, w_2, w_3, w_4)."""
+    taps = weight_base + chan * weight_stride_dim
+    if HAS_BIAS:
+        bias = gl.load(bias_base + chan * bias_stride_dim).to(gl.float32)
+    else:
+        bias = gl.full(chan.shape, 0.0, gl.float32, layout=chan.type.layout)
+    return (
+        committed_input(conv_base, chan, conv_stride_dim, conv_stride_win, 1, WIDTH),
+        committed_input(conv_base, chan, conv_stride_dim, conv_stride_win, 2, WIDTH),
+        committed_input(conv_base, chan, conv_stride_dim, conv_stride_win, 3, WIDTH),
+        committed_input(conv_base, chan, conv_stride_dim, conv_stride_win, 4, WIDTH),
+        bias,
+        conv_tap(taps, chan, weight_stride_tap, 0, WIDTH),
+        conv_tap(taps, chan, weight_stride_tap, 1, WIDTH),
+        conv_tap(taps, chan, weight_stride_tap, 2, WIDTH),
+        conv_tap(taps, chan, weight_stride_tap, 3, WIDTH),
+        conv_tap(taps, chan, weight_stride_tap, 4, WIDTH),
+    )
+
+
+@gluon.jit
 def conv_silu(x, b1, b2, b3, b4, bias, w_x, w_1, w_2, w_3, w_4, KERNEL_SIZE: gl.constexpr):
     """replay.conv_silu's fma order."""
     acc = gl.fma(w_x, x, bias)
