@@ -28,9 +28,10 @@ per-element offsets are int32 (the launcher checks one slot's span).
 _verify_node_loop_kernel loops over the nodes instead, one [channels] vector at a time, with the
 committed inputs, the weights and (chains) the previous inputs in registers, for K <= 5, writing
 dense windows or rows (int64 offsets: no span to check), each node's own input loaded two to four
-nodes ahead of its use. _verify_dense_any_width_kernel, for wider dense windows, reloads each input per
-tap. Which one serves a launch, and with how many channels per program, was measured on the H200
-(_node_loop, _node_loop_config, _node_loop_prefetch, _rows_block, _one_store; docs/benchmarks.md, "Verify kernel").
+nodes ahead of its use. _verify_dense_any_width_kernel, for wider dense windows, reloads each input
+per tap. Which one serves a launch, and with how many channels per program, was measured on the
+H200 (_node_loop, _node_loop_config, _node_loop_prefetch, _rows_block, _one_store;
+docs/benchmarks.md, "Verify kernel").
 """
 
 from __future__ import annotations
@@ -635,8 +636,8 @@ def _node_loop_prefetch(num_rows: int, tree: bool) -> int:
     """How many nodes ahead the node loop loads each node's input, measured on the H200
     (docs/benchmarks.md, "Verify kernel"): 2; chains from 128 requests 4 (a D = 4 chain's inputs
     all come with the committed inputs instead of half of them a round trip later: 22.5 vs 23.6 us
-    on token_major rows, 33.6 vs 34.6 on dense windows at 256 requests; level or slower at 64,
-    level or slower on trees)."""
+    on token_major rows, 33.6 vs 34.6 on dense windows at 256 requests; level or slower at 64
+    requests and on trees)."""
     if not tree and num_rows >= NODE_LOOP_PREFETCH_CHAIN_MIN_ROWS:
         return NODE_LOOP_PREFETCH_CHAIN
     return NODE_LOOP_PREFETCH

@@ -154,12 +154,11 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     """The verify launcher's measured choices at the Qwen3-Next TP1 shape (dim 8192, K = 4, bf16;
     docs/benchmarks.md, "Verify kernel"): the node loop for dense windows, token_major chains from
     32 requests and token_major trees of more than 8 nodes from 128 (one warp; dense chains from 8
-    requests 64 channels over 2 warps); else the rows tile, at 128
-    channels for up to 8 nodes from 64 requests (channel_major trees from 256), storing its rows as
-    one tile on channel_major rows at 128 channels; the tile's slot-free loads go first and the
-    loop's inputs two nodes ahead (chains from 128 requests: four); dense windows and channel_major
-    rows on a grid of channel blocks
-    first."""
+    requests 64 channels over 2 warps); else the rows tile, at 128 channels for up to 8 nodes from
+    64 requests (channel_major trees from 256), storing its rows as one tile on channel_major rows
+    at 128 channels; the tile's slot-free loads go first and the loop's inputs two nodes ahead
+    (chains from 128 requests: four); dense windows and channel_major rows on a grid of channel
+    blocks first."""
     meta = dict(device="meta", dtype=torch.bfloat16)
     buffer = torch.empty(sgl_convwin.physical_shape(layout, 36, rows, 8192, nodes, 4), **meta)
     dest = buffer.transpose(-1, -2) if layout == "channel_major" else buffer
