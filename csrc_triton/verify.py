@@ -623,8 +623,8 @@ def _node_loop(dense: bool, contiguous: bool, num_rows: int, nodes: int, tree: b
 def _node_loop_config(dense: bool, num_rows: int, tree: bool) -> tuple[int, int]:
     """(channels per program, warps) of the node-loop kernel, measured on the H200 (docs/benchmarks.md,
     "Verify kernel"): rows 128 / 1; dense windows 32 / 1 below 64 requests (more programs to fill
-    the GPU), else 64 / 1 -- but dense chains from 8 requests 64 / 2, one channel per lane (4-13%
-    faster there; trees took 1.4x as long that way)."""
+    the GPU), else 64 / 1 -- but dense chains from 8 requests 64 / 2, one channel per lane (3-14%
+    faster per layer there, most at 8 and 64 requests; trees took 1.4x as long that way)."""
     if not dense:
         return 128, NODE_LOOP_WARPS
     if not tree and num_rows >= DENSE_CHAIN_MIN_ROWS:
@@ -637,7 +637,7 @@ def _node_loop_prefetch(num_rows: int, tree: bool) -> int:
     (docs/benchmarks.md, "Verify kernel"): 2; chains from 128 requests 4 (a D = 4 chain's inputs
     all come with the committed inputs instead of half of them a round trip later: 22.5 vs 23.6 us
     on token_major rows, 33.6 vs 34.6 on dense windows at 256 requests; level or slower at 64
-    requests and on trees)."""
+    requests; trees of 8 nodes mixed, so trees keep 2)."""
     if not tree and num_rows >= NODE_LOOP_PREFETCH_CHAIN_MIN_ROWS:
         return NODE_LOOP_PREFETCH_CHAIN
     return NODE_LOOP_PREFETCH
@@ -782,6 +782,8 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     )
     if kernel is _verify_node_loop_kernel:
         prefetch = _node_loop_prefetch(num_rows, has_parents) if prefetch is None else prefetch
+        if not 0 <= prefetch <= 4:
+            raise ValueError(f"convwin verify: prefetch {prefetch}: the node loop loads 0 to 4 nodes ahead")
         return kernel, grid, scalars, dict(flags, ROWS=not dense, PREFETCH=prefetch)
     if kernel is _verify_rows_kernel:
         _check_rows_spans(dest, state, x, out, weight, bias, parents)

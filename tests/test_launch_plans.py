@@ -179,6 +179,18 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     assert {name: plan[name] for name in flags} == flags
 
 
+def test_verify_launchers_refuse_a_prefetch_out_of_range(kernels):
+    """The node loop loads 0 to 4 nodes ahead; another distance is refused with what is allowed."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    x, state = torch.empty(1, 4, 8, **meta), torch.empty(1, 2, 8, 3, **meta)
+    buffer = torch.empty(sgl_convwin.physical_shape("token_major", 1, 2, 8, 4, 4), **meta)
+    index = torch.zeros(1, dtype=torch.int64, device="meta")
+    for prefetch in (-1, 5):
+        with pytest.raises(ValueError, match=f"prefetch {prefetch}: the node loop loads 0 to 4 nodes ahead"):
+            kernels.launch_capture(buffer, state, x, index, index, 0, None, dense=False, node_loop=True,
+                                   prefetch=prefetch)
+
+
 def test_verify_launchers_name_an_unknown_tuning_keyword(kernels):
     """A misspelt tuning keyword is refused, not silently ignored."""
     meta = dict(device="meta", dtype=torch.bfloat16)

@@ -57,8 +57,8 @@ def sweep_configs(args):
         + [tile(block, warps, preload=True) for block, warps in ((32, 1), (64, 1), (128, 1), (64, 2))]
         + [loop(block, warps) for block, warps in ((32, 1), (64, 1), (128, 1), (64, 2), (128, 2), (256, 4),
                                                     (256, 1), (256, 2), (512, 2), (512, 4))],
-        "dense": [{}] + [loop(block, warps) for block, warps in ((32, 1), (64, 1), (128, 1), (128, 2), (256, 2),
-                                                                  (256, 4), (512, 4), (256, 1), (512, 2))],
+        "dense": [{}] + [loop(block, warps) for block, warps in ((32, 1), (64, 1), (64, 2), (128, 1), (128, 2),
+                                                                  (256, 2), (256, 4), (512, 4), (256, 1), (512, 2))],
     }
     if args.early:  # and the node loop at its default prefetch
         configs["rows"] = [{}] + [tile(block, 1, preload=True, early=early) for block in (32, 64, 128)
