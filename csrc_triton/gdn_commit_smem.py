@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .replay_smem import (
     accepted_path, conv_operands, conv_silu, descriptor_maker, path_node, power_of_2, row_indices,
-    state_descriptor, tile_signature_ok, tma_load, tma_store,
+    state_descriptor, tile_load, tile_signature_ok, tile_store,
 )
 
 
@@ -81,9 +81,7 @@ def _gdn_replay_smem_kernel(
         row, steps_ptr, steps_stride, num_nodes, dst_slots_ptr, dst_slots_stride, num_state_slots,
         src_slots_ptr, src_slots_stride, num_src_slots)
     coords = [layer32, dst.to(gl.int32), head, 0, v_block * BLOCK_V]
-    if active:  # the tile's load goes out before a tree's walk of its parent links (dependent loads)
-        mbarrier.expect(bar, ssm_desc.block_type.nbytes)
-        tma_load(ssm_desc, coords, bar, tile)
+    tile_load(ssm_desc, coords, bar, tile, active)
     path, length, links_ok = accepted_path(row, node, parents_ptr, parents_stride_row, parents_stride_node,
                                             num_nodes, NODES, TREE, PATH_L)
     if active & links_ok:
@@ -141,10 +139,7 @@ def _gdn_replay_smem_kernel(
                 rows.store((part + gl.expand_dims(k_part, 1) * u).to(ssm_desc.dtype))
             xk, xv, g, beta = xk_next, xv_next, g_next, beta_next
             xk_next, xv_next, g_next, beta_next = xk_after, xv_after, g_after, beta_after
-        fence_async_shared()  # every thread's tile writes, before the copy engine reads the tile
-        gl.thread_barrier()
-        tma_store(ssm_desc, coords, tile)
-        tma.store_wait(0)
+        tile_store(ssm_desc, coords, tile)
     elif active:  # a broken parent link: the tile arrives, unread, before the program may exit
         mbarrier.wait(bar, 0)
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .replay_smem import (
     accepted_path, conv_operands, conv_silu, descriptor_maker, path_node, power_of_2, row_indices,
-    state_descriptor, tile_signature_ok, tma_load, tma_store,
+    state_descriptor, tile_load, tile_signature_ok, tile_store,
 )
 
 SMEM_CHUNK = 16  # head_dim rows per pass: [16, 128] fp32 in one warp, 64 per thread
@@ -79,9 +79,7 @@ def _mamba2_replay_smem_kernel(
         row, steps_ptr, steps_stride, num_nodes, dst_slots_ptr, dst_slots_stride, num_state_slots,
         src_slots_ptr, src_slots_stride, num_src_slots)
     coords = [layer32, dst.to(gl.int32), head, p_block * BLOCK_P, 0]
-    if active:  # the tile's load goes out before a tree's walk of its parent links (dependent loads)
-        mbarrier.expect(bar, ssm_desc.block_type.nbytes)
-        tma_load(ssm_desc, coords, bar, tile)
+    tile_load(ssm_desc, coords, bar, tile, active)
     path, length, links_ok = accepted_path(row, node, parents_ptr, parents_stride_row, parents_stride_node,
                                            num_nodes, NODES, TREE, PATH_L)
     if active & links_ok:
@@ -129,10 +127,7 @@ def _mamba2_replay_smem_kernel(
                 rows.store(rows.load(STATE_L) * decay + x_part * b)
             xx, xb, dt = xx_next, xb_next, dt_next
             xx_next, xb_next, dt_next = xx_after, xb_after, dt_after
-        fence_async_shared()  # every thread's tile writes, before the copy engine reads the tile
-        gl.thread_barrier()
-        tma_store(ssm_desc, coords, tile)
-        tma.store_wait(0)
+        tile_store(ssm_desc, coords, tile)
     elif active:  # a broken parent link: the tile arrives, unread, before the program may exit
         mbarrier.wait(bar, 0)
 

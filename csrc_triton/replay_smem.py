@@ -1,5 +1,6 @@
 """What the shared-memory replay kernels (Gluon, sm_90+) share: a row's indices and accepted path,
-the causal conv of a path token, the tile's descriptor and the check of a signature. The Gluon
+the causal conv of a path token, the tile's descriptor, its TMA load and store, and the check of a
+signature. The Gluon
 counterparts of csrc_triton/replay.py's helpers, with the same rules (indices never trusted, a tree
 path walked link by link, the verify kernel's fma order).
 """
@@ -11,7 +12,7 @@ import dataclasses
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from .replay import tma_signature_ok
 
@@ -31,6 +32,24 @@ def row_indices(row, steps_ptr, steps_stride, num_nodes, dst_ptr, dst_stride, nu
     active = active & (dst >= 0) & (dst < num_dst)
     active = active & (src >= 0) & (src < num_src)
     return node, dst, src, active
+
+
+@gluon.jit
+def tile_load(ssm_desc, coords, bar, tile, active):
+    """An active row's state tile into shared memory by TMA, arriving on ``bar``; issued before a
+    tree's walk of its parent links, whose loads depend on each other."""
+    if active:
+        mbarrier.expect(bar, ssm_desc.block_type.nbytes)
+        tma_load(ssm_desc, coords, bar, tile)
+
+
+@gluon.jit
+def tile_store(ssm_desc, coords, tile):
+    """The updated tile back by TMA, once every thread's writes are visible to the copy engine."""
+    fence_async_shared()
+    gl.thread_barrier()
+    tma_store(ssm_desc, coords, tile)
+    tma.store_wait(0)
 
 
 @gluon.jit
