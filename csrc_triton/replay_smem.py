@@ -1,8 +1,7 @@
 """What the shared-memory replay kernels (Gluon, sm_90+) share: a row's indices and accepted path,
 the causal conv of a path token, the tile's descriptor, its TMA load and store, and the check of a
-signature. The Gluon
-counterparts of csrc_triton/replay.py's helpers, with the same rules (indices never trusted, a tree
-path walked link by link, the verify kernel's fma order).
+signature. The Gluon counterparts of csrc_triton/replay.py's helpers, with the same rules (indices
+never trusted, a tree path walked link by link, the verify kernel's fma order).
 """
 
 from __future__ import annotations
