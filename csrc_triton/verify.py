@@ -22,16 +22,20 @@ of every node's k-th input come from one vectorised step up the links, so each t
 load (from x, or the state for positions in the history) and each weight column is read once;
 for K <= 5 (PRELOAD) the committed inputs and the weights come in as one [channels, 4] load each,
 split in registers, rather than one strided load per tap; with ONE_STORE (channel_major rows at
-128 channels) the committed rows and the nodes' rows go out as one [rows, channels] store;
+128 channels) the committed rows and the nodes' rows go out as one [rows, channels] store, two
+rows of a channel per lane (ROWS_ALIGN) where the rows' strides and count allow; a tree's links
+come in as one [nodes] load with the slots and are walked in registers (GATHER_LINKS, tl.gather);
 per-element offsets are int32 (the launcher checks one slot's span).
 
 _verify_node_loop_kernel loops over the nodes instead, one [channels] vector at a time, with the
 committed inputs, the weights and (chains) the previous inputs in registers, for K <= 5, writing
 dense windows or rows (int64 offsets: no span to check), each node's own input loaded two to four
-nodes ahead of its use. _verify_dense_any_width_kernel, for wider dense windows, reloads each input
-per tap. Which one serves a launch, and with how many channels per program, was measured on the
-H200 (_node_loop, _node_loop_config, _node_loop_prefetch, _rows_block, _one_store;
-docs/benchmarks.md, "Verify kernel").
+nodes ahead of its use. _verify_small_tree_kernel unrolls that loop for trees of up to 8 nodes:
+every node's input and link are loaded before the slots, and the walks up run on the links in
+registers, so no input load waits on a link. _verify_dense_any_width_kernel, for wider dense
+windows, reloads each input per tap. Which one serves a launch, and with how many channels per
+program, was measured on the H200 (_node_loop, _node_loop_config, _node_loop_prefetch,
+_small_tree, _rows_block, _one_store, _gather_links; docs/benchmarks.md, "Verify kernel").
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ ROWS_WARPS = 1  # the rows kernel's channels per program depend on the node coun
 ROWS_EARLY = True  # the rows kernel loads the inputs, the bias and the weights before the slots (they need none)
 ROWS_WIDE_BLOCK = 128  # its channels per program, up to 8 nodes, from ROWS_WIDE_MIN_ROWS requests
 ROWS_WIDE_MIN_ROWS = 64
-ROWS_WIDE_MIN_ROWS_TREE_CHANNEL_MAJOR = 256  # channel_major trees: from this many
+ROWS_PAIRS = True  # the rows kernel's one store covers two of a channel's rows per lane where strides allow
 NODE_LOOP_WARPS = 1  # the node-loop kernel (K <= 5): channels per program and warps from _node_loop_config
 DENSE_CHAIN_WARPS = 2  # dense chains from DENSE_CHAIN_MIN_ROWS requests: 64 channels over 2 warps
 DENSE_CHAIN_MIN_ROWS = 8
@@ -55,13 +59,17 @@ NODE_LOOP_PREFETCH_CHAIN = 4  # chains from NODE_LOOP_PREFETCH_CHAIN_MIN_ROWS re
 NODE_LOOP_PREFETCH_CHAIN_MIN_ROWS = 128
 NODE_LOOP_MIN_ROWS = 32  # token_major chains take the node loop from this many requests (_node_loop)
 NODE_LOOP_MIN_ROWS_TREE = 128  # token_major trees of more than 8 nodes from this many
+SMALL_TREE_BLOCK_DENSE = 64  # the small-tree kernel's channels per program (_small_tree, _small_tree_config)
+SMALL_TREE_BLOCK_ROWS = 128
 DENSE_ANY_WIDTH_BLOCK = 256  # channels per program of the dense kernel for K > 5
 DENSE_ANY_WIDTH_WARPS = 2
 # The launchers' tuning keywords (None or absent: the measured default): channels per program,
 # warps, the node-loop kernel or not, the rows tile's 2-D preload, how many nodes ahead the node
-# loop loads inputs, the rows tile's slot-free loads first, its rows as one store, and the grid's
-# order (a request's channel blocks first).
-TUNING = ("block", "num_warps", "node_loop", "preload", "prefetch", "early", "one_store", "blocks_first")
+# loop loads inputs, the rows tile's slot-free loads first, its rows as one store, the grid's
+# order (a request's channel blocks first), the rows tile's tree links walked in registers, its
+# one store two rows per lane where the strides allow it, and the unrolled small-tree kernel.
+TUNING = ("block", "num_warps", "node_loop", "preload", "prefetch", "early", "one_store", "blocks_first", "gather_links",
+          "pairs", "small_tree")
 
 
 @triton.jit
@@ -75,28 +83,43 @@ def _program_coordinates(BLOCKS_FIRST: tl.constexpr):
 
 
 @triton.jit
-def _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS: tl.constexpr):
+def _parent_link(pos, parents_row, parents_stride_node, links, GATHER: tl.constexpr):
+    """The parent link of node ``pos`` (a scalar or a vector of positions; -1 where pos < 0),
+    unchecked: read from parents_row, or with GATHER picked from ``links`` (the request's [NODES]
+    links in registers; pos < NODES)."""
+    if GATHER:
+        parent = tl.where(pos >= 0, tl.gather(links, tl.maximum(pos, 0), 0), -1)
+    else:
+        parent = tl.load(parents_row + pos * parents_stride_node, mask=pos >= 0, other=-1)
+    # into [-2, 2**31 - 1] before narrowing, so that no bad int64 link becomes a good int32 one
+    return tl.minimum(tl.maximum(parent, -2), 2147483647).to(pos.dtype)
+
+
+@triton.jit
+def _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS: tl.constexpr, links=None,
+             GATHER: tl.constexpr = False):
     """One step up the path from ``pos`` (a scalar or a vector of positions, int32 or int64): a
     node (>= 0) goes to its parent, a committed input (-1 the newest, -2 the one before, ...) to
     the one before it. A bad link leads to -1, which keeps every later read in bounds; the caller
-    checks the links first (_links_ok) and writes nothing for such a node."""
+    checks the links first (_links_ok) and writes nothing for such a node. links, GATHER: as
+    _parent_link's."""
     if HAS_PARENTS:
-        is_node = pos >= 0
-        parent = tl.load(parents_row + pos * parents_stride_node, mask=is_node, other=-1).to(pos.dtype)
+        parent = _parent_link(pos, parents_row, parents_stride_node, links, GATHER)
         parent = tl.where((parent >= -1) & (parent < pos), parent, -1)
-        return tl.where(is_node, parent, pos - 1)
+        return tl.where(pos >= 0, parent, pos - 1)
     else:
         return pos - 1  # a chain: node n's parent is n-1
 
 
 @triton.jit
-def _links_ok(node, parents_row, parents_stride_node, WIDTH: tl.constexpr):
-    """Whether ``node`` >= 0 and every parent link among the K-1 above it lies in [-1, m-1]."""
+def _links_ok(node, parents_row, parents_stride_node, WIDTH: tl.constexpr, links=None, GATHER: tl.constexpr = False):
+    """Whether ``node`` >= 0 and every parent link among the K-1 above it lies in [-1, m-1].
+    links, GATHER: as _parent_link's."""
     ok = node >= 0
     pos = node
     for _ in tl.static_range(WIDTH):
         is_node = pos >= 0
-        parent = tl.load(parents_row + pos * parents_stride_node, mask=is_node, other=-1).to(pos.dtype)
+        parent = _parent_link(pos, parents_row, parents_stride_node, links, GATHER)
         parent_ok = (parent >= -1) & (parent < pos)
         ok &= parent_ok | (pos < 0)
         pos = tl.where(is_node, tl.where(parent_ok, parent, -1), pos - 1)  # next read in bounds
@@ -197,6 +220,8 @@ def _verify_rows_kernel(
     ONE_STORE: tl.constexpr = False,  # the committed rows and the nodes' rows as one [ROW_TILE, channels] store
     ROW_TILE: tl.constexpr = 1,  # next power of two >= NODES + K - 2
     BLOCKS_FIRST: tl.constexpr = False,
+    GATHER_LINKS: tl.constexpr = False,  # a tree's links as one [NODES] load, its walks in registers
+    ROWS_ALIGN: tl.constexpr = 1,  # ONE_STORE: the rows' channel stride and stored row count are multiples of this
 ):
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
     request, block = _program_coordinates(BLOCKS_FIRST)
@@ -211,6 +236,9 @@ def _verify_rows_kernel(
 
     dst = tl.load(buffer_slots_ptr + row * buffer_slots_stride).to(tl.int64)
     src = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
+    links = node  # (a placeholder unless GATHER_LINKS)
+    if GATHER_LINKS and HAS_PARENTS and HAS_CONV:  # the links need no slot: loaded with the slots
+        links = tl.load(parents_ptr + row * parents_stride_row + node * parents_stride_node, mask=nmask, other=-1)
     if EARLY:
         tokens = tl.load(xs + (node * x_stride_node)[:, None] + x_chan, mask=tile_mask)
         if HAS_CONV and HAS_BIAS:
@@ -223,6 +251,8 @@ def _verify_rows_kernel(
         state = state_ptr + state_layer_offset + src * state_stride_slot
         parents_row = parents_ptr + row * parents_stride_row
         rows_chan = (chan * rows_stride_dim)[None, :]
+        if ROWS_ALIGN > 1:  # (then each lane's store covers ROWS_ALIGN of a channel's rows)
+            rows_chan = tl.multiple_of(rows_chan, [ROWS_ALIGN, ROWS_ALIGN])
         state_chan = (chan * state_stride_dim)[None, :]
         if PRELOAD:
             tl.static_assert(KERNEL_SIZE <= 5, "PRELOAD holds at most 4 committed inputs and 5 taps")
@@ -243,8 +273,12 @@ def _verify_rows_kernel(
                 committed = tl.load(state + ((tl.minimum(r, WIDTH - 2) + 1) * state_stride_win)[:, None] + state_chan,
                                     mask=(r < WIDTH - 1)[:, None] & cmask[None, :])
                 tile = tl.where((r < WIDTH - 1)[:, None], committed.to(rows_ptr.dtype.element_ty), tile)
+            if ROWS_ALIGN > 1:
+                row_ok = r // ROWS_ALIGN < (WIDTH - 1 + num_nodes) // ROWS_ALIGN
+            else:
+                row_ok = r < WIDTH - 1 + num_nodes
             tl.store(rows + (r * rows_stride_pos)[:, None] + rows_chan, tile,
-                     mask=(r < WIDTH - 1 + num_nodes)[:, None] & cmask[None, :])
+                     mask=row_ok[:, None] & cmask[None, :])
         else:
             if PRELOAD:
                 for k in tl.static_range(1, WIDTH):  # rows K-3 .. 0: the K-2 newest committed inputs, newest first
@@ -260,7 +294,7 @@ def _verify_rows_kernel(
         if HAS_CONV:
             pos = tl.where(nmask, node, -1)
             if HAS_PARENTS:  # a bad link among the K-1 above a node skips its output
-                write = _links_ok(pos, parents_row, parents_stride_node, WIDTH)[:, None] & cmask[None, :]
+                write = _links_ok(pos, parents_row, parents_stride_node, WIDTH, links, GATHER_LINKS)[:, None] & cmask[None, :]
             else:
                 write = tile_mask
             if HAS_BIAS:
@@ -277,7 +311,7 @@ def _verify_rows_kernel(
                 newest = tl.load(weight_ptr + chan * weight_stride_dim + WIDTH * weight_stride_tap, mask=cmask)
             acc = tl.fma(newest.to(tl.float32)[None, :], tokens.to(tl.float32), acc)
             for up in tl.static_range(1, KERNEL_SIZE):
-                pos = _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS)
+                pos = _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS, links, GATHER_LINKS)
                 is_token = (pos >= 0)[:, None]
                 from_x = tl.load(xs + (pos * x_stride_node)[:, None] + x_chan, mask=is_token & write)
                 if PRELOAD:
@@ -500,6 +534,182 @@ def _verify_node_loop_kernel(
 
 
 @triton.jit
+def _verify_small_tree_kernel(
+    windows_ptr,
+    state_ptr,
+    x_ptr,
+    out_ptr,
+    weight_ptr,
+    bias_ptr,
+    buffer_slots_ptr,
+    state_slots_ptr,
+    parents_ptr,
+    windows_layer_offset,  # layer * windows.stride(0), computed on the host (may exceed int32)
+    state_layer_offset,
+    num_buffer_slots,
+    num_state_slots,
+    num_nodes,
+    dim,
+    windows_stride_slot,
+    windows_stride_node,
+    windows_stride_dim,
+    windows_stride_win,
+    state_stride_slot,
+    state_stride_dim,
+    state_stride_win,
+    x_stride_row,
+    x_stride_node,
+    x_stride_dim,
+    out_stride_row,
+    out_stride_node,
+    out_stride_dim,
+    weight_stride_dim,
+    weight_stride_tap,
+    bias_stride,
+    buffer_slots_stride,
+    state_slots_stride,
+    parents_stride_row,
+    parents_stride_node,
+    KERNEL_SIZE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_PARENTS: tl.constexpr,
+    HAS_CONV: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    NODES: tl.constexpr,  # next power of two >= num_nodes, at most 8
+    ROWS: tl.constexpr = False,
+    BLOCKS_FIRST: tl.constexpr = False,
+):
+    """A tree of up to 8 nodes, dense windows or rows, K <= 5, the node loop unrolled: every node's
+    input and parent link is loaded up front, before the slots (they need none), and the walk up
+    from each node picks links from those registers (scalar selects), so the loads of the inputs
+    above the nodes wait on no link and can all be in flight at once."""
+    tl.static_assert(NODES <= 8, "_verify_small_tree_kernel holds at most 8 nodes")
+    WIDTH: tl.constexpr = KERNEL_SIZE - 1
+    tl.static_assert(WIDTH <= 4, "_verify_small_tree_kernel holds at most 4 committed inputs")
+    request, block = _program_coordinates(BLOCKS_FIRST)
+    row = request.to(tl.int64)
+    chan = block * BLOCK + tl.arange(0, BLOCK)
+    cmask = chan < dim
+    chan = chan.to(tl.int64)
+    xs = x_ptr + row * x_stride_row + chan * x_stride_dim
+    parents_row = parents_ptr + row * parents_stride_row
+    inputs = ()  # node n's input, as stored
+    links = ()  # node n's parent link (int32; -1 past the nodes)
+    for n in tl.static_range(NODES):
+        inputs = inputs + (tl.load(xs + n * x_stride_node, mask=tl.where(n < num_nodes, cmask, False)),)
+        if HAS_PARENTS:
+            link = tl.load(parents_row + n * parents_stride_node, mask=n < num_nodes, other=-1)
+            links = links + (tl.minimum(tl.maximum(link, -2), 2147483647).to(tl.int32),)  # (as _parent_link)
+        else:
+            links = links + (n - 1,)
+
+    dst = tl.load(buffer_slots_ptr + row * buffer_slots_stride).to(tl.int64)
+    src = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
+    # Index values are never trusted: a slot out of range skips the request.
+    if (dst >= 0) & (dst < num_buffer_slots) & (src >= 0) & (src < num_state_slots):
+        windows = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan * windows_stride_dim
+        state = state_ptr + state_layer_offset + src * state_stride_slot + chan * state_stride_dim
+        n0 = row * 0  # int64 offsets: a factor times an int32 stride may pass 2**31 (no span check here)
+        zero = tl.zeros([BLOCK], dtype=tl.float32)
+        h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)  # the newest
+        h2 = zero
+        h3 = zero
+        h4 = zero
+        if WIDTH >= 2:
+            h2 = tl.load(state + (n0 + WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
+        if WIDTH >= 3:
+            h3 = tl.load(state + (n0 + WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
+        if WIDTH >= 4:
+            h4 = tl.load(state + (n0 + WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
+        bias = zero
+        w_x = zero
+        w_1 = zero
+        w_2 = zero
+        w_3 = zero
+        w_4 = zero
+        if HAS_CONV:
+            taps = weight_ptr + chan * weight_stride_dim
+            if HAS_BIAS:
+                bias = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
+            w_x = tl.load(taps + (n0 + WIDTH) * weight_stride_tap, mask=cmask).to(tl.float32)
+            w_1 = tl.load(taps + (n0 + WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
+            if WIDTH >= 2:
+                w_2 = tl.load(taps + (n0 + WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
+            if WIDTH >= 3:
+                w_3 = tl.load(taps + (n0 + WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
+            if WIDTH >= 4:
+                w_4 = tl.load(taps + (n0 + WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
+        if ROWS:  # rows 0 .. K-3: the K-2 newest committed inputs, oldest first
+            if WIDTH >= 2:
+                tl.store(windows + (n0 + WIDTH - 2) * windows_stride_node, h1.to(windows_ptr.dtype.element_ty),
+                         mask=cmask)
+            if WIDTH >= 3:
+                tl.store(windows + (n0 + WIDTH - 3) * windows_stride_node, h2.to(windows_ptr.dtype.element_ty),
+                         mask=cmask)
+            if WIDTH >= 4:
+                tl.store(windows + (n0 + WIDTH - 4) * windows_stride_node, h3.to(windows_ptr.dtype.element_ty),
+                         mask=cmask)
+        for n in tl.static_range(NODES):
+            live = tl.where(n < num_nodes, cmask, False)
+            raw = inputs[n]
+            # walk up once: the inputs above the node, and whether every link is in range
+            pos = tl.cast(n, tl.int32)
+            ok = n < num_nodes
+            p1 = zero
+            p2 = zero
+            p3 = zero
+            p4 = zero
+            for up in tl.static_range(1, KERNEL_SIZE):
+                is_node = pos >= 0
+                parent = pos * 0 - 1
+                for i in tl.static_range(n + 1):  # pos <= n
+                    parent = tl.where(pos == i, links[i], parent)
+                parent_ok = (parent >= -1) & (parent < pos)
+                ok &= parent_ok | (pos < 0)
+                pos = tl.where(is_node, tl.where(parent_ok, parent, -1), pos - 1)
+                value = _input_at(pos.to(tl.int64), xs, x_stride_node, h1, h2, h3, h4, live)
+                if up == 1:
+                    p1 = value
+                if up == 2:
+                    p2 = value
+                if up == 3:
+                    p3 = value
+                if up == 4:
+                    p4 = value
+            write = tl.where(ok, live, False)  # a bad link among the K-1 above skips the node
+            if ROWS:  # row K-2+n: node n's input, whatever its links
+                tl.store(windows + (n0 + WIDTH - 1 + n) * windows_stride_node, raw.to(windows_ptr.dtype.element_ty),
+                         mask=live)
+            else:
+                window = windows + (n0 + n) * windows_stride_node
+                tl.store(window + (n0 + WIDTH - 1) * windows_stride_win, raw.to(windows_ptr.dtype.element_ty),
+                         mask=write)
+                if WIDTH >= 2:
+                    tl.store(window + (n0 + WIDTH - 2) * windows_stride_win, p1.to(windows_ptr.dtype.element_ty),
+                             mask=write)
+                if WIDTH >= 3:
+                    tl.store(window + (n0 + WIDTH - 3) * windows_stride_win, p2.to(windows_ptr.dtype.element_ty),
+                             mask=write)
+                if WIDTH >= 4:
+                    tl.store(window + (n0 + WIDTH - 4) * windows_stride_win, p3.to(windows_ptr.dtype.element_ty),
+                             mask=write)
+            if HAS_CONV:  # the rows kernel's fma order: bias, then the taps from the newest input up
+                acc = tl.fma(w_x, raw.to(tl.float32), bias)
+                acc = tl.fma(w_1, p1, acc)
+                if WIDTH >= 2:
+                    acc = tl.fma(w_2, p2, acc)
+                if WIDTH >= 3:
+                    acc = tl.fma(w_3, p3, acc)
+                if WIDTH >= 4:
+                    acc = tl.fma(w_4, p4, acc)
+                if SILU:
+                    acc = acc * tl.sigmoid(acc)
+                out = out_ptr + row * out_stride_row + (n0 + n) * out_stride_node + chan * out_stride_dim
+                tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=write)
+
+
+@triton.jit
 def _verify_dense_any_width_kernel(
     windows_ptr,
     state_ptr,
@@ -643,16 +853,15 @@ def _node_loop_prefetch(num_rows: int, tree: bool) -> int:
     return NODE_LOOP_PREFETCH
 
 
-def _rows_block(nodes: int, num_rows: int, contiguous: bool, tree: bool) -> int:
+def _rows_block(nodes: int, num_rows: int) -> int:
     """Channels per program of the rows kernel for a [nodes, channels] tile (nodes a power of two),
     measured best on the H200 (one warp, docs/benchmarks.md, "Verify kernel"): up to 8 nodes,
-    ROWS_WIDE_BLOCK from 64 requests (channel_major trees from 256: fewer, longer programs once the
-    grid is full), else 64 for 4 nodes and 32 for 8; 32 for up to 32 nodes (16 and 64 were slower
-    at B >= 64). Above 32 nodes, not timed: 16, to keep the tile's registers in bounds."""
+    ROWS_WIDE_BLOCK from 64 requests (fewer, longer programs once the grid is full), else 64 for 4
+    nodes and 32 for 8; 32 for up to 32 nodes (16 and 64 were slower at B >= 64). Above 32 nodes,
+    not timed: 16, to keep the tile's registers in bounds."""
     if nodes > 32:
         return 16
-    wide_from = ROWS_WIDE_MIN_ROWS_TREE_CHANNEL_MAJOR if tree and not contiguous else ROWS_WIDE_MIN_ROWS
-    if nodes <= 8 and num_rows >= wide_from:
+    if nodes <= 8 and num_rows >= ROWS_WIDE_MIN_ROWS:
         return ROWS_WIDE_BLOCK
     return 64 if nodes <= 4 else 32
 
@@ -663,6 +872,30 @@ def _one_store(contiguous: bool, block: int) -> bool:
     each at D = 4, K = 4) instead of 2 bytes every 12; measured on the H200 (docs/benchmarks.md,
     "Verify kernel"): slower or level at 32 and 64 channels, and on token_major rows."""
     return not contiguous and block >= ROWS_WIDE_BLOCK
+
+
+def _gather_links(contiguous: bool, block: int) -> bool:
+    """Whether the rows kernel walks a tree's links in registers from one load of them, rather than
+    one dependent load per step: measured on the H200 (docs/benchmarks.md, "Verify kernel") faster
+    or level everywhere but on token_major rows at 128 channels (1% slower at 256 requests)."""
+    return not contiguous or block < ROWS_WIDE_BLOCK
+
+
+def _small_tree(dense: bool, contiguous: bool, num_rows: int) -> bool:
+    """Whether the unrolled small-tree kernel serves a tree of up to 8 nodes (K <= 5), measured on
+    the H200 (docs/benchmarks.md, "Verify kernel"): dense windows always (12% faster than the node
+    loop at 256 requests, 24% at 8), token_major rows from ROWS_WIDE_MIN_ROWS requests (12% faster
+    than the tile at 256; below, the tile's many small programs start sooner); never channel_major
+    rows, whose per-node stores it would stride (2.3x slower)."""
+    if dense:
+        return True
+    return contiguous and num_rows >= ROWS_WIDE_MIN_ROWS
+
+
+def _small_tree_config(dense: bool) -> tuple[int, int]:
+    """(channels per program, warps) of the small-tree kernel, measured best on the H200: dense
+    windows 64 / 1, rows 128 / 1 (docs/benchmarks.md, "Verify kernel")."""
+    return (SMALL_TREE_BLOCK_DENSE if dense else SMALL_TREE_BLOCK_ROWS), 1
 
 
 def _blocks_first(dense: bool, contiguous: bool) -> bool:
@@ -720,8 +953,8 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     """(kernel, grid, scalar arguments after the layer offsets, constexprs), or None if there is
     nothing to do; raises for what the kernels cannot address. Depends only on _verify_call's key
     (``tuning``: its keywords, a dict)."""
-    block, num_warps, node_loop, preload, prefetch, early, one_store, blocks_first = (
-        tuning.get(name) for name in TUNING)
+    (block, num_warps, node_loop, preload, prefetch, early, one_store, blocks_first, gather_links, pairs,
+     small_tree) = (tuning.get(name) for name in TUNING)
     num_rows, num_nodes, dim = x.shape
     if num_rows == 0 or dim == 0 or dest.shape[1] == 0 or state.shape[1] == 0:
         return None
@@ -735,7 +968,13 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     if node_loop is None:
         node_loop = _node_loop(dense, contiguous, num_rows, nodes, has_parents)
     node_loop = node_loop and kernel_size <= 5  # wider: the rows tile, or dense windows' any-width kernel
-    if dense and not node_loop:
+    if small_tree is None:
+        small_tree = _small_tree(dense, contiguous, num_rows)
+    small_tree = small_tree and has_parents and nodes <= 8 and kernel_size <= 5
+    if small_tree:
+        kernel = _verify_small_tree_kernel
+        default_block, default_warps = _small_tree_config(dense)
+    elif dense and not node_loop:
         kernel, default_block = _verify_dense_any_width_kernel, DENSE_ANY_WIDTH_BLOCK
         default_warps = DENSE_ANY_WIDTH_WARPS
     elif node_loop:
@@ -743,7 +982,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         default_block, default_warps = _node_loop_config(dense, num_rows, has_parents)
     else:
         kernel, default_warps = _verify_rows_kernel, ROWS_WARPS
-        default_block = _rows_block(nodes, num_rows, contiguous, has_parents)
+        default_block = _rows_block(nodes, num_rows)
     block = default_block if block is None else block
     num_warps = default_warps if num_warps is None else num_warps
     block = min(block, next_power_of_2(dim))
@@ -760,7 +999,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         num_nodes,
         dim,
         *dest.stride()[1:],
-        *((0,) if node_loop and not dense else ()),  # rows have no window stride
+        *((0,) if kernel is not _verify_rows_kernel and not dense else ()),  # rows have no window stride
         *state.stride()[1:],
         *x.stride(),
         *(out.stride() if has_conv else (0, 0, 0)),
@@ -785,13 +1024,20 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         if not 0 <= prefetch <= 4:
             raise ValueError(f"convwin verify: prefetch {prefetch}: the node loop loads 0 to 4 nodes ahead")
         return kernel, grid, scalars, dict(flags, ROWS=not dense, PREFETCH=prefetch)
+    if kernel is _verify_small_tree_kernel:
+        return kernel, grid, scalars, dict(flags, ROWS=not dense, NODES=nodes)
     if kernel is _verify_rows_kernel:
         _check_rows_spans(dest, state, x, out, weight, bias, parents)
         preload = kernel_size <= 5 if preload is None else preload and kernel_size <= 5
         early = ROWS_EARLY if early is None else early
         one_store = _one_store(contiguous, block) if one_store is None else one_store
+        gather_links = _gather_links(contiguous, block) if gather_links is None else gather_links
+        pairs = ROWS_PAIRS if pairs is None else pairs
+        # two rows per lane: a channel's rows start at an even element and the stored rows pair up
+        paired = pairs and one_store and dest.stride(-1) % 2 == 0 and (kernel_size - 2 + num_nodes) % 2 == 0
         return kernel, grid, scalars, dict(flags, NODES=nodes, PRELOAD=preload, EARLY=early, ONE_STORE=one_store,
-                                           ROW_TILE=next_power_of_2(nodes + kernel_size - 2))
+                                           ROW_TILE=next_power_of_2(nodes + kernel_size - 2),
+                                           GATHER_LINKS=gather_links and has_parents, ROWS_ALIGN=2 if paired else 1)
     return kernel, grid, scalars, flags
 
 

@@ -132,33 +132,37 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
     ("token_major", 4, False, 64, "node_loop", 128, dict(PREFETCH=2, ROWS=True)),
     ("token_major", 4, False, 256, "node_loop", 128, dict(PREFETCH=4, ROWS=True)),
     ("channel_major", 4, False, 8, "rows", 64, dict(EARLY=True, ONE_STORE=False)),
-    ("channel_major", 4, False, 64, "rows", 128, dict(EARLY=True, ONE_STORE=True)),
-    ("token_major", 8, True, 8, "rows", 32, dict(ONE_STORE=False)),
-    ("token_major", 8, True, 64, "rows", 128, dict(ONE_STORE=False)),
-    ("token_major", 8, True, 256, "rows", 128, dict(ONE_STORE=False)),
+    ("channel_major", 4, False, 64, "rows", 128, dict(EARLY=True, ONE_STORE=True, ROWS_ALIGN=2)),
+    ("token_major", 8, True, 8, "rows", 32, dict(ONE_STORE=False, GATHER_LINKS=True)),
+    ("token_major", 8, True, 64, "small_tree", 128, dict(ROWS=True, NODES=8)),
+    ("token_major", 8, True, 256, "small_tree", 128, dict(ROWS=True, NODES=8)),
     ("token_major", 32, True, 64, "rows", 32, dict(ONE_STORE=False)),
     ("token_major", 32, True, 128, "node_loop", 128, dict(PREFETCH=2)),
-    ("channel_major", 8, True, 64, "rows", 32, dict(ONE_STORE=False)),
-    ("channel_major", 8, True, 256, "rows", 128, dict(ONE_STORE=True)),
+    ("channel_major", 8, True, 8, "rows", 32, dict(ONE_STORE=False, GATHER_LINKS=True)),
+    ("channel_major", 8, True, 64, "rows", 128, dict(ONE_STORE=True, GATHER_LINKS=True, ROWS_ALIGN=2)),
+    ("channel_major", 8, True, 256, "rows", 128, dict(ONE_STORE=True, GATHER_LINKS=True, ROWS_ALIGN=2)),
     ("dense", 4, False, 1, "node_loop", 32, dict(PREFETCH=2, ROWS=False)),
     ("dense", 4, False, 8, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2)),
     ("dense", 4, False, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2)),
     ("dense", 4, False, 256, "node_loop", 64, dict(PREFETCH=4, ROWS=False, num_warps=2)),
-    ("dense", 8, True, 8, "node_loop", 32, dict(PREFETCH=2, ROWS=False)),
-    ("dense", 8, True, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False)),
+    ("dense", 8, True, 1, "small_tree", 64, dict(ROWS=False, NODES=8)),
+    ("dense", 8, True, 64, "small_tree", 64, dict(ROWS=False, NODES=8)),
+    ("dense", 32, True, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False)),
 ]
 
 
 @pytest.mark.parametrize("layout, nodes, tree, rows, kernel, channels, flags", VERIFY_PLANS)
 def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags):
     """The verify launcher's measured choices at the Qwen3-Next TP1 shape (dim 8192, K = 4, bf16;
-    docs/benchmarks.md, "Verify kernel"): the node loop for dense windows, token_major chains from
-    32 requests and token_major trees of more than 8 nodes from 128 (one warp; dense chains from 8
-    requests 64 channels over 2 warps); else the rows tile, at 128 channels for up to 8 nodes from
-    64 requests (channel_major trees from 256), storing its rows as one tile on channel_major rows
-    at 128 channels; the tile's slot-free loads go first and the loop's inputs two nodes ahead
-    (chains from 128 requests: four); dense windows and channel_major rows on a grid of channel
-    blocks first."""
+    docs/benchmarks.md, "Verify kernel"): trees of up to 8 nodes take the unrolled small-tree
+    kernel on dense windows (64 channels) and on token_major rows from 64 requests (128); the node
+    loop serves dense windows, token_major chains from 32 requests and token_major trees of more
+    than 8 nodes from 128 (one warp; dense chains from 8 requests 64 channels over 2 warps); else
+    the rows tile, at 128 channels for up to 8 nodes from 64 requests, storing its rows as one tile
+    on channel_major rows at 128 channels (two rows per lane) and walking a tree's links in
+    registers; the tile's slot-free loads go first and the loop's inputs two nodes ahead (chains
+    from 128 requests: four); dense windows and channel_major rows on a grid of channel blocks
+    first."""
     meta = dict(device="meta", dtype=torch.bfloat16)
     buffer = torch.empty(sgl_convwin.physical_shape(layout, 36, rows, 8192, nodes, 4), **meta)
     dest = buffer.transpose(-1, -2) if layout == "channel_major" else buffer
@@ -169,7 +173,8 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     parents = torch.zeros(rows, nodes, dtype=torch.int32, device="meta") if tree else None
     chosen, grid, _, plan = kernels.verify._plan(x, dest, state, x, weight, None, index, index, parents,
                                                  layout == "dense", True, {})
-    want = {"rows": kernels.verify._verify_rows_kernel, "node_loop": kernels.verify._verify_node_loop_kernel}[kernel]
+    want = {"rows": kernels.verify._verify_rows_kernel, "node_loop": kernels.verify._verify_node_loop_kernel,
+            "small_tree": kernels.verify._verify_small_tree_kernel}[kernel]
     assert chosen is want
     assert (plan["BLOCK"], plan["num_warps"]) == (channels, flags.get("num_warps", 1))
     # a request's channel blocks dispatched first for dense windows and channel_major rows

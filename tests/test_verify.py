@@ -206,18 +206,25 @@ def test_verify_fuzz(impl):
     dict(node_loop=False, preload=True, early=True, blocks_first=True), dict(node_loop=True, blocks_first=True),
     dict(node_loop=False, preload=True, early=True, blocks_first=False), dict(node_loop=True, blocks_first=False),
     dict(node_loop=True, block=64, num_warps=2),
+    dict(node_loop=False, preload=True, gather_links=True), dict(node_loop=False, preload=False, gather_links=True),
+    dict(node_loop=False, preload=True, one_store=True, pairs=True),
+    dict(node_loop=False, preload=False, one_store=True, pairs=True, gather_links=True),
+    dict(small_tree=True), dict(small_tree=True, block=64, num_warps=2),
 ], ids=["tile-or-any-width", "tile-early", "tile-preloaded", "tile-preloaded-early", "tile-one-store",
         "tile-preloaded-one-store", "node-loop", "node-loop-prefetch-1", "node-loop-prefetch-2", "node-loop-prefetch-3",
         "node-loop-prefetch-4",
         "tile-or-any-width-blocks-first", "node-loop-blocks-first", "tile-or-any-width-requests-first",
-        "node-loop-requests-first", "node-loop-64-2"])
+        "node-loop-requests-first", "node-loop-64-2", "tile-preloaded-gather-links", "tile-gather-links",
+        "tile-preloaded-one-store-pairs", "tile-one-store-pairs-gather-links", "small-tree", "small-tree-64-2"])
 def test_verify_fuzz_each_kernel(impl, tuning):
     """Each verify kernel on every layout, whichever the launcher would pick for the shape: the
     node loop (K <= 5; rows or dense windows) with each node's input loaded 0 to 4 nodes ahead,
     the rows tile with and without its 2-D preload, with its slot-free loads before or after the
     slots and its rows stored as one tile or row by row, the any-width dense kernel, each on a grid
     of requests first or of channel blocks first, and the node loop at one channel per lane (dense
-    chains' choice from 8 requests), against the same oracles as test_verify_fuzz."""
+    chains' choice from 8 requests), the tile with a tree's links walked in registers and with its
+    one store two rows per lane, and the unrolled small-tree kernel (trees of up to 8 nodes, K <= 5;
+    larger ones take the others), against the same oracles as test_verify_fuzz."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_causal_conv1d_verify
@@ -266,6 +273,47 @@ def test_chain_parents_equal_no_parents(impl, layout, kernel_size):
         results.append((out, buffer))
     assert torch.equal(results[0][0], results[1][0])
     assert torch.equal(results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize("impl", impl_params())
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+def test_links_beyond_int32_are_bad_links(impl, layout):
+    """An int64 parent link outside int32's range is a bad link (its node and the nodes within
+    K-1 below it write no output), never the in-range link its low 32 bits spell: 2**32 is not 0,
+    -2**32 - 1 is not -1. Each kernel that serves trees of this size, through the launcher's
+    tuning keywords where there is a choice."""
+    generator = torch.Generator().manual_seed(50)
+    L, M, N, K, dim = 1, 3, 6, 4, 24
+    parents = torch.tensor([[-1, 0, 2**32, 1, 3, 2], [-1, 0, 1, -(2**32) - 1, 3, 0]], dtype=torch.int64)
+    B = parents.shape[0]
+    conv_state = torch.randn(L, 2, dim, K - 1, generator=generator).to(impl.device)
+    x = torch.randn(B, N, dim, generator=generator).to(impl.device)
+    weight = random_weight(dim, K, torch.float32, impl.device, generator)
+    slots = (torch.tensor([2, 0], device=impl.device), torch.tensor([1, 0], device=impl.device))
+    expected, written = reference.causal_conv1d_verify_reference(
+        torch.zeros(B, N, dim), conv_state.cpu(), x.cpu(), weight.cpu(), None, slots[0].cpu(), slots[1].cpu(), M, 0,
+        parents, "silu")
+    assert not bool(written[0, 2].any()) and not bool(written[1, 3].any())  # the oracle calls them bad
+    runs = [lambda *args: impl.causal_conv1d_verify(*args, layout=layout, activation="silu")]
+    if impl.name in ("triton_interpret", "cuda"):  # the Triton kernels, each one
+        from sgl_convwin._kernels import triton_kernels
+
+        def kernel(**tuning):
+            def run(*args):
+                kernel_args, kernel_kwargs = sgl_convwin.causal_conv1d_verify.kernel_arguments(
+                    *args, layout=layout, activation="silu")
+                triton_kernels().launch_causal_conv1d_verify(*kernel_args, **kernel_kwargs, **tuning)
+            return run
+
+        runs += [kernel(node_loop=True), kernel(node_loop=False, preload=True),
+                 kernel(node_loop=False, preload=False), kernel(node_loop=False, gather_links=True),
+                 kernel(small_tree=True)]
+    for run in runs:
+        buffer = torch.zeros(sgl_convwin.physical_shape(layout, L, M, dim, N, K), device=impl.device)
+        out = torch.zeros(B, N, dim, device=impl.device)
+        out_before = whole_storage(out).clone()
+        run(out, buffer, conv_state, x, weight, None, *slots, 0, parents.to(impl.device))
+        check_outputs(out, out_before, expected, written)
 
 
 def decode_state(history, tokens):

@@ -10,6 +10,9 @@ channels per program and warps. The launcher's kernel choice and block rules com
                         channels also one store without the early loads)
         [--blocks-first] (only the default kernels, on their grid and forced to channel blocks first and to
                         requests first)
+        [--links-pairs] (only the preloaded rows tile with its early loads, a tree's links walked in registers
+                        or reloaded per step, its one store two rows per lane or one)
+        [--small-tree]  (only the unrolled small-tree kernel, trees of up to 8 nodes, against the default)
 """
 
 import argparse
@@ -51,7 +54,7 @@ def sweep_configs(args):
         return {"rows": orders, "dense": orders}
     if args.prefetch is not None:
         return {kind: [{}] + [loop(block, warps, prefetch=ahead) for block, warps in blocks for ahead in args.prefetch]
-                for kind, blocks in (("rows", [(64, 1), (128, 1), (256, 2)]), ("dense", [(32, 1), (64, 1), (64, 2)]))}
+                for kind, blocks in (("rows", [(64, 1), (128, 1), (256, 1), (256, 2)]), ("dense", [(32, 1), (64, 1), (64, 2)]))}
     configs = {
         "rows": [{}] + [tile(block, warps) for block, warps in ((16, 1), (32, 1), (64, 1), (128, 1), (64, 2))]
         + [tile(block, warps, preload=True) for block, warps in ((32, 1), (64, 1), (128, 1), (64, 2))]
@@ -66,11 +69,20 @@ def sweep_configs(args):
     if args.one_store:  # at 128 also without the early loads
         configs["rows"] = [{}] + [tile(block, 1, preload=True, early=True, one_store=one) for block in (32, 64, 128)
                                   for one in (False, True)] + [tile(128, 1, preload=True, early=False, one_store=True)]
+    if args.small_tree:
+        shapes = ((32, 1), (64, 1), (64, 2), (128, 1), (128, 2), (256, 2))
+        small = [{}] + [dict(block=block, num_warps=warps, small_tree=True) for block, warps in shapes]
+        return {"rows": small, "dense": small}
+    if args.links_pairs:
+        configs["rows"] = [{}] + [tile(block, 1, preload=True, early=True, gather_links=links, pairs=pairs)
+                                  for block in (32, 64, 128) for links in (False, True) for pairs in (False, True)]
     return configs
 
 
 def config_name(tuning):
     """The table's name of a configuration."""
+    if tuning.get("small_tree"):
+        return f"small tree {tuning['block']}/{tuning['num_warps']}w"
     if "block" not in tuning:
         order = tuning.get("blocks_first")
         return "default" if order is None else f"default, {'blocks' if order else 'requests'} first"
@@ -81,6 +93,8 @@ def config_name(tuning):
         if tuning["preload"]:
             variant = "+preload" + ("+early" if tuning.get("early") else "")
             variant += "+one store" if tuning.get("one_store") else ""
+            variant += "+links" if tuning.get("gather_links") else ""
+            variant += "+pairs" if tuning.get("pairs") else ""
     return f"{kind}{variant} {tuning['block']}/{tuning['num_warps']}w"
 
 
@@ -102,6 +116,12 @@ def main():
     parser.add_argument("--blocks-first", action="store_true",
                         help="time only the launcher's default kernels, on their grid and forced to channel blocks "
                              "first and to requests first")
+    parser.add_argument("--links-pairs", action="store_true",
+                        help="time only the preloaded rows tile with its early loads, a tree's links walked in "
+                             "registers or not, its one store (where it takes one) two rows per lane or not")
+    parser.add_argument("--small-tree", action="store_true",
+                        help="time only the unrolled small-tree kernel (trees of up to 8 nodes) at several channels "
+                             "per program and warps, against the launcher's default")
     args = parser.parse_args()
     if not common.needs_cuda("this sweep"):
         return 1
