@@ -134,8 +134,8 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
     ("channel_major", 4, False, 8, "rows", 64, dict(EARLY=True, ONE_STORE=False)),
     ("channel_major", 4, False, 64, "rows", 128, dict(EARLY=True, ONE_STORE=True, ROWS_ALIGN=2)),
     ("token_major", 8, True, 8, "rows", 32, dict(ONE_STORE=False, GATHER_LINKS=True)),
-    ("token_major", 8, True, 64, "small_tree", 128, dict(ROWS=True, NODES=8)),
-    ("token_major", 8, True, 256, "small_tree", 128, dict(ROWS=True, NODES=8)),
+    ("token_major", 8, True, 64, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True)),
+    ("token_major", 8, True, 256, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True)),
     ("token_major", 32, True, 64, "rows", 32, dict(ONE_STORE=False)),
     ("token_major", 32, True, 128, "node_loop", 128, dict(PREFETCH=2)),
     ("channel_major", 8, True, 8, "rows", 32, dict(ONE_STORE=False, GATHER_LINKS=True)),
@@ -145,7 +145,8 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
     ("dense", 4, False, 8, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2)),
     ("dense", 4, False, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2)),
     ("dense", 4, False, 256, "node_loop", 64, dict(PREFETCH=4, ROWS=False, num_warps=2)),
-    ("dense", 8, True, 1, "small_tree", 64, dict(ROWS=False, NODES=8)),
+    ("dense", 8, True, 1, "small_tree", 32, dict(ROWS=False, NODES=8, SLOTS_AS_MASKS=False)),
+    ("dense", 8, True, 8, "small_tree", 64, dict(ROWS=False, NODES=8)),
     ("dense", 8, True, 64, "small_tree", 64, dict(ROWS=False, NODES=8)),
     ("dense", 32, True, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False)),
 ]
@@ -155,7 +156,8 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
 def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags):
     """The verify launcher's measured choices at the Qwen3-Next TP1 shape (dim 8192, K = 4, bf16;
     docs/benchmarks.md, "Verify kernel"): trees of up to 8 nodes take the unrolled small-tree
-    kernel on dense windows (64 channels) and on token_major rows from 64 requests (128); the node
+    kernel on dense windows (64 channels; 32 below 8 requests) and on token_major rows from 64
+    requests (128, a bad slot skipped by masks); the node
     loop serves dense windows, token_major chains from 32 requests and token_major trees of more
     than 8 nodes from 128 (one warp; dense chains from 8 requests 64 channels over 2 warps); else
     the rows tile, at 128 channels for up to 8 nodes from 64 requests, storing its rows as one tile

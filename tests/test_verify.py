@@ -196,8 +196,8 @@ def test_verify_fuzz(impl):
     fuzz()
 
 
-@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
-@pytest.mark.parametrize("tuning", [
+# the verify launcher's tuning keywords that force each kernel and each of its variants
+KERNEL_TUNINGS = [
     dict(node_loop=False, preload=False, early=False), dict(node_loop=False, preload=False, early=True),
     dict(node_loop=False, preload=True, early=False), dict(node_loop=False, preload=True, early=True),
     dict(node_loop=False, preload=False, one_store=True), dict(node_loop=False, preload=True, one_store=True),
@@ -209,13 +209,18 @@ def test_verify_fuzz(impl):
     dict(node_loop=False, preload=True, gather_links=True), dict(node_loop=False, preload=False, gather_links=True),
     dict(node_loop=False, preload=True, one_store=True, pairs=True),
     dict(node_loop=False, preload=False, one_store=True, pairs=True, gather_links=True),
-    dict(small_tree=True), dict(small_tree=True, block=64, num_warps=2),
-], ids=["tile-or-any-width", "tile-early", "tile-preloaded", "tile-preloaded-early", "tile-one-store",
-        "tile-preloaded-one-store", "node-loop", "node-loop-prefetch-1", "node-loop-prefetch-2", "node-loop-prefetch-3",
-        "node-loop-prefetch-4",
-        "tile-or-any-width-blocks-first", "node-loop-blocks-first", "tile-or-any-width-requests-first",
-        "node-loop-requests-first", "node-loop-64-2", "tile-preloaded-gather-links", "tile-gather-links",
-        "tile-preloaded-one-store-pairs", "tile-one-store-pairs-gather-links", "small-tree", "small-tree-64-2"])
+    dict(small_tree=True), dict(small_tree=True, block=64, num_warps=2), dict(small_tree=True, slots_as_masks=True),
+]
+KERNEL_TUNING_IDS = ["tile-or-any-width", "tile-early", "tile-preloaded", "tile-preloaded-early", "tile-one-store",
+    "tile-preloaded-one-store", "node-loop", "node-loop-prefetch-1", "node-loop-prefetch-2", "node-loop-prefetch-3",
+    "node-loop-prefetch-4", "tile-or-any-width-blocks-first", "node-loop-blocks-first",
+    "tile-or-any-width-requests-first", "node-loop-requests-first", "node-loop-64-2", "tile-preloaded-gather-links",
+    "tile-gather-links", "tile-preloaded-one-store-pairs", "tile-one-store-pairs-gather-links", "small-tree",
+    "small-tree-64-2", "small-tree-slots-as-masks"]
+
+
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("tuning", KERNEL_TUNINGS, ids=KERNEL_TUNING_IDS)
 def test_verify_fuzz_each_kernel(impl, tuning):
     """Each verify kernel on every layout, whichever the launcher would pick for the shape: the
     node loop (K <= 5; rows or dense windows) with each node's input loaded 0 to 4 nodes ahead,
@@ -249,6 +254,43 @@ def test_verify_fuzz_each_kernel(impl, tuning):
         check_outputs(conv["out"], out_before, expected, written)
 
     fuzz()
+
+
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("tuning", KERNEL_TUNINGS, ids=KERNEL_TUNING_IDS)
+@pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
+def test_each_kernel_skips_padding_and_slots_out_of_range(impl, tuning, tree):
+    """Every kernel, every layout: requests whose buffer slot is negative (padding) or past the
+    buffer, or whose state slot is negative or past the state, write nothing at all -- neither
+    their outputs nor any buffer slot -- while the valid requests around them are served."""
+    from sgl_convwin._kernels import triton_kernels
+
+    generator = torch.Generator().manual_seed(60)
+    L, M, N, K, dim, num_state = 2, 3, 4, 4, 20, 3
+    buffer_slots = torch.tensor([1, -1, 3, 0, 2, 1])
+    state_slots = torch.tensor([0, 1, 2, -1, 1, 7])  # rows 0 and 4 are the valid ones
+    B = len(buffer_slots)
+    parents = torch.tensor([[-1, 0, 0, 1]] * B) if tree else None
+    for layout in sgl_convwin.LAYOUTS:
+        buffer = torch.randn(sgl_convwin.physical_shape(layout, L, M, dim, N, K), generator=generator)
+        conv_state = torch.randn(L, num_state, dim, K - 1, generator=generator)
+        x = torch.randn(B, N, dim, generator=generator)
+        weight = random_weight(dim, K, torch.float32, "cpu", generator)
+        args = dict(buffer=buffer.to(impl.device), conv_state=conv_state.to(impl.device), x=x.to(impl.device),
+                    buffer_slots=buffer_slots.to(impl.device), state_slots=state_slots.to(impl.device), layer=1,
+                    parents=None if parents is None else parents.to(impl.device))
+        want = expected_buffer(args, layout, "dim_major")
+        out = torch.zeros(B, N, dim, device=impl.device)
+        out_before = whole_storage(out).clone()
+        expected, written = reference.causal_conv1d_verify_reference(
+            out, conv_state, x, weight, None, buffer_slots, state_slots, M, 1, parents, "silu")
+        assert written[[0, 4]].all() and not written[[1, 2, 3, 5]].any()
+        kernel_args, kernel_kwargs = sgl_convwin.causal_conv1d_verify.kernel_arguments(
+            out, args["buffer"], args["conv_state"], args["x"], weight.to(impl.device), None, args["buffer_slots"],
+            args["state_slots"], 1, args["parents"], layout=layout, activation="silu")
+        triton_kernels().launch_causal_conv1d_verify(*kernel_args, **kernel_kwargs, **tuning)
+        assert torch.equal(args["buffer"].cpu(), want), layout
+        check_outputs(out, out_before, expected, written)
 
 
 @pytest.mark.parametrize("impl", impl_params())

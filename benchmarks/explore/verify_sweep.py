@@ -70,8 +70,9 @@ def sweep_configs(args):
         configs["rows"] = [{}] + [tile(block, 1, preload=True, early=True, one_store=one) for block in (32, 64, 128)
                                   for one in (False, True)] + [tile(128, 1, preload=True, early=False, one_store=True)]
     if args.small_tree:
-        shapes = ((32, 1), (64, 1), (64, 2), (128, 1), (128, 2), (256, 2))
-        small = [{}] + [dict(block=block, num_warps=warps, small_tree=True) for block, warps in shapes]
+        shapes = ((32, 1), (64, 1), (128, 1), (256, 2))
+        small = [{}] + [dict(block=block, num_warps=warps, small_tree=True, slots_as_masks=masks)
+                        for block, warps in shapes for masks in (False, True)]
         return {"rows": small, "dense": small}
     if args.links_pairs:
         configs["rows"] = [{}] + [tile(block, 1, preload=True, early=True, gather_links=links, pairs=pairs)
@@ -82,7 +83,8 @@ def sweep_configs(args):
 def config_name(tuning):
     """The table's name of a configuration."""
     if tuning.get("small_tree"):
-        return f"small tree {tuning['block']}/{tuning['num_warps']}w"
+        masks = ", slots as masks" if tuning.get("slots_as_masks") else ""
+        return f"small tree{masks} {tuning['block']}/{tuning['num_warps']}w"
     if "block" not in tuning:
         order = tuning.get("blocks_first")
         return "default" if order is None else f"default, {'blocks' if order else 'requests'} first"
