@@ -50,7 +50,8 @@ def replay_case(mixer, batch=64, nodes=4):
 
 CASES = {  # name: (what it runs, the kernel ncu should filter on)
     "verify-chain": (lambda: verify_case(4, None), "_verify_node_loop_kernel"),
-    "verify-tree": (lambda: verify_case(8, 3), "_verify_rows_kernel"),
+    "verify-tree": (lambda: verify_case(8, 3), "_verify_small_tree_kernel"),
+    "verify-channel-major-tree": (lambda: verify_case(8, 3, layout="channel_major"), "_verify_rows_kernel"),
     "verify-channel-major-chain": (lambda: verify_case(4, None, layout="channel_major"), "_verify_rows_kernel"),
     "verify-dense-chain": (lambda: verify_case(4, None, layout="dense"), "_verify_node_loop_kernel"),
     "commit-token-major-b8": (lambda: commit_case("token_major", 4, 8), "_scatter_windows_kernel"),
