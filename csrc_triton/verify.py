@@ -156,9 +156,17 @@ def _newest_first(oldest_first, NUM: tl.constexpr):
 
 
 @triton.jit
-def _committed_at(pos, h1, h2, h3, h4):
-    """Committed input -pos (pos in -4..-1) from the registers, h1 the newest."""
-    return tl.where(pos == -1, h1, tl.where(pos == -2, h2, tl.where(pos == -3, h3, h4)))
+def _committed_at(pos, h1, h2, h3, h4, REACH: tl.constexpr = 4):
+    """Committed input -pos from the registers, h1 the newest, for pos in -REACH..-1 (a walk's
+    REACH-th step up from a node gets no further back): REACH - 1 selects."""
+    value = h1
+    if REACH >= 2:
+        value = tl.where(pos == -2, h2, value)
+    if REACH >= 3:
+        value = tl.where(pos == -3, h3, value)
+    if REACH >= 4:
+        value = tl.where(pos == -4, h4, value)
+    return value
 
 
 @triton.jit
@@ -315,9 +323,9 @@ def _verify_rows_kernel(
                 pos = _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS, links, GATHER_LINKS)
                 is_token = (pos >= 0)[:, None]
                 from_x = tl.load(xs + (pos * x_stride_node)[:, None] + x_chan, mask=is_token & write)
-                if PRELOAD:
+                if PRELOAD:  # (pos >= -up for every node; the rows past them write nothing)
                     from_state = _committed_at(pos[:, None], h1.to(tl.float32)[None, :], h2.to(tl.float32)[None, :],
-                                               h3.to(tl.float32)[None, :], h4.to(tl.float32)[None, :])
+                                               h3.to(tl.float32)[None, :], h4.to(tl.float32)[None, :], up)
                     tap = taps[WIDTH - up]
                 else:
                     from_state = tl.load(state + ((WIDTH + pos) * state_stride_win)[:, None] + state_chan,
@@ -333,12 +341,12 @@ def _verify_rows_kernel(
 
 
 @triton.jit
-def _input_at(pos, xs, x_stride_node, h1, h2, h3, h4, cmask):
-    """The input at path position ``pos`` in float32: node pos's token from x, or committed input
-    -pos from the registers (h1 the newest)."""
+def _input_at(pos, xs, x_stride_node, h1, h2, h3, h4, cmask, REACH: tl.constexpr = 4):
+    """The input at path position ``pos`` (>= -REACH) in float32: node pos's token from x, or
+    committed input -pos from the registers (h1 the newest)."""
     # (tl.where, not &: Triton's interpreter mistypes a vector & scalar mask)
     token = tl.load(xs + tl.maximum(pos, 0) * x_stride_node, mask=tl.where(pos >= 0, cmask, False))
-    committed = _committed_at(pos, h1, h2, h3, h4)
+    committed = _committed_at(pos, h1, h2, h3, h4, REACH)
     return tl.where(pos >= 0, token.to(tl.float32), committed)
 
 
@@ -490,7 +498,7 @@ def _verify_node_loop_kernel(
                     parent_ok = (parent >= -1) & (parent < pos)
                     ok &= parent_ok | (pos < 0)
                     pos = tl.where(is_node, tl.where(parent_ok, parent, -1), pos - 1)  # next read in bounds
-                    value = _input_at(pos, xs, x_stride_node, h1, h2, h3, h4, cmask)
+                    value = _input_at(pos, xs, x_stride_node, h1, h2, h3, h4, cmask, up)  # pos >= -up
                     if up == 1:
                         p1 = value
                     if up == 2:
@@ -678,7 +686,7 @@ def _verify_small_tree_kernel(
                 parent_ok = (parent >= -1) & (parent < pos)
                 ok &= parent_ok | (pos < 0)
                 pos = tl.where(is_node, tl.where(parent_ok, parent, -1), pos - 1)
-                value = _input_at(pos.to(tl.int64), xs, x_stride_node, h1, h2, h3, h4, live)
+                value = _input_at(pos.to(tl.int64), xs, x_stride_node, h1, h2, h3, h4, live, up)  # pos >= -up
                 if up == 1:
                     p1 = value
                 if up == 2:
