@@ -351,6 +351,91 @@ def _input_at(pos, xs, x_stride_node, h1, h2, h3, h4, cmask, REACH: tl.constexpr
 
 
 @triton.jit
+def _committed_and_weights(windows, state, weight_ptr, bias_ptr, chan, cmask, n0, windows_stride_node,
+                           state_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, WIDTH: tl.constexpr,
+                           BLOCK: tl.constexpr, HAS_CONV: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr):
+    """The node loops' registers: the K-1 committed inputs (h1 the newest) and, with HAS_CONV, the
+    bias and the taps (w_x the node's own input's, w_1 the newest committed one's ...) in float32,
+    zeros past K-1; with ROWS, rows 0 .. K-3 (the K-2 newest committed inputs) are stored too.
+    Offsets in int64 (n0: an int64 zero): a factor times an int32 stride may pass 2**31."""
+    zero = tl.zeros([BLOCK], dtype=tl.float32)
+    h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)
+    h2 = zero
+    h3 = zero
+    h4 = zero
+    if WIDTH >= 2:
+        h2 = tl.load(state + (n0 + WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
+    if WIDTH >= 3:
+        h3 = tl.load(state + (n0 + WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
+    if WIDTH >= 4:
+        h4 = tl.load(state + (n0 + WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
+    bias = zero
+    w_x = zero
+    w_1 = zero
+    w_2 = zero
+    w_3 = zero
+    w_4 = zero
+    if HAS_CONV:
+        taps = weight_ptr + chan * weight_stride_dim
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
+        w_x = tl.load(taps + (n0 + WIDTH) * weight_stride_tap, mask=cmask).to(tl.float32)
+        w_1 = tl.load(taps + (n0 + WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
+        if WIDTH >= 2:
+            w_2 = tl.load(taps + (n0 + WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
+        if WIDTH >= 3:
+            w_3 = tl.load(taps + (n0 + WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
+        if WIDTH >= 4:
+            w_4 = tl.load(taps + (n0 + WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
+    if ROWS:  # rows 0 .. K-3: the K-2 newest committed inputs, oldest first
+        if WIDTH >= 2:
+            tl.store(windows + (n0 + WIDTH - 2) * windows_stride_node, h1.to(windows.dtype.element_ty), mask=cmask)
+        if WIDTH >= 3:
+            tl.store(windows + (n0 + WIDTH - 3) * windows_stride_node, h2.to(windows.dtype.element_ty), mask=cmask)
+        if WIDTH >= 4:
+            tl.store(windows + (n0 + WIDTH - 4) * windows_stride_node, h3.to(windows.dtype.element_ty), mask=cmask)
+    return h1, h2, h3, h4, bias, w_x, w_1, w_2, w_3, w_4
+
+
+@triton.jit
+def _store_node(windows, out_ptr, row, chan, node, raw, p1, p2, p3, p4, bias, w_x, w_1, w_2, w_3, w_4, live,
+                write, n0, windows_stride_node, windows_stride_win, out_stride_row, out_stride_node, out_stride_dim,
+                WIDTH: tl.constexpr, HAS_CONV: tl.constexpr, SILU: tl.constexpr, ROWS: tl.constexpr, token=None):
+    """What the node loops write for node ``node`` (int64), its own input ``raw`` (as stored; in
+    float32 ``token``, converted here if None) and the inputs above it p1 (its parent's) .. p4
+    (float32): with ROWS its row K-2+n, wherever
+    ``live``; else its window; and out[node] = act(bias + the taps from the newest input up) -- the
+    rows kernel's fma order -- both wherever ``write`` (its links are good)."""
+    if ROWS:  # row K-2+n: node n's input, whatever its links
+        tl.store(windows + (WIDTH - 1 + node) * windows_stride_node, raw.to(windows.dtype.element_ty), mask=live)
+    else:
+        window = windows + node * windows_stride_node
+        # column K-2 of window `node` is the node's own input, the columns before it its path's
+        tl.store(window + (n0 + WIDTH - 1) * windows_stride_win, raw.to(windows.dtype.element_ty), mask=write)
+        if WIDTH >= 2:
+            tl.store(window + (n0 + WIDTH - 2) * windows_stride_win, p1.to(windows.dtype.element_ty), mask=write)
+        if WIDTH >= 3:
+            tl.store(window + (n0 + WIDTH - 3) * windows_stride_win, p2.to(windows.dtype.element_ty), mask=write)
+        if WIDTH >= 4:
+            tl.store(window + (n0 + WIDTH - 4) * windows_stride_win, p3.to(windows.dtype.element_ty), mask=write)
+    if HAS_CONV:
+        if token is None:
+            token = raw.to(tl.float32)
+        acc = tl.fma(w_x, token, bias)
+        acc = tl.fma(w_1, p1, acc)
+        if WIDTH >= 2:
+            acc = tl.fma(w_2, p2, acc)
+        if WIDTH >= 3:
+            acc = tl.fma(w_3, p3, acc)
+        if WIDTH >= 4:
+            acc = tl.fma(w_4, p4, acc)
+        if SILU:
+            acc = acc * tl.sigmoid(acc)
+        out = out_ptr + row * out_stride_row + node * out_stride_node + chan * out_stride_dim
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=write)
+
+
+@triton.jit
 def _verify_node_loop_kernel(
     windows_ptr,
     state_ptr,
@@ -431,45 +516,9 @@ def _verify_node_loop_kernel(
         parents_row = parents_ptr + row * parents_stride_row
         # every offset in int64: a factor times an int32 stride may pass 2**31 (no span check here)
         n0 = row * 0
-        zero = tl.zeros([BLOCK], dtype=tl.float32)
-        h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)  # the newest
-        h2 = zero
-        h3 = zero
-        h4 = zero
-        if WIDTH >= 2:
-            h2 = tl.load(state + (n0 + WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
-        if WIDTH >= 3:
-            h3 = tl.load(state + (n0 + WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
-        if WIDTH >= 4:
-            h4 = tl.load(state + (n0 + WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
-        bias = zero
-        w_x = zero
-        w_1 = zero
-        w_2 = zero
-        w_3 = zero
-        w_4 = zero
-        if HAS_CONV:
-            taps = weight_ptr + chan * weight_stride_dim
-            if HAS_BIAS:
-                bias = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
-            w_x = tl.load(taps + (n0 + WIDTH) * weight_stride_tap, mask=cmask).to(tl.float32)
-            w_1 = tl.load(taps + (n0 + WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
-            if WIDTH >= 2:
-                w_2 = tl.load(taps + (n0 + WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
-            if WIDTH >= 3:
-                w_3 = tl.load(taps + (n0 + WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
-            if WIDTH >= 4:
-                w_4 = tl.load(taps + (n0 + WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
-        if ROWS:  # rows 0 .. K-3: the K-2 newest committed inputs, oldest first
-            if WIDTH >= 2:
-                tl.store(windows + (n0 + WIDTH - 2) * windows_stride_node, h1.to(windows_ptr.dtype.element_ty),
-                         mask=cmask)
-            if WIDTH >= 3:
-                tl.store(windows + (n0 + WIDTH - 3) * windows_stride_node, h2.to(windows_ptr.dtype.element_ty),
-                         mask=cmask)
-            if WIDTH >= 4:
-                tl.store(windows + (n0 + WIDTH - 4) * windows_stride_node, h3.to(windows_ptr.dtype.element_ty),
-                         mask=cmask)
+        h1, h2, h3, h4, bias, w_x, w_1, w_2, w_3, w_4 = _committed_and_weights(
+            windows, state, weight_ptr, bias_ptr, chan, cmask, n0, windows_stride_node, state_stride_win,
+            weight_stride_dim, weight_stride_tap, bias_stride, WIDTH, BLOCK, HAS_CONV, HAS_BIAS, ROWS)
         p1, p2, p3, p4 = h1, h2, h3, h4  # the node's previous inputs, p1 the newest
         for node32 in range(num_nodes):
             node = n0 + node32
@@ -508,36 +557,9 @@ def _verify_node_loop_kernel(
                     if up == 4:
                         p4 = value
                 write = tl.where(ok, cmask, False)  # a bad link among the K-1 above skips the node
-            if ROWS:  # row K-2+n: node n's input, whatever its links
-                tl.store(windows + (WIDTH - 1 + node) * windows_stride_node, raw.to(windows_ptr.dtype.element_ty),
-                         mask=cmask)
-            else:
-                window = windows + node * windows_stride_node
-                # column K-2 of window `node` is the node's own input, the columns before it its path's
-                tl.store(window + (n0 + WIDTH - 1) * windows_stride_win, raw.to(windows_ptr.dtype.element_ty),
-                         mask=write)
-                if WIDTH >= 2:
-                    tl.store(window + (n0 + WIDTH - 2) * windows_stride_win, p1.to(windows_ptr.dtype.element_ty),
-                             mask=write)
-                if WIDTH >= 3:
-                    tl.store(window + (n0 + WIDTH - 3) * windows_stride_win, p2.to(windows_ptr.dtype.element_ty),
-                             mask=write)
-                if WIDTH >= 4:
-                    tl.store(window + (n0 + WIDTH - 4) * windows_stride_win, p3.to(windows_ptr.dtype.element_ty),
-                             mask=write)
-            if HAS_CONV:  # the rows kernel's fma order: bias, then the taps from the newest input up
-                acc = tl.fma(w_x, token, bias)
-                acc = tl.fma(w_1, p1, acc)
-                if WIDTH >= 2:
-                    acc = tl.fma(w_2, p2, acc)
-                if WIDTH >= 3:
-                    acc = tl.fma(w_3, p3, acc)
-                if WIDTH >= 4:
-                    acc = tl.fma(w_4, p4, acc)
-                if SILU:
-                    acc = acc * tl.sigmoid(acc)
-                out = out_ptr + row * out_stride_row + node * out_stride_node + chan * out_stride_dim
-                tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=write)
+            _store_node(windows, out_ptr, row, chan, node, raw, p1, p2, p3, p4, bias, w_x, w_1, w_2, w_3, w_4,
+                        cmask, write, n0, windows_stride_node, windows_stride_win, out_stride_row, out_stride_node,
+                        out_stride_dim, WIDTH, HAS_CONV, SILU, ROWS, token)
             if not HAS_PARENTS:
                 p4, p3, p2, p1 = p3, p2, p1, token
 
@@ -629,45 +651,10 @@ def _verify_small_tree_kernel(
         windows = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan * windows_stride_dim
         state = state_ptr + state_layer_offset + src * state_stride_slot + chan * state_stride_dim
         n0 = row * 0  # int64 offsets: a factor times an int32 stride may pass 2**31 (no span check here)
+        h1, h2, h3, h4, bias, w_x, w_1, w_2, w_3, w_4 = _committed_and_weights(
+            windows, state, weight_ptr, bias_ptr, chan, cmask, n0, windows_stride_node, state_stride_win,
+            weight_stride_dim, weight_stride_tap, bias_stride, WIDTH, BLOCK, HAS_CONV, HAS_BIAS, ROWS)
         zero = tl.zeros([BLOCK], dtype=tl.float32)
-        h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)  # the newest
-        h2 = zero
-        h3 = zero
-        h4 = zero
-        if WIDTH >= 2:
-            h2 = tl.load(state + (n0 + WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
-        if WIDTH >= 3:
-            h3 = tl.load(state + (n0 + WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
-        if WIDTH >= 4:
-            h4 = tl.load(state + (n0 + WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
-        bias = zero
-        w_x = zero
-        w_1 = zero
-        w_2 = zero
-        w_3 = zero
-        w_4 = zero
-        if HAS_CONV:
-            taps = weight_ptr + chan * weight_stride_dim
-            if HAS_BIAS:
-                bias = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
-            w_x = tl.load(taps + (n0 + WIDTH) * weight_stride_tap, mask=cmask).to(tl.float32)
-            w_1 = tl.load(taps + (n0 + WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
-            if WIDTH >= 2:
-                w_2 = tl.load(taps + (n0 + WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
-            if WIDTH >= 3:
-                w_3 = tl.load(taps + (n0 + WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
-            if WIDTH >= 4:
-                w_4 = tl.load(taps + (n0 + WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
-        if ROWS:  # rows 0 .. K-3: the K-2 newest committed inputs, oldest first
-            if WIDTH >= 2:
-                tl.store(windows + (n0 + WIDTH - 2) * windows_stride_node, h1.to(windows_ptr.dtype.element_ty),
-                         mask=cmask)
-            if WIDTH >= 3:
-                tl.store(windows + (n0 + WIDTH - 3) * windows_stride_node, h2.to(windows_ptr.dtype.element_ty),
-                         mask=cmask)
-            if WIDTH >= 4:
-                tl.store(windows + (n0 + WIDTH - 4) * windows_stride_node, h3.to(windows_ptr.dtype.element_ty),
-                         mask=cmask)
         for n in tl.static_range(NODES):
             live = tl.where(n < num_nodes, cmask, False)
             raw = inputs[n]
@@ -696,35 +683,9 @@ def _verify_small_tree_kernel(
                 if up == 4:
                     p4 = value
             write = tl.where(ok, live, False)  # a bad link among the K-1 above skips the node
-            if ROWS:  # row K-2+n: node n's input, whatever its links
-                tl.store(windows + (n0 + WIDTH - 1 + n) * windows_stride_node, raw.to(windows_ptr.dtype.element_ty),
-                         mask=live)
-            else:
-                window = windows + (n0 + n) * windows_stride_node
-                tl.store(window + (n0 + WIDTH - 1) * windows_stride_win, raw.to(windows_ptr.dtype.element_ty),
-                         mask=write)
-                if WIDTH >= 2:
-                    tl.store(window + (n0 + WIDTH - 2) * windows_stride_win, p1.to(windows_ptr.dtype.element_ty),
-                             mask=write)
-                if WIDTH >= 3:
-                    tl.store(window + (n0 + WIDTH - 3) * windows_stride_win, p2.to(windows_ptr.dtype.element_ty),
-                             mask=write)
-                if WIDTH >= 4:
-                    tl.store(window + (n0 + WIDTH - 4) * windows_stride_win, p3.to(windows_ptr.dtype.element_ty),
-                             mask=write)
-            if HAS_CONV:  # the rows kernel's fma order: bias, then the taps from the newest input up
-                acc = tl.fma(w_x, raw.to(tl.float32), bias)
-                acc = tl.fma(w_1, p1, acc)
-                if WIDTH >= 2:
-                    acc = tl.fma(w_2, p2, acc)
-                if WIDTH >= 3:
-                    acc = tl.fma(w_3, p3, acc)
-                if WIDTH >= 4:
-                    acc = tl.fma(w_4, p4, acc)
-                if SILU:
-                    acc = acc * tl.sigmoid(acc)
-                out = out_ptr + row * out_stride_row + (n0 + n) * out_stride_node + chan * out_stride_dim
-                tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=write)
+            _store_node(windows, out_ptr, row, chan, n0 + n, raw, p1, p2, p3, p4, bias, w_x, w_1, w_2, w_3, w_4,
+                        live, write, n0, windows_stride_node, windows_stride_win, out_stride_row,
+                        out_stride_node, out_stride_dim, WIDTH, HAS_CONV, SILU, ROWS)
 
 
 @triton.jit
