@@ -69,8 +69,8 @@ DENSE_ANY_WIDTH_WARPS = 2
 # order (a request's channel blocks first), the rows tile's tree links walked in registers, its
 # one store two rows per lane where the strides allow it, the unrolled small-tree kernel, and that
 # kernel's bad slots skipped by masks instead of a branch.
-TUNING = ("block", "num_warps", "node_loop", "preload", "prefetch", "early", "one_store", "blocks_first", "gather_links",
-          "pairs", "small_tree", "slots_as_masks")
+TUNING = ("block", "num_warps", "node_loop", "preload", "prefetch", "early", "one_store", "blocks_first",
+          "gather_links", "pairs", "small_tree", "slots_as_masks")
 
 
 @triton.jit
@@ -113,7 +113,8 @@ def _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS: tl.constexpr, l
 
 
 @triton.jit
-def _links_ok(node, parents_row, parents_stride_node, WIDTH: tl.constexpr, links=None, GATHER: tl.constexpr = False):
+def _links_ok(node, parents_row, parents_stride_node, WIDTH: tl.constexpr, links=None,
+              GATHER: tl.constexpr = False):
     """Whether ``node`` >= 0 and every parent link among the K-1 above it lies in [-1, m-1].
     links, GATHER: as _parent_link's."""
     ok = node >= 0
@@ -303,7 +304,8 @@ def _verify_rows_kernel(
         if HAS_CONV:
             pos = tl.where(nmask, node, -1)
             if HAS_PARENTS:  # a bad link among the K-1 above a node skips its output
-                write = _links_ok(pos, parents_row, parents_stride_node, WIDTH, links, GATHER_LINKS)[:, None] & cmask[None, :]
+                links_ok = _links_ok(pos, parents_row, parents_stride_node, WIDTH, links, GATHER_LINKS)
+                write = links_ok[:, None] & cmask[None, :]
             else:
                 write = tile_mask
             if HAS_BIAS:
@@ -403,9 +405,9 @@ def _store_node(windows, out_ptr, row, chan, node, raw, p1, p2, p3, p4, bias, w_
                 WIDTH: tl.constexpr, HAS_CONV: tl.constexpr, SILU: tl.constexpr, ROWS: tl.constexpr, token=None):
     """What the node loops write for node ``node`` (int64), its own input ``raw`` (as stored; in
     float32 ``token``, converted here if None) and the inputs above it p1 (its parent's) .. p4
-    (float32): with ROWS its row K-2+n, wherever
-    ``live``; else its window; and out[node] = act(bias + the taps from the newest input up) -- the
-    rows kernel's fma order -- both wherever ``write`` (its links are good)."""
+    (float32): with ROWS its row K-2+n, wherever ``live``; else its window; and out[node] =
+    act(bias + the taps from the newest input up) -- the rows kernel's fma order -- both wherever
+    ``write`` (its links are good)."""
     if ROWS:  # row K-2+n: node n's input, whatever its links
         tl.store(windows + (WIDTH - 1 + node) * windows_stride_node, raw.to(windows.dtype.element_ty), mask=live)
     else:
