@@ -67,8 +67,9 @@ DENSE_ANY_WIDTH_WARPS = 2
 # warps, the node-loop kernel or not, the rows tile's 2-D preload, how many nodes ahead the node
 # loop loads inputs, the rows tile's slot-free loads first, its rows as one store, the grid's
 # order (a request's channel blocks first), the rows tile's tree links walked in registers, its
-# one store two rows per lane where the strides allow it, the unrolled small-tree kernel, and that
-# kernel's bad slots skipped by masks instead of a branch.
+# one store two rows per lane where the strides allow it, the unrolled small-tree kernel (by default
+# only when node_loop is not given either), and that kernel's bad slots skipped by masks instead of
+# a branch.
 TUNING = ("block", "num_warps", "node_loop", "preload", "prefetch", "early", "one_store", "blocks_first",
           "gather_links", "pairs", "small_tree", "slots_as_masks")
 
@@ -499,15 +500,17 @@ def _verify_node_loop_kernel(
     cmask = chan < dim
     chan = chan.to(tl.int64)
     xs = x_ptr + row * x_stride_row + chan * x_stride_dim
+    # every offset in int64: a factor times an int32 stride may pass 2**31 (no span check here)
+    n0 = row * 0
     # ahead_1 .. ahead_PREFETCH: the inputs of the next PREFETCH nodes, ahead_1 the next one's
     if PREFETCH >= 1:
         ahead_1 = tl.load(xs, mask=tl.where(num_nodes > 0, cmask, False))
     if PREFETCH >= 2:
         ahead_2 = tl.load(xs + x_stride_node, mask=tl.where(num_nodes > 1, cmask, False))
     if PREFETCH >= 3:
-        ahead_3 = tl.load(xs + 2 * x_stride_node, mask=tl.where(num_nodes > 2, cmask, False))
+        ahead_3 = tl.load(xs + (n0 + 2) * x_stride_node, mask=tl.where(num_nodes > 2, cmask, False))
     if PREFETCH >= 4:
-        ahead_4 = tl.load(xs + 3 * x_stride_node, mask=tl.where(num_nodes > 3, cmask, False))
+        ahead_4 = tl.load(xs + (n0 + 3) * x_stride_node, mask=tl.where(num_nodes > 3, cmask, False))
 
     dst = tl.load(buffer_slots_ptr + row * buffer_slots_stride).to(tl.int64)
     src = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
@@ -516,8 +519,6 @@ def _verify_node_loop_kernel(
         windows = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan * windows_stride_dim
         state = state_ptr + state_layer_offset + src * state_stride_slot + chan * state_stride_dim
         parents_row = parents_ptr + row * parents_stride_row
-        # every offset in int64: a factor times an int32 stride may pass 2**31 (no span check here)
-        n0 = row * 0
         h1, h2, h3, h4, bias, w_x, w_1, w_2, w_3, w_4 = _committed_and_weights(
             windows, state, weight_ptr, bias_ptr, chan, cmask, n0, windows_stride_node, state_stride_win,
             weight_stride_dim, weight_stride_tap, bias_stride, WIDTH, BLOCK, HAS_CONV, HAS_BIAS, ROWS)
@@ -628,12 +629,13 @@ def _verify_small_tree_kernel(
     chan = chan.to(tl.int64)
     xs = x_ptr + row * x_stride_row + chan * x_stride_dim
     parents_row = parents_ptr + row * parents_stride_row
+    n0 = row * 0  # int64 offsets: a factor times an int32 stride may pass 2**31 (no span check here)
     inputs = ()  # node n's input, as stored
     links = ()  # node n's parent link (int32; -1 past the nodes)
     for n in tl.static_range(NODES):
-        inputs = inputs + (tl.load(xs + n * x_stride_node, mask=tl.where(n < num_nodes, cmask, False)),)
+        inputs = inputs + (tl.load(xs + (n0 + n) * x_stride_node, mask=tl.where(n < num_nodes, cmask, False)),)
         if HAS_PARENTS:
-            link = tl.load(parents_row + n * parents_stride_node, mask=n < num_nodes, other=-1)
+            link = tl.load(parents_row + (n0 + n) * parents_stride_node, mask=n < num_nodes, other=-1)
             links = links + (tl.minimum(tl.maximum(link, -2), 2147483647).to(tl.int32),)  # (as _parent_link)
         else:
             links = links + (n - 1,)
@@ -652,7 +654,6 @@ def _verify_small_tree_kernel(
     if go:
         windows = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan * windows_stride_dim
         state = state_ptr + state_layer_offset + src * state_stride_slot + chan * state_stride_dim
-        n0 = row * 0  # int64 offsets: a factor times an int32 stride may pass 2**31 (no span check here)
         h1, h2, h3, h4, bias, w_x, w_1, w_2, w_3, w_4 = _committed_and_weights(
             windows, state, weight_ptr, bias_ptr, chan, cmask, n0, windows_stride_node, state_stride_win,
             weight_stride_dim, weight_stride_tap, bias_stride, WIDTH, BLOCK, HAS_CONV, HAS_BIAS, ROWS)
@@ -951,11 +952,12 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     nodes = next_power_of_2(max(num_nodes, 1))
     contiguous = dest.stride(-1) == 1  # rows whose channels are adjacent: token_major
     kernel_size = state.shape[3] + 1
+    node_loop_asked = node_loop
     if node_loop is None:
         node_loop = _node_loop(dense, contiguous, num_rows, nodes, has_parents)
     node_loop = node_loop and kernel_size <= 5  # wider: the rows tile, or dense windows' any-width kernel
-    if small_tree is None:
-        small_tree = _small_tree(dense, contiguous, num_rows)
+    if small_tree is None:  # (an explicit node_loop choice asks for the loop or the tile)
+        small_tree = node_loop_asked is None and _small_tree(dense, contiguous, num_rows)
     small_tree = small_tree and has_parents and nodes <= 8 and kernel_size <= 5
     if small_tree:
         kernel = _verify_small_tree_kernel

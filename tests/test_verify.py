@@ -262,16 +262,18 @@ def test_verify_fuzz_each_kernel(impl, tuning):
 def test_each_kernel_skips_padding_and_slots_out_of_range(impl, tuning, tree):
     """Every kernel, every layout: requests whose buffer slot is negative (padding) or past the
     buffer, or whose state slot is negative or past the state, write nothing at all -- neither
-    their outputs nor any buffer slot -- while the valid requests around them are served."""
+    their outputs nor any buffer slot -- while the valid requests around them are served. Four
+    nodes (a power of two; channel_major rows in pairs), then three (the kernels' node tiles
+    padded, an odd row count)."""
     from sgl_convwin._kernels import triton_kernels
 
     generator = torch.Generator().manual_seed(60)
-    L, M, N, K, dim, num_state = 2, 3, 4, 4, 20, 3
+    L, M, K, dim, num_state = 2, 3, 4, 20, 3
     buffer_slots = torch.tensor([1, -1, 3, 0, 2, 1])
     state_slots = torch.tensor([0, 1, 2, -1, 1, 7])  # rows 0 and 4 are the valid ones
     B = len(buffer_slots)
-    parents = torch.tensor([[-1, 0, 0, 1]] * B) if tree else None
-    for layout in sgl_convwin.LAYOUTS:
+    for N, layout in [(N, layout) for N in (4, 3) for layout in sgl_convwin.LAYOUTS]:
+        parents = torch.tensor([[-1, 0, 0, 1][:N]] * B) if tree else None
         buffer = torch.randn(sgl_convwin.physical_shape(layout, L, M, dim, N, K), generator=generator)
         conv_state = torch.randn(L, num_state, dim, K - 1, generator=generator)
         x = torch.randn(B, N, dim, generator=generator)
@@ -289,7 +291,7 @@ def test_each_kernel_skips_padding_and_slots_out_of_range(impl, tuning, tree):
             out, args["buffer"], args["conv_state"], args["x"], weight.to(impl.device), None, args["buffer_slots"],
             args["state_slots"], 1, args["parents"], layout=layout, activation="silu")
         triton_kernels().launch_causal_conv1d_verify(*kernel_args, **kernel_kwargs, **tuning)
-        assert torch.equal(args["buffer"].cpu(), want), layout
+        assert torch.equal(args["buffer"].cpu(), want), (layout, N)
         check_outputs(out, out_before, expected, written)
 
 
