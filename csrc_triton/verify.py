@@ -31,11 +31,11 @@ _verify_node_loop_kernel loops over the nodes instead, one [channels] vector at 
 committed inputs, the weights and (chains) the previous inputs in registers, for K <= 5, writing
 dense windows or rows (int64 offsets: no span to check), each node's own input loaded two to four
 nodes ahead of its use. _verify_small_tree_kernel unrolls that loop for trees of up to 8 nodes:
-every node's input and link are loaded before the slots, and the walks up run on the links in
-registers, so no input load waits on a link. _verify_dense_any_width_kernel, for wider dense
+every node's input and link are loaded up front (they need no slot), and the walks up run on the
+links in registers, so no input load waits on a link. _verify_dense_any_width_kernel, for wider dense
 windows, reloads each input per tap. Which one serves a launch, and with how many channels per
 program, was measured on the H200 (_node_loop, _node_loop_config, _node_loop_prefetch,
-_small_tree, _rows_block, _one_store, _gather_links; docs/benchmarks.md, "Verify kernel").
+_small_tree, _rows_block, _one_store; docs/benchmarks.md, "Verify kernel").
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ ROWS_EARLY = True  # the rows kernel loads the inputs, the bias and the weights 
 ROWS_WIDE_BLOCK = 128  # its channels per program, up to 8 nodes, from ROWS_WIDE_MIN_ROWS requests
 ROWS_WIDE_MIN_ROWS = 64
 ROWS_PAIRS = True  # the rows kernel's one store covers two of a channel's rows per lane where strides allow
+ROWS_GATHER_LINKS = True  # the rows kernel walks a tree's links in registers from one load of them
 NODE_LOOP_WARPS = 1  # the node-loop kernel (K <= 5): channels per program and warps from _node_loop_config
 DENSE_CHAIN_WARPS = 2  # dense chains from DENSE_CHAIN_MIN_ROWS requests: 64 channels over 2 warps
 DENSE_CHAIN_MIN_ROWS = 8
@@ -85,6 +86,13 @@ def _program_coordinates(BLOCKS_FIRST: tl.constexpr):
 
 
 @triton.jit
+def _narrow_link(link):
+    """A parent link clamped into [-2, 2**31 - 1] in its own dtype, so that narrowing it to int32
+    turns no bad int64 link into a good one (2**32 is not node 0; -2 stays bad)."""
+    return tl.minimum(tl.maximum(link, -2), 2147483647)
+
+
+@triton.jit
 def _parent_link(pos, parents_row, parents_stride_node, links, GATHER: tl.constexpr):
     """The parent link of node ``pos`` (a scalar or a vector of positions; -1 where pos < 0),
     unchecked: read from parents_row, or with GATHER picked from ``links`` (the request's [NODES]
@@ -93,8 +101,7 @@ def _parent_link(pos, parents_row, parents_stride_node, links, GATHER: tl.conste
         parent = tl.where(pos >= 0, tl.gather(links, tl.maximum(pos, 0), 0), -1)
     else:
         parent = tl.load(parents_row + pos * parents_stride_node, mask=pos >= 0, other=-1)
-    # into [-2, 2**31 - 1] before narrowing, so that no bad int64 link becomes a good int32 one
-    return tl.minimum(tl.maximum(parent, -2), 2147483647).to(pos.dtype)
+    return _narrow_link(parent).to(pos.dtype)
 
 
 @triton.jit
@@ -636,7 +643,7 @@ def _verify_small_tree_kernel(
         inputs = inputs + (tl.load(xs + (n0 + n) * x_stride_node, mask=tl.where(n < num_nodes, cmask, False)),)
         if HAS_PARENTS:
             link = tl.load(parents_row + (n0 + n) * parents_stride_node, mask=n < num_nodes, other=-1)
-            links = links + (tl.minimum(tl.maximum(link, -2), 2147483647).to(tl.int32),)  # (as _parent_link)
+            links = links + (_narrow_link(link).to(tl.int32),)
         else:
             links = links + (n - 1,)
 
@@ -856,13 +863,6 @@ def _one_store(contiguous: bool, block: int) -> bool:
     return not contiguous and block >= ROWS_WIDE_BLOCK
 
 
-def _gather_links(contiguous: bool, block: int) -> bool:
-    """Whether the rows kernel walks a tree's links in registers from one load of them, rather than
-    one dependent load per step: measured on the H200 (docs/benchmarks.md, "Verify kernel") faster
-    or level everywhere but on token_major rows at 128 channels (1% slower at 256 requests)."""
-    return not contiguous or block < ROWS_WIDE_BLOCK
-
-
 def _small_tree(dense: bool, contiguous: bool, num_rows: int) -> bool:
     """Whether the unrolled small-tree kernel serves a tree of up to 8 nodes (K <= 5), measured on
     the H200 (docs/benchmarks.md, "Verify kernel"): dense windows always (12% faster than the node
@@ -1020,7 +1020,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         preload = kernel_size <= 5 if preload is None else preload and kernel_size <= 5
         early = ROWS_EARLY if early is None else early
         one_store = _one_store(contiguous, block) if one_store is None else one_store
-        gather_links = _gather_links(contiguous, block) if gather_links is None else gather_links
+        gather_links = ROWS_GATHER_LINKS if gather_links is None else gather_links
         pairs = ROWS_PAIRS if pairs is None else pairs
         # two rows per lane: a channel's rows start at an even element and the stored rows pair up
         paired = pairs and one_store and dest.stride(-1) % 2 == 0 and (kernel_size - 2 + num_nodes) % 2 == 0

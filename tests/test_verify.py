@@ -295,6 +295,42 @@ def test_each_kernel_skips_padding_and_slots_out_of_range(impl, tuning, tree):
         check_outputs(out, out_before, expected, written)
 
 
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("gather_links", (True, False), ids=("links-in-registers", "links-loaded-per-step"))
+@pytest.mark.parametrize("kernel_size", (6, 7))
+def test_wide_conv_trees_on_the_tile(impl, gather_links, kernel_size):
+    """Convs wider than the fuzz draws (K = 6, 7: no preload, no node loop) on trees, rows layouts,
+    the tile's links walked both ways, with a padded request and a link reaching the history."""
+    from sgl_convwin._kernels import triton_kernels
+
+    generator = torch.Generator().manual_seed(70 + kernel_size)
+    M, N, dim, K = 4, 6, 10, kernel_size
+    parents = torch.tensor([[-1, 0, 0, 1, 3, 2], [-1, -1, 1, 5, 2, 4], [-1, 0, 1, 2, 3, 4]])
+    buffer_slots, state_slots = torch.tensor([2, 0, -1]), torch.tensor([1, 3, 0])
+    B = len(buffer_slots)
+    for layout in ("token_major", "channel_major"):
+        conv_state = torch.randn(1, 4, dim, K - 1, generator=generator)
+        x = torch.randn(B, N, dim, generator=generator)
+        weight = random_weight(dim, K, torch.float32, "cpu", generator)
+        bias = torch.randn(dim, generator=generator)
+        args = dict(buffer=torch.zeros(sgl_convwin.physical_shape(layout, 1, M, dim, N, K), device=impl.device),
+                    conv_state=conv_state.to(impl.device), x=x.to(impl.device),
+                    buffer_slots=buffer_slots.to(impl.device), state_slots=state_slots.to(impl.device), layer=0,
+                    parents=parents.to(impl.device))
+        want = expected_buffer(args, layout, "dim_major")
+        out = torch.zeros(B, N, dim, device=impl.device)
+        out_before = whole_storage(out).clone()
+        expected, written = reference.causal_conv1d_verify_reference(
+            out, conv_state, x, weight, bias, buffer_slots, state_slots, M, 0, parents, "silu")
+        kernel_args, kernel_kwargs = sgl_convwin.causal_conv1d_verify.kernel_arguments(
+            out, args["buffer"], args["conv_state"], args["x"], weight.to(impl.device), bias.to(impl.device),
+            args["buffer_slots"], args["state_slots"], 0, args["parents"], layout=layout, activation="silu")
+        triton_kernels().launch_causal_conv1d_verify(*kernel_args, **kernel_kwargs, node_loop=False,
+                                                     gather_links=gather_links)
+        assert torch.equal(args["buffer"].cpu(), want), layout
+        check_outputs(out, out_before, expected, written)
+
+
 @pytest.mark.parametrize("impl", impl_params())
 @pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
 @pytest.mark.parametrize("kernel_size", (2, 3, 4, 5))
