@@ -29,13 +29,15 @@ per-element offsets are int32 (the launcher checks one slot's span).
 
 _verify_node_loop_kernel loops over the nodes instead, one [channels] vector at a time, with the
 committed inputs, the weights and (chains) the previous inputs in registers, for K <= 5, writing
-dense windows or rows (int64 offsets: no span to check), each node's own input loaded two to four
-nodes ahead of its use. _verify_small_tree_kernel unrolls that loop for trees of up to 8 nodes:
-every node's input and link are loaded up front (they need no slot), and the walks up run on the
-links in registers, so no input load waits on a link. _verify_dense_any_width_kernel, for wider dense
-windows, reloads each input per tap. Which one serves a launch, and with how many channels per
-program, was measured on the H200 (_node_loop, _node_loop_config, _node_loop_prefetch,
-_small_tree, _rows_block, _one_store; docs/benchmarks.md, "Verify kernel").
+dense windows or rows, each node's own input loaded two to four nodes ahead of its use.
+_verify_small_tree_kernel unrolls that loop for trees of up to 8 nodes: every node's input and link
+are loaded up front (they need no slot), and the walks up run on the links in registers, so no
+input load waits on a link. _verify_dense_any_width_kernel, for wider dense windows, reloads each
+input per tap. The node loops address elements by int32 offsets from int64
+bases where the launcher found every span below 2**31 and _offsets32 chose them, else by int64
+offsets. Which one serves a launch, and with how many channels per program, was measured on the
+H200 (_node_loop, _node_loop_config, _node_loop_prefetch, _offsets32, _small_tree, _rows_block,
+_one_store; docs/benchmarks.md, "Verify kernel").
 """
 
 from __future__ import annotations
@@ -69,10 +71,10 @@ DENSE_ANY_WIDTH_WARPS = 2
 # loop loads inputs, the rows tile's slot-free loads first, its rows as one store, the grid's
 # order (a request's channel blocks first), the rows tile's tree links walked in registers, its
 # one store two rows per lane where the strides allow it, the unrolled small-tree kernel (by default
-# only when node_loop is not given either), and that kernel's bad slots skipped by masks instead of
-# a branch.
+# only when node_loop is not given either), that kernel's bad slots skipped by masks instead of
+# a branch, and the node loops' int32 per-element offsets (where every span fits).
 TUNING = ("block", "num_warps", "node_loop", "preload", "prefetch", "early", "one_store", "blocks_first",
-          "gather_links", "pairs", "small_tree", "slots_as_masks")
+          "gather_links", "pairs", "small_tree", "slots_as_masks", "offsets32")
 
 
 @triton.jit
@@ -367,7 +369,7 @@ def _committed_and_weights(windows, state, weight_ptr, bias_ptr, chan, cmask, n0
     """The node loops' registers: the K-1 committed inputs (h1 the newest) and, with HAS_CONV, the
     bias and the taps (w_x the node's own input's, w_1 the newest committed one's ...) in float32,
     zeros past K-1; with ROWS, rows 0 .. K-3 (the K-2 newest committed inputs) are stored too.
-    Offsets in int64 (n0: an int64 zero): a factor times an int32 stride may pass 2**31."""
+    Offsets in n0's dtype (an int32 or int64 zero: the kernel's choice of offsets)."""
     zero = tl.zeros([BLOCK], dtype=tl.float32)
     h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)
     h2 = zero
@@ -411,7 +413,7 @@ def _committed_and_weights(windows, state, weight_ptr, bias_ptr, chan, cmask, n0
 def _store_node(windows, out_ptr, row, chan, node, raw, p1, p2, p3, p4, bias, w_x, w_1, w_2, w_3, w_4, live,
                 write, n0, windows_stride_node, windows_stride_win, out_stride_row, out_stride_node, out_stride_dim,
                 WIDTH: tl.constexpr, HAS_CONV: tl.constexpr, SILU: tl.constexpr, ROWS: tl.constexpr, token=None):
-    """What the node loops write for node ``node`` (int64), its own input ``raw`` (as stored; in
+    """What the node loops write for node ``node`` (in the offsets' dtype), its own input ``raw`` (as stored; in
     float32 ``token``, converted here if None) and the inputs above it p1 (its parent's) .. p4
     (float32): with ROWS its row K-2+n, wherever ``live``; else its window; and out[node] =
     act(bias + the taps from the newest input up) -- the rows kernel's fma order -- both wherever
@@ -491,6 +493,7 @@ def _verify_node_loop_kernel(
     ROWS: tl.constexpr = False,
     PREFETCH: tl.constexpr = 0,
     BLOCKS_FIRST: tl.constexpr = False,
+    OFFSETS32: tl.constexpr = False,  # per-element offsets in int32 (the launcher checked every span); bases int64
 ):
     """Dense windows for K <= 5: the K-1 committed inputs and the conv's weights stay in registers,
     a chain's previous inputs roll along in registers (each node loads only its own input), and a
@@ -505,10 +508,12 @@ def _verify_node_loop_kernel(
     row = request.to(tl.int64)
     chan = block * BLOCK + tl.arange(0, BLOCK)
     cmask = chan < dim
-    chan = chan.to(tl.int64)
+    if OFFSETS32:
+        n0 = request * 0  # an int32 zero: offsets from it stay int32
+    else:  # int64 offsets: a factor times an int32 stride may pass 2**31
+        chan = chan.to(tl.int64)
+        n0 = row * 0
     xs = x_ptr + row * x_stride_row + chan * x_stride_dim
-    # every offset in int64: a factor times an int32 stride may pass 2**31 (no span check here)
-    n0 = row * 0
     # ahead_1 .. ahead_PREFETCH: the inputs of the next PREFETCH nodes, ahead_1 the next one's
     if PREFETCH >= 1:
         ahead_1 = tl.load(xs, mask=tl.where(num_nodes > 0, cmask, False))
@@ -553,7 +558,8 @@ def _verify_node_loop_kernel(
                 ok = pos >= 0
                 for up in tl.static_range(1, KERNEL_SIZE):
                     is_node = pos >= 0
-                    parent = tl.load(parents_row + pos * parents_stride_node, mask=is_node, other=-1).to(tl.int64)
+                    parent = tl.load(parents_row + pos * parents_stride_node, mask=is_node, other=-1)
+                    parent = _narrow_link(parent).to(pos.dtype)  # (no bad int64 link narrows to a good one)
                     parent_ok = (parent >= -1) & (parent < pos)
                     ok &= parent_ok | (pos < 0)
                     pos = tl.where(is_node, tl.where(parent_ok, parent, -1), pos - 1)  # next read in bounds
@@ -621,6 +627,7 @@ def _verify_small_tree_kernel(
     ROWS: tl.constexpr = False,
     BLOCKS_FIRST: tl.constexpr = False,
     SLOTS_AS_MASKS: tl.constexpr = False,  # a bad slot skips the request by masks, not a branch
+    OFFSETS32: tl.constexpr = False,  # per-element offsets in int32 (the launcher checked every span); bases int64
 ):
     """A tree of up to 8 nodes, dense windows or rows, K <= 5, the node loop unrolled: every node's
     input and parent link is loaded up front (they need no slot), and the walk up from each node
@@ -633,10 +640,13 @@ def _verify_small_tree_kernel(
     row = request.to(tl.int64)
     chan = block * BLOCK + tl.arange(0, BLOCK)
     cmask = chan < dim
-    chan = chan.to(tl.int64)
+    if OFFSETS32:
+        n0 = request * 0  # an int32 zero: offsets from it stay int32
+    else:  # int64 offsets: a factor times an int32 stride may pass 2**31
+        chan = chan.to(tl.int64)
+        n0 = row * 0
     xs = x_ptr + row * x_stride_row + chan * x_stride_dim
     parents_row = parents_ptr + row * parents_stride_row
-    n0 = row * 0  # int64 offsets: a factor times an int32 stride may pass 2**31 (no span check here)
     inputs = ()  # node n's input, as stored
     links = ()  # node n's parent link (int32; -1 past the nodes)
     for n in tl.static_range(NODES):
@@ -683,7 +693,7 @@ def _verify_small_tree_kernel(
                 parent_ok = (parent >= -1) & (parent < pos)
                 ok &= parent_ok | (pos < 0)
                 pos = tl.where(is_node, tl.where(parent_ok, parent, -1), pos - 1)
-                value = _input_at(pos.to(tl.int64), xs, x_stride_node, h1, h2, h3, h4, live, up)  # pos >= -up
+                value = _input_at(pos.to(n0.dtype), xs, x_stride_node, h1, h2, h3, h4, live, up)  # pos >= -up
                 if up == 1:
                     p1 = value
                 if up == 2:
@@ -842,6 +852,16 @@ def _node_loop_prefetch(num_rows: int, tree: bool) -> int:
     return NODE_LOOP_PREFETCH
 
 
+def _offsets32(small_tree: bool, prefetch: int | None) -> bool:
+    """Whether the node loops address elements by int32 offsets from int64 bases (where every span
+    fits; else int64), measured on the H200 (docs/benchmarks.md, "Verify kernel"): the small-tree
+    kernel (token_major and dense trees 4-5% faster at 64 and 256 requests) and the node loop
+    loading up to 2 nodes ahead (dense chains at 64 requests 6% faster); not the node loop loading
+    4 ahead (chains from 128 requests): dense chains took 42.8 instead of 33.3 us at 256 requests,
+    token_major ones level."""
+    return small_tree or prefetch < NODE_LOOP_PREFETCH_CHAIN
+
+
 def _rows_block(nodes: int, num_rows: int) -> int:
     """Channels per program of the rows kernel for a [nodes, channels] tile (nodes a power of two),
     measured best on the H200 (one warp, docs/benchmarks.md, "Verify kernel"): up to 8 nodes,
@@ -941,7 +961,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     nothing to do; raises for what the kernels cannot address. Depends only on _verify_call's key
     (``tuning``: its keywords, a dict)."""
     (block, num_warps, node_loop, preload, prefetch, early, one_store, blocks_first, gather_links, pairs,
-     small_tree, slots_as_masks) = (tuning.get(name) for name in TUNING)
+     small_tree, slots_as_masks, offsets32) = (tuning.get(name) for name in TUNING)
     num_rows, num_nodes, dim = x.shape
     if num_rows == 0 or dim == 0 or dest.shape[1] == 0 or state.shape[1] == 0:
         return None
@@ -1011,10 +1031,16 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         prefetch = _node_loop_prefetch(num_rows, has_parents) if prefetch is None else prefetch
         if not 0 <= prefetch <= 4:
             raise ValueError(f"convwin verify: prefetch {prefetch}: the node loop loads 0 to 4 nodes ahead")
-        return kernel, grid, scalars, dict(flags, ROWS=not dense, PREFETCH=prefetch)
+        flags.update(PREFETCH=prefetch)
+    if kernel in (_verify_node_loop_kernel, _verify_small_tree_kernel):
+        offsets32 = _offsets32(kernel is _verify_small_tree_kernel, prefetch) if offsets32 is None else offsets32
+        flags.update(ROWS=not dense, OFFSETS32=offsets32 and _span_too_large(dest, state, x, out, weight, bias,
+                                                                               parents) is None)
+    if kernel is _verify_node_loop_kernel:
+        return kernel, grid, scalars, flags
     if kernel is _verify_small_tree_kernel:
         slots_as_masks = not dense if slots_as_masks is None else slots_as_masks  # (measured: _small_tree_config)
-        return kernel, grid, scalars, dict(flags, ROWS=not dense, NODES=nodes, SLOTS_AS_MASKS=slots_as_masks)
+        return kernel, grid, scalars, dict(flags, NODES=nodes, SLOTS_AS_MASKS=slots_as_masks)
     if kernel is _verify_rows_kernel:
         _check_rows_spans(dest, state, x, out, weight, bias, parents)
         preload = kernel_size <= 5 if preload is None else preload and kernel_size <= 5
@@ -1037,14 +1063,14 @@ def _span(tensor: torch.Tensor | None, start_dim: int) -> int:
     return sum((size - 1) * stride for size, stride in zip(tensor.shape[start_dim:], tensor.stride()[start_dim:]))
 
 
-def _check_rows_spans(rows, state, x, out, weight, bias, parents) -> None:
-    """The rows kernel's per-element offsets are int32 (bases are int64): one buffer slot, one
-    state slot, one request's x / out / parents, the weights and the bias must each span fewer
-    than 2**31 elements. Any span lies inside its tensor's storage, so storages below 2**31
+def _span_too_large(rows, state, x, out, weight, bias, parents) -> str | None:
+    """What spans 2**31 elements or more, of what int32 per-element offsets address (bases are
+    int64): one buffer slot, one state slot, one request's x / out / parents, the weights, the
+    bias; None if nothing. Any span lies inside its tensor's storage, so storages below 2**31
     elements (the usual case, and a cheap test) need no more."""
     tensors = (rows, state, x, out, weight, bias, parents)
     if all(t is None or t.untyped_storage().nbytes() // t.element_size() <= INT32_MAX for t in tensors):
-        return
+        return None
     spans = {
         "a buffer slot": _span(rows, 2),
         "a conv_state slot": _span(state, 2),
@@ -1056,7 +1082,15 @@ def _check_rows_spans(rows, state, x, out, weight, bias, parents) -> None:
     }
     for name, span in spans.items():
         if span > INT32_MAX:
-            raise ValueError(f"convwin verify: {name} spans {span + 1} elements; at most 2**31 are supported")
+            return f"{name} spans {span + 1} elements"
+    return None
+
+
+def _check_rows_spans(rows, state, x, out, weight, bias, parents) -> None:
+    """The rows kernel's per-element offsets are int32: raises if a span does not fit."""
+    too_large = _span_too_large(rows, state, x, out, weight, bias, parents)
+    if too_large is not None:
+        raise ValueError(f"convwin verify: {too_large}; at most 2**31 are supported")
 
 
 _PLANS = LaunchPlans()

@@ -210,13 +210,16 @@ KERNEL_TUNINGS = [
     dict(node_loop=False, preload=True, one_store=True, pairs=True),
     dict(node_loop=False, preload=False, one_store=True, pairs=True, gather_links=True),
     dict(small_tree=True), dict(small_tree=True, block=64, num_warps=2), dict(small_tree=True, slots_as_masks=True),
+    dict(small_tree=True, offsets32=False), dict(small_tree=True, slots_as_masks=True, offsets32=False),
+    dict(node_loop=True, offsets32=False), dict(node_loop=True, prefetch=4, offsets32=False),
 ]
 KERNEL_TUNING_IDS = ["tile-or-any-width", "tile-early", "tile-preloaded", "tile-preloaded-early", "tile-one-store",
     "tile-preloaded-one-store", "node-loop", "node-loop-prefetch-1", "node-loop-prefetch-2", "node-loop-prefetch-3",
     "node-loop-prefetch-4", "tile-or-any-width-blocks-first", "node-loop-blocks-first",
     "tile-or-any-width-requests-first", "node-loop-requests-first", "node-loop-64-2", "tile-preloaded-gather-links",
     "tile-gather-links", "tile-preloaded-one-store-pairs", "tile-one-store-pairs-gather-links", "small-tree",
-    "small-tree-64-2", "small-tree-slots-as-masks"]
+    "small-tree-64-2", "small-tree-slots-as-masks", "small-tree-int64-offsets", "small-tree-slots-as-masks-int64-offsets",
+    "node-loop-int64-offsets", "node-loop-prefetch-4-int64-offsets"]
 
 
 @pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
@@ -229,7 +232,8 @@ def test_verify_fuzz_each_kernel(impl, tuning):
     of requests first or of channel blocks first, and the node loop at one channel per lane (dense
     chains' choice from 8 requests), the tile with a tree's links walked in registers and with its
     one store two rows per lane, and the unrolled small-tree kernel (trees of up to 8 nodes, K <= 5;
-    larger ones take the others), against the same oracles as test_verify_fuzz."""
+    larger ones take the others), the node loops also with int64 per-element offsets, against the
+    same oracles as test_verify_fuzz."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_causal_conv1d_verify
@@ -387,7 +391,7 @@ def test_links_beyond_int32_are_bad_links(impl, layout):
 
         runs += [kernel(node_loop=True), kernel(node_loop=False, preload=True),
                  kernel(node_loop=False, preload=False), kernel(node_loop=False, gather_links=True),
-                 kernel(small_tree=True)]
+                 kernel(small_tree=True), kernel(node_loop=True, offsets32=False), kernel(small_tree=True, offsets32=False)]
     for run in runs:
         buffer = torch.zeros(sgl_convwin.physical_shape(layout, L, M, dim, N, K), device=impl.device)
         out = torch.zeros(B, N, dim, device=impl.device)

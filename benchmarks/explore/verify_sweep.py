@@ -13,6 +13,8 @@ channels per program and warps. The launcher's kernel choice and block rules com
         [--links-pairs] (only the preloaded rows tile with its early loads, a tree's links walked in registers
                         or reloaded per step, its one store two rows per lane or one)
         [--small-tree]  (only the unrolled small-tree kernel, trees of up to 8 nodes, against the default)
+        [--offsets32]   (only the default kernels, the node loops' per-element offsets in int32 (the default
+                        where every span fits) and in int64)
 """
 
 import argparse
@@ -74,6 +76,9 @@ def sweep_configs(args):
         small = [{}] + [dict(block=block, num_warps=warps, small_tree=True, slots_as_masks=masks)
                         for block, warps in shapes for masks in (False, True)]
         return {"rows": small, "dense": small}
+    if args.offsets32:
+        widths = [{}, dict(offsets32=False)]
+        return {"rows": widths, "dense": widths}
     if args.links_pairs:
         configs["rows"] = [{}] + [tile(block, 1, preload=True, early=True, gather_links=links, pairs=pairs)
                                   for block in (32, 64, 128) for links in (False, True) for pairs in (False, True)]
@@ -85,6 +90,8 @@ def config_name(tuning):
     if tuning.get("small_tree"):
         masks = ", slots as masks" if tuning.get("slots_as_masks") else ""
         return f"small tree{masks} {tuning['block']}/{tuning['num_warps']}w"
+    if tuning == dict(offsets32=False):
+        return "default, int64 offsets"
     if "block" not in tuning:
         order = tuning.get("blocks_first")
         return "default" if order is None else f"default, {'blocks' if order else 'requests'} first"
@@ -124,6 +131,9 @@ def main():
     parser.add_argument("--small-tree", action="store_true",
                         help="time only the unrolled small-tree kernel (trees of up to 8 nodes) at several channels "
                              "per program and warps, against the launcher's default")
+    parser.add_argument("--offsets32", action="store_true",
+                        help="time only the launcher's default kernels, the node loops' per-element offsets in "
+                             "int32 (the default) and in int64")
     args = parser.parse_args()
     if not common.needs_cuda("this sweep"):
         return 1
