@@ -413,11 +413,11 @@ def _committed_and_weights(windows, state, weight_ptr, bias_ptr, chan, cmask, n0
 def _store_node(windows, out_ptr, row, chan, node, raw, p1, p2, p3, p4, bias, w_x, w_1, w_2, w_3, w_4, live,
                 write, n0, windows_stride_node, windows_stride_win, out_stride_row, out_stride_node, out_stride_dim,
                 WIDTH: tl.constexpr, HAS_CONV: tl.constexpr, SILU: tl.constexpr, ROWS: tl.constexpr, token=None):
-    """What the node loops write for node ``node`` (in the offsets' dtype), its own input ``raw`` (as stored; in
-    float32 ``token``, converted here if None) and the inputs above it p1 (its parent's) .. p4
-    (float32): with ROWS its row K-2+n, wherever ``live``; else its window; and out[node] =
-    act(bias + the taps from the newest input up) -- the rows kernel's fma order -- both wherever
-    ``write`` (its links are good)."""
+    """What the node loops write for node ``node`` (in the offsets' dtype), its own input ``raw``
+    (as stored; in float32 ``token``, converted here if None) and the inputs above it p1 (its
+    parent's) .. p4 (float32): with ROWS its row K-2+n, wherever ``live``; else its window; and
+    out[node] = act(bias + the taps from the newest input up) -- the rows kernel's fma order --
+    both wherever ``write`` (its links are good)."""
     if ROWS:  # row K-2+n: node n's input, whatever its links
         tl.store(windows + (WIDTH - 1 + node) * windows_stride_node, raw.to(windows.dtype.element_ty), mask=live)
     else:
