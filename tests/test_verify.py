@@ -218,8 +218,8 @@ KERNEL_TUNING_IDS = ["tile-or-any-width", "tile-early", "tile-preloaded", "tile-
     "node-loop-prefetch-4", "tile-or-any-width-blocks-first", "node-loop-blocks-first",
     "tile-or-any-width-requests-first", "node-loop-requests-first", "node-loop-64-2", "tile-preloaded-gather-links",
     "tile-gather-links", "tile-preloaded-one-store-pairs", "tile-one-store-pairs-gather-links", "small-tree",
-    "small-tree-64-2", "small-tree-slots-as-masks", "small-tree-int64-offsets", "small-tree-slots-as-masks-int64-offsets",
-    "node-loop-int64-offsets", "node-loop-prefetch-4-int64-offsets"]
+    "small-tree-64-2", "small-tree-slots-as-masks", "small-tree-int64-offsets",
+    "small-tree-slots-as-masks-int64-offsets", "node-loop-int64-offsets", "node-loop-prefetch-4-int64-offsets"]
 
 
 @pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
@@ -391,7 +391,8 @@ def test_links_beyond_int32_are_bad_links(impl, layout):
 
         runs += [kernel(node_loop=True), kernel(node_loop=False, preload=True),
                  kernel(node_loop=False, preload=False), kernel(node_loop=False, gather_links=True),
-                 kernel(small_tree=True), kernel(node_loop=True, offsets32=False), kernel(small_tree=True, offsets32=False)]
+                 kernel(small_tree=True), kernel(node_loop=True, offsets32=False),
+                 kernel(small_tree=True, offsets32=False)]
     for run in runs:
         buffer = torch.zeros(sgl_convwin.physical_shape(layout, L, M, dim, N, K), device=impl.device)
         out = torch.zeros(B, N, dim, device=impl.device)
