@@ -33,10 +33,10 @@ dense windows or rows, each node's own input loaded two to four nodes ahead of i
 _verify_small_tree_kernel unrolls that loop for trees of up to 8 nodes: every node's input and link
 are loaded up front (they need no slot), and the walks up run on the links in registers, so no
 input load waits on a link. _verify_dense_any_width_kernel, for wider dense windows, reloads each
-input per tap. The node loops address elements by int32 offsets from int64
-bases where the launcher found every span below 2**31 and _offsets32 chose them, else by int64
-offsets. Which one serves a launch, and with how many channels per program, was measured on the
-H200 (_node_loop, _node_loop_config, _node_loop_prefetch, _offsets32, _small_tree, _rows_block,
+input per tap. The node loops address elements by int32 offsets from int64 bases where the
+launcher found every span below 2**31 and _offsets32 chose them, else by int64 offsets. Which
+kernel serves a launch, and with how many channels per program, was measured on the H200
+(_node_loop, _node_loop_config, _node_loop_prefetch, _offsets32, _small_tree, _rows_block,
 _one_store; docs/benchmarks.md, "Verify kernel").
 """
 
