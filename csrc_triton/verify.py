@@ -856,9 +856,9 @@ def _offsets32(small_tree: bool, prefetch: int | None) -> bool:
     """Whether the node loops address elements by int32 offsets from int64 bases (where every span
     fits; else int64), measured on the H200 (docs/benchmarks.md, "Verify kernel"): the small-tree
     kernel (token_major and dense trees 4-5% faster at 64 and 256 requests) and the node loop
-    loading up to 2 nodes ahead (dense chains at 64 requests 6% faster); not the node loop loading
-    4 ahead (chains from 128 requests): dense chains took 42.8 instead of 33.3 us at 256 requests,
-    token_major ones level."""
+    loading fewer than 4 nodes ahead (2 by default: dense chains at 64 requests 6% faster); not the
+    node loop loading 4 ahead (chains from 128 requests): dense chains took 42.8 instead of 33.3 us
+    at 256 requests, token_major ones level."""
     return small_tree or prefetch < NODE_LOOP_PREFETCH_CHAIN
 
 

@@ -250,19 +250,22 @@ def test_rows_kernel_refuses_slots_beyond_int32_offsets():
 @pytest.mark.parametrize("tree", (False, True), ids=("chain-node-loop", "tree-small-tree-kernel"))
 def test_node_loops_take_int64_offsets_beyond_int32_spans(tree):
     """The node loops address elements by int32 offsets only where every span fits: dense windows
-    whose slot spans 2**31 elements or more get int64 offsets, the same shape with compact strides
-    int32 (meta tensors: no memory is allocated, nothing is launched)."""
+    whose slot spans 2**31 elements or more (a node stride of 2**30 times node 2), or x whose
+    request does, get int64 offsets, even when int32 is asked for; compact strides get int32 (meta
+    tensors: no memory is allocated, nothing is launched)."""
     verify = triton_kernels().verify
     meta = dict(device="meta", dtype=torch.bfloat16)
-    B, N, dim = 1, 2, 8
-    state = torch.empty(1, 2, dim, K - 1, **meta)
-    x, out = torch.empty(B, N, dim, **meta), torch.empty(B, N, dim, **meta)
+    B, N, dim = 1, 3, 8
+    state, out = torch.empty(1, 2, dim, K - 1, **meta), torch.empty(B, N, dim, **meta)
     weight, slots = torch.empty(dim, K, **meta), torch.zeros(B, dtype=torch.int64, device="meta")
-    parents = torch.tensor([[-1, 0]], device="meta") if tree else None
-    compact = torch.empty(1, 2, N, dim, K - 1, **meta)
-    wide = torch.empty_strided((1, 2, N, dim, K - 1), (2**33, 2**32, 2**31, K - 1, 1), **meta)  # node stride 2**31
-    for windows, narrow in ((compact, True), (wide, False)):
+    parents = torch.tensor([[-1, 0, 1]], device="meta") if tree else None
+    compact_windows, compact_x = torch.empty(1, 2, N, dim, K - 1, **meta), torch.empty(B, N, dim, **meta)
+    wide_windows = torch.empty_strided((1, 2, N, dim, K - 1), (2**33, 2**32, 2**30, K - 1, 1), **meta)
+    wide_x = torch.empty_strided((B, N, dim), (2**32, 2**30, 1), **meta)
+    cases = [(compact_windows, compact_x, {}, True), (wide_windows, compact_x, {}, False),
+             (compact_windows, wide_x, {}, False), (wide_windows, compact_x, dict(offsets32=True), False)]
+    for windows, x, asked, narrow in cases:
         call = verify._verify_call(out, windows, state, x, weight, None, slots, slots, 0, parents, dense=True,
-                                   silu=False, prefetch=None if tree else 2)
+                                   silu=False, prefetch=None if tree else 2, **asked)
         assert call.kernel is (verify._verify_small_tree_kernel if tree else verify._verify_node_loop_kernel)
-        assert call.constexprs["OFFSETS32"] is narrow
+        assert call.constexprs["OFFSETS32"] is narrow, (windows.stride(), x.stride(), asked)

@@ -211,7 +211,7 @@ KERNEL_TUNINGS = [
     dict(node_loop=False, preload=False, one_store=True, pairs=True, gather_links=True),
     dict(small_tree=True), dict(small_tree=True, block=64, num_warps=2), dict(small_tree=True, slots_as_masks=True),
     dict(small_tree=True, offsets32=False), dict(small_tree=True, slots_as_masks=True, offsets32=False),
-    dict(node_loop=True, offsets32=False), dict(node_loop=True, prefetch=4, offsets32=False),
+    dict(node_loop=True, offsets32=False), dict(node_loop=True, prefetch=4, offsets32=True),
 ]
 KERNEL_TUNING_IDS = ["tile-or-any-width", "tile-early", "tile-preloaded", "tile-preloaded-early", "tile-one-store",
     "tile-preloaded-one-store", "node-loop", "node-loop-prefetch-1", "node-loop-prefetch-2", "node-loop-prefetch-3",
@@ -219,7 +219,7 @@ KERNEL_TUNING_IDS = ["tile-or-any-width", "tile-early", "tile-preloaded", "tile-
     "tile-or-any-width-requests-first", "node-loop-requests-first", "node-loop-64-2", "tile-preloaded-gather-links",
     "tile-gather-links", "tile-preloaded-one-store-pairs", "tile-one-store-pairs-gather-links", "small-tree",
     "small-tree-64-2", "small-tree-slots-as-masks", "small-tree-int64-offsets",
-    "small-tree-slots-as-masks-int64-offsets", "node-loop-int64-offsets", "node-loop-prefetch-4-int64-offsets"]
+    "small-tree-slots-as-masks-int64-offsets", "node-loop-int64-offsets", "node-loop-prefetch-4-int32-offsets"]
 
 
 @pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
@@ -232,8 +232,8 @@ def test_verify_fuzz_each_kernel(impl, tuning):
     of requests first or of channel blocks first, and the node loop at one channel per lane (dense
     chains' choice from 8 requests), the tile with a tree's links walked in registers and with its
     one store two rows per lane, and the unrolled small-tree kernel (trees of up to 8 nodes, K <= 5;
-    larger ones take the others), the node loops also with int64 per-element offsets, against the
-    same oracles as test_verify_fuzz."""
+    larger ones take the others), the node loops also with the per-element offsets their rule does
+    not pick (int64; int32 four nodes ahead), against the same oracles as test_verify_fuzz."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_causal_conv1d_verify

@@ -13,8 +13,8 @@ channels per program and warps. The launcher's kernel choice and block rules com
         [--links-pairs] (only the preloaded rows tile with its early loads, a tree's links walked in registers
                         or reloaded per step, its one store two rows per lane or one)
         [--small-tree]  (only the unrolled small-tree kernel, trees of up to 8 nodes, against the default)
-        [--offsets32]   (only the default kernels, the node loops' per-element offsets in int32 (the default
-                        where every span fits) and in int64)
+        [--offsets32]   (only the default kernels, the node loops' per-element offsets as the launcher picks
+                        them, forced to int32 and forced to int64)
 """
 
 import argparse
@@ -77,7 +77,7 @@ def sweep_configs(args):
                         for block, warps in shapes for masks in (False, True)]
         return {"rows": small, "dense": small}
     if args.offsets32:
-        widths = [{}, dict(offsets32=False)]
+        widths = [{}, dict(offsets32=True), dict(offsets32=False)]
         return {"rows": widths, "dense": widths}
     if args.links_pairs:
         configs["rows"] = [{}] + [tile(block, 1, preload=True, early=True, gather_links=links, pairs=pairs)
@@ -90,8 +90,8 @@ def config_name(tuning):
     if tuning.get("small_tree"):
         masks = ", slots as masks" if tuning.get("slots_as_masks") else ""
         return f"small tree{masks} {tuning['block']}/{tuning['num_warps']}w"
-    if tuning == dict(offsets32=False):
-        return "default, int64 offsets"
+    if set(tuning) == {"offsets32"}:
+        return f"default, int{32 if tuning['offsets32'] else 64} offsets"
     if "block" not in tuning:
         order = tuning.get("blocks_first")
         return "default" if order is None else f"default, {'blocks' if order else 'requests'} first"
@@ -132,8 +132,8 @@ def main():
                         help="time only the unrolled small-tree kernel (trees of up to 8 nodes) at several channels "
                              "per program and warps, against the launcher's default")
     parser.add_argument("--offsets32", action="store_true",
-                        help="time only the launcher's default kernels, the node loops' per-element offsets in "
-                             "int32 (the default) and in int64")
+                        help="time only the launcher's default kernels, the node loops' per-element offsets as "
+                             "the launcher picks them, forced to int32 and forced to int64")
     args = parser.parse_args()
     if not common.needs_cuda("this sweep"):
         return 1
