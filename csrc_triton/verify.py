@@ -363,6 +363,19 @@ def _input_at(pos, xs, x_stride_node, h1, h2, h3, h4, cmask, REACH: tl.constexpr
 
 
 @triton.jit
+def _offsets_dtype(request, chan, OFFSETS32: tl.constexpr):
+    """The node loops' channels and a zero (n0) in their offsets' dtype: int32 with OFFSETS32 (the
+    launcher found every span below 2**31), else int64 (a factor times an int32 stride may pass
+    2**31); offsets built from n0 and chan keep that dtype."""
+    if OFFSETS32:
+        n0 = request * 0
+    else:
+        chan = chan.to(tl.int64)
+        n0 = request.to(tl.int64) * 0
+    return chan, n0
+
+
+@triton.jit
 def _committed_and_weights(windows, state, weight_ptr, bias_ptr, chan, cmask, n0, windows_stride_node,
                            state_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, WIDTH: tl.constexpr,
                            BLOCK: tl.constexpr, HAS_CONV: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr):
@@ -508,11 +521,7 @@ def _verify_node_loop_kernel(
     row = request.to(tl.int64)
     chan = block * BLOCK + tl.arange(0, BLOCK)
     cmask = chan < dim
-    if OFFSETS32:
-        n0 = request * 0  # an int32 zero: offsets from it stay int32
-    else:  # int64 offsets: a factor times an int32 stride may pass 2**31
-        chan = chan.to(tl.int64)
-        n0 = row * 0
+    chan, n0 = _offsets_dtype(request, chan, OFFSETS32)
     xs = x_ptr + row * x_stride_row + chan * x_stride_dim
     # ahead_1 .. ahead_PREFETCH: the inputs of the next PREFETCH nodes, ahead_1 the next one's
     if PREFETCH >= 1:
@@ -640,11 +649,7 @@ def _verify_small_tree_kernel(
     row = request.to(tl.int64)
     chan = block * BLOCK + tl.arange(0, BLOCK)
     cmask = chan < dim
-    if OFFSETS32:
-        n0 = request * 0  # an int32 zero: offsets from it stay int32
-    else:  # int64 offsets: a factor times an int32 stride may pass 2**31
-        chan = chan.to(tl.int64)
-        n0 = row * 0
+    chan, n0 = _offsets_dtype(request, chan, OFFSETS32)
     xs = x_ptr + row * x_stride_row + chan * x_stride_dim
     parents_row = parents_ptr + row * parents_stride_row
     inputs = ()  # node n's input, as stored
