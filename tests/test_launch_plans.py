@@ -129,26 +129,26 @@ def test_scatter_plan_small_grid(kernels, layers, dim, rows, block, layout):
 
 VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per program and flags the plan must choose
     ("token_major", 4, False, 8, "rows", 64, dict(EARLY=True, ONE_STORE=False)),
-    ("token_major", 4, False, 64, "node_loop", 128, dict(PREFETCH=2, ROWS=True)),
-    ("token_major", 4, False, 256, "node_loop", 128, dict(PREFETCH=4, ROWS=True)),
+    ("token_major", 4, False, 64, "node_loop", 128, dict(PREFETCH=2, ROWS=True, OFFSETS32=True)),
+    ("token_major", 4, False, 256, "node_loop", 128, dict(PREFETCH=4, ROWS=True, OFFSETS32=False)),
     ("channel_major", 4, False, 8, "rows", 64, dict(EARLY=True, ONE_STORE=False)),
     ("channel_major", 4, False, 64, "rows", 128, dict(EARLY=True, ONE_STORE=True, ROWS_ALIGN=2)),
     ("token_major", 8, True, 8, "rows", 32, dict(ONE_STORE=False, GATHER_LINKS=True)),
-    ("token_major", 8, True, 64, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True)),
-    ("token_major", 8, True, 256, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True)),
+    ("token_major", 8, True, 64, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, OFFSETS32=True)),
+    ("token_major", 8, True, 256, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, OFFSETS32=True)),
     ("token_major", 32, True, 64, "rows", 32, dict(ONE_STORE=False)),
-    ("token_major", 32, True, 128, "node_loop", 128, dict(PREFETCH=2)),
+    ("token_major", 32, True, 128, "node_loop", 128, dict(PREFETCH=2, OFFSETS32=True)),
     ("channel_major", 8, True, 8, "rows", 32, dict(ONE_STORE=False, GATHER_LINKS=True)),
     ("channel_major", 8, True, 64, "rows", 128, dict(ONE_STORE=True, GATHER_LINKS=True, ROWS_ALIGN=2)),
     ("channel_major", 8, True, 256, "rows", 128, dict(ONE_STORE=True, GATHER_LINKS=True, ROWS_ALIGN=2)),
-    ("dense", 4, False, 1, "node_loop", 32, dict(PREFETCH=2, ROWS=False)),
-    ("dense", 4, False, 8, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2)),
-    ("dense", 4, False, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2)),
-    ("dense", 4, False, 256, "node_loop", 64, dict(PREFETCH=4, ROWS=False, num_warps=2)),
-    ("dense", 8, True, 1, "small_tree", 32, dict(ROWS=False, NODES=8, SLOTS_AS_MASKS=False)),
-    ("dense", 8, True, 8, "small_tree", 64, dict(ROWS=False, NODES=8)),
-    ("dense", 8, True, 64, "small_tree", 64, dict(ROWS=False, NODES=8)),
-    ("dense", 32, True, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False)),
+    ("dense", 4, False, 1, "node_loop", 32, dict(PREFETCH=2, ROWS=False, OFFSETS32=True)),
+    ("dense", 4, False, 8, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2, OFFSETS32=True)),
+    ("dense", 4, False, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2, OFFSETS32=True)),
+    ("dense", 4, False, 256, "node_loop", 64, dict(PREFETCH=4, ROWS=False, num_warps=2, OFFSETS32=False)),
+    ("dense", 8, True, 1, "small_tree", 32, dict(ROWS=False, NODES=8, SLOTS_AS_MASKS=False, OFFSETS32=True)),
+    ("dense", 8, True, 8, "small_tree", 64, dict(ROWS=False, NODES=8, OFFSETS32=True)),
+    ("dense", 8, True, 64, "small_tree", 64, dict(ROWS=False, NODES=8, OFFSETS32=True)),
+    ("dense", 32, True, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False, OFFSETS32=True)),
 ]
 
 
@@ -157,14 +157,14 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     """The verify launcher's measured choices at the Qwen3-Next TP1 shape (dim 8192, K = 4, bf16;
     docs/benchmarks.md, "Verify kernel"): trees of up to 8 nodes take the unrolled small-tree
     kernel on dense windows (64 channels; 32 below 8 requests) and on token_major rows from 64
-    requests (128, a bad slot skipped by masks); the node
-    loop serves dense windows, token_major chains from 32 requests and token_major trees of more
-    than 8 nodes from 128 (one warp; dense chains from 8 requests 64 channels over 2 warps); else
-    the rows tile, at 128 channels for up to 8 nodes from 64 requests, storing its rows as one tile
-    on channel_major rows at 128 channels (two rows per lane) and walking a tree's links in
-    registers; the tile's slot-free loads go first and the loop's inputs two nodes ahead (chains
-    from 128 requests: four); dense windows and channel_major rows on a grid of channel blocks
-    first."""
+    requests (128, a bad slot skipped by masks); the node loop serves dense windows, token_major
+    chains from 32 requests and token_major trees of more than 8 nodes from 128 (one warp; dense
+    chains from 8 requests 64 channels over 2 warps); else the rows tile, at 128 channels for up to
+    8 nodes from 64 requests, storing its rows as one tile on channel_major rows at 128 channels
+    (two rows per lane) and walking a tree's links in registers; the tile's slot-free loads go
+    first and the loop's inputs two nodes ahead (chains from 128 requests: four, on int64 offsets;
+    the node loops' other offsets int32); dense windows and channel_major rows on a grid of channel
+    blocks first."""
     meta = dict(device="meta", dtype=torch.bfloat16)
     buffer = torch.empty(sgl_convwin.physical_shape(layout, 36, rows, 8192, nodes, 4), **meta)
     dest = buffer.transpose(-1, -2) if layout == "channel_major" else buffer

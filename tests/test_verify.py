@@ -196,34 +196,41 @@ def test_verify_fuzz(impl):
     fuzz()
 
 
-# the verify launcher's tuning keywords that force each kernel and each of its variants
-KERNEL_TUNINGS = [
-    dict(node_loop=False, preload=False, early=False), dict(node_loop=False, preload=False, early=True),
-    dict(node_loop=False, preload=True, early=False), dict(node_loop=False, preload=True, early=True),
-    dict(node_loop=False, preload=False, one_store=True), dict(node_loop=False, preload=True, one_store=True),
-    dict(node_loop=True, prefetch=0), dict(node_loop=True, prefetch=1), dict(node_loop=True, prefetch=2),
-    dict(node_loop=True, prefetch=3), dict(node_loop=True, prefetch=4),
-    dict(node_loop=False, preload=True, early=True, blocks_first=True), dict(node_loop=True, blocks_first=True),
-    dict(node_loop=False, preload=True, early=True, blocks_first=False), dict(node_loop=True, blocks_first=False),
-    dict(node_loop=True, block=64, num_warps=2),
-    dict(node_loop=False, preload=True, gather_links=True), dict(node_loop=False, preload=False, gather_links=True),
-    dict(node_loop=False, preload=True, one_store=True, pairs=True),
-    dict(node_loop=False, preload=False, one_store=True, pairs=True, gather_links=True),
-    dict(small_tree=True), dict(small_tree=True, block=64, num_warps=2), dict(small_tree=True, slots_as_masks=True),
-    dict(small_tree=True, offsets32=False), dict(small_tree=True, slots_as_masks=True, offsets32=False),
-    dict(node_loop=True, offsets32=False), dict(node_loop=True, prefetch=4, offsets32=True),
-]
-KERNEL_TUNING_IDS = ["tile-or-any-width", "tile-early", "tile-preloaded", "tile-preloaded-early", "tile-one-store",
-    "tile-preloaded-one-store", "node-loop", "node-loop-prefetch-1", "node-loop-prefetch-2", "node-loop-prefetch-3",
-    "node-loop-prefetch-4", "tile-or-any-width-blocks-first", "node-loop-blocks-first",
-    "tile-or-any-width-requests-first", "node-loop-requests-first", "node-loop-64-2", "tile-preloaded-gather-links",
-    "tile-gather-links", "tile-preloaded-one-store-pairs", "tile-one-store-pairs-gather-links", "small-tree",
-    "small-tree-64-2", "small-tree-slots-as-masks", "small-tree-int64-offsets",
-    "small-tree-slots-as-masks-int64-offsets", "node-loop-int64-offsets", "node-loop-prefetch-4-int32-offsets"]
+# the verify launcher's tuning keywords that force each kernel and each of its variants, by test id
+KERNEL_TUNINGS = {
+    "tile-or-any-width": dict(node_loop=False, preload=False, early=False),
+    "tile-early": dict(node_loop=False, preload=False, early=True),
+    "tile-preloaded": dict(node_loop=False, preload=True, early=False),
+    "tile-preloaded-early": dict(node_loop=False, preload=True, early=True),
+    "tile-one-store": dict(node_loop=False, preload=False, one_store=True),
+    "tile-preloaded-one-store": dict(node_loop=False, preload=True, one_store=True),
+    "node-loop": dict(node_loop=True, prefetch=0),
+    "node-loop-prefetch-1": dict(node_loop=True, prefetch=1),
+    "node-loop-prefetch-2": dict(node_loop=True, prefetch=2),
+    "node-loop-prefetch-3": dict(node_loop=True, prefetch=3),
+    "node-loop-prefetch-4": dict(node_loop=True, prefetch=4),
+    "tile-or-any-width-blocks-first": dict(node_loop=False, preload=True, early=True, blocks_first=True),
+    "node-loop-blocks-first": dict(node_loop=True, blocks_first=True),
+    "tile-or-any-width-requests-first": dict(node_loop=False, preload=True, early=True, blocks_first=False),
+    "node-loop-requests-first": dict(node_loop=True, blocks_first=False),
+    "node-loop-64-2": dict(node_loop=True, block=64, num_warps=2),
+    "tile-preloaded-gather-links": dict(node_loop=False, preload=True, gather_links=True),
+    "tile-gather-links": dict(node_loop=False, preload=False, gather_links=True),
+    "tile-preloaded-one-store-pairs": dict(node_loop=False, preload=True, one_store=True, pairs=True),
+    "tile-one-store-pairs-gather-links": dict(node_loop=False, preload=False, one_store=True, pairs=True,
+                                              gather_links=True),
+    "small-tree": dict(small_tree=True),
+    "small-tree-64-2": dict(small_tree=True, block=64, num_warps=2),
+    "small-tree-slots-as-masks": dict(small_tree=True, slots_as_masks=True),
+    "small-tree-int64-offsets": dict(small_tree=True, offsets32=False),
+    "small-tree-slots-as-masks-int64-offsets": dict(small_tree=True, slots_as_masks=True, offsets32=False),
+    "node-loop-int64-offsets": dict(node_loop=True, offsets32=False),
+    "node-loop-prefetch-4-int32-offsets": dict(node_loop=True, prefetch=4, offsets32=True),
+}
 
 
 @pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
-@pytest.mark.parametrize("tuning", KERNEL_TUNINGS, ids=KERNEL_TUNING_IDS)
+@pytest.mark.parametrize("tuning", list(KERNEL_TUNINGS.values()), ids=list(KERNEL_TUNINGS))
 def test_verify_fuzz_each_kernel(impl, tuning):
     """Each verify kernel on every layout, whichever the launcher would pick for the shape: the
     node loop (K <= 5; rows or dense windows) with each node's input loaded 0 to 4 nodes ahead,
@@ -261,7 +268,7 @@ def test_verify_fuzz_each_kernel(impl, tuning):
 
 
 @pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
-@pytest.mark.parametrize("tuning", KERNEL_TUNINGS, ids=KERNEL_TUNING_IDS)
+@pytest.mark.parametrize("tuning", list(KERNEL_TUNINGS.values()), ids=list(KERNEL_TUNINGS))
 @pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
 def test_each_kernel_skips_padding_and_slots_out_of_range(impl, tuning, tree):
     """Every kernel, every layout: requests whose buffer slot is negative (padding) or past the
