@@ -42,6 +42,8 @@ _one_store; docs/benchmarks.md, "Verify kernel").
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -72,9 +74,10 @@ DENSE_ANY_WIDTH_WARPS = 2
 # order (a request's channel blocks first), the rows tile's tree links walked in registers, its
 # one store two rows per lane where the strides allow it, the unrolled small-tree kernel (by default
 # only when node_loop is not given either), that kernel's bad slots skipped by masks instead of
-# a branch, and the node loops' int32 per-element offsets (where every span fits).
+# a branch, the node loops' int32 per-element offsets (where every span fits), and that kernel's
+# channel_major rows as one run per program (where the rows fill their channels' runs).
 TUNING = ("block", "num_warps", "node_loop", "preload", "prefetch", "early", "one_store", "blocks_first",
-          "gather_links", "pairs", "small_tree", "slots_as_masks", "offsets32")
+          "gather_links", "pairs", "small_tree", "slots_as_masks", "offsets32", "runs")
 
 
 @triton.jit
@@ -425,14 +428,17 @@ def _committed_and_weights(windows, state, weight_ptr, bias_ptr, chan, cmask, n0
 @triton.jit
 def _store_node(windows, out_ptr, row, chan, node, raw, p1, p2, p3, p4, bias, w_x, w_1, w_2, w_3, w_4, live,
                 write, n0, windows_stride_node, windows_stride_win, out_stride_row, out_stride_node, out_stride_dim,
-                WIDTH: tl.constexpr, HAS_CONV: tl.constexpr, SILU: tl.constexpr, ROWS: tl.constexpr, token=None):
+                WIDTH: tl.constexpr, HAS_CONV: tl.constexpr, SILU: tl.constexpr, ROWS: tl.constexpr, token=None,
+                STORE_ROW: tl.constexpr = True):
     """What the node loops write for node ``node`` (in the offsets' dtype), its own input ``raw``
     (as stored; in float32 ``token``, converted here if None) and the inputs above it p1 (its
-    parent's) .. p4 (float32): with ROWS its row K-2+n, wherever ``live``; else its window; and
-    out[node] = act(bias + the taps from the newest input up) -- the rows kernel's fma order --
-    both wherever ``write`` (its links are good)."""
+    parent's) .. p4 (float32): with ROWS its row K-2+n, wherever ``live`` (unless not STORE_ROW:
+    the caller stores the rows); else its window; and out[node] = act(bias + the taps from the
+    newest input up) -- the rows kernel's fma order -- both wherever ``write`` (its links are good)."""
     if ROWS:  # row K-2+n: node n's input, whatever its links
-        tl.store(windows + (WIDTH - 1 + node) * windows_stride_node, raw.to(windows.dtype.element_ty), mask=live)
+        if STORE_ROW:
+            tl.store(windows + (WIDTH - 1 + node) * windows_stride_node, raw.to(windows.dtype.element_ty),
+                     mask=live)
     else:
         window = windows + node * windows_stride_node
         # column K-2 of window `node` is the node's own input, the columns before it its path's
@@ -590,6 +596,73 @@ def _verify_node_loop_kernel(
 
 
 @triton.jit
+def _group_columns(row, GROUPS: tl.constexpr, GROUP: tl.constexpr):
+    """``row`` ([GROUPS * GROUP]) seen as [GROUPS, GROUP], as a tuple of its GROUP <= 8 columns
+    ([GROUPS] vectors; column i holds elements g * GROUP + i), split in registers."""
+    columns = (tl.reshape(row, [GROUPS, GROUP]),)
+    for _ in tl.static_range(3):
+        if columns[0].shape[1] > 1:  # split off the lowest bit of the column index: its zeros, then its ones
+            zeros = ()
+            ones = ()
+            for i in tl.static_range(GROUP // columns[0].shape[1]):
+                zero, one = tl.split(tl.reshape(columns[i], [GROUPS, columns[i].shape[1] // 2, 2]))
+                zeros = zeros + (zero,)
+                ones = ones + (one,)
+            columns = zeros + ones
+    flat = ()
+    for i in tl.static_range(GROUP):
+        flat = flat + (tl.reshape(columns[i], [GROUPS]),)
+    return flat
+
+
+@triton.jit
+def _join_columns(columns, COUNT: tl.constexpr):
+    """[groups, COUNT] whose column i is columns[i] ([groups] vectors, COUNT a power of two <= 128),
+    joined in registers: each round pairs i with i + half, adding the next lower bit as an axis."""
+    level = columns
+    for round in tl.static_range(7):
+        if COUNT >> round > 1:
+            joined = ()
+            for i in tl.static_range(COUNT >> (round + 1)):
+                joined = joined + (tl.join(level[i], level[i + (COUNT >> (round + 1))]),)
+            level = joined
+    return tl.reshape(level[0], [level[0].shape[0], COUNT])
+
+
+@triton.jit
+def _store_runs(base, rows, chan0, dim, live, RUN: tl.constexpr, GROUP: tl.constexpr, VECTORS: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """channel_major rows of BLOCK channels stored as one run: rows[j] ([BLOCK] in the rows' dtype)
+    is row j of channels chan0 .., and channel chan0 + c's RUN rows go to base + c * RUN + j.
+    Each group of GROUP adjacent channels (dim a multiple of GROUP) fills a whole number of 16-byte
+    vectors (at most VECTORS, a power of two); a group's elements are reordered in registers and
+    stored one vector per row of a [groups * VECTORS, vector] tile, which Triton lays out lane by
+    lane along the run, so neighbouring lanes write neighbouring 16 bytes (storing from the
+    channels' own lanes would leave every warp store a third of each line)."""
+    VEC: tl.constexpr = 128 // base.dtype.element_ty.primitive_bitwidth
+    GROUPS: tl.constexpr = BLOCK // GROUP
+    USED: tl.constexpr = GROUP * RUN  # elements of a group's run: a multiple of VEC
+    columns = ()  # columns[j][i]: row j of channel g * GROUP + i
+    for j in tl.static_range(RUN):
+        columns = columns + (_group_columns(rows[j], GROUPS, GROUP),)
+    pad = tl.zeros([GROUPS], dtype=base.dtype.element_ty)
+    elements = ()  # element f of every group's run: row f % RUN of its channel f // RUN
+    for f in tl.static_range(VECTORS * VEC):
+        if f < USED:
+            elements = elements + (columns[f % RUN][f // RUN],)
+        else:
+            elements = elements + (pad,)
+    # one row per vector, (group, vector) flattened: rows whose pointers run on from the row before
+    # get neighbouring lanes (a [groups, VECTORS, VEC] store would keep a group's vectors in one lane)
+    runs = tl.reshape(_join_columns(elements, VECTORS * VEC), [GROUPS * VECTORS, VEC])
+    vector = tl.arange(0, GROUPS * VECTORS)[:, None]
+    group = vector // VECTORS
+    position = (vector % VECTORS) * VEC + tl.arange(0, VEC)[None, :]
+    mask = tl.where(live, (position < USED) & (chan0 + group * GROUP < dim), False)
+    tl.store(base + group * USED + position, runs, mask=mask)
+
+
+@triton.jit
 def _verify_small_tree_kernel(
     windows_ptr,
     state_ptr,
@@ -637,11 +710,16 @@ def _verify_small_tree_kernel(
     BLOCKS_FIRST: tl.constexpr = False,
     SLOTS_AS_MASKS: tl.constexpr = False,  # a bad slot skips the request by masks, not a branch
     OFFSETS32: tl.constexpr = False,  # per-element offsets in int32 (the launcher checked every span); bases int64
+    RUN: tl.constexpr = 0,  # channel_major rows filling their channels' runs: num_nodes + K - 2, else 0
+    RUN_GROUP: tl.constexpr = 1,  # _store_runs: channels per group and 16-byte vectors per group's run
+    RUN_VECTORS: tl.constexpr = 1,
 ):
-    """A tree of up to 8 nodes, dense windows or rows, K <= 5, the node loop unrolled: every node's
-    input and parent link is loaded up front (they need no slot), and the walk up from each node
-    picks links from those registers (scalar selects), so the loads of the inputs above the nodes
-    wait on no link and can all be in flight at once."""
+    """A tree of up to 8 nodes (or a chain), dense windows or rows, K <= 5, the node loop unrolled:
+    every node's input and parent link is loaded up front (they need no slot), and the walk up
+    from each node picks links from those registers (scalar selects), so the loads of the inputs
+    above the nodes wait on no link and can all be in flight at once. With RUN, channel_major
+    rows whose RUN rows are all a channel holds (channel stride RUN, row stride 1) go out at the
+    end as one run per program (_store_runs)."""
     tl.static_assert(NODES <= 8, "_verify_small_tree_kernel holds at most 8 nodes")
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
     tl.static_assert(WIDTH <= 4, "_verify_small_tree_kernel holds at most 4 committed inputs")
@@ -676,9 +754,10 @@ def _verify_small_tree_kernel(
     if go:
         windows = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan * windows_stride_dim
         state = state_ptr + state_layer_offset + src * state_stride_slot + chan * state_stride_dim
+        STORE_ROWS: tl.constexpr = ROWS and RUN == 0
         h1, h2, h3, h4, bias, w_x, w_1, w_2, w_3, w_4 = _committed_and_weights(
             windows, state, weight_ptr, bias_ptr, chan, cmask, n0, windows_stride_node, state_stride_win,
-            weight_stride_dim, weight_stride_tap, bias_stride, WIDTH, BLOCK, HAS_CONV, HAS_BIAS, ROWS)
+            weight_stride_dim, weight_stride_tap, bias_stride, WIDTH, BLOCK, HAS_CONV, HAS_BIAS, STORE_ROWS)
         zero = tl.zeros([BLOCK], dtype=tl.float32)
         for n in tl.static_range(NODES):
             live = tl.where(n < num_nodes, cmask, False)
@@ -710,7 +789,17 @@ def _verify_small_tree_kernel(
             write = tl.where(ok, live, False)  # a bad link among the K-1 above skips the node
             _store_node(windows, out_ptr, row, chan, n0 + n, raw, p1, p2, p3, p4, bias, w_x, w_1, w_2, w_3, w_4,
                         live, write, n0, windows_stride_node, windows_stride_win, out_stride_row,
-                        out_stride_node, out_stride_dim, WIDTH, HAS_CONV, SILU, ROWS)
+                        out_stride_node, out_stride_dim, WIDTH, HAS_CONV, SILU, ROWS, STORE_ROW=STORE_ROWS)
+        if RUN > 0:  # rows 0 .. K-3 the committed inputs oldest first, then the nodes' inputs
+            newest_first = (h1, h2, h3, h4)
+            rows = ()
+            for j in tl.static_range(WIDTH - 1):
+                rows = rows + (newest_first[WIDTH - 2 - j].to(windows_ptr.dtype.element_ty),)
+            for n in tl.static_range(RUN - WIDTH + 1):
+                rows = rows + (inputs[n].to(windows_ptr.dtype.element_ty),)
+            chan0 = (block * BLOCK).to(tl.int64)
+            base = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan0 * RUN
+            _store_runs(base, rows, chan0, dim, valid, RUN, RUN_GROUP, RUN_VECTORS, BLOCK)
 
 
 @triton.jit
@@ -888,12 +977,18 @@ def _one_store(contiguous: bool, block: int) -> bool:
     return not contiguous and block >= ROWS_WIDE_BLOCK
 
 
-def _small_tree(dense: bool, contiguous: bool, num_rows: int) -> bool:
-    """Whether the unrolled small-tree kernel serves a tree of up to 8 nodes (K <= 5), measured on
-    the H200 (docs/benchmarks.md, "Verify kernel"): dense windows always (12% faster than the node
-    loop at 256 requests, 24% at 8), token_major rows from ROWS_WIDE_MIN_ROWS requests (12% faster
-    than the tile at 256; below, the tile's many small programs start sooner); never channel_major
-    rows, whose per-node stores it would stride (2.3x slower)."""
+def _small_tree(dense: bool, contiguous: bool, num_rows: int, tree: bool, runs: bool) -> bool:
+    """Whether the unrolled small-tree kernel serves up to 8 nodes (K <= 5), measured on the H200
+    (docs/benchmarks.md, "Verify kernel"): trees on dense windows always (12% faster than the node
+    loop at 256 requests, 24% at 8), on token_major rows from ROWS_WIDE_MIN_ROWS requests (12%
+    faster than the tile at 256; below, the tile's many small programs start sooner); channel_major
+    rows, chains too, from ROWS_WIDE_MIN_ROWS requests where they go out as runs (``runs``: trees
+    41.0 vs 58.0 us at 256 requests, chains 23.4 vs 26.9; row by row its per-node stores would
+    stride them, about 2x slower than the tile)."""
+    if runs:
+        return num_rows >= ROWS_WIDE_MIN_ROWS
+    if not tree:
+        return False
     if dense:
         return True
     return contiguous and num_rows >= ROWS_WIDE_MIN_ROWS
@@ -902,12 +997,35 @@ def _small_tree(dense: bool, contiguous: bool, num_rows: int) -> bool:
 def _small_tree_config(dense: bool, num_rows: int) -> tuple[int, int]:
     """(channels per program, warps) of the small-tree kernel, measured best on the H200
     (docs/benchmarks.md, "Verify kernel"): rows 128 / 1; dense windows 64 / 1, but 32 / 1 below
-    8 requests (more programs to fill the GPU: 3.1 vs 3.8 us for one request). Rows also skip a
-    bad slot by masks rather than a branch (SLOTS_AS_MASKS: 4% faster at 256 requests, 96 instead
-    of 118 registers); dense windows keep the branch (5% slower at 256 requests by masks)."""
+    8 requests (more programs to fill the GPU: 3.1 vs 3.8 us for one request)."""
     if not dense:
         return SMALL_TREE_BLOCK_ROWS, 1
     return (SMALL_TREE_BLOCK_DENSE if num_rows >= 8 else SMALL_TREE_BLOCK_DENSE // 2), 1
+
+
+def _small_tree_masks(dense: bool, tree: bool) -> bool:
+    """Whether the small-tree kernel skips a bad slot by masks rather than a branch, measured on the
+    H200 (docs/benchmarks.md, "Verify kernel"): trees on rows (4% faster at 256 requests on
+    token_major rows, 96 instead of 118 registers; channel_major runs 41.0 vs 58.1 us); not dense
+    windows (5% slower at 256 requests) nor channel_major chains (7.0 vs 6.5 us at 64 requests,
+    level at 256)."""
+    return tree and not dense
+
+
+def _run_store(dest: torch.Tensor, num_nodes: int, kernel_size: int, dim: int) -> tuple[int, int, int] | None:
+    """(RUN, RUN_GROUP, RUN_VECTORS) of the small-tree kernel's run store (_store_runs) for
+    channel_major rows ``dest`` ([L, M, rows, dim], row stride 1), or None where the stored rows do
+    not fill their channels' runs (fewer nodes than the buffer holds: channel stride > RUN) or dim
+    is no multiple of the channels per group (the group whose run is a whole number of 16-byte
+    vectors)."""
+    run = num_nodes + kernel_size - 2
+    if dest.stride(2) != 1 or dest.stride(3) != run:
+        return None
+    vec = 16 // dest.element_size()
+    group = vec // math.gcd(run, vec)
+    if dim % group:
+        return None
+    return run, group, next_power_of_2(group * run // vec)
 
 
 def _blocks_first(dense: bool, contiguous: bool) -> bool:
@@ -944,7 +1062,7 @@ def _verify_call(
         raise TypeError(f"convwin verify: unknown tuning {sorted(tuning.keys() - set(TUNING))}; known: {TUNING}")
     has_conv = out is not None
     key = (
-        dense, silu, tuple(tuning.get(name) for name in TUNING), dest.shape, dest.stride(),
+        dense, silu, tuple(tuning.get(name) for name in TUNING), dest.shape, dest.stride(), dest.element_size(),
         state.shape, state.stride(), x.shape, x.stride(), out.stride() if has_conv else None,
         weight.stride() if has_conv else None, None if bias is None else bias.stride(), buffer_slots.stride(0),
         state_slots.stride(0),
@@ -966,7 +1084,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     nothing to do; raises for what the kernels cannot address. Depends only on _verify_call's key
     (``tuning``: its keywords, a dict)."""
     (block, num_warps, node_loop, preload, prefetch, early, one_store, blocks_first, gather_links, pairs,
-     small_tree, slots_as_masks, offsets32) = (tuning.get(name) for name in TUNING)
+     small_tree, slots_as_masks, offsets32, runs) = (tuning.get(name) for name in TUNING)
     num_rows, num_nodes, dim = x.shape
     if num_rows == 0 or dim == 0 or dest.shape[1] == 0 or state.shape[1] == 0:
         return None
@@ -981,9 +1099,14 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     if node_loop is None:
         node_loop = _node_loop(dense, contiguous, num_rows, nodes, has_parents)
     node_loop = node_loop and kernel_size <= 5  # wider: the rows tile, or dense windows' any-width kernel
+    run_store = None if dense or contiguous else _run_store(dest, num_nodes, kernel_size, dim)
+    if runs is None:
+        runs = run_store is not None
+    run_store = run_store if runs else None
     if small_tree is None:  # (an explicit node_loop choice asks for the loop or the tile)
-        small_tree = node_loop_asked is None and _small_tree(dense, contiguous, num_rows)
-    small_tree = small_tree and has_parents and nodes <= 8 and kernel_size <= 5
+        small_tree = node_loop_asked is None and _small_tree(dense, contiguous, num_rows, has_parents,
+                                                             run_store is not None)
+    small_tree = small_tree and nodes <= 8 and kernel_size <= 5
     if small_tree:
         kernel = _verify_small_tree_kernel
         default_block, default_warps = _small_tree_config(dense, num_rows)
@@ -1044,8 +1167,10 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     if kernel is _verify_node_loop_kernel:
         return kernel, grid, scalars, flags
     if kernel is _verify_small_tree_kernel:
-        slots_as_masks = not dense if slots_as_masks is None else slots_as_masks  # (measured: _small_tree_config)
-        return kernel, grid, scalars, dict(flags, NODES=nodes, SLOTS_AS_MASKS=slots_as_masks)
+        slots_as_masks = _small_tree_masks(dense, has_parents) if slots_as_masks is None else slots_as_masks
+        run, run_group, run_vectors = run_store if run_store is not None and block >= run_store[1] else (0, 1, 1)
+        return kernel, grid, scalars, dict(flags, NODES=nodes, SLOTS_AS_MASKS=slots_as_masks, RUN=run,
+                                           RUN_GROUP=run_group, RUN_VECTORS=run_vectors)
     if kernel is _verify_rows_kernel:
         _check_rows_spans(dest, state, x, out, weight, bias, parents)
         preload = kernel_size <= 5 if preload is None else preload and kernel_size <= 5

@@ -132,15 +132,22 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
     ("token_major", 4, False, 64, "node_loop", 128, dict(PREFETCH=2, ROWS=True, OFFSETS32=True)),
     ("token_major", 4, False, 256, "node_loop", 128, dict(PREFETCH=4, ROWS=True, OFFSETS32=False)),
     ("channel_major", 4, False, 8, "rows", 64, dict(EARLY=True, ONE_STORE=False)),
-    ("channel_major", 4, False, 64, "rows", 128, dict(EARLY=True, ONE_STORE=True, ROWS_ALIGN=2)),
+    ("channel_major", 4, False, 32, "rows", 64, dict(EARLY=True, ONE_STORE=False)),
+    ("channel_major", 4, False, 64, "small_tree", 128, dict(ROWS=True, NODES=4, SLOTS_AS_MASKS=False, RUN=6,
+                                                            RUN_GROUP=4, RUN_VECTORS=4)),
+    ("channel_major", 4, False, 256, "small_tree", 128, dict(ROWS=True, NODES=4, SLOTS_AS_MASKS=False, RUN=6,
+                                                             RUN_GROUP=4, RUN_VECTORS=4)),
     ("token_major", 8, True, 8, "rows", 32, dict(ONE_STORE=False, GATHER_LINKS=True)),
     ("token_major", 8, True, 64, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, OFFSETS32=True)),
     ("token_major", 8, True, 256, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, OFFSETS32=True)),
     ("token_major", 32, True, 64, "rows", 32, dict(ONE_STORE=False)),
     ("token_major", 32, True, 128, "node_loop", 128, dict(PREFETCH=2, OFFSETS32=True)),
     ("channel_major", 8, True, 8, "rows", 32, dict(ONE_STORE=False, GATHER_LINKS=True)),
-    ("channel_major", 8, True, 64, "rows", 128, dict(ONE_STORE=True, GATHER_LINKS=True, ROWS_ALIGN=2)),
-    ("channel_major", 8, True, 256, "rows", 128, dict(ONE_STORE=True, GATHER_LINKS=True, ROWS_ALIGN=2)),
+    ("channel_major", 8, True, 32, "rows", 32, dict(ONE_STORE=False, GATHER_LINKS=True)),
+    ("channel_major", 8, True, 64, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, RUN=10,
+                                                           RUN_GROUP=4, RUN_VECTORS=8)),
+    ("channel_major", 8, True, 256, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, RUN=10,
+                                                            RUN_GROUP=4, RUN_VECTORS=8)),
     ("dense", 4, False, 1, "node_loop", 32, dict(PREFETCH=2, ROWS=False, OFFSETS32=True)),
     ("dense", 4, False, 8, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2, OFFSETS32=True)),
     ("dense", 4, False, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2, OFFSETS32=True)),
@@ -157,11 +164,12 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     """The verify launcher's measured choices at the Qwen3-Next TP1 shape (dim 8192, K = 4, bf16;
     docs/benchmarks.md, "Verify kernel"): trees of up to 8 nodes take the unrolled small-tree
     kernel on dense windows (64 channels; 32 below 8 requests) and on token_major rows from 64
-    requests (128, a bad slot skipped by masks); the node loop serves dense windows, token_major
-    chains from 32 requests and token_major trees of more than 8 nodes from 128 (one warp; dense
-    chains from 8 requests 64 channels over 2 warps); else the rows tile, at 128 channels for up to
-    8 nodes from 64 requests, storing its rows as one tile on channel_major rows at 128 channels
-    (two rows per lane) and walking a tree's links in registers; the tile's slot-free loads go
+    requests (128, a bad slot skipped by masks), and so do channel_major rows from 64 requests,
+    chains too (a chain's bad slot skipped by a branch), stored as runs; the node loop serves dense
+    windows, token_major chains from 32 requests and token_major trees of more than 8 nodes from
+    128 (one warp; dense chains from 8 requests 64 channels over 2 warps); else the rows tile, at
+    128 channels for up to 8 nodes from 64 requests, storing its rows as one tile on channel_major
+    rows at 128 channels (two rows per lane) and walking a tree's links in registers; the tile's slot-free loads go
     first and the loop's inputs two nodes ahead (chains from 128 requests: four, on int64 offsets;
     the node loops' other offsets int32); dense windows and channel_major rows on a grid of channel
     blocks first."""
@@ -184,6 +192,34 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     assert plan["BLOCKS_FIRST"] == blocks_first
     assert grid == ((8192 // channels, rows) if blocks_first else (rows, 8192 // channels))
     assert {name: plan[name] for name in flags} == flags
+
+
+@pytest.mark.parametrize("draft, nodes, dtype, dim, run_store", [
+    ("buffer as long as the nodes", 4, torch.bfloat16, 8192, (6, 4, 4)),
+    ("buffer longer than the nodes", 6, torch.bfloat16, 8192, None),
+    ("float32: 4 per 16 bytes", 4, torch.float32, 8192, (6, 2, 4)),
+    ("odd run, 8 channels per group", 5, torch.bfloat16, 8192, (7, 8, 8)),
+    ("odd run, dim no multiple of 8", 5, torch.bfloat16, 8188, None),
+])
+def test_verify_plan_channel_major_runs(kernels, draft, nodes, dtype, dim, run_store):
+    """channel_major rows go out as runs (the small-tree kernel, 64 requests) only where the stored
+    rows fill every channel's run (the buffer holds as many draft steps as x has nodes) and dim is a
+    multiple of the channels per group whose run is a whole number of 16-byte vectors; otherwise
+    the rows tile serves them."""
+    meta = dict(device="meta", dtype=dtype)
+    buffer_nodes = 6 if draft == "buffer longer than the nodes" else nodes
+    buffer = torch.empty(sgl_convwin.physical_shape("channel_major", 2, 64, dim, buffer_nodes, 4), **meta)
+    state = torch.empty(2, 64, dim, 3, **meta)
+    x = torch.empty(64, 4 if draft == "buffer longer than the nodes" else nodes, dim, **meta)
+    weight = torch.empty(dim, 4, **meta)
+    index = torch.zeros(64, dtype=torch.int32, device="meta")
+    chosen, _, _, plan = kernels.verify._plan(x, buffer.transpose(-1, -2), state, x, weight, None, index, index,
+                                              None, False, True, {})
+    if run_store is None:
+        assert chosen is kernels.verify._verify_rows_kernel
+    else:
+        assert chosen is kernels.verify._verify_small_tree_kernel
+        assert (plan["RUN"], plan["RUN_GROUP"], plan["RUN_VECTORS"]) == run_store
 
 
 def test_verify_launchers_refuse_a_prefetch_out_of_range(kernels):

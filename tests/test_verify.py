@@ -226,6 +226,8 @@ KERNEL_TUNINGS = {
     "small-tree-slots-as-masks-int64-offsets": dict(small_tree=True, slots_as_masks=True, offsets32=False),
     "node-loop-int64-offsets": dict(node_loop=True, offsets32=False),
     "node-loop-prefetch-4-int32-offsets": dict(node_loop=True, prefetch=4, offsets32=True),
+    "small-tree-no-runs": dict(small_tree=True, runs=False),
+    "small-tree-runs-slots-by-branch": dict(small_tree=True, runs=True, slots_as_masks=False),
 }
 
 
@@ -303,6 +305,51 @@ def test_each_kernel_skips_padding_and_slots_out_of_range(impl, tuning, tree):
             args["state_slots"], 1, args["parents"], layout=layout, activation="silu")
         triton_kernels().launch_causal_conv1d_verify(*kernel_args, **kernel_kwargs, **tuning)
         assert torch.equal(args["buffer"].cpu(), want), (layout, N)
+        check_outputs(out, out_before, expected, written)
+
+
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("buffer_dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))
+@pytest.mark.parametrize("slots_as_masks", (False, True), ids=("slots-by-branch", "slots-as-masks"))
+@pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
+def test_small_tree_stores_channel_major_runs(impl, buffer_dtype, slots_as_masks, tree):
+    """The small-tree kernel's channel_major rows stored as runs (a group's rows reordered in
+    registers, stored lane by lane along the run): every K <= 5 and node count up to 8 (runs of
+    even and odd length, 2 to 8 channels per group), channel blocks of 16 with the last one half
+    full, a padded request and one whose state slot is out of range beside the served ones."""
+    from sgl_convwin._kernels import triton_kernels
+
+    kernels = triton_kernels()
+    generator = torch.Generator().manual_seed(80)
+    L, M, dim, num_state = 2, 4, 40, 3
+    buffer_slots = torch.tensor([2, -1, 0, 3])
+    state_slots = torch.tensor([1, 0, 2, 5])  # rows 0 and 2 are served
+    B = len(buffer_slots)
+    tuning = dict(small_tree=True, runs=True, block=16, slots_as_masks=slots_as_masks)
+    for K, N in [(K, N) for K in (2, 3, 4, 5) for N in (1, 3, 4, 5, 8) if N + K > 3]:  # (one row: token_major)
+        parents = torch.tensor([[-1, 0, 0, 1, 2, 2, 4, 3][:N], [-1, -1, 1, 0, 3, 1, 5, 6][:N]] * 2) if tree else None
+        buffer = torch.randn(sgl_convwin.physical_shape("channel_major", L, M, dim, N, K), generator=generator)
+        args = dict(buffer=buffer.to(buffer_dtype).to(impl.device),
+                    conv_state=torch.randn(L, num_state, dim, K - 1, generator=generator).to(impl.device),
+                    x=torch.randn(B, N, dim, generator=generator).to(buffer_dtype).to(impl.device),
+                    buffer_slots=buffer_slots.to(impl.device), state_slots=state_slots.to(impl.device), layer=1,
+                    parents=None if parents is None else parents.to(impl.device))
+        args["conv_state"] = args["conv_state"].to(buffer_dtype)
+        weight = random_weight(dim, K, torch.float32, "cpu", generator)
+        want = expected_buffer(args, "channel_major", "dim_major")
+        out = torch.zeros(B, N, dim, device=impl.device)
+        out_before = whole_storage(out).clone()
+        expected, written = reference.causal_conv1d_verify_reference(
+            out, args["conv_state"].cpu(), args["x"].cpu(), weight, None, buffer_slots, state_slots, M, 1, parents,
+            "silu")
+        kernel_args, kernel_kwargs = sgl_convwin.causal_conv1d_verify.kernel_arguments(
+            out, args["buffer"], args["conv_state"], args["x"], weight.to(impl.device), None, args["buffer_slots"],
+            args["state_slots"], 1, args["parents"], layout="channel_major", activation="silu")
+        kernel, _, _, plan = kernels.verify._plan(*kernel_args[:8], kernel_args[9], kernel_kwargs["dense"],
+                                                  kernel_kwargs["silu"], tuning)
+        assert kernel is kernels.verify._verify_small_tree_kernel and plan["RUN"] == N + K - 2, (K, N)
+        kernels.launch_causal_conv1d_verify(*kernel_args, **kernel_kwargs, **tuning)
+        assert torch.equal(args["buffer"].cpu(), want), (K, N)
         check_outputs(out, out_before, expected, written)
 
 

@@ -15,6 +15,8 @@ channels per program and warps. The launcher's kernel choice and block rules com
         [--small-tree]  (only the unrolled small-tree kernel, trees of up to 8 nodes, against the default)
         [--offsets32]   (only the default kernels, the node loops' per-element offsets as the launcher picks
                         them, forced to int32 and forced to int64)
+        [--runs]        (only the small-tree kernel, chains too, its channel_major rows stored as runs or row
+                        by row, against the default)
 """
 
 import argparse
@@ -76,6 +78,12 @@ def sweep_configs(args):
         small = [{}] + [dict(block=block, num_warps=warps, small_tree=True, slots_as_masks=masks)
                         for block, warps in shapes for masks in (False, True)]
         return {"rows": small, "dense": small}
+    if args.runs:
+        shapes = ((64, 1), (128, 1), (128, 2), (256, 2), (256, 1))
+        runs = [{}] + [dict(block=block, num_warps=warps, small_tree=True, runs=True, slots_as_masks=masks)
+                       for block, warps in shapes for masks in (False, True)]
+        runs += [dict(block=128, num_warps=1, small_tree=True, runs=False, slots_as_masks=True)]
+        return {"rows": runs, "dense": [{}]}
     if args.offsets32:
         widths = [{}, dict(offsets32=True), dict(offsets32=False)]
         return {"rows": widths, "dense": widths}
@@ -89,7 +97,8 @@ def config_name(tuning):
     """The table's name of a configuration."""
     if tuning.get("small_tree"):
         masks = ", slots as masks" if tuning.get("slots_as_masks") else ""
-        return f"small tree{masks} {tuning['block']}/{tuning['num_warps']}w"
+        runs = {True: ", runs", False: ", rows one by one"}.get(tuning.get("runs"), "")
+        return f"small tree{masks}{runs} {tuning['block']}/{tuning['num_warps']}w"
     if set(tuning) == {"offsets32"}:
         return f"default, int{32 if tuning['offsets32'] else 64} offsets"
     if "block" not in tuning:
@@ -134,6 +143,9 @@ def main():
     parser.add_argument("--offsets32", action="store_true",
                         help="time only the launcher's default kernels, the node loops' per-element offsets as "
                              "the launcher picks them, forced to int32 and forced to int64")
+    parser.add_argument("--runs", action="store_true",
+                        help="time only the small-tree kernel (chains too) at several channels per program and "
+                             "warps, its channel_major rows stored as runs or row by row, against the default")
     args = parser.parse_args()
     if not common.needs_cuda("this sweep"):
         return 1
