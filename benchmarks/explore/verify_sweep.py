@@ -16,7 +16,8 @@ channels per program and warps. The launcher's kernel choice and block rules com
         [--offsets32]   (only the default kernels, the node loops' per-element offsets as the launcher picks
                         them, forced to int32 and forced to int64)
         [--runs]        (only the small-tree kernel, chains too, its channel_major rows stored as runs or row
-                        by row, against the default)
+                        by row, against the default and the rows tile)
+        [--capture]     (the capture alone, no conv: launch_capture)
 """
 
 import argparse
@@ -31,9 +32,12 @@ from common import graph_time_us, tree_parents, verify_layer_problem  # noqa: E4
 from sgl_convwin._kernels import triton_kernels  # noqa: E402
 
 
-def layer_bytes(batch, num_nodes, dim, kernel_size, layout, element=2):
+def layer_bytes(batch, num_nodes, dim, kernel_size, layout, element=2, conv=True):
+    """Bytes one layer's verify must move (a capture: no outputs, no weights)."""
     width = kernel_size - 1
     written = batch * num_nodes * width * dim if layout == "dense" else batch * (num_nodes + width - 1) * dim
+    if not conv:
+        return element * (batch * num_nodes * dim + batch * width * dim + written)
     return element * (2 * batch * num_nodes * dim + batch * width * dim + dim * (kernel_size + 1) + written)
 
 
@@ -80,7 +84,7 @@ def sweep_configs(args):
         return {"rows": small, "dense": small}
     if args.runs:
         shapes = ((64, 1), (128, 1), (128, 2), (256, 2), (256, 1))
-        runs = [{}] + [dict(block=block, num_warps=warps, small_tree=True, runs=True, slots_as_masks=masks)
+        runs = [{}, dict(small_tree=False)] + [dict(block=block, num_warps=warps, small_tree=True, runs=True, slots_as_masks=masks)
                        for block, warps in shapes for masks in (False, True)]
         runs += [dict(block=128, num_warps=1, small_tree=True, runs=False, slots_as_masks=True)]
         return {"rows": runs, "dense": [{}]}
@@ -99,6 +103,8 @@ def config_name(tuning):
         masks = ", slots as masks" if tuning.get("slots_as_masks") else ""
         runs = {True: ", runs", False: ", rows one by one"}.get(tuning.get("runs"), "")
         return f"small tree{masks}{runs} {tuning['block']}/{tuning['num_warps']}w"
+    if set(tuning) == {"small_tree"}:
+        return "default without the small-tree kernel"
     if set(tuning) == {"offsets32"}:
         return f"default, int{32 if tuning['offsets32'] else 64} offsets"
     if "block" not in tuning:
@@ -146,6 +152,7 @@ def main():
     parser.add_argument("--runs", action="store_true",
                         help="time only the small-tree kernel (chains too) at several channels per program and "
                              "warps, its channel_major rows stored as runs or row by row, against the default")
+    parser.add_argument("--capture", action="store_true", help="time the capture alone (no conv, launch_capture)")
     args = parser.parse_args()
     if not common.needs_cuda("this sweep"):
         return 1
@@ -153,7 +160,7 @@ def main():
     kernels = triton_kernels()
     ceiling = common.copy_ceiling_gbps()
     common.print_environment(ceiling)
-    print("fused verify (conv + capture), one layer, dim 8192, K=4, bf16")
+    print(("capture alone" if args.capture else "fused verify (conv + capture)") + ", one layer, dim 8192, K=4, bf16")
     print("| draft | layout | B | block/warps | graph replay (us/launch) | of copy ceiling "
           "| out and buffer equal to default |")
     print("|---|---|---|---|---|---|---|")
@@ -170,14 +177,18 @@ def main():
                 if args.channel_contiguous:  # same values, strides (1, dim) over (channel, tap)
                     state = state.transpose(-1, -2).contiguous().transpose(-1, -2)
                     weight = weight.t().contiguous().t()
-                nbytes = layer_bytes(B, num_nodes, dim, K, layout)
+                nbytes = layer_bytes(B, num_nodes, dim, K, layout, conv=not args.capture)
                 reference_out = reference_buffer = None
                 for tuning in configs["dense" if layout == "dense" else "rows"]:
 
                     def run():
-                        kernels.launch_causal_conv1d_verify(
-                            out, dest, state, x, weight, bias, slots_b, slots_s, 0, parents,
-                            dense=layout == "dense", silu=True, **tuning)
+                        if args.capture:
+                            kernels.launch_capture(dest, state, x, slots_b, slots_s, 0, parents,
+                                                   dense=layout == "dense", **tuning)
+                        else:
+                            kernels.launch_causal_conv1d_verify(
+                                out, dest, state, x, weight, bias, slots_b, slots_s, 0, parents,
+                                dense=layout == "dense", silu=True, **tuning)
 
                     out.zero_()
                     buffer.zero_()  # (what a configuration does not write shows as a difference)
