@@ -1168,7 +1168,10 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         return kernel, grid, scalars, flags
     if kernel is _verify_small_tree_kernel:
         slots_as_masks = _small_tree_masks(dense, has_parents) if slots_as_masks is None else slots_as_masks
-        run, run_group, run_vectors = run_store if run_store is not None and block >= run_store[1] else (0, 1, 1)
+        # one warp only: Triton 3.6 compiles the run's joins in a two-warp program (128 channels, a
+        # tree's capture) to shared-memory reads out of bounds (compute-sanitizer memcheck)
+        runs_fit = run_store is not None and block >= run_store[1] and num_warps == 1
+        run, run_group, run_vectors = run_store if runs_fit else (0, 1, 1)
         return kernel, grid, scalars, dict(flags, NODES=nodes, SLOTS_AS_MASKS=slots_as_masks, RUN=run,
                                            RUN_GROUP=run_group, RUN_VECTORS=run_vectors)
     if kernel is _verify_rows_kernel:

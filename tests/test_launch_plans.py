@@ -204,8 +204,9 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
 def test_verify_plan_channel_major_runs(kernels, draft, nodes, dtype, dim, run_store):
     """channel_major rows go out as runs (the small-tree kernel, 64 requests) only where the stored
     rows fill every channel's run (the buffer holds as many draft steps as x has nodes) and dim is a
-    multiple of the channels per group whose run is a whole number of 16-byte vectors; otherwise
-    the rows tile serves them."""
+    multiple of the channels per group whose run is a whole number of 16-byte vectors, and only
+    from one-warp programs; otherwise the rows tile serves them (or the small-tree kernel row by
+    row, at two warps)."""
     meta = dict(device="meta", dtype=dtype)
     buffer_nodes = 6 if draft == "buffer longer than the nodes" else nodes
     buffer = torch.empty(sgl_convwin.physical_shape("channel_major", 2, 64, dim, buffer_nodes, 4), **meta)
@@ -220,6 +221,10 @@ def test_verify_plan_channel_major_runs(kernels, draft, nodes, dtype, dim, run_s
     else:
         assert chosen is kernels.verify._verify_small_tree_kernel
         assert (plan["RUN"], plan["RUN_GROUP"], plan["RUN_VECTORS"]) == run_store
+        # two warps store row by row (Triton 3.6 miscompiles the run's joins there: _plan)
+        _, _, _, plan = kernels.verify._plan(x, buffer.transpose(-1, -2), state, x, weight, None, index, index,
+                                             None, False, True, dict(num_warps=2))
+        assert plan["RUN"] == 0
 
 
 def test_verify_launchers_refuse_a_prefetch_out_of_range(kernels):
