@@ -66,6 +66,7 @@ NODE_LOOP_MIN_ROWS = 32  # token_major chains take the node loop from this many 
 NODE_LOOP_MIN_ROWS_TREE = 128  # token_major trees of more than 8 nodes from this many
 SMALL_TREE_BLOCK_DENSE = 64  # the small-tree kernel's channels per program (_small_tree, _small_tree_config)
 SMALL_TREE_BLOCK_ROWS = 128
+RUNS_CAPTURE_MIN_ROWS = 8  # channel_major captures stored as runs from this many requests (_small_tree)
 DENSE_ANY_WIDTH_BLOCK = 256  # channels per program of the dense kernel for K > 5
 DENSE_ANY_WIDTH_WARPS = 2
 # The launchers' tuning keywords (None or absent: the measured default): channels per program,
@@ -977,16 +978,17 @@ def _one_store(contiguous: bool, block: int) -> bool:
     return not contiguous and block >= ROWS_WIDE_BLOCK
 
 
-def _small_tree(dense: bool, contiguous: bool, num_rows: int, tree: bool, runs: bool) -> bool:
+def _small_tree(dense: bool, contiguous: bool, num_rows: int, tree: bool, runs: bool, conv: bool) -> bool:
     """Whether the unrolled small-tree kernel serves up to 8 nodes (K <= 5), measured on the H200
     (docs/benchmarks.md, "Verify kernel"): trees on dense windows always (12% faster than the node
     loop at 256 requests, 24% at 8), on token_major rows from ROWS_WIDE_MIN_ROWS requests (12%
     faster than the tile at 256; below, the tile's many small programs start sooner); channel_major
-    rows, chains too, from ROWS_WIDE_MIN_ROWS requests where they go out as runs (``runs``: trees
-    41.0 vs 58.0 us at 256 requests, chains 23.4 vs 26.9; row by row its per-node stores would
-    stride them, about 2x slower than the tile)."""
+    rows, chains too, where they go out as runs (``runs``), with the conv from ROWS_WIDE_MIN_ROWS
+    requests (trees 41.0 vs 58.0 us at 256, chains 23.4 vs 26.9; level or slower at 8), a capture
+    from RUNS_CAPTURE_MIN_ROWS (trees 2.0 vs 2.8 us at 8, chains 14.9 vs 16.5 at 256); row by row
+    its per-node stores would stride them, 2-5x slower than the tile."""
     if runs:
-        return num_rows >= ROWS_WIDE_MIN_ROWS
+        return num_rows >= (ROWS_WIDE_MIN_ROWS if conv else RUNS_CAPTURE_MIN_ROWS)
     if not tree:
         return False
     if dense:
@@ -1105,7 +1107,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     run_store = run_store if runs else None
     if small_tree is None:  # (an explicit node_loop choice asks for the loop or the tile)
         small_tree = node_loop_asked is None and _small_tree(dense, contiguous, num_rows, has_parents,
-                                                             run_store is not None)
+                                                             run_store is not None, has_conv)
     small_tree = small_tree and nodes <= 8 and kernel_size <= 5
     if small_tree:
         kernel = _verify_small_tree_kernel

@@ -227,6 +227,27 @@ def test_verify_plan_channel_major_runs(kernels, draft, nodes, dtype, dim, run_s
         assert plan["RUN"] == 0
 
 
+@pytest.mark.parametrize("rows", (4, 8, 64))
+@pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
+def test_channel_major_runs_from_8_requests_for_a_capture(kernels, rows, tree):
+    """A capture (no conv) stores channel_major runs from 8 requests, the fused conv from 64
+    (measured: _small_tree); below, the rows tile."""
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    nodes = 8 if tree else 4
+    dest = torch.empty(sgl_convwin.physical_shape("channel_major", 2, rows, 8192, nodes, 4), **meta).transpose(-1, -2)
+    state = torch.empty(2, rows, 8192, 3, **meta)
+    x = torch.empty(rows, nodes, 8192, **meta)
+    index = torch.zeros(rows, dtype=torch.int32, device="meta")
+    parents = torch.zeros(rows, nodes, dtype=torch.int32, device="meta") if tree else None
+    for out, least in ((None, 8), (x, 64)):
+        weight = None if out is None else torch.empty(8192, 4, **meta)
+        chosen, _, _, plan = kernels.verify._plan(out, dest, state, x, weight, None, index, index, parents,
+                                                  False, out is not None, {})
+        runs = rows >= least
+        assert chosen is (kernels.verify._verify_small_tree_kernel if runs else kernels.verify._verify_rows_kernel)
+        assert plan.get("RUN", 0) == (nodes + 2 if runs else 0)
+
+
 def test_verify_launchers_refuse_a_prefetch_out_of_range(kernels):
     """The node loop loads 0 to 4 nodes ahead; another distance is refused with what is allowed."""
     meta = dict(device="meta", dtype=torch.bfloat16)
