@@ -568,7 +568,8 @@ def test_channels_span_several_blocks(impl, num_nodes, dim):
 @pytest.mark.parametrize("tree", (False, True))
 def test_model_sized_cuda_matches_cpu(layout, tree):
     """Qwen3-Next TP4-sized layer (dim 2048, K=4), 64 requests: the CUDA kernel and the CPU
-    implementation capture identical buffers; outputs agree to bf16 rounding."""
+    implementation capture identical buffers; outputs agree to bf16 rounding. The capture alone
+    too, of all 64 requests and of the first 8 (channel_major captures take runs from 8)."""
     generator = torch.Generator().manual_seed(40)
     L, M, dim, K, B = 3, 80, 2048, 4, 64
     N = 8 if tree else 4
@@ -589,9 +590,62 @@ def test_model_sized_cuda_matches_cpu(layout, tree):
             out, buffer, conv_state.to(device), x.to(device), weight.to(device), bias.to(device),
             buffer_slots.to(device), state_slots.to(device), 2, move(parents), layout=layout, activation="silu",
         )
-        results[device] = (out.cpu(), buffer.cpu())
-    assert torch.equal(results["cpu"][1], results["cuda"][1])
+        captured = []
+        for rows in (B, 8):
+            alone = torch.zeros_like(buffer)
+            sgl_convwin.capture(alone, conv_state.to(device), x[:rows].to(device), buffer_slots[:rows].to(device),
+                                state_slots[:rows].to(device), 2, move(None if parents is None else parents[:rows]),
+                                layout=layout)
+            captured.append(alone.cpu())
+        results[device] = (out.cpu(), buffer.cpu(), *captured)
+    for cpu, cuda in zip(results["cpu"][1:], results["cuda"][1:]):
+        assert torch.equal(cpu, cuda)
     torch.testing.assert_close(results["cuda"][0].float(), results["cpu"][0].float(), rtol=1.6e-2, atol=1.6e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("conv", (False, True), ids=("capture", "conv"))
+@pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
+def test_channel_major_runs_match_the_tile_at_qwen3next_size(conv, tree):
+    """The small-tree kernel's channel_major runs at the Qwen3-Next TP1 shape (dim 8192, K = 4,
+    bf16, 8 requests, one padded) at every channels-per-program / warps the sweep times, slots by
+    masks and by a branch: the buffer (whole) and the outputs equal the rows tile's bit for bit.
+    (At two warps the launcher stores row by row: Triton 3.6 compiled the runs' joins there to
+    out-of-bounds shared-memory reads.)"""
+    from sgl_convwin._kernels import triton_kernels
+
+    kernels = triton_kernels()
+    generator = torch.Generator().manual_seed(90)
+    B, N, dim, K = 8, 8 if tree else 4, 8192, 4
+    buffer = torch.zeros(sgl_convwin.physical_shape("channel_major", 2, 12, dim, N, K), dtype=torch.bfloat16,
+                         device="cuda")
+    state = torch.randn(2, 10, dim, K - 1, generator=generator).to(torch.bfloat16).cuda()
+    x = torch.randn(B, N, dim, generator=generator).to(torch.bfloat16).cuda()
+    weight = random_weight(dim, K, torch.bfloat16, "cpu", generator).cuda()
+    bias = torch.randn(dim, generator=generator).to(torch.bfloat16).cuda()
+    out = torch.zeros(B, N, dim, dtype=torch.bfloat16, device="cuda")
+    buffer_slots = torch.tensor([3, 0, 11, -1, 7, 5, 1, 9], device="cuda")
+    state_slots = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8], device="cuda")
+    parents = torch.tensor([[-1, -1, -1, 0, 0, 0, 1, 1]] * B, device="cuda") if tree else None
+    dest = buffer.transpose(-1, -2)
+
+    def run(**tuning):
+        buffer.zero_()
+        out.zero_()
+        if conv:
+            kernels.launch_causal_conv1d_verify(out, dest, state, x, weight, bias, buffer_slots, state_slots, 1,
+                                                parents, dense=False, silu=True, **tuning)
+        else:
+            kernels.launch_capture(dest, state, x, buffer_slots, state_slots, 1, parents, dense=False, **tuning)
+        return buffer.clone(), out.clone()
+
+    want_buffer, want_out = run(small_tree=False)
+    assert want_buffer.any()
+    for block, warps in ((64, 1), (128, 1), (256, 1), (128, 2), (256, 2)):
+        for masks in (False, True):
+            got_buffer, got_out = run(small_tree=True, runs=True, block=block, num_warps=warps, slots_as_masks=masks)
+            assert torch.equal(got_buffer, want_buffer), (block, warps, masks)
+            assert torch.equal(got_out, want_out), (block, warps, masks)
 
 
 def test_parameter_weights_take_the_eager_path(monkeypatch):
