@@ -606,7 +606,7 @@ def test_model_sized_cuda_matches_cpu(layout, tree):
 @pytest.mark.gpu
 @pytest.mark.parametrize("conv", (False, True), ids=("capture", "conv"))
 @pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
-def test_channel_major_runs_match_the_tile_at_qwen3next_size(conv, tree):
+def test_channel_major_runs_match_the_tile_on_cuda_at_qwen3next_size(conv, tree):
     """The small-tree kernel's channel_major runs at the Qwen3-Next TP1 shape (dim 8192, K = 4,
     bf16, 8 requests, one padded) at every channels-per-program / warps the sweep times, slots by
     masks and by a branch: the buffer (whole) and the outputs equal the rows tile's bit for bit.
