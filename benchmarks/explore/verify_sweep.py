@@ -84,8 +84,9 @@ def sweep_configs(args):
         return {"rows": small, "dense": small}
     if args.runs:
         shapes = ((64, 1), (128, 1), (128, 2), (256, 2), (256, 1))
-        runs = [{}, dict(small_tree=False)] + [dict(block=block, num_warps=warps, small_tree=True, runs=True, slots_as_masks=masks)
-                       for block, warps in shapes for masks in (False, True)]
+        runs = [{}, dict(small_tree=False)] + [
+            dict(block=block, num_warps=warps, small_tree=True, runs=True, slots_as_masks=masks)
+            for block, warps in shapes for masks in (False, True)]
         runs += [dict(block=128, num_warps=1, small_tree=True, runs=False, slots_as_masks=True)]
         return {"rows": runs, "dense": [{}]}
     if args.offsets32:
