@@ -38,12 +38,10 @@ wider dense windows, reloads each input per tap. The node loops address elements
 from int64 bases where the launcher found every span below 2**31 and _offsets32 chose them, else by
 int64 offsets. Which kernel serves a launch, and with how many channels per program, was measured on
 the H200 (_node_loop, _node_loop_config, _node_loop_prefetch, _offsets32, _small_tree,
-_small_tree_masks, _run_store, _rows_block, _one_store; docs/benchmarks.md, "Verify kernel").
+_small_tree_masks, _run_length, _run_layout, _rows_block, _one_store; docs/benchmarks.md, "Verify kernel").
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import triton
@@ -431,17 +429,18 @@ def _committed_and_weights(windows, state, weight_ptr, bias_ptr, chan, cmask, n0
 def _store_node(windows, out_ptr, row, chan, node, raw, p1, p2, p3, p4, bias, w_x, w_1, w_2, w_3, w_4, live,
                 write, n0, windows_stride_node, windows_stride_win, out_stride_row, out_stride_node, out_stride_dim,
                 WIDTH: tl.constexpr, HAS_CONV: tl.constexpr, SILU: tl.constexpr, ROWS: tl.constexpr, token=None,
-                STORE_ROW: tl.constexpr = True):
+                STORE: tl.constexpr = True):
     """What the node loops write for node ``node`` (in the offsets' dtype), its own input ``raw``
     (as stored; in float32 ``token``, converted here if None) and the inputs above it p1 (its
-    parent's) .. p4 (float32): with ROWS its row K-2+n, wherever ``live`` (unless not STORE_ROW:
-    the caller stores the rows); else its window; and out[node] = act(bias + the taps from the
-    newest input up) -- the rows kernel's fma order -- both wherever ``write`` (its links are good)."""
+    parent's) .. p4 (float32): with ROWS its row K-2+n, wherever ``live``; else its window (not
+    with STORE False: the caller stores rows or windows as runs); and out[node] = act(bias + the
+    taps from the newest input up) -- the rows kernel's fma order -- both wherever ``write`` (its
+    links are good)."""
     if ROWS:  # row K-2+n: node n's input, whatever its links
-        if STORE_ROW:
+        if STORE:
             tl.store(windows + (WIDTH - 1 + node) * windows_stride_node, raw.to(windows.dtype.element_ty),
                      mask=live)
-    else:
+    elif STORE:
         window = windows + node * windows_stride_node
         # column K-2 of window `node` is the node's own input, the columns before it its path's
         tl.store(window + (n0 + WIDTH - 1) * windows_stride_win, raw.to(windows.dtype.element_ty), mask=write)
@@ -632,18 +631,18 @@ def _join_columns(columns, COUNT: tl.constexpr):
 
 
 @triton.jit
-def _store_runs(base, rows, chan0, dim, live, RUN: tl.constexpr, GROUP: tl.constexpr, VECTORS: tl.constexpr,
-                BLOCK: tl.constexpr):
-    """channel_major rows of BLOCK channels stored as one run: rows[j] ([BLOCK] in the rows' dtype)
-    is row j of channels chan0 .., and channel chan0 + c's RUN rows go to base + c * RUN + j.
-    Each group of GROUP adjacent channels (dim a multiple of GROUP) fills a whole number of 16-byte
-    vectors (at most VECTORS, a power of two); a group's elements are reordered in registers and
-    stored one vector per row of a [groups * VECTORS, vector] tile, which Triton lays out lane by
-    lane along the run, so neighbouring lanes write neighbouring 16 bytes (storing from the
-    channels' own lanes would leave every warp store a third of each line)."""
-    VEC: tl.constexpr = 128 // base.dtype.element_ty.primitive_bitwidth
+def _store_runs(base, rows, chan0, dim, live, RUN: tl.constexpr, GROUP: tl.constexpr, VEC: tl.constexpr,
+                VECTORS: tl.constexpr, BLOCK: tl.constexpr):
+    """Runs of BLOCK channels stored as one: rows[j] ([BLOCK] in the destination's dtype) is element
+    j of channels chan0 .., and channel chan0 + c's RUN elements go to base + c * RUN + j (wherever
+    ``live`` and the channel's group is below dim, a multiple of GROUP). Each group of GROUP
+    adjacent channels (the channels one lane holds) fills a whole number of VEC-element vectors (at
+    most VECTORS, a power of two); a group's elements are reordered in registers and stored one
+    vector per row of a [groups * VECTORS, VEC] tile, which Triton lays out lane by lane along the
+    run, so neighbouring lanes write neighbouring vectors (storing from the channels' own lanes
+    would leave every warp store a fraction of each line)."""
     GROUPS: tl.constexpr = BLOCK // GROUP
-    USED: tl.constexpr = GROUP * RUN  # elements of a group's run: a multiple of VEC
+    USED: tl.constexpr = GROUP * RUN  # elements of a group's runs: a multiple of VEC
     columns = ()  # columns[j][i]: row j of channel g * GROUP + i
     for j in tl.static_range(RUN):
         columns = columns + (_group_columns(rows[j], GROUPS, GROUP),)
@@ -712,8 +711,9 @@ def _verify_small_tree_kernel(
     BLOCKS_FIRST: tl.constexpr = False,
     SLOTS_AS_MASKS: tl.constexpr = False,  # a bad slot skips the request by masks, not a branch
     OFFSETS32: tl.constexpr = False,  # per-element offsets in int32 (the launcher checked every span); bases int64
-    RUN: tl.constexpr = 0,  # channel_major rows filling their channels' runs: num_nodes + K - 2, else 0
-    RUN_GROUP: tl.constexpr = 1,  # _store_runs: channels per group and 16-byte vectors per group's run
+    RUN: tl.constexpr = 0,  # runs (_run_length): channel_major rows num_nodes + K - 2, dense windows K - 1; else 0
+    RUN_GROUP: tl.constexpr = 1,  # _store_runs: channels per group, elements per vector, vectors per group
+    RUN_VEC: tl.constexpr = 1,
     RUN_VECTORS: tl.constexpr = 1,
 ):
     """A tree of up to 8 nodes (or a chain), dense windows or rows, K <= 5, the node loop unrolled:
@@ -721,7 +721,8 @@ def _verify_small_tree_kernel(
     from each node picks links from those registers (scalar selects), so the loads of the inputs
     above the nodes wait on no link and can all be in flight at once. With RUN, channel_major
     rows whose RUN rows are all a channel holds (channel stride RUN, row stride 1) go out at the
-    end as one run per program (_store_runs)."""
+    end as one run per program, dense windows ([dim, K-1] contiguous) as one run per node
+    (_store_runs)."""
     tl.static_assert(NODES <= 8, "_verify_small_tree_kernel holds at most 8 nodes")
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
     tl.static_assert(WIDTH <= 4, "_verify_small_tree_kernel holds at most 4 committed inputs")
@@ -756,10 +757,12 @@ def _verify_small_tree_kernel(
     if go:
         windows = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan * windows_stride_dim
         state = state_ptr + state_layer_offset + src * state_stride_slot + chan * state_stride_dim
-        STORE_ROWS: tl.constexpr = ROWS and RUN == 0
+        STORE: tl.constexpr = RUN == 0
         h1, h2, h3, h4, bias, w_x, w_1, w_2, w_3, w_4 = _committed_and_weights(
             windows, state, weight_ptr, bias_ptr, chan, cmask, n0, windows_stride_node, state_stride_win,
-            weight_stride_dim, weight_stride_tap, bias_stride, WIDTH, BLOCK, HAS_CONV, HAS_BIAS, STORE_ROWS)
+            weight_stride_dim, weight_stride_tap, bias_stride, WIDTH, BLOCK, HAS_CONV, HAS_BIAS, ROWS and STORE)
+        chan0 = (block * BLOCK).to(tl.int64)
+        run_base = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan0 * RUN
         zero = tl.zeros([BLOCK], dtype=tl.float32)
         for n in tl.static_range(NODES):
             live = tl.where(n < num_nodes, cmask, False)
@@ -791,17 +794,22 @@ def _verify_small_tree_kernel(
             write = tl.where(ok, live, False)  # a bad link among the K-1 above skips the node
             _store_node(windows, out_ptr, row, chan, n0 + n, raw, p1, p2, p3, p4, bias, w_x, w_1, w_2, w_3, w_4,
                         live, write, n0, windows_stride_node, windows_stride_win, out_stride_row,
-                        out_stride_node, out_stride_dim, WIDTH, HAS_CONV, SILU, ROWS, STORE_ROW=STORE_ROWS)
-        if RUN > 0:  # rows 0 .. K-3 the committed inputs oldest first, then the nodes' inputs
+                        out_stride_node, out_stride_dim, WIDTH, HAS_CONV, SILU, ROWS, STORE=STORE)
+            if RUN > 0 and not ROWS:  # window n's K-1 columns, oldest first (its path's inputs, then its own)
+                newest_first = (raw, p1, p2, p3)
+                columns = ()
+                for w in tl.static_range(WIDTH):
+                    columns = columns + (newest_first[WIDTH - 1 - w].to(windows_ptr.dtype.element_ty),)
+                _store_runs(run_base + (n0 + n) * windows_stride_node, columns, chan0, dim, ok & valid, RUN, RUN_GROUP,
+                            RUN_VEC, RUN_VECTORS, BLOCK)
+        if RUN > 0 and ROWS:  # rows 0 .. K-3 the committed inputs oldest first, then the nodes' inputs
             newest_first = (h1, h2, h3, h4)
             rows = ()
             for j in tl.static_range(WIDTH - 1):
                 rows = rows + (newest_first[WIDTH - 2 - j].to(windows_ptr.dtype.element_ty),)
             for n in tl.static_range(RUN - WIDTH + 1):
                 rows = rows + (inputs[n].to(windows_ptr.dtype.element_ty),)
-            chan0 = (block * BLOCK).to(tl.int64)
-            base = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan0 * RUN
-            _store_runs(base, rows, chan0, dim, valid, RUN, RUN_GROUP, RUN_VECTORS, BLOCK)
+            _store_runs(run_base, rows, chan0, dim, valid, RUN, RUN_GROUP, RUN_VEC, RUN_VECTORS, BLOCK)
 
 
 @triton.jit
@@ -1015,20 +1023,31 @@ def _small_tree_masks(dense: bool, tree: bool) -> bool:
     return tree and not dense
 
 
-def _run_store(dest: torch.Tensor, num_nodes: int, kernel_size: int, dim: int) -> tuple[int, int, int] | None:
-    """(RUN, RUN_GROUP, RUN_VECTORS) of the small-tree kernel's run store (_store_runs) for
-    channel_major rows ``dest`` ([L, M, rows, dim], row stride 1), or None where the stored rows do
-    not fill their channels' runs (fewer nodes than the buffer holds: channel stride > RUN) or dim
-    is no multiple of the channels per group (the group whose run is a whole number of 16-byte
-    vectors)."""
+def _run_length(dest: torch.Tensor, num_nodes: int, kernel_size: int, dense: bool) -> int | None:
+    """The run of the small-tree kernel's run store (_store_runs) in channel_major rows ``dest``
+    ([L, M, rows, dim], row stride 1: a channel's N+K-2 rows) or dense windows ([L, M, N, dim, K-1]:
+    a channel's K-1 columns), or None where runs are not contiguous (rows: fewer nodes than the
+    buffer holds, so the channel stride exceeds the run)."""
+    if dense:
+        run = kernel_size - 1
+        return run if dest.stride(4) == 1 and dest.stride(3) == run else None
     run = num_nodes + kernel_size - 2
-    if dest.stride(2) != 1 or dest.stride(3) != run:
+    return run if dest.stride(2) == 1 and dest.stride(3) == run else None
+
+
+def _run_layout(run: int, block: int, num_warps: int, element_size: int, dim: int) -> tuple[int, int, int] | None:
+    """(RUN_GROUP, RUN_VEC, RUN_VECTORS) of _store_runs for runs of ``run`` elements: a group is the
+    channels one lane holds (Triton lays a one-warp block out so, block / 32 adjacent channels a
+    lane), whose runs go out in vectors of the largest power of two dividing them, up to 16 bytes;
+    None where dim is no multiple of the group, or at more than one warp (Triton 3.6 compiled the
+    joins of a two-warp program to shared-memory reads out of bounds: compute-sanitizer memcheck,
+    a tree's capture at 128 channels)."""
+    group = max(block // 32, 1)
+    if num_warps != 1 or dim % group:
         return None
-    vec = 16 // dest.element_size()
-    group = vec // math.gcd(run, vec)
-    if dim % group:
-        return None
-    return run, group, next_power_of_2(group * run // vec)
+    used = group * run
+    vec = min(16 // element_size, used & -used)
+    return group, vec, next_power_of_2(used // vec)
 
 
 def _blocks_first(dense: bool, contiguous: bool) -> bool:
@@ -1102,13 +1121,14 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     if node_loop is None:
         node_loop = _node_loop(dense, contiguous, num_rows, nodes, has_parents)
     node_loop = node_loop and kernel_size <= 5  # wider: the rows tile, or dense windows' any-width kernel
-    run_store = None if dense or contiguous else _run_store(dest, num_nodes, kernel_size, dim)
-    if runs is None:
-        runs = run_store is not None
-    run_store = run_store if runs else None
+    # runs: channel_major rows by default where they fit; dense windows only when asked
+    run = None if contiguous and not dense else _run_length(dest, num_nodes, kernel_size, dense)
+    run = run if runs or (runs is None and not dense) else None
     if small_tree is None:  # (an explicit node_loop choice asks for the loop or the tile)
-        small_tree = node_loop_asked is None and _small_tree(dense, contiguous, num_rows, has_parents,
-                                                             run_store is not None, has_conv)
+        rows_runs = (run is not None and not dense
+                     and _run_layout(run, SMALL_TREE_BLOCK_ROWS, 1, dest.element_size(), dim) is not None)
+        small_tree = node_loop_asked is None and _small_tree(dense, contiguous, num_rows, has_parents, rows_runs,
+                                                             has_conv)
     small_tree = small_tree and nodes <= 8 and kernel_size <= 5
     if small_tree:
         kernel = _verify_small_tree_kernel
@@ -1171,12 +1191,11 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         return kernel, grid, scalars, flags
     if kernel is _verify_small_tree_kernel:
         slots_as_masks = _small_tree_masks(dense, has_parents) if slots_as_masks is None else slots_as_masks
-        # one warp only: Triton 3.6 compiles the run's joins in a two-warp program (128 channels, a
-        # tree's capture) to shared-memory reads out of bounds (compute-sanitizer memcheck)
-        runs_fit = run_store is not None and block >= run_store[1] and num_warps == 1
-        run, run_group, run_vectors = run_store if runs_fit else (0, 1, 1)
-        return kernel, grid, scalars, dict(flags, NODES=nodes, SLOTS_AS_MASKS=slots_as_masks, RUN=run,
-                                           RUN_GROUP=run_group, RUN_VECTORS=run_vectors)
+        layout = None if run is None else _run_layout(run, block, num_warps, dest.element_size(), dim)
+        run_group, run_vec, run_vectors = (1, 1, 1) if layout is None else layout
+        return kernel, grid, scalars, dict(flags, NODES=nodes, SLOTS_AS_MASKS=slots_as_masks,
+                                           RUN=0 if layout is None else run, RUN_GROUP=run_group, RUN_VEC=run_vec,
+                                           RUN_VECTORS=run_vectors)
     if kernel is _verify_rows_kernel:
         _check_rows_spans(dest, state, x, out, weight, bias, parents)
         preload = kernel_size <= 5 if preload is None else preload and kernel_size <= 5

@@ -134,9 +134,9 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
     ("channel_major", 4, False, 8, "rows", 64, dict(EARLY=True, ONE_STORE=False)),
     ("channel_major", 4, False, 32, "rows", 64, dict(EARLY=True, ONE_STORE=False)),
     ("channel_major", 4, False, 64, "small_tree", 128, dict(ROWS=True, NODES=4, SLOTS_AS_MASKS=False, RUN=6,
-                                                            RUN_GROUP=4, RUN_VECTORS=4)),
+                                                            RUN_GROUP=4, RUN_VEC=8, RUN_VECTORS=4)),
     ("channel_major", 4, False, 256, "small_tree", 128, dict(ROWS=True, NODES=4, SLOTS_AS_MASKS=False, RUN=6,
-                                                             RUN_GROUP=4, RUN_VECTORS=4)),
+                                                             RUN_GROUP=4, RUN_VEC=8, RUN_VECTORS=4)),
     ("token_major", 8, True, 8, "rows", 32, dict(ONE_STORE=False, GATHER_LINKS=True)),
     ("token_major", 8, True, 64, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, OFFSETS32=True)),
     ("token_major", 8, True, 256, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, OFFSETS32=True)),
@@ -145,9 +145,9 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
     ("channel_major", 8, True, 8, "rows", 32, dict(ONE_STORE=False, GATHER_LINKS=True)),
     ("channel_major", 8, True, 32, "rows", 32, dict(ONE_STORE=False, GATHER_LINKS=True)),
     ("channel_major", 8, True, 64, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, RUN=10,
-                                                           RUN_GROUP=4, RUN_VECTORS=8)),
+                                                           RUN_GROUP=4, RUN_VEC=8, RUN_VECTORS=8)),
     ("channel_major", 8, True, 256, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, RUN=10,
-                                                            RUN_GROUP=4, RUN_VECTORS=8)),
+                                                            RUN_GROUP=4, RUN_VEC=8, RUN_VECTORS=8)),
     ("dense", 4, False, 1, "node_loop", 32, dict(PREFETCH=2, ROWS=False, OFFSETS32=True)),
     ("dense", 4, False, 8, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2, OFFSETS32=True)),
     ("dense", 4, False, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2, OFFSETS32=True)),
@@ -194,19 +194,19 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     assert {name: plan[name] for name in flags} == flags
 
 
-@pytest.mark.parametrize("draft, nodes, dtype, dim, run_store", [
-    ("buffer as long as the nodes", 4, torch.bfloat16, 8192, (6, 4, 4)),
+@pytest.mark.parametrize("draft, nodes, dtype, dim, run_store", [  # (RUN, RUN_GROUP, RUN_VEC, RUN_VECTORS)
+    ("buffer as long as the nodes", 4, torch.bfloat16, 8192, (6, 4, 8, 4)),
     ("buffer longer than the nodes", 6, torch.bfloat16, 8192, None),
-    ("float32: 4 per 16 bytes", 4, torch.float32, 8192, (6, 2, 4)),
-    ("odd run, 8 channels per group", 5, torch.bfloat16, 8192, (7, 8, 8)),
-    ("odd run, dim no multiple of 8", 5, torch.bfloat16, 8188, None),
+    ("float32: 4 per 16 bytes", 4, torch.float32, 8192, (6, 4, 4, 8)),
+    ("odd run: 8-byte vectors", 5, torch.bfloat16, 8192, (7, 4, 4, 8)),
+    ("dim no multiple of 4", 4, torch.bfloat16, 8190, None),
 ])
 def test_verify_plan_channel_major_runs(kernels, draft, nodes, dtype, dim, run_store):
-    """channel_major rows go out as runs (the small-tree kernel, 64 requests) only where the stored
-    rows fill every channel's run (the buffer holds as many draft steps as x has nodes) and dim is a
-    multiple of the channels per group whose run is a whole number of 16-byte vectors, and only
-    from one-warp programs; otherwise the rows tile serves them (or the small-tree kernel row by
-    row, at two warps)."""
+    """channel_major rows go out as runs (the small-tree kernel, 64 requests, 128 channels: 4 a lane)
+    only where the stored rows fill every channel's run (the buffer holds as many draft steps as x
+    has nodes) and dim is a multiple of the channels a lane holds, and only from one-warp
+    programs; a group's runs go out in vectors of up to 16 bytes; otherwise the rows tile serves
+    them (or the small-tree kernel row by row, at two warps)."""
     meta = dict(device="meta", dtype=dtype)
     buffer_nodes = 6 if draft == "buffer longer than the nodes" else nodes
     buffer = torch.empty(sgl_convwin.physical_shape("channel_major", 2, 64, dim, buffer_nodes, 4), **meta)
@@ -220,11 +220,30 @@ def test_verify_plan_channel_major_runs(kernels, draft, nodes, dtype, dim, run_s
         assert chosen is kernels.verify._verify_rows_kernel
     else:
         assert chosen is kernels.verify._verify_small_tree_kernel
-        assert (plan["RUN"], plan["RUN_GROUP"], plan["RUN_VECTORS"]) == run_store
+        assert (plan["RUN"], plan["RUN_GROUP"], plan["RUN_VEC"], plan["RUN_VECTORS"]) == run_store
         # two warps store row by row (Triton 3.6 miscompiles the run's joins there: _plan)
         _, _, _, plan = kernels.verify._plan(x, buffer.transpose(-1, -2), state, x, weight, None, index, index,
                                              None, False, True, dict(num_warps=2))
         assert plan["RUN"] == 0
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
+def test_dense_windows_as_runs_only_when_asked(kernels, dtype):
+    """Dense windows go out as runs (a channel's K-1 columns; at 64 channels a program 2 channels a
+    lane, whose 6 elements go out as 3 vectors of 2) only with the runs keyword; by default each
+    column is its own store."""
+    meta = dict(device="meta", dtype=dtype)
+    dest = torch.empty(sgl_convwin.physical_shape("dense", 2, 64, 8192, 8, 4), **meta)
+    state = torch.empty(2, 64, 8192, 3, **meta)
+    x = torch.empty(64, 8, 8192, **meta)
+    weight = torch.empty(8192, 4, **meta)
+    index = torch.zeros(64, dtype=torch.int32, device="meta")
+    parents = torch.zeros(64, 8, dtype=torch.int32, device="meta")
+    for tuning, want in (({}, (0, 1, 1, 1)), (dict(runs=True), (3, 2, 2, 4))):
+        chosen, _, _, plan = kernels.verify._plan(x, dest, state, x, weight, None, index, index, parents, True, True,
+                                                  tuning)
+        assert chosen is kernels.verify._verify_small_tree_kernel
+        assert (plan["RUN"], plan["RUN_GROUP"], plan["RUN_VEC"], plan["RUN_VECTORS"]) == want
 
 
 @pytest.mark.parametrize("rows", (4, 8, 64))

@@ -228,6 +228,7 @@ KERNEL_TUNINGS = {
     "node-loop-prefetch-4-int32-offsets": dict(node_loop=True, prefetch=4, offsets32=True),
     "small-tree-no-runs": dict(small_tree=True, runs=False),
     "small-tree-runs-slots-by-branch": dict(small_tree=True, runs=True, slots_as_masks=False),
+    "small-tree-runs-slots-as-masks": dict(small_tree=True, runs=True, slots_as_masks=True),
 }
 
 
@@ -312,23 +313,27 @@ def test_each_kernel_skips_padding_and_slots_out_of_range(impl, tuning, tree):
 @pytest.mark.parametrize("buffer_dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))
 @pytest.mark.parametrize("slots_as_masks", (False, True), ids=("slots-by-branch", "slots-as-masks"))
 @pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
-def test_small_tree_stores_channel_major_runs(impl, buffer_dtype, slots_as_masks, tree):
-    """The small-tree kernel's channel_major rows stored as runs (a group's rows reordered in
-    registers, stored lane by lane along the run): every K <= 5 and node count up to 8 (runs of
-    even and odd length, 2 to 8 channels per group), channel blocks of 16 with the last one half
-    full, a padded request and one whose state slot is out of range beside the served ones."""
+@pytest.mark.parametrize("layout", ("channel_major", "dense"))
+def test_small_tree_stores_runs(impl, layout, buffer_dtype, slots_as_masks, tree):
+    """The small-tree kernel's channel_major rows and dense windows stored as runs (a group's rows
+    or window columns reordered in registers, stored lane by lane along the run): every K <= 5 and
+    node count up to 8 (runs of even and odd length), the launcher's channels per program (128 on
+    rows: 4 channels a lane; 64 on dense windows: 2) over two blocks, the second with 8 channels, a
+    padded request, one whose state slot is out of range and, on trees, a bad link beside the
+    served ones."""
     from sgl_convwin._kernels import triton_kernels
 
     kernels = triton_kernels()
     generator = torch.Generator().manual_seed(80)
-    L, M, dim, num_state = 2, 4, 40, 3
+    L, M, dim, num_state = 2, 4, 136, 3
     buffer_slots = torch.tensor([2, -1, 0, 3])
     state_slots = torch.tensor([1, 0, 2, 5])  # rows 0 and 2 are served
     B = len(buffer_slots)
-    tuning = dict(small_tree=True, runs=True, block=16, slots_as_masks=slots_as_masks)
+    tuning = dict(small_tree=True, runs=True, block=64 if layout == "dense" else 128, slots_as_masks=slots_as_masks)
     for K, N in [(K, N) for K in (2, 3, 4, 5) for N in (1, 3, 4, 5, 8) if N + K > 3]:  # (one row: token_major)
-        parents = torch.tensor([[-1, 0, 0, 1, 2, 2, 4, 3][:N], [-1, -1, 1, 0, 3, 1, 5, 6][:N]] * 2) if tree else None
-        buffer = torch.randn(sgl_convwin.physical_shape("channel_major", L, M, dim, N, K), generator=generator)
+        parents = torch.tensor([[-1, 0, 0, 1, 2, 2, 4, 3][:N], [-1, -1, 1, 0, 3, 1, 5, 6][:N],
+                                [-1, 0, 0, 1, 7, 2, 4, 3][:N], [-1, 0, 0, 1, 2, 2, 4, 3][:N]]) if tree else None
+        buffer = torch.randn(sgl_convwin.physical_shape(layout, L, M, dim, N, K), generator=generator)
         args = dict(buffer=buffer.to(buffer_dtype).to(impl.device),
                     conv_state=torch.randn(L, num_state, dim, K - 1, generator=generator).to(impl.device),
                     x=torch.randn(B, N, dim, generator=generator).to(buffer_dtype).to(impl.device),
@@ -336,7 +341,7 @@ def test_small_tree_stores_channel_major_runs(impl, buffer_dtype, slots_as_masks
                     parents=None if parents is None else parents.to(impl.device))
         args["conv_state"] = args["conv_state"].to(buffer_dtype)
         weight = random_weight(dim, K, torch.float32, "cpu", generator)
-        want = expected_buffer(args, "channel_major", "dim_major")
+        want = expected_buffer(args, layout, "dim_major")
         out = torch.zeros(B, N, dim, device=impl.device)
         out_before = whole_storage(out).clone()
         expected, written = reference.causal_conv1d_verify_reference(
@@ -344,10 +349,11 @@ def test_small_tree_stores_channel_major_runs(impl, buffer_dtype, slots_as_masks
             "silu")
         kernel_args, kernel_kwargs = sgl_convwin.causal_conv1d_verify.kernel_arguments(
             out, args["buffer"], args["conv_state"], args["x"], weight.to(impl.device), None, args["buffer_slots"],
-            args["state_slots"], 1, args["parents"], layout="channel_major", activation="silu")
+            args["state_slots"], 1, args["parents"], layout=layout, activation="silu")
         kernel, _, _, plan = kernels.verify._plan(*kernel_args[:8], kernel_args[9], kernel_kwargs["dense"],
                                                   kernel_kwargs["silu"], tuning)
-        assert kernel is kernels.verify._verify_small_tree_kernel and plan["RUN"] == N + K - 2, (K, N)
+        run = K - 1 if layout == "dense" else N + K - 2
+        assert kernel is kernels.verify._verify_small_tree_kernel and plan["RUN"] == run, (K, N)
         kernels.launch_causal_conv1d_verify(*kernel_args, **kernel_kwargs, **tuning)
         assert torch.equal(args["buffer"].cpu(), want), (K, N)
         check_outputs(out, out_before, expected, written)
@@ -606,19 +612,20 @@ def test_model_sized_cuda_matches_cpu(layout, tree):
 @pytest.mark.gpu
 @pytest.mark.parametrize("conv", (False, True), ids=("capture", "conv"))
 @pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
-def test_channel_major_runs_match_the_tile_on_cuda_at_qwen3next_size(conv, tree):
-    """The small-tree kernel's channel_major runs at the Qwen3-Next TP1 shape (dim 8192, K = 4,
-    bf16, 8 requests, one padded) at every channels-per-program / warps the sweep times, slots by
-    masks and by a branch: the buffer (whole) and the outputs equal the rows tile's bit for bit.
-    (At two warps the launcher stores row by row: Triton 3.6 compiled the runs' joins there to
-    out-of-bounds shared-memory reads.)"""
+@pytest.mark.parametrize("layout", ("channel_major", "dense"))
+def test_runs_match_the_default_stores_on_cuda_at_qwen3next_size(layout, conv, tree):
+    """The small-tree kernel's runs (channel_major rows, dense windows) at the Qwen3-Next TP1 shape
+    (dim 8192, K = 4, bf16, 8 requests, one padded) at every channels-per-program / warps the sweep
+    times, slots by masks and by a branch: the buffer (whole) and the outputs equal those of the
+    stores without runs (the rows tile; dense windows' default kernel) bit for bit. (At two warps
+    the launcher stores without runs: Triton 3.6 compiled the runs' joins there to out-of-bounds
+    shared-memory reads.)"""
     from sgl_convwin._kernels import triton_kernels
 
     kernels = triton_kernels()
     generator = torch.Generator().manual_seed(90)
     B, N, dim, K = 8, 8 if tree else 4, 8192, 4
-    buffer = torch.zeros(sgl_convwin.physical_shape("channel_major", 2, 12, dim, N, K), dtype=torch.bfloat16,
-                         device="cuda")
+    buffer = torch.zeros(sgl_convwin.physical_shape(layout, 2, 12, dim, N, K), dtype=torch.bfloat16, device="cuda")
     state = torch.randn(2, 10, dim, K - 1, generator=generator).to(torch.bfloat16).cuda()
     x = torch.randn(B, N, dim, generator=generator).to(torch.bfloat16).cuda()
     weight = random_weight(dim, K, torch.bfloat16, "cpu", generator).cuda()
@@ -627,19 +634,20 @@ def test_channel_major_runs_match_the_tile_on_cuda_at_qwen3next_size(conv, tree)
     buffer_slots = torch.tensor([3, 0, 11, -1, 7, 5, 1, 9], device="cuda")
     state_slots = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8], device="cuda")
     parents = torch.tensor([[-1, -1, -1, 0, 0, 0, 1, 1]] * B, device="cuda") if tree else None
-    dest = buffer.transpose(-1, -2)
+    dense = layout == "dense"
+    dest = buffer if dense else buffer.transpose(-1, -2)
 
     def run(**tuning):
         buffer.zero_()
         out.zero_()
         if conv:
             kernels.launch_causal_conv1d_verify(out, dest, state, x, weight, bias, buffer_slots, state_slots, 1,
-                                                parents, dense=False, silu=True, **tuning)
+                                                parents, dense=dense, silu=True, **tuning)
         else:
-            kernels.launch_capture(dest, state, x, buffer_slots, state_slots, 1, parents, dense=False, **tuning)
+            kernels.launch_capture(dest, state, x, buffer_slots, state_slots, 1, parents, dense=dense, **tuning)
         return buffer.clone(), out.clone()
 
-    want_buffer, want_out = run(small_tree=False)
+    want_buffer, want_out = run(runs=False) if dense else run(small_tree=False)
     assert want_buffer.any()
     for block, warps in ((64, 1), (128, 1), (256, 1), (128, 2), (256, 2)):
         for masks in (False, True):

@@ -15,8 +15,8 @@ channels per program and warps. The launcher's kernel choice and block rules com
         [--small-tree]  (only the unrolled small-tree kernel, trees of up to 8 nodes, against the default)
         [--offsets32]   (only the default kernels, the node loops' per-element offsets as the launcher picks
                         them, forced to int32 and forced to int64)
-        [--runs]        (only the small-tree kernel, chains too, its channel_major rows stored as runs or row
-                        by row, against the default and the rows tile)
+        [--runs]        (only the small-tree kernel, chains too, its channel_major rows or dense windows stored
+                        as runs or not, against the default and the rows tile)
         [--capture]     (the capture alone, no conv: launch_capture)
 """
 
@@ -88,7 +88,10 @@ def sweep_configs(args):
             dict(block=block, num_warps=warps, small_tree=True, runs=True, slots_as_masks=masks)
             for block, warps in shapes for masks in (False, True)]
         runs += [dict(block=128, num_warps=1, small_tree=True, runs=False, slots_as_masks=True)]
-        return {"rows": runs, "dense": [{}]}
+        dense = [{}] + [dict(block=block, num_warps=1, small_tree=True, runs=True, slots_as_masks=masks)
+                        for block in (64, 128, 256) for masks in (False, True)]
+        dense += [dict(block=block, num_warps=1, small_tree=True, runs=False) for block in (64, 128)]
+        return {"rows": runs, "dense": dense}
     if args.offsets32:
         widths = [{}, dict(offsets32=True), dict(offsets32=False)]
         return {"rows": widths, "dense": widths}
