@@ -761,8 +761,9 @@ def _verify_small_tree_kernel(
         h1, h2, h3, h4, bias, w_x, w_1, w_2, w_3, w_4 = _committed_and_weights(
             windows, state, weight_ptr, bias_ptr, chan, cmask, n0, windows_stride_node, state_stride_win,
             weight_stride_dim, weight_stride_tap, bias_stride, WIDTH, BLOCK, HAS_CONV, HAS_BIAS, ROWS and STORE)
-        chan0 = (block * BLOCK).to(tl.int64)
-        run_base = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan0 * RUN
+        if RUN > 0 and not ROWS:  # node 0's window at this block's first channel
+            chan0 = (block * BLOCK).to(tl.int64)
+            run_base = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan0 * RUN
         zero = tl.zeros([BLOCK], dtype=tl.float32)
         for n in tl.static_range(NODES):
             live = tl.where(n < num_nodes, cmask, False)
@@ -809,6 +810,8 @@ def _verify_small_tree_kernel(
                 rows = rows + (newest_first[WIDTH - 2 - j].to(windows_ptr.dtype.element_ty),)
             for n in tl.static_range(RUN - WIDTH + 1):
                 rows = rows + (inputs[n].to(windows_ptr.dtype.element_ty),)
+            chan0 = (block * BLOCK).to(tl.int64)
+            run_base = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan0 * RUN
             _store_runs(run_base, rows, chan0, dim, valid, RUN, RUN_GROUP, RUN_VEC, RUN_VECTORS, BLOCK)
 
 
