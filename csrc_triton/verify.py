@@ -33,12 +33,13 @@ dense windows or rows, each node's own input loaded two to four nodes ahead of i
 _verify_small_tree_kernel unrolls that loop for trees of up to 8 nodes: every node's input and link
 are loaded up front (they need no slot), and the walks up run on the links in registers, so no input
 load waits on a link; on channel_major rows (chains too) it stores each program's rows as one run,
-neighbouring lanes writing neighbouring 16 bytes (_store_runs). _verify_dense_any_width_kernel, for
-wider dense windows, reloads each input per tap. The node loops address elements by int32 offsets
-from int64 bases where the launcher found every span below 2**31 and _offsets32 chose them, else by
-int64 offsets. Which kernel serves a launch, and with how many channels per program, was measured on
-the H200 (_node_loop, _node_loop_config, _node_loop_prefetch, _offsets32, _small_tree,
-_small_tree_masks, _run_length, _run_layout, _rows_block, _one_store; docs/benchmarks.md, "Verify kernel").
+neighbouring lanes writing neighbouring 16 bytes (_store_runs), and so, when asked, dense windows.
+_verify_dense_any_width_kernel, for wider dense windows, reloads each input per tap. The node loops
+address elements by int32 offsets from int64 bases where the launcher found every span below 2**31
+and _offsets32 chose them, else by int64 offsets. Which kernel serves a launch, and with how many
+channels per program, was measured on the H200 (_node_loop, _node_loop_config, _node_loop_prefetch,
+_offsets32, _small_tree, _small_tree_masks, _run_length, _run_layout, _rows_block, _one_store;
+docs/benchmarks.md, "Verify kernel").
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ DENSE_ANY_WIDTH_WARPS = 2
 # one store two rows per lane where the strides allow it, the unrolled small-tree kernel (by default
 # only when node_loop is not given either), that kernel's bad slots skipped by masks instead of
 # a branch, the node loops' int32 per-element offsets (where every span fits), and that kernel's
-# channel_major rows as one run per program (where the rows fill their channels' runs).
+# runs: channel_major rows (where they fill their channels' runs; by default) and dense windows
+# (only when asked: runs=True).
 TUNING = ("block", "num_warps", "node_loop", "preload", "prefetch", "early", "one_store", "blocks_first",
           "gather_links", "pairs", "small_tree", "slots_as_masks", "offsets32", "runs")
 
@@ -998,7 +1000,7 @@ def _small_tree(dense: bool, contiguous: bool, num_rows: int, tree: bool, runs: 
     rows, chains too, where they go out as runs (``runs``), with the conv from ROWS_WIDE_MIN_ROWS
     requests (trees 41.0 vs 58.0 us at 256, chains 23.4 vs 26.9; level or slower at 8), a capture
     from RUNS_CAPTURE_MIN_ROWS (trees 2.0 vs 2.8 us at 8, chains 14.9 vs 16.5 at 256); row by row
-    its per-node stores would stride them, 2-5x slower than the tile."""
+    its per-node stores would stride them, 2-6x slower than the tile."""
     if runs:
         return num_rows >= (ROWS_WIDE_MIN_ROWS if conv else RUNS_CAPTURE_MIN_ROWS)
     if not tree:

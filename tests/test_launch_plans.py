@@ -221,7 +221,7 @@ def test_verify_plan_channel_major_runs(kernels, draft, nodes, dtype, dim, run_s
     else:
         assert chosen is kernels.verify._verify_small_tree_kernel
         assert (plan["RUN"], plan["RUN_GROUP"], plan["RUN_VEC"], plan["RUN_VECTORS"]) == run_store
-        # two warps store row by row (Triton 3.6 miscompiles the run's joins there: _plan)
+        # two warps store row by row (Triton 3.6 miscompiles the run's joins there: _run_layout)
         _, _, _, plan = kernels.verify._plan(x, buffer.transpose(-1, -2), state, x, weight, None, index, index,
                                              None, False, True, dict(num_warps=2))
         assert plan["RUN"] == 0
