@@ -191,3 +191,35 @@ def row_indices(
     active &= (dst >= 0) & (dst < num_dst)
     active &= (src >= 0) & (src < num_src)
     return step, dst, src, active
+
+
+@triton.jit
+def tile_columns(values, GROUPS: tl.constexpr, COUNT: tl.constexpr):
+    """The COUNT columns (a power of two) of a [GROUPS, COUNT] tile, each [GROUPS], in order:
+    splits of an axis that lies inside one thread, so register renaming."""
+    columns = (values,)
+    for level in tl.static_range(COUNT.bit_length() - 1):
+        evens = ()
+        odds = ()
+        for i in tl.static_range(len(columns)):
+            even, odd = tl.split(tl.reshape(columns[i], [GROUPS, COUNT // (2 << level), 2]))
+            evens = evens + (even,)
+            odds = odds + (odd,)
+        columns = evens + odds
+    flat = ()
+    for i in tl.static_range(COUNT):
+        flat = flat + (tl.reshape(columns[i], [GROUPS]),)
+    return flat
+
+
+@triton.jit
+def join_columns(columns, COUNT: tl.constexpr):
+    """[groups, COUNT] whose column i is columns[i] ([groups] each, COUNT a power of two), by joins
+    (each round pairs i with i + half, adding the next lower bit as an axis): it stays in registers."""
+    leaves = columns
+    for level in tl.static_range(COUNT.bit_length() - 1):
+        joined = ()
+        for i in tl.static_range(COUNT // (2 << level)):
+            joined = joined + (tl.join(leaves[i], leaves[i + COUNT // (2 << level)]),)
+        leaves = joined
+    return tl.reshape(leaves[0], [leaves[0].shape[0], COUNT])

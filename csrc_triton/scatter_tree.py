@@ -37,29 +37,12 @@ from ._common import (
     LaunchPlans,
     commit_grid,
     fixed_launch,
+    join_columns,
     next_power_of_2,
     nothing_to_do,
     row_indices,
+    tile_columns,
 )
-
-
-@triton.jit
-def _row_columns(values, GROUPS: tl.constexpr, VEC: tl.constexpr):
-    """The VEC columns of a [GROUPS, VEC] tile, each [GROUPS], in order (register renaming: every
-    split axis lies inside one thread)."""
-    columns = (values,)
-    for level in tl.static_range(VEC.bit_length() - 1):
-        evens = ()
-        odds = ()
-        for i in tl.static_range(len(columns)):
-            even, odd = tl.split(tl.reshape(columns[i], [GROUPS, VEC // (2 << level), 2]))
-            evens = evens + (even,)
-            odds = odds + (odd,)
-        columns = evens + odds
-    flat = ()
-    for i in tl.static_range(VEC):
-        flat = flat + (tl.reshape(columns[i], [GROUPS]),)
-    return flat
 
 
 @triton.jit
@@ -73,12 +56,7 @@ def _interleave(columns, GROUPS: tl.constexpr, VEC: tl.constexpr, WIDTH: tl.cons
             leaves = leaves + (columns[f % WIDTH][f // WIDTH],)
         else:
             leaves = leaves + (columns[0][0],)
-    for level in tl.static_range((WIDTH_P2 * VEC).bit_length() - 1):
-        joined = ()
-        for f in tl.static_range((WIDTH_P2 * VEC) // (2 << level)):
-            joined = joined + (tl.join(leaves[f], leaves[f + (WIDTH_P2 * VEC) // (2 << level)]),)
-        leaves = joined
-    return tl.reshape(leaves[0], [GROUPS, WIDTH_P2, VEC])
+    return tl.reshape(join_columns(leaves, WIDTH_P2 * VEC), [GROUPS, WIDTH_P2, VEC])
 
 
 @triton.jit
@@ -137,7 +115,7 @@ def _copy_window(
         columns = ()
         for j in tl.static_range(WIDTH):
             values = tl.load(source + positions[j] * rows_stride_pos + source_offsets, mask=mask)
-            columns = columns + (_row_columns(values.to(state.dtype.element_ty), GROUPS, VEC),)
+            columns = columns + (tile_columns(values.to(state.dtype.element_ty), GROUPS, VEC),)
         window = _interleave(columns, GROUPS, VEC, WIDTH, WIDTH_P2)
         q = tl.arange(0, WIDTH_P2)[None, :, None]
         offsets = first * WIDTH + tl.arange(0, GROUPS)[:, None, None] * (WIDTH * VEC) + q * VEC

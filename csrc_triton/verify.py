@@ -48,7 +48,18 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import INT32_MAX, MAX_GRID_Y, MISSING, KernelCall, LaunchPlans, cdiv, next_power_of_2, planned_launch
+from ._common import (
+    INT32_MAX,
+    MAX_GRID_Y,
+    MISSING,
+    KernelCall,
+    LaunchPlans,
+    cdiv,
+    join_columns,
+    next_power_of_2,
+    planned_launch,
+    tile_columns,
+)
 
 ROWS_WARPS = 1  # the rows kernel's channels per program depend on the node count and the grid: _rows_block
 ROWS_EARLY = True  # the rows kernel loads the inputs, the bias and the weights before the slots (they need none)
@@ -599,40 +610,6 @@ def _verify_node_loop_kernel(
 
 
 @triton.jit
-def _group_columns(row, GROUPS: tl.constexpr, GROUP: tl.constexpr):
-    """``row`` ([GROUPS * GROUP]) seen as [GROUPS, GROUP], as a tuple of its GROUP <= 8 columns
-    ([GROUPS] vectors; column i holds elements g * GROUP + i), split in registers."""
-    columns = (tl.reshape(row, [GROUPS, GROUP]),)
-    for _ in tl.static_range(3):
-        if columns[0].shape[1] > 1:  # split off the lowest bit of the column index: its zeros, then its ones
-            zeros = ()
-            ones = ()
-            for i in tl.static_range(GROUP // columns[0].shape[1]):
-                zero, one = tl.split(tl.reshape(columns[i], [GROUPS, columns[i].shape[1] // 2, 2]))
-                zeros = zeros + (zero,)
-                ones = ones + (one,)
-            columns = zeros + ones
-    flat = ()
-    for i in tl.static_range(GROUP):
-        flat = flat + (tl.reshape(columns[i], [GROUPS]),)
-    return flat
-
-
-@triton.jit
-def _join_columns(columns, COUNT: tl.constexpr):
-    """[groups, COUNT] whose column i is columns[i] ([groups] vectors, COUNT a power of two <= 128),
-    joined in registers: each round pairs i with i + half, adding the next lower bit as an axis."""
-    level = columns
-    for round in tl.static_range(7):
-        if COUNT >> round > 1:
-            joined = ()
-            for i in tl.static_range(COUNT >> (round + 1)):
-                joined = joined + (tl.join(level[i], level[i + (COUNT >> (round + 1))]),)
-            level = joined
-    return tl.reshape(level[0], [level[0].shape[0], COUNT])
-
-
-@triton.jit
 def _store_runs(base, rows, chan0, dim, live, RUN: tl.constexpr, GROUP: tl.constexpr, VEC: tl.constexpr,
                 VECTORS: tl.constexpr, BLOCK: tl.constexpr):
     """Runs of BLOCK channels stored as one: rows[j] ([BLOCK] in the destination's dtype) is element
@@ -647,7 +624,7 @@ def _store_runs(base, rows, chan0, dim, live, RUN: tl.constexpr, GROUP: tl.const
     USED: tl.constexpr = GROUP * RUN  # elements of a group's runs: a multiple of VEC
     columns = ()  # columns[j][i]: row j of channel g * GROUP + i
     for j in tl.static_range(RUN):
-        columns = columns + (_group_columns(rows[j], GROUPS, GROUP),)
+        columns = columns + (tile_columns(tl.reshape(rows[j], [GROUPS, GROUP]), GROUPS, GROUP),)
     pad = tl.zeros([GROUPS], dtype=base.dtype.element_ty)
     elements = ()  # element f of every group's run: row f % RUN of its channel f // RUN
     for f in tl.static_range(VECTORS * VEC):
@@ -657,7 +634,7 @@ def _store_runs(base, rows, chan0, dim, live, RUN: tl.constexpr, GROUP: tl.const
             elements = elements + (pad,)
     # one row per vector, (group, vector) flattened: rows whose pointers run on from the row before
     # get neighbouring lanes (a [groups, VECTORS, VEC] store would keep a group's vectors in one lane)
-    runs = tl.reshape(_join_columns(elements, VECTORS * VEC), [GROUPS * VECTORS, VEC])
+    runs = tl.reshape(join_columns(elements, VECTORS * VEC), [GROUPS * VECTORS, VEC])
     vector = tl.arange(0, GROUPS * VECTORS)[:, None]
     group = vector // VECTORS
     position = (vector % VECTORS) * VEC + tl.arange(0, VEC)[None, :]
