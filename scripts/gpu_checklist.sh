@@ -28,6 +28,8 @@
 #   rprofile  Nsight Compute on both replay kernels at B = 64 (benchmarks/explore/profile_one.py)
 #   smem      the shared-memory replay kernels' users: test_replay_commit.py whole, then the CUDA-graph,
 #             opcheck, compile and cache tests of the replay commits (cold compiles: about 190 s + 120 s)
+#   runs      the verify run store (channel_major rows, dense windows when asked): its GPU tests, then
+#             memcheck and racecheck over them, then the dense windows' sweep with and without runs
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
 set -uo pipefail
 out=${1:?output directory}
@@ -128,6 +130,19 @@ for phase in "$@"; do
                 tests/test_compile.py tests/test_cache.py -k "commit or replay or gates or mamba2 or gdn" \
                 > "$out/gpu_tests_smem_users.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_smem_users.log" ;;
+    runs)     rc=0
+              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py \
+                -k "cuda and (runs or small-tree)" > "$out/gpu_tests_runs.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_runs.log"
+              for tool in memcheck racecheck; do
+                HYPOTHESIS_PROFILE=sanitize timeout 150 compute-sanitizer --tool "$tool" --print-limit 20 \
+                  python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py -k "cuda and runs" \
+                  > "$out/sanitize_runs_$tool.log" 2>&1 || rc=1
+                grep -E "SUMMARY|passed|failed" "$out/sanitize_runs_$tool.log" | tail -2
+              done
+              timeout 120 python3 benchmarks/explore/verify_sweep.py --runs --layouts dense --nodes 4 8 \
+                --batches 8 64 256 > "$out/verify_sweep_runs_dense.log" 2>&1 || rc=1
+              grep "^| [ct]" "$out/verify_sweep_runs_dense.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"
