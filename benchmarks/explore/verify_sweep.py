@@ -155,7 +155,8 @@ def main():
                              "the launcher picks them, forced to int32 and forced to int64")
     parser.add_argument("--runs", action="store_true",
                         help="time only the small-tree kernel (chains too) at several channels per program and "
-                             "warps, its channel_major rows stored as runs or row by row, against the default")
+                             "warps, its channel_major rows or dense windows stored as runs or not, against the "
+                             "default (and, on rows, the tile)")
     parser.add_argument("--capture", action="store_true", help="time the capture alone (no conv, launch_capture)")
     args = parser.parse_args()
     if not common.needs_cuda("this sweep"):
