@@ -152,6 +152,35 @@ def check_outputs(out, out_before, expected, written):
     assert torch.equal(restored, out_before), "out changed where it must not be written"
 
 
+def launch_and_check(args, weight, bias, layout, tuning, plan_check=None):
+    """One launch of the Triton verify launcher with ``tuning`` on ``args`` (dim_major state, SiLU,
+    a float32 out): the whole buffer equal to the capture oracle, out within tolerance of the
+    float64 oracle where it writes and untouched elsewhere. plan_check(kernel, plan), if given,
+    sees the launch's plan first. Returns the oracle's mask of written outputs."""
+    from sgl_convwin._kernels import triton_kernels
+
+    kernels = triton_kernels()
+    x, parents = args["x"], args["parents"]
+    want = expected_buffer(args, layout, "dim_major")
+    out = torch.zeros(x.shape, device=x.device)
+    out_before = whole_storage(out).clone()
+    expected, written = reference.causal_conv1d_verify_reference(
+        out, args["conv_state"].cpu(), x.cpu(), weight.cpu(), None if bias is None else bias.cpu(),
+        args["buffer_slots"].cpu(), args["state_slots"].cpu(), args["buffer"].shape[1], args["layer"],
+        None if parents is None else parents.cpu(), "silu")
+    kernel_args, kernel_kwargs = sgl_convwin.causal_conv1d_verify.kernel_arguments(
+        out, args["buffer"], args["conv_state"], x, weight.to(x.device), None if bias is None else bias.to(x.device),
+        args["buffer_slots"], args["state_slots"], args["layer"], parents, layout=layout, activation="silu")
+    if plan_check is not None:
+        kernel, _, _, plan = kernels.verify._plan(*kernel_args[:8], kernel_args[9], kernel_kwargs["dense"],
+                                                  kernel_kwargs["silu"], tuning)
+        plan_check(kernel, plan)
+    kernels.launch_causal_conv1d_verify(*kernel_args, **kernel_kwargs, **tuning)
+    assert torch.equal(args["buffer"].cpu(), want), "buffer"
+    check_outputs(out, out_before, expected, written)
+    return written
+
+
 @pytest.mark.parametrize("impl", impl_params())
 def test_capture_fuzz(impl):
     @given(case=verify_cases(exact_casts_only=impl.exact_casts_only))
@@ -279,8 +308,6 @@ def test_each_kernel_skips_padding_and_slots_out_of_range(impl, tuning, tree):
     their outputs nor any buffer slot -- while the valid requests around them are served. Four
     nodes (a power of two; channel_major rows in pairs), then three (the kernels' node tiles
     padded, an odd row count)."""
-    from sgl_convwin._kernels import triton_kernels
-
     generator = torch.Generator().manual_seed(60)
     L, M, K, dim, num_state = 2, 3, 4, 20, 3
     buffer_slots = torch.tensor([1, -1, 3, 0, 2, 1])
@@ -295,18 +322,8 @@ def test_each_kernel_skips_padding_and_slots_out_of_range(impl, tuning, tree):
         args = dict(buffer=buffer.to(impl.device), conv_state=conv_state.to(impl.device), x=x.to(impl.device),
                     buffer_slots=buffer_slots.to(impl.device), state_slots=state_slots.to(impl.device), layer=1,
                     parents=None if parents is None else parents.to(impl.device))
-        want = expected_buffer(args, layout, "dim_major")
-        out = torch.zeros(B, N, dim, device=impl.device)
-        out_before = whole_storage(out).clone()
-        expected, written = reference.causal_conv1d_verify_reference(
-            out, conv_state, x, weight, None, buffer_slots, state_slots, M, 1, parents, "silu")
-        assert written[[0, 4]].all() and not written[[1, 2, 3, 5]].any()
-        kernel_args, kernel_kwargs = sgl_convwin.causal_conv1d_verify.kernel_arguments(
-            out, args["buffer"], args["conv_state"], args["x"], weight.to(impl.device), None, args["buffer_slots"],
-            args["state_slots"], 1, args["parents"], layout=layout, activation="silu")
-        triton_kernels().launch_causal_conv1d_verify(*kernel_args, **kernel_kwargs, **tuning)
-        assert torch.equal(args["buffer"].cpu(), want), (layout, N)
-        check_outputs(out, out_before, expected, written)
+        written = launch_and_check(args, weight, None, layout, tuning)
+        assert written[[0, 4]].all() and not written[[1, 2, 3, 5]].any(), (layout, N)
 
 
 @pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
@@ -323,7 +340,7 @@ def test_small_tree_stores_runs(impl, layout, buffer_dtype, slots_as_masks, tree
     served ones."""
     from sgl_convwin._kernels import triton_kernels
 
-    kernels = triton_kernels()
+    small_tree_kernel = triton_kernels().verify._verify_small_tree_kernel
     generator = torch.Generator().manual_seed(80)
     L, M, dim, num_state = 2, 4, 136, 3
     buffer_slots = torch.tensor([2, -1, 0, 3])
@@ -344,22 +361,12 @@ def test_small_tree_stores_runs(impl, layout, buffer_dtype, slots_as_masks, tree
                     parents=None if parents is None else parents.to(impl.device))
         args["conv_state"] = args["conv_state"].to(buffer_dtype)
         weight = random_weight(dim, K, torch.float32, "cpu", generator)
-        want = expected_buffer(args, layout, "dim_major")
-        out = torch.zeros(B, N, dim, device=impl.device)
-        out_before = whole_storage(out).clone()
-        expected, written = reference.causal_conv1d_verify_reference(
-            out, args["conv_state"].cpu(), args["x"].cpu(), weight, None, buffer_slots, state_slots, M, 1, parents,
-            "silu")
-        kernel_args, kernel_kwargs = sgl_convwin.causal_conv1d_verify.kernel_arguments(
-            out, args["buffer"], args["conv_state"], args["x"], weight.to(impl.device), None, args["buffer_slots"],
-            args["state_slots"], 1, args["parents"], layout=layout, activation="silu")
-        kernel, _, _, plan = kernels.verify._plan(*kernel_args[:8], kernel_args[9], kernel_kwargs["dense"],
-                                                  kernel_kwargs["silu"], tuning)
         run = K - 1 if layout == "dense" else N + K - 2
-        assert kernel is kernels.verify._verify_small_tree_kernel and plan["RUN"] == run, (K, N)
-        kernels.launch_causal_conv1d_verify(*kernel_args, **kernel_kwargs, **tuning)
-        assert torch.equal(args["buffer"].cpu(), want), (K, N)
-        check_outputs(out, out_before, expected, written)
+
+        def stores_runs(kernel, plan):
+            assert kernel is small_tree_kernel and plan["RUN"] == run, (K, N)
+
+        launch_and_check(args, weight, None, layout, tuning, stores_runs)
 
 
 @pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
@@ -368,8 +375,6 @@ def test_small_tree_stores_runs(impl, layout, buffer_dtype, slots_as_masks, tree
 def test_wide_conv_trees_on_the_tile(impl, gather_links, kernel_size):
     """Convs wider than the fuzz draws (K = 6, 7: no preload, no node loop) on trees, rows layouts,
     the tile's links walked both ways, with a padded request and a link reaching the history."""
-    from sgl_convwin._kernels import triton_kernels
-
     generator = torch.Generator().manual_seed(70 + kernel_size)
     M, N, dim, K = 4, 6, 10, kernel_size
     parents = torch.tensor([[-1, 0, 0, 1, 3, 2], [-1, -1, 1, 5, 2, 4], [-1, 0, 1, 2, 3, 4]])
@@ -384,18 +389,7 @@ def test_wide_conv_trees_on_the_tile(impl, gather_links, kernel_size):
                     conv_state=conv_state.to(impl.device), x=x.to(impl.device),
                     buffer_slots=buffer_slots.to(impl.device), state_slots=state_slots.to(impl.device), layer=0,
                     parents=parents.to(impl.device))
-        want = expected_buffer(args, layout, "dim_major")
-        out = torch.zeros(B, N, dim, device=impl.device)
-        out_before = whole_storage(out).clone()
-        expected, written = reference.causal_conv1d_verify_reference(
-            out, conv_state, x, weight, bias, buffer_slots, state_slots, M, 0, parents, "silu")
-        kernel_args, kernel_kwargs = sgl_convwin.causal_conv1d_verify.kernel_arguments(
-            out, args["buffer"], args["conv_state"], args["x"], weight.to(impl.device), bias.to(impl.device),
-            args["buffer_slots"], args["state_slots"], 0, args["parents"], layout=layout, activation="silu")
-        triton_kernels().launch_causal_conv1d_verify(*kernel_args, **kernel_kwargs, node_loop=False,
-                                                     gather_links=gather_links)
-        assert torch.equal(args["buffer"].cpu(), want), layout
-        check_outputs(out, out_before, expected, written)
+        launch_and_check(args, weight, bias, layout, dict(node_loop=False, gather_links=gather_links))
 
 
 @pytest.mark.parametrize("impl", impl_params())
