@@ -1108,7 +1108,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     run = run if runs or (runs is None and not dense) else None
     if small_tree is None:  # (an explicit node_loop choice asks for the loop or the tile)
         rows_runs = (run is not None and not dense
-                     and _run_layout(run, SMALL_TREE_BLOCK_ROWS, 1, dest.element_size(), dim) is not None)
+                     and _run_layout(run, *_small_tree_config(dense, num_rows), dest.element_size(), dim) is not None)
         small_tree = node_loop_asked is None and _small_tree(dense, contiguous, num_rows, has_parents, rows_runs,
                                                              has_conv)
     small_tree = small_tree and nodes <= 8 and kernel_size <= 5
