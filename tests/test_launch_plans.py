@@ -159,6 +159,24 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
 ]
 
 
+def verify_plan(kernels, layout, rows, nodes, *, tree=False, conv=True, dtype=torch.bfloat16, dim=8192,
+                buffer_nodes=None, layers=36, tuning=None):
+    """The verify launcher's (kernel, grid, constexprs) for a call on meta tensors: K = 4, a
+    dim-major state, a buffer of ``buffer_nodes`` draft steps (x's nodes if None), SiLU; a capture
+    (no conv) when not ``conv``."""
+    meta = dict(device="meta", dtype=dtype)
+    buffer = torch.empty(sgl_convwin.physical_shape(layout, layers, rows, dim, buffer_nodes or nodes, 4), **meta)
+    dest = buffer.transpose(-1, -2) if layout == "channel_major" else buffer
+    state = torch.empty(layers, rows, dim, 3, **meta)
+    x = torch.empty(rows, nodes, dim, **meta)
+    weight = torch.empty(dim, 4, **meta) if conv else None
+    index = torch.zeros(rows, dtype=torch.int32, device="meta")
+    parents = torch.zeros(rows, nodes, dtype=torch.int32, device="meta") if tree else None
+    kernel, grid, _, plan = kernels.verify._plan(x if conv else None, dest, state, x, weight, None, index, index,
+                                                 parents, layout == "dense", conv, tuning or {})
+    return kernel, grid, plan
+
+
 @pytest.mark.parametrize("layout, nodes, tree, rows, kernel, channels, flags", VERIFY_PLANS)
 def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags):
     """The verify launcher's measured choices at the Qwen3-Next TP1 shape (dim 8192, K = 4, bf16;
@@ -173,16 +191,7 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     first and the loop's inputs two nodes ahead (chains from 128 requests: four, on int64 offsets;
     the node loops' other offsets int32); dense windows and channel_major rows on a grid of channel
     blocks first."""
-    meta = dict(device="meta", dtype=torch.bfloat16)
-    buffer = torch.empty(sgl_convwin.physical_shape(layout, 36, rows, 8192, nodes, 4), **meta)
-    dest = buffer.transpose(-1, -2) if layout == "channel_major" else buffer
-    state = torch.empty(36, rows, 8192, 3, **meta)
-    x = torch.empty(rows, nodes, 8192, **meta)
-    weight = torch.empty(8192, 4, **meta)
-    index = torch.zeros(rows, dtype=torch.int32, device="meta")
-    parents = torch.zeros(rows, nodes, dtype=torch.int32, device="meta") if tree else None
-    chosen, grid, _, plan = kernels.verify._plan(x, dest, state, x, weight, None, index, index, parents,
-                                                 layout == "dense", True, {})
+    chosen, grid, plan = verify_plan(kernels, layout, rows, nodes, tree=tree)
     want = {"rows": kernels.verify._verify_rows_kernel, "node_loop": kernels.verify._verify_node_loop_kernel,
             "small_tree": kernels.verify._verify_small_tree_kernel}[kernel]
     assert chosen is want
@@ -207,23 +216,17 @@ def test_verify_plan_channel_major_runs(kernels, draft, nodes, dtype, dim, run_s
     has nodes) and dim is a multiple of the channels a lane holds, and only from one-warp
     programs; a group's runs go out in vectors of up to 16 bytes; otherwise the rows tile serves
     them (or the small-tree kernel row by row, at two warps)."""
-    meta = dict(device="meta", dtype=dtype)
-    buffer_nodes = 6 if draft == "buffer longer than the nodes" else nodes
-    buffer = torch.empty(sgl_convwin.physical_shape("channel_major", 2, 64, dim, buffer_nodes, 4), **meta)
-    state = torch.empty(2, 64, dim, 3, **meta)
-    x = torch.empty(64, 4 if draft == "buffer longer than the nodes" else nodes, dim, **meta)
-    weight = torch.empty(dim, 4, **meta)
-    index = torch.zeros(64, dtype=torch.int32, device="meta")
-    chosen, _, _, plan = kernels.verify._plan(x, buffer.transpose(-1, -2), state, x, weight, None, index, index,
-                                              None, False, True, {})
+    longer = draft == "buffer longer than the nodes"
+    problem = dict(dtype=dtype, dim=dim, buffer_nodes=6 if longer else None, layers=2)
+    chosen, _, plan = verify_plan(kernels, "channel_major", 64, 4 if longer else nodes, **problem)
     if run_store is None:
         assert chosen is kernels.verify._verify_rows_kernel
     else:
         assert chosen is kernels.verify._verify_small_tree_kernel
         assert (plan["RUN"], plan["RUN_GROUP"], plan["RUN_VEC"], plan["RUN_VECTORS"]) == run_store
         # two warps store row by row (Triton 3.6 miscompiles the run's joins there: _run_layout)
-        _, _, _, plan = kernels.verify._plan(x, buffer.transpose(-1, -2), state, x, weight, None, index, index,
-                                             None, False, True, dict(num_warps=2))
+        _, _, plan = verify_plan(kernels, "channel_major", 64, 4 if longer else nodes, **problem,
+                                 tuning=dict(num_warps=2))
         assert plan["RUN"] == 0
 
 
@@ -232,16 +235,8 @@ def test_dense_windows_as_runs_only_when_asked(kernels, dtype):
     """Dense windows go out as runs (a channel's K-1 columns; at 64 channels a program 2 channels a
     lane, whose 6 elements go out as 3 vectors of 2) only with the runs keyword; by default each
     column is its own store."""
-    meta = dict(device="meta", dtype=dtype)
-    dest = torch.empty(sgl_convwin.physical_shape("dense", 2, 64, 8192, 8, 4), **meta)
-    state = torch.empty(2, 64, 8192, 3, **meta)
-    x = torch.empty(64, 8, 8192, **meta)
-    weight = torch.empty(8192, 4, **meta)
-    index = torch.zeros(64, dtype=torch.int32, device="meta")
-    parents = torch.zeros(64, 8, dtype=torch.int32, device="meta")
     for tuning, want in (({}, (0, 1, 1, 1)), (dict(runs=True), (3, 2, 2, 4))):
-        chosen, _, _, plan = kernels.verify._plan(x, dest, state, x, weight, None, index, index, parents, True, True,
-                                                  tuning)
+        chosen, _, plan = verify_plan(kernels, "dense", 64, 8, tree=True, dtype=dtype, layers=2, tuning=tuning)
         assert chosen is kernels.verify._verify_small_tree_kernel
         assert (plan["RUN"], plan["RUN_GROUP"], plan["RUN_VEC"], plan["RUN_VECTORS"]) == want
 
@@ -251,17 +246,9 @@ def test_dense_windows_as_runs_only_when_asked(kernels, dtype):
 def test_channel_major_runs_from_8_requests_for_a_capture(kernels, rows, tree):
     """A capture (no conv) stores channel_major runs from 8 requests, the fused conv from 64
     (measured: _small_tree); below, the rows tile."""
-    meta = dict(device="meta", dtype=torch.bfloat16)
     nodes = 8 if tree else 4
-    dest = torch.empty(sgl_convwin.physical_shape("channel_major", 2, rows, 8192, nodes, 4), **meta).transpose(-1, -2)
-    state = torch.empty(2, rows, 8192, 3, **meta)
-    x = torch.empty(rows, nodes, 8192, **meta)
-    index = torch.zeros(rows, dtype=torch.int32, device="meta")
-    parents = torch.zeros(rows, nodes, dtype=torch.int32, device="meta") if tree else None
-    for out, least in ((None, 8), (x, 64)):
-        weight = None if out is None else torch.empty(8192, 4, **meta)
-        chosen, _, _, plan = kernels.verify._plan(out, dest, state, x, weight, None, index, index, parents,
-                                                  False, out is not None, {})
+    for conv, least in ((False, 8), (True, 64)):
+        chosen, _, plan = verify_plan(kernels, "channel_major", rows, nodes, tree=tree, conv=conv, layers=2)
         runs = rows >= least
         assert chosen is (kernels.verify._verify_small_tree_kernel if runs else kernels.verify._verify_rows_kernel)
         assert plan.get("RUN", 0) == (nodes + 2 if runs else 0)
