@@ -33,12 +33,13 @@ dense windows or rows, each node's own input loaded two to four nodes ahead of i
 _verify_small_tree_kernel unrolls that loop for trees of up to 8 nodes: every node's input and link
 are loaded up front (they need no slot), and the walks up run on the links in registers, so no input
 load waits on a link; on channel_major rows (chains too) it stores each program's rows as one run,
-neighbouring lanes writing neighbouring 16 bytes (_store_runs), and so, when asked, dense windows.
+neighbouring lanes writing neighbouring 16 bytes (_store_runs), and so, under a conv from 64 requests,
+dense windows.
 _verify_dense_any_width_kernel, for wider dense windows, reloads each input per tap. The node loops
 address elements by int32 offsets from int64 bases where the launcher found every span below 2**31
 and _offsets32 chose them, else by int64 offsets. Which kernel serves a launch, and with how many
 channels per program, was measured on the H200 (_node_loop, _node_loop_config, _node_loop_prefetch,
-_offsets32, _small_tree, _small_tree_masks, _run_length, _run_layout, _rows_block, _one_store;
+_offsets32, _runs, _small_tree, _small_tree_masks, _run_length, _run_layout, _rows_block, _one_store;
 docs/benchmarks.md, "Verify kernel").
 """
 
@@ -77,6 +78,8 @@ NODE_LOOP_MIN_ROWS = 32  # token_major chains take the node loop from this many 
 NODE_LOOP_MIN_ROWS_TREE = 128  # token_major trees of more than 8 nodes from this many
 SMALL_TREE_BLOCK_DENSE = 64  # the small-tree kernel's channels per program (_small_tree, _small_tree_config)
 SMALL_TREE_BLOCK_ROWS = 128
+SMALL_TREE_BLOCK_DENSE_RUNS = 128  # dense windows as runs: trees, and chains from DENSE_RUNS_WIDE_CHAIN_MIN_ROWS
+DENSE_RUNS_WIDE_CHAIN_MIN_ROWS = 256
 RUNS_CAPTURE_MIN_ROWS = 8  # channel_major captures stored as runs from this many requests (_small_tree)
 DENSE_ANY_WIDTH_BLOCK = 256  # channels per program of the dense kernel for K > 5
 DENSE_ANY_WIDTH_WARPS = 2
@@ -87,8 +90,7 @@ DENSE_ANY_WIDTH_WARPS = 2
 # one store two rows per lane where the strides allow it, the unrolled small-tree kernel (by default
 # only when node_loop is not given either), that kernel's bad slots skipped by masks instead of
 # a branch, the node loops' int32 per-element offsets (where every span fits), and that kernel's
-# runs: channel_major rows (where they fill their channels' runs; by default) and dense windows
-# (only when asked: runs=True).
+# runs where they fit: channel_major rows and dense windows (by default: _runs).
 TUNING = ("block", "num_warps", "node_loop", "preload", "prefetch", "early", "one_store", "blocks_first",
           "gather_links", "pairs", "small_tree", "slots_as_masks", "offsets32", "runs")
 
@@ -969,30 +971,43 @@ def _one_store(contiguous: bool, block: int) -> bool:
     return not contiguous and block >= ROWS_WIDE_BLOCK
 
 
+def _runs(dense: bool, conv: bool, num_rows: int) -> bool:
+    """Whether the small-tree kernel stores its rows or windows as runs where they fit, measured on
+    the H200 (docs/benchmarks.md, "Verify kernel"): channel_major rows always (where the small-tree
+    kernel serves them: _small_tree); dense windows with the conv from ROWS_WIDE_MIN_ROWS requests
+    (trees 60.3 vs 76.4 us at 256, 17.3 vs 21.5 at 64; chains 30.1 vs 33.6 at 256, 7.5 vs 7.8 at
+    64), not below (level or slower at 8) nor for a capture alone (not timed)."""
+    return not dense or (conv and num_rows >= ROWS_WIDE_MIN_ROWS)
+
+
 def _small_tree(dense: bool, contiguous: bool, num_rows: int, tree: bool, runs: bool, conv: bool) -> bool:
     """Whether the unrolled small-tree kernel serves up to 8 nodes (K <= 5), measured on the H200
     (docs/benchmarks.md, "Verify kernel"): trees on dense windows always (12% faster than the node
     loop at 256 requests, 24% at 8), on token_major rows from ROWS_WIDE_MIN_ROWS requests (12%
-    faster than the tile at 256; below, the tile's many small programs start sooner); channel_major
-    rows, chains too, where they go out as runs (``runs``), with the conv from ROWS_WIDE_MIN_ROWS
-    requests (trees 41.0 vs 58.0 us at 256, chains 23.4 vs 26.9; level or slower at 8), a capture
-    from RUNS_CAPTURE_MIN_ROWS (trees 2.0 vs 2.8 us at 8, chains 14.9 vs 16.5 at 256); row by row
-    its per-node stores would stride them, 2-6x slower than the tile."""
-    if runs:
-        return num_rows >= (ROWS_WIDE_MIN_ROWS if conv else RUNS_CAPTURE_MIN_ROWS)
+    faster than the tile at 256; below, the tile's many small programs start sooner); rows or
+    windows that go out as runs (``runs``), chains too, with the conv from ROWS_WIDE_MIN_ROWS
+    requests (channel_major trees 41.0 vs 58.0 us at 256, chains 23.4 vs 26.9; level or slower at
+    8), a capture from RUNS_CAPTURE_MIN_ROWS (channel_major trees 2.0 vs 2.8 us at 8, chains 14.9 vs
+    16.5 at 256); row by row its per-node stores would stride channel_major rows, 2-6x slower than
+    the tile."""
+    if runs and num_rows >= (ROWS_WIDE_MIN_ROWS if conv else RUNS_CAPTURE_MIN_ROWS):
+        return True
     if not tree:
         return False
-    if dense:
-        return True
-    return contiguous and num_rows >= ROWS_WIDE_MIN_ROWS
+    return dense or (contiguous and num_rows >= ROWS_WIDE_MIN_ROWS)
 
 
-def _small_tree_config(dense: bool, num_rows: int) -> tuple[int, int]:
+def _small_tree_config(dense: bool, num_rows: int, tree: bool, runs: bool) -> tuple[int, int]:
     """(channels per program, warps) of the small-tree kernel, measured best on the H200
     (docs/benchmarks.md, "Verify kernel"): rows 128 / 1; dense windows 64 / 1, but 32 / 1 below
-    8 requests (more programs to fill the GPU: 3.1 vs 3.8 us for one request)."""
+    8 requests (more programs to fill the GPU: 3.1 vs 3.8 us for one request); dense windows as
+    runs from ROWS_WIDE_MIN_ROWS requests 128 / 1 for trees (60.3 vs 70.2 us at 256, 17.3 vs 20.1 at
+    64) and for chains from DENSE_RUNS_WIDE_CHAIN_MIN_ROWS (30.1 vs 32.5 at 256; 8.8 vs 7.5 at 64)."""
     if not dense:
         return SMALL_TREE_BLOCK_ROWS, 1
+    wide_from = ROWS_WIDE_MIN_ROWS if tree else DENSE_RUNS_WIDE_CHAIN_MIN_ROWS
+    if runs and num_rows >= wide_from:
+        return SMALL_TREE_BLOCK_DENSE_RUNS, 1
     return (SMALL_TREE_BLOCK_DENSE if num_rows >= 8 else SMALL_TREE_BLOCK_DENSE // 2), 1
 
 
@@ -1103,18 +1118,17 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     if node_loop is None:
         node_loop = _node_loop(dense, contiguous, num_rows, nodes, has_parents)
     node_loop = node_loop and kernel_size <= 5  # wider: the rows tile, or dense windows' any-width kernel
-    # runs: channel_major rows by default where they fit; dense windows only when asked
-    run = None if contiguous and not dense else _run_length(dest, num_nodes, kernel_size, dense)
-    run = run if runs or (runs is None and not dense) else None
+    runs = _runs(dense, has_conv, num_rows) if runs is None else runs
+    run = _run_length(dest, num_nodes, kernel_size, dense) if runs and (dense or not contiguous) else None
     if small_tree is None:  # (an explicit node_loop choice asks for the loop or the tile)
-        rows_runs = (run is not None and not dense
-                     and _run_layout(run, *_small_tree_config(dense, num_rows), dest.element_size(), dim) is not None)
-        small_tree = node_loop_asked is None and _small_tree(dense, contiguous, num_rows, has_parents, rows_runs,
+        config = _small_tree_config(dense, num_rows, has_parents, run is not None)
+        runs_fit = run is not None and _run_layout(run, *config, dest.element_size(), dim) is not None
+        small_tree = node_loop_asked is None and _small_tree(dense, contiguous, num_rows, has_parents, runs_fit,
                                                              has_conv)
     small_tree = small_tree and nodes <= 8 and kernel_size <= 5
     if small_tree:
         kernel = _verify_small_tree_kernel
-        default_block, default_warps = _small_tree_config(dense, num_rows)
+        default_block, default_warps = _small_tree_config(dense, num_rows, has_parents, run is not None)
     elif dense and not node_loop:
         kernel, default_block = _verify_dense_any_width_kernel, DENSE_ANY_WIDTH_BLOCK
         default_warps = DENSE_ANY_WIDTH_WARPS

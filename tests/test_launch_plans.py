@@ -150,11 +150,17 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
                                                             RUN_GROUP=4, RUN_VEC=8, RUN_VECTORS=8)),
     ("dense", 4, False, 1, "node_loop", 32, dict(PREFETCH=2, ROWS=False, OFFSETS32=True)),
     ("dense", 4, False, 8, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2, OFFSETS32=True)),
-    ("dense", 4, False, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2, OFFSETS32=True)),
-    ("dense", 4, False, 256, "node_loop", 64, dict(PREFETCH=4, ROWS=False, num_warps=2, OFFSETS32=False)),
-    ("dense", 8, True, 1, "small_tree", 32, dict(ROWS=False, NODES=8, SLOTS_AS_MASKS=False, OFFSETS32=True)),
-    ("dense", 8, True, 8, "small_tree", 64, dict(ROWS=False, NODES=8, OFFSETS32=True)),
-    ("dense", 8, True, 64, "small_tree", 64, dict(ROWS=False, NODES=8, OFFSETS32=True)),
+    ("dense", 4, False, 32, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2, OFFSETS32=True)),
+    ("dense", 4, False, 64, "small_tree", 64, dict(ROWS=False, NODES=4, SLOTS_AS_MASKS=False, OFFSETS32=True, RUN=3,
+                                                   RUN_GROUP=2, RUN_VEC=2, RUN_VECTORS=4)),
+    ("dense", 4, False, 256, "small_tree", 128, dict(ROWS=False, NODES=4, SLOTS_AS_MASKS=False, RUN=3, RUN_GROUP=4,
+                                                     RUN_VEC=4, RUN_VECTORS=4)),
+    ("dense", 8, True, 1, "small_tree", 32, dict(ROWS=False, NODES=8, SLOTS_AS_MASKS=False, OFFSETS32=True, RUN=0)),
+    ("dense", 8, True, 8, "small_tree", 64, dict(ROWS=False, NODES=8, OFFSETS32=True, RUN=0)),
+    ("dense", 8, True, 64, "small_tree", 128, dict(ROWS=False, NODES=8, SLOTS_AS_MASKS=False, OFFSETS32=True, RUN=3,
+                                                   RUN_GROUP=4, RUN_VEC=4, RUN_VECTORS=4)),
+    ("dense", 8, True, 256, "small_tree", 128, dict(ROWS=False, NODES=8, RUN=3, RUN_GROUP=4, RUN_VEC=4,
+                                                    RUN_VECTORS=4)),
     ("dense", 32, True, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False, OFFSETS32=True)),
 ]
 
@@ -182,8 +188,9 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     """The verify launcher's measured choices at the Qwen3-Next TP1 shape (dim 8192, K = 4, bf16;
     docs/benchmarks.md, "Verify kernel"): trees of up to 8 nodes take the unrolled small-tree
     kernel on dense windows (64 channels; 32 below 8 requests) and on token_major rows from 64
-    requests (128, a bad slot skipped by masks), and so do channel_major rows from 64 requests,
-    chains too (a chain's bad slot skipped by a branch), stored as runs; the node loop serves dense
+    requests (128, a bad slot skipped by masks), and so do channel_major rows and dense windows
+    under a conv from 64 requests, chains too (a chain's bad slot skipped by a branch), stored as
+    runs (dense windows: 128 channels, chains from 256 requests); the node loop serves dense
     windows, token_major chains from 32 requests and token_major trees of more than 8 nodes from
     128 (one warp; dense chains from 8 requests 64 channels over 2 warps); else the rows tile, at
     128 channels for up to 8 nodes from 64 requests, storing its rows as one tile on channel_major
@@ -231,14 +238,31 @@ def test_verify_plan_channel_major_runs(kernels, draft, nodes, dtype, dim, run_s
 
 
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32))
-def test_dense_windows_as_runs_only_when_asked(kernels, dtype):
-    """Dense windows go out as runs (a channel's K-1 columns; at 64 channels a program 2 channels a
-    lane, whose 6 elements go out as 3 vectors of 2) only with the runs keyword; by default each
-    column is its own store."""
-    for tuning, want in (({}, (0, 1, 1, 1)), (dict(runs=True), (3, 2, 2, 4))):
-        chosen, _, plan = verify_plan(kernels, "dense", 64, 8, tree=True, dtype=dtype, layers=2, tuning=tuning)
-        assert chosen is kernels.verify._verify_small_tree_kernel
-        assert (plan["RUN"], plan["RUN_GROUP"], plan["RUN_VEC"], plan["RUN_VECTORS"]) == want
+@pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
+def test_dense_windows_as_runs_under_a_conv_from_64_requests(kernels, dtype, tree):
+    """Dense windows go out as runs (a channel's K-1 columns) by default under a conv from 64
+    requests (128 channels a program, 4 a lane, whose 12 elements go out as vectors of 4; chains
+    below 256 requests 64 channels, 2 a lane: vectors of 2); a capture alone and fewer requests store
+    each column on its own, unless the runs keyword asks for runs; runs=False turns them off."""
+    nodes = 8 if tree else 4
+    wide = (3, 4, 4, 4)  # (RUN, RUN_GROUP, RUN_VEC, RUN_VECTORS)
+    for rows, conv, tuning, want in (
+        (64, True, {}, wide if tree else (3, 2, 2, 4)),
+        (256, True, {}, wide),
+        (32, True, {}, None),
+        (64, False, {}, None),
+        (64, True, dict(runs=False), None),
+        (8, True, dict(runs=True), (3, 2, 2, 4) if tree else None),  # (chains below 64: the node loop)
+        (64, False, dict(runs=True), wide if tree else (3, 2, 2, 4)),
+    ):
+        chosen, _, plan = verify_plan(kernels, "dense", rows, nodes, tree=tree, conv=conv, dtype=dtype, layers=2,
+                                      tuning=tuning)
+        if want is None and not tree:
+            assert chosen is kernels.verify._verify_node_loop_kernel, (rows, conv, tuning)
+            continue
+        assert chosen is kernels.verify._verify_small_tree_kernel, (rows, conv, tuning)
+        got = (plan["RUN"], plan["RUN_GROUP"], plan["RUN_VEC"], plan["RUN_VECTORS"])
+        assert got == (want or (0, 1, 1, 1)), (rows, conv, tuning)
 
 
 @pytest.mark.parametrize("rows", (4, 8, 64))
