@@ -29,12 +29,15 @@ def test_timing_flow_dry_run(monkeypatch, capsys):
     tables = [line for line in out.splitlines() if line.startswith("| ")]
     layer_rows = [line for line in tables if "per layer" not in line and line.count("|") == 8]
     step_rows = [line for line in tables if "per step" not in line and line.count("|") == 10]
-    # chain: 2 engine baselines + 3 layouts + the two copies; tree: the channel-major sequence does not apply
-    assert len(layer_rows) == len(batches) * (7 + 6)
-    assert sum(bench_verify.COPY_ROW in line for line in layer_rows) == len(batches) * len(drafts)
-    assert sum(bench_verify.MIX_ROW in line for line in layer_rows) == len(batches) * len(drafts)
+    # chain: 2 engine baselines + 3 layouts + the two copies and the stream; tree: the channel-major
+    # sequence does not apply
+    assert len(layer_rows) == len(batches) * (8 + 7)
+    for row in (bench_verify.COPY_ROW, bench_verify.MIX_ROW, bench_verify.STREAM_ROW):
+        assert sum(row in line for line in layer_rows) == len(batches) * len(drafts)
     assert len(step_rows) == len(batches) * (7 + 6)
-    assert len(calls) == len(layer_rows) + 2 * len(step_rows)  # the copy rows are timed too
+    # the copy rows are timed too, the stream at each of its configurations
+    streams = len(batches) * len(drafts)
+    assert len(calls) == len(layer_rows) + 2 * len(step_rows) + (len(bench_verify.STREAM_CONFIGS) - 1) * streams
     assert "| tree N=8 topk 3 | 3 | engine conv update, dense windows |" in out
     assert "| chain D=4 | 3 | engine conv update, channel-major sequence |" in out
     assert "| chain D=4 | 1 | engine conv update, channel-major sequence (no commit) |" in out
