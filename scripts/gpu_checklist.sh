@@ -31,12 +31,19 @@
 #   runs      the verify run store (channel_major rows, dense windows when asked): its GPU tests, then
 #             memcheck and racecheck over them, then the dense windows' sweep with and without runs
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
+# With pytest-xdist's and execnet's wheels in .whl (pip download pytest-xdist execnet --no-deps -d .whl),
+# vtests and runs spread their tests over 12 processes: the kernels' compiles are what take the time.
 set -uo pipefail
 out=${1:?output directory}
 shift
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 || { cat "$out/install.log"; exit 1; }
+if ls .whl/pytest_xdist-*.whl .whl/execnet-*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-deps .whl/pytest_xdist-*.whl .whl/execnet-*.whl >> "$out/install.log" 2>&1
+fi
+xdist=""
+python3 -c "import xdist" 2> /dev/null && xdist="-n 12"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 status=0
 for phase in "$@"; do
@@ -55,7 +62,7 @@ for phase in "$@"; do
               pids="$pids $!"
               for pid in $pids; do wait "$pid" || rc=1; done
               for group in 1 2 3; do tail -3 "$out/gpu_tests_$group.log"; done ;;
-    vtests)   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py > "$out/gpu_vtests.log" 2>&1
+    vtests)   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_verify.py > "$out/gpu_vtests.log" 2>&1
               rc=$?; tail -3 "$out/gpu_vtests.log" ;;
     step)     timeout 170 python3 benchmarks/bench_verify.py --drafts chain tree3 > "$out/bench_verify.log" 2>&1
               rc=$?; grep -E '^(\||verify:|engine|checks and tables)' "$out/bench_verify.log"; tail -2 "$out/bench_verify.log" ;;
@@ -131,15 +138,18 @@ for phase in "$@"; do
                 > "$out/gpu_tests_smem_users.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_smem_users.log" ;;
     runs)     rc=0
-              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py \
+              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_verify.py \
                 -k "cuda and (runs or small-tree)" > "$out/gpu_tests_runs.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_runs.log"
+              pids=""  # both tools at once, on the compiles the tests left in Triton's cache
               for tool in memcheck racecheck; do
                 HYPOTHESIS_PROFILE=sanitize timeout 150 compute-sanitizer --tool "$tool" --print-limit 20 \
                   python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py -k "cuda and runs" \
-                  > "$out/sanitize_runs_$tool.log" 2>&1 || rc=1
-                grep -E "SUMMARY|passed|failed" "$out/sanitize_runs_$tool.log" | tail -2
+                  > "$out/sanitize_runs_$tool.log" 2>&1 &
+                pids="$pids $!"
               done
+              for pid in $pids; do wait "$pid" || rc=1; done
+              for tool in memcheck racecheck; do grep -E "SUMMARY|passed|failed" "$out/sanitize_runs_$tool.log" | tail -2; done
               timeout 120 python3 benchmarks/explore/verify_sweep.py --runs --layouts dense --nodes 4 8 \
                 --batches 8 64 256 > "$out/verify_sweep_runs_dense.log" 2>&1 || rc=1
               grep "^| [ct]" "$out/verify_sweep_runs_dense.log" ;;
