@@ -1120,15 +1120,16 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     node_loop = node_loop and kernel_size <= 5  # wider: the rows tile, or dense windows' any-width kernel
     runs = _runs(dense, has_conv, num_rows) if runs is None else runs
     run = _run_length(dest, num_nodes, kernel_size, dense) if runs and (dense or not contiguous) else None
+    # whether the runs fit the small-tree kernel's default configuration for runs (else its row-by-row one)
+    runs_fit = run is not None and _run_layout(run, *_small_tree_config(dense, num_rows, has_parents, True),
+                                               dest.element_size(), dim) is not None
     if small_tree is None:  # (an explicit node_loop choice asks for the loop or the tile)
-        config = _small_tree_config(dense, num_rows, has_parents, run is not None)
-        runs_fit = run is not None and _run_layout(run, *config, dest.element_size(), dim) is not None
         small_tree = node_loop_asked is None and _small_tree(dense, contiguous, num_rows, has_parents, runs_fit,
                                                              has_conv)
     small_tree = small_tree and nodes <= 8 and kernel_size <= 5
     if small_tree:
         kernel = _verify_small_tree_kernel
-        default_block, default_warps = _small_tree_config(dense, num_rows, has_parents, run is not None)
+        default_block, default_warps = _small_tree_config(dense, num_rows, has_parents, runs_fit)
     elif dense and not node_loop:
         kernel, default_block = _verify_dense_any_width_kernel, DENSE_ANY_WIDTH_BLOCK
         default_warps = DENSE_ANY_WIDTH_WARPS

@@ -265,6 +265,26 @@ def test_dense_windows_as_runs_under_a_conv_from_64_requests(kernels, dtype, tre
         assert got == (want or (0, 1, 1, 1)), (rows, conv, tuning)
 
 
+@pytest.mark.parametrize("dim, tree, kernel, channels, run_store", [
+    (8190, True, "small_tree", 64, (3, 2, 2, 4)),  # 2 channels a lane at 64 channels: runs there
+    (8190, False, "node_loop", 64, None),  # a chain's runs would take 128 channels at 256 requests
+    (8191, True, "small_tree", 64, None),  # odd: the default row-by-row configuration
+])
+def test_dense_windows_take_runs_only_where_they_fit(kernels, dim, tree, kernel, channels, run_store):
+    """Where dim is no multiple of the channels a lane holds at the runs' 128 channels a program,
+    dense windows at 256 requests keep the configuration they take without runs (the small tree's
+    64 channels, storing runs only if 2 channels a lane fit; chains the node loop), not 128
+    channels row by row, which was the slowest there (99.0 vs 76.4 us on trees)."""
+    chosen, _, plan = verify_plan(kernels, "dense", 256, 8 if tree else 4, tree=tree, dim=dim, layers=2)
+    want = {"node_loop": kernels.verify._verify_node_loop_kernel,
+            "small_tree": kernels.verify._verify_small_tree_kernel}[kernel]
+    assert chosen is want
+    assert plan["BLOCK"] == channels
+    assert plan.get("RUN", 0) == (0 if run_store is None else run_store[0])
+    if run_store is not None:
+        assert (plan["RUN"], plan["RUN_GROUP"], plan["RUN_VEC"], plan["RUN_VECTORS"]) == run_store
+
+
 @pytest.mark.parametrize("rows", (4, 8, 64))
 @pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
 def test_channel_major_runs_from_8_requests_for_a_capture(kernels, rows, tree):
