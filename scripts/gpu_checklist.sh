@@ -28,6 +28,8 @@
 #   rprofile  Nsight Compute on both replay kernels at B = 64 (benchmarks/explore/profile_one.py)
 #   smem      the shared-memory replay kernels' users: test_replay_commit.py whole, then the CUDA-graph,
 #             opcheck, compile and cache tests of the replay commits (cold compiles: about 190 s + 120 s)
+#   chains    token_major chains' node loop at 1-4 warps, 2 and 4 nodes ahead, B = 64 / 128 / 256
+#             (benchmarks/explore/verify_sweep.py --prefetch)
 #   runs      the verify run store (channel_major rows, dense windows when asked): its GPU tests, then
 #             memcheck and racecheck over them, then the dense windows' sweep with and without runs
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
@@ -153,6 +155,9 @@ for phase in "$@"; do
               timeout 120 python3 benchmarks/explore/verify_sweep.py --runs --layouts dense --nodes 4 8 \
                 --batches 8 64 256 > "$out/verify_sweep_runs_dense.log" 2>&1 || rc=1
               grep "^| [ct]" "$out/verify_sweep_runs_dense.log" ;;
+    chains)   timeout 200 python3 benchmarks/explore/verify_sweep.py --prefetch 2 4 --layouts token_major --nodes 4 \
+                --batches 64 128 256 > "$out/verify_sweep_chains.log" 2>&1
+              rc=$?; grep "^| c" "$out/verify_sweep_chains.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"

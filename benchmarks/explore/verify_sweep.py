@@ -61,8 +61,10 @@ def sweep_configs(args):
         orders = [{}, dict(blocks_first=True), dict(blocks_first=False)]
         return {"rows": orders, "dense": orders}
     if args.prefetch is not None:
+        # rows: also 2 channels a lane over 2 and 4 warps, fewer programs than one warp's (at most 32 an SM)
+        rows = [(64, 1), (128, 1), (256, 1), (128, 2), (256, 2), (256, 4), (512, 4)]
         return {kind: [{}] + [loop(block, warps, prefetch=ahead) for block, warps in blocks for ahead in args.prefetch]
-                for kind, blocks in (("rows", [(64, 1), (128, 1), (256, 1), (256, 2)]), ("dense", [(32, 1), (64, 1), (64, 2)]))}
+                for kind, blocks in (("rows", rows), ("dense", [(32, 1), (64, 1), (64, 2)]))}
     configs = {
         "rows": [{}] + [tile(block, warps) for block, warps in ((16, 1), (32, 1), (64, 1), (128, 1), (64, 2))]
         + [tile(block, warps, preload=True) for block, warps in ((32, 1), (64, 1), (128, 1), (64, 2))]
