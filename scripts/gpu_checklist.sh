@@ -30,7 +30,7 @@
 #             opcheck, compile and cache tests of the replay commits (cold compiles: about 190 s + 120 s)
 #   chains    token_major chains' node loop at 1-4 warps, 2 and 4 nodes ahead, B = 64 / 128 / 256
 #             (benchmarks/explore/verify_sweep.py --prefetch)
-#   runs      the verify run store (channel_major rows, dense windows when asked): its GPU tests, then
+#   runs      the verify run store (channel_major rows, dense windows under a conv): its GPU tests, then
 #             memcheck and racecheck over them, then the dense windows' sweep with and without runs
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
 # With pytest-xdist's and execnet's wheels in .whl (pip download pytest-xdist execnet --no-deps -d .whl),
