@@ -48,12 +48,16 @@ def replay_case(mixer, batch=64, nodes=4):
     return lambda: op(*tensors, slots, slots, steps, **kwargs)
 
 
+VERIFY_CASES = {  # name: (nodes, topk or None for a chain, layout, the kernel the launcher picks at B = 256)
+    "verify-chain": (4, None, "token_major", "_verify_node_loop_kernel"),
+    "verify-tree": (8, 3, "token_major", "_verify_small_tree_kernel"),
+    "verify-channel-major-tree": (8, 3, "channel_major", "_verify_small_tree_kernel"),
+    "verify-channel-major-chain": (4, None, "channel_major", "_verify_small_tree_kernel"),
+    "verify-dense-chain": (4, None, "dense", "_verify_small_tree_kernel"),
+}
 CASES = {  # name: (what it runs, the kernel ncu should filter on)
-    "verify-chain": (lambda: verify_case(4, None), "_verify_node_loop_kernel"),
-    "verify-tree": (lambda: verify_case(8, 3), "_verify_small_tree_kernel"),
-    "verify-channel-major-tree": (lambda: verify_case(8, 3, layout="channel_major"), "_verify_rows_kernel"),
-    "verify-channel-major-chain": (lambda: verify_case(4, None, layout="channel_major"), "_verify_rows_kernel"),
-    "verify-dense-chain": (lambda: verify_case(4, None, layout="dense"), "_verify_node_loop_kernel"),
+    **{name: ((lambda nodes=nodes, topk=topk, layout=layout: verify_case(nodes, topk, layout=layout)), kernel)
+       for name, (nodes, topk, layout, kernel) in VERIFY_CASES.items()},
     "commit-token-major-b8": (lambda: commit_case("token_major", 4, 8), "_scatter_windows_kernel"),
     "commit-dense-b8": (lambda: commit_case("dense", 4, 8), "_scatter_windows_kernel"),
     "commit-channel-major-d16": (lambda: commit_case("channel_major", 16, 256), "_scatter_windows_kernel"),
