@@ -107,7 +107,7 @@ def config_name(tuning):
     """The table's name of a configuration."""
     if tuning.get("small_tree"):
         masks = ", slots as masks" if tuning.get("slots_as_masks") else ""
-        runs = {True: ", runs", False: ", rows one by one"}.get(tuning.get("runs"), "")
+        runs = {True: ", runs", False: ", no runs"}.get(tuning.get("runs"), "")
         return f"small tree{masks}{runs} {tuning['block']}/{tuning['num_warps']}w"
     if set(tuning) == {"small_tree"}:
         return "default without the small-tree kernel"
