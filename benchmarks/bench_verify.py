@@ -450,20 +450,23 @@ def _mix_stream_kernel(src_ptr, dst_ptr, READ: tl.constexpr, WRITE: tl.constexpr
     tl.store(dst_ptr + p * WRITE + offsets, values, mask=offsets < WRITE)
 
 
+def mix_stream_launch(read: int, written: int, block: int, warps: int, device):
+    """A launch of _mix_stream_kernel reading ``read`` and writing ``written`` bytes (bf16), ``block``
+    elements written per program over ``warps`` warps."""
+    per_program = max(8, round(block * read / written / 8) * 8)  # 16-byte vectors
+    programs = triton.cdiv(written // 2, block)
+    src = torch.zeros(programs * per_program, dtype=torch.bfloat16, device=device)
+    dst = torch.empty(programs * block, dtype=torch.bfloat16, device=device)
+    size = triton.next_power_of_2(max(block, per_program))
+    return lambda: _mix_stream_kernel[(programs,)](src, dst, READ=per_program, WRITE=block, SIZE=size,
+                                                   num_warps=warps)
+
+
 def mix_stream_us(read: int, written: int, device) -> float:
-    """Graph-replay time of _mix_stream_kernel reading ``read`` and writing ``written`` bytes (bf16),
-    at its best of STREAM_CONFIGS: what one kernel moving this mix, with nothing else to do, takes."""
-    best = float("inf")
-    for block, warps in STREAM_CONFIGS:
-        per_program = max(8, round(block * read / written / 8) * 8)  # 16-byte vectors
-        programs = triton.cdiv(written // 2, block)
-        src = torch.zeros(programs * per_program, dtype=torch.bfloat16, device=device)
-        dst = torch.empty(programs * block, dtype=torch.bfloat16, device=device)
-        size = triton.next_power_of_2(max(block, per_program))
-        launch = lambda: _mix_stream_kernel[(programs,)](src, dst, READ=per_program, WRITE=block, SIZE=size,
-                                                         num_warps=warps)
-        best = min(best, graph_time_us(launch, launches=20, replays=20))
-    return best
+    """Graph-replay time of _mix_stream_kernel at its best of STREAM_CONFIGS: what one kernel moving
+    this mix, with nothing else to do, takes."""
+    return min(graph_time_us(mix_stream_launch(read, written, block, warps, device), launches=20, replays=20)
+               for block, warps in STREAM_CONFIGS)
 
 
 def draft_name(tree, num_nodes, topk):

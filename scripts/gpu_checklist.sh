@@ -85,7 +85,7 @@ for phase in "$@"; do
               rc=$?; sed -n "/^eager host time/,\$p" "$out/eager.log" ;;
     profile|rprofile)
               rc=0
-              cases="verify-chain verify-channel-major-chain verify-tree verify-channel-major-tree"
+              cases="verify-chain stream-chain verify-channel-major-chain verify-tree verify-channel-major-tree"
               cases="$cases commit-token-major-b8 commit-dense-b8"
               cases="$cases commit-channel-major-d16"
               [ "$phase" = rprofile ] && cases="gdn-commit-b64 mamba2-commit-b64"

@@ -5,7 +5,8 @@
         python3 benchmarks/explore/profile_one.py verify-chain
 
 `scripts/gpu_checklist.sh OUT profile` runs every case this way. Shapes: Qwen3-Next TP1 (dim 8192,
-K = 4, bf16); the verify cases are one layer at B = 256, the commit cases 36 layers; the replay
+K = 4, bf16); the verify cases are one layer at B = 256, and so is stream-chain (bench_verify's
+one-kernel stream of a chain layer's bytes, their floor); the commit cases 36 layers; the replay
 cases are benchmarks/explore/replay_sweep.py's shapes.
 """
 
@@ -28,6 +29,17 @@ def verify_case(num_nodes, topk, batch=256, layout="token_major"):
         batch, num_nodes, tree_parents(num_nodes, topk) if topk else None, layout, dim, kernel_size)
     return lambda: sgl_convwin.causal_conv1d_verify(
         out, buffer, state, x, weight, bias, slots_b, slots_s, 0, parents, layout=layout, activation="silu")
+
+
+def stream_case(num_nodes=4, batch=256, block=4096, warps=4):
+    """bench_verify's one-kernel stream of a token_major verify layer's bytes, read and written in
+    their proportion (B = 256): the floor the verify kernels are compared with."""
+    import bench_verify
+
+    dim, kernel_size = SHAPES["qwen3next-tp1"][1], common.KERNEL_SIZE
+    nbytes = bench_verify.layer_bytes(dim, kernel_size, num_nodes, batch, "token_major")
+    read = bench_verify.layer_bytes(dim, kernel_size, num_nodes, batch, "token_major", written=False)
+    return bench_verify.mix_stream_launch(read, nbytes - read, block, warps, "cuda")
 
 
 def commit_case(layout, num_draft, batch):
@@ -58,6 +70,7 @@ VERIFY_CASES = {  # name: (nodes, topk or None for a chain, layout, the kernel t
 CASES = {  # name: (what it runs, the kernel ncu should filter on)
     **{name: ((lambda nodes=nodes, topk=topk, layout=layout: verify_case(nodes, topk, layout=layout)), kernel)
        for name, (nodes, topk, layout, kernel) in VERIFY_CASES.items()},
+    "stream-chain": (stream_case, "_mix_stream_kernel"),
     "commit-token-major-b8": (lambda: commit_case("token_major", 4, 8), "_scatter_windows_kernel"),
     "commit-dense-b8": (lambda: commit_case("dense", 4, 8), "_scatter_windows_kernel"),
     "commit-channel-major-d16": (lambda: commit_case("channel_major", 16, 256), "_scatter_windows_kernel"),
