@@ -566,6 +566,43 @@ def test_channels_span_several_blocks(impl, num_nodes, dim):
         torch.testing.assert_close(out.cpu().double(), expected, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
+def test_launcher_defaults_at_64_requests(impl, tree):
+    """The launcher's default kernels at 64 requests, where it switches (token_major chains: the node
+    loop; trees and every channel_major and dense launch under a conv: the small-tree kernel, the
+    latter two storing runs), on every layout: 40 channels (one block, the runs' groups of 2 channels
+    partly masked), most requests padded so the interpreter stays quick; buffer and outputs against
+    the oracles."""
+    generator = torch.Generator().manual_seed(64)
+    L, M, dim, N, K, B = 2, 8, 40, 8 if tree else 4, 4, 64
+    buffer_slots = torch.full((B,), -1)
+    state_slots = torch.zeros(B, dtype=torch.int64)
+    active = torch.randperm(B, generator=generator)[:4]
+    buffer_slots[active] = torch.tensor([5, 0, 7, 2])
+    state_slots[active] = torch.tensor([1, 3, 0, 2])
+    parents = torch.tensor([[-1, -1, -1, 0, 0, 0, 1, 1]] * B) if tree else None
+    for layout in sgl_convwin.LAYOUTS:
+        buffer = torch.randn(sgl_convwin.physical_shape(layout, L, M, dim, N, K), generator=generator)
+        conv_state = torch.randn(L, 4, dim, K - 1, generator=generator)
+        x = torch.randn(B, N, dim, generator=generator)
+        weight = random_weight(dim, K, torch.float32, "cpu", generator)
+        bias = torch.randn(dim, generator=generator)
+        out = torch.zeros(B, N, dim)
+        args = dict(buffer=buffer.to(impl.device), conv_state=conv_state.to(impl.device), x=x.to(impl.device),
+                    buffer_slots=buffer_slots.to(impl.device), state_slots=state_slots.to(impl.device), layer=1,
+                    parents=None if parents is None else parents.to(impl.device))
+        want = expected_buffer(args, layout, "dim_major")
+        expected, written = reference.causal_conv1d_verify_reference(
+            out, conv_state, x, weight, bias, buffer_slots, state_slots, M, 1, parents, "silu")
+        conv = dict(out=out.to(impl.device), weight=weight.to(impl.device), bias=bias.to(impl.device))
+        call_verify(impl, args, conv, layout, "dim_major", "silu")
+        assert torch.equal(args["buffer"].cpu(), want), layout
+        assert int(written.sum()) == 4 * N  # (request, node) pairs
+        torch.testing.assert_close(conv["out"].cpu().double()[written], expected[written], rtol=2e-5, atol=2e-5)
+        assert not conv["out"].cpu()[~written].any(), layout  # padded requests' outputs untouched
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
 @pytest.mark.parametrize("tree", (False, True))
