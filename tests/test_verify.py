@@ -571,9 +571,9 @@ def test_channels_span_several_blocks(impl, num_nodes, dim):
 def test_launcher_defaults_at_64_requests(impl, tree):
     """The launcher's default kernels at 64 requests, where it switches (token_major chains: the node
     loop; trees and every channel_major and dense launch under a conv: the small-tree kernel, the
-    latter two storing runs), on every layout: 40 channels (one block, the runs' groups of 2 channels
-    partly masked), most requests padded so the interpreter stays quick; buffer and outputs against
-    the oracles."""
+    latter two storing runs), on every layout: 40 channels (one block of 64, its last 24 channels
+    masked; runs in groups of 2 channels), most requests padded so the interpreter stays quick;
+    buffer and outputs against the oracles."""
     generator = torch.Generator().manual_seed(64)
     L, M, dim, N, K, B = 2, 8, 40, 8 if tree else 4, 4, 64
     buffer_slots = torch.full((B,), -1)
