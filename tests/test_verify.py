@@ -584,23 +584,14 @@ def test_launcher_defaults_at_64_requests(impl, tree):
     parents = torch.tensor([[-1, -1, -1, 0, 0, 0, 1, 1]] * B) if tree else None
     for layout in sgl_convwin.LAYOUTS:
         buffer = torch.randn(sgl_convwin.physical_shape(layout, L, M, dim, N, K), generator=generator)
-        conv_state = torch.randn(L, 4, dim, K - 1, generator=generator)
-        x = torch.randn(B, N, dim, generator=generator)
-        weight = random_weight(dim, K, torch.float32, "cpu", generator)
-        bias = torch.randn(dim, generator=generator)
-        out = torch.zeros(B, N, dim)
-        args = dict(buffer=buffer.to(impl.device), conv_state=conv_state.to(impl.device), x=x.to(impl.device),
+        args = dict(buffer=buffer.to(impl.device),
+                    conv_state=torch.randn(L, 4, dim, K - 1, generator=generator).to(impl.device),
+                    x=torch.randn(B, N, dim, generator=generator).to(impl.device),
                     buffer_slots=buffer_slots.to(impl.device), state_slots=state_slots.to(impl.device), layer=1,
                     parents=None if parents is None else parents.to(impl.device))
-        want = expected_buffer(args, layout, "dim_major")
-        expected, written = reference.causal_conv1d_verify_reference(
-            out, conv_state, x, weight, bias, buffer_slots, state_slots, M, 1, parents, "silu")
-        conv = dict(out=out.to(impl.device), weight=weight.to(impl.device), bias=bias.to(impl.device))
-        call_verify(impl, args, conv, layout, "dim_major", "silu")
-        assert torch.equal(args["buffer"].cpu(), want), layout
-        assert int(written.sum()) == 4 * N  # (request, node) pairs
-        torch.testing.assert_close(conv["out"].cpu().double()[written], expected[written], rtol=2e-5, atol=2e-5)
-        assert not conv["out"].cpu()[~written].any(), layout  # padded requests' outputs untouched
+        weight = random_weight(dim, K, torch.float32, "cpu", generator)
+        written = launch_and_check(args, weight, torch.randn(dim, generator=generator), layout, {})
+        assert int(written.sum()) == 4 * N, layout  # (request, node) pairs: only the 4 served requests
 
 
 @pytest.mark.gpu
