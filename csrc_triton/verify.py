@@ -791,6 +791,7 @@ def _verify_small_tree_kernel(
                 rows = rows + (newest_first[WIDTH - 2 - j].to(windows_ptr.dtype.element_ty),)
             for n in tl.static_range(RUN - WIDTH + 1):
                 rows = rows + (inputs[n].to(windows_ptr.dtype.element_ty),)
+            # (not hoisted beside the windows' base: live across the node loop, it costs chains registers)
             chan0 = (block * BLOCK).to(tl.int64)
             run_base = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan0 * RUN
             _store_runs(run_base, rows, chan0, dim, valid, RUN, RUN_GROUP, RUN_VEC, RUN_VECTORS, BLOCK)
