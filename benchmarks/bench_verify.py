@@ -30,7 +30,7 @@ import common  # before triton and sgl_convwin: without CUDA it sets TRITON_INTE
 import sgl_convwin
 import triton
 import triton.language as tl
-from common import graph_time_us, markdown_header, markdown_row, tree_parents, verify_layer_problem
+from common import graph_time_us, layer_bytes, markdown_header, markdown_row, tree_parents, verify_layer_problem
 from sgl_convwin import reference
 
 
@@ -298,24 +298,6 @@ def make_problem(layers, dim, kernel_size, num_nodes, topk, tree, batch, layout,
         nodes=torch.randint(0, num_nodes, (batch,), generator=generator, device=device),
         parents=torch.tensor([tree_parents(num_nodes, topk if tree else None)] * batch, device=device),
     )
-
-
-def layer_bytes(dim, kernel_size, num_nodes, batch, layout, element=2, written=True):
-    """Bytes one layer's verify must move for ``layout``: read x, the K-1 committed inputs and the
-    weights; write the outputs and what it captures (dense: every node's window; else the K-2
-    committed inputs and the N node inputs once). ``written`` False: only the bytes read."""
-    width = kernel_size - 1
-    nbytes = batch * num_nodes * dim  # x read
-    nbytes += batch * width * dim  # committed inputs read
-    nbytes += dim * (kernel_size + 1)  # weight and bias
-    if not written:
-        return nbytes * element
-    nbytes += batch * num_nodes * dim  # outputs written
-    if layout == "dense":
-        nbytes += batch * num_nodes * width * dim
-    else:
-        nbytes += batch * (num_nodes + width - 1) * dim
-    return nbytes * element
 
 
 def step_bytes(layers, dim, kernel_size, num_nodes, batch, layout, element=2, commit=True):

@@ -92,6 +92,27 @@ def verify_layer_problem(batch, num_nodes, parents_list, layout, dim, kernel_siz
     return buffer, dest, state, x, out, weight, bias, slots_b, slots_s, parents
 
 
+def layer_bytes(dim, kernel_size, num_nodes, batch, layout, element=2, written=True, conv=True) -> int:
+    """Bytes one layer's verify must move for ``layout``: read x, the K-1 committed inputs and the
+    weights; write the outputs and what it captures (dense: every node's window; else the K-2
+    committed inputs and the N node inputs once). ``written`` False: only the bytes read; ``conv``
+    False: a capture alone (no weights read, no outputs written)."""
+    width = kernel_size - 1
+    nbytes = batch * num_nodes * dim  # x read
+    nbytes += batch * width * dim  # committed inputs read
+    if conv:
+        nbytes += dim * (kernel_size + 1)  # weight and bias
+    if not written:
+        return nbytes * element
+    if conv:
+        nbytes += batch * num_nodes * dim  # outputs written
+    if layout == "dense":
+        nbytes += batch * num_nodes * width * dim
+    else:
+        nbytes += batch * (num_nodes + width - 1) * dim
+    return nbytes * element
+
+
 def commit_bytes(batch, layers, dim, kernel_size, element_size) -> int:
     """Bytes a commit must move: read K-1 columns per window and write them."""
     return 2 * batch * layers * dim * (kernel_size - 1) * element_size

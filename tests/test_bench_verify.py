@@ -50,6 +50,8 @@ def test_bytes_moved():
     base = (4 + 3 + 4) * dim + 5 * dim
     assert bench_verify.layer_bytes(dim, 4, 4, 1, "dense") == 2 * (base + 4 * 3 * dim)
     assert bench_verify.layer_bytes(dim, 4, 4, 1, "channel_major") == 2 * (base + 6 * dim)
+    # a capture alone: x and the committed inputs read, the rows written (no weights, no outputs)
+    assert bench_verify.layer_bytes(dim, 4, 4, 1, "channel_major", conv=False) == 2 * (4 + 3 + 6) * dim
     commit = 2 * 2 * 3 * dim
     assert bench_verify.step_bytes(36, dim, 4, 4, 1, "dense") == 36 * (2 * (base + 12 * dim) + commit)
     assert bench_verify.step_bytes(36, dim, 4, 4, 1, "dense", commit=False) == 36 * 2 * (base + 12 * dim)

@@ -37,8 +37,8 @@ def stream_case(num_nodes=4, batch=256, block=4096, warps=4):
     import bench_verify
 
     dim, kernel_size = SHAPES["qwen3next-tp1"][1], common.KERNEL_SIZE
-    nbytes = bench_verify.layer_bytes(dim, kernel_size, num_nodes, batch, "token_major")
-    read = bench_verify.layer_bytes(dim, kernel_size, num_nodes, batch, "token_major", written=False)
+    nbytes = common.layer_bytes(dim, kernel_size, num_nodes, batch, "token_major")
+    read = common.layer_bytes(dim, kernel_size, num_nodes, batch, "token_major", written=False)
     return bench_verify.mix_stream_launch(read, nbytes - read, block, warps, "cuda")
 
 

@@ -28,17 +28,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/common.py
 import common  # noqa: E402  (before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1)
-from common import graph_time_us, tree_parents, verify_layer_problem  # noqa: E402
+from common import graph_time_us, layer_bytes, tree_parents, verify_layer_problem  # noqa: E402
 from sgl_convwin._kernels import triton_kernels  # noqa: E402
-
-
-def layer_bytes(batch, num_nodes, dim, kernel_size, layout, element=2, conv=True):
-    """Bytes one layer's verify must move (a capture: no outputs, no weights)."""
-    width = kernel_size - 1
-    written = batch * num_nodes * width * dim if layout == "dense" else batch * (num_nodes + width - 1) * dim
-    if not conv:
-        return element * (batch * num_nodes * dim + batch * width * dim + written)
-    return element * (2 * batch * num_nodes * dim + batch * width * dim + dim * (kernel_size + 1) + written)
 
 
 LAYOUTS = ("token_major", "channel_major", "dense")
@@ -184,7 +175,7 @@ def main():
                 if args.channel_contiguous:  # same values, strides (1, dim) over (channel, tap)
                     state = state.transpose(-1, -2).contiguous().transpose(-1, -2)
                     weight = weight.t().contiguous().t()
-                nbytes = layer_bytes(B, num_nodes, dim, K, layout, conv=not args.capture)
+                nbytes = layer_bytes(dim, K, num_nodes, B, layout, conv=not args.capture)
                 reference_out = reference_buffer = None
                 for tuning in configs["dense" if layout == "dense" else "rows"]:
 
