@@ -143,15 +143,9 @@ for phase in "$@"; do
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_verify.py \
                 -k "cuda and (runs or small-tree)" > "$out/gpu_tests_runs.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_runs.log"
-              pids=""  # both tools at once, on the compiles the tests left in Triton's cache
-              for tool in memcheck racecheck; do
-                HYPOTHESIS_PROFILE=sanitize timeout 150 compute-sanitizer --tool "$tool" --print-limit 20 \
-                  python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_verify.py -k "cuda and runs" \
-                  > "$out/sanitize_runs_$tool.log" 2>&1 &
-                pids="$pids $!"
-              done
-              for pid in $pids; do wait "$pid" || rc=1; done
-              for tool in memcheck racecheck; do grep -E "SUMMARY|passed|failed" "$out/sanitize_runs_$tool.log" | tail -2; done
+              mkdir -p "$out/runs"
+              SANITIZE_TIMEOUT=150 SANITIZE_TESTS=tests/test_verify.py SANITIZE_K="cuda and runs" \
+                bash scripts/gpu_sanitize.sh "$out/runs" || rc=1
               timeout 120 python3 benchmarks/explore/verify_sweep.py --runs --layouts dense --nodes 4 8 \
                 --batches 8 64 256 > "$out/verify_sweep_runs_dense.log" 2>&1 || rc=1
               grep "^| [ct]" "$out/verify_sweep_runs_dense.log" ;;
