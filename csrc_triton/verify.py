@@ -89,10 +89,11 @@ DENSE_ANY_WIDTH_WARPS = 2
 # order (a request's channel blocks first), the rows tile's tree links walked in registers, its
 # one store two rows per lane where the strides allow it, the unrolled small-tree kernel (by default
 # only when node_loop is not given either), that kernel's bad slots skipped by masks instead of
-# a branch, the node loops' int32 per-element offsets (where every span fits), and that kernel's
-# runs where they fit: channel_major rows and dense windows (by default: _runs).
+# a branch, the node loops' int32 per-element offsets (where every span fits), that kernel's
+# runs where they fit: channel_major rows and dense windows (by default: _runs), and the node
+# loops' committed inputs and weights loaded as runs where they are contiguous (_lane_group).
 TUNING = ("block", "num_warps", "node_loop", "preload", "prefetch", "early", "one_store", "blocks_first",
-          "gather_links", "pairs", "small_tree", "slots_as_masks", "offsets32", "runs")
+          "gather_links", "pairs", "small_tree", "slots_as_masks", "offsets32", "runs", "lane_runs")
 
 
 @triton.jit
@@ -394,24 +395,68 @@ def _offsets_dtype(request, chan, OFFSETS32: tl.constexpr):
 
 
 @triton.jit
-def _committed_and_weights(windows, state, weight_ptr, bias_ptr, chan, cmask, n0, windows_stride_node,
-                           state_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, WIDTH: tl.constexpr,
-                           BLOCK: tl.constexpr, HAS_CONV: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr):
+def _lane_columns(base, chan0, dim, COUNT: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr):
+    """Columns 0 .. COUNT-1 of the contiguous [dim, COUNT] block at ``base`` for channels chan0 ..
+    chan0 + BLOCK - 1, each [BLOCK] in the block's dtype (zeros past dim, a multiple of GROUP): the
+    GROUP adjacent channels a lane holds have their GROUP * COUNT elements adjacent, so they come in
+    as vectors and are split in registers, where a load per column would read a strided scalar per
+    channel."""
+    RUN: tl.constexpr = GROUP * COUNT
+    BYTES: tl.constexpr = base.dtype.element_ty.primitive_bitwidth // 8
+    VEC: tl.constexpr = min(RUN & (-RUN), 16 // BYTES)  # elements per vector: a power of two dividing the run
+    VECTORS: tl.constexpr = 1 << (RUN // VEC - 1).bit_length()  # a run's vectors, padded to a power of two
+    GROUPS: tl.constexpr = BLOCK // GROUP
+    # [group, vector, element]: Triton lays the groups over the lanes before the vectors (both
+    # strided), so one lane holds all of its group's vectors and neighbouring lanes neighbouring groups
+    g = tl.arange(0, GROUPS)[:, None, None]
+    v = tl.arange(0, VECTORS)[None, :, None]
+    e = tl.arange(0, VEC)[None, None, :]
+    tile = tl.load(base + chan0 * COUNT + g * RUN + v * VEC + e, mask=(v < RUN // VEC) & (chan0 + g * GROUP < dim),
+                   other=0.0)
+    elements = tile_columns(tl.reshape(tile, [GROUPS, VECTORS * VEC]), GROUPS, VECTORS * VEC)  # each lane's run
+    columns = ()
+    for col in tl.static_range(COUNT):
+        channels = ()
+        for c in tl.static_range(GROUP):
+            channels = channels + (elements[c * COUNT + col],)
+        columns = columns + (tl.reshape(join_columns(channels, GROUP), [BLOCK]),)
+    return columns
+
+
+@triton.jit
+def _committed_and_weights(windows, state_base, weight_ptr, bias_ptr, chan, cmask, n0, chan0, dim,
+                           windows_stride_node, state_stride_dim, state_stride_win, weight_stride_dim,
+                           weight_stride_tap, bias_stride, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
+                           HAS_CONV: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr,
+                           LANE_GROUP: tl.constexpr = 0):
     """The node loops' registers: the K-1 committed inputs (h1 the newest) and, with HAS_CONV, the
     bias and the taps (w_x the node's own input's, w_1 the newest committed one's ...) in float32,
     zeros past K-1; with ROWS, rows 0 .. K-3 (the K-2 newest committed inputs) are stored too.
-    Offsets in n0's dtype (an int32 or int64 zero: the kernel's choice of offsets)."""
+    Offsets in n0's dtype (an int32 or int64 zero: the kernel's choice of offsets). LANE_GROUP > 0:
+    the committed inputs ([dim, K-1]) and the weights ([dim, K]) are contiguous and a lane holds
+    LANE_GROUP adjacent channels: both come in as runs (_lane_columns); dim is a multiple of it."""
     zero = tl.zeros([BLOCK], dtype=tl.float32)
-    h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)
     h2 = zero
     h3 = zero
     h4 = zero
-    if WIDTH >= 2:
-        h2 = tl.load(state + (n0 + WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
-    if WIDTH >= 3:
-        h3 = tl.load(state + (n0 + WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
-    if WIDTH >= 4:
-        h4 = tl.load(state + (n0 + WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
+    if LANE_GROUP > 0:
+        oldest_first = _lane_columns(state_base, chan0, dim, WIDTH, BLOCK, LANE_GROUP)
+        h1 = oldest_first[WIDTH - 1].to(tl.float32)
+        if WIDTH >= 2:
+            h2 = oldest_first[WIDTH - 2].to(tl.float32)
+        if WIDTH >= 3:
+            h3 = oldest_first[WIDTH - 3].to(tl.float32)
+        if WIDTH >= 4:
+            h4 = oldest_first[WIDTH - 4].to(tl.float32)
+    else:
+        state = state_base + chan * state_stride_dim
+        h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)
+        if WIDTH >= 2:
+            h2 = tl.load(state + (n0 + WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
+        if WIDTH >= 3:
+            h3 = tl.load(state + (n0 + WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
+        if WIDTH >= 4:
+            h4 = tl.load(state + (n0 + WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
     bias = zero
     w_x = zero
     w_1 = zero
@@ -419,17 +464,28 @@ def _committed_and_weights(windows, state, weight_ptr, bias_ptr, chan, cmask, n0
     w_3 = zero
     w_4 = zero
     if HAS_CONV:
-        taps = weight_ptr + chan * weight_stride_dim
         if HAS_BIAS:
             bias = tl.load(bias_ptr + chan * bias_stride, mask=cmask).to(tl.float32)
-        w_x = tl.load(taps + (n0 + WIDTH) * weight_stride_tap, mask=cmask).to(tl.float32)
-        w_1 = tl.load(taps + (n0 + WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
-        if WIDTH >= 2:
-            w_2 = tl.load(taps + (n0 + WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
-        if WIDTH >= 3:
-            w_3 = tl.load(taps + (n0 + WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
-        if WIDTH >= 4:
-            w_4 = tl.load(taps + (n0 + WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
+        if LANE_GROUP > 0:
+            taps = _lane_columns(weight_ptr, chan0, dim, WIDTH + 1, BLOCK, LANE_GROUP)  # oldest input's first
+            w_x = taps[WIDTH].to(tl.float32)
+            w_1 = taps[WIDTH - 1].to(tl.float32)
+            if WIDTH >= 2:
+                w_2 = taps[WIDTH - 2].to(tl.float32)
+            if WIDTH >= 3:
+                w_3 = taps[WIDTH - 3].to(tl.float32)
+            if WIDTH >= 4:
+                w_4 = taps[WIDTH - 4].to(tl.float32)
+        else:
+            taps = weight_ptr + chan * weight_stride_dim
+            w_x = tl.load(taps + (n0 + WIDTH) * weight_stride_tap, mask=cmask).to(tl.float32)
+            w_1 = tl.load(taps + (n0 + WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
+            if WIDTH >= 2:
+                w_2 = tl.load(taps + (n0 + WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
+            if WIDTH >= 3:
+                w_3 = tl.load(taps + (n0 + WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
+            if WIDTH >= 4:
+                w_4 = tl.load(taps + (n0 + WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
     if ROWS:  # rows 0 .. K-3: the K-2 newest committed inputs, oldest first
         if WIDTH >= 2:
             tl.store(windows + (n0 + WIDTH - 2) * windows_stride_node, h1.to(windows.dtype.element_ty), mask=cmask)
@@ -529,6 +585,7 @@ def _verify_node_loop_kernel(
     PREFETCH: tl.constexpr = 0,
     BLOCKS_FIRST: tl.constexpr = False,
     OFFSETS32: tl.constexpr = False,  # per-element offsets in int32 (the launcher checked every span); bases int64
+    LANE_GROUP: tl.constexpr = 0,  # > 0: committed inputs and weights loaded as runs (_committed_and_weights)
 ):
     """Dense windows for K <= 5: the K-1 committed inputs and the conv's weights stay in registers,
     a chain's previous inputs roll along in registers (each node loads only its own input), and a
@@ -560,11 +617,12 @@ def _verify_node_loop_kernel(
     # Index values are never trusted: a slot out of range skips the request.
     if (dst >= 0) & (dst < num_buffer_slots) & (src >= 0) & (src < num_state_slots):
         windows = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan * windows_stride_dim
-        state = state_ptr + state_layer_offset + src * state_stride_slot + chan * state_stride_dim
+        state = state_ptr + state_layer_offset + src * state_stride_slot
         parents_row = parents_ptr + row * parents_stride_row
         h1, h2, h3, h4, bias, w_x, w_1, w_2, w_3, w_4 = _committed_and_weights(
-            windows, state, weight_ptr, bias_ptr, chan, cmask, n0, windows_stride_node, state_stride_win,
-            weight_stride_dim, weight_stride_tap, bias_stride, WIDTH, BLOCK, HAS_CONV, HAS_BIAS, ROWS)
+            windows, state, weight_ptr, bias_ptr, chan, cmask, n0, n0 + block * BLOCK, dim, windows_stride_node,
+            state_stride_dim, state_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, WIDTH, BLOCK,
+            HAS_CONV, HAS_BIAS, ROWS, LANE_GROUP)
         p1, p2, p3, p4 = h1, h2, h3, h4  # the node's previous inputs, p1 the newest
         for node32 in range(num_nodes):
             node = n0 + node32
@@ -696,6 +754,7 @@ def _verify_small_tree_kernel(
     RUN_GROUP: tl.constexpr = 1,  # _store_runs: channels per group, elements per vector, vectors per group
     RUN_VEC: tl.constexpr = 1,
     RUN_VECTORS: tl.constexpr = 1,
+    LANE_GROUP: tl.constexpr = 0,  # > 0: committed inputs and weights loaded as runs (_committed_and_weights)
 ):
     """A tree of up to 8 nodes (or a chain), dense windows or rows, K <= 5, the node loop unrolled:
     every node's input and parent link is loaded up front (they need no slot), and the walk up
@@ -737,11 +796,12 @@ def _verify_small_tree_kernel(
         go = valid
     if go:
         windows = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan * windows_stride_dim
-        state = state_ptr + state_layer_offset + src * state_stride_slot + chan * state_stride_dim
+        state = state_ptr + state_layer_offset + src * state_stride_slot
         STORE: tl.constexpr = RUN == 0
         h1, h2, h3, h4, bias, w_x, w_1, w_2, w_3, w_4 = _committed_and_weights(
-            windows, state, weight_ptr, bias_ptr, chan, cmask, n0, windows_stride_node, state_stride_win,
-            weight_stride_dim, weight_stride_tap, bias_stride, WIDTH, BLOCK, HAS_CONV, HAS_BIAS, ROWS and STORE)
+            windows, state, weight_ptr, bias_ptr, chan, cmask, n0, n0 + block * BLOCK, dim, windows_stride_node,
+            state_stride_dim, state_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, WIDTH, BLOCK,
+            HAS_CONV, HAS_BIAS, ROWS and STORE, LANE_GROUP)
         if RUN > 0 and not ROWS:  # node 0's window at this block's first channel
             chan0 = (block * BLOCK).to(tl.int64)
             run_base = windows_ptr + windows_layer_offset + dst * windows_stride_slot + chan0 * RUN
@@ -1048,6 +1108,33 @@ def _run_layout(run: int, block: int, num_warps: int, element_size: int, dim: in
     return group, vec, next_power_of_2(used // vec)
 
 
+def _lane_runs(small_tree: bool, tree: bool, runs_or_windows: bool) -> bool:
+    """Whether the node loops load the committed inputs and weights as runs where they can
+    (_lane_group), measured on the H200 (docs/benchmarks.md, "Verify kernel"): yes (token_major
+    chains 20.5 vs 22.5 us at 256 requests, 5.0 vs 6.6 at 64; trees 36.1 vs 38.6), but not the
+    small-tree kernel's trees of channel_major rows or dense windows (``runs_or_windows``), whose
+    registers it raises (80 to 106 on channel_major trees: 44.4 vs 41.2 us at 256 requests; dense
+    tree captures 58.0 vs 56.3)."""
+    return not (small_tree and tree and runs_or_windows)
+
+
+def _lane_group(state: torch.Tensor, weight: torch.Tensor | None, block: int, num_warps: int) -> int:
+    """The adjacent channels a lane of the node loops holds (Triton lays a block of ``block``
+    channels out so over ``num_warps`` warps), where their committed inputs and weights can come in
+    as runs (_lane_columns): at least two channels a lane (one went through shared memory, offline
+    sm_90 SASS), state [L, M, dim, K-1] and weight [dim, K] contiguous per channel, dim a multiple
+    of the group; else 0 (a strided load per column)."""
+    width, dim = state.shape[3], state.shape[2]
+    group = block // (32 * num_warps)
+    if group < 2 or block % (32 * num_warps) or dim % group:
+        return 0
+    if state.stride(3) != 1 or state.stride(2) != width:
+        return 0
+    if weight is not None and (weight.stride(1) != 1 or weight.stride(0) != width + 1):
+        return 0
+    return group
+
+
 def _blocks_first(dense: bool, contiguous: bool) -> bool:
     """Whether the grid dispatches a request's channel blocks first (else the requests of one
     channel block first): for dense windows and channel_major rows, up to 5% faster at 64 and 256
@@ -1104,7 +1191,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     nothing to do; raises for what the kernels cannot address. Depends only on _verify_call's key
     (``tuning``: its keywords, a dict)."""
     (block, num_warps, node_loop, preload, prefetch, early, one_store, blocks_first, gather_links, pairs,
-     small_tree, slots_as_masks, offsets32, runs) = (tuning.get(name) for name in TUNING)
+     small_tree, slots_as_masks, offsets32, runs, lane_runs) = (tuning.get(name) for name in TUNING)
     num_rows, num_nodes, dim = x.shape
     if num_rows == 0 or dim == 0 or dest.shape[1] == 0 or state.shape[1] == 0:
         return None
@@ -1185,6 +1272,9 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         offsets32 = _offsets32(kernel is _verify_small_tree_kernel, prefetch) if offsets32 is None else offsets32
         flags.update(ROWS=not dense, OFFSETS32=offsets32 and _span_too_large(dest, state, x, out, weight, bias,
                                                                                parents) is None)
+        if lane_runs is None:
+            lane_runs = _lane_runs(kernel is _verify_small_tree_kernel, has_parents, dense or not contiguous)
+        flags.update(LANE_GROUP=_lane_group(state, weight if has_conv else None, block, num_warps) if lane_runs else 0)
     if kernel is _verify_node_loop_kernel:
         return kernel, grid, scalars, flags
     if kernel is _verify_small_tree_kernel:

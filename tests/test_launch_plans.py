@@ -164,6 +164,17 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
     ("dense", 32, True, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False, OFFSETS32=True)),
 ]
 
+# the channels a lane of the node loops holds whose committed inputs and weights come in as runs (0: by
+# column), where VERIFY_PLANS picks the node loop or the small-tree kernel
+LANE_GROUPS = {
+    ("token_major", 4, False, 64): 4, ("token_major", 4, False, 256): 4, ("channel_major", 4, False, 64): 4,
+    ("channel_major", 4, False, 256): 4, ("token_major", 8, True, 64): 4, ("token_major", 8, True, 256): 4,
+    ("token_major", 32, True, 128): 4, ("channel_major", 8, True, 64): 0, ("channel_major", 8, True, 256): 0,
+    ("dense", 4, False, 1): 0, ("dense", 4, False, 8): 0, ("dense", 4, False, 32): 0, ("dense", 4, False, 64): 2,
+    ("dense", 4, False, 256): 4, ("dense", 8, True, 1): 0, ("dense", 8, True, 8): 0, ("dense", 8, True, 64): 0,
+    ("dense", 8, True, 256): 0, ("dense", 32, True, 64): 2,
+}
+
 
 def verify_plan(kernels, layout, rows, nodes, *, tree=False, conv=True, dtype=torch.bfloat16, dim=8192,
                 buffer_nodes=None, layers=36, tuning=None):
@@ -208,6 +219,47 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     assert plan["BLOCKS_FIRST"] == blocks_first
     assert grid == ((8192 // channels, rows) if blocks_first else (rows, 8192 // channels))
     assert {name: plan[name] for name in flags} == flags
+    # committed inputs and weights as runs at two or more channels a lane, but not on the small-tree
+    # kernel's channel_major or dense trees
+    assert plan.get("LANE_GROUP") == LANE_GROUPS.get((layout, nodes, tree, rows))
+
+
+@pytest.mark.parametrize("case, group", [
+    ("contiguous", 4),
+    ("capture alone", 4),
+    ("float32", 4),
+    ("state strided by channel", 0),
+    ("weight strided by channel", 0),
+    ("dim no multiple of 4", 0),
+    ("one channel a lane", 0),
+    ("asked not to", 0),
+])
+def test_verify_plan_lane_runs_where_contiguous(kernels, case, group):
+    """The node loops load the committed inputs and weights as runs (LANE_GROUP: the channels a lane
+    holds) only where each channel's K-1 committed inputs and K weights are contiguous, back to
+    back, dim is a multiple of the group and a lane holds two channels or more; a capture has no
+    weights to check. token_major chains at 256 requests (the node loop, 128 channels, one warp)."""
+    dtype = torch.float32 if case == "float32" else torch.bfloat16
+    meta = dict(device="meta", dtype=dtype)
+    dim = 8190 if case == "dim no multiple of 4" else 8192
+    rows, nodes = 256, 4
+    dest = torch.empty(sgl_convwin.physical_shape("token_major", 2, rows, dim, nodes, 4), **meta)
+    state = torch.empty(2, rows, dim, 3, **meta)
+    if case == "state strided by channel":
+        state = torch.empty(2, rows, 3, dim, **meta).transpose(-1, -2)
+    weight = torch.empty(dim, 4, **meta)
+    if case == "weight strided by channel":
+        weight = torch.empty(4, dim, **meta).t()
+    x = torch.empty(rows, nodes, dim, **meta)
+    conv = case != "capture alone"
+    index = torch.zeros(rows, dtype=torch.int32, device="meta")
+    tuning = dict(block=64, num_warps=2) if case == "one channel a lane" else {}
+    if case == "asked not to":
+        tuning = dict(lane_runs=False)
+    kernel, _, _, plan = kernels.verify._plan(x if conv else None, dest, state, x, weight if conv else None, None,
+                                              index, index, None, False, conv, tuning)
+    assert kernel is kernels.verify._verify_node_loop_kernel
+    assert plan["LANE_GROUP"] == group
 
 
 @pytest.mark.parametrize("draft, nodes, dtype, dim, run_store", [  # (RUN, RUN_GROUP, RUN_VEC, RUN_VECTORS)

@@ -594,6 +594,47 @@ def test_launcher_defaults_at_64_requests(impl, tree):
         assert int(written.sum()) == 4 * N, layout  # (request, node) pairs: only the 4 served requests
 
 
+# node-loop kernels whose committed inputs and weights come in as runs: (tuning, channels a lane holds)
+LANE_RUNS = {
+    "node-loop-4-a-lane": (dict(node_loop=True, block=128, num_warps=1), 4),
+    "node-loop-2-a-lane": (dict(node_loop=True, block=64, num_warps=1), 2),
+    "node-loop-4-a-lane-2-warps": (dict(node_loop=True, block=256, num_warps=2), 4),
+    "small-tree-4-a-lane": (dict(small_tree=True, block=128, num_warps=1, lane_runs=True), 4),
+}
+
+
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("config", list(LANE_RUNS))
+@pytest.mark.parametrize("kernel_size", (3, 4, 5))
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_committed_inputs_and_weights_as_runs(impl, config, kernel_size, dtype):
+    """The node loops with their committed inputs and weights loaded as runs (each lane's channels'
+    K-1 inputs and K taps at once, split in registers), at 2 and 4 channels a lane, K = 3 .. 5 (runs
+    of 4 to 20 elements, padded to whole vectors), state, buffer, inputs and weights in float32 and bfloat16,
+    200 channels (the last block partly masked), a chain and a tree on every layout: buffer and
+    outputs against the oracles, and the plan does take the runs."""
+    tuning, group = LANE_RUNS[config]
+    generator = torch.Generator().manual_seed(kernel_size)
+    L, M, dim, N, K, B = 2, 4, 200, 4, kernel_size, 3
+
+    def plan_check(kernel, plan):
+        assert plan["LANE_GROUP"] == group
+
+    for layout in sgl_convwin.LAYOUTS:
+        for parents in (None, torch.tensor([[-1, 0, 0, 1], [-1, -1, 1, 2], [-1, 0, 1, 2]])):
+            buffer = torch.randn(sgl_convwin.physical_shape(layout, L, M, dim, N, K), generator=generator)
+            args = dict(buffer=buffer.to(dtype).to(impl.device),
+                        conv_state=torch.randn(L, 3, dim, K - 1, generator=generator).to(dtype).to(impl.device),
+                        x=torch.randn(B, N, dim, generator=generator).to(dtype).to(impl.device),
+                        buffer_slots=torch.tensor([2, -1, 0], device=impl.device),
+                        state_slots=torch.tensor([1, 0, 2], device=impl.device), layer=1,
+                        parents=None if parents is None else parents.to(impl.device))
+            weight = random_weight(dim, K, dtype, "cpu", generator)
+            written = launch_and_check(args, weight, torch.randn(dim, generator=generator), layout, tuning,
+                                       plan_check)
+            assert int(written.sum()) == 2 * N, (layout, parents)  # (request, node) pairs of the requests with a slot
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
 @pytest.mark.parametrize("tree", (False, True))

@@ -18,6 +18,8 @@ channels per program and warps. The launcher's kernel choice and block rules com
         [--runs]        (only the small-tree kernel, chains too, its channel_major rows or dense windows stored
                         as runs or not, against the default and the rows tile)
         [--capture]     (the capture alone, no conv: launch_capture)
+        [--lane-runs]   (only the default kernels, the node loops' committed inputs and weights loaded as
+                        runs and column by column)
 """
 
 import argparse
@@ -88,6 +90,9 @@ def sweep_configs(args):
     if args.offsets32:
         widths = [{}, dict(offsets32=True), dict(offsets32=False)]
         return {"rows": widths, "dense": widths}
+    if args.lane_runs:
+        loads = [{}, dict(lane_runs=True), dict(lane_runs=False)]
+        return {"rows": loads, "dense": loads}
     if args.links_pairs:
         configs["rows"] = [{}] + [tile(block, 1, preload=True, early=True, gather_links=links, pairs=pairs)
                                   for block in (32, 64, 128) for links in (False, True) for pairs in (False, True)]
@@ -104,6 +109,8 @@ def config_name(tuning):
         return "default without the small-tree kernel"
     if set(tuning) == {"offsets32"}:
         return f"default, int{32 if tuning['offsets32'] else 64} offsets"
+    if set(tuning) == {"lane_runs"}:
+        return f"default, committed inputs and weights {'as runs' if tuning['lane_runs'] else 'by column'}"
     if "block" not in tuning:
         order = tuning.get("blocks_first")
         return "default" if order is None else f"default, {'blocks' if order else 'requests'} first"
@@ -151,6 +158,8 @@ def main():
                              "warps, its channel_major rows or dense windows stored as runs or not, against the "
                              "default (and, on rows, the tile)")
     parser.add_argument("--capture", action="store_true", help="time the capture alone (no conv, launch_capture)")
+    parser.add_argument("--lane-runs", action="store_true",
+                        help="time the default kernels with their committed inputs and weights as runs and by column")
     args = parser.parse_args()
     if not common.needs_cuda("this sweep"):
         return 1
