@@ -816,23 +816,34 @@ def _verify_small_tree_kernel(
             p2 = zero
             p3 = zero
             p4 = zero
-            for up in tl.static_range(1, KERNEL_SIZE):
-                is_node = pos >= 0
-                parent = pos * 0 - 1
-                for i in tl.static_range(n + 1):  # pos <= n
-                    parent = tl.where(pos == i, links[i], parent)
-                parent_ok = (parent >= -1) & (parent < pos)
-                ok &= parent_ok | (pos < 0)
-                pos = tl.where(is_node, tl.where(parent_ok, parent, -1), pos - 1)
-                value = _input_at(pos.to(n0.dtype), xs, x_stride_node, h1, h2, h3, h4, live, up)  # pos >= -up
-                if up == 1:
-                    p1 = value
-                if up == 2:
-                    p2 = value
-                if up == 3:
-                    p3 = value
-                if up == 4:
-                    p4 = value
+            if not HAS_PARENTS:  # a chain: nodes n-1 .. 0, then the committed inputs, all in registers already
+                newest = (h1, h2, h3, h4)
+                above = ()
+                for up in tl.static_range(1, KERNEL_SIZE):
+                    if n - up >= 0:
+                        above = above + (inputs[n - up].to(tl.float32),)
+                    else:
+                        above = above + (newest[up - n - 1],)
+                above = above + (zero, zero, zero)
+                p1, p2, p3, p4 = above[0], above[1], above[2], above[3]
+            else:
+                for up in tl.static_range(1, KERNEL_SIZE):
+                    is_node = pos >= 0
+                    parent = pos * 0 - 1
+                    for i in tl.static_range(n + 1):  # pos <= n
+                        parent = tl.where(pos == i, links[i], parent)
+                    parent_ok = (parent >= -1) & (parent < pos)
+                    ok &= parent_ok | (pos < 0)
+                    pos = tl.where(is_node, tl.where(parent_ok, parent, -1), pos - 1)
+                    value = _input_at(pos.to(n0.dtype), xs, x_stride_node, h1, h2, h3, h4, live, up)  # pos >= -up
+                    if up == 1:
+                        p1 = value
+                    if up == 2:
+                        p2 = value
+                    if up == 3:
+                        p3 = value
+                    if up == 4:
+                        p4 = value
             write = tl.where(ok, live, False)  # a bad link among the K-1 above skips the node
             _store_node(windows, out_ptr, row, chan, n0 + n, raw, p1, p2, p3, p4, bias, w_x, w_1, w_2, w_3, w_4,
                         live, write, n0, windows_stride_node, windows_stride_win, out_stride_row,
