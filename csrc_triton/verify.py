@@ -29,18 +29,20 @@ per-element offsets are int32 (the launcher checks one slot's span).
 
 _verify_node_loop_kernel loops over the nodes instead, one [channels] vector at a time, with the
 committed inputs, the weights and (chains) the previous inputs in registers, for K <= 5, writing
-dense windows or rows, each node's own input loaded two to four nodes ahead of its use.
+dense windows or rows, each node's own input loaded two to four nodes ahead of its use; where a
+lane holds adjacent channels whose committed inputs and weights are contiguous, those come in as
+runs of vectors split in registers (_lane_columns, LANE_GROUP).
 _verify_small_tree_kernel unrolls that loop for trees of up to 8 nodes: every node's input and link
 are loaded up front (they need no slot), and the walks up run on the links in registers, so no input
-load waits on a link; on channel_major rows (chains too) it stores each program's rows as one run,
+load waits on a link (a chain's inputs above a node are those registers); on channel_major rows (chains too) it stores each program's rows as one run,
 neighbouring lanes writing neighbouring 16 bytes (_store_runs), and so, under a conv from 64 requests,
 dense windows.
 _verify_dense_any_width_kernel, for wider dense windows, reloads each input per tap. The node loops
 address elements by int32 offsets from int64 bases where the launcher found every span below 2**31
 and _offsets32 chose them, else by int64 offsets. Which kernel serves a launch, and with how many
 channels per program, was measured on the H200 (_node_loop, _node_loop_config, _node_loop_prefetch,
-_offsets32, _runs, _small_tree, _small_tree_masks, _run_length, _run_layout, _rows_block, _one_store;
-docs/benchmarks.md, "Verify kernel").
+_offsets32, _runs, _small_tree, _small_tree_masks, _run_length, _run_layout, _rows_block, _one_store,
+_lane_runs, _lane_group; docs/benchmarks.md, "Verify kernel").
 """
 
 from __future__ import annotations
