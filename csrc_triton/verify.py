@@ -34,9 +34,9 @@ lane holds adjacent channels whose committed inputs and weights are contiguous, 
 runs of vectors split in registers (_lane_columns, LANE_GROUP).
 _verify_small_tree_kernel unrolls that loop for trees of up to 8 nodes: every node's input and link
 are loaded up front (they need no slot), and the walks up run on the links in registers, so no input
-load waits on a link (a chain's inputs above a node are those registers); on channel_major rows (chains too) it stores each program's rows as one run,
-neighbouring lanes writing neighbouring 16 bytes (_store_runs), and so, under a conv from 64 requests,
-dense windows.
+load waits on a link (a chain's inputs above a node are those registers); on channel_major rows
+(chains too) it stores each program's rows as one run, neighbouring lanes writing neighbouring 16
+bytes (_store_runs), and so, under a conv from 64 requests, dense windows.
 _verify_dense_any_width_kernel, for wider dense windows, reloads each input per tap. The node loops
 address elements by int32 offsets from int64 bases where the launcher found every span below 2**31
 and _offsets32 chose them, else by int64 offsets. Which kernel serves a launch, and with how many
