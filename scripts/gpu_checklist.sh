@@ -30,6 +30,8 @@
 #             opcheck, compile and cache tests of the replay commits (cold compiles: about 190 s + 120 s)
 #   chains    token_major chains' node loop at 1-4 warps, 2 and 4 nodes ahead, B = 64 / 128 / 256
 #             (benchmarks/explore/verify_sweep.py --prefetch)
+#   lanes     the verify node loops' committed inputs and weights as runs and by column, every layout, chains and
+#             trees of 8, B = 8 / 64 / 256 (benchmarks/explore/verify_sweep.py --lane-runs)
 #   runs      the verify run store (channel_major rows, dense windows under a conv): its GPU tests, then
 #             memcheck and racecheck over them, then the dense windows' sweep with and without runs
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
@@ -139,6 +141,9 @@ for phase in "$@"; do
                 tests/test_compile.py tests/test_cache.py -k "commit or replay or gates or mamba2 or gdn" \
                 > "$out/gpu_tests_smem_users.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_smem_users.log" ;;
+    lanes)    timeout 170 python3 benchmarks/explore/verify_sweep.py --lane-runs --nodes 4 8 --batches 8 64 256 \
+                > "$out/verify_sweep_lane_runs.log" 2>&1
+              rc=$?; grep "^|" "$out/verify_sweep_lane_runs.log" ;;
     runs)     rc=0
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_verify.py \
                 -k "cuda and (runs or small-tree)" > "$out/gpu_tests_runs.log" 2>&1 || rc=1
