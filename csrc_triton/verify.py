@@ -175,15 +175,20 @@ def _columns(base, chan, cmask, stride_row, stride_col, NUM: tl.constexpr):
 
 
 @triton.jit
-def _newest_first(oldest_first, NUM: tl.constexpr):
-    """(h1, h2, h3, h4), h1 the newest, from the committed inputs' four columns oldest first
-    (_columns with NUM of them: the columns past NUM are zeros, and so are the h past NUM)."""
+def _newest_first(oldest_first, NUM: tl.constexpr, pad=None):
+    """Four values, newest first: columns NUM-1, NUM-2, .. 0 of ``oldest_first`` (e.g. h1 .. h4
+    from the committed inputs' columns), then the columns past NUM (_columns gives four, zeros past
+    NUM); with ``pad``, the columns in pad's dtype, then pad."""
     newest_first = ()
     for k in tl.static_range(1, 5):
-        if k <= NUM:
+        if k <= NUM and pad is None:
             newest_first = newest_first + (oldest_first[NUM - k],)
-        else:
+        elif k <= NUM:
+            newest_first = newest_first + (oldest_first[NUM - k].to(pad.dtype),)
+        elif pad is None:
             newest_first = newest_first + (oldest_first[k - 1],)
+        else:
+            newest_first = newest_first + (pad,)
     return newest_first
 
 
@@ -426,18 +431,6 @@ def _lane_columns(base, chan0, dim, COUNT: tl.constexpr, BLOCK: tl.constexpr, GR
 
 
 @triton.jit
-def _newest_of(oldest_first, NUM: tl.constexpr, zero):
-    """Columns NUM-1, NUM-2, .. 0 of ``oldest_first`` in float32, then ``zero``: four in all."""
-    newest_first = ()
-    for k in tl.static_range(1, 5):
-        if k <= NUM:
-            newest_first = newest_first + (oldest_first[NUM - k].to(tl.float32),)
-        else:
-            newest_first = newest_first + (zero,)
-    return newest_first
-
-
-@triton.jit
 def _committed_and_weights(windows, state_base, weight_ptr, bias_ptr, chan, cmask, n0, chan0, dim,
                            windows_stride_node, state_stride_dim, state_stride_win, weight_stride_dim,
                            weight_stride_tap, bias_stride, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
@@ -454,7 +447,7 @@ def _committed_and_weights(windows, state_base, weight_ptr, bias_ptr, chan, cmas
     h3 = zero
     h4 = zero
     if LANE_GROUP > 0:
-        h1, h2, h3, h4 = _newest_of(_lane_columns(state_base, chan0, dim, WIDTH, BLOCK, LANE_GROUP), WIDTH, zero)
+        h1, h2, h3, h4 = _newest_first(_lane_columns(state_base, chan0, dim, WIDTH, BLOCK, LANE_GROUP), WIDTH, zero)
     else:
         state = state_base + chan * state_stride_dim
         h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)
@@ -476,7 +469,7 @@ def _committed_and_weights(windows, state_base, weight_ptr, bias_ptr, chan, cmas
         if LANE_GROUP > 0:
             taps = _lane_columns(weight_ptr, chan0, dim, WIDTH + 1, BLOCK, LANE_GROUP)  # oldest input's first
             w_x = taps[WIDTH].to(tl.float32)
-            w_1, w_2, w_3, w_4 = _newest_of(taps, WIDTH, zero)
+            w_1, w_2, w_3, w_4 = _newest_first(taps, WIDTH, zero)
         else:
             taps = weight_ptr + chan * weight_stride_dim
             w_x = tl.load(taps + (n0 + WIDTH) * weight_stride_tap, mask=cmask).to(tl.float32)
