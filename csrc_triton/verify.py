@@ -1098,14 +1098,19 @@ def _run_length(dest: torch.Tensor, num_nodes: int, kernel_size: int, dense: boo
     return run if dest.stride(2) == 1 and dest.stride(3) == run else None
 
 
+def _channels_per_lane(block: int, num_warps: int) -> int:
+    """The adjacent channels one lane holds of a [block] vector: Triton lays it out over the
+    num_warps warps' lanes in order, block / (32 * num_warps) channels a lane (at least one)."""
+    return max(block // (32 * num_warps), 1)
+
+
 def _run_layout(run: int, block: int, num_warps: int, element_size: int, dim: int) -> tuple[int, int, int] | None:
     """(RUN_GROUP, RUN_VEC, RUN_VECTORS) of _store_runs for runs of ``run`` elements: a group is the
-    channels one lane holds (Triton lays a one-warp block out so, block / 32 adjacent channels a
-    lane), whose runs go out in vectors of the largest power of two dividing them, up to 16 bytes;
-    None where dim is no multiple of the group, or at more than one warp (Triton 3.6 compiled the
-    joins of a two-warp program to shared-memory reads out of bounds: compute-sanitizer memcheck,
-    a tree's capture at 128 channels)."""
-    group = max(block // 32, 1)
+    channels one lane holds (_channels_per_lane), whose runs go out in vectors of the largest power
+    of two dividing them, up to 16 bytes; None where dim is no multiple of the group, or at more
+    than one warp (Triton 3.6 compiled the joins of a two-warp program to shared-memory reads out of
+    bounds: compute-sanitizer memcheck, a tree's capture at 128 channels)."""
+    group = _channels_per_lane(block, num_warps)
     if num_warps != 1 or dim % group:
         return None
     used = group * run
@@ -1124,13 +1129,12 @@ def _lane_runs(small_tree: bool, tree: bool, runs_or_windows: bool) -> bool:
 
 
 def _lane_group(state: torch.Tensor, weight: torch.Tensor | None, block: int, num_warps: int) -> int:
-    """The adjacent channels a lane of the node loops holds (Triton lays a block of ``block``
-    channels out so over ``num_warps`` warps), where their committed inputs and weights can come in
-    as runs (_lane_columns): at least two channels a lane (one went through shared memory, offline
-    sm_90 SASS), state [L, M, dim, K-1] and weight [dim, K] contiguous per channel, dim a multiple
-    of the group; else 0 (a strided load per column)."""
+    """The adjacent channels a lane of the node loops holds (_channels_per_lane), where their
+    committed inputs and weights can come in as runs (_lane_columns): at least two channels a lane
+    (one went through shared memory, offline sm_90 SASS), state [L, M, dim, K-1] and weight [dim, K]
+    contiguous per channel, dim a multiple of the group; else 0 (a strided load per column)."""
     width, dim = state.shape[3], state.shape[2]
-    group = block // (32 * num_warps)
+    group = _channels_per_lane(block, num_warps)
     if group < 2 or block % (32 * num_warps) or dim % group:
         return 0
     if state.stride(3) != 1 or state.stride(2) != width:
