@@ -50,6 +50,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+from triton.runtime.interpreter import InterpretedFunction
 
 from ._common import (
     INT32_MAX,
@@ -93,9 +95,23 @@ DENSE_ANY_WIDTH_WARPS = 2
 # only when node_loop is not given either), that kernel's bad slots skipped by masks instead of
 # a branch, the node loops' int32 per-element offsets (where every span fits), that kernel's
 # runs where they fit: channel_major rows and dense windows (by default: _runs), and the node
-# loops' committed inputs and weights loaded as runs where they are contiguous (_lane_group).
+# loops' committed inputs and weights loaded as runs where they are contiguous (_lane_group), and a
+# cap on the registers a thread may hold (Triton's maxnreg; None: the compiler's choice).
 TUNING = ("block", "num_warps", "node_loop", "preload", "prefetch", "early", "one_store", "blocks_first",
-          "gather_links", "pairs", "small_tree", "slots_as_masks", "offsets32", "runs", "lane_runs")
+          "gather_links", "pairs", "small_tree", "slots_as_masks", "offsets32", "runs", "lane_runs", "maxnreg")
+
+
+@triton.jit
+def _silu(acc, FAST_DIVIDE: tl.constexpr):
+    """acc * sigmoid(acc) = acc / (1 + 2 ** (-acc * log2(e))) in float32: one exp2 (no guards for
+    denormals) and one divide, with FAST_DIVIDE libdevice's approximate one (within 2 ulp; 0 where
+    acc < -87, whose true value is below 1e-36 in magnitude), which Triton's interpreter cannot
+    run (FAST_DIVIDE). tl.sigmoid guards its exp and its divide: a fifth of a tree's instructions."""
+    denominator = 1.0 + tl.math.exp2(acc * -1.4426950408889634)
+    if FAST_DIVIDE:
+        return libdevice.fast_dividef(acc, denominator)
+    else:
+        return acc / denominator
 
 
 @triton.jit
@@ -268,6 +284,7 @@ def _verify_rows_kernel(
     BLOCKS_FIRST: tl.constexpr = False,
     GATHER_LINKS: tl.constexpr = False,  # a tree's links as one [NODES] load, its walks in registers
     ROWS_ALIGN: tl.constexpr = 1,  # ONE_STORE: the rows' channel stride and stored row count are multiples of this
+    FAST_DIVIDE: tl.constexpr = False,  # SiLU's divide approximate (_silu)
 ):
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
     request, block = _program_coordinates(BLOCKS_FIRST)
@@ -373,7 +390,7 @@ def _verify_rows_kernel(
                 value = tl.where(is_token, from_x.to(tl.float32), from_state.to(tl.float32))
                 acc = tl.fma(tap.to(tl.float32)[None, :], value, acc)
             if SILU:
-                acc = acc * tl.sigmoid(acc)
+                acc = _silu(acc, FAST_DIVIDE)
             out = out_ptr + row * out_stride_row + (node * out_stride_node)[:, None] + (chan * out_stride_dim)[None, :]
             tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=write)
 
@@ -494,7 +511,7 @@ def _committed_and_weights(windows, state_base, weight_ptr, bias_ptr, chan, cmas
 def _store_node(windows, out_ptr, row, chan, node, raw, p1, p2, p3, p4, bias, w_x, w_1, w_2, w_3, w_4, live,
                 write, n0, windows_stride_node, windows_stride_win, out_stride_row, out_stride_node, out_stride_dim,
                 WIDTH: tl.constexpr, HAS_CONV: tl.constexpr, SILU: tl.constexpr, ROWS: tl.constexpr, token=None,
-                STORE: tl.constexpr = True):
+                STORE: tl.constexpr = True, FAST_DIVIDE: tl.constexpr = False):
     """What the node loops write for node ``node`` (in the offsets' dtype), its own input ``raw``
     (as stored; in float32 ``token``, converted here if None) and the inputs above it p1 (its
     parent's) .. p4 (float32): with ROWS its row K-2+n, wherever ``live``; else its window (not
@@ -527,7 +544,7 @@ def _store_node(windows, out_ptr, row, chan, node, raw, p1, p2, p3, p4, bias, w_
         if WIDTH >= 4:
             acc = tl.fma(w_4, p4, acc)
         if SILU:
-            acc = acc * tl.sigmoid(acc)
+            acc = _silu(acc, FAST_DIVIDE)
         out = out_ptr + row * out_stride_row + node * out_stride_node + chan * out_stride_dim
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=write)
 
@@ -580,6 +597,7 @@ def _verify_node_loop_kernel(
     BLOCKS_FIRST: tl.constexpr = False,
     OFFSETS32: tl.constexpr = False,  # per-element offsets in int32 (the launcher checked every span); bases int64
     LANE_GROUP: tl.constexpr = 0,  # > 0: committed inputs and weights loaded as runs (_committed_and_weights)
+    FAST_DIVIDE: tl.constexpr = False,  # SiLU's divide approximate (_silu)
 ):
     """Dense windows for K <= 5: the K-1 committed inputs and the conv's weights stay in registers,
     a chain's previous inputs roll along in registers (each node loads only its own input), and a
@@ -658,7 +676,7 @@ def _verify_node_loop_kernel(
                 write = tl.where(ok, cmask, False)  # a bad link among the K-1 above skips the node
             _store_node(windows, out_ptr, row, chan, node, raw, p1, p2, p3, p4, bias, w_x, w_1, w_2, w_3, w_4,
                         cmask, write, n0, windows_stride_node, windows_stride_win, out_stride_row, out_stride_node,
-                        out_stride_dim, WIDTH, HAS_CONV, SILU, ROWS, token)
+                        out_stride_dim, WIDTH, HAS_CONV, SILU, ROWS, token, FAST_DIVIDE=FAST_DIVIDE)
             if not HAS_PARENTS:
                 p4, p3, p2, p1 = p3, p2, p1, token
 
@@ -749,6 +767,7 @@ def _verify_small_tree_kernel(
     RUN_VEC: tl.constexpr = 1,
     RUN_VECTORS: tl.constexpr = 1,
     LANE_GROUP: tl.constexpr = 0,  # > 0: committed inputs and weights loaded as runs (_committed_and_weights)
+    FAST_DIVIDE: tl.constexpr = False,  # SiLU's divide approximate (_silu)
 ):
     """A tree of up to 8 nodes (or a chain), dense windows or rows, K <= 5, the node loop unrolled:
     every node's input and parent link is loaded up front (they need no slot), and the walk up
@@ -841,7 +860,8 @@ def _verify_small_tree_kernel(
             write = tl.where(ok, live, False)  # a bad link among the K-1 above skips the node
             _store_node(windows, out_ptr, row, chan, n0 + n, raw, p1, p2, p3, p4, bias, w_x, w_1, w_2, w_3, w_4,
                         live, write, n0, windows_stride_node, windows_stride_win, out_stride_row,
-                        out_stride_node, out_stride_dim, WIDTH, HAS_CONV, SILU, ROWS, STORE=STORE)
+                        out_stride_node, out_stride_dim, WIDTH, HAS_CONV, SILU, ROWS, STORE=STORE,
+                        FAST_DIVIDE=FAST_DIVIDE)
             if RUN > 0 and not ROWS:  # window n's K-1 columns, oldest first (its path's inputs, then its own)
                 newest_first = (raw, p1, p2, p3)
                 columns = ()
@@ -906,6 +926,7 @@ def _verify_dense_any_width_kernel(
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
     BLOCKS_FIRST: tl.constexpr = False,
+    FAST_DIVIDE: tl.constexpr = False,  # SiLU's divide approximate (_silu)
 ):
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
     request, block = _program_coordinates(BLOCKS_FIRST)
@@ -961,7 +982,7 @@ def _verify_dense_any_width_kernel(
                     acc = tl.fma(tap.to(tl.float32), value, acc)
             if HAS_CONV:
                 if SILU:
-                    acc = acc * tl.sigmoid(acc)
+                    acc = _silu(acc, FAST_DIVIDE)
                 out = out_ptr + row * out_stride_row + node * out_stride_node + chan * out_stride_dim
                 tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=write)
 
@@ -1200,7 +1221,7 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     nothing to do; raises for what the kernels cannot address. Depends only on _verify_call's key
     (``tuning``: its keywords, a dict)."""
     (block, num_warps, node_loop, preload, prefetch, early, one_store, blocks_first, gather_links, pairs,
-     small_tree, slots_as_masks, offsets32, runs, lane_runs) = (tuning.get(name) for name in TUNING)
+     small_tree, slots_as_masks, offsets32, runs, lane_runs, maxnreg) = (tuning.get(name) for name in TUNING)
     num_rows, num_nodes, dim = x.shape
     if num_rows == 0 or dim == 0 or dest.shape[1] == 0 or state.shape[1] == 0:
         return None
@@ -1270,8 +1291,11 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         HAS_BIAS=bias is not None,
         SILU=silu,
         BLOCKS_FIRST=blocks_first,
+        FAST_DIVIDE=FAST_DIVIDE,
         num_warps=num_warps,
     )
+    if maxnreg is not None:
+        flags.update(maxnreg=maxnreg)
     if kernel is _verify_node_loop_kernel:
         prefetch = _node_loop_prefetch(num_rows, has_parents) if prefetch is None else prefetch
         if not 0 <= prefetch <= 4:
@@ -1346,6 +1370,7 @@ def _check_rows_spans(rows, state, x, out, weight, bias, parents) -> None:
 
 
 _PLANS = LaunchPlans()
+FAST_DIVIDE = not isinstance(_verify_rows_kernel, InterpretedFunction)  # (the interpreter runs no libdevice call)
 
 
 def launch_capture(

@@ -20,6 +20,7 @@ channels per program and warps. The launcher's kernel choice and block rules com
         [--capture]     (the capture alone, no conv: launch_capture)
         [--lane-runs]   (only the default kernels, the node loops' committed inputs and weights loaded as
                         runs and column by column)
+        [--maxnreg 64 56]   (only the default kernels, and with each of these caps on a thread's registers)
 """
 
 import argparse
@@ -90,6 +91,9 @@ def sweep_configs(args):
     if args.offsets32:
         widths = [{}, dict(offsets32=True), dict(offsets32=False)]
         return {"rows": widths, "dense": widths}
+    if args.maxnreg:
+        caps = [{}] + [dict(maxnreg=cap) for cap in args.maxnreg]
+        return {"rows": caps, "dense": caps}
     if args.lane_runs:
         loads = [{}, dict(lane_runs=True), dict(lane_runs=False)]
         return {"rows": loads, "dense": loads}
@@ -97,6 +101,16 @@ def sweep_configs(args):
         configs["rows"] = [{}] + [tile(block, 1, preload=True, early=True, gather_links=links, pairs=pairs)
                                   for block in (32, 64, 128) for links in (False, True) for pairs in (False, True)]
     return configs
+
+
+def registers(kernels, out, dest, state, x, weight, bias, slots_b, slots_s, parents, dense, capture, tuning):
+    """'registers / spilled bytes' a thread of the launch holds, from the compiled kernel."""
+    verify = sys.modules[kernels.__name__ + ".verify"]
+    call = verify._verify_call(None if capture else out, dest, state, x, None if capture else weight,
+                               None if capture else bias, slots_b, slots_s, 0, parents, dense=dense,
+                               silu=not capture, **tuning)
+    compiled = call.kernel[call.grid](*call.tensors, *call.scalars, **call.constexprs)
+    return f"{compiled.n_regs} / {compiled.n_spills}"
 
 
 def config_name(tuning):
@@ -109,6 +123,8 @@ def config_name(tuning):
         return "default without the small-tree kernel"
     if set(tuning) == {"offsets32"}:
         return f"default, int{32 if tuning['offsets32'] else 64} offsets"
+    if set(tuning) == {"maxnreg"}:
+        return f"default, at most {tuning['maxnreg']} registers"
     if set(tuning) == {"lane_runs"}:
         return f"default, committed inputs and weights {'as runs' if tuning['lane_runs'] else 'by column'}"
     if "block" not in tuning:
@@ -160,6 +176,9 @@ def main():
     parser.add_argument("--capture", action="store_true", help="time the capture alone (no conv, launch_capture)")
     parser.add_argument("--lane-runs", action="store_true",
                         help="time the default kernels with their committed inputs and weights as runs and by column")
+    parser.add_argument("--maxnreg", nargs="+", type=int, default=None,
+                        help="time the default kernels as they are and with each of these caps on a thread's "
+                             "registers (Triton's maxnreg)")
     args = parser.parse_args()
     if not common.needs_cuda("this sweep"):
         return 1
@@ -169,8 +188,8 @@ def main():
     common.print_environment(ceiling)
     print(("capture alone" if args.capture else "fused verify (conv + capture)") + ", one layer, dim 8192, K=4, bf16")
     print("| draft | layout | B | block/warps | graph replay (us/launch) | of copy ceiling "
-          "| out and buffer equal to default |")
-    print("|---|---|---|---|---|---|---|")
+          "| out and buffer equal to default | registers / spilled |")
+    print("|---|---|---|---|---|---|---|---|")
     configs = sweep_configs(args)
     for num_nodes in args.nodes:
         tree = num_nodes != 4
@@ -207,7 +226,10 @@ def main():
                     name = config_name(tuning)
                     draft = f"tree N={num_nodes} topk 3" if tree else f"chain D={num_nodes}"
                     gbps = nbytes / (us * 1e-6) / 1e9
-                    print(f"| {draft} | {layout} | {B} | {name} | {us:.1f} | {gbps / ceiling:.1%} | {same} |", flush=True)
+                    regs = registers(kernels, out, dest, state, x, weight, bias, slots_b, slots_s, parents,
+                                     layout == "dense", args.capture, tuning)
+                    print(f"| {draft} | {layout} | {B} | {name} | {us:.1f} | {gbps / ceiling:.1%} | {same} | {regs} |",
+                          flush=True)
                 del buffer
     return 0
 
