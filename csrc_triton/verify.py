@@ -33,8 +33,9 @@ dense windows or rows, each node's own input loaded two to four nodes ahead of i
 lane holds adjacent channels whose committed inputs and weights are contiguous, those come in as
 runs of vectors split in registers (_lane_columns, LANE_GROUP).
 _verify_small_tree_kernel unrolls that loop for trees of up to 8 nodes: every node's input and link
-are loaded up front (they need no slot), and the walks up run on the links in registers, so no input
-load waits on a link (a chain's inputs above a node are those registers); on channel_major rows
+are loaded up front (they need no slot), and the walks up run on the links in registers (on
+token_major rows and dense windows packed into one int32, a step one shift: _packed_links), so no
+input load waits on a link (a chain's inputs above a node are those registers); on channel_major rows
 (chains too) it stores each program's rows as one run, neighbouring lanes writing neighbouring 16
 bytes (_store_runs), and so, under a conv from 64 requests, dense windows.
 _verify_dense_any_width_kernel, for wider dense windows, reloads each input per tap. The node loops
@@ -42,7 +43,7 @@ address elements by int32 offsets from int64 bases where the launcher found ever
 and _offsets32 chose them, else by int64 offsets. Which kernel serves a launch, and with how many
 channels per program, was measured on the H200 (_node_loop, _node_loop_config, _node_loop_prefetch,
 _offsets32, _runs, _small_tree, _small_tree_masks, _run_length, _run_layout, _rows_block, _one_store,
-_lane_runs, _lane_group; docs/benchmarks.md, "Verify kernel").
+_lane_runs, _packed_links, _lane_group; docs/benchmarks.md, "Verify kernel").
 """
 
 from __future__ import annotations
@@ -95,10 +96,12 @@ DENSE_ANY_WIDTH_WARPS = 2
 # only when node_loop is not given either), that kernel's bad slots skipped by masks instead of
 # a branch, the node loops' int32 per-element offsets (where every span fits), that kernel's
 # runs where they fit: channel_major rows and dense windows (by default: _runs), and the node
-# loops' committed inputs and weights loaded as runs where they are contiguous (_lane_group), and a
-# cap on the registers a thread may hold (Triton's maxnreg; None: the compiler's choice).
+# loops' committed inputs and weights loaded as runs where they are contiguous (_lane_group), a
+# cap on the registers a thread may hold (Triton's maxnreg; None: the compiler's choice), and the
+# small-tree kernel's links packed into one integer (_packed_links).
 TUNING = ("block", "num_warps", "node_loop", "preload", "prefetch", "early", "one_store", "blocks_first",
-          "gather_links", "pairs", "small_tree", "slots_as_masks", "offsets32", "runs", "lane_runs", "maxnreg")
+          "gather_links", "pairs", "small_tree", "slots_as_masks", "offsets32", "runs", "lane_runs", "maxnreg",
+          "packed_links")
 
 
 @triton.jit
@@ -714,6 +717,16 @@ def _store_runs(base, rows, chan0, dim, live, RUN: tl.constexpr, GROUP: tl.const
     tl.store(base + group * USED + position, runs, mask=mask)
 
 
+BAD_LINK: tl.constexpr = tl.constexpr(15)  # a packed link outside [-1, n-1] (_verify_small_tree_kernel)
+
+
+@triton.jit
+def _parent_in(packed, pos):
+    """Node pos's parent (pos >= 0; anything where pos < 0) from the small-tree kernel's links packed
+    into one int32 (4 bits a node: the parent + 1, or BAD_LINK, which gives BAD_LINK - 1)."""
+    return ((packed >> (4 * tl.maximum(pos, 0))) & 15) - 1
+
+
 @triton.jit
 def _verify_small_tree_kernel(
     windows_ptr,
@@ -768,11 +781,12 @@ def _verify_small_tree_kernel(
     RUN_VECTORS: tl.constexpr = 1,
     LANE_GROUP: tl.constexpr = 0,  # > 0: committed inputs and weights loaded as runs (_committed_and_weights)
     FAST_DIVIDE: tl.constexpr = False,  # SiLU's divide approximate (_silu)
+    PACKED_LINKS: tl.constexpr = False,  # trees: the links in one int32, a step up one shift (_parent_in)
 ):
     """A tree of up to 8 nodes (or a chain), dense windows or rows, K <= 5, the node loop unrolled:
     every node's input and parent link is loaded up front (they need no slot), and the walk up
-    from each node picks links from those registers (scalar selects), so the loads of the inputs
-    above the nodes wait on no link and can all be in flight at once. With RUN, channel_major
+    from each node picks links from those registers (scalar selects, or with PACKED_LINKS one
+    shift), so the loads of the inputs above the nodes wait on no link. With RUN, channel_major
     rows whose RUN rows are all a channel holds (channel stride RUN, row stride 1) go out at the
     end as one run per program, dense windows ([dim, K-1] contiguous) as one run per node
     (_store_runs)."""
@@ -788,13 +802,17 @@ def _verify_small_tree_kernel(
     parents_row = parents_ptr + row * parents_stride_row
     inputs = ()  # node n's input, as stored
     links = ()  # node n's parent link (int32; -1 past the nodes)
+    # PACKED_LINKS: node n's link in bits 4n .. 4n+3 of one int32, as its parent + 1 where that
+    # lies in [-1, n-1] (0 past the nodes), else BAD_LINK
+    packed = tl.cast(0, tl.int32)
     for n in tl.static_range(NODES):
         inputs = inputs + (tl.load(xs + (n0 + n) * x_stride_node, mask=tl.where(n < num_nodes, cmask, False)),)
         if HAS_PARENTS:
             link = tl.load(parents_row + (n0 + n) * parents_stride_node, mask=n < num_nodes, other=-1)
-            links = links + (_narrow_link(link).to(tl.int32),)
-        else:
-            links = links + (n - 1,)
+            if PACKED_LINKS:
+                packed = packed | (tl.where((link >= -1) & (link < n), link + 1, BAD_LINK).to(tl.int32) << (4 * n))
+            else:
+                links = links + (_narrow_link(link).to(tl.int32),)
 
     dst = tl.load(buffer_slots_ptr + row * buffer_slots_stride).to(tl.int64)
     src = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
@@ -842,10 +860,14 @@ def _verify_small_tree_kernel(
             else:
                 for up in tl.static_range(1, KERNEL_SIZE):
                     is_node = pos >= 0
-                    parent = pos * 0 - 1
-                    for i in tl.static_range(n + 1):  # pos <= n
-                        parent = tl.where(pos == i, links[i], parent)
-                    parent_ok = (parent >= -1) & (parent < pos)
+                    if PACKED_LINKS:  # one shift, the links checked as they were packed
+                        parent = _parent_in(packed, pos)
+                        parent_ok = parent != BAD_LINK - 1
+                    else:  # a scalar select per node it may be
+                        parent = pos * 0 - 1
+                        for i in tl.static_range(n + 1):  # pos <= n
+                            parent = tl.where(pos == i, links[i], parent)
+                        parent_ok = (parent >= -1) & (parent < pos)
                     ok &= parent_ok | (pos < 0)
                     pos = tl.where(is_node, tl.where(parent_ok, parent, -1), pos - 1)
                     value = _input_at(pos.to(n0.dtype), xs, x_stride_node, h1, h2, h3, h4, live, up)  # pos >= -up
@@ -1139,14 +1161,21 @@ def _run_layout(run: int, block: int, num_warps: int, element_size: int, dim: in
     return group, vec, next_power_of_2(used // vec)
 
 
-def _lane_runs(small_tree: bool, tree: bool, runs_or_windows: bool) -> bool:
+def _lane_runs(dense: bool, tree: bool, conv: bool) -> bool:
     """Whether the node loops load the committed inputs and weights as runs where they can
     (_lane_group), measured on the H200 (docs/benchmarks.md, "Verify kernel"): yes (token_major
-    chains 20.5 vs 22.5 us at 256 requests, 5.0 vs 6.6 at 64; trees 36.1 vs 38.6), but not the
-    small-tree kernel's trees of channel_major rows or dense windows (``runs_or_windows``), whose
-    registers it raises (80 to 106 on channel_major trees: 44.4 vs 41.2 us at 256 requests; dense
-    tree captures 58.0 vs 56.3)."""
-    return not (small_tree and tree and runs_or_windows)
+    chains 20.5 vs 22.5 us at 256 requests, 5.0 vs 6.6 at 64; channel_major trees 9.9 vs 10.9 at 64),
+    but not for a capture of dense trees (58.0 vs 56.3 us at 256)."""
+    return not (dense and tree and not conv)
+
+
+def _packed_links(dense: bool, contiguous: bool) -> bool:
+    """Whether the small-tree kernel walks a tree on its links packed into one int32 (one shift a
+    step, against a scalar select per node it may be), measured on the H200 (docs/benchmarks.md,
+    "Verify kernel"): on token_major rows and dense windows (trees at 64 / 128 / 256 requests:
+    token_major 8.6 / 18.5 / 34.2 vs 9.1 / 20.0 / 34.7 us, dense 14.0 / 29.1 / 55.1 vs 14.8 / 29.8 /
+    56.8), not on channel_major rows (37.6 vs 39.5 at 256, 21.1 vs 22.3 at 128, 9.9 both at 64)."""
+    return dense or contiguous
 
 
 def _lane_group(state: torch.Tensor, weight: torch.Tensor | None, block: int, num_warps: int) -> int:
@@ -1221,7 +1250,8 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
     nothing to do; raises for what the kernels cannot address. Depends only on _verify_call's key
     (``tuning``: its keywords, a dict)."""
     (block, num_warps, node_loop, preload, prefetch, early, one_store, blocks_first, gather_links, pairs,
-     small_tree, slots_as_masks, offsets32, runs, lane_runs, maxnreg) = (tuning.get(name) for name in TUNING)
+     small_tree, slots_as_masks, offsets32, runs, lane_runs, maxnreg, packed_links) = (
+        tuning.get(name) for name in TUNING)
     num_rows, num_nodes, dim = x.shape
     if num_rows == 0 or dim == 0 or dest.shape[1] == 0 or state.shape[1] == 0:
         return None
@@ -1305,18 +1335,18 @@ def _plan(out, dest, state, x, weight, bias, buffer_slots, state_slots, parents,
         offsets32 = _offsets32(kernel is _verify_small_tree_kernel, prefetch) if offsets32 is None else offsets32
         flags.update(ROWS=not dense, OFFSETS32=offsets32 and _span_too_large(dest, state, x, out, weight, bias,
                                                                                parents) is None)
-        if lane_runs is None:
-            lane_runs = _lane_runs(kernel is _verify_small_tree_kernel, has_parents, dense or not contiguous)
+        lane_runs = _lane_runs(dense, has_parents, has_conv) if lane_runs is None else lane_runs
         flags.update(LANE_GROUP=_lane_group(state, weight if has_conv else None, block, num_warps) if lane_runs else 0)
     if kernel is _verify_node_loop_kernel:
         return kernel, grid, scalars, flags
     if kernel is _verify_small_tree_kernel:
         slots_as_masks = _small_tree_masks(dense, has_parents) if slots_as_masks is None else slots_as_masks
+        packed_links = _packed_links(dense, contiguous) if packed_links is None else packed_links
         layout = None if run is None else _run_layout(run, block, num_warps, dest.element_size(), dim)
         run_group, run_vec, run_vectors = (1, 1, 1) if layout is None else layout
         return kernel, grid, scalars, dict(flags, NODES=nodes, SLOTS_AS_MASKS=slots_as_masks,
                                            RUN=0 if layout is None else run, RUN_GROUP=run_group, RUN_VEC=run_vec,
-                                           RUN_VECTORS=run_vectors)
+                                           RUN_VECTORS=run_vectors, PACKED_LINKS=packed_links and has_parents)
     if kernel is _verify_rows_kernel:
         _check_rows_spans(dest, state, x, out, weight, bias, parents)
         preload = kernel_size <= 5 if preload is None else preload and kernel_size <= 5

@@ -138,16 +138,18 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
     ("channel_major", 4, False, 256, "small_tree", 128, dict(ROWS=True, NODES=4, SLOTS_AS_MASKS=False, RUN=6,
                                                              RUN_GROUP=4, RUN_VEC=8, RUN_VECTORS=4)),
     ("token_major", 8, True, 8, "rows", 32, dict(ONE_STORE=False, GATHER_LINKS=True)),
-    ("token_major", 8, True, 64, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, OFFSETS32=True)),
-    ("token_major", 8, True, 256, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, OFFSETS32=True)),
+    ("token_major", 8, True, 64, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, OFFSETS32=True,
+                                                         PACKED_LINKS=True)),
+    ("token_major", 8, True, 256, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, OFFSETS32=True,
+                                                          PACKED_LINKS=True)),
     ("token_major", 32, True, 64, "rows", 32, dict(ONE_STORE=False)),
     ("token_major", 32, True, 128, "node_loop", 128, dict(PREFETCH=2, OFFSETS32=True)),
     ("channel_major", 8, True, 8, "rows", 32, dict(ONE_STORE=False, GATHER_LINKS=True)),
     ("channel_major", 8, True, 32, "rows", 32, dict(ONE_STORE=False, GATHER_LINKS=True)),
     ("channel_major", 8, True, 64, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, RUN=10,
-                                                           RUN_GROUP=4, RUN_VEC=8, RUN_VECTORS=8)),
+                                                           RUN_GROUP=4, RUN_VEC=8, RUN_VECTORS=8, PACKED_LINKS=False)),
     ("channel_major", 8, True, 256, "small_tree", 128, dict(ROWS=True, NODES=8, SLOTS_AS_MASKS=True, RUN=10,
-                                                            RUN_GROUP=4, RUN_VEC=8, RUN_VECTORS=8)),
+                                                            RUN_GROUP=4, RUN_VEC=8, RUN_VECTORS=8, PACKED_LINKS=False)),
     ("dense", 4, False, 1, "node_loop", 32, dict(PREFETCH=2, ROWS=False, OFFSETS32=True)),
     ("dense", 4, False, 8, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2, OFFSETS32=True)),
     ("dense", 4, False, 32, "node_loop", 64, dict(PREFETCH=2, ROWS=False, num_warps=2, OFFSETS32=True)),
@@ -155,12 +157,13 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
                                                    RUN_GROUP=2, RUN_VEC=2, RUN_VECTORS=4)),
     ("dense", 4, False, 256, "small_tree", 128, dict(ROWS=False, NODES=4, SLOTS_AS_MASKS=False, RUN=3, RUN_GROUP=4,
                                                      RUN_VEC=4, RUN_VECTORS=4)),
-    ("dense", 8, True, 1, "small_tree", 32, dict(ROWS=False, NODES=8, SLOTS_AS_MASKS=False, OFFSETS32=True, RUN=0)),
-    ("dense", 8, True, 8, "small_tree", 64, dict(ROWS=False, NODES=8, OFFSETS32=True, RUN=0)),
+    ("dense", 8, True, 1, "small_tree", 32, dict(ROWS=False, NODES=8, SLOTS_AS_MASKS=False, OFFSETS32=True, RUN=0,
+                                                 PACKED_LINKS=True)),
+    ("dense", 8, True, 8, "small_tree", 64, dict(ROWS=False, NODES=8, OFFSETS32=True, RUN=0, PACKED_LINKS=True)),
     ("dense", 8, True, 64, "small_tree", 128, dict(ROWS=False, NODES=8, SLOTS_AS_MASKS=False, OFFSETS32=True, RUN=3,
-                                                   RUN_GROUP=4, RUN_VEC=4, RUN_VECTORS=4)),
+                                                   RUN_GROUP=4, RUN_VEC=4, RUN_VECTORS=4, PACKED_LINKS=True)),
     ("dense", 8, True, 256, "small_tree", 128, dict(ROWS=False, NODES=8, RUN=3, RUN_GROUP=4, RUN_VEC=4,
-                                                    RUN_VECTORS=4)),
+                                                    RUN_VECTORS=4, PACKED_LINKS=True)),
     ("dense", 32, True, 64, "node_loop", 64, dict(PREFETCH=2, ROWS=False, OFFSETS32=True)),
 ]
 
@@ -169,10 +172,10 @@ VERIFY_PLANS = [  # layout, nodes, tree, rows (B); the kernel, channels per prog
 LANE_GROUPS = {
     ("token_major", 4, False, 64): 4, ("token_major", 4, False, 256): 4, ("channel_major", 4, False, 64): 4,
     ("channel_major", 4, False, 256): 4, ("token_major", 8, True, 64): 4, ("token_major", 8, True, 256): 4,
-    ("token_major", 32, True, 128): 4, ("channel_major", 8, True, 64): 0, ("channel_major", 8, True, 256): 0,
+    ("token_major", 32, True, 128): 4, ("channel_major", 8, True, 64): 4, ("channel_major", 8, True, 256): 4,
     ("dense", 4, False, 1): 0, ("dense", 4, False, 8): 0, ("dense", 4, False, 32): 0, ("dense", 4, False, 64): 2,
-    ("dense", 4, False, 256): 4, ("dense", 8, True, 1): 0, ("dense", 8, True, 8): 0, ("dense", 8, True, 64): 0,
-    ("dense", 8, True, 256): 0, ("dense", 32, True, 64): 2,
+    ("dense", 4, False, 256): 4, ("dense", 8, True, 1): 0, ("dense", 8, True, 8): 2, ("dense", 8, True, 64): 4,
+    ("dense", 8, True, 256): 4, ("dense", 32, True, 64): 2,
 }
 
 
@@ -203,7 +206,8 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     under a conv from 64 requests, chains too (a chain's bad slot skipped by a branch), stored as
     runs (dense windows: 128 channels, chains from 256 requests); the node loop serves dense
     windows, token_major chains from 32 requests and token_major trees of more than 8 nodes from
-    128 (one warp; dense chains from 8 requests 64 channels over 2 warps); else the rows tile, at
+    128 (one warp; dense chains from 8 requests 64 channels over 2 warps), the small-tree kernel's
+    tree links packed into one integer but on channel_major rows; else the rows tile, at
     128 channels for up to 8 nodes from 64 requests, storing its rows as one tile on channel_major
     rows at 128 channels (two rows per lane) and walking a tree's links in registers; the tile's slot-free loads go
     first and the loop's inputs two nodes ahead (chains from 128 requests: four, on int64 offsets;
@@ -219,8 +223,7 @@ def test_verify_plan(kernels, layout, nodes, tree, rows, kernel, channels, flags
     assert plan["BLOCKS_FIRST"] == blocks_first
     assert grid == ((8192 // channels, rows) if blocks_first else (rows, 8192 // channels))
     assert {name: plan[name] for name in flags} == flags
-    # committed inputs and weights as runs at two or more channels a lane, but not on the small-tree
-    # kernel's channel_major or dense trees
+    # committed inputs and weights as runs wherever a lane holds two or more channels
     assert plan.get("LANE_GROUP") == LANE_GROUPS.get((layout, nodes, tree, rows))
 
 

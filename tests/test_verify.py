@@ -258,6 +258,9 @@ KERNEL_TUNINGS = {
     "small-tree-no-runs": dict(small_tree=True, runs=False),
     "small-tree-runs-slots-by-branch": dict(small_tree=True, runs=True, slots_as_masks=False),
     "small-tree-runs-slots-as-masks": dict(small_tree=True, runs=True, slots_as_masks=True),
+    "small-tree-packed-links": dict(small_tree=True, packed_links=True),
+    "small-tree-links-by-select": dict(small_tree=True, packed_links=False),
+    "small-tree-by-column": dict(small_tree=True, lane_runs=False),
 }
 
 
@@ -271,8 +274,10 @@ def test_verify_fuzz_each_kernel(impl, tuning):
     of requests first or of channel blocks first, and the node loop at one channel per lane (dense
     chains' choice from 8 requests), the tile with a tree's links walked in registers and with its
     one store two rows per lane, and the unrolled small-tree kernel (trees of up to 8 nodes, K <= 5;
-    larger ones take the others), the node loops also with the per-element offsets their rule does
-    not pick (int64; int32 four nodes ahead), against the same oracles as test_verify_fuzz."""
+    larger ones take the others), its tree links packed into one integer and selected one by one,
+    its committed inputs and weights as runs and by column, the node loops also with the
+    per-element offsets their rule does not pick (int64; int32 four nodes ahead), against the same
+    oracles as test_verify_fuzz."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_causal_conv1d_verify
@@ -421,20 +426,23 @@ def test_chain_parents_equal_no_parents(impl, layout, kernel_size):
 def test_links_beyond_int32_are_bad_links(impl, layout):
     """An int64 parent link outside int32's range is a bad link (its node and the nodes within
     K-1 below it write no output), never the in-range link its low 32 bits spell: 2**32 is not 0,
-    -2**32 - 1 is not -1. Each kernel that serves trees of this size, through the launcher's
+    -2**32 - 1 is not -1; and so are a node's own index, a later node's (also one a packed link
+    could not hold) and -2. Each kernel that serves trees of this size, through the launcher's
     tuning keywords where there is a choice."""
     generator = torch.Generator().manual_seed(50)
-    L, M, N, K, dim = 1, 3, 6, 4, 24
-    parents = torch.tensor([[-1, 0, 2**32, 1, 3, 2], [-1, 0, 1, -(2**32) - 1, 3, 0]], dtype=torch.int64)
+    L, M, N, K, dim = 1, 5, 6, 4, 24
+    parents = torch.tensor([[-1, 0, 2**32, 1, 3, 2], [-1, 0, 1, -(2**32) - 1, 3, 0], [-1, 1, 0, 5, 2, 3],
+                            [-1, 0, -2, 1, 15, 2]], dtype=torch.int64)
     B = parents.shape[0]
-    conv_state = torch.randn(L, 2, dim, K - 1, generator=generator).to(impl.device)
+    conv_state = torch.randn(L, 4, dim, K - 1, generator=generator).to(impl.device)
     x = torch.randn(B, N, dim, generator=generator).to(impl.device)
     weight = random_weight(dim, K, torch.float32, impl.device, generator)
-    slots = (torch.tensor([2, 0], device=impl.device), torch.tensor([1, 0], device=impl.device))
+    slots = (torch.tensor([2, 0, 4, 1], device=impl.device), torch.tensor([1, 0, 3, 2], device=impl.device))
     expected, written = reference.causal_conv1d_verify_reference(
         torch.zeros(B, N, dim), conv_state.cpu(), x.cpu(), weight.cpu(), None, slots[0].cpu(), slots[1].cpu(), M, 0,
         parents, "silu")
-    assert not bool(written[0, 2].any()) and not bool(written[1, 3].any())  # the oracle calls them bad
+    bad = [(0, 2), (1, 3), (2, 1), (2, 3), (3, 2), (3, 4)]
+    assert not any(bool(written[row, node].any()) for row, node in bad)  # the oracle calls them bad
     runs = [lambda *args: impl.causal_conv1d_verify(*args, layout=layout, activation="silu")]
     if impl.name in ("triton_interpret", "cuda"):  # the Triton kernels, each one
         from sgl_convwin._kernels import triton_kernels
@@ -449,7 +457,8 @@ def test_links_beyond_int32_are_bad_links(impl, layout):
         runs += [kernel(node_loop=True), kernel(node_loop=False, preload=True),
                  kernel(node_loop=False, preload=False), kernel(node_loop=False, gather_links=True),
                  kernel(small_tree=True), kernel(node_loop=True, offsets32=False),
-                 kernel(small_tree=True, offsets32=False)]
+                 kernel(small_tree=True, offsets32=False), kernel(small_tree=True, packed_links=True),
+                 kernel(small_tree=True, packed_links=False)]
     for run in runs:
         buffer = torch.zeros(sgl_convwin.physical_shape(layout, L, M, dim, N, K), device=impl.device)
         out = torch.zeros(B, N, dim, device=impl.device)

@@ -21,6 +21,8 @@ channels per program and warps. The launcher's kernel choice and block rules com
         [--lane-runs]   (only the default kernels, the node loops' committed inputs and weights loaded as
                         runs and column by column)
         [--maxnreg 64 56]   (only the default kernels, and with each of these caps on a thread's registers)
+        [--variants lane_runs=True,maxnreg=96 ...]   (only the default kernels, and with each of these sets of
+                        tuning keywords)
 """
 
 import argparse
@@ -91,6 +93,9 @@ def sweep_configs(args):
     if args.offsets32:
         widths = [{}, dict(offsets32=True), dict(offsets32=False)]
         return {"rows": widths, "dense": widths}
+    if args.variants:
+        variants = [{}] + [parse_tuning(text) for text in args.variants]
+        return {"rows": variants, "dense": variants}
     if args.maxnreg:
         caps = [{}] + [dict(maxnreg=cap) for cap in args.maxnreg]
         return {"rows": caps, "dense": caps}
@@ -101,6 +106,17 @@ def sweep_configs(args):
         configs["rows"] = [{}] + [tile(block, 1, preload=True, early=True, gather_links=links, pairs=pairs)
                                   for block in (32, 64, 128) for links in (False, True) for pairs in (False, True)]
     return configs
+
+
+def parse_tuning(text):
+    """{"lane_runs": True, "maxnreg": 96} from "lane_runs=True,maxnreg=96"."""
+    tuning = {}
+    for item in text.split(","):
+        name, value = item.split("=")
+        tuning[name] = {"True": True, "False": False, "None": None}.get(value, value)
+        if isinstance(tuning[name], str):
+            tuning[name] = int(value)
+    return tuning
 
 
 def registers(kernels, out, dest, state, x, weight, bias, slots_b, slots_s, parents, dense, capture, tuning):
@@ -127,6 +143,8 @@ def config_name(tuning):
         return f"default, at most {tuning['maxnreg']} registers"
     if set(tuning) == {"lane_runs"}:
         return f"default, committed inputs and weights {'as runs' if tuning['lane_runs'] else 'by column'}"
+    if "block" not in tuning and set(tuning) - {"blocks_first"}:
+        return "default, " + ",".join(f"{name}={value}" for name, value in tuning.items())
     if "block" not in tuning:
         order = tuning.get("blocks_first")
         return "default" if order is None else f"default, {'blocks' if order else 'requests'} first"
@@ -179,6 +197,8 @@ def main():
     parser.add_argument("--maxnreg", nargs="+", type=int, default=None,
                         help="time the default kernels as they are and with each of these caps on a thread's "
                              "registers (Triton's maxnreg)")
+    parser.add_argument("--variants", nargs="+", default=None, metavar="NAME=VALUE,...",
+                        help="time the default kernels as they are and with each of these sets of tuning keywords")
     args = parser.parse_args()
     if not common.needs_cuda("this sweep"):
         return 1
