@@ -1164,8 +1164,8 @@ def _run_layout(run: int, block: int, num_warps: int, element_size: int, dim: in
 def _lane_runs(dense: bool, tree: bool, conv: bool) -> bool:
     """Whether the node loops load the committed inputs and weights as runs where they can
     (_lane_group), measured on the H200 (docs/benchmarks.md, "Verify kernel"): yes (token_major
-    chains 20.5 vs 22.5 us at 256 requests, 5.0 vs 6.6 at 64; channel_major trees 9.9 vs 10.9 at 64),
-    but not for a capture of dense trees (58.0 vs 56.3 us at 256)."""
+    chains 20.5 vs 22.5 us at 256 requests, 5.0 vs 6.6 at 64; channel_major trees 9.9 / 37.6 vs
+    11.2 / 38.8 at 64 / 256), but not for a capture of dense trees (58.0 vs 56.3 us at 256)."""
     return not (dense and tree and not conv)
 
 
