@@ -163,6 +163,16 @@ def _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS: tl.constexpr, l
 
 
 @triton.jit
+def _checked_step(pos, parent, parent_ok, ok):
+    """One step of a walk that checks its links, from ``pos`` whose parent link is ``parent``
+    (``parent_ok``: it lies in [-1, pos-1]; both unused where pos < 0): the next position -- the
+    parent, -1 after a bad link (so every later read stays in bounds), or for a committed input the
+    one before it -- and ``ok`` and-ed with this link's check."""
+    ok &= parent_ok | (pos < 0)
+    return tl.where(pos >= 0, tl.where(parent_ok, parent, -1), pos - 1), ok
+
+
+@triton.jit
 def _links_ok(node, parents_row, parents_stride_node, WIDTH: tl.constexpr, links=None,
               GATHER: tl.constexpr = False):
     """Whether ``node`` >= 0 and every parent link among the K-1 above it lies in [-1, m-1].
@@ -170,11 +180,8 @@ def _links_ok(node, parents_row, parents_stride_node, WIDTH: tl.constexpr, links
     ok = node >= 0
     pos = node
     for _ in tl.static_range(WIDTH):
-        is_node = pos >= 0
         parent = _parent_link(pos, parents_row, parents_stride_node, links, GATHER)
-        parent_ok = (parent >= -1) & (parent < pos)
-        ok &= parent_ok | (pos < 0)
-        pos = tl.where(is_node, tl.where(parent_ok, parent, -1), pos - 1)  # next read in bounds
+        pos, ok = _checked_step(pos, parent, (parent >= -1) & (parent < pos), ok)
     return ok
 
 
@@ -451,6 +458,19 @@ def _lane_columns(base, chan0, dim, COUNT: tl.constexpr, BLOCK: tl.constexpr, GR
 
 
 @triton.jit
+def _newest_columns(base, stride_col, n0, cmask, NUM: tl.constexpr, zero):
+    """Columns NUM-1, NUM-2, .. 0 (NUM <= 4) of the block at ``base`` (channels' pointers) in
+    float32, one load each, then ``zero`` past NUM: the committed inputs or taps, newest first."""
+    columns = ()
+    for k in tl.static_range(1, 5):
+        if k <= NUM:
+            columns = columns + (tl.load(base + (n0 + NUM - k) * stride_col, mask=cmask).to(tl.float32),)
+        else:
+            columns = columns + (zero,)
+    return columns[0], columns[1], columns[2], columns[3]
+
+
+@triton.jit
 def _committed_and_weights(windows, state_base, weight_ptr, bias_ptr, chan, cmask, n0, chan0, dim,
                            windows_stride_node, state_stride_dim, state_stride_win, weight_stride_dim,
                            weight_stride_tap, bias_stride, WIDTH: tl.constexpr, BLOCK: tl.constexpr,
@@ -463,20 +483,11 @@ def _committed_and_weights(windows, state_base, weight_ptr, bias_ptr, chan, cmas
     the committed inputs ([dim, K-1]) and the weights ([dim, K]) are contiguous and a lane holds
     LANE_GROUP adjacent channels: both come in as runs (_lane_columns); dim is a multiple of it."""
     zero = tl.zeros([BLOCK], dtype=tl.float32)
-    h2 = zero
-    h3 = zero
-    h4 = zero
     if LANE_GROUP > 0:
         h1, h2, h3, h4 = _newest_first(_lane_columns(state_base, chan0, dim, WIDTH, BLOCK, LANE_GROUP), WIDTH, zero)
     else:
-        state = state_base + chan * state_stride_dim
-        h1 = tl.load(state + (n0 + WIDTH - 1) * state_stride_win, mask=cmask).to(tl.float32)
-        if WIDTH >= 2:
-            h2 = tl.load(state + (n0 + WIDTH - 2) * state_stride_win, mask=cmask).to(tl.float32)
-        if WIDTH >= 3:
-            h3 = tl.load(state + (n0 + WIDTH - 3) * state_stride_win, mask=cmask).to(tl.float32)
-        if WIDTH >= 4:
-            h4 = tl.load(state + (n0 + WIDTH - 4) * state_stride_win, mask=cmask).to(tl.float32)
+        h1, h2, h3, h4 = _newest_columns(state_base + chan * state_stride_dim, state_stride_win, n0, cmask, WIDTH,
+                                         zero)
     bias = zero
     w_x = zero
     w_1 = zero
@@ -493,13 +504,7 @@ def _committed_and_weights(windows, state_base, weight_ptr, bias_ptr, chan, cmas
         else:
             taps = weight_ptr + chan * weight_stride_dim
             w_x = tl.load(taps + (n0 + WIDTH) * weight_stride_tap, mask=cmask).to(tl.float32)
-            w_1 = tl.load(taps + (n0 + WIDTH - 1) * weight_stride_tap, mask=cmask).to(tl.float32)
-            if WIDTH >= 2:
-                w_2 = tl.load(taps + (n0 + WIDTH - 2) * weight_stride_tap, mask=cmask).to(tl.float32)
-            if WIDTH >= 3:
-                w_3 = tl.load(taps + (n0 + WIDTH - 3) * weight_stride_tap, mask=cmask).to(tl.float32)
-            if WIDTH >= 4:
-                w_4 = tl.load(taps + (n0 + WIDTH - 4) * weight_stride_tap, mask=cmask).to(tl.float32)
+            w_1, w_2, w_3, w_4 = _newest_columns(taps, weight_stride_tap, n0, cmask, WIDTH, zero)
     if ROWS:  # rows 0 .. K-3: the K-2 newest committed inputs, oldest first
         if WIDTH >= 2:
             tl.store(windows + (n0 + WIDTH - 2) * windows_stride_node, h1.to(windows.dtype.element_ty), mask=cmask)
@@ -660,22 +665,14 @@ def _verify_node_loop_kernel(
             if HAS_PARENTS and (HAS_CONV or not ROWS):  # walk up once: the inputs above the node, and
                 pos = node                               # whether every link is in range (rows need neither)
                 ok = pos >= 0
+                above = ()
                 for up in tl.static_range(1, KERNEL_SIZE):
-                    is_node = pos >= 0
-                    parent = tl.load(parents_row + pos * parents_stride_node, mask=is_node, other=-1)
+                    parent = tl.load(parents_row + pos * parents_stride_node, mask=pos >= 0, other=-1)
                     parent = _narrow_link(parent).to(pos.dtype)  # (no bad int64 link narrows to a good one)
-                    parent_ok = (parent >= -1) & (parent < pos)
-                    ok &= parent_ok | (pos < 0)
-                    pos = tl.where(is_node, tl.where(parent_ok, parent, -1), pos - 1)  # next read in bounds
-                    value = _input_at(pos, xs, x_stride_node, h1, h2, h3, h4, cmask, up)  # pos >= -up
-                    if up == 1:
-                        p1 = value
-                    if up == 2:
-                        p2 = value
-                    if up == 3:
-                        p3 = value
-                    if up == 4:
-                        p4 = value
+                    pos, ok = _checked_step(pos, parent, (parent >= -1) & (parent < pos), ok)
+                    above = above + (_input_at(pos, xs, x_stride_node, h1, h2, h3, h4, cmask, up),)  # pos >= -up
+                above = above + (h4, h4, h4)  # (past K-1: read by no tap)
+                p1, p2, p3, p4 = above[0], above[1], above[2], above[3]
                 write = tl.where(ok, cmask, False)  # a bad link among the K-1 above skips the node
             _store_node(windows, out_ptr, row, chan, node, raw, p1, p2, p3, p4, bias, w_x, w_1, w_2, w_3, w_4,
                         cmask, write, n0, windows_stride_node, windows_stride_win, out_stride_row, out_stride_node,
@@ -843,10 +840,6 @@ def _verify_small_tree_kernel(
             # walk up once: the inputs above the node, and whether every link is in range
             pos = tl.cast(n, tl.int32)
             ok = n < num_nodes
-            p1 = zero
-            p2 = zero
-            p3 = zero
-            p4 = zero
             if not HAS_PARENTS:  # a chain: nodes n-1 .. 0, then the committed inputs, all in registers already
                 newest = (h1, h2, h3, h4)
                 above = ()
@@ -855,11 +848,9 @@ def _verify_small_tree_kernel(
                         above = above + (inputs[n - up].to(tl.float32),)
                     else:
                         above = above + (newest[up - n - 1],)
-                above = above + (zero, zero, zero)
-                p1, p2, p3, p4 = above[0], above[1], above[2], above[3]
             else:
+                above = ()
                 for up in tl.static_range(1, KERNEL_SIZE):
-                    is_node = pos >= 0
                     if PACKED_LINKS:  # one shift, the links checked as they were packed
                         parent = _parent_in(packed, pos)
                         parent_ok = parent != BAD_LINK - 1
@@ -868,17 +859,10 @@ def _verify_small_tree_kernel(
                         for i in tl.static_range(n + 1):  # pos <= n
                             parent = tl.where(pos == i, links[i], parent)
                         parent_ok = (parent >= -1) & (parent < pos)
-                    ok &= parent_ok | (pos < 0)
-                    pos = tl.where(is_node, tl.where(parent_ok, parent, -1), pos - 1)
-                    value = _input_at(pos.to(n0.dtype), xs, x_stride_node, h1, h2, h3, h4, live, up)  # pos >= -up
-                    if up == 1:
-                        p1 = value
-                    if up == 2:
-                        p2 = value
-                    if up == 3:
-                        p3 = value
-                    if up == 4:
-                        p4 = value
+                    pos, ok = _checked_step(pos, parent, parent_ok, ok)
+                    above = above + (_input_at(pos.to(n0.dtype), xs, x_stride_node, h1, h2, h3, h4, live, up),)
+            above = above + (zero, zero, zero)  # (past K-1: read by no tap)
+            p1, p2, p3, p4 = above[0], above[1], above[2], above[3]
             write = tl.where(ok, live, False)  # a bad link among the K-1 above skips the node
             _store_node(windows, out_ptr, row, chan, n0 + n, raw, p1, p2, p3, p4, bias, w_x, w_1, w_2, w_3, w_4,
                         live, write, n0, windows_stride_node, windows_stride_win, out_stride_row,
