@@ -194,6 +194,16 @@ def row_indices(
 
 
 @triton.jit
+def checked_step(pos, parent, parent_ok, ok):
+    """One step of a walk that checks its links, from ``pos`` whose parent link is ``parent``
+    (``parent_ok``: it lies in [-1, pos-1]; both unused where pos < 0): the next position -- the
+    parent, -1 after a bad link (so every later read stays in bounds), or for a committed input the
+    one before it -- and ``ok`` and-ed with this link's check."""
+    ok &= parent_ok | (pos < 0)
+    return tl.where(pos >= 0, tl.where(parent_ok, parent, -1), pos - 1), ok
+
+
+@triton.jit
 def tile_columns(values, GROUPS: tl.constexpr, COUNT: tl.constexpr):
     """The COUNT columns (a power of two) of a [GROUPS, COUNT] tile, each [GROUPS], in order:
     splits of an axis that lies inside one thread, so register renaming."""

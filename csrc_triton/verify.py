@@ -61,6 +61,7 @@ from ._common import (
     KernelCall,
     LaunchPlans,
     cdiv,
+    checked_step,
     join_columns,
     next_power_of_2,
     planned_launch,
@@ -163,16 +164,6 @@ def _step_up(pos, parents_row, parents_stride_node, HAS_PARENTS: tl.constexpr, l
 
 
 @triton.jit
-def _checked_step(pos, parent, parent_ok, ok):
-    """One step of a walk that checks its links, from ``pos`` whose parent link is ``parent``
-    (``parent_ok``: it lies in [-1, pos-1]; both unused where pos < 0): the next position -- the
-    parent, -1 after a bad link (so every later read stays in bounds), or for a committed input the
-    one before it -- and ``ok`` and-ed with this link's check."""
-    ok &= parent_ok | (pos < 0)
-    return tl.where(pos >= 0, tl.where(parent_ok, parent, -1), pos - 1), ok
-
-
-@triton.jit
 def _links_ok(node, parents_row, parents_stride_node, WIDTH: tl.constexpr, links=None,
               GATHER: tl.constexpr = False):
     """Whether ``node`` >= 0 and every parent link among the K-1 above it lies in [-1, m-1].
@@ -181,7 +172,7 @@ def _links_ok(node, parents_row, parents_stride_node, WIDTH: tl.constexpr, links
     pos = node
     for _ in tl.static_range(WIDTH):
         parent = _parent_link(pos, parents_row, parents_stride_node, links, GATHER)
-        pos, ok = _checked_step(pos, parent, (parent >= -1) & (parent < pos), ok)
+        pos, ok = checked_step(pos, parent, (parent >= -1) & (parent < pos), ok)
     return ok
 
 
@@ -669,7 +660,7 @@ def _verify_node_loop_kernel(
                 for up in tl.static_range(1, KERNEL_SIZE):
                     parent = tl.load(parents_row + pos * parents_stride_node, mask=pos >= 0, other=-1)
                     parent = _narrow_link(parent).to(pos.dtype)  # (no bad int64 link narrows to a good one)
-                    pos, ok = _checked_step(pos, parent, (parent >= -1) & (parent < pos), ok)
+                    pos, ok = checked_step(pos, parent, (parent >= -1) & (parent < pos), ok)
                     above = above + (_input_at(pos, xs, x_stride_node, h1, h2, h3, h4, cmask, up),)  # pos >= -up
                 above = above + (h4, h4, h4)  # (past K-1: read by no tap)
                 p1, p2, p3, p4 = above[0], above[1], above[2], above[3]
@@ -859,7 +850,7 @@ def _verify_small_tree_kernel(
                         for i in tl.static_range(n + 1):  # pos <= n
                             parent = tl.where(pos == i, links[i], parent)
                         parent_ok = (parent >= -1) & (parent < pos)
-                    pos, ok = _checked_step(pos, parent, parent_ok, ok)
+                    pos, ok = checked_step(pos, parent, parent_ok, ok)
                     above = above + (_input_at(pos.to(n0.dtype), xs, x_stride_node, h1, h2, h3, h4, live, up),)
             above = above + (zero, zero, zero)  # (past K-1: read by no tap)
             p1, p2, p3, p4 = above[0], above[1], above[2], above[3]

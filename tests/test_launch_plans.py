@@ -376,25 +376,28 @@ def test_verify_launchers_name_an_unknown_tuning_keyword(kernels):
 
 
 TREE_PLANS = [  # layers, dim, rows (B), channels per program, warps, parent links loaded up front
-    (36, 8192, 1, 256, 1, True),  # Qwen3-Next TP1
-    (36, 8192, 8, 256, 1, True),
-    (36, 8192, 256, 256, 1, True),
-    (36, 2048, 8, 256, 1, True),  # TP4
-    (23, 6144, 8, 256, 1, True),  # Nemotron-H
+    (36, 8192, 1, 512, 1, True),  # Qwen3-Next TP1: 576 programs
+    (36, 8192, 8, 512, 1, True),  # 4608 programs: still two vectors per thread
+    (36, 8192, 16, 512, 2, True),
+    (36, 8192, 256, 512, 2, True),
+    (36, 2048, 8, 512, 1, True),  # TP4
+    (23, 6144, 8, 512, 1, True),  # Nemotron-H
+    (23, 6144, 32, 512, 2, True),
 ]
 
 
 @pytest.mark.parametrize("layers, dim, rows, channels, warps, preloaded", TREE_PLANS)
 def test_scatter_tree_plan(kernels, layers, dim, rows, channels, warps, preloaded):
-    """The tree commit's plan at every grid size: 256 channels per program (one warp), the parent
-    links (8 nodes) loaded up front, one 16-byte vector per thread and window column, interleaved
-    in registers for a dim-major state."""
+    """The tree commit's plan at every grid size: 512 channels per program, 16-byte vectors, two
+    per thread (one warp) in grids of up to 4608 programs and one (two warps) beyond, the parent
+    links (8 nodes) loaded up front, a dim-major state's window interleaved in registers and
+    stored as lane rows."""
     meta = dict(device="meta", dtype=torch.bfloat16)
     state = torch.empty(layers, 8, dim, 3, **meta)
     tree_rows = torch.empty(sgl_convwin.physical_shape("token_major", layers, 8, dim, 8, 4), **meta)
     grid, _, plan = kernels.scatter_tree._plan_scatter_tree(state, tree_rows, rows, 8, (1, 1, 1, (8, 1)))
     assert (plan["GROUPS"] * plan["VEC"], plan["VEC"], plan["num_warps"]) == (channels, 8, warps)
-    assert (plan["INTERLEAVE"], plan["PRELOADED_NODES"]) == (True, 8 if preloaded else 0)
+    assert (plan["INTERLEAVE"], plan["LANE_ROWS"], plan["PRELOADED_NODES"]) == (True, True, 8 if preloaded else 0)
     assert grid == (-(-dim // channels), rows, layers)
 
 
@@ -408,7 +411,7 @@ def test_scatter_tree_plan_choices(kernels):
         state = torch.empty(2, 4, width, dim, dtype=dtype, **meta).transpose(2, 3) if window_major else \
             torch.empty(2, 4, dim, width, dtype=dtype, **meta)
         buffer = torch.empty(2, 4, nodes + width - 1, dim, dtype=dtype, **meta)
-        choices = [forced.get(name) for name in ("channels", "num_warps", "vec", "preload_parents")]
+        choices = [forced.get(name) for name in ("channels", "num_warps", "vec", "preload_parents", "lane_rows")]
         return plan_of(state, buffer, rows, nodes, (1, 1, 1, (nodes, 1)), *choices)[2]
 
     assert plan()["VEC"] == 8 and plan(dtype=torch.float32)["VEC"] == 4
@@ -416,7 +419,12 @@ def test_scatter_tree_plan_choices(kernels):
     assert plan(window_major=True)["INTERLEAVE"] is False and plan(width=1)["INTERLEAVE"] is False
     assert plan(width=8)["VEC"] == 8 and plan(width=9)["VEC"] == 4  # 64 elements interleaved per thread
     assert plan(nodes=32)["PRELOADED_NODES"] == 32 and plan(nodes=33)["PRELOADED_NODES"] == 0
+    assert plan()["LANE_ROWS"] and not plan(lane_rows=False)["LANE_ROWS"]
+    assert not plan(window_major=True)["LANE_ROWS"] and not plan(window_major=True, lane_rows=True)["LANE_ROWS"]
     assert plan(dim=100)["GROUPS"] * plan(dim=100)["VEC"] == 128  # never more channels than dim needs
+    # two vectors per thread up to 4608 programs (16 blocks x 2 layers x 144 rows), then one
+    assert plan(rows=144)["num_warps"] == 1 and plan(rows=145)["num_warps"] == 2
+    assert plan(dtype=torch.float32)["num_warps"] == 2 and plan(dtype=torch.float32, rows=145)["num_warps"] == 4
     forced = plan(channels=64, num_warps=8, vec=2, preload_parents=False)
     assert (forced["GROUPS"], forced["VEC"], forced["num_warps"], forced["PRELOADED_NODES"]) == (32, 2, 8, 0)
     with pytest.raises(ValueError, match="channels must be a power of two"):

@@ -145,6 +145,8 @@ def _triton_scatter_tree_forcing(**launch_kwargs):
 LAUNCHER_CHOICES = {
     "links-loaded-per-step": dict(preload_parents=False, channels=8),
     "links-preloaded": dict(preload_parents=True, channels=8),
+    "own-vectors-stored": dict(lane_rows=False, channels=8),
+    "two-vectors-per-thread": dict(vec=2, channels=128, num_warps=1),
     "one-channel-vectors": dict(preload_parents=False, vec=1, channels=4, num_warps=1),
     "wide-program": dict(preload_parents=True, vec=2, channels=64, num_warps=2),
 }
@@ -154,8 +156,9 @@ LAUNCHER_CHOICES = {
 @pytest.mark.parametrize("choices", list(LAUNCHER_CHOICES))
 def test_launcher_choices_fuzz(impl, choices):
     """The fuzz cases through every path the launcher may choose: the parent links walked with one
-    load per link or loaded up front, interleaved and strided stores (every state layout),
-    several programs per window with a ragged last one, one to eight channels per vector."""
+    load per link or loaded up front, interleaved windows stored as lane rows or each thread's own
+    vectors, strided stores (every state layout), several programs per window with a ragged last
+    one, one to eight channels per vector, one or two vectors per thread."""
     forced = SimpleNamespace(device=impl.device, scatter_tree=_triton_scatter_tree_forcing(**LAUNCHER_CHOICES[choices]))
 
     @given(case=tree_cases(exact_casts_only=impl.exact_casts_only))
@@ -182,6 +185,30 @@ def test_interleaved_windows_stay_in_their_slots(impl, kernel_size, channels):
     for preload in (False, True):
         forced = SimpleNamespace(scatter_tree=_triton_scatter_tree_forcing(channels=channels, preload_parents=preload))
         check_scatter_tree(forced, conv_state, rows, dst, src, nodes, parents, "dim_major")
+
+
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("preload", [False, True])
+def test_links_beyond_int32_are_bad_links(impl, preload):
+    """int64 links that an int32 cast would turn into good ones (2**32 -> 0, 2**32 - 1 -> -1,
+    1 - 2**32 -> 1) skip their row, on both walks; the rows beside them are written."""
+    forced = SimpleNamespace(scatter_tree=_triton_scatter_tree_forcing(preload_parents=preload))
+    generator = torch.Generator().manual_seed(3)
+    rows = make_rows("token_major", 2, 2, 8, 4, 24, torch.float32, impl.device, generator, "contiguous")
+    conv_state = make_state("dim_major", 2, 6, 24, 3, torch.float32, impl.device, generator, "contiguous")
+    good = [-1, -1, -1, 0, 0, 0, 1, 1]
+    bad_rows = []
+    for victim, value in ((3, 2**32), (3, 2**32 - 1), (0, 2**32 - 1), (6, 1 - 2**32)):
+        links = list(good)
+        links[victim] = value
+        bad_rows.append(links)
+    parents = torch.tensor([good] + bad_rows, dtype=torch.int64, device=impl.device)
+    nodes = torch.tensor([7, 3, 3, 0, 6], device=impl.device)
+    dst = torch.arange(5, device=impl.device)
+    src = torch.tensor([0, 1, 0, 1, 0], device=impl.device)
+    before = conv_state.clone()
+    check_scatter_tree(forced, conv_state, rows, dst, src, nodes, parents, "dim_major")
+    assert not torch.equal(conv_state[:, 0], before[:, 0]) and torch.equal(conv_state[:, 1:], before[:, 1:])
 
 
 @pytest.mark.parametrize(
