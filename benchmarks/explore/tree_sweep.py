@@ -1,0 +1,121 @@
+"""The tree commit's launch choices at small batches, in interleaved rounds against the dense fallback.
+
+Per (shape, B): the dense fallback (convwin.scatter of one [dim, K-1] window per node), the public
+op, and the tree kernel at each --configs entry, each checked equal to the fallback's result, then
+timed by CUDA-graph replay in --rounds rounds, every variant once a round (launches of ~2 us differ
+by ~0.1 us between runs; interleaving keeps the comparison within one stretch of time). --previous
+loads another version of csrc_triton/scatter_tree.py (e.g. `git show REV:csrc_triton/scatter_tree.py
+> /tmp/previous.py`) beside the package's kernels and times its default launch too.
+
+    python benchmarks/explore/tree_sweep.py                                     (CUDA; B 1 8)
+    python benchmarks/explore/tree_sweep.py --batches 1 2 4 8 16 --configs 256/1 512/1 512/2 1024/4
+    python benchmarks/explore/tree_sweep.py --configs 512/1 512/1/columns 512/1/links --previous /tmp/previous.py
+
+A --configs entry is CHANNELS/WARPS[/links][/columns]: channels per program, warps, and optionally
+the parent links walked link by link instead of loaded up front, and an interleaved window stored as
+each thread's own K-1 vectors instead of lane rows.
+"""
+
+import argparse
+import functools
+import importlib.util
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/common.py
+import common  # noqa: E402  (before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1)
+import sgl_convwin  # noqa: E402
+from common import SHAPES, graph_time_us  # noqa: E402
+from sgl_convwin import reference  # noqa: E402
+from sgl_convwin._kernels import triton_kernels  # noqa: E402
+
+
+def config(text: str) -> tuple[str, dict]:
+    channels, warps, *flags = text.split("/")
+    if set(flags) - {"links", "columns"}:
+        raise argparse.ArgumentTypeError(f"expected CHANNELS/WARPS[/links][/columns], got {text!r}")
+    launch = dict(channels=int(channels), num_warps=int(warps))
+    if "links" in flags:
+        launch["preload_parents"] = False
+    if "columns" in flags:
+        launch["lane_rows"] = False
+    return text, launch
+
+
+def previous_kernels(path: str):
+    """Another scatter_tree.py, imported as a sibling of the package's kernels (its relative
+    imports resolve to the package's _common)."""
+    package = triton_kernels().__name__
+    spec = importlib.util.spec_from_file_location(f"{package}._previous_scatter_tree", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sweep(shape, batch, configs, previous, rounds, num_nodes=8, topk=3):
+    layers, dim = SHAPES[shape]
+    kernel_size = common.KERNEL_SIZE
+    parents_list = common.tree_parents(num_nodes, topk)
+    slots = max(batch, 8)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    dst = torch.randperm(slots, generator=generator, device="cuda")[:batch]
+    src = torch.randperm(slots, generator=generator, device="cuda")[:batch]
+    nodes = torch.randint(0, num_nodes, (batch,), generator=generator, device="cuda")
+    parents = torch.tensor([parents_list] * batch, device="cuda")
+    state = torch.zeros(layers, slots, dim, kernel_size - 1, device="cuda", dtype=torch.bfloat16)
+    rows = sgl_convwin.alloc_windows(layers, slots, dim, num_nodes, kernel_size, layout="token_major", device="cuda")
+    rows.copy_(torch.randn(rows.shape, generator=generator, device="cuda"))
+    dense = sgl_convwin.alloc_windows(layers, slots, dim, num_nodes, kernel_size, layout="dense", device="cuda")
+    for node in range(num_nodes):  # the dense cache holds the windows the tree rows imply
+        positions = reference.tree_window_positions(node, parents_list, kernel_size)
+        dense[:, :, node] = rows[:, :, positions].transpose(-1, -2)
+    tensors = (state, rows, dst, src, nodes, parents)
+    variants = [("dense fallback", lambda: sgl_convwin.scatter(state, dense, dst, src, nodes)),
+                ("public op", lambda: sgl_convwin.scatter_tree(*tensors))]
+    if previous is not None:
+        variants.append(("previous kernel", functools.partial(previous.launch_scatter_tree, *tensors)))
+    launch = triton_kernels().scatter_tree.launch_scatter_tree
+    variants += [(name, functools.partial(launch, *tensors, **kwargs)) for name, kwargs in configs]
+    variants[0][1]()
+    want = state.clone()
+    for name, fn in variants:
+        state.zero_()
+        fn()
+        assert torch.equal(state, want), name
+    times = {name: [] for name, _ in variants}
+    for _ in range(rounds):
+        for name, fn in variants:
+            times[name].append(graph_time_us(fn))
+    fallback = min(times["dense fallback"])
+    for name, _ in variants:
+        best = min(times[name])
+        rounds_text = " / ".join(f"{t:.2f}" for t in times[name])
+        print(f"| {shape} | {batch} | {name} | {best:.2f} | {rounds_text} | {best - fallback:+.2f} |", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=["qwen3next-tp1", "qwen3next-tp4", "nemotronh-tp1"],
+                        choices=list(SHAPES))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--configs", nargs="+", type=config, default=[])
+    parser.add_argument("--previous", default=None, help="another version of csrc_triton/scatter_tree.py")
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args()
+    if not common.needs_cuda("this sweep"):
+        return 1
+    common.print_environment()
+    previous = previous_kernels(args.previous) if args.previous else None
+    print(f"tree commit, N=8 topk 3, bf16, graph replay us/launch; best of {args.rounds} interleaved rounds")
+    print("| shape | B | variant | best | rounds | against the fallback's best |")
+    print("|---|---|---|---|---|---|")
+    for shape in args.shapes:
+        for batch in args.batches:
+            sweep(shape, batch, args.configs, previous, args.rounds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
