@@ -17,6 +17,10 @@
 #   commit    the commit table (bench_scatter.py, Qwen3-Next TP1, D = 4, bf16) with the tree commit
 #   tree      the tree commit against the dense fallback, three shapes, B = 1 .. 256, with its launch choices
 #             swept (channels per program / warps, parent links preloaded or walked link by link)
+#   tsweep    the tree commit at B = 1, 2, 8 in interleaved rounds against the dense fallback, with its launch choices
+#             (benchmarks/explore/tree_sweep.py)
+#   tsan      compute-sanitizer memcheck + racecheck over test_scatter_tree.py's CUDA tests (its lane-row stores go
+#             through shared memory)
 #   shapes    the commit table at the Qwen3-Next TP4 and Nemotron-H shapes, B = 1 .. 256
 #   small     the commit kernel at small batches (benchmarks/explore/commit_sweep.py)
 #   eager     host time per eager call of every op against a raw launch (benchmarks/bench_scatter.py --eager-only)
@@ -112,6 +116,10 @@ for phase in "$@"; do
                 --tree-configs 256/1 512/1 512/2 1024/4 \
                 > "$out/bench_tree.log" 2>&1
               rc=$?; grep -E '^(\||tree commit)' "$out/bench_tree.log" ;;
+    tsweep)   timeout 200 python3 benchmarks/explore/tree_sweep.py --batches 1 2 8 --configs 256/1 512/1 512/2 512/1/columns \
+                > "$out/tree_sweep.log" 2>&1
+              rc=$?; grep "^|" "$out/tree_sweep.log" ;;
+    tsan)     SANITIZE_TESTS=tests/test_scatter_tree.py SANITIZE_TIMEOUT=240 bash scripts/gpu_sanitize.sh "$out"; rc=$? ;;
     shapes)   timeout 200 python3 benchmarks/bench_scatter.py --shapes qwen3next-tp4 nemotronh-tp1 --batches 1 8 64 256 \
                 > "$out/bench_shapes.log" 2>&1
               rc=$?; sed -n '/^| shape/,$p' "$out/bench_shapes.log" ;;

@@ -113,7 +113,7 @@ def commit_cases():
 
 
 def tree_commit_cases():
-    """The tree commit's plan (256 channels, links loaded up front) at B = 1 and 64, and its
+    """The tree commit's plan (512 channels, links loaded up front) at B = 1 and 64, and its
     window-major-state and channel_major-rows kernels."""
     nodes = 8
     rows = torch.zeros(sgl_convwin.physical_shape("token_major", L, 8, DIM, nodes, K), dtype=torch.bfloat16)
