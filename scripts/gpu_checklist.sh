@@ -116,10 +116,11 @@ for phase in "$@"; do
                 --tree-configs 256/1 512/1 512/2 1024/4 \
                 > "$out/bench_tree.log" 2>&1
               rc=$?; grep -E '^(\||tree commit)' "$out/bench_tree.log" ;;
-    tsweep)   timeout 200 python3 benchmarks/explore/tree_sweep.py --batches 1 2 8 --configs 256/1 512/1 512/2 512/1/columns \
-                > "$out/tree_sweep.log" 2>&1
+    tsweep)   timeout 200 python3 benchmarks/explore/tree_sweep.py --batches 1 2 8 \
+                --configs 256/1 512/1 512/2 512/1/columns > "$out/tree_sweep.log" 2>&1
               rc=$?; grep "^|" "$out/tree_sweep.log" ;;
-    tsan)     SANITIZE_TESTS=tests/test_scatter_tree.py SANITIZE_TIMEOUT=240 bash scripts/gpu_sanitize.sh "$out"; rc=$? ;;
+    tsan)     SANITIZE_TESTS=tests/test_scatter_tree.py SANITIZE_TIMEOUT=240 bash scripts/gpu_sanitize.sh "$out"
+              rc=$? ;;
     shapes)   timeout 200 python3 benchmarks/bench_scatter.py --shapes qwen3next-tp4 nemotronh-tp1 --batches 1 8 64 256 \
                 > "$out/bench_shapes.log" 2>&1
               rc=$?; sed -n '/^| shape/,$p' "$out/bench_shapes.log" ;;
