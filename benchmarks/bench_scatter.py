@@ -250,18 +250,7 @@ def bench_tree(batches, shape="qwen3next-tp1", num_nodes=8, topk=3, configs=()):
     print(markdown_header("B", "variant", "graph replay (us/launch)", "GB/s", "cache bytes per slot"))
     for B in batches:
         slots = max(B, 8)
-        generator = torch.Generator(device="cuda").manual_seed(0)
-        dst = torch.randperm(slots, generator=generator, device="cuda")[:B]
-        src = torch.randperm(slots, generator=generator, device="cuda")[:B]
-        nodes = torch.randint(0, num_nodes, (B,), generator=generator, device="cuda")
-        parents = torch.tensor([parents_list] * B, device="cuda")
-        conv_state = torch.zeros(layers, slots, dim, K - 1, device="cuda", dtype=torch.bfloat16)
-        rows = sgl_convwin.alloc_windows(layers, slots, dim, num_nodes, K, layout="token_major", device="cuda")
-        rows.copy_(torch.randn(rows.shape, generator=generator, device="cuda"))
-        dense = sgl_convwin.alloc_windows(layers, slots, dim, num_nodes, K, layout="dense", device="cuda")
-        for node in range(num_nodes):  # the dense cache holds the windows the tree rows imply
-            positions = reference.tree_window_positions(node, parents_list, K)
-            dense[:, :, node] = rows[:, :, positions].transpose(-1, -2)
+        conv_state, rows, dense, dst, src, nodes, parents = common.tree_commit_problem(layers, dim, B, parents_list, K)
         want = conv_state.clone()
         sgl_convwin.scatter(want, dense, dst, src, nodes)
         variants = [

@@ -73,6 +73,29 @@ def commit_problem(layers, slots, dim, num_draft, kernel_size, batch, dtype, lay
     return conv_state, windows, dst, src, steps
 
 
+def tree_commit_problem(layers, dim, batch, parents_list, kernel_size, device="cuda"):
+    """A tree commit's tensors ``(conv_state, rows, dense, dst_slots, src_slots, nodes, parents)``
+    (bf16, max(B, 8) slots): seeded token_major rows, the dense fallback's cache holding the windows
+    the tree implies (one [dim, K-1] window per node), a zero dim-major state, B distinct
+    destination and source slots, a random accepted node per row and ``parents_list`` for every row."""
+    from sgl_convwin import reference
+
+    num_nodes, slots = len(parents_list), max(batch, 8)
+    generator = torch.Generator(device=device).manual_seed(0)
+    dst = torch.randperm(slots, generator=generator, device=device)[:batch]
+    src = torch.randperm(slots, generator=generator, device=device)[:batch]
+    nodes = torch.randint(0, num_nodes, (batch,), generator=generator, device=device)
+    parents = torch.tensor([parents_list] * batch, device=device)
+    conv_state = torch.zeros(layers, slots, dim, kernel_size - 1, device=device, dtype=torch.bfloat16)
+    rows = sgl_convwin.alloc_windows(layers, slots, dim, num_nodes, kernel_size, layout="token_major", device=device)
+    rows.copy_(torch.randn(rows.shape, generator=generator, device=device))
+    dense = sgl_convwin.alloc_windows(layers, slots, dim, num_nodes, kernel_size, layout="dense", device=device)
+    for node in range(num_nodes):
+        positions = reference.tree_window_positions(node, parents_list, kernel_size)
+        dense[:, :, node] = rows[:, :, positions].transpose(-1, -2)
+    return conv_state, rows, dense, dst, src, nodes, parents
+
+
 def verify_layer_problem(batch, num_nodes, parents_list, layout, dim, kernel_size, device="cuda"):
     """One verify layer's tensors (bf16, seeded): buffer, dest (what the kernel writes: the buffer,
     a channel_major one transposed), state, x, out, weight, bias, buffer and state slots, parents

@@ -30,7 +30,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import common  # noqa: E402  (before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1)
 import sgl_convwin  # noqa: E402
 from common import SHAPES, graph_time_us  # noqa: E402
-from sgl_convwin import reference  # noqa: E402
 from sgl_convwin._kernels import triton_kernels  # noqa: E402
 
 
@@ -58,21 +57,8 @@ def previous_kernels(path: str):
 
 def sweep(shape, batch, configs, previous, rounds, num_nodes=8, topk=3):
     layers, dim = SHAPES[shape]
-    kernel_size = common.KERNEL_SIZE
-    parents_list = common.tree_parents(num_nodes, topk)
-    slots = max(batch, 8)
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    dst = torch.randperm(slots, generator=generator, device="cuda")[:batch]
-    src = torch.randperm(slots, generator=generator, device="cuda")[:batch]
-    nodes = torch.randint(0, num_nodes, (batch,), generator=generator, device="cuda")
-    parents = torch.tensor([parents_list] * batch, device="cuda")
-    state = torch.zeros(layers, slots, dim, kernel_size - 1, device="cuda", dtype=torch.bfloat16)
-    rows = sgl_convwin.alloc_windows(layers, slots, dim, num_nodes, kernel_size, layout="token_major", device="cuda")
-    rows.copy_(torch.randn(rows.shape, generator=generator, device="cuda"))
-    dense = sgl_convwin.alloc_windows(layers, slots, dim, num_nodes, kernel_size, layout="dense", device="cuda")
-    for node in range(num_nodes):  # the dense cache holds the windows the tree rows imply
-        positions = reference.tree_window_positions(node, parents_list, kernel_size)
-        dense[:, :, node] = rows[:, :, positions].transpose(-1, -2)
+    state, rows, dense, dst, src, nodes, parents = common.tree_commit_problem(
+        layers, dim, batch, common.tree_parents(num_nodes, topk), common.KERNEL_SIZE)
     tensors = (state, rows, dst, src, nodes, parents)
     variants = [("dense fallback", lambda: sgl_convwin.scatter(state, dense, dst, src, nodes)),
                 ("public op", lambda: sgl_convwin.scatter_tree(*tensors))]
