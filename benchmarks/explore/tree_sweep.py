@@ -5,9 +5,9 @@ op, and the tree kernel at each --configs entry, each checked equal to the fallb
 timed by CUDA-graph replay in --rounds rounds, every variant once a round (launches of ~2 us differ
 by ~0.1 us between runs; interleaving keeps the comparison within one stretch of time), after a
 round that is not counted (in the first case of a run, the variants timed first ran up to 0.2 us
-faster in the first round than in any later one). --previous
-loads another version of csrc_triton/scatter_tree.py (e.g. `git show REV:csrc_triton/scatter_tree.py
-> /tmp/previous.py`) beside the package's kernels and times its default launch too.
+faster in the first round than in any later one). --previous loads another version of
+csrc_triton/scatter_tree.py (e.g. `git show REV:csrc_triton/scatter_tree.py > /tmp/previous.py`)
+beside the package's kernels and times its default launch too.
 
     python benchmarks/explore/tree_sweep.py                                     (CUDA; B 1 8)
     python benchmarks/explore/tree_sweep.py --batches 1 2 4 8 16 --configs 256/1 512/1 512/2 1024/4
