@@ -35,7 +35,7 @@
 #   chains    token_major chains' node loop at 1-4 warps, 2 and 4 nodes ahead, B = 64 / 128 / 256
 #             (benchmarks/explore/verify_sweep.py --prefetch)
 #   lanes     the verify node loops' committed inputs and weights as runs and by column, every layout, chains and
-#             trees of 8, B = 8 / 64 / 256 (benchmarks/explore/verify_sweep.py --lane-runs)
+#             trees of 8, B = 8 / 64 / 256 (benchmarks/explore/verify_sweep.py --variants lane_runs=True lane_runs=False)
 #   runs      the verify run store (channel_major rows, dense windows under a conv): its GPU tests, then
 #             memcheck and racecheck over them, then the dense windows' sweep with and without runs
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
@@ -150,7 +150,7 @@ for phase in "$@"; do
                 tests/test_compile.py tests/test_cache.py -k "commit or replay or gates or mamba2 or gdn" \
                 > "$out/gpu_tests_smem_users.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_smem_users.log" ;;
-    lanes)    timeout 170 python3 benchmarks/explore/verify_sweep.py --lane-runs --nodes 4 8 --batches 8 64 256 \
+    lanes)    timeout 170 python3 benchmarks/explore/verify_sweep.py --variants lane_runs=True lane_runs=False --nodes 4 8 --batches 8 64 256 \
                 > "$out/verify_sweep_lane_runs.log" 2>&1
               rc=$?; grep "^|" "$out/verify_sweep_lane_runs.log" ;;
     runs)     rc=0

@@ -18,11 +18,10 @@ channels per program and warps. The launcher's kernel choice and block rules com
         [--runs]        (only the small-tree kernel, chains too, its channel_major rows or dense windows stored
                         as runs or not, against the default and the rows tile)
         [--capture]     (the capture alone, no conv: launch_capture)
-        [--lane-runs]   (only the default kernels, the node loops' committed inputs and weights loaded as
-                        runs and column by column)
-        [--maxnreg 64 56]   (only the default kernels, and with each of these caps on a thread's registers)
         [--variants lane_runs=True,maxnreg=96 ...]   (only the default kernels, and with each of these sets of
-                        tuning keywords)
+                        tuning keywords: e.g. `lane_runs=True lane_runs=False`, the node loops' committed
+                        inputs and weights loaded as runs and column by column; `maxnreg=64 maxnreg=56`,
+                        caps on a thread's registers)
 """
 
 import argparse
@@ -96,12 +95,6 @@ def sweep_configs(args):
     if args.variants:
         variants = [{}] + [parse_tuning(text) for text in args.variants]
         return {"rows": variants, "dense": variants}
-    if args.maxnreg:
-        caps = [{}] + [dict(maxnreg=cap) for cap in args.maxnreg]
-        return {"rows": caps, "dense": caps}
-    if args.lane_runs:
-        loads = [{}, dict(lane_runs=True), dict(lane_runs=False)]
-        return {"rows": loads, "dense": loads}
     if args.links_pairs:
         configs["rows"] = [{}] + [tile(block, 1, preload=True, early=True, gather_links=links, pairs=pairs)
                                   for block in (32, 64, 128) for links in (False, True) for pairs in (False, True)]
@@ -192,11 +185,6 @@ def main():
                              "warps, its channel_major rows or dense windows stored as runs or not, against the "
                              "default (and, on rows, the tile)")
     parser.add_argument("--capture", action="store_true", help="time the capture alone (no conv, launch_capture)")
-    parser.add_argument("--lane-runs", action="store_true",
-                        help="time the default kernels with their committed inputs and weights as runs and by column")
-    parser.add_argument("--maxnreg", nargs="+", type=int, default=None,
-                        help="time the default kernels as they are and with each of these caps on a thread's "
-                             "registers (Triton's maxnreg)")
     parser.add_argument("--variants", nargs="+", default=None, metavar="NAME=VALUE,...",
                         help="time the default kernels as they are and with each of these sets of tuning keywords")
     args = parser.parse_args()
