@@ -453,12 +453,9 @@ def _newest_columns(base, stride_col, n0, cmask, NUM: tl.constexpr, zero):
     """Columns NUM-1, NUM-2, .. 0 (NUM <= 4) of the block at ``base`` (channels' pointers) in
     float32, one load each, then ``zero`` past NUM: the committed inputs or taps, newest first."""
     columns = ()
-    for k in tl.static_range(1, 5):
-        if k <= NUM:
-            columns = columns + (tl.load(base + (n0 + NUM - k) * stride_col, mask=cmask).to(tl.float32),)
-        else:
-            columns = columns + (zero,)
-    return columns[0], columns[1], columns[2], columns[3]
+    for col in tl.static_range(NUM):
+        columns = columns + (tl.load(base + (n0 + col) * stride_col, mask=cmask),)
+    return _newest_first(columns, NUM, zero)
 
 
 @triton.jit
