@@ -24,7 +24,7 @@ import torch
 
 import common  # before sgl_convwin: without CUDA it sets TRITON_INTERPRET=1
 import sgl_convwin
-from common import SHAPES, commit_problem, graph_time_us, markdown_header, markdown_row
+from common import SHAPES, commit_problem, graph_time_us, markdown_header, markdown_row, tree_config
 from sgl_convwin import reference
 
 # (name, layout of the windows it reads, function)
@@ -220,20 +220,9 @@ def eager_overhead(calls=1000, rounds=15, device="cuda", **shapes):
     return results
 
 
-def tree_config(text: str) -> dict:
-    """A --tree-configs entry, CHANNELS/WARPS[/preload|/links]: the tree launcher's channels per
-    program, warps, and whether the parent links are loaded up front (default: its own rule)."""
-    channels, warps, *walk = text.split("/")
-    if walk not in ([], ["preload"], ["links"]):
-        raise argparse.ArgumentTypeError(f"expected CHANNELS/WARPS[/preload|/links], got {text!r}")
-    config = dict(channels=int(channels), num_warps=int(warps))
-    if walk:
-        config["preload_parents"] = walk == ["preload"]
-    return config
-
-
 def tree_config_name(config: dict) -> str:
     walk = {None: "", True: ", links preloaded", False: ", link by link"}[config.get("preload_parents")]
+    walk += ", own vectors stored" if config.get("lane_rows") is False else ""
     return f"scatter_tree kernel, {config['channels']} channels / {config['num_warps']} warps{walk}"
 
 
@@ -282,7 +271,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tree", action="store_true", help="also time the tree commit")
     parser.add_argument("--tree-only", action="store_true", help="time only the tree commit")
     parser.add_argument("--tree-configs", nargs="+", type=tree_config, default=[],
-                        help="tree kernel launches to explore: CHANNELS/WARPS[/preload|/links] ...")
+                        help="tree kernel launches to explore: CHANNELS/WARPS[/preload|/links][/columns] ...")
     parser.add_argument("--eager-only", action="store_true", help="time only the eager host overhead")
     args = parser.parse_args(argv)
     if not verify(common.DEVICE):

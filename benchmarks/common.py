@@ -96,6 +96,29 @@ def tree_commit_problem(layers, dim, batch, parents_list, kernel_size, device="c
     return conv_state, rows, dense, dst, src, nodes, parents
 
 
+TREE_CONFIG_FLAGS = {  # a tree launch's CHANNELS/WARPS/FLAG...: the launcher arguments each flag sets
+    "preload": dict(preload_parents=True),
+    "links": dict(preload_parents=False),
+    "columns": dict(lane_rows=False),
+}
+
+
+def tree_config(text: str) -> dict:
+    """The tree launcher's arguments from CHANNELS/WARPS[/preload|/links][/columns]: channels per
+    program, warps, the parent links loaded up front or walked link by link (default: its own rule),
+    and an interleaved window stored as each thread's own K-1 vectors instead of lane rows."""
+    import argparse
+
+    channels, warps, *flags = text.split("/")
+    config = dict(channels=int(channels), num_warps=int(warps))
+    for flag in flags:
+        arguments = TREE_CONFIG_FLAGS.get(flag)
+        if arguments is None or set(arguments) & set(config):
+            raise argparse.ArgumentTypeError(f"expected CHANNELS/WARPS[/preload|/links][/columns], got {text!r}")
+        config.update(arguments)
+    return config
+
+
 def verify_layer_problem(batch, num_nodes, parents_list, layout, dim, kernel_size, device="cuda"):
     """One verify layer's tensors (bf16, seeded): buffer, dest (what the kernel writes: the buffer,
     a channel_major one transposed), state, x, out, weight, bias, buffer and state slots, parents

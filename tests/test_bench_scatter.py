@@ -87,11 +87,16 @@ def test_tree_configs_launch_the_tree_kernel():
     from sgl_convwin import reference
     from sgl_convwin._kernels import triton_kernels
 
-    configs = [bench_scatter.tree_config(text) for text in ("256/1", "512/2/preload", "1024/4/links")]
+    configs = [bench_scatter.tree_config(text) for text in ("256/1", "512/2/preload", "1024/4/links", "64/1/columns")]
     assert configs[1] == dict(channels=512, num_warps=2, preload_parents=True)
     assert bench_scatter.tree_config_name(configs[2]) == "scatter_tree kernel, 1024 channels / 4 warps, link by link"
-    with pytest.raises(argparse.ArgumentTypeError):
-        bench_scatter.tree_config("256/1/fast")
+    assert bench_scatter.tree_config("512/1/links/columns") == dict(channels=512, num_warps=1, preload_parents=False,
+                                                                    lane_rows=False)
+    assert bench_scatter.tree_config_name(bench_scatter.tree_config("512/1/columns")) == \
+        "scatter_tree kernel, 512 channels / 1 warps, own vectors stored"
+    for text in ("256/1/fast", "256/1/preload/links", "256/1/columns/columns"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench_scatter.tree_config(text)
     generator = torch.Generator().manual_seed(1)
     rows = torch.randn(2, 3, 10, 24, generator=generator)
     parents = torch.tensor([common.tree_parents(8, 3)] * 2)

@@ -13,9 +13,9 @@ beside the package's kernels and times its default launch too.
     python benchmarks/explore/tree_sweep.py --batches 1 2 4 8 16 --configs 256/1 512/1 512/2 1024/4
     python benchmarks/explore/tree_sweep.py --configs 512/1 512/1/columns 512/1/links --previous /tmp/previous.py
 
-A --configs entry is CHANNELS/WARPS[/links][/columns]: channels per program, warps, and optionally
-the parent links walked link by link instead of loaded up front, and an interleaved window stored as
-each thread's own K-1 vectors instead of lane rows.
+A --configs entry is common.tree_config's CHANNELS/WARPS[/preload|/links][/columns]: channels per
+program, warps, and optionally the parent links loaded up front or walked link by link, and an
+interleaved window stored as each thread's own K-1 vectors instead of lane rows.
 """
 
 import argparse
@@ -31,18 +31,6 @@ import common  # noqa: E402  (before sgl_convwin: without CUDA it sets TRITON_IN
 import sgl_convwin  # noqa: E402
 from common import SHAPES, graph_time_us  # noqa: E402
 from sgl_convwin._kernels import triton_kernels  # noqa: E402
-
-
-def config(text: str) -> tuple[str, dict]:
-    channels, warps, *flags = text.split("/")
-    if set(flags) - {"links", "columns"}:
-        raise argparse.ArgumentTypeError(f"expected CHANNELS/WARPS[/links][/columns], got {text!r}")
-    launch = dict(channels=int(channels), num_warps=int(warps))
-    if "links" in flags:
-        launch["preload_parents"] = False
-    if "columns" in flags:
-        launch["lane_rows"] = False
-    return text, launch
 
 
 def previous_kernels(path: str):
@@ -90,7 +78,8 @@ def main():
     parser.add_argument("--shapes", nargs="+", default=["qwen3next-tp1", "qwen3next-tp4", "nemotronh-tp1"],
                         choices=list(SHAPES))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
-    parser.add_argument("--configs", nargs="+", type=config, default=[])
+    parser.add_argument("--configs", nargs="+", type=lambda text: (text, common.tree_config(text)), default=[],
+                        help="CHANNELS/WARPS[/preload|/links][/columns] ...")
     parser.add_argument("--previous", default=None, help="another version of csrc_triton/scatter_tree.py")
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
