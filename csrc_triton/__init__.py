@@ -6,6 +6,7 @@ they never allocate, never read device memory on the host and hold no torch.libr
 """
 
 from .gdn_commit import launch_gdn_commit, planned_gdn_commit
+from .gdn_verify import launch_gdn_verify, planned_gdn_verify
 from .mamba2_commit import launch_mamba2_commit, planned_mamba2_commit
 from .replay import launch_capture_gates, launch_path_window, planned_capture_gates
 from .scatter import launch_scatter, planned_scatter
@@ -15,6 +16,7 @@ from .verify import launch_capture, launch_causal_conv1d_verify, planned_capture
 __all__ = [
     "launch_capture_gates",
     "launch_gdn_commit",
+    "launch_gdn_verify",
     "launch_mamba2_commit",
     "launch_path_window",
     "launch_capture",
@@ -25,6 +27,7 @@ __all__ = [
     "planned_capture_gates",
     "planned_causal_conv1d_verify",
     "planned_gdn_commit",
+    "planned_gdn_verify",
     "planned_mamba2_commit",
     "planned_scatter",
     "planned_scatter_tree",

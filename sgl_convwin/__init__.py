@@ -22,6 +22,7 @@ from .layout import (
 from .cache import ConvWindowCache
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
 from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
+from .ops_verify import gdn_verify
 from .validation import index_checks, index_checks_enabled, set_index_checks
 from . import integrations  # engine adapters (SGLang, vLLM) and pool sizing
 
@@ -44,6 +45,7 @@ __all__ = [
     "dedup_ratio",
     "dim_per_rank",
     "gdn_commit",
+    "gdn_verify",
     "index_checks",
     "index_checks_enabled",
     "mamba2_commit",

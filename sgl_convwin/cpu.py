@@ -292,3 +292,57 @@ def mamba2_commit_cpu(
         state = torch.where(live[..., None, None, None], updated, state)
     ssm[:, dst] = state.to(ssm.dtype)
     _commit_path_windows(conv, tokens, history, dst, src, paths, lengths)
+
+
+def _ancestry(parents, num_rows, num_nodes, device):
+    """[R, N, N] bool: node i is node n's ancestor or n itself (chains: i <= n), and [R] whether
+    every link lies in [-1, n-1]."""
+    index = torch.arange(num_nodes, device=device)
+    if parents is None:
+        chain = index[None, :] <= index[:, None]
+        return chain.expand(num_rows, num_nodes, num_nodes), torch.ones(num_rows, dtype=torch.bool, device=device)
+    parents = parents.long()
+    links_ok = ((parents >= -1) & (parents < index)).all(dim=1)
+    up = torch.where(links_ok[:, None], parents, -1)  # [R, N]: each node's ancestor, one more hop per round
+    ancestry = index[None, :, None] == index[None, None, :]
+    ancestry = ancestry.expand(num_rows, num_nodes, num_nodes).clone()
+    for _ in range(num_nodes - 1):
+        ancestry |= up[..., None] == index
+        up = torch.where(up >= 0, parents.gather(1, up.clamp(min=0)), -1)
+    return ancestry, links_ok
+
+
+def gdn_verify_cpu(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm):
+    """out [B, N, Hv, dv] from one read of ssm [S, Hv, dk, dv] per row, in the chunked form
+    (csrc_triton/gdn_verify.py's formulas), float32; rows with a bad slot or link untouched."""
+    num_rows, num_nodes, num_k_heads, _ = q.shape
+    num_v_heads = v.shape[2]
+    slots = state_slots.long()
+    ancestry, links_ok = _ancestry(parents, num_rows, num_nodes, q.device)
+    rows = ((slots >= 0) & (slots < ssm.shape[0]) & links_ok).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return
+    ratio = num_v_heads // num_k_heads
+
+    def heads(x):  # [R, N, Hk, d] -> [R, Hv, N, d], value head h reading key head h // ratio
+        x = x[rows].float()
+        if use_qk_l2norm:
+            x = x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+        return x.repeat_interleave(ratio, dim=2).transpose(1, 2)
+
+    queries, keys = heads(q) * scale, heads(k)
+    values = v[rows].float().transpose(1, 2)  # [R, Hv, N, dv]
+    log_decay, betas = g[rows].float().transpose(1, 2), beta[rows].float().transpose(1, 2)  # [R, Hv, N]
+    anc = ancestry[rows][:, None]  # [R, 1, N, N]
+    cumulative = (anc * log_decay[:, :, None, :]).sum(-1)  # [R, Hv, N]
+    gap = cumulative[..., :, None] - cumulative[..., None, :]
+    decay = torch.where(anc, torch.exp(torch.where(anc, gap, 0.0)), 0.0)
+    eye = torch.eye(num_nodes, dtype=torch.bool, device=q.device)
+    strict = torch.where(eye, 0.0, decay)
+    state = ssm[slots[rows]].float()  # [R, Hv, dk, dv]
+    grown = torch.exp(cumulative)[..., None]
+    system = torch.eye(num_nodes, device=q.device) + betas[..., None] * strict * (keys @ keys.transpose(-1, -2))
+    rhs = betas[..., None] * (values - grown * (keys @ state))
+    updates = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    o = grown * (queries @ state) + (decay * (queries @ keys.transpose(-1, -2))) @ updates
+    out[rows] = o.transpose(1, 2).to(out.dtype)

@@ -484,3 +484,47 @@ def mamba2_commit_reference(
                     state[head] = torch.exp(dt * rates[layer, head]) * state[head] + torch.outer(dt * x, b)
             _write_path_window(expected_conv, buffer, layout, layer, src, dst, path, weight.shape[2], state_layout)
     return expected_ssm, expected_conv, {dst for dst, _, _ in rows}
+
+
+def gdn_verify_reference(q, k, v, g, beta, ssm_state, state_slots, parents=None, *, scale=None,
+                         use_qk_l2norm=True):
+    """What convwin.gdn_verify must write: (out in float64 [B, N, Hv, dv], the rows written), on the CPU.
+
+    Every node on its own, token by token in float64 from the state at its row's slot along its
+    root path (a chain: nodes 0..n): per value head h (key head h // (Hv / Hk)), q and k divided by
+    sqrt(|x|^2 + 1e-6) (``use_qk_l2norm``), S = S * exp(g); u = beta * (v - S^T k); S = S + k u^T
+    for each path token, then out[b, n, h] = scale * S^T q_n. A row is written only if its slot is
+    in range and every parent link lies in [-1, n-1].
+    """
+    num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
+    num_v_heads, head_v_dim = v.shape[2], v.shape[3]
+    scale = head_k_dim ** -0.5 if scale is None else scale
+    ratio = num_v_heads // num_k_heads
+    q, k, v = q.cpu().double(), k.cpu().double(), v.cpu().double()
+    g, beta, states = g.cpu().double(), beta.cpu().double(), ssm_state.cpu().double()
+    expected = torch.zeros(num_rows, num_nodes, num_v_heads, head_v_dim, dtype=torch.float64)
+    written = []
+
+    def normalised(x):
+        return x / torch.sqrt((x * x).sum() + 1e-6) if use_qk_l2norm else x
+
+    for row in range(num_rows):
+        slot = int(state_slots[row])
+        if not 0 <= slot < states.shape[0]:
+            continue
+        links = None if parents is None else [int(p) for p in parents[row]]
+        paths = [accepted_path(node, links) for node in range(num_nodes)]
+        if any(path is None for path in paths):
+            continue
+        written.append(row)
+        for node, path in enumerate(paths):
+            for head in range(num_v_heads):
+                k_head = head // ratio
+                state = states[slot, head].clone()  # [dk, dv]
+                for token in path:
+                    key = normalised(k[row, token, k_head])
+                    state = state * torch.exp(g[row, token, head])
+                    u = beta[row, token, head] * (v[row, token, head] - state.t() @ key)
+                    state = state + torch.outer(key, u)
+                expected[row, node, head] = scale * (state.t() @ normalised(q[row, node, k_head]))
+    return expected, written

@@ -95,8 +95,9 @@ def check_cache_dtype(name: str, t: torch.Tensor) -> None:
         )
 
 
-def check_index_tensors(op: str, device: torch.device, names: tuple[str, ...], *indices: torch.Tensor) -> int:
-    """Index tensors are 1-D, int32/int64, of one length, on ``device``; returns that length."""
+def check_index_tensors(op: str, device: torch.device, names: tuple[str, ...], *indices: torch.Tensor,
+                        owner: str = "conv_state") -> int:
+    """Index tensors are 1-D, int32/int64, of one length, on ``device`` (``owner``'s); returns that length."""
     length = None
     for name, t in zip(names, indices):
         if not isinstance(t, torch.Tensor):
@@ -107,7 +108,7 @@ def check_index_tensors(op: str, device: torch.device, names: tuple[str, ...], *
             raise ValueError(f"{op}: {name} must be 1-D [B], got shape {tuple(t.shape)}")
         if t.device != device:
             raise ValueError(
-                f"{op}: {name} is on {t.device} but conv_state is on {device}; index tensors "
+                f"{op}: {name} is on {t.device} but {owner} is on {device}; index tensors "
                 f"must live on the cache's device (moving them would be a host sync)"
             )
         if length is None:
@@ -238,14 +239,15 @@ def check_scatter_args(
     return ScatterSizes(num_layers, num_state_slots, dim, width, num_src_slots, num_draft, num_rows)
 
 
-def _check_parents(op: str, parents, device, num_rows: int, num_nodes: int, shape_hint: str) -> None:
+def _check_parents(op: str, parents, device, num_rows: int, num_nodes: int, shape_hint: str,
+                   owner: str = "conv_state") -> None:
     """parents: a [B, N] int32/int64 tensor on the cache's device (shape_hint says where B, N come from)."""
     if not isinstance(parents, torch.Tensor):
         check_tensor(f"{op}: parents", parents)
     if parents.dtype not in INDEX_DTYPES:
         raise TypeError(f"{op}: parents must be int32 or int64, got {parents.dtype}")
     if parents.device != device:
-        raise ValueError(f"{op}: parents is on {parents.device} but conv_state is on {device}")
+        raise ValueError(f"{op}: parents is on {parents.device} but {owner} is on {device}")
     if parents.dim() != 2 or parents.shape[0] != num_rows or parents.shape[1] != num_nodes:
         raise ValueError(
             f"{op}: parents must be [B, N] = [{num_rows}, {num_nodes}] ({shape_hint}), "
@@ -829,3 +831,84 @@ def check_replay_index_values(op: str, sizes: ReplaySizes, dst_slots, src_slots,
         sizes.num_nodes, "draft tokens" if parents is None else "draft nodes",
         None if parents is None else check_links,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# gdn_verify
+# ---------------------------------------------------------------------------------------------
+
+_GDN_VERIFY = "convwin.gdn_verify"
+STATE_DTYPES = (torch.float32, torch.bfloat16)
+# The verify kernel pads the nodes to a power of two >= 16 and keeps [nodes, nodes] matrices in
+# registers; drafts of more nodes than this are no speculative step.
+VERIFY_MAX_NODES = 64
+
+
+class VerifySizes(NamedTuple):
+    num_rows: int  # B
+    num_nodes: int  # N draft tokens or tree nodes
+    num_state_slots: int  # S
+
+
+def check_gdn_verify_args(out, q, k, v, g, beta, ssm_state, state_slots, parents, scale) -> VerifySizes:
+    """Validate a gdn_verify call (see ops_verify.gdn_verify) and return its sizes."""
+    op = _GDN_VERIFY
+    for name, value in (("out", out), ("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta),
+                        ("ssm_state", ssm_state)):
+        if not isinstance(value, torch.Tensor):
+            check_tensor(f"{op}: {name}", value)
+    if ssm_state.dim() != 4:
+        raise ValueError(f"{op}: ssm_state must be one layer's pool [S, Hv, dk, dv], got shape "
+                         f"{tuple(ssm_state.shape)}")
+    if ssm_state.dtype not in STATE_DTYPES:
+        raise TypeError(f"{op}: ssm_state must be float32 or bfloat16, got {ssm_state.dtype}")
+    num_state_slots, num_v_heads, head_k_dim, head_v_dim = ssm_state.shape
+    device = ssm_state.device
+    if q.dim() != 4:
+        raise ValueError(f"{op}: q must be [B, N, Hk, dk], got shape {tuple(q.shape)}")
+    num_rows, num_nodes, num_k_heads = q.shape[:3]
+    if q.shape[3] != head_k_dim:
+        raise ValueError(f"{op}: q must be [B, N, Hk, dk] with dk = {head_k_dim} (ssm_state [S, Hv, dk, dv] = "
+                         f"{list(ssm_state.shape)}), got shape {tuple(q.shape)}")
+    if k.shape != q.shape:
+        raise ValueError(f"{op}: k must have q's shape [B, N, Hk, dk] = {list(q.shape)}, got {tuple(k.shape)}")
+    if v.shape != (num_rows, num_nodes, num_v_heads, head_v_dim):
+        raise ValueError(f"{op}: v must be [B, N, Hv, dv] = {[num_rows, num_nodes, num_v_heads, head_v_dim]} "
+                         f"(B, N from q; Hv, dv from ssm_state), got shape {tuple(v.shape)}")
+    if not 1 <= num_nodes <= VERIFY_MAX_NODES:
+        raise ValueError(f"{op}: N (draft tokens, q's axis 1) must be 1..{VERIFY_MAX_NODES}, got {num_nodes}")
+    if num_k_heads < 1 or num_v_heads % num_k_heads:
+        raise ValueError(f"{op}: Hv ({num_v_heads}, ssm_state axis 1) must be a multiple of Hk ({num_k_heads}, "
+                         f"q axis 2)")
+    for name, t in (("g", g), ("beta", beta)):
+        if t.shape != (num_rows, num_nodes, num_v_heads):
+            raise ValueError(f"{op}: {name} must be [B, N, Hv] = {[num_rows, num_nodes, num_v_heads]}, got shape "
+                             f"{tuple(t.shape)}")
+    if out.shape != v.shape:
+        raise ValueError(f"{op}: out must be [B, N, Hv, dv] = {list(v.shape)} like v, got shape {tuple(out.shape)}")
+    for name, t in (("out", out), ("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        _check_float(op, name, t, device)
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"{op}: scale must be a float or None (dk ** -0.5), got {type(scale).__name__}")
+    check_writable(op, "out", out)
+    rows = check_index_tensors(op, device, ("state_slots",), state_slots, owner="ssm_state")
+    if rows != num_rows:
+        raise ValueError(f"{op}: state_slots has {rows} rows but q has {num_rows} (axis 0)")
+    if parents is not None:
+        _check_parents(op, parents, device, num_rows, num_nodes, "B, N from q", owner="ssm_state")
+    return VerifySizes(num_rows, num_nodes, num_state_slots)
+
+
+def check_gdn_verify_index_values(sizes: VerifySizes, state_slots, parents) -> None:
+    """Checked mode for gdn_verify: slots in range (or negative to skip), parent links in [-1, n-1]."""
+    links = None if parents is None else parents.tolist()
+    for row, slot in enumerate(state_slots.tolist()):
+        if slot < 0:
+            continue
+        if slot >= sizes.num_state_slots:
+            raise IndexError(
+                f"{_GDN_VERIFY}: state_slots[{row}] = {slot} is out of range for ssm_state with "
+                f"{sizes.num_state_slots} slots (expected 0..{sizes.num_state_slots - 1}, or negative to skip the row)"
+            )
+        if links is not None:
+            check_parent_links(_GDN_VERIFY, row, links[row])

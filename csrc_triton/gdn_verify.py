@@ -1,0 +1,194 @@
+"""The Gated DeltaNet verify recurrence: every draft token's (or tree node's) output from ONE read
+of the committed state, in the chunked (WY / UT) form of the delta rule.
+
+Per row b and value head h (key head h // (Hv / Hk)), with S0 = ssm[state_slots[b], h] [dk, dv]
+and anc(n) the ancestors of node n and n itself (a chain: 0..n), in float32:
+
+    G_n     = sum_{i in anc(n)} g_i                       cumulative log decay along n's root path
+    D[n, i] = exp(G_n - G_i) for i in anc(n), else 0
+    A[n, i] = beta_n D[n, i] (k_n . k_i) for i in anc(n), i != n   (strictly lower triangular)
+    U       = (I + A)^-1 diag(beta) (V - diag(exp G) K S0)           the corrected updates u_n
+    O       = diag(exp G) Q S0 + (D * Q K^T) U                       Q already scaled by ``scale``
+
+This is the token-by-token recurrence ``S = S exp(g); u = beta (v - S^T k); S = S + k u^T;
+o = S^T q`` unrolled along each node's root path (S_n = exp(G_n) S0 + sum_{i in anc(n)}
+exp(G_n - G_i) k_i u_i^T): the state is read once and never written, its two products K S0 and
+Q S0 run on tensor cores, and everything else is [N, N] or [N, dv]. Nodes are padded to NODES >= 16
+rows (tl.dot's minimum) with zeros, which change nothing. (I + A)^-1 is the product
+(I - A)(I + A^2)(I + A^4)... (A is nilpotent: A^N = 0), and anc the same product of the one-hot
+parent matrix: no loop over nodes, no loads beyond the parents row.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_launch
+
+MIN_DOT = 16  # tl.dot's smallest M, N and K
+# Value columns per program: a [dk, BLOCK_V] state tile. Wide tiles keep more bytes in flight per
+# program; below VERIFY_PROGRAMS programs (about four per SM of an H100/H200) the launcher halves
+# the tile so that small batches still spread over the GPU.
+BLOCK_V = 64
+VERIFY_PROGRAMS = 512
+VERIFY_WARPS = 4
+
+
+@triton.jit
+def _power_series(X, I, NODES: tl.constexpr, PRECISION: tl.constexpr):
+    """sum_{m < NODES} X^m = (I + X)(I + X^2)(I + X^4)..., for a strictly lower triangular X
+    [NODES, NODES] (so X^NODES = 0): (I - A)^-1 with X = A, ancestors-or-self with X = parent."""
+    T = I + X
+    P = X
+    for _ in tl.static_range(NODES.bit_length() - 2):
+        P = tl.dot(P, P, input_precision=PRECISION)
+        T = T + tl.dot(T, P, input_precision=PRECISION)
+    return T
+
+
+@triton.jit
+def _l2_normalised(x, L2NORM: tl.constexpr):
+    """Rows of x divided by sqrt(|row|^2 + 1e-6) (FLA's l2norm), if L2NORM."""
+    if L2NORM:
+        x = x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
+    return x
+
+
+@triton.jit
+def _gdn_verify_kernel(
+    out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, slots_ptr, parents_ptr,
+    num_state_slots, scale,
+    out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+    q_stride_row, q_stride_node, q_stride_head, q_stride_k,
+    k_stride_row, k_stride_node, k_stride_head, k_stride_k,
+    v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+    g_stride_row, g_stride_node, g_stride_head,
+    beta_stride_row, beta_stride_node, beta_stride_head,
+    ssm_stride_slot, ssm_stride_head, ssm_stride_k, ssm_stride_v,
+    slots_stride, parents_stride_row, parents_stride_node,
+    NUM_NODES: tl.constexpr, NODES: tl.constexpr, NUM_K_HEADS: tl.constexpr, NUM_V_HEADS: tl.constexpr,
+    HEAD_K_DIM: tl.constexpr, HEAD_V_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    TREE: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One program: one (value head, block of BLOCK_V value columns) of one row. Its outputs are
+    stored only if the row's slot is in [0, num_state_slots) and (trees) every parent link lies
+    in [-1, n-1]; nothing is written otherwise, and no load leaves its tensor."""
+    V_BLOCKS: tl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
+    head = tl.program_id(0) // V_BLOCKS
+    v_block = tl.program_id(0) % V_BLOCKS
+    row = tl.program_id(1).to(tl.int64)
+    k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
+
+    nodes = tl.arange(0, NODES)
+    kk = tl.arange(0, BLOCK_K)
+    vv = v_block * BLOCK_V + tl.arange(0, BLOCK_V)
+    real = nodes < NUM_NODES
+    k_mask = real[:, None] & (kk < HEAD_K_DIM)[None, :]
+    v_mask = real[:, None] & (vv < HEAD_V_DIM)[None, :]
+
+    slot = tl.load(slots_ptr + row * slots_stride).to(tl.int64)
+    slot_ok = (slot >= 0) & (slot < num_state_slots)
+    # The state tile first: it is the program's one long read, and nothing it needs waits on it.
+    tile = (ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head
+            + (kk * ssm_stride_k)[:, None] + (vv * ssm_stride_v)[None, :])
+    tile_mask = tl.where(slot_ok, (kk < HEAD_K_DIM)[:, None] & (vv < HEAD_V_DIM)[None, :], False)
+    state = tl.load(tile, mask=tile_mask, other=0.0).to(tl.float32)
+
+    q = tl.load(q_ptr + row * q_stride_row + k_head * q_stride_head + (nodes * q_stride_node)[:, None]
+                + (kk * q_stride_k)[None, :], mask=k_mask, other=0.0).to(tl.float32)
+    k = tl.load(k_ptr + row * k_stride_row + k_head * k_stride_head + (nodes * k_stride_node)[:, None]
+                + (kk * k_stride_k)[None, :], mask=k_mask, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (nodes * v_stride_node)[:, None]
+                + (vv * v_stride_v)[None, :], mask=v_mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + row * g_stride_row + nodes * g_stride_node + head * g_stride_head,
+                mask=real, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + row * beta_stride_row + nodes * beta_stride_node + head * beta_stride_head,
+                   mask=real, other=0.0).to(tl.float32)
+    q = _l2_normalised(q, L2NORM) * scale
+    k = _l2_normalised(k, L2NORM)
+
+    eye = (nodes[:, None] == nodes[None, :]).to(tl.float32)
+    store_ok = slot_ok
+    if TREE:
+        parent = tl.load(parents_ptr + row * parents_stride_row + nodes * parents_stride_node,
+                         mask=real, other=-1)
+        links_ok = tl.sum(tl.where(real & ((parent < -1) | (parent >= nodes)), 1, 0)) == 0
+        # one-hot parent matrix (exact 0/1 products at any precision): its power series is anc
+        to_parent = tl.where(links_ok, parent[:, None] == nodes[None, :], False).to(tl.float32)
+        ancestry = _power_series(to_parent, eye, NODES, PRECISION) > 0.5
+        store_ok = store_ok & links_ok
+    else:
+        ancestry = nodes[None, :] <= nodes[:, None]
+
+    cumulative = tl.sum(tl.where(ancestry, g[None, :], 0.0), axis=1)  # G [NODES]
+    decay = tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0))
+    decay = tl.where(ancestry, decay, 0.0)  # D
+    strict = tl.where(eye > 0.5, 0.0, decay)
+    A = beta[:, None] * strict * tl.dot(k, tl.trans(k), input_precision=PRECISION)
+    inverse = _power_series(-A, eye, NODES, PRECISION)  # (I + A)^-1
+
+    grown = tl.exp(cumulative)[:, None]
+    rhs = beta[:, None] * (v - grown * tl.dot(k, state, input_precision=PRECISION))
+    updates = tl.dot(inverse, rhs, input_precision=PRECISION)  # U
+    scores = decay * tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    o = grown * tl.dot(q, state, input_precision=PRECISION) + tl.dot(scores, updates, input_precision=PRECISION)
+
+    dst = (out_ptr + row * out_stride_row + head * out_stride_head + (nodes * out_stride_node)[:, None]
+           + (vv * out_stride_v)[None, :])
+    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=tl.where(store_ok, v_mask, False))
+
+
+def default_precision(ssm) -> str:
+    """tl.dot's input precision: three tf32 products (about float32's accuracy) for float32 states;
+    one for states whose values tf32 holds exactly (bfloat16)."""
+    return "tf32x3" if ssm.dtype.itemsize == 4 else "tf32"
+
+
+def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
+                 block_v=None, num_warps=VERIFY_WARPS, precision=None):
+    """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
+    block_v, num_warps, precision: tuning only (block_v a power of two >= 16)."""
+    num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
+    num_v_heads, head_v_dim = v.shape[2], v.shape[3]
+    if num_rows == 0:
+        return None
+    if num_rows > MAX_GRID_Y:
+        raise ValueError(f"convwin.gdn_verify verifies at most {MAX_GRID_Y} rows per call, got {num_rows}; "
+                         "split the batch")
+    if block_v is None:
+        block_v = max(MIN_DOT, min(BLOCK_V, next_power_of_2(head_v_dim)))
+        while block_v > MIN_DOT and num_rows * num_v_heads * cdiv(head_v_dim, block_v) < VERIFY_PROGRAMS:
+            block_v //= 2
+    grid = (num_v_heads * cdiv(head_v_dim, block_v), num_rows)
+    parents_strides = (0, 0) if parents is None else parents.stride()
+    scalars = (ssm.shape[0], float(scale), *out.stride(), *q.stride(), *k.stride(), *v.stride(), *g.stride(),
+               *beta.stride(), *ssm.stride(), state_slots.stride(0), *parents_strides)
+    constexprs = dict(
+        NUM_NODES=num_nodes, NODES=max(MIN_DOT, next_power_of_2(num_nodes)), NUM_K_HEADS=num_k_heads,
+        NUM_V_HEADS=num_v_heads, HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim,
+        BLOCK_K=max(MIN_DOT, next_power_of_2(head_k_dim)), BLOCK_V=block_v, TREE=parents is not None,
+        L2NORM=bool(use_qk_l2norm), PRECISION=precision or default_precision(ssm), num_warps=num_warps,
+    )
+    tensors = (out, q, k, v, g, beta, ssm, state_slots, state_slots if parents is None else parents)
+    return KernelCall(_gdn_verify_kernel, grid, tensors, scalars, constexprs)
+
+
+def launch_gdn_verify(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm, **tuning):
+    """out [B, N, Hv, dv]; q, k [B, N, Hk, dk]; v [B, N, Hv, dv]; g, beta [B, N, Hv];
+    ssm [S, Hv, dk, dv]; state_slots [B]; parents [B, N] or None; any strides. One launch."""
+    call = _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, scale=scale,
+                        use_qk_l2norm=use_qk_l2norm, **tuning)
+    if call is not None:
+        call.launch()
+
+
+def planned_gdn_verify(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm):
+    """launch_gdn_verify fixed for these shapes, strides, dtypes and arguments (_common.planned_launch)."""
+    launch = planned_launch(_verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, scale=scale,
+                                         use_qk_l2norm=use_qk_l2norm))
+
+    def run(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm):
+        launch(out, q, k, v, g, beta, ssm, state_slots, state_slots if parents is None else parents)
+
+    return run
