@@ -1,0 +1,277 @@
+"""The Gated DeltaNet verify recurrence, per step of all layers, side by side in one run:
+
+  gdn_verify            sgl_convwin's: every draft token's (tree node's) output from one read of the state
+  fla fused_recurrent   FLA's fused_recurrent_gated_delta_rule over the drafts (chains; reads the state,
+                        writes none), where fla-core imports
+  snapshot stand-in     a verify that also writes one state per draft token or tree node (what the
+                        snapshot design does: bench_commit's stand-in kernel)
+  read floor            the state bytes read once at the read ceiling measured in this run
+
+then the whole recurrent step (verify + commit, chains; trees for gdn_verify): snapshots + copy
+commit, FLA verify + gdn_commit, gdn_verify + gdn_commit.
+
+Qwen3-Next-80B TP1 by default (36 layers, Hk 16, Hv 32, dk = dv = 128, fp32 state, bf16 q/k/v
+as views of one conv output, D = 4 chains, trees of 8 nodes with topk 3). Times are CUDA-graph
+replays (the median of rounds) and do_bench medians.
+
+    python benchmarks/bench_gdn_verify.py [--batches 1 8 64 256] [--state-dtype fp32|bf16]
+    python benchmarks/bench_gdn_verify.py --sweep      # the launcher's tile choices per B
+    python benchmarks/bench_gdn_verify.py --check      # correctness of the timed calls (CPU too)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sgl_convwin  # noqa: E402
+from bench_commit import (  # noqa: E402
+    TREE_PARENTS, Shapes, convwin_commit_fn, make_problem, snapshot_commit_fn, time_fn, verify_layer,
+)
+from common import environment_line, markdown_header, markdown_row  # noqa: E402
+from sgl_convwin import reference  # noqa: E402
+
+GiB = 1 << 30
+
+
+@triton.jit
+def _read_kernel(src_ptr, partial_ptr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(partial_ptr + tl.program_id(0), tl.sum(tl.load(src_ptr + offsets)))
+
+
+def read_ceiling_gbps() -> float:
+    """Read rate of 2 GiB of fp32 (one partial sum written per 16K elements), GB/s."""
+    block = 1 << 14
+    src = torch.randn(1 << 29, device="cuda")
+    partial = torch.empty(src.numel() // block, device="cuda")
+    ms = triton.testing.do_bench(lambda: _read_kernel[(partial.numel(),)](src, partial, BLOCK=block, num_warps=8),
+                                 warmup=20, rep=200, return_mode="median")
+    return src.numel() * 4 / (ms * 1e-3) / 1e9
+
+
+def verify_problem(shapes: Shapes, batch: int, tree: bool, state_dtype, device, seed=0):
+    """All layers' verify inputs: q, k, v views of one bf16 conv output [L, B, N, dim], g, beta [L, B, N, Hv]
+    fp32, the state pools [L, B, Hv, dk, dv] (slots a permutation), out [L, B, N, Hv, dv] bf16."""
+    L, Hk, Hv, dk, dv = shapes.layers, shapes.k_heads, shapes.v_heads, shapes.head_k, shapes.head_v
+    num_nodes = len(TREE_PARENTS) if tree else shapes.num_draft
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def normal(*shape, dtype=torch.float32, std=1.0):
+        return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std, generator=gen)
+
+    mixed = normal(L, batch, num_nodes, shapes.dim, dtype=torch.bfloat16)
+    kw = shapes.key_width
+    return dict(
+        q=mixed[..., :kw].unflatten(-1, (Hk, dk)), k=mixed[..., kw:2 * kw].unflatten(-1, (Hk, dk)),
+        v=mixed[..., 2 * kw:].unflatten(-1, (Hv, dv)),
+        g=-torch.nn.functional.softplus(normal(L, batch, num_nodes, Hv)) * 0.5,
+        beta=torch.sigmoid(normal(L, batch, num_nodes, Hv)),
+        ssm=normal(L, batch, Hv, dk, dv, std=0.1).to(state_dtype),
+        slots=torch.randperm(batch, device="cpu").to(device),
+        parents=torch.tensor([TREE_PARENTS] * batch, device=device) if tree else None,
+        out=torch.zeros(L, batch, num_nodes, Hv, dv, dtype=torch.bfloat16, device=device),
+    )
+
+
+def gdn_verify_fn(p, launch=None):
+    """One step: one gdn_verify per layer (``launch``: a launcher with tuning keywords instead)."""
+    layers = p["ssm"].shape[0]
+    if launch is None:
+        def step():
+            for layer in range(layers):
+                sgl_convwin.gdn_verify(p["out"][layer], p["q"][layer], p["k"][layer], p["v"][layer], p["g"][layer],
+                                       p["beta"][layer], p["ssm"][layer], p["slots"], p["parents"])
+        return step
+    calls = [sgl_convwin.gdn_verify.kernel_arguments(
+        p["out"][layer], p["q"][layer], p["k"][layer], p["v"][layer], p["g"][layer], p["beta"][layer],
+        p["ssm"][layer], p["slots"], p["parents"]) for layer in range(layers)]
+
+    def tuned():
+        for args, kwargs in calls:
+            launch(*args, **kwargs)
+    return tuned
+
+
+def fla_fn(p, fla_recurrent, scale):
+    """FLA over each layer's chain (contiguous q, k, v copies made once; initial_state = the pool in slot order)."""
+    layers = p["ssm"].shape[0]
+    q, k, v = (p[name].contiguous() for name in ("q", "k", "v"))
+    state = p["ssm"]
+
+    def step():
+        for layer in range(layers):
+            fla_recurrent(q[layer], k[layer], v[layer], g=p["g"][layer], beta=p["beta"][layer], scale=scale,
+                          initial_state=state[layer], output_final_state=False, use_qk_l2norm_in_kernel=True)
+    return step
+
+
+def snapshot_verify_fn(shapes, p, layers):
+    """bench_commit's stand-in verify writing one state per node, over ``layers`` layers."""
+    num_nodes = p["q"].shape[2]
+    mixed = torch.cat([p["q"].flatten(-2), p["k"].flatten(-2), p["v"].flatten(-2)], dim=-1)
+    gates = torch.stack([p["g"], p["beta"]], dim=3)
+    snapshots = torch.empty(layers, p["ssm"].shape[1], num_nodes, *p["ssm"].shape[2:], device=p["ssm"].device)
+    out = p["out"][0]
+
+    def step():
+        for layer in range(layers):
+            verify_layer(p["ssm"][layer], mixed[layer], gates[layer], out, snapshots[layer], p["slots"], shapes)
+    return step, snapshots
+
+
+def state_read_bytes(shapes, batch, element):
+    return shapes.layers * batch * shapes.state_numel * element
+
+
+def check(device) -> bool:
+    """The timed calls against the float64 oracle on a small problem (layer 1 of 2)."""
+    shapes = Shapes(layers=2, k_heads=2, v_heads=4, head_k=16, head_v=32)
+    ok = True
+    for tree in (False, True):
+        p = verify_problem(shapes, 3, tree, torch.float32, device)
+        p["q"], p["k"], p["v"] = (p[name].float() for name in ("q", "k", "v"))
+        p["out"] = p["out"].float()
+        gdn_verify_fn(p)()
+        want, _ = reference.gdn_verify_reference(p["q"][1], p["k"][1], p["v"][1], p["g"][1], p["beta"][1],
+                                                 p["ssm"][1], p["slots"].cpu(), p["parents"])
+        error = (p["out"][1].cpu().double() - want).abs().max().item()
+        good = error <= 2e-3 * want.abs().max().item()
+        print(f"gdn_verify {'tree' if tree else 'chain'} vs float64 oracle: max error {error:.2e} "
+              f"({'ok' if good else 'FAILED'})", flush=True)
+        ok &= good
+    return ok
+
+
+def sweep(shapes, batches, state_dtype):
+    """gdn_verify's launcher at each tile choice, graph replay per step."""
+    launch = sgl_convwin._kernels.triton_kernels().launch_gdn_verify
+    print("\n" + markdown_header("mode", "B", "block_v / warps / precision", "graph (us)", "of read floor"))
+    for tree in (False, True):
+        for batch in batches:
+            p = verify_problem(shapes, batch, tree, state_dtype, "cuda", seed=batch)
+            floor = state_read_bytes(shapes, batch, p["ssm"].element_size()) / (READ_GBPS * 1e9) * 1e6
+            for block_v in (16, 32, 64, 128):
+                for warps in (2, 4, 8):
+                    for precision in ("tf32", "tf32x3"):
+                        def tuned(*args, **kwargs):
+                            launch(*args, **kwargs, block_v=block_v, num_warps=warps, precision=precision)
+                        try:
+                            _, graph_us = time_fn(gdn_verify_fn(p, tuned))
+                        except Exception as error:  # noqa: BLE001 -- a configuration that does not compile
+                            print(f"  {block_v}/{warps}/{precision}: {type(error).__name__}", flush=True)
+                            continue
+                        print(markdown_row("tree" if tree else "chain", batch, f"{block_v}/{warps}/{precision}",
+                                           f"{graph_us:.1f}", f"{floor / graph_us:.1%}"), flush=True)
+            del p
+            torch.cuda.empty_cache()
+
+
+READ_GBPS = float("nan")
+
+
+def main(argv=None) -> int:
+    global READ_GBPS
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--state-dtype", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--sweep", action="store_true", help="time the launcher's tile choices instead")
+    parser.add_argument("--check", action="store_true", help="check the timed calls against the oracle and exit")
+    parser.add_argument("--no-step", action="store_true", help="skip the whole-step table (commits)")
+    args = parser.parse_args(argv)
+    if args.check:
+        return 0 if check("cuda" if torch.cuda.is_available() else "cpu") else 1
+    if not torch.cuda.is_available():
+        parser.error("timing needs a CUDA device (--check runs on the CPU)")
+    state_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.state_dtype]
+    shapes = Shapes()
+    READ_GBPS = read_ceiling_gbps()
+    print(environment_line(), flush=True)
+    print(f"read ceiling {READ_GBPS:.0f} GB/s; shapes {shapes}; state {args.state_dtype}", flush=True)
+    if args.sweep:
+        sweep(shapes, args.batches, state_dtype)
+        return 0
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    except Exception as error:  # noqa: BLE001 -- optional: fla-core
+        fused_recurrent_gated_delta_rule = None
+        print(f"fla not importable ({type(error).__name__}): its rows are skipped", flush=True)
+    rows = {}
+    for tree in (False, True):
+        mode = "tree" if tree else "chain"
+        for batch in args.batches:
+            p = verify_problem(shapes, batch, tree, state_dtype, "cuda", seed=batch)
+            element = p["ssm"].element_size()
+            floor = state_read_bytes(shapes, batch, element) / (READ_GBPS * 1e9) * 1e6
+            timed = {"gdn_verify": gdn_verify_fn(p)}
+            if fused_recurrent_gated_delta_rule is not None and not tree:
+                timed["fla fused_recurrent"] = fla_fn(p, fused_recurrent_gated_delta_rule, shapes.head_k ** -0.5)
+            free = torch.cuda.mem_get_info()[0] - 4 * GiB
+            per_layer = batch * p["q"].shape[2] * shapes.state_numel * 4
+            layers = max(1, min(shapes.layers, free // per_layer))
+            if state_dtype == torch.float32:
+                timed["snapshot stand-in"], snapshots = snapshot_verify_fn(shapes, p, layers)
+            for name, fn in timed.items():
+                us, graph_us = time_fn(fn)
+                scale = shapes.layers / layers if name == "snapshot stand-in" else 1.0
+                rows[(mode, batch, name)] = (us * scale, graph_us * scale)
+                note = f" ({layers} layers, scaled)" if scale != 1.0 else ""
+                print(f"  {mode} B={batch:<4} {name:22} do_bench {us * scale:9.1f} us  graph {graph_us * scale:9.1f} us"
+                      f"  read floor {floor:8.1f} us ({floor / (graph_us * scale):6.1%}){note}", flush=True)
+            rows[(mode, batch, "read floor")] = (floor, floor)
+            del p, timed
+            snapshots = None  # noqa: F841
+            torch.cuda.empty_cache()
+    names = ["gdn_verify", "fla fused_recurrent", "snapshot stand-in"]
+    print(f"\n{shapes.layers} layers per step, graph replay (us); state {args.state_dtype}, read ceiling "
+          f"{READ_GBPS:.0f} GB/s")
+    print(markdown_header("mode", "B", *names, "read floor", "gdn_verify of floor", "fla / gdn_verify"))
+    for mode in ("chain", "tree"):
+        for batch in args.batches:
+            cells = [rows.get((mode, batch, n), (None, None))[1] for n in names]
+            floor = rows[(mode, batch, "read floor")][1]
+            ours, fla = cells[0], cells[1]
+            print(markdown_row(mode, batch, *("-" if c is None else f"{c:.1f}" for c in cells), f"{floor:.1f}",
+                               f"{floor / ours:.1%}", "-" if fla is None else f"{fla / ours:.2f}x"))
+    if not args.no_step:
+        step_table(shapes, args.batches, rows, state_dtype)
+    return 0
+
+
+def step_table(shapes, batches, rows, state_dtype):
+    """Whole recurrent step per design: the verify above + the commit timed here (graph replay)."""
+    print("\nwhole recurrent step, verify + commit, graph replay (us)")
+    print(markdown_header("mode", "B", "snapshots + copy commit", "fla verify + gdn_commit", "gdn_verify + gdn_commit",
+                          "vs fla + gdn_commit"))
+    for mode in ("chain", "tree"):
+        for batch in batches:
+            p = make_problem(shapes, batch, mode == "tree", "cuda", seed=batch)
+            if state_dtype != torch.float32:
+                p.ssm_state = p.ssm_state.to(state_dtype)
+            _, commit_us = time_fn(convwin_commit_fn(p))
+            snap = None
+            if state_dtype == torch.float32:
+                snapshots = torch.empty(1, batch, p.num_nodes, *p.ssm_state.shape[2:], device="cuda")
+                one = make_problem(Shapes(layers=1), batch, mode == "tree", "cuda", seed=batch)
+                _, copy_us = time_fn(snapshot_commit_fn(one, snapshots, one.steps))
+                snap = rows.get((mode, batch, "snapshot stand-in"), (0, None))[1]
+                snap = None if snap is None else snap + copy_us * shapes.layers
+                del snapshots, one
+            fla = rows.get((mode, batch, "fla fused_recurrent"), (None, None))[1]
+            ours = rows[(mode, batch, "gdn_verify")][1] + commit_us
+            fla_total = None if fla is None else fla + commit_us
+            print(markdown_row(mode, batch, "-" if snap is None else f"{snap:.1f}",
+                               "-" if fla_total is None else f"{fla_total:.1f}", f"{ours:.1f}",
+                               "-" if fla_total is None else f"{fla_total / ours:.2f}x faster"), flush=True)
+            del p
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

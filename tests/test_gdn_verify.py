@@ -1,0 +1,330 @@
+"""gdn_verify against its float64 oracle (reference.gdn_verify_reference), and FLA where installed.
+
+Every implementation -- the public function on the CPU (the chunked PyTorch path), the registered
+op, the Triton kernel under the interpreter, the CUDA kernel -- computes chains and trees of every
+head grouping, with l2norm on and off, from strided views and transposed or sliced state pools.
+Outputs are compared with a tolerance relative to the largest output (arithmetic); rows that must
+be skipped, and the state (read only), are compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sgl_convwin
+from sgl_convwin import reference
+from sgl_convwin._kernels import triton_kernels
+from support import HAS_TRITON, INTERPRET, CountingBackend, trees
+
+FILL = 7.0  # what out holds before the call: rows left untouched keep it
+
+
+def run_public(*args, **kwargs):
+    sgl_convwin.gdn_verify(*args, **kwargs)
+
+
+def run_op(*args, **kwargs):
+    torch.ops.convwin.gdn_verify(*args, **kwargs)
+
+
+def run_triton(*args, **kwargs):
+    kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(*args, **kwargs)
+    triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs)
+
+
+interpreted = pytest.mark.skipif(not (INTERPRET and HAS_TRITON), reason="Triton's interpreter runs on the CPU only")
+IMPLS = [
+    pytest.param(("cpu", run_public), id="cpu-public"),
+    pytest.param(("cpu", run_op), id="cpu-op"),
+    pytest.param(("cpu", run_triton), id="triton-interpret", marks=interpreted),
+    pytest.param(("cuda", run_public), id="cuda", marks=pytest.mark.gpu),
+    pytest.param(("cuda", run_op), id="cuda-op", marks=pytest.mark.gpu),
+]
+
+
+def make_problem(*, num_rows=3, num_nodes=4, num_k_heads=2, ratio=2, head_k_dim=16, head_v_dim=32, num_slots=5,
+                 parents=None, slots=None, qkv_dtype=torch.float32, gate_dtype=torch.float32,
+                 state_dtype=torch.float32, fused=False, transposed=False, pooled=False, device="cpu", seed=0):
+    """One layer's verify inputs. fused: q, k, v as views of one [B, N, 2*Hk*dk + Hv*dv] conv output;
+    transposed: the pool stored [S, Hv, dv, dk] and passed transposed; pooled: a slice of [2, S, ...]."""
+    gen = torch.Generator().manual_seed(seed)
+    num_v_heads = num_k_heads * ratio
+    key_width = num_k_heads * head_k_dim
+
+    def randn(*shape, std=1.0):
+        return torch.randn(shape, generator=gen) * std
+
+    if fused:
+        mixed = randn(num_rows, num_nodes, 2 * key_width + num_v_heads * head_v_dim).to(qkv_dtype)
+        q = mixed[..., :key_width].unflatten(-1, (num_k_heads, head_k_dim))
+        k = mixed[..., key_width:2 * key_width].unflatten(-1, (num_k_heads, head_k_dim))
+        v = mixed[..., 2 * key_width:].unflatten(-1, (num_v_heads, head_v_dim))
+    else:
+        q = randn(num_rows, num_nodes, num_k_heads, head_k_dim).to(qkv_dtype)
+        k = randn(num_rows, num_nodes, num_k_heads, head_k_dim).to(qkv_dtype)
+        v = randn(num_rows, num_nodes, num_v_heads, head_v_dim).to(qkv_dtype)
+    g = (-torch.nn.functional.softplus(randn(num_rows, num_nodes, num_v_heads)) * 0.5).to(gate_dtype)
+    beta = torch.sigmoid(randn(num_rows, num_nodes, num_v_heads)).to(gate_dtype)
+    state_shape = (num_slots, num_v_heads, head_v_dim, head_k_dim) if transposed else (
+        num_slots, num_v_heads, head_k_dim, head_v_dim)
+    ssm = randn(2 if pooled else 1, *state_shape, std=0.3).to(state_dtype)[-1]
+    if transposed:
+        ssm = ssm.transpose(-1, -2)
+    slots = torch.arange(num_rows) % num_slots if slots is None else torch.as_tensor(slots)
+    if parents is not None:
+        parents = torch.as_tensor(parents)
+        if parents.dim() == 1:
+            parents = parents.expand(num_rows, num_nodes).clone()
+    tensors = [q, k, v, g, beta, ssm, slots, parents]
+    return [None if t is None else t.to(device) for t in tensors]
+
+
+def check(device, run, problem, *, out_dtype=torch.float32, tol=2e-3, **kwargs):
+    """Run gdn_verify into a filled ``out`` and compare it with the oracle: written rows within
+    ``tol`` x max |o|, every other row untouched, the state unchanged."""
+    q, k, v, g, beta, ssm, slots, parents = problem
+    expected, written = reference.gdn_verify_reference(q, k, v, g, beta, ssm, slots.cpu(), parents, **kwargs)
+    state_before = ssm.clone()
+    out = torch.full(v.shape, FILL, dtype=out_dtype, device=device)
+    run(out, q, k, v, g, beta, ssm, slots, parents, **kwargs)
+    assert torch.equal(ssm, state_before), "the state was written"
+    got = out.cpu()
+    skipped = [row for row in range(v.shape[0]) if row not in written]
+    assert torch.equal(got[skipped], torch.full_like(got[skipped], FILL)), "a skipped row was written"
+    if written:
+        error = (got[written].double() - expected[written]).abs().max().item()
+        assert error <= tol * expected[written].abs().max().item(), f"max error {error:.3g}"
+    return written
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("ratio", [1, 2, 4])
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_matches_oracle(impl, ratio, tree):
+    device, run = impl
+    parents = [-1, 0, 0, 1, 1, 2] if tree else None
+    problem = make_problem(num_nodes=6, ratio=ratio, parents=parents, num_slots=4, slots=[3, 0, 1], device=device)
+    assert check(device, run, problem) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_no_l2norm_custom_scale_and_views(impl):
+    device, run = impl
+    problem = make_problem(fused=True, transposed=True, pooled=True, parents=[-1, -1, 0, 2], device=device)
+    check(device, run, problem, scale=0.3, use_qk_l2norm=False)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_low_precision_inputs_and_state(impl):
+    device, run = impl
+    problem = make_problem(qkv_dtype=torch.bfloat16, gate_dtype=torch.bfloat16, state_dtype=torch.bfloat16,
+                           fused=True, device=device)
+    check(device, run, problem, out_dtype=torch.bfloat16, tol=2e-2)
+    problem = make_problem(qkv_dtype=torch.float16, parents=[-1, 0, 0, 1], device=device, seed=1)
+    check(device, run, problem, out_dtype=torch.float16, tol=2e-2)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_skipped_rows(impl):
+    """Slots < 0 or >= S and bad links (self, forward, below -1) skip their row; rows sharing a slot
+    both read it."""
+    device, run = impl
+    slots = [4, -1, 5, 2, 2, 0, 1, 3]
+    links = [[-1, 0, 1, 2]] * 3 + [[-1, 0, 0, 1], [-1, 0, 0, 1], [-1, 1, 0, 1], [-1, 0, 2, 1], [-1, 0, -2, 1]]
+    problem = make_problem(num_rows=8, num_slots=5, slots=slots, parents=links, device=device)
+    assert check(device, run, problem) == [0, 3, 4]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_one_node_and_odd_sizes(impl):
+    """N = 1, dk and dv that are not powers of two (the kernel pads and masks)."""
+    device, run = impl
+    check(device, run, make_problem(num_nodes=1, head_k_dim=12, head_v_dim=20, device=device))
+    check(device, run, make_problem(num_nodes=5, head_k_dim=24, head_v_dim=40, parents=[-1, 0, -1, 2, 0],
+                                    device=device))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_deep_paths(impl):
+    """Paths of 10 to 17 tokens: every power of the node matrices up to the padded size counts."""
+    device, run = impl
+    check(device, run, make_problem(num_nodes=12, device=device))
+    check(device, run, make_problem(num_nodes=12, parents=[-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 10], device=device))
+    check(device, run, make_problem(num_rows=2, num_nodes=17, ratio=1, device=device))
+
+
+@pytest.mark.parametrize("impl", IMPLS[:2])
+@given(data=st.data())
+def test_fuzz_cpu(impl, data):
+    """The CPU paths over random trees, groupings, views and slots."""
+    device, run = impl
+    num_nodes = data.draw(st.integers(1, 9), label="nodes")
+    num_rows = data.draw(st.integers(1, 4), label="rows")
+    parents = data.draw(st.one_of(st.none(), trees(num_nodes)), label="parents")
+    slots = data.draw(st.lists(st.integers(-2, 5), min_size=num_rows, max_size=num_rows), label="slots")
+    problem = make_problem(
+        num_rows=num_rows, num_nodes=num_nodes, ratio=data.draw(st.sampled_from([1, 2, 4])), num_slots=4,
+        head_k_dim=data.draw(st.sampled_from([8, 16])), head_v_dim=data.draw(st.sampled_from([8, 24])),
+        parents=parents, slots=slots, fused=data.draw(st.booleans()), transposed=data.draw(st.booleans()),
+        pooled=data.draw(st.booleans()), seed=data.draw(st.integers(0, 2**16)), device=device,
+    )
+    check(device, run, problem, use_qk_l2norm=data.draw(st.booleans()))
+
+
+@interpreted
+@settings(max_examples=10)
+@given(data=st.data())
+def test_fuzz_triton_interpreted(data):
+    """The Triton kernel under the interpreter: random trees, slots and views (few examples: slow)."""
+    num_nodes = data.draw(st.integers(1, 8), label="nodes")
+    num_rows = data.draw(st.integers(1, 3), label="rows")
+    problem = make_problem(
+        num_rows=num_rows, num_nodes=num_nodes, ratio=data.draw(st.sampled_from([1, 2])), num_slots=3,
+        parents=data.draw(st.one_of(st.none(), trees(num_nodes)), label="parents"),
+        slots=data.draw(st.lists(st.integers(-1, 3), min_size=num_rows, max_size=num_rows), label="slots"),
+        fused=data.draw(st.booleans()), transposed=data.draw(st.booleans()), seed=data.draw(st.integers(0, 99)),
+    )
+    check("cpu", run_triton, problem)
+
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cuda_model_shape(tree, state_dtype):
+    """Qwen3-Next's per-rank shape (Hk 16, Hv 32, 128 x 128) at 40 rows, as engines call it: q, k, v
+    views of one bf16 conv output, a slice of a pool, slots permuted."""
+    parents = [-1, 0, 0, 0, 1, 1, 1, 4] if tree else None
+    problem = make_problem(num_rows=40, num_nodes=8 if tree else 4, num_k_heads=16, head_k_dim=128, head_v_dim=128,
+                           num_slots=64, slots=torch.randperm(64)[:40], parents=parents, qkv_dtype=torch.bfloat16,
+                           state_dtype=state_dtype, fused=True, pooled=True, device="cuda")
+    tol = 2e-3 if state_dtype == torch.float32 else 2e-2
+    check("cuda", run_public, problem, out_dtype=torch.bfloat16, tol=max(tol, 1e-2))
+    check("cuda", run_public, problem, out_dtype=torch.float32, tol=tol)
+
+
+@pytest.mark.gpu
+def test_cuda_fp32_tolerance_all_fp32():
+    """Everything float32: within 2e-3 x max |o| (tf32x3 products), several batch sizes (tile choices)."""
+    for num_rows in (1, 8, 64):
+        problem = make_problem(num_rows=num_rows, num_nodes=4, num_k_heads=16, head_k_dim=128, head_v_dim=128,
+                               num_slots=num_rows, device="cuda", seed=num_rows)
+        check("cuda", run_public, problem, tol=2e-3)
+
+
+@pytest.mark.gpu
+def test_cuda_agrees_with_fla():
+    """FLA's fused_recurrent_gated_delta_rule on the same chains (it reads initial_state per row)."""
+    fla = pytest.importorskip("fla.ops.gated_delta_rule")
+    q, k, v, g, beta, ssm, slots, _ = make_problem(num_rows=6, num_nodes=4, num_k_heads=4, head_k_dim=128,
+                                                   head_v_dim=128, num_slots=6, slots=torch.arange(6),
+                                                   qkv_dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(v.shape, dtype=torch.float32, device="cuda")
+    sgl_convwin.gdn_verify(out, q, k, v, g, beta, ssm, slots)
+    want, _ = fla.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, scale=128 ** -0.5, initial_state=ssm,
+                                                   output_final_state=False, use_qk_l2norm_in_kernel=True)
+    error = (out - want.float()).abs().max().item()
+    assert error <= 1e-2 * want.float().abs().max().item(), error
+
+
+def test_checked_mode_names_the_row():
+    q, k, v, g, beta, ssm, slots, parents = make_problem(slots=[0, 7, 1], parents=[-1, 0, 0, 1])
+    out = torch.full(v.shape, FILL)
+    with sgl_convwin.index_checks(), pytest.raises(IndexError, match=r"state_slots\[1\] = 7"):
+        sgl_convwin.gdn_verify(out, q, k, v, g, beta, ssm, slots, parents)
+    parents[2, 3] = 3
+    with sgl_convwin.index_checks(), pytest.raises(IndexError, match=r"parents\[2, 3\] = 3"):
+        sgl_convwin.gdn_verify(out, q, k, v, g, beta, ssm, torch.tensor([0, 1, 2]), parents)
+    assert torch.equal(out, torch.full_like(out, FILL))
+
+
+BAD_CALLS = {
+    "state 3-D": (lambda p: p.update(ssm=p["ssm"][0]), ValueError, "one layer's pool"),
+    "state fp16": (lambda p: p.update(ssm=p["ssm"].half()), TypeError, "float32 or bfloat16"),
+    "k shape": (lambda p: p.update(k=p["k"][:, :3]), ValueError, "k must have q's shape"),
+    "v heads": (lambda p: p.update(v=p["v"][:, :, :3]), ValueError, r"v must be \[B, N, Hv, dv\]"),
+    "dk": (lambda p: p.update(q=p["q"][..., :8], k=p["k"][..., :8]), ValueError, "dk = 16"),
+    "g shape": (lambda p: p.update(g=p["g"][:, :, :1]), ValueError, r"g must be \[B, N, Hv\]"),
+    "beta int": (lambda p: p.update(beta=p["beta"].long()), TypeError, "beta must be a floating-point"),
+    "out shape": (lambda p: p.update(out=p["out"][:2]), ValueError, "out must be"),
+    "out expanded": (lambda p: p.update(out=p["out"][:, :1].expand(p["v"].shape)), ValueError, "overlapping"),
+    "slots float": (lambda p: p.update(slots=p["slots"].float()), TypeError, "state_slots must be int32 or int64"),
+    "slots rows": (lambda p: p.update(slots=p["slots"][:2]), ValueError, "state_slots has 2 rows"),
+    "parents shape": (lambda p: p.update(parents=p["parents"][:, :2]), ValueError, r"parents must be \[B, N\]"),
+    "out aliases v": (lambda p: p.update(out=p["v"]), ValueError, "share storage"),
+    "scale str": (lambda p: p.update(scale="0.1"), TypeError, "scale must be a float"),
+    "grouping": (lambda p: p.update(q=p["q"][:, :, :1].expand(-1, -1, 3, -1), k=p["k"][:, :, :1].expand(-1, -1, 3, -1)),
+                 ValueError, "multiple of Hk"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CALLS)
+def test_bad_calls_raise_before_writing(case):
+    mutate, error, match = BAD_CALLS[case]
+    q, k, v, g, beta, ssm, slots, parents = make_problem(parents=[-1, 0, 0, 1])
+    p = dict(out=torch.full(v.shape, FILL), q=q, k=k, v=v, g=g, beta=beta, ssm=ssm, slots=slots, parents=parents,
+             scale=None)
+    mutate(p)
+    before = p["out"].clone()
+    with pytest.raises(error, match=match):
+        sgl_convwin.gdn_verify(p["out"], p["q"], p["k"], p["v"], p["g"], p["beta"], p["ssm"], p["slots"],
+                               p["parents"], scale=p["scale"])
+    assert torch.equal(p["out"], before)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_opcheck(device):
+    for tree in (False, True):
+        q, k, v, g, beta, ssm, slots, parents = make_problem(parents=[-1, 0, 0, 1] if tree else None,
+                                                             device=device)
+        out = torch.zeros(v.shape, device=device)
+        torch.library.opcheck(torch.ops.convwin.gdn_verify.default, (out, q, k, v, g, beta, ssm, slots, parents),
+                              {"scale": 0.25, "use_qk_l2norm": True})
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph(device, dynamic):
+    """Inside torch.compile(fullgraph=True): the op stays in the graph, out is written in place."""
+    q, k, v, g, beta, ssm, slots, parents = make_problem(fused=True, parents=[-1, 0, 0, 1], device=device)
+    expected, _ = reference.gdn_verify_reference(q, k, v, g, beta, ssm, slots.cpu(), parents)
+    backend = CountingBackend() if device == "cpu" else "inductor"
+
+    @torch.compile(fullgraph=True, dynamic=dynamic, backend=backend)
+    def step(out, mixed_q, mixed_k, mixed_v, g, beta, ssm, slots, parents):
+        sgl_convwin.gdn_verify(out, mixed_q, mixed_k, mixed_v, g, beta, ssm, slots, parents)
+        return out.sum()
+
+    out = torch.zeros(v.shape, device=device)
+    total = step(out, q, k, v, g, beta, ssm, slots, parents)
+    error = (out.cpu().double() - expected).abs().max().item()
+    assert error <= 2e-3 * expected.abs().max().item()
+    assert torch.allclose(total.cpu().double(), expected.sum(), rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_with_new_slots():
+    """Captured once, replayed with new slots and links written into the static inputs."""
+    q, k, v, g, beta, ssm, slots, parents = make_problem(num_rows=4, num_slots=6, parents=[-1, 0, 0, 1],
+                                                         device="cuda")
+    out = torch.full(v.shape, FILL, device="cuda")
+    sgl_convwin.gdn_verify(out, q, k, v, g, beta, ssm, slots, parents)  # warm-up (compiles, plans)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sgl_convwin.gdn_verify(out, q, k, v, g, beta, ssm, slots, parents)
+    for new_slots, new_links in (([5, -1, 2, 0], [-1, 0, 1, 1]), ([1, 4, 9, 3], [-1, -1, 0, 2])):
+        slots.copy_(torch.tensor(new_slots))
+        parents.copy_(torch.tensor(new_links).expand_as(parents))
+        out.fill_(FILL)
+        graph.replay()
+        torch.cuda.synchronize()
+        expected, written = reference.gdn_verify_reference(q, k, v, g, beta, ssm, slots.cpu(), parents)
+        got = out.cpu().double()
+        assert written == [row for row, s in enumerate(new_slots) if 0 <= s < 6]
+        assert (got[written] - expected[written]).abs().max() <= 2e-3 * expected[written].abs().max()
+        skipped = [r for r in range(4) if r not in written]
+        assert torch.equal(out[skipped].cpu(), torch.full_like(out[skipped].cpu(), FILL))
