@@ -149,26 +149,40 @@ def check(device) -> bool:
     return ok
 
 
+SWEEP = [dict(block_v=bv, column_blocks=cb, num_warps=w) for bv, cb in ((32, 1), (64, 1), (32, 2), (64, 2), (32, 4))
+         for w in (2, 4)] + [dict(block_v=64, column_blocks=2, num_warps=4, precision="tf32x3")]
+
+
+def registers(p, tuning):
+    """(registers, spilled bytes) of the kernel gdn_verify launches with ``tuning`` on layer 0."""
+    kernels = sgl_convwin._kernels.triton_kernels()
+    args, kwargs = sgl_convwin.gdn_verify.kernel_arguments(
+        p["out"][0], p["q"][0], p["k"][0], p["v"][0], p["g"][0], p["beta"][0], p["ssm"][0], p["slots"], p["parents"])
+    call = kernels.gdn_verify._verify_call(*args, **kwargs, **tuning)
+    compiled = call.kernel[call.grid](*call.tensors, *call.scalars, **call.constexprs)
+    return compiled.n_regs, compiled.n_spills
+
+
 def sweep(shapes, batches, state_dtype):
     """gdn_verify's launcher at each tile choice, graph replay per step."""
     launch = sgl_convwin._kernels.triton_kernels().launch_gdn_verify
-    print("\n" + markdown_header("mode", "B", "block_v / warps / precision", "graph (us)", "of read floor"))
+    print("\n" + markdown_header("mode", "B", "tuning", "graph (us)", "of read floor", "registers / spilled"))
     for tree in (False, True):
         for batch in batches:
             p = verify_problem(shapes, batch, tree, state_dtype, "cuda", seed=batch)
             floor = state_read_bytes(shapes, batch, p["ssm"].element_size()) / (READ_GBPS * 1e9) * 1e6
-            for block_v in (16, 32, 64, 128):
-                for warps in (2, 4, 8):
-                    for precision in ("tf32", "tf32x3"):
-                        def tuned(*args, **kwargs):
-                            launch(*args, **kwargs, block_v=block_v, num_warps=warps, precision=precision)
-                        try:
-                            _, graph_us = time_fn(gdn_verify_fn(p, tuned))
-                        except Exception as error:  # noqa: BLE001 -- a configuration that does not compile
-                            print(f"  {block_v}/{warps}/{precision}: {type(error).__name__}", flush=True)
-                            continue
-                        print(markdown_row("tree" if tree else "chain", batch, f"{block_v}/{warps}/{precision}",
-                                           f"{graph_us:.1f}", f"{floor / graph_us:.1%}"), flush=True)
+            for tuning in [{}] + SWEEP:
+                def tuned(*args, **kwargs):
+                    launch(*args, **kwargs, **tuning)
+                name = "/".join(f"{k}={v}" for k, v in tuning.items()) or "default"
+                try:
+                    _, graph_us = time_fn(gdn_verify_fn(p, tuned))
+                    regs, spills = registers(p, tuning)
+                except Exception as error:  # noqa: BLE001 -- a configuration that does not compile
+                    print(f"  {name}: {type(error).__name__}: {str(error)[:200]}", flush=True)
+                    continue
+                print(markdown_row("tree" if tree else "chain", batch, name, f"{graph_us:.1f}", f"{floor / graph_us:.1%}",
+                                   f"{regs} / {spills}"), flush=True)
             del p
             torch.cuda.empty_cache()
 

@@ -27,21 +27,22 @@ import triton.language as tl
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_launch
 
 MIN_DOT = 16  # tl.dot's smallest M, N and K
-# Value columns per program: a [dk, BLOCK_V] state tile. Wide tiles keep more bytes in flight per
-# program; below VERIFY_PROGRAMS programs (about four per SM of an H100/H200) the launcher halves
-# the tile so that small batches still spread over the GPU.
+# Value columns per state tile [dk, BLOCK_V]. A program takes a whole head's tiles (the node
+# matrices computed once) unless fewer than VERIFY_PROGRAMS programs (about four per SM of an
+# H100/H200) would result: then fewer tiles each, so that small batches still spread over the GPU.
 BLOCK_V = 64
 VERIFY_PROGRAMS = 512
 VERIFY_WARPS = 4
 
 
 @triton.jit
-def _power_series(X, I, NODES: tl.constexpr, PRECISION: tl.constexpr):
-    """sum_{m < NODES} X^m = (I + X)(I + X^2)(I + X^4)..., for a strictly lower triangular X
-    [NODES, NODES] (so X^NODES = 0): (I - A)^-1 with X = A, ancestors-or-self with X = parent."""
+def _power_series(X, I, NUM_NODES: tl.constexpr, PRECISION: tl.constexpr):
+    """sum_{m < NUM_NODES} X^m = (I + X)(I + X^2)(I + X^4)..., for X strictly lower triangular on
+    its first NUM_NODES rows and columns and zero elsewhere (so X^NUM_NODES = 0): (I - A)^-1 with
+    X = A, ancestors-or-self with X = the parent matrix."""
     T = I + X
     P = X
-    for _ in tl.static_range(NODES.bit_length() - 2):
+    for _ in tl.static_range(0, (NUM_NODES - 1).bit_length() - 1):
         P = tl.dot(P, P, input_precision=PRECISION)
         T = T + tl.dot(T, P, input_precision=PRECISION)
     return T
@@ -69,38 +70,34 @@ def _gdn_verify_kernel(
     slots_stride, parents_stride_row, parents_stride_node,
     NUM_NODES: tl.constexpr, NODES: tl.constexpr, NUM_K_HEADS: tl.constexpr, NUM_V_HEADS: tl.constexpr,
     HEAD_K_DIM: tl.constexpr, HEAD_V_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    TREE: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+    TREE: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, COLUMN_BLOCKS: tl.constexpr,
 ):
-    """One program: one (value head, block of BLOCK_V value columns) of one row. Its outputs are
-    stored only if the row's slot is in [0, num_state_slots) and (trees) every parent link lies
-    in [-1, n-1]; nothing is written otherwise, and no load leaves its tensor."""
-    V_BLOCKS: tl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
-    head = tl.program_id(0) // V_BLOCKS
-    v_block = tl.program_id(0) % V_BLOCKS
+    """One program: COLUMN_BLOCKS blocks of BLOCK_V value columns of one value head of one row: the
+    node matrices once, then per block its state tile (the next one loading while this one is
+    used). Outputs are stored only if the row's slot is in [0, num_state_slots) and (trees)
+    every parent link lies in [-1, n-1]; nothing is written otherwise, and no load leaves its tensor."""
+    GROUP_COLUMNS: tl.constexpr = BLOCK_V * COLUMN_BLOCKS
+    GROUPS: tl.constexpr = (HEAD_V_DIM + GROUP_COLUMNS - 1) // GROUP_COLUMNS
+    head = tl.program_id(0) // GROUPS
+    first_column = (tl.program_id(0) % GROUPS) * GROUP_COLUMNS
     row = tl.program_id(1).to(tl.int64)
     k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
 
     nodes = tl.arange(0, NODES)
     kk = tl.arange(0, BLOCK_K)
-    vv = v_block * BLOCK_V + tl.arange(0, BLOCK_V)
     real = nodes < NUM_NODES
     k_mask = real[:, None] & (kk < HEAD_K_DIM)[None, :]
-    v_mask = real[:, None] & (vv < HEAD_V_DIM)[None, :]
 
     slot = tl.load(slots_ptr + row * slots_stride).to(tl.int64)
     slot_ok = (slot >= 0) & (slot < num_state_slots)
-    # The state tile first: it is the program's one long read, and nothing it needs waits on it.
-    tile = (ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head
-            + (kk * ssm_stride_k)[:, None] + (vv * ssm_stride_v)[None, :])
-    tile_mask = tl.where(slot_ok, (kk < HEAD_K_DIM)[:, None] & (vv < HEAD_V_DIM)[None, :], False)
-    state = tl.load(tile, mask=tile_mask, other=0.0).to(tl.float32)
+    # The first state tile first: the program's long reads, which nothing else waits on.
+    state_head = ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head + (kk * ssm_stride_k)[:, None]
+    state = _state_tile(state_head, first_column, kk, slot_ok, ssm_stride_v, HEAD_K_DIM, HEAD_V_DIM, BLOCK_V)
 
     q = tl.load(q_ptr + row * q_stride_row + k_head * q_stride_head + (nodes * q_stride_node)[:, None]
                 + (kk * q_stride_k)[None, :], mask=k_mask, other=0.0).to(tl.float32)
     k = tl.load(k_ptr + row * k_stride_row + k_head * k_stride_head + (nodes * k_stride_node)[:, None]
                 + (kk * k_stride_k)[None, :], mask=k_mask, other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (nodes * v_stride_node)[:, None]
-                + (vv * v_stride_v)[None, :], mask=v_mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + row * g_stride_row + nodes * g_stride_node + head * g_stride_head,
                 mask=real, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + row * beta_stride_row + nodes * beta_stride_node + head * beta_stride_head,
@@ -116,7 +113,7 @@ def _gdn_verify_kernel(
         links_ok = tl.sum(tl.where(real & ((parent < -1) | (parent >= nodes)), 1, 0)) == 0
         # one-hot parent matrix (exact 0/1 products at any precision): its power series is anc
         to_parent = tl.where(links_ok, parent[:, None] == nodes[None, :], False).to(tl.float32)
-        ancestry = _power_series(to_parent, eye, NODES, PRECISION) > 0.5
+        ancestry = _power_series(to_parent, eye, NUM_NODES, PRECISION) > 0.5
         store_ok = store_ok & links_ok
     else:
         ancestry = nodes[None, :] <= nodes[:, None]
@@ -126,29 +123,48 @@ def _gdn_verify_kernel(
     decay = tl.where(ancestry, decay, 0.0)  # D
     strict = tl.where(eye > 0.5, 0.0, decay)
     A = beta[:, None] * strict * tl.dot(k, tl.trans(k), input_precision=PRECISION)
-    inverse = _power_series(-A, eye, NODES, PRECISION)  # (I + A)^-1
-
-    grown = tl.exp(cumulative)[:, None]
-    rhs = beta[:, None] * (v - grown * tl.dot(k, state, input_precision=PRECISION))
-    updates = tl.dot(inverse, rhs, input_precision=PRECISION)  # U
+    inverse = _power_series(-A, eye, NUM_NODES, PRECISION)  # (I + A)^-1
     scores = decay * tl.dot(q, tl.trans(k), input_precision=PRECISION)
-    o = grown * tl.dot(q, state, input_precision=PRECISION) + tl.dot(scores, updates, input_precision=PRECISION)
+    grown = tl.exp(cumulative)[:, None]
 
-    dst = (out_ptr + row * out_stride_row + head * out_stride_head + (nodes * out_stride_node)[:, None]
-           + (vv * out_stride_v)[None, :])
-    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=tl.where(store_ok, v_mask, False))
+    for block in tl.static_range(COLUMN_BLOCKS):
+        vv = first_column + block * BLOCK_V + tl.arange(0, BLOCK_V)
+        if block + 1 < COLUMN_BLOCKS:
+            following = _state_tile(state_head, first_column + (block + 1) * BLOCK_V, kk, slot_ok, ssm_stride_v,
+                                    HEAD_K_DIM, HEAD_V_DIM, BLOCK_V)
+        v_mask = real[:, None] & (vv < HEAD_V_DIM)[None, :]
+        v = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (nodes * v_stride_node)[:, None]
+                    + (vv * v_stride_v)[None, :], mask=v_mask, other=0.0).to(tl.float32)
+        rhs = beta[:, None] * (v - grown * tl.dot(k, state, input_precision=PRECISION))
+        updates = tl.dot(inverse, rhs, input_precision=PRECISION)  # U
+        o = grown * tl.dot(q, state, input_precision=PRECISION) + tl.dot(scores, updates, input_precision=PRECISION)
+        dst = (out_ptr + row * out_stride_row + head * out_stride_head + (nodes * out_stride_node)[:, None]
+               + (vv * out_stride_v)[None, :])
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=tl.where(store_ok, v_mask, False))
+        if block + 1 < COLUMN_BLOCKS:
+            state = following
+
+
+@triton.jit
+def _state_tile(state_head, first, kk, slot_ok, ssm_stride_v, HEAD_K_DIM: tl.constexpr, HEAD_V_DIM: tl.constexpr,
+                BLOCK_V: tl.constexpr):
+    """The [BLOCK_K, BLOCK_V] state tile at value column ``first`` in float32 (zeros outside the
+    state, or everywhere if the slot is out of range)."""
+    vv = first + tl.arange(0, BLOCK_V)
+    mask = tl.where(slot_ok, (kk < HEAD_K_DIM)[:, None] & (vv < HEAD_V_DIM)[None, :], False)
+    return tl.load(state_head + (vv * ssm_stride_v)[None, :], mask=mask, other=0.0).to(tl.float32)
 
 
 def default_precision(ssm) -> str:
-    """tl.dot's input precision: three tf32 products (about float32's accuracy) for float32 states;
-    one for states whose values tf32 holds exactly (bfloat16)."""
-    return "tf32x3" if ssm.dtype.itemsize == 4 else "tf32"
+    """tl.dot's input precision: tf32 (docs/benchmarks.md has its error against float64 and the
+    cost of "tf32x3")."""
+    return "tf32"
 
 
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
-                 block_v=None, num_warps=VERIFY_WARPS, precision=None):
+                 block_v=None, column_blocks=None, num_warps=VERIFY_WARPS, precision=None):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
-    block_v, num_warps, precision: tuning only (block_v a power of two >= 16)."""
+    block_v (a power of two >= 16), column_blocks, num_warps, precision: tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -158,9 +174,11 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
                          "split the batch")
     if block_v is None:
         block_v = max(MIN_DOT, min(BLOCK_V, next_power_of_2(head_v_dim)))
-        while block_v > MIN_DOT and num_rows * num_v_heads * cdiv(head_v_dim, block_v) < VERIFY_PROGRAMS:
-            block_v //= 2
-    grid = (num_v_heads * cdiv(head_v_dim, block_v), num_rows)
+    if column_blocks is None:
+        column_blocks = cdiv(head_v_dim, block_v)  # a whole head per program ...
+        while column_blocks > 1 and num_rows * num_v_heads * cdiv(head_v_dim, block_v * column_blocks) < VERIFY_PROGRAMS:
+            column_blocks = cdiv(column_blocks, 2)  # ... unless that leaves the GPU idle
+    grid = (num_v_heads * cdiv(head_v_dim, block_v * column_blocks), num_rows)
     parents_strides = (0, 0) if parents is None else parents.stride()
     scalars = (ssm.shape[0], float(scale), *out.stride(), *q.stride(), *k.stride(), *v.stride(), *g.stride(),
                *beta.stride(), *ssm.stride(), state_slots.stride(0), *parents_strides)
@@ -168,7 +186,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         NUM_NODES=num_nodes, NODES=max(MIN_DOT, next_power_of_2(num_nodes)), NUM_K_HEADS=num_k_heads,
         NUM_V_HEADS=num_v_heads, HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim,
         BLOCK_K=max(MIN_DOT, next_power_of_2(head_k_dim)), BLOCK_V=block_v, TREE=parents is not None,
-        L2NORM=bool(use_qk_l2norm), PRECISION=precision or default_precision(ssm), num_warps=num_warps,
+        L2NORM=bool(use_qk_l2norm), PRECISION=precision or default_precision(ssm), COLUMN_BLOCKS=column_blocks,
+        num_warps=num_warps,
     )
     tensors = (out, q, k, v, g, beta, ssm, state_slots, state_slots if parents is None else parents)
     return KernelCall(_gdn_verify_kernel, grid, tensors, scalars, constexprs)

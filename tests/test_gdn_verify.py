@@ -156,6 +156,22 @@ def test_deep_paths(impl):
     check(device, run, make_problem(num_rows=2, num_nodes=17, ratio=1, device=device))
 
 
+TUNINGS = [dict(block_v=16, column_blocks=1), dict(block_v=16, column_blocks=2), dict(block_v=16, column_blocks=3),
+           dict(block_v=32, column_blocks=2, precision="tf32x3", num_warps=2)]
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=interpreted), pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("tuning", TUNINGS, ids=lambda t: "-".join(f"{k}={v}" for k, v in t.items()))
+def test_launch_choices(device, tuning):
+    """The launcher's tile choices: several column blocks a program (a partial last group too)."""
+    def run(*args, **kwargs):
+        kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(*args, **kwargs)
+        triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, **tuning)
+
+    check(device, run, make_problem(head_v_dim=40, parents=[-1, 0, 0, 2], device=device))
+    check(device, run, make_problem(head_v_dim=64, slots=[1, -1, 2], device=device))
+
+
 @pytest.mark.parametrize("impl", IMPLS[:2])
 @given(data=st.data())
 def test_fuzz_cpu(impl, data):
