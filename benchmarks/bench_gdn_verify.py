@@ -149,8 +149,8 @@ def check(device) -> bool:
     return ok
 
 
-SWEEP = [dict(block_v=bv, column_blocks=cb, num_warps=w) for bv, cb in ((32, 1), (64, 1), (32, 2), (64, 2), (32, 4))
-         for w in (2, 4)] + [dict(block_v=64, column_blocks=2, num_warps=4, precision="tf32x3")]
+SWEEP = [dict(block_v=bv, column_blocks=cb, num_warps=w) for bv, cb, w in (
+    (16, 1, 2), (32, 1, 2), (32, 1, 4), (64, 1, 2), (64, 1, 4), (32, 2, 4), (64, 2, 4), (64, 2, 8), (32, 4, 4))]
 
 
 def registers(p, tuning):

@@ -12,11 +12,18 @@ and anc(n) the ancestors of node n and n itself (a chain: 0..n), in float32:
 
 This is the token-by-token recurrence ``S = S exp(g); u = beta (v - S^T k); S = S + k u^T;
 o = S^T q`` unrolled along each node's root path (S_n = exp(G_n) S0 + sum_{i in anc(n)}
-exp(G_n - G_i) k_i u_i^T): the state is read once and never written, its two products K S0 and
-Q S0 run on tensor cores, and everything else is [N, N] or [N, dv]. Nodes are padded to NODES >= 16
-rows (tl.dot's minimum) with zeros, which change nothing. (I + A)^-1 is the product
-(I - A)(I + A^2)(I + A^4)... (A is nilpotent: A^N = 0), and anc the same product of the one-hot
-parent matrix: no loop over nodes, no loads beyond the parents row.
+exp(G_n - G_i) k_i u_i^T): the state is read once and never written.
+
+The kernel stacks k and q into one [NODES, dk] matrix (rows 0..HALF-1: k of node r, rows
+HALF..: q of node r - HALF; NODES = max(16, 2N) rounded up to a power of two, tl.dot's minimum
+being 16, zero rows beyond N), so that ONE tensor-core product per state tile gives K S0 and
+Q S0 together, and every node matrix is a block of one [NODES, NODES] matrix:
+
+    gram = [k; q] [k; q]^T         (k.k in the key block, q.k below it)
+    mix  = (D * Q K^T) (I + A)^-1   (query rows; zero on key rows)
+    O    = diag(exp G) (Q S0) + mix diag(beta) (V - diag(exp G) K S0)   (query rows)
+
+(I + A)^-1 is the product (I - A)(I + A^2)(I + A^4)... (A is nilpotent: A^N = 0).
 """
 
 from __future__ import annotations
@@ -37,9 +44,8 @@ VERIFY_WARPS = 4
 
 @triton.jit
 def _power_series(X, I, NUM_NODES: tl.constexpr, PRECISION: tl.constexpr):
-    """sum_{m < NUM_NODES} X^m = (I + X)(I + X^2)(I + X^4)..., for X strictly lower triangular on
-    its first NUM_NODES rows and columns and zero elsewhere (so X^NUM_NODES = 0): (I - A)^-1 with
-    X = A, ancestors-or-self with X = the parent matrix."""
+    """sum_{m < NUM_NODES} X^m = (I + X)(I + X^2)(I + X^4)... for a nilpotent X with X^NUM_NODES = 0
+    (A's key block is strictly lower triangular over NUM_NODES nodes): (I - X)^-1 for X = -A."""
     T = I + X
     P = X
     for _ in tl.static_range(0, (NUM_NODES - 1).bit_length() - 1):
@@ -54,6 +60,26 @@ def _l2_normalised(x, L2NORM: tl.constexpr):
     if L2NORM:
         x = x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
     return x
+
+
+@triton.jit
+def _ancestry(row, nodes, node, real, parents_ptr, parents_stride_row, parents_stride_node, NUM_NODES: tl.constexpr,
+              TREE: tl.constexpr):
+    """[NODES, NODES] bool: node(c) is node(r)'s ancestor or itself (both sides of the stack), and
+    whether every parent link of the row lies in [-1, n-1] (always, for a chain). A tree's walk
+    loads one link per node and hop from the row's links (one cached line)."""
+    if TREE:
+        links = parents_ptr + row * parents_stride_row
+        up = tl.load(links + node * parents_stride_node, mask=real, other=-1)
+        links_ok = tl.sum(tl.where(real & ((up < -1) | (up >= node)), 1, 0)) == 0
+        ancestry = node[:, None] == node[None, :]
+        for _ in tl.static_range(NUM_NODES - 1):
+            ancestry |= up[:, None] == node[None, :]
+            climbing = tl.where(links_ok, up >= 0, False)
+            up = tl.where(climbing, tl.load(links + up * parents_stride_node, mask=climbing, other=-1), -1)
+        return ancestry, links_ok
+    else:
+        return node[None, :] <= node[:, None], row >= 0
 
 
 @triton.jit
@@ -76,6 +102,7 @@ def _gdn_verify_kernel(
     node matrices once, then per block its state tile (the next one loading while this one is
     used). Outputs are stored only if the row's slot is in [0, num_state_slots) and (trees)
     every parent link lies in [-1, n-1]; nothing is written otherwise, and no load leaves its tensor."""
+    HALF: tl.constexpr = NODES // 2
     GROUP_COLUMNS: tl.constexpr = BLOCK_V * COLUMN_BLOCKS
     GROUPS: tl.constexpr = (HEAD_V_DIM + GROUP_COLUMNS - 1) // GROUP_COLUMNS
     head = tl.program_id(0) // GROUPS
@@ -83,10 +110,11 @@ def _gdn_verify_kernel(
     row = tl.program_id(1).to(tl.int64)
     k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
 
-    nodes = tl.arange(0, NODES)
+    stack = tl.arange(0, NODES)  # rows of the [k; q] stack
+    key_side = stack < HALF
+    node = stack % HALF
+    real = node < NUM_NODES
     kk = tl.arange(0, BLOCK_K)
-    real = nodes < NUM_NODES
-    k_mask = real[:, None] & (kk < HEAD_K_DIM)[None, :]
 
     slot = tl.load(slots_ptr + row * slots_stride).to(tl.int64)
     slot_ok = (slot >= 0) & (slot < num_state_slots)
@@ -94,53 +122,47 @@ def _gdn_verify_kernel(
     state_head = ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head + (kk * ssm_stride_k)[:, None]
     state = _state_tile(state_head, first_column, kk, slot_ok, ssm_stride_v, HEAD_K_DIM, HEAD_V_DIM, BLOCK_V)
 
-    q = tl.load(q_ptr + row * q_stride_row + k_head * q_stride_head + (nodes * q_stride_node)[:, None]
-                + (kk * q_stride_k)[None, :], mask=k_mask, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + row * k_stride_row + k_head * k_stride_head + (nodes * k_stride_node)[:, None]
-                + (kk * k_stride_k)[None, :], mask=k_mask, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + row * g_stride_row + nodes * g_stride_node + head * g_stride_head,
-                mask=real, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + row * beta_stride_row + nodes * beta_stride_node + head * beta_stride_head,
-                   mask=real, other=0.0).to(tl.float32)
-    q = _l2_normalised(q, L2NORM) * scale
-    k = _l2_normalised(k, L2NORM)
+    keys = k_ptr + row * k_stride_row + k_head * k_stride_head + (node * k_stride_node)[:, None] + (kk * k_stride_k)[None, :]
+    queries = (q_ptr + row * q_stride_row + k_head * q_stride_head + (node * q_stride_node)[:, None]
+               + (kk * q_stride_k)[None, :])
+    kq = tl.load(tl.where(key_side[:, None], keys, queries), mask=real[:, None] & (kk < HEAD_K_DIM)[None, :],
+                 other=0.0).to(tl.float32)
+    kq = _l2_normalised(kq, L2NORM) * tl.where(key_side, 1.0, scale)[:, None]
+    g = tl.load(g_ptr + row * g_stride_row + node * g_stride_node + head * g_stride_head, mask=real,
+                other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
+                   mask=real & key_side, other=0.0).to(tl.float32)  # zero on query rows: no update there
 
-    eye = (nodes[:, None] == nodes[None, :]).to(tl.float32)
-    store_ok = slot_ok
-    if TREE:
-        parent = tl.load(parents_ptr + row * parents_stride_row + nodes * parents_stride_node,
-                         mask=real, other=-1)
-        links_ok = tl.sum(tl.where(real & ((parent < -1) | (parent >= nodes)), 1, 0)) == 0
-        # one-hot parent matrix (exact 0/1 products at any precision): its power series is anc
-        to_parent = tl.where(links_ok, parent[:, None] == nodes[None, :], False).to(tl.float32)
-        ancestry = _power_series(to_parent, eye, NUM_NODES, PRECISION) > 0.5
-        store_ok = store_ok & links_ok
-    else:
-        ancestry = nodes[None, :] <= nodes[:, None]
-
-    cumulative = tl.sum(tl.where(ancestry, g[None, :], 0.0), axis=1)  # G [NODES]
+    ancestry, links_ok = _ancestry(row, stack, node, real, parents_ptr, parents_stride_row, parents_stride_node,
+                                   NUM_NODES, TREE)
+    ancestry &= (key_side & real)[None, :]  # the key columns of each row's root path
+    cumulative = tl.sum(tl.where(ancestry, g[None, :], 0.0), axis=1)  # G of node(r)
     decay = tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0))
-    decay = tl.where(ancestry, decay, 0.0)  # D
-    strict = tl.where(eye > 0.5, 0.0, decay)
-    A = beta[:, None] * strict * tl.dot(k, tl.trans(k), input_precision=PRECISION)
-    inverse = _power_series(-A, eye, NUM_NODES, PRECISION)  # (I + A)^-1
-    scores = decay * tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    decay = tl.where(ancestry, decay, 0.0)  # D, on both sides' rows
+    gram = tl.dot(kq, tl.trans(kq), input_precision=PRECISION)
+    eye = (stack[:, None] == stack[None, :]).to(tl.float32)
+    A = tl.where(key_side[:, None] & (eye < 0.5), beta[:, None] * decay * gram, 0.0)
+    inverse = _power_series(-A, eye, NUM_NODES, PRECISION)  # (I + A)^-1 on the key block, I elsewhere
+    mix = tl.dot(tl.where(key_side[:, None], 0.0, decay * gram), inverse, input_precision=PRECISION)
     grown = tl.exp(cumulative)[:, None]
+    kept = tl.where(key_side[:, None], 0.0, grown)  # diag(exp G) Q S0 on query rows
+    store_ok = slot_ok & links_ok
 
     for block in tl.static_range(COLUMN_BLOCKS):
         vv = first_column + block * BLOCK_V + tl.arange(0, BLOCK_V)
         if block + 1 < COLUMN_BLOCKS:
             following = _state_tile(state_head, first_column + (block + 1) * BLOCK_V, kk, slot_ok, ssm_stride_v,
                                     HEAD_K_DIM, HEAD_V_DIM, BLOCK_V)
-        v_mask = real[:, None] & (vv < HEAD_V_DIM)[None, :]
-        v = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (nodes * v_stride_node)[:, None]
-                    + (vv * v_stride_v)[None, :], mask=v_mask, other=0.0).to(tl.float32)
-        rhs = beta[:, None] * (v - grown * tl.dot(k, state, input_precision=PRECISION))
-        updates = tl.dot(inverse, rhs, input_precision=PRECISION)  # U
-        o = grown * tl.dot(q, state, input_precision=PRECISION) + tl.dot(scores, updates, input_precision=PRECISION)
-        dst = (out_ptr + row * out_stride_row + head * out_stride_head + (nodes * out_stride_node)[:, None]
+        columns = (vv < HEAD_V_DIM)[None, :]
+        v = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (node * v_stride_node)[:, None]
+                    + (vv * v_stride_v)[None, :], mask=(real & key_side)[:, None] & columns, other=0.0).to(tl.float32)
+        products = tl.dot(kq, state, input_precision=PRECISION)  # K S0 on key rows, Q S0 on query rows
+        rhs = beta[:, None] * (v - grown * products)
+        o = kept * products + tl.dot(mix, rhs, input_precision=PRECISION)
+        dst = (out_ptr + row * out_stride_row + head * out_stride_head + (node * out_stride_node)[:, None]
                + (vv * out_stride_v)[None, :])
-        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=tl.where(store_ok, v_mask, False))
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=tl.where(store_ok, (real & ~key_side)[:, None] & columns,
+                                                                     False))
         if block + 1 < COLUMN_BLOCKS:
             state = following
 
@@ -183,7 +205,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     scalars = (ssm.shape[0], float(scale), *out.stride(), *q.stride(), *k.stride(), *v.stride(), *g.stride(),
                *beta.stride(), *ssm.stride(), state_slots.stride(0), *parents_strides)
     constexprs = dict(
-        NUM_NODES=num_nodes, NODES=max(MIN_DOT, next_power_of_2(num_nodes)), NUM_K_HEADS=num_k_heads,
+        NUM_NODES=num_nodes, NODES=max(MIN_DOT, next_power_of_2(2 * num_nodes)), NUM_K_HEADS=num_k_heads,
         NUM_V_HEADS=num_v_heads, HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim,
         BLOCK_K=max(MIN_DOT, next_power_of_2(head_k_dim)), BLOCK_V=block_v, TREE=parents is not None,
         L2NORM=bool(use_qk_l2norm), PRECISION=precision or default_precision(ssm), COLUMN_BLOCKS=column_blocks,
