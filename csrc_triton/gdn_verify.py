@@ -34,12 +34,28 @@ import triton.language as tl
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_launch
 
 MIN_DOT = 16  # tl.dot's smallest M, N and K
-# Value columns per state tile [dk, BLOCK_V]. A program takes a whole head's tiles (the node
-# matrices computed once) unless fewer than VERIFY_PROGRAMS programs (about four per SM of an
-# H100/H200) would result: then fewer tiles each, so that small batches still spread over the GPU.
+# Value columns per state tile [dk, BLOCK_V], one tile a program (several, computing the node
+# matrices once, measured no faster: docs/benchmarks.md). Below VERIFY_PROGRAMS programs (about
+# four per SM of an H100/H200) the tile is halved, so that small batches still spread over the GPU.
 BLOCK_V = 64
 VERIFY_PROGRAMS = 512
 VERIFY_WARPS = 4
+
+
+@triton.jit
+def _operand(x, PRECISION: tl.constexpr):
+    """x as a tensor-core operand: with "tf32", rounded to tf32's 10 mantissa bits to nearest (ties
+    away from zero, as cvt.rna.tf32.f32) -- the tensor cores truncate the 13 bits they drop, an
+    error biased enough to fail float32's tolerance -- else as it is."""
+    if PRECISION == "tf32":
+        bits = x.to(tl.int32, bitcast=True)
+        x = ((bits + 0x1000) & -8192).to(tl.float32, bitcast=True)
+    return x
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr):
+    return tl.dot(_operand(a, PRECISION), _operand(b, PRECISION), input_precision=PRECISION)
 
 
 @triton.jit
@@ -49,8 +65,8 @@ def _power_series(X, I, NUM_NODES: tl.constexpr, PRECISION: tl.constexpr):
     T = I + X
     P = X
     for _ in tl.static_range(0, (NUM_NODES - 1).bit_length() - 1):
-        P = tl.dot(P, P, input_precision=PRECISION)
-        T = T + tl.dot(T, P, input_precision=PRECISION)
+        P = _dot(P, P, PRECISION)
+        T = T + _dot(T, P, PRECISION)
     return T
 
 
@@ -100,7 +116,7 @@ def _gdn_verify_kernel(
 ):
     """One program: COLUMN_BLOCKS blocks of BLOCK_V value columns of one value head of one row: the
     node matrices once, then per block its state tile (the next one loading while this one is
-    used). Outputs are stored only if the row's slot is in [0, num_state_slots) and (trees)
+    used; the launcher's default is one block). Outputs are stored only if the row's slot is in [0, num_state_slots) and (trees)
     every parent link lies in [-1, n-1]; nothing is written otherwise, and no load leaves its tensor."""
     HALF: tl.constexpr = NODES // 2
     GROUP_COLUMNS: tl.constexpr = BLOCK_V * COLUMN_BLOCKS
@@ -127,7 +143,7 @@ def _gdn_verify_kernel(
                + (kk * q_stride_k)[None, :])
     kq = tl.load(tl.where(key_side[:, None], keys, queries), mask=real[:, None] & (kk < HEAD_K_DIM)[None, :],
                  other=0.0).to(tl.float32)
-    kq = _l2_normalised(kq, L2NORM) * tl.where(key_side, 1.0, scale)[:, None]
+    kq = _operand(_l2_normalised(kq, L2NORM) * tl.where(key_side, 1.0, scale)[:, None], PRECISION)
     g = tl.load(g_ptr + row * g_stride_row + node * g_stride_node + head * g_stride_head, mask=real,
                 other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
@@ -139,11 +155,11 @@ def _gdn_verify_kernel(
     cumulative = tl.sum(tl.where(ancestry, g[None, :], 0.0), axis=1)  # G of node(r)
     decay = tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0))
     decay = tl.where(ancestry, decay, 0.0)  # D, on both sides' rows
-    gram = tl.dot(kq, tl.trans(kq), input_precision=PRECISION)
+    gram = tl.dot(kq, tl.trans(kq), input_precision=PRECISION)  # (kq: an operand already)
     eye = (stack[:, None] == stack[None, :]).to(tl.float32)
     A = tl.where(key_side[:, None] & (eye < 0.5), beta[:, None] * decay * gram, 0.0)
     inverse = _power_series(-A, eye, NUM_NODES, PRECISION)  # (I + A)^-1 on the key block, I elsewhere
-    mix = tl.dot(tl.where(key_side[:, None], 0.0, decay * gram), inverse, input_precision=PRECISION)
+    mix = _operand(_dot(tl.where(key_side[:, None], 0.0, decay * gram), inverse, PRECISION), PRECISION)
     grown = tl.exp(cumulative)[:, None]
     kept = tl.where(key_side[:, None], 0.0, grown)  # diag(exp G) Q S0 on query rows
     store_ok = slot_ok & links_ok
@@ -156,9 +172,10 @@ def _gdn_verify_kernel(
         columns = (vv < HEAD_V_DIM)[None, :]
         v = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (node * v_stride_node)[:, None]
                     + (vv * v_stride_v)[None, :], mask=(real & key_side)[:, None] & columns, other=0.0).to(tl.float32)
-        products = tl.dot(kq, state, input_precision=PRECISION)  # K S0 on key rows, Q S0 on query rows
+        # K S0 on key rows, Q S0 on query rows (the state's truncation is the one left: unbiased over dk)
+        products = tl.dot(kq, state, input_precision=PRECISION)
         rhs = beta[:, None] * (v - grown * products)
-        o = kept * products + tl.dot(mix, rhs, input_precision=PRECISION)
+        o = kept * products + tl.dot(mix, _operand(rhs, PRECISION), input_precision=PRECISION)
         dst = (out_ptr + row * out_stride_row + head * out_stride_head + (node * out_stride_node)[:, None]
                + (vv * out_stride_v)[None, :])
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=tl.where(store_ok, (real & ~key_side)[:, None] & columns,
@@ -178,8 +195,8 @@ def _state_tile(state_head, first, kk, slot_ok, ssm_stride_v, HEAD_K_DIM: tl.con
 
 
 def default_precision(ssm) -> str:
-    """tl.dot's input precision: tf32 (docs/benchmarks.md has its error against float64 and the
-    cost of "tf32x3")."""
+    """tl.dot's input precision: tf32, operands rounded to nearest except the state (docs/benchmarks.md
+    has its error against float64)."""
     return "tf32"
 
 
@@ -196,10 +213,9 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
                          "split the batch")
     if block_v is None:
         block_v = max(MIN_DOT, min(BLOCK_V, next_power_of_2(head_v_dim)))
-    if column_blocks is None:
-        column_blocks = cdiv(head_v_dim, block_v)  # a whole head per program ...
-        while column_blocks > 1 and num_rows * num_v_heads * cdiv(head_v_dim, block_v * column_blocks) < VERIFY_PROGRAMS:
-            column_blocks = cdiv(column_blocks, 2)  # ... unless that leaves the GPU idle
+        while block_v > 2 * MIN_DOT and num_rows * num_v_heads * cdiv(head_v_dim, block_v) < VERIFY_PROGRAMS:
+            block_v //= 2
+    column_blocks = column_blocks or 1
     grid = (num_v_heads * cdiv(head_v_dim, block_v * column_blocks), num_rows)
     parents_strides = (0, 0) if parents is None else parents.stride()
     scalars = (ssm.shape[0], float(scale), *out.stride(), *q.stride(), *k.stride(), *v.stride(), *g.stride(),
