@@ -105,10 +105,11 @@ class ConvWindowCache(torch.nn.Module):
         else:
             scatter(conv_state, self.windows, state_slots, slots, accepted, state_layout=state_layout)
 
-    def capture_gates(self, g, beta, slots, layer):
+    def capture_gates(self, g, beta, slots, layer, *, a=None, b=None, A_log=None, dt_bias=None):
         """Store layer ``layer``'s gates g, beta [B, N, Hv] (Mamba2: dt, beta=None) of the verify
-        pass (needs gate_heads)."""
-        capture_gates(self._gates(), g, beta, slots, layer)
+        pass, or compute them from the raw a, b with A_log, dt_bias (g = beta = None; see
+        ``sgl_convwin.capture_gates``). Needs gate_heads."""
+        capture_gates(self._gates(), g, beta, slots, layer, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
 
     def gdn_commit(
         self, ssm_state, conv_state, conv_weight, slots, accepted=None, *, num_k_heads, head_k_dim, num_v_heads,
