@@ -355,13 +355,14 @@ def planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, pare
 
 @triton.jit
 def _capture_gates_kernel(
-    gates_ptr, g_ptr, beta_ptr, slots_ptr, gates_layer_offset, num_slots, num_nodes, num_heads,
-    gates_stride_slot, gates_stride_node, gates_stride_gate, gates_stride_head,
+    gates_ptr, g_ptr, beta_ptr, slots_ptr, a_log_ptr, dt_bias_ptr, gates_layer_offset, num_slots, num_nodes,
+    num_heads, gates_stride_slot, gates_stride_node, gates_stride_gate, gates_stride_head,
     g_stride_row, g_stride_node, g_stride_head,
-    beta_stride_row, beta_stride_node, beta_stride_head, slots_stride,
-    HAS_BETA: tl.constexpr, BLOCK: tl.constexpr,
+    beta_stride_row, beta_stride_node, beta_stride_head, slots_stride, a_log_stride, dt_bias_stride,
+    HAS_BETA: tl.constexpr, RAW: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """gates[layer, slots[row], n] = (g[row, n], beta[row, n]) for every node n: grid (B,)."""
+    """gates[layer, slots[row], n] = (g[row, n], beta[row, n]) for every node n: grid (B,). RAW:
+    g, beta hold the raw a, b; g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b), in float32."""
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row * slots_stride).to(tl.int64)
     if (slot >= 0) & (slot < num_slots):
@@ -373,19 +374,27 @@ def _capture_gates_kernel(
             dest = (gates_ptr + gates_layer_offset + slot * gates_stride_slot
                     + n * gates_stride_node + h * gates_stride_head)
             g = tl.load(g_ptr + row * g_stride_row + n * g_stride_node + h * g_stride_head, mask=mask)
+            if RAW:
+                x = g.to(tl.float32) + tl.load(dt_bias_ptr + h * dt_bias_stride, mask=mask).to(tl.float32)
+                softplus = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))), x)
+                g = -tl.exp(tl.load(a_log_ptr + h * a_log_stride, mask=mask).to(tl.float32)) * softplus
             tl.store(dest, g.to(gates_ptr.dtype.element_ty), mask=mask)
             if HAS_BETA:
                 beta = tl.load(beta_ptr + row * beta_stride_row + n * beta_stride_node + h * beta_stride_head,
                                mask=mask)
+                if RAW:
+                    beta = 1.0 / (1.0 + tl.exp(-beta.to(tl.float32)))
                 tl.store(dest + gates_stride_gate, beta.to(gates_ptr.dtype.element_ty), mask=mask)
 
 
-def _capture_gates_tensors(gates, g, beta, slots, layer):
-    """The gates kernel's tensor arguments (a single-gate buffer passes g for beta: never read)."""
-    return gates, g, g if beta is None else beta, slots
+def _capture_gates_tensors(gates, g, beta, slots, layer, A_log=None, dt_bias=None):
+    """The gates kernel's tensor arguments (a single-gate buffer passes g for beta, and without raw
+    gates slots for A_log and dt_bias: never read)."""
+    return gates, g, g if beta is None else beta, slots, slots if A_log is None else A_log, \
+        slots if dt_bias is None else dt_bias
 
 
-def _capture_gates_call(gates, g, beta, slots, layer, *, block=1024):
+def _capture_gates_call(gates, g, beta, slots, layer, A_log=None, dt_bias=None, *, block=1024):
     """The gates kernel's launch for launch_capture_gates and planned_capture_gates, or None if
     there is nothing to do."""
     num_rows, num_nodes, num_heads = g.shape
@@ -393,26 +402,29 @@ def _capture_gates_call(gates, g, beta, slots, layer, *, block=1024):
         return None
     block = min(block, next_power_of_2(num_nodes * num_heads))
     beta_strides = (0, 0, 0) if beta is None else beta.stride()
+    raw = A_log is not None
+    raw_strides = (A_log.stride(0), dt_bias.stride(0)) if raw else (0, 0)
     scalars = (layer * gates.stride(0), gates.shape[1], num_nodes, num_heads,
-               *gates.stride()[1:], *g.stride(), *beta_strides, slots.stride(0))
-    constexprs = dict(HAS_BETA=beta is not None, BLOCK=block, num_warps=4)
-    return KernelCall(_capture_gates_kernel, (num_rows,), _capture_gates_tensors(gates, g, beta, slots, layer),
-                      scalars, constexprs)
+               *gates.stride()[1:], *g.stride(), *beta_strides, slots.stride(0), *raw_strides)
+    constexprs = dict(HAS_BETA=beta is not None, RAW=raw, BLOCK=block, num_warps=4)
+    return KernelCall(_capture_gates_kernel, (num_rows,),
+                      _capture_gates_tensors(gates, g, beta, slots, layer, A_log, dt_bias), scalars, constexprs)
 
 
-def launch_capture_gates(gates, g, beta, slots, layer, *, block=1024):
-    """gates [L, M, D, G, H]; g, beta [B, N, H] (beta None: a single-gate buffer); any strides."""
-    call = _capture_gates_call(gates, g, beta, slots, layer, block=block)
+def launch_capture_gates(gates, g, beta, slots, layer, A_log=None, dt_bias=None, *, block=1024):
+    """gates [L, M, D, G, H]; g, beta [B, N, H] (beta None: a single-gate buffer); any strides.
+    With A_log, dt_bias [H]: g, beta are the raw a, b (see _capture_gates_kernel)."""
+    call = _capture_gates_call(gates, g, beta, slots, layer, A_log, dt_bias, block=block)
     if call is not None:
         call.launch()
 
 
-def planned_capture_gates(gates, g, beta, slots, layer):
+def planned_capture_gates(gates, g, beta, slots, layer, A_log=None, dt_bias=None):
     """launch_capture_gates with its plan fixed for THESE shapes, strides, dtypes, device and
-    layer: a function of the same five arguments (_common.planned_launch)."""
-    launch = planned_launch(_capture_gates_call(gates, g, beta, slots, layer))
+    layer: a function of the same arguments (_common.planned_launch)."""
+    launch = planned_launch(_capture_gates_call(gates, g, beta, slots, layer, A_log, dt_bias))
 
-    def run(gates, g, beta, slots, layer):
-        launch(*_capture_gates_tensors(gates, g, beta, slots, layer))
+    def run(gates, g, beta, slots, layer, A_log=None, dt_bias=None):
+        launch(*_capture_gates_tensors(gates, g, beta, slots, layer, A_log, dt_bias))
 
     return run

@@ -13,6 +13,9 @@ snapshots.
 
 ``slots`` index the buffer; the engine's conv_state is read (verify) and written (commit) at
 ``state_slots``, which default to ``slots`` (engines usually use one cache index for both).
+The commits take what was accepted either as the ops do, ``accepted`` = the index of the last
+accepted token or node, or as engines count it, ``num_accepted=`` = tokens accepted counting the
+verified one (SGLang's ``accept_lens``, vLLM's ``num_accepted_tokens``; chains only).
 Trees: pass ``parents`` [B, N] to every call; token_major / channel_major buffers then hold one
 row per node and commit with ``scatter_tree``, dense buffers hold every node's window.
 """
@@ -91,26 +94,32 @@ class ConvWindowCache(torch.nn.Module):
         causal_conv1d_verify(out, self.buffer, conv_state, x, weight, bias, slots, state_slots, layer, parents,
                              layout=self.layout, activation=activation, state_layout=state_layout)
 
-    def commit(self, conv_state, slots, accepted, *, state_slots=None, parents=None, state_layout=DIM_MAJOR):
-        """conv_state[:, state_slots[b]] = the window of draft step / node accepted[b] of buffer
-        slot slots[b], all layers, one launch; a negative entry skips the row."""
+    def commit(self, conv_state, slots, accepted=None, *, num_accepted=None, state_slots=None, parents=None,
+               state_layout=DIM_MAJOR):
+        """conv_state[:, state_slots[b]] = the window of draft step / node accepted[b] (or of
+        num_accepted[b] - 1) of buffer slot slots[b], all layers, one launch; a negative step skips the row."""
+        accepted = _steps(accepted, num_accepted, parents)
         state_slots = slots if state_slots is None else state_slots
         if parents is not None and self.layout != DENSE:
             scatter_tree(conv_state, self.rows, state_slots, slots, accepted, parents, state_layout=state_layout)
         else:
             scatter(conv_state, self.windows, state_slots, slots, accepted, state_layout=state_layout)
 
-    def capture_gates(self, g, beta, slots, layer):
+    def capture_gates(self, g, beta, slots, layer, *, a=None, b=None, A_log=None, dt_bias=None):
         """Store layer ``layer``'s gates g, beta [B, N, Hv] (Mamba2: dt, beta=None) of the verify
-        pass (needs gate_heads)."""
-        capture_gates(self._gates(), g, beta, slots, layer)
+        pass, or compute them from the raw a, b with A_log, dt_bias (g = beta = None; see
+        ``sgl_convwin.capture_gates``). Needs gate_heads."""
+        capture_gates(self._gates(), g, beta, slots, layer, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
 
     def gdn_commit(
-        self, ssm_state, conv_state, conv_weight, slots, accepted, *, num_k_heads, head_k_dim, num_v_heads,
-        head_v_dim, state_slots=None, parents=None, conv_bias=None, use_qk_l2norm=True, state_layout=DIM_MAJOR,
+        self, ssm_state, conv_state, conv_weight, slots, accepted=None, *, num_k_heads, head_k_dim, num_v_heads,
+        head_v_dim, num_accepted=None, state_slots=None, parents=None, conv_bias=None, use_qk_l2norm=True,
+        state_layout=DIM_MAJOR,
     ):
         """Replay each request's accepted path onto ssm_state and commit its conv window
-        (``sgl_convwin.gdn_commit``): both states at ``state_slots`` (default ``slots``), all layers."""
+        (``sgl_convwin.gdn_commit``): both states at ``state_slots`` (default ``slots``), all layers;
+        ``accepted`` (an index) or ``num_accepted`` (a count) as in ``commit``."""
+        accepted = _steps(accepted, num_accepted, parents)
         state_slots = slots if state_slots is None else state_slots
         gdn_commit(ssm_state, conv_state, self.buffer, self._gates(), conv_weight, state_slots, slots, accepted,
                    parents, layout=self.layout, num_k_heads=num_k_heads, head_k_dim=head_k_dim,
@@ -118,10 +127,12 @@ class ConvWindowCache(torch.nn.Module):
                    use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
 
     def mamba2_commit(
-        self, ssm_state, conv_state, conv_weight, A, slots, accepted, *, num_heads, head_dim, n_groups, d_state,
-        state_slots=None, parents=None, conv_bias=None, state_layout=DIM_MAJOR,
+        self, ssm_state, conv_state, conv_weight, A, slots, accepted=None, *, num_heads, head_dim, n_groups,
+        d_state, num_accepted=None, state_slots=None, parents=None, conv_bias=None, state_layout=DIM_MAJOR,
     ):
-        """``sgl_convwin.mamba2_commit`` on this cache's buffers (construct with num_gates=1)."""
+        """``sgl_convwin.mamba2_commit`` on this cache's buffers (construct with num_gates=1);
+        ``accepted`` (an index) or ``num_accepted`` (a count) as in ``commit``."""
+        accepted = _steps(accepted, num_accepted, parents)
         state_slots = slots if state_slots is None else state_slots
         mamba2_commit(ssm_state, conv_state, self.buffer, self._gates(), conv_weight, A, state_slots, slots, accepted,
                       parents, layout=self.layout, num_heads=num_heads, head_dim=head_dim, n_groups=n_groups,
@@ -136,3 +147,19 @@ class ConvWindowCache(torch.nn.Module):
         return (f"layers={self.num_layers}, slots={self.num_slots}, dim={self.dim}, num_draft={self.num_draft}, "
                 f"kernel_size={self.kernel_size}, layout={self.layout!r}, dtype={self.buffer.dtype}, "
                 f"nbytes={self.nbytes}")
+
+
+def _steps(accepted, num_accepted, parents):
+    """The ops' steps from an index (``accepted``) or an engine's count (``num_accepted``)."""
+    if (accepted is None) == (num_accepted is None):
+        raise ValueError("give accepted (the index of the last accepted token or node) or num_accepted (tokens "
+                         "accepted counting the verified one: SGLang's accept_lens, vLLM's num_accepted_tokens), "
+                         "exactly one")
+    if num_accepted is None:
+        return accepted
+    if not isinstance(num_accepted, torch.Tensor) or num_accepted.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"num_accepted must be an int32 or int64 tensor, got {num_accepted!r:.60}")
+    if parents is not None:
+        raise ValueError("num_accepted counts a chain's tokens but not which tree node was accepted: for a tree "
+                         "pass accepted (the node index, e.g. sgl_convwin.integrations.sglang_accepted_steps)")
+    return num_accepted.to(torch.int64) - 1

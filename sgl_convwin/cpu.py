@@ -160,12 +160,16 @@ def causal_conv1d_verify_cpu(
 # ---------------------------------------------------------------------------------------------
 
 
-def capture_gates_cpu(gates, g, beta, buffer_slots, layer):
-    """gates [L, M, D, G, H]; g, beta [B, N, H] (beta None: a single-gate buffer)."""
+def capture_gates_cpu(gates, g, beta, buffer_slots, layer, A_log=None, dt_bias=None):
+    """gates [L, M, D, G, H]; g, beta [B, N, H] (beta None: a single-gate buffer); with A_log,
+    dt_bias [H], g and beta are the raw a, b: g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)."""
     slots = buffer_slots.long()
     rows = ((slots >= 0) & (slots < gates.shape[1])).nonzero().squeeze(1)
     if rows.numel() == 0:
         return
+    if A_log is not None:
+        g = -torch.exp(A_log.float()) * torch.nn.functional.softplus(g.float() + dt_bias.float(), threshold=20.0)
+        beta = torch.sigmoid(beta.float())
     num_nodes = g.shape[1]
     gates[layer, slots[rows], :num_nodes, 0] = g[rows].to(gates.dtype)
     if beta is not None:

@@ -1,34 +1,45 @@
-"""Adapters from the engines' own index conventions to the package's arguments, and what one
-request slot costs for an engine's pool sizing.
+"""Adapters from the engines' own tensors to the package's arguments, and what one request slot
+costs for an engine's pool sizing.
 
 The package's commit ops (``scatter``, ``scatter_tree``, ``gdn_commit``) take per row b a
-destination state slot ``dst_slots[b]``, a buffer slot ``src_slots[b]``, the accepted draft token
-(or tree node) ``steps[b]`` and, for trees, ``parents[b, n]`` in [-1, n-1] with -1 for a node that
-hangs off the committed history. The engines say the same things differently, and some of the
-differences fail quietly:
+destination state slot ``dst_slots[b]``, a buffer slot ``src_slots[b]``, the index of the last
+accepted draft token (or tree node) ``steps[b]`` -- an index, not a count -- and, for trees,
+``parents[b, n]`` in [-1, n-1] with -1 for a node that hangs off the committed history. The
+engines hold the same facts differently, and some of the differences fail quietly:
 
-SGLang (python/sglang/srt/layers/attention/hybrid_linear_attn_backend.py, the EAGLE workers in
-python/sglang/srt/speculative/, sgl-kernel's build_tree_efficient):
+SGLang (python/sglang/srt/speculative/spec_utils.py, the GDN backend
+python/sglang/srt/layers/attention/linear/, sgl-kernel's build_tree_efficient / verify_tree_greedy):
     * the speculative buffers are indexed by batch row: the source slot is implicit (arange(B));
-    * the step is ``last_correct_step_indices`` (chains: ``accept_lens - 1`` where accept_lens
-      counts the verified root/bonus token too; trees: the accepted node's index in the request);
-    * padded rows carry ``mamba_cache_indices = -1``;
+    * the commit site holds ``accept_lens`` (tokens accepted, the bonus token counted) and
+      ``accept_index`` (flat ``b * N + node`` of each accepted token); the step is
+      ``accept_index[b, accept_lens[b] - 1] - b * N`` (``_verify_commit_step_indices``), which for a
+      chain is ``accept_lens - 1``; ``num_correct_drafts`` (= accept_lens - 1) is the count without
+      the bonus token;
+    * padded rows carry ``mamba_cache_indices = -1`` (``PAD_SLOT_ID``);
+    * the GDN recurrent state is ``[.., Hv, dv, dk]`` (``Mamba2StateShape.create`` with head_dim = dv,
+      state_size = dk): pass ``temporal.transpose(-1, -2)`` to the ops, which take ``[.., Hv, dk, dv]``;
     * trees come as ``retrieve_next_token`` / ``retrieve_next_sibling`` links (first child, next
       sibling, -1 for none) and the conv kernel derives ``retrieve_parent_token`` with the root's
       entry left at 0. Passed to the package as ``parents``, that 0 is a bad link: every node within
       K-2 hops of the root is skipped and the state silently goes stale. ``sglang_parents`` fixes it.
-vLLM (vllm/v1/attention/backends/gdn_attn.py, vllm/model_executor/models/qwen3_next.py,
-vllm/v1/worker/gpu_model_runner.py):
-    * ``num_accepted_tokens`` counts the emitted tokens, bonus included: step = n - 1;
-    * ``PAD_SLOT_ID = -1``; a request's state slot is ``spec_state_indices_tensor[:, 0]``
-      (``block_table[:, 0]``);
-    * inputs are ragged ``[total_tokens, dim]`` with ``query_start_loc``; every spec-decode request
-      has num_spec + 1 tokens (padded rows: zero tokens).
+vLLM (vllm/v1/attention/backends/gdn_attn.py, vllm/model_executor/layers/mamba/gdn/
+qwen_gdn_linear_attn.py, vllm/model_executor/layers/mamba/mamba_utils.py):
+    * ``num_accepted_tokens`` counts the emitted tokens, bonus included: step = n - 1 (0 for a
+      stale row: skipped);
+    * the spec batch is ragged: request b's tokens are rows ``[qsl[b], qsl[b+1])`` of
+      ``spec_query_start_loc``, at most num_spec + 1 of them (fewer when the scheduler dropped
+      drafts); padded rows have zero tokens;
+    * padded rows of ``spec_state_indices_tensor`` hold ``NULL_BLOCK_ID = 0``, a valid slot number:
+      padding is recognised from the token counts (or the number of real requests), never from
+      the slot value;
+    * the recurrent state is ``[blocks, Hv, dv, dk]`` (pass ``.transpose(-1, -2)``), the conv state
+      ``[blocks, K-1, dim]`` by default (pass ``.transpose(-1, -2)``) or ``[blocks, dim, K-1]``;
+    * only ``mamba_cache_mode="none"`` keeps a request in one state block across steps.
 
 Every adapter is a pure function of device tensors built from torch ops (no host sync, no
-allocation beyond index tensors of B or B*N elements), so each runs inside a CUDA graph and under
-``torch.compile(fullgraph=True)``; each docstring says so. Argument errors raise TypeError /
-ValueError naming the argument (checked from shapes and dtypes only, never from values).
+allocation beyond index tensors of B or B*N elements, and the padded copy of a ragged batch), so
+each runs inside a CUDA graph and under ``torch.compile(fullgraph=True)``. Argument errors raise
+TypeError / ValueError naming the argument (checked from shapes and dtypes only, never from values).
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ from .plan import _DTYPES, GatedDeltaNet, Mamba2, ModelShape, make_plan
 __all__ = [
     "GatedDeltaNet",
     "Mamba2",
+    "NULL_BLOCK_ID",
     "PAD_SLOT_ID",
     "SlotBytes",
     "bytes_per_slot",
@@ -51,12 +63,16 @@ __all__ = [
     "sglang_commit_args",
     "sglang_parents",
     "vllm_commit_args",
-    "vllm_uniform_view",
+    "vllm_pad_batch",
+    "vllm_token_counts",
+    "vllm_unpad_batch",
+    "vllm_verify_slots",
 ]
 
-# SGLang (sglang/kernels/ops/mamba/causal_conv1d_triton.py) and vLLM (vllm/v1/attention/backends/
-# utils.py) both pad with -1, which every op of the package skips.
+# SGLang pads mamba_cache_indices with -1 (null_block_id=-1 at its commit sites), which every op skips.
 PAD_SLOT_ID = -1
+# vLLM pads state indices with its null block (vllm/v1/attention/backends/utils.py), a real slot number.
+NULL_BLOCK_ID = 0
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -82,6 +98,14 @@ def _rows(name: str, value: torch.Tensor, rows: int, rows_name: str) -> torch.Te
     if value.shape[0] < rows:
         raise ValueError(f"{name} has {value.shape[0]} rows, fewer than the {rows} of {rows_name}")
     return value[:rows]
+
+
+def _one_count(names_values: dict) -> tuple[str, torch.Tensor]:
+    given = {name: value for name, value in names_values.items() if value is not None}
+    if len(given) != 1:
+        raise ValueError(f"give exactly one of {', '.join(names_values)}; got {len(given) or 'none'}")
+    name, value = next(iter(given.items()))
+    return name, _index_tensor(name, value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,27 +176,36 @@ def sglang_parents(
     return _parents_from_links(retrieve_next_token, retrieve_next_sibling.to(retrieve_next_token.dtype))
 
 
-def sglang_accepted_steps(accept_index: torch.Tensor, accept_length: torch.Tensor) -> torch.Tensor:
-    """The accepted node of each request from SGLang's tree verify, on the device.
+def sglang_accepted_steps(
+    accept_index: torch.Tensor,
+    *,
+    accept_lens: Optional[torch.Tensor] = None,
+    num_correct_drafts: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """The package's ``steps [B]`` (index of the last accepted token or node) from SGLang's verify.
 
-    accept_index: ``[B, num_steps + 1]`` as ``verify_tree_greedy`` (sgl-kernel) fills it: the flat
-    index ``b * N + node`` of the root and of each accepted node, -1 after them; accept_length:
-    ``[B]`` accepted drafts, the root/bonus NOT counted (``EagleVerifyOutput.accept_length``).
-    Returns ``accept_index[b, accept_length[b]] - b * N``, the node index SGLang's EAGLE worker
-    passes as ``accepted_steps`` / ``last_correct_step_indices`` (there computed from the
-    flattened accepted indices); N is the row stride of the flat index, taken as
-    ``accept_index[:, 0]`` (the root of row b is b * N) -- no draft-token count is needed.
-    Rows with ``accept_length < 0`` give -1 (skipped). Graph-safe: a gather, no host sync.
+    accept_index: ``[B, W]`` as ``verify_tree_greedy`` fills it: the flat index ``b * N + node`` of
+        the verified root and of each accepted node, -1 after them (chains and trees alike).
+    The count, one of (keywords, so a count is never taken for the other):
+        accept_lens: ``[B]`` tokens accepted, the bonus token counted (what SGLang's commit site,
+            ``commit_mamba_states_after_verify``, holds);
+        num_correct_drafts: ``[B]`` accepted drafts, the bonus not counted (``accept_lens - 1``).
+    Returns int64 ``accept_index[b, accept_lens[b] - 1] - b * N`` as SGLang's
+    ``_verify_commit_step_indices`` computes it (its own test: accept_lens [3, 1, 5] -> [2, 0, 4]);
+    N is the row stride of the flat index, taken as ``accept_index[:, 0]`` (the root of row b is
+    b * N). Rows whose count is out of range (accept_lens < 1 or > W) or that name no node give -1
+    (skipped). Graph-safe: a gather, no host sync.
     """
     _index_tensor("accept_index", accept_index, ndim=(2,))
-    _index_tensor("accept_length", accept_length)
-    _same_device("accept_index", accept_index, "accept_length", accept_length)
-    if accept_length.shape[0] != accept_index.shape[0]:
-        raise ValueError(f"accept_length has {accept_length.shape[0]} rows, accept_index {accept_index.shape[0]}")
-    column = accept_length.to(torch.int64).clamp(0, accept_index.shape[1] - 1).unsqueeze(1)
-    last = accept_index.to(torch.int64).gather(1, column).squeeze(1)
+    name, count = _one_count({"accept_lens": accept_lens, "num_correct_drafts": num_correct_drafts})
+    _same_device("accept_index", accept_index, name, count)
+    if count.shape[0] != accept_index.shape[0]:
+        raise ValueError(f"{name} has {count.shape[0]} rows, accept_index {accept_index.shape[0]}")
+    column = count.to(torch.int64) - (1 if name == "accept_lens" else 0)
+    in_range = (column >= 0) & (column < accept_index.shape[1])
+    last = accept_index.to(torch.int64).gather(1, column.clamp(0, accept_index.shape[1] - 1).unsqueeze(1)).squeeze(1)
     steps = last - accept_index[:, 0].to(torch.int64)
-    return torch.where(accept_length >= 0, steps, torch.full_like(steps, -1))
+    return torch.where(in_range & (last >= 0), steps, torch.full_like(steps, -1))
 
 
 def sglang_commit_args(
@@ -180,6 +213,8 @@ def sglang_commit_args(
     last_correct_step_indices: Optional[torch.Tensor] = None,
     *,
     accept_lens: Optional[torch.Tensor] = None,
+    num_correct_drafts: Optional[torch.Tensor] = None,
+    accept_index: Optional[torch.Tensor] = None,
     retrieve_parent_token: Optional[torch.Tensor] = None,
     retrieve_next_token: Optional[torch.Tensor] = None,
     retrieve_next_sibling: Optional[torch.Tensor] = None,
@@ -187,16 +222,16 @@ def sglang_commit_args(
     """The commit's index arguments from SGLang's tensors at ``update_mamba_state_after_mtp_verify``.
 
     mamba_cache_indices: ``[B']`` int, the request's mamba pool slot per batch row
-        (``forward_metadata.mamba_cache_indices`` / ``state_indices_tensor``), -1 in padded rows;
-        B' >= B: only the first B rows are used, as SGLang slices ``[:request_number]``.
+        (``forward_metadata.mamba_cache_indices``), -1 in padded rows; B' >= B: only the first B
+        rows are used, as SGLang slices ``[:request_number]``.
     The step, one of:
-        last_correct_step_indices: ``[B]`` (SGLang's ``accepted_steps``): the index of the last
-            accepted token in the request's verify batch -- chains: accepted drafts, trees: the
-            accepted node. Passed as it is.
-        accept_lens: ``[B]`` tokens accepted counting the verified root/bonus token (spec v2's
-            ``accept_lens``, the EAGLE worker's ``accepted_length``, DFLASH's ``commit_lens``):
-            step = accept_lens - 1 (chains only: a tree's step is a node, see
-            ``sglang_accepted_steps``).
+        last_correct_step_indices: ``[B]``, SGLang's own step (``_verify_commit_step_indices``):
+            the index of the last accepted token or node. Passed as it is.
+        accept_lens: ``[B]`` tokens accepted, the bonus token counted (the commit site's
+            ``accept_lens``); num_correct_drafts: ``[B]`` the same without the bonus token. With
+            ``accept_index`` (``[B, W]``, as ``verify_tree_greedy`` fills it) the step is
+            ``sglang_accepted_steps`` -- chains and trees; without it (chains only) the step is
+            ``accept_lens - 1`` / ``num_correct_drafts``.
     Trees (topk > 1): ``retrieve_parent_token`` or ``retrieve_next_token`` + ``retrieve_next_sibling``
         (``[B', N]``), converted by ``sglang_parents`` (the root's 0 becomes -1).
 
@@ -204,19 +239,25 @@ def sglang_commit_args(
     pool slots, ``src_slots = arange(B)`` (SGLang indexes its speculative buffers by batch row, so
     verify must capture into buffer slot b = the batch row too), ``steps`` int64 with -1 wherever
     the destination is padding. The keys are ``gdn_commit``'s (and ``scatter``'s) argument names:
-    ``gdn_commit(ssm, conv, buffer, gates, w, **args, ...)``; ``scatter_tree`` takes them
-    positionally (dst, src, steps, parents). Graph-safe: torch ops on the device only, no host
-    sync; CUDA-graph capturable, traceable by torch.compile(fullgraph=True).
+    ``gdn_commit(temporal.transpose(-1, -2), conv, buffer, gates, w, **args, ...)``;
+    ``scatter_tree`` takes them positionally (dst, src, steps, parents). Graph-safe: torch ops on
+    the device only, no host sync; CUDA-graph capturable, traceable by torch.compile(fullgraph=True).
     """
     _index_tensor("mamba_cache_indices", mamba_cache_indices)
-    if (last_correct_step_indices is None) == (accept_lens is None):
-        raise ValueError("sglang_commit_args needs exactly one of last_correct_step_indices and accept_lens")
-    if last_correct_step_indices is not None:
-        steps = _index_tensor("last_correct_step_indices", last_correct_step_indices).to(torch.int64)
-        step_name = "last_correct_step_indices"
+    step_name, step_value = _one_count({"last_correct_step_indices": last_correct_step_indices,
+                                        "accept_lens": accept_lens, "num_correct_drafts": num_correct_drafts})
+    is_tree = retrieve_parent_token is not None or retrieve_next_token is not None or retrieve_next_sibling is not None
+    if step_name == "last_correct_step_indices":
+        if accept_index is not None:
+            raise ValueError("accept_index turns a count into a step; last_correct_step_indices already is one")
+        steps = step_value.to(torch.int64)
+    elif accept_index is not None:
+        steps = sglang_accepted_steps(accept_index, **{step_name: step_value})
+    elif is_tree:
+        raise ValueError(f"{step_name} counts a tree's accepted tokens but not which node: pass accept_index "
+                         "too (or last_correct_step_indices)")
     else:
-        steps = _index_tensor("accept_lens", accept_lens).to(torch.int64) - 1
-        step_name = "accept_lens"
+        steps = step_value.to(torch.int64) - (1 if step_name == "accept_lens" else 0)
     _same_device("mamba_cache_indices", mamba_cache_indices, step_name, steps)
     batch = steps.shape[0]
     dst_slots = _rows("mamba_cache_indices", mamba_cache_indices, batch, step_name)
@@ -226,10 +267,7 @@ def sglang_commit_args(
         "src_slots": torch.arange(batch, device=dst_slots.device, dtype=dst_slots.dtype),
         "steps": steps,
     }
-    if retrieve_parent_token is not None or retrieve_next_token is not None or retrieve_next_sibling is not None:
-        if accept_lens is not None:
-            raise ValueError("accept_lens gives a chain's step; for a tree pass last_correct_step_indices (the "
-                             "accepted node: sglang_accepted_steps)")
+    if is_tree:
         parents = sglang_parents(retrieve_parent_token, retrieve_next_token=retrieve_next_token,
                                  retrieve_next_sibling=retrieve_next_sibling)
         _same_device("mamba_cache_indices", mamba_cache_indices, "the tree links", parents)
@@ -242,84 +280,152 @@ def sglang_commit_args(
 # ---------------------------------------------------------------------------------------------
 
 
+def _query_start_loc(query_start_loc: torch.Tensor, batch: Optional[int] = None) -> torch.Tensor:
+    _index_tensor("query_start_loc", query_start_loc)
+    if query_start_loc.shape[0] < 1:
+        raise ValueError("query_start_loc must have B + 1 >= 1 entries, got an empty tensor")
+    if batch is not None:
+        query_start_loc = _rows("query_start_loc", query_start_loc, batch + 1, "the state indices + 1")
+    return query_start_loc.to(torch.int64)
+
+
+def vllm_token_counts(query_start_loc: torch.Tensor) -> torch.Tensor:
+    """Tokens of each request, ``[B]`` int64, from ``spec_query_start_loc [B + 1]``: 0 in padded
+    rows (vLLM repeats the last offset there), fewer than num_spec + 1 where drafts were dropped."""
+    qsl = _query_start_loc(query_start_loc)
+    return qsl[1:] - qsl[:-1]
+
+
+def vllm_pad_batch(x: torch.Tensor, query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """A ragged ``[total_tokens, *rest]`` batch (vLLM's ``mixed_qkv_spec``, ``a``, ``b``, g or beta
+    with ``spec_query_start_loc``) as a new ``[B, N, *rest]`` tensor, N = ``num_tokens`` =
+    num_spec + 1: row b holds request b's tokens, then its last token repeated (the positions past
+    a request's count are never committed; a request with no tokens gets an arbitrary row).
+
+    query_start_loc: ``[B + 1]`` int, request b's tokens at rows [qsl[b], qsl[b + 1]), at most N
+    of them. A gather of B*N rows (a copy: the ops take ``[B, N, dim]`` with strides, and ragged
+    offsets are not strides). Graph-safe: no host sync.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 1:
+        raise ValueError("x must be [total_tokens, ...], got a 0-D tensor")
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
+        raise ValueError(f"num_tokens must be an int >= 1, got {num_tokens!r}")
+    qsl = _query_start_loc(query_start_loc)
+    _same_device("x", x, "query_start_loc", qsl)
+    batch = qsl.shape[0] - 1
+    if x.shape[0] == 0:
+        return x.new_zeros(batch, num_tokens, *x.shape[1:])
+    positions = torch.arange(num_tokens, device=x.device, dtype=torch.int64)
+    rows = torch.minimum(qsl[:-1, None] + positions, (qsl[1:, None] - 1)).clamp(0, x.shape[0] - 1)
+    return x.index_select(0, rows.flatten()).view(batch, num_tokens, *x.shape[1:])
+
+
+def vllm_unpad_batch(dst: torch.Tensor, padded: torch.Tensor, query_start_loc: torch.Tensor) -> None:
+    """Write ``padded [B, N, *rest]`` back into the ragged ``dst [total_tokens, *rest]``:
+    ``dst[qsl[b] + t] = padded[b, t]`` for t < request b's count; rows of no request (the padded
+    tail) keep their values. In place, no host sync (each row finds its request by a
+    ``searchsorted`` on the device)."""
+    for name, value in (("dst", dst), ("padded", padded)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    qsl = _query_start_loc(query_start_loc)
+    batch = qsl.shape[0] - 1
+    if padded.dim() < 2 or padded.shape[0] != batch or padded.shape[2:] != dst.shape[1:]:
+        raise ValueError(f"padded must be [B={batch}, N, *{tuple(dst.shape[1:])}] to match dst and "
+                         f"query_start_loc, got {tuple(padded.shape)}")
+    _same_device("dst", dst, "padded", padded)
+    _same_device("dst", dst, "query_start_loc", qsl)
+    if batch == 0 or dst.shape[0] == 0:
+        return
+    num_tokens = padded.shape[1]
+    rows = torch.arange(dst.shape[0], device=dst.device, dtype=torch.int64)
+    request = torch.searchsorted(qsl[1:].contiguous(), rows, right=True)
+    position = rows - qsl[request.clamp(max=batch - 1)]
+    owned = (request < batch) & (position >= 0) & (position < num_tokens)
+    values = padded[request.clamp(max=batch - 1), position.clamp(0, num_tokens - 1)]
+    dst.copy_(torch.where(owned.view(-1, *([1] * (dst.dim() - 1))), values.to(dst.dtype), dst))
+
+
+def vllm_verify_slots(state_indices: torch.Tensor, query_start_loc: torch.Tensor) -> torch.Tensor:
+    """The verify's slots ``[B]`` from vLLM's spec metadata: the request's state block
+    (``spec_state_indices_tensor[:, 0]``), -1 where the request has no tokens (vLLM's padded rows,
+    whose block is ``NULL_BLOCK_ID`` = 0, a real slot number). Graph-safe."""
+    _index_tensor("state_indices", state_indices, ndim=(1, 2))
+    slots = state_indices[:, 0] if state_indices.dim() == 2 else state_indices
+    qsl = _query_start_loc(query_start_loc, slots.shape[0])
+    _same_device("state_indices", state_indices, "query_start_loc", qsl)
+    counts = qsl[1:] - qsl[:-1]
+    return torch.where(counts > 0, slots, torch.full_like(slots, -1))
+
+
 def vllm_commit_args(
     state_indices: torch.Tensor,
     num_accepted_tokens: torch.Tensor,
     *,
+    query_start_loc: Optional[torch.Tensor] = None,
+    num_reqs: Optional[int] = None,
     buffer_slots: Optional[torch.Tensor] = None,
+    mamba_cache_mode: str = "none",
 ) -> dict:
-    """The commit's index arguments from vLLM's GDN / Mamba metadata.
+    """The commit's index arguments from vLLM's GDN / Mamba metadata of the step just verified.
 
-    state_indices: ``[B]`` (``state_indices_tensor``, ``block_table[:, 0]``) or ``[B, 1 + num_spec]``
-        (``spec_state_indices_tensor``; column 0, the request's own slot, is used -- with the
-        package the other columns hold nothing), ``PAD_SLOT_ID = -1`` in padded rows.
-    num_accepted_tokens: ``[B]`` tokens emitted by the verify, the bonus token included (>= 1;
-        vLLM fills padded rows with 1): step = n - 1, the conv window vLLM reads at offset n - 1 of
-        its widened conv state.
-    buffer_slots: ``[B]``, where verify captured each row; default: the state slot itself (a
-        request keeps its slot across steps, so the commit may run in a later step than the verify).
+    state_indices: ``[B]`` or ``[B, 1 + num_spec]`` (``spec_state_indices_tensor``; column 0, the
+        request's own block, is used), ``NULL_BLOCK_ID`` (0) in padded rows.
+    num_accepted_tokens: ``[B]`` tokens emitted by the verify, the bonus token included
+        (``_update_states_after_model_execute``): step = n - 1; n = 0 (a stale row) skips.
+    What marks padding, at least one of (vLLM's padded rows carry slot 0, a real slot number):
+        query_start_loc: ``[B + 1]`` (``spec_query_start_loc``): rows with no tokens are padding,
+            and n above a row's token count is skipped;
+        num_reqs: the number of real (spec) requests, a Python int (``num_spec_decodes``).
+    buffer_slots: ``[B]``, where verify captured each row; default: the state block itself (a
+        request keeps its block across steps in ``mamba_cache_mode="none"``).
+    mamba_cache_mode: vLLM's cache mode; only "none" is supported ("align" moves a request's
+        block with its length, "all" keeps a block per position: the buffer slot and the state
+        slot of a request would differ between the verify and the next step).
 
-    Returns ``{"dst_slots", "src_slots", "steps"}`` (``steps`` int64, -1 where the destination is
-    padding or n < 1), keyed by ``gdn_commit`` / ``scatter`` argument names. Graph-safe: torch
-    ops on the device only, no host sync; CUDA-graph capturable, traceable by
-    torch.compile(fullgraph=True).
+    Returns ``{"dst_slots", "src_slots", "steps"}`` (``steps`` int64; ``steps`` and ``dst_slots``
+    -1 in skipped rows), keyed by ``gdn_commit`` / ``scatter`` argument names. Graph-safe: torch ops
+    on the device only, no host sync.
     """
+    if mamba_cache_mode != "none":
+        raise ValueError(f"mamba_cache_mode={mamba_cache_mode!r} is not supported: in 'align' mode "
+                         "mamba_get_block_table_tensor moves a request's state block with its length and in "
+                         "'all' mode each position has its own block, so the verify's buffer slot is not the "
+                         "request's slot at commit time; run vLLM with mamba_cache_mode='none'")
     _index_tensor("state_indices", state_indices, ndim=(1, 2))
     _index_tensor("num_accepted_tokens", num_accepted_tokens)
     _same_device("state_indices", state_indices, "num_accepted_tokens", num_accepted_tokens)
+    if query_start_loc is None and num_reqs is None:
+        raise ValueError("vllm_commit_args needs query_start_loc or num_reqs: vLLM pads state indices with "
+                         "NULL_BLOCK_ID = 0, a real slot number, so padding is known only from the token counts "
+                         "or the number of real requests")
     dst_slots = state_indices[:, 0] if state_indices.dim() == 2 else state_indices
-    if dst_slots.shape[0] != num_accepted_tokens.shape[0]:
-        raise ValueError(f"state_indices has {dst_slots.shape[0]} rows but num_accepted_tokens "
+    batch = dst_slots.shape[0]
+    if num_accepted_tokens.shape[0] != batch:
+        raise ValueError(f"state_indices has {batch} rows but num_accepted_tokens "
                          f"{num_accepted_tokens.shape[0]}: select the spec rows of both alike")
-    steps = num_accepted_tokens.to(torch.int64) - 1
-    steps = torch.where(dst_slots >= 0, steps, torch.full_like(steps, -1))
+    counts = num_accepted_tokens.to(torch.int64)
+    real = counts >= 1
+    if query_start_loc is not None:
+        qsl = _query_start_loc(query_start_loc, batch)
+        _same_device("state_indices", state_indices, "query_start_loc", qsl)
+        real = real & (counts <= qsl[1:] - qsl[:-1])
+    if num_reqs is not None:
+        if isinstance(num_reqs, bool) or not isinstance(num_reqs, int) or not 0 <= num_reqs <= batch:
+            raise ValueError(f"num_reqs must be an int in [0, {batch}], got {num_reqs!r}")
+        real = real & (torch.arange(batch, device=dst_slots.device) < num_reqs)
+    steps = torch.where(real, counts - 1, torch.full_like(counts, -1))
     if buffer_slots is None:
         src_slots = dst_slots
     else:
         src_slots = _index_tensor("buffer_slots", buffer_slots)
         _same_device("state_indices", state_indices, "buffer_slots", buffer_slots)
-        if src_slots.shape[0] != dst_slots.shape[0]:
-            raise ValueError(f"buffer_slots has {src_slots.shape[0]} rows, state_indices {dst_slots.shape[0]}")
+        if src_slots.shape[0] != batch:
+            raise ValueError(f"buffer_slots has {src_slots.shape[0]} rows, state_indices {batch}")
+    dst_slots = torch.where(real, dst_slots, torch.full_like(dst_slots, -1))
     return {"dst_slots": dst_slots, "src_slots": src_slots, "steps": steps}
-
-
-def vllm_uniform_view(
-    x: torch.Tensor, query_start_loc: torch.Tensor, num_tokens: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A ragged ``[total_tokens, *rest]`` batch (vLLM's ``mixed_qkv`` with ``query_start_loc``)
-    seen as ``[B, N, *rest]`` when every request has N = ``num_tokens`` tokens, no copy.
-
-    query_start_loc: ``[B + 1]`` int, request b's tokens at rows [qsl[b], qsl[b + 1]).
-    Returns ``(view, rows_ok)``: ``view = x[:B*N].view(B, N, *rest)`` (x's first B*N rows must be
-    contiguous along the token axis in the ``[B, N]`` sense: ``x.view`` raises otherwise) and
-    ``rows_ok [B]`` bool, True where request b's tokens are exactly rows b*N .. b*N+N-1. What is
-    ASSUMED: vLLM packs spec-decode requests back to back, each num_spec + 1 tokens (true when
-    every spec row verifies the same number of drafts and prefill tokens are split off by
-    ``spec_token_indx``); rows_ok is the device-side check of it, so mask the slots with it
-    (``torch.where(rows_ok, slots, -1)``) rather than read it on the host -- vLLM's padded rows
-    (zero tokens) come out False and are skipped. Only x's length is checked on the host (a shape,
-    no sync): ValueError naming x if it has fewer than B*N rows. Graph-safe: a view plus index
-    arithmetic on the device; CUDA-graph capturable, traceable by torch.compile(fullgraph=True).
-    """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    _index_tensor("query_start_loc", query_start_loc)
-    _same_device("x", x, "query_start_loc", query_start_loc)
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
-        raise ValueError(f"num_tokens must be an int >= 1, got {num_tokens!r}")
-    if x.dim() < 1:
-        raise ValueError("x must be [total_tokens, ...], got a 0-D tensor")
-    batch = query_start_loc.shape[0] - 1
-    if batch < 0:
-        raise ValueError("query_start_loc must have B + 1 >= 1 entries, got an empty tensor")
-    if x.shape[0] < batch * num_tokens:
-        raise ValueError(f"x has {x.shape[0]} token rows, fewer than B * N = {batch} * {num_tokens} "
-                         f"(B from query_start_loc)")
-    view = x[: batch * num_tokens].view(batch, num_tokens, *x.shape[1:])
-    starts = torch.arange(batch, device=x.device, dtype=torch.int64) * num_tokens
-    begin, end = query_start_loc[:-1].to(torch.int64), query_start_loc[1:].to(torch.int64)
-    rows_ok = (begin == starts) & (end == starts + num_tokens)
-    return view, rows_ok
 
 
 # ---------------------------------------------------------------------------------------------

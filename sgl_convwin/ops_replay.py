@@ -80,32 +80,43 @@ def alloc_gates(
 _CAPTURE_GATES = "convwin.capture_gates"
 
 
-def _prepare_capture_gates(real, gates, g, beta, buffer_slots, layer, sizes=None):
+def _prepare_capture_gates(real, gates, g, beta, buffer_slots, layer, a, b, A_log, dt_bias, sizes=None):
     """``sizes``: this call signature's, checked before (the eager plan); then only the checks
     that depend on the tensors' storage run (see declare.py)."""
     if sizes is None:
-        sizes = check_capture_gates_args(gates, g, beta, buffer_slots, layer)
+        sizes = check_capture_gates_args(gates, g, beta, buffer_slots, layer, a, b, A_log, dt_bias)
     if real:
-        check_no_shared_storages(_CAPTURE_GATES, "gates", gates, g=g, beta=beta)
+        check_no_shared_storages(_CAPTURE_GATES, "gates", gates, g=g, beta=beta, a=a, b=b, A_log=A_log,
+                                 dt_bias=dt_bias)
         if should_check_index_values(gates):
             check_capture_gates_index_values(gates, buffer_slots)
-    return (gates, g, beta, buffer_slots, layer), {}, sizes
+    if a is not None:  # the kernels read the raw inputs where g, beta go, and compute the gates
+        return (gates, a, b, buffer_slots, layer, A_log, dt_bias), {}, sizes
+    return (gates, g, beta, buffer_slots, layer, None, None), {}, sizes
 
 
 @declare_op(mutates=("gates",), prepare=_prepare_capture_gates, cpu=cpu.capture_gates_cpu,
             cuda="launch_capture_gates", eager_plan="planned_capture_gates")
 def capture_gates(
     gates: torch.Tensor,
-    g: torch.Tensor,
+    g: torch.Tensor | None,
     beta: torch.Tensor | None,
     buffer_slots: torch.Tensor,
     layer: int,
+    *,
+    a: torch.Tensor | None = None,
+    b: torch.Tensor | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
 ) -> None:
     """Store the verify pass's per-token gates of layer ``layer`` (one launch, no sync).
 
     gates: the whole buffer from ``alloc_gates`` ([L, M, D, G, H]). g, beta: [B, N, H] (N <= D),
     any float dtype and strides; beta None for a one-gate (Mamba2 dt) buffer. Writes
     ``gates[layer, buffer_slots[b], :N]``; a negative or out-of-range slot skips the row.
+    Raw gates (Gated DeltaNet, what the engines' verify holds): g = beta = None and the model's
+    ``a``, ``b`` [B, N, H] with ``A_log``, ``dt_bias`` [H]; the kernel computes, in float32,
+    ``g = -exp(A_log) * softplus(a + dt_bias)`` (softplus(x) = x above 20) and ``beta = sigmoid(b)``.
     Same as ``torch.ops.convwin.capture_gates``.
     """
 

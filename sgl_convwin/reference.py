@@ -6,6 +6,8 @@ each one spells out, row by row, what the cache is supposed to hold.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -323,6 +325,24 @@ def capture_gates_reference(gates, g, beta, buffer_slots, layer):
                 result[layer, slot, node, 0, head] = g[row, node, head].to(gates.dtype)
                 if beta is not None:
                     result[layer, slot, node, 1, head] = beta[row, node, head].to(gates.dtype)
+    return result
+
+
+def capture_raw_gates_reference(gates, a, b, A_log, dt_bias, buffer_slots, layer):
+    """What convwin.capture_gates with the raw a, b [B, N, H] and A_log, dt_bias [H] must leave in
+    ``gates`` [L, M, D, 2, H], in float64 on the CPU: g = -exp(A_log[h]) * softplus(a + dt_bias[h])
+    (softplus(x) = x above 20, as the engines' kernels) and beta = 1 / (1 + exp(-b)), scalar by scalar."""
+    result = gates.cpu().double().clone()
+    for row in range(a.shape[0]):
+        slot = int(buffer_slots[row])
+        if not 0 <= slot < gates.shape[1]:
+            continue
+        for node in range(a.shape[1]):
+            for head in range(a.shape[2]):
+                x = float(a[row, node, head]) + float(dt_bias[head])
+                softplus = x if x > 20 else math.log1p(math.exp(x))
+                result[layer, slot, node, 0, head] = -math.exp(float(A_log[head])) * softplus
+                result[layer, slot, node, 1, head] = 1 / (1 + math.exp(-float(b[row, node, head])))
     return result
 
 

@@ -623,10 +623,20 @@ def _check_layer(op: str, layer: int, num_layers: int) -> None:
         raise ValueError(f"{op}: layer {layer} is out of range for {num_layers} layers (expected 0..{num_layers - 1})")
 
 
-def check_capture_gates_args(gates, g, beta, buffer_slots, layer) -> int:
+def check_capture_gates_args(gates, g, beta, buffer_slots, layer, a=None, b=None, A_log=None, dt_bias=None) -> int:
     """Validate a capture_gates call (see ops_replay.capture_gates); returns the number of rows."""
     op = _CAPTURE_GATES
-    for name, value in (("gates", gates), ("g", g)):
+    raw = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias}
+    if any(value is not None for value in raw.values()):
+        if g is not None or beta is not None:
+            raise ValueError(f"{op}: give g, beta or the raw a, b with A_log, dt_bias, not both")
+        missing = [name for name, value in raw.items() if value is None]
+        if missing:
+            raise ValueError(f"{op}: the raw gates need a, b, A_log and dt_bias; {', '.join(missing)} missing")
+        first, second, names = a, b, ("a", "b")
+    else:
+        first, second, names = g, beta, ("g", "beta")
+    for name, value in (("gates", gates), (names[0], first)):
         if not isinstance(value, torch.Tensor):
             check_tensor(f"{op}: {name}", value)
     if gates.dim() != 5 or gates.shape[3] not in (1, 2):
@@ -637,27 +647,38 @@ def check_capture_gates_args(gates, g, beta, buffer_slots, layer) -> int:
     num_layers, num_slots, num_draft, num_gates, num_heads = gates.shape
     device = gates.device
     _check_float(op, "gates", gates, device)
-    _check_float(op, "g", g, device)
-    if g.dim() != 3 or g.shape[2] != num_heads or not 1 <= g.shape[1] <= num_draft:
+    _check_float(op, names[0], first, device)
+    if first.dim() != 3 or first.shape[2] != num_heads or not 1 <= first.shape[1] <= num_draft:
         raise ValueError(
-            f"{op}: g must be [B, N, H] with H = {num_heads} heads and 1 <= N <= {num_draft} draft tokens "
-            f"(gates is {tuple(gates.shape)}), got shape {tuple(g.shape)}"
+            f"{op}: {names[0]} must be [B, N, H] with H = {num_heads} heads and 1 <= N <= {num_draft} draft "
+            f"tokens (gates is {tuple(gates.shape)}), got shape {tuple(first.shape)}"
         )
     if num_gates == 2:
-        if beta is None:
+        if second is None:
             raise ValueError(f"{op}: gates holds two gates per head (g, beta): beta must be given")
-        if not isinstance(beta, torch.Tensor):
-            check_tensor(f"{op}: beta", beta)
-        _check_float(op, "beta", beta, device)
-        if beta.shape != g.shape:
-            raise ValueError(f"{op}: beta must have g's shape {tuple(g.shape)}, got {tuple(beta.shape)}")
-    elif beta is not None:
+        if not isinstance(second, torch.Tensor):
+            check_tensor(f"{op}: {names[1]}", second)
+        _check_float(op, names[1], second, device)
+        if second.shape != first.shape:
+            raise ValueError(f"{op}: {names[1]} must have {names[0]}'s shape {tuple(first.shape)}, "
+                             f"got {tuple(second.shape)}")
+    elif names[0] == "a":
+        raise ValueError(f"{op}: the raw a, b give Gated DeltaNet's two gates (g, beta); gates holds one "
+                         "per head (alloc_gates(..., num_gates=1)): pass Mamba2's dt as g")
+    elif second is not None:
         raise ValueError(f"{op}: gates holds one gate per head (alloc_gates(..., num_gates=1)): pass beta=None")
+    if names[0] == "a":
+        for name, value in (("A_log", A_log), ("dt_bias", dt_bias)):
+            if not isinstance(value, torch.Tensor):
+                check_tensor(f"{op}: {name}", value)
+            _check_float(op, name, value, device)
+            if value.dim() != 1 or value.shape[0] != num_heads:
+                raise ValueError(f"{op}: {name} must be [H] with H = {num_heads} heads, got shape {tuple(value.shape)}")
     _check_layer(op, layer, num_layers)
     check_writable(op, "gates", gates)
     num_rows = check_index_tensors(op, device, ("buffer_slots",), buffer_slots)
-    if num_rows != g.shape[0]:
-        raise ValueError(f"{op}: buffer_slots has {num_rows} rows but g has {g.shape[0]} (axis 0)")
+    if num_rows != first.shape[0]:
+        raise ValueError(f"{op}: buffer_slots has {num_rows} rows but {names[0]} has {first.shape[0]} (axis 0)")
     return num_rows
 
 

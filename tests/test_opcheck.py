@@ -164,6 +164,9 @@ def test_opcheck_capture_gates(device):
         beta = torch.rand(3, 4, 5, generator=generator).to(device).transpose(0, 1).contiguous().transpose(0, 1)
         torch.library.opcheck(torch.ops.convwin.capture_gates.default,
                               (gates, g, beta if num_gates == 2 else None, slots, 1))
+    heads = torch.randn(2, 5, generator=generator).to(device)  # raw a, b with A_log, dt_bias
+    torch.library.opcheck(torch.ops.convwin.capture_gates.default, (torch.zeros(2, 3, 4, 2, 5, device=device),
+                          None, None, slots, 1), {"a": g, "b": beta, "A_log": heads[0], "dt_bias": heads[1]})
 
 
 @pytest.mark.parametrize("device", DEVICES)

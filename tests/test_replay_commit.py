@@ -600,6 +600,66 @@ def test_capture_gates(impl, num_gates):
     assert torch.equal(gates.cpu(), expected)
 
 
+def run_raw_gates_triton(gates, slots, layer, **raw):
+    args, kwargs = sgl_convwin.capture_gates.kernel_arguments(gates, None, None, slots, layer, **raw)
+    triton_kernels().launch_capture_gates(*args, **kwargs)
+
+
+RAW_GATE_IMPLS = [
+    pytest.param(("cpu", lambda gates, slots, layer, **raw: sgl_convwin.capture_gates(gates, None, None, slots,
+                                                                                       layer, **raw)), id="cpu-public"),
+    pytest.param(("cpu", lambda gates, slots, layer, **raw: torch.ops.convwin.capture_gates(gates, None, None, slots,
+                                                                                             layer, **raw)), id="cpu-op"),
+    pytest.param(("cpu", run_raw_gates_triton), id="triton-interpreted", marks=interpreted),
+    pytest.param(("cuda", lambda gates, slots, layer, **raw: sgl_convwin.capture_gates(gates, None, None, slots,
+                                                                                        layer, **raw)),
+                 id="cuda", marks=pytest.mark.gpu),
+]
+
+
+@pytest.mark.parametrize("impl", RAW_GATE_IMPLS)
+def test_capture_gates_from_raw_a_b(impl):
+    """The model's raw a, b (bf16, strided) with A_log, dt_bias: g = -exp(A_log) softplus(a + dt_bias),
+    beta = sigmoid(b) computed in the kernel, against the float64 oracle; a + dt_bias above the
+    softplus threshold included; skipped rows untouched."""
+    device, run = impl
+    gen = torch.Generator().manual_seed(111)
+    gates = torch.randn(3, 5, 4, 2, 6, generator=gen).to(device)
+    before = gates.clone()
+    a = (torch.randn(4, 6, 3, generator=gen) * 4).to(device=device, dtype=torch.bfloat16).transpose(1, 2)
+    b = (torch.randn(4, 3, 6, generator=gen) * 3).to(device)
+    A_log = torch.randn(6, generator=gen).to(device)
+    dt_bias = torch.tensor([0.0, 25.0, -3.0, 1.0, 0.5, -30.0]).to(device)  # 25: past softplus's threshold
+    slots = torch.tensor([4, -1, 0, 5], device=device)
+    expected = reference.capture_raw_gates_reference(gates, a, b, A_log, dt_bias, slots, 1)
+    run(gates, slots, 1, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+    torch.testing.assert_close(gates.cpu().double(), expected, atol=1e-6, rtol=1e-5)
+    untouched = [slot for slot in range(5) if slot not in (4, 0)]
+    assert torch.equal(gates[1, untouched], before[1, untouched]) and torch.equal(gates[0], before[0])
+
+
+def test_capture_gates_raw_errors():
+    gates = sgl_convwin.alloc_gates(2, 3, 4, 5)
+    a = torch.zeros(2, 4, 5)
+    heads = torch.zeros(5)
+    slots = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="give g, beta or the raw a, b with A_log, dt_bias, not both"):
+        sgl_convwin.capture_gates(gates, a, a, slots, 0, a=a, b=a, A_log=heads, dt_bias=heads)
+    with pytest.raises(ValueError, match="the raw gates need a, b, A_log and dt_bias; dt_bias missing"):
+        sgl_convwin.capture_gates(gates, None, None, slots, 0, a=a, b=a, A_log=heads)
+    with pytest.raises(ValueError, match="A_log must be \\[H\\] with H = 5"):
+        sgl_convwin.capture_gates(gates, None, None, slots, 0, a=a, b=a, A_log=torch.zeros(4), dt_bias=heads)
+    with pytest.raises(ValueError, match="b must have a's shape"):
+        sgl_convwin.capture_gates(gates, None, None, slots, 0, a=a, b=a[:, :2], A_log=heads, dt_bias=heads)
+    with pytest.raises(ValueError, match="gates holds one per head"):
+        sgl_convwin.capture_gates(sgl_convwin.alloc_gates(2, 3, 4, 5, num_gates=1), None, None, slots, 0,
+                                  a=a, b=a, A_log=heads, dt_bias=heads)
+    with pytest.raises(TypeError, match="dt_bias must be a floating-point"):
+        sgl_convwin.capture_gates(gates, None, None, slots, 0, a=a, b=a, A_log=heads,
+                                  dt_bias=torch.zeros(5, dtype=torch.int32))
+    assert not gates.any()
+
+
 def test_capture_gates_errors():
     gates = sgl_convwin.alloc_gates(2, 3, 4, 5)
     g = torch.zeros(2, 4, 5)
