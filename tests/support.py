@@ -295,3 +295,18 @@ def make_replay(
         rate = -torch.exp(randn(num_layers, num_heads, scale=0.5))
     return Replay(ssm_state, conv_state, buffer, gates, conv_weight, dst.to(device), slots_perm.to(device),
                   torch.as_tensor(steps).to(device), parents, kwargs, mixer, rate)
+
+
+def usage_error(capsys, argv: list[str], message: str) -> str:
+    """``python -m sgl_convwin *argv`` must stop as argparse does: exit status 2, one line on
+    stderr that holds ``message``, nothing on stdout. Returns that line."""
+    from sgl_convwin import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2, captured
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and "error: " in lines[0] and message in lines[0], captured.err
+    assert captured.out == ""
+    return lines[0]
