@@ -605,6 +605,7 @@ _GDN_COMMIT = "convwin.gdn_commit"
 _MAMBA2_COMMIT = "convwin.mamba2_commit"
 # The replay kernels keep a path token's K-1 previous conv inputs in registers, four at most.
 REPLAY_MAX_KERNEL_SIZE = 5
+SSM_STATE_DTYPES = (torch.float32, torch.bfloat16)  # what the replay commits store a recurrent state in
 
 
 def _check_float(op: str, name: str, t: torch.Tensor, device: torch.device) -> None:
@@ -768,6 +769,9 @@ def _check_replay_args(
             f"{op}: ssm_state must be {state_tail[1]} = {list(expected_ssm)} (L, N from conv_state), "
             f"got shape {tuple(ssm_state.shape)}"
         )
+    if ssm_state.dtype not in SSM_STATE_DTYPES:  # fp16 would overflow or lose a state kept over many steps
+        raise TypeError(f"{op}: ssm_state must be float32 or bfloat16, got {ssm_state.dtype} "
+                        f"(shape {tuple(ssm_state.shape)}, device {ssm_state.device})")
     for name, t in (("ssm_state", ssm_state), ("buffer", buffer), ("gates", gates), ("conv_weight", conv_weight)):
         if t.dtype not in CACHE_DTYPES:
             check_cache_dtype(f"{op}: {name}", t)

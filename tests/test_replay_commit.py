@@ -559,6 +559,19 @@ def test_errors_name_the_argument_and_write_nothing(mutate, error, match):
     assert torch.equal(replay.conv_state, before[1])
 
 
+@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("impl", IMPLS[:2])
+def test_float16_state_is_refused(mixer, impl):
+    """The recurrent state is float32 or bfloat16; float16 is refused before anything is written."""
+    _, run = impl
+    replay = make_replay(mixer=mixer, seed=102)
+    ssm_state, conv_state = replay.ssm_state.half(), replay.conv_state.clone()
+    before = ssm_state.clone()
+    with pytest.raises(TypeError, match=f"{mixer}_commit: ssm_state must be float32 or bfloat16, got torch.float16"):
+        run(replay, ssm_state, conv_state)
+    assert torch.equal(ssm_state, before) and torch.equal(conv_state, replay.conv_state)
+
+
 def test_states_may_not_share_storage():
     replay = make_replay(seed=101)
     with pytest.raises(ValueError, match="share storage"):
