@@ -81,8 +81,9 @@ class CountingBackend:
         return graph_module.forward
 
 
-def impl_params(*names: str):
-    """pytest params for the implementations this machine can run (others are skipped, with why)."""
+def impl_params(*names: str, slow: bool = False):
+    """pytest params for the implementations this machine can run (others are skipped, with why).
+    slow: the interpreter's param is marked ``slow`` (deselected by default; see conftest.py)."""
     params = []
     for name in names or tuple(IMPLS):
         marks = []
@@ -90,6 +91,8 @@ def impl_params(*names: str):
             marks.append(pytest.mark.gpu)
         if name == "triton_interpret" and not (INTERPRET and HAS_TRITON):
             marks.append(pytest.mark.skip(reason="Triton's interpreter runs only without a GPU"))
+        if name == "triton_interpret" and slow:
+            marks.append(pytest.mark.slow)
         params.append(pytest.param(IMPLS[name], id=name, marks=marks))
     return params
 

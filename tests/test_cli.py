@@ -67,16 +67,12 @@ def test_plot_into_an_unwritable_file(capsys, tmp_path):
     usage_error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", "--plot", str(folder)], f"--plot {folder}")
 
 
-@pytest.mark.parametrize("args", [["demo", "--draft", "1"], ["demo", "--device", "tpu"],
-                                  ["plan", "--model", "qwen3-next-80b-a3b", "--plot", "/nonexistent/dir/x.png"]])
-def test_the_module_shows_no_traceback(args):
-    """What a user sees from the shell: exit status 2 and one line, for the refused argument;
-    no traceback at all."""
-    if args[1] == "--draft":
-        args = [*args, "--requests", "0"]
-    out = subprocess.run([sys.executable, "-m", "sgl_convwin", *args], capture_output=True, text=True)
+def test_the_module_shows_no_traceback():
+    """What a user sees from the shell for a refused argument: exit status 2 and one line."""
+    out = subprocess.run([sys.executable, "-m", "sgl_convwin", "demo", "--device", "tpu"], capture_output=True,
+                         text=True)
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert len(out.stderr.splitlines()) == 1 and "error: " in out.stderr
+    assert len(out.stderr.splitlines()) == 1 and "error: argument --device" in out.stderr
 
 
 @pytest.mark.parametrize("mixer", demo.MIXERS)

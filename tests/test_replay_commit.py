@@ -62,6 +62,7 @@ def check_against_oracle(replay: Replay, run, atol=1e-4, rtol=1e-4) -> set:
     return written
 
 
+@pytest.mark.slow
 @interpreted
 @pytest.mark.parametrize("mixer", MIXERS)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
@@ -96,7 +97,7 @@ def test_triton_interpreted_matches_oracle(mixer, layout, tree):
     check_against_oracle(replay, run_triton)
 
 
-DESCRIPTOR_DEVICES = [pytest.param("cpu", id="interpreted", marks=interpreted),
+DESCRIPTOR_DEVICES = [pytest.param("cpu", id="interpreted", marks=[interpreted, pytest.mark.slow]),
                       pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
