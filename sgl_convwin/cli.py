@@ -62,7 +62,8 @@ def _device(text: str) -> str:
     return text
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line; ``parser.commands`` maps each command's name to its parser."""
     parser = _Parser(prog="python -m sgl_convwin", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="speculative decoding of a tiny hybrid model, every layout, chain and tree")
@@ -90,6 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--kernel-size", type=_at_least(2), default=4,
                        help="conv width K (a window holds K-1 >= 1 inputs; the replay commits take K <= 5)")
     check.add_argument("--seed", type=int, default=0)
+    parser.commands = {"demo": demo, "plan": plan, "selfcheck": check}
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
         ok = demo_module.run_demo(
@@ -103,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return plan_module.run_plan(args)
         except plan_module.PlanError as error:
-            plan.error(str(error))
+            parser.commands["plan"].error(str(error))
     if args.command == "selfcheck":
         ok = selfcheck(args.device, args.num_draft, args.kernel_size, args.seed)
         return 0 if ok else 1
