@@ -41,7 +41,6 @@ def _at_least(minimum: int):
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
         return value
 
-    parse.__name__ = f"int >= {minimum}"
     return parse
 
 
