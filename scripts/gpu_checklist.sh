@@ -4,40 +4,26 @@
 # Usage (from the repo root, on the device): bash scripts/gpu_checklist.sh OUT_DIR PHASE [PHASE ...]
 #   tests     every GPU test (pytest -m gpu, three concurrent groups), incl. the 10,000-replay tests
 #   sanitize  compute-sanitizer memcheck + racecheck (scripts/gpu_sanitize.sh)
-#   verify    block/warps sweep of both verify kernels (benchmarks/explore/verify_sweep.py)
 #   scaling   commit time vs B and vs D, JSON + PNGs (bench_scatter.py, plot_scaling.py)
 #   demo      python -m sgl_convwin demo --device cuda
 #   step      verify per layer and per step (36 layers + commit) against the engine baselines, chain and
 #             topk-3 tree (benchmarks/bench_verify.py)
 #   vtests    the GPU tests of the verify kernels only
 #   fp32      the commit table with float32 caches (bench_scatter.py --dtypes fp32)
-#   profile   Nsight Compute (--clock-control none) on each case of benchmarks/explore/profile_one.py
-#   cmlong    channel_major commit at D = 8, 16: block/warps/offsets sweep against the strided baseline
-#   latency   the commit kernel at B = 1 and 8, D = 2, 4, 8, every layout: defaults, forced choices, baselines
 #   commit    the commit table (bench_scatter.py, Qwen3-Next TP1, D = 4, bf16) with the tree commit
 #   tree      the tree commit against the dense fallback, three shapes, B = 1 .. 256, with its launch choices
 #             swept (channels per program / warps, parent links preloaded or walked link by link)
-#   tsweep    the tree commit at B = 1, 2, 8 in interleaved rounds against the dense fallback, with its launch choices
-#             (benchmarks/explore/tree_sweep.py)
 #   tsan      compute-sanitizer memcheck + racecheck over test_scatter_tree.py's CUDA tests (its lane-row stores go
 #             through shared memory)
 #   shapes    the commit table at the Qwen3-Next TP4 and Nemotron-H shapes, B = 1 .. 256
-#   small     the commit kernel at small batches (benchmarks/explore/commit_sweep.py)
 #   eager     host time per eager call of every op against a raw launch (benchmarks/bench_scatter.py --eager-only)
 #   replay    the replay commits' GPU tests (gdn_commit, mamba2_commit: oracle, fuzz, CUDA graphs, opcheck, cache)
 #   rsan      compute-sanitizer memcheck + racecheck over the replay commits' CUDA tests
 #   rbench    bench_commit.py: gdn_commit and mamba2_commit against snapshot-copy and input-replay commits
-#   rsweep    block/warps sweep of the gdn_commit replay kernel (benchmarks/explore/replay_sweep.py)
-#   msweep    the same sweep of the mamba2_commit replay kernel
-#   rprofile  Nsight Compute on both replay kernels at B = 64 (benchmarks/explore/profile_one.py)
 #   smem      the shared-memory replay kernels' users: test_replay_commit.py whole, then the CUDA-graph,
 #             opcheck, compile and cache tests of the replay commits (cold compiles: about 190 s + 120 s)
-#   chains    token_major chains' node loop at 1-4 warps, 2 and 4 nodes ahead, B = 64 / 128 / 256
-#             (benchmarks/explore/verify_sweep.py --prefetch)
-#   lanes     the verify node loops' committed inputs and weights as runs and by column, every layout, chains and
-#             trees of 8, B = 8 / 64 / 256 (benchmarks/explore/verify_sweep.py --variants lane_runs=True lane_runs=False)
 #   runs      the verify run store (channel_major rows, dense windows under a conv): its GPU tests, then
-#             memcheck and racecheck over them, then the dense windows' sweep with and without runs
+#             memcheck and racecheck over them
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
 # With pytest-xdist's and execnet's wheels in .whl (pip download pytest-xdist execnet --no-deps -d .whl),
 # vtests and runs spread their tests over 12 processes: the kernels' compiles are what take the time.
@@ -75,8 +61,6 @@ for phase in "$@"; do
     step)     timeout 170 python3 benchmarks/bench_verify.py --drafts chain tree3 > "$out/bench_verify.log" 2>&1
               rc=$?; grep -E '^(\||verify:|engine|checks and tables)' "$out/bench_verify.log"; tail -2 "$out/bench_verify.log" ;;
     sanitize) SANITIZE_TIMEOUT=165 bash scripts/gpu_sanitize.sh "$out"; rc=$? ;;
-    verify)   timeout 400 python3 benchmarks/explore/verify_sweep.py > "$out/verify_sweep.log" 2>&1
-              rc=$?; tail -90 "$out/verify_sweep.log" ;;
     fp32)     timeout 200 python3 benchmarks/bench_scatter.py --dtypes fp32 --json "$out/fp32.json" > "$out/bench_fp32.log" 2>&1
               rc=$?; grep "^|" "$out/bench_fp32.log" ;;
     scaling)  timeout 270 python3 benchmarks/bench_scatter.py --batches 1 8 64 256 512 --drafts 2 4 8 16 \
@@ -85,30 +69,8 @@ for phase in "$@"; do
               python3 benchmarks/plot_scaling.py "$out/scaling.json" --out "$out" && tail -5 "$out/bench_scaling.log" ;;
     demo)     timeout 200 python3 -m sgl_convwin demo --device cuda --no-progress > "$out/demo_cuda.log" 2>&1
               rc=$?; cat "$out/demo_cuda.log" ;;
-    small)    timeout 200 python3 benchmarks/explore/commit_sweep.py --batches 1 8 --layouts token_major dense > "$out/explore_small_batch.log" 2>&1
-              rc=$?; cat "$out/explore_small_batch.log" ;;
     eager)    timeout 200 python3 benchmarks/bench_scatter.py --eager-only > "$out/eager.log" 2>&1
               rc=$?; sed -n "/^eager host time/,\$p" "$out/eager.log" ;;
-    profile|rprofile)
-              rc=0
-              cases="verify-chain stream-chain verify-channel-major-chain verify-tree verify-channel-major-tree"
-              cases="$cases commit-token-major-b8 commit-dense-b8"
-              cases="$cases commit-channel-major-d16"
-              [ "$phase" = rprofile ] && cases="gdn-commit-b64 mamba2-commit-b64"
-              for case in $cases; do
-                kernel=$(python3 benchmarks/explore/profile_one.py "$case" --print-kernel)
-                timeout 120 ncu --clock-control none --launch-skip 2 --launch-count 1 -k "regex:$kernel" \
-                  --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-                  --section MemoryWorkloadAnalysis python3 benchmarks/explore/profile_one.py "$case" \
-                  > "$out/ncu-$case.log" 2>&1 || rc=1
-                echo "-- $case"; grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Theoretical Occupancy|Block Limit" "$out/ncu-$case.log" | head -12
-              done ;;
-    cmlong)   timeout 240 python3 benchmarks/explore/commit_sweep.py --drafts 8 16 --batches 1 8 64 256 \
-                --layouts channel_major > "$out/explore_channel_major_long.log" 2>&1
-              rc=$?; cat "$out/explore_channel_major_long.log" ;;
-    latency)  timeout 200 python3 benchmarks/explore/commit_sweep.py --batches 1 8 --drafts 2 4 8 \
-                --configs 1024/4 4096/4 > "$out/explore_latency.log" 2>&1
-              rc=$?; grep -E "op default \||baseline" "$out/explore_latency.log" ;;
     commit)   timeout 200 python3 benchmarks/bench_scatter.py --tree --json "$out/commit.json" > "$out/bench_commit.log" 2>&1
               rc=$?; grep '^|' "$out/bench_commit.log" ;;
     tree)     timeout 280 python3 benchmarks/bench_scatter.py --tree-only --batches 1 8 64 256 \
@@ -116,9 +78,6 @@ for phase in "$@"; do
                 --tree-configs 256/1 512/1 512/2 1024/4 \
                 > "$out/bench_tree.log" 2>&1
               rc=$?; grep -E '^(\||tree commit)' "$out/bench_tree.log" ;;
-    tsweep)   timeout 200 python3 benchmarks/explore/tree_sweep.py --batches 1 2 8 \
-                --configs 256/1 512/1 512/2 512/1/columns > "$out/tree_sweep.log" 2>&1
-              rc=$?; grep "^|" "$out/tree_sweep.log" ;;
     tsan)     SANITIZE_TESTS=tests/test_scatter_tree.py SANITIZE_TIMEOUT=240 bash scripts/gpu_sanitize.sh "$out"
               rc=$? ;;
     shapes)   timeout 200 python3 benchmarks/bench_scatter.py --shapes qwen3next-tp4 nemotronh-tp1 --batches 1 8 64 256 \
@@ -136,12 +95,6 @@ for phase in "$@"; do
                   --json "$out/bench_commit_$mixer.json" > "$out/bench_commit_$mixer.log" 2>&1 || rc=1
                 grep '^|' "$out/bench_commit_$mixer.log" | head -40
               done ;;
-    rsweep)   timeout 250 python3 benchmarks/explore/replay_sweep.py --batches 8 256 --blocks 16 32 64 128 \
-                --warps 1 2 4 > "$out/replay_sweep.log" 2>&1
-              rc=$?; cat "$out/replay_sweep.log" ;;
-    msweep)   timeout 200 python3 benchmarks/explore/replay_sweep.py --mixer mamba2 --batches 64 256 \
-                --blocks 8 16 32 64 --warps 1 2 4 8 > "$out/replay_sweep_mamba2.log" 2>&1
-              rc=$?; cat "$out/replay_sweep_mamba2.log" ;;
     smem)     rc=0
               timeout 280 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_replay_commit.py \
                 > "$out/gpu_tests_smem_replay.log" 2>&1 || rc=1
@@ -150,22 +103,13 @@ for phase in "$@"; do
                 tests/test_compile.py tests/test_cache.py -k "commit or replay or gates or mamba2 or gdn" \
                 > "$out/gpu_tests_smem_users.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_smem_users.log" ;;
-    lanes)    timeout 170 python3 benchmarks/explore/verify_sweep.py --variants lane_runs=True lane_runs=False --nodes 4 8 --batches 8 64 256 \
-                > "$out/verify_sweep_lane_runs.log" 2>&1
-              rc=$?; grep "^|" "$out/verify_sweep_lane_runs.log" ;;
     runs)     rc=0
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_verify.py \
                 -k "cuda and (runs or small-tree)" > "$out/gpu_tests_runs.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_runs.log"
               mkdir -p "$out/runs"
               SANITIZE_TIMEOUT=150 SANITIZE_TESTS=tests/test_verify.py SANITIZE_K="cuda and runs" \
-                bash scripts/gpu_sanitize.sh "$out/runs" || rc=1
-              timeout 120 python3 benchmarks/explore/verify_sweep.py --runs --layouts dense --nodes 4 8 \
-                --batches 8 64 256 > "$out/verify_sweep_runs_dense.log" 2>&1 || rc=1
-              grep "^| [ct]" "$out/verify_sweep_runs_dense.log" ;;
-    chains)   timeout 200 python3 benchmarks/explore/verify_sweep.py --prefetch 2 4 --layouts token_major --nodes 4 \
-                --batches 64 128 256 > "$out/verify_sweep_chains.log" 2>&1
-              rc=$?; grep "^| c" "$out/verify_sweep_chains.log" ;;
+                bash scripts/gpu_sanitize.sh "$out/runs" || rc=1 ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"

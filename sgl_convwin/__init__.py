@@ -1,4 +1,7 @@
-"""sgl_convwin: a deduplicated sliding-window cache for the conv windows of speculative decoding.
+"""The whole speculative-decoding state of Gated DeltaNet and Mamba2 layers, kept once: the draft
+tokens' conv inputs in one deduplicated buffer, and a commit that replays the accepted path onto the
+recurrent state and the conv window -- no state snapshots, chains and trees -- as torch.library ops
+with Triton kernels.
 
 ``import sgl_convwin`` registers the ``torch.ops.convwin`` operators.
 """

@@ -28,7 +28,7 @@ def scatter_cpu(
     src_slots: torch.Tensor,
     steps: torch.Tensor,
 ) -> None:
-    """state: [L, N, dim, K-1] (any strides), windows: [L, M, D, dim, K-1] (any strides)."""
+    """state: [L, N, dim, K-1] (any strides), windows: [L, M, N, dim, K-1] (any strides)."""
     num_state_slots, num_src_slots, num_draft = state.shape[1], windows.shape[1], windows.shape[2]
     dst, src, step = dst_slots.long(), src_slots.long(), steps.long()
     rows = _rows_in_range(step, num_draft, dst, num_state_slots, src, num_src_slots).nonzero().squeeze(1)
@@ -72,7 +72,7 @@ def scatter_tree_cpu(
     nodes: torch.Tensor,
     parents: torch.Tensor,
 ) -> None:
-    """state: [L, N_state, dim, K-1] (any strides), rows: [L, M, N+K-2, dim] (any strides)."""
+    """state: [L, R, dim, K-1] (any strides), rows: [L, M, N+K-2, dim] (any strides)."""
     num_state_slots, num_src_slots, num_nodes = state.shape[1], rows.shape[1], parents.shape[1]
     dst, src, node = dst_slots.long(), src_slots.long(), nodes.long()
     active = _rows_in_range(node, num_nodes, dst, num_state_slots, src, num_src_slots)
@@ -125,7 +125,7 @@ def _write_captured(dest, dense, layer, dst, inputs, positions, links_ok):
 
 
 def capture_cpu(dest, state, x, buffer_slots, state_slots, layer, parents, *, dense):
-    """state: [L, N_state, dim, K-1] (any strides); x: [B, N, dim]; dest: see above."""
+    """state: [L, R, dim, K-1] (any strides); x: [B, N, dim]; dest: see above."""
     rows, dst, src = _verify_rows(dest, state, x, buffer_slots, state_slots)
     if rows.numel() == 0:
         return
@@ -161,7 +161,7 @@ def causal_conv1d_verify_cpu(
 
 
 def capture_gates_cpu(gates, g, beta, buffer_slots, layer, A_log=None, dt_bias=None):
-    """gates [L, M, D, G, H]; g, beta [B, N, H] (beta None: a single-gate buffer); with A_log,
+    """gates [L, M, N, G, H]; g, beta [B, n, H] (beta None: a single-gate buffer); with A_log,
     dt_bias [H], g and beta are the raw a, b: g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)."""
     slots = buffer_slots.long()
     rows = ((slots >= 0) & (slots < gates.shape[1])).nonzero().squeeze(1)
@@ -214,7 +214,7 @@ def _replay_rows(dst_slots, src_slots, steps, parents, num_state_slots, num_src_
 
 def _path_conv_outputs(conv, tokens, weight, bias, dst, src, paths, lengths):
     """For each path position j: (j, live [1, R], node [R], c [L, R, dim]), c = silu of the causal
-    conv of path token j in float32 (inputs before the path from conv [L, N_state, dim, K-1])."""
+    conv of path token j in float32 (inputs before the path from conv [L, R, dim, K-1])."""
     width = conv.shape[3]
     window = conv[:, dst].float()  # [L, R, dim, K-1]: the K-1 newest inputs, oldest first
     taps = weight.float()[:, None]  # [L, 1, dim, K]
@@ -251,7 +251,7 @@ def gdn_commit_cpu(
     ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents,
     *, num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm,
 ):
-    """ssm [L, N_state, Hv, dk, dv], conv [L, N_state, dim, K-1] (any strides), in place."""
+    """ssm [L, R, Hv, dk, dv], conv [L, R, dim, K-1] (any strides), in place."""
     replayed = _replay_rows(dst_slots, src_slots, steps, parents, ssm.shape[1], tokens.shape[1], tokens.shape[2])
     if replayed is None:
         return
@@ -279,7 +279,7 @@ def mamba2_commit_cpu(
     ssm, conv, tokens, history, gates, weight, bias, a, dst_slots, src_slots, steps, parents,
     *, num_heads, head_dim, n_groups, d_state,
 ):
-    """ssm [L, N_state, H, P, Ns], conv [L, N_state, dim, K-1] (any strides), in place."""
+    """ssm [L, R, H, P, Ns], conv [L, R, dim, K-1] (any strides), in place."""
     replayed = _replay_rows(dst_slots, src_slots, steps, parents, ssm.shape[1], tokens.shape[1], tokens.shape[2])
     if replayed is None:
         return

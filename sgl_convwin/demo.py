@@ -588,12 +588,13 @@ MIXERS = ("gdn", "mamba2", "linear")
 
 def run_demo(
     device="cpu", new_tokens=24, batch=4, prompt_len=6, draft=4, tree_nodes=8, topk=3,
-    layers=3, seed=0, noise=0.01, layouts_to_run=layouts.LAYOUTS, show_progress=True, out=sys.stdout,
+    layers=3, seed=0, noise=0.01, layouts_to_run=layouts.LAYOUTS, show_progress=True, out=None,
     mixer="gdn",
 ) -> bool:
     """Run every layout with a chain and a tree; print the table; True if every stream matched."""
     if mixer not in MIXERS:
         raise ValueError(f"mixer must be one of {MIXERS}, got {mixer!r}")
+    out = sys.stdout if out is None else out  # read at call time: the caller may have replaced it
     # The model's tensors are tiny: intra-op threads only spin (minutes instead of seconds on two
     # busy cores), so the demo runs on one.
     threads = torch.get_num_threads()
@@ -632,9 +633,9 @@ def _run_demo(device, new_tokens, batch, prompt_len, draft, tree_nodes, topk, la
             all_ok &= identical
             nbytes = result.cache.speculative_nbytes_per_slot()
             snapshot = result.cache.snapshot_nbytes_per_slot()
-            steps = max(result.request_steps, 1)
+            steps, depth = max(result.request_steps, 1), tree_depth(parents_list)
             rows.append((layout, f"{shape_name} N={num_nodes} topk {k}", identical,
-                         result.accepted / (steps * tree_depth(parents_list)),
+                         result.accepted / (steps * depth) if depth else None,  # one node: nothing drafted
                          (result.accepted + result.request_steps) / steps, nbytes, nbytes / snapshot,
                          batch * new_tokens / seconds))
     what = {"gdn": "Gated DeltaNet layers, committed by replay (gdn_commit, no state snapshots)",
@@ -647,7 +648,8 @@ def _run_demo(device, new_tokens, batch, prompt_len, draft, tree_nodes, topk, la
           "speculative state per slot (bytes) | vs snapshot design | tokens/s |", file=out)
     print("|---|---|---|---|---|---|---|---|", file=out)
     for layout, shape, identical, rate, per_step, nbytes, ratio, tps in rows:
-        print(f"| {layout} | {shape} | {'yes' if identical else 'NO'} | {rate:.0%} | {per_step:.2f} | "
+        rate_text = "n/a" if rate is None else f"{rate:.0%}"
+        print(f"| {layout} | {shape} | {'yes' if identical else 'NO'} | {rate_text} | {per_step:.2f} | "
               f"{nbytes} | {ratio:.3f}x | {tps:.0f} |", file=out)
     print("acceptance rate: accepted draft tokens / (request-steps x tree depth); tokens per verify step "
           "per request include the target's bonus token; speculative state: what the cache keeps per slot "

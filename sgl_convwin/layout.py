@@ -142,7 +142,7 @@ def window_view(buffer: torch.Tensor, layout: str, num_draft: int, kernel_size: 
         raise TypeError(f"buffer must be a Tensor, got {type(buffer).__name__}")
     check_sizes(1, 1, 1, num_draft, kernel_size)
     width, seq = kernel_size - 1, sequence_length(num_draft, kernel_size)
-    expected = PHYSICAL_SHAPE_TEXT[layout].format(n="D")
+    expected = PHYSICAL_SHAPE_TEXT[layout].format(n="N")
     rank = 5 if layout == DENSE else 4
     if buffer.dim() != rank:
         raise ValueError(
@@ -159,7 +159,7 @@ def window_view(buffer: torch.Tensor, layout: str, num_draft: int, kernel_size: 
     if buffer.shape[seq_axis] != seq:
         raise ValueError(
             f"a {layout} buffer for num_draft={num_draft}, kernel_size={kernel_size} must be "
-            f"{expected} with D+K-2 = {seq}, got shape {tuple(buffer.shape)}"
+            f"{expected} with N+K-2 = {seq}, got shape {tuple(buffer.shape)}"
         )
     # unfold(axis, K-1, 1) adds a trailing window axis of stride 1 sequence step: [..., D, K-1].
     windows = buffer.unfold(seq_axis, width, 1)

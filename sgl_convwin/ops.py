@@ -81,8 +81,8 @@ def alloc_windows(
 ) -> torch.Tensor:
     """Allocate the zero-filled PHYSICAL conv-window buffer of ``layout``.
 
-    Shapes (W = K-1, S = D+K-2): dense [L, M, D, dim, W], channel_major [L, M, dim, S],
-    token_major [L, M, S, dim]. Read it through ``window_view(buffer, layout, D, K)``.
+    Shapes (W = K-1, S = N+K-2): dense [L, M, N, dim, W], channel_major [L, M, dim, S],
+    token_major [L, M, S, dim]. Read it through ``window_view(buffer, layout, N, K)``.
     """
     _alloc_shape(num_layers, num_slots, dim, num_draft, kernel_size, layout, dtype)  # clear errors first
     device = torch.get_default_device() if device is None else torch.device(device)
@@ -137,7 +137,7 @@ def scatter(
 
     conv_state: [L, N, dim, K-1] (state_layout="dim_major"), or the window-major [L, N, K-1, dim]
         with state_layout="window_major" -- pass that tensor itself, not a transposed view.
-    windows: [L, M, D, dim, K-1], any strides: a dense buffer or a ``window_view`` of any layout.
+    windows: [L, M, N, dim, K-1], any strides: a dense buffer or a ``window_view`` of any layout.
     dst_slots, src_slots, steps: [B], int32 or int64, on conv_state's device. Negative step or
         destination skips the row (pad batches with -1). Out-of-range values skip the row too;
         ``sgl_convwin.index_checks()`` turns them into an IndexError (host sync, for debugging).
@@ -202,7 +202,7 @@ def scatter_tree(
 
 def _kernel_views(buffer, conv_state, layout, state_layout):
     """What the kernels see: the buffer as rows [L, M, N+K-2, dim] (dense: windows as they are),
-    and the state as [L, N_state, dim, K-1]. Views only, never copies."""
+    and the state as [L, R, dim, K-1]. Views only, never copies."""
     dest = buffer.transpose(-1, -2) if layout == CHANNEL_MAJOR else buffer
     return dest, _kernel_state(conv_state, state_layout)
 
@@ -243,7 +243,7 @@ def capture(
         token_major [L, M, N+K-2, dim], channel_major [L, M, dim, N+K-2], dense [L, M, N, dim, K-1];
         any strides. Pass the whole buffer and ``layer``, not a per-layer view: under torch.compile
         a mutated view costs a clone of its base.
-    conv_state: the engine's state, [L, N_state, dim, K-1] (or [L, N_state, K-1, dim] with
+    conv_state: the engine's state, [L, R, dim, K-1] (or [L, R, K-1, dim] with
         state_layout="window_major"), read only: slot state_slots[b] holds request b's committed
         inputs (K-1, oldest first).
     x: [B, N, dim], any strides: the conv inputs of the N draft tokens (or tree nodes) of each

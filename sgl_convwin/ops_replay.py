@@ -64,7 +64,7 @@ def alloc_gates(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """The zero-filled gates buffer ``[L, M, D, num_gates, H]``: ``[..., 0, :]`` = g (the log
+    """The zero-filled gates buffer ``[L, M, N, num_gates, H]``: ``[..., 0, :]`` = g (the log
     decay, <= 0) and ``[..., 1, :]`` = beta of draft token (or tree node) n of slot m, per value
     head (Gated DeltaNet, num_gates=2); with num_gates=1, ``[..., 0, :]`` = dt per head (Mamba2)."""
     _gates_shape(num_layers, num_slots, num_draft, num_heads, num_gates, dtype)  # clear errors first
@@ -111,11 +111,11 @@ def capture_gates(
 ) -> None:
     """Store the verify pass's per-token gates of layer ``layer`` (one launch, no sync).
 
-    gates: the whole buffer from ``alloc_gates`` ([L, M, D, G, H]). g, beta: [B, N, H] (N <= D),
+    gates: the whole buffer from ``alloc_gates`` ([L, M, N, G, H]). g, beta: [B, n, H] (n <= N),
     any float dtype and strides; beta None for a one-gate (Mamba2 dt) buffer. Writes
-    ``gates[layer, buffer_slots[b], :N]``; a negative or out-of-range slot skips the row.
+    ``gates[layer, buffer_slots[b], :n]``; a negative or out-of-range slot skips the row.
     Raw gates (Gated DeltaNet, what the engines' verify holds): g = beta = None and the model's
-    ``a``, ``b`` [B, N, H] with ``A_log``, ``dt_bias`` [H]; the kernel computes, in float32,
+    ``a``, ``b`` [B, n, H] with ``A_log``, ``dt_bias`` [H]; the kernel computes, in float32,
     ``g = -exp(A_log) * softplus(a + dt_bias)`` (softplus(x) = x above 20) and ``beta = sigmoid(b)``.
     Same as ``torch.ops.convwin.capture_gates``.
     """
@@ -187,14 +187,14 @@ def gdn_commit(
     Then ``ssm_state[:, dst]`` holds the state after the path and ``conv_state[:, dst]`` its last
     K-1 inputs, exactly what ``scatter`` / ``scatter_tree`` write for the same buffer.
 
-    ssm_state: [L, N_state, Hv, dk, dv], float32 or bfloat16, any strides (a [.., dv, dk]
-        storage passed as ``.transpose(-1, -2)`` works). conv_state: [L, N_state, dim, K-1] (or
-        [L, N_state, K-1, dim] with state_layout="window_major"), dim = 2*Hk*dk + Hv*dv.
-    buffer: the physical conv-input buffer of ``layout`` (``alloc_windows(..., num_draft=D)``)
-        that this step's ``capture`` / ``causal_conv1d_verify`` filled; gates: [L, M, D, 2, Hv]
+    ssm_state: [L, R, Hv, dk, dv], float32 or bfloat16, any strides (a [.., dv, dk]
+        storage passed as ``.transpose(-1, -2)`` works). conv_state: [L, R, dim, K-1] (or
+        [L, R, K-1, dim] with state_layout="window_major"), dim = 2*Hk*dk + Hv*dv.
+    buffer: the physical conv-input buffer of ``layout`` (``alloc_windows(..., num_draft=N)``)
+        that this step's ``capture`` / ``causal_conv1d_verify`` filled; gates: [L, M, N, 2, Hv]
         (``alloc_gates``) filled by ``capture_gates``. Both are read only, at ``src_slots``.
     conv_weight: [L, dim, K]; conv_bias: [L, dim] or None.
-    dst_slots, src_slots, steps: [B]; parents: [B, D] or None; int32 or int64.
+    dst_slots, src_slots, steps: [B]; parents: [B, N] or None; int32 or int64.
     A row is skipped (both states untouched) when its step or destination is negative, an index
     is out of range, or its path meets a parent link outside [-1, n-1]; ``index_checks()`` turns
     out-of-range values into an IndexError (host sync, for debugging). Two launches (the replay,
@@ -258,8 +258,8 @@ def mamba2_commit(
     the K inputs ending at it, x = c[:H*P] as [H, P], B = c[H*P : H*P + G*Ns] as [G, Ns]; head h
     (group h // (H // G)) with the token's dt: ``h_state = exp(dt * A[h]) * h_state + (dt * x[h]) B^T``.
 
-    ssm_state: [L, N_state, H, P, Ns], float32 or bfloat16, any strides. conv_state: [L, N_state,
-        dim, K-1] (or window-major), dim = H*P + 2*G*Ns (x, B, C). gates: [L, M, D, 1, H] from
+    ssm_state: [L, R, H, P, Ns], float32 or bfloat16, any strides. conv_state: [L, R,
+        dim, K-1] (or window-major), dim = H*P + 2*G*Ns (x, B, C). gates: [L, M, N, 1, H] from
         ``alloc_gates(..., num_gates=1)``: dt as the model uses it (after softplus(dt + dt_bias) and
         its limits). A: [L, H], the negative per-head rate (-exp(A_log)). conv_weight: [L, dim, K];
         conv_bias: [L, dim] or None. Everything else -- buffer, indices, parents, skip rules,

@@ -26,6 +26,7 @@ divided by the TP degree; layers and K are not. Conv windows, conv inputs and ca
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import ClassVar, Optional, Union
 
@@ -34,6 +35,10 @@ import torch
 from .layout import physical_nbytes
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+class PlanError(ValueError):
+    """Command-line values that cannot be planned; the CLI reports it as a usage error."""
 _FP32 = 4  # bytes of a recurrent-state element and of a gate, in every design
 
 
@@ -496,14 +501,18 @@ def plot_plan(plan: Plan, path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as error:  # an optional dependency
-        raise SystemExit(f"--plot needs matplotlib ({error}); pip install matplotlib") from error
+        raise PlanError(f"--plot needs matplotlib ({error}); pip install matplotlib") from error
 
     try:
         fig = designs_figure(plan)
     except ValueError as error:
-        raise SystemExit(str(error)) from error
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        raise PlanError(str(error)) from error
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as error:
+        raise PlanError(f"--plot {path}: {error.strerror or error}") from error
+    finally:
+        plt.close(fig)
 
 
 _GDN_DIMS = ("num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim")
@@ -516,50 +525,59 @@ def _flag(name: str) -> str:
 
 
 def custom_shape(args) -> ModelShape:
-    """The shape of ``--model custom`` from the command line's dims (SystemExit if they do not fit)."""
+    """The shape of ``--model custom`` from the command line's dims (PlanError if they do not fit)."""
     gdn_given = [n for n in _GDN_DIMS if getattr(args, n) is not None]
     mamba_given = [n for n in _MAMBA2_DIMS if getattr(args, n) is not None]
     mixer = None
     if args.mixer is None and (gdn_given or mamba_given):
-        raise SystemExit(f"{_flag((gdn_given + mamba_given)[0])} needs --mixer gdn or --mixer mamba2")
+        raise PlanError(f"{_flag((gdn_given + mamba_given)[0])} needs --mixer gdn or --mixer mamba2")
     if args.mixer is not None:
         needed, other, cls = ((_GDN_DIMS, mamba_given, GatedDeltaNet) if args.mixer == "gdn"
                               else (_MAMBA2_DIMS, gdn_given, Mamba2))
         if other:
-            raise SystemExit(f"{_flag(other[0])} does not apply to --mixer {args.mixer}")
+            raise PlanError(f"{_flag(other[0])} does not apply to --mixer {args.mixer}")
         missing = [_flag(n) for n in needed if getattr(args, n) is None]
         if missing:
-            raise SystemExit(f"--mixer {args.mixer} needs {', '.join(missing)}")
+            raise PlanError(f"--mixer {args.mixer} needs {', '.join(missing)}")
         if any(getattr(args, n) < 1 for n in needed):
-            raise SystemExit(f"--mixer {args.mixer}: every dim must be >= 1")
+            raise PlanError(f"--mixer {args.mixer}: every dim must be >= 1")
         mixer = cls(*(getattr(args, n) for n in needed))
     if args.layers is None:
-        raise SystemExit("--model custom needs --layers")
+        raise PlanError("--model custom needs --layers")
     conv_dim = args.conv_dim
     if conv_dim is None:
         if mixer is None:
-            raise SystemExit("--model custom needs --conv-dim (or --mixer gdn|mamba2 with its dims)")
+            raise PlanError("--model custom needs --conv-dim (or --mixer gdn|mamba2 with its dims)")
         conv_dim = mixer.conv_dim
     state = args.ssm_state
     if mixer is not None and state is None:
         state = mixer.state_elements
     if args.layers < 1 or conv_dim < 1 or (state is not None and state < 1):
-        raise SystemExit("--layers, --conv-dim and --ssm-state must be >= 1")
+        raise PlanError("--layers, --conv-dim and --ssm-state must be >= 1")
+    if args.kernel_size is not None and args.kernel_size < 2:
+        raise PlanError(f"--kernel-size must be >= 2 (a conv window holds K-1 >= 1 inputs), got {args.kernel_size}")
     try:
         return ModelShape("custom", args.layers, conv_dim, 4 if args.kernel_size is None else args.kernel_size,
                           state, 4, 1, "custom shape from the command line", mixer)
     except ValueError as error:  # --conv-dim / --ssm-state contradict the mixer's dims
-        raise SystemExit(f"{error}: drop --conv-dim / --ssm-state or fix the dims") from error
+        raise PlanError(f"{error}: drop --conv-dim / --ssm-state or fix the dims") from error
 
 
 def run_plan(args) -> int:
+    if args.plot:
+        folder = os.path.dirname(os.path.abspath(args.plot))
+        if not os.path.isdir(folder):
+            raise PlanError(f"--plot {args.plot}: the folder {folder} does not exist")
+    if args.layers is not None and args.layers < 1:
+        raise PlanError(f"--layers must be >= 1, got {args.layers}")
     if args.model == "custom":
         shape = custom_shape(args)
     else:
         stray = [_flag(n) for n in _CUSTOM_ONLY if getattr(args, n) is not None]
         if stray:
-            raise SystemExit(f"{', '.join(stray)} only apply to --model custom "
-                             "(a preset's dims are fixed; --layers overrides its layer count)")
+            verb = "applies" if len(stray) == 1 else "apply"
+            raise PlanError(f"{', '.join(stray)} {verb} only to --model custom "
+                            "(a preset's dims are fixed; --layers overrides its layer count)")
         shape = PRESETS[args.model]
         if args.layers is not None:
             shape = replace(shape, conv_layers=args.layers)
@@ -568,17 +586,17 @@ def run_plan(args) -> int:
     try:
         plan = make_plan(shape, args.tp, draft_tokens, topk, args.max_running_requests, args.dtype)
     except ValueError as error:
-        raise SystemExit(str(error)) from error
+        raise PlanError(str(error)) from error
     if args.plot and all(design.bytes_per_slot is None for design in plan.designs):
-        raise SystemExit("--plot: the recurrent state is unknown: pass --mixer gdn|mamba2 with its dims "
-                         "(or --ssm-state) to plot the designs")
+        raise PlanError("--plot: the recurrent state is unknown: pass --mixer gdn|mamba2 with its dims "
+                        "(or --ssm-state) to plot the designs")
+    if args.plot:  # first: a file that cannot be written stops the command before it prints
+        plot_plan(plan, args.plot)
     if args.json:
         print(json.dumps(asdict(plan)))
     else:
         print_plan(plan, shape)
-    if args.plot:
-        plot_plan(plan, args.plot)
-        if not args.json:
+        if args.plot:
             print(f"plot written to {args.plot}")
     return 0
 

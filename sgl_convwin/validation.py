@@ -73,11 +73,11 @@ def should_check_index_values(*tensors: torch.Tensor) -> bool:
 
 class ScatterSizes(NamedTuple):
     num_layers: int  # L
-    num_state_slots: int  # N
+    num_state_slots: int  # R
     dim: int
     width: int  # K-1
     num_src_slots: int  # M
-    num_draft: int  # D
+    num_draft: int  # N
     num_rows: int  # B
 
 
@@ -174,7 +174,7 @@ def check_no_shared_storages(op: str, dst_name: str, dst: torch.Tensor, **source
 
 _SCATTER = "convwin.scatter"
 _SCATTER_INDICES = ("dst_slots", "src_slots", "steps")
-_STATE_DESC = {DIM_MAJOR: "[L, N, dim, K-1]", WINDOW_MAJOR: "[L, N, K-1, dim]"}
+_STATE_DESC = {DIM_MAJOR: "[L, R, dim, K-1]", WINDOW_MAJOR: "[L, R, K-1, dim]"}  # R: request (state) slots
 
 
 def check_scatter_args(
@@ -205,7 +205,7 @@ def check_scatter_args(
         )
     if len(window_shape) != 5:
         raise ValueError(
-            f"{op}: windows must be 5-D [L, M, D, dim, K-1] (a dense buffer or a window_view), "
+            f"{op}: windows must be 5-D [L, M, N, dim, K-1] (a dense buffer or a window_view), "
             f"got shape {tuple(window_shape)}"
         )
     if conv_state.dtype not in CACHE_DTYPES:
@@ -256,7 +256,7 @@ def _check_parents(op: str, parents, device, num_rows: int, num_nodes: int, shap
 
 
 def _state_sizes(op: str, conv_state: torch.Tensor, state_layout: str) -> tuple[int, int, int, int, str]:
-    """Check conv_state's layout name, rank, dtype and window width; return (L, N_state, dim,
+    """Check conv_state's layout name, rank, dtype and window width; return (L, R, dim,
     K-1, how it was read)."""
     state_desc = _STATE_DESC.get(state_layout)
     if state_desc is None:
@@ -279,7 +279,7 @@ def _state_sizes(op: str, conv_state: torch.Tensor, state_layout: str) -> tuple[
 
 class ScatterTreeSizes(NamedTuple):
     num_layers: int  # L
-    num_state_slots: int  # N_state
+    num_state_slots: int  # R
     dim: int
     width: int  # K-1
     num_src_slots: int  # M
@@ -428,7 +428,7 @@ def check_scatter_tree_index_values(
 
 class CaptureSizes(NamedTuple):
     num_layers: int  # L
-    num_state_slots: int  # N_state
+    num_state_slots: int  # R
     dim: int
     width: int  # K-1
     num_buffer_slots: int  # M
@@ -607,6 +607,7 @@ _GDN_COMMIT = "convwin.gdn_commit"
 _MAMBA2_COMMIT = "convwin.mamba2_commit"
 # The replay kernels keep a path token's K-1 previous conv inputs in registers, four at most.
 REPLAY_MAX_KERNEL_SIZE = 5
+SSM_STATE_DTYPES = (torch.float32, torch.bfloat16)  # what the replay commits store a recurrent state in
 
 
 def _check_float(op: str, name: str, t: torch.Tensor, device: torch.device) -> None:
@@ -641,7 +642,7 @@ def check_capture_gates_args(gates, g, beta, buffer_slots, layer, a=None, b=None
             check_tensor(f"{op}: {name}", value)
     if gates.dim() != 5 or gates.shape[3] not in (1, 2):
         raise ValueError(
-            f"{op}: gates must be 5-D [L, M, D, G, H] with G = 2 (g, beta) or 1 (dt), as alloc_gates "
+            f"{op}: gates must be 5-D [L, M, N, G, H] with G = 2 (g, beta) or 1 (dt), as alloc_gates "
             f"makes it, got shape {tuple(gates.shape)}"
         )
     num_layers, num_slots, num_draft, num_gates, num_heads = gates.shape
@@ -700,11 +701,11 @@ def check_capture_gates_index_values(gates, buffer_slots) -> None:
 
 class ReplaySizes(NamedTuple):
     num_layers: int  # L
-    num_state_slots: int  # N_state (ssm_state and conv_state alike)
+    num_state_slots: int  # R (ssm_state and conv_state alike)
     dim: int
     width: int  # K-1
     num_src_slots: int  # M
-    num_nodes: int  # D draft tokens or tree nodes
+    num_nodes: int  # N draft tokens or tree nodes
     num_rows: int  # B
 
 
@@ -730,8 +731,8 @@ def check_gdn_commit_args(
         op, ssm_state, conv_state, buffer, gates, conv_weight, dst_slots, src_slots, steps, parents, conv_bias,
         layout, state_layout, mixer_dim=(2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim,
                                          "2*num_k_heads*head_k_dim + num_v_heads*head_v_dim (q, k, v)"),
-        state_tail=((num_v_heads, head_k_dim, head_v_dim), "[L, N, Hv, dk, dv]"),
-        gates_tail=((2, num_v_heads), "[L, M, D, 2, Hv]"),
+        state_tail=((num_v_heads, head_k_dim, head_v_dim), "[L, R, Hv, dk, dv]"),
+        gates_tail=((2, num_v_heads), "[L, M, N, 2, Hv]"),
     )
 
 
@@ -748,8 +749,8 @@ def check_mamba2_commit_args(
         op, ssm_state, conv_state, buffer, gates, conv_weight, dst_slots, src_slots, steps, parents, conv_bias,
         layout, state_layout, mixer_dim=(num_heads * head_dim + 2 * n_groups * d_state,
                                          "num_heads*head_dim + 2*n_groups*d_state (x, B, C)"),
-        state_tail=((num_heads, head_dim, d_state), "[L, N, H, P, Ns]"),
-        gates_tail=((1, num_heads), "[L, M, D, 1, H] (alloc_gates(..., num_gates=1))"),
+        state_tail=((num_heads, head_dim, d_state), "[L, R, H, P, Ns]"),
+        gates_tail=((1, num_heads), "[L, M, N, 1, H] (alloc_gates(..., num_gates=1))"),
     )
     if not isinstance(A, torch.Tensor):
         check_tensor(f"{op}: A", A)
@@ -772,7 +773,7 @@ def _check_replay_args(
             check_tensor(f"{op}: {name}", value)
     if layout not in PHYSICAL_SHAPE_TEXT:
         raise ValueError(f"{op}: layout must be one of {tuple(PHYSICAL_SHAPE_TEXT)}, got {layout!r}")
-    buffer_desc = PHYSICAL_SHAPE_TEXT[layout].format(n="D")
+    buffer_desc = PHYSICAL_SHAPE_TEXT[layout].format(n="N")
     num_layers, num_state_slots, dim, width, state_desc = _state_sizes(op, conv_state, state_layout)
     if width + 1 > REPLAY_MAX_KERNEL_SIZE:
         raise ValueError(
@@ -788,9 +789,12 @@ def _check_replay_args(
     expected_ssm = (num_layers, num_state_slots, *state_tail[0])
     if ssm_state.shape != expected_ssm:
         raise ValueError(
-            f"{op}: ssm_state must be {state_tail[1]} = {list(expected_ssm)} (L, N from conv_state), "
+            f"{op}: ssm_state must be {state_tail[1]} = {list(expected_ssm)} (L, R from conv_state), "
             f"got shape {tuple(ssm_state.shape)}"
         )
+    if ssm_state.dtype not in SSM_STATE_DTYPES:  # fp16 would overflow or lose a state kept over many steps
+        raise TypeError(f"{op}: ssm_state must be float32 or bfloat16, got {ssm_state.dtype} "
+                        f"(shape {tuple(ssm_state.shape)}, device {ssm_state.device})")
     for name, t in (("ssm_state", ssm_state), ("buffer", buffer), ("gates", gates), ("conv_weight", conv_weight)):
         if t.dtype not in CACHE_DTYPES:
             check_cache_dtype(f"{op}: {name}", t)
@@ -805,7 +809,7 @@ def _check_replay_args(
     expected_buffer = physical_shape_unchecked(layout, num_layers, num_src_slots, dim, num_nodes, width + 1)
     if buffer.shape != expected_buffer:
         raise ValueError(
-            f"{op}: a {layout} buffer {buffer_desc} for L={num_layers}, M={num_src_slots}, D={num_nodes} "
+            f"{op}: a {layout} buffer {buffer_desc} for L={num_layers}, M={num_src_slots}, N={num_nodes} "
             f"(gates), dim={dim}, K={width + 1} (conv_state) must be {list(expected_buffer)}, got shape "
             f"{tuple(buffer.shape)}"
         )

@@ -2,7 +2,9 @@
 
 Without a GPU, Triton kernels run in Triton's interpreter (TRITON_INTERPRET=1, set here before
 any kernel is imported), so CPU-only CI still executes the real kernel code on tiny shapes.
-Tests marked ``gpu`` need CUDA and are skipped cleanly without it.
+Tests marked ``gpu`` need CUDA and are skipped cleanly without it. Tests marked ``slow`` (the
+interpreter's sweeps of launch variants, most of the CPU time) are deselected by default and run by
+``pytest -m slow`` (CI runs both).
 """
 
 import os
@@ -27,6 +29,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line(
+        "markers", "slow: a long sweep under Triton's interpreter; deselected by default (pyproject's addopts); "
+                   "`pytest -m slow` runs only these, `pytest -m 'slow or not slow'` everything")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -81,8 +81,9 @@ class CountingBackend:
         return graph_module.forward
 
 
-def impl_params(*names: str):
-    """pytest params for the implementations this machine can run (others are skipped, with why)."""
+def impl_params(*names: str, slow: bool = False):
+    """pytest params for the implementations this machine can run (others are skipped, with why).
+    slow: the interpreter's param is marked ``slow`` (deselected by default; see conftest.py)."""
     params = []
     for name in names or tuple(IMPLS):
         marks = []
@@ -90,6 +91,8 @@ def impl_params(*names: str):
             marks.append(pytest.mark.gpu)
         if name == "triton_interpret" and not (INTERPRET and HAS_TRITON):
             marks.append(pytest.mark.skip(reason="Triton's interpreter runs only without a GPU"))
+        if name == "triton_interpret" and slow:
+            marks.append(pytest.mark.slow)
         params.append(pytest.param(IMPLS[name], id=name, marks=marks))
     return params
 
@@ -295,3 +298,18 @@ def make_replay(
         rate = -torch.exp(randn(num_layers, num_heads, scale=0.5))
     return Replay(ssm_state, conv_state, buffer, gates, conv_weight, dst.to(device), slots_perm.to(device),
                   torch.as_tensor(steps).to(device), parents, kwargs, mixer, rate)
+
+
+def usage_error(capsys, argv: list[str], message: str) -> str:
+    """``python -m sgl_convwin *argv`` must stop as argparse does: exit status 2, one line on
+    stderr that holds ``message``, nothing on stdout. Returns that line."""
+    from sgl_convwin import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2, captured
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and "error: " in lines[0] and message in lines[0], captured.err
+    assert captured.out == ""
+    return lines[0]

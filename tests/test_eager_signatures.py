@@ -508,7 +508,7 @@ VARIANTS = {  # per op: calls that each differ from all others in their signatur
 }
 
 
-@pytest.mark.parametrize("impl", ALL_IMPLS)
+@pytest.mark.parametrize("impl", impl_params("cpu", "cpu_op", "triton_interpret", "cuda", "cuda_op", slow=True))
 @pytest.mark.parametrize("name", VARIANTS)
 def test_every_signature_of_every_op_gets_its_own_plan(impl, name):
     """Calls that differ in a layout, a layer, strides, a dtype, an index width, the batch, a

@@ -524,22 +524,3 @@ def test_direct_launch_gets_a_three_dim_grid(monkeypatch, grid):
     run = common.fixed_launch(FakeKernel(), grid, (8,), {"BLOCK": 4}, num_tensors=1)
     run(torch.zeros(8))
     assert grids == [grid + (1,) * (3 - len(grid))]
-
-
-
-def test_profile_cases_filter_on_the_kernel_the_launcher_picks(kernels):
-    """benchmarks/explore/profile_one.py's verify cases name the kernel Nsight Compute filters on;
-    each must be the one the launcher picks for that case (one layer at B = 256), or the profile
-    catches nothing."""
-    import os
-    import sys
-
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    sys.path[:0] = [os.path.join(here, "benchmarks"), os.path.join(here, "benchmarks", "explore")]
-    try:
-        profile_one = importlib.import_module("profile_one")
-    finally:
-        del sys.path[:2]
-    for name, (nodes, topk, layout, kernel) in profile_one.VERIFY_CASES.items():
-        chosen, _, _ = verify_plan(kernels, layout, 256, nodes, tree=topk is not None)
-        assert getattr(chosen, "fn", chosen).__name__ == kernel, name

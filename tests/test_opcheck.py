@@ -122,7 +122,7 @@ def verify_samples(device):
            (x.clone(), buffer, state, x, weight, None, empty, empty, 0), {"layout": layout})
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.slow), DEVICES[1]])
 def test_opcheck_capture_and_verify(device):
     for name, capture_args, capture_kwargs, verify_args, verify_kwargs in verify_samples(device):
         try:

@@ -9,7 +9,7 @@ import pytest
 
 import sgl_convwin
 from sgl_convwin import cli
-from support import HAS_TRITON
+from support import HAS_TRITON, usage_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,22 +38,32 @@ def test_source_checkout_finds_its_kernels():
 def test_selfcheck_passes(capsys):
     assert cli.main(["selfcheck"]) == 0
     out = capsys.readouterr().out
-    assert "OK: every layout committed exactly what the oracle says" in out
-    for layout in sgl_convwin.LAYOUTS:
-        assert f"{layout} " in out
+    assert "OK: every op matched its oracle" in out
+    for op in ("causal_conv1d_verify", "capture", "scatter / scatter_tree", "capture_gates", "gdn_commit",
+               "mamba2_commit"):
+        for layout in sgl_convwin.LAYOUTS:
+            assert any(line.split() == [*op.split(), layout, "ok", "ok"] for line in out.splitlines()), (op, layout)
+
+
+@pytest.mark.parametrize("op", ["gdn_commit", "mamba2_commit", "scatter_tree", "capture_gates"])
+def test_selfcheck_fails_when_an_op_is_wrong(monkeypatch, capsys, op):
+    """An op that writes nothing must turn its lines to FAIL and the exit status to 1."""
+    monkeypatch.setattr(f"sgl_convwin.selfcheck.{op}", lambda *args, **kwargs: None)
+    assert cli.main(["selfcheck", "--num-draft", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "FAILED" in out
 
 
 def test_module_entry_point():
     out = subprocess.run([sys.executable, "-m", "sgl_convwin", "selfcheck", "--num-draft", "2"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "D=2" in out.stdout
+    assert "N=2 draft tokens" in out.stdout
 
 
-@pytest.mark.parametrize("args", [["--kernel-size", "1"], ["--num-draft", "0"]])
-def test_selfcheck_rejects_impossible_sizes_without_a_traceback(args, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["selfcheck", *args])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert "--kernel-size >= 2" in err and "Traceback" not in err
+@pytest.mark.parametrize("args, message", [
+    (["--kernel-size", "1"], "argument --kernel-size: must be >= 2, got 1"),
+    (["--num-draft", "0"], "argument --num-draft: must be >= 1, got 0"),
+])
+def test_selfcheck_rejects_impossible_sizes_without_a_traceback(args, message, capsys):
+    usage_error(capsys, ["selfcheck", *args], message)

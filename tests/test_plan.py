@@ -5,6 +5,7 @@ import json
 import pytest
 
 from sgl_convwin import cli, plan
+from support import usage_error
 
 
 def run_json(capsys, *args):
@@ -50,9 +51,8 @@ def test_table_output(capsys):
     (["--model", "custom", "--layers", "3"], "needs --conv-dim"),
     (["--model", "qwen3-next-80b-a3b", "--draft-tokens", "0"], "draft tokens and topk must be >= 1"),
 ])
-def test_errors(args, message):
-    with pytest.raises(SystemExit, match=message):
-        cli.main(["plan", *args])
+def test_errors(capsys, args, message):
+    usage_error(capsys, ["plan", *args], message)
 
 
 def test_plot(tmp_path):
@@ -171,9 +171,8 @@ def test_everything_mixer_wide_divides_by_tp(capsys, name):
     (["--model", "nemotron-h-8b", "--tp", "16"], "n_groups 8 is not divisible by tp=16"),
     (["--model", "qwen3-next-80b-a3b", "--tp", "0"], "tp must be >= 1"),
 ])
-def test_tp_errors(args, message):
-    with pytest.raises(SystemExit, match=message):
-        cli.main(["plan", *args])
+def test_tp_errors(capsys, args, message):
+    usage_error(capsys, ["plan", *args], message)
 
 
 GDN_DIMS = ["--num-k-heads", "2", "--head-k-dim", "8", "--num-v-heads", "4", "--head-v-dim", "8"]
@@ -189,14 +188,15 @@ GDN_DIMS = ["--num-k-heads", "2", "--head-k-dim", "8", "--num-v-heads", "4", "--
     (["--mixer", "gdn", *GDN_DIMS], "needs --layers"),
     (["--layers", "2", "--mixer", "gdn", *GDN_DIMS[:-1], "0"], "every dim must be >= 1"),
 ])
-def test_custom_errors(args, message):
-    with pytest.raises(SystemExit, match=message):
-        cli.main(["plan", "--model", "custom", *args])
+def test_custom_errors(capsys, args, message):
+    usage_error(capsys, ["plan", "--model", "custom", *args], message)
 
 
-def test_custom_dims_only_for_custom():
-    with pytest.raises(SystemExit, match="--conv-dim, --mixer only apply to --model custom"):
-        cli.main(["plan", "--model", "qwen3-next-80b-a3b", "--conv-dim", "4096", "--mixer", "gdn"])
+def test_custom_dims_only_for_custom(capsys):
+    usage_error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", "--conv-dim", "4096", "--mixer", "gdn"],
+                "--conv-dim, --mixer apply only to --model custom")
+    usage_error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", "--kernel-size", "3"],
+                "--kernel-size applies only to --model custom")
 
 
 def test_custom_with_mixer_dims(capsys):
@@ -253,7 +253,7 @@ def test_top_level_help_has_no_markup(capsys):
     assert "``" not in text and "plan" in text
 
 
-def test_plot_shows_four_designs_uncut(tmp_path):
+def test_plot_shows_four_designs_uncut(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
@@ -272,5 +272,6 @@ def test_plot_shows_four_designs_uncut(tmp_path):
         assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and box.y0 <= extent.y0 and extent.y1 <= box.y1, text
     assert "qwen3-next-80b-a3b, TP1, chain of 4 draft tokens" in ax.get_title()
     plt.close(fig)
-    with pytest.raises(SystemExit, match="recurrent state is unknown"):
-        cli.main(["plan", "--model", "custom", "--layers", "2", "--conv-dim", "64", "--plot", str(tmp_path / "x.png")])
+    capsys.readouterr()
+    usage_error(capsys, ["plan", "--model", "custom", "--layers", "2", "--conv-dim", "64", "--plot",
+                         str(tmp_path / "x.png")], "recurrent state is unknown")

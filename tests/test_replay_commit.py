@@ -62,6 +62,7 @@ def check_against_oracle(replay: Replay, run, atol=1e-4, rtol=1e-4) -> set:
     return written
 
 
+@pytest.mark.slow
 @interpreted
 @pytest.mark.parametrize("mixer", MIXERS)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
@@ -96,7 +97,7 @@ def test_triton_interpreted_matches_oracle(mixer, layout, tree):
     check_against_oracle(replay, run_triton)
 
 
-DESCRIPTOR_DEVICES = [pytest.param("cpu", id="interpreted", marks=interpreted),
+DESCRIPTOR_DEVICES = [pytest.param("cpu", id="interpreted", marks=[interpreted, pytest.mark.slow]),
                       pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
@@ -557,6 +558,19 @@ def test_errors_name_the_argument_and_write_nothing(mutate, error, match):
     if replay.ssm_state.shape == before[0].shape and replay.ssm_state.dtype == before[0].dtype:
         assert torch.equal(replay.ssm_state, before[0])
     assert torch.equal(replay.conv_state, before[1])
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("impl", IMPLS[:2])
+def test_float16_state_is_refused(mixer, impl):
+    """The recurrent state is float32 or bfloat16; float16 is refused before anything is written."""
+    _, run = impl
+    replay = make_replay(mixer=mixer, seed=102)
+    ssm_state, conv_state = replay.ssm_state.half(), replay.conv_state.clone()
+    before = ssm_state.clone()
+    with pytest.raises(TypeError, match=f"{mixer}_commit: ssm_state must be float32 or bfloat16, got torch.float16"):
+        run(replay, ssm_state, conv_state)
+    assert torch.equal(ssm_state, before) and torch.equal(conv_state, replay.conv_state)
 
 
 def test_states_may_not_share_storage():

@@ -235,7 +235,7 @@ def _triton_scatter_forcing(**launch_kwargs):
     return scatter
 
 
-@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda", slow=True))
 @pytest.mark.parametrize("wide_offsets, flat_stores", ((True, None), (False, True), (False, False)))
 @pytest.mark.parametrize("layout", ("dense", "channel_major", "token_major"))
 def test_launcher_choices(impl, layout, wide_offsets, flat_stores):

@@ -152,7 +152,7 @@ LAUNCHER_CHOICES = {
 }
 
 
-@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda", slow=True))
 @pytest.mark.parametrize("choices", list(LAUNCHER_CHOICES))
 def test_launcher_choices_fuzz(impl, choices):
     """The fuzz cases through every path the launcher may choose: the parent links walked with one
@@ -229,7 +229,7 @@ def test_oracle_window_positions(node, parents, kernel_size, expected):
     assert reference.tree_window_positions(node, parents, kernel_size) == expected
 
 
-@pytest.mark.parametrize("impl", impl_params())
+@pytest.mark.parametrize("impl", impl_params(slow=True))
 @pytest.mark.parametrize("state_layout", sgl_convwin.STATE_LAYOUTS)
 @pytest.mark.parametrize("layout", ("token_major", "channel_major"))
 @pytest.mark.parametrize("kernel_size", (2, 3, 4, 5))

@@ -72,7 +72,8 @@ def worker(rank, world_size, init_file, layout):
     os._exit(0)
 
 
-@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+@pytest.mark.parametrize("layout", [layout if layout == sgl_convwin.TOKEN_MAJOR else pytest.param(layout, marks=pytest.mark.slow)
+                                    for layout in sgl_convwin.LAYOUTS])
 def test_two_ranks_equal_one(tmp_path, layout):
     init_file = os.path.join(tmp_path, "rendezvous")
     mp.spawn(worker, args=(2, init_file, layout), nprocs=2, join=True)

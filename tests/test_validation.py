@@ -122,8 +122,8 @@ def test_bad_alloc(kwargs, error, message):
 @pytest.mark.parametrize(
     "layout, shape, message",
     [
-        ("token_major", (2, 3, 5, 8), r"token_major buffer for num_draft=4, kernel_size=4 must be \[L, M, D\+K-2, dim\] with D\+K-2 = 6"),
-        ("channel_major", (2, 3, 8, 5), r"D\+K-2 = 6, got shape \(2, 3, 8, 5\)"),
+        ("token_major", (2, 3, 5, 8), r"token_major buffer for num_draft=4, kernel_size=4 must be \[L, M, N\+K-2, dim\] with N\+K-2 = 6"),
+        ("channel_major", (2, 3, 8, 5), r"N\+K-2 = 6, got shape \(2, 3, 8, 5\)"),
         ("dense", (2, 3, 4, 8, 4), r"must be \[L, M, 4, dim, 3\]"),
         ("dense", (2, 3, 6, 8), r"a dense buffer must be 5-D"),
         ("token_major", (3, 6, 8), r"a token_major buffer must be 4-D"),

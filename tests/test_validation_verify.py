@@ -39,7 +39,7 @@ CAPTURE_KEYS = ("buffer", "conv_state", "x", "buffer_slots", "state_slots", "lay
 
 # name: (arguments, error, message); each applies to both ops unless it names a verify argument
 BAD_CALLS = {
-    "state rank": (replaced(conv_state=torch.randn(L, NS, DIM)), ValueError, r"conv_state must be 4-D \[L, N, dim, K-1\]"),
+    "state rank": (replaced(conv_state=torch.randn(L, NS, DIM)), ValueError, r"conv_state must be 4-D \[L, R, dim, K-1\]"),
     "x rank": (replaced(x=torch.randn(B, DIM)), ValueError, r"x must be 3-D \[B, N, dim\]"),
     "x dim": (replaced(x=torch.randn(B, N, DIM + 1)), ValueError, r"x has dim 9 \(axis 2\) but conv_state has 8"),
     "no tokens": (replaced(x=torch.randn(B, 0, DIM)), ValueError, r"x must hold at least one draft token"),

@@ -264,7 +264,7 @@ KERNEL_TUNINGS = {
 }
 
 
-@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda", slow=True))
 @pytest.mark.parametrize("tuning", list(KERNEL_TUNINGS.values()), ids=list(KERNEL_TUNINGS))
 def test_verify_fuzz_each_kernel(impl, tuning):
     """Each verify kernel on every layout, whichever the launcher would pick for the shape: the
@@ -304,7 +304,7 @@ def test_verify_fuzz_each_kernel(impl, tuning):
     fuzz()
 
 
-@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda", slow=True))
 @pytest.mark.parametrize("tuning", list(KERNEL_TUNINGS.values()), ids=list(KERNEL_TUNINGS))
 @pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
 def test_each_kernel_skips_padding_and_slots_out_of_range(impl, tuning, tree):
@@ -331,7 +331,7 @@ def test_each_kernel_skips_padding_and_slots_out_of_range(impl, tuning, tree):
         assert written[[0, 4]].all() and not written[[1, 2, 3, 5]].any(), (layout, N)
 
 
-@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda", slow=True))
 @pytest.mark.parametrize("buffer_dtype", (torch.bfloat16, torch.float32), ids=("bf16", "fp32"))
 @pytest.mark.parametrize("slots_as_masks", (False, True), ids=("slots-by-branch", "slots-as-masks"))
 @pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
@@ -421,7 +421,7 @@ def test_chain_parents_equal_no_parents(impl, layout, kernel_size):
     assert torch.equal(results[0][1], results[1][1])
 
 
-@pytest.mark.parametrize("impl", impl_params())
+@pytest.mark.parametrize("impl", impl_params(slow=True))
 @pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
 def test_links_beyond_int32_are_bad_links(impl, layout):
     """An int64 parent link outside int32's range is a bad link (its node and the nodes within
@@ -502,7 +502,7 @@ def test_capture_then_commit_is_sequential_decode(impl, layout, kernel_size):
         assert torch.equal(committed[:, 0], conv_state[:, 0]), "an untouched slot changed"
 
 
-@pytest.mark.parametrize("impl", impl_params())
+@pytest.mark.parametrize("impl", impl_params(slow=True))
 @pytest.mark.parametrize("rows_layout", ("token_major", "channel_major"))
 @pytest.mark.parametrize("kernel_size", (2, 3, 4, 5))
 def test_tree_rows_commit_equals_dense_fallback(impl, rows_layout, kernel_size):
@@ -546,7 +546,7 @@ def test_empty_batch(impl):
     assert torch.equal(buffer, before)
 
 
-@pytest.mark.parametrize("impl", impl_params())
+@pytest.mark.parametrize("impl", impl_params(slow=True))
 @pytest.mark.parametrize("num_nodes, dim", ((3, 700), (40, 50)), ids=("wide", "large-tree"))
 def test_channels_span_several_blocks(impl, num_nodes, dim):
     """Several channel blocks per request; with 40 nodes the rows kernel's tile takes fewer
@@ -575,7 +575,7 @@ def test_channels_span_several_blocks(impl, num_nodes, dim):
         torch.testing.assert_close(out.cpu().double(), expected, rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda", slow=True))
 @pytest.mark.parametrize("tree", (False, True), ids=("chain", "tree"))
 def test_launcher_defaults_at_64_requests(impl, tree):
     """The launcher's default kernels at 64 requests, where it switches (token_major chains: the node
@@ -612,7 +612,7 @@ LANE_RUNS = {
 }
 
 
-@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda", slow=True))
 @pytest.mark.parametrize("config", list(LANE_RUNS))
 @pytest.mark.parametrize("kernel_size", (3, 4, 5))
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))

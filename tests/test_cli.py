@@ -1,0 +1,92 @@
+"""The command line refuses every bad argument as argparse does -- exit status 2, one line on
+stderr, no traceback -- and runs the edge cases it accepts."""
+
+import io
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from sgl_convwin import cli, demo
+from support import usage_error
+
+DEMO_ERRORS = [
+    (["--requests", "0"], "argument --requests: must be >= 1, got 0"),
+    (["--tokens", "-1"], "argument --tokens: must be >= 1, got -1"),
+    (["--tokens", "many"], "argument --tokens: invalid int value: 'many'"),
+    (["--draft", "0"], "argument --draft: must be >= 1, got 0"),
+    (["--tree-nodes", "0"], "argument --tree-nodes: must be >= 1, got 0"),
+    (["--layers", "0"], "argument --layers: must be >= 1, got 0"),
+    (["--topk", "1"], "argument --topk: must be >= 2, got 1"),
+    (["--device", "tpu"], "argument --device: not a device: 'tpu'"),
+    (["--device", "mps"], "argument --device: 'mps': the ops run on cpu or cuda[:index]"),
+    (["--layouts", "rows"], "argument --layouts: invalid choice: 'rows'"),
+]
+
+
+@pytest.mark.parametrize("args, message", DEMO_ERRORS)
+def test_demo_refuses_bad_arguments(capsys, args, message):
+    usage_error(capsys, ["demo", *args], message)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA build with a GPU accepts --device cuda")
+@pytest.mark.parametrize("command, device", [("demo", "cuda"), ("selfcheck", "cuda:7")])
+def test_cuda_without_a_cuda_device(capsys, command, device):
+    usage_error(capsys, [command, "--device", device], f"argument --device: '{device}': torch")
+
+
+def test_cuda_index_beyond_the_visible_devices(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    usage_error(capsys, ["selfcheck", "--device", "cuda:2"], "only 2 CUDA device(s) visible")
+
+
+PLAN_ERRORS = [
+    (["--model", "qwen3-next-80b-a3b", "--plot", "/nonexistent/dir/x.png"],
+     "--plot /nonexistent/dir/x.png: the folder /nonexistent/dir does not exist"),
+    (["--model", "qwen3-next-80b-a3b", "--layers", "0"], "--layers must be >= 1, got 0"),
+    (["--model", "qwen3-next-80b-a3b", "--tp", "0"], "tp must be >= 1"),
+    (["--model", "custom", "--layers", "2", "--conv-dim", "8", "--kernel-size", "1"], "--kernel-size must be >= 2"),
+    (["--model", "qwen3-next-80b-a3b", "--kernel-size", "3"], "--kernel-size applies only to --model custom"),
+    (["--model", "nemotron-h-8b", "--conv-dim", "8", "--ssm-state", "4"],
+     "--conv-dim, --ssm-state apply only to --model custom"),
+    (["--model", "llama"], "argument --model: invalid choice: 'llama'"),
+]
+
+
+@pytest.mark.parametrize("args, message", PLAN_ERRORS)
+def test_plan_refuses_bad_arguments(capsys, args, message):
+    usage_error(capsys, ["plan", *args], message)
+
+
+def test_plot_into_an_unwritable_file(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    folder = tmp_path / "x.png"
+    folder.mkdir()  # savefig cannot open a folder as a file
+    usage_error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", "--plot", str(folder)], f"--plot {folder}")
+
+
+def test_the_module_shows_no_traceback():
+    """What a user sees from the shell for a refused argument: exit status 2 and one line."""
+    out = subprocess.run([sys.executable, "-m", "sgl_convwin", "demo", "--device", "tpu"], capture_output=True,
+                         text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.splitlines()) == 1 and "error: argument --device" in out.stderr
+
+
+@pytest.mark.parametrize("mixer", demo.MIXERS)
+def test_one_node_drafts_decode_exactly(mixer):
+    """--draft 1 / --tree-nodes 1: one token per verify step, nothing drafted; the streams still
+    equal greedy decoding and the acceptance rate is n/a, not a division by zero."""
+    out = io.StringIO()
+    assert demo.run_demo(new_tokens=5, batch=2, prompt_len=4, draft=1, tree_nodes=1, topk=3, layers=2,
+                         show_progress=False, out=out, mixer=mixer)
+    table = [line for line in out.getvalue().splitlines() if line.startswith("| ") and "layout" not in line]
+    assert len(table) == 6 and all("| yes | n/a | 1.00 |" in line for line in table), out.getvalue()
+
+
+def test_demo_cli_with_one_node_drafts(capsys):
+    assert cli.main(["demo", "--draft", "1", "--tree-nodes", "1", "--tokens", "3", "--requests", "1",
+                     "--layers", "1", "--no-progress", "--layouts", "token_major"]) == 0
+    assert "all streams identical to greedy decoding" in capsys.readouterr().out
