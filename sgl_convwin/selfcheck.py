@@ -3,7 +3,7 @@
 One verify step and its commit per layout and draft shape (a chain and a tree), as an engine runs
 them: ``causal_conv1d_verify`` (and ``capture`` alone) fills the buffer, ``capture_gates`` the gates;
 ``scatter`` / ``scatter_tree`` commit the conv window, ``gdn_commit`` and ``mamba2_commit`` replay
-the accepted paths onto both states. Each result is compared with sgl_convwin.reference over the
+the accepted paths onto both states; ``gdn_verify`` computes the drafts' outputs from a layer's state. Each result is compared with sgl_convwin.reference over the
 whole tensor it writes: copies bit for bit, arithmetic (the conv outputs, the replayed recurrent
 states, all float32) within float32 rounding of the float64 oracle. A padded row (slot -1) and
 slots no row names must stay untouched.
@@ -17,6 +17,7 @@ from . import reference
 from .layout import DENSE, LAYOUTS, TOKEN_MAJOR, dedup_ratio, physical_nbytes, window_view
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
 from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
+from .ops_verify import gdn_verify
 from .validation import REPLAY_MAX_KERNEL_SIZE
 
 LAYERS, BUFFER_SLOTS, STATE_SLOTS = 2, 4, 6
@@ -59,6 +60,7 @@ class _Step:
         self.beta = torch.sigmoid(randn(LAYERS, 4, num_draft, HEADS))
         self.dt = torch.nn.functional.softplus(randn(LAYERS, 4, num_draft, HEADS)) * 0.5
         self.A = -torch.exp(randn(LAYERS, HEADS, scale=0.5))
+        self.mixed = randn(4, num_draft, DIM)  # one layer's silu(conv) output: q, k, v
         self.gdn_state = randn(LAYERS, STATE_SLOTS, HEADS, GDN_DIMS["head_k_dim"], GDN_DIMS["head_v_dim"])
         self.mamba2_state = randn(LAYERS, STATE_SLOTS, HEADS, MAMBA2_DIMS["head_dim"], MAMBA2_DIMS["d_state"])
         self.buffer = alloc_windows(LAYERS, BUFFER_SLOTS, DIM, num_draft, kernel_size, layout=layout,
@@ -141,6 +143,25 @@ def _check_replay(step: _Step, mixer: str, gates: torch.Tensor) -> bool:
             and torch.allclose(ssm_state.cpu().double(), expected_ssm, **TOLERANCE))
 
 
+def _check_gdn_verify(step: _Step) -> bool:
+    """gdn_verify on layer 0: outputs within rounding of the float64 oracle (tf32 products on a GPU),
+    the padded row untouched, the state unchanged."""
+    hk, dk, hv, dv = (GDN_DIMS[name] for name in ("num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim"))
+    q, k, v = step.mixed.split([hk * dk, hk * dk, hv * dv], dim=-1)
+    q, k, v = q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)), v.unflatten(-1, (hv, dv))
+    state = step.gdn_state[0]
+    before = state.clone()
+    out = torch.full(v.shape, 7.0, device=v.device)
+    gdn_verify(out, q, k, v, step.g[0], step.beta[0], state, step.state_slots, step.parents)
+    expected, written = reference.gdn_verify_reference(q, k, v, step.g[0], step.beta[0], state,
+                                                       step.state_slots.cpu(), step.parents)
+    got = out.cpu().double()
+    skipped = [row for row in range(4) if row not in written]
+    error = (got[written] - expected[written]).abs().max().item()
+    return (written == [0, 1, 3] and torch.equal(state, before) and bool((got[skipped] == 7.0).all())
+            and error <= 2e-3 * expected[written].abs().max().item())
+
+
 def selfcheck(device: str, num_draft: int, kernel_size: int, seed: int, out=None) -> bool:
     """Print one line per (op, layout, draft shape); True if every op matched its oracle."""
     generator = torch.Generator().manual_seed(seed)
@@ -160,8 +181,10 @@ def selfcheck(device: str, num_draft: int, kernel_size: int, seed: int, out=None
                 checks.append(("capture_gates", gates_ok))
                 if replay:
                     checks.append((f"{mixer}_commit", _check_replay(step, mixer, gates)))
+            if layout == LAYOUTS[0]:  # (no buffer: one layout is enough)
+                checks.append(("gdn_verify", _check_gdn_verify(step)))
             for name, ok in checks:
-                by_shape = results.setdefault((name, layout), {})
+                by_shape = results.setdefault((name, "-" if name == "gdn_verify" else layout), {})
                 by_shape[shape] = by_shape.get(shape, True) and ok
     all_ok = all(ok for by_shape in results.values() for ok in by_shape.values())
     for (name, layout), by_shape in results.items():
