@@ -160,7 +160,8 @@ TUNINGS = [dict(block_v=16, column_blocks=1), dict(block_v=16, column_blocks=2),
            dict(block_v=32, column_blocks=2, precision="tf32x3", num_warps=2)]
 
 
-@pytest.mark.parametrize("device", [pytest.param("cpu", marks=interpreted), pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=[interpreted, pytest.mark.slow]),
+                                    pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("tuning", TUNINGS, ids=lambda t: "-".join(f"{k}={v}" for k, v in t.items()))
 def test_launch_choices(device, tuning):
     """The launcher's tile choices: several column blocks a program (a partial last group too)."""
@@ -191,7 +192,8 @@ def test_fuzz_cpu(impl, data):
 
 
 @interpreted
-@settings(max_examples=10)
+@pytest.mark.slow
+@settings(max_examples=20)
 @given(data=st.data())
 def test_fuzz_triton_interpreted(data):
     """The Triton kernel under the interpreter: random trees, slots and views (few examples: slow)."""
