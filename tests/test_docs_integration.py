@@ -60,6 +60,17 @@ def snippet(name: str) -> str:
     return codes[0]
 
 
+def check_verify_outputs(o, out, g, beta, state, slots, parents, head_k_dim, head_v_dim):
+    """gdn_verify's outputs o [B, N, Hv, dv] against the float64 oracle on the snippet's own conv
+    outputs out [B, N, dim], the gates the engine's a, b give and the state as the package reads it."""
+    q, k, v = out.split([NUM_K_HEADS * head_k_dim, NUM_K_HEADS * head_k_dim, NUM_V_HEADS * head_v_dim], dim=-1)
+    expected, written = sgl_convwin.reference.gdn_verify_reference(
+        q.unflatten(-1, (NUM_K_HEADS, head_k_dim)), k.unflatten(-1, (NUM_K_HEADS, head_k_dim)),
+        v.unflatten(-1, (NUM_V_HEADS, head_v_dim)), g, beta, state, slots, parents)
+    assert written == list(range(o.shape[0]))
+    torch.testing.assert_close(o.double(), expected, atol=1e-4, rtol=1e-4)
+
+
 def run(name: str, **names) -> dict:
     namespace = {"torch": torch, "sgl_convwin": sgl_convwin, **names}
     exec(compile(snippet(name), f"docs/integration.md:{name}", "exec"), namespace)
@@ -217,17 +228,20 @@ def test_sglang_verify_and_commit(head_k_dim, head_v_dim, tree):
                                              dtype=torch.float32, gate_heads=NUM_V_HEADS)
     tokens = torch.randn(layers, padded, draft, dim, generator=gen)
     a, b, A_log, dt_bias = raw_gates(gen, layers, padded * draft)
+    g, beta = (gate.view(layers, padded, draft, -1)[:, :3] for gate in gates_from_raw(a, b, A_log, dt_bias))
     for layer in range(layers):
-        run("sglang-verify", self=SimpleNamespace(forward_metadata=meta),
-            spec_info=SimpleNamespace(draft_token_num=draft), mixed_qkv=tokens[layer].reshape(-1, dim),
-            spec_cache=spec_cache, pool=mamba_pool, conv_weights=conv_weight[layer], bias=conv_bias[layer],
-            layer_idx=layer, a=a[layer], b=b[layer], A_log=A_log, dt_bias=dt_bias)
+        ns = run("sglang-verify", self=SimpleNamespace(forward_metadata=meta),
+                 spec_info=SimpleNamespace(draft_token_num=draft), mixed_qkv=tokens[layer].reshape(-1, dim),
+                 spec_cache=spec_cache, pool=mamba_pool, conv_weights=conv_weight[layer], bias=conv_bias[layer],
+                 layer_idx=layer, a=a[layer], b=b[layer], A_log=A_log, dt_bias=dt_bias, hk=NUM_K_HEADS,
+                 dk=head_k_dim, hv=NUM_V_HEADS, dv=head_v_dim)
+        check_verify_outputs(ns["o"][:3], ns["out"][:3], g[layer], beta[layer], before_temporal[layer].transpose(-1, -2),
+                             torch.tensor(pool_slots), torch.tensor(trees) if tree else None, head_k_dim, head_v_dim)
     run("sglang-commit", self=SimpleNamespace(linear_attn_backend=SimpleNamespace(forward_metadata=meta)),
         accept_lens=accept_lens, accept_index=accept_index, req_pool=SimpleNamespace(mamba_pool=mamba_pool),
         spec_cache=spec_cache, conv_weight=conv_weight, conv_bias=conv_bias, hk=NUM_K_HEADS, dk=head_k_dim,
         hv=NUM_V_HEADS, dv=head_v_dim)
 
-    g, beta = (gate.view(layers, padded, draft, -1)[:, :3] for gate in gates_from_raw(a, b, A_log, dt_bias))
     expected_ssm, expected_conv, written = gdn_oracle(
         before_temporal.transpose(-1, -2), before_conv, tokens[:, :3], g, beta, conv_weight, conv_bias,
         torch.tensor(pool_slots), torch.tensor([path[-1] for path in paths]),
@@ -276,12 +290,24 @@ def test_vllm_verify_and_commit(head_k_dim, head_v_dim):
     mixed = torch.randn(layers, padded * n, dim, generator=gen)
     a, b, A_log, dt_bias = raw_gates(gen, layers, padded * n)
     total = int(qsl[-1])
+    g, beta = gates_from_raw(a, b, A_log, dt_bias)
     for layer in range(layers):
         mixed_qkv_spec = mixed[layer].clone()
         layer_self = SimpleNamespace(spec_cache=spec_caches[layer], conv1d=SimpleNamespace(bias=conv_biases[layer]),
                                      activation="silu", A_log=A_log, dt_bias=dt_bias)
-        run("vllm-verify", self=layer_self, attn_metadata=meta, mixed_qkv_spec=mixed_qkv_spec,
-            conv_state=conv_states[layer], conv_weights=conv_weights[layer], a_spec=a[layer], b_spec=b[layer])
+        core_attn_out_spec = torch.full((padded * n, NUM_V_HEADS, head_v_dim), 7.0)
+        ns = run("vllm-verify", self=layer_self, attn_metadata=meta, mixed_qkv_spec=mixed_qkv_spec,
+                 conv_state=conv_states[layer], conv_weights=conv_weights[layer], a_spec=a[layer], b_spec=b[layer],
+                 ssm_state=ssm_states[layer], core_attn_out_spec=core_attn_out_spec, hk=NUM_K_HEADS, dk=head_k_dim,
+                 hv=NUM_V_HEADS, dv=head_v_dim)
+        starts = qsl[:3].long()[:, None] + torch.arange(n)
+        rows = torch.minimum(starts, qsl[1:4].long()[:, None] - 1)  # request b's tokens at row b, as verified
+        check_verify_outputs(ns["o"][:3], ns["out"][:3], g[layer, rows], beta[layer, rows], before_ssm[layer],
+                             block_table[:, 0].long(), None, head_k_dim, head_v_dim)
+        for row, count in enumerate(query_lens):  # the outputs ragged again, the padded tail untouched
+            start = int(qsl[row])
+            assert torch.equal(core_attn_out_spec[start: start + count], ns["o"][row, :count])
+        assert torch.equal(core_attn_out_spec[total:], torch.full_like(core_attn_out_spec[total:], 7.0))
         for row, count in enumerate(query_lens):
             start = int(qsl[row])
             want = causal_conv_oracle(before_conv[layer, int(block_table[row, 0])], mixed[layer, start: start + count],
