@@ -79,7 +79,7 @@ def _l2_normalised(x, L2NORM: tl.constexpr):
 
 
 @triton.jit
-def _ancestry(row, nodes, node, real, parents_ptr, parents_stride_row, parents_stride_node, NUM_NODES: tl.constexpr,
+def _ancestry(row, node, real, parents_ptr, parents_stride_row, parents_stride_node, NUM_NODES: tl.constexpr,
               TREE: tl.constexpr):
     """[NODES, NODES] bool: node(c) is node(r)'s ancestor or itself (both sides of the stack), and
     whether every parent link of the row lies in [-1, n-1] (always, for a chain). A tree's walk
@@ -115,9 +115,10 @@ def _gdn_verify_kernel(
     TREE: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, COLUMN_BLOCKS: tl.constexpr,
 ):
     """One program: COLUMN_BLOCKS blocks of BLOCK_V value columns of one value head of one row: the
-    node matrices once, then per block its state tile (the next one loading while this one is
-    used; the launcher's default is one block). Outputs are stored only if the row's slot is in [0, num_state_slots) and (trees)
-    every parent link lies in [-1, n-1]; nothing is written otherwise, and no load leaves its tensor."""
+    node matrices once, then per block its state tile (the next one loading while this one is used;
+    the launcher's default is one block). Outputs are stored only if the row's slot is in
+    [0, num_state_slots) and (trees) every parent link lies in [-1, n-1]; nothing is written
+    otherwise, and no load leaves its tensor."""
     HALF: tl.constexpr = NODES // 2
     GROUP_COLUMNS: tl.constexpr = BLOCK_V * COLUMN_BLOCKS
     GROUPS: tl.constexpr = (HEAD_V_DIM + GROUP_COLUMNS - 1) // GROUP_COLUMNS
@@ -149,8 +150,8 @@ def _gdn_verify_kernel(
     beta = tl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
                    mask=real & key_side, other=0.0).to(tl.float32)  # zero on query rows: no update there
 
-    ancestry, links_ok = _ancestry(row, stack, node, real, parents_ptr, parents_stride_row, parents_stride_node,
-                                   NUM_NODES, TREE)
+    ancestry, links_ok = _ancestry(row, node, real, parents_ptr, parents_stride_row, parents_stride_node, NUM_NODES,
+                                   TREE)
     ancestry &= (key_side & real)[None, :]  # the key columns of each row's root path
     cumulative = tl.sum(tl.where(ancestry, g[None, :], 0.0), axis=1)  # G of node(r)
     decay = tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0))
