@@ -1,0 +1,479 @@
+"""Speculative decoding of transformers' own Qwen3-Next and Nemotron-H layer code through the
+package's ops, every token checked against the model's own greedy decoding.
+
+transformers (5.23) defines these hybrids with their real mixer code but cannot roll a
+linear-attention cache back, so it has no speculative decoding for them. Here tiny seeded
+random-weight models (built from config objects, nothing fetched; CPU, float32) decode greedily:
+
+* prefill: the model's own forward, filling its own ``DynamicCache``;
+* each step, ONE forward pass of the model over the pending token and its drafts (a chain, or a
+  topk-3 tree): the attention layers run as they are, given the tree's mask and positions; each
+  mixer layer's ``forward`` is swapped for a verify forward (``gdn_verify_forward`` /
+  ``mamba2_verify_forward``) that keeps the model's own projections, head grouping, gates,
+  norms and output projection and calls the package's ops where the model would touch its cache:
+  ``causal_conv1d_verify`` (conv + capture into the package's buffer), ``capture_gates``, and for
+  Gated DeltaNet ``gdn_verify`` for the outputs;
+* greedy acceptance on those logits, then ``gdn_commit`` / ``mamba2_commit`` replay the accepted
+  path into the model's own cache tensors (``integrations.transformers_layer_states``), and the
+  attention layers' key/value cache keeps only the accepted path.
+
+The tokens must equal ``model.generate(do_sample=False)``'s, and the committed states those of a
+plain greedy loop over the model's forward. Conventions checked on the way
+(``test_transformers_conventions``): the conv state is ``[B, dim, K]`` (K columns, the package's
+K-1 plus a dead one), the recurrent states are already the package's ``[Hv, dk, dv]`` /
+``[H, P, Ns]``, the conv input is ``cat(q, k, v)`` only after ``fix_query_key_value_ordering``
+(the projection itself is grouped per key head), and value head h reads key head h // (Hv / Hk).
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from types import MethodType
+from unittest import mock
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sgl_convwin
+from sgl_convwin.integrations import transformers_layer_states
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test extra (pip install -e .[test])")
+qwen3_next = pytest.importorskip(
+    "transformers.models.qwen3_next.modeling_qwen3_next", reason="this transformers has no Qwen3-Next")
+nemotron_h = pytest.importorskip(
+    "transformers.models.nemotron_h.modeling_nemotron_h", reason="this transformers has no Nemotron-H")
+
+K = 4
+PROMPT_LEN = 6
+NEW_TOKENS = 14
+CHAIN_DRAFT = 3                 # D drafts after the pending token: N = 4 verify tokens
+TREE_PARENTS = [-1, 0, 0, 0, 1, 1, 1]   # topk 3, depth 2: the pending token, 3 children, 3 under the first
+BUFFER_SLOT, BUFFER_SLOTS = 1, 2        # the request's buffer slot differs from its state row (0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiny models
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_gated_delta_rule():
+    """transformers picks FLA's Triton kernels for the delta rule when FLA is installed (a test
+    extra here), and those need a GPU; on the CPU use transformers' own torch implementations
+    (``torch_chunk_gated_delta_rule``, ``torch_recurrent_gated_delta_rule``), unwrapped."""
+    with ExitStack() as stack:
+        for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
+            stack.enter_context(mock.patch.object(qwen3_next, name, inspect.unwrap(getattr(qwen3_next, name))))
+        yield
+
+
+def seeded_weights(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Matrices ~ N(0, 1/fan_in) (embeddings N(0, 1)) so that every layer moves the logits: the
+    models' default init (std 0.02) makes tiny random models repeat one token. Norm weights, A_log,
+    dt_bias and D keep the models' own (seeded) init."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                fan_in = 1 if "embed" in name else param.shape[1]
+                param.copy_(torch.randn(param.shape, generator=gen) * fan_in**-0.5)
+            elif name.endswith("conv1d.weight"):
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
+            elif name.endswith("conv1d.bias"):
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
+    return model.eval()
+
+
+def tiny_qwen3_next(seed: int = 0):
+    """Qwen3-Next: 3 Gated DeltaNet layers and 1 gated attention layer; GVA (Hv = 2 Hk) and dk != dv,
+    so a transposed state or a wrong head grouping is a shape error or a wrong token."""
+    torch.manual_seed(seed)
+    config = transformers.Qwen3NextConfig(
+        vocab_size=48, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=0,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6,
+        linear_conv_kernel_dim=K, attn_implementation="eager")
+    return seeded_weights(transformers.Qwen3NextForCausalLM(config), seed)
+
+
+def tiny_nemotron_h(seed: int = 0):
+    """Nemotron-H: Mamba2, MLP, attention, Mamba2 blocks; H = 4 heads of P = 6 in G = 2 groups, Ns = 8."""
+    torch.manual_seed(seed)
+    config = transformers.NemotronHConfig(
+        vocab_size=48, hidden_size=32, intermediate_size=48,
+        layers_block_type=["linear_attention", "mlp", "full_attention", "linear_attention"],
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, mamba_num_heads=4, mamba_head_dim=6,
+        n_groups=2, ssm_state_size=8, conv_kernel=K, chunk_size=8, attn_implementation="eager")
+    return seeded_weights(transformers.NemotronHForCausalLM(config), seed)
+
+
+def mixers(model) -> list[torch.nn.Module]:
+    """The model's linear-attention mixer modules, in layer order."""
+    if isinstance(model, transformers.Qwen3NextForCausalLM):
+        return [layer.linear_attn for layer in model.model.layers if layer.block_type == "linear_attention"]
+    return [layer.mixer for layer in model.model.layers if layer.block_type == "linear_attention"]
+
+
+def attention_layer_ids(model) -> list[int]:
+    return [i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The verify forwards: the models' mixer code with the package's ops where the cache is touched
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Verify:
+    """What one verify pass hands every mixer layer: the request's buffer and state rows, the
+    tree (None: a chain), and per mixer layer the package's buffer (a one-layer cache each, as
+    transformers keeps one state tensor per layer)."""
+
+    caches: dict[int, sgl_convwin.ConvWindowCache]
+    buffer_slots: torch.Tensor
+    state_slots: torch.Tensor
+    parents: torch.Tensor | None
+    transpose_state: bool = False   # the mutation: pass the recurrent state as engines' [.., dv, dk]
+
+
+def layer_states(cache, layer_idx: int, verify: Verify):
+    ssm_state, conv_state = transformers_layer_states(
+        cache.layers[layer_idx].conv_states[0], cache.layers[layer_idx].recurrent_states[0])
+    return (ssm_state.transpose(-1, -2) if verify.transpose_state else ssm_state), conv_state
+
+
+def gdn_verify_forward(self, hidden_states, cache_params=None, attention_mask=None, *, verify: Verify, **kwargs):
+    """``Qwen3NextGatedDeltaNet.forward`` for the verify tokens. Mirrored from transformers:
+    ``in_proj_qkvz`` / ``in_proj_ba``, ``fix_query_key_value_ordering``, ``mixed_qkv = cat(q, k,
+    v)``, ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``, ``self.norm(o, z)``,
+    ``out_proj``. Replaced: ``causal_conv1d_update`` by ``causal_conv1d_verify`` (the conv of every
+    node from the committed state, capturing its input), ``torch_recurrent_gated_delta_rule`` by
+    ``gdn_verify`` (every node's output from the committed state, l2norm of q, k in the op as
+    ``use_qk_l2norm_in_kernel=True``); the gates go to ``capture_gates`` raw. The cache is only read."""
+    spec = verify.caches[self.layer_idx]
+    batch, num_nodes, _ = hidden_states.shape
+    ssm_state, conv_state = layer_states(cache_params, self.layer_idx, verify)
+    query, key, value, z, b, a = self.fix_query_key_value_ordering(
+        self.in_proj_qkvz(hidden_states), self.in_proj_ba(hidden_states))
+    mixed_qkv = torch.cat([t.reshape(batch, num_nodes, -1) for t in (query, key, value)], dim=-1)
+    conv_out = torch.empty_like(mixed_qkv)
+    spec.causal_conv1d_verify(conv_out, conv_state, mixed_qkv, self.conv1d.weight.squeeze(1), self.conv1d.bias,
+                              verify.buffer_slots, 0, state_slots=verify.state_slots, parents=verify.parents,
+                              activation=self.activation)
+    spec.capture_gates(None, None, verify.buffer_slots, 0, a=a, b=b, A_log=self.A_log, dt_bias=self.dt_bias)
+    query, key, value = torch.split(conv_out, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    beta = b.sigmoid()
+    g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+    core = torch.empty(batch, num_nodes, self.num_v_heads, self.head_v_dim)
+    sgl_convwin.gdn_verify(
+        core, query.view(batch, num_nodes, -1, self.head_k_dim), key.view(batch, num_nodes, -1, self.head_k_dim),
+        value.view(batch, num_nodes, -1, self.head_v_dim), g, beta, ssm_state[0], verify.state_slots, verify.parents)
+    core = self.norm(core.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+    return self.out_proj(core.reshape(batch, num_nodes, -1))
+
+
+def mamba2_verify_forward(self, hidden_states, cache_params=None, attention_mask=None, *, verify: Verify, **kwargs):
+    """``NemotronHMamba2Mixer.forward``'s decode branch for the verify tokens. Mirrored from
+    transformers: ``in_proj`` split into gate, xBC, dt; ``A = -exp(A_log)``; the recurrence of each
+    node is transformers' own ``mamba2_selective_state_update`` (dt + dt_bias, softplus, D skip; no
+    dt limit, as in its one-token decode) applied along the node's path from a copy of the
+    committed state; ``self.norm(y, gate)``, ``out_proj``. Replaced: ``causal_conv1d_update`` by
+    ``causal_conv1d_verify``; dt as the recurrence uses it, ``softplus(dt + dt_bias)``, goes to
+    ``capture_gates`` for ``mamba2_commit``. The package has no Mamba2 verify op: the per-node
+    states here are temporaries, the cache is only read."""
+    spec = verify.caches[self.layer_idx]
+    batch, num_nodes, _ = hidden_states.shape
+    heads, head_dim, groups, d_state = self.num_heads, self.head_dim, self.n_groups, self.ssm_state_size
+    ssm_state, conv_state = layer_states(cache_params, self.layer_idx, verify)
+    gate, xbc, dt = self.in_proj(hidden_states).split([self.intermediate_size, self.conv_dim, heads], dim=-1)
+    conv_out = torch.empty_like(xbc)
+    spec.causal_conv1d_verify(conv_out, conv_state, xbc, self.conv1d.weight.squeeze(1), self.conv1d.bias,
+                              verify.buffer_slots, 0, state_slots=verify.state_slots, parents=verify.parents,
+                              activation=self.activation)
+    spec.capture_gates(F.softplus(dt + self.dt_bias), None, verify.buffer_slots, 0)
+    x, B, C = torch.split(conv_out, [self.intermediate_size, groups * d_state, groups * d_state], dim=-1)
+    A = -torch.exp(self.A_log.float())
+    parents = verify.parents[0].tolist() if verify.parents is not None else list(range(-1, num_nodes - 1))
+    committed = ssm_state[0, verify.state_slots]
+    node_states, outputs = [], []
+    for node in range(num_nodes):
+        state = (committed if parents[node] < 0 else node_states[parents[node]]).clone()
+        outputs.append(nemotron_h.mamba2_selective_state_update(
+            state, x[:, node].view(batch, heads, head_dim), dt[:, node, :, None].expand(-1, -1, head_dim),
+            A[:, None, None].expand(-1, head_dim, d_state), B[:, node].view(batch, groups, d_state),
+            C[:, node].view(batch, groups, d_state), self.D[:, None].expand(-1, head_dim), z=None,
+            dt_bias=self.dt_bias[:, None].expand(-1, head_dim), dt_softplus=True))
+        node_states.append(state)
+    y = torch.stack(outputs, dim=1).reshape(batch, num_nodes, -1)
+    return self.out_proj(self.norm(y, gate))
+
+
+@contextmanager
+def verify_forwards(model, verify: Verify):
+    """Swap every mixer's forward for its verify forward for one pass."""
+    forward = gdn_verify_forward if isinstance(model, transformers.Qwen3NextForCausalLM) else mamba2_verify_forward
+    with ExitStack() as stack:
+        for mixer in mixers(model):
+            bound = MethodType(lambda self, *a, **kw: forward(self, *a, verify=verify, **kw), mixer)
+            stack.enter_context(mock.patch.object(mixer, "forward", bound))
+        yield
+
+
+def commit(model, cache, verify: Verify, accepted: torch.Tensor) -> None:
+    """Replay the accepted path into the model's own states, one mixer layer at a time."""
+    for mixer in mixers(model):
+        spec = verify.caches[mixer.layer_idx]
+        ssm_state, conv_state = layer_states(cache, mixer.layer_idx, verify)
+        weight, bias = mixer.conv1d.weight.squeeze(1)[None], mixer.conv1d.bias
+        bias = None if bias is None else bias[None]
+        if isinstance(model, transformers.Qwen3NextForCausalLM):
+            spec.gdn_commit(ssm_state, conv_state, weight, verify.buffer_slots, accepted,
+                            state_slots=verify.state_slots, parents=verify.parents, conv_bias=bias,
+                            num_k_heads=mixer.num_k_heads, head_k_dim=mixer.head_k_dim,
+                            num_v_heads=mixer.num_v_heads, head_v_dim=mixer.head_v_dim)
+        else:
+            spec.mamba2_commit(ssm_state, conv_state, weight, -torch.exp(mixer.A_log.float())[None],
+                               verify.buffer_slots, accepted, state_slots=verify.state_slots,
+                               parents=verify.parents, conv_bias=bias, num_heads=mixer.num_heads,
+                               head_dim=mixer.head_dim, n_groups=mixer.n_groups, d_state=mixer.ssm_state_size)
+
+
+def new_spec_caches(model, num_nodes: int) -> dict[int, sgl_convwin.ConvWindowCache]:
+    caches = {}
+    for mixer in mixers(model):
+        gdn = isinstance(model, transformers.Qwen3NextForCausalLM)
+        caches[mixer.layer_idx] = sgl_convwin.ConvWindowCache(
+            1, BUFFER_SLOTS, mixer.conv_dim, num_nodes, K, dtype=torch.float32,
+            gate_heads=mixer.num_v_heads if gdn else mixer.num_heads, num_gates=2 if gdn else 1)
+    return caches
+
+
+# ---------------------------------------------------------------------------------------------
+# The speculative decoding loop
+# ---------------------------------------------------------------------------------------------
+
+
+def depths(parents: list[int]) -> list[int]:
+    out = []
+    for parent in parents:
+        out.append(0 if parent < 0 else out[parent] + 1)
+    return out
+
+
+def ancestors(parents: list[int], node: int) -> list[int]:
+    """node's path from the root, root first."""
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+def tree_attention_mask(parents: list[int], past_len: int) -> torch.Tensor:
+    """[1, 1, N, past + N] additive mask for transformers' eager attention: node n sees the whole
+    committed past and its own path."""
+    num_nodes = len(parents)
+    allowed = torch.zeros(num_nodes, past_len + num_nodes, dtype=torch.bool)
+    allowed[:, :past_len] = True
+    for node in range(num_nodes):
+        allowed[node, [past_len + a for a in ancestors(parents, node)]] = True
+    mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    return mask[None, None]
+
+
+def keep_accepted_kv(model, cache, past_len: int, path: list[int]) -> None:
+    """The attention layers appended every verify node's key/value; keep the accepted path's."""
+    keep = torch.tensor(list(range(past_len)) + [past_len + node for node in path])
+    for idx in attention_layer_ids(model):
+        layer = cache.layers[idx]
+        layer.keys, layer.values = layer.keys[:, :, keep], layer.values[:, :, keep]
+
+
+@dataclass
+class Drafter:
+    """A cheap drafter that knows the target's greedy continuation ``reference`` and proposes it
+    at each position with probability ``hit`` (else a wrong token), so that drafts are accepted
+    fully, partially and not at all. Siblings are distinct; a tree's first child is the guess."""
+
+    reference: list[int]
+    vocab: int
+    seed: int
+    hit: float = 0.6
+    rng: random.Random = field(init=False)
+
+    def __post_init__(self):
+        self.rng = random.Random(self.seed)
+
+    def children(self, position: int, on_reference: bool, count: int) -> list[int]:
+        right = self.reference[position] if on_reference and position < len(self.reference) else None
+        wrong = [t for t in self.rng.sample(range(self.vocab), count + 1) if t != right][:count]
+        if right is None:
+            return wrong
+        if self.rng.random() < self.hit:
+            return [right] + wrong[: count - 1]
+        chosen = wrong[:count]
+        if count > 1 and self.rng.random() < 0.5:  # the right token drafted, but not as the first guess
+            chosen[self.rng.randrange(1, count)] = right
+        return chosen
+
+    def draft(self, parents: list[int], pending: int, position: int) -> list[int]:
+        """Tokens of every node; node 0 is the pending token at output ``position``."""
+        tokens, on_ref = [pending], [True]
+        kids: dict[int, list[int]] = {}
+        for node, parent in enumerate(parents):
+            if parent >= 0:
+                kids.setdefault(parent, []).append(node)
+        for parent, nodes in sorted(kids.items()):
+            guesses = self.children(position + depths(parents)[parent] + 1, on_ref[parent], len(nodes))
+            for node, token in zip(nodes, guesses):
+                assert len(tokens) == node, "nodes come in breadth-first order"
+                tokens.append(token)
+                right = self.reference[position + depths(parents)[node]] if on_ref[parent] else None
+                on_ref.append(token == right)
+        return tokens
+
+
+def speculative_decode(model, prompt: torch.Tensor, parents: list[int], drafter: Drafter, new_tokens: int,
+                       transpose_state: bool = False):
+    """Greedy speculative decoding of one request. Returns (tokens, cache, accepted lengths)."""
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        logits = model(prompt, past_key_values=cache, use_cache=True).logits
+    past_len, emitted, accepted_lengths = prompt.shape[1], [int(logits[0, -1].argmax())], []
+    chain = parents == list(range(-1, len(parents) - 1))
+    verify = Verify(new_spec_caches(model, len(parents)), torch.tensor([BUFFER_SLOT]), torch.tensor([0]),
+                    None if chain else torch.tensor([parents]), transpose_state)
+    node_depths = depths(parents)
+    while len(emitted) < new_tokens:
+        tokens = drafter.draft(parents, emitted[-1], len(emitted) - 1)
+        masks = {"full_attention": tree_attention_mask(parents, past_len), "linear_attention": None}
+        positions = torch.tensor([[past_len + d for d in node_depths]])
+        with torch.no_grad(), verify_forwards(model, verify):
+            logits = model(torch.tensor([tokens]), past_key_values=cache, attention_mask=masks,
+                           position_ids=positions, use_cache=True).logits
+        target = logits[0].argmax(-1).tolist()
+        path = [0]
+        while True:  # greedy acceptance: follow the child whose token the target predicts
+            nxt = [n for n, p in enumerate(parents) if p == path[-1] and tokens[n] == target[path[-1]]]
+            if not nxt:
+                break
+            path.append(nxt[0])
+        emitted.extend(target[node] for node in path)
+        accepted_lengths.append(len(path))
+        with torch.no_grad():
+            commit(model, cache, verify, torch.tensor([path[-1]]))
+        keep_accepted_kv(model, cache, past_len, path)
+        past_len += len(path)
+    return emitted, cache, accepted_lengths
+
+
+def greedy_loop(model, prompt: torch.Tensor, count: int):
+    """The plain decoder: the model's forward one token at a time with its own cache.
+    Returns (tokens, cache after all but the last token)."""
+    cache = transformers.DynamicCache(config=model.config)
+    tokens, ids = [], prompt
+    with torch.no_grad():
+        for _ in range(count):
+            logits = model(ids, past_key_values=cache, use_cache=True).logits
+            tokens.append(int(logits[0, -1].argmax()))
+            ids = torch.tensor([[tokens[-1]]])
+    return tokens, cache
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests
+# ---------------------------------------------------------------------------------------------
+
+MODELS = {"qwen3_next": tiny_qwen3_next, "nemotron_h": tiny_nemotron_h}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def model_and_reference(request):
+    """A tiny model, a prompt, and its own ``generate`` (greedy) continuation."""
+    model = MODELS[request.param]()
+    prompt = torch.randint(0, model.config.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=NEW_TOKENS + len(TREE_PARENTS), do_sample=False,
+                             min_new_tokens=NEW_TOKENS + len(TREE_PARENTS))
+    return model, prompt, out[0, PROMPT_LEN:].tolist()
+
+
+def decode_and_check(model, prompt, parents, reference, new_tokens=NEW_TOKENS, transpose_state=False):
+    """Speculative decoding must give ``reference`` (the model's own greedy tokens), accept drafts
+    fully and partly, and leave the conv and recurrent states of a plain greedy loop."""
+    drafter = Drafter(reference, model.config.vocab_size, seed=11)
+    tokens, cache, accepted = speculative_decode(model, prompt, parents, drafter, new_tokens, transpose_state)
+    assert tokens == reference[: len(tokens)]
+    longest = max(depths(parents)) + 1
+    assert min(accepted) < longest and max(accepted) == longest, accepted  # partial and full acceptance
+    assert len(set(tokens)) > 3  # the model does not just repeat a token
+    plain, plain_cache = greedy_loop(model, prompt, len(tokens))
+    assert plain == tokens
+    for mixer in mixers(model):
+        ours, theirs = cache.layers[mixer.layer_idx], plain_cache.layers[mixer.layer_idx]
+        torch.testing.assert_close(ours.recurrent_states[0], theirs.recurrent_states[0], rtol=1e-4, atol=1e-5)
+        # column 0 of transformers' K-column conv state is never read; the package keeps the K-1 others
+        # (projections of N tokens at once round differently from one at a time: not bit for bit)
+        torch.testing.assert_close(ours.conv_states[0][..., 1:], theirs.conv_states[0][..., 1:], rtol=1e-4, atol=1e-5)
+    return accepted
+
+
+@pytest.mark.parametrize("draft", ["chain", "tree"])
+def test_speculative_decoding_matches_generate(model_and_reference, draft):
+    """Every token equals the model's own greedy ``generate``; drafts accepted fully and partly;
+    the committed states equal a plain greedy loop's."""
+    model, prompt, reference = model_and_reference
+    decode_and_check(model, prompt, list(range(-1, CHAIN_DRAFT)) if draft == "chain" else TREE_PARENTS, reference)
+
+
+def test_state_in_engine_orientation_is_caught():
+    """The mutation the adapter guards against: Qwen3-Next with dk == dv (no shape error to warn)
+    and its [Hv, dk, dv] state passed transposed, as SGLang's and vLLM's [Hv, dv, dk] pools need:
+    the check above fails (the committed state is the transpose of the model's)."""
+    torch.manual_seed(0)
+    config = transformers.Qwen3NextConfig(
+        vocab_size=48, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+        layer_types=["linear_attention", "full_attention", "linear_attention"], num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, num_experts=0, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=K, attn_implementation="eager")
+    model = seeded_weights(transformers.Qwen3NextForCausalLM(config), 0)
+    prompt = torch.randint(0, 48, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(3))
+    reference, _ = greedy_loop(model, prompt, 12)
+    parents = list(range(-1, CHAIN_DRAFT))
+    decode_and_check(model, prompt, parents, reference, new_tokens=8)
+    with pytest.raises(AssertionError):
+        decode_and_check(model, prompt, parents, reference, new_tokens=8, transpose_state=True)
+
+
+def test_transformers_conventions():
+    """What differs between transformers' layers and the package, shown on the models themselves."""
+    model = tiny_qwen3_next()
+    cache = transformers.DynamicCache(config=model.config)
+    prompt = torch.randint(0, 48, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        model(prompt, past_key_values=cache, use_cache=True)
+    mixer = mixers(model)[0]
+    layer = cache.layers[mixer.layer_idx]
+    # the conv state holds K columns, the package's K-1 plus a dead oldest one
+    assert layer.conv_states[0].shape == (1, mixer.conv_dim, K)
+    # the recurrent state is [B, Hv, dk, dv] (dk = 8 != dv = 6 here): the package's orientation
+    assert layer.recurrent_states[0].shape == (1, mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim)
+    ssm_state, conv_state = transformers_layer_states(layer.conv_states[0], layer.recurrent_states[0])
+    assert conv_state.shape == (1, 1, mixer.conv_dim, K - 1)
+    assert conv_state.data_ptr() == layer.conv_states[0][..., 1:].data_ptr()  # a view: commits land in the cache
+    assert ssm_state.data_ptr() == layer.recurrent_states[0].data_ptr()
+    # the projection is grouped per key head ([q_h, k_h, v_h, z_h] for each h): its first conv_dim
+    # channels are not the conv input; cat(q, k, v) after fix_query_key_value_ordering is
+    h = torch.randn(1, 1, model.config.hidden_size)
+    qkvz = mixer.in_proj_qkvz(h)
+    q, k, v, _, _, _ = mixer.fix_query_key_value_ordering(qkvz, mixer.in_proj_ba(h))
+    mixed = torch.cat([t.reshape(1, 1, -1) for t in (q, k, v)], dim=-1)
+    assert not torch.equal(qkvz[..., : mixer.conv_dim], mixed)
+    assert torch.equal(mixed[..., : mixer.head_k_dim], qkvz[..., : mixer.head_k_dim])  # key head 0's q first
+    # GVA: value head h reads key head h // (Hv / Hk), as the package's ops (repeat_interleave there)
+    assert mixer.num_v_heads // mixer.num_k_heads == 2
