@@ -53,7 +53,8 @@ PROMPT_LEN = 6
 NEW_TOKENS = 24
 CHAIN_DRAFT = 3                 # D drafts after the pending token: N = 4 verify tokens
 TREE_PARENTS = [-1, 0, 0, 0, 1, 1, 1]   # topk 3, depth 2: the pending token, 3 children, 3 under the first
-BUFFER_SLOT, BUFFER_SLOTS = 1, 2        # the request's buffer slot differs from its state row (0)
+BATCH = 2                               # two requests, accepting different lengths each step
+BUFFER_SLOTS = [1, 0]                   # each request's buffer slot, not its batch row (its state row)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,10 +138,6 @@ def mixers(model) -> list[torch.nn.Module]:
     return [getattr(layer, name) for layer in model.model.layers if layer.block_type == "linear_attention"]
 
 
-def attention_layer_ids(model) -> list[int]:
-    return [i for i, kind in enumerate(model.config.layer_types) if kind == "full_attention"]
-
-
 # ---------------------------------------------------------------------------------------------
 # The verify forwards: the models' mixer code with the package's ops where the cache is touched
 # ---------------------------------------------------------------------------------------------
@@ -148,9 +145,10 @@ def attention_layer_ids(model) -> list[int]:
 
 @dataclass
 class Verify:
-    """What one verify pass hands every mixer layer: the request's buffer and state rows, the
-    tree (None: a chain), and per mixer layer the package's buffer (a one-layer cache each, as
-    transformers keeps one state tensor per layer)."""
+    """What one verify pass hands every mixer layer: the requests' buffer slots and state rows
+    (-1: a finished request, a padded row every op skips), the tree [B, N] (None: a chain), and
+    per mixer layer the package's buffer (a one-layer cache each, as transformers keeps one state
+    tensor per layer)."""
 
     caches: dict[int, sgl_convwin.ConvWindowCache]
     buffer_slots: torch.Tensor
@@ -186,7 +184,7 @@ def gdn_verify_forward(self, hidden_states, cache_params=None, attention_mask=No
         mixed_qkv = self.in_proj_qkv(hidden_states)
         z = self.in_proj_z(hidden_states).reshape(batch, num_nodes, -1, self.head_v_dim)
         b, a = self.in_proj_b(hidden_states), self.in_proj_a(hidden_states)
-    conv_out = torch.empty_like(mixed_qkv)
+    conv_out = torch.zeros_like(mixed_qkv)  # padded rows are not written
     spec.causal_conv1d_verify(conv_out, conv_state, mixed_qkv, self.conv1d.weight.squeeze(1), self.conv1d.bias,
                               verify.buffer_slots, 0, state_slots=verify.state_slots, parents=verify.parents,
                               activation=self.activation)
@@ -194,7 +192,7 @@ def gdn_verify_forward(self, hidden_states, cache_params=None, attention_mask=No
     query, key, value = torch.split(conv_out, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
     beta = b.sigmoid()
     g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-    core = torch.empty(batch, num_nodes, self.num_v_heads, self.head_v_dim)
+    core = torch.zeros(batch, num_nodes, self.num_v_heads, self.head_v_dim)
     sgl_convwin.gdn_verify(
         core, query.view(batch, num_nodes, -1, self.head_k_dim), key.view(batch, num_nodes, -1, self.head_k_dim),
         value.view(batch, num_nodes, -1, self.head_v_dim), g, beta, ssm_state[0], verify.state_slots, verify.parents)
@@ -216,18 +214,20 @@ def mamba2_verify_forward(self, hidden_states, cache_params=None, attention_mask
     heads, head_dim, groups, d_state = self.num_heads, self.head_dim, self.n_groups, self.ssm_state_size
     ssm_state, conv_state = layer_states(cache_params, self.layer_idx, verify)
     gate, xbc, dt = self.in_proj(hidden_states).split([self.intermediate_size, self.conv_dim, heads], dim=-1)
-    conv_out = torch.empty_like(xbc)
+    conv_out = torch.zeros_like(xbc)  # padded rows are not written
     spec.causal_conv1d_verify(conv_out, conv_state, xbc, self.conv1d.weight.squeeze(1), self.conv1d.bias,
                               verify.buffer_slots, 0, state_slots=verify.state_slots, parents=verify.parents,
                               activation=self.activation)
     spec.capture_gates(F.softplus(dt + self.dt_bias), None, verify.buffer_slots, 0)
     x, B, C = torch.split(conv_out, [self.intermediate_size, groups * d_state, groups * d_state], dim=-1)
     A = -torch.exp(self.A_log.float())
-    parents = verify.parents[0].tolist() if verify.parents is not None else list(range(-1, num_nodes - 1))
-    committed = ssm_state[0, verify.state_slots]
+    chain = [list(range(-1, num_nodes - 1))] * batch
+    parents = chain if verify.parents is None else verify.parents.tolist()
+    committed = ssm_state[0, verify.state_slots.clamp(min=0)]
     node_states, outputs = [], []
     for node in range(num_nodes):
-        state = (committed if parents[node] < 0 else node_states[parents[node]]).clone()
+        state = torch.stack([committed[row] if parents[row][node] < 0 else node_states[parents[row][node]][row]
+                             for row in range(batch)])
         outputs.append(nemotron_h.mamba2_selective_state_update(
             state, x[:, node].view(batch, heads, head_dim), dt[:, node, :, None].expand(-1, -1, head_dim),
             A[:, None, None].expand(-1, head_dim, d_state), B[:, node].view(batch, groups, d_state),
@@ -273,7 +273,7 @@ def new_spec_caches(model, num_nodes: int) -> dict[int, sgl_convwin.ConvWindowCa
     for mixer in mixers(model):
         gdn = is_gdn(model)
         caches[mixer.layer_idx] = sgl_convwin.ConvWindowCache(
-            1, BUFFER_SLOTS, mixer.conv_dim, num_nodes, K, dtype=torch.float32,
+            1, len(BUFFER_SLOTS), mixer.conv_dim, num_nodes, K, dtype=torch.float32,
             gate_heads=mixer.num_v_heads if gdn else mixer.num_heads, num_gates=2 if gdn else 1)
     return caches
 
@@ -299,24 +299,16 @@ def ancestors(parents: list[int], node: int) -> list[int]:
     return path[::-1]
 
 
-def tree_attention_mask(parents: list[int], past_len: int) -> torch.Tensor:
-    """[1, 1, N, past + N] additive mask for transformers' eager attention: node n sees the whole
-    committed past and its own path."""
-    num_nodes = len(parents)
-    allowed = torch.zeros(num_nodes, past_len + num_nodes, dtype=torch.bool)
-    allowed[:, :past_len] = True
+def tree_attention_mask(parents: list[int], seen: torch.Tensor) -> torch.Tensor:
+    """[B, 1, N, T + N] additive mask for transformers' eager attention: node n sees the key/value
+    entries of its request's accepted tokens (``seen`` [B, T]; a rejected draft's entry stays in
+    the cache, masked, so that requests of different lengths share one cache) and its own path."""
+    batch, num_nodes = seen.shape[0], len(parents)
+    path = torch.zeros(num_nodes, num_nodes, dtype=torch.bool)
     for node in range(num_nodes):
-        allowed[node, [past_len + a for a in ancestors(parents, node)]] = True
-    mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
-    return mask[None, None]
-
-
-def keep_accepted_kv(model, cache, past_len: int, path: list[int]) -> None:
-    """The attention layers appended every verify node's key/value; keep the accepted path's."""
-    keep = torch.tensor(list(range(past_len)) + [past_len + node for node in path])
-    for idx in attention_layer_ids(model):
-        layer = cache.layers[idx]
-        layer.keys, layer.values = layer.keys[:, :, keep], layer.values[:, :, keep]
+        path[node, ancestors(parents, node)] = True
+    allowed = torch.cat([seen[:, None].expand(-1, num_nodes, -1), path.expand(batch, -1, -1)], dim=2)
+    return torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)[:, None]
 
 
 @dataclass
@@ -358,42 +350,58 @@ class Drafter:
             for node, token in zip(nodes, guesses):
                 assert len(tokens) == node, "nodes come in breadth-first order"
                 tokens.append(token)
-                right = self.reference[position + depths(parents)[node]] if on_ref[parent] else None
-                on_ref.append(token == right)
+                at = position + depths(parents)[node]
+                on_ref.append(on_ref[parent] and at < len(self.reference) and token == self.reference[at])
         return tokens
 
 
-def speculative_decode(model, prompt: torch.Tensor, parents: list[int], drafter: Drafter, new_tokens: int,
-                       transpose_state: bool = False):
-    """Greedy speculative decoding of one request. Returns (tokens, cache, accepted paths)."""
+def speculative_decode(model, prompts: torch.Tensor, parents: list[int], drafters: list[Drafter],
+                       new_tokens: int, transpose_state: bool = False):
+    """Greedy speculative decoding of a batch of requests (prompts of one length) until each has
+    ``new_tokens``; a finished request stays in the batch as a padded row (slots -1).
+    Returns (tokens per request, cache, accepted paths per request)."""
+    batch, prompt_len = prompts.shape
     cache = transformers.DynamicCache(config=model.config)
     with torch.no_grad():
-        logits = model(prompt, past_key_values=cache, use_cache=True).logits
-    past_len, emitted, paths = prompt.shape[1], [int(logits[0, -1].argmax())], []
+        logits = model(prompts, past_key_values=cache, use_cache=True).logits
+    emitted = [[int(token)] for token in logits[:, -1].argmax(-1)]
+    paths = [[] for _ in range(batch)]
+    lengths = [prompt_len] * batch   # tokens in each request's states (its next position)
+    seen = torch.ones(batch, prompt_len, dtype=torch.bool)
     chain = parents == list(range(-1, len(parents) - 1))
-    verify = Verify(new_spec_caches(model, len(parents)), torch.tensor([BUFFER_SLOT]), torch.tensor([0]),
-                    None if chain else torch.tensor([parents]), transpose_state)
+    verify = Verify(new_spec_caches(model, len(parents)), torch.tensor(BUFFER_SLOTS[:batch]),
+                    torch.arange(batch), None if chain else torch.tensor([parents] * batch), transpose_state)
     node_depths = depths(parents)
-    while len(emitted) < new_tokens:
-        tokens = drafter.draft(parents, emitted[-1], len(emitted) - 1)
-        masks = {"full_attention": tree_attention_mask(parents, past_len), "linear_attention": None}
-        positions = torch.tensor([[past_len + d for d in node_depths]])
+    while min(len(tokens) for tokens in emitted) < new_tokens:
+        active = torch.tensor([len(tokens) < new_tokens for tokens in emitted])
+        verify.buffer_slots = torch.where(active, torch.tensor(BUFFER_SLOTS[:batch]), -1)
+        verify.state_slots = torch.where(active, torch.arange(batch), -1)
+        tokens = torch.tensor([drafter.draft(parents, done[-1], len(done) - 1)
+                               for drafter, done in zip(drafters, emitted)])
+        masks = {"full_attention": tree_attention_mask(parents, seen), "linear_attention": None}
+        positions = torch.tensor([[length + d for d in node_depths] for length in lengths])
         with torch.no_grad(), verify_forwards(model, verify):
-            logits = model(torch.tensor([tokens]), past_key_values=cache, attention_mask=masks,
-                           position_ids=positions, use_cache=True).logits
-        target = logits[0].argmax(-1).tolist()
-        path = [0]
-        while True:  # greedy acceptance: follow the child whose token the target predicts
-            nxt = [n for n, p in enumerate(parents) if p == path[-1] and tokens[n] == target[path[-1]]]
-            if not nxt:
-                break
-            path.append(nxt[0])
-        emitted.extend(target[node] for node in path)
-        paths.append(path)
+            logits = model(tokens, past_key_values=cache, attention_mask=masks, position_ids=positions,
+                           use_cache=True).logits
+        target = logits.argmax(-1).tolist()
+        accepted = torch.full((batch,), -1)
+        new_seen = torch.zeros(batch, len(parents), dtype=torch.bool)
+        for row in range(batch):
+            if not active[row]:
+                continue
+            path = [0]
+            while True:  # greedy acceptance: follow the child whose token the target predicts
+                nxt = [n for n, p in enumerate(parents) if p == path[-1] and tokens[row, n] == target[row][path[-1]]]
+                if not nxt:
+                    break
+                path.append(nxt[0])
+            emitted[row].extend(target[row][node] for node in path)
+            paths[row].append(path)
+            accepted[row], new_seen[row, path] = path[-1], True
+            lengths[row] += len(path)
         with torch.no_grad():
-            commit(model, cache, verify, torch.tensor([path[-1]]))
-        keep_accepted_kv(model, cache, past_len, path)
-        past_len += len(path)
+            commit(model, cache, verify, accepted)
+        seen = torch.cat([seen, new_seen], dim=1)
     return emitted, cache, paths
 
 
@@ -419,36 +427,43 @@ MODELS = {"qwen3_next": tiny_qwen3_next, "qwen3_5": tiny_qwen3_5, "nemotron_h": 
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def model_and_reference(request):
-    """A tiny model, a prompt, and its own ``generate`` (greedy) continuation."""
+    """A tiny model, a batch of prompts, and its own ``generate`` (greedy) continuations."""
     model = MODELS[request.param]()
-    prompt = torch.randint(0, model.config.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(3))
+    prompts = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT_LEN), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        out = model.generate(prompt, max_new_tokens=NEW_TOKENS + len(TREE_PARENTS), do_sample=False,
-                             min_new_tokens=NEW_TOKENS + len(TREE_PARENTS))
-    return model, prompt, out[0, PROMPT_LEN:].tolist()
+        # an explicit mask: without one generate takes a prompt's token 0 (Nemotron-H's pad_token_id) for padding
+        out = model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
+                             max_new_tokens=NEW_TOKENS + len(TREE_PARENTS), min_new_tokens=NEW_TOKENS + len(TREE_PARENTS))
+    return model, prompts, out[:, PROMPT_LEN:].tolist()
 
 
-def decode_and_check(model, prompt, parents, reference, new_tokens=NEW_TOKENS, transpose_state=False):
-    """Speculative decoding must give ``reference`` (the model's own greedy tokens), accept drafts
-    fully and partly, and leave the conv and recurrent states of a plain greedy loop."""
-    drafter = Drafter(reference, model.config.vocab_size, seed=11)
-    tokens, cache, paths = speculative_decode(model, prompt, parents, drafter, new_tokens, transpose_state)
-    assert tokens == reference[: len(tokens)]
-    accepted = [len(path) for path in paths]
+def decode_and_check(model, prompts, parents, references, new_tokens=NEW_TOKENS, transpose_state=False):
+    """Speculative decoding must give each request's ``references`` row (the model's own greedy
+    tokens), accept drafts fully, partly and not at all, and leave every request's conv and
+    recurrent states where a plain greedy loop over the same tokens leaves them."""
+    drafters = [Drafter(reference, model.config.vocab_size, seed=11 + row) for row, reference in enumerate(references)]
+    emitted, cache, paths = speculative_decode(model, prompts, parents, drafters, new_tokens, transpose_state)
+    for tokens, reference in zip(emitted, references):
+        assert tokens == reference[: len(tokens)]
+        assert len(set(tokens)) > 3  # the model does not just repeat a token
+    accepted = [len(path) for request in paths for path in request]
     longest = max(depths(parents)) + 1
     # steps with no draft, some drafts (the partial acceptance layout bugs hide in) and all accepted
     assert 1 in accepted and longest in accepted and set(accepted) - {1, longest}, accepted
+    assert [len(path) for path in paths[0]] != [len(path) for path in paths[1]]  # the rows diverge
     if parents != list(range(-1, len(parents) - 1)):  # a tree: some accepted path is not the first branch
-        assert any(path[1] != 1 for path in paths if len(path) > 1), paths
-    assert len(set(tokens)) > 3  # the model does not just repeat a token
-    plain, plain_cache = greedy_loop(model, prompt, len(tokens))
-    assert plain == tokens
-    for mixer in mixers(model):
-        ours, theirs = cache.layers[mixer.layer_idx], plain_cache.layers[mixer.layer_idx]
-        torch.testing.assert_close(ours.recurrent_states[0], theirs.recurrent_states[0], rtol=1e-4, atol=1e-5)
-        # column 0 of transformers' K-column conv state is never read; the package keeps the K-1 others
-        # (projections of N tokens at once round differently from one at a time: not bit for bit)
-        torch.testing.assert_close(ours.conv_states[0][..., 1:], theirs.conv_states[0][..., 1:], rtol=1e-4, atol=1e-5)
+        assert any(path[1] != 1 for request in paths for path in request if len(path) > 1), paths
+    for row, tokens in enumerate(emitted):
+        plain, plain_cache = greedy_loop(model, prompts[row: row + 1], len(tokens))
+        assert plain == tokens
+        for mixer in mixers(model):
+            ours, theirs = cache.layers[mixer.layer_idx], plain_cache.layers[mixer.layer_idx]
+            torch.testing.assert_close(ours.recurrent_states[0][row], theirs.recurrent_states[0][0],
+                                       rtol=1e-4, atol=1e-5)
+            # column 0 of transformers' K-column conv state is never read; the package keeps the K-1 others
+            # (projections of N tokens at once round differently from one at a time: not bit for bit)
+            torch.testing.assert_close(ours.conv_states[0][row, :, 1:], theirs.conv_states[0][0, :, 1:],
+                                       rtol=1e-4, atol=1e-5)
     return paths
 
 
@@ -456,8 +471,8 @@ def decode_and_check(model, prompt, parents, reference, new_tokens=NEW_TOKENS, t
 def test_speculative_decoding_matches_generate(model_and_reference, draft):
     """Every token equals the model's own greedy ``generate``; drafts accepted fully and partly;
     the committed states equal a plain greedy loop's."""
-    model, prompt, reference = model_and_reference
-    decode_and_check(model, prompt, list(range(-1, CHAIN_DRAFT)) if draft == "chain" else TREE_PARENTS, reference)
+    model, prompts, references = model_and_reference
+    decode_and_check(model, prompts, list(range(-1, CHAIN_DRAFT)) if draft == "chain" else TREE_PARENTS, references)
 
 
 def test_state_in_engine_orientation_is_caught():
@@ -471,12 +486,12 @@ def test_state_in_engine_orientation_is_caught():
         num_key_value_heads=1, head_dim=16, num_experts=0, linear_num_key_heads=2, linear_num_value_heads=4,
         linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=K, attn_implementation="eager")
     model = seeded_weights(transformers.Qwen3NextForCausalLM(config), 0)
-    prompt = torch.randint(0, 48, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(3))
-    reference, _ = greedy_loop(model, prompt, 12)
+    prompts = torch.randint(0, 48, (BATCH, PROMPT_LEN), generator=torch.Generator().manual_seed(3))
+    references = [greedy_loop(model, prompts[row: row + 1], 16)[0] for row in range(BATCH)]
     parents = list(range(-1, CHAIN_DRAFT))
-    decode_and_check(model, prompt, parents, reference, new_tokens=8)
+    decode_and_check(model, prompts, parents, references, new_tokens=12)
     with pytest.raises(AssertionError):
-        decode_and_check(model, prompt, parents, reference, new_tokens=8, transpose_state=True)
+        decode_and_check(model, prompts, parents, references, new_tokens=12, transpose_state=True)
 
 
 def test_transformers_conventions():
