@@ -1,21 +1,23 @@
 """Speculative decoding of transformers' own Qwen3-Next and Nemotron-H layer code through the
 package's ops, every token checked against the model's own greedy decoding.
 
-transformers (5.23) defines these hybrids with their real mixer code but cannot roll a
-linear-attention cache back, so it has no speculative decoding for them. Here tiny seeded
-random-weight models (built from config objects, nothing fetched; CPU, float32) decode greedily:
+transformers (5.23) defines these hybrids (and Qwen3.5, also here) with their real mixer code but
+cannot roll a linear-attention cache back, so it has no speculative decoding for them. Here tiny
+seeded random-weight models (built from config objects, nothing fetched; CPU, float32) decode a
+batch of two requests greedily:
 
 * prefill: the model's own forward, filling its own ``DynamicCache``;
-* each step, ONE forward pass of the model over the pending token and its drafts (a chain, or a
-  topk-3 tree): the attention layers run as they are, given the tree's mask and positions; each
+* each step, ONE forward pass of the model over each request's pending token and its drafts (a
+  chain, or a topk-3 tree): the attention layers run as they are, given the tree's mask and
+  positions (rejected drafts' key/value entries stay in the cache, masked); each
   mixer layer's ``forward`` is swapped for a verify forward (``gdn_verify_forward`` /
   ``mamba2_verify_forward``) that keeps the model's own projections, head grouping, gates,
   norms and output projection and calls the package's ops where the model would touch its cache:
   ``causal_conv1d_verify`` (conv + capture into the package's buffer), ``capture_gates``, and for
   Gated DeltaNet ``gdn_verify`` for the outputs;
 * greedy acceptance on those logits, then ``gdn_commit`` / ``mamba2_commit`` replay the accepted
-  path into the model's own cache tensors (``integrations.transformers_layer_states``), and the
-  attention layers' key/value cache keeps only the accepted path.
+  path into the model's own cache tensors (``integrations.transformers_layer_states``); a
+  request that has its tokens stays in the batch as a padded row (slots -1).
 
 The tokens must equal ``model.generate(do_sample=False)``'s, and the committed states those of a
 plain greedy loop over the model's forward. Conventions checked on the way
@@ -429,11 +431,13 @@ MODELS = {"qwen3_next": tiny_qwen3_next, "qwen3_5": tiny_qwen3_5, "nemotron_h": 
 def model_and_reference(request):
     """A tiny model, a batch of prompts, and its own ``generate`` (greedy) continuations."""
     model = MODELS[request.param]()
-    prompts = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT_LEN), generator=torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(3)
+    prompts = torch.randint(0, model.config.vocab_size, (BATCH, PROMPT_LEN), generator=gen)
+    count = NEW_TOKENS + len(TREE_PARENTS)
     with torch.no_grad():
         # an explicit mask: without one generate takes a prompt's token 0 (Nemotron-H's pad_token_id) for padding
         out = model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
-                             max_new_tokens=NEW_TOKENS + len(TREE_PARENTS), min_new_tokens=NEW_TOKENS + len(TREE_PARENTS))
+                             max_new_tokens=count, min_new_tokens=count)
     return model, prompts, out[:, PROMPT_LEN:].tolist()
 
 
