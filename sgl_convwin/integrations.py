@@ -35,6 +35,11 @@ qwen_gdn_linear_attn.py, vllm/model_executor/layers/mamba/mamba_utils.py):
     * the recurrent state is ``[blocks, Hv, dv, dk]`` (pass ``.transpose(-1, -2)``), the conv state
       ``[blocks, K-1, dim]`` by default (pass ``.transpose(-1, -2)``) or ``[blocks, dim, K-1]``;
     * only ``mamba_cache_mode="none"`` keeps a request in one state block across steps.
+transformers (5.x, src/transformers/cache_utils.py ``LinearAttentionLayer``; the Qwen3-Next, Qwen3.5
+and Nemotron-H mixers):
+    * the conv state is ``[B, dim, K]``, one dead column more than the package's K-1
+      (``transformers_layer_states`` takes the newest K-1 as a view);
+    * the recurrent states are already ``[B, Hv, dk, dv]`` / ``[B, H, P, Ns]``: no transpose.
 
 Every adapter is a pure function of device tensors built from torch ops (no host sync, no
 allocation beyond index tensors of B or B*N elements, and the padded copy of a ragged batch), so
@@ -62,6 +67,7 @@ __all__ = [
     "sglang_accepted_steps",
     "sglang_commit_args",
     "sglang_parents",
+    "transformers_layer_states",
     "vllm_commit_args",
     "vllm_pad_batch",
     "vllm_token_counts",
@@ -426,6 +432,43 @@ def vllm_commit_args(
             raise ValueError(f"buffer_slots has {src_slots.shape[0]} rows, state_indices {batch}")
     dst_slots = torch.where(real, dst_slots, torch.full_like(dst_slots, -1))
     return {"dst_slots": dst_slots, "src_slots": src_slots, "steps": steps}
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers
+# ---------------------------------------------------------------------------------------------
+
+
+def transformers_layer_states(
+    conv_states: torch.Tensor, recurrent_states: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The package's ``(ssm_state, conv_state)`` for one linear-attention layer of a transformers
+    cache, as views: the ops write the model's own cache in place.
+
+    transformers 5.x (``cache_utils.LinearAttentionLayer``; Qwen3-Next, Qwen3.5, Nemotron-H) keeps
+    per layer ``conv_states[0]`` ``[B, dim, K]``: K columns, oldest first, where the package keeps
+    K-1. Its ``causal_conv1d_update`` concatenates the state with the new input, convolves, and
+    keeps the last K; the conv reads only the newest K-1 of them, so column 0 is dead. The view
+    returned is the newest K-1 columns; a commit leaves column 0 as it was (never read).
+    ``recurrent_states[0]`` is ``[B, Hv, dk, dv]`` for Gated DeltaNet
+    (``torch_recurrent_gated_delta_rule``: ``S[k, v]``, ``o = S^T q``) and ``[B, H, P, Ns]`` for
+    Mamba2 (``mamba2_selective_state_update``): the package's orientations already -- unlike
+    SGLang's and vLLM's ``[.., Hv, dv, dk]``, no ``.transpose(-1, -2)`` here.
+
+    conv_states: ``[B, dim, K]``; recurrent_states: ``[B, ...]`` (4-D), same B and device.
+    Returns ``ssm_state [1, B, ...]`` and ``conv_state [1, B, dim, K-1]`` (a one-layer pool each,
+    the form the commit ops take; ``ssm_state[0]`` is the ``[S, ...]`` pool ``gdn_verify`` takes).
+    """
+    if not isinstance(conv_states, torch.Tensor) or not isinstance(recurrent_states, torch.Tensor):
+        raise TypeError("conv_states and recurrent_states must be torch.Tensors (the layer's states[0])")
+    if conv_states.dim() != 3 or conv_states.shape[-1] < 2:
+        raise ValueError(f"conv_states must be [B, dim, K] with K >= 2, got shape {tuple(conv_states.shape)}")
+    if recurrent_states.dim() != 4:
+        raise ValueError(f"recurrent_states must be 4-D [B, heads, ., .], got shape {tuple(recurrent_states.shape)}")
+    if recurrent_states.shape[0] != conv_states.shape[0]:
+        raise ValueError(f"recurrent_states has {recurrent_states.shape[0]} rows, conv_states {conv_states.shape[0]}")
+    _same_device("conv_states", conv_states, "recurrent_states", recurrent_states)
+    return recurrent_states.unsqueeze(0), conv_states[..., 1:].unsqueeze(0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -78,7 +78,7 @@ def run(name: str, **names) -> dict:
 
 
 TESTED = {"allocate", "verify", "commit", "pytorch-198068", "sglang-sizing", "sglang-pool", "sglang-verify",
-          "sglang-commit", "vllm-sizing", "vllm-verify", "vllm-commit"}
+          "sglang-commit", "vllm-sizing", "vllm-verify", "vllm-commit", "transformers-commit"}
 
 
 def test_every_block_is_marked_and_tested():
@@ -330,3 +330,56 @@ def test_vllm_verify_and_commit(head_k_dim, head_v_dim):
     got_ssm = torch.stack([state.transpose(-1, -2) for state in ssm_states])
     torch.testing.assert_close(got_ssm.double(), expected_ssm, atol=1e-4, rtol=1e-4)
     assert torch.equal(torch.stack(conv_states), expected_conv)
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.parametrize("head_k_dim, head_v_dim", HEAD_DIMS)
+def test_transformers_commit(head_k_dim, head_v_dim, tree):
+    """The transformers snippet on stand-ins of a DynamicCache's linear-attention layers
+    (``conv_states[0]`` [B, dim, K], ``recurrent_states[0]`` [B, Hv, dk, dv]) and of
+    Qwen3NextGatedDeltaNet modules (mixer layers 0 and 2, an attention layer between); buffer slots
+    other than the batch rows, partial acceptance; checked against the float64 oracle, and the
+    dead conv column 0 untouched. The real models: tests/test_hf_models.py."""
+    gen = torch.Generator().manual_seed(29)
+    layer_ids, batch, draft = [0, 2], 2, 4
+    layers = len(layer_ids)
+    dim = gdn_conv_dim(head_k_dim, head_v_dim)
+    conv_states = [torch.randn(batch, dim, K, generator=gen) for _ in range(layers)]
+    recurrent_states = [torch.randn(batch, NUM_V_HEADS, head_k_dim, head_v_dim, generator=gen) * 0.5
+                        for _ in range(layers)]
+    weights = torch.randn(layers, dim, K, generator=gen) * 0.5
+    before_ssm = torch.stack(recurrent_states).clone()
+    before_conv = torch.stack([state[..., 1:] for state in conv_states]).clone()
+    dead = [state[..., 0].clone() for state in conv_states]
+    cache = SimpleNamespace(layers={idx: SimpleNamespace(conv_states={0: conv}, recurrent_states={0: rec})
+                                    for idx, conv, rec in zip(layer_ids, conv_states, recurrent_states)})
+    gdn_mixers = [SimpleNamespace(layer_idx=idx, conv1d=SimpleNamespace(weight=weights[i][:, None]),
+                                  num_k_heads=NUM_K_HEADS, head_k_dim=head_k_dim, num_v_heads=NUM_V_HEADS,
+                                  head_v_dim=head_v_dim) for i, idx in enumerate(layer_ids)]
+    spec_caches = {idx: sgl_convwin.ConvWindowCache(1, batch, dim, draft, K, dtype=torch.float32,
+                                                    gate_heads=NUM_V_HEADS) for idx in layer_ids}
+    buffer_slots, batch_rows = torch.tensor([1, 0]), torch.arange(batch)
+    trees = [[-1, 0, 0, 2], [-1, 0, 1, 0]]
+    parents = torch.tensor(trees) if tree else None
+    tokens = torch.randn(layers, batch, draft, dim, generator=gen)
+    g, beta = gates_from_raw(*raw_gates(gen, layers, batch, draft))
+    for i, idx in enumerate(layer_ids):  # the verify pass, as the test's mixer forwards capture
+        spec_caches[idx].capture(before_conv[i][None], tokens[i], buffer_slots, 0, state_slots=batch_rows,
+                                 parents=parents)
+        spec_caches[idx].capture_gates(g[i], beta[i], buffer_slots, 0)
+    accepted = torch.tensor([3, 0]) if tree else torch.tensor([2, 0])
+    run("transformers-commit", gdn_mixers=gdn_mixers, cache=cache, spec_caches=spec_caches,
+        buffer_slots=buffer_slots, accepted=accepted, batch_rows=batch_rows, parents=parents)
+
+    expected_ssm, expected_conv, written = gdn_oracle(
+        before_ssm, before_conv, tokens, g, beta, weights, None, batch_rows, accepted, parents,
+        head_k_dim=head_k_dim, head_v_dim=head_v_dim)
+    assert written == {0, 1}
+    torch.testing.assert_close(torch.stack(recurrent_states).double(), expected_ssm, atol=1e-4, rtol=1e-4)
+    assert torch.equal(torch.stack([state[..., 1:] for state in conv_states]), expected_conv)
+    assert all(torch.equal(state[..., 0], column) for state, column in zip(conv_states, dead))

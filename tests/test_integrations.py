@@ -862,3 +862,22 @@ def test_adapters_trace_without_graph_breaks():
 def test_module_is_exported():
     assert sgl_convwin.integrations is integrations
     assert set(integrations.__all__) <= set(dir(integrations))
+
+
+def test_transformers_layer_states_views_and_errors():
+    """transformers' [B, dim, K] conv state seen as the package's K-1 newest columns (a view: a
+    write lands in the cache, column 0 untouched); its recurrent state as a one-layer pool.
+    The models themselves: tests/test_hf_models.py."""
+    conv, rec = torch.zeros(2, 10, K), torch.zeros(2, 4, 3, 5)
+    ssm_state, conv_state = integrations.transformers_layer_states(conv, rec)
+    assert ssm_state.shape == (1, 2, 4, 3, 5) and conv_state.shape == (1, 2, 10, K - 1)
+    conv_state.fill_(1.0)
+    assert torch.equal(conv[..., 0], torch.zeros(2, 10)) and torch.equal(conv[..., 1:], torch.ones(2, 10, K - 1))
+    with pytest.raises(ValueError, match="conv_states"):
+        integrations.transformers_layer_states(torch.zeros(2, 10), rec)
+    with pytest.raises(ValueError, match="recurrent_states"):
+        integrations.transformers_layer_states(conv, torch.zeros(2, 4, 3))
+    with pytest.raises(ValueError, match="rows"):
+        integrations.transformers_layer_states(conv, torch.zeros(3, 4, 3, 5))
+    with pytest.raises(TypeError):
+        integrations.transformers_layer_states(None, rec)
