@@ -35,8 +35,9 @@ from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_laun
 
 MIN_DOT = 16  # tl.dot's smallest M, N and K
 # Value columns per state tile [dk, BLOCK_V], one tile a program (several, computing the node
-# matrices once, measured no faster: docs/benchmarks.md). Below VERIFY_PROGRAMS programs (about
-# four per SM of an H100/H200) the tile is halved, so that small batches still spread over the GPU.
+# matrices once, measured no faster: docs/benchmarks.md, Rejected designs). Below VERIFY_PROGRAMS
+# programs (about four per SM of an H100/H200) the tile is halved, so that small batches still
+# spread over the GPU.
 BLOCK_V = 64
 VERIFY_PROGRAMS = 512
 VERIFY_WARPS = 4
@@ -112,18 +113,15 @@ def _gdn_verify_kernel(
     slots_stride, parents_stride_row, parents_stride_node,
     NUM_NODES: tl.constexpr, NODES: tl.constexpr, NUM_K_HEADS: tl.constexpr, NUM_V_HEADS: tl.constexpr,
     HEAD_K_DIM: tl.constexpr, HEAD_V_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    TREE: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, COLUMN_BLOCKS: tl.constexpr,
+    TREE: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """One program: COLUMN_BLOCKS blocks of BLOCK_V value columns of one value head of one row: the
-    node matrices once, then per block its state tile (the next one loading while this one is used;
-    the launcher's default is one block). Outputs are stored only if the row's slot is in
-    [0, num_state_slots) and (trees) every parent link lies in [-1, n-1]; nothing is written
-    otherwise, and no load leaves its tensor."""
+    """One program: one [BLOCK_K, BLOCK_V] state tile of one value head of one row. Outputs are
+    stored only if the row's slot is in [0, num_state_slots) and (trees) every parent link lies in
+    [-1, n-1]; nothing is written otherwise, and no load leaves its tensor."""
     HALF: tl.constexpr = NODES // 2
-    GROUP_COLUMNS: tl.constexpr = BLOCK_V * COLUMN_BLOCKS
-    GROUPS: tl.constexpr = (HEAD_V_DIM + GROUP_COLUMNS - 1) // GROUP_COLUMNS
-    head = tl.program_id(0) // GROUPS
-    first_column = (tl.program_id(0) % GROUPS) * GROUP_COLUMNS
+    V_BLOCKS: tl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
+    head = tl.program_id(0) // V_BLOCKS
+    vv = (tl.program_id(0) % V_BLOCKS) * BLOCK_V + tl.arange(0, BLOCK_V)
     row = tl.program_id(1).to(tl.int64)
     k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
 
@@ -135,9 +133,12 @@ def _gdn_verify_kernel(
 
     slot = tl.load(slots_ptr + row * slots_stride).to(tl.int64)
     slot_ok = (slot >= 0) & (slot < num_state_slots)
-    # The first state tile first: the program's long reads, which nothing else waits on.
-    state_head = ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head + (kk * ssm_stride_k)[:, None]
-    state = _state_tile(state_head, first_column, kk, slot_ok, ssm_stride_v, HEAD_K_DIM, HEAD_V_DIM, BLOCK_V)
+    columns = (vv < HEAD_V_DIM)[None, :]
+    # The state tile first: the program's long read, which nothing else waits on.
+    tile = (ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head + (kk * ssm_stride_k)[:, None]
+            + (vv * ssm_stride_v)[None, :])
+    state = tl.load(tile, mask=tl.where(slot_ok, (kk < HEAD_K_DIM)[:, None] & columns, False),
+                    other=0.0).to(tl.float32)
 
     keys = k_ptr + row * k_stride_row + k_head * k_stride_head + (node * k_stride_node)[:, None] + (kk * k_stride_k)[None, :]
     queries = (q_ptr + row * q_stride_row + k_head * q_stride_head + (node * q_stride_node)[:, None]
@@ -165,34 +166,15 @@ def _gdn_verify_kernel(
     kept = tl.where(key_side[:, None], 0.0, grown)  # diag(exp G) Q S0 on query rows
     store_ok = slot_ok & links_ok
 
-    for block in tl.static_range(COLUMN_BLOCKS):
-        vv = first_column + block * BLOCK_V + tl.arange(0, BLOCK_V)
-        if block + 1 < COLUMN_BLOCKS:
-            following = _state_tile(state_head, first_column + (block + 1) * BLOCK_V, kk, slot_ok, ssm_stride_v,
-                                    HEAD_K_DIM, HEAD_V_DIM, BLOCK_V)
-        columns = (vv < HEAD_V_DIM)[None, :]
-        v = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (node * v_stride_node)[:, None]
-                    + (vv * v_stride_v)[None, :], mask=(real & key_side)[:, None] & columns, other=0.0).to(tl.float32)
-        # K S0 on key rows, Q S0 on query rows (the state's truncation is the one left: unbiased over dk)
-        products = tl.dot(kq, state, input_precision=PRECISION)
-        rhs = beta[:, None] * (v - grown * products)
-        o = kept * products + tl.dot(mix, _operand(rhs, PRECISION), input_precision=PRECISION)
-        dst = (out_ptr + row * out_stride_row + head * out_stride_head + (node * out_stride_node)[:, None]
-               + (vv * out_stride_v)[None, :])
-        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=tl.where(store_ok, (real & ~key_side)[:, None] & columns,
-                                                                     False))
-        if block + 1 < COLUMN_BLOCKS:
-            state = following
-
-
-@triton.jit
-def _state_tile(state_head, first, kk, slot_ok, ssm_stride_v, HEAD_K_DIM: tl.constexpr, HEAD_V_DIM: tl.constexpr,
-                BLOCK_V: tl.constexpr):
-    """The [BLOCK_K, BLOCK_V] state tile at value column ``first`` in float32 (zeros outside the
-    state, or everywhere if the slot is out of range)."""
-    vv = first + tl.arange(0, BLOCK_V)
-    mask = tl.where(slot_ok, (kk < HEAD_K_DIM)[:, None] & (vv < HEAD_V_DIM)[None, :], False)
-    return tl.load(state_head + (vv * ssm_stride_v)[None, :], mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (node * v_stride_node)[:, None]
+                + (vv * v_stride_v)[None, :], mask=(real & key_side)[:, None] & columns, other=0.0).to(tl.float32)
+    # K S0 on key rows, Q S0 on query rows (the state's truncation is the one left: unbiased over dk)
+    products = tl.dot(kq, state, input_precision=PRECISION)
+    rhs = beta[:, None] * (v - grown * products)
+    o = kept * products + tl.dot(mix, _operand(rhs, PRECISION), input_precision=PRECISION)
+    dst = (out_ptr + row * out_stride_row + head * out_stride_head + (node * out_stride_node)[:, None]
+           + (vv * out_stride_v)[None, :])
+    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=tl.where(store_ok, (real & ~key_side)[:, None] & columns, False))
 
 
 def default_precision(ssm) -> str:
@@ -202,9 +184,9 @@ def default_precision(ssm) -> str:
 
 
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
-                 block_v=None, column_blocks=None, num_warps=VERIFY_WARPS, precision=None):
+                 block_v=None, num_warps=VERIFY_WARPS, precision=None):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
-    block_v (a power of two >= 16), column_blocks, num_warps, precision: tuning only."""
+    block_v (a power of two >= 16), num_warps, precision: tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -216,8 +198,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         block_v = max(MIN_DOT, min(BLOCK_V, next_power_of_2(head_v_dim)))
         while block_v > 2 * MIN_DOT and num_rows * num_v_heads * cdiv(head_v_dim, block_v) < VERIFY_PROGRAMS:
             block_v //= 2
-    column_blocks = column_blocks or 1
-    grid = (num_v_heads * cdiv(head_v_dim, block_v * column_blocks), num_rows)
+    grid = (num_v_heads * cdiv(head_v_dim, block_v), num_rows)
     parents_strides = (0, 0) if parents is None else parents.stride()
     scalars = (ssm.shape[0], float(scale), *out.stride(), *q.stride(), *k.stride(), *v.stride(), *g.stride(),
                *beta.stride(), *ssm.stride(), state_slots.stride(0), *parents_strides)
@@ -225,8 +206,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         NUM_NODES=num_nodes, NODES=max(MIN_DOT, next_power_of_2(2 * num_nodes)), NUM_K_HEADS=num_k_heads,
         NUM_V_HEADS=num_v_heads, HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim,
         BLOCK_K=max(MIN_DOT, next_power_of_2(head_k_dim)), BLOCK_V=block_v, TREE=parents is not None,
-        L2NORM=bool(use_qk_l2norm), PRECISION=precision or default_precision(ssm), COLUMN_BLOCKS=column_blocks,
-        num_warps=num_warps,
+        L2NORM=bool(use_qk_l2norm), PRECISION=precision or default_precision(ssm), num_warps=num_warps,
     )
     tensors = (out, q, k, v, g, beta, ssm, state_slots, state_slots if parents is None else parents)
     return KernelCall(_gdn_verify_kernel, grid, tensors, scalars, constexprs)

@@ -607,7 +607,7 @@ _GDN_COMMIT = "convwin.gdn_commit"
 _MAMBA2_COMMIT = "convwin.mamba2_commit"
 # The replay kernels keep a path token's K-1 previous conv inputs in registers, four at most.
 REPLAY_MAX_KERNEL_SIZE = 5
-SSM_STATE_DTYPES = (torch.float32, torch.bfloat16)  # what the replay commits store a recurrent state in
+SSM_STATE_DTYPES = (torch.float32, torch.bfloat16)  # what the replay commits and gdn_verify take a state in
 
 
 def _check_float(op: str, name: str, t: torch.Tensor, device: torch.device) -> None:
@@ -863,7 +863,6 @@ def check_replay_index_values(op: str, sizes: ReplaySizes, dst_slots, src_slots,
 # ---------------------------------------------------------------------------------------------
 
 _GDN_VERIFY = "convwin.gdn_verify"
-STATE_DTYPES = (torch.float32, torch.bfloat16)
 # The verify kernel pads the nodes to a power of two >= 16 and keeps [nodes, nodes] matrices in
 # registers; drafts of more nodes than this are no speculative step.
 VERIFY_MAX_NODES = 64
@@ -885,7 +884,7 @@ def check_gdn_verify_args(out, q, k, v, g, beta, ssm_state, state_slots, parents
     if ssm_state.dim() != 4:
         raise ValueError(f"{op}: ssm_state must be one layer's pool [S, Hv, dk, dv], got shape "
                          f"{tuple(ssm_state.shape)}")
-    if ssm_state.dtype not in STATE_DTYPES:
+    if ssm_state.dtype not in SSM_STATE_DTYPES:
         raise TypeError(f"{op}: ssm_state must be float32 or bfloat16, got {ssm_state.dtype}")
     num_state_slots, num_v_heads, head_k_dim, head_v_dim = ssm_state.shape
     device = ssm_state.device

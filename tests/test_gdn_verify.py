@@ -156,15 +156,15 @@ def test_deep_paths(impl):
     check(device, run, make_problem(num_rows=2, num_nodes=17, ratio=1, device=device))
 
 
-TUNINGS = [dict(block_v=16, column_blocks=1), dict(block_v=16, column_blocks=2), dict(block_v=16, column_blocks=3),
-           dict(block_v=32, column_blocks=2, precision="tf32x3", num_warps=2)]
+TUNINGS = [dict(block_v=16), dict(block_v=16, num_warps=2), dict(block_v=32, precision="tf32x3", num_warps=2),
+           dict(block_v=64, precision="ieee")]
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=[interpreted, pytest.mark.slow]),
                                     pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("tuning", TUNINGS, ids=lambda t: "-".join(f"{k}={v}" for k, v in t.items()))
 def test_launch_choices(device, tuning):
-    """The launcher's tile choices: several column blocks a program (a partial last group too)."""
+    """The launcher's tile choices: narrow tiles (a partial last one too), warps, and precisions."""
     def run(*args, **kwargs):
         kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(*args, **kwargs)
         triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, **tuning)
