@@ -330,7 +330,7 @@ def capture_gates_reference(gates, g, beta, buffer_slots, layer):
 
 def capture_raw_gates_reference(gates, a, b, A_log, dt_bias, buffer_slots, layer):
     """What convwin.capture_gates with the raw a, b [B, N, H] and A_log, dt_bias [H] must leave in
-    ``gates`` [L, M, D, 2, H], in float64 on the CPU: g = -exp(A_log[h]) * softplus(a + dt_bias[h])
+    ``gates`` [L, M, N, 2, H], in float64 on the CPU: g = -exp(A_log[h]) * softplus(a + dt_bias[h])
     (softplus(x) = x above 20, as the engines' kernels) and beta = 1 / (1 + exp(-b)), scalar by scalar."""
     result = gates.cpu().double().clone()
     for row in range(a.shape[0]):
