@@ -149,7 +149,9 @@ def check(device) -> bool:
     return ok
 
 
-SWEEP = [dict(block_v=bv, num_warps=w) for bv, w in ((16, 2), (32, 2), (32, 4), (64, 2), (64, 4), (64, 8))]
+SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) for bv, w, c in (
+    (128, 2, 32), (128, 2, 16), (128, 2, 64), (128, 1, 32), (128, 4, 32), (64, 2, 32), (64, 1, 32), (32, 1, 32),
+    (32, 2, 32)))]
 
 
 def registers(p, tuning):

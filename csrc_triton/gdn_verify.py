@@ -28,10 +28,14 @@ Q S0 together, and every node matrix is a block of one [NODES, NODES] matrix:
 
 from __future__ import annotations
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_launch
+from .replay import SMEM_TRITON_VERSIONS
 
 MIN_DOT = 16  # tl.dot's smallest M, N and K
 # Value columns per state tile [dk, BLOCK_V], one tile a program (several, computing the node
@@ -41,6 +45,13 @@ MIN_DOT = 16  # tl.dot's smallest M, N and K
 BLOCK_V = 64
 VERIFY_PROGRAMS = 512
 VERIFY_WARPS = 4
+# gdn_verify_mma's kernel: two warps over 128 value columns, state rows loaded 32 at a time. It
+# serves batches that give it VERIFY_PROGRAMS programs or more and at most MMA_MAX_NODES nodes;
+# smaller ones are faster on the kernel below (docs/benchmarks.md, the verify sweep).
+MMA_BLOCK_V = 128
+MMA_WARPS = 2
+MMA_CHUNK_K = 32
+MMA_MAX_NODES = 16
 
 
 @triton.jit
@@ -183,10 +194,23 @@ def default_precision(ssm) -> str:
     return "tf32"
 
 
+@functools.cache
+def _mma_device(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (8, 0)
+
+
+def _mma_kernel_runs_on(ssm) -> bool:
+    """Whether gdn_verify_mma's kernel (Gluon, mma.sync: sm_80+, Triton 3.6) serves ssm's device."""
+    return (ssm.is_cuda and triton.__version__.startswith(SMEM_TRITON_VERSIONS)
+            and _mma_device(ssm.device.index if ssm.device.index is not None else torch.cuda.current_device()))
+
+
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
-                 block_v=None, num_warps=VERIFY_WARPS, precision=None):
+                 block_v=None, num_warps=None, precision=None, mma=None, chunk_k=MMA_CHUNK_K):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
-    block_v (a power of two >= 16), num_warps, precision: tuning only."""
+    mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
+    block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
+    kernel's), chunk_k (state rows per load of the mma kernel, a power of two >= 16): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -194,6 +218,13 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     if num_rows > MAX_GRID_Y:
         raise ValueError(f"convwin.gdn_verify verifies at most {MAX_GRID_Y} rows per call, got {num_rows}; "
                          "split the batch")
+    if mma is None:
+        mma = (num_nodes <= MMA_MAX_NODES and num_rows * num_v_heads * cdiv(head_v_dim, MMA_BLOCK_V) >= VERIFY_PROGRAMS
+               and _mma_kernel_runs_on(ssm))
+    if num_warps is None:
+        num_warps = MMA_WARPS if mma else VERIFY_WARPS
+    if mma and block_v is None:
+        block_v = max(8 * num_warps, min(MMA_BLOCK_V, next_power_of_2(head_v_dim)))
     if block_v is None:
         block_v = max(MIN_DOT, min(BLOCK_V, next_power_of_2(head_v_dim)))
         while block_v > 2 * MIN_DOT and num_rows * num_v_heads * cdiv(head_v_dim, block_v) < VERIFY_PROGRAMS:
@@ -209,6 +240,11 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         L2NORM=bool(use_qk_l2norm), PRECISION=precision or default_precision(ssm), num_warps=num_warps,
     )
     tensors = (out, q, k, v, g, beta, ssm, state_slots, state_slots if parents is None else parents)
+    if mma:
+        from . import gdn_verify_mma
+        constexprs.update(CHUNK_K=min(chunk_k, constexprs["BLOCK_K"]), ROUND_KQ=q.dtype == torch.float32 or k.dtype == torch.float32,
+                          WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3))
+        return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
     return KernelCall(_gdn_verify_kernel, grid, tensors, scalars, constexprs)
 
 

@@ -35,6 +35,13 @@ def run_triton(*args, **kwargs):
     triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs)
 
 
+def kernel_runner(mma):
+    def run(*args, **kwargs):
+        kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(*args, **kwargs)
+        triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, mma=mma)
+    return run
+
+
 interpreted = pytest.mark.skipif(not (INTERPRET and HAS_TRITON), reason="Triton's interpreter runs on the CPU only")
 IMPLS = [
     pytest.param(("cpu", run_public), id="cpu-public"),
@@ -42,6 +49,9 @@ IMPLS = [
     pytest.param(("cpu", run_triton), id="triton-interpret", marks=interpreted),
     pytest.param(("cuda", run_public), id="cuda", marks=pytest.mark.gpu),
     pytest.param(("cuda", run_op), id="cuda-op", marks=pytest.mark.gpu),
+    # both CUDA kernels whatever the batch (the launcher picks by batch size and node count)
+    pytest.param(("cuda", kernel_runner(True)), id="cuda-mma-kernel", marks=pytest.mark.gpu),
+    pytest.param(("cuda", kernel_runner(False)), id="cuda-triton-kernel", marks=pytest.mark.gpu),
 ]
 
 
@@ -156,20 +166,24 @@ def test_deep_paths(impl):
     check(device, run, make_problem(num_rows=2, num_nodes=17, ratio=1, device=device))
 
 
-TUNINGS = [dict(block_v=16), dict(block_v=16, num_warps=2), dict(block_v=32, precision="tf32x3", num_warps=2),
-           dict(block_v=64, precision="ieee")]
+TUNINGS = [dict(mma=False), dict(block_v=16, mma=False), dict(block_v=16, num_warps=2, mma=False),
+           dict(block_v=32, precision="tf32x3", num_warps=2, mma=False), dict(block_v=64, precision="ieee", mma=False),
+           pytest.param(dict(mma=True, block_v=32, num_warps=4), marks=pytest.mark.gpu),
+           pytest.param(dict(mma=True, block_v=64, chunk_k=16), marks=pytest.mark.gpu),
+           pytest.param(dict(mma=True, block_v=128, chunk_k=16, num_warps=8), marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=[interpreted, pytest.mark.slow]),
                                     pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("tuning", TUNINGS, ids=lambda t: "-".join(f"{k}={v}" for k, v in t.items()))
 def test_launch_choices(device, tuning):
-    """The launcher's tile choices: narrow tiles (a partial last one too), warps, and precisions."""
+    """The launcher's choices: the Triton kernel beside the mma one (the GPU's default), narrow tiles
+    (a partial last one too), warps, precisions and the mma kernel's row chunks."""
     def run(*args, **kwargs):
         kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(*args, **kwargs)
         triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, **tuning)
 
-    check(device, run, make_problem(head_v_dim=40, parents=[-1, 0, 0, 2], device=device))
+    check(device, run, make_problem(head_v_dim=40, head_k_dim=48, parents=[-1, 0, 0, 2], device=device))
     check(device, run, make_problem(head_v_dim=64, slots=[1, -1, 2], device=device))
 
 

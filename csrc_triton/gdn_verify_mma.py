@@ -1,0 +1,196 @@
+"""gdn_verify's kernel with the tensor-core operands loaded straight from global memory (Gluon,
+sm_80+): the same chunked (UT) form and arithmetic as csrc_triton/gdn_verify.py, whose docstring
+derives it.
+
+Triton's kernel loads the state tile in a coalesced register layout and converts it to the layout
+of a tensor-core operand through shared memory; those conversions, not the state's bytes, bound
+it. Here every thread loads exactly the state elements its mma.m16n8k8 B fragments hold: the
+fragments' columns are relabelled (a permutation of the value columns, undone where v is read and
+out written) so that a thread's columns are adjacent, and a warp's 16-byte loads read whole rows
+of its columns. The [dk, BLOCK_V] tile thus goes from global memory into the tensor cores with no
+shared memory and no layout conversion, a chunk of rows at a time, the next chunk's loads in
+flight while one multiplies. k and q are loaded raw (bf16 and fp16 are exact in tf32) and the l2
+norm and the scale are applied to the products' rows, both being linear: K S0 / |k| = (K / |k|) S0;
+the norms are the diagonal of the raw gram matrix, which the node matrices need anyway.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+
+@gluon.jit
+def _rounded(x, ROUND: gl.constexpr):
+    """x rounded to tf32 to nearest (gdn_verify._operand), if ROUND."""
+    if ROUND:
+        bits = x.to(gl.int32, bitcast=True)
+        x = ((bits + 0x1000) & -8192).to(gl.float32, bitcast=True)
+    return x
+
+
+@gluon.jit
+def _small_dot(a, b, MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr):
+    """a @ b for the [NODES, *] node matrices, operands rounded to tf32 to nearest."""
+    acc = gl.zeros([a.shape[0], b.shape[1]], gl.float32, layout=MMA)
+    product = mma_v2(gl.convert_layout(_rounded(a, True), A_L), gl.convert_layout(_rounded(b, True), B_L), acc,
+                     input_precision="tf32")
+    return gl.convert_layout(product, a.type.layout)
+
+
+@gluon.jit
+def _state_chunk(state_base, first, slot_ok, v0, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
+                 SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, CHUNK_K: gl.constexpr,
+                 BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr):
+    """State rows first .. first + CHUNK_K - 1 of the tile, fp32, zeros outside it or for a bad slot."""
+    kk = first + gl.arange(0, CHUNK_K, layout=gl.SliceLayout(1, LOAD_L))
+    vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, LOAD_L))
+    tile = state_base + (kk * SSM_STRIDE_K)[:, None] + (vv * SSM_STRIDE_V)[None, :]
+    mask = slot_ok & (kk < HEAD_K_DIM)[:, None] & (vv < HEAD_V_DIM)[None, :]
+    return gl.load(tile, mask=mask, other=0.0).to(gl.float32)
+
+
+@gluon.jit
+def _gdn_verify_mma_kernel(
+    out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, slots_ptr, parents_ptr,
+    num_state_slots, scale,
+    out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+    q_stride_row, q_stride_node, q_stride_head, q_stride_k,
+    k_stride_row, k_stride_node, k_stride_head, k_stride_k,
+    v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+    g_stride_row, g_stride_node, g_stride_head,
+    beta_stride_row, beta_stride_node, beta_stride_head,
+    ssm_stride_slot, ssm_stride_head, ssm_stride_k, ssm_stride_v,
+    slots_stride, parents_stride_row, parents_stride_node,
+    NUM_NODES: gl.constexpr, NODES: gl.constexpr, NUM_K_HEADS: gl.constexpr, NUM_V_HEADS: gl.constexpr,
+    HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
+    TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
+    ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
+):
+    """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
+    gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
+    its operands rounded to nearest). The state's strides come as SSM_STRIDE_K / _V, constants, so
+    that the chunk loads take immediate offsets."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
+    B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
+    ROW_L: gl.constexpr = gl.SliceLayout(1, MMA)
+    COL_L: gl.constexpr = gl.SliceLayout(0, MMA)
+    TILES: gl.constexpr = BLOCK_V // (8 * WARPS)  # mma tiles of 8 columns per warp
+    # B's fragments (rows tig and tig + 4 of each k step) with the columns of one thread adjacent
+    LOAD_L: gl.constexpr = gl.BlockedLayout([1, TILES], [4, 8], [1, WARPS], [0, 1])
+    STACK_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    KQ_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    HALF: gl.constexpr = NODES // 2
+    V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
+    head = gl.program_id(0) // V_BLOCKS
+    v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
+    row = gl.program_id(1).to(gl.int64)
+    k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
+
+    slot = gl.load(slots_ptr + row * slots_stride).to(gl.int64)
+    slot_ok = (slot >= 0) & (slot < num_state_slots)
+    slot = gl.where(slot_ok, slot, 0)
+    state_base = ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head
+    k_base = k_ptr + row * k_stride_row + k_head * k_stride_head
+    q_base = q_ptr + row * q_stride_row + k_head * q_stride_head
+
+    upcoming = _state_chunk(state_base, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K,
+                            BLOCK_V, LOAD_L)  # the long read first: nothing before it waits
+    # The [k; q] stack, fp32, into shared memory once: each chunk's A operand and the gram's B
+    # operand (its transpose) are read from there.
+    stack_b = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
+    node_b = stack_b % HALF
+    kk_b = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, STACK_L))
+    rows_b = gl.where(stack_b < HALF, k_base + node_b * k_stride_node, q_base + node_b * q_stride_node)
+    strides_b = gl.where(stack_b < HALF, k_stride_k, q_stride_k)
+    kq_all = gl.load(rows_b[:, None] + kk_b[None, :] * strides_b[:, None],
+                     mask=(node_b < NUM_NODES)[:, None] & (kk_b < HEAD_K_DIM)[None, :], other=0.0)
+    kq_smem = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM,
+                                        _rounded(kq_all.to(gl.float32), ROUND_KQ))
+
+    products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
+    gram = gl.zeros([NODES, NODES], gl.float32, layout=MMA)
+    gl.thread_barrier()
+    for c in gl.static_range(0, BLOCK_K, CHUNK_K):
+        state = upcoming
+        if c + CHUNK_K < BLOCK_K:  # the next chunk's loads in flight while this one multiplies
+            upcoming = _state_chunk(state_base, c + CHUNK_K, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
+                                    SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+        # relabel the columns (no data moves): a thread's TILES adjacent columns become its
+        # columns of the warp's TILES mma tiles
+        state = state.reshape([CHUNK_K, WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([CHUNK_K, BLOCK_V])
+        state = gl.convert_layout(state, B_L)
+        chunk = kq_smem.slice(c, CHUNK_K, dim=1)
+        kq = chunk.load(A_L)
+        products = mma_v2(kq, state, products, input_precision="tf32")
+        gram = mma_v2(kq, chunk.permute((1, 0)).load(B_L), gram, input_precision="tf32")
+
+    # The node matrices, [NODES, NODES] in the accumulator's layout.
+    stack = gl.arange(0, NODES, layout=ROW_L)
+    key_side = stack < HALF
+    node = stack % HALF
+    real = node < NUM_NODES
+    col_stack = gl.arange(0, NODES, layout=COL_L)
+    col_key = col_stack < HALF
+    col_node = col_stack % HALF
+    col_real = col_node < NUM_NODES
+    eye = stack[:, None] == col_stack[None, :]
+    # rows of the normalised, scaled stack: c_r [k; q]_r; the raw norms are the gram's diagonal
+    row_sq = gl.sum(gl.where(eye, gram, 0.0), axis=1)
+    col_sq = gl.sum(gl.where(eye, gram, 0.0), axis=0)
+    if L2NORM:
+        row_c = 1.0 / gl.sqrt(row_sq + 1e-6)
+        col_c = 1.0 / gl.sqrt(col_sq + 1e-6)
+    else:
+        row_c = gl.full([NODES], 1.0, gl.float32, layout=ROW_L)
+        col_c = gl.full([NODES], 1.0, gl.float32, layout=COL_L)
+    row_c = row_c * gl.where(key_side, 1.0, scale)
+    col_c = col_c * gl.where(col_key, 1.0, scale)
+    gram = gram * row_c[:, None] * col_c[None, :]
+
+    # ancestry[r, c]: node(c) is node(r) or one of its ancestors (both sides of the stack)
+    if TREE:
+        links = parents_ptr + row * parents_stride_row
+        up = gl.load(links + node * parents_stride_node, mask=real, other=-1)
+        links_ok = gl.sum(gl.where(real & ((up < -1) | (up >= node)), 1, 0), axis=0) == 0
+        ancestry = node[:, None] == col_node[None, :]
+        for _ in gl.static_range(NUM_NODES - 1):
+            ancestry |= up[:, None] == col_node[None, :]
+            climbing = (up >= 0) & links_ok
+            up = gl.where(climbing, gl.load(links + up * parents_stride_node, mask=climbing, other=-1), -1)
+    else:
+        ancestry = col_node[None, :] <= node[:, None]
+        links_ok = row >= 0
+    ancestry &= (col_key & col_real)[None, :]
+    g_base = g_ptr + row * g_stride_row + head * g_stride_head
+    g_col = gl.load(g_base + col_node * g_stride_node, mask=col_real, other=0.0).to(gl.float32)
+    cumulative = gl.sum(gl.where(ancestry, g_col[None, :], 0.0), axis=1)  # G of node(r)
+    decay = gl.exp(gl.where(ancestry, cumulative[:, None] - gl.convert_layout(cumulative, COL_L)[None, :], 0.0))
+    decay = gl.where(ancestry, decay, 0.0)  # D, on both sides' rows
+    beta = gl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
+                   mask=real & key_side, other=0.0).to(gl.float32)  # zero on query rows: no update there
+    A = gl.where(key_side[:, None] & ~eye, beta[:, None] * decay * gram, 0.0)
+    identity = gl.where(eye, 1.0, 0.0)
+    inverse = identity - A  # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...: A^NUM_NODES = 0
+    power = -A
+    for _ in gl.static_range(0, (NUM_NODES - 1).bit_length() - 1):
+        power = _small_dot(power, power, MMA, A_L, B_L)
+        inverse = inverse + _small_dot(inverse, power, MMA, A_L, B_L)
+    mix = _small_dot(gl.where(key_side[:, None], 0.0, decay * gram), inverse, MMA, A_L, B_L)
+    grown = gl.exp(cumulative)
+    kept = gl.where(key_side, 0.0, grown)  # diag(exp G) Q S0 on query rows
+
+    products = products * row_c[:, None]  # K S0 on key rows, Q S0 (scaled) on query rows
+    n = gl.arange(0, BLOCK_V, layout=COL_L)
+    vv = v0 + ((n // 8) % WARPS) * (8 * TILES) + (n % 8) * TILES + n // (8 * WARPS)  # the state's relabelling
+    columns = (vv < HEAD_V_DIM)[None, :]
+    v = gl.load(v_ptr + row * v_stride_row + head * v_stride_head + (node * v_stride_node)[:, None]
+                + (vv * v_stride_v)[None, :], mask=(real & key_side)[:, None] & columns, other=0.0).to(gl.float32)
+    rhs = beta[:, None] * (v - grown[:, None] * products)
+    o = kept[:, None] * products + _small_dot(mix, rhs, MMA, A_L, B_L)
+    dst = (out_ptr + row * out_stride_row + head * out_stride_head + (node * out_stride_node)[:, None]
+           + (vv * out_stride_v)[None, :])
+    store_ok = slot_ok & links_ok
+    gl.store(dst, o.to(out_ptr.dtype.element_ty), mask=store_ok & (real & ~key_side)[:, None] & columns)
