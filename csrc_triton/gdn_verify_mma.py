@@ -52,82 +52,16 @@ def _state_chunk(state_base, first, slot_ok, v0, HEAD_K_DIM: gl.constexpr, HEAD_
 
 
 @gluon.jit
-def _gdn_verify_mma_kernel(
-    out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, slots_ptr, parents_ptr,
-    num_state_slots, scale,
-    out_stride_row, out_stride_node, out_stride_head, out_stride_v,
-    q_stride_row, q_stride_node, q_stride_head, q_stride_k,
-    k_stride_row, k_stride_node, k_stride_head, k_stride_k,
-    v_stride_row, v_stride_node, v_stride_head, v_stride_v,
-    g_stride_row, g_stride_node, g_stride_head,
-    beta_stride_row, beta_stride_node, beta_stride_head,
-    ssm_stride_slot, ssm_stride_head, ssm_stride_k, ssm_stride_v,
-    slots_stride, parents_stride_row, parents_stride_node,
-    NUM_NODES: gl.constexpr, NODES: gl.constexpr, NUM_K_HEADS: gl.constexpr, NUM_V_HEADS: gl.constexpr,
-    HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
-    TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
-    ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
-):
-    """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
-    gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
-    its operands rounded to nearest). The state's strides come as SSM_STRIDE_K / _V, constants, so
-    that the chunk loads take immediate offsets."""
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
-    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
-    B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
+def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, parents_ptr, g_stride_row, g_stride_node, g_stride_head,
+                   beta_stride_row, beta_stride_node, beta_stride_head, parents_stride_row, parents_stride_node,
+                   NUM_NODES: gl.constexpr, NODES: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
+                   MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr):
+    """From the raw gram [k; q][k; q]^T: (mix, row_c, grown, kept, beta, links_ok), the
+    [NODES, NODES] matrix and the per-row factors of gdn_verify's docstring, in the accumulator's
+    layout (row_c: the l2 norm's and the scale's factor of each stack row)."""
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA)
     COL_L: gl.constexpr = gl.SliceLayout(0, MMA)
-    TILES: gl.constexpr = BLOCK_V // (8 * WARPS)  # mma tiles of 8 columns per warp
-    # B's fragments (rows tig and tig + 4 of each k step) with the columns of one thread adjacent
-    LOAD_L: gl.constexpr = gl.BlockedLayout([1, TILES], [4, 8], [1, WARPS], [0, 1])
-    STACK_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    KQ_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     HALF: gl.constexpr = NODES // 2
-    V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
-    head = gl.program_id(0) // V_BLOCKS
-    v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
-    row = gl.program_id(1).to(gl.int64)
-    k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
-
-    slot = gl.load(slots_ptr + row * slots_stride).to(gl.int64)
-    slot_ok = (slot >= 0) & (slot < num_state_slots)
-    slot = gl.where(slot_ok, slot, 0)
-    state_base = ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head
-    k_base = k_ptr + row * k_stride_row + k_head * k_stride_head
-    q_base = q_ptr + row * q_stride_row + k_head * q_stride_head
-
-    upcoming = _state_chunk(state_base, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K,
-                            BLOCK_V, LOAD_L)  # the long read first: nothing before it waits
-    # The [k; q] stack, fp32, into shared memory once: each chunk's A operand and the gram's B
-    # operand (its transpose) are read from there.
-    stack_b = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
-    node_b = stack_b % HALF
-    kk_b = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, STACK_L))
-    rows_b = gl.where(stack_b < HALF, k_base + node_b * k_stride_node, q_base + node_b * q_stride_node)
-    strides_b = gl.where(stack_b < HALF, k_stride_k, q_stride_k)
-    kq_all = gl.load(rows_b[:, None] + kk_b[None, :] * strides_b[:, None],
-                     mask=(node_b < NUM_NODES)[:, None] & (kk_b < HEAD_K_DIM)[None, :], other=0.0)
-    kq_smem = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM,
-                                        _rounded(kq_all.to(gl.float32), ROUND_KQ))
-
-    products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
-    gram = gl.zeros([NODES, NODES], gl.float32, layout=MMA)
-    gl.thread_barrier()
-    for c in gl.static_range(0, BLOCK_K, CHUNK_K):
-        state = upcoming
-        if c + CHUNK_K < BLOCK_K:  # the next chunk's loads in flight while this one multiplies
-            upcoming = _state_chunk(state_base, c + CHUNK_K, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
-                                    SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
-        # relabel the columns (no data moves): a thread's TILES adjacent columns become its
-        # columns of the warp's TILES mma tiles
-        state = state.reshape([CHUNK_K, WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([CHUNK_K, BLOCK_V])
-        state = gl.convert_layout(state, B_L)
-        chunk = kq_smem.slice(c, CHUNK_K, dim=1)
-        kq = chunk.load(A_L)
-        products = mma_v2(kq, state, products, input_precision="tf32")
-        gram = mma_v2(kq, chunk.permute((1, 0)).load(B_L), gram, input_precision="tf32")
-
-    # The node matrices, [NODES, NODES] in the accumulator's layout.
     stack = gl.arange(0, NODES, layout=ROW_L)
     key_side = stack < HALF
     node = stack % HALF
@@ -182,7 +116,102 @@ def _gdn_verify_mma_kernel(
     grown = gl.exp(cumulative)
     kept = gl.where(key_side, 0.0, grown)  # diag(exp G) Q S0 on query rows
 
+    return mix, row_c, grown, kept, beta, links_ok
+
+
+@gluon.jit
+def _gdn_verify_mma_kernel(
+    out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, slots_ptr, parents_ptr,
+    num_state_slots, scale,
+    out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+    q_stride_row, q_stride_node, q_stride_head, q_stride_k,
+    k_stride_row, k_stride_node, k_stride_head, k_stride_k,
+    v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+    g_stride_row, g_stride_node, g_stride_head,
+    beta_stride_row, beta_stride_node, beta_stride_head,
+    ssm_stride_slot, ssm_stride_head, ssm_stride_k, ssm_stride_v,
+    slots_stride, parents_stride_row, parents_stride_node,
+    NUM_NODES: gl.constexpr, NODES: gl.constexpr, NUM_K_HEADS: gl.constexpr, NUM_V_HEADS: gl.constexpr,
+    HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
+    TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
+    ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
+    EARLY_NODE_MATRICES: gl.constexpr,
+):
+    """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
+    gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
+    its operands rounded to nearest). The state's strides come as SSM_STRIDE_K / _V, constants, so
+    that the chunk loads take immediate offsets."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
+    B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
+    ROW_L: gl.constexpr = gl.SliceLayout(1, MMA)
+    COL_L: gl.constexpr = gl.SliceLayout(0, MMA)
+    TILES: gl.constexpr = BLOCK_V // (8 * WARPS)  # mma tiles of 8 columns per warp
+    # B's fragments (rows tig and tig + 4 of each k step) with the columns of one thread adjacent
+    LOAD_L: gl.constexpr = gl.BlockedLayout([1, TILES], [4, 8], [1, WARPS], [0, 1])
+    STACK_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+    KQ_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    HALF: gl.constexpr = NODES // 2
+    V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
+    head = gl.program_id(0) // V_BLOCKS
+    v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
+    row = gl.program_id(1).to(gl.int64)
+    k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
+
+    slot = gl.load(slots_ptr + row * slots_stride).to(gl.int64)
+    slot_ok = (slot >= 0) & (slot < num_state_slots)
+    slot = gl.where(slot_ok, slot, 0)
+    state_base = ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head
+    k_base = k_ptr + row * k_stride_row + k_head * k_stride_head
+    q_base = q_ptr + row * q_stride_row + k_head * q_stride_head
+
+    upcoming = _state_chunk(state_base, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K,
+                            BLOCK_V, LOAD_L)  # the long read first: nothing before it waits
+    # The [k; q] stack, fp32, into shared memory once: each chunk's A operand and the gram's B
+    # operand (its transpose) are read from there.
+    stack_b = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
+    node_b = stack_b % HALF
+    kk_b = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, STACK_L))
+    rows_b = gl.where(stack_b < HALF, k_base + node_b * k_stride_node, q_base + node_b * q_stride_node)
+    strides_b = gl.where(stack_b < HALF, k_stride_k, q_stride_k)
+    kq_all = gl.load(rows_b[:, None] + kk_b[None, :] * strides_b[:, None],
+                     mask=(node_b < NUM_NODES)[:, None] & (kk_b < HEAD_K_DIM)[None, :], other=0.0)
+    kq_smem = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM,
+                                        _rounded(kq_all.to(gl.float32), ROUND_KQ))
+
+    gram = gl.zeros([NODES, NODES], gl.float32, layout=MMA)
+    gl.thread_barrier()
+    for c in gl.static_range(0, BLOCK_K, CHUNK_K):
+        chunk = kq_smem.slice(c, CHUNK_K, dim=1)
+        gram = mma_v2(chunk.load(A_L), chunk.permute((1, 0)).load(B_L), gram, input_precision="tf32")
+
+    if EARLY_NODE_MATRICES:  # while the first state chunks are on their way: they need no state
+        mix, row_c, grown, kept, beta, links_ok = _node_matrices(
+            gram, row, head, scale, g_ptr, beta_ptr, parents_ptr, g_stride_row, g_stride_node, g_stride_head,
+            beta_stride_row, beta_stride_node, beta_stride_head, parents_stride_row, parents_stride_node,
+            NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L)
+    products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
+    for c in gl.static_range(0, BLOCK_K, CHUNK_K):
+        state = upcoming
+        if c + CHUNK_K < BLOCK_K:  # the next chunk's loads in flight while this one multiplies
+            upcoming = _state_chunk(state_base, c + CHUNK_K, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
+                                    SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+        # relabel the columns (no data moves): a thread's TILES adjacent columns become its
+        # columns of the warp's TILES mma tiles
+        state = state.reshape([CHUNK_K, WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([CHUNK_K, BLOCK_V])
+        products = mma_v2(kq_smem.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(state, B_L), products,
+                          input_precision="tf32")
+    if not EARLY_NODE_MATRICES:
+        mix, row_c, grown, kept, beta, links_ok = _node_matrices(
+            gram, row, head, scale, g_ptr, beta_ptr, parents_ptr, g_stride_row, g_stride_node, g_stride_head,
+            beta_stride_row, beta_stride_node, beta_stride_head, parents_stride_row, parents_stride_node,
+            NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L)
     products = products * row_c[:, None]  # K S0 on key rows, Q S0 (scaled) on query rows
+    stack = gl.arange(0, NODES, layout=ROW_L)
+    key_side = stack < HALF
+    node = stack % HALF
+    real = node < NUM_NODES
+
     n = gl.arange(0, BLOCK_V, layout=COL_L)
     vv = v0 + ((n // 8) % WARPS) * (8 * TILES) + (n % 8) * TILES + n // (8 * WARPS)  # the state's relabelling
     columns = (vv < HEAD_V_DIM)[None, :]
