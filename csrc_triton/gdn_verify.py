@@ -206,12 +206,11 @@ def _mma_kernel_runs_on(ssm) -> bool:
 
 
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
-                 block_v=None, num_warps=None, precision=None, mma=None, chunk_k=MMA_CHUNK_K, early=False):
+                 block_v=None, num_warps=None, precision=None, mma=None, chunk_k=MMA_CHUNK_K):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
-    kernel's), chunk_k (state rows per load of the mma kernel, a power of two >= 16), early
-    (the mma kernel's node matrices before its state products instead of after): tuning only."""
+    kernel's), chunk_k (state rows per load of the mma kernel, a power of two >= 16): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -244,8 +243,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     if mma:
         from . import gdn_verify_mma
         constexprs.update(CHUNK_K=min(chunk_k, constexprs["BLOCK_K"]), ROUND_KQ=q.dtype == torch.float32 or k.dtype == torch.float32,
-                          WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3),
-                          EARLY_NODE_MATRICES=early)
+                          WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3))
         return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
     return KernelCall(_gdn_verify_kernel, grid, tensors, scalars, constexprs)
 

@@ -135,7 +135,6 @@ def _gdn_verify_mma_kernel(
     HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
-    EARLY_NODE_MATRICES: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
     gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
@@ -185,11 +184,6 @@ def _gdn_verify_mma_kernel(
         chunk = kq_smem.slice(c, CHUNK_K, dim=1)
         gram = mma_v2(chunk.load(A_L), chunk.permute((1, 0)).load(B_L), gram, input_precision="tf32")
 
-    if EARLY_NODE_MATRICES:  # while the first state chunks are on their way: they need no state
-        mix, row_c, grown, kept, beta, links_ok = _node_matrices(
-            gram, row, head, scale, g_ptr, beta_ptr, parents_ptr, g_stride_row, g_stride_node, g_stride_head,
-            beta_stride_row, beta_stride_node, beta_stride_head, parents_stride_row, parents_stride_node,
-            NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L)
     products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
     for c in gl.static_range(0, BLOCK_K, CHUNK_K):
         state = upcoming
@@ -201,11 +195,11 @@ def _gdn_verify_mma_kernel(
         state = state.reshape([CHUNK_K, WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([CHUNK_K, BLOCK_V])
         products = mma_v2(kq_smem.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(state, B_L), products,
                           input_precision="tf32")
-    if not EARLY_NODE_MATRICES:
-        mix, row_c, grown, kept, beta, links_ok = _node_matrices(
-            gram, row, head, scale, g_ptr, beta_ptr, parents_ptr, g_stride_row, g_stride_node, g_stride_head,
-            beta_stride_row, beta_stride_node, beta_stride_head, parents_stride_row, parents_stride_node,
-            NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L)
+    # after the products: computed before them, the chunks' loads wait in registers (docs/benchmarks.md)
+    mix, row_c, grown, kept, beta, links_ok = _node_matrices(
+        gram, row, head, scale, g_ptr, beta_ptr, parents_ptr, g_stride_row, g_stride_node, g_stride_head,
+        beta_stride_row, beta_stride_node, beta_stride_head, parents_stride_row, parents_stride_node,
+        NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L)
     products = products * row_c[:, None]  # K S0 on key rows, Q S0 (scaled) on query rows
     stack = gl.arange(0, NODES, layout=ROW_L)
     key_side = stack < HALF

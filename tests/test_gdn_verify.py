@@ -169,7 +169,7 @@ def test_deep_paths(impl):
 TUNINGS = [dict(mma=False), dict(block_v=16, mma=False), dict(block_v=16, num_warps=2, mma=False),
            dict(block_v=32, precision="tf32x3", num_warps=2, mma=False), dict(block_v=64, precision="ieee", mma=False),
            pytest.param(dict(mma=True, block_v=32, num_warps=4), marks=pytest.mark.gpu),
-           pytest.param(dict(mma=True, block_v=64, chunk_k=16, early=True), marks=pytest.mark.gpu),
+           pytest.param(dict(mma=True, block_v=64, chunk_k=16), marks=pytest.mark.gpu),
            pytest.param(dict(mma=True, block_v=128, chunk_k=16, num_warps=8), marks=pytest.mark.gpu)]
 
 
