@@ -164,7 +164,7 @@ def registers(p, tuning):
     return compiled.n_regs, compiled.n_spills
 
 
-def sweep(shapes, batches, state_dtype):
+def sweep(shapes, batches, state_dtype, tunings):
     """gdn_verify's launcher at each tile choice, graph replay per step."""
     launch = sgl_convwin._kernels.triton_kernels().launch_gdn_verify
     print("\n" + markdown_header("mode", "B", "tuning", "graph (us)", "of read floor", "registers / spilled"))
@@ -172,7 +172,7 @@ def sweep(shapes, batches, state_dtype):
         for batch in batches:
             p = verify_problem(shapes, batch, tree, state_dtype, "cuda", seed=batch)
             floor = state_read_bytes(shapes, batch, p["ssm"].element_size()) / (READ_GBPS * 1e9) * 1e6
-            for tuning in [{}] + SWEEP:
+            for tuning in [{}] + tunings:
                 def tuned(*args, **kwargs):
                     launch(*args, **kwargs, **tuning)
                 name = "/".join(f"{k}={v}" for k, v in tuning.items()) or "default"
@@ -197,6 +197,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--state-dtype", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--sweep", action="store_true", help="time the launcher's tile choices instead")
+    parser.add_argument("--only", type=int, nargs="+", help="with --sweep: these entries of SWEEP only")
     parser.add_argument("--check", action="store_true", help="check the timed calls against the oracle and exit")
     parser.add_argument("--no-step", action="store_true", help="skip the whole-step table (commits)")
     args = parser.parse_args(argv)
@@ -210,7 +211,7 @@ def main(argv=None) -> int:
     print(environment_line(), flush=True)
     print(f"read ceiling {READ_GBPS:.0f} GB/s; shapes {shapes}; state {args.state_dtype}", flush=True)
     if args.sweep:
-        sweep(shapes, args.batches, state_dtype)
+        sweep(shapes, args.batches, state_dtype, SWEEP if args.only is None else [SWEEP[i] for i in args.only])
         return 0
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule

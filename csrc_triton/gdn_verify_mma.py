@@ -52,6 +52,74 @@ def _state_chunk(state_base, first, slot_ok, v0, HEAD_K_DIM: gl.constexpr, HEAD_
 
 
 @gluon.jit
+def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, parents_ptr, g_stride_row, g_stride_node, g_stride_head,
+                   beta_stride_row, beta_stride_node, beta_stride_head, parents_stride_row, parents_stride_node,
+                   NUM_NODES: gl.constexpr, NODES: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
+                   MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr):
+    """From the raw gram [k; q][k; q]^T: (mix, row_c, grown, kept, beta, links_ok), the
+    [NODES, NODES] matrix and the per-row factors of gdn_verify's docstring, in the accumulator's
+    layout (row_c: the l2 norm's and the scale's factor of each stack row)."""
+    ROW_L: gl.constexpr = gl.SliceLayout(1, MMA)
+    COL_L: gl.constexpr = gl.SliceLayout(0, MMA)
+    HALF: gl.constexpr = NODES // 2
+    stack = gl.arange(0, NODES, layout=ROW_L)
+    key_side = stack < HALF
+    node = stack % HALF
+    real = node < NUM_NODES
+    col_stack = gl.arange(0, NODES, layout=COL_L)
+    col_key = col_stack < HALF
+    col_node = col_stack % HALF
+    col_real = col_node < NUM_NODES
+    eye = stack[:, None] == col_stack[None, :]
+    # rows of the normalised, scaled stack: c_r [k; q]_r; the raw norms are the gram's diagonal
+    row_sq = gl.sum(gl.where(eye, gram, 0.0), axis=1)
+    col_sq = gl.sum(gl.where(eye, gram, 0.0), axis=0)
+    if L2NORM:
+        row_c = 1.0 / gl.sqrt(row_sq + 1e-6)
+        col_c = 1.0 / gl.sqrt(col_sq + 1e-6)
+    else:
+        row_c = gl.full([NODES], 1.0, gl.float32, layout=ROW_L)
+        col_c = gl.full([NODES], 1.0, gl.float32, layout=COL_L)
+    row_c = row_c * gl.where(key_side, 1.0, scale)
+    col_c = col_c * gl.where(col_key, 1.0, scale)
+    gram = gram * row_c[:, None] * col_c[None, :]
+
+    # ancestry[r, c]: node(c) is node(r) or one of its ancestors (both sides of the stack)
+    if TREE:
+        links = parents_ptr + row * parents_stride_row
+        up = gl.load(links + node * parents_stride_node, mask=real, other=-1)
+        links_ok = gl.sum(gl.where(real & ((up < -1) | (up >= node)), 1, 0), axis=0) == 0
+        ancestry = node[:, None] == col_node[None, :]
+        for _ in gl.static_range(NUM_NODES - 1):
+            ancestry |= up[:, None] == col_node[None, :]
+            climbing = (up >= 0) & links_ok
+            up = gl.where(climbing, gl.load(links + up * parents_stride_node, mask=climbing, other=-1), -1)
+    else:
+        ancestry = col_node[None, :] <= node[:, None]
+        links_ok = row >= 0
+    ancestry &= (col_key & col_real)[None, :]
+    g_base = g_ptr + row * g_stride_row + head * g_stride_head
+    g_col = gl.load(g_base + col_node * g_stride_node, mask=col_real, other=0.0).to(gl.float32)
+    cumulative = gl.sum(gl.where(ancestry, g_col[None, :], 0.0), axis=1)  # G of node(r)
+    decay = gl.exp(gl.where(ancestry, cumulative[:, None] - gl.convert_layout(cumulative, COL_L)[None, :], 0.0))
+    decay = gl.where(ancestry, decay, 0.0)  # D, on both sides' rows
+    beta = gl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
+                   mask=real & key_side, other=0.0).to(gl.float32)  # zero on query rows: no update there
+    A = gl.where(key_side[:, None] & ~eye, beta[:, None] * decay * gram, 0.0)
+    identity = gl.where(eye, 1.0, 0.0)
+    inverse = identity - A  # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...: A^NUM_NODES = 0
+    power = -A
+    for _ in gl.static_range(0, (NUM_NODES - 1).bit_length() - 1):
+        power = _small_dot(power, power, MMA, A_L, B_L)
+        inverse = inverse + _small_dot(inverse, power, MMA, A_L, B_L)
+    mix = _small_dot(gl.where(key_side[:, None], 0.0, decay * gram), inverse, MMA, A_L, B_L)
+    grown = gl.exp(cumulative)
+    kept = gl.where(key_side, 0.0, grown)  # diag(exp G) Q S0 on query rows
+
+    return mix, row_c, grown, kept, beta, links_ok
+
+
+@gluon.jit
 def _gdn_verify_mma_kernel(
     out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, slots_ptr, parents_ptr,
     num_state_slots, scale,
@@ -110,9 +178,13 @@ def _gdn_verify_mma_kernel(
     kq_smem = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM,
                                         _rounded(kq_all.to(gl.float32), ROUND_KQ))
 
-    products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
     gram = gl.zeros([NODES, NODES], gl.float32, layout=MMA)
     gl.thread_barrier()
+    for c in gl.static_range(0, BLOCK_K, CHUNK_K):
+        chunk = kq_smem.slice(c, CHUNK_K, dim=1)
+        gram = mma_v2(chunk.load(A_L), chunk.permute((1, 0)).load(B_L), gram, input_precision="tf32")
+
+    products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
     for c in gl.static_range(0, BLOCK_K, CHUNK_K):
         state = upcoming
         if c + CHUNK_K < BLOCK_K:  # the next chunk's loads in flight while this one multiplies
@@ -121,68 +193,19 @@ def _gdn_verify_mma_kernel(
         # relabel the columns (no data moves): a thread's TILES adjacent columns become its
         # columns of the warp's TILES mma tiles
         state = state.reshape([CHUNK_K, WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([CHUNK_K, BLOCK_V])
-        state = gl.convert_layout(state, B_L)
-        chunk = kq_smem.slice(c, CHUNK_K, dim=1)
-        kq = chunk.load(A_L)
-        products = mma_v2(kq, state, products, input_precision="tf32")
-        gram = mma_v2(kq, chunk.permute((1, 0)).load(B_L), gram, input_precision="tf32")
-
-    # The node matrices, [NODES, NODES] in the accumulator's layout.
+        products = mma_v2(kq_smem.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(state, B_L), products,
+                          input_precision="tf32")
+    # after the products: computed before them, the chunks' loads wait in registers (docs/benchmarks.md)
+    mix, row_c, grown, kept, beta, links_ok = _node_matrices(
+        gram, row, head, scale, g_ptr, beta_ptr, parents_ptr, g_stride_row, g_stride_node, g_stride_head,
+        beta_stride_row, beta_stride_node, beta_stride_head, parents_stride_row, parents_stride_node,
+        NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L)
+    products = products * row_c[:, None]  # K S0 on key rows, Q S0 (scaled) on query rows
     stack = gl.arange(0, NODES, layout=ROW_L)
     key_side = stack < HALF
     node = stack % HALF
     real = node < NUM_NODES
-    col_stack = gl.arange(0, NODES, layout=COL_L)
-    col_key = col_stack < HALF
-    col_node = col_stack % HALF
-    col_real = col_node < NUM_NODES
-    eye = stack[:, None] == col_stack[None, :]
-    # rows of the normalised, scaled stack: c_r [k; q]_r; the raw norms are the gram's diagonal
-    row_sq = gl.sum(gl.where(eye, gram, 0.0), axis=1)
-    col_sq = gl.sum(gl.where(eye, gram, 0.0), axis=0)
-    if L2NORM:
-        row_c = 1.0 / gl.sqrt(row_sq + 1e-6)
-        col_c = 1.0 / gl.sqrt(col_sq + 1e-6)
-    else:
-        row_c = gl.full([NODES], 1.0, gl.float32, layout=ROW_L)
-        col_c = gl.full([NODES], 1.0, gl.float32, layout=COL_L)
-    row_c = row_c * gl.where(key_side, 1.0, scale)
-    col_c = col_c * gl.where(col_key, 1.0, scale)
-    gram = gram * row_c[:, None] * col_c[None, :]
 
-    # ancestry[r, c]: node(c) is node(r) or one of its ancestors (both sides of the stack)
-    if TREE:
-        links = parents_ptr + row * parents_stride_row
-        up = gl.load(links + node * parents_stride_node, mask=real, other=-1)
-        links_ok = gl.sum(gl.where(real & ((up < -1) | (up >= node)), 1, 0), axis=0) == 0
-        ancestry = node[:, None] == col_node[None, :]
-        for _ in gl.static_range(NUM_NODES - 1):
-            ancestry |= up[:, None] == col_node[None, :]
-            climbing = (up >= 0) & links_ok
-            up = gl.where(climbing, gl.load(links + up * parents_stride_node, mask=climbing, other=-1), -1)
-    else:
-        ancestry = col_node[None, :] <= node[:, None]
-        links_ok = row >= 0
-    ancestry &= (col_key & col_real)[None, :]
-    g_base = g_ptr + row * g_stride_row + head * g_stride_head
-    g_col = gl.load(g_base + col_node * g_stride_node, mask=col_real, other=0.0).to(gl.float32)
-    cumulative = gl.sum(gl.where(ancestry, g_col[None, :], 0.0), axis=1)  # G of node(r)
-    decay = gl.exp(gl.where(ancestry, cumulative[:, None] - gl.convert_layout(cumulative, COL_L)[None, :], 0.0))
-    decay = gl.where(ancestry, decay, 0.0)  # D, on both sides' rows
-    beta = gl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
-                   mask=real & key_side, other=0.0).to(gl.float32)  # zero on query rows: no update there
-    A = gl.where(key_side[:, None] & ~eye, beta[:, None] * decay * gram, 0.0)
-    identity = gl.where(eye, 1.0, 0.0)
-    inverse = identity - A  # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...: A^NUM_NODES = 0
-    power = -A
-    for _ in gl.static_range(0, (NUM_NODES - 1).bit_length() - 1):
-        power = _small_dot(power, power, MMA, A_L, B_L)
-        inverse = inverse + _small_dot(inverse, power, MMA, A_L, B_L)
-    mix = _small_dot(gl.where(key_side[:, None], 0.0, decay * gram), inverse, MMA, A_L, B_L)
-    grown = gl.exp(cumulative)
-    kept = gl.where(key_side, 0.0, grown)  # diag(exp G) Q S0 on query rows
-
-    products = products * row_c[:, None]  # K S0 on key rows, Q S0 (scaled) on query rows
     n = gl.arange(0, BLOCK_V, layout=COL_L)
     vv = v0 + ((n // 8) % WARPS) * (8 * TILES) + (n % 8) * TILES + n // (8 * WARPS)  # the state's relabelling
     columns = (vv < HEAD_V_DIM)[None, :]
