@@ -44,14 +44,14 @@ def _row_map(num_rows, rows):
 
 
 def _window_before_drafts(conv, rows_buffer, layer, ring, state, start, pending):
-    """[B', dim, K-1] in conv_state's dtype: the last K-1 inputs before the drafts -- the
-    checkpoint's window (conv [L, S, dim, K-1]) followed by the pending rows, oldest first."""
+    """[B', dim, K-1]: the last K-1 inputs before the drafts -- the checkpoint's window (conv
+    [L, S, dim, K-1]) followed by the pending rows, oldest first -- in a dtype holding both exactly."""
     width, ring_rows = conv.shape[3], rows_buffer.shape[2]
-    window = conv[layer, state]  # [B', dim, K-1] (a copy)
+    window = conv[layer, state].to(torch.promote_types(conv.dtype, rows_buffer.dtype))  # [B', dim, K-1] (a copy)
     logical = pending[:, None] - width + torch.arange(width, device=pending.device)  # [B', K-1]
     from_ring = rows_buffer[layer][ring[:, None], (start[:, None] + logical.clamp(min=0)) % ring_rows]
     from_state = window.gather(2, (width + logical).clamp(0, width - 1)[:, None, :].expand_as(window))
-    return torch.where((logical >= 0)[:, None, :], from_ring.transpose(1, 2).to(conv.dtype), from_state)
+    return torch.where((logical >= 0)[:, None, :], from_ring.transpose(1, 2).to(window.dtype), from_state)
 
 
 def ring_conv1d_verify_cpu(out, rows_buffer, conv, x, weight, bias, ring_slots, state_slots, cursor, layer, parents,

@@ -4,8 +4,10 @@ tokens accepted since (pending) and of this step's drafts; the verify replays th
 from the checkpoint and folds them into it when the ring would overflow; acceptance moves a
 cursor; ``gdn_ring_flush`` brings the checkpoint up to date on demand. See docs/design.md, "The ring".
 
-Every op here runs the vectorised PyTorch code of cpu_ring.py, on CUDA tensors too: correct,
-capturable (no host sync, no data-dependent shapes), not fast. The GPU kernels are to come.
+Every op here runs the vectorised PyTorch code of cpu_ring.py, on CUDA tensors too: correct, but
+it picks the live rows with boolean masks (a host sync on CUDA), so it is neither fast nor
+capturable in a CUDA graph there. The interface is made for kernels that are (indices and cursor
+on the device, fixed shapes, nothing decided on the host); they are to come.
 """
 
 from __future__ import annotations
@@ -128,8 +130,8 @@ def ring_conv1d_verify(
     weight [dim, K], bias [dim] or None. ring_slots, state_slots: [B]; cursor: [M, 2]; parents:
     [B, N] or None; int32/int64. A row is skipped when a slot is negative or out of range or its
     cursor is not a ring position (0 <= start < C, 0 <= pending <= capacity); a node whose K-1
-    parent links above it hold a bad one gets no output. No sync, no allocation of the caller's
-    size; the CPU code on CUDA tensors too (for now). Same as ``torch.ops.convwin.ring_conv1d_verify``.
+    parent links above it hold a bad one gets no output. The CPU code on CUDA tensors too (for
+    now: it syncs). Same as ``torch.ops.convwin.ring_conv1d_verify``.
     """
 
 
