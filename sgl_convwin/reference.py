@@ -571,7 +571,8 @@ class RingReference:
     - accept: a folding slot's start moves past its pending tokens (mod capacity + N), then the
       accepted path's tokens are appended to the pending ones;
     - flush folds every pending token.
-    The model (conv_weight [L, dim, K], conv_bias [L, dim] or None, the head sizes) is fixed.
+    The model (conv_weight [L, dim, K], conv_bias [L, dim] or None, the head sizes) is fixed. Per
+    step, as an engine calls the ops: conv_verify then gdn_verify for each layer, then accept.
     """
 
     def __init__(self, ssm_state, conv_state, conv_weight, conv_bias, *, num_ring_slots, capacity, num_draft,

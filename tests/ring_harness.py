@@ -125,7 +125,10 @@ class Harness:
         self.check_ring()
         flushed = [int(s) for r, s in zip(ring_slots, state_slots) if 0 <= r < self.ring.cursor.shape[0] and s >= 0]
         assert torch.equal(self.conv_state[:, flushed], self.eager_conv[:, flushed]), "conv window != eager commit's"
-        within(self.eager_ssm[:, flushed], self.oracle.ssm[:, flushed], STATE_TOL[self.ssm_dtype], "eager commits' state")
+        if torch.promote_types(self.conv_dtype, self.ring_dtype) == self.conv_dtype:
+            # (else eager reads earlier steps' inputs rounded to conv_state's dtype, the ring does not)
+            within(self.eager_ssm[:, flushed], self.oracle.ssm[:, flushed], STATE_TOL[self.ssm_dtype],
+                   "eager commits' state")
         return flushed
 
     def new_request(self, ring_slot, state_slot):
