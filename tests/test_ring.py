@@ -54,7 +54,7 @@ def run_sequence(data, *, num_draft, tree, capacity, num_steps, **harness_option
     return harness
 
 
-@settings(max_examples=12)
+@settings(max_examples=10)
 @given(data=st.data(), num_draft=st.integers(1, 4), tree=st.booleans(), extra=st.integers(0, 6),
        kernel_size=st.sampled_from([2, 3, 4]), ring_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
        state_layout=st.sampled_from(sgl_convwin.STATE_LAYOUTS))
@@ -80,12 +80,13 @@ def test_long_random_steps_match_oracle_and_eager(data, num_draft, tree, capacit
 @pytest.mark.slow
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_many_steps_flush_within_tolerance(tree):
-    """400 steps of random acceptance with the default capacity; the harness checks every
-    checkpoint and, at the end, the flushed states against the float64 oracle (1e-4 x max |S|)."""
+    """1,000 steps of random acceptance with the default capacity (issue 39's accuracy target): the
+    harness checks every checkpoint and, at the end, the flushed states against the float64 oracle
+    (1e-4 x max |S|) and the conv windows against the eager commits' bit for bit."""
     generator = torch.Generator().manual_seed(5)
     harness = Harness(num_draft=4, capacity=16, num_ring_slots=2, num_state_slots=2, seed=5)
     tree_parents = [-1, 0, 0, 1]
-    for _ in range(400):
+    for _ in range(1000):
         steps = torch.randint(0, 4, (2,), generator=generator)
         harness.step([0, 1], [1, 0], steps, [tree_parents, tree_parents] if tree else None)
     harness.flush([0, 1], [1, 0])
