@@ -22,10 +22,11 @@ from .layout import (
     token_views,
     window_view,
 )
-from .cache import ConvWindowCache
+from .cache import ConvWindowCache, RingCache
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
 from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
 from .ops_verify import gdn_verify
+from .ops_ring import DEFAULT_CAPACITY, Ring, alloc_ring, gdn_ring_flush, gdn_ring_verify, ring_accept, ring_conv1d_verify
 from .validation import index_checks, index_checks_enabled, set_index_checks
 from . import integrations  # engine adapters (SGLang, vLLM) and pool sizing
 
@@ -33,6 +34,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConvWindowCache",
+    "DEFAULT_CAPACITY",
+    "Ring",
+    "RingCache",
     "CHANNEL_MAJOR",
     "DENSE",
     "DIM_MAJOR",
@@ -41,6 +45,7 @@ __all__ = [
     "TOKEN_MAJOR",
     "WINDOW_MAJOR",
     "alloc_gates",
+    "alloc_ring",
     "alloc_windows",
     "capture_gates",
     "capture",
@@ -48,12 +53,16 @@ __all__ = [
     "dedup_ratio",
     "dim_per_rank",
     "gdn_commit",
+    "gdn_ring_flush",
+    "gdn_ring_verify",
     "gdn_verify",
     "index_checks",
     "index_checks_enabled",
     "mamba2_commit",
     "physical_nbytes",
     "physical_shape",
+    "ring_accept",
+    "ring_conv1d_verify",
     "scatter",
     "scatter_tree",
     "sequence_length",

@@ -18,6 +18,9 @@ accepted token or node, or as engines count it, ``num_accepted=`` = tokens accep
 verified one (SGLang's ``accept_lens``, vLLM's ``num_accepted_tokens``; chains only).
 Trees: pass ``parents`` [B, N] to every call; token_major / channel_major buffers then hold one
 row per node and commit with ``scatter_tree``, dense buffers hold every node's window.
+
+``RingCache``: the ring (Gated DeltaNet, no commit pass) as a module -- the ring's rows, gates and
+cursor as registered buffers, and the ring ops on them (docs/design.md, "The ring").
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch
 from .layout import DEFAULT_LAYOUT, DENSE, DIM_MAJOR, TOKEN_MAJOR, check_layout, physical_nbytes, window_view
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
 from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
+from .ops_ring import DEFAULT_CAPACITY, alloc_ring, gdn_ring_flush, gdn_ring_verify, ring_accept, ring_conv1d_verify
 
 
 class ConvWindowCache(torch.nn.Module):
@@ -163,3 +167,82 @@ def _steps(accepted, num_accepted, parents):
         raise ValueError("num_accepted counts a chain's tokens but not which tree node was accepted: for a tree "
                          "pass accepted (the node index, e.g. sgl_convwin.integrations.sglang_accepted_steps)")
     return num_accepted.to(torch.int64) - 1
+
+
+class RingCache(torch.nn.Module):
+    """The ring of ``alloc_ring`` as registered (non-persistent) buffers ``rows``, ``gates`` and
+    ``cursor``, and the steps an engine runs on it::
+
+        cache.reset(slots)                                   # new requests (their prefill wrote the states)
+        for layer ...:                                       # each decode step
+            cache.conv1d_verify(conv_out, conv_state, x, weight, bias, slots, layer, activation="silu")
+            cache.gdn_verify(out, q, k, v, g, beta, ssm_state, conv_state, weight, bias, slots, layer)
+        cache.accept(slots, accepted)                         # a cursor advance, all layers
+        cache.flush(ssm_state, conv_state, conv_weights, slots, ...)   # only when the states are needed now
+
+    ``slots`` index the ring; ``state_slots`` (default ``slots``) index conv_state and ssm_state.
+    """
+
+    def __init__(self, num_layers: int, num_slots: int, dim: int, num_draft: int, num_v_heads: int, *,
+                 capacity: int = DEFAULT_CAPACITY, dtype: torch.dtype = torch.bfloat16,
+                 device: torch.device | str | None = None):
+        super().__init__()
+        ring = alloc_ring(num_layers, num_slots, dim, num_draft, num_v_heads, capacity=capacity, dtype=dtype,
+                          device=device)
+        self.num_draft, self.capacity = num_draft, capacity
+        for name, tensor in ring._asdict().items():
+            self.register_buffer(name, tensor, persistent=False)
+
+    @property
+    def nbytes(self) -> int:
+        """Physical bytes of the rows, the gates and the cursor (the checkpoint states not counted)."""
+        return sum(t.numel() * t.element_size() for t in (self.rows, self.gates, self.cursor))
+
+    @property
+    def pending(self) -> torch.Tensor:
+        """[M]: the accepted tokens each slot holds beyond its checkpoint (a view of the cursor)."""
+        return self.cursor[:, 1]
+
+    def reset(self, slots: torch.Tensor) -> None:
+        """Empty the ring slots ``slots`` (negative: skipped), for new requests whose conv_state and
+        ssm_state the prefill wrote; no sync."""
+        num_slots = self.cursor.shape[0]
+        slots = slots.long()
+        named = torch.where((slots >= 0) & (slots < num_slots), slots, num_slots)  # num_slots: the spare entry
+        hit = torch.zeros(num_slots + 1, dtype=torch.bool, device=slots.device).index_fill_(0, named, True)
+        self.cursor.masked_fill_(hit[:num_slots, None], 0)
+
+    def conv1d_verify(self, out, conv_state, x, weight, bias, slots, layer, *, state_slots=None, parents=None,
+                      activation=None, state_layout=DIM_MAJOR):
+        """``ring_conv1d_verify`` of layer ``layer`` (out [B, N, dim]; x [B, N, dim])."""
+        state_slots = slots if state_slots is None else state_slots
+        ring_conv1d_verify(out, self.rows, conv_state, x, weight, bias, slots, state_slots, self.cursor, layer,
+                           parents, activation=activation, state_layout=state_layout)
+
+    def gdn_verify(self, out, q, k, v, g, beta, ssm_state, conv_state, conv_weight, conv_bias, slots, layer, *,
+                   state_slots=None, parents=None, scale=None, use_qk_l2norm=True, state_layout=DIM_MAJOR):
+        """``gdn_ring_verify`` of layer ``layer`` (conv_weight [dim, K], conv_bias [dim]: the layer's)."""
+        state_slots = slots if state_slots is None else state_slots
+        gdn_ring_verify(out, q, k, v, g, beta, ssm_state, conv_state, self.rows, self.gates, self.cursor, conv_weight,
+                        conv_bias, slots, state_slots, layer, parents, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                        state_layout=state_layout)
+
+    def accept(self, slots, accepted=None, *, num_accepted=None, parents=None):
+        """``ring_accept``: ``accepted`` (the index of the last accepted token or node) or
+        ``num_accepted`` (tokens accepted counting the verified one; chains), as ``ConvWindowCache.commit``."""
+        ring_accept(self.cursor, self.rows, self.gates, slots, _steps(accepted, num_accepted, parents), parents,
+                    num_draft=self.num_draft)
+
+    def flush(self, ssm_state, conv_state, conv_weight, slots, *, num_k_heads, head_k_dim, num_v_heads, head_v_dim,
+              state_slots=None, conv_bias=None, use_qk_l2norm=True, state_layout=DIM_MAJOR):
+        """``gdn_ring_flush``: both states at ``state_slots`` as eager ``gdn_commit`` would have left them
+        (conv_weight [L, dim, K], conv_bias [L, dim])."""
+        state_slots = slots if state_slots is None else state_slots
+        gdn_ring_flush(ssm_state, conv_state, self.cursor, self.rows, self.gates, conv_weight, slots, state_slots,
+                       num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
+                       conv_bias=conv_bias, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
+
+    def extra_repr(self) -> str:
+        layers, slots, rows, dim = self.rows.shape
+        return (f"layers={layers}, slots={slots}, dim={dim}, num_draft={self.num_draft}, capacity={self.capacity}, "
+                f"dtype={self.rows.dtype}, nbytes={self.nbytes}")

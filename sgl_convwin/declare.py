@@ -37,8 +37,11 @@ those that depend on the tensors' storage (shared storage, the checked mode). On
 is ``cpu`` itself. The public function and the registered op's CPU and CUDA kernels share the
 cache, so ``torch.ops.convwin.<name>`` calls use it too. A call whose written tensors require grad
 or are inference tensors outside inference mode, or that passes something other than a tensor
-where one goes, never takes a plan (the full checks then name what is wrong). Every declared op
-has a planner (``csrc_triton.planned_<name>``).
+where one goes, never takes a plan (the full checks then name what is wrong). Every op that
+launches a Triton kernel has a planner (``csrc_triton.planned_<name>``).
+
+``cuda`` may also be a function instead of a launcher's name: the ring ops (ops_ring.py) run
+their PyTorch code on CUDA tensors until their kernels exist.
 """
 
 from __future__ import annotations
@@ -166,7 +169,7 @@ def declare_op(
     mutates: tuple[str, ...],
     prepare: Callable[..., tuple[tuple, dict]],
     cpu: Callable[..., None],
-    cuda: str,
+    cuda: str | Callable[..., None],
     eager_plan: str | None = None,
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Decorate the public signature (annotations, defaults, docstring; its body is never run)
@@ -250,9 +253,10 @@ def declare_op(
         checked = f"""    _args, _kwargs = _prepare(True, {prepare_args})[:2]
     (_cuda_kernel() if _device == "cuda" else _cpu)(*_args, **_kwargs)
 """
+        cuda_kernel = (lambda: cuda) if callable(cuda) else lambda: getattr(triton_kernels(), cuda)
         namespace = dict(_eager_device=eager_device, _plans=plans, _prepare=prepare, _cpu=cpu,
                          _inference_mode=torch.is_inference_mode_enabled,
-                         _first_call=first_call, _cuda_kernel=lambda: getattr(triton_kernels(), cuda),
+                         _first_call=first_call, _cuda_kernel=cuda_kernel,
                          _Tensor=torch.Tensor, _current_device=_CURRENT_CUDA_DEVICE, _device_guard=torch.cuda.device)
         written = tensor_names[0]
 

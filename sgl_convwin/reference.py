@@ -548,3 +548,215 @@ def gdn_verify_reference(q, k, v, g, beta, ssm_state, state_slots, parents=None,
                     state = state + torch.outer(key, u)
                 expected[row, node, head] = scale * (state.t() @ normalised(q[row, node, k_head]))
     return expected, written
+
+
+# ---------------------------------------------------------------------------------------------
+# The ring (no commit pass): its semantics as Python lists, step by step
+# ---------------------------------------------------------------------------------------------
+
+
+class RingReference:
+    """What the ring ops must compute and leave behind, kept as lists, in float64 (tests only).
+
+    No ring buffer and no physical rows: per (layer, state slot) a checkpoint -- the recurrent
+    state (float64, rounded to ssm_state's dtype whenever it is written) and the conv window (K-1
+    inputs as conv_state holds them) -- per (layer, ring slot) the pending tokens (each one's conv
+    input as the ring stores it, its g and beta as the gates hold them), and per ring slot the
+    cursor (start, pending) the ops must show. The rules, one by one:
+    - a row's verify folds when pending > 0 and pending + N > capacity: the checkpoint becomes the
+      state after the pending tokens (replayed token by token as gdn_commit_reference does), the
+      window their last K-1 inputs;
+    - a draft's conv reads the window, then the pending tokens' inputs, then its path's;
+    - the drafts' outputs are decoded token by token from the state after the pending tokens;
+    - accept: a folding slot's start moves past its pending tokens (mod capacity + N), then the
+      accepted path's tokens are appended to the pending ones;
+    - flush folds every pending token.
+    The model (conv_weight [L, dim, K], conv_bias [L, dim] or None, the head sizes) is fixed. Per
+    step, as an engine calls the ops: conv_verify then gdn_verify for each layer, then accept.
+    """
+
+    def __init__(self, ssm_state, conv_state, conv_weight, conv_bias, *, num_ring_slots, capacity, num_draft,
+                 num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm=True, ring_dtype=torch.bfloat16,
+                 gates_dtype=torch.float32, state_layout="dim_major"):
+        self.ssm_dtype = ssm_state.dtype
+        self.ssm = ssm_state.cpu().double().clone()  # [L, S, Hv, dk, dv]
+        conv = conv_state.cpu()
+        self.state_layout = state_layout
+        self.conv = (conv if state_layout == "dim_major" else conv.transpose(2, 3)).clone()  # [L, S, dim, K-1]
+        self.weight = conv_weight.cpu().double()
+        self.bias = None if conv_bias is None else conv_bias.cpu().double()
+        self.kernel_size = self.weight.shape[2]
+        self.capacity, self.num_draft, self.ring_rows = capacity, num_draft, capacity + num_draft
+        self.heads = (num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+        self.use_qk_l2norm = use_qk_l2norm
+        self.ring_dtype, self.gates_dtype = ring_dtype, gates_dtype
+        num_layers = self.ssm.shape[0]
+        self.pending = [[[] for _ in range(num_ring_slots)] for _ in range(num_layers)]
+        self.start = [0] * num_ring_slots
+        self.count = [0] * num_ring_slots  # pending tokens of each ring slot (every layer holds as many)
+        self.drafts = {}  # (layer, ring slot) -> this step's tokens, node by node
+
+    # --- what the ops' tensors must hold --------------------------------------------------------
+
+    def cursor(self) -> torch.Tensor:
+        """[M, 2]: (start, pending) of every ring slot."""
+        return torch.tensor([[start, count] for start, count in zip(self.start, self.count)])
+
+    def conv_state(self) -> torch.Tensor:
+        """The checkpoints' conv windows, laid out as conv_state."""
+        return self.conv if self.state_layout == "dim_major" else self.conv.transpose(2, 3)
+
+    def pending_tokens(self, layer: int, ring_slot: int) -> list[dict]:
+        """The pending tokens of one slot, oldest first: dicts of x [dim], g [Hv], beta [Hv]."""
+        return self.pending[layer][ring_slot]
+
+    # --- the engine's steps ---------------------------------------------------------------------
+
+    def reset(self, ring_slot: int, state_slot: int, ssm_state, conv_state) -> None:
+        """A new request: its checkpoint is what the prefill wrote at ``state_slot`` (every layer of
+        the given tensors), its ring slot empty."""
+        self.ssm[:, state_slot] = ssm_state[:, state_slot].cpu().double()
+        conv = conv_state.cpu() if self.state_layout == "dim_major" else conv_state.cpu().transpose(2, 3)
+        self.conv[:, state_slot] = conv[:, state_slot]
+        for layer_pending in self.pending:
+            layer_pending[ring_slot] = []
+        self.start[ring_slot] = self.count[ring_slot] = 0
+
+    def conv_verify(self, layer, x, ring_slots, state_slots, parents=None, activation="silu"):
+        """The outputs ring_conv1d_verify must write, in float64 [B, N, dim], and a bool mask [B, N]
+        of those it writes; records the drafts' inputs as the ring stores them."""
+        num_rows, num_nodes, dim = x.shape
+        weight = self.weight[layer]
+        bias = None if self.bias is None else self.bias[layer]
+        expected = torch.zeros(num_rows, num_nodes, dim, dtype=torch.float64)
+        written = torch.zeros(num_rows, num_nodes, dtype=torch.bool)
+
+        def conv_step(window, token):
+            y = torch.zeros(dim, dtype=torch.float64) if bias is None else bias.clone()
+            for tap, value in enumerate(window + [token]):
+                y += weight[:, tap] * value.double()
+            return y / (1 + torch.exp(-y)) if activation in ("silu", "swish") else y
+
+        for row, ring_slot, state_slot in self._rows(ring_slots, state_slots):
+            before = self._window(layer, state_slot) + [t["x"] for t in self.pending[layer][ring_slot]]
+            history = before[len(before) - (self.kernel_size - 1):]
+            links = None if parents is None else [int(p) for p in parents[row]]
+            for node in range(num_nodes):
+                decoded = _decode_node(history, x[row].cpu(), links, node, self.kernel_size, conv_step)
+                if decoded is not None:
+                    expected[row, node] = decoded[0]
+                    written[row, node] = True
+            self.drafts[layer, ring_slot] = [{"x": x[row, n].cpu().to(self.ring_dtype)} for n in range(num_nodes)]
+        return expected, written
+
+    def gdn_verify(self, layer, q, k, v, g, beta, ring_slots, state_slots, parents=None, *, scale=None):
+        """The outputs gdn_ring_verify must write, in float64 [B, N, Hv, dv], and the rows it writes;
+        folds where the rule says so and records the drafts' gates as the ring stores them."""
+        num_rows, num_nodes, _, head_k_dim = q.shape
+        scale = head_k_dim ** -0.5 if scale is None else scale
+        expected = torch.zeros(num_rows, num_nodes, self.heads[2], self.heads[3], dtype=torch.float64)
+        written = []
+        for row, ring_slot, state_slot in self._rows(ring_slots, state_slots):
+            pending = self.pending[layer][ring_slot]
+            assert len(pending) == self.count[ring_slot]
+            state, window = self._replay(layer, state_slot, pending)
+            if pending and len(pending) + num_nodes > self.capacity:  # fold
+                self._write_checkpoint(layer, state_slot, state, window)
+                self.pending[layer][ring_slot] = []
+            for n, token in enumerate(self.drafts[layer, ring_slot]):
+                token["g"] = g[row, n].cpu().to(self.gates_dtype)
+                token["beta"] = beta[row, n].cpu().to(self.gates_dtype)
+            links = None if parents is None else [int(p) for p in parents[row]]
+            paths = [accepted_path(node, links) for node in range(num_nodes)]
+            if any(path is None for path in paths):
+                continue
+            written.append(row)
+            for node, path in enumerate(paths):
+                decoded = state.clone()
+                for token in path:
+                    decoded = self._delta_step(decoded, k[row, token].cpu().double(), v[row, token].cpu().double(),
+                                               g[row, token].cpu().double(), beta[row, token].cpu().double())
+                query = q[row, node].cpu().double()
+                for head in range(self.heads[2]):
+                    q_head = self._normalised(query[head // (self.heads[2] // self.heads[0])])
+                    expected[row, node, head] = scale * (decoded[head].t() @ q_head)
+        return expected, written
+
+    def accept(self, ring_slots, steps, parents=None):
+        """Every layer at once, as ring_accept: the fold's cursor move, then the accepted path."""
+        for row in range(ring_slots.shape[0]):
+            ring_slot = int(ring_slots[row])
+            if not 0 <= ring_slot < len(self.start):
+                continue
+            if self.count[ring_slot] + self.num_draft > self.capacity:  # this step's verify folded
+                assert all(not layer_pending[ring_slot] for layer_pending in self.pending)
+                self.start[ring_slot] = (self.start[ring_slot] + self.count[ring_slot]) % self.ring_rows
+                self.count[ring_slot] = 0
+            step = int(steps[row])
+            path = None
+            if 0 <= step < self.num_draft:
+                path = accepted_path(step, None if parents is None else [int(p) for p in parents[row]])
+            if path is None:
+                continue
+            for layer, layer_pending in enumerate(self.pending):
+                layer_pending[ring_slot] = layer_pending[ring_slot] + [self.drafts[layer, ring_slot][n] for n in path]
+            self.count[ring_slot] += len(path)
+        self.drafts = {}
+
+    def flush(self, ring_slots, state_slots):
+        """Every layer: the checkpoint after all pending tokens, the cursor past them."""
+        for _, ring_slot, state_slot in self._rows(ring_slots, state_slots):
+            for layer, layer_pending in enumerate(self.pending):
+                if layer_pending[ring_slot]:
+                    self._write_checkpoint(layer, state_slot, *self._replay(layer, state_slot, layer_pending[ring_slot]))
+                layer_pending[ring_slot] = []
+            self.start[ring_slot] = (self.start[ring_slot] + self.count[ring_slot]) % self.ring_rows
+            self.count[ring_slot] = 0
+
+    # --- one token at a time ------------------------------------------------------------------------
+
+    def _rows(self, ring_slots, state_slots):
+        """(row, ring slot, state slot) of every row with both slots in range."""
+        for row in range(ring_slots.shape[0]):
+            ring_slot, state_slot = int(ring_slots[row]), int(state_slots[row])
+            if 0 <= ring_slot < len(self.start) and 0 <= state_slot < self.ssm.shape[1]:
+                yield row, ring_slot, state_slot
+
+    def _window(self, layer, state_slot) -> list[torch.Tensor]:
+        """The checkpoint's K-1 inputs, oldest first."""
+        return [self.conv[layer, state_slot, :, col] for col in range(self.kernel_size - 1)]
+
+    def _normalised(self, x):
+        return x / torch.sqrt((x * x).sum() + 1e-6) if self.use_qk_l2norm else x
+
+    def _delta_step(self, state, k, v, g, beta):
+        """One token of every value head: k [Hk, dk], v [Hv, dv], g and beta [Hv]; a new state."""
+        num_k_heads, _, num_v_heads, _ = self.heads
+        state = state.clone()
+        for head in range(num_v_heads):
+            key = self._normalised(k[head // (num_v_heads // num_k_heads)])
+            state[head] = state[head] * torch.exp(g[head])
+            u = beta[head] * (v[head] - state[head].t() @ key)
+            state[head] = state[head] + torch.outer(key, u)
+        return state
+
+    def _replay(self, layer, state_slot, tokens):
+        """(the state after ``tokens`` from the checkpoint, float64; the last K-1 inputs)."""
+        num_k_heads, head_k_dim, num_v_heads, head_v_dim = self.heads
+        key_width = num_k_heads * head_k_dim
+        inputs = self._window(layer, state_slot) + [token["x"] for token in tokens]
+        state = self.ssm[layer, state_slot].clone()
+        for j, token in enumerate(tokens):
+            y = torch.zeros(self.weight.shape[1], dtype=torch.float64) if self.bias is None else self.bias[layer].clone()
+            for tap in range(self.kernel_size):
+                y = y + self.weight[layer, :, tap] * inputs[j + tap].double()
+            c = y / (1 + torch.exp(-y))
+            k = c[key_width:2 * key_width].reshape(num_k_heads, head_k_dim)
+            v = c[2 * key_width:].reshape(num_v_heads, head_v_dim)
+            state = self._delta_step(state, k, v, token["g"].double(), token["beta"].double())
+        return state, inputs[len(inputs) - (self.kernel_size - 1):]
+
+    def _write_checkpoint(self, layer, state_slot, state, window):
+        self.ssm[layer, state_slot] = state.to(self.ssm_dtype).double()  # stored in ssm_state's dtype
+        for col, value in enumerate(window):
+            self.conv[layer, state_slot, :, col] = value.to(self.conv.dtype)

@@ -874,9 +874,10 @@ class VerifySizes(NamedTuple):
     num_state_slots: int  # S
 
 
-def check_gdn_verify_args(out, q, k, v, g, beta, ssm_state, state_slots, parents, scale) -> VerifySizes:
-    """Validate a gdn_verify call (see ops_verify.gdn_verify) and return its sizes."""
-    op = _GDN_VERIFY
+def check_gdn_verify_args(out, q, k, v, g, beta, ssm_state, state_slots, parents, scale,
+                          op: str = _GDN_VERIFY) -> VerifySizes:
+    """Validate a gdn_verify call (see ops_verify.gdn_verify) and return its sizes (``op``: the
+    name errors give; gdn_ring_verify checks its drafts' arguments here too)."""
     for name, value in (("out", out), ("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta),
                         ("ssm_state", ssm_state)):
         if not isinstance(value, torch.Tensor):
@@ -936,3 +937,260 @@ def check_gdn_verify_index_values(sizes: VerifySizes, state_slots, parents) -> N
             )
         if links is not None:
             check_parent_links(_GDN_VERIFY, row, links[row])
+
+
+# ---------------------------------------------------------------------------------------------
+# The ring (ops_ring.py): rows [L, M, C, dim], gates [L, M, C, 2, Hv], cursor [M, 2], C = capacity + N
+# ---------------------------------------------------------------------------------------------
+
+_RING_CONV = "convwin.ring_conv1d_verify"
+_GDN_RING_VERIFY = "convwin.gdn_ring_verify"
+_RING_ACCEPT = "convwin.ring_accept"
+_GDN_RING_FLUSH = "convwin.gdn_ring_flush"
+
+
+class RingSizes(NamedTuple):
+    num_layers: int  # L
+    num_ring_slots: int  # M
+    ring_rows: int  # C = capacity + N rows per slot
+    num_nodes: int  # N draft tokens or tree nodes (flush takes none: 0)
+    num_rows: int  # B
+    num_state_slots: int  # S (accept takes no state: 0)
+
+    @property
+    def max_pending(self) -> int:
+        """The most pending tokens a valid cursor holds: the capacity (C - N); C - 1 for flush."""
+        return self.ring_rows - max(self.num_nodes, 1)
+
+
+def _check_ring_buffers(op, rows, gates, cursor, num_layers, dim, num_nodes, device, *, gate_heads=None,
+                        num_gates=(1, 2)) -> tuple[int, int]:
+    """rows [L, M, C, dim] (C >= 2N), gates [L, M, C, G, H] (None: not taken), cursor [M, 2]; returns (M, C)."""
+    for name, value in (("rows", rows), ("cursor", cursor)):
+        if not isinstance(value, torch.Tensor):
+            check_tensor(f"{op}: {name}", value)
+    if rows.dim() != 4 or rows.shape[0] != num_layers or rows.shape[3] != dim:
+        raise ValueError(f"{op}: rows must be the ring's conv inputs [L, M, capacity + N, dim] with L = {num_layers} "
+                         f"and dim = {dim}, got shape {tuple(rows.shape)}")
+    num_ring_slots, ring_rows = rows.shape[1], rows.shape[2]
+    if rows.dtype not in CACHE_DTYPES:
+        check_cache_dtype(f"{op}: rows", rows)
+    if rows.device != device:
+        raise ValueError(f"{op}: rows is on {rows.device} but must be on {device}")
+    if ring_rows < 2 * num_nodes:
+        raise ValueError(f"{op}: a ring verifying N = {num_nodes} draft tokens holds capacity + N rows per slot with "
+                         f"capacity >= N, so at least {2 * num_nodes}; rows has {ring_rows} (shape {tuple(rows.shape)})")
+    if gates is not None:
+        if not isinstance(gates, torch.Tensor):
+            check_tensor(f"{op}: gates", gates)
+        if (gates.dim() != 5 or tuple(gates.shape[:3]) != (num_layers, num_ring_slots, ring_rows)
+                or gates.shape[3] not in num_gates or (gate_heads is not None and gates.shape[4] != gate_heads)):
+            heads = "H" if gate_heads is None else gate_heads
+            raise ValueError(f"{op}: gates must be [L, M, capacity + N, G, H] = [{num_layers}, {num_ring_slots}, "
+                             f"{ring_rows}, {'|'.join(map(str, num_gates))}, {heads}] like rows, got shape "
+                             f"{tuple(gates.shape)}")
+        if gates.dtype not in CACHE_DTYPES:
+            check_cache_dtype(f"{op}: gates", gates)
+        if gates.device != device:
+            raise ValueError(f"{op}: gates is on {gates.device} but must be on {device}")
+    if cursor.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{op}: cursor must be int32 or int64, got {cursor.dtype}")
+    if cursor.shape != (num_ring_slots, 2):
+        raise ValueError(f"{op}: cursor must be [M, 2] = [{num_ring_slots}, 2] (start, pending per ring slot), "
+                         f"got shape {tuple(cursor.shape)}")
+    if cursor.device != device:
+        raise ValueError(f"{op}: cursor is on {cursor.device} but must be on {device}")
+    return num_ring_slots, ring_rows
+
+
+def _check_row_count(op: str, name: str, count: int, num_rows: int, source: str) -> None:
+    if count != num_rows:
+        raise ValueError(f"{op}: {name} has {count} rows but {source} has {num_rows} (axis 0)")
+
+
+def check_ring_conv1d_verify_args(out, rows, conv_state, x, weight, bias, ring_slots, state_slots, cursor, layer,
+                                  parents, activation, state_layout) -> tuple[RingSizes, torch.Tensor]:
+    """Validate a ring_conv1d_verify call; returns its sizes and the layer's output [B, N, dim]."""
+    op = _RING_CONV
+    for name, value in (("conv_state", conv_state), ("x", x)):
+        if not isinstance(value, torch.Tensor):
+            check_tensor(f"{op}: {name}", value)
+    num_layers, num_state_slots, dim, width, state_desc = _state_sizes(op, conv_state, state_layout)
+    device = conv_state.device
+    if x.dim() != 3 or x.shape[2] != dim or x.shape[1] < 1:
+        raise ValueError(f"{op}: x must be [B, N, dim] with N >= 1 and dim = {dim} (conv_state {tuple(conv_state.shape)} "
+                         f"read as {state_desc}), got shape {tuple(x.shape)}")
+    if x.dtype not in CACHE_DTYPES:
+        check_cache_dtype(f"{op}: x", x)
+    if x.device != device:
+        raise ValueError(f"{op}: x is on {x.device} but conv_state is on {device}")
+    num_rows, num_nodes = x.shape[0], x.shape[1]
+    num_ring_slots, ring_rows = _check_ring_buffers(op, rows, None, cursor, num_layers, dim, num_nodes, device)
+    _check_layer(op, layer, num_layers)
+    check_writable(op, "rows", rows)
+    count = check_index_tensors(op, device, ("ring_slots", "state_slots"), ring_slots, state_slots)
+    _check_row_count(op, "ring_slots", count, num_rows, "x")
+    if parents is not None:
+        _check_parents(op, parents, device, num_rows, num_nodes, "x is [B, N, dim]")
+    capture_sizes = CaptureSizes(num_layers, num_state_slots, dim, width, num_ring_slots, num_nodes, num_rows)
+    out = check_verify_args(op, capture_sizes, out, weight, bias, activation, device, layer)
+    return RingSizes(num_layers, num_ring_slots, ring_rows, num_nodes, num_rows, num_state_slots), out
+
+
+def _check_conv_params(op, conv_weight, conv_bias, leading: tuple, dim: int, kernel_size: int, device) -> None:
+    """conv_weight [*leading, dim, K] and conv_bias [*leading, dim] or None."""
+    shape_text = "".join(f"{n}, " for n in ("L",) * len(leading))
+    if not isinstance(conv_weight, torch.Tensor):
+        check_tensor(f"{op}: conv_weight", conv_weight)
+    if conv_weight.shape != (*leading, dim, kernel_size):
+        raise ValueError(f"{op}: conv_weight must be [{shape_text}dim, K] = {[*leading, dim, kernel_size]}, got shape "
+                         f"{tuple(conv_weight.shape)}")
+    for name, t in (("conv_weight", conv_weight), ("conv_bias", conv_bias)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            check_tensor(f"{op}: {name}", t)
+        if t.dtype not in CACHE_DTYPES:
+            check_cache_dtype(f"{op}: {name}", t)
+        if t.device != device:
+            raise ValueError(f"{op}: {name} is on {t.device} but must be on {device}")
+    if conv_bias is not None and conv_bias.shape != (*leading, dim):
+        raise ValueError(f"{op}: conv_bias must be [{shape_text}dim] = {[*leading, dim]} or None, got shape "
+                         f"{tuple(conv_bias.shape)}")
+
+
+def _check_ring_states(op, ssm_state, conv_state, state_layout, mixer_dim: int, state_tail: tuple):
+    """ssm_state [L, S, *state_tail] and conv_state (K <= REPLAY_MAX_KERNEL_SIZE, dim = mixer_dim), both
+    written; returns (L, S, dim, K-1)."""
+    for name, value in (("ssm_state", ssm_state), ("conv_state", conv_state)):
+        if not isinstance(value, torch.Tensor):
+            check_tensor(f"{op}: {name}", value)
+    num_layers, num_state_slots, dim, width, state_desc = _state_sizes(op, conv_state, state_layout)
+    if width + 1 > REPLAY_MAX_KERNEL_SIZE:
+        raise ValueError(f"{op}: conv kernels of K <= {REPLAY_MAX_KERNEL_SIZE} are supported; conv_state (shape "
+                         f"{tuple(conv_state.shape)} read as {state_desc}) has K = {width + 1}")
+    if dim != mixer_dim:
+        raise ValueError(f"{op}: conv_state has dim {dim} (shape {tuple(conv_state.shape)} read as {state_desc}) but "
+                         f"the layer needs 2*Hk*dk + Hv*dv = {mixer_dim} channels (q, k, v)")
+    expected = (num_layers, num_state_slots, *state_tail)
+    if ssm_state.shape != expected:
+        raise ValueError(f"{op}: ssm_state must be every layer's pool [L, S, Hv, dk, dv] = {list(expected)} (L, S from "
+                         f"conv_state), got shape {tuple(ssm_state.shape)}")
+    if ssm_state.dtype not in SSM_STATE_DTYPES:
+        raise TypeError(f"{op}: ssm_state must be float32 or bfloat16, got {ssm_state.dtype}")
+    if ssm_state.device != conv_state.device:
+        raise ValueError(f"{op}: ssm_state is on {ssm_state.device} but conv_state is on {conv_state.device}")
+    check_writable(op, "ssm_state", ssm_state)
+    check_writable(op, "conv_state", conv_state)
+    return num_layers, num_state_slots, dim, width
+
+
+def check_gdn_ring_verify_args(out, q, k, v, g, beta, ssm_state, conv_state, rows, gates, cursor, conv_weight,
+                               conv_bias, ring_slots, state_slots, layer, parents, scale, state_layout) -> RingSizes:
+    """Validate a gdn_ring_verify call and return its sizes."""
+    op = _GDN_RING_VERIFY
+    if not isinstance(ssm_state, torch.Tensor):
+        check_tensor(f"{op}: ssm_state", ssm_state)
+    if ssm_state.dim() != 5:
+        raise ValueError(f"{op}: ssm_state must be every layer's pool [L, S, Hv, dk, dv] (the fold writes it), got "
+                         f"shape {tuple(ssm_state.shape)}")
+    _check_layer(op, layer, ssm_state.shape[0])
+    verify = check_gdn_verify_args(out, q, k, v, g, beta, ssm_state[layer], state_slots, parents, scale, op=op)
+    num_k_heads, head_k_dim = q.shape[2], q.shape[3]
+    num_v_heads, head_v_dim = v.shape[2], v.shape[3]
+    mixer_dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+    num_layers, _, dim, width = _check_ring_states(op, ssm_state, conv_state, state_layout, mixer_dim,
+                                                   (num_v_heads, head_k_dim, head_v_dim))
+    device = ssm_state.device
+    num_ring_slots, ring_rows = _check_ring_buffers(op, rows, gates, cursor, num_layers, dim, verify.num_nodes,
+                                                    device, gate_heads=num_v_heads, num_gates=(2,))
+    _check_conv_params(op, conv_weight, conv_bias, (), dim, width + 1, device)
+    check_writable(op, "gates", gates)
+    count = check_index_tensors(op, device, ("ring_slots",), ring_slots, owner="ssm_state")
+    _check_row_count(op, "ring_slots", count, verify.num_rows, "q")
+    return RingSizes(num_layers, num_ring_slots, ring_rows, verify.num_nodes, verify.num_rows,
+                     verify.num_state_slots)
+
+
+def check_ring_accept_args(cursor, rows, gates, ring_slots, steps, parents, num_draft) -> RingSizes:
+    """Validate a ring_accept call and return its sizes."""
+    op = _RING_ACCEPT
+    _check_positive_ints(op, num_draft=num_draft)
+    if not isinstance(rows, torch.Tensor):
+        check_tensor(f"{op}: rows", rows)
+    if rows.dim() != 4:
+        raise ValueError(f"{op}: rows must be the ring's conv inputs [L, M, capacity + N, dim], got shape "
+                         f"{tuple(rows.shape)}")
+    device = rows.device
+    num_ring_slots, ring_rows = _check_ring_buffers(op, rows, gates, cursor, rows.shape[0], rows.shape[3], num_draft,
+                                                    device)
+    for name, t in (("cursor", cursor), ("rows", rows), ("gates", gates)):
+        check_writable(op, name, t)
+    num_rows = check_index_tensors(op, device, ("ring_slots", "steps"), ring_slots, steps, owner="rows")
+    if parents is not None:
+        _check_parents(op, parents, device, num_rows, num_draft, "B from ring_slots, N = num_draft", owner="rows")
+    return RingSizes(rows.shape[0], num_ring_slots, ring_rows, num_draft, num_rows, 0)
+
+
+def check_gdn_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, conv_weight, conv_bias, ring_slots,
+                              state_slots, num_k_heads, head_k_dim, num_v_heads, head_v_dim,
+                              state_layout) -> RingSizes:
+    """Validate a gdn_ring_flush call and return its sizes."""
+    op = _GDN_RING_FLUSH
+    _check_positive_ints(op, num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads,
+                         head_v_dim=head_v_dim)
+    if num_v_heads % num_k_heads:
+        raise ValueError(f"{op}: num_v_heads ({num_v_heads}) must be a multiple of num_k_heads ({num_k_heads})")
+    mixer_dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+    num_layers, num_state_slots, dim, width = _check_ring_states(op, ssm_state, conv_state, state_layout, mixer_dim,
+                                                                 (num_v_heads, head_k_dim, head_v_dim))
+    device = conv_state.device
+    num_ring_slots, ring_rows = _check_ring_buffers(op, rows, gates, cursor, num_layers, dim, 0, device,
+                                                    gate_heads=num_v_heads, num_gates=(2,))
+    _check_conv_params(op, conv_weight, conv_bias, (num_layers,), dim, width + 1, device)
+    check_writable(op, "cursor", cursor)
+    num_rows = check_index_tensors(op, device, ("ring_slots", "state_slots"), ring_slots, state_slots)
+    return RingSizes(num_layers, num_ring_slots, ring_rows, 0, num_rows, num_state_slots)
+
+
+def check_separate_storages(op: str, written: dict, read: dict) -> None:
+    """Real tensors only: no written tensor shares memory with any other argument (None skipped)."""
+    names = list(written)
+    for i, name in enumerate(names):
+        others = {other: written[other] for other in names[i + 1:]}
+        check_no_shared_storages(op, name, written[name], **others, **read)
+
+
+def check_ring_index_values(op: str, sizes: RingSizes, ring_slots, cursor, *, state_slots=None, parents=None,
+                            steps=None) -> None:
+    """Checked mode for the ring ops: raise IndexError naming the first bad row of the batch (host
+    sync; for debugging). A row is active when its ring slot is >= 0; its state slot (verify,
+    flush) must then be in range too -- accept advances every active ring, so a row the verify
+    skipped for its state slot alone would corrupt the ring."""
+    ring, cursors = ring_slots.tolist(), cursor.tolist()
+    state = None if state_slots is None else state_slots.tolist()
+    accepted = None if steps is None else steps.tolist()
+    links = None if parents is None else parents.tolist()
+    used_by: dict[int, int] = {}
+    for row, slot in enumerate(ring):
+        if slot < 0:
+            continue
+        if slot >= sizes.num_ring_slots:
+            raise IndexError(f"{op}: ring_slots[{row}] = {slot} is out of range for a ring of {sizes.num_ring_slots} "
+                             f"slots (expected 0..{sizes.num_ring_slots - 1}, or negative to skip the row)")
+        if state is not None and not 0 <= state[row] < sizes.num_state_slots:
+            raise IndexError(f"{op}: state_slots[{row}] = {state[row]} is out of range for {sizes.num_state_slots} "
+                             f"state slots while ring_slots[{row}] = {slot} is active (a padded row has both negative)")
+        start, pending = cursors[slot]
+        if not (0 <= start < sizes.ring_rows and 0 <= pending <= sizes.max_pending):
+            raise IndexError(f"{op}: cursor[{slot}] = ({start}, {pending}) (row {row}) is not a ring position: start must "
+                             f"be 0..{sizes.ring_rows - 1} and pending 0..{sizes.max_pending}")
+        if accepted is not None and accepted[row] >= sizes.num_nodes:
+            raise IndexError(f"{op}: steps[{row}] = {accepted[row]} is out of range for {sizes.num_nodes} draft "
+                             f"tokens (expected 0..{sizes.num_nodes - 1}, or negative to accept none)")
+        if links is not None:
+            check_parent_links(op, row, links[row])
+        if slot in used_by:
+            raise IndexError(f"{op}: rows {used_by[slot]} and {row} both use ring slot {slot}; which one lands would "
+                             f"be unspecified")
+        used_by[slot] = row

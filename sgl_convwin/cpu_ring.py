@@ -1,0 +1,159 @@
+"""The ring ops in vectorised PyTorch: their CPU kernels, and for now their CUDA path too.
+
+A slot's ring is circular: logical position j (0 = the oldest pending token) is physical row
+(start + j) % C. Every function here rolls the rows it reads into logical order (a gathered copy)
+and hands them to the replay-commit and verify code of cpu.py, so a fold replays exactly as
+``gdn_commit`` would and a draft's conv is ``causal_conv1d_verify``'s. Not fast: the GPU kernels
+are to fuse this into one read of each checkpoint.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import cpu
+
+
+def _live_rows(ring_slots, cursor, num_ring_slots, ring_rows, max_pending, state_slots=None, num_state_slots=0):
+    """The rows a ring op processes -- (rows, ring slots, state slots or None, start, pending),
+    each [B'] -- or None: every slot in range and the slot's cursor a ring position."""
+    ring = ring_slots.long()
+    active = (ring >= 0) & (ring < num_ring_slots)
+    start, pending = cursor.long()[ring.clamp(0, num_ring_slots - 1)].unbind(-1)
+    active &= (start >= 0) & (start < ring_rows) & (pending >= 0) & (pending <= max_pending)
+    if state_slots is not None:
+        state = state_slots.long()
+        active &= (state >= 0) & (state < num_state_slots)
+    rows = active.nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return None
+    state = None if state_slots is None else state_slots.long()[rows]
+    return rows, ring[rows], state, start[rows], pending[rows]
+
+
+def _positions(start, first, count, ring_rows):
+    """[B', count] physical rows of logical positions first .. first+count-1 (first: [B'])."""
+    return (start + first)[:, None].add(torch.arange(count, device=start.device)).remainder(ring_rows)
+
+
+def _row_map(num_rows, rows):
+    """[B] index of each batch row among the live ones (-1: not live), as cpu.py's kernels take slots."""
+    mapping = torch.full((num_rows,), -1, dtype=torch.long, device=rows.device)
+    mapping[rows] = torch.arange(rows.shape[0], device=rows.device)
+    return mapping
+
+
+def _window_before_drafts(conv, rows_buffer, layer, ring, state, start, pending):
+    """[B', dim, K-1]: the last K-1 inputs before the drafts -- the checkpoint's window (conv
+    [L, S, dim, K-1]) followed by the pending rows, oldest first -- in a dtype holding both exactly."""
+    width, ring_rows = conv.shape[3], rows_buffer.shape[2]
+    window = conv[layer, state].to(torch.promote_types(conv.dtype, rows_buffer.dtype))  # [B', dim, K-1] (a copy)
+    logical = pending[:, None] - width + torch.arange(width, device=pending.device)  # [B', K-1]
+    from_ring = rows_buffer[layer][ring[:, None], (start[:, None] + logical.clamp(min=0)) % ring_rows]
+    from_state = window.gather(2, (width + logical).clamp(0, width - 1)[:, None, :].expand_as(window))
+    return torch.where((logical >= 0)[:, None, :], from_ring.transpose(1, 2).to(window.dtype), from_state)
+
+
+def ring_conv1d_verify_cpu(out, rows_buffer, conv, x, weight, bias, ring_slots, state_slots, cursor, layer, parents,
+                           *, silu):
+    """out [B, N, dim] (the layer's), rows_buffer [L, M, C, dim], conv [L, S, dim, K-1] (any strides)."""
+    num_rows, num_nodes = x.shape[0], x.shape[1]
+    ring_rows = rows_buffer.shape[2]
+    live = _live_rows(ring_slots, cursor, rows_buffer.shape[1], ring_rows, ring_rows - num_nodes,
+                      state_slots, conv.shape[1])
+    if live is None:
+        return
+    rows, ring, state, start, pending = live
+    window = _window_before_drafts(conv, rows_buffer, layer, ring, state, start, pending)[None]  # [1, B', dim, K-1]
+    mapping = _row_map(num_rows, rows)
+    discarded = torch.empty(1, rows.shape[0], num_nodes + conv.shape[3] - 1, x.shape[2], dtype=rows_buffer.dtype,
+                            device=x.device)  # where causal_conv1d_verify_cpu copies its inputs
+    cpu.causal_conv1d_verify_cpu(out, discarded, window, x, weight, bias, mapping, mapping, 0, parents, dense=False,
+                                 silu=silu)
+    rows_buffer[layer, ring[:, None], _positions(start, pending, num_nodes, ring_rows)] = x[rows].to(rows_buffer.dtype)
+
+
+def _replay_pending(ssm, conv, rows_buffer, gates, weight, bias, layers, ring, state, start, pending, heads):
+    """Replay every live row's pending tokens from its checkpoint, as gdn_commit does, on copies:
+    returns (states [L', B', Hv, dk, dv] float32, windows [L', B', dim, K-1] in conv's dtype)."""
+    ring_rows = rows_buffer.shape[2]
+    positions = _positions(start, torch.zeros_like(start), ring_rows, ring_rows)  # [B', C], oldest pending first
+    tokens = rows_buffer[layers][:, ring[:, None], positions]  # [L', B', C, dim]
+    token_gates = gates[layers][:, ring[:, None], positions]  # [L', B', C, 2, Hv]
+    windows = conv[layers][:, state]  # [L', B', dim, K-1]
+    # the K-2 newest committed inputs, where gdn_commit reads a short path's window from
+    history = windows[..., 1:][:, :, None].expand(-1, -1, ring_rows, -1, -1)
+    states = ssm[layers][:, state].float()
+    index = torch.arange(ring.shape[0], device=ring.device)
+    cpu.gdn_commit_cpu(states, windows, tokens, history, token_gates, weight, bias, index, index, pending - 1, None,
+                       **heads)
+    return states, windows
+
+
+def gdn_ring_verify_cpu(out, q, k, v, g, beta, ssm, conv, rows_buffer, gates, cursor, weight, bias, ring_slots,
+                        state_slots, layer, parents, *, scale, use_qk_l2norm):
+    """ssm [L, S, Hv, dk, dv], conv [L, S, dim, K-1] (any strides); see ops_ring.gdn_ring_verify."""
+    num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
+    num_v_heads, head_v_dim = v.shape[2], v.shape[3]
+    ring_rows = rows_buffer.shape[2]
+    capacity = ring_rows - num_nodes
+    live = _live_rows(ring_slots, cursor, rows_buffer.shape[1], ring_rows, capacity, state_slots, ssm.shape[1])
+    if live is None:
+        return
+    rows, ring, state, start, pending = live
+    heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
+                 use_qk_l2norm=use_qk_l2norm)
+    layers = slice(layer, layer + 1)
+    states, windows = _replay_pending(ssm, conv, rows_buffer, gates, weight[None], None if bias is None else bias[None],
+                                      layers, ring, state, start, pending, heads)
+    folds = ((pending > 0) & (pending + num_nodes > capacity)).nonzero().squeeze(1)
+    if folds.numel():
+        ssm[layer, state[folds]] = states[0, folds].to(ssm.dtype)
+        conv[layer, state[folds]] = windows[0, folds]
+    cpu.gdn_verify_cpu(out, q, k, v, g, beta, states[0], _row_map(num_rows, rows), parents, scale=scale,
+                       use_qk_l2norm=use_qk_l2norm)
+    drafts = _positions(start, pending, num_nodes, ring_rows)
+    gates[layer, ring[:, None], drafts, 0] = g[rows].to(gates.dtype)
+    gates[layer, ring[:, None], drafts, 1] = beta[rows].to(gates.dtype)
+
+
+def ring_accept_cpu(cursor, rows_buffer, gates, ring_slots, steps, parents, *, num_draft):
+    """cursor [M, 2]; rows_buffer [L, M, C, dim], gates [L, M, C, G, H] (trees: the accepted path moved)."""
+    ring_rows = rows_buffer.shape[2]
+    capacity = ring_rows - num_draft
+    live = _live_rows(ring_slots, cursor, rows_buffer.shape[1], ring_rows, capacity)
+    if live is None:
+        return
+    rows, ring, _, start, pending = live
+    folded = pending + num_draft > capacity  # the verify folded these: the pending tokens are in the checkpoint
+    start = torch.where(folded, (start + pending) % ring_rows, start)
+    pending = torch.where(folded, 0, pending)
+    step = steps.long()[rows]
+    paths, lengths, links_ok = cpu._accepted_paths(step, None if parents is None else parents[rows], num_draft)
+    lengths = torch.where((step >= 0) & (step < num_draft) & links_ok, lengths, 0)
+    if parents is not None:  # the accepted path's rows and gates, made contiguous after the pending ones
+        row, j = (torch.arange(num_draft, device=rows.device) < lengths[:, None]).nonzero(as_tuple=True)
+        source = (start[row] + pending[row] + paths[row, j]) % ring_rows
+        target = (start[row] + pending[row] + j) % ring_rows
+        rows_buffer[:, ring[row], target] = rows_buffer[:, ring[row], source]  # (the right side is a copy)
+        gates[:, ring[row], target] = gates[:, ring[row], source]
+    cursor[ring] = torch.stack([start, pending + lengths], dim=1).to(cursor.dtype)
+
+
+def gdn_ring_flush_cpu(ssm, conv, cursor, rows_buffer, gates, weight, bias, ring_slots, state_slots, *,
+                       num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm):
+    """ssm [L, S, Hv, dk, dv], conv [L, S, dim, K-1] (any strides), every layer, in place."""
+    ring_rows = rows_buffer.shape[2]
+    live = _live_rows(ring_slots, cursor, rows_buffer.shape[1], ring_rows, ring_rows - 1, state_slots, ssm.shape[1])
+    if live is None:
+        return
+    _, ring, state, start, pending = live
+    heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
+                 use_qk_l2norm=use_qk_l2norm)
+    states, windows = _replay_pending(ssm, conv, rows_buffer, gates, weight, bias, slice(None), ring, state, start,
+                                      pending, heads)
+    folds = (pending > 0).nonzero().squeeze(1)
+    if folds.numel():
+        ssm[:, state[folds]] = states[:, folds].to(ssm.dtype)
+        conv[:, state[folds]] = windows[:, folds]
+    cursor[ring] = torch.stack([(start + pending) % ring_rows, torch.zeros_like(pending)], dim=1).to(cursor.dtype)

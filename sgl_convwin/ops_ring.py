@@ -1,0 +1,316 @@
+"""The ring operators (Gated DeltaNet): no commit pass. Per request slot the engine's ``ssm_state``
+and ``conv_state`` are a CHECKPOINT; a ring beside them holds the conv inputs and gates of the
+tokens accepted since (pending) and of this step's drafts; the verify replays the pending tokens
+from the checkpoint and folds them into it when the ring would overflow; acceptance moves a
+cursor; ``gdn_ring_flush`` brings the checkpoint up to date on demand. See docs/design.md, "The ring".
+
+Every op here runs the vectorised PyTorch code of cpu_ring.py, on CUDA tensors too: correct, but
+it picks the live rows with boolean masks (a host sync on CUDA), so it is neither fast nor
+capturable in a CUDA graph there. The interface is made for kernels that are (indices and cursor
+on the device, fixed shapes, nothing decided on the host); they are to come.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from . import cpu_ring
+from .declare import declare_op
+from .layout import CACHE_DTYPES, DIM_MAJOR, WINDOW_MAJOR
+from .validation import (
+    check_gdn_ring_flush_args,
+    check_gdn_ring_verify_args,
+    check_ring_accept_args,
+    check_ring_conv1d_verify_args,
+    check_ring_index_values,
+    check_separate_storages,
+    should_check_index_values,
+)
+
+DEFAULT_CAPACITY = 16
+
+
+class Ring(NamedTuple):
+    """One ring (``alloc_ring``): C = capacity + N rows per slot."""
+
+    rows: torch.Tensor  # [L, M, C, dim]: conv inputs, token-major
+    gates: torch.Tensor  # [L, M, C, 2, Hv] float32: g, beta
+    cursor: torch.Tensor  # [M, 2] int32: (start, pending)
+
+
+def alloc_ring(
+    num_layers: int,
+    num_slots: int,
+    dim: int,
+    num_draft: int,
+    num_v_heads: int,
+    *,
+    capacity: int = DEFAULT_CAPACITY,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str | None = None,
+) -> Ring:
+    """Zeros: ``rows [L, M, capacity + N, dim]`` in ``dtype``, ``gates [L, M, capacity + N, 2, Hv]``
+    float32, ``cursor [M, 2]`` int32 (every slot empty). ``capacity`` >= N: the most pending
+    tokens a slot holds (its verify folds them when pending + N would exceed it)."""
+    for name, value in (("num_layers", num_layers), ("num_slots", num_slots), ("dim", dim), ("num_draft", num_draft),
+                        ("num_v_heads", num_v_heads), ("capacity", capacity)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"alloc_ring: {name} must be an int >= 1, got {value!r}")
+    if capacity < num_draft:
+        raise ValueError(f"alloc_ring: capacity ({capacity}) must be >= num_draft ({num_draft}): a slot holds its "
+                         f"pending tokens plus one step's drafts")
+    if dtype not in CACHE_DTYPES:
+        raise TypeError(f"alloc_ring: dtype must be float32, float16 or bfloat16, got {dtype}")
+    ring_rows = capacity + num_draft
+    return Ring(
+        torch.zeros(num_layers, num_slots, ring_rows, dim, dtype=dtype, device=device),
+        torch.zeros(num_layers, num_slots, ring_rows, 2, num_v_heads, dtype=torch.float32, device=device),
+        torch.zeros(num_slots, 2, dtype=torch.int32, device=device),
+    )
+
+
+def _kernel_state(conv_state, state_layout):
+    """conv_state as the kernels read it: [L, S, dim, K-1] (a view)."""
+    return conv_state.transpose(2, 3) if state_layout == WINDOW_MAJOR else conv_state
+
+
+# ---------------------------------------------------------------------------------------------
+# ring_conv1d_verify: the verify conv, history from the checkpoint's window and the pending rows
+# ---------------------------------------------------------------------------------------------
+
+_RING_CONV = "convwin.ring_conv1d_verify"
+
+
+def _prepare_ring_conv1d_verify(real, out, rows, conv_state, x, weight, bias, ring_slots, state_slots, cursor, layer,
+                                parents, activation, state_layout):
+    sizes, layer_out = check_ring_conv1d_verify_args(out, rows, conv_state, x, weight, bias, ring_slots, state_slots,
+                                                     cursor, layer, parents, activation, state_layout)
+    if real:
+        check_separate_storages(_RING_CONV, {"out": layer_out, "rows": rows},
+                                dict(conv_state=conv_state, x=x, weight=weight, bias=bias, cursor=cursor))
+        if should_check_index_values(rows):
+            check_ring_index_values(_RING_CONV, sizes, ring_slots, cursor, state_slots=state_slots, parents=parents)
+    args = (layer_out, rows, _kernel_state(conv_state, state_layout), x, weight, bias, ring_slots, state_slots, cursor,
+            layer, parents)
+    return args, dict(silu=activation is not None)
+
+
+@declare_op(mutates=("out", "rows"), prepare=_prepare_ring_conv1d_verify, cpu=cpu_ring.ring_conv1d_verify_cpu,
+            cuda=cpu_ring.ring_conv1d_verify_cpu)
+def ring_conv1d_verify(
+    out: torch.Tensor,
+    rows: torch.Tensor,
+    conv_state: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    ring_slots: torch.Tensor,
+    state_slots: torch.Tensor,
+    cursor: torch.Tensor,
+    layer: int,
+    parents: torch.Tensor | None = None,
+    *,
+    activation: str | None = None,
+    state_layout: str = DIM_MAJOR,
+) -> None:
+    """The verify pass's depthwise causal conv of layer ``layer`` in ring mode; stores the drafts'
+    conv inputs in the ring.
+
+    Row b's slot holds (start, pending) = cursor[ring_slots[b]]. Node n's K inputs are, oldest
+    first, the last ones of: the checkpoint's window ``conv_state[layer, state_slots[b]]``, the
+    pending tokens' rows ``rows[layer, ring_slots[b], (start + j) % C]`` for j < pending, and the
+    path root -> n of ``x[b]`` (``parents`` None: a chain). ``out[b, n] = act(bias + sum_k
+    weight[:, k] * input k)`` (causal_conv1d_verify's arithmetic); ``x[b, n]`` is stored at row
+    (start + pending + n) % C, cast to the ring's dtype.
+
+    out: [B, N, dim] or every layer's [L, B, N, dim]. rows: the ring's [L, M, C, dim], C =
+    capacity + N. conv_state: [L, S, dim, K-1] (or window-major), read only. x: [B, N, dim].
+    weight [dim, K], bias [dim] or None. ring_slots, state_slots: [B]; cursor: [M, 2]; parents:
+    [B, N] or None; int32/int64. A row is skipped when a slot is negative or out of range or its
+    cursor is not a ring position (0 <= start < C, 0 <= pending <= capacity); a node whose K-1
+    parent links above it hold a bad one gets no output. The CPU code on CUDA tensors too (for
+    now: it syncs). Same as ``torch.ops.convwin.ring_conv1d_verify``.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# gdn_ring_verify: replay the pending tokens, fold them if the ring would overflow, the drafts' outputs
+# ---------------------------------------------------------------------------------------------
+
+_GDN_RING_VERIFY = "convwin.gdn_ring_verify"
+
+
+def _prepare_gdn_ring_verify(real, out, q, k, v, g, beta, ssm_state, conv_state, rows, gates, cursor, conv_weight,
+                             conv_bias, ring_slots, state_slots, layer, parents, scale, use_qk_l2norm, state_layout):
+    sizes = check_gdn_ring_verify_args(out, q, k, v, g, beta, ssm_state, conv_state, rows, gates, cursor, conv_weight,
+                                       conv_bias, ring_slots, state_slots, layer, parents, scale, state_layout)
+    if real:
+        check_separate_storages(
+            _GDN_RING_VERIFY, {"out": out, "ssm_state": ssm_state, "conv_state": conv_state, "gates": gates},
+            dict(q=q, k=k, v=v, g=g, beta=beta, rows=rows, cursor=cursor, conv_weight=conv_weight, conv_bias=conv_bias),
+        )
+        if should_check_index_values(ssm_state):
+            check_ring_index_values(_GDN_RING_VERIFY, sizes, ring_slots, cursor, state_slots=state_slots,
+                                    parents=parents)
+    scale = q.shape[3] ** -0.5 if scale is None else float(scale)
+    args = (out, q, k, v, g, beta, ssm_state, _kernel_state(conv_state, state_layout), rows, gates, cursor,
+            conv_weight, conv_bias, ring_slots, state_slots, layer, parents)
+    return args, dict(scale=scale, use_qk_l2norm=bool(use_qk_l2norm))
+
+
+@declare_op(mutates=("out", "ssm_state", "conv_state", "gates"), prepare=_prepare_gdn_ring_verify,
+            cpu=cpu_ring.gdn_ring_verify_cpu, cuda=cpu_ring.gdn_ring_verify_cpu)
+def gdn_ring_verify(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    ssm_state: torch.Tensor,
+    conv_state: torch.Tensor,
+    rows: torch.Tensor,
+    gates: torch.Tensor,
+    cursor: torch.Tensor,
+    conv_weight: torch.Tensor,
+    conv_bias: torch.Tensor | None,
+    ring_slots: torch.Tensor,
+    state_slots: torch.Tensor,
+    layer: int,
+    parents: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    use_qk_l2norm: bool = True,
+    state_layout: str = DIM_MAJOR,
+) -> None:
+    """``gdn_verify`` in ring mode, layer ``layer``: the drafts' outputs from the checkpoint plus
+    the pending tokens, the fold when the ring would overflow, the drafts' gates into the ring.
+
+    For row b, with (start, pending) = cursor[ring_slots[b]], capacity = C - N:
+    1. S = the checkpoint ``ssm_state[layer, state_slots[b]]`` (float32) after the pending tokens,
+       replayed as ``gdn_commit`` replays a path: token j's conv input is ring row (start + j) % C,
+       its conv reads the checkpoint's window ``conv_state[layer, state_slots[b]]`` before the
+       first one, its g, beta are ``gates[layer, ring_slots[b], (start + j) % C]``.
+    2. If pending > 0 and pending + N > capacity (fold): ``ssm_state[layer, state_slots[b]] = S``
+       (cast) and ``conv_state[layer, state_slots[b]]`` = the last K-1 inputs (ring rows, else
+       window columns). The cursor is not written: ``ring_accept`` applies the same rule.
+    3. ``out[b, n]`` = gdn_verify's output of node n from S (q, k, v, g, beta [b, n] as given).
+    4. ``gates[layer, ring_slots[b], (start + pending + n) % C] = (g[b, n], beta[b, n])``.
+
+    out [B, N, Hv, dv]; q, k [B, N, Hk, dk]; v [B, N, Hv, dv]; g, beta [B, N, Hv] (as gdn_verify).
+    ssm_state: every layer's pool [L, S, Hv, dk, dv], float32 or bfloat16; conv_state [L, S, dim,
+    K-1] (or window-major), dim = 2*Hk*dk + Hv*dv, K <= 5. rows [L, M, C, dim] (read), gates
+    [L, M, C, 2, Hv], cursor [M, 2] (read). conv_weight [dim, K], conv_bias [dim] or None: the
+    layer's. Rows are skipped as in ``ring_conv1d_verify``; a bad parent link leaves the row's
+    ``out`` untouched but still folds and stores the gates (the fold does not depend on the tree).
+    Same as ``torch.ops.convwin.gdn_ring_verify``.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# ring_accept: acceptance moves the cursor (a tree's accepted path is made contiguous)
+# ---------------------------------------------------------------------------------------------
+
+_RING_ACCEPT = "convwin.ring_accept"
+
+
+def _prepare_ring_accept(real, cursor, rows, gates, ring_slots, steps, parents, num_draft):
+    sizes = check_ring_accept_args(cursor, rows, gates, ring_slots, steps, parents, num_draft)
+    if real:
+        check_separate_storages(_RING_ACCEPT, {"cursor": cursor, "rows": rows, "gates": gates},
+                                dict(ring_slots=ring_slots, steps=steps, parents=parents))
+        if should_check_index_values(cursor):
+            check_ring_index_values(_RING_ACCEPT, sizes, ring_slots, cursor, parents=parents, steps=steps)
+    return (cursor, rows, gates, ring_slots, steps, parents), dict(num_draft=int(num_draft))
+
+
+@declare_op(mutates=("cursor", "rows", "gates"), prepare=_prepare_ring_accept, cpu=cpu_ring.ring_accept_cpu,
+            cuda=cpu_ring.ring_accept_cpu)
+def ring_accept(
+    cursor: torch.Tensor,
+    rows: torch.Tensor,
+    gates: torch.Tensor,
+    ring_slots: torch.Tensor,
+    steps: torch.Tensor,
+    parents: torch.Tensor | None = None,
+    *,
+    num_draft: int,
+) -> None:
+    """After every layer's verify: advance each row's cursor, all layers at once.
+
+    For row b with (start, pending) = cursor[ring_slots[b]] and capacity = C - num_draft: if
+    pending + num_draft > capacity (the verify folded), start = (start + pending) % C and
+    pending = 0. Then, if steps[b] (the last accepted draft token, or the accepted node:
+    ``gdn_commit``'s steps) lies in [0, N) and its path's links are good, the path root ->
+    steps[b] (``parents`` None: tokens 0..steps[b]) becomes pending: pending += its length, and for
+    a tree the path's rows and gates (every layer) move to positions start + pending + j, in path
+    order. A negative step accepts nothing (the fold still counts).
+
+    cursor [M, 2], rows [L, M, C, dim], gates [L, M, C, G, H]: the ring, written. ring_slots,
+    steps: [B]; parents [B, N] or None; int32/int64. ``num_draft``: N, as this step's verify had it.
+    A row whose ring slot is negative or out of range, or whose cursor is not a ring position, is
+    skipped. Same as ``torch.ops.convwin.ring_accept``.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# gdn_ring_flush: fold the pending tokens now, every layer
+# ---------------------------------------------------------------------------------------------
+
+_GDN_RING_FLUSH = "convwin.gdn_ring_flush"
+
+
+def _prepare_gdn_ring_flush(real, ssm_state, conv_state, cursor, rows, gates, conv_weight, ring_slots, state_slots,
+                            num_k_heads, head_k_dim, num_v_heads, head_v_dim, conv_bias, use_qk_l2norm, state_layout):
+    sizes = check_gdn_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, conv_weight, conv_bias, ring_slots,
+                                      state_slots, num_k_heads, head_k_dim, num_v_heads, head_v_dim, state_layout)
+    if real:
+        check_separate_storages(
+            _GDN_RING_FLUSH, {"ssm_state": ssm_state, "conv_state": conv_state, "cursor": cursor},
+            dict(rows=rows, gates=gates, conv_weight=conv_weight, conv_bias=conv_bias, ring_slots=ring_slots,
+                 state_slots=state_slots),
+        )
+        if should_check_index_values(ssm_state):
+            check_ring_index_values(_GDN_RING_FLUSH, sizes, ring_slots, cursor, state_slots=state_slots)
+    args = (ssm_state, _kernel_state(conv_state, state_layout), cursor, rows, gates, conv_weight, conv_bias, ring_slots,
+            state_slots)
+    return args, dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
+                      use_qk_l2norm=bool(use_qk_l2norm))
+
+
+@declare_op(mutates=("ssm_state", "conv_state", "cursor"), prepare=_prepare_gdn_ring_flush,
+            cpu=cpu_ring.gdn_ring_flush_cpu, cuda=cpu_ring.gdn_ring_flush_cpu)
+def gdn_ring_flush(
+    ssm_state: torch.Tensor,
+    conv_state: torch.Tensor,
+    cursor: torch.Tensor,
+    rows: torch.Tensor,
+    gates: torch.Tensor,
+    conv_weight: torch.Tensor,
+    ring_slots: torch.Tensor,
+    state_slots: torch.Tensor,
+    *,
+    num_k_heads: int,
+    head_k_dim: int,
+    num_v_heads: int,
+    head_v_dim: int,
+    conv_bias: torch.Tensor | None = None,
+    use_qk_l2norm: bool = True,
+    state_layout: str = DIM_MAJOR,
+) -> None:
+    """Materialise the checkpoints of the given slots now, every layer: replay each row's pending
+    tokens onto ``ssm_state[:, state_slots[b]]`` and write their last K-1 inputs into
+    ``conv_state[:, state_slots[b]]`` (as ``gdn_ring_verify``'s fold), then cursor = (start +
+    pending, 0). Afterwards both hold what eager ``gdn_commit`` after every step would have: the
+    conv window bit for bit, the state within float32 rounding (a bfloat16 state is rounded once
+    per fold instead of once per step). Between steps only (after ``ring_accept``, before the next
+    verify): for prefix caching, preemption, eviction, a move to another pool.
+
+    ssm_state [L, S, Hv, dk, dv], conv_state [L, S, dim, K-1] (or window-major): written.
+    cursor [M, 2] written; rows [L, M, C, dim], gates [L, M, C, 2, Hv] read. conv_weight
+    [L, dim, K], conv_bias [L, dim] or None. A row is skipped when a slot is negative or out of
+    range or its cursor is not a ring position (0 <= start < C, 0 <= pending < C).
+    Same as ``torch.ops.convwin.gdn_ring_flush``.
+    """

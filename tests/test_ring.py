@@ -1,0 +1,367 @@
+"""The ring (no commit pass) against its float64 oracle, reference.RingReference, over long random
+step sequences, and against the eager flow it replaces (causal_conv1d_verify + capture_gates +
+gdn_commit after every step): every step's conv and recurrence outputs within tolerance, every
+checkpoint within 1e-4 x max |S| (float32) and its conv window bit for bit, the cursor and every
+pending row and gate exactly; at flush, the conv windows bit for bit what the eager commits left.
+Then registration (opcheck), torch.compile(fullgraph=True), skipped rows, and bad input.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sgl_convwin
+from ring_harness import FILL, Harness, within
+from support import trees
+
+NUM_RING_SLOTS, NUM_STATE_SLOTS = 3, 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Long random step sequences
+# ---------------------------------------------------------------------------------------------
+
+
+def run_sequence(data, *, num_draft, tree, capacity, num_steps, **harness_options):
+    """Requests in every ring slot, each with its own state slot; per step the batch in a random
+    order with a padded row now and then, random acceptance (none, some, all), and between steps
+    flushes (the request resumes afterwards) and finished requests replaced by new ones. Ends with
+    a flush of every request."""
+    harness = Harness(num_draft=num_draft, capacity=capacity, num_ring_slots=NUM_RING_SLOTS,
+                      num_state_slots=NUM_STATE_SLOTS, **harness_options)
+    state_of = {ring: state for ring, state in enumerate(data.draw(st.permutations(range(NUM_STATE_SLOTS))))
+                if ring < NUM_RING_SLOTS}
+    for _ in range(num_steps):
+        order = data.draw(st.permutations(sorted(state_of)))
+        padded = data.draw(st.booleans())
+        ring_slots = list(order) + ([-1] if padded else [])
+        state_slots = [state_of[ring] for ring in order] + ([-1] if padded else [])
+        steps = [data.draw(st.integers(-1, num_draft - 1)) for _ in ring_slots]
+        parents = [data.draw(trees(num_draft)) for _ in ring_slots] if tree else None
+        harness.step(ring_slots, state_slots, steps, parents)
+        event = data.draw(st.sampled_from(["none", "none", "none", "flush", "new request"]))
+        ring = data.draw(st.sampled_from(sorted(state_of)))
+        if event == "flush":
+            harness.flush([ring, -1], [state_of[ring], -1])
+        elif event == "new request":
+            free = sorted(set(range(NUM_STATE_SLOTS)) - set(state_of.values()))
+            state_of[ring] = data.draw(st.sampled_from(free))
+            harness.new_request(ring, state_of[ring])
+    harness.flush(sorted(state_of), [state_of[ring] for ring in sorted(state_of)])
+    return harness
+
+
+@settings(max_examples=10)
+@given(data=st.data(), num_draft=st.integers(1, 4), tree=st.booleans(), extra=st.integers(0, 6),
+       kernel_size=st.sampled_from([2, 3, 4]), ring_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+       state_layout=st.sampled_from(sgl_convwin.STATE_LAYOUTS))
+def test_random_steps_match_oracle_and_eager(data, num_draft, tree, extra, kernel_size, ring_dtype, state_layout):
+    run_sequence(data, num_draft=num_draft, tree=tree and num_draft > 1, capacity=num_draft + extra, num_steps=14,
+                 kernel_size=kernel_size, ring_dtype=ring_dtype, state_layout=state_layout)
+
+
+@pytest.mark.slow
+@settings(max_examples=30)
+@given(data=st.data(), num_draft=st.integers(1, 5), tree=st.booleans(), capacity=st.integers(1, 32),
+       kernel_size=st.sampled_from([2, 3, 4, 5]), ring_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+       ssm_dtype=st.sampled_from([torch.float32, torch.bfloat16]), conv_dtype=st.sampled_from([torch.float32,
+                                                                                              torch.bfloat16]),
+       state_layout=st.sampled_from(sgl_convwin.STATE_LAYOUTS), ratio=st.sampled_from([1, 2]))
+def test_long_random_steps_match_oracle_and_eager(data, num_draft, tree, capacity, kernel_size, ring_dtype, ssm_dtype,
+                                                  conv_dtype, state_layout, ratio):
+    run_sequence(data, num_draft=num_draft, tree=tree and num_draft > 1, capacity=max(capacity, num_draft),
+                 num_steps=48, kernel_size=kernel_size, ring_dtype=ring_dtype, ssm_dtype=ssm_dtype,
+                 conv_dtype=conv_dtype, state_layout=state_layout, ratio=ratio)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_many_steps_flush_within_tolerance(tree):
+    """1,000 steps of random acceptance with the default capacity (issue 39's accuracy target): the
+    harness checks every checkpoint and, at the end, the flushed states against the float64 oracle
+    (1e-4 x max |S|) and the conv windows against the eager commits' bit for bit."""
+    generator = torch.Generator().manual_seed(5)
+    harness = Harness(num_draft=4, capacity=16, num_ring_slots=2, num_state_slots=2, seed=5)
+    tree_parents = [-1, 0, 0, 1]
+    for _ in range(1000):
+        steps = torch.randint(0, 4, (2,), generator=generator)
+        harness.step([0, 1], [1, 0], steps, [tree_parents, tree_parents] if tree else None)
+    harness.flush([0, 1], [1, 0])
+    assert harness.folds > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The fold rule at every boundary
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_draft, capacity", [(1, 1), (1, 3), (3, 3), (3, 4), (3, 5), (2, 7)])
+@pytest.mark.parametrize("accepted", ["one", "all", "cycle"])
+def test_folds_exactly_when_the_ring_would_overflow(num_draft, capacity, accepted):
+    """A checkpoint is written (both states) exactly when pending > 0 and pending + N > capacity,
+    and is left bit for bit alone otherwise; every pending count 0..capacity is met where the
+    acceptance pattern reaches it."""
+    harness = Harness(num_draft=num_draft, capacity=capacity, num_ring_slots=1, num_state_slots=2, num_layers=1)
+    seen = set()
+    for step in range(2 * capacity + 3):
+        count = {"one": 1, "all": num_draft, "cycle": 1 + step % num_draft}[accepted]
+        pending = int(harness.ring.pending[0])
+        before = harness.ssm_state[:, 1].clone(), harness.conv_state[:, 1].clone()
+        harness.step([0], [1], [count - 1])
+        wrote = not torch.equal(before[0], harness.ssm_state[:, 1]) or not torch.equal(before[1],
+                                                                                        harness.conv_state[:, 1])
+        assert wrote == (pending > 0 and pending + num_draft > capacity), (step, pending)
+        assert int(harness.ring.pending[0]) == (0 if pending + num_draft > capacity else pending) + count
+        seen.add(pending)
+    if accepted == "one":
+        assert seen == set(range(capacity - num_draft + 2))  # every pending count up to the first fold
+
+
+# ---------------------------------------------------------------------------------------------
+# Skipped rows, bad links, the checked mode
+# ---------------------------------------------------------------------------------------------
+
+
+def test_padded_and_out_of_range_rows_touch_nothing():
+    """Rows with a negative or out-of-range slot, or whose cursor is not a ring position, are
+    skipped by every op: their outputs keep their values, no state, row, gate or cursor changes."""
+    harness = Harness(num_draft=2, capacity=3, num_ring_slots=3, num_state_slots=3)
+    harness.step([0, 1, 2], [0, 1, 2], [1, 1, 1])  # something pending everywhere
+    ring = harness.ring
+    ring.cursor[2] = torch.tensor([ring.rows.shape[2], 0])  # not a ring position
+    before = {name: t.clone() for name, t in (("ssm", harness.ssm_state), ("conv", harness.conv_state),
+                                              ("rows", ring.rows), ("gates", ring.gates), ("cursor", ring.cursor))}
+    ring_slots = torch.tensor([-1, 7, 0, 1, 2])
+    state_slots = torch.tensor([0, 1, -1, 9, 2])
+    dim, hv = harness.dim, harness.heads["num_v_heads"]
+    x = torch.randn(5, 2, dim)
+    conv_out = torch.full((5, 2, dim), FILL)
+    ring.conv1d_verify(conv_out, harness.conv_state, x, harness.conv_weight[0], None, ring_slots, 0,
+                       state_slots=state_slots)
+    q = k = torch.randn(5, 2, 1, 4)
+    v = torch.randn(5, 2, hv, 4)
+    g, beta = -torch.rand(5, 2, hv), torch.rand(5, 2, hv)
+    out = torch.full((5, 2, hv, 4), FILL)
+    ring.gdn_verify(out, q, k, v, g, beta, harness.ssm_state, harness.conv_state, harness.conv_weight[0], None,
+                    ring_slots, 0, state_slots=state_slots)
+    ring.accept(torch.tensor([-1, 7, 2, -3, 2]), torch.tensor([0, 1, 1, 1, 0]))
+    ring.flush(harness.ssm_state, harness.conv_state, harness.conv_weight, ring_slots, state_slots=state_slots,
+               **harness.heads)
+    assert torch.equal(conv_out, torch.full_like(conv_out, FILL)) and torch.equal(out, torch.full_like(out, FILL))
+    after = dict(ssm=harness.ssm_state, conv=harness.conv_state, rows=ring.rows, gates=ring.gates, cursor=ring.cursor)
+    for name, tensor in after.items():
+        assert torch.equal(tensor, before[name]), name
+
+
+def test_bad_parent_links():
+    """A node with a bad link among the K-1 above it gets no conv output; a row with any bad link
+    gets no recurrence output but still folds and stores its gates; an accepted path through a bad
+    link accepts nothing. The harness holds the ops to the oracle's rules for all of that."""
+    harness = Harness(num_draft=4, capacity=5)
+    good = [-1, 0, 0, 1]
+    harness.step([0, 1], [0, 1], [3, 2], [good, good])
+    harness.step([0, 1], [0, 1], [3, 3], [[-1, 0, 5, 1], [-1, 0, 0, 2]])  # row 0: node 2's link is bad
+    harness.step([0, 1], [0, 1], [2, 3], [[-1, 0, 0, -7], good])  # row 0's accepted path is good
+    harness.flush([0, 1], [0, 1])
+
+
+def test_checked_mode_names_bad_rows():
+    harness = Harness(num_draft=2, capacity=2, num_ring_slots=2, num_state_slots=2)
+    ring = harness.ring
+    dim = harness.dim
+    out, x = torch.zeros(1, 2, dim), torch.zeros(1, 2, dim)
+    with sgl_convwin.index_checks():
+        with pytest.raises(IndexError, match=r"state_slots\[0\] = -1 .* ring_slots\[0\] = 1 is active"):
+            ring.conv1d_verify(out, harness.conv_state, x, harness.conv_weight[0], None, torch.tensor([1]), 0,
+                               state_slots=torch.tensor([-1]))
+        ring.cursor[1] = torch.tensor([0, 3])
+        with pytest.raises(IndexError, match=r"cursor\[1\] = \(0, 3\)"):
+            ring.accept(torch.tensor([1]), torch.tensor([0]))
+        ring.cursor[1] = 0
+        with pytest.raises(IndexError, match="both use ring slot 1"):
+            ring.accept(torch.tensor([1, 1]), torch.tensor([0, 0]))
+        with pytest.raises(IndexError, match=r"steps\[0\] = 2"):
+            ring.accept(torch.tensor([1]), torch.tensor([2]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: clear errors before any write
+# ---------------------------------------------------------------------------------------------
+
+
+def verify_arguments(harness, num_rows=2):
+    """Arguments of one gdn_ring_verify call on the harness's ring, as a dict."""
+    hk, dk, hv, dv = (harness.heads[n] for n in ("num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim"))
+    n = harness.num_draft
+    return dict(out=torch.zeros(num_rows, n, hv, dv), q=torch.randn(num_rows, n, hk, dk),
+                k=torch.randn(num_rows, n, hk, dk), v=torch.randn(num_rows, n, hv, dv), g=-torch.rand(num_rows, n, hv),
+                beta=torch.rand(num_rows, n, hv), ssm_state=harness.ssm_state, conv_state=harness.conv_state,
+                rows=harness.ring.rows, gates=harness.ring.gates, cursor=harness.ring.cursor,
+                conv_weight=harness.conv_weight[0], conv_bias=None, ring_slots=torch.tensor(list(range(num_rows))),
+                state_slots=torch.tensor([0, 1]), layer=1)
+
+
+BAD_VERIFY = [
+    ("a ring too short for N", dict(rows=torch.zeros(2, 3, 5, 16), gates=torch.zeros(2, 3, 5, 2, 2)),
+     ValueError, "at least 6"),
+    ("gates of other heads", dict(gates=torch.zeros(2, 3, 6, 2, 3)), ValueError, "gates must be"),
+    ("a cursor of floats", dict(cursor=torch.zeros(3, 2)), TypeError, "cursor must be int32 or int64"),
+    ("a cursor of another shape", dict(cursor=torch.zeros(3, 3, dtype=torch.int32)), ValueError, r"cursor must be \[M, 2\]"),
+    ("one layer's state pool", dict(ssm_state=torch.zeros(5, 2, 4, 4)), ValueError, "every layer's pool"),
+    ("a layer out of range", dict(layer=2), ValueError, "layer 2 is out of range"),
+    ("rows of another dim", dict(rows=torch.zeros(2, 3, 6, 15)), ValueError, "dim = 16"),
+    ("a per-layer weight of all layers", dict(conv_weight=torch.zeros(2, 16, 4)), ValueError, r"conv_weight must be \[dim, K\]"),
+    ("ring_slots of another length", dict(ring_slots=torch.tensor([0])), ValueError, "ring_slots has 1 rows"),
+    ("an int64 gates tensor", dict(gates=torch.zeros(2, 3, 6, 2, 2, dtype=torch.int64)), TypeError, "gates must be float"),
+]
+
+
+@pytest.mark.parametrize("name, change, error, message", BAD_VERIFY, ids=[case[0] for case in BAD_VERIFY])
+def test_gdn_ring_verify_refuses_bad_input_before_writing(name, change, error, message):
+    harness = Harness(num_draft=3, capacity=3)
+    harness.step([0, 1], [0, 1], [2, 2])
+    arguments = verify_arguments(harness)
+    arguments.update(change)
+    before = [t.clone() for t in (harness.ssm_state, harness.conv_state, harness.ring.gates, arguments["out"])]
+    with pytest.raises(error, match=message):
+        sgl_convwin.gdn_ring_verify(**arguments)
+    after = (harness.ssm_state, harness.conv_state, harness.ring.gates, arguments["out"])
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_other_ops_refuse_bad_input():
+    harness = Harness(num_draft=3, capacity=3)
+    ring, dim = harness.ring, harness.dim
+    with pytest.raises(ValueError, match="at least 8"):  # a ring allocated for 3 drafts verifying 4
+        ring_conv = sgl_convwin.ring_conv1d_verify
+        ring_conv(torch.zeros(1, 4, dim), ring.rows, harness.conv_state, torch.zeros(1, 4, dim),
+                  harness.conv_weight[0], None, torch.tensor([0]), torch.tensor([0]), ring.cursor, 0)
+    with pytest.raises(ValueError, match="share storage"):
+        sgl_convwin.ring_conv1d_verify(ring.rows[0, :1, :3], ring.rows, harness.conv_state, torch.zeros(1, 3, dim),
+                                       harness.conv_weight[0], None, torch.tensor([0]), torch.tensor([0]), ring.cursor, 0)
+    with pytest.raises(ValueError, match="num_draft must be >= 1"):
+        ring_accept_args = (ring.cursor, ring.rows, ring.gates, torch.tensor([0]), torch.tensor([0]))
+        sgl_convwin.ring_accept(*ring_accept_args, num_draft=0)
+    with pytest.raises(ValueError, match=r"parents must be \[B, N\] = \[1, 3\]"):
+        sgl_convwin.ring_accept(*ring_accept_args, torch.zeros(1, 2, dtype=torch.long), num_draft=3)
+    with pytest.raises(ValueError, match="num_v_heads .* must be a multiple"):
+        sgl_convwin.gdn_ring_flush(harness.ssm_state, harness.conv_state, ring.cursor, ring.rows, ring.gates,
+                                   harness.conv_weight, torch.tensor([0]), torch.tensor([0]), num_k_heads=2,
+                                   head_k_dim=4, num_v_heads=3, head_v_dim=4)
+    with pytest.raises(ValueError, match=r"conv_weight must be \[L, dim, K\]"):
+        ring.flush(harness.ssm_state, harness.conv_state, harness.conv_weight[0], torch.tensor([0]), **harness.heads)
+    with pytest.raises(ValueError, match="capacity .* must be >= num_draft"):
+        sgl_convwin.alloc_ring(2, 3, 16, 4, 2, capacity=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine-facing module and the memory it takes
+# ---------------------------------------------------------------------------------------------
+
+
+def test_ring_cache_buffers_reset_and_bytes():
+    cache = sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6, dtype=torch.bfloat16)
+    assert cache.rows.shape == (2, 3, 10, 16) and cache.gates.shape == (2, 3, 10, 2, 2)
+    assert cache.cursor.dtype == torch.int32 and set(dict(cache.named_buffers())) == {"rows", "gates", "cursor"}
+    assert cache.state_dict() == {}
+    cache.cursor.copy_(torch.tensor([[3, 2], [4, 5], [1, 1]]))
+    cache.reset(torch.tensor([2, -1, 0, 9]))
+    assert cache.cursor.tolist() == [[0, 0], [4, 5], [0, 0]] and cache.pending.tolist() == [0, 5, 0]
+    cache.accept(torch.tensor([0, 1, -1]), num_accepted=torch.tensor([3, 1, 2]))  # slot 1 folded: start wraps
+    assert cache.cursor.tolist() == [[0, 3], [9, 1], [0, 0]]
+    assert cache.nbytes == 2 * 3 * 10 * 16 * 2 + 2 * 3 * 10 * 2 * 2 * 4 + 3 * 2 * 4
+
+
+def test_ring_memory_at_qwen3_next():
+    """Qwen3-Next TP1 (36 GDN layers, conv dim 8192, Hv 32), bf16 rows, D = 4, capacity 16: the
+    ring takes at most 12 MiB per slot (the checkpoint states not counted)."""
+    ring = sgl_convwin.alloc_ring(36, 1, 8192, 4, 32, capacity=16, device="meta")
+    nbytes = sum(t.numel() * t.element_size() for t in ring)
+    assert nbytes <= 12 * 2**20, nbytes / 2**20
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration: opcheck, and one whole step under torch.compile(fullgraph=True)
+# ---------------------------------------------------------------------------------------------
+
+
+def op_samples(tree):
+    """One call of each ring op on a ring with something pending (a fold due in the verify)."""
+    harness = Harness(num_draft=3, capacity=4, num_ring_slots=3, num_state_slots=4, seed=2)
+    links = [[-1, 0, 0], [-1, -1, 1], [-1, 0, 1], [-1, 0, 0]]
+    harness.step([2, 0, 1], [3, 1, 0], [1, 2, 0], links[:3] if tree else None)  # pending 2, 3, 1: two fold next
+    parents = torch.tensor(links) if tree else None
+    ring, dim = harness.ring, harness.dim
+    ring_slots, state_slots = torch.tensor([2, -1, 0, 1]), torch.tensor([3, -1, 1, 0], dtype=torch.int32)
+    x = torch.randn(4, 3, dim)
+    conv = ((torch.zeros(4, 3, dim), ring.rows, harness.conv_state, x, harness.conv_weight[0], harness.conv_bias[0],
+             ring_slots, state_slots, ring.cursor, 1, parents), dict(activation="silu"))
+    arguments = verify_arguments(harness, num_rows=4)
+    arguments.update(ring_slots=ring_slots, state_slots=state_slots, parents=parents)
+    verify = (tuple(arguments.values()), dict(scale=0.5))
+    accept = ((ring.cursor, ring.rows, ring.gates, ring_slots, torch.tensor([2, 0, 1, 2]), parents),
+              dict(num_draft=3))
+    flush = ((harness.ssm_state, harness.conv_state, ring.cursor, ring.rows, ring.gates, harness.conv_weight,
+              ring_slots, state_slots, harness.conv_bias), dict(**harness.heads))
+    return dict(ring_conv1d_verify=conv, gdn_ring_verify=verify, ring_accept=accept, gdn_ring_flush=flush)
+
+
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.parametrize("name", ["ring_conv1d_verify", "gdn_ring_verify", "ring_accept", "gdn_ring_flush"])
+def test_opcheck(name, tree):
+    args, kwargs = op_samples(tree)[name]
+    torch.library.opcheck(getattr(torch.ops.convwin, name).default, args, kwargs)
+
+
+def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, x, g, beta, slots, steps, flush_slots, heads):
+    """One decode step in ring mode, every layer, then a flush."""
+    num_rows, num_nodes, _ = x.shape[1:]
+    hk, dk, hv, dv = heads["num_k_heads"], heads["head_k_dim"], heads["num_v_heads"], heads["head_v_dim"]
+    for layer in range(x.shape[0]):
+        conv_out = torch.empty(num_rows, num_nodes, x.shape[3])
+        sgl_convwin.ring_conv1d_verify(conv_out, ring.rows, conv_state, x[layer], conv_weight[layer], conv_bias[layer],
+                                       slots, slots, ring.cursor, layer, activation="silu")
+        q, k, v = conv_out.split([hk * dk, hk * dk, hv * dv], dim=-1)
+        out = torch.empty(num_rows, num_nodes, hv, dv)
+        sgl_convwin.gdn_ring_verify(out, q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)),
+                                    v.unflatten(-1, (hv, dv)), g[layer], beta[layer], ssm_state, conv_state, ring.rows,
+                                    ring.gates, ring.cursor, conv_weight[layer], conv_bias[layer], slots, slots, layer)
+    sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, num_draft=num_nodes)
+    sgl_convwin.gdn_ring_flush(ssm_state, conv_state, ring.cursor, ring.rows, ring.gates, conv_weight, flush_slots,
+                               flush_slots, conv_bias=conv_bias, **heads)
+    return out
+
+
+def test_compiled_step_matches_eager():
+    """Four ring steps compiled with fullgraph=True give the eager calls' bits, every ring op is
+    in the graph, and the ring and states are written in place (no copy of them)."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+
+    def make():
+        harness = Harness(num_draft=2, capacity=3, num_ring_slots=2, num_state_slots=2, seed=4)
+        return harness, [harness.ring, harness.ssm_state, harness.conv_state, harness.conv_weight, harness.conv_bias]
+
+    heads = make()[0].heads
+    generator = torch.Generator().manual_seed(0)
+    inputs = [(torch.randn(2, 2, 2, 16, generator=generator), -torch.rand(2, 2, 2, 2, generator=generator),
+               torch.rand(2, 2, 2, 2, generator=generator), torch.tensor([1, 0]),
+               torch.randint(0, 2, (2,), generator=generator), torch.tensor([i % 2, -1])) for i in range(4)]
+    (_, eager), (_, compiled_args) = make(), make()
+    compiled = torch.compile(ring_step, fullgraph=True)
+    for step, step_inputs in enumerate(inputs):
+        expected = ring_step(*eager, *step_inputs, heads)
+        got, codes = run_and_get_code(compiled, *compiled_args, *step_inputs, heads)
+        assert torch.equal(got, expected), step
+    code = "\n".join(codes)
+    for name in ("ring_conv1d_verify", "gdn_ring_verify", "ring_accept", "gdn_ring_flush"):
+        assert f"torch.ops.convwin.{name}.default(" in code, name
+    assert ".copy_(" not in code and "clone" not in code
+    for name in ("rows", "gates", "cursor"):
+        assert torch.equal(getattr(eager[0], name), getattr(compiled_args[0], name)), name
+    for a, b in zip(eager[1:3], compiled_args[1:3]):
+        assert torch.equal(a, b)
