@@ -1,0 +1,300 @@
+"""gdn_ring_verify's kernels: the ring's pending tokens and this step's drafts as ONE chunk of the
+chunked (UT) form of csrc_triton/gdn_verify.py, from one read of the checkpoint tile.
+
+Per row b and value head h, with (start, pending) = cursor[ring_slots[b]], P = pending, the chunk's
+key tokens are the P pending tokens (logical 0..P-1, ring rows (start + j) % C) then the N drafts
+(P..P+N-1). A pending token's k and v are recomputed as gdn_commit replays a path token: the
+depthwise conv over its last K inputs (ring rows, the checkpoint's window conv_state before the
+first), SiLU, split, l2 norm; its g, beta are the ring's gates. Token t's ancestors are the
+pending tokens up to t (a pending token) or every pending token plus its tree path (a draft); with
+that mask the formulas of gdn_verify's docstring give U for every key token and O for the drafts'
+queries. The stack holds KEYS key rows (P + N of them real) then KEYS query rows (N real).
+
+The fold (pending > 0 and pending + N > capacity) stores the tile after the pending tokens,
+
+    S_P = exp(G_P) S0 + sum_{j < P} exp(G_P - G_j) k_j u_j^T       (G_P = g_0 + ... + g_{P-1})
+
+one product of the key stack's transpose with U, into the same tile the program read: no other
+program reads it. The folded conv window is stored by a second launch (_ring_window_kernel): every
+program of the row reads the old window for the first pending tokens' conv.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
+from .gdn_verify import MIN_DOT, _dot, _l2_normalised, _operand, _power_series, default_precision
+
+RING_BLOCK_V = 64
+RING_WARPS = 4
+WINDOW_BLOCK = 256  # channels per program of the window store
+
+
+@triton.jit
+def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_row, start, chan, chan_ok,
+                  rows_stride_row, rows_stride_dim, window_stride_dim, window_stride_win, weight_stride_dim,
+                  weight_stride_tap, bias_stride, RING_ROWS: tl.constexpr, KERNEL_SIZE: tl.constexpr,
+                  HAS_BIAS: tl.constexpr):
+    """[T, CH] fp32: silu(bias + sum_t w_t x_t) of the pending tokens ``token`` [T] (where
+    ``pending_row``) at channels ``chan`` [CH]; zeros elsewhere. Input t of token j sits at
+    logical position j - (K-1) + t: a ring row if >= 0, else window column K-1 + position."""
+    ok = pending_row[:, None] & chan_ok[None, :]
+    if HAS_BIAS:
+        acc = tl.load(bias_ptr + chan * bias_stride, mask=chan_ok, other=0.0).to(tl.float32)[None, :]
+    else:
+        acc = tl.zeros([1, chan.shape[0]], dtype=tl.float32)
+    for tap in tl.static_range(KERNEL_SIZE):
+        position = token - (KERNEL_SIZE - 1) + tap
+        in_ring = position >= 0
+        ring_row = (start + tl.where(in_ring, position, 0)) % RING_ROWS
+        x_ring = tl.load(rows_base + (ring_row * rows_stride_row)[:, None] + (chan * rows_stride_dim)[None, :],
+                         mask=ok & in_ring[:, None], other=0.0).to(tl.float32)
+        column = tl.where(in_ring, 0, KERNEL_SIZE - 1 + position)
+        x_window = tl.load(window_base + (chan * window_stride_dim)[None, :] + (column * window_stride_win)[:, None],
+                           mask=ok & (position < 0)[:, None], other=0.0).to(tl.float32)
+        weight = tl.load(weight_ptr + chan * weight_stride_dim + tap * weight_stride_tap, mask=chan_ok,
+                         other=0.0).to(tl.float32)
+        acc = acc + weight[None, :] * (x_ring + x_window)
+    return tl.where(ok, acc / (1.0 + tl.exp(-acc)), 0.0)
+
+
+@triton.jit
+def _gdn_ring_verify_kernel(
+    out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr, cursor_ptr, weight_ptr,
+    bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr,
+    layer, num_state_slots, num_ring_slots, scale,
+    out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+    q_stride_row, q_stride_node, q_stride_head, q_stride_k,
+    k_stride_row, k_stride_node, k_stride_head, k_stride_k,
+    v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+    g_stride_row, g_stride_node, g_stride_head,
+    beta_stride_row, beta_stride_node, beta_stride_head,
+    ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_k, ssm_stride_v,
+    conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
+    rows_stride_layer, rows_stride_slot, rows_stride_row, rows_stride_dim,
+    gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_gate, gates_stride_head,
+    cursor_stride_slot, cursor_stride_field, weight_stride_dim, weight_stride_tap, bias_stride,
+    ring_slots_stride, state_slots_stride, parents_stride_row, parents_stride_node,
+    NUM_NODES: tl.constexpr, CAPACITY: tl.constexpr, KEYS: tl.constexpr, KERNEL_SIZE: tl.constexpr,
+    NUM_K_HEADS: tl.constexpr, NUM_V_HEADS: tl.constexpr, HEAD_K_DIM: tl.constexpr, HEAD_V_DIM: tl.constexpr,
+    BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, TREE: tl.constexpr, L2NORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row. A row is left
+    alone (nothing read past its indices, nothing written) unless both slots are in range and its
+    cursor is a ring position; its outputs also need every parent link in [-1, n-1]."""
+    RING_ROWS: tl.constexpr = CAPACITY + NUM_NODES
+    NODES: tl.constexpr = 2 * KEYS
+    V_BLOCKS: tl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
+    head = tl.program_id(0) // V_BLOCKS
+    v_block = tl.program_id(0) % V_BLOCKS
+    vv = v_block * BLOCK_V + tl.arange(0, BLOCK_V)
+    row = tl.program_id(1).to(tl.int64)
+    k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
+
+    ring = tl.load(ring_slots_ptr + row * ring_slots_stride).to(tl.int64)
+    slot = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
+    live = (ring >= 0) & (ring < num_ring_slots) & (slot >= 0) & (slot < num_state_slots)
+    ring = tl.where(live, ring, 0)
+    slot = tl.where(live, slot, 0)
+    start = tl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(tl.int32)
+    pending = tl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(tl.int32)
+    live = live & (start >= 0) & (start < RING_ROWS) & (pending >= 0) & (pending <= CAPACITY)
+    start = tl.where(live, start, 0)
+    pending = tl.where(live, pending, 0)
+    fold = live & (pending > 0) & (pending + NUM_NODES > CAPACITY)
+
+    stack = tl.arange(0, NODES)
+    key_side = stack < KEYS
+    draft = tl.where(key_side, stack - pending, stack - KEYS)  # the draft of a draft key row or query row
+    key_pending = key_side & (stack < pending)  # (pending is 0 for a row left alone)
+    drafted = tl.where(live, (draft >= 0) & (draft < NUM_NODES), False)  # a draft's key or query row
+    real = key_pending | drafted
+    token = tl.where(key_side, stack, pending + draft)  # the chunk token of the row
+    kk = tl.arange(0, BLOCK_K)
+    k_ok = kk < HEAD_K_DIM
+    columns = vv < HEAD_V_DIM
+
+    tile = (ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
+            + (kk * ssm_stride_k)[:, None] + (vv * ssm_stride_v)[None, :])
+    tile_ok = tl.where(live, k_ok[:, None] & columns[None, :], False)
+    state = tl.load(tile, mask=tile_ok, other=0.0).to(tl.float32)
+
+    rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
+    window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
+    gates_base = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot + head * gates_stride_head
+    ring_row = (start + tl.where(key_pending, stack, 0)) % RING_ROWS
+    # k and q: pending tokens' from their conv (k channels Hk*dk + k_head*dk + i), drafts' given
+    k_chan = NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk
+    conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, stack, key_pending, start, k_chan, k_ok,
+                           rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
+                           weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+    d = tl.where(drafted, draft, 0).to(tl.int64)
+    keys = k_ptr + row * k_stride_row + k_head * k_stride_head + (d * k_stride_node)[:, None] + (kk * k_stride_k)[None, :]
+    queries = (q_ptr + row * q_stride_row + k_head * q_stride_head + (d * q_stride_node)[:, None]
+               + (kk * q_stride_k)[None, :])
+    given = tl.load(tl.where(key_side[:, None], keys, queries), mask=drafted[:, None] & k_ok[None, :],
+                    other=0.0).to(tl.float32)
+    kq = _l2_normalised(tl.where(key_pending[:, None], conv_k, given), L2NORM) * tl.where(key_side, 1.0, scale)[:, None]
+    kq = _operand(kq, PRECISION)
+
+    g_given = tl.load(g_ptr + row * g_stride_row + d * g_stride_node + head * g_stride_head, mask=drafted,
+                      other=0.0).to(tl.float32)
+    g_ring = tl.load(gates_base + ring_row * gates_stride_row, mask=key_pending, other=0.0).to(tl.float32)
+    g = tl.where(key_pending, g_ring, g_given)
+    beta_given = tl.load(beta_ptr + row * beta_stride_row + d * beta_stride_node + head * beta_stride_head,
+                         mask=drafted & key_side, other=0.0).to(tl.float32)
+    beta_ring = tl.load(gates_base + ring_row * gates_stride_row + gates_stride_gate, mask=key_pending,
+                        other=0.0).to(tl.float32)
+    beta = tl.where(key_pending, beta_ring, beta_given)  # zero on query rows: no update there
+
+    # ancestry[r, c]: key token c is row r's token or one of its ancestors
+    key_col = (key_side & real)[None, :]
+    if TREE:
+        links = parents_ptr + row * parents_stride_row
+        up = tl.load(links + d * parents_stride_node, mask=drafted, other=-1)
+        node = tl.arange(0, NODES)
+        real_node = node < NUM_NODES
+        all_up = tl.load(links + tl.where(real_node, node, 0) * parents_stride_node, mask=real_node, other=-1)
+        links_ok = tl.sum(tl.where(real_node & ((all_up < -1) | (all_up >= node)), 1, 0)) == 0
+        on_path = token[:, None] == stack[None, :]
+        for _ in tl.static_range(NUM_NODES - 1):
+            on_path |= ((up + pending)[:, None] == stack[None, :]) & (up >= 0)[:, None]
+            climbing = tl.where(links_ok, up >= 0, False)
+            up = tl.where(climbing, tl.load(links + tl.where(climbing, up, 0) * parents_stride_node, mask=climbing,
+                                            other=-1), -1)
+        ancestry = key_col & real[:, None] & ((stack[None, :] < pending) & (stack[None, :] <= token[:, None])
+                                              | on_path & drafted[:, None])
+    else:
+        links_ok = live
+        ancestry = key_col & real[:, None] & (stack[None, :] <= token[:, None])
+    cumulative = tl.sum(tl.where(ancestry, g[None, :], 0.0), axis=1)  # G of the row's token
+    decay = tl.where(ancestry, tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0)), 0.0)
+    gram = tl.dot(kq, tl.trans(kq), input_precision=PRECISION)
+    eye = (stack[:, None] == stack[None, :]).to(tl.float32)
+    A = tl.where(key_side[:, None] & (eye < 0.5), beta[:, None] * decay * gram, 0.0)
+    inverse = _power_series(-A, eye, CAPACITY + NUM_NODES, PRECISION)  # (I + A)^-1 on the key block
+    grown = tl.exp(cumulative)[:, None]
+
+    v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
+    conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, stack, key_pending, start, v_chan, columns,
+                           rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
+                           weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+    v_given = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (d * v_stride_node)[:, None]
+                      + (vv * v_stride_v)[None, :], mask=(drafted & key_side)[:, None] & columns[None, :],
+                      other=0.0).to(tl.float32)
+    v = tl.where(key_pending[:, None], conv_v, v_given)
+    products = tl.dot(kq, state, input_precision=PRECISION)  # K S0 on key rows, Q S0 on query rows
+    rhs = beta[:, None] * (v - grown * products)
+    updates = _dot(inverse, rhs, PRECISION)  # U on key rows, zero on query rows
+    o = tl.where(key_side[:, None], 0.0, grown) * products + _dot(tl.where(key_side[:, None], 0.0, decay * gram),
+                                                                    updates, PRECISION)
+    dst = (out_ptr + row * out_stride_row + head * out_stride_head + (d * out_stride_node)[:, None]
+           + (vv * out_stride_v)[None, :])
+    tl.store(dst, o.to(out_ptr.dtype.element_ty),
+             mask=tl.where(links_ok, (drafted & (stack >= KEYS))[:, None] & columns[None, :], False))
+
+    if fold:
+        total = tl.sum(tl.where(key_pending, g, 0.0))  # G_P
+        weights = tl.where(key_pending, tl.exp(total - cumulative), 0.0)
+        folded = tl.exp(total) * state + _dot(tl.trans(kq * weights[:, None]), updates, PRECISION)
+        tl.store(tile, folded.to(ssm_ptr.dtype.element_ty), mask=tile_ok)
+
+    if v_block == 0:  # the drafts' gates beside their rows, once per head
+        draft_row = (start + pending + tl.where(drafted & key_side, draft, 0)) % RING_ROWS
+        gate = gates_base + draft_row * gates_stride_row
+        tl.store(gate, g, mask=drafted & key_side)
+        tl.store(gate + gates_stride_gate, beta, mask=drafted & key_side)
+
+
+@triton.jit
+def _ring_window_kernel(
+    conv_ptr, rows_ptr, cursor_ptr, ring_slots_ptr, state_slots_ptr, layer, num_state_slots, num_ring_slots, dim,
+    conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
+    rows_stride_layer, rows_stride_slot, rows_stride_row, rows_stride_dim,
+    cursor_stride_slot, cursor_stride_field, ring_slots_stride, state_slots_stride,
+    NUM_NODES: tl.constexpr, CAPACITY: tl.constexpr, WIDTH: tl.constexpr, WINDOW: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """A folding row's conv window after its pending tokens: window column w holds logical input
+    pending - (K-1) + w, a ring row if >= 0, else the old window's column (read before written)."""
+    RING_ROWS: tl.constexpr = CAPACITY + NUM_NODES
+    chan = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    row = tl.program_id(1).to(tl.int64)
+    ring = tl.load(ring_slots_ptr + row * ring_slots_stride).to(tl.int64)
+    slot = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
+    live = (ring >= 0) & (ring < num_ring_slots) & (slot >= 0) & (slot < num_state_slots)
+    ring = tl.where(live, ring, 0)
+    slot = tl.where(live, slot, 0)
+    start = tl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(tl.int32)
+    pending = tl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(tl.int32)
+    fold = (live & (start >= 0) & (start < RING_ROWS) & (pending > 0) & (pending <= CAPACITY)
+            & (pending + NUM_NODES > CAPACITY))
+    if fold:
+        ok = chan < dim
+        window = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot + chan * conv_stride_dim
+        rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot + chan * rows_stride_dim
+        column = tl.arange(0, WINDOW)
+        old = tl.zeros([WINDOW, BLOCK], dtype=tl.float32)
+        for w in tl.static_range(WIDTH):  # the old window first: its columns move left
+            old = tl.where(column[:, None] == w,
+                           tl.load(window + w * conv_stride_win, mask=ok, other=0.0).to(tl.float32)[None, :], old)
+        for w in tl.static_range(WIDTH):
+            position = pending - WIDTH + w
+            from_ring = position >= 0
+            ring_row = (start + tl.where(from_ring, position, 0)) % RING_ROWS
+            value = tl.load(rows_base + ring_row * rows_stride_row, mask=tl.where(from_ring, ok, False), other=0.0).to(tl.float32)
+            shifted = tl.sum(tl.where(column[:, None] == WIDTH + position, old, 0.0), axis=0)
+            value = tl.where(from_ring, value, shifted)
+            tl.store(window + w * conv_stride_win, value.to(conv_ptr.dtype.element_ty), mask=ok)
+
+
+def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
+                parents, *, scale, use_qk_l2norm, block_v=None, num_warps=RING_WARPS, precision=None):
+    """The two launches of gdn_ring_verify (the verify, then the folded windows), or () with no rows."""
+    num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
+    num_v_heads, head_v_dim = v.shape[2], v.shape[3]
+    ring_rows, dim, kernel_size = rows.shape[2], rows.shape[3], conv.shape[3] + 1
+    if num_rows == 0:
+        return ()
+    if num_rows > MAX_GRID_Y:
+        raise ValueError(f"convwin.gdn_ring_verify verifies at most {MAX_GRID_Y} rows per call, got {num_rows}; "
+                         "split the batch")
+    capacity = ring_rows - num_nodes
+    if block_v is None:
+        block_v = max(MIN_DOT, min(RING_BLOCK_V, next_power_of_2(head_v_dim)))
+    index_strides = (ring_slots.stride(0), state_slots.stride(0), *((0, 0) if parents is None else parents.stride()))
+    scalars = (layer, ssm.shape[1], rows.shape[1], float(scale), *out.stride(), *q.stride(), *k.stride(), *v.stride(),
+               *g.stride(), *beta.stride(), *ssm.stride(), *conv.stride(), *rows.stride(), *gates.stride(),
+               *cursor.stride(), *weight.stride(), 0 if bias is None else bias.stride(0), *index_strides)
+    constexprs = dict(
+        NUM_NODES=num_nodes, CAPACITY=capacity, KEYS=max(MIN_DOT // 2, next_power_of_2(ring_rows)),
+        KERNEL_SIZE=kernel_size, NUM_K_HEADS=num_k_heads, NUM_V_HEADS=num_v_heads, HEAD_K_DIM=head_k_dim,
+        HEAD_V_DIM=head_v_dim, BLOCK_K=max(MIN_DOT, next_power_of_2(head_k_dim)), BLOCK_V=block_v,
+        TREE=parents is not None, L2NORM=bool(use_qk_l2norm), HAS_BIAS=bias is not None,
+        PRECISION=precision or default_precision(ssm), num_warps=num_warps,
+    )
+    tensors = (out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, weight if bias is None else bias,
+               ring_slots, state_slots, state_slots if parents is None else parents)
+    verify = KernelCall(_gdn_ring_verify_kernel, (num_v_heads * cdiv(head_v_dim, block_v), num_rows), tensors,
+                        scalars, constexprs)
+    block = min(WINDOW_BLOCK, next_power_of_2(dim))
+    window = KernelCall(
+        _ring_window_kernel, (cdiv(dim, block), num_rows), (conv, rows, cursor, ring_slots, state_slots),
+        (layer, ssm.shape[1], rows.shape[1], dim, *conv.stride(), *rows.stride(), *cursor.stride(),
+         ring_slots.stride(0), state_slots.stride(0)),
+        dict(NUM_NODES=num_nodes, CAPACITY=capacity, WIDTH=kernel_size - 1,
+             WINDOW=max(2, next_power_of_2(kernel_size - 1)), BLOCK=block),
+    )
+    return verify, window
+
+
+def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
+                           state_slots, layer, parents, *, scale, use_qk_l2norm, **tuning):
+    """ops_ring.gdn_ring_verify's arguments as its prepare gives them (ssm [L, S, Hv, dk, dv], conv
+    [L, S, dim, K-1], rows [L, M, C, dim], gates [L, M, C, 2, Hv], cursor [M, 2]; any strides).
+    Two launches: the verify (and the fold's state), then the folded conv windows."""
+    for call in _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
+                            state_slots, layer, parents, scale=scale, use_qk_l2norm=use_qk_l2norm, **tuning):
+        call.launch()

@@ -1,0 +1,164 @@
+"""The ring's Triton kernels against the ring ops' PyTorch code (cpu_ring.py, itself held to the
+float64 oracle by test_ring.py), under Triton's interpreter and on the GPU.
+
+One call at a time from random ring states: every cursor a ring position (pending tokens wrapping
+the ring's end, folds and no folds), padded rows, chains and trees. Outputs and folded states are
+arithmetic (tolerances against the PyTorch code's fp32); conv windows, gates, the ring's rows and
+every state the call must not touch are compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sgl_convwin
+from sgl_convwin._kernels import triton_kernels
+from support import HAS_TRITON, INTERPRET, trees
+
+FILL = 7.0
+
+interpreted = pytest.mark.skipif(not (INTERPRET and HAS_TRITON), reason="Triton's interpreter runs on the CPU only")
+DEVICES = [pytest.param("cpu", marks=interpreted), pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def ring_case(*, num_rows=3, num_nodes=2, capacity=4, kernel_size=4, num_k_heads=1, ratio=2, head_k_dim=16,
+              head_v_dim=16, num_state_slots=5, num_ring_slots=4, parents=None, cursors=None, ring_slots=None,
+              state_slots=None, rows_dtype=torch.float32, state_dtype=torch.float32, device="cpu", seed=0):
+    """gdn_ring_verify's arguments for layer 1 of 2, random but for what is given."""
+    gen = torch.Generator().manual_seed(seed)
+    num_v_heads = num_k_heads * ratio
+    dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+    ring_rows = capacity + num_nodes
+    layers = 2
+
+    def randn(*shape, std=1.0):
+        return torch.randn(shape, generator=gen) * std
+
+    if cursors is None:
+        start = torch.randint(0, ring_rows, (num_ring_slots,), generator=gen)
+        pending = torch.randint(0, capacity + 1, (num_ring_slots,), generator=gen)
+        cursors = torch.stack([start, pending], dim=1)
+    if ring_slots is None:
+        ring_slots = torch.randperm(num_ring_slots, generator=gen)[:num_rows]
+    if state_slots is None:
+        state_slots = torch.randperm(num_state_slots, generator=gen)[:num_rows]
+    q = randn(num_rows, num_nodes, num_k_heads, head_k_dim)
+    k = randn(num_rows, num_nodes, num_k_heads, head_k_dim)
+    v = randn(num_rows, num_nodes, num_v_heads, head_v_dim)
+    g = -torch.rand(num_rows, num_nodes, num_v_heads, generator=gen)
+    beta = torch.rand(num_rows, num_nodes, num_v_heads, generator=gen)
+    ssm = randn(layers, num_state_slots, num_v_heads, head_k_dim, head_v_dim, std=0.3).to(state_dtype)
+    conv = randn(layers, num_state_slots, dim, kernel_size - 1).to(rows_dtype)
+    rows = randn(layers, num_ring_slots, ring_rows, dim).to(rows_dtype)
+    gates = torch.stack([-torch.rand(layers, num_ring_slots, ring_rows, num_v_heads, generator=gen),
+                         torch.rand(layers, num_ring_slots, ring_rows, num_v_heads, generator=gen)], dim=3)
+    weight = randn(dim, kernel_size, std=0.5)
+    bias = randn(dim, std=0.1)
+    tensors = dict(q=q, k=k, v=v, g=g, beta=beta, ssm_state=ssm, conv_state=conv, rows=rows, gates=gates,
+                   cursor=cursors.to(torch.int32), conv_weight=weight, conv_bias=bias,
+                   ring_slots=torch.as_tensor(ring_slots), state_slots=torch.as_tensor(state_slots),
+                   parents=None if parents is None else torch.as_tensor(parents).expand(num_rows, -1).contiguous())
+    return {name: None if t is None else t.to(device) for name, t in tensors.items()}
+
+
+IEEE = dict(precision="ieee")  # float32 products: what the PyTorch code computes, so tight tolerances hold
+
+
+def run_both(case, *, layer=1, use_qk_l2norm=True, tuning=IEEE):
+    """(PyTorch code's tensors, kernels' tensors) after one call each on copies of ``case``."""
+    def call(launch):
+        mine = {name: None if t is None else t.clone() for name, t in case.items()}
+        out = torch.full(mine["v"].shape, FILL, device=mine["v"].device)
+        args = (out, mine["q"], mine["k"], mine["v"], mine["g"], mine["beta"], mine["ssm_state"], mine["conv_state"],
+                mine["rows"], mine["gates"], mine["cursor"], mine["conv_weight"], mine["conv_bias"],
+                mine["ring_slots"], mine["state_slots"], layer, mine["parents"])
+        if launch:
+            kernel_args, kernel_kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
+                *args, use_qk_l2norm=use_qk_l2norm)
+            triton_kernels().launch_gdn_ring_verify(*kernel_args, **kernel_kwargs, **(tuning or {}))
+        else:
+            sgl_convwin.gdn_ring_verify(*args, use_qk_l2norm=use_qk_l2norm)
+        mine["out"] = out
+        return mine
+
+    return call(False), call(True)
+
+
+def assert_agree(want, got, tol=2e-5):
+    """Arithmetic within tol x the largest magnitude; everything else bit for bit."""
+    for name in ("out", "ssm_state"):
+        scale = want[name].float().abs().max().item()
+        error = (got[name].float() - want[name].float()).abs().max().item()
+        assert error <= tol * scale, (name, error, scale)
+    assert torch.equal(got["out"] == FILL, want["out"] == FILL)  # the rows left alone
+    for name in ("conv_state", "gates", "rows", "cursor"):
+        assert torch.equal(got[name], want[name]), name
+
+
+def assert_same_untouched(case, want, got):
+    """States the PyTorch code left as they were, the kernels left bit for bit too."""
+    kept = torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)  # [L, S]
+    assert torch.equal(got["ssm_state"][kept], case["ssm_state"][kept])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_matches_pytorch_code(device, tree):
+    """Every slot's cursor at a different place: folds (pending + N > capacity) beside rows that only
+    replay, a ring wrapping its end, an empty ring, and a padded row."""
+    cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
+    parents = [-1, 0, 0] if tree else None
+    case = ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
+                     state_slots=[3, 0, 4, -1], parents=parents, device=device)
+    want, got = run_both(case)
+    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
+    assert not torch.equal(want["conv_state"], case["conv_state"])
+    assert_agree(want, got)
+    assert_same_untouched(case, want, got)
+    want, got = run_both(case, tuning={})  # the default: tf32 products, operands rounded to nearest
+    assert_agree(want, got, tol=2e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_low_precision_rows_and_state(device):
+    case = ring_case(num_rows=3, num_nodes=2, capacity=3, rows_dtype=torch.bfloat16, state_dtype=torch.bfloat16,
+                     kernel_size=3, device=device, seed=3)
+    want, got = run_both(case, use_qk_l2norm=False)
+    assert_agree(want, got, tol=1e-2)  # the bf16 checkpoint's rounding
+    assert_same_untouched(case, want, got)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_cursors_and_links_skip(device):
+    """A cursor outside the ring and a tree with a forward link: the first row is left alone
+    entirely, the second folds and stores its gates but writes no output."""
+    cursors = torch.tensor([[9, 1], [2, 3], [0, 1]])  # start 9 >= C = 6
+    case = ring_case(num_rows=3, num_nodes=2, capacity=4, num_ring_slots=3, cursors=cursors, ring_slots=[0, 1, 2],
+                     state_slots=[0, 1, 2], parents=[-1, 0], device=device, seed=5)
+    case["parents"][1] = torch.tensor([-1, 1])
+    want, got = run_both(case)
+    assert (want["out"][:2] == FILL).all()
+    assert_agree(want, got)
+
+
+@interpreted
+@pytest.mark.slow
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_fuzz_interpreted(data):
+    """Random cursors, capacities, drafts, trees, conv widths, groupings and padding."""
+    num_nodes = data.draw(st.integers(1, 4), label="nodes")
+    capacity = data.draw(st.integers(num_nodes, 6), label="capacity")
+    num_rows = data.draw(st.integers(1, 3), label="rows")
+    case = ring_case(
+        num_rows=num_rows, num_nodes=num_nodes, capacity=capacity, kernel_size=data.draw(st.integers(2, 5)),
+        ratio=data.draw(st.sampled_from([1, 2])), num_ring_slots=4,
+        state_slots=data.draw(st.lists(st.integers(-1, 4), min_size=num_rows, max_size=num_rows, unique=True)),
+        parents=data.draw(st.one_of(st.none(), trees(num_nodes)), label="parents"), seed=data.draw(st.integers(0, 99)),
+    )
+    want, got = run_both(case, use_qk_l2norm=data.draw(st.booleans()))
+    assert_agree(want, got)
+    assert_same_untouched(case, want, got)
