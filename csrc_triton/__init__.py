@@ -6,7 +6,7 @@ they never allocate, never read device memory on the host and hold no torch.libr
 """
 
 from .gdn_commit import launch_gdn_commit, planned_gdn_commit
-from .gdn_ring_verify import launch_gdn_ring_verify
+from .gdn_ring_verify import launch_gdn_ring_flush, launch_gdn_ring_verify
 from .gdn_verify import launch_gdn_verify, planned_gdn_verify
 from .mamba2_commit import launch_mamba2_commit, planned_mamba2_commit
 from .replay import launch_capture_gates, launch_path_window, planned_capture_gates
@@ -17,6 +17,7 @@ from .verify import launch_capture, launch_causal_conv1d_verify, planned_capture
 __all__ = [
     "launch_capture_gates",
     "launch_gdn_commit",
+    "launch_gdn_ring_flush",
     "launch_gdn_ring_verify",
     "launch_gdn_verify",
     "launch_mamba2_commit",

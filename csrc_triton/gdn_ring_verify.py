@@ -75,24 +75,29 @@ def _gdn_ring_verify_kernel(
     conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
     rows_stride_layer, rows_stride_slot, rows_stride_row, rows_stride_dim,
     gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_gate, gates_stride_head,
-    cursor_stride_slot, cursor_stride_field, weight_stride_dim, weight_stride_tap, bias_stride,
-    ring_slots_stride, state_slots_stride, parents_stride_row, parents_stride_node,
-    NUM_NODES: tl.constexpr, CAPACITY: tl.constexpr, KEYS: tl.constexpr, KERNEL_SIZE: tl.constexpr,
+    cursor_stride_slot, cursor_stride_field, weight_stride_layer, weight_stride_dim, weight_stride_tap,
+    bias_stride_layer, bias_stride, ring_slots_stride, state_slots_stride, parents_stride_row, parents_stride_node,
+    NUM_NODES: tl.constexpr, RING_ROWS: tl.constexpr, MAX_PENDING: tl.constexpr, FOLD_ABOVE: tl.constexpr,
+    KEYS: tl.constexpr, KERNEL_SIZE: tl.constexpr,
     NUM_K_HEADS: tl.constexpr, NUM_V_HEADS: tl.constexpr, HEAD_K_DIM: tl.constexpr, HEAD_V_DIM: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, TREE: tl.constexpr, L2NORM: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row. A row is left
-    alone (nothing read past its indices, nothing written) unless both slots are in range and its
-    cursor is a ring position; its outputs also need every parent link in [-1, n-1]."""
-    RING_ROWS: tl.constexpr = CAPACITY + NUM_NODES
+    """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
+    ``layer`` + program_id(2). A row is left alone (nothing read past its indices, nothing written)
+    unless both slots are in range and its cursor a ring position (pending <= MAX_PENDING); its
+    outputs also need every parent link in [-1, n-1]. It folds when pending > 0 and pending + N >
+    FOLD_ABOVE (the verify: the capacity; the flush, with no drafts: 0)."""
     NODES: tl.constexpr = 2 * KEYS
     V_BLOCKS: tl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = tl.program_id(0) // V_BLOCKS
     v_block = tl.program_id(0) % V_BLOCKS
     vv = v_block * BLOCK_V + tl.arange(0, BLOCK_V)
     row = tl.program_id(1).to(tl.int64)
+    layer = layer + tl.program_id(2)
     k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
+    weight_ptr += layer * weight_stride_layer
+    bias_ptr += layer * bias_stride_layer
 
     ring = tl.load(ring_slots_ptr + row * ring_slots_stride).to(tl.int64)
     slot = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
@@ -101,10 +106,10 @@ def _gdn_ring_verify_kernel(
     slot = tl.where(live, slot, 0)
     start = tl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(tl.int32)
     pending = tl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(tl.int32)
-    live = live & (start >= 0) & (start < RING_ROWS) & (pending >= 0) & (pending <= CAPACITY)
+    live = live & (start >= 0) & (start < RING_ROWS) & (pending >= 0) & (pending <= MAX_PENDING)
     start = tl.where(live, start, 0)
     pending = tl.where(live, pending, 0)
-    fold = live & (pending > 0) & (pending + NUM_NODES > CAPACITY)
+    fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
 
     stack = tl.arange(0, NODES)
     key_side = stack < KEYS
@@ -175,7 +180,7 @@ def _gdn_ring_verify_kernel(
     gram = tl.dot(kq, tl.trans(kq), input_precision=PRECISION)
     eye = (stack[:, None] == stack[None, :]).to(tl.float32)
     A = tl.where(key_side[:, None] & (eye < 0.5), beta[:, None] * decay * gram, 0.0)
-    inverse = _power_series(-A, eye, CAPACITY + NUM_NODES, PRECISION)  # (I + A)^-1 on the key block
+    inverse = _power_series(-A, eye, RING_ROWS, PRECISION)  # (I + A)^-1 on the key block
     grown = tl.exp(cumulative)[:, None]
 
     v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
@@ -215,13 +220,15 @@ def _ring_window_kernel(
     conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
     rows_stride_layer, rows_stride_slot, rows_stride_row, rows_stride_dim,
     cursor_stride_slot, cursor_stride_field, ring_slots_stride, state_slots_stride,
-    NUM_NODES: tl.constexpr, CAPACITY: tl.constexpr, WIDTH: tl.constexpr, WINDOW: tl.constexpr, BLOCK: tl.constexpr,
+    NUM_NODES: tl.constexpr, RING_ROWS: tl.constexpr, MAX_PENDING: tl.constexpr, FOLD_ABOVE: tl.constexpr,
+    WIDTH: tl.constexpr, WINDOW: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """A folding row's conv window after its pending tokens: window column w holds logical input
-    pending - (K-1) + w, a ring row if >= 0, else the old window's column (read before written)."""
-    RING_ROWS: tl.constexpr = CAPACITY + NUM_NODES
+    """A folding row's conv window (of layer ``layer`` + program_id(2)) after its pending tokens:
+    window column w holds logical input pending - (K-1) + w, a ring row if >= 0, else the old
+    window's column (read before written). The rows and the fold rule of the verify kernel."""
     chan = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     row = tl.program_id(1).to(tl.int64)
+    layer = layer + tl.program_id(2)
     ring = tl.load(ring_slots_ptr + row * ring_slots_stride).to(tl.int64)
     slot = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
     live = (ring >= 0) & (ring < num_ring_slots) & (slot >= 0) & (slot < num_state_slots)
@@ -229,8 +236,8 @@ def _ring_window_kernel(
     slot = tl.where(live, slot, 0)
     start = tl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(tl.int32)
     pending = tl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(tl.int32)
-    fold = (live & (start >= 0) & (start < RING_ROWS) & (pending > 0) & (pending <= CAPACITY)
-            & (pending + NUM_NODES > CAPACITY))
+    fold = (live & (start >= 0) & (start < RING_ROWS) & (pending > 0) & (pending <= MAX_PENDING)
+            & (pending + NUM_NODES > FOLD_ABOVE))
     if fold:
         ok = chan < dim
         window = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot + chan * conv_stride_dim
@@ -250,44 +257,67 @@ def _ring_window_kernel(
             tl.store(window + w * conv_stride_win, value.to(conv_ptr.dtype.element_ty), mask=ok)
 
 
-def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
-                parents, *, scale, use_qk_l2norm, block_v=None, num_warps=RING_WARPS, precision=None):
-    """The two launches of gdn_ring_verify (the verify, then the folded windows), or () with no rows."""
-    num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
-    num_v_heads, head_v_dim = v.shape[2], v.shape[3]
+def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
+                 *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
+                 num_warps, precision):
+    """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
+    layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim] when num_layers > 1, else one
+    layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never read)."""
+    num_k_heads, head_k_dim, num_v_heads, head_v_dim = heads
+    num_rows = ring_slots.shape[0]
     ring_rows, dim, kernel_size = rows.shape[2], rows.shape[3], conv.shape[3] + 1
-    if num_rows == 0:
-        return ()
-    if num_rows > MAX_GRID_Y:
-        raise ValueError(f"convwin.gdn_ring_verify verifies at most {MAX_GRID_Y} rows per call, got {num_rows}; "
-                         "split the batch")
-    capacity = ring_rows - num_nodes
+    if num_rows > MAX_GRID_Y or num_layers > MAX_GRID_Y:
+        raise ValueError(f"convwin ring kernels take at most {MAX_GRID_Y} rows and layers per call, got {num_rows} "
+                         f"and {num_layers}; split the batch")
     if block_v is None:
         block_v = max(MIN_DOT, min(RING_BLOCK_V, next_power_of_2(head_v_dim)))
+    drafts = out is not None
+    per_layer = (lambda t: (0, *t.stride())) if num_layers == 1 else (lambda t: t.stride())
+    no_strides = lambda n: (0,) * n  # noqa: E731 -- a tensor the kernel never reads
+    bias_strides = (0, 0) if bias is None else per_layer(bias)
     index_strides = (ring_slots.stride(0), state_slots.stride(0), *((0, 0) if parents is None else parents.stride()))
-    scalars = (layer, ssm.shape[1], rows.shape[1], float(scale), *out.stride(), *q.stride(), *k.stride(), *v.stride(),
-               *g.stride(), *beta.stride(), *ssm.stride(), *conv.stride(), *rows.stride(), *gates.stride(),
-               *cursor.stride(), *weight.stride(), 0 if bias is None else bias.stride(0), *index_strides)
+    scalars = (layer, ssm.shape[1], rows.shape[1], float(scale),
+               *(out.stride() if drafts else no_strides(4)), *(q.stride() if drafts else no_strides(4)),
+               *(k.stride() if drafts else no_strides(4)), *(v.stride() if drafts else no_strides(4)),
+               *(g.stride() if drafts else no_strides(3)), *(beta.stride() if drafts else no_strides(3)),
+               *ssm.stride(), *conv.stride(), *rows.stride(), *gates.stride(), *cursor.stride(), *per_layer(weight),
+               *bias_strides, *index_strides)
     constexprs = dict(
-        NUM_NODES=num_nodes, CAPACITY=capacity, KEYS=max(MIN_DOT // 2, next_power_of_2(ring_rows)),
-        KERNEL_SIZE=kernel_size, NUM_K_HEADS=num_k_heads, NUM_V_HEADS=num_v_heads, HEAD_K_DIM=head_k_dim,
-        HEAD_V_DIM=head_v_dim, BLOCK_K=max(MIN_DOT, next_power_of_2(head_k_dim)), BLOCK_V=block_v,
-        TREE=parents is not None, L2NORM=bool(use_qk_l2norm), HAS_BIAS=bias is not None,
-        PRECISION=precision or default_precision(ssm), num_warps=num_warps,
+        NUM_NODES=num_nodes, RING_ROWS=ring_rows, MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
+        KEYS=max(MIN_DOT // 2, next_power_of_2(ring_rows)), KERNEL_SIZE=kernel_size, NUM_K_HEADS=num_k_heads,
+        NUM_V_HEADS=num_v_heads, HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim,
+        BLOCK_K=max(MIN_DOT, next_power_of_2(head_k_dim)), BLOCK_V=block_v, TREE=parents is not None,
+        L2NORM=bool(use_qk_l2norm), HAS_BIAS=bias is not None, PRECISION=precision or default_precision(ssm),
+        num_warps=num_warps,
     )
-    tensors = (out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, weight if bias is None else bias,
-               ring_slots, state_slots, state_slots if parents is None else parents)
-    verify = KernelCall(_gdn_ring_verify_kernel, (num_v_heads * cdiv(head_v_dim, block_v), num_rows), tensors,
-                        scalars, constexprs)
+    placeholder = ssm  # where the drafts' tensors would be
+    tensors = (out if drafts else placeholder, *((q, k, v, g, beta) if drafts else (placeholder,) * 5), ssm, conv, rows,
+               gates, cursor, weight, weight if bias is None else bias, ring_slots, state_slots,
+               state_slots if parents is None else parents)
+    chunk = KernelCall(_gdn_ring_verify_kernel, (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers),
+                       tensors, scalars, constexprs)
     block = min(WINDOW_BLOCK, next_power_of_2(dim))
     window = KernelCall(
-        _ring_window_kernel, (cdiv(dim, block), num_rows), (conv, rows, cursor, ring_slots, state_slots),
+        _ring_window_kernel, (cdiv(dim, block), num_rows, num_layers), (conv, rows, cursor, ring_slots, state_slots),
         (layer, ssm.shape[1], rows.shape[1], dim, *conv.stride(), *rows.stride(), *cursor.stride(),
          ring_slots.stride(0), state_slots.stride(0)),
-        dict(NUM_NODES=num_nodes, CAPACITY=capacity, WIDTH=kernel_size - 1,
-             WINDOW=max(2, next_power_of_2(kernel_size - 1)), BLOCK=block),
+        dict(NUM_NODES=num_nodes, RING_ROWS=ring_rows, MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
+             WIDTH=kernel_size - 1, WINDOW=max(2, next_power_of_2(kernel_size - 1)), BLOCK=block),
     )
-    return verify, window
+    return chunk, window
+
+
+def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
+                parents, *, scale, use_qk_l2norm, block_v=None, num_warps=RING_WARPS, precision=None):
+    """gdn_ring_verify's two launches (the verify, then the folded windows), or () with no rows."""
+    num_nodes = q.shape[1]
+    if q.shape[0] == 0:
+        return ()
+    heads = (q.shape[2], q.shape[3], v.shape[2], v.shape[3])
+    return _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
+                        parents, layer=layer, num_layers=1, num_nodes=num_nodes, heads=heads,
+                        max_pending=rows.shape[2] - num_nodes, fold_above=rows.shape[2] - num_nodes, scale=scale,
+                        use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, precision=precision)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
@@ -297,4 +327,49 @@ def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor
     Two launches: the verify (and the fold's state), then the folded conv windows."""
     for call in _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
                             state_slots, layer, parents, scale=scale, use_qk_l2norm=use_qk_l2norm, **tuning):
+        call.launch()
+
+
+@triton.jit
+def _flush_cursor_kernel(cursor_ptr, ring_slots_ptr, state_slots_ptr, num_rows, num_state_slots, num_ring_slots,
+                         cursor_stride_slot, cursor_stride_field, ring_slots_stride, state_slots_stride,
+                         RING_ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """A flushed row's cursor: (start + pending, 0), after every layer's fold has read it."""
+    row = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
+    ok = row < num_rows
+    ring = tl.load(ring_slots_ptr + row * ring_slots_stride, mask=ok, other=-1).to(tl.int64)
+    slot = tl.load(state_slots_ptr + row * state_slots_stride, mask=ok, other=-1).to(tl.int64)
+    live = (ring >= 0) & (ring < num_ring_slots) & (slot >= 0) & (slot < num_state_slots)
+    ring = tl.where(live, ring, 0)
+    start = tl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0)
+    pending = tl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0)
+    live = live & (start >= 0) & (start < RING_ROWS) & (pending >= 0) & (pending < RING_ROWS)
+    tl.store(cursor_ptr + ring * cursor_stride_slot, (start + pending) % RING_ROWS, mask=live)
+    tl.store(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, pending * 0, mask=live)
+
+
+def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state_slots, *, num_k_heads, head_k_dim,
+                 num_v_heads, head_v_dim, use_qk_l2norm, block_v=None, num_warps=RING_WARPS, precision=None):
+    """gdn_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or ()."""
+    num_rows = ring_slots.shape[0]
+    if num_rows == 0:
+        return ()
+    ring_rows = rows.shape[2]
+    chunk, window = _chunk_calls(
+        None, None, None, None, None, None, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
+        None, layer=0, num_layers=ssm.shape[0], num_nodes=0, heads=(num_k_heads, head_k_dim, num_v_heads, head_v_dim),
+        max_pending=ring_rows - 1, fold_above=0, scale=1.0, use_qk_l2norm=use_qk_l2norm, block_v=block_v,
+        num_warps=num_warps, precision=precision)
+    block = min(1024, next_power_of_2(num_rows))
+    cursors = KernelCall(_flush_cursor_kernel, (cdiv(num_rows, block),), (cursor, ring_slots, state_slots),
+                         (num_rows, ssm.shape[1], rows.shape[1], *cursor.stride(), ring_slots.stride(0),
+                          state_slots.stride(0)), dict(RING_ROWS=ring_rows, BLOCK=block))
+    return chunk, window, cursors
+
+
+def launch_gdn_ring_flush(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state_slots, **kwargs):
+    """ops_ring.gdn_ring_flush's arguments as its prepare gives them (weight [L, dim, K], bias [L, dim]
+    or None). Three launches: every layer's fold of the pending tokens, every layer's window, then
+    the cursors."""
+    for call in _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state_slots, **kwargs):
         call.launch()

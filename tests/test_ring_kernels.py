@@ -209,3 +209,41 @@ def test_steps_against_pytorch_code(device, tree):
         want, got = worlds[0], worlds[1]
         assert_agree(dict(want, out=outs[0]), dict(got, out=outs[1]), tol=1e-4)
     assert not torch.equal(worlds[0]["ssm_state"], case["ssm_state"])  # checkpoints were folded
+
+
+def run_flush_both(case, tuning=IEEE):
+    """(PyTorch code's tensors, kernels' tensors) after one gdn_ring_flush each, every layer."""
+    num_v_heads, head_k_dim, head_v_dim = case["ssm_state"].shape[2:]
+    num_k_heads = case["q"].shape[2]
+    layers = case["ssm_state"].shape[0]
+    weight = torch.stack([case["conv_weight"], case["conv_weight"].flip(1)])[:layers]
+    bias = torch.stack([case["conv_bias"], -case["conv_bias"]])[:layers]
+
+    def call(launch):
+        mine = {name: case[name].clone() for name in ("ssm_state", "conv_state", "cursor", "rows", "gates")}
+        args = (mine["ssm_state"], mine["conv_state"], mine["cursor"], mine["rows"], mine["gates"], weight,
+                case["ring_slots"], case["state_slots"])
+        kwargs = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
+                      conv_bias=bias)
+        if launch:
+            kernel_args, kernel_kwargs = sgl_convwin.gdn_ring_flush.kernel_arguments(*args, **kwargs)
+            triton_kernels().launch_gdn_ring_flush(*kernel_args, **kernel_kwargs, **tuning)
+        else:
+            sgl_convwin.gdn_ring_flush(*args, **kwargs)
+        return mine
+
+    return call(False), call(True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flush_matches_pytorch_code(device):
+    """Every layer's fold of every pending token (a full ring, one wrapping its end, an empty one, a
+    bad cursor, a padded row), then the cursors."""
+    cursors = torch.tensor([[3, 5], [5, 2], [0, 0], [1, 9], [2, 3]])  # C = 6 (capacity 4, N = 2): pending <= 5
+    case = ring_case(num_rows=5, num_nodes=2, capacity=4, num_ring_slots=5, num_state_slots=6, cursors=cursors,
+                     ring_slots=[0, 1, 2, 3, 4], state_slots=[4, 2, 0, 1, -1], device=device, seed=7)
+    want, got = run_flush_both(case)
+    assert not torch.equal(want["ssm_state"][0], case["ssm_state"][0])  # both layers folded
+    assert not torch.equal(want["ssm_state"][1], case["ssm_state"][1])
+    assert_agree(dict(want, out=torch.zeros(1)), dict(got, out=torch.zeros(1)))
+    assert_same_untouched(case, want, got)
