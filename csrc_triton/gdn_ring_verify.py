@@ -8,7 +8,8 @@ depthwise conv over its last K inputs (ring rows, the checkpoint's window conv_s
 first), SiLU, split, l2 norm; its g, beta are the ring's gates. Token t's ancestors are the
 pending tokens up to t (a pending token) or every pending token plus its tree path (a draft); with
 that mask the formulas of gdn_verify's docstring give U for every key token and O for the drafts'
-queries. The stack holds KEYS key rows (P + N of them real) then KEYS query rows (N real).
+queries. The stack's rows 0..C-1 are key rows (token r; P + N <= C of them real), rows C..C+N-1
+the drafts' queries, NODES = C + N rounded up to a power of two (C = capacity + N, the ring's rows).
 
 The fold (pending > 0 and pending + N > capacity) stores the tile after the pending tokens,
 
@@ -27,8 +28,10 @@ import triton.language as tl
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
 from .gdn_verify import MIN_DOT, _dot, _l2_normalised, _operand, _power_series, default_precision
 
-RING_BLOCK_V = 64
-RING_WARPS = 4
+# Not yet timed on a GPU: the fewest spills of the offline sm_90 compiles (Triton 3.6, Qwen3-Next's
+# heads, capacity 16, N = 4) among 16-64 columns and 4-8 warps.
+RING_BLOCK_V = 32
+RING_WARPS = 8
 WINDOW_BLOCK = 256  # channels per program of the window store
 
 
@@ -78,7 +81,7 @@ def _gdn_ring_verify_kernel(
     cursor_stride_slot, cursor_stride_field, weight_stride_layer, weight_stride_dim, weight_stride_tap,
     bias_stride_layer, bias_stride, ring_slots_stride, state_slots_stride, parents_stride_row, parents_stride_node,
     NUM_NODES: tl.constexpr, RING_ROWS: tl.constexpr, MAX_PENDING: tl.constexpr, FOLD_ABOVE: tl.constexpr,
-    KEYS: tl.constexpr, KERNEL_SIZE: tl.constexpr,
+    NODES: tl.constexpr, KERNEL_SIZE: tl.constexpr,
     NUM_K_HEADS: tl.constexpr, NUM_V_HEADS: tl.constexpr, HEAD_K_DIM: tl.constexpr, HEAD_V_DIM: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, TREE: tl.constexpr, L2NORM: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
@@ -88,7 +91,6 @@ def _gdn_ring_verify_kernel(
     unless both slots are in range and its cursor a ring position (pending <= MAX_PENDING); its
     outputs also need every parent link in [-1, n-1]. It folds when pending > 0 and pending + N >
     FOLD_ABOVE (the verify: the capacity; the flush, with no drafts: 0)."""
-    NODES: tl.constexpr = 2 * KEYS
     V_BLOCKS: tl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = tl.program_id(0) // V_BLOCKS
     v_block = tl.program_id(0) % V_BLOCKS
@@ -112,8 +114,8 @@ def _gdn_ring_verify_kernel(
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
 
     stack = tl.arange(0, NODES)
-    key_side = stack < KEYS
-    draft = tl.where(key_side, stack - pending, stack - KEYS)  # the draft of a draft key row or query row
+    key_side = stack < RING_ROWS
+    draft = tl.where(key_side, stack - pending, stack - RING_ROWS)  # the draft of a draft key row or query row
     key_pending = key_side & (stack < pending)  # (pending is 0 for a row left alone)
     drafted = tl.where(live, (draft >= 0) & (draft < NUM_NODES), False)  # a draft's key or query row
     real = key_pending | drafted
@@ -199,7 +201,7 @@ def _gdn_ring_verify_kernel(
     dst = (out_ptr + row * out_stride_row + head * out_stride_head + (d * out_stride_node)[:, None]
            + (vv * out_stride_v)[None, :])
     tl.store(dst, o.to(out_ptr.dtype.element_ty),
-             mask=tl.where(links_ok, (drafted & (stack >= KEYS))[:, None] & columns[None, :], False))
+             mask=tl.where(links_ok, (drafted & (stack >= RING_ROWS))[:, None] & columns[None, :], False))
 
     if fold:
         total = tl.sum(tl.where(key_pending, g, 0.0))  # G_P
@@ -284,7 +286,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                *bias_strides, *index_strides)
     constexprs = dict(
         NUM_NODES=num_nodes, RING_ROWS=ring_rows, MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
-        KEYS=max(MIN_DOT // 2, next_power_of_2(ring_rows)), KERNEL_SIZE=kernel_size, NUM_K_HEADS=num_k_heads,
+        NODES=max(MIN_DOT, next_power_of_2(ring_rows + num_nodes)), KERNEL_SIZE=kernel_size, NUM_K_HEADS=num_k_heads,
         NUM_V_HEADS=num_v_heads, HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim,
         BLOCK_K=max(MIN_DOT, next_power_of_2(head_k_dim)), BLOCK_V=block_v, TREE=parents is not None,
         L2NORM=bool(use_qk_l2norm), HAS_BIAS=bias is not None, PRECISION=precision or default_precision(ssm),
