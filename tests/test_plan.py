@@ -313,6 +313,10 @@ def test_ring_is_gated_deltanet_only(capsys):
     assert "(e) the ring: Gated DeltaNet only" in capsys.readouterr().out
     result = run_json(capsys, "--model", "custom", "--layers", "2", "--conv-dim", "100")
     assert result["ring_bytes_per_slot"] is None
+    from sgl_convwin.integrations import bytes_per_slot
+
+    assert bytes_per_slot(24, 10240, 4, mixer=plan.PRESETS["nemotron-h-8b"].mixer).ring is None
+    assert bytes_per_slot(2, 100, 4).ring is None
 
 
 RING_SHAPES = [  # (model, tp, draft tokens, topk, dtype, capacity)
