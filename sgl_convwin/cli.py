@@ -1,7 +1,7 @@
 """Command line: python -m sgl_convwin demo | plan | selfcheck.
 
 demo: speculative decoding of a tiny hybrid model through the ops, every layout, chain and tree,
-checked token for token against plain greedy decoding (sgl_convwin/demo.py).
+checked token for token against plain greedy decoding (sgl_convwin/demo.py); --ring: on the ring.
 plan: the speculative state per request slot and rank for a real model, four designs side by side
 (snapshots, dedup conv + snapshots, input replay, this package) (sgl_convwin/plan.py).
 selfcheck: one verify step and its commit through every op (the replay commits included), every
@@ -19,6 +19,7 @@ import torch
 from . import demo as demo_module
 from . import plan as plan_module
 from .layout import LAYOUTS
+from .ops_ring import DEFAULT_CAPACITY
 from .selfcheck import selfcheck
 
 
@@ -61,6 +62,22 @@ def _device(text: str) -> str:
     return text
 
 
+def _check_ring_arguments(demo, args) -> None:
+    """demo's options that contradict --ring (or need it): usage errors before anything runs."""
+    if not args.ring:
+        if args.capacity is not None:
+            demo.error("--capacity needs --ring")
+        return
+    if args.mixer != "gdn":
+        demo.error(f"--ring runs Gated DeltaNet layers (--mixer gdn), not --mixer {args.mixer}")
+    if args.layouts is not None:
+        demo.error("--layouts does not apply to --ring (the ring has one layout: token-major rows)")
+    capacity = DEFAULT_CAPACITY if args.capacity is None else args.capacity
+    if capacity < max(args.draft, args.tree_nodes):
+        demo.error(f"--capacity {capacity} must be >= --draft and --tree-nodes ({max(args.draft, args.tree_nodes)}): "
+                   "a ring slot holds its pending tokens and one step's drafts")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line; ``parser.commands`` maps each command's name to its parser."""
     parser = _Parser(prog="python -m sgl_convwin", description=__doc__.splitlines()[0])
@@ -76,11 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--layers", type=_at_least(1), default=3)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--draft-noise", type=float, default=0.01, help="how far the drafter's weights are perturbed")
-    demo.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
+    demo.add_argument("--layouts", nargs="+", default=None, choices=list(LAYOUTS),
+                      help="the buffer layouts to run (default: all; not with --ring)")
     demo.add_argument("--no-progress", action="store_true")
     demo.add_argument("--mixer", default="gdn", choices=list(demo_module.MIXERS),
                       help="gdn (default) / mamba2: Gated DeltaNet / Mamba2 layers committed by replay; "
                            "linear: a linear recurrence with snapshotted states")
+    demo.add_argument("--ring", action="store_true",
+                      help="gdn on the ring (no commit: ring_conv1d_verify, gdn_ring_verify, ring_accept, flush)")
+    demo.add_argument("--capacity", type=_at_least(1), default=None,
+                      help=f"--ring: pending tokens a slot holds (default {DEFAULT_CAPACITY}; >= --draft and --tree-nodes)")
     plan = commands.add_parser(
         "plan", help="speculative-state memory per slot and rank for a real model, four designs side by side")
     plan_module.add_arguments(plan)
@@ -98,10 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
+        _check_ring_arguments(parser.commands["demo"], args)
         ok = demo_module.run_demo(
             device=args.device, new_tokens=args.tokens, batch=args.requests, draft=args.draft,
             tree_nodes=args.tree_nodes, topk=args.topk, layers=args.layers, seed=args.seed,
-            noise=args.draft_noise, layouts_to_run=args.layouts, mixer=args.mixer,
+            noise=args.draft_noise, layouts_to_run=list(LAYOUTS) if args.layouts is None else args.layouts,
+            mixer=args.mixer, ring=args.ring, capacity=DEFAULT_CAPACITY if args.capacity is None else args.capacity,
             show_progress=not args.no_progress and sys.stderr.isatty(),
         )
         return 0 if ok else 1

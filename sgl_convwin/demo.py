@@ -13,6 +13,11 @@ The model (plain PyTorch, seeded random weights): an embedding, L mixer layers, 
 - ``linear``: a gated linear recurrence h = decay*h + silu(conv) whose per-node states are
   snapshotted during verify; the conv window is committed with ``scatter`` / ``scatter_tree``.
 
+``--ring`` (gdn only): the ring design (docs/design.md, "The ring") instead of a commit: per layer
+``ring_conv1d_verify`` (its conv history from the checkpoint's window and the ring's pending rows)
+and ``gdn_ring_verify`` (replays the pending tokens, folds them into the checkpoint when the ring
+would overflow, stores the drafts' gates), then ``ring_accept``; ``gdn_ring_flush`` at the end.
+
 A perturbed copy of the model drafts a chain (topk 1) or a tree (topk > 1); the target verifies
 every draft node in one pass per step, greedy acceptance walks the tree. The emitted tokens must
 equal plain one-token-at-a-time greedy decoding, exactly.
@@ -22,6 +27,26 @@ Why exactly: weights and the values between layers live on a grid of 2**-6 insid
 order of summation, and the recurrences are computed with the same float32 operations by the plain
 decoder, the verify pass and (on the CPU) the commit. An error anywhere in the cache or the replay
 shows as a different token stream. (Caches are float32 here: bf16 could not hold these values.)
+
+The recurrent state is the one value that is not on the grid: the decoder and a replay run the same
+float32 operations, but PyTorch's CPU kernels can round the last bit differently at another batch
+shape (the decoder steps B rows, a replay only the live ones; a request decoded alone already
+differs from the batch in the last bit), so a replayed state can differ from the decoder's by an
+ulp. The grid rounding after each layer absorbs that unless a value lands within an ulp of a
+rounding boundary: rare, not impossible.
+
+The ring mode keeps the same guarantee, no weaker. ``gdn_ring_verify``'s own outputs come from the
+chunked form (a triangular solve), which rounds differently from the decoder's token-by-token steps
+in most values, not in an occasional last bit: taking tokens from them would make a grid-boundary
+flip far likelier, with no bug anywhere. So the tokens are computed, as in the other modes, by the
+decoder's recurrence along each draft path, starting from the state after the pending tokens --
+which the ring's own ``gdn_ring_flush`` materialises on scratch copies of the checkpoints (the real
+ones move only by the verify's folds). That flush, the folds and the replays are ``gdn_commit``'s
+float32 operations on what the ring holds, so any error in the rows, gates, cursor or folds changes
+the streams. Besides the streams, ring mode checks ``gdn_ring_verify``'s outputs against the
+decoder's (float32 tolerance), and after the last step flushes every request and compares the
+checkpoints with the decoder's states (conv windows bit for bit, recurrent states within float32
+rounding).
 """
 
 from __future__ import annotations
@@ -33,6 +58,8 @@ from dataclasses import dataclass
 import torch
 
 from . import layout as layouts
+from .cache import RingCache
+from .ops_ring import DEFAULT_CAPACITY, gdn_ring_flush
 
 GRID = 2.0**-6
 LIMIT = 8.0
@@ -310,6 +337,43 @@ class TinyGDNLM(ReplayLM):
             accepted, parents, self.conv_b, layout=cache.layout, **self.config.dims,
         )
 
+    def ring_verify(self, tokens, parents, cache, state_slots, ring_slots):
+        """``verify`` in ring mode (cache: a RingSpecCache): per layer ``ring_conv1d_verify`` and
+        ``gdn_ring_verify`` (which fold and store the gates); the outputs the tokens come from are the
+        decoder's recurrence from the state after the pending tokens (the module docstring says why)."""
+        c = self.config
+        B, N = tokens.shape
+        hk, dk = c.num_k_heads, c.head_k_dim
+        x = self.embed[tokens]
+        pending_states = cache.states_after_pending(state_slots, ring_slots)  # [L, B, Hv, dk, dv]
+        tree_parents = cache.parents_arg(parents)
+        rows = torch.arange(B, device=tokens.device)
+        live = state_slots >= 0
+        for layer in range(c.layers):
+            u = on_grid(x @ self.w_in[layer])
+            conv = torch.zeros(B, N, c.conv_dim, device=tokens.device)
+            cache.ring.conv1d_verify(conv, cache.conv_state, u, self.conv_w[layer], self.conv_b[layer], ring_slots,
+                                     layer, state_slots=state_slots, parents=tree_parents, activation="silu")
+            g, beta = self._gates(x, layer)
+            q, k, v = conv.split([hk * dk, hk * dk, c.num_v_heads * c.head_v_dim], dim=-1)
+            ring_out = torch.zeros(B, N, c.num_v_heads, c.head_v_dim, device=tokens.device)
+            cache.ring.gdn_verify(ring_out, q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)),
+                                  v.unflatten(-1, (c.num_v_heads, c.head_v_dim)), g, beta, cache.rec_state,
+                                  cache.conv_state, self.conv_w[layer], self.conv_b[layer], ring_slots, layer,
+                                  state_slots=state_slots, parents=tree_parents)
+            states = torch.empty(B, N, *c.state_shape, device=tokens.device)
+            outs = []
+            for node in range(N):  # along each node's path, from the state after the pending tokens
+                parent = parents[:, node]
+                previous = torch.where((parent >= 0)[:, None, None, None], states[rows, parent.clamp(min=0)],
+                                       pending_states[layer])
+                states[:, node], out = self._recurrence(previous, conv[:, node], (g[:, node], beta[:, node]), layer)
+                outs.append(out)
+            outs = torch.stack(outs, dim=1)
+            cache.note_outputs(ring_out[live], outs[live])
+            x = self._mix_out(x, outs, layer)
+        return x @ self.head
+
 
 @dataclass(frozen=True)
 class Mamba2Config:
@@ -458,6 +522,79 @@ class ReplayCache:
         self.model.commit(self, state_slots, buffer_slots, accepted, self.parents_arg(parents))
 
 
+class RingSpecCache:
+    """The engine side of the ring design: conv and recurrent state per slot as CHECKPOINTS, and a
+    RingCache (float32 rows, as the other caches here) holding the pending tokens and the drafts."""
+
+    def __init__(self, model: TinyGDNLM, slots, num_nodes, tree, capacity, device):
+        c = model.config
+        self.model, self.config, self.tree, self.num_nodes = model, c, tree, num_nodes
+        self.conv_state, self.rec_state = model.new_states(slots, device)
+        self.ring = RingCache(c.layers, slots, c.conv_dim, num_nodes, c.num_v_heads, capacity=capacity,
+                              dtype=torch.float32, device=device)
+        self.folds = 0  # (request, step) pairs whose verify folded
+        self.max_out_error = 0.0  # gdn_ring_verify's outputs against the decoder's, relative to max |o|
+
+    def parents_arg(self, parents):
+        return parents if self.tree else None
+
+    def speculative_nbytes_per_slot(self) -> int:
+        """alloc_ring's rows, gates and cursor of one slot (the checkpoints not counted)."""
+        return self.ring.nbytes // self.ring.cursor.shape[0]
+
+    def snapshot_nbytes_per_slot(self) -> int:
+        c = self.config
+        windows = c.layers * self.num_nodes * c.conv_dim * (c.kernel_size - 1) * 4
+        return windows + c.layers * self.num_nodes * self.rec_state[0, 0].numel() * 4
+
+    def states_after_pending(self, state_slots, ring_slots):
+        """[L, B, Hv, dk, dv]: each row's checkpoint after its pending tokens, by gdn_ring_flush on
+        scratch copies (the checkpoints and the cursor stay as they are)."""
+        ssm, conv, cursor = self.rec_state.clone(), self.conv_state.clone(), self.ring.cursor.clone()
+        gdn_ring_flush(ssm, conv, cursor, self.ring.rows, self.ring.gates, self.model.conv_w, ring_slots, state_slots,
+                       conv_bias=self.model.conv_b, **self.config.dims)
+        return ssm[:, state_slots.clamp(min=0)]
+
+    def note_outputs(self, ring_out, decoder_out):
+        if decoder_out.numel():
+            error = (ring_out - decoder_out).abs().max() / decoder_out.abs().max().clamp(min=1e-30)
+            self.max_out_error = max(self.max_out_error, float(error))
+
+    def commit(self, state_slots, ring_slots, accepted, parents):
+        """ring_accept: a cursor advance (a tree's accepted path made contiguous); counts the folds the
+        verify made by the same rule (pending > 0 and pending + N > capacity)."""
+        live = ring_slots >= 0
+        pending = self.ring.pending[ring_slots[live]]
+        self.folds += int(((pending > 0) & (pending + self.num_nodes > self.ring.capacity)).sum())
+        self.ring.accept(ring_slots, accepted, parents=self.parents_arg(parents))
+
+    def flush(self, slots):
+        """Every pending token of ``slots`` into their checkpoints (gdn_ring_flush), all layers."""
+        self.ring.flush(self.rec_state, self.conv_state, self.model.conv_w, slots, conv_bias=self.model.conv_b,
+                        **self.config.dims)
+
+
+def decoder_states(target, contexts):
+    """Each request's (conv state, recurrent state) after all but the last token of its context, by
+    plain one-token steps of all requests in one batch, as ``greedy_reference`` decodes them (PyTorch's
+    CPU kernels may round the last bit differently at another batch size): what a flushed
+    checkpoint must hold, bit for bit."""
+    device = target.embed.device
+    lengths = [len(context) - 1 for context in contexts]
+    longest = max(lengths)
+    tokens = torch.tensor([context[:-1] + [0] * (longest - length) for context, length in zip(contexts, lengths)],
+                          device=device)  # the padding tokens are decoded after the request's states are taken
+    conv_state, rec_state = target.new_states(len(contexts), device)
+    states = [None] * len(contexts)
+    for position in range(longest + 1):
+        for b, length in enumerate(lengths):
+            if length == position:
+                states[b] = (conv_state[:, b].clone(), rec_state[:, b].clone())
+        if position < longest:
+            target.step(tokens[:, position], conv_state, rec_state)
+    return states
+
+
 def greedy_reference(target, prompts, new_tokens):
     """Plain greedy decoding, one token at a time: the streams speculative decoding must equal."""
     B, device = len(prompts), target.embed.device
@@ -508,16 +645,22 @@ class DecodeResult:
     streams: list[list[int]]
     request_steps: int  # (request, verify step) pairs that were not padding
     accepted: int  # draft tokens accepted, over all requests
-    cache: SpecCache | ReplayCache
+    cache: SpecCache | ReplayCache | RingSpecCache
     spare_slots_untouched: bool  # the slots no request used are still zero
+    contexts: list[list[int]]  # each request's prompt and every token emitted (the last one not yet decoded)
 
 
-def speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, topk, device, progress=None):
-    """Speculative decoding of every prompt to ``new_tokens`` tokens with one cache layout."""
+def speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, topk, device, progress=None,
+                       capacity=None):
+    """Speculative decoding of every prompt to ``new_tokens`` tokens with one cache layout, or, with
+    ``capacity`` (a TinyGDNLM target), with a ring of that capacity, flushed after the last step."""
     B = len(prompts)
     tree = topk > 1
     parents_list = tree_parents(num_nodes, topk)
-    cache = target.new_cache(B + 2, num_nodes, layout, tree, device)  # two spare slots: never used
+    if capacity is None:
+        cache, verify = target.new_cache(B + 2, num_nodes, layout, tree, device), target.verify  # two spare slots
+    else:
+        cache, verify = RingSpecCache(target, B + 2, num_nodes, tree, capacity, device), target.ring_verify
     slots = torch.arange(B, device=device) + 1  # slot 0 stays untouched
     # prefill: the prompt but its last token (the pending one), one token at a time
     prompt = torch.tensor(prompts, device=device)
@@ -534,7 +677,7 @@ def speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, 
         state_slots = torch.where(done, -1, slots)  # finished requests: padding rows
         buffer_slots = state_slots
         tokens = torch.tensor(draft_tree(drafter, contexts, parents_list, topk), device=device)
-        logits = target.verify(tokens, parents, cache, state_slots, buffer_slots)
+        logits = verify(tokens, parents, cache, state_slots, buffer_slots)
         prediction = logits.argmax(dim=-1).tolist()
         accepted = []
         for b in range(B):
@@ -561,7 +704,10 @@ def speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, 
             progress(sum(min(len(s), new_tokens) for s in streams), B * new_tokens)
     spare = [0, B + 1]
     untouched = not cache.conv_state[:, spare].any() and not cache.rec_state[:, spare].any()
-    return DecodeResult(streams, request_steps, accepted_total, cache, untouched)
+    if capacity is not None:
+        untouched &= not cache.ring.rows[:, spare].any() and not cache.ring.cursor[spare].any()
+        cache.flush(slots)
+    return DecodeResult(streams, request_steps, accepted_total, cache, untouched, contexts)
 
 
 def tree_depth(parents_list: list[int]) -> int:
@@ -589,11 +735,17 @@ MIXERS = ("gdn", "mamba2", "linear")
 def run_demo(
     device="cpu", new_tokens=24, batch=4, prompt_len=6, draft=4, tree_nodes=8, topk=3,
     layers=3, seed=0, noise=0.01, layouts_to_run=layouts.LAYOUTS, show_progress=True, out=None,
-    mixer="gdn",
+    mixer="gdn", ring=False, capacity=DEFAULT_CAPACITY,
 ) -> bool:
-    """Run every layout with a chain and a tree; print the table; True if every stream matched."""
+    """Run every layout (``ring``: the ring of ``capacity`` instead) with a chain and a tree; print the
+    table; True if every stream matched."""
     if mixer not in MIXERS:
         raise ValueError(f"mixer must be one of {MIXERS}, got {mixer!r}")
+    if ring and mixer != "gdn":
+        raise ValueError(f"the ring is Gated DeltaNet's: ring=True needs mixer 'gdn', got {mixer!r}")
+    if ring and capacity < max(draft, tree_nodes):
+        raise ValueError(f"ring capacity {capacity} must be >= the tokens verified per step "
+                         f"({max(draft, tree_nodes)}: a slot holds its pending tokens and one step's drafts)")
     out = sys.stdout if out is None else out  # read at call time: the caller may have replaced it
     # The model's tensors are tiny: intra-op threads only spin (minutes instead of seconds on two
     # busy cores), so the demo runs on one.
@@ -601,13 +753,13 @@ def run_demo(
     torch.set_num_threads(1)
     try:
         return _run_demo(device, new_tokens, batch, prompt_len, draft, tree_nodes, topk, layers, seed, noise,
-                         layouts_to_run, show_progress, out, mixer)
+                         layouts_to_run, show_progress, out, mixer, capacity if ring else None)
     finally:
         torch.set_num_threads(threads)
 
 
 def _run_demo(device, new_tokens, batch, prompt_len, draft, tree_nodes, topk, layers, seed, noise,
-              layouts_to_run, show_progress, out, mixer) -> bool:
+              layouts_to_run, show_progress, out, mixer, capacity) -> bool:
     model, config_type = {"gdn": (TinyGDNLM, GDNConfig), "mamba2": (TinyMamba2LM, Mamba2Config),
                           "linear": (TinyHybridLM, ModelConfig)}[mixer]
     config = config_type(layers=layers)
@@ -617,19 +769,25 @@ def _run_demo(device, new_tokens, batch, prompt_len, draft, tree_nodes, topk, la
     prompts = torch.randint(0, config.vocab, (batch, prompt_len), generator=g).tolist()
     expected = greedy_reference(target, prompts, new_tokens)
     shapes = [("chain", draft, 1), ("tree", tree_nodes, topk)]
-    speculative_decode(target, drafter, prompts[:1], 2, layouts_to_run[0], draft, 1, device)  # warm-up
-    rows, all_ok = [], True
+    if capacity is not None:
+        layouts_to_run = [f"ring R={capacity}"]
+    speculative_decode(target, drafter, prompts[:1], 2, layouts_to_run[0], draft, 1, device,
+                       capacity=capacity)  # warm-up
+    rows, ring_lines, all_ok = [], [], True
     for shape_name, num_nodes, k in shapes:
         parents_list = tree_parents(num_nodes, k)
         for layout in layouts_to_run:
             label = f"{layout}, {shape_name} (N={num_nodes}, topk {k})"
             progress = progress_bar(label) if show_progress else None
             start = time.perf_counter()
-            result = speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, k, device, progress)
+            result = speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, k, device, progress,
+                                        capacity=capacity)
             if torch.device(device).type == "cuda":
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - start
             identical = result.streams == expected and result.spare_slots_untouched
+            if capacity is not None:
+                identical &= _ring_checks(target, result, shape_name, num_nodes, k, ring_lines)
             all_ok &= identical
             nbytes = result.cache.speculative_nbytes_per_slot()
             snapshot = result.cache.snapshot_nbytes_per_slot()
@@ -641,6 +799,9 @@ def _run_demo(device, new_tokens, batch, prompt_len, draft, tree_nodes, topk, la
     what = {"gdn": "Gated DeltaNet layers, committed by replay (gdn_commit, no state snapshots)",
             "mamba2": "Mamba2 layers, committed by replay (mamba2_commit, no state snapshots)",
             "linear": "linear-recurrence layers, per-node state snapshots"}[mixer]
+    if capacity is not None:
+        what = (f"Gated DeltaNet layers on the ring, capacity {capacity} (ring_conv1d_verify, gdn_ring_verify, "
+                f"ring_accept; no commit, gdn_ring_flush at the end)")
     print(f"\nspeculative decoding of a {config.layers}-layer hybrid model ({what}; dim {config.d_model}, conv "
           f"{config.conv_dim}, K={config.kernel_size}), {batch} requests x {new_tokens} tokens, "
           f"{device}, seed {seed}", file=out)
@@ -655,5 +816,31 @@ def _run_demo(device, new_tokens, batch, prompt_len, draft, tree_nodes, topk, la
           "per request include the target's bonus token; speculative state: what the cache keeps per slot "
           "besides the committed states (the snapshot design: dense conv windows + one float32 state per "
           "draft node); tokens/s: wall time of this tiny model on this machine, not a benchmark", file=out)
+    for line in ring_lines:
+        print(line, file=out)
     print("all streams identical to greedy decoding" if all_ok else "STREAMS DIFFER", file=out)
     return all_ok
+
+
+RING_OUT_TOL = 1e-4  # gdn_ring_verify's outputs (float32, chunked) against the decoder's, x max |o|
+RING_STATE_TOL = 1e-5  # flushed recurrent states against the decoder's (float32 rounding), x max |S|
+
+
+def _ring_checks(target, result, shape_name, num_nodes, topk, lines) -> bool:
+    """The ring's own checks, one line: the flushed checkpoints hold the decoder's conv windows bit for
+    bit and its recurrent states within RING_STATE_TOL, and gdn_ring_verify's outputs are the
+    decoder's within RING_OUT_TOL. True if all hold."""
+    cache = result.cache
+    expected = decoder_states(target, result.contexts)
+    slots = range(1, len(expected) + 1)
+    windows_equal = all(torch.equal(cache.conv_state[:, slot], conv) for slot, (conv, _) in zip(slots, expected))
+    state_error = max(float((cache.rec_state[:, slot] - rec).abs().max() / rec.abs().max().clamp(min=1e-30))
+                      for slot, (_, rec) in zip(slots, expected))
+    states_close, outputs_close = state_error <= RING_STATE_TOL, cache.max_out_error <= RING_OUT_TOL
+    lines.append(f"ring, {shape_name} N={num_nodes} topk {topk}: {cache.folds} folds in {result.request_steps} "
+                 f"request-steps; flushed checkpoints against the decoder's states: conv windows "
+                 f"{'identical' if windows_equal else 'DIFFER'}, recurrent states max error {state_error:.1e} x "
+                 f"max |S| ({'within' if states_close else 'BEYOND'} {RING_STATE_TOL:g}); gdn_ring_verify's outputs: "
+                 f"max error {cache.max_out_error:.1e} x max |o| ({'within' if outputs_close else 'BEYOND'} "
+                 f"{RING_OUT_TOL:g})")
+    return windows_equal and states_close and outputs_close

@@ -489,7 +489,10 @@ class SlotBytes:
         ``intermediate_conv_window`` + ``intermediate_ssm``: the snapshot design);
     dedup_snapshot: the deduplicated conv buffer + the same state snapshots (a conv-only integration);
     input_replay: the engines' ReplaySSM (conv state widened by D columns, cached post-conv k, v /
-        x, B and gates per token) -- the last three from ``plan.make_plan``, None without a mixer.
+        x, B and gates per token) -- the last three from ``plan.make_plan``, None without a mixer;
+    ring: the ring design's rows, gates and cursor (``alloc_ring`` / ``RingCache``, checkpoint
+        excluded): ``RingCache(..., num_slots=1, capacity=...).nbytes``; None unless the mixer is a
+        ``GatedDeltaNet`` (no Mamba2 ring).
     """
 
     conv: int
@@ -499,6 +502,7 @@ class SlotBytes:
     snapshot: Optional[int]
     dedup_snapshot: Optional[int]
     input_replay: Optional[int]
+    ring: Optional[int] = None
 
 
 def bytes_per_slot(
@@ -511,6 +515,7 @@ def bytes_per_slot(
     layout: str = "token_major",
     mixer: Union[GatedDeltaNet, Mamba2, None] = None,
     tree: bool = False,
+    capacity: Optional[int] = None,
 ) -> SlotBytes:
     """What one request slot of the package's speculative buffers costs, for an engine's pool sizing.
 
@@ -526,7 +531,9 @@ def bytes_per_slot(
     Mamba2 mixer ``gates`` sizes the one-gate (dt) buffer of ``alloc_gates(num_gates=1)``, and an
     engine that keeps Mamba2 state snapshots charges ``dedup_snapshot`` instead. tree: size
     ``input_replay`` as engines do for trees (dense windows); the package's sizes do not depend
-    on it. Pure arithmetic on Python ints; raises ValueError / TypeError naming the argument.
+    on it. capacity: the ring's R (default ``plan.default_capacity(num_draft)``: 16, or N if larger),
+    sizing ``ring`` for a Gated DeltaNet mixer (ValueError below num_draft). Pure arithmetic on
+    Python ints; raises ValueError / TypeError naming the argument.
     """
     check_layout(layout)
     if dtype not in _DTYPES.values():
@@ -542,9 +549,11 @@ def bytes_per_slot(
     dtype_name = {value: key for key, value in _DTYPES.items()}[dtype]
     shape = ModelShape("bytes_per_slot", num_layers, dim, kernel_size, mixer.state_elements, num_draft,
                        2 if tree else 1, "sgl_convwin.integrations.bytes_per_slot", mixer)
-    plan = make_plan(shape, tp=1, draft_tokens=num_draft, topk=2 if tree else 1, requests=1, dtype=dtype_name)
+    plan = make_plan(shape, tp=1, draft_tokens=num_draft, topk=2 if tree else 1, requests=1, dtype=dtype_name,
+                     capacity=capacity)
     designs = {design.key: design for design in plan.designs}
     gates = designs["replay"].parts["gates"]
     return SlotBytes(conv, gates, conv + gates, dense_conv, designs["snapshot"].bytes_per_slot,
-                     designs["dedup_snapshot"].bytes_per_slot, designs["input_replay"].bytes_per_slot)
+                     designs["dedup_snapshot"].bytes_per_slot, designs["input_replay"].bytes_per_slot,
+                     plan.ring_bytes_per_slot)
 

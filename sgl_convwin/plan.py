@@ -18,6 +18,11 @@ draft token (or tree node). Four designs, side by side:
 (d) this package: the deduplicated conv-input buffer (D+K-2 rows, N+K-2 for a tree) and the fp32
     gates per draft token; k and v (x and B) are recomputed from the buffer at commit.
 
+(e) the ring (Gated DeltaNet only; docs/design.md, "The ring"): per slot and layer C = R + N rows of
+    conv inputs (R = ``--capacity`` pending tokens, N this step's drafts) and fp32 g, beta beside each
+    row, plus one (start, pending) int32 cursor per slot -- exactly what ``alloc_ring`` /
+    ``RingCache`` allocate. It keeps more than (d) but moves less state: see ``ring_traffic``.
+
 Shapes per tensor-parallel rank: everything mixer-wide (conv_dim, heads, groups, the state) is
 divided by the TP degree; layers and K are not. Conv windows, conv inputs and cached k/v are in
 ``--dtype``; recurrent states and gates are fp32.
@@ -26,6 +31,7 @@ divided by the TP degree; layers and K are not. Conv windows, conv inputs and ca
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import ClassVar, Optional, Union
@@ -33,6 +39,7 @@ from typing import ClassVar, Optional, Union
 import torch
 
 from .layout import physical_nbytes
+from .ops_ring import DEFAULT_CAPACITY
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -40,6 +47,9 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 class PlanError(ValueError):
     """Command-line values that cannot be planned; the CLI reports it as a usage error."""
 _FP32 = 4  # bytes of a recurrent-state element and of a gate, in every design
+_CURSOR = 2 * 4  # the ring's (start, pending) int32 pair per slot, shared by the layers
+DEFAULT_ACCEPT_LENGTH = 2.5  # tokens a step accepts, the verified one counted (engines report 2-3 at N = 4)
+EAGER_STATE_PASSES = 3  # design (d): gdn_verify reads each state, gdn_commit reads and writes it
 
 
 def _split(name: str, what: str, value: int, tp: int) -> int:
@@ -285,6 +295,71 @@ class Plan:
     replay_bytes_total: Optional[int] = None
     replay_ratio_to_snapshot: Optional[float] = None  # (d) / (a)
     designs: list = field(default_factory=list)  # the four Design records, in DESIGNS order
+    # (e) the ring (Gated DeltaNet only; None otherwise): alloc_ring's bytes, checkpoint excluded
+    ring_capacity: Optional[int] = None  # R
+    ring_rows: Optional[int] = None  # C = R + N per slot and layer
+    ring_bytes_per_slot: Optional[int] = None  # rows + gates + cursor
+    ring_bytes_total: Optional[int] = None
+    ring_parts: Optional[dict] = None  # rows, gates, cursor
+    # state passes per step (ring_traffic): eager (d) 3, the ring 1 + 1/F at accept length a
+    accept_length: Optional[float] = None
+    ring_fold_every_steps: Optional[int] = None  # F
+    ring_state_passes_per_step: Optional[float] = None
+    replay_state_passes_per_step: Optional[int] = None
+    ring_mean_pending_tokens: Optional[float] = None  # replayed by each verify, a (F + 1) / 2 on average
+    ring_pending_share_of_state_pass: Optional[float] = None  # their rows + gates against one pass over the states
+
+
+@dataclass(frozen=True)
+class RingTraffic:
+    """The ring's state traffic per decode step, in passes over every state of the slot (one pass =
+    each recurrent state read once, or written once), against the eager replay design (d)."""
+
+    capacity: int  # R: pending tokens a slot holds
+    num_draft: int  # N: tokens verified per step (tree nodes)
+    accept_length: float  # a: tokens a step makes pending (the accepted path, the verified token counted)
+    fold_every_steps: int  # F = floor((R - N) / a) + 1
+    state_passes_per_step: float  # 1 + 1/F
+    eager_state_passes_per_step: int  # 3
+    mean_pending_tokens: float  # a (F + 1) / 2: tokens each verify replays, on average
+
+
+def ring_traffic(capacity: int, num_draft: int, accept_length: float) -> RingTraffic:
+    """The ring's state passes per step, modelled with every step accepting exactly ``accept_length``
+    tokens (the path's length, the verified token counted: SGLang's accept length, 1 <= a <= N).
+
+    Eager (d): the verify reads each state, the commit reads and writes it: 3 passes a step. Ring:
+    the verify reads the checkpoint every step and writes it only when it folds, i.e. when pending +
+    N > R. After a fold the step's accepted tokens are pending (a), then 2a, ...: the verify with
+    pending = m a folds for the first m with m a > R - N, so a fold every F = floor((R - N) / a) + 1
+    steps and 1 + 1/F passes a step. With random acceptance of mean a this is approximate (the
+    pending count overshoots R - N by part of a step). Besides the states, each verify reads the
+    pending tokens' rows and gates: a, 2a, ..., F a over a cycle, a (F + 1) / 2 on average.
+    """
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or not isinstance(num_draft, int) or num_draft < 1:
+        raise ValueError(f"capacity and num_draft must be ints, num_draft >= 1; got {capacity!r}, {num_draft!r}")
+    if capacity < num_draft:
+        raise ValueError(f"ring capacity {capacity} must be >= the draft tokens N = {num_draft} (a slot holds its "
+                         f"pending tokens and one step's drafts)")
+    if not 1 <= accept_length <= num_draft:
+        raise ValueError(f"accept length {accept_length} must lie in [1, N = {num_draft}] (tokens a step accepts, "
+                         f"the verified one counted)")
+    fold_every = math.floor((capacity - num_draft) / accept_length) + 1
+    return RingTraffic(capacity, num_draft, accept_length, fold_every, 1 + 1 / fold_every, EAGER_STATE_PASSES,
+                       accept_length * (fold_every + 1) / 2)
+
+
+def ring_nbytes(num_layers: int, dim: int, num_draft: int, num_v_heads: int, capacity: int, itemsize: int) -> dict:
+    """Bytes of one ring slot by part (``alloc_ring``'s buffers): rows [L, C, dim] in the model dtype,
+    gates [L, C, 2, Hv] fp32, the cursor's two int32; C = capacity + N."""
+    ring_rows = capacity + num_draft
+    return {"rows": num_layers * ring_rows * dim * itemsize,
+            "gates": num_layers * ring_rows * 2 * num_v_heads * _FP32, "cursor": _CURSOR}
+
+
+def default_capacity(num_draft: int) -> int:
+    """DEFAULT_CAPACITY, or N when the drafts alone exceed it (a ring holds at least one step's drafts)."""
+    return max(DEFAULT_CAPACITY, num_draft)
 
 
 def _mul(*factors) -> Optional[int]:
@@ -300,7 +375,10 @@ def _add(*terms) -> Optional[int]:
     return None if any(term is None for term in terms) else sum(terms)
 
 
-def make_plan(shape: ModelShape, tp: int, draft_tokens: int, topk: int, requests: int, dtype: str) -> Plan:
+def make_plan(shape: ModelShape, tp: int, draft_tokens: int, topk: int, requests: int, dtype: str,
+              capacity: Optional[int] = None, accept_length: Optional[float] = None) -> Plan:
+    """capacity (the ring's R; default ``default_capacity(N)``) and accept_length (a, default
+    min(DEFAULT_ACCEPT_LENGTH, N)) size the ring for a Gated DeltaNet mixer; ValueError if they do not fit."""
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
     if draft_tokens < 1 or topk < 1 or requests < 0:
@@ -346,6 +424,22 @@ def make_plan(shape: ModelShape, tp: int, draft_tokens: int, topk: int, requests
         per_slot = _add(*parts[key].values())
         designs.append(Design(key, label, keeps[key], per_slot, _mul(per_slot, requests), parts[key]))
     totals = {design.key: design.bytes_per_slot for design in designs}
+    capacity = default_capacity(n) if capacity is None else capacity
+    accept_length = min(DEFAULT_ACCEPT_LENGTH, n) if accept_length is None else accept_length
+    traffic = ring_traffic(capacity, n, accept_length)  # validates both, for every mixer
+    ring = {}
+    if isinstance(mixer, GatedDeltaNet):
+        ring_parts = ring_nbytes(layers, conv_dim, n, mixer.num_v_heads, capacity, itemsize)
+        ring_slot = sum(ring_parts.values())
+        pending_token = (ring_parts["rows"] + ring_parts["gates"]) // (capacity + n)  # every layer's row + gates
+        ring = dict(
+            ring_capacity=capacity, ring_rows=capacity + n, ring_bytes_per_slot=ring_slot,
+            ring_bytes_total=ring_slot * requests, ring_parts=ring_parts, accept_length=accept_length,
+            ring_fold_every_steps=traffic.fold_every_steps, ring_state_passes_per_step=traffic.state_passes_per_step,
+            replay_state_passes_per_step=traffic.eager_state_passes_per_step,
+            ring_mean_pending_tokens=traffic.mean_pending_tokens,
+            ring_pending_share_of_state_pass=traffic.mean_pending_tokens * pending_token / (layers * state * _FP32),
+        )
     return Plan(
         model=shape.name, tp=tp, draft_tokens=n, topk=topk, max_running_requests=requests,
         dtype=dtype, conv_layers=layers, conv_dim_per_rank=conv_dim, kernel_size=k,
@@ -368,6 +462,7 @@ def make_plan(shape: ModelShape, tp: int, draft_tokens: int, topk: int, requests
         replay_ratio_to_snapshot=(None if totals["replay"] is None or not totals["snapshot"]
                                   else totals["replay"] / totals["snapshot"]),
         designs=designs,
+        **ring,
     )
 
 
@@ -450,6 +545,30 @@ def print_plan(plan: Plan, shape: ModelShape) -> None:
               f"{_size(plan.snapshot_bytes_per_slot - plan.replay_bytes_per_slot)} less per slot, "
               f"{_size(plan.snapshot_bytes_total - plan.replay_bytes_total)} for {requests} requests; "
               f"{plan.replay_bytes_per_slot / plan.input_replay_bytes_per_slot:.2f}x of (c).")
+    print()
+    print_ring(plan)
+
+
+def print_ring(plan: Plan) -> None:
+    """The ring's lines: its memory per slot and its state passes per step against (d)."""
+    if plan.ring_bytes_per_slot is None:
+        why = ("Gated DeltaNet only (no Mamba2 ring ops)" if plan.mixer == "mamba2"
+               else "unknown without the mixer's dims (--mixer gdn ...)")
+        print(f"(e) the ring: {why}.")
+        return
+    parts = plan.ring_parts
+    print(f"(e) the ring (docs/design.md, \"The ring\"): {plan.ring_rows} rows per slot and layer "
+          f"(capacity R = {plan.ring_capacity} pending tokens + N = {plan.draft_tokens} drafts)")
+    print(f"  memory: {_size(plan.ring_bytes_per_slot)} per slot = rows {_size(parts['rows'])} ({plan.dtype}) + "
+          f"g, beta {_size(parts['gates'])} (fp32) + cursor {parts['cursor']} B; checkpoint excluded; "
+          f"{_size(plan.ring_bytes_total)} for {plan.max_running_requests} requests; "
+          f"{plan.ring_bytes_per_slot / plan.replay_bytes_per_slot:.2f}x of (d)")
+    print(f"  state passes per step at accept length a = {plan.accept_length:g}: (d) "
+          f"{plan.replay_state_passes_per_step} (verify reads, commit reads + writes); ring "
+          f"1 + 1/F = {plan.ring_state_passes_per_step:.2f} (verify reads every step, a fold writes every "
+          f"F = floor((R - N)/a) + 1 = {plan.ring_fold_every_steps} steps)")
+    print(f"  besides the states each verify replays a(F + 1)/2 = {plan.ring_mean_pending_tokens:g} pending tokens "
+          f"on average: their rows and gates are {plan.ring_pending_share_of_state_pass:.1%} of one state pass")
 
 
 def designs_figure(plan: Plan):
@@ -584,7 +703,8 @@ def run_plan(args) -> int:
     draft_tokens = shape.draft_tokens if args.draft_tokens is None else args.draft_tokens
     topk = shape.topk if args.topk is None else args.topk
     try:
-        plan = make_plan(shape, args.tp, draft_tokens, topk, args.max_running_requests, args.dtype)
+        plan = make_plan(shape, args.tp, draft_tokens, topk, args.max_running_requests, args.dtype,
+                         capacity=args.capacity, accept_length=args.accept_length)
     except ValueError as error:
         raise PlanError(str(error)) from error
     if args.plot and all(design.bytes_per_slot is None for design in plan.designs):
@@ -612,6 +732,11 @@ def add_arguments(parser) -> None:
                         help="conv windows / inputs and cached k, v (states and gates are fp32)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", default=None, metavar="FILE", help="PNG: the four designs' bytes per slot")
+    parser.add_argument("--capacity", type=int, default=None,
+                        help=f"the ring's R: pending tokens a slot holds (default {DEFAULT_CAPACITY}, or N if larger)")
+    parser.add_argument("--accept-length", dest="accept_length", type=float, default=None,
+                        help=f"the ring's traffic model: tokens accepted per step, the verified one counted "
+                             f"(default {DEFAULT_ACCEPT_LENGTH:g}, at most N)")
     parser.add_argument("--layers", type=int, default=None, help="custom: conv layers (or override a preset)")
     parser.add_argument("--conv-dim", dest="conv_dim", type=int, default=None,
                         help="custom: conv_dim at TP1 (derived from --mixer dims when omitted)")

@@ -88,3 +88,93 @@ def test_other_draft_shapes():
     """A deeper, narrower tree (topk 2, 11 nodes) and a long chain (6) match greedy too."""
     out = io.StringIO()
     assert demo.run_demo(out=out, **dict(SMALL, draft=6, tree_nodes=11, topk=2, seed=3))
+
+
+# --- the ring (--ring): no commit, folds inside the verify ------------------------------------
+
+
+def ring_table(text):
+    return [line for line in text.splitlines() if line.startswith("| ring R=")]
+
+
+@pytest.mark.parametrize("capacity", (7, 16))  # 7 = the tree's N: a fold at every step with something pending
+@pytest.mark.parametrize("seed", (0, 1))
+def test_ring_matches_greedy(seed, capacity):
+    out = io.StringIO()
+    assert demo.run_demo(out=out, seed=seed, ring=True, capacity=capacity, **SMALL), out.getvalue()
+    text = out.getvalue()
+    assert len(ring_table(text)) == 2 and all("| yes |" in line for line in ring_table(text)), text
+    checks = [line for line in text.splitlines() if line.startswith("ring, ")]
+    assert len(checks) == 2 and all("conv windows identical" in line and "BEYOND" not in line for line in checks), text
+    folds = [int(line.split(": ")[1].split(" folds")[0]) for line in checks]
+    assert capacity == 16 or all(count > 0 for count in folds), text  # R = N: the folds ran, not only the flush
+
+
+def test_ring_cache_is_alloc_ring():
+    model = demo.TinyGDNLM(demo.GDNConfig(layers=2), seed=0, device=torch.device("cpu"))
+    cache = demo.RingSpecCache(model, slots=3, num_nodes=4, tree=False, capacity=6, device="cpu")
+    assert not hasattr(cache, "buffer") and not hasattr(cache, "gates")  # no eager buffer, no commit
+    assert cache.speculative_nbytes_per_slot() == 2 * 10 * (model.config.conv_dim + 2 * 4) * 4 + 8
+
+
+def _drop_writes(monkeypatch, name, argument):
+    """Run the ring op ``name`` on a copy of its argument ``argument`` (by position): its writes there are lost."""
+    import sgl_convwin.cache as cache_module
+
+    real = getattr(cache_module, name)
+
+    def lossy(*args, **kwargs):
+        args = list(args)
+        args[argument] = args[argument].clone()
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(cache_module, name, lossy)
+
+
+@pytest.mark.parametrize("name, argument", [
+    ("ring_conv1d_verify", 1),  # the drafts' rows never reach the ring
+    ("gdn_ring_verify", 9),  # nor their gates
+    ("gdn_ring_verify", 6),  # the fold's checkpoint state is lost
+    ("gdn_ring_verify", 7),  # the fold's conv window is lost
+])
+def test_the_ring_check_fails_when_the_ring_loses_a_write(monkeypatch, name, argument):
+    _drop_writes(monkeypatch, name, argument)
+    out = io.StringIO()
+    assert not demo.run_demo(out=out, ring=True, capacity=7, **SMALL)
+    assert "STREAMS DIFFER" in out.getvalue()
+
+
+def test_the_ring_check_fails_when_acceptance_is_wrong(monkeypatch):
+    """Accepting the parent of the accepted node (one token short) must change the streams."""
+    commit = demo.RingSpecCache.commit
+
+    def off_by_one(self, state_slots, ring_slots, accepted, parents):
+        wrong = parents.gather(1, accepted.clamp(min=0)[:, None]).squeeze(1).clamp(min=0)
+        commit(self, state_slots, ring_slots, wrong.where(accepted >= 0, accepted), parents)
+
+    monkeypatch.setattr(demo.RingSpecCache, "commit", off_by_one)
+    assert not demo.run_demo(out=io.StringIO(), ring=True, **SMALL)
+
+
+def test_the_ring_check_fails_when_the_ring_outputs_are_off(monkeypatch):
+    """gdn_ring_verify's own outputs are checked against the decoder's (the tokens come from the
+    decoder's recurrence): outputs 0.1% off fail the run."""
+    import sgl_convwin.cache as cache_module
+
+    real = cache_module.gdn_ring_verify
+
+    def skewed(out, *args, **kwargs):
+        real(out, *args, **kwargs)
+        out.mul_(1.001)
+
+    monkeypatch.setattr(cache_module, "gdn_ring_verify", skewed)
+    out = io.StringIO()
+    assert not demo.run_demo(out=out, ring=True, **SMALL)
+    assert "(BEYOND 0.0001)" in out.getvalue() and "all streams identical" not in out.getvalue()
+
+
+def test_ring_arguments():
+    with pytest.raises(ValueError, match="needs mixer 'gdn'"):
+        demo.run_demo(ring=True, mixer="mamba2", out=io.StringIO(), **SMALL)
+    with pytest.raises(ValueError, match="ring capacity 6 must be >= the tokens verified per step"):
+        demo.run_demo(ring=True, capacity=6, out=io.StringIO(), **SMALL)

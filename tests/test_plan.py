@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from sgl_convwin import cli, plan
 from support import usage_error
@@ -275,3 +276,99 @@ def test_plot_shows_four_designs_uncut(tmp_path, capsys):
     capsys.readouterr()
     usage_error(capsys, ["plan", "--model", "custom", "--layers", "2", "--conv-dim", "64", "--plot",
                          str(tmp_path / "x.png")], "recurrent state is unknown")
+
+
+# --- (e) the ring: memory per slot and state passes per step -----------------------------------
+
+
+def test_ring_qwen3_next_tp1():
+    """D = 4, R = 16, bf16 rows: 20 rows x 36 layers x (16 KiB of conv inputs + 256 B of g, beta), plus
+    the cursor -- 11.4 MiB a slot (docs/design.md), within the issue's 12 MiB."""
+    result = plan.make_plan(plan.PRESETS["qwen3-next-80b-a3b"], 1, 4, 1, 256, "bf16")
+    assert (result.ring_capacity, result.ring_rows) == (16, 20)
+    assert result.ring_parts == {"rows": 20 * 36 * 8192 * 2, "gates": 20 * 36 * 2 * 32 * 4, "cursor": 8}
+    assert result.ring_bytes_per_slot == 11_980_808 and round(result.ring_bytes_per_slot / 2**20, 1) == 11.4
+    assert result.ring_bytes_total == 256 * 11_980_808
+    # a = 2.5: pending 2.5, 5, ..., 12.5 at the verifies, 12.5 + 4 > 16 folds: every F = floor(12 / 2.5) + 1 = 5 steps
+    assert (result.accept_length, result.ring_fold_every_steps) == (2.5, 5)
+    assert (result.replay_state_passes_per_step, result.ring_state_passes_per_step) == (3, 1.2)
+    assert result.ring_mean_pending_tokens == 7.5
+    assert result.ring_pending_share_of_state_pass == 7.5 * (8192 * 2 + 256) / (32 * 128 * 128 * 4)
+
+
+def test_ring_in_json_and_text(capsys):
+    result = run_json(capsys, "--model", "qwen3-next-80b-a3b", "--capacity", "8", "--accept-length", "3")
+    assert result["ring_bytes_per_slot"] == 36 * 12 * (8192 * 2 + 2 * 32 * 4) + 8
+    assert result["ring_fold_every_steps"] == 2 and result["ring_state_passes_per_step"] == 1.5  # floor(4/3) + 1
+    assert cli.main(["plan", "--model", "qwen3-next-80b-a3b"]) == 0
+    text = capsys.readouterr().out
+    assert "(e) the ring" in text and "20 rows per slot and layer" in text and "11.43 MiB per slot" in text
+    assert "ring 1 + 1/F = 1.20" in text and "F = floor((R - N)/a) + 1 = 5 steps" in text and "(d) 3" in text
+
+
+def test_ring_is_gated_deltanet_only(capsys):
+    result = run_json(capsys, "--model", "nemotron-h-8b")
+    assert result["ring_bytes_per_slot"] is None and result["ring_state_passes_per_step"] is None
+    assert cli.main(["plan", "--model", "nemotron-h-8b"]) == 0
+    assert "(e) the ring: Gated DeltaNet only" in capsys.readouterr().out
+    result = run_json(capsys, "--model", "custom", "--layers", "2", "--conv-dim", "100")
+    assert result["ring_bytes_per_slot"] is None
+    from sgl_convwin.integrations import bytes_per_slot
+
+    assert bytes_per_slot(24, 10240, 4, mixer=plan.PRESETS["nemotron-h-8b"].mixer).ring is None
+    assert bytes_per_slot(2, 100, 4).ring is None
+
+
+RING_SHAPES = [  # (model, tp, draft tokens, topk, dtype, capacity)
+    ("qwen3-next-80b-a3b", 1, 4, 1, "bf16", None), ("qwen3-next-80b-a3b", 2, 8, 3, "fp32", 12),
+    ("qwen3.5-0.8b", 4, 20, 1, "fp16", None), ("qwen3.5-9b", 8, 2, 1, "bf16", 2),
+]
+
+
+@pytest.mark.parametrize("name, tp, n, topk, dtype, capacity", RING_SHAPES)
+def test_ring_bytes_are_what_the_ring_cache_allocates(capsys, name, tp, n, topk, dtype, capacity):
+    """ring_bytes_per_slot x M == RingCache(M slots).nbytes at the rank's dims, and bytes_per_slot's ring."""
+    import sgl_convwin
+    from sgl_convwin.integrations import bytes_per_slot
+
+    shape = plan.PRESETS[name]
+    mixer = shape.mixer.per_rank(tp, name)
+    extra = () if capacity is None else ("--capacity", str(capacity))
+    result = run_json(capsys, "--model", name, "--tp", str(tp), "--draft-tokens", str(n), "--topk", str(topk),
+                      "--dtype", dtype, *extra)
+    cache = sgl_convwin.RingCache(shape.conv_layers, 3, mixer.conv_dim, n, mixer.num_v_heads,
+                                  capacity=result["ring_capacity"], dtype=plan._DTYPES[dtype], device="meta")
+    assert result["ring_capacity"] == (max(16, n) if capacity is None else capacity)
+    assert cache.nbytes == 3 * result["ring_bytes_per_slot"]
+    slot = bytes_per_slot(shape.conv_layers, mixer.conv_dim, n, dtype=plan._DTYPES[dtype], mixer=mixer,
+                          tree=topk > 1, capacity=capacity)
+    assert slot.ring == result["ring_bytes_per_slot"]
+
+
+@pytest.mark.parametrize("capacity, num_draft, accepted", [(16, 4, 3), (16, 4, 2), (16, 4, 1), (9, 4, 4),
+                                                           (4, 4, 2), (7, 3, 3), (20, 8, 5)])
+def test_fold_period_is_ring_accepts(capacity, num_draft, accepted):
+    """F = floor((R - N)/a) + 1 against the cursor ring_accept really keeps: a fold shows as pending
+    restarting at the step's accepted tokens. Every step accepts a, counted from an empty ring."""
+    import sgl_convwin
+
+    ring = sgl_convwin.alloc_ring(1, 1, 4, num_draft, 1, capacity=capacity)
+    slots, steps = torch.tensor([0]), torch.tensor([accepted - 1])
+    folds = []
+    for _ in range(60):
+        before = int(ring.cursor[0, 1])
+        sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, num_draft=num_draft)
+        folds.append(int(ring.cursor[0, 1]) < before + accepted)
+    period = plan.ring_traffic(capacity, num_draft, accepted).fold_every_steps
+    first = folds.index(True)
+    assert all(fold == ((step - first) % period == 0) for step, fold in enumerate(folds[first:], first)), folds
+    assert plan.ring_traffic(capacity, num_draft, accepted).state_passes_per_step == 1 + 1 / period
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "qwen3-next-80b-a3b", "--capacity", "3"], "ring capacity 3 must be >= the draft tokens N = 4"),
+    (["--model", "qwen3-next-80b-a3b", "--accept-length", "5"], "accept length 5.0 must lie in [1, N = 4]"),
+    (["--model", "qwen3-next-80b-a3b", "--accept-length", "0.5"], "accept length 0.5 must lie in [1, N = 4]"),
+])
+def test_ring_errors(capsys, args, message):
+    usage_error(capsys, ["plan", *args], message)
