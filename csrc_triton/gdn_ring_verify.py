@@ -96,7 +96,7 @@ def _gdn_ring_verify_kernel(
     v_block = tl.program_id(0) % V_BLOCKS
     vv = v_block * BLOCK_V + tl.arange(0, BLOCK_V)
     row = tl.program_id(1).to(tl.int64)
-    layer = layer + tl.program_id(2)
+    layer = (layer + tl.program_id(2)).to(tl.int64)  # layer * a pool's layer stride passes 2**31
     k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
     weight_ptr += layer * weight_stride_layer
     bias_ptr += layer * bias_stride_layer
@@ -230,7 +230,7 @@ def _ring_window_kernel(
     window's column (read before written). The rows and the fold rule of the verify kernel."""
     chan = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     row = tl.program_id(1).to(tl.int64)
-    layer = layer + tl.program_id(2)
+    layer = (layer + tl.program_id(2)).to(tl.int64)  # layer * a pool's layer stride passes 2**31
     ring = tl.load(ring_slots_ptr + row * ring_slots_stride).to(tl.int64)
     slot = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
     live = (ring >= 0) & (ring < num_ring_slots) & (slot >= 0) & (slot < num_state_slots)
