@@ -106,11 +106,12 @@ def _gdn_ring_verify_kernel(
     live = (ring >= 0) & (ring < num_ring_slots) & (slot >= 0) & (slot < num_state_slots)
     ring = tl.where(live, ring, 0)
     slot = tl.where(live, slot, 0)
-    start = tl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(tl.int32)
-    pending = tl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(tl.int32)
+    # the cursor checked as stored (int64: a start of 2**32 must not wrap into the ring), then narrowed
+    start = tl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(tl.int64)
+    pending = tl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(tl.int64)
     live = live & (start >= 0) & (start < RING_ROWS) & (pending >= 0) & (pending <= MAX_PENDING)
-    start = tl.where(live, start, 0)
-    pending = tl.where(live, pending, 0)
+    start = tl.where(live, start, 0).to(tl.int32)
+    pending = tl.where(live, pending, 0).to(tl.int32)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
 
     stack = tl.arange(0, NODES)
@@ -236,8 +237,8 @@ def _ring_window_kernel(
     live = (ring >= 0) & (ring < num_ring_slots) & (slot >= 0) & (slot < num_state_slots)
     ring = tl.where(live, ring, 0)
     slot = tl.where(live, slot, 0)
-    start = tl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(tl.int32)
-    pending = tl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(tl.int32)
+    start = tl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(tl.int64)
+    pending = tl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(tl.int64)
     fold = (live & (start >= 0) & (start < RING_ROWS) & (pending > 0) & (pending <= MAX_PENDING)
             & (pending + NUM_NODES > FOLD_ABOVE))
     if fold:
@@ -253,7 +254,8 @@ def _ring_window_kernel(
             position = pending - WIDTH + w
             from_ring = position >= 0
             ring_row = (start + tl.where(from_ring, position, 0)) % RING_ROWS
-            value = tl.load(rows_base + ring_row * rows_stride_row, mask=tl.where(from_ring, ok, False), other=0.0).to(tl.float32)
+            value = tl.load(rows_base + ring_row * rows_stride_row, mask=tl.where(from_ring, ok, False),
+                            other=0.0).to(tl.float32)
             shifted = tl.sum(tl.where(column[:, None] == WIDTH + position, old, 0.0), axis=0)
             value = tl.where(from_ring, value, shifted)
             tl.store(window + w * conv_stride_win, value.to(conv_ptr.dtype.element_ty), mask=ok)

@@ -144,6 +144,20 @@ def test_bad_cursors_and_links_skip(device):
     assert_agree(want, got)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_wide_cursor_values_skip(device):
+    """An int64 cursor whose start or pending is a ring position only once narrowed to 32 bits."""
+    cursors = torch.tensor([[2**32, 1], [1, 2**32 + 2], [1, 2]])
+    case = ring_case(num_rows=3, num_nodes=2, capacity=4, num_ring_slots=3, cursors=cursors, ring_slots=[0, 1, 2],
+                     state_slots=[0, 1, 2], device=device, seed=9)
+    case["cursor"] = cursors.to(device)
+    want, got = run_both(case)
+    assert (want["out"][:2] == FILL).all() and (want["out"][2] != FILL).all()
+    assert_agree(want, got)
+    want, got = run_flush_both(case)
+    assert_agree(dict(want, out=torch.zeros(1)), dict(got, out=torch.zeros(1)))
+
+
 @interpreted
 @pytest.mark.slow
 @settings(max_examples=15, deadline=None)
