@@ -86,7 +86,7 @@ def _ring_move_kernel(
     walk, length = _accepted_path(steps_ptr, parents_ptr, row, steps_stride, parents_stride_row, parents_stride_node,
                                   live, NUM_NODES, NODES, True)
     if length > 0:
-        first = tl.where(pending + NUM_NODES > CAPACITY, start + pending, start)  # the fold moves start
+        first = start + pending  # path node 0's row: the same whether the fold moved start past the pending rows
         gate = element // num_gate_heads
         head = element - gate * num_gate_heads
         chan_ok = element < dim
