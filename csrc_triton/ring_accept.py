@@ -32,8 +32,9 @@ MOVE_WARPS = 1
 @triton.jit
 def _accepted_path(steps_ptr, parents_ptr, row, steps_stride, parents_stride_row, parents_stride_node, live,
                    NUM_NODES: tl.constexpr, NODES: tl.constexpr, TREE: tl.constexpr):
-    """Row ``row``'s accepted path: (walk, length), ``walk`` a tuple of NUM_NODES int32 scalars,
-    the path's nodes newest first (walk[i] = p_{length-1-i}; -1 past the root), ``length`` 0 when
+    """Row ``row``'s accepted path: (walk, length), ``walk`` (trees; () for a chain, which moves
+    nothing) a tuple of NUM_NODES int32 scalars, the path's nodes newest first (walk[i] =
+    p_{length-1-i}; -1 past the root), ``length`` 0 when
     nothing is accepted (the row not ``live``, its step outside [0, N), or a bad link met on the
     walk up, as cpu._accepted_paths). A tree's links come in as one [NODES] load and are walked in
     registers."""
@@ -58,8 +59,6 @@ def _accepted_path(steps_ptr, parents_ptr, row, steps_stride, parents_stride_row
             current = tl.where(on_path & good, parent, -1)
         length = tl.where(links_ok, length, 0)
     else:
-        for i in tl.static_range(NUM_NODES):  # (unused: a chain moves nothing)
-            walk = walk + (current - i,)
         length = current + 1
     return walk, length
 
