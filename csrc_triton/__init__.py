@@ -10,6 +10,8 @@ from .gdn_ring_verify import launch_gdn_ring_flush, launch_gdn_ring_verify
 from .gdn_verify import launch_gdn_verify, planned_gdn_verify
 from .mamba2_commit import launch_mamba2_commit, planned_mamba2_commit
 from .replay import launch_capture_gates, launch_path_window, planned_capture_gates
+from .ring_accept import launch_ring_accept
+from .ring_conv import launch_ring_conv1d_verify
 from .scatter import launch_scatter, planned_scatter
 from .scatter_tree import launch_scatter_tree, planned_scatter_tree
 from .verify import launch_capture, launch_causal_conv1d_verify, planned_capture, planned_causal_conv1d_verify
@@ -22,6 +24,8 @@ __all__ = [
     "launch_gdn_verify",
     "launch_mamba2_commit",
     "launch_path_window",
+    "launch_ring_accept",
+    "launch_ring_conv1d_verify",
     "launch_capture",
     "launch_causal_conv1d_verify",
     "launch_scatter",
