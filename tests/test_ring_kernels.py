@@ -178,51 +178,77 @@ def test_fuzz_interpreted(data):
     assert_same_untouched(case, want, got)
 
 
+def ring_step_calls(kernels):
+    """(conv, verify, accept, flush) of one world: the ring's kernels, or the ops' PyTorch code."""
+    if not kernels:
+        return (sgl_convwin.ring_conv1d_verify, sgl_convwin.gdn_ring_verify, sgl_convwin.ring_accept,
+                sgl_convwin.gdn_ring_flush)
+    launchers = triton_kernels()
+
+    def through(op, launch, **tuning):
+        def call(*args, **kwargs):
+            kernel_args, kernel_kwargs = op.kernel_arguments(*args, **kwargs)
+            launch(*kernel_args, **kernel_kwargs, **tuning)
+        return call
+
+    return (through(sgl_convwin.ring_conv1d_verify, launchers.launch_ring_conv1d_verify),
+            through(sgl_convwin.gdn_ring_verify, launchers.launch_gdn_ring_verify, **IEEE),
+            through(sgl_convwin.ring_accept, launchers.launch_ring_accept),
+            through(sgl_convwin.gdn_ring_flush, launchers.launch_gdn_ring_flush, **IEEE))
+
+
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=[interpreted, pytest.mark.slow]),
                                     pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_steps_against_pytorch_code(device, tree):
-    """Twelve decode steps of two layers (ring_conv1d_verify, gdn_ring_verify, ring_accept), one
-    world verifying with the kernels and one with the PyTorch code: the states they leave, step after
-    step (folds, wrapped rings, nothing accepted, a padded row), agree."""
+    """Twelve decode steps of two layers (ring_conv1d_verify, gdn_ring_verify per layer, then
+    ring_accept), then a flush: one world all kernels, one all PyTorch code. The states they leave,
+    step after step (folds, wrapped rings, nothing accepted, a padded row), agree."""
     gen = torch.Generator().manual_seed(1)
     layers, num_nodes, capacity, kernel_size = 2, 3, 5, 4
     case = ring_case(num_rows=3, num_nodes=num_nodes, capacity=capacity, kernel_size=kernel_size, num_ring_slots=3,
-                     cursors=torch.zeros(3, 2, dtype=torch.int64), ring_slots=[2, 0, 1], state_slots=[1, -1, 3],
-                     device=device)
+                     cursors=torch.zeros(3, 2, dtype=torch.int64), ring_slots=[2, -1, 1], state_slots=[1, -1, 3],
+                     device=device)  # row 1 padded
     parents = torch.tensor([[-1, 0, 0]] * 3, device=device) if tree else None
     weight = torch.randn(layers, *case["conv_weight"].shape, generator=gen).to(device) * 0.5
     bias = torch.randn(layers, case["conv_bias"].shape[0], generator=gen).to(device) * 0.1
     names = ("ssm_state", "conv_state", "rows", "gates", "cursor")
     worlds = [{name: case[name].clone() for name in names} for _ in range(2)]
     num_rows, dim = 3, case["rows"].shape[-1]
-    for step in range(12):
+    num_k_heads, head_k_dim = case["q"].shape[2:]
+    num_v_heads, head_v_dim = case["v"].shape[2:]
+    for step in range(13):
         x = torch.randn(num_rows, num_nodes, dim, generator=gen).to(device)
         drafts = {name: torch.randn(case[name].shape, generator=gen).to(device) for name in ("q", "k", "v")}
         drafts["g"] = -torch.rand(case["g"].shape, generator=gen).to(device)
         drafts["beta"] = torch.rand(case["beta"].shape, generator=gen).to(device)
         steps = torch.randint(-1, num_nodes, (num_rows,), generator=gen).to(device)
-        outs = []
+        results = []
         for kernels, world in zip((False, True), worlds):
+            conv1d_verify, gdn_ring_verify, ring_accept, gdn_ring_flush = ring_step_calls(kernels)
             out = torch.full(case["v"].shape, FILL, device=device)
-            for layer in range(layers):
-                conv_out = torch.empty(num_rows, num_nodes, dim, device=device)
-                sgl_convwin.ring_conv1d_verify(conv_out, world["rows"], world["conv_state"], x, weight[layer], bias[layer],
-                                               case["ring_slots"], case["state_slots"], world["cursor"], layer, parents)
-                args = (out, drafts["q"], drafts["k"], drafts["v"], drafts["g"], drafts["beta"], world["ssm_state"],
-                        world["conv_state"], world["rows"], world["gates"], world["cursor"], weight[layer], bias[layer],
-                        case["ring_slots"], case["state_slots"], layer, parents)
-                if kernels:
-                    kernel_args, kernel_kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(*args)
-                    triton_kernels().launch_gdn_ring_verify(*kernel_args, **kernel_kwargs, **IEEE)
-                else:
-                    sgl_convwin.gdn_ring_verify(*args)
-            sgl_convwin.ring_accept(world["cursor"], world["rows"], world["gates"], case["ring_slots"], steps, parents,
-                                    num_draft=num_nodes)
-            outs.append(out)
-        want, got = worlds[0], worlds[1]
-        assert_agree(dict(want, out=outs[0]), dict(got, out=outs[1]), tol=1e-4)
+            conv_out = torch.full((layers, num_rows, num_nodes, dim), FILL, device=device)
+            if step == 12:  # the states an engine would hand on
+                gdn_ring_flush(world["ssm_state"], world["conv_state"], world["cursor"], world["rows"], world["gates"],
+                               weight, case["ring_slots"], case["state_slots"], num_k_heads=num_k_heads,
+                               head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim, conv_bias=bias)
+            for layer in range(layers if step < 12 else 0):
+                conv1d_verify(conv_out[layer], world["rows"], world["conv_state"], x, weight[layer], bias[layer],
+                              case["ring_slots"], case["state_slots"], world["cursor"], layer, parents)
+                gdn_ring_verify(out, drafts["q"], drafts["k"], drafts["v"], drafts["g"], drafts["beta"],
+                                world["ssm_state"], world["conv_state"], world["rows"], world["gates"], world["cursor"],
+                                weight[layer], bias[layer], case["ring_slots"], case["state_slots"], layer, parents)
+            if step < 12:
+                ring_accept(world["cursor"], world["rows"], world["gates"], case["ring_slots"], steps, parents,
+                            num_draft=num_nodes)
+            results.append((out, conv_out))
+        (want_out, want_conv), (got_out, got_conv) = results
+        scale = want_conv.abs().max().item()
+        assert (got_conv - want_conv).abs().max().item() <= 2e-6 * scale  # (fma against rounded products)
+        assert_agree(dict(worlds[0], out=want_out), dict(worlds[1], out=got_out), tol=1e-4)
     assert not torch.equal(worlds[0]["ssm_state"], case["ssm_state"])  # checkpoints were folded
+    assert (worlds[0]["cursor"][:, 1] == 0).all()  # and flushed
+    assert not torch.equal(worlds[0]["cursor"], case["cursor"])
 
 
 def run_flush_both(case, tuning=IEEE):
