@@ -24,6 +24,8 @@
 #             opcheck, compile and cache tests of the replay commits (cold compiles: about 190 s + 120 s)
 #   runs      the verify run store (channel_major rows, dense windows under a conv): its GPU tests, then
 #             memcheck and racecheck over them
+#   ring      the ring's kernels (never run on a GPU before): their GPU tests, then memcheck and racecheck
+#             over the call-by-call ones; then gdn_verify's GPU tests (its two kernels)
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
 # With pytest-xdist's and execnet's wheels in .whl (pip download pytest-xdist execnet --no-deps -d .whl),
 # vtests and runs spread their tests over 12 processes: the kernels' compiles are what take the time.
@@ -110,6 +112,13 @@ for phase in "$@"; do
               mkdir -p "$out/runs"
               SANITIZE_TIMEOUT=150 SANITIZE_TESTS=tests/test_verify.py SANITIZE_K="cuda and runs" \
                 bash scripts/gpu_sanitize.sh "$out/runs" || rc=1 ;;
+    ring)     rc=0
+              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+                tests/test_ring_kernels_conv_accept.py tests/test_gdn_verify.py > "$out/gpu_tests_ring.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_ring.log"
+              mkdir -p "$out/ring"
+              SANITIZE_TIMEOUT=150 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_conv_accept.py" \
+                SANITIZE_K="cuda and not steps" bash scripts/gpu_sanitize.sh "$out/ring" || rc=1 ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"
