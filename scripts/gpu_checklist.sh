@@ -26,6 +26,7 @@
 #             memcheck and racecheck over them
 #   ring      the ring's kernels (never run on a GPU before): their GPU tests, then memcheck and racecheck
 #             over the call-by-call ones; then gdn_verify's GPU tests (its two kernels)
+#   m2verify  mamba2_verify's GPU tests (never run on a GPU before), then memcheck and racecheck over them
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
 # With pytest-xdist's and execnet's wheels in .whl (pip download pytest-xdist execnet --no-deps -d .whl),
 # vtests and runs spread their tests over 12 processes: the kernels' compiles are what take the time.
@@ -119,6 +120,13 @@ for phase in "$@"; do
               mkdir -p "$out/ring"
               SANITIZE_TIMEOUT=150 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_conv_accept.py" \
                 SANITIZE_K="cuda and not steps" bash scripts/gpu_sanitize.sh "$out/ring" || rc=1 ;;
+    m2verify) rc=0
+              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_mamba2_verify.py \
+                > "$out/gpu_tests_mamba2_verify.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_mamba2_verify.log"
+              mkdir -p "$out/m2verify"
+              SANITIZE_TIMEOUT=150 SANITIZE_TESTS=tests/test_mamba2_verify.py SANITIZE_K="cuda" \
+                bash scripts/gpu_sanitize.sh "$out/m2verify" || rc=1 ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"

@@ -25,7 +25,7 @@ from .layout import (
 from .cache import ConvWindowCache, RingCache
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
 from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
-from .ops_verify import gdn_verify
+from .ops_verify import gdn_verify, mamba2_verify
 from .ops_ring import DEFAULT_CAPACITY, Ring, alloc_ring, gdn_ring_flush, gdn_ring_verify, ring_accept, ring_conv1d_verify
 from .validation import index_checks, index_checks_enabled, set_index_checks
 from . import integrations  # engine adapters (SGLang, vLLM) and pool sizing
@@ -59,6 +59,7 @@ __all__ = [
     "index_checks",
     "index_checks_enabled",
     "mamba2_commit",
+    "mamba2_verify",
     "physical_nbytes",
     "physical_shape",
     "ring_accept",

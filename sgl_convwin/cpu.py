@@ -350,3 +350,38 @@ def gdn_verify_cpu(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, u
     updates = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
     o = grown * (queries @ state) + (decay * (queries @ keys.transpose(-1, -2))) @ updates
     out[rows] = o.transpose(1, 2).to(out.dtype)
+
+
+def mamba2_verify_cpu(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, *, dt_softplus):
+    """out [B, N, H, P] from one read of ssm [S, H, P, Ns] per row, in the chunked (SSD) form
+    (csrc_triton/mamba2_verify.py's formulas), float32; rows with a bad slot or link untouched."""
+    num_rows, num_nodes, num_heads, _ = x.shape
+    slots = state_slots.long()
+    ancestry, links_ok = _ancestry(parents, num_rows, num_nodes, x.device)
+    rows = ((slots >= 0) & (slots < ssm.shape[0]) & links_ok).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return
+    ratio = num_heads // B.shape[2]
+
+    def heads(t):  # [R, N, G, Ns] -> [R, H, N, Ns], head h reading group h // ratio
+        return t[rows].float().repeat_interleave(ratio, dim=2).transpose(1, 2)
+
+    inputs, keys, queries = x[rows].float().transpose(1, 2), heads(B), heads(C)  # x: [R, H, N, P]
+    step = dt[rows].float().transpose(1, 2)  # [R, H, N]
+    if dt_bias is not None:
+        step = step + dt_bias.float()[:, None]
+    if dt_softplus:
+        step = torch.nn.functional.softplus(step)
+    anc = ancestry[rows][:, None]  # [R, 1, N, N]
+    cumulative = (anc * (step * A.float()[:, None])[:, :, None, :]).sum(-1)  # [R, H, N]: sum of d A over the path
+    gap = cumulative[..., :, None] - cumulative[..., None, :]
+    decay = torch.where(anc, torch.exp(torch.where(anc, gap, 0.0)), 0.0)  # [R, H, N, N]
+    mix = decay * step[..., None, :] * (queries @ keys.transpose(-1, -2))
+    state = ssm[slots[rows]].float()  # [R, H, P, Ns]
+    y = torch.exp(cumulative)[..., None] * (queries @ state.transpose(-1, -2)) + mix @ inputs
+    if D is not None:
+        y = y + D.float()[:, None, None] * inputs
+    y = y.transpose(1, 2)  # [R, N, H, P]
+    if z is not None:
+        y = y * torch.nn.functional.silu(z[rows].float())
+    out[rows] = y.to(out.dtype)

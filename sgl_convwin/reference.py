@@ -550,6 +550,56 @@ def gdn_verify_reference(q, k, v, g, beta, ssm_state, state_slots, parents=None,
     return expected, written
 
 
+def mamba2_verify_reference(x, dt, A, B, C, ssm_state, state_slots, parents=None, *, D=None, z=None, dt_bias=None,
+                            dt_softplus=False):
+    """What convwin.mamba2_verify must write: (out in float64 [B, N, H, P], the rows written), on the CPU.
+
+    Every node on its own, token by token in float64 from the state at its row's slot along its
+    root path (a chain: nodes 0..n), per head h reading group h // (H / G), as a selective state
+    update decodes one token: d = dt (+ dt_bias), softplus(d) if dt_softplus; h = exp(d * A[h]) h +
+    d x B^T for each path token; then out[b, n, h] = h C_n (+ D[h] x_n), times silu(z_n) if z is
+    given. A row is written only if its slot is in range and every parent link lies in [-1, n-1].
+    """
+    num_rows, num_nodes, num_heads, head_dim = x.shape
+    heads_per_group = num_heads // B.shape[2]
+    x, dt, A, B, C = x.cpu().double(), dt.cpu().double(), A.cpu().double(), B.cpu().double(), C.cpu().double()
+    states = ssm_state.cpu().double()
+    D, z, dt_bias = (None if t is None else t.cpu().double() for t in (D, z, dt_bias))
+    expected = torch.zeros(num_rows, num_nodes, num_heads, head_dim, dtype=torch.float64)
+    written = []
+
+    def step_size(row, token, head):
+        d = dt[row, token, head]
+        if dt_bias is not None:
+            d = d + dt_bias[head]
+        return torch.log1p(torch.exp(d)) if dt_softplus else d
+
+    for row in range(num_rows):
+        slot = int(state_slots[row])
+        if not 0 <= slot < states.shape[0]:
+            continue
+        links = None if parents is None else [int(p) for p in parents[row]]
+        paths = [accepted_path(node, links) for node in range(num_nodes)]
+        if any(path is None for path in paths):
+            continue
+        written.append(row)
+        for node, path in enumerate(paths):
+            for head in range(num_heads):
+                group = head // heads_per_group
+                state = states[slot, head].clone()  # [P, Ns]
+                for token in path:
+                    d = step_size(row, token, head)
+                    state = torch.exp(d * A[head]) * state + torch.outer(d * x[row, token, head], B[row, token, group])
+                y = state @ C[row, node, group]
+                if D is not None:
+                    y = y + D[head] * x[row, node, head]
+                if z is not None:
+                    gate = z[row, node, head]
+                    y = y * gate / (1 + torch.exp(-gate))
+                expected[row, node, head] = y
+    return expected, written
+
+
 # ---------------------------------------------------------------------------------------------
 # The ring (no commit pass): its semantics as Python lists, step by step
 # ---------------------------------------------------------------------------------------------

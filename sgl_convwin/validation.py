@@ -924,19 +924,81 @@ def check_gdn_verify_args(out, q, k, v, g, beta, ssm_state, state_slots, parents
     return VerifySizes(num_rows, num_nodes, num_state_slots)
 
 
-def check_gdn_verify_index_values(sizes: VerifySizes, state_slots, parents) -> None:
-    """Checked mode for gdn_verify: slots in range (or negative to skip), parent links in [-1, n-1]."""
+def check_gdn_verify_index_values(sizes: VerifySizes, state_slots, parents, op: str = _GDN_VERIFY) -> None:
+    """Checked mode for gdn_verify (and mamba2_verify, ``op``): slots in range (or negative to
+    skip), parent links in [-1, n-1]."""
     links = None if parents is None else parents.tolist()
     for row, slot in enumerate(state_slots.tolist()):
         if slot < 0:
             continue
         if slot >= sizes.num_state_slots:
             raise IndexError(
-                f"{_GDN_VERIFY}: state_slots[{row}] = {slot} is out of range for ssm_state with "
+                f"{op}: state_slots[{row}] = {slot} is out of range for ssm_state with "
                 f"{sizes.num_state_slots} slots (expected 0..{sizes.num_state_slots - 1}, or negative to skip the row)"
             )
         if links is not None:
-            check_parent_links(_GDN_VERIFY, row, links[row])
+            check_parent_links(op, row, links[row])
+
+
+# ---------------------------------------------------------------------------------------------
+# mamba2_verify
+# ---------------------------------------------------------------------------------------------
+
+_MAMBA2_VERIFY = "convwin.mamba2_verify"
+
+
+def check_mamba2_verify_args(out, x, dt, A, B, C, ssm_state, state_slots, parents, D, z, dt_bias,
+                             dt_softplus) -> VerifySizes:
+    """Validate a mamba2_verify call (see ops_mamba2_verify.mamba2_verify) and return its sizes."""
+    op = _MAMBA2_VERIFY
+    for name, value in (("out", out), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("ssm_state", ssm_state)):
+        if not isinstance(value, torch.Tensor):
+            check_tensor(f"{op}: {name}", value)
+    for name, value in (("D", D), ("z", z), ("dt_bias", dt_bias)):
+        if value is not None and not isinstance(value, torch.Tensor):
+            check_tensor(f"{op}: {name}", value)
+    if ssm_state.dim() != 4:
+        raise ValueError(f"{op}: ssm_state must be one layer's pool [S, H, P, Ns], got shape {tuple(ssm_state.shape)}")
+    if ssm_state.dtype not in SSM_STATE_DTYPES:
+        raise TypeError(f"{op}: ssm_state must be float32 or bfloat16, got {ssm_state.dtype}")
+    num_state_slots, num_heads, head_dim, d_state = ssm_state.shape
+    device = ssm_state.device
+    if x.dim() != 4 or x.shape[2:] != (num_heads, head_dim):
+        raise ValueError(f"{op}: x must be [B, N, H, P] with H, P = {num_heads}, {head_dim} (ssm_state [S, H, P, Ns] = "
+                         f"{list(ssm_state.shape)}), got shape {tuple(x.shape)}")
+    num_rows, num_nodes = x.shape[:2]
+    if not 1 <= num_nodes <= VERIFY_MAX_NODES:
+        raise ValueError(f"{op}: N (draft tokens, x's axis 1) must be 1..{VERIFY_MAX_NODES}, got {num_nodes}")
+    if B.dim() != 4 or B.shape[:2] != (num_rows, num_nodes) or B.shape[3] != d_state:
+        raise ValueError(f"{op}: B must be [B, N, G, Ns] with B, N = {num_rows}, {num_nodes} (from x) and Ns = {d_state} "
+                         f"(from ssm_state), got shape {tuple(B.shape)}")
+    num_groups = B.shape[2]
+    if num_groups < 1 or num_heads % num_groups:
+        raise ValueError(f"{op}: H ({num_heads}, ssm_state axis 1) must be a multiple of G ({num_groups}, B axis 2)")
+    if C.shape != B.shape:
+        raise ValueError(f"{op}: C must have B's shape [B, N, G, Ns] = {list(B.shape)}, got {tuple(C.shape)}")
+    if dt.shape != (num_rows, num_nodes, num_heads):
+        raise ValueError(f"{op}: dt must be [B, N, H] = {[num_rows, num_nodes, num_heads]}, got shape {tuple(dt.shape)}")
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        if t is not None and t.shape != (num_heads,):
+            raise ValueError(f"{op}: {name} must be [H] with H = {num_heads}, got shape {tuple(t.shape)}")
+    if z is not None and z.shape != x.shape:
+        raise ValueError(f"{op}: z must be [B, N, H, P] = {list(x.shape)} like x, got shape {tuple(z.shape)}")
+    if out.shape != x.shape:
+        raise ValueError(f"{op}: out must be [B, N, H, P] = {list(x.shape)} like x, got shape {tuple(out.shape)}")
+    for name, t in (("out", out), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z),
+                    ("dt_bias", dt_bias)):
+        if t is not None:
+            _check_float(op, name, t, device)
+    if not isinstance(dt_softplus, bool):
+        raise TypeError(f"{op}: dt_softplus must be a bool, got {type(dt_softplus).__name__}")
+    check_writable(op, "out", out)
+    rows = check_index_tensors(op, device, ("state_slots",), state_slots, owner="ssm_state")
+    if rows != num_rows:
+        raise ValueError(f"{op}: state_slots has {rows} rows but x has {num_rows} (axis 0)")
+    if parents is not None:
+        _check_parents(op, parents, device, num_rows, num_nodes, "B, N from x", owner="ssm_state")
+    return VerifySizes(num_rows, num_nodes, num_state_slots)
 
 
 # ---------------------------------------------------------------------------------------------

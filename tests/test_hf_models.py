@@ -14,7 +14,7 @@ batch of two requests greedily:
   ``mamba2_verify_forward``) that keeps the model's own projections, head grouping, gates,
   norms and output projection and calls the package's ops where the model would touch its cache:
   ``causal_conv1d_verify`` (conv + capture into the package's buffer), ``capture_gates``, and for
-  Gated DeltaNet ``gdn_verify`` for the outputs;
+  ``gdn_verify`` / ``mamba2_verify`` for the outputs;
 * greedy acceptance on those logits, then ``gdn_commit`` / ``mamba2_commit`` replay the accepted
   path into the model's own cache tensors (``integrations.transformers_layer_states``); a
   request that has its tokens stays in the batch as a padded row (slots -1).
@@ -205,12 +205,12 @@ def gdn_verify_forward(self, hidden_states, cache_params=None, attention_mask=No
 def mamba2_verify_forward(self, hidden_states, cache_params=None, attention_mask=None, *, verify: Verify, **kwargs):
     """``NemotronHMamba2Mixer.forward``'s decode branch for the verify tokens. Mirrored from
     transformers: ``in_proj`` split into gate, xBC, dt; ``A = -exp(A_log)``; the recurrence of each
-    node is transformers' own ``mamba2_selective_state_update`` (dt + dt_bias, softplus, D skip; no
-    dt limit, as in its one-token decode) applied along the node's path from a copy of the
-    committed state; ``self.norm(y, gate)``, ``out_proj``. Replaced: ``causal_conv1d_update`` by
-    ``causal_conv1d_verify``; dt as the recurrence uses it, ``softplus(dt + dt_bias)``, goes to
-    ``capture_gates`` for ``mamba2_commit``. The package has no Mamba2 verify op: the per-node
-    states here are temporaries, the cache is only read."""
+    node as transformers' one-token ``mamba2_selective_state_update`` decodes it (dt + dt_bias,
+    softplus, D skip; no dt limit); ``self.norm(y, gate)``, ``out_proj``. Replaced:
+    ``causal_conv1d_update`` by ``causal_conv1d_verify``; the per-token state update by
+    ``mamba2_verify`` (every node's output from one read of the committed state, which it never
+    writes); dt as the recurrence uses it, ``softplus(dt + dt_bias)``, goes to ``capture_gates``
+    for ``mamba2_commit``."""
     spec = verify.caches[self.layer_idx]
     batch, num_nodes, _ = hidden_states.shape
     heads, head_dim, groups, d_state = self.num_heads, self.head_dim, self.n_groups, self.ssm_state_size
@@ -223,21 +223,11 @@ def mamba2_verify_forward(self, hidden_states, cache_params=None, attention_mask
     spec.capture_gates(F.softplus(dt + self.dt_bias), None, verify.buffer_slots, 0)
     x, B, C = torch.split(conv_out, [self.intermediate_size, groups * d_state, groups * d_state], dim=-1)
     A = -torch.exp(self.A_log.float())
-    chain = [list(range(-1, num_nodes - 1))] * batch
-    parents = chain if verify.parents is None else verify.parents.tolist()
-    committed = ssm_state[0, verify.state_slots.clamp(min=0)]
-    node_states, outputs = [], []
-    for node in range(num_nodes):
-        state = torch.stack([committed[row] if parents[row][node] < 0 else node_states[parents[row][node]][row]
-                             for row in range(batch)])
-        outputs.append(nemotron_h.mamba2_selective_state_update(
-            state, x[:, node].view(batch, heads, head_dim), dt[:, node, :, None].expand(-1, -1, head_dim),
-            A[:, None, None].expand(-1, head_dim, d_state), B[:, node].view(batch, groups, d_state),
-            C[:, node].view(batch, groups, d_state), self.D[:, None].expand(-1, head_dim), z=None,
-            dt_bias=self.dt_bias[:, None].expand(-1, head_dim), dt_softplus=True))
-        node_states.append(state)
-    y = torch.stack(outputs, dim=1).reshape(batch, num_nodes, -1)
-    return self.out_proj(self.norm(y, gate))
+    y = torch.zeros(batch, num_nodes, heads, head_dim, dtype=x.dtype, device=x.device)  # padded rows: untouched
+    sgl_convwin.mamba2_verify(y, x.unflatten(-1, (heads, head_dim)), dt, A, B.unflatten(-1, (groups, d_state)),
+                              C.unflatten(-1, (groups, d_state)), ssm_state[0], verify.state_slots, verify.parents,
+                              D=self.D, dt_bias=self.dt_bias, dt_softplus=True)
+    return self.out_proj(self.norm(y.reshape(batch, num_nodes, -1), gate))
 
 
 @contextmanager

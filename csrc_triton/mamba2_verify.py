@@ -1,0 +1,173 @@
+"""The Mamba2 verify recurrence: every draft token's (or tree node's) output from ONE read of the
+committed state, in the chunked (SSD) form of the selective state update.
+
+Per row b and head h (group h // (H / G)), with S0 = ssm[state_slots[b], h] [P, Ns] and anc(n)
+the ancestors of node n and n itself (a chain: 0..n), in float32:
+
+    d_i     = dt_i (+ dt_bias), softplus(d_i) if dt_softplus     the step size of token i
+    L_n     = sum_{i in anc(n)} d_i A                             cumulative log decay along n's root path
+    M[n, i] = exp(L_n - L_i) d_i (C_n . B_i) for i in anc(n), else 0
+    Y       = diag(exp L) C S0^T + M X  (+ D X), times silu(Z)    [nodes, P]
+
+This is the token-by-token recurrence ``h = exp(d A) h + d x B^T; y = h C`` unrolled along each
+node's root path (h_n = exp(L_n) S0 + sum_{i in anc(n)} exp(L_n - L_i) d_i x_i B_i^T): the state
+is read once and never written. No triangular solve: unlike the delta rule the update does not
+read the state.
+
+One program holds one [BLOCK_P, Ns] state tile of one head of one row and the node stack
+[NODES, Ns] of C (and of B), NODES = max(16, N) rounded up to a power of two (tl.dot's minimum
+being 16, zero rows beyond N): C S0^T is one tensor-core product per tile, the intra-chunk term
+one [NODES, NODES] x [NODES, BLOCK_P] product. The node matrices use gdn_verify's helpers (the
+ancestry walk, tf32 operands rounded to nearest).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_launch
+from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _ancestry, _dot, _operand, default_precision
+
+# Head-dim rows per state tile [BLOCK_P, Ns]; halved (down to 2 * MIN_DOT) while the grid would
+# have fewer than VERIFY_PROGRAMS programs, as gdn_verify's BLOCK_V.
+BLOCK_P = 64
+VERIFY_WARPS = 4
+
+
+@triton.jit
+def _mamba2_verify_kernel(
+    out_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, ssm_ptr, slots_ptr, parents_ptr, d_ptr, z_ptr, dt_bias_ptr,
+    num_state_slots,
+    out_stride_row, out_stride_node, out_stride_head, out_stride_p,
+    x_stride_row, x_stride_node, x_stride_head, x_stride_p,
+    dt_stride_row, dt_stride_node, dt_stride_head,
+    a_stride,
+    b_stride_row, b_stride_node, b_stride_group, b_stride_n,
+    c_stride_row, c_stride_node, c_stride_group, c_stride_n,
+    ssm_stride_slot, ssm_stride_head, ssm_stride_p, ssm_stride_n,
+    slots_stride, parents_stride_row, parents_stride_node,
+    d_stride,
+    z_stride_row, z_stride_node, z_stride_head, z_stride_p,
+    dt_bias_stride,
+    NUM_NODES: tl.constexpr, NODES: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    TREE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One program: one [BLOCK_P, Ns] state tile of one head of one row. Outputs are stored only if
+    the row's slot is in [0, num_state_slots) and (trees) every parent link lies in [-1, n-1];
+    nothing is written otherwise, and no load leaves its tensor."""
+    P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
+    head = tl.program_id(0) // P_BLOCKS
+    pp = (tl.program_id(0) % P_BLOCKS) * BLOCK_P + tl.arange(0, BLOCK_P)
+    row = tl.program_id(1).to(tl.int64)
+    group = head // (NUM_HEADS // NUM_GROUPS)
+
+    node = tl.arange(0, NODES)
+    real = node < NUM_NODES
+    nn = tl.arange(0, BLOCK_N)
+    columns = (nn < D_STATE)[None, :]
+    p_ok = (pp < HEAD_DIM)[None, :]
+
+    slot = tl.load(slots_ptr + row * slots_stride).to(tl.int64)
+    slot_ok = (slot >= 0) & (slot < num_state_slots)
+    # The state tile first: the program's long read, which nothing else waits on. Loaded as
+    # [Ns, BLOCK_P] (S0^T), the right operand of C S0^T.
+    tile = (ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head + (nn * ssm_stride_n)[:, None]
+            + (pp * ssm_stride_p)[None, :])
+    state_t = tl.load(tile, mask=tl.where(slot_ok, (nn < D_STATE)[:, None] & p_ok, False), other=0.0).to(tl.float32)
+
+    nodes_mask = real[:, None] & columns
+    b = tl.load(b_ptr + row * b_stride_row + group * b_stride_group + (node * b_stride_node)[:, None]
+                + (nn * b_stride_n)[None, :], mask=nodes_mask, other=0.0).to(tl.float32)
+    c = tl.load(c_ptr + row * c_stride_row + group * c_stride_group + (node * c_stride_node)[:, None]
+                + (nn * c_stride_n)[None, :], mask=nodes_mask, other=0.0).to(tl.float32)
+    c = _operand(c, PRECISION)
+    step = tl.load(dt_ptr + row * dt_stride_row + node * dt_stride_node + head * dt_stride_head, mask=real,
+                   other=0.0).to(tl.float32)
+    if HAS_DT_BIAS:
+        step += tl.load(dt_bias_ptr + head * dt_bias_stride).to(tl.float32)
+    if DT_SOFTPLUS:  # torch's softplus: d itself above 20, where log(1 + exp(d)) = d in float32
+        step = tl.where(step > 20.0, step, tl.log(1.0 + tl.exp(tl.minimum(step, 20.0))))
+    step = tl.where(real, step, 0.0)  # padding nodes: no decay, no update
+    rate = tl.load(a_ptr + head * a_stride).to(tl.float32)
+
+    ancestry, links_ok = _ancestry(row, node, real, parents_ptr, parents_stride_row, parents_stride_node, NUM_NODES,
+                                   TREE)
+    ancestry &= real[None, :]
+    cumulative = tl.sum(tl.where(ancestry, (step * rate)[None, :], 0.0), axis=1)  # L of each node
+    decay = tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0))
+    gram = _dot(c, tl.trans(b), PRECISION)  # C_n . B_i  (c: an operand already)
+    mix = tl.where(ancestry, decay * step[None, :] * gram, 0.0)  # M
+
+    x = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (node * x_stride_node)[:, None]
+                + (pp * x_stride_p)[None, :], mask=real[:, None] & p_ok, other=0.0).to(tl.float32)
+    # C S0^T (the state's truncation is the one left: unbiased over Ns)
+    y = tl.exp(cumulative)[:, None] * tl.dot(c, state_t, input_precision=PRECISION) + _dot(mix, x, PRECISION)
+    if HAS_D:
+        y += tl.load(d_ptr + head * d_stride).to(tl.float32) * x
+    if HAS_Z:
+        gate = tl.load(z_ptr + row * z_stride_row + head * z_stride_head + (node * z_stride_node)[:, None]
+                       + (pp * z_stride_p)[None, :], mask=real[:, None] & p_ok, other=0.0).to(tl.float32)
+        y *= gate / (1.0 + tl.exp(-gate))
+    dst = (out_ptr + row * out_stride_row + head * out_stride_head + (node * out_stride_node)[:, None]
+           + (pp * out_stride_p)[None, :])
+    tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=tl.where(slot_ok & links_ok, real[:, None] & p_ok, False))
+
+
+def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, *, dt_softplus, block_p=None,
+                 num_warps=VERIFY_WARPS, precision=None):
+    """The kernel's launch for launch_mamba2_verify and planned_mamba2_verify, or None with no rows.
+    block_p (a power of two >= 16), num_warps, precision: tuning only."""
+    num_rows, num_nodes, num_heads, head_dim = x.shape
+    num_groups, d_state = B.shape[2], B.shape[3]
+    if num_rows == 0:
+        return None
+    if num_rows > MAX_GRID_Y:
+        raise ValueError(f"convwin.mamba2_verify verifies at most {MAX_GRID_Y} rows per call, got {num_rows}; "
+                         "split the batch")
+    if block_p is None:
+        block_p = max(MIN_DOT, min(BLOCK_P, next_power_of_2(head_dim)))
+        while block_p > 2 * MIN_DOT and num_rows * num_heads * cdiv(head_dim, block_p) < VERIFY_PROGRAMS:
+            block_p //= 2
+    grid = (num_heads * cdiv(head_dim, block_p), num_rows)
+    parents_strides = (0, 0) if parents is None else parents.stride()
+    scalars = (ssm.shape[0], *out.stride(), *x.stride(), *dt.stride(), A.stride(0), *B.stride(), *C.stride(),
+               *ssm.stride(), state_slots.stride(0), *parents_strides, 0 if D is None else D.stride(0),
+               *((0,) * 4 if z is None else z.stride()), 0 if dt_bias is None else dt_bias.stride(0))
+    constexprs = dict(
+        NUM_NODES=num_nodes, NODES=max(MIN_DOT, next_power_of_2(num_nodes)), NUM_HEADS=num_heads,
+        NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state, BLOCK_P=block_p,
+        BLOCK_N=max(MIN_DOT, next_power_of_2(d_state)), TREE=parents is not None, HAS_D=D is not None,
+        HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus),
+        PRECISION=precision or default_precision(ssm), num_warps=num_warps,
+    )
+    return KernelCall(_mamba2_verify_kernel, grid, _tensors(out, x, dt, A, B, C, ssm, state_slots, parents, D, z,
+                                                            dt_bias), scalars, constexprs)
+
+
+def _tensors(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias):
+    """The kernel's tensor arguments: an absent optional one stands in as a tensor it never reads."""
+    return (out, x, dt, A, B, C, ssm, state_slots, state_slots if parents is None else parents,
+            A if D is None else D, x if z is None else z, A if dt_bias is None else dt_bias)
+
+
+def launch_mamba2_verify(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, *, dt_softplus, **tuning):
+    """out, x, z [B, N, H, P]; dt [B, N, H]; A, D, dt_bias [H]; B, C [B, N, G, Ns]; ssm [S, H, P, Ns];
+    state_slots [B]; parents [B, N] or None; any strides. One launch."""
+    call = _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, dt_softplus=dt_softplus,
+                        **tuning)
+    if call is not None:
+        call.launch()
+
+
+def planned_mamba2_verify(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, *, dt_softplus):
+    """launch_mamba2_verify fixed for these shapes, strides, dtypes and arguments (_common.planned_launch)."""
+    launch = planned_launch(_verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias,
+                                         dt_softplus=dt_softplus))
+
+    def run(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, *, dt_softplus):
+        launch(*_tensors(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias))
+
+    return run
