@@ -64,7 +64,7 @@ def test_random_steps_match_oracle_and_eager(data, num_draft, tree, extra, kerne
 
 
 @pytest.mark.slow
-@settings(max_examples=30)
+@settings(max_examples=15)
 @given(data=st.data(), num_draft=st.integers(1, 5), tree=st.booleans(), capacity=st.integers(1, 32),
        kernel_size=st.sampled_from([2, 3, 4, 5]), ring_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
        ssm_dtype=st.sampled_from([torch.float32, torch.bfloat16]), conv_dtype=st.sampled_from([torch.float32,
