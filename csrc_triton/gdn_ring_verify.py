@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
 from .gdn_verify import MIN_DOT, _dot, _l2_normalised, _operand, _power_series, default_precision
+from .ring_conv import _history_at, ring_row_state
 
 # Not yet timed on a GPU: the fewest spills of the offline sm_90 compiles (Triton 3.6, Qwen3-Next's
 # heads, capacity 16, N = 4) among 16-64 columns and 4-8 warps.
@@ -36,30 +37,39 @@ WINDOW_BLOCK = 256  # channels per program of the window store
 
 
 @triton.jit
-def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_row, start, chan, chan_ok,
+def _ring_row(row, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots, num_ring_slots, ring_slots_stride,
+              state_slots_stride, cursor_stride_slot, cursor_stride_field, RING_ROWS: tl.constexpr,
+              MAX_PENDING: tl.constexpr):
+    """(ring slot, state slot, start, pending, live) of batch row ``row`` (ring_conv.ring_row_state;
+    a row not live reads slot 0 nowhere: every use is masked by live)."""
+    ring = tl.load(ring_slots_ptr + row * ring_slots_stride).to(tl.int64)
+    slot = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
+    ring, start, pending, live = ring_row_state(cursor_ptr, ring, (slot >= 0) & (slot < num_state_slots),
+                                                num_ring_slots, cursor_stride_slot, cursor_stride_field, RING_ROWS,
+                                                MAX_PENDING)
+    return ring, tl.where(live, slot, 0), start, pending, live
+
+
+@triton.jit
+def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_row, start, pending, chan, chan_ok,
                   rows_stride_row, rows_stride_dim, window_stride_dim, window_stride_win, weight_stride_dim,
                   weight_stride_tap, bias_stride, RING_ROWS: tl.constexpr, KERNEL_SIZE: tl.constexpr,
                   HAS_BIAS: tl.constexpr):
     """[T, CH] fp32: silu(bias + sum_t w_t x_t) of the pending tokens ``token`` [T] (where
-    ``pending_row``) at channels ``chan`` [CH]; zeros elsewhere. Input t of token j sits at
-    logical position j - (K-1) + t: a ring row if >= 0, else window column K-1 + position."""
+    ``pending_row``) at channels ``chan`` [CH]; zeros elsewhere. Input t of token j is history input
+    j - (K-1) + t - pending before the drafts (ring_conv._history_at: a ring row or a window column)."""
     ok = pending_row[:, None] & chan_ok[None, :]
     if HAS_BIAS:
         acc = tl.load(bias_ptr + chan * bias_stride, mask=chan_ok, other=0.0).to(tl.float32)[None, :]
     else:
         acc = tl.zeros([1, chan.shape[0]], dtype=tl.float32)
     for tap in tl.static_range(KERNEL_SIZE):
-        position = token - (KERNEL_SIZE - 1) + tap
-        in_ring = position >= 0
-        ring_row = (start + tl.where(in_ring, position, 0)) % RING_ROWS
-        x_ring = tl.load(rows_base + (ring_row * rows_stride_row)[:, None] + (chan * rows_stride_dim)[None, :],
-                         mask=ok & in_ring[:, None], other=0.0).to(tl.float32)
-        column = tl.where(in_ring, 0, KERNEL_SIZE - 1 + position)
-        x_window = tl.load(window_base + (chan * window_stride_dim)[None, :] + (column * window_stride_win)[:, None],
-                           mask=ok & (position < 0)[:, None], other=0.0).to(tl.float32)
+        x = _history_at(token - (KERNEL_SIZE - 1) + tap - pending, rows_base, window_base, start, pending, chan, ok,
+                        rows_stride_row, rows_stride_dim, window_stride_dim, window_stride_win, RING_ROWS,
+                        KERNEL_SIZE - 1)
         weight = tl.load(weight_ptr + chan * weight_stride_dim + tap * weight_stride_tap, mask=chan_ok,
                          other=0.0).to(tl.float32)
-        acc = acc + weight[None, :] * (x_ring + x_window)
+        acc = acc + weight[None, :] * x
     return tl.where(ok, acc / (1.0 + tl.exp(-acc)), 0.0)
 
 
@@ -101,17 +111,11 @@ def _gdn_ring_verify_kernel(
     weight_ptr += layer * weight_stride_layer
     bias_ptr += layer * bias_stride_layer
 
-    ring = tl.load(ring_slots_ptr + row * ring_slots_stride).to(tl.int64)
-    slot = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
-    live = (ring >= 0) & (ring < num_ring_slots) & (slot >= 0) & (slot < num_state_slots)
-    ring = tl.where(live, ring, 0)
-    slot = tl.where(live, slot, 0)
-    # the cursor checked as stored (int64: a start of 2**32 must not wrap into the ring), then narrowed
-    start = tl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(tl.int64)
-    pending = tl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(tl.int64)
-    live = live & (start >= 0) & (start < RING_ROWS) & (pending >= 0) & (pending <= MAX_PENDING)
-    start = tl.where(live, start, 0).to(tl.int32)
-    pending = tl.where(live, pending, 0).to(tl.int32)
+    ring, slot, start, pending, live = _ring_row(row, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots,
+                                                 num_ring_slots, ring_slots_stride, state_slots_stride,
+                                                 cursor_stride_slot, cursor_stride_field, RING_ROWS, MAX_PENDING)
+    start = start.to(tl.int32)
+    pending = pending.to(tl.int32)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
 
     stack = tl.arange(0, NODES)
@@ -136,11 +140,12 @@ def _gdn_ring_verify_kernel(
     ring_row = (start + tl.where(key_pending, stack, 0)) % RING_ROWS
     # k and q: pending tokens' from their conv (k channels Hk*dk + k_head*dk + i), drafts' given
     k_chan = NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk
-    conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, stack, key_pending, start, k_chan, k_ok,
-                           rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
+    conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, stack, key_pending, start, pending, k_chan,
+                           k_ok, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
                            weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
     d = tl.where(drafted, draft, 0).to(tl.int64)
-    keys = k_ptr + row * k_stride_row + k_head * k_stride_head + (d * k_stride_node)[:, None] + (kk * k_stride_k)[None, :]
+    keys = (k_ptr + row * k_stride_row + k_head * k_stride_head + (d * k_stride_node)[:, None]
+            + (kk * k_stride_k)[None, :])
     queries = (q_ptr + row * q_stride_row + k_head * q_stride_head + (d * q_stride_node)[:, None]
                + (kk * q_stride_k)[None, :])
     given = tl.load(tl.where(key_side[:, None], keys, queries), mask=drafted[:, None] & k_ok[None, :],
@@ -187,9 +192,9 @@ def _gdn_ring_verify_kernel(
     grown = tl.exp(cumulative)[:, None]
 
     v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
-    conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, stack, key_pending, start, v_chan, columns,
-                           rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
-                           weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+    conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, stack, key_pending, start, pending, v_chan,
+                           columns, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                           weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
     v_given = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (d * v_stride_node)[:, None]
                       + (vv * v_stride_v)[None, :], mask=(drafted & key_side)[:, None] & columns[None, :],
                       other=0.0).to(tl.float32)
@@ -232,15 +237,10 @@ def _ring_window_kernel(
     chan = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     row = tl.program_id(1).to(tl.int64)
     layer = (layer + tl.program_id(2)).to(tl.int64)  # layer * a pool's layer stride passes 2**31
-    ring = tl.load(ring_slots_ptr + row * ring_slots_stride).to(tl.int64)
-    slot = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
-    live = (ring >= 0) & (ring < num_ring_slots) & (slot >= 0) & (slot < num_state_slots)
-    ring = tl.where(live, ring, 0)
-    slot = tl.where(live, slot, 0)
-    start = tl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(tl.int64)
-    pending = tl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(tl.int64)
-    fold = (live & (start >= 0) & (start < RING_ROWS) & (pending > 0) & (pending <= MAX_PENDING)
-            & (pending + NUM_NODES > FOLD_ABOVE))
+    ring, slot, start, pending, live = _ring_row(row, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots,
+                                                 num_ring_slots, ring_slots_stride, state_slots_stride,
+                                                 cursor_stride_slot, cursor_stride_field, RING_ROWS, MAX_PENDING)
+    fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
     if fold:
         ok = chan < dim
         window = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot + chan * conv_stride_dim
@@ -343,13 +343,12 @@ def _flush_cursor_kernel(cursor_ptr, ring_slots_ptr, state_slots_ptr, num_rows, 
     ok = row < num_rows
     ring = tl.load(ring_slots_ptr + row * ring_slots_stride, mask=ok, other=-1).to(tl.int64)
     slot = tl.load(state_slots_ptr + row * state_slots_stride, mask=ok, other=-1).to(tl.int64)
-    live = (ring >= 0) & (ring < num_ring_slots) & (slot >= 0) & (slot < num_state_slots)
-    ring = tl.where(live, ring, 0)
-    start = tl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0)
-    pending = tl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0)
-    live = live & (start >= 0) & (start < RING_ROWS) & (pending >= 0) & (pending < RING_ROWS)
-    tl.store(cursor_ptr + ring * cursor_stride_slot, (start + pending) % RING_ROWS, mask=live)
-    tl.store(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, pending * 0, mask=live)
+    ring, start, pending, live = ring_row_state(cursor_ptr, ring, (slot >= 0) & (slot < num_state_slots),
+                                                num_ring_slots, cursor_stride_slot, cursor_stride_field, RING_ROWS,
+                                                RING_ROWS - 1)
+    field = cursor_ptr.dtype.element_ty
+    tl.store(cursor_ptr + ring * cursor_stride_slot, ((start + pending) % RING_ROWS).to(field), mask=live)
+    tl.store(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, (pending * 0).to(field), mask=live)
 
 
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state_slots, *, num_k_heads, head_k_dim,
