@@ -506,6 +506,17 @@ def mamba2_commit_reference(
     return expected_ssm, expected_conv, {dst for dst, _, _ in rows}
 
 
+def _verified_rows(state_slots, num_state_slots, parents, num_nodes):
+    """(row, slot, every node's root path) of each row a verify op writes: its slot in range and
+    every parent link in [-1, n-1]."""
+    for row in range(len(state_slots)):
+        slot = int(state_slots[row])
+        links = None if parents is None else [int(p) for p in parents[row]]
+        paths = [accepted_path(node, links) for node in range(num_nodes)]
+        if 0 <= slot < num_state_slots and all(path is not None for path in paths):
+            yield row, slot, paths
+
+
 def gdn_verify_reference(q, k, v, g, beta, ssm_state, state_slots, parents=None, *, scale=None,
                          use_qk_l2norm=True):
     """What convwin.gdn_verify must write: (out in float64 [B, N, Hv, dv], the rows written), on the CPU.
@@ -528,14 +539,7 @@ def gdn_verify_reference(q, k, v, g, beta, ssm_state, state_slots, parents=None,
     def normalised(x):
         return x / torch.sqrt((x * x).sum() + 1e-6) if use_qk_l2norm else x
 
-    for row in range(num_rows):
-        slot = int(state_slots[row])
-        if not 0 <= slot < states.shape[0]:
-            continue
-        links = None if parents is None else [int(p) for p in parents[row]]
-        paths = [accepted_path(node, links) for node in range(num_nodes)]
-        if any(path is None for path in paths):
-            continue
+    for row, slot, paths in _verified_rows(state_slots, states.shape[0], parents, num_nodes):
         written.append(row)
         for node, path in enumerate(paths):
             for head in range(num_v_heads):
@@ -574,14 +578,7 @@ def mamba2_verify_reference(x, dt, A, B, C, ssm_state, state_slots, parents=None
             d = d + dt_bias[head]
         return torch.log1p(torch.exp(d)) if dt_softplus else d
 
-    for row in range(num_rows):
-        slot = int(state_slots[row])
-        if not 0 <= slot < states.shape[0]:
-            continue
-        links = None if parents is None else [int(p) for p in parents[row]]
-        paths = [accepted_path(node, links) for node in range(num_nodes)]
-        if any(path is None for path in paths):
-            continue
+    for row, slot, paths in _verified_rows(state_slots, states.shape[0], parents, num_nodes):
         written.append(row)
         for node, path in enumerate(paths):
             for head in range(num_heads):
