@@ -916,11 +916,16 @@ def check_gdn_verify_args(out, q, k, v, g, beta, ssm_state, state_slots, parents
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise TypeError(f"{op}: scale must be a float or None (dk ** -0.5), got {type(scale).__name__}")
     check_writable(op, "out", out)
+    return _verify_sizes(op, device, state_slots, parents, num_rows, num_nodes, num_state_slots, "q")
+
+
+def _verify_sizes(op, device, state_slots, parents, num_rows, num_nodes, num_state_slots, source):
+    """The verify ops' index checks (slots and links for ``source``'s B rows and N nodes), then their sizes."""
     rows = check_index_tensors(op, device, ("state_slots",), state_slots, owner="ssm_state")
     if rows != num_rows:
-        raise ValueError(f"{op}: state_slots has {rows} rows but q has {num_rows} (axis 0)")
+        raise ValueError(f"{op}: state_slots has {rows} rows but {source} has {num_rows} (axis 0)")
     if parents is not None:
-        _check_parents(op, parents, device, num_rows, num_nodes, "B, N from q", owner="ssm_state")
+        _check_parents(op, parents, device, num_rows, num_nodes, f"B, N from {source}", owner="ssm_state")
     return VerifySizes(num_rows, num_nodes, num_state_slots)
 
 
@@ -993,12 +998,7 @@ def check_mamba2_verify_args(out, x, dt, A, B, C, ssm_state, state_slots, parent
     if not isinstance(dt_softplus, bool):
         raise TypeError(f"{op}: dt_softplus must be a bool, got {type(dt_softplus).__name__}")
     check_writable(op, "out", out)
-    rows = check_index_tensors(op, device, ("state_slots",), state_slots, owner="ssm_state")
-    if rows != num_rows:
-        raise ValueError(f"{op}: state_slots has {rows} rows but x has {num_rows} (axis 0)")
-    if parents is not None:
-        _check_parents(op, parents, device, num_rows, num_nodes, "B, N from x", owner="ssm_state")
-    return VerifySizes(num_rows, num_nodes, num_state_slots)
+    return _verify_sizes(op, device, state_slots, parents, num_rows, num_nodes, num_state_slots, "x")
 
 
 # ---------------------------------------------------------------------------------------------
