@@ -194,6 +194,15 @@ def default_precision(ssm) -> str:
     return "tf32"
 
 
+def spread_block(largest: int, num_rows: int, num_heads: int, dim: int) -> int:
+    """A tile's columns: ``largest`` (or dim rounded up to a power of two, >= MIN_DOT), halved down
+    to 2 * MIN_DOT while rows x heads x tiles would be fewer than VERIFY_PROGRAMS programs."""
+    block = max(MIN_DOT, min(largest, next_power_of_2(dim)))
+    while block > 2 * MIN_DOT and num_rows * num_heads * cdiv(dim, block) < VERIFY_PROGRAMS:
+        block //= 2
+    return block
+
+
 @functools.cache
 def _mma_device(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (8, 0)
@@ -226,9 +235,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     if mma and block_v is None:
         block_v = max(8 * num_warps, min(MMA_BLOCK_V, next_power_of_2(head_v_dim)))
     if block_v is None:
-        block_v = max(MIN_DOT, min(BLOCK_V, next_power_of_2(head_v_dim)))
-        while block_v > 2 * MIN_DOT and num_rows * num_v_heads * cdiv(head_v_dim, block_v) < VERIFY_PROGRAMS:
-            block_v //= 2
+        block_v = spread_block(BLOCK_V, num_rows, num_v_heads, head_v_dim)
     grid = (num_v_heads * cdiv(head_v_dim, block_v), num_rows)
     parents_strides = (0, 0) if parents is None else parents.stride()
     scalars = (ssm.shape[0], float(scale), *out.stride(), *q.stride(), *k.stride(), *v.stride(), *g.stride(),

@@ -27,10 +27,9 @@ import triton
 import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_launch
-from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _ancestry, _dot, _operand, default_precision
+from .gdn_verify import MIN_DOT, _ancestry, _dot, _operand, default_precision, spread_block
 
-# Head-dim rows per state tile [BLOCK_P, Ns]; halved (down to 2 * MIN_DOT) while the grid would
-# have fewer than VERIFY_PROGRAMS programs, as gdn_verify's BLOCK_V.
+# Head-dim rows per state tile [BLOCK_P, Ns], fewer for small batches (gdn_verify.spread_block).
 BLOCK_P = 64
 VERIFY_WARPS = 4
 
@@ -128,9 +127,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, 
         raise ValueError(f"convwin.mamba2_verify verifies at most {MAX_GRID_Y} rows per call, got {num_rows}; "
                          "split the batch")
     if block_p is None:
-        block_p = max(MIN_DOT, min(BLOCK_P, next_power_of_2(head_dim)))
-        while block_p > 2 * MIN_DOT and num_rows * num_heads * cdiv(head_dim, block_p) < VERIFY_PROGRAMS:
-            block_p //= 2
+        block_p = spread_block(BLOCK_P, num_rows, num_heads, head_dim)
     grid = (num_heads * cdiv(head_dim, block_p), num_rows)
     parents_strides = (0, 0) if parents is None else parents.stride()
     scalars = (ssm.shape[0], *out.stride(), *x.stride(), *dt.stride(), A.stride(0), *B.stride(), *C.stride(),
