@@ -67,7 +67,8 @@ def make_problem(*, num_rows=3, num_nodes=4, num_heads=4, num_groups=2, head_dim
 
     x_width, bc_width = num_heads * head_dim, num_groups * d_state
     if fused:
-        mixed = randn(num_rows, num_nodes, x_width + 2 * bc_width).to(x_dtype)
+        # views made on the device: moving a view there would copy it into a contiguous tensor
+        mixed = randn(num_rows, num_nodes, x_width + 2 * bc_width).to(device, x_dtype)
         x = mixed[..., :x_width].unflatten(-1, (num_heads, head_dim))
         B = mixed[..., x_width:x_width + bc_width].unflatten(-1, (num_groups, d_state))
         C = mixed[..., x_width + bc_width:].unflatten(-1, (num_groups, d_state))
@@ -80,7 +81,7 @@ def make_problem(*, num_rows=3, num_nodes=4, num_heads=4, num_groups=2, head_dim
           else torch.rand((num_rows, num_nodes, num_heads), generator=gen) * 0.4).to(dt_dtype)
     A = -torch.rand((num_heads,), generator=gen) * 2 - 0.1
     state_shape = (num_slots, num_heads, d_state, head_dim) if transposed else (num_slots, num_heads, head_dim, d_state)
-    ssm = randn(2 if pooled else 1, *state_shape, std=0.3).to(state_dtype)[-1]
+    ssm = randn(2 if pooled else 1, *state_shape, std=0.3).to(device, state_dtype)[-1]
     if transposed:
         ssm = ssm.transpose(-1, -2)
     slots = torch.arange(num_rows) % num_slots if slots is None else torch.as_tensor(slots)
