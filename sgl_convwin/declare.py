@@ -38,10 +38,11 @@ is ``cpu`` itself. The public function and the registered op's CPU and CUDA kern
 cache, so ``torch.ops.convwin.<name>`` calls use it too. A call whose written tensors require grad
 or are inference tensors outside inference mode, or that passes something other than a tensor
 where one goes, never takes a plan (the full checks then name what is wrong). Every op that
-launches a Triton kernel has a planner (``csrc_triton.planned_<name>``).
+launches a Triton kernel has a planner (``csrc_triton.planned_<name>``) but the ring ops
+(ops_ring.py), whose launchers read their strides on every call.
 
-``cuda`` may also be a function instead of a launcher's name: the ring ops (ops_ring.py) run
-their PyTorch code on CUDA tensors until their kernels exist.
+``cuda`` may also be a function instead of a launcher's name: an op whose kernels are still to
+come runs its PyTorch code on CUDA tensors.
 """
 
 from __future__ import annotations

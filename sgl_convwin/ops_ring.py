@@ -4,10 +4,10 @@ tokens accepted since (pending) and of this step's drafts; the verify replays th
 from the checkpoint and folds them into it when the ring would overflow; acceptance moves a
 cursor; ``gdn_ring_flush`` brings the checkpoint up to date on demand. See docs/design.md, "The ring".
 
-Every op here runs the vectorised PyTorch code of cpu_ring.py, on CUDA tensors too: correct, but
-it picks the live rows with boolean masks (a host sync on CUDA), so it is neither fast nor
-capturable in a CUDA graph there. The interface is made for kernels that are (indices and cursor
-on the device, fixed shapes, nothing decided on the host); they are to come.
+On CUDA tensors each op is Triton launches (csrc_triton/ring_conv.py, gdn_ring_verify.py,
+ring_accept.py): indices and cursors stay on the device, shapes are fixed, nothing is decided on
+the host, so a whole step is capturable in a CUDA graph. On the CPU they run cpu_ring.py's
+vectorised PyTorch code.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def _prepare_ring_conv1d_verify(real, out, rows, conv_state, x, weight, bias, ri
 
 
 @declare_op(mutates=("out", "rows"), prepare=_prepare_ring_conv1d_verify, cpu=cpu_ring.ring_conv1d_verify_cpu,
-            cuda=cpu_ring.ring_conv1d_verify_cpu)
+            cuda="launch_ring_conv1d_verify")
 def ring_conv1d_verify(
     out: torch.Tensor,
     rows: torch.Tensor,
@@ -130,8 +130,8 @@ def ring_conv1d_verify(
     weight [dim, K], bias [dim] or None. ring_slots, state_slots: [B]; cursor: [M, 2]; parents:
     [B, N] or None; int32/int64. A row is skipped when a slot is negative or out of range or its
     cursor is not a ring position (0 <= start < C, 0 <= pending <= capacity); a node whose K-1
-    parent links above it hold a bad one gets no output. The CPU code on CUDA tensors too (for
-    now: it syncs). Same as ``torch.ops.convwin.ring_conv1d_verify``.
+    parent links above it hold a bad one gets no output. One launch.
+    Same as ``torch.ops.convwin.ring_conv1d_verify``.
     """
 
 
@@ -161,7 +161,7 @@ def _prepare_gdn_ring_verify(real, out, q, k, v, g, beta, ssm_state, conv_state,
 
 
 @declare_op(mutates=("out", "ssm_state", "conv_state", "gates"), prepare=_prepare_gdn_ring_verify,
-            cpu=cpu_ring.gdn_ring_verify_cpu, cuda=cpu_ring.gdn_ring_verify_cpu)
+            cpu=cpu_ring.gdn_ring_verify_cpu, cuda="launch_gdn_ring_verify")
 def gdn_ring_verify(
     out: torch.Tensor,
     q: torch.Tensor,
@@ -227,7 +227,7 @@ def _prepare_ring_accept(real, cursor, rows, gates, ring_slots, steps, parents, 
 
 
 @declare_op(mutates=("cursor", "rows", "gates"), prepare=_prepare_ring_accept, cpu=cpu_ring.ring_accept_cpu,
-            cuda=cpu_ring.ring_accept_cpu)
+            cuda="launch_ring_accept")
 def ring_accept(
     cursor: torch.Tensor,
     rows: torch.Tensor,
@@ -281,7 +281,7 @@ def _prepare_gdn_ring_flush(real, ssm_state, conv_state, cursor, rows, gates, co
 
 
 @declare_op(mutates=("ssm_state", "conv_state", "cursor"), prepare=_prepare_gdn_ring_flush,
-            cpu=cpu_ring.gdn_ring_flush_cpu, cuda=cpu_ring.gdn_ring_flush_cpu)
+            cpu=cpu_ring.gdn_ring_flush_cpu, cuda="launch_gdn_ring_flush")
 def gdn_ring_flush(
     ssm_state: torch.Tensor,
     conv_state: torch.Tensor,

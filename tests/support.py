@@ -313,3 +313,17 @@ def usage_error(capsys, argv: list[str], message: str) -> str:
     assert len(lines) == 1 and "error: " in lines[0] and message in lines[0], captured.err
     assert captured.out == ""
     return lines[0]
+
+
+def ring_pytorch_code(name: str) -> Callable[..., None]:
+    """Ring op ``name``'s PyTorch code (cpu_ring.py) on tensors of any device, with the op's checks:
+    on CUDA tensors the op itself launches the kernels that code is held against."""
+    from sgl_convwin import cpu_ring
+
+    op, code = getattr(sgl_convwin, name), getattr(cpu_ring, f"{name}_cpu")
+
+    def call(*args, **kwargs):
+        kernel_args, kernel_kwargs = op.kernel_arguments(*args, **kwargs)
+        code(*kernel_args, **kernel_kwargs)
+
+    return call

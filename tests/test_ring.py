@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 import sgl_convwin
 from ring_harness import FILL, Harness, within
-from support import trees
+from support import random_tree, trees
 
 NUM_RING_SLOTS, NUM_STATE_SLOTS = 3, 5
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,13 +55,15 @@ def run_sequence(data, *, num_draft, tree, capacity, num_steps, **harness_option
     return harness
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @settings(max_examples=10)
 @given(data=st.data(), num_draft=st.integers(1, 4), tree=st.booleans(), extra=st.integers(0, 6),
        kernel_size=st.sampled_from([2, 3, 4]), ring_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
        state_layout=st.sampled_from(sgl_convwin.STATE_LAYOUTS))
-def test_random_steps_match_oracle_and_eager(data, num_draft, tree, extra, kernel_size, ring_dtype, state_layout):
+def test_random_steps_match_oracle_and_eager(device, data, num_draft, tree, extra, kernel_size, ring_dtype,
+                                             state_layout):
     run_sequence(data, num_draft=num_draft, tree=tree and num_draft > 1, capacity=num_draft + extra, num_steps=14,
-                 kernel_size=kernel_size, ring_dtype=ring_dtype, state_layout=state_layout)
+                 kernel_size=kernel_size, ring_dtype=ring_dtype, state_layout=state_layout, device=device)
 
 
 @pytest.mark.slow
@@ -78,13 +81,14 @@ def test_long_random_steps_match_oracle_and_eager(data, num_draft, tree, capacit
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_many_steps_flush_within_tolerance(tree):
+def test_many_steps_flush_within_tolerance(device, tree):
     """1,000 steps of random acceptance with the default capacity (issue 39's accuracy target): the
     harness checks every checkpoint and, at the end, the flushed states against the float64 oracle
     (1e-4 x max |S|) and the conv windows against the eager commits' bit for bit."""
     generator = torch.Generator().manual_seed(5)
-    harness = Harness(num_draft=4, capacity=16, num_ring_slots=2, num_state_slots=2, seed=5)
+    harness = Harness(num_draft=4, capacity=16, num_ring_slots=2, num_state_slots=2, device=device, seed=5)
     tree_parents = [-1, 0, 0, 1]
     for _ in range(1000):
         steps = torch.randint(0, 4, (2,), generator=generator)
@@ -309,10 +313,12 @@ def op_samples(tree):
     return dict(ring_conv1d_verify=conv, gdn_ring_verify=verify, ring_accept=accept, gdn_ring_flush=flush)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize("name", ["ring_conv1d_verify", "gdn_ring_verify", "ring_accept", "gdn_ring_flush"])
-def test_opcheck(name, tree):
+def test_opcheck(name, tree, device):
     args, kwargs = op_samples(tree)[name]
+    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
     torch.library.opcheck(getattr(torch.ops.convwin, name).default, args, kwargs)
 
 
@@ -321,11 +327,11 @@ def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, x, g, beta, s
     num_rows, num_nodes, _ = x.shape[1:]
     hk, dk, hv, dv = heads["num_k_heads"], heads["head_k_dim"], heads["num_v_heads"], heads["head_v_dim"]
     for layer in range(x.shape[0]):
-        conv_out = torch.empty(num_rows, num_nodes, x.shape[3])
+        conv_out = torch.empty(num_rows, num_nodes, x.shape[3], device=x.device)
         sgl_convwin.ring_conv1d_verify(conv_out, ring.rows, conv_state, x[layer], conv_weight[layer], conv_bias[layer],
                                        slots, slots, ring.cursor, layer, activation="silu")
         q, k, v = conv_out.split([hk * dk, hk * dk, hv * dv], dim=-1)
-        out = torch.empty(num_rows, num_nodes, hv, dv)
+        out = torch.empty(num_rows, num_nodes, hv, dv, device=x.device)
         sgl_convwin.gdn_ring_verify(out, q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)),
                                     v.unflatten(-1, (hv, dv)), g[layer], beta[layer], ssm_state, conv_state, ring.rows,
                                     ring.gates, ring.cursor, conv_weight[layer], conv_bias[layer], slots, slots, layer)
@@ -335,7 +341,8 @@ def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, x, g, beta, s
     return out
 
 
-def test_compiled_step_matches_eager():
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_step_matches_eager(device):
     """Four ring steps compiled with fullgraph=True give the eager calls' bits, every ring op is
     in the graph, and the ring and states are written in place (no copy of them)."""
     from torch._inductor.utils import run_and_get_code
@@ -343,7 +350,7 @@ def test_compiled_step_matches_eager():
     torch._dynamo.reset()
 
     def make():
-        harness = Harness(num_draft=2, capacity=3, num_ring_slots=2, num_state_slots=2, seed=4)
+        harness = Harness(num_draft=2, capacity=3, num_ring_slots=2, num_state_slots=2, device=device, seed=4)
         return harness, [harness.ring, harness.ssm_state, harness.conv_state, harness.conv_weight, harness.conv_bias]
 
     heads = make()[0].heads
@@ -351,6 +358,7 @@ def test_compiled_step_matches_eager():
     inputs = [(torch.randn(2, 2, 2, 16, generator=generator), -torch.rand(2, 2, 2, 2, generator=generator),
                torch.rand(2, 2, 2, 2, generator=generator), torch.tensor([1, 0]),
                torch.randint(0, 2, (2,), generator=generator), torch.tensor([i % 2, -1])) for i in range(4)]
+    inputs = [tuple(t.to(device) for t in step_inputs) for step_inputs in inputs]
     (_, eager), (_, compiled_args) = make(), make()
     compiled = torch.compile(ring_step, fullgraph=True)
     for step, step_inputs in enumerate(inputs):
@@ -365,3 +373,103 @@ def test_compiled_step_matches_eager():
         assert torch.equal(getattr(eager[0], name), getattr(compiled_args[0], name)), name
     for a, b in zip(eager[1:3], compiled_args[1:3]):
         assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA graphs: a whole step captured once, replayed with everything rewritten between replays
+# ---------------------------------------------------------------------------------------------
+
+
+def ring_layers_step(ring, ssm_state, conv_state, conv_weight, conv_bias, out, x, g, beta, ring_slots, state_slots,
+                     steps, parents, heads):
+    """Every layer's ring conv and verify (outputs into out [L, B, N, Hv, dv]), then the acceptance."""
+    hk, dk, hv, dv = heads["num_k_heads"], heads["head_k_dim"], heads["num_v_heads"], heads["head_v_dim"]
+    for layer in range(x.shape[0]):
+        conv_out = torch.empty(x.shape[1:], device=x.device)
+        sgl_convwin.ring_conv1d_verify(conv_out, ring.rows, conv_state, x[layer], conv_weight[layer], conv_bias[layer],
+                                       ring_slots, state_slots, ring.cursor, layer, parents, activation="silu")
+        q, k, v = conv_out.split([hk * dk, hk * dk, hv * dv], dim=-1)
+        sgl_convwin.gdn_ring_verify(out[layer], q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)),
+                                    v.unflatten(-1, (hv, dv)), g[layer], beta[layer], ssm_state, conv_state, ring.rows,
+                                    ring.gates, ring.cursor, conv_weight[layer], conv_bias[layer], ring_slots,
+                                    state_slots, layer, parents)
+    sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, ring_slots, steps, parents, num_draft=x.shape[2])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_cuda_graph_steps_match_eager(tree):
+    """One graph of a whole step and one of a flush, captured once; 40 steps replayed with new
+    inputs, slots (a padded row, requests moving between rows), acceptance and tree links written
+    into the static inputs, a flush replayed every few steps, and new requests between steps. Every
+    output, checkpoint and ring tensor after every replay equals, bit for bit, what eager calls of
+    the same ops leave on a twin."""
+    layers, num_rows, num_draft, num_ring, num_state = 2, 3, 3, 4, 5
+    generator = torch.Generator().manual_seed(11)
+    options = dict(num_layers=layers, num_draft=num_draft, capacity=5, num_ring_slots=num_ring,
+                   num_state_slots=num_state, num_k_heads=2, head_k_dim=16, head_v_dim=32, device="cuda", seed=3)
+    worlds = [Harness(**options) for _ in range(3)]  # graph, eager, warm-up
+    heads, dim = worlds[0].heads, worlds[0].dim
+    hv, dv = heads["num_v_heads"], heads["head_v_dim"]
+
+    def state(world):
+        return (world.ring, world.ssm_state, world.conv_state, world.conv_weight, world.conv_bias)
+
+    def fresh_inputs():
+        order = torch.randperm(num_ring, generator=generator)[:num_rows]
+        ring_slots = torch.where(torch.rand(num_rows, generator=generator) < 0.15, -1, order)
+        return dict(x=torch.randn(layers, num_rows, num_draft, dim, generator=generator),
+                    g=-torch.rand(layers, num_rows, num_draft, hv, generator=generator),
+                    beta=torch.rand(layers, num_rows, num_draft, hv, generator=generator),
+                    ring_slots=ring_slots, state_slots=torch.where(ring_slots < 0, -1, ring_slots + 1),
+                    steps=torch.randint(-1, num_draft, (num_rows,), generator=generator),
+                    parents=torch.stack([torch.tensor(random_tree(num_draft, generator)) for _ in range(num_rows)]))
+
+    static = {name: t.cuda() for name, t in fresh_inputs().items()}
+    if not tree:
+        static["parents"] = None
+    flush_slots = torch.tensor([0, -1], device="cuda")
+    outs = [torch.full((layers, num_rows, num_draft, hv, dv), FILL, device="cuda") for _ in worlds]
+
+    def step(world, out):
+        ring_layers_step(*state(world), out, **static, heads=heads)
+
+    def flush(world):
+        ring, ssm_state, conv_state, conv_weight, conv_bias = state(world)
+        sgl_convwin.gdn_ring_flush(ssm_state, conv_state, ring.cursor, ring.rows, ring.gates, conv_weight, flush_slots,
+                                   flush_slots + 1, conv_bias=conv_bias, **heads)
+
+    step(worlds[2], outs[2])  # compiles every kernel before the capture
+    flush(worlds[2])
+    torch.cuda.synchronize()
+    step_graph, flush_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(step_graph):
+        step(worlds[0], outs[0])
+    with torch.cuda.graph(flush_graph):
+        flush(worlds[0])
+
+    def tensors(world, out):
+        return [out, world.ssm_state, world.conv_state, world.ring.rows, world.ring.gates, world.ring.cursor]
+
+    folds = 0
+    for i in range(40):
+        for name, t in fresh_inputs().items():
+            if static[name] is not None:
+                static[name].copy_(t)
+        before = worlds[1].ssm_state.clone()
+        step_graph.replay()
+        step(worlds[1], outs[1])
+        folds += int(not torch.equal(before, worlds[1].ssm_state))
+        if i % 5 == 4:
+            flush_slots.copy_(torch.tensor([i % num_ring, -1]))
+            flush_graph.replay()
+            flush(worlds[1])
+        if i % 13 == 12:  # a new request in ring slot 1: its prefill writes its states, its ring is emptied
+            for world in worlds[:2]:
+                world.ssm_state[:, 2] = 0.25
+                world.conv_state[:, 2] = 0.5
+                world.ring.reset(torch.tensor([1], device="cuda"))
+        names = ("out", "ssm_state", "conv_state", "rows", "gates", "cursor")
+        for name, a, b in zip(names, tensors(worlds[0], outs[0]), tensors(worlds[1], outs[1])):
+            assert torch.equal(a, b), (i, name)
+    assert folds > 3

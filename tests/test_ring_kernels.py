@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import sgl_convwin
 from sgl_convwin._kernels import triton_kernels
-from support import HAS_TRITON, INTERPRET, trees
+from support import HAS_TRITON, INTERPRET, ring_pytorch_code, trees
 
 FILL = 7.0
 
@@ -80,7 +80,7 @@ def run_both(case, *, layer=1, use_qk_l2norm=True, tuning=IEEE):
                 *args, use_qk_l2norm=use_qk_l2norm)
             triton_kernels().launch_gdn_ring_verify(*kernel_args, **kernel_kwargs, **(tuning or {}))
         else:
-            sgl_convwin.gdn_ring_verify(*args, use_qk_l2norm=use_qk_l2norm)
+            ring_pytorch_code("gdn_ring_verify")(*args, use_qk_l2norm=use_qk_l2norm)
         mine["out"] = out
         return mine
 
@@ -181,8 +181,8 @@ def test_fuzz_interpreted(data):
 def ring_step_calls(kernels):
     """(conv, verify, accept, flush) of one world: the ring's kernels, or the ops' PyTorch code."""
     if not kernels:
-        return (sgl_convwin.ring_conv1d_verify, sgl_convwin.gdn_ring_verify, sgl_convwin.ring_accept,
-                sgl_convwin.gdn_ring_flush)
+        return tuple(ring_pytorch_code(name) for name in ("ring_conv1d_verify", "gdn_ring_verify", "ring_accept",
+                                                          "gdn_ring_flush"))
     launchers = triton_kernels()
 
     def through(op, launch, **tuning):
@@ -269,7 +269,7 @@ def run_flush_both(case, tuning=IEEE):
             kernel_args, kernel_kwargs = sgl_convwin.gdn_ring_flush.kernel_arguments(*args, **kwargs)
             triton_kernels().launch_gdn_ring_flush(*kernel_args, **kernel_kwargs, **tuning)
         else:
-            sgl_convwin.gdn_ring_flush(*args, **kwargs)
+            ring_pytorch_code("gdn_ring_flush")(*args, **kwargs)
         return mine
 
     return call(False), call(True)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import sgl_convwin
 from sgl_convwin import cpu_ring
 from sgl_convwin._kernels import triton_kernels
-from support import HAS_TRITON, INTERPRET, strided_tensor, trees, whole_storage
+from support import HAS_TRITON, INTERPRET, ring_pytorch_code, strided_tensor, trees, whole_storage
 
 FILL = 7.0
 
@@ -110,7 +110,8 @@ def run_conv(case, state_layout, *, layer=1, silu=True, **tuning):
                 *conv_args(mine, layer), activation=activation, state_layout=state_layout)
             triton_kernels().launch_ring_conv1d_verify(*args, **kwargs, **tuning)
         else:
-            sgl_convwin.ring_conv1d_verify(*conv_args(mine, layer), activation=activation, state_layout=state_layout)
+            ring_pytorch_code("ring_conv1d_verify")(*conv_args(mine, layer), activation=activation,
+                                                    state_layout=state_layout)
         worlds.append(mine)
     return worlds
 
@@ -314,7 +315,7 @@ def run_accept(case, num_draft, **tuning):
             kernel_args, kwargs = sgl_convwin.ring_accept.kernel_arguments(*args, num_draft=num_draft)
             triton_kernels().launch_ring_accept(*kernel_args, **kwargs, **tuning)
         else:
-            sgl_convwin.ring_accept(*args, num_draft=num_draft)
+            ring_pytorch_code("ring_accept")(*args, num_draft=num_draft)
         worlds.append(mine)
     return worlds
 
