@@ -27,6 +27,8 @@
 #   ring      the ring's kernels (never run on a GPU before): their GPU tests, then memcheck and racecheck
 #             over the call-by-call ones; then gdn_verify's GPU tests (its two kernels)
 #   m2verify  mamba2_verify's GPU tests (never run on a GPU before), then memcheck and racecheck over them
+#   m2bench   mamba2_verify against an engine-style selective-state-update stand-in, chains and trees of 8,
+#             B = 1 .. 256, Nemotron-H-8B TP1 (benchmarks/bench_mamba2_verify.py), with issue #40's targets
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
 # With pytest-xdist's and execnet's wheels in .whl (pip download pytest-xdist execnet --no-deps -d .whl),
 # vtests and runs spread their tests over 12 processes: the kernels' compiles are what take the time.
@@ -127,6 +129,10 @@ for phase in "$@"; do
               mkdir -p "$out/m2verify"
               SANITIZE_TIMEOUT=150 SANITIZE_TESTS=tests/test_mamba2_verify.py SANITIZE_K="cuda" \
                 bash scripts/gpu_sanitize.sh "$out/m2verify" || rc=1 ;;
+    m2bench)  timeout 200 python3 benchmarks/bench_mamba2_verify.py --json "$out/bench_mamba2_verify.json" \
+                > "$out/bench_mamba2_verify.log" 2>&1
+              rc=$?; grep -E '^(\||[0-9]{4}-|check|read ceiling|targets|[0-9]+ layers per step)|FAILED' "$out/bench_mamba2_verify.log"
+              tail -2 "$out/bench_mamba2_verify.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"
