@@ -22,11 +22,12 @@ program of the row reads the old window for the first pending tokens' conv.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
-from .gdn_verify import MIN_DOT, _dot, _l2_normalised, _operand, _power_series, default_precision
+from .gdn_verify import MIN_DOT, _dot, _l2_normalised, _operand, _power_series
 from .ring_conv import _history_at, ring_row_state
 
 # Not yet timed on a GPU: the fewest spills of the offline sm_90 compiles (Triton 3.6, Qwen3-Next's
@@ -34,6 +35,12 @@ from .ring_conv import _history_at, ring_row_state
 RING_BLOCK_V = 32
 RING_WARPS = 8
 WINDOW_BLOCK = 256  # channels per program of the window store
+
+
+def ring_precision(ssm) -> str:
+    """tl.dot's input precision: a fold writes the checkpoint, and a float32 one must keep float32's
+    accuracy over many folds, which tf32 products miss (docs/benchmarks.md): tf32x3 there."""
+    return "tf32x3" if ssm.dtype == torch.float32 else "tf32"
 
 
 @triton.jit
@@ -291,7 +298,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
         NODES=max(MIN_DOT, next_power_of_2(ring_rows + num_nodes)), KERNEL_SIZE=kernel_size, NUM_K_HEADS=num_k_heads,
         NUM_V_HEADS=num_v_heads, HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim,
         BLOCK_K=max(MIN_DOT, next_power_of_2(head_k_dim)), BLOCK_V=block_v, TREE=parents is not None,
-        L2NORM=bool(use_qk_l2norm), HAS_BIAS=bias is not None, PRECISION=precision or default_precision(ssm),
+        L2NORM=bool(use_qk_l2norm), HAS_BIAS=bias is not None, PRECISION=precision or ring_precision(ssm),
         num_warps=num_warps,
     )
     placeholder = ssm  # where the drafts' tensors would be

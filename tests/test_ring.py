@@ -55,15 +55,25 @@ def run_sequence(data, *, num_draft, tree, capacity, num_steps, **harness_option
     return harness
 
 
-@pytest.mark.parametrize("device", DEVICES)
+RANDOM_STEPS = dict(data=st.data(), num_draft=st.integers(1, 4), tree=st.booleans(), extra=st.integers(0, 6),
+                    kernel_size=st.sampled_from([2, 3, 4]), ring_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
+                    state_layout=st.sampled_from(sgl_convwin.STATE_LAYOUTS))
+
+
 @settings(max_examples=10)
-@given(data=st.data(), num_draft=st.integers(1, 4), tree=st.booleans(), extra=st.integers(0, 6),
-       kernel_size=st.sampled_from([2, 3, 4]), ring_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
-       state_layout=st.sampled_from(sgl_convwin.STATE_LAYOUTS))
-def test_random_steps_match_oracle_and_eager(device, data, num_draft, tree, extra, kernel_size, ring_dtype,
-                                             state_layout):
+@given(**RANDOM_STEPS)
+def test_random_steps_match_oracle_and_eager(data, num_draft, tree, extra, kernel_size, ring_dtype, state_layout):
     run_sequence(data, num_draft=num_draft, tree=tree and num_draft > 1, capacity=num_draft + extra, num_steps=14,
-                 kernel_size=kernel_size, ring_dtype=ring_dtype, state_layout=state_layout, device=device)
+                 kernel_size=kernel_size, ring_dtype=ring_dtype, state_layout=state_layout)
+
+
+@pytest.mark.gpu
+@settings(max_examples=4)  # each example compiles the kernels for its sizes
+@given(**RANDOM_STEPS)
+def test_random_steps_match_oracle_and_eager_on_gpu(data, num_draft, tree, extra, kernel_size, ring_dtype,
+                                                    state_layout):
+    run_sequence(data, num_draft=num_draft, tree=tree and num_draft > 1, capacity=num_draft + extra, num_steps=14,
+                 kernel_size=kernel_size, ring_dtype=ring_dtype, state_layout=state_layout, device="cuda")
 
 
 @pytest.mark.slow

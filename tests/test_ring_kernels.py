@@ -118,8 +118,8 @@ def test_matches_pytorch_code(device, tree):
     assert not torch.equal(want["conv_state"], case["conv_state"])
     assert_agree(want, got)
     assert_same_untouched(case, want, got)
-    want, got = run_both(case, tuning={})  # the default: tf32 products, operands rounded to nearest
-    assert_agree(want, got, tol=2e-3)
+    want, got = run_both(case, tuning={})  # the default for a float32 checkpoint: tf32x3 products
+    assert_agree(want, got, tol=1e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
