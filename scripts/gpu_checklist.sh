@@ -26,6 +26,7 @@
 #             memcheck and racecheck over them
 #   ring      the ring's kernels (never run on a GPU before): their GPU tests, then memcheck and racecheck
 #             over the call-by-call ones; then gdn_verify's GPU tests (its two kernels)
+#   ringbench the ring against the eager step (benchmarks/bench_ring.py): step, fold and verify-only times, traffic model
 #   m2verify  mamba2_verify's GPU tests (never run on a GPU before), then memcheck and racecheck over them
 #   m2bench   mamba2_verify against an engine-style selective-state-update stand-in, chains and trees of 8,
 #             B = 1 .. 256, Nemotron-H-8B TP1 (benchmarks/bench_mamba2_verify.py), with issue #40's targets
@@ -133,6 +134,8 @@ for phase in "$@"; do
                 > "$out/bench_mamba2_verify.log" 2>&1
               rc=$?; grep -E '^(\||[0-9]{4}-|check|read ceiling|targets|[0-9]+ layers per step)|FAILED' "$out/bench_mamba2_verify.log"
               tail -2 "$out/bench_mamba2_verify.log" ;;
+    ringbench) timeout 300 python3 benchmarks/bench_ring.py > "$out/bench_ring.log" 2>&1
+              rc=$?; grep -E '^(\||[0-9]+ layers)' "$out/bench_ring.log"; tail -2 "$out/bench_ring.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"

@@ -1,0 +1,192 @@
+"""The ring (no commit pass) against the eager step it replaces, per decode step of all layers, in one run:
+
+  eager             gdn_verify + gdn_commit: the verify reads every state, the commit reads and writes it
+  ring step         gdn_ring_verify per layer + ring_accept, averaged over a run of steps with random
+                    acceptance (uniform over the drafts: 2.5 tokens per step for chains of 4 and trees of
+                    8): the checkpoint read once per step, written by a fold every few steps
+  + conv            the same with ring_conv1d_verify before each layer's verify (the eager step's conv,
+                    causal_conv1d_verify, is not in the eager column: both designs pay it)
+  verify only       gdn_ring_verify with nothing pending (no replay, no fold)
+  fold step         gdn_ring_verify with 16 pending tokens in every row: all replayed, all folded
+  R+W copy          a read + write copy of the same states (torch copy_)
+
+The traffic model beside them: state passes per step = 1 + f (f: folds per row and step, from the
+cursor rule run over the same acceptance), and the floor = states read at the read ceiling plus
+the folds' writes at half the copy ceiling's rate, both measured in this run.
+
+Qwen3-Next-80B TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128), fp32 checkpoints, bf16 ring rows and
+conv state, capacity R = 16, D = 4 chains and trees of 8 nodes (topk 3). CUDA-graph replays.
+
+    python benchmarks/bench_ring.py [--batches 1 8 64 256] [--capacity 16] [--drafts chain tree]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sgl_convwin  # noqa: E402
+from bench_commit import TREE_PARENTS, Shapes, convwin_commit_fn, make_problem, time_fn  # noqa: E402
+from bench_gdn_verify import gdn_verify_fn, read_ceiling_gbps, state_read_bytes, verify_problem  # noqa: E402
+from common import copy_ceiling_gbps, environment_line, graph_time_us, markdown_header, markdown_row  # noqa: E402
+from sgl_convwin import reference  # noqa: E402
+
+UNROLL = 8  # steps per captured graph, each with its own acceptance
+DEVICE = "cuda"  # (tests dry-run the flow on the CPU)
+SHAPES = Shapes()
+
+
+def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
+    """Every layer's ring inputs on the GPU: the ring (rows random), checkpoints [L, B, Hv, dk, dv] fp32,
+    conv_state [L, B, dim, K-1] bf16, x [L, B, N, dim] bf16, g and beta [L, B, N, Hv], out [L, B, N, Hv, dv]."""
+    L, N, dim = shapes.layers, len(TREE_PARENTS) if tree else shapes.num_draft, shapes.dim
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+
+    def normal(*shape, dtype=torch.float32, std=1.0):
+        return torch.empty(shape, dtype=dtype, device=DEVICE).normal_(0.0, std, generator=gen)
+
+    ring = sgl_convwin.alloc_ring(L, batch, dim, N, shapes.v_heads, capacity=capacity, device=DEVICE)
+    ring.rows.normal_(generator=gen)
+    ring.gates[:, :, :, 0] = -torch.nn.functional.softplus(normal(*ring.gates[:, :, :, 0].shape)) * 0.5
+    ring.gates[:, :, :, 1] = torch.sigmoid(normal(*ring.gates[:, :, :, 1].shape))
+    conv_out = torch.empty(batch, N, dim, dtype=torch.bfloat16, device=DEVICE)
+    kw = shapes.key_width
+    return dict(
+        ring=ring, N=N, conv_out=conv_out,
+        q=conv_out[..., :kw].unflatten(-1, (shapes.k_heads, shapes.head_k)),
+        k=conv_out[..., kw:2 * kw].unflatten(-1, (shapes.k_heads, shapes.head_k)),
+        v=conv_out[..., 2 * kw:].unflatten(-1, (shapes.v_heads, shapes.head_v)),
+        x=normal(L, batch, N, dim, dtype=torch.bfloat16),
+        g=-torch.nn.functional.softplus(normal(L, batch, N, shapes.v_heads)) * 0.5,
+        beta=torch.sigmoid(normal(L, batch, N, shapes.v_heads)),
+        ssm=normal(L, batch, shapes.v_heads, shapes.head_k, shapes.head_v, std=0.1),
+        conv_state=normal(L, batch, dim, shapes.kernel_size - 1, dtype=torch.bfloat16),
+        weight=normal(L, dim, shapes.kernel_size, dtype=torch.bfloat16, std=0.3),
+        slots=torch.randperm(batch, device="cpu").to(DEVICE),
+        parents=torch.tensor([TREE_PARENTS] * batch, device=DEVICE) if tree else None,
+        out=torch.empty(L, batch, N, shapes.v_heads, shapes.head_v, dtype=torch.bfloat16, device=DEVICE),
+    )
+
+
+def ring_steps_fn(p, steps_table, *, conv: bool, accept: bool = True):
+    """One call: a step per row of ``steps_table`` ([U, B] on the GPU, the accepted draft of each row),
+    each every layer's (conv and) verify, then the acceptance."""
+    ring, slots, parents = p["ring"], p["slots"], p["parents"]
+
+    def run():
+        for steps in steps_table:
+            for layer in range(p["ssm"].shape[0]):
+                if conv:
+                    sgl_convwin.ring_conv1d_verify(p["conv_out"], ring.rows, p["conv_state"], p["x"][layer],
+                                                   p["weight"][layer], None, slots, slots, ring.cursor, layer, parents,
+                                                   activation="silu")
+                sgl_convwin.gdn_ring_verify(p["out"][layer], p["q"], p["k"], p["v"], p["g"][layer], p["beta"][layer],
+                                            p["ssm"], p["conv_state"], ring.rows, ring.gates, ring.cursor,
+                                            p["weight"][layer], None, slots, slots, layer, parents)
+            if accept:
+                sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, parents, num_draft=p["N"])
+    return run
+
+
+def path_length(step: int, parents: list[int] | None) -> int:
+    return step + 1 if parents is None else len(reference.accepted_path(step, parents))
+
+
+def folds_per_step(steps_table: list[list[int]], num_draft: int, capacity: int, parents, steps=2000) -> float:
+    """Folds per row and step of the cursor rule (fold when pending > 0 and pending + N > capacity,
+    then the accepted path becomes pending), the acceptance table repeated for ``steps`` steps."""
+    pending = [0] * len(steps_table[0])
+    folds = 0
+    for i in range(steps):
+        for row, step in enumerate(steps_table[i % len(steps_table)]):
+            if pending[row] > 0 and pending[row] + num_draft > capacity:
+                folds += 1
+                pending[row] = 0
+            pending[row] += path_length(step, parents)
+    return folds / (steps * len(pending))
+
+
+def graph_us(fn, calls_per_fn: int) -> float:
+    """Graph replay time per step: ``fn`` runs ``calls_per_fn`` steps."""
+    return graph_time_us(fn, launches=1, replays=8, rounds=3, warmup=1) / calls_per_fn
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--capacity", type=int, default=sgl_convwin.DEFAULT_CAPACITY)
+    parser.add_argument("--drafts", nargs="+", choices=("chain", "tree"), default=["chain", "tree"])
+    args = parser.parse_args(argv)
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        parser.error("needs a CUDA device")
+    shapes = SHAPES
+    read_gbps, copy_gbps = read_ceiling_gbps(), copy_ceiling_gbps()
+    print(environment_line(), flush=True)
+    print(f"read ceiling {read_gbps:.0f} GB/s, copy ceiling {copy_gbps:.0f} GB/s; shapes {shapes}; capacity "
+          f"{args.capacity}; fp32 checkpoints, bf16 rows; {UNROLL} steps per graph", flush=True)
+    rng = random.Random(0)
+    results = []
+    for mode in args.drafts:
+        tree = mode == "tree"
+        parents_list = TREE_PARENTS if tree else None
+        for batch in args.batches:
+            state_bytes = state_read_bytes(shapes, batch, 4)
+            eager_p = verify_problem(shapes, batch, tree, torch.float32, DEVICE, seed=batch)
+            _, verify_us = time_fn(gdn_verify_fn(eager_p))
+            del eager_p
+            commit_p = make_problem(shapes, batch, tree, DEVICE, seed=batch)
+            _, commit_us = time_fn(convwin_commit_fn(commit_p))
+            del commit_p
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+
+            p = ring_problem(shapes, batch, tree, args.capacity, seed=batch)
+            num_draft = p["N"]
+            table = [[rng.randrange(num_draft) for _ in range(batch)] for _ in range(UNROLL)]
+            steps_table = torch.tensor(table, device=DEVICE)
+            fold_rate = folds_per_step(table, num_draft, args.capacity, parents_list)
+            accepted = sum(path_length(s, parents_list) for row in table for s in row) / (UNROLL * batch)
+            ring_us = graph_us(ring_steps_fn(p, steps_table, conv=False), UNROLL)
+            conv_us = graph_us(ring_steps_fn(p, steps_table, conv=True), UNROLL)
+            cursor = p["ring"].cursor
+            cursor.zero_()
+            verify_only_us = graph_us(ring_steps_fn(p, steps_table[:1], conv=False, accept=False), 1)
+            cursor[:, 1] = args.capacity
+            fold_us = graph_us(ring_steps_fn(p, steps_table[:1], conv=False, accept=False), 1)
+            copy = torch.empty_like(p["ssm"])
+            _, copy_us = time_fn(lambda: copy.copy_(p["ssm"]))
+            del p, copy
+            if DEVICE == "cuda":
+                torch.cuda.empty_cache()
+
+            floor = (state_bytes / read_gbps + fold_rate * state_bytes / copy_gbps) / 1e3
+            row = dict(mode=mode, batch=batch, eager=verify_us + commit_us, verify=verify_us, ring=ring_us,
+                       ring_conv=conv_us, verify_only=verify_only_us, fold=fold_us, copy=copy_us, folds=fold_rate,
+                       accepted=accepted, floor=floor)
+            results.append(row)
+            print(f"  {mode} B={batch:<4} eager {row['eager']:9.1f} us (verify {verify_us:.1f})  ring {ring_us:9.1f} us"
+                  f"  +conv {conv_us:9.1f}  verify only {verify_only_us:9.1f}  fold step {fold_us:9.1f}"
+                  f"  R+W copy {copy_us:9.1f}  folds/row-step {fold_rate:.3f}  accepted {accepted:.2f}"
+                  f"  floor {floor:9.1f}", flush=True)
+
+    print(f"\n{shapes.layers} layers per step, graph replay (us); fp32 checkpoints, capacity {args.capacity}; read "
+          f"ceiling {read_gbps:.0f} GB/s, copy ceiling {copy_gbps:.0f} GB/s")
+    print(markdown_header("mode", "B", "eager verify + commit", "ring step", "eager / ring", "state passes",
+                          "ring floor", "of floor", "+ conv", "verify only", "step / verify only", "fold step",
+                          "R+W copy", "fold / copy"))
+    for r in results:
+        print(markdown_row(r["mode"], r["batch"], f"{r['eager']:.1f}", f"{r['ring']:.1f}",
+                           f"{r['eager'] / r['ring']:.2f}x", f"{1 + r['folds']:.2f}", f"{r['floor']:.1f}",
+                           f"{r['floor'] / r['ring']:.1%}", f"{r['ring_conv']:.1f}", f"{r['verify_only']:.1f}",
+                           f"{r['ring'] / r['verify_only']:.2f}x", f"{r['fold']:.1f}", f"{r['copy']:.1f}",
+                           f"{r['fold'] / r['copy']:.2f}x"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""benchmarks/bench_ring.py's traffic model: its cursor-rule simulation of folds per step against
+plan's closed form F = floor((R - N) / a) + 1 (constant acceptance), and its path lengths."""
+
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+import bench_ring  # noqa: E402
+from sgl_convwin import plan  # noqa: E402
+
+
+@pytest.mark.parametrize("capacity, num_draft, accepted", [(16, 4, 1), (16, 4, 2), (16, 4, 3), (16, 4, 4), (8, 2, 2),
+                                                         (5, 4, 4), (32, 5, 3)])
+def test_simulated_folds_match_plan(capacity, num_draft, accepted):
+    rows = [[accepted - 1] * 3]  # every row accepts `accepted` chain tokens every step
+    simulated = bench_ring.folds_per_step(rows, num_draft, capacity, None, steps=4200)
+    expected = 1 / plan.ring_traffic(capacity, num_draft, accepted).fold_every_steps
+    assert simulated == pytest.approx(expected, abs=2e-3)
+
+
+def test_tree_path_lengths():
+    lengths = [bench_ring.path_length(node, bench_ring.TREE_PARENTS) for node in range(8)]
+    assert lengths == [1, 2, 2, 2, 3, 3, 3, 4]
+    assert [bench_ring.path_length(step, None) for step in range(4)] == [1, 2, 3, 4]
+
+
+def test_flow_dry_run(monkeypatch, capsys):
+    """The whole flow on tiny shapes on the CPU (the ops' PyTorch code; timers and ceilings stubbed,
+    each timed function run once), so a broken bench is found before a GPU run."""
+    import dataclasses
+
+    def run_once(fn, *args, **kwargs):
+        fn()
+        return 10.0, 8.0
+
+    monkeypatch.setattr(bench_ring, "DEVICE", "cpu")
+    monkeypatch.setattr(bench_ring, "SHAPES", dataclasses.replace(bench_ring.SHAPES, layers=2, k_heads=1, v_heads=2,
+                                                                  head_k=16, head_v=16))
+    monkeypatch.setattr(bench_ring, "time_fn", run_once)
+    monkeypatch.setattr(bench_ring, "graph_time_us", lambda fn, **kwargs: run_once(fn)[1])
+    monkeypatch.setattr(bench_ring, "read_ceiling_gbps", lambda: 4000.0)
+    monkeypatch.setattr(bench_ring, "copy_ceiling_gbps", lambda: 3000.0)
+    monkeypatch.setattr(bench_ring, "environment_line", lambda: "env")
+    assert bench_ring.main(["--batches", "1", "3", "--capacity", "8"]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| chain") or
+             line.startswith("| tree")]
+    assert len(table) == 4
