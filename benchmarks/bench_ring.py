@@ -18,6 +18,7 @@ Qwen3-Next-80B TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128), fp32 checkpoints, b
 conv state, capacity R = 16, D = 4 chains and trees of 8 nodes (topk 3). CUDA-graph replays.
 
     python benchmarks/bench_ring.py [--batches 1 8 64 256] [--capacity 16] [--drafts chain tree]
+    python benchmarks/bench_ring.py --sweep 32/8/tf32x3 128/8/tf32 ...   # the verify kernel's tiles
 """
 
 from __future__ import annotations
@@ -116,11 +117,38 @@ def graph_us(fn, calls_per_fn: int) -> float:
     return graph_time_us(fn, launches=1, replays=8, rounds=3, warmup=1) / calls_per_fn
 
 
+def sweep(shapes, batches, capacity, specs):
+    """One layer's gdn_ring_verify launch per tile choice (columns/warps/precision), chains, with
+    every row holding 8 pending tokens (replayed, no fold) and 16 (replayed and folded)."""
+    from sgl_convwin._kernels import triton_kernels
+
+    launch = triton_kernels().launch_gdn_ring_verify
+    print(markdown_header("B", "tile", "pending 8, us per layer", "pending 16 (fold), us per layer"))
+    for batch in batches:
+        p = ring_problem(shapes, batch, False, capacity, seed=batch)
+        ring, slots = p["ring"], p["slots"]
+        args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
+            p["out"][0], p["q"], p["k"], p["v"], p["g"][0], p["beta"][0], p["ssm"], p["conv_state"], ring.rows,
+            ring.gates, ring.cursor, p["weight"][0], None, slots, slots, 0, None)
+        for spec in specs:
+            block_v, warps, precision = spec.split("/")
+            tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision)
+            times = []
+            for pending in (8, capacity):
+                ring.cursor[:, 1] = pending
+                times.append(graph_time_us(lambda: launch(*args, **kwargs, **tuning), launches=5, replays=10, rounds=3))
+            print(markdown_row(batch, spec, *(f"{t:.1f}" for t in times)), flush=True)
+        del p
+        torch.cuda.empty_cache()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--capacity", type=int, default=sgl_convwin.DEFAULT_CAPACITY)
     parser.add_argument("--drafts", nargs="+", choices=("chain", "tree"), default=["chain", "tree"])
+    parser.add_argument("--sweep", nargs="+", metavar="COLUMNS/WARPS/PRECISION",
+                        help="time the verify kernel's tile choices instead (one layer, chains)")
     args = parser.parse_args(argv)
     if DEVICE == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA device")
@@ -129,6 +157,9 @@ def main(argv=None) -> int:
     print(environment_line(), flush=True)
     print(f"read ceiling {read_gbps:.0f} GB/s, copy ceiling {copy_gbps:.0f} GB/s; shapes {shapes}; capacity "
           f"{args.capacity}; fp32 checkpoints, bf16 rows; {UNROLL} steps per graph", flush=True)
+    if args.sweep:
+        sweep(shapes, args.batches, args.capacity, args.sweep)
+        return 0
     rng = random.Random(0)
     results = []
     for mode in args.drafts:
