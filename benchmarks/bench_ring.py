@@ -118,8 +118,8 @@ def graph_us(fn, calls_per_fn: int) -> float:
 
 
 def sweep(shapes, batches, capacity, specs):
-    """One layer's gdn_ring_verify launch per tile choice (columns/warps/precision), chains, with
-    every row holding 8 pending tokens (replayed, no fold) and 16 (replayed and folded)."""
+    """One layer's gdn_ring_verify launch per tile choice (columns/warps/precision, then a folding
+    row's precision), chains, every row holding 8 pending tokens (replayed, no fold) and 16 (folded)."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_gdn_ring_verify
@@ -131,8 +131,9 @@ def sweep(shapes, batches, capacity, specs):
             p["out"][0], p["q"], p["k"], p["v"], p["g"][0], p["beta"][0], p["ssm"], p["conv_state"], ring.rows,
             ring.gates, ring.cursor, p["weight"][0], None, slots, slots, 0, None)
         for spec in specs:
-            block_v, warps, precision = spec.split("/")
-            tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision)
+            block_v, warps, precision, *fold = spec.split("/")
+            tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision,
+                          fold_precision=fold[0] if fold else precision)
             times = []
             for pending in (8, capacity):
                 ring.cursor[:, 1] = pending
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--capacity", type=int, default=sgl_convwin.DEFAULT_CAPACITY)
     parser.add_argument("--drafts", nargs="+", choices=("chain", "tree"), default=["chain", "tree"])
-    parser.add_argument("--sweep", nargs="+", metavar="COLUMNS/WARPS/PRECISION",
+    parser.add_argument("--sweep", nargs="+", metavar="COLUMNS/WARPS/PRECISION[/FOLD_PRECISION]",
                         help="time the verify kernel's tile choices instead (one layer, chains)")
     args = parser.parse_args(argv)
     if DEVICE == "cuda" and not torch.cuda.is_available():

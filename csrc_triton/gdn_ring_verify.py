@@ -37,9 +37,12 @@ RING_WARPS = 8
 WINDOW_BLOCK = 256  # channels per program of the window store
 
 
-def ring_precision(ssm) -> str:
-    """tl.dot's input precision: a fold writes the checkpoint, and a float32 one must keep float32's
-    accuracy over many folds, which tf32 products miss (docs/benchmarks.md): tf32x3 there."""
+OUTPUT_PRECISION = "tf32"  # a row that does not fold writes outputs only: gdn_verify's precision
+
+
+def fold_precision_for(ssm) -> str:
+    """tl.dot's input precision in a row that folds: the fold writes the checkpoint, and a float32
+    one must keep float32's accuracy over many folds, which tf32 products miss (docs/benchmarks.md)."""
     return "tf32x3" if ssm.dtype == torch.float32 else "tf32"
 
 
@@ -81,6 +84,31 @@ def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_r
 
 
 @triton.jit
+def _chunk(kq, state, v, beta, decay, cumulative, key_side, eye, RING_ROWS: tl.constexpr, PRECISION: tl.constexpr):
+    """(O on query rows, U on key rows, kq as the products' operand) of the chunk, products in
+    PRECISION: gdn_verify's UT form with the ring's key rows."""
+    kq = _operand(kq, PRECISION)
+    gram = tl.dot(kq, tl.trans(kq), input_precision=PRECISION)
+    A = tl.where(key_side[:, None] & (eye < 0.5), beta[:, None] * decay * gram, 0.0)
+    inverse = _power_series(-A, eye, RING_ROWS, PRECISION)  # (I + A)^-1 on the key block
+    grown = tl.exp(cumulative)[:, None]
+    products = tl.dot(kq, state, input_precision=PRECISION)  # K S0 on key rows, Q S0 on query rows
+    rhs = beta[:, None] * (v - grown * products)
+    updates = _dot(inverse, rhs, PRECISION)  # U on key rows, zero on query rows
+    o = tl.where(key_side[:, None], 0.0, grown) * products + _dot(tl.where(key_side[:, None], 0.0, decay * gram),
+                                                                    updates, PRECISION)
+    return o, updates, kq
+
+
+@triton.jit
+def _folded(kq, updates, state, g, cumulative, key_pending, PRECISION: tl.constexpr):
+    """The tile after the pending tokens: exp(G_P) S0 + sum_j exp(G_P - G_j) k_j u_j^T."""
+    total = tl.sum(tl.where(key_pending, g, 0.0))  # G_P
+    weights = tl.where(key_pending, tl.exp(total - cumulative), 0.0)
+    return tl.exp(total) * state + _dot(tl.trans(kq * weights[:, None]), updates, PRECISION)
+
+
+@triton.jit
 def _gdn_ring_verify_kernel(
     out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr, cursor_ptr, weight_ptr,
     bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr,
@@ -101,7 +129,7 @@ def _gdn_ring_verify_kernel(
     NODES: tl.constexpr, KERNEL_SIZE: tl.constexpr,
     NUM_K_HEADS: tl.constexpr, NUM_V_HEADS: tl.constexpr, HEAD_K_DIM: tl.constexpr, HEAD_V_DIM: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, TREE: tl.constexpr, L2NORM: tl.constexpr,
-    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, FOLD_PRECISION: tl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2). A row is left alone (nothing read past its indices, nothing written)
@@ -158,7 +186,6 @@ def _gdn_ring_verify_kernel(
     given = tl.load(tl.where(key_side[:, None], keys, queries), mask=drafted[:, None] & k_ok[None, :],
                     other=0.0).to(tl.float32)
     kq = _l2_normalised(tl.where(key_pending[:, None], conv_k, given), L2NORM) * tl.where(key_side, 1.0, scale)[:, None]
-    kq = _operand(kq, PRECISION)
 
     g_given = tl.load(g_ptr + row * g_stride_row + d * g_stride_node + head * g_stride_head, mask=drafted,
                       other=0.0).to(tl.float32)
@@ -192,11 +219,7 @@ def _gdn_ring_verify_kernel(
         ancestry = key_col & real[:, None] & (stack[None, :] <= token[:, None])
     cumulative = tl.sum(tl.where(ancestry, g[None, :], 0.0), axis=1)  # G of the row's token
     decay = tl.where(ancestry, tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0)), 0.0)
-    gram = tl.dot(kq, tl.trans(kq), input_precision=PRECISION)
     eye = (stack[:, None] == stack[None, :]).to(tl.float32)
-    A = tl.where(key_side[:, None] & (eye < 0.5), beta[:, None] * decay * gram, 0.0)
-    inverse = _power_series(-A, eye, RING_ROWS, PRECISION)  # (I + A)^-1 on the key block
-    grown = tl.exp(cumulative)[:, None]
 
     v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
     conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, stack, key_pending, start, pending, v_chan,
@@ -206,21 +229,21 @@ def _gdn_ring_verify_kernel(
                       + (vv * v_stride_v)[None, :], mask=(drafted & key_side)[:, None] & columns[None, :],
                       other=0.0).to(tl.float32)
     v = tl.where(key_pending[:, None], conv_v, v_given)
-    products = tl.dot(kq, state, input_precision=PRECISION)  # K S0 on key rows, Q S0 on query rows
-    rhs = beta[:, None] * (v - grown * products)
-    updates = _dot(inverse, rhs, PRECISION)  # U on key rows, zero on query rows
-    o = tl.where(key_side[:, None], 0.0, grown) * products + _dot(tl.where(key_side[:, None], 0.0, decay * gram),
-                                                                    updates, PRECISION)
+    if FOLD_PRECISION == PRECISION:
+        o, updates, kq = _chunk(kq, state, v, beta, decay, cumulative, key_side, eye, RING_ROWS, PRECISION)
+        if fold:
+            folded = _folded(kq, updates, state, g, cumulative, key_pending, PRECISION)
+            tl.store(tile, folded.to(ssm_ptr.dtype.element_ty), mask=tile_ok)
+    elif fold:  # the checkpoint written: the fold's precision, for this row only
+        o, updates, kq = _chunk(kq, state, v, beta, decay, cumulative, key_side, eye, RING_ROWS, FOLD_PRECISION)
+        folded = _folded(kq, updates, state, g, cumulative, key_pending, FOLD_PRECISION)
+        tl.store(tile, folded.to(ssm_ptr.dtype.element_ty), mask=tile_ok)
+    else:
+        o, updates, kq = _chunk(kq, state, v, beta, decay, cumulative, key_side, eye, RING_ROWS, PRECISION)
     dst = (out_ptr + row * out_stride_row + head * out_stride_head + (d * out_stride_node)[:, None]
            + (vv * out_stride_v)[None, :])
     tl.store(dst, o.to(out_ptr.dtype.element_ty),
              mask=tl.where(links_ok, (drafted & (stack >= RING_ROWS))[:, None] & columns[None, :], False))
-
-    if fold:
-        total = tl.sum(tl.where(key_pending, g, 0.0))  # G_P
-        weights = tl.where(key_pending, tl.exp(total - cumulative), 0.0)
-        folded = tl.exp(total) * state + _dot(tl.trans(kq * weights[:, None]), updates, PRECISION)
-        tl.store(tile, folded.to(ssm_ptr.dtype.element_ty), mask=tile_ok)
 
     if v_block == 0:  # the drafts' gates beside their rows, once per head
         draft_row = (start + pending + tl.where(drafted & key_side, draft, 0)) % RING_ROWS
@@ -270,7 +293,7 @@ def _ring_window_kernel(
 
 def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
-                 num_warps, precision):
+                 num_warps, precision, fold_precision):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim] when num_layers > 1, else one
     layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never read)."""
@@ -298,7 +321,8 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
         NODES=max(MIN_DOT, next_power_of_2(ring_rows + num_nodes)), KERNEL_SIZE=kernel_size, NUM_K_HEADS=num_k_heads,
         NUM_V_HEADS=num_v_heads, HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim,
         BLOCK_K=max(MIN_DOT, next_power_of_2(head_k_dim)), BLOCK_V=block_v, TREE=parents is not None,
-        L2NORM=bool(use_qk_l2norm), HAS_BIAS=bias is not None, PRECISION=precision or ring_precision(ssm),
+        L2NORM=bool(use_qk_l2norm), HAS_BIAS=bias is not None, PRECISION=precision or OUTPUT_PRECISION,
+        FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm),
         num_warps=num_warps,
     )
     placeholder = ssm  # where the drafts' tensors would be
@@ -319,7 +343,8 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
 
 
 def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
-                parents, *, scale, use_qk_l2norm, block_v=None, num_warps=RING_WARPS, precision=None):
+                parents, *, scale, use_qk_l2norm, block_v=None, num_warps=RING_WARPS, precision=None,
+                fold_precision=None):
     """gdn_ring_verify's two launches (the verify, then the folded windows), or () with no rows."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
@@ -328,7 +353,8 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
     return _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
                         parents, layer=layer, num_layers=1, num_nodes=num_nodes, heads=heads,
                         max_pending=rows.shape[2] - num_nodes, fold_above=rows.shape[2] - num_nodes, scale=scale,
-                        use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, precision=precision)
+                        use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, precision=precision,
+                        fold_precision=fold_precision)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
@@ -359,17 +385,19 @@ def _flush_cursor_kernel(cursor_ptr, ring_slots_ptr, state_slots_ptr, num_rows, 
 
 
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state_slots, *, num_k_heads, head_k_dim,
-                 num_v_heads, head_v_dim, use_qk_l2norm, block_v=None, num_warps=RING_WARPS, precision=None):
+                 num_v_heads, head_v_dim, use_qk_l2norm, block_v=None, num_warps=RING_WARPS, precision=None,
+                 fold_precision=None):
     """gdn_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or ()."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
         return ()
     ring_rows = rows.shape[2]
+    fold = fold_precision or precision or fold_precision_for(ssm)  # every program folds
     chunk, window = _chunk_calls(
         None, None, None, None, None, None, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
         None, layer=0, num_layers=ssm.shape[0], num_nodes=0, heads=(num_k_heads, head_k_dim, num_v_heads, head_v_dim),
         max_pending=ring_rows - 1, fold_above=0, scale=1.0, use_qk_l2norm=use_qk_l2norm, block_v=block_v,
-        num_warps=num_warps, precision=precision)
+        num_warps=num_warps, precision=fold, fold_precision=fold)
     block = min(1024, next_power_of_2(num_rows))
     cursors = KernelCall(_flush_cursor_kernel, (cdiv(num_rows, block),), (cursor, ring_slots, state_slots),
                          (num_rows, ssm.shape[1], rows.shape[1], *cursor.stride(), ring_slots.stride(0),

@@ -87,12 +87,13 @@ def run_both(case, *, layer=1, use_qk_l2norm=True, tuning=IEEE):
     return call(False), call(True)
 
 
-def assert_agree(want, got, tol=2e-5):
-    """Arithmetic within tol x the largest magnitude; everything else bit for bit."""
-    for name in ("out", "ssm_state"):
+def assert_agree(want, got, tol=2e-5, state_tol=None):
+    """Arithmetic within tol (the folded states: state_tol, default tol) x the largest magnitude;
+    everything else bit for bit."""
+    for name, bound in (("out", tol), ("ssm_state", tol if state_tol is None else state_tol)):
         scale = want[name].float().abs().max().item()
         error = (got[name].float() - want[name].float()).abs().max().item()
-        assert error <= tol * scale, (name, error, scale)
+        assert error <= bound * scale, (name, error, scale)
     assert torch.equal(got["out"] == FILL, want["out"] == FILL)  # the rows left alone
     for name in ("conv_state", "gates", "rows", "cursor"):
         assert torch.equal(got[name], want[name]), name
@@ -118,8 +119,8 @@ def test_matches_pytorch_code(device, tree):
     assert not torch.equal(want["conv_state"], case["conv_state"])
     assert_agree(want, got)
     assert_same_untouched(case, want, got)
-    want, got = run_both(case, tuning={})  # the default for a float32 checkpoint: tf32x3 products
-    assert_agree(want, got, tol=1e-4)
+    want, got = run_both(case, tuning={})  # the default: tf32 products, tf32x3 in a row that folds
+    assert_agree(want, got, tol=2e-3, state_tol=1e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
