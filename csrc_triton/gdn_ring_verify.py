@@ -37,12 +37,11 @@ RING_WARPS = 8
 WINDOW_BLOCK = 256  # channels per program of the window store
 
 
-OUTPUT_PRECISION = "tf32"  # a row that does not fold writes outputs only: gdn_verify's precision
-
-
 def fold_precision_for(ssm) -> str:
-    """tl.dot's input precision in a row that folds: the fold writes the checkpoint, and a float32
-    one must keep float32's accuracy over many folds, which tf32 products miss (docs/benchmarks.md)."""
+    """tl.dot's input precision in a row that folds, and by default in every row: the fold writes
+    the checkpoint, and a float32 one must keep float32's accuracy over many folds, which tf32
+    products miss (docs/benchmarks.md). ``precision="tf32", fold_precision="tf32x3"`` keeps tf32 in
+    the rows that do not fold (a runtime branch; not yet timed or tested on a GPU)."""
     return "tf32x3" if ssm.dtype == torch.float32 else "tf32"
 
 
@@ -321,7 +320,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
         NODES=max(MIN_DOT, next_power_of_2(ring_rows + num_nodes)), KERNEL_SIZE=kernel_size, NUM_K_HEADS=num_k_heads,
         NUM_V_HEADS=num_v_heads, HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim,
         BLOCK_K=max(MIN_DOT, next_power_of_2(head_k_dim)), BLOCK_V=block_v, TREE=parents is not None,
-        L2NORM=bool(use_qk_l2norm), HAS_BIAS=bias is not None, PRECISION=precision or OUTPUT_PRECISION,
+        L2NORM=bool(use_qk_l2norm), HAS_BIAS=bias is not None, PRECISION=precision or fold_precision_for(ssm),
         FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm),
         num_warps=num_warps,
     )
