@@ -30,8 +30,8 @@ from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
 from .gdn_verify import MIN_DOT, _dot, _l2_normalised, _operand, _power_series
 from .ring_conv import _history_at, ring_row_state
 
-# Not yet timed on a GPU: the fewest spills of the offline sm_90 compiles (Triton 3.6, Qwen3-Next's
-# heads, capacity 16, N = 4) among 16-64 columns and 4-8 warps.
+# The fewest spills of the offline sm_90 compiles (Triton 3.6) at the default precision; wider tiles
+# ran faster with tf32 products on the H200 but are untimed with tf32x3 (docs/benchmarks.md, "Ring").
 RING_BLOCK_V = 32
 RING_WARPS = 8
 WINDOW_BLOCK = 256  # channels per program of the window store
