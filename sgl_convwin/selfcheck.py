@@ -3,8 +3,9 @@
 One verify step and its commit per layout and draft shape (a chain and a tree), as an engine runs
 them: ``causal_conv1d_verify`` (and ``capture`` alone) fills the buffer, ``capture_gates`` the gates;
 ``scatter`` / ``scatter_tree`` commit the conv window, ``gdn_commit`` and ``mamba2_commit`` replay
-the accepted paths onto both states; ``gdn_verify`` computes the drafts' outputs from a layer's state. Each result is compared with sgl_convwin.reference over the
-whole tensor it writes: copies bit for bit, arithmetic (the conv outputs, the replayed recurrent
+the accepted paths onto both states; ``gdn_verify`` and ``mamba2_verify`` compute the drafts'
+outputs from a layer's state. Each result is compared with sgl_convwin.reference over the whole
+tensor it writes: copies bit for bit, arithmetic (the conv outputs, the replayed recurrent
 states, all float32) within float32 rounding of the float64 oracle. A padded row (slot -1) and
 slots no row names must stay untouched.
 """
@@ -17,7 +18,7 @@ from . import reference
 from .layout import DENSE, LAYOUTS, TOKEN_MAJOR, dedup_ratio, physical_nbytes, window_view
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
 from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
-from .ops_verify import gdn_verify
+from .ops_verify import gdn_verify, mamba2_verify
 from .validation import REPLAY_MAX_KERNEL_SIZE
 
 LAYERS, BUFFER_SLOTS, STATE_SLOTS = 2, 4, 6
@@ -162,6 +163,24 @@ def _check_gdn_verify(step: _Step) -> bool:
             and error <= 2e-3 * expected[written].abs().max().item())
 
 
+def _check_mamba2_verify(step: _Step) -> bool:
+    """mamba2_verify on layer 0, as _check_gdn_verify (x, B, C split from the same conv output)."""
+    heads, head_dim, groups, d_state = (MAMBA2_DIMS[name] for name in ("num_heads", "head_dim", "n_groups", "d_state"))
+    x, B, C = step.mixed.split([heads * head_dim, groups * d_state, groups * d_state], dim=-1)
+    x, B, C = x.unflatten(-1, (heads, head_dim)), B.unflatten(-1, (groups, d_state)), C.unflatten(-1, (groups, d_state))
+    state = step.mamba2_state[0]
+    before = state.clone()
+    out = torch.full(x.shape, 7.0, device=x.device)
+    mamba2_verify(out, x, step.dt[0], step.A[0], B, C, state, step.state_slots, step.parents)
+    expected, written = reference.mamba2_verify_reference(x, step.dt[0], step.A[0], B, C, state,
+                                                          step.state_slots.cpu(), step.parents)
+    got = out.cpu().double()
+    skipped = [row for row in range(4) if row not in written]
+    error = (got[written] - expected[written]).abs().max().item()
+    return (written == [0, 1, 3] and torch.equal(state, before) and bool((got[skipped] == 7.0).all())
+            and error <= 2e-3 * expected[written].abs().max().item())
+
+
 def selfcheck(device: str, num_draft: int, kernel_size: int, seed: int, out=None) -> bool:
     """Print one line per (op, layout, draft shape); True if every op matched its oracle."""
     generator = torch.Generator().manual_seed(seed)
@@ -183,8 +202,10 @@ def selfcheck(device: str, num_draft: int, kernel_size: int, seed: int, out=None
                     checks.append((f"{mixer}_commit", _check_replay(step, mixer, gates)))
             if layout == LAYOUTS[0]:  # (no buffer: one layout is enough)
                 checks.append(("gdn_verify", _check_gdn_verify(step)))
+                checks.append(("mamba2_verify", _check_mamba2_verify(step)))
             for name, ok in checks:
-                by_shape = results.setdefault((name, "-" if name == "gdn_verify" else layout), {})
+                recurrence = name in ("gdn_verify", "mamba2_verify")  # (no buffer: no layout)
+                by_shape = results.setdefault((name, "-" if recurrence else layout), {})
                 by_shape[shape] = by_shape.get(shape, True) and ok
     all_ok = all(ok for by_shape in results.values() for ok in by_shape.values())
     for (name, layout), by_shape in results.items():

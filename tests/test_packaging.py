@@ -43,9 +43,12 @@ def test_selfcheck_passes(capsys):
                "mamba2_commit"):
         for layout in sgl_convwin.LAYOUTS:
             assert any(line.split() == [*op.split(), layout, "ok", "ok"] for line in out.splitlines()), (op, layout)
+    for op in ("gdn_verify", "mamba2_verify"):
+        assert [op, "-", "ok", "ok"] in [line.split() for line in out.splitlines()], op
 
 
-@pytest.mark.parametrize("op", ["gdn_commit", "mamba2_commit", "scatter_tree", "capture_gates"])
+@pytest.mark.parametrize("op", ["gdn_commit", "mamba2_commit", "scatter_tree", "capture_gates", "gdn_verify",
+                                "mamba2_verify"])
 def test_selfcheck_fails_when_an_op_is_wrong(monkeypatch, capsys, op):
     """An op that writes nothing must turn its lines to FAIL and the exit status to 1."""
     monkeypatch.setattr(f"sgl_convwin.selfcheck.{op}", lambda *args, **kwargs: None)
