@@ -563,7 +563,8 @@ def print_ring(plan: Plan) -> None:
     print(f"(e) the ring (docs/design.md, \"The ring\"): {plan.ring_rows} rows per slot and layer "
           f"(capacity R = {plan.ring_capacity} pending tokens + N = {plan.draft_tokens} drafts)")
     print(f"  memory: {_size(plan.ring_bytes_per_slot)} per slot = rows {_size(parts['rows'])} ({plan.dtype}) + "
-          f"{_RING_GATES[plan.mixer]} {_size(parts['gates'])} (fp32) + cursor {parts['cursor']} B; checkpoint excluded; "
+          f"{_RING_GATES[plan.mixer]} {_size(parts['gates'])} (fp32) + cursor {parts['cursor']} B; "
+          f"checkpoint excluded; "
           f"{_size(plan.ring_bytes_total)} for {plan.max_running_requests} requests; "
           f"{plan.ring_bytes_per_slot / plan.replay_bytes_per_slot:.2f}x of (d)")
     print(f"  state passes per step at accept length a = {plan.accept_length:g}: (d) "

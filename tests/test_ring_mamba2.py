@@ -42,7 +42,8 @@ def test_random_steps_match_oracle_and_eager(data, num_draft, tree, extra, kerne
 @given(data=st.data(), num_draft=st.integers(1, 5), tree=st.booleans(), capacity=st.integers(1, 32),
        kernel_size=st.sampled_from([2, 3, 4, 5]), ring_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
        ssm_dtype=st.sampled_from([torch.float32, torch.bfloat16]),
-       conv_dtype=st.sampled_from([torch.float32, torch.bfloat16]), state_layout=st.sampled_from(sgl_convwin.STATE_LAYOUTS),
+       conv_dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       state_layout=st.sampled_from(sgl_convwin.STATE_LAYOUTS),
        n_groups=st.sampled_from([1, 2]), ratio=st.sampled_from([1, 2]), **_OPTIONS)
 def test_long_random_steps_match_oracle_and_eager(data, num_draft, tree, capacity, **options):
     run_sequence(data, Mamba2Harness, num_draft=num_draft, tree=tree and num_draft > 1,
