@@ -98,8 +98,7 @@ def ring_table(text):
 
 
 @pytest.mark.parametrize("capacity", (7, 16))  # 7 = the tree's N: a fold at every step with something pending
-@pytest.mark.parametrize("seed", (0, 1))
-@pytest.mark.parametrize("mixer", demo.RING_MIXERS)
+@pytest.mark.parametrize("mixer, seed", [("gdn", 0), ("gdn", 1), ("mamba2", 0)])
 def test_ring_matches_greedy(mixer, seed, capacity):
     out = io.StringIO()
     assert demo.run_demo(out=out, mixer=mixer, seed=seed, ring=True, capacity=capacity, **SMALL), out.getvalue()
@@ -141,7 +140,6 @@ def _drop_writes(monkeypatch, name, argument):
     ("gdn", "gdn_ring_verify", 9),  # nor their gates
     ("gdn", "gdn_ring_verify", 6),  # the fold's checkpoint state is lost
     ("gdn", "gdn_ring_verify", 7),  # the fold's conv window is lost
-    ("mamba2", "ring_conv1d_verify", 1),
     ("mamba2", "mamba2_ring_verify", 9),  # the drafts' dt
     ("mamba2", "mamba2_ring_verify", 6),
     ("mamba2", "mamba2_ring_verify", 7),
@@ -153,8 +151,7 @@ def test_the_ring_check_fails_when_the_ring_loses_a_write(monkeypatch, mixer, na
     assert "STREAMS DIFFER" in out.getvalue()
 
 
-@pytest.mark.parametrize("mixer", demo.RING_MIXERS)
-def test_the_ring_check_fails_when_acceptance_is_wrong(monkeypatch, mixer):
+def test_the_ring_check_fails_when_acceptance_is_wrong(monkeypatch):
     """Accepting the parent of the accepted node (one token short) must change the streams."""
     commit = demo.RingSpecCache.commit
 
@@ -163,7 +160,7 @@ def test_the_ring_check_fails_when_acceptance_is_wrong(monkeypatch, mixer):
         commit(self, state_slots, ring_slots, wrong.where(accepted >= 0, accepted), parents)
 
     monkeypatch.setattr(demo.RingSpecCache, "commit", off_by_one)
-    assert not demo.run_demo(out=io.StringIO(), mixer=mixer, ring=True, **SMALL)
+    assert not demo.run_demo(out=io.StringIO(), ring=True, **SMALL)
 
 
 @pytest.mark.parametrize("mixer", demo.RING_MIXERS)

@@ -291,9 +291,11 @@ def op_samples(tree):
     return dict(mamba2_ring_verify=verify, ring_accept=accept, mamba2_ring_flush=flush)
 
 
-@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-@pytest.mark.parametrize("name", ["mamba2_ring_verify", "ring_accept", "mamba2_ring_flush"])
+@pytest.mark.parametrize("name, tree", [("mamba2_ring_verify", False), ("mamba2_ring_verify", True),
+                                        ("ring_accept", True), ("mamba2_ring_flush", False)],
+                         ids=["verify-chain", "verify-tree", "accept-tree", "flush"])
 def test_opcheck(name, tree):
+    """The Mamba2 ops, and ring_accept moving a tree's one-gate rows (flush takes no tree)."""
     args, kwargs = op_samples(tree)[name]
     torch.library.opcheck(getattr(torch.ops.convwin, name).default, args, kwargs)
 
