@@ -19,8 +19,9 @@ verified one (SGLang's ``accept_lens``, vLLM's ``num_accepted_tokens``; chains o
 Trees: pass ``parents`` [B, N] to every call; token_major / channel_major buffers then hold one
 row per node and commit with ``scatter_tree``, dense buffers hold every node's window.
 
-``RingCache``: the ring (Gated DeltaNet, no commit pass) as a module -- the ring's rows, gates and
-cursor as registered buffers, and the ring ops on them (docs/design.md, "The ring").
+``RingCache``: the ring (Gated DeltaNet; Mamba2 with ``num_gates=1``; no commit pass) as a module --
+the ring's rows, gates and cursor as registered buffers, and the ring ops on them (docs/design.md,
+"The ring").
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .layout import DEFAULT_LAYOUT, DENSE, DIM_MAJOR, TOKEN_MAJOR, check_layout,
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
 from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
 from .ops_ring import DEFAULT_CAPACITY, alloc_ring, gdn_ring_flush, gdn_ring_verify, ring_accept, ring_conv1d_verify
+from .ops_ring_mamba2 import alloc_mamba2_ring, mamba2_ring_flush, mamba2_ring_verify
 
 
 class ConvWindowCache(torch.nn.Module):
@@ -181,14 +183,18 @@ class RingCache(torch.nn.Module):
         cache.flush(ssm_state, conv_state, conv_weights, slots, ...)   # only when the states are needed now
 
     ``slots`` index the ring; ``state_slots`` (default ``slots``) index conv_state and ssm_state.
+    Mamba2: ``num_gates=1`` with H for ``num_v_heads`` (``alloc_mamba2_ring``: dt per head), and
+    ``mamba2_verify`` / ``mamba2_flush`` in place of ``gdn_verify`` / ``flush``.
     """
 
     def __init__(self, num_layers: int, num_slots: int, dim: int, num_draft: int, num_v_heads: int, *,
                  capacity: int = DEFAULT_CAPACITY, dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, num_gates: int = 2):
         super().__init__()
-        ring = alloc_ring(num_layers, num_slots, dim, num_draft, num_v_heads, capacity=capacity, dtype=dtype,
-                          device=device)
+        if num_gates not in (1, 2):
+            raise ValueError(f"RingCache: num_gates must be 2 (GDN: g, beta) or 1 (Mamba2: dt), got {num_gates!r}")
+        alloc = alloc_ring if num_gates == 2 else alloc_mamba2_ring
+        ring = alloc(num_layers, num_slots, dim, num_draft, num_v_heads, capacity=capacity, dtype=dtype, device=device)
         self.num_draft, self.capacity = num_draft, capacity
         for name, tensor in ring._asdict().items():
             self.register_buffer(name, tensor, persistent=False)
@@ -242,7 +248,25 @@ class RingCache(torch.nn.Module):
                        num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
                        conv_bias=conv_bias, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
 
+    def mamba2_verify(self, out, x, dt, A, B, C, ssm_state, conv_state, conv_weight, conv_bias, slots, layer, *,
+                      state_slots=None, parents=None, D=None, z=None, dt_bias=None, dt_softplus=False,
+                      state_layout=DIM_MAJOR):
+        """``mamba2_ring_verify`` of layer ``layer`` (A [H], conv_weight [dim, K], conv_bias [dim]: the layer's)."""
+        state_slots = slots if state_slots is None else state_slots
+        mamba2_ring_verify(out, x, dt, A, B, C, ssm_state, conv_state, self.rows, self.gates, self.cursor, conv_weight,
+                           conv_bias, slots, state_slots, layer, parents, D=D, z=z, dt_bias=dt_bias,
+                           dt_softplus=dt_softplus, state_layout=state_layout)
+
+    def mamba2_flush(self, ssm_state, conv_state, conv_weight, A, slots, *, num_heads, head_dim, n_groups, d_state,
+                     state_slots=None, conv_bias=None, state_layout=DIM_MAJOR):
+        """``mamba2_ring_flush``: both states at ``state_slots`` as eager ``mamba2_commit`` would have left
+        them (conv_weight [L, dim, K], A [L, H], conv_bias [L, dim])."""
+        state_slots = slots if state_slots is None else state_slots
+        mamba2_ring_flush(ssm_state, conv_state, self.cursor, self.rows, self.gates, conv_weight, A, slots,
+                          state_slots, num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state,
+                          conv_bias=conv_bias, state_layout=state_layout)
+
     def extra_repr(self) -> str:
         layers, slots, rows, dim = self.rows.shape
         return (f"layers={layers}, slots={slots}, dim={dim}, num_draft={self.num_draft}, capacity={self.capacity}, "
-                f"dtype={self.rows.dtype}, nbytes={self.nbytes}")
+                f"num_gates={self.gates.shape[3]}, dtype={self.rows.dtype}, nbytes={self.nbytes}")

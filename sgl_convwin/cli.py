@@ -68,8 +68,8 @@ def _check_ring_arguments(demo, args) -> None:
         if args.capacity is not None:
             demo.error("--capacity needs --ring")
         return
-    if args.mixer != "gdn":
-        demo.error(f"--ring runs Gated DeltaNet layers (--mixer gdn), not --mixer {args.mixer}")
+    if args.mixer not in demo_module.RING_MIXERS:
+        demo.error(f"--ring runs Gated DeltaNet or Mamba2 layers (--mixer gdn|mamba2), not --mixer {args.mixer}")
     if args.layouts is not None:
         demo.error("--layouts does not apply to --ring (the ring has one layout: token-major rows)")
     capacity = DEFAULT_CAPACITY if args.capacity is None else args.capacity
@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="gdn (default) / mamba2: Gated DeltaNet / Mamba2 layers committed by replay; "
                            "linear: a linear recurrence with snapshotted states")
     demo.add_argument("--ring", action="store_true",
-                      help="gdn on the ring (no commit: ring_conv1d_verify, gdn_ring_verify, ring_accept, flush)")
+                      help="gdn or mamba2 on the ring (no commit: ring_conv1d_verify, the mixer's ring verify, "
+                           "ring_accept, flush)")
     demo.add_argument("--capacity", type=_at_least(1), default=None,
                       help=f"--ring: pending tokens a slot holds (default {DEFAULT_CAPACITY}; >= --draft and --tree-nodes)")
     plan = commands.add_parser(

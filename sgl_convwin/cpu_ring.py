@@ -3,8 +3,8 @@
 A slot's ring is circular: logical position j (0 = the oldest pending token) is physical row
 (start + j) % C. Every function here rolls the rows it reads into logical order (a gathered copy)
 and hands them to the replay-commit and verify code of cpu.py, so a fold replays exactly as
-``gdn_commit`` would and a draft's conv is ``causal_conv1d_verify``'s. Not fast: the GPU kernels
-are to fuse this into one read of each checkpoint.
+``gdn_commit`` (``mamba2_commit``) would and a draft's conv is ``causal_conv1d_verify``'s. Not fast:
+the GPU kernels are to fuse this into one read of each checkpoint.
 """
 
 from __future__ import annotations
@@ -73,21 +73,35 @@ def ring_conv1d_verify_cpu(out, rows_buffer, conv, x, weight, bias, ring_slots, 
     rows_buffer[layer, ring[:, None], _positions(start, pending, num_nodes, ring_rows)] = x[rows].to(rows_buffer.dtype)
 
 
-def _replay_pending(ssm, conv, rows_buffer, gates, weight, bias, layers, ring, state, start, pending, heads):
-    """Replay every live row's pending tokens from its checkpoint, as gdn_commit does, on copies:
-    returns (states [L', B', Hv, dk, dv] float32, windows [L', B', dim, K-1] in conv's dtype)."""
+def _replay_pending(ssm, conv, rows_buffer, gates, layers, ring, state, start, pending, commit, weights, heads):
+    """Replay every live row's pending tokens from its checkpoint on copies with ``commit`` (a replay
+    commit of cpu.py: ``commit(ssm, conv, tokens, history, gates, *weights, dst, src, steps, parents,
+    **heads)``): returns (states [L', B', *state] float32, windows [L', B', dim, K-1] in conv's dtype)."""
     ring_rows = rows_buffer.shape[2]
     positions = _positions(start, torch.zeros_like(start), ring_rows, ring_rows)  # [B', C], oldest pending first
     tokens = rows_buffer[layers][:, ring[:, None], positions]  # [L', B', C, dim]
-    token_gates = gates[layers][:, ring[:, None], positions]  # [L', B', C, 2, Hv]
+    token_gates = gates[layers][:, ring[:, None], positions]  # [L', B', C, G, H]
     windows = conv[layers][:, state]  # [L', B', dim, K-1]
-    # the K-2 newest committed inputs, where gdn_commit reads a short path's window from
+    # the K-2 newest committed inputs, where the replay commits read a short path's window from
     history = windows[..., 1:][:, :, None].expand(-1, -1, ring_rows, -1, -1)
     states = ssm[layers][:, state].float()
     index = torch.arange(ring.shape[0], device=ring.device)
-    cpu.gdn_commit_cpu(states, windows, tokens, history, token_gates, weight, bias, index, index, pending - 1, None,
-                       **heads)
+    commit(states, windows, tokens, history, token_gates, *weights, index, index, pending - 1, None, **heads)
     return states, windows
+
+
+def _state_before_drafts(ssm, conv, rows_buffer, gates, layer, live, num_nodes, commit, weights, heads):
+    """[B', *state] float32: each live row's checkpoint after its pending tokens; written back to the
+    checkpoint (both states) for the rows that fold, pending > 0 and pending + N > capacity."""
+    _, ring, state, start, pending = live
+    capacity = rows_buffer.shape[2] - num_nodes
+    states, windows = _replay_pending(ssm, conv, rows_buffer, gates, slice(layer, layer + 1), ring, state, start,
+                                      pending, commit, weights, heads)
+    folds = ((pending > 0) & (pending + num_nodes > capacity)).nonzero().squeeze(1)
+    if folds.numel():
+        ssm[layer, state[folds]] = states[0, folds].to(ssm.dtype)
+        conv[layer, state[folds]] = windows[0, folds]
+    return states[0]
 
 
 def gdn_ring_verify_cpu(out, q, k, v, g, beta, ssm, conv, rows_buffer, gates, cursor, weight, bias, ring_slots,
@@ -96,21 +110,17 @@ def gdn_ring_verify_cpu(out, q, k, v, g, beta, ssm, conv, rows_buffer, gates, cu
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     ring_rows = rows_buffer.shape[2]
-    capacity = ring_rows - num_nodes
-    live = _live_rows(ring_slots, cursor, rows_buffer.shape[1], ring_rows, capacity, state_slots, ssm.shape[1])
+    live = _live_rows(ring_slots, cursor, rows_buffer.shape[1], ring_rows, ring_rows - num_nodes, state_slots,
+                      ssm.shape[1])
     if live is None:
         return
-    rows, ring, state, start, pending = live
+    rows, ring, _, start, pending = live
     heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
                  use_qk_l2norm=use_qk_l2norm)
-    layers = slice(layer, layer + 1)
-    states, windows = _replay_pending(ssm, conv, rows_buffer, gates, weight[None], None if bias is None else bias[None],
-                                      layers, ring, state, start, pending, heads)
-    folds = ((pending > 0) & (pending + num_nodes > capacity)).nonzero().squeeze(1)
-    if folds.numel():
-        ssm[layer, state[folds]] = states[0, folds].to(ssm.dtype)
-        conv[layer, state[folds]] = windows[0, folds]
-    cpu.gdn_verify_cpu(out, q, k, v, g, beta, states[0], _row_map(num_rows, rows), parents, scale=scale,
+    weights = (weight[None], None if bias is None else bias[None])
+    states = _state_before_drafts(ssm, conv, rows_buffer, gates, layer, live, num_nodes, cpu.gdn_commit_cpu, weights,
+                                  heads)
+    cpu.gdn_verify_cpu(out, q, k, v, g, beta, states, _row_map(num_rows, rows), parents, scale=scale,
                        use_qk_l2norm=use_qk_l2norm)
     drafts = _positions(start, pending, num_nodes, ring_rows)
     gates[layer, ring[:, None], drafts, 0] = g[rows].to(gates.dtype)
@@ -140,20 +150,62 @@ def ring_accept_cpu(cursor, rows_buffer, gates, ring_slots, steps, parents, *, n
     cursor[ring] = torch.stack([start, pending + lengths], dim=1).to(cursor.dtype)
 
 
-def gdn_ring_flush_cpu(ssm, conv, cursor, rows_buffer, gates, weight, bias, ring_slots, state_slots, *,
-                       num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm):
-    """ssm [L, S, Hv, dk, dv], conv [L, S, dim, K-1] (any strides), every layer, in place."""
+def _flush(ssm, conv, cursor, rows_buffer, gates, ring_slots, state_slots, commit, weights, heads):
+    """Every layer of every live row: its pending tokens folded into the checkpoint, the cursor past them."""
     ring_rows = rows_buffer.shape[2]
     live = _live_rows(ring_slots, cursor, rows_buffer.shape[1], ring_rows, ring_rows - 1, state_slots, ssm.shape[1])
     if live is None:
         return
     _, ring, state, start, pending = live
-    heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
-                 use_qk_l2norm=use_qk_l2norm)
-    states, windows = _replay_pending(ssm, conv, rows_buffer, gates, weight, bias, slice(None), ring, state, start,
-                                      pending, heads)
+    states, windows = _replay_pending(ssm, conv, rows_buffer, gates, slice(None), ring, state, start, pending, commit,
+                                      weights, heads)
     folds = (pending > 0).nonzero().squeeze(1)
     if folds.numel():
         ssm[:, state[folds]] = states[:, folds].to(ssm.dtype)
         conv[:, state[folds]] = windows[:, folds]
     cursor[ring] = torch.stack([(start + pending) % ring_rows, torch.zeros_like(pending)], dim=1).to(cursor.dtype)
+
+
+def gdn_ring_flush_cpu(ssm, conv, cursor, rows_buffer, gates, weight, bias, ring_slots, state_slots, *,
+                       num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm):
+    """ssm [L, S, Hv, dk, dv], conv [L, S, dim, K-1] (any strides), every layer, in place."""
+    heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
+                 use_qk_l2norm=use_qk_l2norm)
+    _flush(ssm, conv, cursor, rows_buffer, gates, ring_slots, state_slots, cpu.gdn_commit_cpu, (weight, bias), heads)
+
+
+# ---------------------------------------------------------------------------------------------
+# Mamba2: the same ring, dt per head in the gates, mamba2_commit's replay and mamba2_verify's outputs
+# ---------------------------------------------------------------------------------------------
+
+
+def mamba2_ring_verify_cpu(out, x, dt, A, B, C, ssm, conv, rows_buffer, gates, cursor, weight, bias, ring_slots,
+                           state_slots, layer, parents, D, z, dt_bias, *, dt_softplus):
+    """ssm [L, S, H, P, Ns], conv [L, S, dim, K-1] (any strides); see ops_ring_mamba2.mamba2_ring_verify."""
+    num_rows, num_nodes, num_heads, head_dim = x.shape
+    ring_rows = rows_buffer.shape[2]
+    live = _live_rows(ring_slots, cursor, rows_buffer.shape[1], ring_rows, ring_rows - num_nodes, state_slots,
+                      ssm.shape[1])
+    if live is None:
+        return
+    rows, ring, _, start, pending = live
+    heads = dict(num_heads=num_heads, head_dim=head_dim, n_groups=B.shape[2], d_state=B.shape[3])
+    weights = (weight[None], None if bias is None else bias[None], A[None])
+    states = _state_before_drafts(ssm, conv, rows_buffer, gates, layer, live, num_nodes, cpu.mamba2_commit_cpu,
+                                  weights, heads)
+    step = dt.float()  # [B, N, H]: the dt each draft decodes with and the ring keeps, computed once
+    if dt_bias is not None:
+        step = step + dt_bias.float()
+    if dt_softplus:
+        step = torch.nn.functional.softplus(step)
+    cpu.mamba2_verify_cpu(out, x, step, A, B, C, states, _row_map(num_rows, rows), parents, D, z, None,
+                          dt_softplus=False)
+    gates[layer, ring[:, None], _positions(start, pending, num_nodes, ring_rows), 0] = step[rows].to(gates.dtype)
+
+
+def mamba2_ring_flush_cpu(ssm, conv, cursor, rows_buffer, gates, weight, bias, A, ring_slots, state_slots, *,
+                          num_heads, head_dim, n_groups, d_state):
+    """ssm [L, S, H, P, Ns], conv [L, S, dim, K-1] (any strides), every layer, in place; A [L, H]."""
+    heads = dict(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state)
+    _flush(ssm, conv, cursor, rows_buffer, gates, ring_slots, state_slots, cpu.mamba2_commit_cpu, (weight, bias, A),
+           heads)

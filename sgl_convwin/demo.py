@@ -13,10 +13,11 @@ The model (plain PyTorch, seeded random weights): an embedding, L mixer layers, 
 - ``linear``: a gated linear recurrence h = decay*h + silu(conv) whose per-node states are
   snapshotted during verify; the conv window is committed with ``scatter`` / ``scatter_tree``.
 
-``--ring`` (gdn only): the ring design (docs/design.md, "The ring") instead of a commit: per layer
-``ring_conv1d_verify`` (its conv history from the checkpoint's window and the ring's pending rows)
-and ``gdn_ring_verify`` (replays the pending tokens, folds them into the checkpoint when the ring
-would overflow, stores the drafts' gates), then ``ring_accept``; ``gdn_ring_flush`` at the end.
+``--ring`` (gdn or mamba2): the ring design (docs/design.md, "The ring") instead of a commit: per
+layer ``ring_conv1d_verify`` (its conv history from the checkpoint's window and the ring's pending
+rows) and ``gdn_ring_verify`` / ``mamba2_ring_verify`` (replays the pending tokens, folds them into
+the checkpoint when the ring would overflow, stores the drafts' gates), then ``ring_accept``;
+``gdn_ring_flush`` / ``mamba2_ring_flush`` at the end.
 
 A perturbed copy of the model drafts a chain (topk 1) or a tree (topk > 1); the target verifies
 every draft node in one pass per step, greedy acceptance walks the tree. The emitted tokens must
@@ -35,18 +36,20 @@ differs from the batch in the last bit), so a replayed state can differ from the
 ulp. The grid rounding after each layer absorbs that unless a value lands within an ulp of a
 rounding boundary: rare, not impossible.
 
-The ring mode keeps the same guarantee, no weaker. ``gdn_ring_verify``'s own outputs come from the
-chunked form (a triangular solve), which rounds differently from the decoder's token-by-token steps
-in most values, not in an occasional last bit: taking tokens from them would make a grid-boundary
-flip far likelier, with no bug anywhere. So the tokens are computed, as in the other modes, by the
-decoder's recurrence along each draft path, starting from the state after the pending tokens --
-which the ring's own ``gdn_ring_flush`` materialises on scratch copies of the checkpoints (the real
-ones move only by the verify's folds). That flush, the folds and the replays are ``gdn_commit``'s
-float32 operations on what the ring holds, so any error in the rows, gates, cursor or folds changes
-the streams. Besides the streams, ring mode checks ``gdn_ring_verify``'s outputs against the
-decoder's (float32 tolerance), and after the last step flushes every request and compares the
-checkpoints with the decoder's states (conv windows bit for bit, recurrent states within float32
-rounding).
+The ring mode keeps the same guarantee, no weaker. The ring verify's own outputs come from the
+chunked form (a triangular solve for Gated DeltaNet, cumulative decays for Mamba2), which rounds
+differently from the decoder's token-by-token steps in most values, not in an occasional last bit:
+taking tokens from them would make a grid-boundary flip far likelier, with no bug anywhere. So the
+tokens are computed, as in the other modes, by the decoder's recurrence along each draft path,
+starting from the state after the pending tokens -- which the ring's own flush materialises on
+scratch copies of the checkpoints (the real ones move only by the verify's folds). That flush, the
+folds and the replays are ``gdn_commit``'s (``mamba2_commit``'s) float32 operations on what the ring
+holds, so any error in the rows, gates, cursor or folds changes the streams. The Mamba2 ring is
+given the model's dt (after dt_bias and softplus, as ``capture_gates`` stores it for
+``mamba2_commit``), so the ring keeps the decoder's bits. Besides the streams, ring mode checks the
+ring verify's outputs against the decoder's (float32 tolerance), and after the last step flushes
+every request and compares the checkpoints with the decoder's states (conv windows bit for bit,
+recurrent states within float32 rounding).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ import torch
 from . import layout as layouts
 from .cache import RingCache
 from .ops_ring import DEFAULT_CAPACITY, gdn_ring_flush
+from .ops_ring_mamba2 import mamba2_ring_flush
 
 GRID = 2.0**-6
 LIMIT = 8.0
@@ -306,11 +310,44 @@ class ReplayLM:
             x = self._mix_out(x, torch.stack(outs, dim=1), layer)
         return x @ self.head
 
+    def ring_verify(self, tokens, parents, cache, state_slots, ring_slots):
+        """``verify`` in ring mode (cache: a RingSpecCache): per layer ``ring_conv1d_verify`` and the
+        mixer's ring verify (which folds and stores the gates); the outputs the tokens come from are the
+        decoder's recurrence from the state after the pending tokens (the module docstring says why)."""
+        c = self.config
+        B, N = tokens.shape
+        x = self.embed[tokens]
+        pending_states = cache.states_after_pending(state_slots, ring_slots)  # [L, B, *state_shape]
+        tree_parents = cache.parents_arg(parents)
+        rows = torch.arange(B, device=tokens.device)
+        live = state_slots >= 0
+        for layer in range(c.layers):
+            u = on_grid(x @ self.w_in[layer])
+            conv = torch.zeros(B, N, c.conv_dim, device=tokens.device)
+            cache.ring.conv1d_verify(conv, cache.conv_state, u, self.conv_w[layer], self.conv_b[layer], ring_slots,
+                                     layer, state_slots=state_slots, parents=tree_parents, activation="silu")
+            gates = self._gates(x, layer)
+            ring_out = self._ring_mixer(cache, conv, gates, ring_slots, state_slots, layer, tree_parents)
+            states = torch.empty(B, N, *c.state_shape, device=tokens.device)
+            outs = []
+            for node in range(N):  # along each node's path, from the state after the pending tokens
+                parent = parents[:, node]
+                previous = torch.where((parent >= 0).view(-1, *[1] * len(c.state_shape)),
+                                       states[rows, parent.clamp(min=0)], pending_states[layer])
+                node_gates = tuple(None if gate is None else gate[:, node] for gate in gates)
+                states[:, node], out = self._recurrence(previous, conv[:, node], node_gates, layer)
+                outs.append(out)
+            outs = torch.stack(outs, dim=1)
+            cache.note_outputs(ring_out[live], outs[live])
+            x = self._mix_out(x, outs, layer)
+        return x @ self.head
+
 
 class TinyGDNLM(ReplayLM):
     """Gated DeltaNet layers: g, beta from the layer input, the gated delta rule, o = S^T q."""
 
     num_gates = 2
+    ring_op = "gdn_ring_verify"  # named in the ring's check lines
 
     def __init__(self, config: GDNConfig, seed: int, device: torch.device, noise: float = 0.0):
         c = config
@@ -337,42 +374,20 @@ class TinyGDNLM(ReplayLM):
             accepted, parents, self.conv_b, layout=cache.layout, **self.config.dims,
         )
 
-    def ring_verify(self, tokens, parents, cache, state_slots, ring_slots):
-        """``verify`` in ring mode (cache: a RingSpecCache): per layer ``ring_conv1d_verify`` and
-        ``gdn_ring_verify`` (which fold and store the gates); the outputs the tokens come from are the
-        decoder's recurrence from the state after the pending tokens (the module docstring says why)."""
+    def _ring_mixer(self, cache, conv, gates, ring_slots, state_slots, layer, parents):
+        """``gdn_ring_verify`` of one layer (folds, stores g, beta): its outputs [B, N, Hv, dv]."""
         c = self.config
-        B, N = tokens.shape
-        hk, dk = c.num_k_heads, c.head_k_dim
-        x = self.embed[tokens]
-        pending_states = cache.states_after_pending(state_slots, ring_slots)  # [L, B, Hv, dk, dv]
-        tree_parents = cache.parents_arg(parents)
-        rows = torch.arange(B, device=tokens.device)
-        live = state_slots >= 0
-        for layer in range(c.layers):
-            u = on_grid(x @ self.w_in[layer])
-            conv = torch.zeros(B, N, c.conv_dim, device=tokens.device)
-            cache.ring.conv1d_verify(conv, cache.conv_state, u, self.conv_w[layer], self.conv_b[layer], ring_slots,
-                                     layer, state_slots=state_slots, parents=tree_parents, activation="silu")
-            g, beta = self._gates(x, layer)
-            q, k, v = conv.split([hk * dk, hk * dk, c.num_v_heads * c.head_v_dim], dim=-1)
-            ring_out = torch.zeros(B, N, c.num_v_heads, c.head_v_dim, device=tokens.device)
-            cache.ring.gdn_verify(ring_out, q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)),
-                                  v.unflatten(-1, (c.num_v_heads, c.head_v_dim)), g, beta, cache.rec_state,
-                                  cache.conv_state, self.conv_w[layer], self.conv_b[layer], ring_slots, layer,
-                                  state_slots=state_slots, parents=tree_parents)
-            states = torch.empty(B, N, *c.state_shape, device=tokens.device)
-            outs = []
-            for node in range(N):  # along each node's path, from the state after the pending tokens
-                parent = parents[:, node]
-                previous = torch.where((parent >= 0)[:, None, None, None], states[rows, parent.clamp(min=0)],
-                                       pending_states[layer])
-                states[:, node], out = self._recurrence(previous, conv[:, node], (g[:, node], beta[:, node]), layer)
-                outs.append(out)
-            outs = torch.stack(outs, dim=1)
-            cache.note_outputs(ring_out[live], outs[live])
-            x = self._mix_out(x, outs, layer)
-        return x @ self.head
+        hk, dk, hv, dv = c.num_k_heads, c.head_k_dim, c.num_v_heads, c.head_v_dim
+        q, k, v = conv.split([hk * dk, hk * dk, hv * dv], dim=-1)
+        ring_out = torch.zeros(*conv.shape[:2], hv, dv, device=conv.device)
+        cache.ring.gdn_verify(ring_out, q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)), v.unflatten(-1, (hv, dv)),
+                              *gates, cache.rec_state, cache.conv_state, self.conv_w[layer], self.conv_b[layer],
+                              ring_slots, layer, state_slots=state_slots, parents=parents)
+        return ring_out
+
+    def ring_flush(self, ssm_state, conv_state, cursor, rows, gates, ring_slots, state_slots):
+        gdn_ring_flush(ssm_state, conv_state, cursor, rows, gates, self.conv_w, ring_slots, state_slots,
+                       conv_bias=self.conv_b, **self.config.dims)
 
 
 @dataclass(frozen=True)
@@ -416,6 +431,7 @@ class TinyMamba2LM(ReplayLM):
     """Mamba2 layers: dt from the layer input, h = exp(dt A) h + (dt x) B^T, y = h C + D x."""
 
     num_gates = 1
+    ring_op = "mamba2_ring_verify"
 
     def __init__(self, config: Mamba2Config, seed: int, device: torch.device, noise: float = 0.0):
         c = config
@@ -442,6 +458,23 @@ class TinyMamba2LM(ReplayLM):
             cache.rec_state, cache.conv_state, cache.buffer, cache.gates, self.conv_w, self.rate, state_slots,
             buffer_slots, accepted, parents, self.conv_b, layout=cache.layout, **self.config.dims,
         )
+
+    def _ring_mixer(self, cache, conv, gates, ring_slots, state_slots, layer, parents):
+        """``mamba2_ring_verify`` of one layer with the model's dt (folds, stores dt): its outputs
+        [B, N, H, P], D x included."""
+        c = self.config
+        h, p, g, n = c.num_heads, c.head_dim, c.n_groups, c.d_state
+        x, B, C = conv.split([h * p, g * n, g * n], dim=-1)
+        ring_out = torch.zeros(*conv.shape[:2], h, p, device=conv.device)
+        cache.ring.mamba2_verify(ring_out, x.unflatten(-1, (h, p)), gates[0], self.rate[layer], B.unflatten(-1, (g, n)),
+                                 C.unflatten(-1, (g, n)), cache.rec_state, cache.conv_state, self.conv_w[layer],
+                                 self.conv_b[layer], ring_slots, layer, state_slots=state_slots, parents=parents,
+                                 D=self.d_skip[layer])
+        return ring_out
+
+    def ring_flush(self, ssm_state, conv_state, cursor, rows, gates, ring_slots, state_slots):
+        mamba2_ring_flush(ssm_state, conv_state, cursor, rows, gates, self.conv_w, self.rate, ring_slots, state_slots,
+                          conv_bias=self.conv_b, **self.config.dims)
 
 
 def tree_parents(num_nodes: int, topk: int) -> list[int]:
@@ -526,14 +559,14 @@ class RingSpecCache:
     """The engine side of the ring design: conv and recurrent state per slot as CHECKPOINTS, and a
     RingCache (float32 rows, as the other caches here) holding the pending tokens and the drafts."""
 
-    def __init__(self, model: TinyGDNLM, slots, num_nodes, tree, capacity, device):
+    def __init__(self, model: ReplayLM, slots, num_nodes, tree, capacity, device):
         c = model.config
         self.model, self.config, self.tree, self.num_nodes = model, c, tree, num_nodes
         self.conv_state, self.rec_state = model.new_states(slots, device)
-        self.ring = RingCache(c.layers, slots, c.conv_dim, num_nodes, c.num_v_heads, capacity=capacity,
-                              dtype=torch.float32, device=device)
+        self.ring = RingCache(c.layers, slots, c.conv_dim, num_nodes, c.state_shape[0], capacity=capacity,
+                              dtype=torch.float32, device=device, num_gates=model.num_gates)
         self.folds = 0  # (request, step) pairs whose verify folded
-        self.max_out_error = 0.0  # gdn_ring_verify's outputs against the decoder's, relative to max |o|
+        self.max_out_error = 0.0  # the ring verify's outputs against the decoder's, relative to max |o|
 
     def parents_arg(self, parents):
         return parents if self.tree else None
@@ -548,11 +581,10 @@ class RingSpecCache:
         return windows + c.layers * self.num_nodes * self.rec_state[0, 0].numel() * 4
 
     def states_after_pending(self, state_slots, ring_slots):
-        """[L, B, Hv, dk, dv]: each row's checkpoint after its pending tokens, by gdn_ring_flush on
+        """[L, B, *state_shape]: each row's checkpoint after its pending tokens, by the ring's flush on
         scratch copies (the checkpoints and the cursor stay as they are)."""
         ssm, conv, cursor = self.rec_state.clone(), self.conv_state.clone(), self.ring.cursor.clone()
-        gdn_ring_flush(ssm, conv, cursor, self.ring.rows, self.ring.gates, self.model.conv_w, ring_slots, state_slots,
-                       conv_bias=self.model.conv_b, **self.config.dims)
+        self.model.ring_flush(ssm, conv, cursor, self.ring.rows, self.ring.gates, ring_slots, state_slots)
         return ssm[:, state_slots.clamp(min=0)]
 
     def note_outputs(self, ring_out, decoder_out):
@@ -569,9 +601,9 @@ class RingSpecCache:
         self.ring.accept(ring_slots, accepted, parents=self.parents_arg(parents))
 
     def flush(self, slots):
-        """Every pending token of ``slots`` into their checkpoints (gdn_ring_flush), all layers."""
-        self.ring.flush(self.rec_state, self.conv_state, self.model.conv_w, slots, conv_bias=self.model.conv_b,
-                        **self.config.dims)
+        """Every pending token of ``slots`` into their checkpoints (the ring's flush), all layers."""
+        self.model.ring_flush(self.rec_state, self.conv_state, self.ring.cursor, self.ring.rows, self.ring.gates, slots,
+                              slots)
 
 
 def decoder_states(target, contexts):
@@ -653,7 +685,8 @@ class DecodeResult:
 def speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, topk, device, progress=None,
                        capacity=None):
     """Speculative decoding of every prompt to ``new_tokens`` tokens with one cache layout, or, with
-    ``capacity`` (a TinyGDNLM target), with a ring of that capacity, flushed after the last step."""
+    ``capacity`` (a TinyGDNLM or TinyMamba2LM target), with a ring of that capacity, flushed after the
+    last step."""
     B = len(prompts)
     tree = topk > 1
     parents_list = tree_parents(num_nodes, topk)
@@ -730,6 +763,7 @@ def progress_bar(label: str, stream=sys.stderr):
 
 
 MIXERS = ("gdn", "mamba2", "linear")
+RING_MIXERS = ("gdn", "mamba2")
 
 
 def run_demo(
@@ -741,8 +775,8 @@ def run_demo(
     table; True if every stream matched."""
     if mixer not in MIXERS:
         raise ValueError(f"mixer must be one of {MIXERS}, got {mixer!r}")
-    if ring and mixer != "gdn":
-        raise ValueError(f"the ring is Gated DeltaNet's: ring=True needs mixer 'gdn', got {mixer!r}")
+    if ring and mixer not in RING_MIXERS:
+        raise ValueError(f"the ring takes a replayed mixer: ring=True needs mixer 'gdn' or 'mamba2', got {mixer!r}")
     if ring and capacity < max(draft, tree_nodes):
         raise ValueError(f"ring capacity {capacity} must be >= the tokens verified per step "
                          f"({max(draft, tree_nodes)}: a slot holds its pending tokens and one step's drafts)")
@@ -800,8 +834,9 @@ def _run_demo(device, new_tokens, batch, prompt_len, draft, tree_nodes, topk, la
             "mamba2": "Mamba2 layers, committed by replay (mamba2_commit, no state snapshots)",
             "linear": "linear-recurrence layers, per-node state snapshots"}[mixer]
     if capacity is not None:
-        what = (f"Gated DeltaNet layers on the ring, capacity {capacity} (ring_conv1d_verify, gdn_ring_verify, "
-                f"ring_accept; no commit, gdn_ring_flush at the end)")
+        title, prefix = {"gdn": ("Gated DeltaNet", "gdn"), "mamba2": ("Mamba2", "mamba2")}[mixer]
+        what = (f"{title} layers on the ring, capacity {capacity} (ring_conv1d_verify, {prefix}_ring_verify, "
+                f"ring_accept; no commit, {prefix}_ring_flush at the end)")
     print(f"\nspeculative decoding of a {config.layers}-layer hybrid model ({what}; dim {config.d_model}, conv "
           f"{config.conv_dim}, K={config.kernel_size}), {batch} requests x {new_tokens} tokens, "
           f"{device}, seed {seed}", file=out)
@@ -822,13 +857,13 @@ def _run_demo(device, new_tokens, batch, prompt_len, draft, tree_nodes, topk, la
     return all_ok
 
 
-RING_OUT_TOL = 1e-4  # gdn_ring_verify's outputs (float32, chunked) against the decoder's, x max |o|
+RING_OUT_TOL = 1e-4  # the ring verify's outputs (float32, chunked) against the decoder's, x max |o|
 RING_STATE_TOL = 1e-5  # flushed recurrent states against the decoder's (float32 rounding), x max |S|
 
 
 def _ring_checks(target, result, shape_name, num_nodes, topk, lines) -> bool:
     """The ring's own checks, one line: the flushed checkpoints hold the decoder's conv windows bit for
-    bit and its recurrent states within RING_STATE_TOL, and gdn_ring_verify's outputs are the
+    bit and its recurrent states within RING_STATE_TOL, and the ring verify's outputs are the
     decoder's within RING_OUT_TOL. True if all hold."""
     cache = result.cache
     expected = decoder_states(target, result.contexts)
@@ -840,7 +875,7 @@ def _ring_checks(target, result, shape_name, num_nodes, topk, lines) -> bool:
     lines.append(f"ring, {shape_name} N={num_nodes} topk {topk}: {cache.folds} folds in {result.request_steps} "
                  f"request-steps; flushed checkpoints against the decoder's states: conv windows "
                  f"{'identical' if windows_equal else 'DIFFER'}, recurrent states max error {state_error:.1e} x "
-                 f"max |S| ({'within' if states_close else 'BEYOND'} {RING_STATE_TOL:g}); gdn_ring_verify's outputs: "
+                 f"max |S| ({'within' if states_close else 'BEYOND'} {RING_STATE_TOL:g}); {target.ring_op}'s outputs: "
                  f"max error {cache.max_out_error:.1e} x max |o| ({'within' if outputs_close else 'BEYOND'} "
                  f"{RING_OUT_TOL:g})")
     return windows_equal and states_close and outputs_close

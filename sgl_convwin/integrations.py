@@ -490,9 +490,9 @@ class SlotBytes:
     dedup_snapshot: the deduplicated conv buffer + the same state snapshots (a conv-only integration);
     input_replay: the engines' ReplaySSM (conv state widened by D columns, cached post-conv k, v /
         x, B and gates per token) -- the last three from ``plan.make_plan``, None without a mixer;
-    ring: the ring design's rows, gates and cursor (``alloc_ring`` / ``RingCache``, checkpoint
-        excluded): ``RingCache(..., num_slots=1, capacity=...).nbytes``; None unless the mixer is a
-        ``GatedDeltaNet`` (no Mamba2 ring).
+    ring: the ring design's rows, gates and cursor (``alloc_ring`` / ``alloc_mamba2_ring`` /
+        ``RingCache``, checkpoint excluded): ``RingCache(..., num_slots=1, capacity=...).nbytes``
+        (Mamba2: ``num_gates=1``); None without a mixer.
     """
 
     conv: int
@@ -532,7 +532,7 @@ def bytes_per_slot(
     engine that keeps Mamba2 state snapshots charges ``dedup_snapshot`` instead. tree: size
     ``input_replay`` as engines do for trees (dense windows); the package's sizes do not depend
     on it. capacity: the ring's R (default ``plan.default_capacity(num_draft)``: 16, or N if larger),
-    sizing ``ring`` for a Gated DeltaNet mixer (ValueError below num_draft). Pure arithmetic on
+    sizing ``ring`` for either mixer (ValueError below num_draft). Pure arithmetic on
     Python ints; raises ValueError / TypeError naming the argument.
     """
     check_layout(layout)

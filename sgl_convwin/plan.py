@@ -18,10 +18,11 @@ draft token (or tree node). Four designs, side by side:
 (d) this package: the deduplicated conv-input buffer (D+K-2 rows, N+K-2 for a tree) and the fp32
     gates per draft token; k and v (x and B) are recomputed from the buffer at commit.
 
-(e) the ring (Gated DeltaNet only; docs/design.md, "The ring"): per slot and layer C = R + N rows of
-    conv inputs (R = ``--capacity`` pending tokens, N this step's drafts) and fp32 g, beta beside each
-    row, plus one (start, pending) int32 cursor per slot -- exactly what ``alloc_ring`` /
-    ``RingCache`` allocate. It keeps more than (d) but moves less state: see ``ring_traffic``.
+(e) the ring (docs/design.md, "The ring"): per slot and layer C = R + N rows of conv inputs (R =
+    ``--capacity`` pending tokens, N this step's drafts) and fp32 gates beside each row (GDN: g, beta
+    per value head; Mamba2: dt per head), plus one (start, pending) int32 cursor per slot -- exactly
+    what ``alloc_ring`` / ``alloc_mamba2_ring`` / ``RingCache`` allocate. It keeps more than (d) but
+    moves less state: see ``ring_traffic``.
 
 Shapes per tensor-parallel rank: everything mixer-wide (conv_dim, heads, groups, the state) is
 divided by the TP degree; layers and K are not. Conv windows, conv inputs and cached k/v are in
@@ -295,7 +296,7 @@ class Plan:
     replay_bytes_total: Optional[int] = None
     replay_ratio_to_snapshot: Optional[float] = None  # (d) / (a)
     designs: list = field(default_factory=list)  # the four Design records, in DESIGNS order
-    # (e) the ring (Gated DeltaNet only; None otherwise): alloc_ring's bytes, checkpoint excluded
+    # (e) the ring (None without the mixer's dims): alloc_ring's / alloc_mamba2_ring's bytes, checkpoint excluded
     ring_capacity: Optional[int] = None  # R
     ring_rows: Optional[int] = None  # C = R + N per slot and layer
     ring_bytes_per_slot: Optional[int] = None  # rows + gates + cursor
@@ -349,12 +350,13 @@ def ring_traffic(capacity: int, num_draft: int, accept_length: float) -> RingTra
                        accept_length * (fold_every + 1) / 2)
 
 
-def ring_nbytes(num_layers: int, dim: int, num_draft: int, num_v_heads: int, capacity: int, itemsize: int) -> dict:
-    """Bytes of one ring slot by part (``alloc_ring``'s buffers): rows [L, C, dim] in the model dtype,
-    gates [L, C, 2, Hv] fp32, the cursor's two int32; C = capacity + N."""
+def ring_nbytes(num_layers: int, dim: int, num_draft: int, gate_scalars: int, capacity: int, itemsize: int) -> dict:
+    """Bytes of one ring slot by part (``alloc_ring``'s / ``alloc_mamba2_ring``'s buffers): rows
+    [L, C, dim] in the model dtype, gates [L, C, gate_scalars] fp32 (the mixer's ``gate_scalars``:
+    2 Hv for g, beta, H for dt), the cursor's two int32; C = capacity + N."""
     ring_rows = capacity + num_draft
     return {"rows": num_layers * ring_rows * dim * itemsize,
-            "gates": num_layers * ring_rows * 2 * num_v_heads * _FP32, "cursor": _CURSOR}
+            "gates": num_layers * ring_rows * gate_scalars * _FP32, "cursor": _CURSOR}
 
 
 def default_capacity(num_draft: int) -> int:
@@ -378,7 +380,7 @@ def _add(*terms) -> Optional[int]:
 def make_plan(shape: ModelShape, tp: int, draft_tokens: int, topk: int, requests: int, dtype: str,
               capacity: Optional[int] = None, accept_length: Optional[float] = None) -> Plan:
     """capacity (the ring's R; default ``default_capacity(N)``) and accept_length (a, default
-    min(DEFAULT_ACCEPT_LENGTH, N)) size the ring for a Gated DeltaNet mixer; ValueError if they do not fit."""
+    min(DEFAULT_ACCEPT_LENGTH, N)) size the ring of a mixer with known dims; ValueError if they do not fit."""
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
     if draft_tokens < 1 or topk < 1 or requests < 0:
@@ -428,8 +430,8 @@ def make_plan(shape: ModelShape, tp: int, draft_tokens: int, topk: int, requests
     accept_length = min(DEFAULT_ACCEPT_LENGTH, n) if accept_length is None else accept_length
     traffic = ring_traffic(capacity, n, accept_length)  # validates both, for every mixer
     ring = {}
-    if isinstance(mixer, GatedDeltaNet):
-        ring_parts = ring_nbytes(layers, conv_dim, n, mixer.num_v_heads, capacity, itemsize)
+    if mixer is not None:
+        ring_parts = ring_nbytes(layers, conv_dim, n, mixer.gate_scalars, capacity, itemsize)
         ring_slot = sum(ring_parts.values())
         pending_token = (ring_parts["rows"] + ring_parts["gates"]) // (capacity + n)  # every layer's row + gates
         ring = dict(
@@ -549,18 +551,20 @@ def print_plan(plan: Plan, shape: ModelShape) -> None:
     print_ring(plan)
 
 
+_RING_GATES = {"gdn": "g, beta", "mamba2": "dt"}  # what the ring keeps beside each row
+
+
 def print_ring(plan: Plan) -> None:
     """The ring's lines: its memory per slot and its state passes per step against (d)."""
     if plan.ring_bytes_per_slot is None:
-        why = ("Gated DeltaNet only (no Mamba2 ring ops)" if plan.mixer == "mamba2"
-               else "unknown without the mixer's dims (--mixer gdn ...)")
-        print(f"(e) the ring: {why}.")
+        print("(e) the ring: unknown without the mixer's dims (--mixer gdn|mamba2 ...).")
         return
     parts = plan.ring_parts
     print(f"(e) the ring (docs/design.md, \"The ring\"): {plan.ring_rows} rows per slot and layer "
           f"(capacity R = {plan.ring_capacity} pending tokens + N = {plan.draft_tokens} drafts)")
     print(f"  memory: {_size(plan.ring_bytes_per_slot)} per slot = rows {_size(parts['rows'])} ({plan.dtype}) + "
-          f"g, beta {_size(parts['gates'])} (fp32) + cursor {parts['cursor']} B; checkpoint excluded; "
+          f"{_RING_GATES[plan.mixer]} {_size(parts['gates'])} (fp32) + cursor {parts['cursor']} B; "
+          f"checkpoint excluded; "
           f"{_size(plan.ring_bytes_total)} for {plan.max_running_requests} requests; "
           f"{plan.ring_bytes_per_slot / plan.replay_bytes_per_slot:.2f}x of (d)")
     print(f"  state passes per step at accept length a = {plan.accept_length:g}: (d) "

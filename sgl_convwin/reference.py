@@ -602,31 +602,33 @@ def mamba2_verify_reference(x, dt, A, B, C, ssm_state, state_slots, parents=None
 # ---------------------------------------------------------------------------------------------
 
 
-class RingReference:
-    """What the ring ops must compute and leave behind, kept as lists, in float64 (tests only).
+class _RingOracle:
+    """The mixer-free half of the ring's oracle (tests only): the checkpoints, the pending tokens, the
+    cursor, the conv, acceptance, flush and the fold rule, in float64 lists. A mixer's subclass gives
+    ``_token_step`` (one token of its recurrence, from the token's conv output and stored gates) and
+    its verify, which calls ``_state_before_drafts``.
 
     No ring buffer and no physical rows: per (layer, state slot) a checkpoint -- the recurrent
     state (float64, rounded to ssm_state's dtype whenever it is written) and the conv window (K-1
     inputs as conv_state holds them) -- per (layer, ring slot) the pending tokens (each one's conv
-    input as the ring stores it, its g and beta as the gates hold them), and per ring slot the
-    cursor (start, pending) the ops must show. The rules, one by one:
+    input as the ring stores it, its gates as the ring holds them), and per ring slot the cursor
+    (start, pending) the ops must show. The rules, one by one:
     - a row's verify folds when pending > 0 and pending + N > capacity: the checkpoint becomes the
-      state after the pending tokens (replayed token by token as gdn_commit_reference does), the
-      window their last K-1 inputs;
+      state after the pending tokens (replayed token by token from their conv outputs), the window
+      their last K-1 inputs;
     - a draft's conv reads the window, then the pending tokens' inputs, then its path's;
     - the drafts' outputs are decoded token by token from the state after the pending tokens;
     - accept: a folding slot's start moves past its pending tokens (mod capacity + N), then the
       accepted path's tokens are appended to the pending ones;
     - flush folds every pending token.
-    The model (conv_weight [L, dim, K], conv_bias [L, dim] or None, the head sizes) is fixed. Per
-    step, as an engine calls the ops: conv_verify then gdn_verify for each layer, then accept.
+    The model (conv_weight [L, dim, K], conv_bias [L, dim] or None, the mixer's) is fixed. Per step,
+    as an engine calls the ops: conv_verify then the mixer's verify for each layer, then accept.
     """
 
     def __init__(self, ssm_state, conv_state, conv_weight, conv_bias, *, num_ring_slots, capacity, num_draft,
-                 num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm=True, ring_dtype=torch.bfloat16,
-                 gates_dtype=torch.float32, state_layout="dim_major"):
+                 ring_dtype, gates_dtype, state_layout):
         self.ssm_dtype = ssm_state.dtype
-        self.ssm = ssm_state.cpu().double().clone()  # [L, S, Hv, dk, dv]
+        self.ssm = ssm_state.cpu().double().clone()  # [L, S, *state]
         conv = conv_state.cpu()
         self.state_layout = state_layout
         self.conv = (conv if state_layout == "dim_major" else conv.transpose(2, 3)).clone()  # [L, S, dim, K-1]
@@ -634,8 +636,6 @@ class RingReference:
         self.bias = None if conv_bias is None else conv_bias.cpu().double()
         self.kernel_size = self.weight.shape[2]
         self.capacity, self.num_draft, self.ring_rows = capacity, num_draft, capacity + num_draft
-        self.heads = (num_k_heads, head_k_dim, num_v_heads, head_v_dim)
-        self.use_qk_l2norm = use_qk_l2norm
         self.ring_dtype, self.gates_dtype = ring_dtype, gates_dtype
         num_layers = self.ssm.shape[0]
         self.pending = [[[] for _ in range(num_ring_slots)] for _ in range(num_layers)]
@@ -654,7 +654,7 @@ class RingReference:
         return self.conv if self.state_layout == "dim_major" else self.conv.transpose(2, 3)
 
     def pending_tokens(self, layer: int, ring_slot: int) -> list[dict]:
-        """The pending tokens of one slot, oldest first: dicts of x [dim], g [Hv], beta [Hv]."""
+        """The pending tokens of one slot, oldest first: dicts of x [dim] and the mixer's gates."""
         return self.pending[layer][ring_slot]
 
     # --- the engine's steps ---------------------------------------------------------------------
@@ -694,39 +694,6 @@ class RingReference:
                     expected[row, node] = decoded[0]
                     written[row, node] = True
             self.drafts[layer, ring_slot] = [{"x": x[row, n].cpu().to(self.ring_dtype)} for n in range(num_nodes)]
-        return expected, written
-
-    def gdn_verify(self, layer, q, k, v, g, beta, ring_slots, state_slots, parents=None, *, scale=None):
-        """The outputs gdn_ring_verify must write, in float64 [B, N, Hv, dv], and the rows it writes;
-        folds where the rule says so and records the drafts' gates as the ring stores them."""
-        num_rows, num_nodes, _, head_k_dim = q.shape
-        scale = head_k_dim ** -0.5 if scale is None else scale
-        expected = torch.zeros(num_rows, num_nodes, self.heads[2], self.heads[3], dtype=torch.float64)
-        written = []
-        for row, ring_slot, state_slot in self._rows(ring_slots, state_slots):
-            pending = self.pending[layer][ring_slot]
-            assert len(pending) == self.count[ring_slot]
-            state, window = self._replay(layer, state_slot, pending)
-            if pending and len(pending) + num_nodes > self.capacity:  # fold
-                self._write_checkpoint(layer, state_slot, state, window)
-                self.pending[layer][ring_slot] = []
-            for n, token in enumerate(self.drafts[layer, ring_slot]):
-                token["g"] = g[row, n].cpu().to(self.gates_dtype)
-                token["beta"] = beta[row, n].cpu().to(self.gates_dtype)
-            links = None if parents is None else [int(p) for p in parents[row]]
-            paths = [accepted_path(node, links) for node in range(num_nodes)]
-            if any(path is None for path in paths):
-                continue
-            written.append(row)
-            for node, path in enumerate(paths):
-                decoded = state.clone()
-                for token in path:
-                    decoded = self._delta_step(decoded, k[row, token].cpu().double(), v[row, token].cpu().double(),
-                                               g[row, token].cpu().double(), beta[row, token].cpu().double())
-                query = q[row, node].cpu().double()
-                for head in range(self.heads[2]):
-                    q_head = self._normalised(query[head // (self.heads[2] // self.heads[0])])
-                    expected[row, node, head] = scale * (decoded[head].t() @ q_head)
         return expected, written
 
     def accept(self, ring_slots, steps, parents=None):
@@ -773,6 +740,82 @@ class RingReference:
         """The checkpoint's K-1 inputs, oldest first."""
         return [self.conv[layer, state_slot, :, col] for col in range(self.kernel_size - 1)]
 
+    def _state_before_drafts(self, layer, ring_slot, state_slot, draft_gates):
+        """The state after the slot's pending tokens (float64), folded into the checkpoint where the
+        rule says so; ``draft_gates`` (one dict per node, as the ring holds them) recorded with the
+        drafts' inputs."""
+        pending = self.pending[layer][ring_slot]
+        assert len(pending) == self.count[ring_slot]
+        state, window = self._replay(layer, state_slot, pending)
+        if pending and len(pending) + len(draft_gates) > self.capacity:  # fold
+            self._write_checkpoint(layer, state_slot, state, window)
+            self.pending[layer][ring_slot] = []
+        for token, gates in zip(self.drafts[layer, ring_slot], draft_gates):
+            token.update(gates)
+        return state
+
+    def _replay(self, layer, state_slot, tokens):
+        """(the state after ``tokens`` from the checkpoint, float64; the last K-1 inputs): each token's
+        conv output silu(bias + sum_k w[:, k] * input k) through the mixer's ``_token_step``."""
+        inputs = self._window(layer, state_slot) + [token["x"] for token in tokens]
+        state = self.ssm[layer, state_slot].clone()
+        for j, token in enumerate(tokens):
+            y = torch.zeros(self.weight.shape[1], dtype=torch.float64) if self.bias is None else self.bias[layer].clone()
+            for tap in range(self.kernel_size):
+                y = y + self.weight[layer, :, tap] * inputs[j + tap].double()
+            state = self._token_step(layer, state, y / (1 + torch.exp(-y)), token)
+        return state, inputs[len(inputs) - (self.kernel_size - 1):]
+
+    def _token_step(self, layer, state, c, token):
+        raise NotImplementedError
+
+    def _write_checkpoint(self, layer, state_slot, state, window):
+        self.ssm[layer, state_slot] = state.to(self.ssm_dtype).double()  # stored in ssm_state's dtype
+        for col, value in enumerate(window):
+            self.conv[layer, state_slot, :, col] = value.to(self.conv.dtype)
+
+
+class RingReference(_RingOracle):
+    """The Gated DeltaNet ring's oracle (``gdn_ring_verify``, ``gdn_ring_flush``; the rules in
+    _RingOracle): a pending token holds x, g, beta; it is replayed as gdn_commit_reference does.
+    The heads (Hk, dk, Hv, dv) and use_qk_l2norm are fixed with the model."""
+
+    def __init__(self, ssm_state, conv_state, conv_weight, conv_bias, *, num_ring_slots, capacity, num_draft,
+                 num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm=True, ring_dtype=torch.bfloat16,
+                 gates_dtype=torch.float32, state_layout="dim_major"):
+        super().__init__(ssm_state, conv_state, conv_weight, conv_bias, num_ring_slots=num_ring_slots,
+                         capacity=capacity, num_draft=num_draft, ring_dtype=ring_dtype, gates_dtype=gates_dtype,
+                         state_layout=state_layout)
+        self.heads = (num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+        self.use_qk_l2norm = use_qk_l2norm
+
+    def gdn_verify(self, layer, q, k, v, g, beta, ring_slots, state_slots, parents=None, *, scale=None):
+        """The outputs gdn_ring_verify must write, in float64 [B, N, Hv, dv], and the rows it writes;
+        folds where the rule says so and records the drafts' gates as the ring stores them."""
+        num_rows, num_nodes, _, head_k_dim = q.shape
+        scale = head_k_dim ** -0.5 if scale is None else scale
+        expected = torch.zeros(num_rows, num_nodes, self.heads[2], self.heads[3], dtype=torch.float64)
+        written = []
+        for row, ring_slot, state_slot in self._rows(ring_slots, state_slots):
+            draft_gates = [{"g": g[row, n].cpu().to(self.gates_dtype), "beta": beta[row, n].cpu().to(self.gates_dtype)}
+                           for n in range(num_nodes)]
+            state = self._state_before_drafts(layer, ring_slot, state_slot, draft_gates)
+            links = None if parents is None else [int(p) for p in parents[row]]
+            paths = [accepted_path(node, links) for node in range(num_nodes)]
+            if any(path is None for path in paths):
+                continue
+            written.append(row)
+            for node, path in enumerate(paths):
+                decoded = state.clone()
+                for token in path:
+                    decoded = self._delta_step(decoded, k[row, token].cpu().double(), v[row, token].cpu().double(),
+                                               g[row, token].cpu().double(), beta[row, token].cpu().double())
+                query = q[row, node].cpu().double()
+                for head in range(self.heads[2]):
+                    q_head = self._normalised(query[head // (self.heads[2] // self.heads[0])])
+                    expected[row, node, head] = scale * (decoded[head].t() @ q_head)
+        return expected, written
+
     def _normalised(self, x):
         return x / torch.sqrt((x * x).sum() + 1e-6) if self.use_qk_l2norm else x
 
@@ -787,23 +830,81 @@ class RingReference:
             state[head] = state[head] + torch.outer(key, u)
         return state
 
-    def _replay(self, layer, state_slot, tokens):
-        """(the state after ``tokens`` from the checkpoint, float64; the last K-1 inputs)."""
+    def _token_step(self, layer, state, c, token):
+        """A pending token: k, v split from its conv output c, its stored g, beta."""
         num_k_heads, head_k_dim, num_v_heads, head_v_dim = self.heads
         key_width = num_k_heads * head_k_dim
-        inputs = self._window(layer, state_slot) + [token["x"] for token in tokens]
-        state = self.ssm[layer, state_slot].clone()
-        for j, token in enumerate(tokens):
-            y = torch.zeros(self.weight.shape[1], dtype=torch.float64) if self.bias is None else self.bias[layer].clone()
-            for tap in range(self.kernel_size):
-                y = y + self.weight[layer, :, tap] * inputs[j + tap].double()
-            c = y / (1 + torch.exp(-y))
-            k = c[key_width:2 * key_width].reshape(num_k_heads, head_k_dim)
-            v = c[2 * key_width:].reshape(num_v_heads, head_v_dim)
-            state = self._delta_step(state, k, v, token["g"].double(), token["beta"].double())
-        return state, inputs[len(inputs) - (self.kernel_size - 1):]
+        k = c[key_width:2 * key_width].reshape(num_k_heads, head_k_dim)
+        v = c[2 * key_width:].reshape(num_v_heads, head_v_dim)
+        return self._delta_step(state, k, v, token["g"].double(), token["beta"].double())
 
-    def _write_checkpoint(self, layer, state_slot, state, window):
-        self.ssm[layer, state_slot] = state.to(self.ssm_dtype).double()  # stored in ssm_state's dtype
-        for col, value in enumerate(window):
-            self.conv[layer, state_slot, :, col] = value.to(self.conv.dtype)
+
+class Mamba2RingReference(_RingOracle):
+    """The Mamba2 ring's oracle (``mamba2_ring_verify``, ``mamba2_ring_flush``; the rules in
+    _RingOracle): a pending token holds x and dt, the dt its verify decoded with (after dt_bias and
+    softplus, rounded to the gates' dtype); it is replayed as mamba2_commit_reference does. The heads
+    (H, P, G, Ns) and A [L, H] are fixed with the model."""
+
+    def __init__(self, ssm_state, conv_state, conv_weight, conv_bias, A, *, num_ring_slots, capacity, num_draft,
+                 num_heads, head_dim, n_groups, d_state, ring_dtype=torch.bfloat16, gates_dtype=torch.float32,
+                 state_layout="dim_major"):
+        super().__init__(ssm_state, conv_state, conv_weight, conv_bias, num_ring_slots=num_ring_slots,
+                         capacity=capacity, num_draft=num_draft, ring_dtype=ring_dtype, gates_dtype=gates_dtype,
+                         state_layout=state_layout)
+        self.rates = A.cpu().double()  # [L, H]
+        self.heads = (num_heads, head_dim, n_groups, d_state)
+
+    def mamba2_verify(self, layer, x, dt, B, C, ring_slots, state_slots, parents=None, *, D=None, z=None,
+                      dt_bias=None, dt_softplus=False):
+        """The outputs mamba2_ring_verify must write, in float64 [B, N, H, P], and the rows it writes;
+        folds where the rule says so and records each draft's dt, d = dt (+ dt_bias), softplus'd if
+        ``dt_softplus``, as the ring stores it. The drafts decode with d unrounded."""
+        num_heads, head_dim, n_groups, _ = self.heads
+        num_rows, num_nodes = x.shape[:2]
+        x, dt, B, C = x.cpu().double(), dt.cpu().double(), B.cpu().double(), C.cpu().double()
+        D, z, dt_bias = (None if t is None else t.cpu().double() for t in (D, z, dt_bias))
+        expected = torch.zeros(num_rows, num_nodes, num_heads, head_dim, dtype=torch.float64)
+        written = []
+        for row, ring_slot, state_slot in self._rows(ring_slots, state_slots):
+            steps = []
+            for node in range(num_nodes):
+                d = dt[row, node] if dt_bias is None else dt[row, node] + dt_bias
+                steps.append(torch.log1p(torch.exp(d)) if dt_softplus else d)
+            state = self._state_before_drafts(layer, ring_slot, state_slot,
+                                              [{"dt": d.to(self.gates_dtype)} for d in steps])
+            links = None if parents is None else [int(p) for p in parents[row]]
+            paths = [accepted_path(node, links) for node in range(num_nodes)]
+            if any(path is None for path in paths):
+                continue
+            written.append(row)
+            for node, path in enumerate(paths):
+                decoded = state.clone()
+                for token in path:
+                    decoded = self._ssm_step(layer, decoded, x[row, token], B[row, token], steps[token])
+                for head in range(num_heads):
+                    y = decoded[head] @ C[row, node, head // (num_heads // n_groups)]
+                    if D is not None:
+                        y = y + D[head] * x[row, node, head]
+                    if z is not None:
+                        gate = z[row, node, head]
+                        y = y * gate / (1 + torch.exp(-gate))
+                    expected[row, node, head] = y
+        return expected, written
+
+    def _ssm_step(self, layer, state, x, b, dt):
+        """One token of every head: x [H, P], b [G, Ns], dt [H]; h = exp(dt A) h + (dt x) B^T, a new state."""
+        num_heads, _, n_groups, _ = self.heads
+        state = state.clone()
+        for head in range(num_heads):
+            group = head // (num_heads // n_groups)
+            state[head] = (torch.exp(dt[head] * self.rates[layer, head]) * state[head]
+                           + torch.outer(dt[head] * x[head], b[group]))
+        return state
+
+    def _token_step(self, layer, state, c, token):
+        """A pending token: x, B split from its conv output c, its stored dt."""
+        num_heads, head_dim, n_groups, d_state = self.heads
+        x_width = num_heads * head_dim
+        x = c[:x_width].reshape(num_heads, head_dim)
+        b = c[x_width:x_width + n_groups * d_state].reshape(n_groups, d_state)
+        return self._ssm_step(layer, state, x, b, token["dt"].double())

@@ -953,9 +953,9 @@ _MAMBA2_VERIFY = "convwin.mamba2_verify"
 
 
 def check_mamba2_verify_args(out, x, dt, A, B, C, ssm_state, state_slots, parents, D, z, dt_bias,
-                             dt_softplus) -> VerifySizes:
-    """Validate a mamba2_verify call (see ops_mamba2_verify.mamba2_verify) and return its sizes."""
-    op = _MAMBA2_VERIFY
+                             dt_softplus, op: str = _MAMBA2_VERIFY) -> VerifySizes:
+    """Validate a mamba2_verify call (see ops_verify.mamba2_verify) and return its sizes (``op``: the
+    name errors give; mamba2_ring_verify checks its drafts' arguments here too)."""
     for name, value in (("out", out), ("x", x), ("dt", dt), ("A", A), ("B", B), ("C", C), ("ssm_state", ssm_state)):
         if not isinstance(value, torch.Tensor):
             check_tensor(f"{op}: {name}", value)
@@ -1002,7 +1002,8 @@ def check_mamba2_verify_args(out, x, dt, A, B, C, ssm_state, state_slots, parent
 
 
 # ---------------------------------------------------------------------------------------------
-# The ring (ops_ring.py): rows [L, M, C, dim], gates [L, M, C, 2, Hv], cursor [M, 2], C = capacity + N
+# The ring (ops_ring.py, ops_ring_mamba2.py): rows [L, M, C, dim], gates [L, M, C, 2, Hv] (Mamba2:
+# [L, M, C, 1, H]), cursor [M, 2], C = capacity + N
 # ---------------------------------------------------------------------------------------------
 
 _RING_CONV = "convwin.ring_conv1d_verify"
@@ -1121,9 +1122,10 @@ def _check_conv_params(op, conv_weight, conv_bias, leading: tuple, dim: int, ker
                          f"{tuple(conv_bias.shape)}")
 
 
-def _check_ring_states(op, ssm_state, conv_state, state_layout, mixer_dim: int, state_tail: tuple):
+def _check_ring_states(op, ssm_state, conv_state, state_layout, mixer_dim: int, state_tail: tuple, *,
+                       dim_text="2*Hk*dk + Hv*dv = {} channels (q, k, v)", state_text="[L, S, Hv, dk, dv]"):
     """ssm_state [L, S, *state_tail] and conv_state (K <= REPLAY_MAX_KERNEL_SIZE, dim = mixer_dim), both
-    written; returns (L, S, dim, K-1)."""
+    written; returns (L, S, dim, K-1). ``dim_text``, ``state_text``: how errors name them (the mixer's)."""
     for name, value in (("ssm_state", ssm_state), ("conv_state", conv_state)):
         if not isinstance(value, torch.Tensor):
             check_tensor(f"{op}: {name}", value)
@@ -1133,10 +1135,10 @@ def _check_ring_states(op, ssm_state, conv_state, state_layout, mixer_dim: int, 
                          f"{tuple(conv_state.shape)} read as {state_desc}) has K = {width + 1}")
     if dim != mixer_dim:
         raise ValueError(f"{op}: conv_state has dim {dim} (shape {tuple(conv_state.shape)} read as {state_desc}) but "
-                         f"the layer needs 2*Hk*dk + Hv*dv = {mixer_dim} channels (q, k, v)")
+                         f"the layer needs {dim_text.format(mixer_dim)}")
     expected = (num_layers, num_state_slots, *state_tail)
     if ssm_state.shape != expected:
-        raise ValueError(f"{op}: ssm_state must be every layer's pool [L, S, Hv, dk, dv] = {list(expected)} (L, S from "
+        raise ValueError(f"{op}: ssm_state must be every layer's pool {state_text} = {list(expected)} (L, S from "
                          f"conv_state), got shape {tuple(ssm_state.shape)}")
     if ssm_state.dtype not in SSM_STATE_DTYPES:
         raise TypeError(f"{op}: ssm_state must be float32 or bfloat16, got {ssm_state.dtype}")
@@ -1210,6 +1212,75 @@ def check_gdn_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, conv_w
     num_ring_slots, ring_rows = _check_ring_buffers(op, rows, gates, cursor, num_layers, dim, 0, device,
                                                     gate_heads=num_v_heads, num_gates=(2,))
     _check_conv_params(op, conv_weight, conv_bias, (num_layers,), dim, width + 1, device)
+    check_writable(op, "cursor", cursor)
+    num_rows = check_index_tensors(op, device, ("ring_slots", "state_slots"), ring_slots, state_slots)
+    return RingSizes(num_layers, num_ring_slots, ring_rows, 0, num_rows, num_state_slots)
+
+
+_MAMBA2_RING_VERIFY = "convwin.mamba2_ring_verify"
+_MAMBA2_RING_FLUSH = "convwin.mamba2_ring_flush"
+_MAMBA2_DIM_TEXT = "H*P + 2*G*Ns = {} channels (x, B, C)"
+_MAMBA2_STATE_TEXT = "[L, S, H, P, Ns]"
+
+
+def check_alloc_ring_args(op: str, **sizes) -> None:
+    """The ring allocators' sizes (ints >= 1) and ``capacity`` >= ``num_draft``."""
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{op}: {name} must be an int >= 1, got {value!r}")
+    if sizes["capacity"] < sizes["num_draft"]:
+        raise ValueError(f"{op}: capacity ({sizes['capacity']}) must be >= num_draft ({sizes['num_draft']}): a slot "
+                         f"holds its pending tokens plus one step's drafts")
+
+
+def check_mamba2_ring_verify_args(out, x, dt, A, B, C, ssm_state, conv_state, rows, gates, cursor, conv_weight,
+                                  conv_bias, ring_slots, state_slots, layer, parents, D, z, dt_bias, dt_softplus,
+                                  state_layout) -> RingSizes:
+    """Validate a mamba2_ring_verify call and return its sizes."""
+    op = _MAMBA2_RING_VERIFY
+    if not isinstance(ssm_state, torch.Tensor):
+        check_tensor(f"{op}: ssm_state", ssm_state)
+    if ssm_state.dim() != 5:
+        raise ValueError(f"{op}: ssm_state must be every layer's pool [L, S, H, P, Ns] (the fold writes it), got "
+                         f"shape {tuple(ssm_state.shape)}")
+    _check_layer(op, layer, ssm_state.shape[0])
+    verify = check_mamba2_verify_args(out, x, dt, A, B, C, ssm_state[layer], state_slots, parents, D, z, dt_bias,
+                                      dt_softplus, op=op)
+    num_heads, head_dim, n_groups, d_state = x.shape[2], x.shape[3], B.shape[2], B.shape[3]
+    num_layers, _, dim, width = _check_ring_states(
+        op, ssm_state, conv_state, state_layout, num_heads * head_dim + 2 * n_groups * d_state,
+        (num_heads, head_dim, d_state), dim_text=_MAMBA2_DIM_TEXT, state_text=_MAMBA2_STATE_TEXT)
+    device = ssm_state.device
+    num_ring_slots, ring_rows = _check_ring_buffers(op, rows, gates, cursor, num_layers, dim, verify.num_nodes,
+                                                    device, gate_heads=num_heads, num_gates=(1,))
+    _check_conv_params(op, conv_weight, conv_bias, (), dim, width + 1, device)
+    check_writable(op, "gates", gates)
+    count = check_index_tensors(op, device, ("ring_slots",), ring_slots, owner="ssm_state")
+    _check_row_count(op, "ring_slots", count, verify.num_rows, "x")
+    return RingSizes(num_layers, num_ring_slots, ring_rows, verify.num_nodes, verify.num_rows,
+                     verify.num_state_slots)
+
+
+def check_mamba2_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, conv_weight, conv_bias, A, ring_slots,
+                                 state_slots, num_heads, head_dim, n_groups, d_state, state_layout) -> RingSizes:
+    """Validate a mamba2_ring_flush call and return its sizes."""
+    op = _MAMBA2_RING_FLUSH
+    _check_positive_ints(op, num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state)
+    if num_heads % n_groups:
+        raise ValueError(f"{op}: num_heads ({num_heads}) must be a multiple of n_groups ({n_groups})")
+    num_layers, num_state_slots, dim, width = _check_ring_states(
+        op, ssm_state, conv_state, state_layout, num_heads * head_dim + 2 * n_groups * d_state,
+        (num_heads, head_dim, d_state), dim_text=_MAMBA2_DIM_TEXT, state_text=_MAMBA2_STATE_TEXT)
+    device = conv_state.device
+    num_ring_slots, ring_rows = _check_ring_buffers(op, rows, gates, cursor, num_layers, dim, 0, device,
+                                                    gate_heads=num_heads, num_gates=(1,))
+    _check_conv_params(op, conv_weight, conv_bias, (num_layers,), dim, width + 1, device)
+    if not isinstance(A, torch.Tensor):
+        check_tensor(f"{op}: A", A)
+    if A.shape != (num_layers, num_heads):
+        raise ValueError(f"{op}: A must be [L, H] = [{num_layers}, {num_heads}] (-exp(A_log)), got shape "
+                         f"{tuple(A.shape)}")
+    _check_float(op, "A", A, device)
     check_writable(op, "cursor", cursor)
     num_rows = check_index_tensors(op, device, ("ring_slots", "state_slots"), ring_slots, state_slots)
     return RingSizes(num_layers, num_ring_slots, ring_rows, 0, num_rows, num_state_slots)

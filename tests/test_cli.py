@@ -23,7 +23,8 @@ DEMO_ERRORS = [
     (["--device", "mps"], "argument --device: 'mps': the ops run on cpu or cuda[:index]"),
     (["--layouts", "rows"], "argument --layouts: invalid choice: 'rows'"),
     (["--capacity", "16"], "--capacity needs --ring"),
-    (["--ring", "--mixer", "linear"], "--ring runs Gated DeltaNet layers (--mixer gdn), not --mixer linear"),
+    (["--ring", "--mixer", "linear"], "--ring runs Gated DeltaNet or Mamba2 layers (--mixer gdn|mamba2), not "
+                                      "--mixer linear"),
     (["--ring", "--layouts", "dense"], "--layouts does not apply to --ring"),
     (["--ring", "--capacity", "7"], "--capacity 7 must be >= --draft and --tree-nodes (8)"),
     (["--ring", "--capacity", "0"], "argument --capacity: must be >= 1, got 0"),
@@ -97,9 +98,11 @@ def test_demo_cli_with_one_node_drafts(capsys):
     assert "all streams identical to greedy decoding" in capsys.readouterr().out
 
 
-def test_demo_ring_cli(capsys):
+@pytest.mark.parametrize("mixer", ["gdn", "mamba2"])
+def test_demo_ring_cli(capsys, mixer):
     """demo --ring: exit status 0 and the ring's lines; 1 when a stream differs from greedy decoding."""
-    args = ["demo", "--ring", "--capacity", "8", "--tokens", "6", "--requests", "2", "--layers", "2", "--no-progress"]
+    args = ["demo", "--ring", "--capacity", "8", "--tokens", "6", "--requests", "2", "--layers", "2", "--no-progress",
+            "--mixer", mixer]
     assert cli.main(args) == 0
     text = capsys.readouterr().out
     assert "| ring R=8 | chain N=4 topk 1 | yes |" in text and "| ring R=8 | tree N=8 topk 3 | yes |" in text

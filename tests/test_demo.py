@@ -98,10 +98,10 @@ def ring_table(text):
 
 
 @pytest.mark.parametrize("capacity", (7, 16))  # 7 = the tree's N: a fold at every step with something pending
-@pytest.mark.parametrize("seed", (0, 1))
-def test_ring_matches_greedy(seed, capacity):
+@pytest.mark.parametrize("mixer, seed", [("gdn", 0), ("gdn", 1), ("mamba2", 0)])
+def test_ring_matches_greedy(mixer, seed, capacity):
     out = io.StringIO()
-    assert demo.run_demo(out=out, seed=seed, ring=True, capacity=capacity, **SMALL), out.getvalue()
+    assert demo.run_demo(out=out, mixer=mixer, seed=seed, ring=True, capacity=capacity, **SMALL), out.getvalue()
     text = out.getvalue()
     assert len(ring_table(text)) == 2 and all("| yes |" in line for line in ring_table(text)), text
     checks = [line for line in text.splitlines() if line.startswith("ring, ")]
@@ -115,6 +115,10 @@ def test_ring_cache_is_alloc_ring():
     cache = demo.RingSpecCache(model, slots=3, num_nodes=4, tree=False, capacity=6, device="cpu")
     assert not hasattr(cache, "buffer") and not hasattr(cache, "gates")  # no eager buffer, no commit
     assert cache.speculative_nbytes_per_slot() == 2 * 10 * (model.config.conv_dim + 2 * 4) * 4 + 8
+    model = demo.TinyMamba2LM(demo.Mamba2Config(layers=2), seed=0, device=torch.device("cpu"))
+    cache = demo.RingSpecCache(model, slots=3, num_nodes=4, tree=False, capacity=6, device="cpu")
+    assert cache.ring.gates.shape == (2, 3, 10, 1, 4)  # alloc_mamba2_ring's: dt per head
+    assert cache.speculative_nbytes_per_slot() == 2 * 10 * (model.config.conv_dim + 4) * 4 + 8
 
 
 def _drop_writes(monkeypatch, name, argument):
@@ -131,16 +135,19 @@ def _drop_writes(monkeypatch, name, argument):
     monkeypatch.setattr(cache_module, name, lossy)
 
 
-@pytest.mark.parametrize("name, argument", [
-    ("ring_conv1d_verify", 1),  # the drafts' rows never reach the ring
-    ("gdn_ring_verify", 9),  # nor their gates
-    ("gdn_ring_verify", 6),  # the fold's checkpoint state is lost
-    ("gdn_ring_verify", 7),  # the fold's conv window is lost
+@pytest.mark.parametrize("mixer, name, argument", [
+    ("gdn", "ring_conv1d_verify", 1),  # the drafts' rows never reach the ring
+    ("gdn", "gdn_ring_verify", 9),  # nor their gates
+    ("gdn", "gdn_ring_verify", 6),  # the fold's checkpoint state is lost
+    ("gdn", "gdn_ring_verify", 7),  # the fold's conv window is lost
+    ("mamba2", "mamba2_ring_verify", 9),  # the drafts' dt
+    ("mamba2", "mamba2_ring_verify", 6),
+    ("mamba2", "mamba2_ring_verify", 7),
 ])
-def test_the_ring_check_fails_when_the_ring_loses_a_write(monkeypatch, name, argument):
+def test_the_ring_check_fails_when_the_ring_loses_a_write(monkeypatch, mixer, name, argument):
     _drop_writes(monkeypatch, name, argument)
     out = io.StringIO()
-    assert not demo.run_demo(out=out, ring=True, capacity=7, **SMALL)
+    assert not demo.run_demo(out=out, mixer=mixer, ring=True, capacity=7, **SMALL)
     assert "STREAMS DIFFER" in out.getvalue()
 
 
@@ -156,25 +163,27 @@ def test_the_ring_check_fails_when_acceptance_is_wrong(monkeypatch):
     assert not demo.run_demo(out=io.StringIO(), ring=True, **SMALL)
 
 
-def test_the_ring_check_fails_when_the_ring_outputs_are_off(monkeypatch):
-    """gdn_ring_verify's own outputs are checked against the decoder's (the tokens come from the
+@pytest.mark.parametrize("mixer", demo.RING_MIXERS)
+def test_the_ring_check_fails_when_the_ring_outputs_are_off(monkeypatch, mixer):
+    """The ring verify's own outputs are checked against the decoder's (the tokens come from the
     decoder's recurrence): outputs 0.1% off fail the run."""
     import sgl_convwin.cache as cache_module
 
-    real = cache_module.gdn_ring_verify
+    name = f"{mixer}_ring_verify"
+    real = getattr(cache_module, name)
 
     def skewed(out, *args, **kwargs):
         real(out, *args, **kwargs)
         out.mul_(1.001)
 
-    monkeypatch.setattr(cache_module, "gdn_ring_verify", skewed)
+    monkeypatch.setattr(cache_module, name, skewed)
     out = io.StringIO()
-    assert not demo.run_demo(out=out, ring=True, **SMALL)
+    assert not demo.run_demo(out=out, mixer=mixer, ring=True, **SMALL)
     assert "(BEYOND 0.0001)" in out.getvalue() and "all streams identical" not in out.getvalue()
 
 
 def test_ring_arguments():
-    with pytest.raises(ValueError, match="needs mixer 'gdn'"):
-        demo.run_demo(ring=True, mixer="mamba2", out=io.StringIO(), **SMALL)
+    with pytest.raises(ValueError, match="needs mixer 'gdn' or 'mamba2'"):
+        demo.run_demo(ring=True, mixer="linear", out=io.StringIO(), **SMALL)
     with pytest.raises(ValueError, match="ring capacity 6 must be >= the tokens verified per step"):
         demo.run_demo(ring=True, capacity=6, out=io.StringIO(), **SMALL)

@@ -306,22 +306,43 @@ def test_ring_in_json_and_text(capsys):
     assert "ring 1 + 1/F = 1.20" in text and "F = floor((R - N)/a) + 1 = 5 steps" in text and "(d) 3" in text
 
 
-def test_ring_is_gated_deltanet_only(capsys):
-    result = run_json(capsys, "--model", "nemotron-h-8b")
-    assert result["ring_bytes_per_slot"] is None and result["ring_state_passes_per_step"] is None
+def test_ring_nemotron_h_8b_tp1():
+    """Mamba2 (H 128, conv dim 10240, 24 layers), its preset's tree of N = 8, R = 16, bf16 rows: 24 rows x
+    24 layers x (20 KiB of conv inputs + 512 B of dt), plus the cursor; F = floor(8 / 2.5) + 1 = 4."""
+    result = plan.make_plan(plan.PRESETS["nemotron-h-8b"], 1, 8, 3, 256, "bf16")
+    assert (result.ring_capacity, result.ring_rows) == (16, 24)
+    assert result.ring_parts == {"rows": 24 * 24 * 10240 * 2, "gates": 24 * 24 * 128 * 4, "cursor": 8}
+    assert result.ring_bytes_per_slot == 12_091_400 and round(result.ring_bytes_per_slot / 2**20, 2) == 11.53
+    assert (result.ring_fold_every_steps, result.ring_state_passes_per_step) == (4, 1.25)
+    assert result.ring_mean_pending_tokens == 6.25
+    assert result.ring_pending_share_of_state_pass == 6.25 * (10240 * 2 + 512) / (128 * 64 * 128 * 4)
+
+
+def test_ring_of_mamba2_in_json_and_text(capsys):
+    result = run_json(capsys, "--model", "nemotron-h-8b", "--draft-tokens", "4", "--topk", "1")
+    assert result["ring_bytes_per_slot"] == 24 * 20 * (10240 * 2 + 128 * 4) + 8
+    assert result["ring_state_passes_per_step"] == 1.2 and result["replay_state_passes_per_step"] == 3
     assert cli.main(["plan", "--model", "nemotron-h-8b"]) == 0
-    assert "(e) the ring: Gated DeltaNet only" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "24 rows per slot and layer" in text and "+ dt 288.00 KiB (fp32)" in text and "ring 1 + 1/F = 1.25" in text
+
+
+def test_ring_needs_the_mixer_dims(capsys):
     result = run_json(capsys, "--model", "custom", "--layers", "2", "--conv-dim", "100")
-    assert result["ring_bytes_per_slot"] is None
+    assert result["ring_bytes_per_slot"] is None and result["ring_state_passes_per_step"] is None
+    assert cli.main(["plan", "--model", "custom", "--layers", "2", "--conv-dim", "100", "--ssm-state", "1000"]) == 0
+    assert "(e) the ring: unknown without the mixer's dims" in capsys.readouterr().out
     from sgl_convwin.integrations import bytes_per_slot
 
-    assert bytes_per_slot(24, 10240, 4, mixer=plan.PRESETS["nemotron-h-8b"].mixer).ring is None
     assert bytes_per_slot(2, 100, 4).ring is None
+    assert bytes_per_slot(24, 10240, 4, mixer=plan.PRESETS["nemotron-h-8b"].mixer).ring == 24 * 20 * 20_992 + 8
 
 
 RING_SHAPES = [  # (model, tp, draft tokens, topk, dtype, capacity)
     ("qwen3-next-80b-a3b", 1, 4, 1, "bf16", None), ("qwen3-next-80b-a3b", 2, 8, 3, "fp32", 12),
     ("qwen3.5-0.8b", 4, 20, 1, "fp16", None), ("qwen3.5-9b", 8, 2, 1, "bf16", 2),
+    ("nemotron-h-8b", 1, 8, 3, "bf16", None), ("nemotron-h-47b", 8, 4, 1, "fp16", 6),
+    ("nemotron-3-nano-30b-a3b", 2, 20, 1, "fp32", None),
 ]
 
 
@@ -336,8 +357,9 @@ def test_ring_bytes_are_what_the_ring_cache_allocates(capsys, name, tp, n, topk,
     extra = () if capacity is None else ("--capacity", str(capacity))
     result = run_json(capsys, "--model", name, "--tp", str(tp), "--draft-tokens", str(n), "--topk", str(topk),
                       "--dtype", dtype, *extra)
-    cache = sgl_convwin.RingCache(shape.conv_layers, 3, mixer.conv_dim, n, mixer.num_v_heads,
-                                  capacity=result["ring_capacity"], dtype=plan._DTYPES[dtype], device="meta")
+    heads, num_gates = (mixer.num_v_heads, 2) if mixer.kind == "gdn" else (mixer.num_heads, 1)
+    cache = sgl_convwin.RingCache(shape.conv_layers, 3, mixer.conv_dim, n, heads, capacity=result["ring_capacity"],
+                                  dtype=plan._DTYPES[dtype], device="meta", num_gates=num_gates)
     assert result["ring_capacity"] == (max(16, n) if capacity is None else capacity)
     assert cache.nbytes == 3 * result["ring_bytes_per_slot"]
     slot = bytes_per_slot(shape.conv_layers, mixer.conv_dim, n, dtype=plan._DTYPES[dtype], mixer=mixer,

@@ -14,45 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sgl_convwin
-from ring_harness import FILL, Harness, within
-from support import random_tree, trees
+from ring_harness import FILL, Harness, run_sequence, within
+from support import random_tree
 
-NUM_RING_SLOTS, NUM_STATE_SLOTS = 3, 5
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 # ---------------------------------------------------------------------------------------------
 # Long random step sequences
 # ---------------------------------------------------------------------------------------------
-
-
-def run_sequence(data, *, num_draft, tree, capacity, num_steps, **harness_options):
-    """Requests in every ring slot, each with its own state slot; per step the batch in a random
-    order with a padded row now and then, random acceptance (none, some, all), and between steps
-    flushes (the request resumes afterwards) and finished requests replaced by new ones. Ends with
-    a flush of every request."""
-    harness = Harness(num_draft=num_draft, capacity=capacity, num_ring_slots=NUM_RING_SLOTS,
-                      num_state_slots=NUM_STATE_SLOTS, **harness_options)
-    state_of = {ring: state for ring, state in enumerate(data.draw(st.permutations(range(NUM_STATE_SLOTS))))
-                if ring < NUM_RING_SLOTS}
-    for _ in range(num_steps):
-        order = data.draw(st.permutations(sorted(state_of)))
-        padded = data.draw(st.booleans())
-        ring_slots = list(order) + ([-1] if padded else [])
-        state_slots = [state_of[ring] for ring in order] + ([-1] if padded else [])
-        steps = [data.draw(st.integers(-1, num_draft - 1)) for _ in ring_slots]
-        parents = [data.draw(trees(num_draft)) for _ in ring_slots] if tree else None
-        harness.step(ring_slots, state_slots, steps, parents)
-        event = data.draw(st.sampled_from(["none", "none", "none", "flush", "new request"]))
-        ring = data.draw(st.sampled_from(sorted(state_of)))
-        if event == "flush":
-            harness.flush([ring, -1], [state_of[ring], -1])
-        elif event == "new request":
-            free = sorted(set(range(NUM_STATE_SLOTS)) - set(state_of.values()))
-            state_of[ring] = data.draw(st.sampled_from(free))
-            harness.new_request(ring, state_of[ring])
-    harness.flush(sorted(state_of), [state_of[ring] for ring in sorted(state_of)])
-    return harness
 
 
 RANDOM_STEPS = dict(data=st.data(), num_draft=st.integers(1, 4), tree=st.booleans(), extra=st.integers(0, 6),
@@ -63,8 +33,8 @@ RANDOM_STEPS = dict(data=st.data(), num_draft=st.integers(1, 4), tree=st.boolean
 @settings(max_examples=10)
 @given(**RANDOM_STEPS)
 def test_random_steps_match_oracle_and_eager(data, num_draft, tree, extra, kernel_size, ring_dtype, state_layout):
-    run_sequence(data, num_draft=num_draft, tree=tree and num_draft > 1, capacity=num_draft + extra, num_steps=14,
-                 kernel_size=kernel_size, ring_dtype=ring_dtype, state_layout=state_layout)
+    run_sequence(data, Harness, num_draft=num_draft, tree=tree and num_draft > 1, capacity=num_draft + extra,
+                 num_steps=14, kernel_size=kernel_size, ring_dtype=ring_dtype, state_layout=state_layout)
 
 
 @pytest.mark.gpu
@@ -72,8 +42,8 @@ def test_random_steps_match_oracle_and_eager(data, num_draft, tree, extra, kerne
 @given(**RANDOM_STEPS)
 def test_random_steps_match_oracle_and_eager_on_gpu(data, num_draft, tree, extra, kernel_size, ring_dtype,
                                                     state_layout):
-    run_sequence(data, num_draft=num_draft, tree=tree and num_draft > 1, capacity=num_draft + extra, num_steps=14,
-                 kernel_size=kernel_size, ring_dtype=ring_dtype, state_layout=state_layout, device="cuda")
+    run_sequence(data, Harness, num_draft=num_draft, tree=tree and num_draft > 1, capacity=num_draft + extra,
+                 num_steps=14, kernel_size=kernel_size, ring_dtype=ring_dtype, state_layout=state_layout, device="cuda")
 
 
 @pytest.mark.slow
@@ -85,7 +55,7 @@ def test_random_steps_match_oracle_and_eager_on_gpu(data, num_draft, tree, extra
        state_layout=st.sampled_from(sgl_convwin.STATE_LAYOUTS), ratio=st.sampled_from([1, 2]))
 def test_long_random_steps_match_oracle_and_eager(data, num_draft, tree, capacity, kernel_size, ring_dtype, ssm_dtype,
                                                   conv_dtype, state_layout, ratio):
-    run_sequence(data, num_draft=num_draft, tree=tree and num_draft > 1, capacity=max(capacity, num_draft),
+    run_sequence(data, Harness, num_draft=num_draft, tree=tree and num_draft > 1, capacity=max(capacity, num_draft),
                  num_steps=48, kernel_size=kernel_size, ring_dtype=ring_dtype, ssm_dtype=ssm_dtype,
                  conv_dtype=conv_dtype, state_layout=state_layout, ratio=ratio)
 
