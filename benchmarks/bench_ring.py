@@ -18,7 +18,7 @@ Qwen3-Next-80B TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128), fp32 checkpoints, b
 conv state, capacity R = 16, D = 4 chains and trees of 8 nodes (topk 3). CUDA-graph replays.
 
     python benchmarks/bench_ring.py [--batches 1 8 64 256] [--capacity 16] [--drafts chain tree]
-    python benchmarks/bench_ring.py --sweep 32/8/tf32x3 128/8/tf32 ...   # the verify kernel's tiles
+    python benchmarks/bench_ring.py --sweep 32/8/tf32x3 128/8/tf32/tf32x3 mma/128/4   # the verify kernels' tiles
 """
 
 from __future__ import annotations
@@ -131,9 +131,13 @@ def sweep(shapes, batches, capacity, specs):
             p["out"][0], p["q"], p["k"], p["v"], p["g"][0], p["beta"][0], p["ssm"], p["conv_state"], ring.rows,
             ring.gates, ring.cursor, p["weight"][0], None, slots, slots, 0, None)
         for spec in specs:
-            block_v, warps, precision, *fold = spec.split("/")
-            tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision,
-                          fold_precision=fold[0] if fold else precision)
+            if spec.startswith("mma/"):  # gdn_ring_verify_mma's kernel: mma/COLUMNS/WARPS
+                block_v, warps = spec.split("/")[1:]
+                tuning = dict(mma=True, block_v=int(block_v), num_warps=int(warps))
+            else:
+                block_v, warps, precision, *fold = spec.split("/")
+                tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision,
+                              fold_precision=fold[0] if fold else precision)
             times = []
             for pending in (8, capacity):
                 ring.cursor[:, 1] = pending
@@ -148,7 +152,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--capacity", type=int, default=sgl_convwin.DEFAULT_CAPACITY)
     parser.add_argument("--drafts", nargs="+", choices=("chain", "tree"), default=["chain", "tree"])
-    parser.add_argument("--sweep", nargs="+", metavar="COLUMNS/WARPS/PRECISION[/FOLD_PRECISION]",
+    parser.add_argument("--sweep", nargs="+", metavar="COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS",
                         help="time the verify kernel's tile choices instead (one layer, chains)")
     args = parser.parse_args(argv)
     if DEVICE == "cuda" and not torch.cuda.is_available():

@@ -35,6 +35,12 @@ from .ring_conv import _history_at, ring_row_state
 RING_BLOCK_V = 32
 RING_WARPS = 8
 WINDOW_BLOCK = 256  # channels per program of the window store
+# gdn_ring_verify_mma's kernel: four warps side by side over 128 columns (its [32, 32] node matrices
+# split between them, none repeated), state rows loaded 32 at a time; C + N <= 32 stack rows.
+RING_MMA_BLOCK_V = 128
+RING_MMA_WARPS = 4
+RING_MMA_NODES = 32
+RING_MMA_CHUNK_K = 32
 
 
 def fold_precision_for(ssm) -> str:
@@ -292,7 +298,7 @@ def _ring_window_kernel(
 
 def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
-                 num_warps, precision, fold_precision):
+                 num_warps, precision, fold_precision, mma=False):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim] when num_layers > 1, else one
     layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never read)."""
@@ -330,6 +336,8 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                state_slots if parents is None else parents)
     chunk = KernelCall(_gdn_ring_verify_kernel, (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers),
                        tensors, scalars, constexprs)
+    if mma:
+        chunk = _mma_chunk_call(chunk, ssm, num_layers, ring_rows + num_nodes)
     block = min(WINDOW_BLOCK, next_power_of_2(dim))
     window = KernelCall(
         _ring_window_kernel, (cdiv(dim, block), num_rows, num_layers), (conv, rows, cursor, ring_slots, state_slots),
@@ -341,19 +349,43 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     return chunk, window
 
 
+def _mma_chunk_call(chunk, ssm, num_layers, stack_rows):
+    """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
+    kernel instead, same grid and arguments: tf32 products, 3xTF32 in a row that folds a float32
+    checkpoint."""
+    from . import gdn_ring_verify_mma
+
+    block_v, num_warps = chunk.constexprs["BLOCK_V"], chunk.constexprs["num_warps"]
+    if num_layers != 1 or stack_rows > RING_MMA_NODES or block_v < 8 * num_warps:
+        raise ValueError(f"gdn_ring_verify_mma: one layer, C + N <= {RING_MMA_NODES} and block_v >= 8 x warps, "
+                         f"got {num_layers} layers, C + N = {stack_rows}, block_v {block_v}, {num_warps} warps")
+    constexprs = {name: value for name, value in chunk.constexprs.items()
+                  if name not in ("PRECISION", "FOLD_PRECISION")}
+    constexprs.update(NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32,
+                      CHUNK_K=min(RING_MMA_CHUNK_K, constexprs["BLOCK_K"]), WARPS=num_warps,
+                      SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4))
+    return KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors, chunk.scalars,
+                      constexprs)
+
+
 def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
-                parents, *, scale, use_qk_l2norm, block_v=None, num_warps=RING_WARPS, precision=None,
-                fold_precision=None):
-    """gdn_ring_verify's two launches (the verify, then the folded windows), or () with no rows."""
+                parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
+                fold_precision=None, mma=False):
+    """gdn_ring_verify's two launches (the verify, then the folded windows), or () with no rows.
+    mma: gdn_ring_verify_mma's chunk kernel (Gluon, sm_80+, Triton 3.6; tuning only until it has
+    run on a GPU), with block_v and num_warps its own (None: 128 columns, 4 warps)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
         return ()
     heads = (q.shape[2], q.shape[3], v.shape[2], v.shape[3])
+    if mma:
+        block_v = min(RING_MMA_BLOCK_V, max(MIN_DOT, next_power_of_2(v.shape[3]))) if block_v is None else block_v
+    num_warps = (RING_MMA_WARPS if mma else RING_WARPS) if num_warps is None else num_warps
     return _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
                         parents, layer=layer, num_layers=1, num_nodes=num_nodes, heads=heads,
                         max_pending=rows.shape[2] - num_nodes, fold_above=rows.shape[2] - num_nodes, scale=scale,
                         use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, precision=precision,
-                        fold_precision=fold_precision)
+                        fold_precision=fold_precision, mma=mma)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,

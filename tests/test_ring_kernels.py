@@ -181,7 +181,31 @@ def test_fuzz_interpreted(data):
     assert_same_untouched(case, want, got)
 
 
-def ring_step_calls(kernels):
+MMA = dict(mma=True)  # gdn_ring_verify_mma's kernel: tf32, 3xTF32 in a row that folds a float32 checkpoint
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nodes", [[-1, 0, 1, 2], [-1, 0, 0, 1], [-1, 0, 0, 0, 1, 1, 1, 4]],
+                         ids=["chain", "tree", "tree8"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("head_dim", [32, 128])
+def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim):
+    """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows): rows that fold
+    (16 pending), rows that only replay (wrapping the ring's end), an empty ring, a padded row."""
+    num_nodes = len(nodes)
+    ring_rows = 16 + num_nodes
+    cursors = torch.tensor([[ring_rows - 3, 16], [ring_rows - 5, 9], [0, 0], [2, 16 - num_nodes], [1, 1]])
+    case = ring_case(num_rows=5, num_nodes=num_nodes, capacity=16, num_k_heads=2, head_k_dim=head_dim,
+                     head_v_dim=head_dim, num_state_slots=6, num_ring_slots=5, cursors=cursors,
+                     ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 5, -1, 1], parents=nodes,
+                     rows_dtype=torch.bfloat16, state_dtype=state_dtype, device="cuda")
+    want, got = run_both(case, tuning=MMA)
+    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
+    assert_agree(want, got, tol=2e-3, state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
+    assert_same_untouched(case, want, got)
+
+
+def ring_step_calls(kernels, verify_tuning=IEEE):
     """(conv, verify, accept, flush) of one world: the ring's kernels, or the ops' PyTorch code."""
     if not kernels:
         return tuple(ring_pytorch_code(name) for name in ("ring_conv1d_verify", "gdn_ring_verify", "ring_accept",
@@ -195,23 +219,26 @@ def ring_step_calls(kernels):
         return call
 
     return (through(sgl_convwin.ring_conv1d_verify, launchers.launch_ring_conv1d_verify),
-            through(sgl_convwin.gdn_ring_verify, launchers.launch_gdn_ring_verify, **IEEE),
+            through(sgl_convwin.gdn_ring_verify, launchers.launch_gdn_ring_verify, **verify_tuning),
             through(sgl_convwin.ring_accept, launchers.launch_ring_accept),
             through(sgl_convwin.gdn_ring_flush, launchers.launch_gdn_ring_flush, **IEEE))
 
 
-@pytest.mark.parametrize("device", [pytest.param("cpu", marks=[interpreted, pytest.mark.slow]),
-                                    pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("device, verify", [pytest.param("cpu", "ieee", marks=[interpreted, pytest.mark.slow]),
+                                            pytest.param("cuda", "ieee", marks=pytest.mark.gpu),
+                                            pytest.param("cuda", "mma", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_steps_against_pytorch_code(device, tree):
+def test_steps_against_pytorch_code(device, verify, tree):
     """Twelve decode steps of two layers (ring_conv1d_verify, gdn_ring_verify per layer, then
     ring_accept), then a flush: one world all kernels, one all PyTorch code. The states they leave,
-    step after step (folds, wrapped rings, nothing accepted, a padded row), agree."""
+    step after step (folds, wrapped rings, nothing accepted, a padded row), agree. verify: the
+    Triton verify kernel in float32 ("ieee"), or the mma kernel at its own precision."""
     gen = torch.Generator().manual_seed(1)
     layers, num_nodes, capacity, kernel_size = 2, 3, 5, 4
+    head_dim = 16 if verify == "ieee" else 32  # (the mma kernel's four warps take 32 columns or more)
     case = ring_case(num_rows=3, num_nodes=num_nodes, capacity=capacity, kernel_size=kernel_size, num_ring_slots=3,
                      cursors=torch.zeros(3, 2, dtype=torch.int64), ring_slots=[2, -1, 1], state_slots=[1, -1, 3],
-                     device=device)  # row 1 padded
+                     head_k_dim=head_dim, head_v_dim=head_dim, device=device)  # row 1 padded
     parents = torch.tensor([[-1, 0, 0]] * 3, device=device) if tree else None
     weight = torch.randn(layers, *case["conv_weight"].shape, generator=gen).to(device) * 0.5
     bias = torch.randn(layers, case["conv_bias"].shape[0], generator=gen).to(device) * 0.1
@@ -228,7 +255,8 @@ def test_steps_against_pytorch_code(device, tree):
         steps = torch.randint(-1, num_nodes, (num_rows,), generator=gen).to(device)
         results = []
         for kernels, world in zip((False, True), worlds):
-            conv1d_verify, gdn_ring_verify, ring_accept, gdn_ring_flush = ring_step_calls(kernels)
+            conv1d_verify, gdn_ring_verify, ring_accept, gdn_ring_flush = ring_step_calls(
+                kernels, IEEE if verify == "ieee" else MMA)
             out = torch.full(case["v"].shape, FILL, device=device)
             conv_out = torch.full((layers, num_rows, num_nodes, dim), FILL, device=device)
             if step == 12:  # the states an engine would hand on
@@ -248,7 +276,8 @@ def test_steps_against_pytorch_code(device, tree):
         (want_out, want_conv), (got_out, got_conv) = results
         scale = want_conv.abs().max().item()
         assert (got_conv - want_conv).abs().max().item() <= 2e-6 * scale  # (fma against rounded products)
-        assert_agree(dict(worlds[0], out=want_out), dict(worlds[1], out=got_out), tol=1e-4)
+        assert_agree(dict(worlds[0], out=want_out), dict(worlds[1], out=got_out),
+                     tol=1e-4 if verify == "ieee" else 2e-3, state_tol=1e-4)
     assert not torch.equal(worlds[0]["ssm_state"], case["ssm_state"])  # checkpoints were folded
     assert (worlds[0]["cursor"][:, 1] == 0).all()  # and flushed
     assert not torch.equal(worlds[0]["cursor"], case["cursor"])

@@ -1,0 +1,337 @@
+"""gdn_ring_verify's chunk kernel on the tensor cores' own layouts (Gluon, sm_80+): the chunk of
+csrc_triton/gdn_ring_verify.py (its docstring derives it) with gdn_verify_mma's state loads.
+
+One program per [dk, BLOCK_V] checkpoint tile of one value head of one row. The state chunks go
+from global memory straight into mma.sync B fragments (gdn_verify_mma: the tile's columns
+relabelled so that a thread's columns are adjacent); the key and query stack -- the pending
+tokens' k from their conv over the ring's rows, the drafts' k, the drafts' q -- is normalised in
+registers and staged once in shared memory, rows 0..C-1 keys, rows C..C+N-1 queries (C + N <= 32,
+one [32, 32] set of node matrices, four warps side by side over the columns: none repeats them).
+
+Precision: a row that does not fold writes outputs only and multiplies in tf32, its small
+operands rounded to nearest (gdn_verify's accuracy). A row that folds writes its checkpoint, which
+must keep float32's accuracy over many folds: it multiplies in 3xTF32 (each operand split into a
+tf32 head and a tf32 rest, three products). The branch is per program, at run time.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from .gdn_verify_mma import _rounded, _state_chunk
+
+
+@gluon.jit
+def _mma(a_hi, a_lo, b_hi, b_lo, acc, SPLIT: gl.constexpr):
+    """acc + a @ b from operands already in their dot layouts: hi hi, plus with SPLIT the rests'
+    products first (3xTF32)."""
+    if SPLIT:
+        acc = mma_v2(a_lo, b_hi, acc, input_precision="tf32")
+        acc = mma_v2(a_hi, b_lo, acc, input_precision="tf32")
+    return mma_v2(a_hi, b_hi, acc, input_precision="tf32")
+
+
+@gluon.jit
+def _parts(x, LAYOUT: gl.constexpr, SPLIT: gl.constexpr):
+    """(head, rest) of x as tf32 operands in LAYOUT, each rounded to nearest; the rest only with SPLIT."""
+    head = _rounded(x, True)
+    hi = gl.convert_layout(head, LAYOUT)
+    if SPLIT:
+        lo = gl.convert_layout(_rounded(x - head, True), LAYOUT)
+    else:
+        lo = hi  # unread
+    return hi, lo
+
+
+@gluon.jit
+def _product(a, b, MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, SPLIT: gl.constexpr):
+    """a @ b of two tensors in the accumulator's layout."""
+    a_hi, a_lo = _parts(a, A_L, SPLIT)
+    b_hi, b_lo = _parts(b, B_L, SPLIT)
+    return _mma(a_hi, a_lo, b_hi, b_lo, gl.zeros([a.shape[0], b.shape[1]], gl.float32, layout=MMA), SPLIT)
+
+
+@gluon.jit
+def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_row, start, chan, chan_ok,
+                  rows_stride_row, rows_stride_dim, window_stride_dim, window_stride_win, weight_stride_dim,
+                  weight_stride_tap, bias_stride, RING_ROWS: gl.constexpr, KERNEL_SIZE: gl.constexpr,
+                  HAS_BIAS: gl.constexpr):
+    """[T, CH] fp32: silu(bias + sum_t w_t x_t) of pending tokens ``token`` (where ``pending_row``)
+    at channels ``chan``, zeros elsewhere: input t of token j is history input j - (K-1) + t, a
+    ring row (start + i) % C for i >= 0, else the checkpoint window's column K-1 + i."""
+    ok = pending_row[:, None] & chan_ok[None, :]
+    acc = gl.where(ok, 0.0, 0.0)
+    if HAS_BIAS:
+        acc += gl.load(bias_ptr + chan * bias_stride, mask=chan_ok, other=0.0).to(gl.float32)[None, :]
+    for tap in gl.static_range(KERNEL_SIZE):
+        logical = token - (KERNEL_SIZE - 1) + tap
+        in_ring = logical >= 0
+        ring_row = (start + gl.maximum(logical, 0)) % RING_ROWS
+        column = (KERNEL_SIZE - 1) + gl.minimum(logical, 0)
+        from_ring = gl.load(rows_base + (ring_row * rows_stride_row)[:, None] + (chan * rows_stride_dim)[None, :],
+                            mask=in_ring[:, None] & ok, other=0.0)
+        from_window = gl.load(window_base + (column * window_stride_win)[:, None] + (chan * window_stride_dim)[None, :],
+                              mask=(logical < 0)[:, None] & ok, other=0.0)
+        weight = gl.load(weight_ptr + chan * weight_stride_dim + tap * weight_stride_tap, mask=chan_ok,
+                         other=0.0).to(gl.float32)
+        acc += weight[None, :] * gl.where(in_ring[:, None], from_ring.to(gl.float32), from_window.to(gl.float32))
+    return gl.where(ok, acc / (1.0 + gl.exp(-acc)), 0.0)
+
+
+@gluon.jit
+def _relabelled(n, v0, WARPS: gl.constexpr, TILES: gl.constexpr):
+    """The value column at position n of the relabelled tile (gdn_verify_mma's relabelling)."""
+    return v0 + ((n // 8) % WARPS) * (8 * TILES) + (n % 8) * TILES + n // (8 * WARPS)
+
+
+@gluon.jit
+def _ring_tile(kq_hi, kq_lo, upcoming, state_base, live, v0, v_stack, pending, start, row, head,
+               g_ptr, beta_ptr, gates_base, parents_ptr, out_ptr, ssm_ptr,
+               g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
+               gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
+               out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+               NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, NODES: gl.constexpr, HEAD_K_DIM: gl.constexpr,
+               HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
+               TREE: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
+               FOLD: gl.constexpr, SPLIT: gl.constexpr):
+    """The row's outputs for its query rows, stored; with FOLD the checkpoint tile after the pending
+    tokens, stored in place. Products in 3xTF32 with SPLIT, else tf32."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
+    A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
+    B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
+    ROW_L: gl.constexpr = gl.SliceLayout(1, MMA)
+    COL_L: gl.constexpr = gl.SliceLayout(0, MMA)
+    TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
+    LOAD_L: gl.constexpr = gl.BlockedLayout([1, TILES], [4, 8], [1, WARPS], [0, 1])
+
+    # the gram of the normalised stack, and K S0 (keys) / Q S0 (queries), the state a chunk at a time
+    gram = gl.zeros([NODES, NODES], gl.float32, layout=MMA)
+    for c in gl.static_range(0, BLOCK_K, CHUNK_K):
+        hi = kq_hi.slice(c, CHUNK_K, dim=1)
+        lo = kq_lo.slice(c, CHUNK_K, dim=1)
+        gram = _mma(hi.load(A_L), lo.load(A_L), hi.permute((1, 0)).load(B_L), lo.permute((1, 0)).load(B_L), gram,
+                    SPLIT)
+    products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
+    for c in gl.static_range(0, BLOCK_K, CHUNK_K):
+        state = upcoming
+        if c + CHUNK_K < BLOCK_K:
+            upcoming = _state_chunk(state_base, c + CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
+                                    SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+        state = state.reshape([CHUNK_K, WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([CHUNK_K, BLOCK_V])
+        a_hi = kq_hi.slice(c, CHUNK_K, dim=1).load(A_L)
+        if SPLIT:
+            s_hi = _rounded(state, True)
+            products = _mma(a_hi, kq_lo.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(s_hi, B_L),
+                            gl.convert_layout(_rounded(state - s_hi, True), B_L), products, True)
+        else:  # the state truncated by the tensor cores, as gdn_verify_mma
+            products = mma_v2(a_hi, gl.convert_layout(state, B_L), products, input_precision="tf32")
+
+    # the node matrices: rows r and columns c of the stack (key token r < C, query C + d)
+    r = gl.arange(0, NODES, layout=ROW_L)
+    c = gl.arange(0, NODES, layout=COL_L)
+    r_key = r < RING_ROWS
+    r_pending = r_key & (r < pending)
+    r_draft = gl.where(r_key, r - pending, r - RING_ROWS)
+    r_drafted = live & (r_draft >= 0) & (r_draft < NUM_NODES)
+    c_pending = (c < RING_ROWS) & (c < pending)
+    c_draft = c - pending
+    c_drafted = live & (c < RING_ROWS) & (c_draft >= 0) & (c_draft < NUM_NODES)
+    if TREE:
+        links = parents_ptr + row * parents_stride_row
+        real_node = r < NUM_NODES
+        all_up = gl.load(links + gl.where(real_node, r, 0) * parents_stride_node, mask=real_node, other=-1)
+        links_ok = gl.sum(gl.where(real_node & ((all_up < -1) | (all_up >= r)), 1, 0), axis=0) == 0
+        up = gl.where(r_drafted, r_draft, -1)
+        on_path = (up[:, None] == c_draft[None, :]) & c_drafted[None, :]
+        for _ in gl.static_range(NUM_NODES - 1):
+            climbing = (up >= 0) & links_ok
+            up = gl.where(climbing, gl.load(links + gl.where(climbing, up, 0) * parents_stride_node, mask=climbing,
+                                            other=-1), -1)
+            on_path |= (up[:, None] == c_draft[None, :]) & (up >= 0)[:, None] & c_drafted[None, :]
+    else:
+        links_ok = live
+        on_path = (c_draft[None, :] <= r_draft[:, None]) & c_drafted[None, :]
+    ancestry = ((c_pending[None, :] & (r_drafted[:, None] | (r_pending[:, None] & (c[None, :] <= r[:, None]))))
+                | (r_drafted[:, None] & on_path))
+    ring_c = (start + gl.where(c_pending, c, 0)) % RING_ROWS
+    g_col = gl.where(c_pending, gl.load(gates_base + ring_c * gates_stride_row, mask=c_pending, other=0.0),
+                     gl.load(g_ptr + row * g_stride_row + gl.where(c_drafted, c_draft, 0) * g_stride_node
+                             + head * g_stride_head, mask=c_drafted, other=0.0).to(gl.float32))
+    ring_r = (start + gl.where(r_pending, r, 0)) % RING_ROWS
+    beta = gl.where(r_pending, gl.load(gates_base + ring_r * gates_stride_row + gates_stride_gate, mask=r_pending,
+                                       other=0.0),
+                    gl.load(beta_ptr + row * beta_stride_row + gl.where(r_drafted, r_draft, 0) * beta_stride_node
+                            + head * beta_stride_head, mask=r_drafted & r_key, other=0.0).to(gl.float32))
+    cumulative = gl.sum(gl.where(ancestry, g_col[None, :], 0.0), axis=1)  # G of row r's token
+    decay = gl.where(ancestry, gl.exp(gl.where(ancestry, cumulative[:, None]
+                                               - gl.convert_layout(cumulative, COL_L)[None, :], 0.0)), 0.0)
+    eye = r[:, None] == c[None, :]
+    A = gl.where(r_key[:, None] & ~eye, beta[:, None] * decay * gram, 0.0)
+    inverse = gl.where(eye, 1.0, 0.0) - A  # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...: A^C = 0
+    power = -A
+    for _ in gl.static_range(0, (RING_ROWS - 1).bit_length() - 1):
+        power = _product(power, power, MMA, A_L, B_L, SPLIT)
+        inverse = inverse + _product(inverse, power, MMA, A_L, B_L, SPLIT)
+    grown = gl.exp(cumulative)
+    query_mix = gl.where(r_key[:, None], 0.0, decay * gram)
+
+    v = gl.convert_layout(v_stack, MMA)
+    rhs = beta[:, None] * (v - grown[:, None] * products)  # zero on query rows
+    o = gl.where(r_key, 0.0, grown)[:, None] * products
+    if FOLD:
+        updates = _product(inverse, rhs, MMA, A_L, B_L, SPLIT)  # U on key rows
+        o += _product(query_mix, updates, MMA, A_L, B_L, SPLIT)
+        # S_P = exp(G_P) S0 + K^T diag(exp(G_P - G_j)) U over the pending rows j, a chunk of rows at a time
+        total = gl.sum(gl.where(c_pending, g_col, 0.0), axis=0)
+        weighted = updates * gl.where(r_pending, gl.exp(total - cumulative), 0.0)[:, None]
+        w_hi, w_lo = _parts(weighted, B_L, SPLIT)
+        n = gl.arange(0, BLOCK_V, layout=COL_L)
+        vv = _relabelled(n, v0, WARPS, TILES)
+        for k0 in gl.static_range(0, BLOCK_K, CHUNK_K):
+            kk = k0 + gl.arange(0, CHUNK_K, layout=ROW_L)
+            keys_t = kq_hi.slice(k0, CHUNK_K, dim=1).permute((1, 0))
+            rests_t = kq_lo.slice(k0, CHUNK_K, dim=1).permute((1, 0))
+            acc = _mma(keys_t.load(A_L), rests_t.load(A_L), w_hi, w_lo,
+                       gl.zeros([CHUNK_K, BLOCK_V], gl.float32, layout=MMA), SPLIT)
+            tile = state_base + (kk * SSM_STRIDE_K)[:, None] + (vv * SSM_STRIDE_V)[None, :]
+            mask = live & (kk < HEAD_K_DIM)[:, None] & (vv < HEAD_V_DIM)[None, :]
+            before = gl.load(tile, mask=mask, other=0.0).to(gl.float32)
+            gl.store(tile, (gl.exp(total) * before + acc).to(ssm_ptr.dtype.element_ty), mask=mask)
+    else:
+        o += _product(_product(query_mix, inverse, MMA, A_L, B_L, SPLIT), rhs, MMA, A_L, B_L, SPLIT)
+
+    n = gl.arange(0, BLOCK_V, layout=COL_L)
+    vv = _relabelled(n, v0, WARPS, TILES)
+    d = gl.where(r_drafted, r_draft, 0).to(gl.int64)
+    dst = out_ptr + row * out_stride_row + head * out_stride_head + (d * out_stride_node)[:, None] + \
+        (vv * out_stride_v)[None, :]
+    gl.store(dst, o.to(out_ptr.dtype.element_ty),
+             mask=links_ok & (r_drafted & ~r_key)[:, None] & (vv < HEAD_V_DIM)[None, :])
+
+
+@gluon.jit
+def _gdn_ring_verify_mma_kernel(
+    out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr, cursor_ptr, weight_ptr,
+    bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr,
+    layer, num_state_slots, num_ring_slots, scale,
+    out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+    q_stride_row, q_stride_node, q_stride_head, q_stride_k,
+    k_stride_row, k_stride_node, k_stride_head, k_stride_k,
+    v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+    g_stride_row, g_stride_node, g_stride_head,
+    beta_stride_row, beta_stride_node, beta_stride_head,
+    ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_k, ssm_stride_v,
+    conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
+    rows_stride_layer, rows_stride_slot, rows_stride_row, rows_stride_dim,
+    gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_gate, gates_stride_head,
+    cursor_stride_slot, cursor_stride_field, weight_stride_layer, weight_stride_dim, weight_stride_tap,
+    bias_stride_layer, bias_stride, ring_slots_stride, state_slots_stride, parents_stride_row, parents_stride_node,
+    NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, MAX_PENDING: gl.constexpr, FOLD_ABOVE: gl.constexpr,
+    NODES: gl.constexpr, KERNEL_SIZE: gl.constexpr,
+    NUM_K_HEADS: gl.constexpr, NUM_V_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
+    BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
+    HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
+    SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
+):
+    """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
+    ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
+    only: N >= 1, NODES = 32 >= C + N). SPLIT_FOLD: 3xTF32 in a row that folds."""
+    TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
+    LOAD_L: gl.constexpr = gl.BlockedLayout([1, TILES], [4, 8], [1, WARPS], [0, 1])
+    STACK_L: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
+    SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
+    head = gl.program_id(0) // V_BLOCKS
+    v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
+    row = gl.program_id(1).to(gl.int64)
+    layer = (layer + gl.program_id(2)).to(gl.int64)  # (a scalar: an int argument of 1 is a constant)
+    k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
+    weight_ptr += layer * weight_stride_layer
+    bias_ptr += layer * bias_stride_layer
+
+    # the row's slots and cursor (ring_conv.ring_row_state): nothing is read past them unless live
+    ring = gl.load(ring_slots_ptr + row * ring_slots_stride).to(gl.int64)
+    slot = gl.load(state_slots_ptr + row * state_slots_stride).to(gl.int64)
+    live = (slot >= 0) & (slot < num_state_slots) & (ring >= 0) & (ring < num_ring_slots)
+    ring = gl.where(live, ring, 0)
+    slot = gl.where(live, slot, 0)
+    start = gl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(gl.int64)
+    pending = gl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(gl.int64)
+    live = live & (start >= 0) & (start < RING_ROWS) & (pending >= 0) & (pending <= MAX_PENDING)
+    start = gl.where(live, start, 0).to(gl.int32)
+    pending = gl.where(live, pending, 0).to(gl.int32)
+    fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
+
+    state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
+    upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K,
+                            BLOCK_V, LOAD_L)  # the long read first
+
+    # the stack [NODES, dk]: pending tokens' k from their conv, the drafts' k, then their q; normalised, scaled
+    s = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
+    kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, STACK_L))
+    k_ok = kk < HEAD_K_DIM
+    is_key = s < RING_ROWS
+    key_pending = is_key & (s < pending)
+    draft = gl.where(is_key, s - pending, s - RING_ROWS)
+    drafted = live & (draft >= 0) & (draft < NUM_NODES)
+    d = gl.where(drafted, draft, 0).to(gl.int64)
+    rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
+    window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
+    conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, key_pending, start,
+                           NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk, k_ok, rows_stride_row,
+                           rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap,
+                           bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+    keys = k_ptr + row * k_stride_row + k_head * k_stride_head + (d * k_stride_node)[:, None] + \
+        (kk * k_stride_k)[None, :]
+    queries = q_ptr + row * q_stride_row + k_head * q_stride_head + (d * q_stride_node)[:, None] + \
+        (kk * q_stride_k)[None, :]
+    given = gl.load(gl.where(is_key[:, None], keys, queries), mask=drafted[:, None] & k_ok[None, :], other=0.0)
+    kq = gl.where(key_pending[:, None], conv_k, given.to(gl.float32))
+    if L2NORM:
+        kq = kq / gl.sqrt(gl.sum(kq * kq, axis=1) + 1e-6)[:, None]
+    kq = kq * gl.where(is_key, 1.0, scale)[:, None]
+    kq_head = _rounded(kq, True)
+    kq_hi = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], SMEM, kq_head)
+    kq_lo = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], SMEM, _rounded(kq - kq_head, True))
+
+    # v of the key rows (pending: their conv; drafts: given), at the tile's relabelled columns
+    vv = _relabelled(gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, STACK_L)), v0, WARPS, TILES)
+    columns = vv < HEAD_V_DIM
+    conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, key_pending, start,
+                           2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv, columns, rows_stride_row,
+                           rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap,
+                           bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+    v_given = gl.load(v_ptr + row * v_stride_row + head * v_stride_head + (d * v_stride_node)[:, None]
+                      + (vv * v_stride_v)[None, :], mask=(drafted & is_key)[:, None] & columns[None, :], other=0.0)
+    v_stack = gl.where(key_pending[:, None], conv_v, v_given.to(gl.float32))
+    gl.thread_barrier()
+
+    gates_base = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot + head * gates_stride_head
+    if fold:
+        _ring_tile(kq_hi, kq_lo, upcoming, state_base, live, v0, v_stack, pending, start, row, head,
+                   g_ptr, beta_ptr, gates_base, parents_ptr, out_ptr, ssm_ptr,
+                   g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
+                   gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
+                   out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+                   NUM_NODES, RING_ROWS, NODES, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE, WARPS,
+                   SSM_STRIDE_K, SSM_STRIDE_V, True, SPLIT_FOLD)
+    else:
+        _ring_tile(kq_hi, kq_lo, upcoming, state_base, live, v0, v_stack, pending, start, row, head,
+                   g_ptr, beta_ptr, gates_base, parents_ptr, out_ptr, ssm_ptr,
+                   g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
+                   gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
+                   out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+                   NUM_NODES, RING_ROWS, NODES, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE, WARPS,
+                   SSM_STRIDE_K, SSM_STRIDE_V, False, False)
+
+    # the drafts' gates beside their rows, once per head
+    node = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
+    drafts = live & (node < NUM_NODES) & (v0 == 0)
+    position = gates_base + ((start + pending + gl.where(drafts, node, 0)) % RING_ROWS) * gates_stride_row
+    g_in = gl.load(g_ptr + row * g_stride_row + node * g_stride_node + head * g_stride_head, mask=drafts, other=0.0)
+    beta_in = gl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
+                      mask=drafts, other=0.0)
+    gl.store(position, g_in.to(gl.float32), mask=drafts)
+    gl.store(position + gates_stride_gate, beta_in.to(gl.float32), mask=drafts)
