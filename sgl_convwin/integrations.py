@@ -527,8 +527,8 @@ def bytes_per_slot(
     (from ``sgl_convwin.plan``, re-exported here), with ``mixer.conv_dim == dim``: adds the replay
     commit's gates and the other designs' sizes, computed by ``plan.make_plan`` (recurrent
     states and gates in fp32, as the planner assumes). Without a mixer only the conv buffer is
-    sized (gates 0). The package's replay commit is Gated DeltaNet's (``gdn_commit``); for a
-    Mamba2 mixer ``gates`` sizes the one-gate (dt) buffer of ``alloc_gates(num_gates=1)``, and an
+    sized (gates 0). For a Gated DeltaNet mixer ``gates`` sizes ``gdn_commit``'s two-gate buffer,
+    for a Mamba2 mixer ``mamba2_commit``'s one-gate (dt) buffer of ``alloc_gates(num_gates=1)``; an
     engine that keeps Mamba2 state snapshots charges ``dedup_snapshot`` instead. tree: size
     ``input_replay`` as engines do for trees (dense windows); the package's sizes do not depend
     on it. capacity: the ring's R (default ``plan.default_capacity(num_draft)``: 16, or N if larger),

@@ -20,6 +20,7 @@ from . import cpu_ring
 from .declare import declare_op
 from .layout import CACHE_DTYPES, DIM_MAJOR, WINDOW_MAJOR
 from .validation import (
+    check_alloc_ring_args,
     check_gdn_ring_flush_args,
     check_gdn_ring_verify_args,
     check_ring_accept_args,
@@ -36,7 +37,7 @@ class Ring(NamedTuple):
     """One ring (``alloc_ring``): C = capacity + N rows per slot."""
 
     rows: torch.Tensor  # [L, M, C, dim]: conv inputs, token-major
-    gates: torch.Tensor  # [L, M, C, 2, Hv] float32: g, beta
+    gates: torch.Tensor  # [L, M, C, G, H] float32: g, beta per value head (G = 2), or Mamba2's dt per head (G = 1)
     cursor: torch.Tensor  # [M, 2] int32: (start, pending)
 
 
@@ -54,13 +55,8 @@ def alloc_ring(
     """Zeros: ``rows [L, M, capacity + N, dim]`` in ``dtype``, ``gates [L, M, capacity + N, 2, Hv]``
     float32, ``cursor [M, 2]`` int32 (every slot empty). ``capacity`` >= N: the most pending
     tokens a slot holds (its verify folds them when pending + N would exceed it)."""
-    for name, value in (("num_layers", num_layers), ("num_slots", num_slots), ("dim", dim), ("num_draft", num_draft),
-                        ("num_v_heads", num_v_heads), ("capacity", capacity)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"alloc_ring: {name} must be an int >= 1, got {value!r}")
-    if capacity < num_draft:
-        raise ValueError(f"alloc_ring: capacity ({capacity}) must be >= num_draft ({num_draft}): a slot holds its "
-                         f"pending tokens plus one step's drafts")
+    check_alloc_ring_args("alloc_ring", num_layers=num_layers, num_slots=num_slots, dim=dim, num_draft=num_draft,
+                          num_v_heads=num_v_heads, capacity=capacity)
     if dtype not in CACHE_DTYPES:
         raise TypeError(f"alloc_ring: dtype must be float32, float16 or bfloat16, got {dtype}")
     ring_rows = capacity + num_draft
