@@ -144,41 +144,37 @@ def _check_replay(step: _Step, mixer: str, gates: torch.Tensor) -> bool:
             and torch.allclose(ssm_state.cpu().double(), expected_ssm, **TOLERANCE))
 
 
+def _verify_ok(state, out_shape, run, oracle) -> bool:
+    """One verify op on layer 0: ``run(out)`` writes within rounding of ``oracle()`` (the float64
+    outputs and written rows; tf32 products on a GPU), the padded row untouched, the state unchanged."""
+    before = state.clone()
+    out = torch.full(out_shape, 7.0, device=state.device)
+    run(out)
+    expected, written = oracle()
+    got = out.cpu().double()
+    skipped = [row for row in range(4) if row not in written]
+    error = (got[written] - expected[written]).abs().max().item()
+    return (written == [0, 1, 3] and torch.equal(state, before) and bool((got[skipped] == 7.0).all())
+            and error <= 2e-3 * expected[written].abs().max().item())
+
+
 def _check_gdn_verify(step: _Step) -> bool:
-    """gdn_verify on layer 0: outputs within rounding of the float64 oracle (tf32 products on a GPU),
-    the padded row untouched, the state unchanged."""
     hk, dk, hv, dv = (GDN_DIMS[name] for name in ("num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim"))
     q, k, v = step.mixed.split([hk * dk, hk * dk, hv * dv], dim=-1)
     q, k, v = q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)), v.unflatten(-1, (hv, dv))
-    state = step.gdn_state[0]
-    before = state.clone()
-    out = torch.full(v.shape, 7.0, device=v.device)
-    gdn_verify(out, q, k, v, step.g[0], step.beta[0], state, step.state_slots, step.parents)
-    expected, written = reference.gdn_verify_reference(q, k, v, step.g[0], step.beta[0], state,
-                                                       step.state_slots.cpu(), step.parents)
-    got = out.cpu().double()
-    skipped = [row for row in range(4) if row not in written]
-    error = (got[written] - expected[written]).abs().max().item()
-    return (written == [0, 1, 3] and torch.equal(state, before) and bool((got[skipped] == 7.0).all())
-            and error <= 2e-3 * expected[written].abs().max().item())
+    state, g, beta, slots, parents = step.gdn_state[0], step.g[0], step.beta[0], step.state_slots, step.parents
+    return _verify_ok(state, v.shape, lambda out: gdn_verify(out, q, k, v, g, beta, state, slots, parents),
+                      lambda: reference.gdn_verify_reference(q, k, v, g, beta, state, slots.cpu(), parents))
 
 
 def _check_mamba2_verify(step: _Step) -> bool:
-    """mamba2_verify on layer 0, as _check_gdn_verify (x, B, C split from the same conv output)."""
+    """(x, B, C split from the same conv output as gdn_verify's q, k, v.)"""
     heads, head_dim, groups, d_state = (MAMBA2_DIMS[name] for name in ("num_heads", "head_dim", "n_groups", "d_state"))
     x, B, C = step.mixed.split([heads * head_dim, groups * d_state, groups * d_state], dim=-1)
     x, B, C = x.unflatten(-1, (heads, head_dim)), B.unflatten(-1, (groups, d_state)), C.unflatten(-1, (groups, d_state))
-    state = step.mamba2_state[0]
-    before = state.clone()
-    out = torch.full(x.shape, 7.0, device=x.device)
-    mamba2_verify(out, x, step.dt[0], step.A[0], B, C, state, step.state_slots, step.parents)
-    expected, written = reference.mamba2_verify_reference(x, step.dt[0], step.A[0], B, C, state,
-                                                          step.state_slots.cpu(), step.parents)
-    got = out.cpu().double()
-    skipped = [row for row in range(4) if row not in written]
-    error = (got[written] - expected[written]).abs().max().item()
-    return (written == [0, 1, 3] and torch.equal(state, before) and bool((got[skipped] == 7.0).all())
-            and error <= 2e-3 * expected[written].abs().max().item())
+    state, dt, A, slots, parents = step.mamba2_state[0], step.dt[0], step.A[0], step.state_slots, step.parents
+    return _verify_ok(state, x.shape, lambda out: mamba2_verify(out, x, dt, A, B, C, state, slots, parents),
+                      lambda: reference.mamba2_verify_reference(x, dt, A, B, C, state, slots.cpu(), parents))
 
 
 def selfcheck(device: str, num_draft: int, kernel_size: int, seed: int, out=None) -> bool:
