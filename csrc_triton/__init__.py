@@ -9,6 +9,7 @@ from .gdn_commit import launch_gdn_commit, planned_gdn_commit
 from .gdn_ring_verify import launch_gdn_ring_flush, launch_gdn_ring_verify
 from .gdn_verify import launch_gdn_verify, planned_gdn_verify
 from .mamba2_commit import launch_mamba2_commit, planned_mamba2_commit
+from .mamba2_ring_verify import launch_mamba2_ring_flush, launch_mamba2_ring_verify
 from .mamba2_verify import launch_mamba2_verify, planned_mamba2_verify
 from .replay import launch_capture_gates, launch_path_window, planned_capture_gates
 from .ring_accept import launch_ring_accept
@@ -24,6 +25,8 @@ __all__ = [
     "launch_gdn_ring_verify",
     "launch_gdn_verify",
     "launch_mamba2_commit",
+    "launch_mamba2_ring_flush",
+    "launch_mamba2_ring_verify",
     "launch_mamba2_verify",
     "launch_path_window",
     "launch_ring_accept",

@@ -1,0 +1,174 @@
+"""The Mamba2 ring's Triton kernels (csrc_triton/mamba2_ring_verify.py) against the ring ops' PyTorch
+code (cpu_ring.py, itself held to the float64 oracle by test_ring_mamba2.py), under Triton's
+interpreter and on the GPU, one call at a time from random ring states: every cursor a ring
+position (folds and no folds, pending tokens wrapping the ring's end, an empty ring), padded rows,
+chains and trees, every optional term. Outputs and folded states are arithmetic (tolerances
+against the PyTorch code's float32); the stored dt within float32 rounding (a softplus computed
+two ways); conv windows, the ring's rows, the cursor and every state the call must not touch bit
+for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sgl_convwin
+from sgl_convwin._kernels import triton_kernels
+from support import HAS_TRITON, INTERPRET, ring_pytorch_code
+
+FILL = 7.0
+IEEE = dict(precision="ieee")  # float32 products: what the PyTorch code computes, so tight tolerances hold
+
+interpreted = pytest.mark.skipif(not (INTERPRET and HAS_TRITON), reason="Triton's interpreter runs on the CPU only")
+DEVICES = [pytest.param("cpu", marks=interpreted), pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def mamba2_ring_case(*, num_rows=4, num_nodes=3, capacity=4, kernel_size=4, num_heads=4, head_dim=16, n_groups=2,
+                     d_state=16, num_state_slots=5, num_ring_slots=4, parents=None, cursors=None, ring_slots=None,
+                     state_slots=None, rows_dtype=torch.float32, state_dtype=torch.float32, terms=True, device="cpu",
+                     seed=0):
+    """mamba2_ring_verify's arguments (as keywords) for layer 1 of 2, random but for what is given."""
+    gen = torch.Generator().manual_seed(seed)
+    dim = num_heads * head_dim + 2 * n_groups * d_state
+    ring_rows, layers = capacity + num_nodes, 2
+
+    def randn(*shape, std=1.0):
+        return torch.randn(shape, generator=gen) * std
+
+    if cursors is None:
+        cursors = torch.stack([torch.randint(0, ring_rows, (num_ring_slots,), generator=gen),
+                               torch.randint(0, capacity + 1, (num_ring_slots,), generator=gen)], dim=1)
+    if ring_slots is None:
+        ring_slots = torch.randperm(num_ring_slots, generator=gen)[:num_rows]
+    if state_slots is None:
+        state_slots = torch.randperm(num_state_slots, generator=gen)[:num_rows]
+    mixed = randn(num_rows, num_nodes, dim)
+    tensors = dict(
+        x=mixed[..., :num_heads * head_dim].unflatten(-1, (num_heads, head_dim)),
+        dt=randn(num_rows, num_nodes, num_heads, std=0.5) - 1.0, A=-torch.rand(num_heads, generator=gen) * 2 - 0.1,
+        B=mixed[..., num_heads * head_dim:-n_groups * d_state].unflatten(-1, (n_groups, d_state)),
+        C=mixed[..., -n_groups * d_state:].unflatten(-1, (n_groups, d_state)),
+        ssm_state=randn(layers, num_state_slots, num_heads, head_dim, d_state, std=0.3).to(state_dtype),
+        conv_state=randn(layers, num_state_slots, dim, kernel_size - 1).to(rows_dtype),
+        rows=randn(layers, num_ring_slots, ring_rows, dim).to(rows_dtype),
+        gates=torch.rand(layers, num_ring_slots, ring_rows, 1, num_heads, generator=gen) * 0.5,
+        cursor=cursors.to(torch.int32), conv_weight=randn(dim, kernel_size, std=0.5), conv_bias=randn(dim, std=0.1),
+        ring_slots=torch.as_tensor(ring_slots), state_slots=torch.as_tensor(state_slots),
+        parents=None if parents is None else torch.as_tensor(parents).expand(num_rows, -1).contiguous(),
+        D=randn(num_heads) if terms else None, z=randn(num_rows, num_nodes, num_heads, head_dim) if terms else None,
+        dt_bias=randn(num_heads, std=0.3) if terms else None,
+    )
+    return {name: None if t is None else t.to(device) for name, t in tensors.items()}
+
+
+def run_both(case, *, dt_softplus=True, tuning=IEEE):
+    """(PyTorch code's tensors, kernels' tensors) after one mamba2_ring_verify each on copies of ``case``."""
+    def call(launch):
+        mine = {name: None if t is None else t.clone() for name, t in case.items()}
+        out = torch.full(mine["x"].shape, FILL, device=mine["x"].device)
+        args = (out, mine["x"], mine["dt"], mine["A"], mine["B"], mine["C"], mine["ssm_state"], mine["conv_state"],
+                mine["rows"], mine["gates"], mine["cursor"], mine["conv_weight"], mine["conv_bias"],
+                mine["ring_slots"], mine["state_slots"], 1, mine["parents"])
+        kwargs = dict(D=mine["D"], z=mine["z"], dt_bias=mine["dt_bias"], dt_softplus=dt_softplus)
+        if launch:
+            kernel_args, kernel_kwargs = sgl_convwin.mamba2_ring_verify.kernel_arguments(*args, **kwargs)
+            triton_kernels().launch_mamba2_ring_verify(*kernel_args, **kernel_kwargs, **tuning)
+        else:
+            ring_pytorch_code("mamba2_ring_verify")(*args, **kwargs)
+        mine["out"] = out
+        return mine
+
+    return call(False), call(True)
+
+
+def assert_agree(want, got, tol=2e-5, state_tol=None):
+    """Arithmetic within tol (the folded states: state_tol, default tol) x the largest magnitude, the
+    stored dt within float32 rounding; everything else bit for bit."""
+    for name, bound in (("out", tol), ("ssm_state", tol if state_tol is None else state_tol)):
+        scale = want[name].float().abs().max().item()
+        error = (got[name].float() - want[name].float()).abs().max().item()
+        assert error <= bound * scale, (name, error, scale)
+    assert torch.equal(got["out"] == FILL, want["out"] == FILL)  # the rows left alone
+    assert torch.allclose(got["gates"], want["gates"], rtol=1e-6, atol=1e-7)
+    for name in ("conv_state", "rows", "cursor"):
+        assert torch.equal(got[name], want[name]), name
+
+
+def assert_same_untouched(case, want, got):
+    kept = torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)  # [L, S]
+    assert torch.equal(got["ssm_state"][kept], case["ssm_state"][kept])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_matches_pytorch_code(device, tree):
+    """Folds (pending + N > capacity) beside rows that only replay, a ring wrapping its end, an
+    empty ring and a padded row; every optional term."""
+    cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
+    case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
+                            state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)
+    want, got = run_both(case)
+    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
+    assert not torch.equal(want["conv_state"], case["conv_state"])
+    assert_agree(want, got)
+    assert_same_untouched(case, want, got)
+    want, got = run_both(case, tuning={})  # the default: tf32 outputs, the fold in float32's accuracy
+    assert_agree(want, got, tol=2e-3, state_tol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_low_precision_and_no_optional_terms(device):
+    case = mamba2_ring_case(num_rows=3, num_nodes=2, capacity=3, kernel_size=3, rows_dtype=torch.bfloat16,
+                            state_dtype=torch.bfloat16, terms=False, n_groups=1, device=device, seed=3)
+    want, got = run_both(case, dt_softplus=False)
+    assert_agree(want, got, tol=1e-2)  # the bf16 checkpoint's rounding
+    assert_same_untouched(case, want, got)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_cursors_and_links_skip(device):
+    """A cursor outside the ring and a tree with a forward link: the first row is left alone
+    entirely, the second folds and stores its dt but writes no output."""
+    cursors = torch.tensor([[9, 1], [2, 3], [0, 1]])  # start 9 >= C = 6
+    case = mamba2_ring_case(num_rows=3, num_nodes=2, capacity=4, num_ring_slots=3, cursors=cursors,
+                            ring_slots=[0, 1, 2], state_slots=[0, 1, 2], parents=[-1, 0], device=device, seed=5)
+    case["parents"][1] = torch.tensor([-1, 1])  # node 1's parent is itself
+    want, got = run_both(case)
+    assert (got["out"][:2] == FILL).all() and not (got["out"][2] == FILL).all()
+    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # row 1 folded
+    assert_agree(want, got)
+    assert_same_untouched(case, want, got)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flush_matches_pytorch_code(device):
+    """Every layer's checkpoint after its pending tokens, the windows and the cursors, as the
+    PyTorch code leaves them; a padded row and an empty ring touch nothing."""
+    case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]]),
+                            ring_slots=[0, 1, 2, 3], state_slots=[3, 0, 4, -1], device=device, seed=7)
+    weight = torch.stack([case["conv_weight"]] * 2)
+    bias = torch.stack([case["conv_bias"]] * 2)
+    A = torch.stack([case["A"], case["A"] * 0.5])
+    num_heads, head_dim, d_state = case["ssm_state"].shape[2:]
+    heads = dict(num_heads=num_heads, head_dim=head_dim, n_groups=case["B"].shape[2], d_state=d_state)
+
+    def call(launch):
+        mine = {name: case[name].clone() for name in ("ssm_state", "conv_state", "cursor", "rows", "gates")}
+        args = (mine["ssm_state"], mine["conv_state"], mine["cursor"], mine["rows"], mine["gates"], weight, A,
+                case["ring_slots"], case["state_slots"])
+        if launch:
+            kernel_args, kernel_kwargs = sgl_convwin.mamba2_ring_flush.kernel_arguments(*args, conv_bias=bias,
+                                                                                      **heads)
+            triton_kernels().launch_mamba2_ring_flush(*kernel_args, **kernel_kwargs, **IEEE)
+        else:
+            ring_pytorch_code("mamba2_ring_flush")(*args, conv_bias=bias, **heads)
+        return mine
+
+    want, got = call(False), call(True)
+    assert not torch.equal(want["ssm_state"], case["ssm_state"])
+    scale = want["ssm_state"].abs().max().item()
+    assert (got["ssm_state"] - want["ssm_state"]).abs().max().item() <= 2e-5 * scale
+    for name in ("conv_state", "cursor", "rows", "gates"):
+        assert torch.equal(got[name], want[name]), name
+    assert_same_untouched(case, want, got)
