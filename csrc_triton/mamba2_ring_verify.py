@@ -29,8 +29,10 @@ from .gdn_ring_verify import (
 )
 from .gdn_verify import MIN_DOT, _dot, _operand, default_precision, spread_block
 
-RING_BLOCK_P = 64  # head-dim rows per tile, fewer for small batches (gdn_verify.spread_block)
-MAMBA2_RING_WARPS = 4
+# Head-dim rows per tile (fewer for small batches: gdn_verify.spread_block) and warps: the offline
+# sm_90 compile's only spill-free choice at Nemotron-H's heads; not yet timed on a GPU.
+RING_BLOCK_P = 64
+MAMBA2_RING_WARPS = 8
 
 
 @triton.jit
