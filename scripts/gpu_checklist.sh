@@ -27,6 +27,8 @@
 #   ring      the ring's kernels (never run on a GPU before): their GPU tests, then memcheck and racecheck
 #             over the call-by-call ones; then gdn_verify's GPU tests (its two kernels)
 #   ringbench the ring against the eager step (benchmarks/bench_ring.py): step, fold and verify-only times, traffic model
+#   ringnext  what waits for the GPU in the rings: the Gluon chunk kernel of gdn_ring_verify (mma=True) and the
+#             Mamba2 ring's kernels, their GPU tests, memcheck + racecheck, then the chunk kernels' one-layer sweep
 #   m2verify  mamba2_verify's GPU tests (never run on a GPU before), then memcheck and racecheck over them
 #   m2bench   mamba2_verify against an engine-style selective-state-update stand-in, chains and trees of 8,
 #             B = 1 .. 256, Nemotron-H-8B TP1 (benchmarks/bench_mamba2_verify.py), with issue #40's targets
@@ -136,6 +138,16 @@ for phase in "$@"; do
               tail -2 "$out/bench_mamba2_verify.log" ;;
     ringbench) timeout 300 python3 benchmarks/bench_ring.py > "$out/bench_ring.log" 2>&1
               rc=$?; grep -E '^(\||[0-9]+ layers)' "$out/bench_ring.log"; tail -2 "$out/bench_ring.log" ;;
+    ringnext) rc=0
+              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+                tests/test_ring_kernels_mamba2.py > "$out/gpu_tests_ringnext.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_ringnext.log"
+              mkdir -p "$out/ringnext"
+              SANITIZE_TIMEOUT=150 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py" \
+                SANITIZE_K="mma or cuda" bash scripts/gpu_sanitize.sh "$out/ringnext" || rc=1
+              timeout 120 python3 benchmarks/bench_ring.py --batches 64 256 --sweep 128/8/tf32/tf32x3 mma/128/4 \
+                mma/64/4 mma/128/8 > "$out/bench_ring_sweep.log" 2>&1 || rc=1
+              grep "^|" "$out/bench_ring_sweep.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"
