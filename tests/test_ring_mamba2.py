@@ -37,6 +37,15 @@ def test_random_steps_match_oracle_and_eager(data, num_draft, tree, extra, kerne
                  **options)
 
 
+@pytest.mark.gpu
+@settings(max_examples=4)
+@given(data=st.data(), num_draft=st.integers(1, 4), tree=st.booleans(), extra=st.integers(0, 5),
+       ring_dtype=st.sampled_from([torch.bfloat16, torch.float32]), **_OPTIONS)
+def test_random_steps_match_oracle_and_eager_on_gpu(data, num_draft, tree, extra, ring_dtype, **options):
+    run_sequence(data, Mamba2Harness, num_draft=num_draft, tree=tree and num_draft > 1, capacity=num_draft + extra,
+                 num_steps=8, num_layers=1, ring_dtype=ring_dtype, device="cuda", **options)
+
+
 @pytest.mark.slow
 @settings(max_examples=12)
 @given(data=st.data(), num_draft=st.integers(1, 5), tree=st.booleans(), capacity=st.integers(1, 32),
