@@ -224,10 +224,11 @@ def ring_step_calls(kernels, verify_tuning=IEEE):
             through(sgl_convwin.gdn_ring_flush, launchers.launch_gdn_ring_flush, **IEEE))
 
 
-@pytest.mark.parametrize("device, verify", [pytest.param("cpu", "ieee", marks=[interpreted, pytest.mark.slow]),
-                                            pytest.param("cuda", "ieee", marks=pytest.mark.gpu),
-                                            pytest.param("cuda", "mma", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+@pytest.mark.parametrize("device, verify, tree", [
+    pytest.param("cpu", "ieee", True, marks=[interpreted, pytest.mark.slow], id="tree-cpu"),  # (chains: the GPU's)
+    *(pytest.param("cuda", verify, tree, marks=pytest.mark.gpu, id=f"{'tree' if tree else 'chain'}-cuda-{verify}")
+      for verify in ("ieee", "mma") for tree in (False, True)),
+])
 def test_steps_against_pytorch_code(device, verify, tree):
     """Twelve decode steps of two layers (ring_conv1d_verify, gdn_ring_verify per layer, then
     ring_accept), then a flush: one world all kernels, one all PyTorch code. The states they leave,
