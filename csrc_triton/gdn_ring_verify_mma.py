@@ -60,7 +60,8 @@ def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_r
                   HAS_BIAS: gl.constexpr):
     """[T, CH] fp32: silu(bias + sum_t w_t x_t) of pending tokens ``token`` (where ``pending_row``)
     at channels ``chan``, zeros elsewhere: input t of token j is history input j - (K-1) + t, a
-    ring row (start + i) % C for i >= 0, else the checkpoint window's column K-1 + i."""
+    ring row (start + i) % C for i >= 0, else the checkpoint window's column K-1 + i
+    (gdn_ring_verify._pending_conv again: a Gluon function cannot call a Triton one)."""
     ok = pending_row[:, None] & chan_ok[None, :]
     acc = gl.where(ok, 0.0, 0.0)
     if HAS_BIAS:
