@@ -1,6 +1,7 @@
 """The ring (no commit pass) against the eager step it replaces, per decode step of all layers, in one run:
 
-  eager             gdn_verify + gdn_commit: the verify reads every state, the commit reads and writes it
+  eager             gdn_verify + gdn_commit (Mamba2: mamba2_verify + mamba2_commit): the verify reads
+                    every state, the commit reads and writes it
   ring step         gdn_ring_verify per layer + ring_accept, averaged over a run of steps with random
                     acceptance (uniform over the drafts: 2.5 tokens per step for chains of 4 and trees of
                     8): the checkpoint read once per step, written by a fold every few steps
@@ -14,10 +15,12 @@ The traffic model beside them: state passes per step = 1 + f (f: folds per row a
 cursor rule run over the same acceptance), and the floor = states read at the read ceiling plus
 the folds' writes at half the copy ceiling's rate, both measured in this run.
 
-Qwen3-Next-80B TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128), fp32 checkpoints, bf16 ring rows and
-conv state, capacity R = 16, D = 4 chains and trees of 8 nodes (topk 3). CUDA-graph replays.
+Qwen3-Next-80B TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128; --mixer mamba2: Nemotron-H-8B TP1,
+24 layers, H 128, P 64, G 8, Ns 128, the ring verify's kernels launched directly), fp32
+checkpoints, bf16 ring rows and conv state, capacity R = 16, D = 4 chains and trees of 8 nodes
+(topk 3). CUDA-graph replays.
 
-    python benchmarks/bench_ring.py [--batches 1 8 64 256] [--capacity 16] [--drafts chain tree]
+    python benchmarks/bench_ring.py [--batches 1 8 64 256] [--capacity 16] [--drafts chain tree] [--mixer mamba2]
     python benchmarks/bench_ring.py --sweep 32/8/tf32x3 128/8/tf32/tf32x3 mma/128/4   # the verify kernels' tiles
 """
 
@@ -32,14 +35,17 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sgl_convwin  # noqa: E402
-from bench_commit import TREE_PARENTS, Shapes, convwin_commit_fn, make_problem, time_fn  # noqa: E402
+import bench_mamba2_verify  # noqa: E402
+from bench_commit import (  # noqa: E402
+    NEMOTRON_H_8B_TP1, TREE_PARENTS, Shapes, convwin_commit_fn, make_mamba2_problem, make_problem, time_fn,
+)
 from bench_gdn_verify import gdn_verify_fn, read_ceiling_gbps, state_read_bytes, verify_problem  # noqa: E402
 from common import copy_ceiling_gbps, environment_line, graph_time_us, markdown_header, markdown_row  # noqa: E402
 from sgl_convwin import reference  # noqa: E402
 
 UNROLL = 8  # steps per captured graph, each with its own acceptance
 DEVICE = "cuda"  # (tests dry-run the flow on the CPU)
-SHAPES = Shapes()
+SHAPES = {"gdn": Shapes(), "mamba2": NEMOTRON_H_8B_TP1}  # Qwen3-Next-80B TP1, Nemotron-H-8B TP1
 
 
 def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
@@ -55,7 +61,7 @@ def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
     ring.rows.normal_(generator=gen)
     ring.gates[:, :, :, 0] = -torch.nn.functional.softplus(normal(*ring.gates[:, :, :, 0].shape)) * 0.5
     ring.gates[:, :, :, 1] = torch.sigmoid(normal(*ring.gates[:, :, :, 1].shape))
-    conv_out = torch.empty(batch, N, dim, dtype=torch.bfloat16, device=DEVICE)
+    conv_out = normal(batch, N, dim, dtype=torch.bfloat16)  # (values: the verify-only calls run no conv)
     kw = shapes.key_width
     return dict(
         ring=ring, N=N, conv_out=conv_out,
@@ -74,24 +80,80 @@ def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
     )
 
 
+def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
+    """ring_problem for Mamba2 layers: the ring of alloc_mamba2_ring (dt ~ 0.13 per head), checkpoints
+    [L, B, H, P, Ns] fp32, x, B, C views of the conv output, dt [L, B, N, H] bf16 with dt_bias and
+    softplus, A = -uniform(1, 16), a conv bias; ``verify``: each layer's mamba2_ring_verify launch
+    (its ops run PyTorch code on CUDA, its kernels not yet: they are launched directly)."""
+    from sgl_convwin._kernels import triton_kernels
+
+    L, N, dim, H = shapes.layers, len(TREE_PARENTS) if tree else shapes.num_draft, shapes.dim, shapes.heads
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+
+    def normal(*shape, dtype=torch.float32, mean=0.0, std=1.0):
+        return torch.empty(shape, dtype=dtype, device=DEVICE).normal_(mean, std, generator=gen)
+
+    ring = sgl_convwin.alloc_mamba2_ring(L, batch, dim, N, H, capacity=capacity, device=DEVICE)
+    ring.rows.normal_(generator=gen)
+    ring.gates.copy_(torch.nn.functional.softplus(normal(*ring.gates.shape, mean=-2.0, std=0.5)))
+    conv_out = normal(batch, N, dim, dtype=torch.bfloat16)  # (values: the verify-only calls run no conv)
+    x_width, bc_width = shapes.x_width, shapes.groups * shapes.d_state
+    p = dict(
+        ring=ring, N=N, conv_out=conv_out, x=normal(L, batch, N, dim, dtype=torch.bfloat16),
+        dt=normal(L, batch, N, H, dtype=torch.bfloat16, std=0.5), A=-(1.0 + 15.0 * torch.rand(L, H, device=DEVICE)),
+        dt_bias=normal(L, H, mean=-2.0, std=0.5), ssm=normal(L, batch, H, shapes.head_dim, shapes.d_state, std=0.1),
+        conv_state=normal(L, batch, dim, shapes.kernel_size - 1, dtype=torch.bfloat16),
+        weight=normal(L, dim, shapes.kernel_size, dtype=torch.bfloat16, std=0.3),
+        bias=normal(L, dim, dtype=torch.bfloat16, std=0.1), slots=torch.randperm(batch, device="cpu").to(DEVICE),
+        parents=torch.tensor([TREE_PARENTS] * batch, device=DEVICE) if tree else None,
+        out=torch.empty(L, batch, N, H, shapes.head_dim, dtype=torch.bfloat16, device=DEVICE),
+    )
+    launch = triton_kernels().launch_mamba2_ring_verify
+    calls = [sgl_convwin.mamba2_ring_verify.kernel_arguments(
+        p["out"][layer], conv_out[..., :x_width].unflatten(-1, (H, shapes.head_dim)), p["dt"][layer], p["A"][layer],
+        conv_out[..., x_width:x_width + bc_width].unflatten(-1, (shapes.groups, shapes.d_state)),
+        conv_out[..., x_width + bc_width:].unflatten(-1, (shapes.groups, shapes.d_state)), p["ssm"], p["conv_state"],
+        ring.rows, ring.gates, ring.cursor, p["weight"][layer], p["bias"][layer], p["slots"], p["slots"], layer,
+        p["parents"], dt_bias=p["dt_bias"][layer], dt_softplus=True) for layer in range(L)]
+    p["verify"] = [lambda args=args, kwargs=kwargs: launch(*args, **kwargs) for args, kwargs in calls]
+    return p
+
+
 def ring_steps_fn(p, steps_table, *, conv: bool, accept: bool = True):
     """One call: a step per row of ``steps_table`` ([U, B] on the GPU, the accepted draft of each row),
     each every layer's (conv and) verify, then the acceptance."""
     ring, slots, parents = p["ring"], p["slots"], p["parents"]
+    bias = p.get("bias")
 
     def run():
         for steps in steps_table:
             for layer in range(p["ssm"].shape[0]):
                 if conv:
                     sgl_convwin.ring_conv1d_verify(p["conv_out"], ring.rows, p["conv_state"], p["x"][layer],
-                                                   p["weight"][layer], None, slots, slots, ring.cursor, layer, parents,
-                                                   activation="silu")
-                sgl_convwin.gdn_ring_verify(p["out"][layer], p["q"], p["k"], p["v"], p["g"][layer], p["beta"][layer],
-                                            p["ssm"], p["conv_state"], ring.rows, ring.gates, ring.cursor,
-                                            p["weight"][layer], None, slots, slots, layer, parents)
+                                                   p["weight"][layer], None if bias is None else bias[layer], slots,
+                                                   slots, ring.cursor, layer, parents, activation="silu")
+                if "verify" in p:
+                    p["verify"][layer]()
+                else:
+                    sgl_convwin.gdn_ring_verify(p["out"][layer], p["q"], p["k"], p["v"], p["g"][layer],
+                                                p["beta"][layer], p["ssm"], p["conv_state"], ring.rows, ring.gates,
+                                                ring.cursor, p["weight"][layer], None, slots, slots, layer, parents)
             if accept:
                 sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, parents, num_draft=p["N"])
     return run
+
+
+def eager_us(mixer, shapes, batch, tree):
+    """(verify, commit) graph-replay times of the eager step: gdn_verify / mamba2_verify, then
+    gdn_commit / mamba2_commit."""
+    if mixer == "gdn":
+        verify = gdn_verify_fn(verify_problem(shapes, batch, tree, torch.float32, DEVICE, seed=batch))
+        commit = convwin_commit_fn(make_problem(shapes, batch, tree, DEVICE, seed=batch))
+    else:
+        verify = bench_mamba2_verify.mamba2_verify_fn(
+            bench_mamba2_verify.verify_problem(shapes, batch, tree, torch.float32, DEVICE, seed=batch))
+        commit = convwin_commit_fn(make_mamba2_problem(shapes, batch, tree, DEVICE, seed=batch))
+    return time_fn(verify)[1], time_fn(commit)[1]
 
 
 def path_length(step: int, parents: list[int] | None) -> int:
@@ -152,12 +214,15 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--capacity", type=int, default=sgl_convwin.DEFAULT_CAPACITY)
     parser.add_argument("--drafts", nargs="+", choices=("chain", "tree"), default=["chain", "tree"])
+    parser.add_argument("--mixer", choices=tuple(SHAPES), default="gdn")
     parser.add_argument("--sweep", nargs="+", metavar="COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS",
                         help="time the verify kernel's tile choices instead (one layer, chains)")
     args = parser.parse_args(argv)
     if DEVICE == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA device")
-    shapes = SHAPES
+    if args.sweep and args.mixer != "gdn":
+        parser.error("--sweep times gdn_ring_verify's kernels")
+    shapes = SHAPES[args.mixer]
     read_gbps, copy_gbps = read_ceiling_gbps(), copy_ceiling_gbps()
     print(environment_line(), flush=True)
     print(f"read ceiling {read_gbps:.0f} GB/s, copy ceiling {copy_gbps:.0f} GB/s; shapes {shapes}; capacity "
@@ -172,16 +237,12 @@ def main(argv=None) -> int:
         parents_list = TREE_PARENTS if tree else None
         for batch in args.batches:
             state_bytes = state_read_bytes(shapes, batch, 4)
-            eager_p = verify_problem(shapes, batch, tree, torch.float32, DEVICE, seed=batch)
-            _, verify_us = time_fn(gdn_verify_fn(eager_p))
-            del eager_p
-            commit_p = make_problem(shapes, batch, tree, DEVICE, seed=batch)
-            _, commit_us = time_fn(convwin_commit_fn(commit_p))
-            del commit_p
+            verify_us, commit_us = eager_us(args.mixer, shapes, batch, tree)
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
 
-            p = ring_problem(shapes, batch, tree, args.capacity, seed=batch)
+            problem = ring_problem if args.mixer == "gdn" else mamba2_ring_problem
+            p = problem(shapes, batch, tree, args.capacity, seed=batch)
             num_draft = p["N"]
             table = [[rng.randrange(num_draft) for _ in range(batch)] for _ in range(UNROLL)]
             steps_table = torch.tensor(table, device=DEVICE)

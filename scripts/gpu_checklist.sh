@@ -29,6 +29,8 @@
 #   ringbench the ring against the eager step (benchmarks/bench_ring.py): step, fold and verify-only times, traffic model
 #   ringnext  what waits for the GPU in the rings: the Gluon chunk kernel of gdn_ring_verify (mma=True) and the
 #             Mamba2 ring's kernels, their GPU tests, memcheck + racecheck, then the chunk kernels' one-layer sweep
+#   m2ringbench  the Mamba2 ring against mamba2_verify + mamba2_commit (bench_ring.py --mixer mamba2; its verify
+#             kernels launched directly, not yet the ops' CUDA path)
 #   m2verify  mamba2_verify's GPU tests (never run on a GPU before), then memcheck and racecheck over them
 #   m2bench   mamba2_verify against an engine-style selective-state-update stand-in, chains and trees of 8,
 #             B = 1 .. 256, Nemotron-H-8B TP1 (benchmarks/bench_mamba2_verify.py), with issue #40's targets
@@ -143,11 +145,14 @@ for phase in "$@"; do
                 tests/test_ring_kernels_mamba2.py > "$out/gpu_tests_ringnext.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_ringnext.log"
               mkdir -p "$out/ringnext"
-              SANITIZE_TIMEOUT=150 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py" \
+              SANITIZE_TIMEOUT=100 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py" \
                 SANITIZE_K="mma or cuda" bash scripts/gpu_sanitize.sh "$out/ringnext" || rc=1
-              timeout 120 python3 benchmarks/bench_ring.py --batches 64 256 --sweep 128/8/tf32/tf32x3 mma/128/4 \
+              timeout 90 python3 benchmarks/bench_ring.py --batches 64 --sweep 128/8/tf32/tf32x3 mma/128/4 \
                 mma/64/4 mma/128/8 > "$out/bench_ring_sweep.log" 2>&1 || rc=1
               grep "^|" "$out/bench_ring_sweep.log" ;;
+    m2ringbench) timeout 280 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 1 8 64 256 \
+                > "$out/bench_ring_mamba2.log" 2>&1
+              rc=$?; grep -E '^(\||[0-9]+ layers)' "$out/bench_ring_mamba2.log"; tail -2 "$out/bench_ring_mamba2.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"

@@ -28,24 +28,31 @@ def test_tree_path_lengths():
     assert [bench_ring.path_length(step, None) for step in range(4)] == [1, 2, 3, 4]
 
 
-def test_flow_dry_run(monkeypatch, capsys):
-    """The whole flow on tiny shapes on the CPU (the ops' PyTorch code; timers and ceilings stubbed,
-    each timed function run once), so a broken bench is found before a GPU run."""
+@pytest.mark.parametrize("mixer", ["gdn", "mamba2"])
+def test_flow_dry_run(monkeypatch, capsys, mixer):
+    """The whole flow on tiny shapes on the CPU (the ops' PyTorch code, Mamba2's ring verify kernel
+    interpreted; timers and ceilings stubbed, each timed function run once), so a broken bench is
+    found before a GPU run."""
     import dataclasses
 
     def run_once(fn, *args, **kwargs):
         fn()
         return 10.0, 8.0
 
+    tiny = dict(gdn=dataclasses.replace(bench_ring.SHAPES["gdn"], layers=2, k_heads=1, v_heads=2, head_k=16,
+                                        head_v=16),
+                mamba2=dataclasses.replace(bench_ring.SHAPES["mamba2"], layers=2, heads=2, head_dim=16, groups=1,
+                                           d_state=16))
     monkeypatch.setattr(bench_ring, "DEVICE", "cpu")
-    monkeypatch.setattr(bench_ring, "SHAPES", dataclasses.replace(bench_ring.SHAPES, layers=2, k_heads=1, v_heads=2,
-                                                                  head_k=16, head_v=16))
+    monkeypatch.setattr(bench_ring, "SHAPES", tiny)
+    monkeypatch.setattr(bench_ring, "UNROLL", 2)
     monkeypatch.setattr(bench_ring, "time_fn", run_once)
     monkeypatch.setattr(bench_ring, "graph_time_us", lambda fn, **kwargs: run_once(fn)[1])
     monkeypatch.setattr(bench_ring, "read_ceiling_gbps", lambda: 4000.0)
     monkeypatch.setattr(bench_ring, "copy_ceiling_gbps", lambda: 3000.0)
     monkeypatch.setattr(bench_ring, "environment_line", lambda: "env")
-    assert bench_ring.main(["--batches", "1", "3", "--capacity", "8"]) == 0
+    batches = ["1", "3"] if mixer == "gdn" else ["2"]  # (Mamba2's verify interpreted: one batch)
+    assert bench_ring.main(["--batches", *batches, "--capacity", "8", "--mixer", mixer]) == 0
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| chain") or
              line.startswith("| tree")]
-    assert len(table) == 4
+    assert len(table) == 2 * len(batches)
