@@ -27,6 +27,7 @@ checkpoints, bf16 ring rows and conv state, capacity R = 16, D = 4 chains and tr
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import sys
@@ -255,9 +256,8 @@ def main(argv=None) -> int:
             verify_only_us = graph_us(ring_steps_fn(p, steps_table[:1], conv=False, accept=False), 1)
             cursor[:, 1] = args.capacity
             fold_us = graph_us(ring_steps_fn(p, steps_table[:1], conv=False, accept=False), 1)
-            copy = torch.empty_like(p["ssm"])
-            _, copy_us = time_fn(lambda: copy.copy_(p["ssm"]))
-            del p, copy
+            _, copy_us = time_fn(functools.partial(torch.empty_like(p["ssm"]).copy_, p["ssm"]))
+            del p
             if DEVICE == "cuda":
                 torch.cuda.empty_cache()
 

@@ -296,6 +296,29 @@ def _ring_window_kernel(
             tl.store(window + w * conv_stride_win, value.to(conv_ptr.dtype.element_ty), mask=ok)
 
 
+def window_call(conv, rows, cursor, ring_slots, state_slots, *, num_state_slots, layer, num_layers, num_nodes,
+                max_pending, fold_above):
+    """_ring_window_kernel's launch over rows x layers: the folded rows' conv windows (either mixer's)."""
+    num_rows, dim, kernel_size = ring_slots.shape[0], rows.shape[3], conv.shape[3] + 1
+    block = min(WINDOW_BLOCK, next_power_of_2(dim))
+    return KernelCall(
+        _ring_window_kernel, (cdiv(dim, block), num_rows, num_layers), (conv, rows, cursor, ring_slots, state_slots),
+        (layer, num_state_slots, rows.shape[1], dim, *conv.stride(), *rows.stride(), *cursor.stride(),
+         ring_slots.stride(0), state_slots.stride(0)),
+        dict(NUM_NODES=num_nodes, RING_ROWS=rows.shape[2], MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
+             WIDTH=kernel_size - 1, WINDOW=max(2, next_power_of_2(kernel_size - 1)), BLOCK=block),
+    )
+
+
+def flush_cursor_call(cursor, ring_slots, state_slots, *, num_state_slots, num_ring_slots, ring_rows):
+    """_flush_cursor_kernel's launch: the flushed rows' cursors (either mixer's)."""
+    num_rows = ring_slots.shape[0]
+    block = min(1024, next_power_of_2(num_rows))
+    return KernelCall(_flush_cursor_kernel, (cdiv(num_rows, block),), (cursor, ring_slots, state_slots),
+                      (num_rows, num_state_slots, num_ring_slots, *cursor.stride(), ring_slots.stride(0),
+                       state_slots.stride(0)), dict(RING_ROWS=ring_rows, BLOCK=block))
+
+
 def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False):
@@ -304,7 +327,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never read)."""
     num_k_heads, head_k_dim, num_v_heads, head_v_dim = heads
     num_rows = ring_slots.shape[0]
-    ring_rows, dim, kernel_size = rows.shape[2], rows.shape[3], conv.shape[3] + 1
+    ring_rows, kernel_size = rows.shape[2], conv.shape[3] + 1
     if num_rows > MAX_GRID_Y or num_layers > MAX_GRID_Y:
         raise ValueError(f"convwin ring kernels take at most {MAX_GRID_Y} rows and layers per call, got {num_rows} "
                          f"and {num_layers}; split the batch")
@@ -338,14 +361,8 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                        tensors, scalars, constexprs)
     if mma:
         chunk = _mma_chunk_call(chunk, ssm, num_layers, ring_rows + num_nodes)
-    block = min(WINDOW_BLOCK, next_power_of_2(dim))
-    window = KernelCall(
-        _ring_window_kernel, (cdiv(dim, block), num_rows, num_layers), (conv, rows, cursor, ring_slots, state_slots),
-        (layer, ssm.shape[1], rows.shape[1], dim, *conv.stride(), *rows.stride(), *cursor.stride(),
-         ring_slots.stride(0), state_slots.stride(0)),
-        dict(NUM_NODES=num_nodes, RING_ROWS=ring_rows, MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
-             WIDTH=kernel_size - 1, WINDOW=max(2, next_power_of_2(kernel_size - 1)), BLOCK=block),
-    )
+    window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
+                         num_layers=num_layers, num_nodes=num_nodes, max_pending=max_pending, fold_above=fold_above)
     return chunk, window
 
 
@@ -429,10 +446,8 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state
         None, layer=0, num_layers=ssm.shape[0], num_nodes=0, heads=(num_k_heads, head_k_dim, num_v_heads, head_v_dim),
         max_pending=ring_rows - 1, fold_above=0, scale=1.0, use_qk_l2norm=use_qk_l2norm, block_v=block_v,
         num_warps=num_warps, precision=fold, fold_precision=fold)
-    block = min(1024, next_power_of_2(num_rows))
-    cursors = KernelCall(_flush_cursor_kernel, (cdiv(num_rows, block),), (cursor, ring_slots, state_slots),
-                         (num_rows, ssm.shape[1], rows.shape[1], *cursor.stride(), ring_slots.stride(0),
-                          state_slots.stride(0)), dict(RING_ROWS=ring_rows, BLOCK=block))
+    cursors = flush_cursor_call(cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1],
+                                num_ring_slots=rows.shape[1], ring_rows=ring_rows)
     return chunk, window, cursors
 
 

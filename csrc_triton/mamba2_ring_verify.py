@@ -24,9 +24,7 @@ import triton
 import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
-from .gdn_ring_verify import (
-    WINDOW_BLOCK, _flush_cursor_kernel, _pending_conv, _ring_row, _ring_window_kernel, fold_precision_for,
-)
+from .gdn_ring_verify import _pending_conv, _ring_row, flush_cursor_call, fold_precision_for, window_call
 from .gdn_verify import MIN_DOT, _dot, _operand, default_precision, spread_block
 
 # Head-dim rows per tile (fewer for small batches: gdn_verify.spread_block) and warps: the offline
@@ -203,13 +201,12 @@ def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
     one layer's). out, x, dt, B, C, D, z, dt_bias: the drafts' (None with no drafts: never read)."""
     num_heads, head_dim, num_groups, d_state = heads
     num_rows = ring_slots.shape[0]
-    ring_rows, dim, kernel_size = rows.shape[2], rows.shape[3], conv.shape[3] + 1
+    ring_rows, kernel_size = rows.shape[2], conv.shape[3] + 1
     if num_rows > MAX_GRID_Y or num_layers > MAX_GRID_Y:
         raise ValueError(f"convwin ring kernels take at most {MAX_GRID_Y} rows and layers per call, got {num_rows} "
                          f"and {num_layers}; split the batch")
     if block_p is None:
         block_p = spread_block(RING_BLOCK_P, num_rows, num_heads, head_dim)
-    drafts = out is not None
     per_layer = (lambda t: (0, *t.stride())) if num_layers == 1 else (lambda t: t.stride())
     strides = lambda t, n: (0,) * n if t is None else t.stride()  # noqa: E731 -- absent: never read
     bias_strides = (0, 0) if bias is None else per_layer(bias)
@@ -233,14 +230,8 @@ def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
         parents))
     chunk = KernelCall(_mamba2_ring_verify_kernel, (num_heads * cdiv(head_dim, block_p), num_rows, num_layers),
                        tensors, scalars, constexprs)
-    block = min(WINDOW_BLOCK, next_power_of_2(dim))
-    window = KernelCall(
-        _ring_window_kernel, (cdiv(dim, block), num_rows, num_layers), (conv, rows, cursor, ring_slots, state_slots),
-        (layer, ssm.shape[1], rows.shape[1], dim, *conv.stride(), *rows.stride(), *cursor.stride(),
-         ring_slots.stride(0), state_slots.stride(0)),
-        dict(NUM_NODES=num_nodes, RING_ROWS=ring_rows, MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
-             WIDTH=kernel_size - 1, WINDOW=max(2, next_power_of_2(kernel_size - 1)), BLOCK=block),
-    )
+    window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
+                         num_layers=num_layers, num_nodes=num_nodes, max_pending=max_pending, fold_above=fold_above)
     return chunk, window
 
 
@@ -281,10 +272,8 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, st
         None, None, None, layer=0, num_layers=ssm.shape[0], num_nodes=0, heads=(num_heads, head_dim, n_groups, d_state),
         max_pending=ring_rows - 1, fold_above=0, dt_softplus=False, block_p=block_p, num_warps=num_warps,
         precision=fold, fold_precision=fold)
-    block = min(1024, next_power_of_2(num_rows))
-    cursors = KernelCall(_flush_cursor_kernel, (cdiv(num_rows, block),), (cursor, ring_slots, state_slots),
-                         (num_rows, ssm.shape[1], rows.shape[1], *cursor.stride(), ring_slots.stride(0),
-                          state_slots.stride(0)), dict(RING_ROWS=ring_rows, BLOCK=block))
+    cursors = flush_cursor_call(cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1],
+                                num_ring_slots=rows.shape[1], ring_rows=ring_rows)
     return chunk, window, cursors
 
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sgl_convwin
-from ring_harness import FILL, Harness, run_sequence, within
+from ring_harness import FILL, Harness, run_sequence
 from support import random_tree
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
