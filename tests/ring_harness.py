@@ -4,6 +4,7 @@ step, on one model; and ``run_sequence``, a random run of decode steps through a
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import strategies as st
 
@@ -333,3 +334,21 @@ def run_sequence(data, harness_type, *, num_draft, tree, capacity, num_steps, nu
             harness.new_request(ring, state_of[ring])
     harness.flush(sorted(state_of), [state_of[ring] for ring in sorted(state_of)])
     return harness
+
+
+MANY_STEPS_CASES = [pytest.param("cpu", True, id="tree-cpu"),  # (CPU chains: the long random sequences)
+                    pytest.param("cuda", False, marks=pytest.mark.gpu, id="chain-cuda"),
+                    pytest.param("cuda", True, marks=pytest.mark.gpu, id="tree-cuda")]
+
+
+def run_many_steps(harness_type, device, tree):
+    """1,000 steps of random acceptance at the default capacity, then a flush: the harness checks
+    every checkpoint, the flushed states and the conv windows (the issues' accuracy target)."""
+    generator = torch.Generator().manual_seed(5)
+    harness = harness_type(num_draft=4, capacity=16, num_ring_slots=2, num_state_slots=2, device=device, seed=5)
+    tree_parents = [-1, 0, 0, 1]
+    for _ in range(1000):
+        steps = torch.randint(0, 4, (2,), generator=generator)
+        harness.step([0, 1], [1, 0], steps, [tree_parents, tree_parents] if tree else None)
+    harness.flush([0, 1], [1, 0])
+    assert harness.folds > 0

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sgl_convwin
-from ring_harness import FILL, Mamba2Harness, run_sequence
+from ring_harness import FILL, MANY_STEPS_CASES, Mamba2Harness, run_many_steps, run_sequence
 
 # ---------------------------------------------------------------------------------------------
 # Random step sequences
@@ -60,21 +60,12 @@ def test_long_random_steps_match_oracle_and_eager(data, num_draft, tree, capacit
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("device, tree", [("cpu", True), pytest.param("cuda", False, marks=pytest.mark.gpu),
-                                          pytest.param("cuda", True, marks=pytest.mark.gpu)],
-                         ids=["tree-cpu", "chain-cuda", "tree-cuda"])  # (CPU chains: the long random sequences)
+@pytest.mark.parametrize("device, tree", MANY_STEPS_CASES)
 def test_many_steps_flush_within_tolerance(device, tree):
     """1,000 steps of random acceptance with the default capacity (issue 40's accuracy target): the
     harness checks every checkpoint and, at the end, the flushed states against the float64 oracle
     (1e-4 x max |h|) and the conv windows against the eager commits' bit for bit."""
-    generator = torch.Generator().manual_seed(5)
-    harness = Mamba2Harness(num_draft=4, capacity=16, num_ring_slots=2, num_state_slots=2, device=device, seed=5)
-    tree_parents = [-1, 0, 0, 1]
-    for _ in range(1000):
-        steps = torch.randint(0, 4, (2,), generator=generator)
-        harness.step([0, 1], [1, 0], steps, [tree_parents, tree_parents] if tree else None)
-    harness.flush([0, 1], [1, 0])
-    assert harness.folds > 0
+    run_many_steps(Mamba2Harness, device, tree)
 
 
 def test_flush_mid_sequence_and_resume():
