@@ -27,20 +27,23 @@ import triton
 import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
-from .gdn_verify import MIN_DOT, _dot, _l2_normalised, _operand, _power_series
+from .gdn_verify import MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _power_series
 from .ring_conv import _history_at, ring_row_state
 
-# The fewest spills of the offline sm_90 compiles (Triton 3.6) at the default precision; wider tiles
-# ran faster with tf32 products on the H200 but are untimed with tf32x3 (docs/benchmarks.md, "Ring").
+# The Triton kernel (every layer's fold at flush; a verify the mma kernel cannot take): the fewest
+# spills of the offline sm_90 compiles (Triton 3.6) at the default precision.
 RING_BLOCK_V = 32
 RING_WARPS = 8
 WINDOW_BLOCK = 256  # channels per program of the window store
-# gdn_ring_verify_mma's kernel: four warps side by side over 128 columns (its [32, 32] node matrices
-# split between them, none repeated), state rows loaded 32 at a time; C + N <= 32 stack rows.
+# gdn_ring_verify_mma's kernel, the verify's on sm_80+ with Triton 3.6: four warps side by side over
+# 128 columns (its [32, 32] node matrices split between them, none repeated), state rows loaded 32
+# at a time; C + N <= 32 stack rows. The launch of the rows that do not fold is capped at
+# RING_MMA_MAXNREG registers, three programs an SM: the fastest of the H200 sweep (docs/benchmarks.md).
 RING_MMA_BLOCK_V = 128
 RING_MMA_WARPS = 4
 RING_MMA_NODES = 32
 RING_MMA_CHUNK_K = 32
+RING_MMA_MAXNREG = 168
 
 
 def fold_precision_for(ssm) -> str:
@@ -321,7 +324,7 @@ def flush_cursor_call(cursor, ring_slots, state_slots, *, num_state_slots, num_r
 
 def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
-                 num_warps, precision, fold_precision, mma=False):
+                 num_warps, precision, fold_precision, mma=False, maxnreg=RING_MMA_MAXNREG):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim] when num_layers > 1, else one
     layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never read)."""
@@ -359,17 +362,17 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                state_slots if parents is None else parents)
     chunk = KernelCall(_gdn_ring_verify_kernel, (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers),
                        tensors, scalars, constexprs)
-    if mma:
-        chunk = _mma_chunk_call(chunk, ssm, num_layers, ring_rows + num_nodes)
+    chunks = _mma_chunk_calls(chunk, ssm, num_layers, ring_rows + num_nodes, maxnreg) if mma else (chunk,)
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
                          num_layers=num_layers, num_nodes=num_nodes, max_pending=max_pending, fold_above=fold_above)
-    return chunk, window
+    return (*chunks, window)
 
 
-def _mma_chunk_call(chunk, ssm, num_layers, stack_rows):
+def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg=RING_MMA_MAXNREG):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
-    kernel instead, same grid and arguments: tf32 products, 3xTF32 in a row that folds a float32
-    checkpoint."""
+    kernel instead, same grid and arguments, as two launches: the rows that do not fold (tf32
+    products), then those that fold (3xTF32 for a float32 checkpoint). maxnreg: the first launch's
+    register cap (0: the compiler's choice)."""
     from . import gdn_ring_verify_mma
 
     block_v, num_warps = chunk.constexprs["BLOCK_V"], chunk.constexprs["num_warps"]
@@ -381,20 +384,27 @@ def _mma_chunk_call(chunk, ssm, num_layers, stack_rows):
     constexprs.update(NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32,
                       CHUNK_K=min(RING_MMA_CHUNK_K, constexprs["BLOCK_K"]), WARPS=num_warps,
                       SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4))
-    return KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors, chunk.scalars,
-                      constexprs)
+    caps = (dict(maxnreg=maxnreg) if maxnreg else {}, {})
+    return tuple(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
+                            chunk.scalars, dict(constexprs, FOLDS=folds, **cap)) for folds, cap in zip((False, True), caps))
 
 
 def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
-                fold_precision=None, mma=False):
-    """gdn_ring_verify's two launches (the verify, then the folded windows), or () with no rows.
-    mma: gdn_ring_verify_mma's chunk kernel (Gluon, sm_80+, Triton 3.6; tuning only until it has
-    run on a GPU), with block_v and num_warps its own (None: 128 columns, 4 warps)."""
+                fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG):
+    """gdn_ring_verify's launches (the verify -- two with the mma kernel -- then the folded
+    windows), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
+    _mma_kernel_runs_on, C + N <= 32, dv >= 32 and no precision is asked for), with block_v,
+    num_warps and maxnreg its own (None: 128 columns, 4 warps, RING_MMA_MAXNREG); else the Triton
+    kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
         return ()
     heads = (q.shape[2], q.shape[3], v.shape[2], v.shape[3])
+    if mma is None:
+        mma = (precision is None and fold_precision is None and block_v is None and num_warps is None
+               and rows.shape[2] + num_nodes <= RING_MMA_NODES and v.shape[3] >= 8 * RING_MMA_WARPS
+               and _mma_kernel_runs_on(ssm))
     if mma:
         block_v = min(RING_MMA_BLOCK_V, max(MIN_DOT, next_power_of_2(v.shape[3]))) if block_v is None else block_v
     num_warps = (RING_MMA_WARPS if mma else RING_WARPS) if num_warps is None else num_warps
@@ -402,7 +412,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         parents, layer=layer, num_layers=1, num_nodes=num_nodes, heads=heads,
                         max_pending=rows.shape[2] - num_nodes, fold_above=rows.shape[2] - num_nodes, scale=scale,
                         use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, precision=precision,
-                        fold_precision=fold_precision, mma=mma)
+                        fold_precision=fold_precision, mma=mma, maxnreg=maxnreg)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,

@@ -54,30 +54,39 @@ def _product(a, b, MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, SPLI
 
 
 @gluon.jit
-def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_row, start, chan, chan_ok,
+def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, chan, chan_ok, start, pending,
                   rows_stride_row, rows_stride_dim, window_stride_dim, window_stride_win, weight_stride_dim,
                   weight_stride_tap, bias_stride, RING_ROWS: gl.constexpr, KERNEL_SIZE: gl.constexpr,
-                  HAS_BIAS: gl.constexpr):
-    """[T, CH] fp32: silu(bias + sum_t w_t x_t) of pending tokens ``token`` (where ``pending_row``)
-    at channels ``chan``, zeros elsewhere: input t of token j is history input j - (K-1) + t, a
-    ring row (start + i) % C for i >= 0, else the checkpoint window's column K-1 + i
-    (gdn_ring_verify._pending_conv again: a Gluon function cannot call a Triton one)."""
-    ok = pending_row[:, None] & chan_ok[None, :]
-    acc = gl.where(ok, 0.0, 0.0)
+                  NODES: gl.constexpr, HAS_BIAS: gl.constexpr, L: gl.constexpr):
+    """[NODES, CH] fp32 in layout L: silu(bias + sum_t w_t x_t) of pending tokens 0..pending-1 at
+    channels ``chan``, zeros elsewhere. Input t of token j is history
+    input j - (K-1) + t: a ring row (start + i) % C for i >= 0 -- read per tap, whole rows, the
+    channels a thread holds adjacent -- else the checkpoint window's column K-1 + i, which only
+    tokens j < K-1 read: those sums come from the window's columns once, as [CH] vectors."""
+    # (gdn_ring_verify._pending_conv's arithmetic: a Gluon function cannot call a Triton one)
+    token = gl.arange(0, NODES, layout=gl.SliceLayout(1, L))
+    pending_row = token < pending
+    acc = gl.zeros([NODES, chan.shape[0]], gl.float32, layout=L)
     if HAS_BIAS:
         acc += gl.load(bias_ptr + chan * bias_stride, mask=chan_ok, other=0.0).to(gl.float32)[None, :]
     for tap in gl.static_range(KERNEL_SIZE):
-        logical = token - (KERNEL_SIZE - 1) + tap
-        in_ring = logical >= 0
-        ring_row = (start + gl.maximum(logical, 0)) % RING_ROWS
-        column = (KERNEL_SIZE - 1) + gl.minimum(logical, 0)
-        from_ring = gl.load(rows_base + (ring_row * rows_stride_row)[:, None] + (chan * rows_stride_dim)[None, :],
-                            mask=in_ring[:, None] & ok, other=0.0)
-        from_window = gl.load(window_base + (column * window_stride_win)[:, None] + (chan * window_stride_dim)[None, :],
-                              mask=(logical < 0)[:, None] & ok, other=0.0)
         weight = gl.load(weight_ptr + chan * weight_stride_dim + tap * weight_stride_tap, mask=chan_ok,
                          other=0.0).to(gl.float32)
-        acc += weight[None, :] * gl.where(in_ring[:, None], from_ring.to(gl.float32), from_window.to(gl.float32))
+        logical = token - (KERNEL_SIZE - 1) + tap
+        ring_row = (start + gl.maximum(logical, 0)) % RING_ROWS
+        x = gl.load(rows_base + (ring_row * rows_stride_row)[:, None] + (chan * rows_stride_dim)[None, :],
+                    mask=(pending_row & (logical >= 0))[:, None] & chan_ok[None, :], other=0.0)
+        acc += weight[None, :] * x.to(gl.float32)
+    # token j < K-1: sum over window columns c = j .. K-2 of w_{c-j} x_c
+    for j in gl.static_range(KERNEL_SIZE - 1):
+        part = gl.zeros_like(chan).to(gl.float32)
+        for c in gl.static_range(j, KERNEL_SIZE - 1):
+            column = gl.load(window_base + chan * window_stride_dim + c * window_stride_win,
+                             mask=chan_ok & (pending > j), other=0.0).to(gl.float32)
+            part += gl.load(weight_ptr + chan * weight_stride_dim + (c - j) * weight_stride_tap, mask=chan_ok,
+                            other=0.0).to(gl.float32) * column
+        acc += gl.where((token == j)[:, None], part[None, :], 0.0)
+    ok = pending_row[:, None] & chan_ok[None, :]
     return gl.where(ok, acc / (1.0 + gl.exp(-acc)), 0.0)
 
 
@@ -88,17 +97,23 @@ def _relabelled(n, v0, WARPS: gl.constexpr, TILES: gl.constexpr):
 
 
 @gluon.jit
-def _ring_tile(kq_hi, kq_lo, upcoming, state_base, live, v0, v_stack, pending, start, row, head,
-               g_ptr, beta_ptr, gates_base, parents_ptr, out_ptr, ssm_ptr,
-               g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
-               gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
-               out_stride_row, out_stride_node, out_stride_head, out_stride_v,
-               NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, NODES: gl.constexpr, HEAD_K_DIM: gl.constexpr,
-               HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
-               TREE: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
-               FOLD: gl.constexpr, SPLIT: gl.constexpr):
-    """The row's outputs for its query rows, stored; with FOLD the checkpoint tile after the pending
-    tokens, stored in place. Products in 3xTF32 with SPLIT, else tf32."""
+def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base, window_base, gates_base,
+              weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
+              q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
+              k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+              g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
+              conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
+              gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
+              out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+              weight_stride_dim, weight_stride_tap, bias_stride,
+              NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, NODES: gl.constexpr, KERNEL_SIZE: gl.constexpr,
+              NUM_K_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr,
+              HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
+              TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
+              SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr):
+    """One program's work: the row's outputs for its query rows, stored; with FOLD the checkpoint
+    tile after the pending tokens, stored in place; the drafts' gates beside their rows (v0 = 0).
+    Products in 3xTF32 with SPLIT, else tf32."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -106,6 +121,46 @@ def _ring_tile(kq_hi, kq_lo, upcoming, state_base, live, v0, v_stack, pending, s
     COL_L: gl.constexpr = gl.SliceLayout(0, MMA)
     TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
     LOAD_L: gl.constexpr = gl.BlockedLayout([1, TILES], [4, 8], [1, WARPS], [0, 1])
+    # a warp over whole rows of the stack: each channel vector (weights, window columns) 4 a thread
+    STACK_COLUMNS: gl.constexpr = min(32, BLOCK_K // 4)
+    STACK_L: gl.constexpr = gl.BlockedLayout([1, 4], [32 // STACK_COLUMNS, STACK_COLUMNS], [WARPS, 1], [1, 0])
+    # 16-byte rows of the stack's [8, 4] ldmatrix tiles on distinct banks
+    KQ_SMEM: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
+
+    upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K,
+                            BLOCK_V, LOAD_L)  # the long read first
+
+    # the stack [NODES, dk]: pending tokens' k from their conv, the drafts' k, then their q; normalised, scaled
+    s = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
+    kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, STACK_L))
+    k_ok = kk < HEAD_K_DIM
+    is_key = s < RING_ROWS
+    key_pending = is_key & (s < pending)
+    draft = gl.where(is_key, s - pending, s - RING_ROWS)
+    drafted = live & (draft >= 0) & (draft < NUM_NODES)
+    d = gl.where(drafted, draft, 0).to(gl.int64)
+    conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
+                           NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk, k_ok, start, pending, rows_stride_row,
+                           rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap,
+                           bias_stride, RING_ROWS, KERNEL_SIZE, NODES, HAS_BIAS, STACK_L)
+    keys = k_ptr + row * k_stride_row + k_head * k_stride_head + (d * k_stride_node)[:, None] + \
+        (kk * k_stride_k)[None, :]
+    queries = q_ptr + row * q_stride_row + k_head * q_stride_head + (d * q_stride_node)[:, None] + \
+        (kk * q_stride_k)[None, :]
+    given_k = gl.load(keys, mask=(drafted & is_key)[:, None] & k_ok[None, :], other=0.0)
+    given_q = gl.load(queries, mask=(drafted & ~is_key)[:, None] & k_ok[None, :], other=0.0)
+    kq = gl.where(key_pending[:, None], conv_k, gl.where(is_key[:, None], given_k.to(gl.float32),
+                                                         given_q.to(gl.float32)))
+    if L2NORM:
+        kq = kq / gl.sqrt(gl.sum(kq * kq, axis=1) + 1e-6)[:, None]
+    kq = kq * gl.where(is_key, 1.0, scale)[:, None]
+    kq_head = _rounded(kq, True)
+    kq_hi = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM, kq_head)
+    if SPLIT:
+        kq_lo = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM, _rounded(kq - kq_head, True))
+    else:
+        kq_lo = kq_hi  # unread
+    gl.thread_barrier()
 
     # the gram of the normalised stack, and K S0 (keys) / Q S0 (queries), the state a chunk at a time
     gram = gl.zeros([NODES, NODES], gl.float32, layout=MMA)
@@ -178,7 +233,20 @@ def _ring_tile(kq_hi, kq_lo, upcoming, state_base, live, v0, v_stack, pending, s
     grown = gl.exp(cumulative)
     query_mix = gl.where(r_key[:, None], 0.0, decay * gram)
 
-    v = gl.convert_layout(v_stack, MMA)
+    # v of the key rows (pending: their conv; drafts: given), relabelled as the state's columns
+    vl = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, LOAD_L))
+    sl = gl.arange(0, NODES, layout=gl.SliceLayout(1, LOAD_L))
+    conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
+                           2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vl, vl < HEAD_V_DIM, start, pending,
+                           rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
+                           weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, NODES, HAS_BIAS, LOAD_L)
+    sl_draft = sl - pending
+    sl_drafted = live & (sl < RING_ROWS) & (sl_draft >= 0) & (sl_draft < NUM_NODES)
+    v_given = gl.load(v_ptr + row * v_stride_row + head * v_stride_head
+                      + (gl.where(sl_drafted, sl_draft, 0).to(gl.int64) * v_stride_node)[:, None]
+                      + (vl * v_stride_v)[None, :], mask=sl_drafted[:, None] & (vl < HEAD_V_DIM)[None, :], other=0.0)
+    v = gl.where((sl < pending)[:, None], conv_v, v_given.to(gl.float32))
+    v = gl.convert_layout(v.reshape([NODES, WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([NODES, BLOCK_V]), MMA)
     rhs = beta[:, None] * (v - grown[:, None] * products)  # zero on query rows
     o = gl.where(r_key, 0.0, grown)[:, None] * products
     if FOLD:
@@ -211,6 +279,16 @@ def _ring_tile(kq_hi, kq_lo, upcoming, state_base, live, v0, v_stack, pending, s
     gl.store(dst, o.to(out_ptr.dtype.element_ty),
              mask=links_ok & (r_drafted & ~r_key)[:, None] & (vv < HEAD_V_DIM)[None, :])
 
+    # the drafts' gates beside their rows, once per head
+    node = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
+    drafts = live & (node < NUM_NODES) & (v0 == 0)
+    position = gates_base + ((start + pending + gl.where(drafts, node, 0)) % RING_ROWS) * gates_stride_row
+    g_in = gl.load(g_ptr + row * g_stride_row + node * g_stride_node + head * g_stride_head, mask=drafts, other=0.0)
+    beta_in = gl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
+                      mask=drafts, other=0.0)
+    gl.store(position, g_in.to(gl.float32), mask=drafts)
+    gl.store(position + gates_stride_gate, beta_in.to(gl.float32), mask=drafts)
+
 
 @gluon.jit
 def _gdn_ring_verify_mma_kernel(
@@ -234,15 +312,13 @@ def _gdn_ring_verify_mma_kernel(
     NUM_K_HEADS: gl.constexpr, NUM_V_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
     BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
-    SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
+    SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLDS: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
-    only: N >= 1, NODES = 32 >= C + N). SPLIT_FOLD: 3xTF32 in a row that folds."""
-    TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
-    LOAD_L: gl.constexpr = gl.BlockedLayout([1, TILES], [4, 8], [1, WARPS], [0, 1])
-    STACK_L: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [WARPS, 1], [1, 0])
-    SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    only: N >= 1, NODES = 32 >= C + N). Only the rows that fold (FOLDS) or only the others do any
+    work: each kind is its own compile, with its own registers. SPLIT_FOLD: 3xTF32 in a row that
+    folds."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = gl.program_id(0) // V_BLOCKS
     v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
@@ -265,74 +341,20 @@ def _gdn_ring_verify_mma_kernel(
     pending = gl.where(live, pending, 0).to(gl.int32)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
 
-    state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
-    upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K,
-                            BLOCK_V, LOAD_L)  # the long read first
-
-    # the stack [NODES, dk]: pending tokens' k from their conv, the drafts' k, then their q; normalised, scaled
-    s = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
-    kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, STACK_L))
-    k_ok = kk < HEAD_K_DIM
-    is_key = s < RING_ROWS
-    key_pending = is_key & (s < pending)
-    draft = gl.where(is_key, s - pending, s - RING_ROWS)
-    drafted = live & (draft >= 0) & (draft < NUM_NODES)
-    d = gl.where(drafted, draft, 0).to(gl.int64)
-    rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
-    window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
-    conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, key_pending, start,
-                           NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk, k_ok, rows_stride_row,
-                           rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap,
-                           bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
-    keys = k_ptr + row * k_stride_row + k_head * k_stride_head + (d * k_stride_node)[:, None] + \
-        (kk * k_stride_k)[None, :]
-    queries = q_ptr + row * q_stride_row + k_head * q_stride_head + (d * q_stride_node)[:, None] + \
-        (kk * q_stride_k)[None, :]
-    given = gl.load(gl.where(is_key[:, None], keys, queries), mask=drafted[:, None] & k_ok[None, :], other=0.0)
-    kq = gl.where(key_pending[:, None], conv_k, given.to(gl.float32))
-    if L2NORM:
-        kq = kq / gl.sqrt(gl.sum(kq * kq, axis=1) + 1e-6)[:, None]
-    kq = kq * gl.where(is_key, 1.0, scale)[:, None]
-    kq_head = _rounded(kq, True)
-    kq_hi = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], SMEM, kq_head)
-    kq_lo = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], SMEM, _rounded(kq - kq_head, True))
-
-    # v of the key rows (pending: their conv; drafts: given), at the tile's relabelled columns
-    vv = _relabelled(gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, STACK_L)), v0, WARPS, TILES)
-    columns = vv < HEAD_V_DIM
-    conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, key_pending, start,
-                           2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv, columns, rows_stride_row,
-                           rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap,
-                           bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
-    v_given = gl.load(v_ptr + row * v_stride_row + head * v_stride_head + (d * v_stride_node)[:, None]
-                      + (vv * v_stride_v)[None, :], mask=(drafted & is_key)[:, None] & columns[None, :], other=0.0)
-    v_stack = gl.where(key_pending[:, None], conv_v, v_given.to(gl.float32))
-    gl.thread_barrier()
-
     gates_base = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot + head * gates_stride_head
-    if fold:
-        _ring_tile(kq_hi, kq_lo, upcoming, state_base, live, v0, v_stack, pending, start, row, head,
-                   g_ptr, beta_ptr, gates_base, parents_ptr, out_ptr, ssm_ptr,
-                   g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
-                   gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
-                   out_stride_row, out_stride_node, out_stride_head, out_stride_v,
-                   NUM_NODES, RING_ROWS, NODES, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE, WARPS,
-                   SSM_STRIDE_K, SSM_STRIDE_V, True, SPLIT_FOLD)
-    else:
-        _ring_tile(kq_hi, kq_lo, upcoming, state_base, live, v0, v_stack, pending, start, row, head,
-                   g_ptr, beta_ptr, gates_base, parents_ptr, out_ptr, ssm_ptr,
-                   g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
-                   gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
-                   out_stride_row, out_stride_node, out_stride_head, out_stride_v,
-                   NUM_NODES, RING_ROWS, NODES, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE, WARPS,
-                   SSM_STRIDE_K, SSM_STRIDE_V, False, False)
-
-    # the drafts' gates beside their rows, once per head
-    node = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
-    drafts = live & (node < NUM_NODES) & (v0 == 0)
-    position = gates_base + ((start + pending + gl.where(drafts, node, 0)) % RING_ROWS) * gates_stride_row
-    g_in = gl.load(g_ptr + row * g_stride_row + node * g_stride_node + head * g_stride_head, mask=drafts, other=0.0)
-    beta_in = gl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
-                      mask=drafts, other=0.0)
-    gl.store(position, g_in.to(gl.float32), mask=drafts)
-    gl.store(position + gates_stride_gate, beta_in.to(gl.float32), mask=drafts)
+    if fold == FOLDS:
+        _row_head(live, start, pending, row, head, k_head, v0,
+                  ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head,
+                  rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot,
+                  conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot, gates_base,
+                  weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
+                  q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
+                  k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+                  g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
+                  conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
+                  gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
+                  out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+                  weight_stride_dim, weight_stride_tap, bias_stride,
+                  NUM_NODES, RING_ROWS, NODES, KERNEL_SIZE, NUM_K_HEADS, HEAD_K_DIM, HEAD_V_DIM,
+                  BLOCK_K, BLOCK_V, CHUNK_K, TREE, L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V,
+                  FOLDS, FOLDS and SPLIT_FOLD)
