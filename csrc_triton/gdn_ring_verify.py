@@ -386,7 +386,8 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg=RING_MMA_MAXNRE
                       SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4))
     caps = (dict(maxnreg=maxnreg) if maxnreg else {}, {})
     return tuple(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
-                            chunk.scalars, dict(constexprs, FOLDS=folds, **cap)) for folds, cap in zip((False, True), caps))
+                            chunk.scalars, dict(constexprs, FOLDS=folds, **cap))
+                 for folds, cap in zip((False, True), caps))
 
 
 def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,

@@ -8,10 +8,12 @@ tokens' k from their conv over the ring's rows, the drafts' k, the drafts' q -- 
 registers and staged once in shared memory, rows 0..C-1 keys, rows C..C+N-1 queries (C + N <= 32,
 one [32, 32] set of node matrices, four warps side by side over the columns: none repeats them).
 
-Precision: a row that does not fold writes outputs only and multiplies in tf32, its small
+Two launches over the same grid: one for the rows that do not fold, one for those that fold (the
+others' programs return after reading the cursor), so each kind is its own compile with its own
+registers. A row that does not fold writes outputs only and multiplies in tf32, its small
 operands rounded to nearest (gdn_verify's accuracy). A row that folds writes its checkpoint, which
 must keep float32's accuracy over many folds: it multiplies in 3xTF32 (each operand split into a
-tf32 head and a tf32 rest, three products). The branch is per program, at run time.
+tf32 head and a tf32 rest, three products).
 """
 
 from __future__ import annotations
@@ -107,8 +109,8 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
               out_stride_row, out_stride_node, out_stride_head, out_stride_v,
               weight_stride_dim, weight_stride_tap, bias_stride,
               NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, NODES: gl.constexpr, KERNEL_SIZE: gl.constexpr,
-              NUM_K_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr,
-              HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
+              NUM_K_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr,
+              BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr):
     """One program's work: the row's outputs for its query rows, stored; with FOLD the checkpoint
