@@ -324,7 +324,7 @@ def flush_cursor_call(cursor, ring_slots, state_slots, *, num_state_slots, num_r
 
 def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
-                 num_warps, precision, fold_precision, mma=False, maxnreg=RING_MMA_MAXNREG):
+                 num_warps, precision, fold_precision, mma=False, maxnreg=None):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim] when num_layers > 1, else one
     layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never read)."""
@@ -368,11 +368,11 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     return (*chunks, window)
 
 
-def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg=RING_MMA_MAXNREG):
+def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, as two launches: the rows that do not fold (tf32
     products), then those that fold (3xTF32 for a float32 checkpoint). maxnreg: the first launch's
-    register cap (0: the compiler's choice)."""
+    register cap (0 or None: the compiler's choice)."""
     from . import gdn_ring_verify_mma
 
     block_v, num_warps = chunk.constexprs["BLOCK_V"], chunk.constexprs["num_warps"]
