@@ -81,7 +81,7 @@ def _prepare_mamba2_ring_verify(real, out, x, dt, A, B, C, ssm_state, conv_state
 
 
 @declare_op(mutates=("out", "ssm_state", "conv_state", "gates"), prepare=_prepare_mamba2_ring_verify,
-            cpu=cpu_ring.mamba2_ring_verify_cpu, cuda=cpu_ring.mamba2_ring_verify_cpu)
+            cpu=cpu_ring.mamba2_ring_verify_cpu, cuda="launch_mamba2_ring_verify")
 def mamba2_ring_verify(
     out: torch.Tensor,
     x: torch.Tensor,
@@ -160,7 +160,7 @@ def _prepare_mamba2_ring_flush(real, ssm_state, conv_state, cursor, rows, gates,
 
 
 @declare_op(mutates=("ssm_state", "conv_state", "cursor"), prepare=_prepare_mamba2_ring_flush,
-            cpu=cpu_ring.mamba2_ring_flush_cpu, cuda=cpu_ring.mamba2_ring_flush_cpu)
+            cpu=cpu_ring.mamba2_ring_flush_cpu, cuda="launch_mamba2_ring_flush")
 def mamba2_ring_flush(
     ssm_state: torch.Tensor,
     conv_state: torch.Tensor,

@@ -354,3 +354,87 @@ def test_compiled_step_matches_eager():
         assert torch.equal(getattr(eager[0], name), getattr(compiled_args[0], name)), name
     for a, b in zip(eager[1:3], compiled_args[1:3]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_cuda_graph_steps_match_eager(tree):
+    """A whole Mamba2 step (every layer's conv and verify, then the acceptance) and a flush, each
+    captured once; 30 steps replayed with new inputs, slots (a padded row), acceptance and tree links
+    written into the static inputs, a flush every few steps. Every output, checkpoint and ring
+    tensor after every replay equals, bit for bit, what eager calls of the same ops leave on a twin."""
+    from support import random_tree
+
+    layers, num_rows, num_draft, num_ring = 2, 3, 3, 4
+    generator = torch.Generator().manual_seed(12)
+    worlds = [Mamba2Harness(num_layers=layers, num_draft=num_draft, capacity=5, num_ring_slots=num_ring,
+                            num_state_slots=5, head_dim=32, d_state=16, device="cuda", seed=3) for _ in range(3)]
+    heads, dim = worlds[0].heads, worlds[0].dim
+    h, p, g, n = heads["num_heads"], heads["head_dim"], heads["n_groups"], heads["d_state"]
+
+    def fresh_inputs():
+        ring_slots = torch.where(torch.rand(num_rows, generator=generator) < 0.15, -1,
+                                 torch.randperm(num_ring, generator=generator)[:num_rows])
+        return dict(x=torch.randn(layers, num_rows, num_draft, dim, generator=generator),
+                    dt=torch.randn(layers, num_rows, num_draft, h, generator=generator),
+                    ring_slots=ring_slots, state_slots=torch.where(ring_slots < 0, -1, ring_slots + 1),
+                    steps=torch.randint(-1, num_draft, (num_rows,), generator=generator),
+                    parents=torch.stack([torch.tensor(random_tree(num_draft, generator)) for _ in range(num_rows)]))
+
+    static = {name: t.cuda() for name, t in fresh_inputs().items()}
+    if not tree:
+        static["parents"] = None
+    flush_slots = torch.tensor([0, -1], device="cuda")
+    outs = [torch.full((layers, num_rows, num_draft, h, p), FILL, device="cuda") for _ in worlds]
+
+    def step(world, out):
+        ring, parents = world.ring, static["parents"]
+        for layer in range(layers):
+            conv_out = torch.empty(num_rows, num_draft, dim, device="cuda")
+            sgl_convwin.ring_conv1d_verify(conv_out, ring.rows, world.conv_state, static["x"][layer],
+                                           world.conv_weight[layer], world.conv_bias[layer], static["ring_slots"],
+                                           static["state_slots"], ring.cursor, layer, parents, activation="silu")
+            xs, B, C = conv_out.split([h * p, g * n, g * n], dim=-1)
+            sgl_convwin.mamba2_ring_verify(out[layer], xs.unflatten(-1, (h, p)), static["dt"][layer], world.A[layer],
+                                           B.unflatten(-1, (g, n)), C.unflatten(-1, (g, n)), world.ssm_state,
+                                           world.conv_state, ring.rows, ring.gates, ring.cursor,
+                                           world.conv_weight[layer], world.conv_bias[layer], static["ring_slots"],
+                                           static["state_slots"], layer, parents, D=world.D[layer],
+                                           dt_bias=world.dt_bias[layer], dt_softplus=True)
+        sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, static["ring_slots"], static["steps"], parents,
+                                num_draft=num_draft)
+
+    def flush(world):
+        sgl_convwin.mamba2_ring_flush(world.ssm_state, world.conv_state, world.ring.cursor, world.ring.rows,
+                                      world.ring.gates, world.conv_weight, world.A, flush_slots, flush_slots + 1,
+                                      conv_bias=world.conv_bias, **heads)
+
+    step(worlds[2], outs[2])  # compiles every kernel before the capture
+    flush(worlds[2])
+    torch.cuda.synchronize()
+    step_graph, flush_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(step_graph):
+        step(worlds[0], outs[0])
+    with torch.cuda.graph(flush_graph):
+        flush(worlds[0])
+
+    folds = 0
+    for i in range(30):
+        for name, t in fresh_inputs().items():
+            if static[name] is not None:
+                static[name].copy_(t)
+        before = worlds[1].ssm_state.clone()
+        step_graph.replay()
+        step(worlds[1], outs[1])
+        folds += int(not torch.equal(before, worlds[1].ssm_state))
+        if i % 5 == 4:
+            flush_slots.copy_(torch.tensor([i % num_ring, -1]))
+            flush_graph.replay()
+            flush(worlds[1])
+        for name, a, b in zip(("out", "ssm_state", "conv_state", "rows", "gates", "cursor"),
+                              (outs[0], worlds[0].ssm_state, worlds[0].conv_state, worlds[0].ring.rows,
+                               worlds[0].ring.gates, worlds[0].ring.cursor),
+                              (outs[1], worlds[1].ssm_state, worlds[1].conv_state, worlds[1].ring.rows,
+                               worlds[1].ring.gates, worlds[1].ring.cursor)):
+            assert torch.equal(a, b), (i, name)
+    assert folds > 3
