@@ -326,8 +326,8 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
-    layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim] when num_layers > 1, else one
-    layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never read)."""
+    layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
+    even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never read)."""
     num_k_heads, head_k_dim, num_v_heads, head_v_dim = heads
     num_rows = ring_slots.shape[0]
     ring_rows, kernel_size = rows.shape[2], conv.shape[3] + 1
@@ -337,7 +337,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     if block_v is None:
         block_v = max(MIN_DOT, min(RING_BLOCK_V, next_power_of_2(head_v_dim)))
     drafts = out is not None
-    per_layer = (lambda t: (0, *t.stride())) if num_layers == 1 else (lambda t: t.stride())
+    per_layer = (lambda t: t.stride()) if weight.dim() == 3 else (lambda t: (0, *t.stride()))  # [L, ...]: stacked
     no_strides = lambda n: (0,) * n  # noqa: E731 -- a tensor the kernel never reads
     bias_strides = (0, 0) if bias is None else per_layer(bias)
     index_strides = (ring_slots.stride(0), state_slots.stride(0), *((0, 0) if parents is None else parents.stride()))

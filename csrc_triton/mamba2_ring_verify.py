@@ -14,8 +14,9 @@ it; a draft: every pending token and its tree path),
 
 One program holds one [Ns, BLOCK_P] tile of S0^T: C S0^T is one product with the drafts' C, the
 intra-chunk term one [N, keys] x [keys, BLOCK_P] product, the fold one [Ns, keys] x [keys, BLOCK_P]
-product written over the tile it read (the fold in the fold's precision, float32's accuracy for a
-float32 checkpoint). The folded conv window is gdn_ring_verify's second launch, mixer-free.
+product written over the tile it read. Every product is in 3xTF32 by default for a float32
+checkpoint (fold_precision_for): the fold must keep float32's accuracy, and tf32 outputs missed
+mamba2_verify's tolerance (2e-3 x max |y|) over the 1,000-step test. The folded conv window is gdn_ring_verify's second launch, mixer-free.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
 from .gdn_ring_verify import _pending_conv, _ring_row, flush_cursor_call, fold_precision_for, window_call
-from .gdn_verify import MIN_DOT, _dot, _operand, default_precision, spread_block
+from .gdn_verify import MIN_DOT, _dot, _operand, spread_block
 
 # Head-dim rows per tile (fewer for small batches: gdn_verify.spread_block) and warps: the offline
 # sm_90 compile's only spill-free choice at Nemotron-H's heads; not yet timed on a GPU.
@@ -197,8 +198,8 @@ def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                  D, z, dt_bias, *, layer, num_layers, num_nodes, heads, max_pending, fold_above, dt_softplus, block_p,
                  num_warps, precision, fold_precision):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
-    layer + num_layers - 1 (weight [L, dim, K], bias [L, dim], A [L, H] when num_layers > 1, else
-    one layer's). out, x, dt, B, C, D, z, dt_bias: the drafts' (None with no drafts: never read)."""
+    layer + num_layers - 1 (weight [L, dim, K], bias [L, dim], A [L, H]: every layer's, as a flush
+    gives them even for L = 1; else one layer's). out, x, dt, B, C, D, z, dt_bias: the drafts' (None with no drafts: never read)."""
     num_heads, head_dim, num_groups, d_state = heads
     num_rows = ring_slots.shape[0]
     ring_rows, kernel_size = rows.shape[2], conv.shape[3] + 1
@@ -207,7 +208,7 @@ def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                          f"and {num_layers}; split the batch")
     if block_p is None:
         block_p = spread_block(RING_BLOCK_P, num_rows, num_heads, head_dim)
-    per_layer = (lambda t: (0, *t.stride())) if num_layers == 1 else (lambda t: t.stride())
+    per_layer = (lambda t: t.stride()) if weight.dim() == 3 else (lambda t: (0, *t.stride()))  # [L, ...]: stacked
     strides = lambda t, n: (0,) * n if t is None else t.stride()  # noqa: E731 -- absent: never read
     bias_strides = (0, 0) if bias is None else per_layer(bias)
     index_strides = (ring_slots.stride(0), state_slots.stride(0), *((0, 0) if parents is None else parents.stride()))
@@ -221,7 +222,7 @@ def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
         KERNEL_SIZE=kernel_size, NUM_HEADS=num_heads, NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state,
         BLOCK_P=block_p, BLOCK_N=max(MIN_DOT, next_power_of_2(d_state)), TREE=parents is not None,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus),
-        HAS_BIAS=bias is not None, PRECISION=precision or default_precision(ssm),
+        HAS_BIAS=bias is not None, PRECISION=precision or fold_precision_for(ssm),
         FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), num_warps=num_warps,
     )
     stand_in = ssm  # where an absent tensor would be

@@ -309,14 +309,17 @@ def run_flush_both(case, tuning=IEEE):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_flush_matches_pytorch_code(device):
+@pytest.mark.parametrize("layers", [2, 1])
+def test_flush_matches_pytorch_code(device, layers):
     """Every layer's fold of every pending token (a full ring, one wrapping its end, an empty one, a
-    bad cursor, a padded row), then the cursors."""
+    bad cursor, a padded row), then the cursors; a model of one layer too (weights [1, dim, K])."""
     cursors = torch.tensor([[3, 5], [5, 2], [0, 0], [1, 9], [2, 3]])  # C = 6 (capacity 4, N = 2): pending <= 5
     case = ring_case(num_rows=5, num_nodes=2, capacity=4, num_ring_slots=5, num_state_slots=6, cursors=cursors,
                      ring_slots=[0, 1, 2, 3, 4], state_slots=[4, 2, 0, 1, -1], device=device, seed=7)
+    for name in ("ssm_state", "conv_state", "rows", "gates"):
+        case[name] = case[name][:layers]
     want, got = run_flush_both(case)
-    assert not torch.equal(want["ssm_state"][0], case["ssm_state"][0])  # both layers folded
-    assert not torch.equal(want["ssm_state"][1], case["ssm_state"][1])
+    for layer in range(layers):  # every layer folded
+        assert not torch.equal(want["ssm_state"][layer], case["ssm_state"][layer])
     assert_agree(dict(want, out=torch.zeros(1)), dict(got, out=torch.zeros(1)))
     assert_same_untouched(case, want, got)

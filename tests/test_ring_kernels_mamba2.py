@@ -142,14 +142,17 @@ def test_bad_cursors_and_links_skip(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_flush_matches_pytorch_code(device):
+@pytest.mark.parametrize("layers", [2, 1])
+def test_flush_matches_pytorch_code(device, layers):
     """Every layer's checkpoint after its pending tokens, the windows and the cursors, as the
-    PyTorch code leaves them; a padded row and an empty ring touch nothing."""
+    PyTorch code leaves them; a padded row and an empty ring touch nothing; one layer too."""
     case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]]),
                             ring_slots=[0, 1, 2, 3], state_slots=[3, 0, 4, -1], device=device, seed=7)
-    weight = torch.stack([case["conv_weight"]] * 2)
-    bias = torch.stack([case["conv_bias"]] * 2)
-    A = torch.stack([case["A"], case["A"] * 0.5])
+    for name in ("ssm_state", "conv_state", "rows", "gates"):
+        case[name] = case[name][:layers]
+    weight = torch.stack([case["conv_weight"]] * layers)
+    bias = torch.stack([case["conv_bias"]] * layers)
+    A = torch.stack([case["A"], case["A"] * 0.5])[:layers]
     num_heads, head_dim, d_state = case["ssm_state"].shape[2:]
     heads = dict(num_heads=num_heads, head_dim=head_dim, n_groups=case["B"].shape[2], d_state=d_state)
 
