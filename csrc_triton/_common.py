@@ -233,3 +233,17 @@ def join_columns(columns, COUNT: tl.constexpr):
             joined = joined + (tl.join(leaves[i], leaves[i + COUNT // (2 << level)]),)
         leaves = joined
     return tl.reshape(leaves[0], [leaves[0].shape[0], COUNT])
+
+
+@triton.jit
+def softplus(x):
+    """torch's softplus in float32 (x itself above 20): max(x, 0) + log1p(exp(-|x|)), log1p(y) as
+    2 atanh(y / (2 + y)) by its series -- log(1 + y) would lose log's relative accuracy where y is
+    small (x below -3 or so) to the rounding of 1 + y."""
+    y = tl.exp(-tl.abs(x))
+    s = y / (2.0 + y)  # <= 1/3: ten terms of sum s^(2m+1) / (2m+1) reach float32's rounding
+    t = s * s
+    series = tl.full(x.shape, 1.0 / 19.0, tl.float32)
+    for m in tl.static_range(9):
+        series = series * t + 1.0 / (17 - 2 * m)
+    return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + 2.0 * s * series)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
+from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, softplus
 from .gdn_ring_verify import _pending_conv, _ring_row, flush_cursor_call, fold_precision_for, window_call
 from .gdn_verify import MIN_DOT, _dot, _operand, spread_block
 
@@ -117,8 +117,8 @@ def _mamba2_ring_verify_kernel(
                          mask=key_drafted, other=0.0).to(tl.float32)
     if HAS_DT_BIAS:
         step_given += tl.load(dt_bias_ptr + head * dt_bias_stride).to(tl.float32)
-    if DT_SOFTPLUS:  # torch's softplus: d itself above 20, where log(1 + exp(d)) = d in float32
-        step_given = tl.where(step_given > 20.0, step_given, tl.log(1.0 + tl.exp(tl.minimum(step_given, 20.0))))
+    if DT_SOFTPLUS:
+        step_given = softplus(step_given)
     step = tl.where(key_pending, step_ring, tl.where(key_drafted, step_given, 0.0))
 
     # ancestry: of key token r over key columns c, and of query n (draft n) over key columns c
@@ -189,8 +189,7 @@ def _mamba2_ring_verify_kernel(
         if HAS_DT_BIAS:
             step_query += tl.load(dt_bias_ptr + head * dt_bias_stride).to(tl.float32)
         if DT_SOFTPLUS:
-            step_query = tl.where(step_query > 20.0, step_query,
-                                  tl.log(1.0 + tl.exp(tl.minimum(step_query, 20.0))))
+            step_query = softplus(step_query)
         tl.store(gates_base + draft_row * gates_stride_row, step_query, mask=query_real)
 
 

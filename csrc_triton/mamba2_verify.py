@@ -26,7 +26,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_launch
+from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_launch, softplus
 from .gdn_verify import MIN_DOT, _ancestry, _dot, _operand, default_precision, spread_block
 
 # Head-dim rows per state tile [BLOCK_P, Ns], fewer for small batches (gdn_verify.spread_block).
@@ -87,8 +87,8 @@ def _mamba2_verify_kernel(
                    other=0.0).to(tl.float32)
     if HAS_DT_BIAS:
         step += tl.load(dt_bias_ptr + head * dt_bias_stride).to(tl.float32)
-    if DT_SOFTPLUS:  # torch's softplus: d itself above 20, where log(1 + exp(d)) = d in float32
-        step = tl.where(step > 20.0, step, tl.log(1.0 + tl.exp(tl.minimum(step, 20.0))))
+    if DT_SOFTPLUS:
+        step = softplus(step)
     step = tl.where(real, step, 0.0)  # padding nodes: no decay, no update
     rate = tl.load(a_ptr + head * a_stride).to(tl.float32)
 

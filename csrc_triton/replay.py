@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_launch, row_indices
+from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_launch, row_indices, softplus
 
 try:  # host-side tensor descriptors (the replay kernels' state tile loads)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -376,8 +376,7 @@ def _capture_gates_kernel(
             g = tl.load(g_ptr + row * g_stride_row + n * g_stride_node + h * g_stride_head, mask=mask)
             if RAW:
                 x = g.to(tl.float32) + tl.load(dt_bias_ptr + h * dt_bias_stride, mask=mask).to(tl.float32)
-                softplus = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))), x)
-                g = -tl.exp(tl.load(a_log_ptr + h * a_log_stride, mask=mask).to(tl.float32)) * softplus
+                g = -tl.exp(tl.load(a_log_ptr + h * a_log_stride, mask=mask).to(tl.float32)) * softplus(x)
             tl.store(dest, g.to(gates_ptr.dtype.element_ty), mask=mask)
             if HAS_BETA:
                 beta = tl.load(beta_ptr + row * beta_stride_row + n * beta_stride_node + h * beta_stride_head,
