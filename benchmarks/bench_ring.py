@@ -194,12 +194,10 @@ def sweep(shapes, batches, capacity, specs):
             p["out"][0], p["q"], p["k"], p["v"], p["g"][0], p["beta"][0], p["ssm"], p["conv_state"], ring.rows,
             ring.gates, ring.cursor, p["weight"][0], None, slots, slots, 0, None)
         for spec in specs:
-            if spec.startswith("mma/"):  # gdn_ring_verify_mma's kernel: mma/COLUMNS/WARPS[/MAXNREG[/PREFETCH]]
+            if spec.startswith("mma/"):  # gdn_ring_verify_mma's kernel: mma/COLUMNS/WARPS[/MAXNREG]
                 block_v, warps, *cap = spec.split("/")[1:]
                 tuning = dict(mma=True, block_v=int(block_v), num_warps=int(warps),
-                              **(dict(maxnreg=int(cap[0])) if cap else {}),  # (0: no cap)
-                              **(dict(prefetch=(cap[1] in "13", cap[1] in "23")) if len(cap) > 1 else {}))
-                # (PREFETCH: 0 neither launch, 1 the rows that do not fold, 2 those that fold, 3 both)
+                              **(dict(maxnreg=int(cap[0])) if cap else {}))  # (0: no cap)
             else:
                 block_v, warps, precision, *fold = spec.split("/")
                 tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision,
@@ -219,7 +217,7 @@ def main(argv=None) -> int:
     parser.add_argument("--capacity", type=int, default=sgl_convwin.DEFAULT_CAPACITY)
     parser.add_argument("--drafts", nargs="+", choices=("chain", "tree"), default=["chain", "tree"])
     parser.add_argument("--mixer", choices=tuple(SHAPES), default="gdn")
-    parser.add_argument("--sweep", nargs="+", metavar="COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG[/PREFETCH]]",
+    parser.add_argument("--sweep", nargs="+", metavar="COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG]",
                         help="time the verify kernel's tile choices instead (one layer, chains)")
     args = parser.parse_args(argv)
     if DEVICE == "cuda" and not torch.cuda.is_available():

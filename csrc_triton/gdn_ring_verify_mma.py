@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .gdn_verify_mma import _rounded, _state_chunk
 
@@ -99,12 +99,6 @@ def _relabelled(n, v0, WARPS: gl.constexpr, TILES: gl.constexpr):
 
 
 @gluon.jit
-def _columns_relabelled(x, WARPS: gl.constexpr, TILES: gl.constexpr):
-    """x [rows, BLOCK_V] in LOAD_L, its columns reordered so that column n holds _relabelled(n, 0)."""
-    return x.reshape([x.shape[0], WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([x.shape[0], x.shape[1]])
-
-
-@gluon.jit
 def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base, window_base, gates_base,
               weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
               q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
@@ -118,12 +112,10 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
               NUM_K_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr,
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
-              SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
-              PREFETCH: gl.constexpr):
+              SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr):
     """One program's work: the row's outputs for its query rows, stored; with FOLD the checkpoint
     tile after the pending tokens, stored in place; the drafts' gates beside their rows (v0 = 0).
-    Products in 3xTF32 with SPLIT, else tf32. PREFETCH: the whole state tile copied to shared memory
-    first (cp.async), in flight while the stack is built, and read there once (the fold too)."""
+    Products in 3xTF32 with SPLIT, else tf32."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -137,19 +129,8 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
     # 16-byte rows of the stack's [8, 4] ldmatrix tiles on distinct banks
     KQ_SMEM: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
 
-    if PREFETCH:  # the long read first, into shared memory: no register waits on it until the products
-        state_smem = gl.allocate_shared_memory(ssm_ptr.dtype.element_ty, [BLOCK_K, BLOCK_V],
-                                               gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-        tk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, LOAD_L))
-        tv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, LOAD_L))
-        async_copy.async_copy_global_to_shared(
-            state_smem, state_base + (tk * SSM_STRIDE_K)[:, None] + (tv * SSM_STRIDE_V)[None, :],
-            mask=live & (tk < HEAD_K_DIM)[:, None] & (tv < HEAD_V_DIM)[None, :])
-        async_copy.commit_group()
-        upcoming = gl.zeros([CHUNK_K, BLOCK_V], gl.float32, layout=LOAD_L)  # unread
-    else:
-        upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K,
-                                BLOCK_V, LOAD_L)  # the long read first
+    upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K,
+                            BLOCK_V, LOAD_L)  # the long read first
 
     # the stack [NODES, dk]: pending tokens' k from their conv, the drafts' k, then their q; normalised, scaled
     s = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
@@ -181,8 +162,6 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
         kq_lo = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM, _rounded(kq - kq_head, True))
     else:
         kq_lo = kq_hi  # unread
-    if PREFETCH:
-        async_copy.wait_group(0)
     gl.thread_barrier()
 
     # the gram of the normalised stack, and K S0 (keys) / Q S0 (queries), the state a chunk at a time
@@ -194,14 +173,11 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
                     SPLIT)
     products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
     for c in gl.static_range(0, BLOCK_K, CHUNK_K):
-        if PREFETCH:
-            state = state_smem.slice(c, CHUNK_K, dim=0).load(LOAD_L).to(gl.float32)
-        else:
-            state = upcoming
-            if c + CHUNK_K < BLOCK_K:
-                upcoming = _state_chunk(state_base, c + CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
-                                        SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
-        state = _columns_relabelled(state, WARPS, TILES)
+        state = upcoming
+        if c + CHUNK_K < BLOCK_K:
+            upcoming = _state_chunk(state_base, c + CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
+                                    SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+        state = state.reshape([CHUNK_K, WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([CHUNK_K, BLOCK_V])
         a_hi = kq_hi.slice(c, CHUNK_K, dim=1).load(A_L)
         if SPLIT:
             s_hi = _rounded(state, True)
@@ -272,7 +248,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
                       + (gl.where(sl_drafted, sl_draft, 0).to(gl.int64) * v_stride_node)[:, None]
                       + (vl * v_stride_v)[None, :], mask=sl_drafted[:, None] & (vl < HEAD_V_DIM)[None, :], other=0.0)
     v = gl.where((sl < pending)[:, None], conv_v, v_given.to(gl.float32))
-    v = gl.convert_layout(_columns_relabelled(v, WARPS, TILES), MMA)
+    v = gl.convert_layout(v.reshape([NODES, WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([NODES, BLOCK_V]), MMA)
     rhs = beta[:, None] * (v - grown[:, None] * products)  # zero on query rows
     o = gl.where(r_key, 0.0, grown)[:, None] * products
     if FOLD:
@@ -292,11 +268,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
                        gl.zeros([CHUNK_K, BLOCK_V], gl.float32, layout=MMA), SPLIT)
             tile = state_base + (kk * SSM_STRIDE_K)[:, None] + (vv * SSM_STRIDE_V)[None, :]
             mask = live & (kk < HEAD_K_DIM)[:, None] & (vv < HEAD_V_DIM)[None, :]
-            if PREFETCH:
-                before = gl.convert_layout(_columns_relabelled(
-                    state_smem.slice(k0, CHUNK_K, dim=0).load(LOAD_L).to(gl.float32), WARPS, TILES), MMA)
-            else:
-                before = gl.load(tile, mask=mask, other=0.0).to(gl.float32)
+            before = gl.load(tile, mask=mask, other=0.0).to(gl.float32)
             gl.store(tile, (gl.exp(total) * before + acc).to(ssm_ptr.dtype.element_ty), mask=mask)
     else:
         o += _product(_product(query_mix, inverse, MMA, A_L, B_L, SPLIT), rhs, MMA, A_L, B_L, SPLIT)
@@ -342,13 +314,13 @@ def _gdn_ring_verify_mma_kernel(
     NUM_K_HEADS: gl.constexpr, NUM_V_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
     BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
-    SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLDS: gl.constexpr, PREFETCH: gl.constexpr,
+    SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLDS: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
     only: N >= 1, NODES = 32 >= C + N). Only the rows that fold (FOLDS) or only the others do any
     work: each kind is its own compile, with its own registers. SPLIT_FOLD: 3xTF32 in a row that
-    folds. PREFETCH: the state tile through shared memory (_row_head)."""
+    folds."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = gl.program_id(0) // V_BLOCKS
     v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
@@ -387,4 +359,4 @@ def _gdn_ring_verify_mma_kernel(
                   weight_stride_dim, weight_stride_tap, bias_stride,
                   NUM_NODES, RING_ROWS, NODES, KERNEL_SIZE, NUM_K_HEADS, HEAD_K_DIM, HEAD_V_DIM,
                   BLOCK_K, BLOCK_V, CHUNK_K, TREE, L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V,
-                  FOLDS, FOLDS and SPLIT_FOLD, PREFETCH)
+                  FOLDS, FOLDS and SPLIT_FOLD)
