@@ -16,12 +16,13 @@ cursor rule run over the same acceptance), and the floor = states read at the re
 the folds' writes at half the copy ceiling's rate, both measured in this run.
 
 Qwen3-Next-80B TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128; --mixer mamba2: Nemotron-H-8B TP1,
-24 layers, H 128, P 64, G 8, Ns 128, the ring verify's kernels launched directly), fp32
+24 layers, H 128, P 64, G 8, Ns 128), fp32
 checkpoints, bf16 ring rows and conv state, capacity R = 16, D = 4 chains and trees of 8 nodes
 (topk 3). CUDA-graph replays.
 
     python benchmarks/bench_ring.py [--batches 1 8 64 256] [--capacity 16] [--drafts chain tree] [--mixer mamba2]
     python benchmarks/bench_ring.py --sweep 32/8/tf32x3 128/8/tf32/tf32x3 mma/128/4   # the verify kernels' tiles
+    python benchmarks/bench_ring.py --mixer mamba2 --sweep 64/8/1 64/8/16/2           # Mamba2's
 """
 
 from __future__ import annotations
@@ -84,10 +85,8 @@ def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
 def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
     """ring_problem for Mamba2 layers: the ring of alloc_mamba2_ring (dt ~ 0.13 per head), checkpoints
     [L, B, H, P, Ns] fp32, x, B, C views of the conv output, dt [L, B, N, H] bf16 with dt_bias and
-    softplus, A = -uniform(1, 16), a conv bias; ``verify``: each layer's mamba2_ring_verify launch
-    (its ops run PyTorch code on CUDA, its kernels not yet: they are launched directly)."""
-    from sgl_convwin._kernels import triton_kernels
-
+    softplus, A = -uniform(1, 16), a conv bias; ``verify``: each layer's mamba2_ring_verify call;
+    ``calls``: each layer's kernel arguments (for a tile sweep)."""
     L, N, dim, H = shapes.layers, len(TREE_PARENTS) if tree else shapes.num_draft, shapes.dim, shapes.heads
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
 
@@ -109,14 +108,14 @@ def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
         parents=torch.tensor([TREE_PARENTS] * batch, device=DEVICE) if tree else None,
         out=torch.empty(L, batch, N, H, shapes.head_dim, dtype=torch.bfloat16, device=DEVICE),
     )
-    launch = triton_kernels().launch_mamba2_ring_verify
-    calls = [sgl_convwin.mamba2_ring_verify.kernel_arguments(
-        p["out"][layer], conv_out[..., :x_width].unflatten(-1, (H, shapes.head_dim)), p["dt"][layer], p["A"][layer],
-        conv_out[..., x_width:x_width + bc_width].unflatten(-1, (shapes.groups, shapes.d_state)),
-        conv_out[..., x_width + bc_width:].unflatten(-1, (shapes.groups, shapes.d_state)), p["ssm"], p["conv_state"],
-        ring.rows, ring.gates, ring.cursor, p["weight"][layer], p["bias"][layer], p["slots"], p["slots"], layer,
-        p["parents"], dt_bias=p["dt_bias"][layer], dt_softplus=True) for layer in range(L)]
-    p["verify"] = [lambda args=args, kwargs=kwargs: launch(*args, **kwargs) for args, kwargs in calls]
+    arguments = [((p["out"][layer], conv_out[..., :x_width].unflatten(-1, (H, shapes.head_dim)), p["dt"][layer],
+                   p["A"][layer], conv_out[..., x_width:x_width + bc_width].unflatten(-1, (shapes.groups, shapes.d_state)),
+                   conv_out[..., x_width + bc_width:].unflatten(-1, (shapes.groups, shapes.d_state)), p["ssm"],
+                   p["conv_state"], ring.rows, ring.gates, ring.cursor, p["weight"][layer], p["bias"][layer], p["slots"],
+                   p["slots"], layer, p["parents"]), dict(dt_bias=p["dt_bias"][layer], dt_softplus=True))
+                 for layer in range(L)]
+    p["verify"] = [functools.partial(sgl_convwin.mamba2_ring_verify, *args, **kwargs) for args, kwargs in arguments]
+    p["calls"] = [sgl_convwin.mamba2_ring_verify.kernel_arguments(*args, **kwargs) for args, kwargs in arguments]
     return p
 
 
@@ -211,6 +210,29 @@ def sweep(shapes, batches, capacity, specs):
         torch.cuda.empty_cache()
 
 
+def mamba2_sweep(shapes, batches, capacity, specs):
+    """One layer's mamba2_ring_verify launch per tile choice (BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES]),
+    chains, every row holding 8 pending tokens (replayed, no fold) and 16 (folded)."""
+    from sgl_convwin._kernels import triton_kernels
+
+    launch = triton_kernels().launch_mamba2_ring_verify
+    print(markdown_header("B", "tile", "pending 8, us per layer", "pending 16 (fold), us per layer"))
+    for batch in batches:
+        p = mamba2_ring_problem(shapes, batch, False, capacity, seed=batch)
+        args, kwargs = p["calls"][0]
+        for spec in specs:
+            block_p, warps, share, *stages = (int(part) for part in spec.split("/"))
+            tuning = dict(block_p=block_p, num_warps=warps, heads_per_program=share,
+                          **(dict(num_stages=stages[0]) if stages else {}))
+            times = []
+            for pending in (8, capacity):
+                p["ring"].cursor[:, 1] = pending
+                times.append(graph_time_us(lambda: launch(*args, **kwargs, **tuning), launches=5, replays=10, rounds=3))
+            print(markdown_row(batch, spec, *(f"{t:.1f}" for t in times)), flush=True)
+        del p
+        torch.cuda.empty_cache()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
@@ -218,19 +240,18 @@ def main(argv=None) -> int:
     parser.add_argument("--drafts", nargs="+", choices=("chain", "tree"), default=["chain", "tree"])
     parser.add_argument("--mixer", choices=tuple(SHAPES), default="gdn")
     parser.add_argument("--sweep", nargs="+", metavar="COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG]",
-                        help="time the verify kernel's tile choices instead (one layer, chains)")
+                        help="time the verify kernel's tile choices instead (one layer, chains; --mixer mamba2: "
+                             "BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES])")
     args = parser.parse_args(argv)
     if DEVICE == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA device")
-    if args.sweep and args.mixer != "gdn":
-        parser.error("--sweep times gdn_ring_verify's kernels")
     shapes = SHAPES[args.mixer]
     read_gbps, copy_gbps = read_ceiling_gbps(), copy_ceiling_gbps()
     print(environment_line(), flush=True)
     print(f"read ceiling {read_gbps:.0f} GB/s, copy ceiling {copy_gbps:.0f} GB/s; shapes {shapes}; capacity "
           f"{args.capacity}; fp32 checkpoints, bf16 rows; {UNROLL} steps per graph", flush=True)
     if args.sweep:
-        sweep(shapes, args.batches, args.capacity, args.sweep)
+        (sweep if args.mixer == "gdn" else mamba2_sweep)(shapes, args.batches, args.capacity, args.sweep)
         return 0
     rng = random.Random(0)
     results = []

@@ -26,12 +26,22 @@ import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, softplus
 from .gdn_ring_verify import _pending_conv, _ring_row, flush_cursor_call, fold_precision_for, window_call
-from .gdn_verify import MIN_DOT, _dot, _operand, spread_block
+from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, _operand, spread_block
 
 # Head-dim rows per tile (fewer for small batches: gdn_verify.spread_block) and warps: the offline
 # sm_90 compile's only spill-free choice at Nemotron-H's heads; not yet timed on a GPU.
 RING_BLOCK_P = 64
 MAMBA2_RING_WARPS = 8
+
+
+def group_share(tiles_per_head: int, num_heads: int, num_groups: int) -> int:
+    """Heads per program: the most of a group's heads (a divisor of H / G) that still leaves
+    VERIFY_PROGRAMS programs, each head's ``tiles_per_head`` tiles (rows x layers x column blocks)."""
+    per_group = num_heads // num_groups
+    for share in range(per_group, 1, -1):
+        if per_group % share == 0 and tiles_per_head * (num_heads // share) >= VERIFY_PROGRAMS:
+            return share
+    return 1
 
 
 @triton.jit
@@ -57,21 +67,23 @@ def _mamba2_ring_verify_kernel(
     NUM_GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr, TREE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, FOLD_PRECISION: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr,
 ):
-    """One program: one [Ns, BLOCK_P] tile of S0^T of one head of one row, of layer ``layer`` +
-    program_id(2). A row is left alone unless both slots are in range and its cursor a ring position
+    """One program: one [Ns, BLOCK_P] tile of S0^T of each of HEADS_PER_PROGRAM heads of one group
+    of one row, of layer ``layer`` + program_id(2); what the group's heads share (the key tokens' B,
+    its conv, their ancestry, the drafts' C, C B^T) once, then head by head. A row is left alone unless both slots are in range and its cursor a ring position
     (pending <= MAX_PENDING); its outputs also need every parent link in [-1, n-1]. It folds when
     pending > 0 and pending + N > FOLD_ABOVE (the verify: the capacity; the flush, no drafts: 0)."""
     P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
-    head = tl.program_id(0) // P_BLOCKS
+    first_head = (tl.program_id(0) // P_BLOCKS) * HEADS_PER_PROGRAM
     p_block = tl.program_id(0) % P_BLOCKS
     pp = p_block * BLOCK_P + tl.arange(0, BLOCK_P)
+    p_ok = pp < HEAD_DIM
     row = tl.program_id(1).to(tl.int64)
     layer = (layer + tl.program_id(2)).to(tl.int64)
-    group = head // (NUM_HEADS // NUM_GROUPS)
+    group = first_head // (NUM_HEADS // NUM_GROUPS)
     weight_ptr += layer * weight_stride_layer
     bias_ptr += layer * bias_stride_layer
-    rate = tl.load(a_ptr + layer * a_stride_layer + head * a_stride).to(tl.float32)
 
     ring, slot, start, pending, live = _ring_row(row, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots,
                                                  num_ring_slots, ring_slots_stride, state_slots_stride,
@@ -80,15 +92,10 @@ def _mamba2_ring_verify_kernel(
     pending = pending.to(tl.int32)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
 
+    # what the group's heads share: the key tokens t (pending t < P, then draft t - P), their B [KEYS, Ns]
+    # and ancestry, the drafts' C, and C B^T
     nn = tl.arange(0, BLOCK_N)
     n_ok = nn < D_STATE
-    p_ok = pp < HEAD_DIM
-    tile = (ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
-            + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :])
-    tile_ok = tl.where(live, n_ok[:, None] & p_ok[None, :], False)
-    state_t = tl.load(tile, mask=tile_ok, other=0.0).to(tl.float32)  # S0^T, the long read first
-
-    # the key tokens t (pending t < P, then draft t - P): x [KEYS, BLOCK_P], B [KEYS, Ns], d [KEYS]
     key = tl.arange(0, KEYS)
     key_pending = key < pending  # (pending is 0 for a row left alone)
     key_draft = key - pending
@@ -96,13 +103,6 @@ def _mamba2_ring_verify_kernel(
     kd = tl.where(key_drafted, key_draft, 0).to(tl.int64)
     rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
     window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
-    x_pending = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, key, key_pending, start, pending,
-                              head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim, conv_stride_dim,
-                              conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
-                              KERNEL_SIZE, HAS_BIAS)
-    x_given = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (kd * x_stride_node)[:, None]
-                      + (pp * x_stride_p)[None, :], mask=key_drafted[:, None] & p_ok[None, :], other=0.0)
-    x_keys = tl.where(key_pending[:, None], x_pending, x_given.to(tl.float32))
     b_pending = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, key, key_pending, start, pending,
                               NUM_HEADS * HEAD_DIM + group * D_STATE + nn, n_ok, rows_stride_row, rows_stride_dim,
                               conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
@@ -110,18 +110,7 @@ def _mamba2_ring_verify_kernel(
     b_given = tl.load(b_ptr + row * b_stride_row + group * b_stride_group + (kd * b_stride_node)[:, None]
                       + (nn * b_stride_n)[None, :], mask=key_drafted[:, None] & n_ok[None, :], other=0.0)
     b_keys = tl.where(key_pending[:, None], b_pending, b_given.to(tl.float32))
-    gates_base = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot + head * gates_stride_head
-    step_ring = tl.load(gates_base + ((start + tl.where(key_pending, key, 0)) % RING_ROWS) * gates_stride_row,
-                        mask=key_pending, other=0.0).to(tl.float32)
-    step_given = tl.load(dt_ptr + row * dt_stride_row + kd * dt_stride_node + head * dt_stride_head,
-                         mask=key_drafted, other=0.0).to(tl.float32)
-    if HAS_DT_BIAS:
-        step_given += tl.load(dt_bias_ptr + head * dt_bias_stride).to(tl.float32)
-    if DT_SOFTPLUS:
-        step_given = softplus(step_given)
-    step = tl.where(key_pending, step_ring, tl.where(key_drafted, step_given, 0.0))
 
-    # ancestry: of key token r over key columns c, and of query n (draft n) over key columns c
     query = tl.arange(0, QUERIES)
     query_real = tl.where(live, query < NUM_NODES, False)
     if TREE:
@@ -150,52 +139,82 @@ def _mamba2_ring_verify_kernel(
     before = key_pending[:, None] & (key[None, :] <= key[:, None])  # a pending token's: the pending ones up to it
     key_ancestry = key_pending[None, :] & (key_drafted[:, None] | before) | key_drafted[:, None] & key_path
     query_ancestry = query_real[:, None] & (key_pending[None, :] | query_path)
-    logs = step * rate
-    key_cumulative = tl.sum(tl.where(key_ancestry, logs[None, :], 0.0), axis=1)  # L_t
-    query_cumulative = tl.sum(tl.where(query_ancestry, logs[None, :], 0.0), axis=1)  # L_n
 
-    # the drafts' outputs
     c = tl.load(c_ptr + row * c_stride_row + group * c_stride_group + (query * c_stride_node)[:, None]
                 + (nn * c_stride_n)[None, :], mask=query_real[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
     c = _operand(c, PRECISION)
-    decay = tl.where(query_ancestry, tl.exp(tl.where(query_ancestry, query_cumulative[:, None]
-                                                     - key_cumulative[None, :], 0.0)), 0.0)
-    mix = decay * step[None, :] * _dot(c, tl.trans(b_keys), PRECISION)  # M [QUERIES, KEYS]
-    y = tl.exp(query_cumulative)[:, None] * tl.dot(c, state_t, input_precision=PRECISION) + _dot(mix, x_keys,
-                                                                                                 PRECISION)
-    x_query = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (query * x_stride_node)[:, None]
-                      + (pp * x_stride_p)[None, :], mask=query_real[:, None] & p_ok[None, :], other=0.0)
-    if HAS_D:
-        y += tl.load(d_ptr + head * d_stride).to(tl.float32) * x_query.to(tl.float32)
-    if HAS_Z:
-        gate = tl.load(z_ptr + row * z_stride_row + head * z_stride_head + (query * z_stride_node)[:, None]
-                       + (pp * z_stride_p)[None, :], mask=query_real[:, None] & p_ok[None, :], other=0.0)
-        gate = gate.to(tl.float32)
-        y *= gate / (1.0 + tl.exp(-gate))
-    dst = (out_ptr + row * out_stride_row + head * out_stride_head + (query * out_stride_node)[:, None]
-           + (pp * out_stride_p)[None, :])
-    tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=tl.where(links_ok, query_real[:, None] & p_ok[None, :], False))
+    scores = _dot(c, tl.trans(b_keys), PRECISION)  # C_n . B_t [QUERIES, KEYS]
+    gates_row = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot
+    ring_key = (start + tl.where(key_pending, key, 0)) % RING_ROWS
 
-    if fold:
-        total = tl.sum(tl.where(key_pending, logs, 0.0))  # L_P
-        weights = tl.where(key_pending, tl.exp(total - key_cumulative) * step, 0.0)
-        folded = tl.exp(total) * state_t + _dot(tl.trans(b_keys * weights[:, None]), x_keys, FOLD_PRECISION)
-        tl.store(tile, folded.to(ssm_ptr.dtype.element_ty), mask=tile_ok)
+    for head in range(first_head, first_head + HEADS_PER_PROGRAM):
+        rate = tl.load(a_ptr + layer * a_stride_layer + head * a_stride).to(tl.float32)
+        tile = (ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
+                + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :])
+        tile_ok = tl.where(live, n_ok[:, None] & p_ok[None, :], False)
+        state_t = tl.load(tile, mask=tile_ok, other=0.0).to(tl.float32)  # S0^T, the long read first
 
-    if p_block == 0:  # the drafts' d beside their rows, once per head
-        draft_row = (start + pending + tl.where(query_real, query, 0)) % RING_ROWS
-        step_query = tl.load(dt_ptr + row * dt_stride_row + query * dt_stride_node + head * dt_stride_head,
-                             mask=query_real, other=0.0).to(tl.float32)
+        # the head's key tokens: x [KEYS, BLOCK_P] (pending: their conv) and d [KEYS]
+        x_pending = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, key, key_pending, start, pending,
+                                  head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim, conv_stride_dim,
+                                  conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
+                                  KERNEL_SIZE, HAS_BIAS)
+        x_given = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (kd * x_stride_node)[:, None]
+                          + (pp * x_stride_p)[None, :], mask=key_drafted[:, None] & p_ok[None, :], other=0.0)
+        x_keys = tl.where(key_pending[:, None], x_pending, x_given.to(tl.float32))
+        gates_base = gates_row + head * gates_stride_head
+        step_ring = tl.load(gates_base + ring_key * gates_stride_row, mask=key_pending, other=0.0).to(tl.float32)
+        step_given = tl.load(dt_ptr + row * dt_stride_row + kd * dt_stride_node + head * dt_stride_head,
+                             mask=key_drafted, other=0.0).to(tl.float32)
         if HAS_DT_BIAS:
-            step_query += tl.load(dt_bias_ptr + head * dt_bias_stride).to(tl.float32)
+            step_given += tl.load(dt_bias_ptr + head * dt_bias_stride).to(tl.float32)
         if DT_SOFTPLUS:
-            step_query = softplus(step_query)
-        tl.store(gates_base + draft_row * gates_stride_row, step_query, mask=query_real)
+            step_given = softplus(step_given)
+        step = tl.where(key_pending, step_ring, tl.where(key_drafted, step_given, 0.0))
+        logs = step * rate
+        key_cumulative = tl.sum(tl.where(key_ancestry, logs[None, :], 0.0), axis=1)  # L_t
+        query_cumulative = tl.sum(tl.where(query_ancestry, logs[None, :], 0.0), axis=1)  # L_n
+
+        # the drafts' outputs
+        decay = tl.where(query_ancestry, tl.exp(tl.where(query_ancestry, query_cumulative[:, None]
+                                                         - key_cumulative[None, :], 0.0)), 0.0)
+        mix = decay * step[None, :] * scores  # M [QUERIES, KEYS]
+        y = tl.exp(query_cumulative)[:, None] * tl.dot(c, state_t, input_precision=PRECISION) + _dot(mix, x_keys,
+                                                                                                     PRECISION)
+        x_query = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (query * x_stride_node)[:, None]
+                          + (pp * x_stride_p)[None, :], mask=query_real[:, None] & p_ok[None, :], other=0.0)
+        if HAS_D:
+            y += tl.load(d_ptr + head * d_stride).to(tl.float32) * x_query.to(tl.float32)
+        if HAS_Z:
+            gate = tl.load(z_ptr + row * z_stride_row + head * z_stride_head + (query * z_stride_node)[:, None]
+                           + (pp * z_stride_p)[None, :], mask=query_real[:, None] & p_ok[None, :], other=0.0)
+            gate = gate.to(tl.float32)
+            y *= gate / (1.0 + tl.exp(-gate))
+        dst = (out_ptr + row * out_stride_row + head * out_stride_head + (query * out_stride_node)[:, None]
+               + (pp * out_stride_p)[None, :])
+        tl.store(dst, y.to(out_ptr.dtype.element_ty),
+                 mask=tl.where(links_ok, query_real[:, None] & p_ok[None, :], False))
+
+        if fold:
+            total = tl.sum(tl.where(key_pending, logs, 0.0))  # L_P
+            weights = tl.where(key_pending, tl.exp(total - key_cumulative) * step, 0.0)
+            folded = tl.exp(total) * state_t + _dot(tl.trans(b_keys * weights[:, None]), x_keys, FOLD_PRECISION)
+            tl.store(tile, folded.to(ssm_ptr.dtype.element_ty), mask=tile_ok)
+
+        if p_block == 0:  # the drafts' d beside their rows, once per head
+            draft_row = (start + pending + tl.where(query_real, query, 0)) % RING_ROWS
+            step_query = tl.load(dt_ptr + row * dt_stride_row + query * dt_stride_node + head * dt_stride_head,
+                                 mask=query_real, other=0.0).to(tl.float32)
+            if HAS_DT_BIAS:
+                step_query += tl.load(dt_bias_ptr + head * dt_bias_stride).to(tl.float32)
+            if DT_SOFTPLUS:
+                step_query = softplus(step_query)
+            tl.store(gates_base + draft_row * gates_stride_row, step_query, mask=query_real)
 
 
 def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
                  D, z, dt_bias, *, layer, num_layers, num_nodes, heads, max_pending, fold_above, dt_softplus, block_p,
-                 num_warps, precision, fold_precision):
+                 num_warps, precision, fold_precision, heads_per_program, num_stages=None):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K], bias [L, dim], A [L, H]: every layer's, as a flush
     gives them even for L = 1; else one layer's). out, x, dt, B, C, D, z, dt_bias: the drafts' (None with no drafts: never read)."""
@@ -207,6 +226,11 @@ def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                          f"and {num_layers}; split the batch")
     if block_p is None:
         block_p = spread_block(RING_BLOCK_P, num_rows, num_heads, head_dim)
+    if heads_per_program is None:
+        heads_per_program = group_share(num_rows * num_layers * cdiv(head_dim, block_p), num_heads, num_groups)
+    elif (num_heads // num_groups) % heads_per_program:
+        raise ValueError(f"heads_per_program must divide the {num_heads // num_groups} heads of a group, "
+                         f"got {heads_per_program}")
     per_layer = (lambda t: t.stride()) if weight.dim() == 3 else (lambda t: (0, *t.stride()))  # [L, ...]: stacked
     strides = lambda t, n: (0,) * n if t is None else t.stride()  # noqa: E731 -- absent: never read
     bias_strides = (0, 0) if bias is None else per_layer(bias)
@@ -222,13 +246,15 @@ def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
         BLOCK_P=block_p, BLOCK_N=max(MIN_DOT, next_power_of_2(d_state)), TREE=parents is not None,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus),
         HAS_BIAS=bias is not None, PRECISION=precision or fold_precision_for(ssm),
-        FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), num_warps=num_warps,
+        FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), HEADS_PER_PROGRAM=heads_per_program,
+        num_warps=num_warps, **({} if num_stages is None else dict(num_stages=num_stages)),
     )
     stand_in = ssm  # where an absent tensor would be
     tensors = tuple(stand_in if t is None else t for t in (
         out, x, dt, B, C, z, A, D, dt_bias, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
         parents))
-    chunk = KernelCall(_mamba2_ring_verify_kernel, (num_heads * cdiv(head_dim, block_p), num_rows, num_layers),
+    chunk = KernelCall(_mamba2_ring_verify_kernel,
+                       (num_heads // heads_per_program * cdiv(head_dim, block_p), num_rows, num_layers),
                        tensors, scalars, constexprs)
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
                          num_layers=num_layers, num_nodes=num_nodes, max_pending=max_pending, fold_above=fold_above)
@@ -237,7 +263,7 @@ def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
 
 def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                 parents, D, z, dt_bias, *, dt_softplus, block_p=None, num_warps=MAMBA2_RING_WARPS, precision=None,
-                fold_precision=None):
+                fold_precision=None, heads_per_program=None, num_stages=None):
     """mamba2_ring_verify's two launches (the verify, then the folded windows), or () with no rows."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
@@ -246,7 +272,8 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
                         parents, D, z, dt_bias, layer=layer, num_layers=1, num_nodes=num_nodes,
                         heads=(num_heads, head_dim, B.shape[2], B.shape[3]), max_pending=rows.shape[2] - num_nodes,
                         fold_above=rows.shape[2] - num_nodes, dt_softplus=dt_softplus, block_p=block_p,
-                        num_warps=num_warps, precision=precision, fold_precision=fold_precision)
+                        num_warps=num_warps, precision=precision, fold_precision=fold_precision,
+                        heads_per_program=heads_per_program, num_stages=num_stages)
 
 
 def launch_mamba2_ring_verify(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
@@ -260,7 +287,8 @@ def launch_mamba2_ring_verify(out, x, dt, A, B, C, ssm, conv, rows, gates, curso
 
 
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, state_slots, *, num_heads, head_dim,
-                 n_groups, d_state, block_p=None, num_warps=MAMBA2_RING_WARPS, precision=None, fold_precision=None):
+                 n_groups, d_state, block_p=None, num_warps=MAMBA2_RING_WARPS, precision=None, fold_precision=None,
+                 heads_per_program=None):
     """mamba2_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or ()."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
@@ -271,7 +299,7 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, st
         None, None, None, A, None, None, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, None,
         None, None, None, layer=0, num_layers=ssm.shape[0], num_nodes=0, heads=(num_heads, head_dim, n_groups, d_state),
         max_pending=ring_rows - 1, fold_above=0, dt_softplus=False, block_p=block_p, num_warps=num_warps,
-        precision=fold, fold_precision=fold)
+        precision=fold, fold_precision=fold, heads_per_program=heads_per_program)
     cursors = flush_cursor_call(cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1],
                                 num_ring_slots=rows.shape[1], ring_rows=ring_rows)
     return chunk, window, cursors

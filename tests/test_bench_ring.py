@@ -10,6 +10,7 @@ pytest.importorskip("triton")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
 import bench_ring  # noqa: E402
+from support import INTERPRET  # noqa: E402
 from sgl_convwin import plan  # noqa: E402
 
 
@@ -30,9 +31,9 @@ def test_tree_path_lengths():
 
 @pytest.mark.parametrize("mixer", ["gdn", "mamba2"])
 def test_flow_dry_run(monkeypatch, capsys, mixer):
-    """The whole flow on tiny shapes on the CPU (the ops' PyTorch code, Mamba2's ring verify kernel
-    interpreted; timers and ceilings stubbed, each timed function run once), so a broken bench is
-    found before a GPU run."""
+    """The whole flow on tiny shapes on the CPU (the ops' PyTorch code; timers and ceilings stubbed,
+    each timed function run once), then Mamba2's tile sweep (its kernel interpreted), so a broken
+    bench is found before a GPU run."""
     import dataclasses
 
     def run_once(fn, *args, **kwargs):
@@ -51,8 +52,12 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
     monkeypatch.setattr(bench_ring, "read_ceiling_gbps", lambda: 4000.0)
     monkeypatch.setattr(bench_ring, "copy_ceiling_gbps", lambda: 3000.0)
     monkeypatch.setattr(bench_ring, "environment_line", lambda: "env")
-    batches = ["1", "3"] if mixer == "gdn" else ["2"]  # (Mamba2's verify interpreted: one batch)
+    batches = ["1", "3"]
     assert bench_ring.main(["--batches", *batches, "--capacity", "8", "--mixer", mixer]) == 0
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| chain") or
              line.startswith("| tree")]
     assert len(table) == 2 * len(batches)
+    if mixer == "mamba2" and INTERPRET:
+        assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/1",
+                                "16/4/2/2"]) == 0
+        assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]) == 2

@@ -102,18 +102,19 @@ def assert_same_untouched(case, want, got):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_matches_pytorch_code(device, tree):
+@pytest.mark.parametrize("share", [1, 2], ids=["head", "group"])
+def test_matches_pytorch_code(device, tree, share):
     """Folds (pending + N > capacity) beside rows that only replay, a ring wrapping its end, an
-    empty ring and a padded row; every optional term."""
+    empty ring and a padded row; every optional term. A program per head, or per group's two heads."""
     cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
     case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
                             state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)
-    want, got = run_both(case)
+    want, got = run_both(case, tuning=dict(IEEE, heads_per_program=share))
     assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
     assert not torch.equal(want["conv_state"], case["conv_state"])
     assert_agree(want, got)
     assert_same_untouched(case, want, got)
-    want, got = run_both(case, tuning={})  # the default: tf32 outputs, the fold in float32's accuracy
+    want, got = run_both(case, tuning=dict(heads_per_program=share))  # the default precision: 3xTF32 here
     assert_agree(want, got, tol=2e-3, state_tol=1e-4)
 
 
@@ -142,8 +143,8 @@ def test_bad_cursors_and_links_skip(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layers", [2, 1])
-def test_flush_matches_pytorch_code(device, layers):
+@pytest.mark.parametrize("layers, share", [(2, 1), (1, 1), (2, 2)])
+def test_flush_matches_pytorch_code(device, layers, share):
     """Every layer's checkpoint after its pending tokens, the windows and the cursors, as the
     PyTorch code leaves them; a padded row and an empty ring touch nothing; one layer too."""
     case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]]),
@@ -163,7 +164,8 @@ def test_flush_matches_pytorch_code(device, layers):
         if launch:
             kernel_args, kernel_kwargs = sgl_convwin.mamba2_ring_flush.kernel_arguments(*args, conv_bias=bias,
                                                                                       **heads)
-            triton_kernels().launch_mamba2_ring_flush(*kernel_args, **kernel_kwargs, **IEEE)
+            triton_kernels().launch_mamba2_ring_flush(*kernel_args, **kernel_kwargs, **IEEE,
+                                                      heads_per_program=share)
         else:
             ring_pytorch_code("mamba2_ring_flush")(*args, conv_bias=bias, **heads)
         return mine
