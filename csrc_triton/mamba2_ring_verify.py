@@ -32,6 +32,7 @@ from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, _operand, spread_block
 # sm_90 compile's only spill-free choice at Nemotron-H's heads; not yet timed on a GPU.
 RING_BLOCK_P = 64
 MAMBA2_RING_WARPS = 8
+RING_STAGES = 1  # the loop over a program's heads not software-pipelined: the H200 sweep's fastest
 
 
 def group_share(tiles_per_head: int, num_heads: int, num_groups: int) -> int:
@@ -214,7 +215,7 @@ def _mamba2_ring_verify_kernel(
 
 def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
                  D, z, dt_bias, *, layer, num_layers, num_nodes, heads, max_pending, fold_above, dt_softplus, block_p,
-                 num_warps, precision, fold_precision, heads_per_program, num_stages=None):
+                 num_warps, precision, fold_precision, heads_per_program, num_stages=RING_STAGES):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K], bias [L, dim], A [L, H]: every layer's, as a flush
     gives them even for L = 1; else one layer's). out, x, dt, B, C, D, z, dt_bias: the drafts' (None with no drafts: never read)."""
@@ -247,7 +248,7 @@ def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus),
         HAS_BIAS=bias is not None, PRECISION=precision or fold_precision_for(ssm),
         FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), HEADS_PER_PROGRAM=heads_per_program,
-        num_warps=num_warps, **({} if num_stages is None else dict(num_stages=num_stages)),
+        num_warps=num_warps, num_stages=num_stages,
     )
     stand_in = ssm  # where an absent tensor would be
     tensors = tuple(stand_in if t is None else t for t in (
@@ -263,7 +264,7 @@ def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
 
 def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                 parents, D, z, dt_bias, *, dt_softplus, block_p=None, num_warps=MAMBA2_RING_WARPS, precision=None,
-                fold_precision=None, heads_per_program=None, num_stages=None):
+                fold_precision=None, heads_per_program=None, num_stages=RING_STAGES):
     """mamba2_ring_verify's two launches (the verify, then the folded windows), or () with no rows."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
