@@ -4,9 +4,9 @@ conv (``ring_conv1d_verify``) and the acceptance (``ring_accept``) are ops_ring'
 
 Per token the ring keeps its conv input (a row, as for Gated DeltaNet) and one gate per head: dt as
 the recurrence uses it, after ``dt_bias`` and softplus -- what ``mamba2_commit``'s gates hold, so a
-replay needs neither. The fold rule, the cursor and the skips are the Gated DeltaNet ring's. Both
-ops run the vectorised PyTorch code of cpu_ring.py on every device (on CUDA it syncs: not yet fast
-nor capturable); see docs/design.md, "The ring".
+replay needs neither. The fold rule, the cursor and the skips are the Gated DeltaNet ring's. On
+CUDA both ops are the Triton launches of csrc_triton/mamba2_ring_verify.py; on the CPU the
+vectorised PyTorch code of cpu_ring.py. See docs/design.md, "The ring".
 """
 
 from __future__ import annotations
