@@ -19,8 +19,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .replay_smem import (
-    accepted_path, conv_operands, conv_silu, descriptor_maker, path_node, power_of_2, row_indices,
-    state_descriptor, tile_load, tile_signature_ok, tile_store,
+    accepted_path, conv_operands, conv_silu, path_node, power_of_2, row_indices, tile_load, tile_signature_ok,
+    tile_store,
 )
 
 

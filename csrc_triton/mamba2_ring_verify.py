@@ -16,7 +16,8 @@ One program holds one [Ns, BLOCK_P] tile of S0^T: C S0^T is one product with the
 intra-chunk term one [N, keys] x [keys, BLOCK_P] product, the fold one [Ns, keys] x [keys, BLOCK_P]
 product written over the tile it read. Every product is in 3xTF32 by default for a float32
 checkpoint (fold_precision_for): the fold must keep float32's accuracy, and tf32 outputs missed
-mamba2_verify's tolerance (2e-3 x max |y|) over the 1,000-step test. The folded conv window is gdn_ring_verify's second launch, mixer-free.
+mamba2_verify's tolerance (2e-3 x max |y|) over the 1,000-step test. The folded conv window is
+gdn_ring_verify's second launch, mixer-free.
 """
 
 from __future__ import annotations
@@ -72,9 +73,10 @@ def _mamba2_ring_verify_kernel(
 ):
     """One program: one [Ns, BLOCK_P] tile of S0^T of each of HEADS_PER_PROGRAM heads of one group
     of one row, of layer ``layer`` + program_id(2); what the group's heads share (the key tokens' B,
-    its conv, their ancestry, the drafts' C, C B^T) once, then head by head. A row is left alone unless both slots are in range and its cursor a ring position
-    (pending <= MAX_PENDING); its outputs also need every parent link in [-1, n-1]. It folds when
-    pending > 0 and pending + N > FOLD_ABOVE (the verify: the capacity; the flush, no drafts: 0)."""
+    its conv, their ancestry, the drafts' C, C B^T) once, then head by head. A row is left alone
+    unless both slots are in range and its cursor a ring position (pending <= MAX_PENDING); its
+    outputs also need every parent link in [-1, n-1]. It folds when pending > 0 and pending + N >
+    FOLD_ABOVE (the verify: the capacity; the flush, no drafts: 0)."""
     P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
     first_head = (tl.program_id(0) // P_BLOCKS) * HEADS_PER_PROGRAM
     p_block = tl.program_id(0) % P_BLOCKS
@@ -218,7 +220,8 @@ def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                  num_warps, precision, fold_precision, heads_per_program, num_stages=RING_STAGES):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K], bias [L, dim], A [L, H]: every layer's, as a flush
-    gives them even for L = 1; else one layer's). out, x, dt, B, C, D, z, dt_bias: the drafts' (None with no drafts: never read)."""
+    gives them even for L = 1; else one layer's). out, x, dt, B, C, D, z, dt_bias: the drafts' (None
+    with no drafts: never read)."""
     num_heads, head_dim, num_groups, d_state = heads
     num_rows = ring_slots.shape[0]
     ring_rows, kernel_size = rows.shape[2], conv.shape[3] + 1
