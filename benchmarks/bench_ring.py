@@ -108,12 +108,12 @@ def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
         parents=torch.tensor([TREE_PARENTS] * batch, device=DEVICE) if tree else None,
         out=torch.empty(L, batch, N, H, shapes.head_dim, dtype=torch.bfloat16, device=DEVICE),
     )
-    arguments = [((p["out"][layer], conv_out[..., :x_width].unflatten(-1, (H, shapes.head_dim)), p["dt"][layer],
-                   p["A"][layer], conv_out[..., x_width:x_width + bc_width].unflatten(-1, (shapes.groups, shapes.d_state)),
-                   conv_out[..., x_width + bc_width:].unflatten(-1, (shapes.groups, shapes.d_state)), p["ssm"],
-                   p["conv_state"], ring.rows, ring.gates, ring.cursor, p["weight"][layer], p["bias"][layer], p["slots"],
-                   p["slots"], layer, p["parents"]), dict(dt_bias=p["dt_bias"][layer], dt_softplus=True))
-                 for layer in range(L)]
+    x = conv_out[..., :x_width].unflatten(-1, (H, shapes.head_dim))
+    B, C = (conv_out[..., start:start + bc_width].unflatten(-1, (shapes.groups, shapes.d_state))
+            for start in (x_width, x_width + bc_width))
+    arguments = [((p["out"][layer], x, p["dt"][layer], p["A"][layer], B, C, p["ssm"], p["conv_state"], ring.rows,
+                   ring.gates, ring.cursor, p["weight"][layer], p["bias"][layer], p["slots"], p["slots"], layer,
+                   p["parents"]), dict(dt_bias=p["dt_bias"][layer], dt_softplus=True)) for layer in range(L)]
     p["verify"] = [functools.partial(sgl_convwin.mamba2_ring_verify, *args, **kwargs) for args, kwargs in arguments]
     p["calls"] = [sgl_convwin.mamba2_ring_verify.kernel_arguments(*args, **kwargs) for args, kwargs in arguments]
     return p
@@ -239,7 +239,8 @@ def main(argv=None) -> int:
     parser.add_argument("--capacity", type=int, default=sgl_convwin.DEFAULT_CAPACITY)
     parser.add_argument("--drafts", nargs="+", choices=("chain", "tree"), default=["chain", "tree"])
     parser.add_argument("--mixer", choices=tuple(SHAPES), default="gdn")
-    parser.add_argument("--sweep", nargs="+", metavar="COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG]",
+    parser.add_argument("--sweep", nargs="+",
+                        metavar="COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG]",
                         help="time the verify kernel's tile choices instead (one layer, chains; --mixer mamba2: "
                              "BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES])")
     args = parser.parse_args(argv)

@@ -327,7 +327,8 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                  num_warps, precision, fold_precision, mma=False, maxnreg=None):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
-    even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never read)."""
+    even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
+    read)."""
     num_k_heads, head_k_dim, num_v_heads, head_v_dim = heads
     num_rows = ring_slots.shape[0]
     ring_rows, kernel_size = rows.shape[2], conv.shape[3] + 1
