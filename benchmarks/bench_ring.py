@@ -211,8 +211,9 @@ def sweep(shapes, batches, capacity, specs):
 
 
 def mamba2_sweep(shapes, batches, capacity, specs):
-    """One layer's mamba2_ring_verify launch per tile choice (BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES]),
-    chains, every row holding 8 pending tokens (replayed, no fold) and 16 (folded)."""
+    """One layer's mamba2_ring_verify launch per tile choice (BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES
+    [/PRECISION]]: the outputs' products, the fold's staying 3xTF32), chains, every row holding 8
+    pending tokens (replayed, no fold) and 16 (folded)."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_mamba2_ring_verify
@@ -221,9 +222,10 @@ def mamba2_sweep(shapes, batches, capacity, specs):
         p = mamba2_ring_problem(shapes, batch, False, capacity, seed=batch)
         args, kwargs = p["calls"][0]
         for spec in specs:
-            block_p, warps, share, *stages = (int(part) for part in spec.split("/"))
-            tuning = dict(block_p=block_p, num_warps=warps, heads_per_program=share,
-                          **(dict(num_stages=stages[0]) if stages else {}))
+            block_p, warps, share, *rest = spec.split("/")
+            tuning = dict(block_p=int(block_p), num_warps=int(warps), heads_per_program=int(share),
+                          **(dict(num_stages=int(rest[0])) if rest else {}),
+                          **(dict(precision=rest[1], fold_precision="tf32x3") if len(rest) > 1 else {}))
             times = []
             for pending in (8, capacity):
                 p["ring"].cursor[:, 1] = pending
@@ -242,7 +244,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", nargs="+",
                         metavar="COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG]",
                         help="time the verify kernel's tile choices instead (one layer, chains; --mixer mamba2: "
-                             "BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES])")
+                             "BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES[/PRECISION]])")
     args = parser.parse_args(argv)
     if DEVICE == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA device")

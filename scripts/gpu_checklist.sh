@@ -30,7 +30,7 @@
 #   ringnext  the rings' kernels called directly (gdn_ring_verify's mma and Triton kernels, the Mamba2 ring's):
 #             their GPU tests, memcheck + racecheck, then the GDN verify's one-layer sweep (register caps)
 #   m2ringbench  the Mamba2 ring against mamba2_verify + mamba2_commit (bench_ring.py --mixer mamba2), then its
-#             verify's one-layer sweep (BLOCK_P / warps / heads a program / stages)
+#             verify's one-layer sweep (BLOCK_P / warps / heads a program / stages / the outputs' precision)
 #   m2verify  mamba2_verify's GPU tests (never run on a GPU before), then memcheck and racecheck over them
 #   m2bench   mamba2_verify against an engine-style selective-state-update stand-in, chains and trees of 8,
 #             B = 1 .. 256, Nemotron-H-8B TP1 (benchmarks/bench_mamba2_verify.py), with issue #40's targets
@@ -154,7 +154,8 @@ for phase in "$@"; do
                 > "$out/bench_ring_mamba2.log" 2>&1
               rc=$?; grep -E '^(\||[0-9]+ layers)' "$out/bench_ring_mamba2.log"; tail -2 "$out/bench_ring_mamba2.log"
               timeout 150 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 \
-                --sweep 64/8/16/1 32/8/16/1 64/4/16/1 32/4/16/1 64/8/8/1 > "$out/sweep_ring_mamba2.log" 2>&1
+                --sweep 64/8/16/1 64/8/16/1/tf32 32/8/16/1 64/4/16/1 32/4/16/1 64/8/8/1 \
+                > "$out/sweep_ring_mamba2.log" 2>&1
               rc=$((rc | $?)); grep '^|' "$out/sweep_ring_mamba2.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac

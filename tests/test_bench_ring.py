@@ -59,5 +59,5 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
     assert len(table) == 2 * len(batches)
     if mixer == "mamba2" and INTERPRET:
         assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/1",
-                                "16/4/2/2"]) == 0
+                                "16/4/2/1/tf32"]) == 0
         assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]) == 2
