@@ -352,3 +352,46 @@ def run_many_steps(harness_type, device, tree):
         harness.step([0, 1], [1, 0], steps, [tree_parents, tree_parents] if tree else None)
     harness.flush([0, 1], [1, 0])
     assert harness.folds > 0
+
+
+def replay_against_eager(worlds, outs, step, flush, fresh_inputs, static, flush_slots, *, replays=40):
+    """Both mixers' CUDA-graph test: ``step(world, out)`` (every layer, then the acceptance) and
+    ``flush(world)`` run once on worlds[2] (every kernel compiled), then are each captured once on
+    worlds[0]. Per replay, new inputs from ``fresh_inputs()`` are written into ``static``, the step
+    graph replays beside an eager step on worlds[1]; every 5th a flush of ring slot i % M, every 13th
+    a new request in ring slot 1 (its states, state slot 2, written; its ring emptied). Every output,
+    checkpoint and ring tensor equal bit for bit after every replay; more than 3 replays folded."""
+    step(worlds[2], outs[2])
+    flush(worlds[2])
+    torch.cuda.synchronize()
+    step_graph, flush_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(step_graph):
+        step(worlds[0], outs[0])
+    with torch.cuda.graph(flush_graph):
+        flush(worlds[0])
+
+    def tensors(world, out):
+        return [out, world.ssm_state, world.conv_state, world.ring.rows, world.ring.gates, world.ring.cursor]
+
+    folds = 0
+    for i in range(replays):
+        for name, t in fresh_inputs().items():
+            if static[name] is not None:
+                static[name].copy_(t)
+        before = worlds[1].ssm_state.clone()
+        step_graph.replay()
+        step(worlds[1], outs[1])
+        folds += int(not torch.equal(before, worlds[1].ssm_state))
+        if i % 5 == 4:
+            flush_slots.copy_(torch.tensor([i % worlds[0].ring.cursor.shape[0], -1]))
+            flush_graph.replay()
+            flush(worlds[1])
+        if i % 13 == 12:
+            for world in worlds[:2]:
+                world.ssm_state[:, 2] = 0.25
+                world.conv_state[:, 2] = 0.5
+                world.ring.reset(torch.tensor([1], device="cuda"))
+        names = ("out", "ssm_state", "conv_state", "rows", "gates", "cursor")
+        for name, a, b in zip(names, tensors(worlds[0], outs[0]), tensors(worlds[1], outs[1])):
+            assert torch.equal(a, b), (i, name)
+    assert folds > 3

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sgl_convwin
-from ring_harness import FILL, MANY_STEPS_CASES, Harness, run_many_steps, run_sequence
+from ring_harness import FILL, MANY_STEPS_CASES, Harness, replay_against_eager, run_many_steps, run_sequence
 from support import random_tree
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -411,37 +411,4 @@ def test_cuda_graph_steps_match_eager(tree):
         sgl_convwin.gdn_ring_flush(ssm_state, conv_state, ring.cursor, ring.rows, ring.gates, conv_weight, flush_slots,
                                    flush_slots + 1, conv_bias=conv_bias, **heads)
 
-    step(worlds[2], outs[2])  # compiles every kernel before the capture
-    flush(worlds[2])
-    torch.cuda.synchronize()
-    step_graph, flush_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-    with torch.cuda.graph(step_graph):
-        step(worlds[0], outs[0])
-    with torch.cuda.graph(flush_graph):
-        flush(worlds[0])
-
-    def tensors(world, out):
-        return [out, world.ssm_state, world.conv_state, world.ring.rows, world.ring.gates, world.ring.cursor]
-
-    folds = 0
-    for i in range(40):
-        for name, t in fresh_inputs().items():
-            if static[name] is not None:
-                static[name].copy_(t)
-        before = worlds[1].ssm_state.clone()
-        step_graph.replay()
-        step(worlds[1], outs[1])
-        folds += int(not torch.equal(before, worlds[1].ssm_state))
-        if i % 5 == 4:
-            flush_slots.copy_(torch.tensor([i % num_ring, -1]))
-            flush_graph.replay()
-            flush(worlds[1])
-        if i % 13 == 12:  # a new request in ring slot 1: its prefill writes its states, its ring is emptied
-            for world in worlds[:2]:
-                world.ssm_state[:, 2] = 0.25
-                world.conv_state[:, 2] = 0.5
-                world.ring.reset(torch.tensor([1], device="cuda"))
-        names = ("out", "ssm_state", "conv_state", "rows", "gates", "cursor")
-        for name, a, b in zip(names, tensors(worlds[0], outs[0]), tensors(worlds[1], outs[1])):
-            assert torch.equal(a, b), (i, name)
-    assert folds > 3
+    replay_against_eager(worlds, outs, step, flush, fresh_inputs, static, flush_slots)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sgl_convwin
-from ring_harness import FILL, MANY_STEPS_CASES, Mamba2Harness, run_many_steps, run_sequence
+from ring_harness import FILL, MANY_STEPS_CASES, Mamba2Harness, replay_against_eager, run_many_steps, run_sequence
 
 # ---------------------------------------------------------------------------------------------
 # Random step sequences
@@ -360,9 +360,8 @@ def test_compiled_step_matches_eager():
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_cuda_graph_steps_match_eager(tree):
     """A whole Mamba2 step (every layer's conv and verify, then the acceptance) and a flush, each
-    captured once; 30 steps replayed with new inputs, slots (a padded row), acceptance and tree links
-    written into the static inputs, a flush every few steps. Every output, checkpoint and ring
-    tensor after every replay equals, bit for bit, what eager calls of the same ops leave on a twin."""
+    captured once and replayed with new inputs, slots (a padded row), acceptance and tree links
+    written into the static inputs, new requests between steps (ring_harness.replay_against_eager)."""
     from support import random_tree
 
     layers, num_rows, num_draft, num_ring = 2, 3, 3, 4
@@ -409,32 +408,4 @@ def test_cuda_graph_steps_match_eager(tree):
                                       world.ring.gates, world.conv_weight, world.A, flush_slots, flush_slots + 1,
                                       conv_bias=world.conv_bias, **heads)
 
-    step(worlds[2], outs[2])  # compiles every kernel before the capture
-    flush(worlds[2])
-    torch.cuda.synchronize()
-    step_graph, flush_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-    with torch.cuda.graph(step_graph):
-        step(worlds[0], outs[0])
-    with torch.cuda.graph(flush_graph):
-        flush(worlds[0])
-
-    folds = 0
-    for i in range(30):
-        for name, t in fresh_inputs().items():
-            if static[name] is not None:
-                static[name].copy_(t)
-        before = worlds[1].ssm_state.clone()
-        step_graph.replay()
-        step(worlds[1], outs[1])
-        folds += int(not torch.equal(before, worlds[1].ssm_state))
-        if i % 5 == 4:
-            flush_slots.copy_(torch.tensor([i % num_ring, -1]))
-            flush_graph.replay()
-            flush(worlds[1])
-        for name, a, b in zip(("out", "ssm_state", "conv_state", "rows", "gates", "cursor"),
-                              (outs[0], worlds[0].ssm_state, worlds[0].conv_state, worlds[0].ring.rows,
-                               worlds[0].ring.gates, worlds[0].ring.cursor),
-                              (outs[1], worlds[1].ssm_state, worlds[1].conv_state, worlds[1].ring.rows,
-                               worlds[1].ring.gates, worlds[1].ring.cursor)):
-            assert torch.equal(a, b), (i, name)
-    assert folds > 3
+    replay_against_eager(worlds, outs, step, flush, fresh_inputs, static, flush_slots)
