@@ -25,9 +25,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, softplus
+from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
 from .gdn_ring_verify import _pending_conv, _ring_row, flush_cursor_call, fold_precision_for, window_call
 from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, _operand, spread_block
+from .mamba2_verify import _step_sizes
 
 # Head-dim rows per tile (fewer for small batches: gdn_verify.spread_block) and warps: the offline
 # sm_90 compile's only spill-free choice at Nemotron-H's heads; not yet timed on a GPU.
@@ -167,12 +168,9 @@ def _mamba2_ring_verify_kernel(
         x_keys = tl.where(key_pending[:, None], x_pending, x_given.to(tl.float32))
         gates_base = gates_row + head * gates_stride_head
         step_ring = tl.load(gates_base + ring_key * gates_stride_row, mask=key_pending, other=0.0).to(tl.float32)
-        step_given = tl.load(dt_ptr + row * dt_stride_row + kd * dt_stride_node + head * dt_stride_head,
-                             mask=key_drafted, other=0.0).to(tl.float32)
-        if HAS_DT_BIAS:
-            step_given += tl.load(dt_bias_ptr + head * dt_bias_stride).to(tl.float32)
-        if DT_SOFTPLUS:
-            step_given = softplus(step_given)
+        dt_base = dt_ptr + row * dt_stride_row + head * dt_stride_head
+        step_given = _step_sizes(dt_base, kd, key_drafted, dt_stride_node, dt_bias_ptr + head * dt_bias_stride,
+                                 HAS_DT_BIAS, DT_SOFTPLUS)
         step = tl.where(key_pending, step_ring, tl.where(key_drafted, step_given, 0.0))
         logs = step * rate
         key_cumulative = tl.sum(tl.where(key_ancestry, logs[None, :], 0.0), axis=1)  # L_t
@@ -206,12 +204,8 @@ def _mamba2_ring_verify_kernel(
 
         if p_block == 0:  # the drafts' d beside their rows, once per head
             draft_row = (start + pending + tl.where(query_real, query, 0)) % RING_ROWS
-            step_query = tl.load(dt_ptr + row * dt_stride_row + query * dt_stride_node + head * dt_stride_head,
-                                 mask=query_real, other=0.0).to(tl.float32)
-            if HAS_DT_BIAS:
-                step_query += tl.load(dt_bias_ptr + head * dt_bias_stride).to(tl.float32)
-            if DT_SOFTPLUS:
-                step_query = softplus(step_query)
+            step_query = _step_sizes(dt_base, query, query_real, dt_stride_node, dt_bias_ptr + head * dt_bias_stride,
+                                     HAS_DT_BIAS, DT_SOFTPLUS)
             tl.store(gates_base + draft_row * gates_stride_row, step_query, mask=query_real)
 
 

@@ -35,6 +35,19 @@ VERIFY_WARPS = 4
 
 
 @triton.jit
+def _step_sizes(dt_base, node, mask, dt_stride_node, dt_bias_at, HAS_DT_BIAS: tl.constexpr,
+                DT_SOFTPLUS: tl.constexpr):
+    """d of the nodes ``node`` (where ``mask``) of one row and head: dt (+ dt_bias), softplus'd if
+    DT_SOFTPLUS, in float32."""
+    step = tl.load(dt_base + node * dt_stride_node, mask=mask, other=0.0).to(tl.float32)
+    if HAS_DT_BIAS:
+        step += tl.load(dt_bias_at).to(tl.float32)
+    if DT_SOFTPLUS:
+        step = softplus(step)
+    return step
+
+
+@triton.jit
 def _mamba2_verify_kernel(
     out_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, ssm_ptr, slots_ptr, parents_ptr, d_ptr, z_ptr, dt_bias_ptr,
     num_state_slots,
@@ -83,12 +96,8 @@ def _mamba2_verify_kernel(
     c = tl.load(c_ptr + row * c_stride_row + group * c_stride_group + (node * c_stride_node)[:, None]
                 + (nn * c_stride_n)[None, :], mask=nodes_mask, other=0.0).to(tl.float32)
     c = _operand(c, PRECISION)
-    step = tl.load(dt_ptr + row * dt_stride_row + node * dt_stride_node + head * dt_stride_head, mask=real,
-                   other=0.0).to(tl.float32)
-    if HAS_DT_BIAS:
-        step += tl.load(dt_bias_ptr + head * dt_bias_stride).to(tl.float32)
-    if DT_SOFTPLUS:
-        step = softplus(step)
+    step = _step_sizes(dt_ptr + row * dt_stride_row + head * dt_stride_head, node, real, dt_stride_node,
+                       dt_bias_ptr + head * dt_bias_stride, HAS_DT_BIAS, DT_SOFTPLUS)
     step = tl.where(real, step, 0.0)  # padding nodes: no decay, no update
     rate = tl.load(a_ptr + head * a_stride).to(tl.float32)
 
