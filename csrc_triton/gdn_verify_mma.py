@@ -146,10 +146,13 @@ def _gdn_verify_mma_kernel(
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA)
     COL_L: gl.constexpr = gl.SliceLayout(0, MMA)
     TILES: gl.constexpr = BLOCK_V // (8 * WARPS)  # mma tiles of 8 columns per warp
-    # B's fragments (rows tig and tig + 4 of each k step) with the columns of one thread adjacent
-    LOAD_L: gl.constexpr = gl.BlockedLayout([1, TILES], [4, 8], [1, WARPS], [0, 1])
+    VEC: gl.constexpr = min(TILES, 128 // ssm_ptr.dtype.element_ty.primitive_bitwidth)  # 16-byte loads
+    # B's fragments (rows tig and tig + 4 of each k step): a thread's columns in runs of VEC, the
+    # 8 runs of a warp's lanes adjacent, so that every load instruction reads whole 128-byte lines
+    LOAD_L: gl.constexpr = gl.BlockedLayout([1, VEC], [4, 8], [1, WARPS], [0, 1])
     STACK_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-    KQ_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    # 16-byte units XOR-swizzled by row: the mma operands' 8 rows x 4 columns hit 32 banks
+    KQ_SMEM: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
     HALF: gl.constexpr = NODES // 2
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = gl.program_id(0) // V_BLOCKS
@@ -190,9 +193,10 @@ def _gdn_verify_mma_kernel(
         if c + CHUNK_K < BLOCK_K:  # the next chunk's loads in flight while this one multiplies
             upcoming = _state_chunk(state_base, c + CHUNK_K, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
                                     SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
-        # relabel the columns (no data moves): a thread's TILES adjacent columns become its
+        # relabel the columns (no data moves): a thread's TILES columns (runs of VEC) become its
         # columns of the warp's TILES mma tiles
-        state = state.reshape([CHUNK_K, WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([CHUNK_K, BLOCK_V])
+        state = state.reshape([CHUNK_K, TILES // VEC, WARPS, 8, VEC]).permute((0, 1, 4, 2, 3)).reshape(
+            [CHUNK_K, BLOCK_V])
         products = mma_v2(kq_smem.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(state, B_L), products,
                           input_precision="tf32")
     # after the products: computed before them, the chunks' loads wait in registers (docs/benchmarks.md)
@@ -207,7 +211,8 @@ def _gdn_verify_mma_kernel(
     real = node < NUM_NODES
 
     n = gl.arange(0, BLOCK_V, layout=COL_L)
-    vv = v0 + ((n // 8) % WARPS) * (8 * TILES) + (n % 8) * TILES + n // (8 * WARPS)  # the state's relabelling
+    tile = n // (8 * WARPS)  # the state's relabelling: mma column n is the state's column vv
+    vv = v0 + (tile // VEC) * (8 * VEC * WARPS) + ((n // 8) % WARPS) * (8 * VEC) + (n % 8) * VEC + tile % VEC
     columns = (vv < HEAD_V_DIM)[None, :]
     v = gl.load(v_ptr + row * v_stride_row + head * v_stride_head + (node * v_stride_node)[:, None]
                 + (vv * v_stride_v)[None, :], mask=(real & key_side)[:, None] & columns, other=0.0).to(gl.float32)
