@@ -76,7 +76,8 @@ def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, chan, chan_ok, s
         weight = gl.load(weight_ptr + chan * weight_stride_dim + tap * weight_stride_tap, mask=chan_ok,
                          other=0.0).to(gl.float32)
         logical = token - (KERNEL_SIZE - 1) + tap
-        ring_row = (start + gl.maximum(logical, 0)) % RING_ROWS
+        ring_row = start + gl.maximum(logical, 0)
+        ring_row = gl.where(ring_row >= RING_ROWS, ring_row - RING_ROWS, ring_row)  # a pending token's < 2 C
         x = gl.load(rows_base + (ring_row * rows_stride_row)[:, None] + (chan * rows_stride_dim)[None, :],
                     mask=(pending_row & (logical >= 0))[:, None] & chan_ok[None, :], other=0.0)
         acc += weight[None, :] * x.to(gl.float32)
