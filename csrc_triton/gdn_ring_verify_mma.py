@@ -101,6 +101,12 @@ def _relabelled(n, v0, WARPS: gl.constexpr, TILES: gl.constexpr):
 
 
 @gluon.jit
+def _columns_relabelled(x, WARPS: gl.constexpr, TILES: gl.constexpr):
+    """x [rows, BLOCK_V] in LOAD_L, its columns reordered so that column n holds _relabelled(n, 0)."""
+    return x.reshape([x.shape[0], WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([x.shape[0], x.shape[1]])
+
+
+@gluon.jit
 def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base, window_base, gates_base,
               weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
               q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
@@ -110,7 +116,8 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
               gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
               out_stride_row, out_stride_node, out_stride_head, out_stride_v,
               weight_stride_dim, weight_stride_tap, bias_stride,
-              NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, KEY_ROWS: gl.constexpr, NODES: gl.constexpr,
+              NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, KEY_ROWS: gl.constexpr, PENDING_ROWS: gl.constexpr,
+              NODES: gl.constexpr,
               KERNEL_SIZE: gl.constexpr,
               NUM_K_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr,
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
@@ -118,7 +125,8 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr):
     """One program's work: the row's outputs for its query rows, stored; with FOLD the checkpoint
     tile after the pending tokens, stored in place; the drafts' gates beside their rows (v0 = 0).
-    Products in 3xTF32 with SPLIT, else tf32."""
+    Products in 3xTF32 with SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of
+    this launch has at most PENDING_ROWS pending tokens."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -135,36 +143,45 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
     upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K,
                             BLOCK_V, LOAD_L)  # the long read first
 
-    # the stack [NODES, dk]: pending tokens' k from their conv, the drafts' k, then their q; normalised, scaled
-    s = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
-    kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, STACK_L))
-    k_ok = kk < HEAD_K_DIM
-    is_key = s < KEY_ROWS
-    key_pending = is_key & (s < pending)
-    draft = gl.where(is_key, s - pending, s - KEY_ROWS)
-    drafted = live & (draft >= 0) & (draft < NUM_NODES)
-    d = gl.where(drafted, draft, 0).to(gl.int64)
-    conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
-                           NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk, k_ok, start, pending, rows_stride_row,
-                           rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap,
-                           bias_stride, RING_ROWS, KERNEL_SIZE, NODES, HAS_BIAS, STACK_L)
-    keys = k_ptr + row * k_stride_row + k_head * k_stride_head + (d * k_stride_node)[:, None] + \
-        (kk * k_stride_k)[None, :]
-    queries = q_ptr + row * q_stride_row + k_head * q_stride_head + (d * q_stride_node)[:, None] + \
-        (kk * q_stride_k)[None, :]
-    given_k = gl.load(keys, mask=(drafted & is_key)[:, None] & k_ok[None, :], other=0.0)
-    given_q = gl.load(queries, mask=(drafted & ~is_key)[:, None] & k_ok[None, :], other=0.0)
-    kq = gl.where(key_pending[:, None], conv_k, gl.where(is_key[:, None], given_k.to(gl.float32),
-                                                         given_q.to(gl.float32)))
-    if L2NORM:
-        kq = kq / gl.sqrt(gl.sum(kq * kq, axis=1) + 1e-6)[:, None]
-    kq = kq * gl.where(is_key, 1.0, scale)[:, None]
-    kq_head = _rounded(kq, True)
-    kq_hi = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM, kq_head)
+    # the stack [NODES, dk]: pending tokens' k from their conv, the drafts' k, then their q; normalised,
+    # scaled, staged in shared memory in PARTS blocks of rows: the pending tokens (at most PENDING_ROWS)
+    # all in the first, which alone needs the conv
+    PARTS: gl.constexpr = 2 if PENDING_ROWS <= NODES // 2 else 1
+    PART: gl.constexpr = NODES // PARTS
+    kq_hi = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM)
     if SPLIT:
-        kq_lo = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM, _rounded(kq - kq_head, True))
+        kq_lo = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM)
     else:
         kq_lo = kq_hi  # unread
+    kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, STACK_L))
+    k_ok = kk < HEAD_K_DIM
+    for part in gl.static_range(PARTS):
+        s = part * PART + gl.arange(0, PART, layout=gl.SliceLayout(1, STACK_L))
+        is_key = s < KEY_ROWS
+        draft = gl.where(is_key, s - pending, s - KEY_ROWS)
+        drafted = live & (draft >= 0) & (draft < NUM_NODES)
+        d = gl.where(drafted, draft, 0).to(gl.int64)
+        keys = k_ptr + row * k_stride_row + k_head * k_stride_head + (d * k_stride_node)[:, None] + \
+            (kk * k_stride_k)[None, :]
+        queries = q_ptr + row * q_stride_row + k_head * q_stride_head + (d * q_stride_node)[:, None] + \
+            (kk * q_stride_k)[None, :]
+        given_k = gl.load(keys, mask=(drafted & is_key)[:, None] & k_ok[None, :], other=0.0)
+        given_q = gl.load(queries, mask=(drafted & ~is_key)[:, None] & k_ok[None, :], other=0.0)
+        kq = gl.where(is_key[:, None], given_k.to(gl.float32), given_q.to(gl.float32))
+        if part == 0:
+            conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
+                                   NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk, k_ok, start, pending,
+                                   rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                                   weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, PART,
+                                   HAS_BIAS, STACK_L)
+            kq = gl.where((is_key & (s < pending))[:, None], conv_k, kq)
+        if L2NORM:
+            kq = kq / gl.sqrt(gl.sum(kq * kq, axis=1) + 1e-6)[:, None]
+        kq = kq * gl.where(is_key, 1.0, scale)[:, None]
+        kq_head = _rounded(kq, True)
+        kq_hi.slice(part * PART, PART, dim=0).store(kq_head)
+        if SPLIT:
+            kq_lo.slice(part * PART, PART, dim=0).store(_rounded(kq - kq_head, True))
     gl.thread_barrier()
 
     # the gram of the normalised stack, and K S0 (keys) / Q S0 (queries), the state a chunk at a time
@@ -180,7 +197,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
         if c + CHUNK_K < BLOCK_K:
             upcoming = _state_chunk(state_base, c + CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
                                     SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
-        state = state.reshape([CHUNK_K, WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([CHUNK_K, BLOCK_V])
+        state = _columns_relabelled(state, WARPS, TILES)
         a_hi = kq_hi.slice(c, CHUNK_K, dim=1).load(A_L)
         if SPLIT:
             s_hi = _rounded(state, True)
@@ -238,20 +255,28 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
     grown = gl.exp(cumulative)
     query_mix = gl.where(r_key[:, None], 0.0, decay * gram)
 
-    # v of the key rows (pending: their conv; drafts: given), relabelled as the state's columns
+    # v of the key rows (pending: their conv; drafts: given), relabelled as the state's columns, staged
+    # in shared memory by the stack's blocks of rows
+    v_smem = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_V], KQ_SMEM)
     vl = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, LOAD_L))
-    sl = gl.arange(0, NODES, layout=gl.SliceLayout(1, LOAD_L))
-    conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
-                           2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vl, vl < HEAD_V_DIM, start, pending,
-                           rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
-                           weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, NODES, HAS_BIAS, LOAD_L)
-    sl_draft = sl - pending
-    sl_drafted = live & (sl < KEY_ROWS) & (sl_draft >= 0) & (sl_draft < NUM_NODES)
-    v_given = gl.load(v_ptr + row * v_stride_row + head * v_stride_head
-                      + (gl.where(sl_drafted, sl_draft, 0).to(gl.int64) * v_stride_node)[:, None]
-                      + (vl * v_stride_v)[None, :], mask=sl_drafted[:, None] & (vl < HEAD_V_DIM)[None, :], other=0.0)
-    v = gl.where((sl < pending)[:, None], conv_v, v_given.to(gl.float32))
-    v = gl.convert_layout(v.reshape([NODES, WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([NODES, BLOCK_V]), MMA)
+    for part in gl.static_range(PARTS):
+        sl = part * PART + gl.arange(0, PART, layout=gl.SliceLayout(1, LOAD_L))
+        sl_draft = sl - pending
+        sl_drafted = live & (sl < KEY_ROWS) & (sl_draft >= 0) & (sl_draft < NUM_NODES)
+        v_part = gl.load(v_ptr + row * v_stride_row + head * v_stride_head
+                         + (gl.where(sl_drafted, sl_draft, 0).to(gl.int64) * v_stride_node)[:, None]
+                         + (vl * v_stride_v)[None, :], mask=sl_drafted[:, None] & (vl < HEAD_V_DIM)[None, :],
+                         other=0.0).to(gl.float32)
+        if part == 0:
+            conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
+                                   2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vl, vl < HEAD_V_DIM, start,
+                                   pending, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                                   weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, PART,
+                                   HAS_BIAS, LOAD_L)
+            v_part = gl.where((sl < pending)[:, None], conv_v, v_part)
+        v_smem.slice(part * PART, PART, dim=0).store(_columns_relabelled(v_part, WARPS, TILES))
+    gl.thread_barrier()
+    v = v_smem.load(MMA)
     rhs = beta[:, None] * (v - grown[:, None] * products)  # zero on query rows
     o = gl.where(r_key, 0.0, grown)[:, None] * products
     if FOLD:
@@ -362,6 +387,7 @@ def _gdn_ring_verify_mma_kernel(
                   gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
                   out_stride_row, out_stride_node, out_stride_head, out_stride_v,
                   weight_stride_dim, weight_stride_tap, bias_stride,
-                  NUM_NODES, RING_ROWS, SMALL_KEYS if KIND == 0 else RING_ROWS, NODES, KERNEL_SIZE, NUM_K_HEADS,
+                  NUM_NODES, RING_ROWS, SMALL_KEYS if KIND == 0 else RING_ROWS,
+                  SMALL_KEYS - NUM_NODES if KIND == 0 else MAX_PENDING, NODES, KERNEL_SIZE, NUM_K_HEADS,
                   HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE, L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K,
                   SSM_STRIDE_V, KIND == 2, KIND == 2 and SPLIT_FOLD)
