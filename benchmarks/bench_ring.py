@@ -193,10 +193,11 @@ def sweep(shapes, batches, capacity, specs):
             p["out"][0], p["q"], p["k"], p["v"], p["g"][0], p["beta"][0], p["ssm"], p["conv_state"], ring.rows,
             ring.gates, ring.cursor, p["weight"][0], None, slots, slots, 0, None)
         for spec in specs:
-            if spec.startswith("mma/"):  # gdn_ring_verify_mma's kernel: mma/COLUMNS/WARPS[/MAXNREG]
+            if spec.startswith("mma/"):  # gdn_ring_verify_mma's kernel: mma/COLUMNS/WARPS[/MAXNREG[/SMALL]]
                 block_v, warps, *cap = spec.split("/")[1:]
                 tuning = dict(mma=True, block_v=int(block_v), num_warps=int(warps),
-                              **(dict(maxnreg=int(cap[0])) if cap else {}))  # (0: no cap)
+                              **(dict(maxnreg=int(cap[0])) if cap else {}),  # (0: no cap)
+                              **(dict(small=cap[1] == "1") if len(cap) > 1 else {}))  # (0: no stack of 16 rows)
             else:
                 block_v, warps, precision, *fold = spec.split("/")
                 tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision,
@@ -242,7 +243,7 @@ def main(argv=None) -> int:
     parser.add_argument("--drafts", nargs="+", choices=("chain", "tree"), default=["chain", "tree"])
     parser.add_argument("--mixer", choices=tuple(SHAPES), default="gdn")
     parser.add_argument("--sweep", nargs="+",
-                        metavar="COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG]",
+                        metavar="COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG[/SMALL]]",
                         help="time the verify kernel's tile choices instead (one layer, chains; --mixer mamba2: "
                              "BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES[/PRECISION]])")
     args = parser.parse_args(argv)

@@ -6,14 +6,15 @@ from global memory straight into mma.sync B fragments (gdn_verify_mma: the tile'
 relabelled so that a thread's columns are adjacent); the key and query stack -- the pending
 tokens' k from their conv over the ring's rows, the drafts' k, the drafts' q -- is normalised in
 registers and staged once in shared memory, rows 0..C-1 keys, rows C..C+N-1 queries (C + N <= 32,
-one [32, 32] set of node matrices, four warps side by side over the columns: none repeats them).
+one [32, 32] set of node matrices, four warps side by side over the columns: none repeats them);
+a row with few pending tokens (pending + 2 N <= 16) on a stack of 16 rows, its queries from row 16 - N.
 
-Two launches over the same grid: one for the rows that do not fold, one for those that fold (the
-others' programs return after reading the cursor), so each kind is its own compile with its own
-registers. A row that does not fold writes outputs only and multiplies in tf32, its small
-operands rounded to nearest (gdn_verify's accuracy). A row that folds writes its checkpoint, which
-must keep float32's accuracy over many folds: it multiplies in 3xTF32 (each operand split into a
-tf32 head and a tf32 rest, three products).
+Launches over the same grid, one per kind of row -- those on the small stack, the others that do
+not fold, those that fold -- the other rows' programs returning after reading the cursor, so each
+kind is its own compile with its own registers. A row that does not fold writes outputs only and
+multiplies in tf32, its small operands rounded to nearest (gdn_verify's accuracy). A row that folds
+writes its checkpoint, which must keep float32's accuracy over many folds: it multiplies in 3xTF32
+(each operand split into a tf32 head and a tf32 rest, three products).
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, chan, chan_ok, s
         weight = gl.load(weight_ptr + chan * weight_stride_dim + tap * weight_stride_tap, mask=chan_ok,
                          other=0.0).to(gl.float32)
         logical = token - (KERNEL_SIZE - 1) + tap
-        ring_row = (start + gl.maximum(logical, 0)) % RING_ROWS
+        ring_row = start + gl.maximum(logical, 0)
+        ring_row = gl.where(ring_row >= RING_ROWS, ring_row - RING_ROWS, ring_row)  # a pending token's < 2 C
         x = gl.load(rows_base + (ring_row * rows_stride_row)[:, None] + (chan * rows_stride_dim)[None, :],
                     mask=(pending_row & (logical >= 0))[:, None] & chan_ok[None, :], other=0.0)
         acc += weight[None, :] * x.to(gl.float32)
@@ -99,6 +101,12 @@ def _relabelled(n, v0, WARPS: gl.constexpr, TILES: gl.constexpr):
 
 
 @gluon.jit
+def _columns_relabelled(x, WARPS: gl.constexpr, TILES: gl.constexpr):
+    """x [rows, BLOCK_V] in LOAD_L, its columns reordered so that column n holds _relabelled(n, 0)."""
+    return x.reshape([x.shape[0], WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([x.shape[0], x.shape[1]])
+
+
+@gluon.jit
 def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base, window_base, gates_base,
               weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
               q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
@@ -108,14 +116,17 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
               gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
               out_stride_row, out_stride_node, out_stride_head, out_stride_v,
               weight_stride_dim, weight_stride_tap, bias_stride,
-              NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, NODES: gl.constexpr, KERNEL_SIZE: gl.constexpr,
+              NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, KEY_ROWS: gl.constexpr, PENDING_ROWS: gl.constexpr,
+              NODES: gl.constexpr,
+              KERNEL_SIZE: gl.constexpr,
               NUM_K_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr,
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr):
     """One program's work: the row's outputs for its query rows, stored; with FOLD the checkpoint
     tile after the pending tokens, stored in place; the drafts' gates beside their rows (v0 = 0).
-    Products in 3xTF32 with SPLIT, else tf32."""
+    Products in 3xTF32 with SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of
+    this launch has at most PENDING_ROWS pending tokens."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -132,36 +143,45 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
     upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K,
                             BLOCK_V, LOAD_L)  # the long read first
 
-    # the stack [NODES, dk]: pending tokens' k from their conv, the drafts' k, then their q; normalised, scaled
-    s = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
-    kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, STACK_L))
-    k_ok = kk < HEAD_K_DIM
-    is_key = s < RING_ROWS
-    key_pending = is_key & (s < pending)
-    draft = gl.where(is_key, s - pending, s - RING_ROWS)
-    drafted = live & (draft >= 0) & (draft < NUM_NODES)
-    d = gl.where(drafted, draft, 0).to(gl.int64)
-    conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
-                           NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk, k_ok, start, pending, rows_stride_row,
-                           rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap,
-                           bias_stride, RING_ROWS, KERNEL_SIZE, NODES, HAS_BIAS, STACK_L)
-    keys = k_ptr + row * k_stride_row + k_head * k_stride_head + (d * k_stride_node)[:, None] + \
-        (kk * k_stride_k)[None, :]
-    queries = q_ptr + row * q_stride_row + k_head * q_stride_head + (d * q_stride_node)[:, None] + \
-        (kk * q_stride_k)[None, :]
-    given_k = gl.load(keys, mask=(drafted & is_key)[:, None] & k_ok[None, :], other=0.0)
-    given_q = gl.load(queries, mask=(drafted & ~is_key)[:, None] & k_ok[None, :], other=0.0)
-    kq = gl.where(key_pending[:, None], conv_k, gl.where(is_key[:, None], given_k.to(gl.float32),
-                                                         given_q.to(gl.float32)))
-    if L2NORM:
-        kq = kq / gl.sqrt(gl.sum(kq * kq, axis=1) + 1e-6)[:, None]
-    kq = kq * gl.where(is_key, 1.0, scale)[:, None]
-    kq_head = _rounded(kq, True)
-    kq_hi = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM, kq_head)
+    # the stack [NODES, dk]: pending tokens' k from their conv, the drafts' k, then their q; normalised,
+    # scaled, staged in shared memory in PARTS blocks of rows: the pending tokens (at most PENDING_ROWS)
+    # all in the first, which alone needs the conv
+    PARTS: gl.constexpr = 2 if PENDING_ROWS <= NODES // 2 else 1
+    PART: gl.constexpr = NODES // PARTS
+    kq_hi = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM)
     if SPLIT:
-        kq_lo = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM, _rounded(kq - kq_head, True))
+        kq_lo = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM)
     else:
         kq_lo = kq_hi  # unread
+    kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, STACK_L))
+    k_ok = kk < HEAD_K_DIM
+    for part in gl.static_range(PARTS):
+        s = part * PART + gl.arange(0, PART, layout=gl.SliceLayout(1, STACK_L))
+        is_key = s < KEY_ROWS
+        draft = gl.where(is_key, s - pending, s - KEY_ROWS)
+        drafted = live & (draft >= 0) & (draft < NUM_NODES)
+        d = gl.where(drafted, draft, 0).to(gl.int64)
+        keys = k_ptr + row * k_stride_row + k_head * k_stride_head + (d * k_stride_node)[:, None] + \
+            (kk * k_stride_k)[None, :]
+        queries = q_ptr + row * q_stride_row + k_head * q_stride_head + (d * q_stride_node)[:, None] + \
+            (kk * q_stride_k)[None, :]
+        given_k = gl.load(keys, mask=(drafted & is_key)[:, None] & k_ok[None, :], other=0.0)
+        given_q = gl.load(queries, mask=(drafted & ~is_key)[:, None] & k_ok[None, :], other=0.0)
+        kq = gl.where(is_key[:, None], given_k.to(gl.float32), given_q.to(gl.float32))
+        if part == 0:
+            conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
+                                   NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk, k_ok, start, pending,
+                                   rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                                   weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, PART,
+                                   HAS_BIAS, STACK_L)
+            kq = gl.where((is_key & (s < pending))[:, None], conv_k, kq)
+        if L2NORM:
+            kq = kq / gl.sqrt(gl.sum(kq * kq, axis=1) + 1e-6)[:, None]
+        kq = kq * gl.where(is_key, 1.0, scale)[:, None]
+        kq_head = _rounded(kq, True)
+        kq_hi.slice(part * PART, PART, dim=0).store(kq_head)
+        if SPLIT:
+            kq_lo.slice(part * PART, PART, dim=0).store(_rounded(kq - kq_head, True))
     gl.thread_barrier()
 
     # the gram of the normalised stack, and K S0 (keys) / Q S0 (queries), the state a chunk at a time
@@ -177,7 +197,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
         if c + CHUNK_K < BLOCK_K:
             upcoming = _state_chunk(state_base, c + CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
                                     SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
-        state = state.reshape([CHUNK_K, WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([CHUNK_K, BLOCK_V])
+        state = _columns_relabelled(state, WARPS, TILES)
         a_hi = kq_hi.slice(c, CHUNK_K, dim=1).load(A_L)
         if SPLIT:
             s_hi = _rounded(state, True)
@@ -189,13 +209,13 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
     # the node matrices: rows r and columns c of the stack (key token r < C, query C + d)
     r = gl.arange(0, NODES, layout=ROW_L)
     c = gl.arange(0, NODES, layout=COL_L)
-    r_key = r < RING_ROWS
+    r_key = r < KEY_ROWS
     r_pending = r_key & (r < pending)
-    r_draft = gl.where(r_key, r - pending, r - RING_ROWS)
+    r_draft = gl.where(r_key, r - pending, r - KEY_ROWS)
     r_drafted = live & (r_draft >= 0) & (r_draft < NUM_NODES)
-    c_pending = (c < RING_ROWS) & (c < pending)
+    c_pending = (c < KEY_ROWS) & (c < pending)
     c_draft = c - pending
-    c_drafted = live & (c < RING_ROWS) & (c_draft >= 0) & (c_draft < NUM_NODES)
+    c_drafted = live & (c < KEY_ROWS) & (c_draft >= 0) & (c_draft < NUM_NODES)
     if TREE:
         links = parents_ptr + row * parents_stride_row
         real_node = r < NUM_NODES
@@ -229,26 +249,34 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
     A = gl.where(r_key[:, None] & ~eye, beta[:, None] * decay * gram, 0.0)
     inverse = gl.where(eye, 1.0, 0.0) - A  # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...: A^C = 0
     power = -A
-    for _ in gl.static_range(0, (RING_ROWS - 1).bit_length() - 1):
+    for _ in gl.static_range(0, (KEY_ROWS - 1).bit_length() - 1):
         power = _product(power, power, MMA, A_L, B_L, SPLIT)
         inverse = inverse + _product(inverse, power, MMA, A_L, B_L, SPLIT)
     grown = gl.exp(cumulative)
     query_mix = gl.where(r_key[:, None], 0.0, decay * gram)
 
-    # v of the key rows (pending: their conv; drafts: given), relabelled as the state's columns
+    # v of the key rows (pending: their conv; drafts: given), relabelled as the state's columns, staged
+    # in shared memory by the stack's blocks of rows
+    v_smem = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_V], KQ_SMEM)
     vl = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, LOAD_L))
-    sl = gl.arange(0, NODES, layout=gl.SliceLayout(1, LOAD_L))
-    conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
-                           2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vl, vl < HEAD_V_DIM, start, pending,
-                           rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
-                           weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, NODES, HAS_BIAS, LOAD_L)
-    sl_draft = sl - pending
-    sl_drafted = live & (sl < RING_ROWS) & (sl_draft >= 0) & (sl_draft < NUM_NODES)
-    v_given = gl.load(v_ptr + row * v_stride_row + head * v_stride_head
-                      + (gl.where(sl_drafted, sl_draft, 0).to(gl.int64) * v_stride_node)[:, None]
-                      + (vl * v_stride_v)[None, :], mask=sl_drafted[:, None] & (vl < HEAD_V_DIM)[None, :], other=0.0)
-    v = gl.where((sl < pending)[:, None], conv_v, v_given.to(gl.float32))
-    v = gl.convert_layout(v.reshape([NODES, WARPS, 8, TILES]).permute((0, 3, 1, 2)).reshape([NODES, BLOCK_V]), MMA)
+    for part in gl.static_range(PARTS):
+        sl = part * PART + gl.arange(0, PART, layout=gl.SliceLayout(1, LOAD_L))
+        sl_draft = sl - pending
+        sl_drafted = live & (sl < KEY_ROWS) & (sl_draft >= 0) & (sl_draft < NUM_NODES)
+        v_part = gl.load(v_ptr + row * v_stride_row + head * v_stride_head
+                         + (gl.where(sl_drafted, sl_draft, 0).to(gl.int64) * v_stride_node)[:, None]
+                         + (vl * v_stride_v)[None, :], mask=sl_drafted[:, None] & (vl < HEAD_V_DIM)[None, :],
+                         other=0.0).to(gl.float32)
+        if part == 0:
+            conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
+                                   2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vl, vl < HEAD_V_DIM, start,
+                                   pending, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                                   weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, PART,
+                                   HAS_BIAS, LOAD_L)
+            v_part = gl.where((sl < pending)[:, None], conv_v, v_part)
+        v_smem.slice(part * PART, PART, dim=0).store(_columns_relabelled(v_part, WARPS, TILES))
+    gl.thread_barrier()
+    v = v_smem.load(MMA)
     rhs = beta[:, None] * (v - grown[:, None] * products)  # zero on query rows
     o = gl.where(r_key, 0.0, grown)[:, None] * products
     if FOLD:
@@ -314,13 +342,14 @@ def _gdn_ring_verify_mma_kernel(
     NUM_K_HEADS: gl.constexpr, NUM_V_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
     BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
-    SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLDS: gl.constexpr,
+    SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
-    only: N >= 1, NODES = 32 >= C + N). Only the rows that fold (FOLDS) or only the others do any
-    work: each kind is its own compile, with its own registers. SPLIT_FOLD: 3xTF32 in a row that
-    folds."""
+    only: N >= 1, C + N <= 32). Only the rows of one KIND do any work, each kind its own compile with
+    its own registers: 0, those that do not fold and whose pending + N keys fit SMALL_KEYS (a stack
+    of NODES = 16 rows, queries from row SMALL_KEYS = 16 - N); 1, the others that do not fold (32
+    rows, queries from row C); 2, those that fold (32 rows; 3xTF32 with SPLIT_FOLD)."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = gl.program_id(0) // V_BLOCKS
     v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
@@ -342,9 +371,10 @@ def _gdn_ring_verify_mma_kernel(
     start = gl.where(live, start, 0).to(gl.int32)
     pending = gl.where(live, pending, 0).to(gl.int32)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
+    kind = gl.where(fold, 2, gl.where(pending + NUM_NODES <= SMALL_KEYS, 0, 1))
 
     gates_base = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot + head * gates_stride_head
-    if fold == FOLDS:
+    if kind == KIND:
         _row_head(live, start, pending, row, head, k_head, v0,
                   ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head,
                   rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot,
@@ -357,6 +387,7 @@ def _gdn_ring_verify_mma_kernel(
                   gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
                   out_stride_row, out_stride_node, out_stride_head, out_stride_v,
                   weight_stride_dim, weight_stride_tap, bias_stride,
-                  NUM_NODES, RING_ROWS, NODES, KERNEL_SIZE, NUM_K_HEADS, HEAD_K_DIM, HEAD_V_DIM,
-                  BLOCK_K, BLOCK_V, CHUNK_K, TREE, L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V,
-                  FOLDS, FOLDS and SPLIT_FOLD)
+                  NUM_NODES, RING_ROWS, SMALL_KEYS if KIND == 0 else RING_ROWS,
+                  SMALL_KEYS - NUM_NODES if KIND == 0 else MAX_PENDING, NODES, KERNEL_SIZE, NUM_K_HEADS,
+                  HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE, L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K,
+                  SSM_STRIDE_V, KIND == 2, KIND == 2 and SPLIT_FOLD)

@@ -70,14 +70,15 @@ def _mamba2_ring_verify_kernel(
     NUM_GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr, TREE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, FOLD_PRECISION: tl.constexpr,
-    HEADS_PER_PROGRAM: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr, ROWS: tl.constexpr,
 ):
     """One program: one [Ns, BLOCK_P] tile of S0^T of each of HEADS_PER_PROGRAM heads of one group
     of one row, of layer ``layer`` + program_id(2); what the group's heads share (the key tokens' B,
     its conv, their ancestry, the drafts' C, C B^T) once, then head by head. A row is left alone
     unless both slots are in range and its cursor a ring position (pending <= MAX_PENDING); its
     outputs also need every parent link in [-1, n-1]. It folds when pending > 0 and pending + N >
-    FOLD_ABOVE (the verify: the capacity; the flush, no drafts: 0)."""
+    FOLD_ABOVE (the verify: the capacity; the flush, no drafts: 0). ROWS: 0 every row, 1 only the
+    rows that do not fold (pending + N <= KEYS suffices), 2 only those that fold; the others return."""
     P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
     first_head = (tl.program_id(0) // P_BLOCKS) * HEADS_PER_PROGRAM
     p_block = tl.program_id(0) % P_BLOCKS
@@ -95,6 +96,9 @@ def _mamba2_ring_verify_kernel(
     start = start.to(tl.int32)
     pending = pending.to(tl.int32)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
+    if ROWS != 0:
+        if fold == (ROWS == 1):
+            return
 
     # what the group's heads share: the key tokens t (pending t < P, then draft t - P), their B [KEYS, Ns]
     # and ancestry, the drafts' C, and C B^T
@@ -196,11 +200,12 @@ def _mamba2_ring_verify_kernel(
         tl.store(dst, y.to(out_ptr.dtype.element_ty),
                  mask=tl.where(links_ok, query_real[:, None] & p_ok[None, :], False))
 
-        if fold:
-            total = tl.sum(tl.where(key_pending, logs, 0.0))  # L_P
-            weights = tl.where(key_pending, tl.exp(total - key_cumulative) * step, 0.0)
-            folded = tl.exp(total) * state_t + _dot(tl.trans(b_keys * weights[:, None]), x_keys, FOLD_PRECISION)
-            tl.store(tile, folded.to(ssm_ptr.dtype.element_ty), mask=tile_ok)
+        if ROWS != 1:  # (a launch of the rows that do not fold has no fold to compile)
+            if fold:
+                total = tl.sum(tl.where(key_pending, logs, 0.0))  # L_P
+                weights = tl.where(key_pending, tl.exp(total - key_cumulative) * step, 0.0)
+                folded = tl.exp(total) * state_t + _dot(tl.trans(b_keys * weights[:, None]), x_keys, FOLD_PRECISION)
+                tl.store(tile, folded.to(ssm_ptr.dtype.element_ty), mask=tile_ok)
 
         if p_block == 0:  # the drafts' d beside their rows, once per head
             draft_row = (start + pending + tl.where(query_real, query, 0)) % RING_ROWS
@@ -211,11 +216,12 @@ def _mamba2_ring_verify_kernel(
 
 def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
                  D, z, dt_bias, *, layer, num_layers, num_nodes, heads, max_pending, fold_above, dt_softplus, block_p,
-                 num_warps, precision, fold_precision, heads_per_program, num_stages=RING_STAGES):
-    """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
-    layer + num_layers - 1 (weight [L, dim, K], bias [L, dim], A [L, H]: every layer's, as a flush
-    gives them even for L = 1; else one layer's). out, x, dt, B, C, D, z, dt_bias: the drafts' (None
-    with no drafts: never read)."""
+                 num_warps, precision, fold_precision, heads_per_program, num_stages=RING_STAGES, split=None):
+    """The chunk kernel's KernelCalls and the window kernel's over rows x layers layer .. layer +
+    num_layers - 1 (weight [L, dim, K], bias [L, dim], A [L, H]: every layer's, as a flush gives them
+    even for L = 1; else one layer's). out, x, dt, B, C, D, z, dt_bias: the drafts' (None with no
+    drafts: never read). Two chunk launches where the rows that do not fold need fewer key rows (a
+    verify at capacity 16: 16 keys, not 32), unless ``split`` is False; else one."""
     num_heads, head_dim, num_groups, d_state = heads
     num_rows = ring_slots.shape[0]
     ring_rows, kernel_size = rows.shape[2], conv.shape[3] + 1
@@ -239,7 +245,7 @@ def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                *gates.stride(), *cursor.stride(), *per_layer(weight), *bias_strides, *index_strides)
     constexprs = dict(
         NUM_NODES=num_nodes, RING_ROWS=ring_rows, MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
-        KEYS=max(MIN_DOT, next_power_of_2(ring_rows)), QUERIES=max(MIN_DOT, next_power_of_2(num_nodes)),
+        QUERIES=max(MIN_DOT, next_power_of_2(num_nodes)),
         KERNEL_SIZE=kernel_size, NUM_HEADS=num_heads, NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state,
         BLOCK_P=block_p, BLOCK_N=max(MIN_DOT, next_power_of_2(d_state)), TREE=parents is not None,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus),
@@ -251,34 +257,42 @@ def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
     tensors = tuple(stand_in if t is None else t for t in (
         out, x, dt, B, C, z, A, D, dt_bias, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
         parents))
-    chunk = KernelCall(_mamba2_ring_verify_kernel,
-                       (num_heads // heads_per_program * cdiv(head_dim, block_p), num_rows, num_layers),
-                       tensors, scalars, constexprs)
+    grid = (num_heads // heads_per_program * cdiv(head_dim, block_p), num_rows, num_layers)
+    keys = max(MIN_DOT, next_power_of_2(ring_rows))
+    unfolded_keys = max(MIN_DOT, next_power_of_2(fold_above))  # a row that does not fold: pending + N <= capacity
+    if split is None:
+        split = unfolded_keys < keys
+    launches = ((1, unfolded_keys), (2, keys)) if split else ((0, keys),)
+    chunks = tuple(KernelCall(_mamba2_ring_verify_kernel, grid, tensors, scalars, dict(constexprs, ROWS=rows_kind,
+                                                                                       KEYS=launch_keys))
+                   for rows_kind, launch_keys in launches)
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
                          num_layers=num_layers, num_nodes=num_nodes, max_pending=max_pending, fold_above=fold_above)
-    return chunk, window
+    return chunks, window
 
 
 def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                 parents, D, z, dt_bias, *, dt_softplus, block_p=None, num_warps=MAMBA2_RING_WARPS, precision=None,
-                fold_precision=None, heads_per_program=None, num_stages=RING_STAGES):
-    """mamba2_ring_verify's two launches (the verify, then the folded windows), or () with no rows."""
+                fold_precision=None, heads_per_program=None, num_stages=RING_STAGES, split=None):
+    """mamba2_ring_verify's launches (the verify's -- the rows that do not fold, then those that fold
+    -- then the folded windows), or () with no rows."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
-    return _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
-                        parents, D, z, dt_bias, layer=layer, num_layers=1, num_nodes=num_nodes,
-                        heads=(num_heads, head_dim, B.shape[2], B.shape[3]), max_pending=rows.shape[2] - num_nodes,
-                        fold_above=rows.shape[2] - num_nodes, dt_softplus=dt_softplus, block_p=block_p,
-                        num_warps=num_warps, precision=precision, fold_precision=fold_precision,
-                        heads_per_program=heads_per_program, num_stages=num_stages)
+    chunks, window = _chunk_calls(
+        out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents, D, z,
+        dt_bias, layer=layer, num_layers=1, num_nodes=num_nodes, heads=(num_heads, head_dim, B.shape[2], B.shape[3]),
+        max_pending=rows.shape[2] - num_nodes, fold_above=rows.shape[2] - num_nodes, dt_softplus=dt_softplus,
+        block_p=block_p, num_warps=num_warps, precision=precision, fold_precision=fold_precision,
+        heads_per_program=heads_per_program, num_stages=num_stages, split=split)
+    return (*chunks, window)
 
 
 def launch_mamba2_ring_verify(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
                               state_slots, layer, parents, D, z, dt_bias, *, dt_softplus, **tuning):
     """ops_ring_mamba2.mamba2_ring_verify's arguments as its prepare gives them (ssm [L, S, H, P, Ns],
     conv [L, S, dim, K-1], rows [L, M, C, dim], gates [L, M, C, 1, H], cursor [M, 2]; any strides).
-    Two launches: the verify (and the fold's state), then the folded conv windows."""
+    The verify's launches (and the fold's state), then the folded conv windows."""
     for call in _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
                             state_slots, layer, parents, D, z, dt_bias, dt_softplus=dt_softplus, **tuning):
         call.launch()
@@ -293,14 +307,14 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, st
         return ()
     ring_rows = rows.shape[2]
     fold = fold_precision or precision or fold_precision_for(ssm)
-    chunk, window = _chunk_calls(
+    chunks, window = _chunk_calls(
         None, None, None, A, None, None, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, None,
         None, None, None, layer=0, num_layers=ssm.shape[0], num_nodes=0, heads=(num_heads, head_dim, n_groups, d_state),
         max_pending=ring_rows - 1, fold_above=0, dt_softplus=False, block_p=block_p, num_warps=num_warps,
-        precision=fold, fold_precision=fold, heads_per_program=heads_per_program)
+        precision=fold, fold_precision=fold, heads_per_program=heads_per_program, split=False)
     cursors = flush_cursor_call(cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1],
                                 num_ring_slots=rows.shape[1], ring_rows=ring_rows)
-    return chunk, window, cursors
+    return (*chunks, window, cursors)
 
 
 def launch_mamba2_ring_flush(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, state_slots, **kwargs):

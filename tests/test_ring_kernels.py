@@ -184,18 +184,42 @@ def test_fuzz_interpreted(data):
 MMA = dict(mma=True)  # gdn_ring_verify_mma's kernel: tf32, 3xTF32 in a row that folds a float32 checkpoint
 
 
+@pytest.mark.parametrize("num_nodes, small, kinds", [
+    (4, True, [(0, 16, 12), (1, 32, 12), (2, 32, 12)]), (8, True, [(0, 16, 8), (1, 32, 8), (2, 32, 8)]),
+    (4, False, [(1, 32, 0), (2, 32, 0)]), (9, True, [(1, 32, 0), (2, 32, 0)])])
+def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
+    """The mma kernel's launches at capacity 16 (KIND, NODES, SMALL_KEYS): rows with few pending
+    tokens on a stack of 16 rows while 2 N <= 16, the others that do not fold and those that fold on
+    32; every launch sorts rows by the same rule (SMALL_KEYS: 0, none small)."""
+    case = ring_case(num_rows=2, num_nodes=num_nodes, capacity=16 if num_nodes < 9 else 23 - num_nodes,
+                     head_k_dim=32, head_v_dim=32)
+    out = torch.empty(case["v"].shape)
+    args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
+        out, case["q"], case["k"], case["v"], case["g"], case["beta"], case["ssm_state"], case["conv_state"],
+        case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"], case["ring_slots"],
+        case["state_slots"], 1, None)
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
+    assert [(c.constexprs["KIND"], c.constexprs["NODES"], c.constexprs["SMALL_KEYS"])
+            for c in calls if "KIND" in c.constexprs] == kinds
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("nodes", [[-1, 0, 1, 2], [-1, 0, 0, 1], [-1, 0, 0, 0, 1, 1, 1, 4]],
                          ids=["chain", "tree", "tree8"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("head_dim", [32, 128])
-def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim):
-    """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows): rows that fold
-    (16 pending), rows that only replay (wrapping the ring's end), an empty ring, a padded row."""
+@pytest.mark.parametrize("capacity", [16, 20])
+def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity):
+    """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
+    4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
+    replay (wrapping the ring's end), few pending tokens (the stack of 16 rows), an empty ring, a
+    padded row."""
     num_nodes = len(nodes)
-    ring_rows = 16 + num_nodes
-    cursors = torch.tensor([[ring_rows - 3, 16], [ring_rows - 5, 9], [0, 0], [2, 16 - num_nodes], [1, 1]])
-    case = ring_case(num_rows=5, num_nodes=num_nodes, capacity=16, num_k_heads=2, head_k_dim=head_dim,
+    if capacity + 2 * num_nodes > 32:
+        pytest.skip("C + N > 32: the Triton kernel's")
+    ring_rows = capacity + num_nodes
+    cursors = torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, 9], [0, 0], [2, capacity - num_nodes], [1, 1]])
+    case = ring_case(num_rows=5, num_nodes=num_nodes, capacity=capacity, num_k_heads=2, head_k_dim=head_dim,
                      head_v_dim=head_dim, num_state_slots=6, num_ring_slots=5, cursors=cursors,
                      ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 5, -1, 1], parents=nodes,
                      rows_dtype=torch.bfloat16, state_dtype=state_dtype, device="cuda")
