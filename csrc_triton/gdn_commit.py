@@ -198,8 +198,8 @@ def _gdn_replay_call(
     )
     tensors = _gdn_replay_tensors(ssm, conv, tokens, gates, weight, bias, dst_slots, src_slots, steps, parents)
     if smem:
-        module = _smem()
-        return KernelCall(module._gdn_replay_smem_kernel, grid, (module.state_descriptor(ssm, box), *tensors),
+        module, descriptor = _smem(), smem_module("replay_smem").state_descriptor(ssm, box)
+        return KernelCall(module._gdn_replay_smem_kernel, grid, (descriptor, *tensors),
                           scalars, module.kernel_constexprs(constexprs, chunk or module.SMEM_CHUNK))
     return KernelCall(_gdn_replay_kernel, grid, (state_descriptor(ssm, box) if tma else ssm, *tensors), scalars,
                       constexprs)
@@ -244,7 +244,7 @@ def planned_gdn_commit(ssm, conv, tokens, history, gates, weight, bias, dst_slot
         module = _smem()
         replay = planned_smem_replay(call, module._gdn_replay_smem_kernel,
                                      module.kernel_constexprs(call.constexprs, module.SMEM_CHUNK),
-                                     module.descriptor_maker(ssm, box), replay)
+                                     smem_module("replay_smem").descriptor_maker(ssm, box), replay)
     window = planned_path_window(conv, tokens, history, dst_slots, src_slots, steps, parents)
 
     def run(ssm, conv, tokens, history, gates, weight, bias, dst_slots, src_slots, steps, parents, **heads):
