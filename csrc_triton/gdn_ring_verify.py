@@ -37,8 +37,8 @@ RING_WARPS = 8
 WINDOW_BLOCK = 256  # channels per program of the window store
 # gdn_ring_verify_mma's kernel, the verify's on sm_80+ with Triton 3.6: four warps side by side over
 # 128 columns (its [32, 32] node matrices split between them, none repeated), state rows loaded 32
-# at a time; C + N <= 32 stack rows. The launch of the rows that do not fold is capped at
-# RING_MMA_MAXNREG registers, three programs an SM: the fastest of the H200 sweep (docs/benchmarks.md).
+# at a time; C + N <= 32 stack rows. The launches of the rows that do not fold are capped at
+# RING_MMA_MAXNREG registers, three programs an SM (docs/benchmarks.md, "Ring", has the caps' sweep).
 RING_MMA_BLOCK_V = 128
 RING_MMA_WARPS = 4
 RING_MMA_NODES = 32

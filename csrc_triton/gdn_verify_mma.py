@@ -6,12 +6,13 @@ Triton's kernel loads the state tile in a coalesced register layout and converts
 of a tensor-core operand through shared memory; those conversions, not the state's bytes, bound
 it. Here every thread loads exactly the state elements its mma.m16n8k8 B fragments hold: the
 fragments' columns are relabelled (a permutation of the value columns, undone where v is read and
-out written) so that a thread's columns are adjacent, and a warp's 16-byte loads read whole rows
-of its columns. The [dk, BLOCK_V] tile thus goes from global memory into the tensor cores with no
-shared memory and no layout conversion, a chunk of rows at a time, the next chunk's loads in
-flight while one multiplies. k and q are loaded raw (bf16 and fp16 are exact in tf32) and the l2
-norm and the scale are applied to the products' rows, both being linear: K S0 / |k| = (K / |k|) S0;
-the norms are the diagonal of the raw gram matrix, which the node matrices need anyway.
+out written) so that a thread's columns come in runs of 16 bytes and the 8 lanes of a row read
+adjacent runs: every load instruction reads whole 128-byte lines. The [dk, BLOCK_V] tile thus goes
+from global memory into the tensor cores with no shared memory and no layout conversion, a chunk of
+rows at a time, the next chunk's loads in flight while one multiplies. k and q are loaded raw
+(bf16 and fp16 are exact in tf32) and the l2 norm and the scale are applied to the products' rows,
+both being linear: K S0 / |k| = (K / |k|) S0; the norms are the diagonal of the raw gram matrix,
+which the node matrices need anyway.
 """
 
 from __future__ import annotations
