@@ -32,6 +32,8 @@
 #             the 16-row stack on and off)
 #   m2ringbench  the Mamba2 ring against mamba2_verify + mamba2_commit (bench_ring.py --mixer mamba2), then its
 #             verify's one-layer sweep (BLOCK_P / warps / heads a program / stages / the outputs' precision)
+#   gvsan     compute-sanitizer memcheck + racecheck over gdn_verify's GPU tests of launch choices, skipped rows,
+#             odd sizes, views and model shapes (both CUDA kernels)
 #   m2verify  mamba2_verify's GPU tests (never run on a GPU before), then memcheck and racecheck over them
 #   m2bench   mamba2_verify against an engine-style selective-state-update stand-in, chains and trees of 8,
 #             B = 1 .. 256, Nemotron-H-8B TP1 (benchmarks/bench_mamba2_verify.py), with issue #40's targets
@@ -128,6 +130,10 @@ for phase in "$@"; do
               mkdir -p "$out/ring"
               SANITIZE_TIMEOUT=150 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_conv_accept.py" \
                 SANITIZE_K="cuda and not steps" bash scripts/gpu_sanitize.sh "$out/ring" || rc=1 ;;
+    gvsan)    mkdir -p "$out/gvsan"
+              SANITIZE_TIMEOUT=200 SANITIZE_TESTS=tests/test_gdn_verify.py \
+                SANITIZE_K="launch_choices or skipped_rows or one_node or views or model_shape" \
+                bash scripts/gpu_sanitize.sh "$out/gvsan"; rc=$? ;;
     m2verify) rc=0
               timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_mamba2_verify.py \
                 > "$out/gpu_tests_mamba2_verify.log" 2>&1 || rc=1
