@@ -181,11 +181,14 @@ def graph_us(fn, calls_per_fn: int) -> float:
 
 def sweep(shapes, batches, capacity, specs):
     """One layer's gdn_ring_verify launch per tile choice (columns/warps/precision, then a folding
-    row's precision), chains, every row holding 8 pending tokens (replayed, no fold) and 16 (folded)."""
+    row's precision), chains, every row holding 8 pending tokens, then 12 (both replayed, no fold: at
+    R = 16 and N = 4 the mma kernel's small rows, then its others), then R (folded)."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_gdn_ring_verify
-    print(markdown_header("B", "tile", "pending 8, us per layer", "pending 16 (fold), us per layer"))
+    pendings = (8, capacity - 4, capacity)
+    print(markdown_header("B", "tile", *(f"pending {n}, us per layer" for n in pendings[:2]),
+                          f"pending {capacity} (fold), us per layer"))
     for batch in batches:
         p = ring_problem(shapes, batch, False, capacity, seed=batch)
         ring, slots = p["ring"], p["slots"]
@@ -194,16 +197,17 @@ def sweep(shapes, batches, capacity, specs):
             ring.gates, ring.cursor, p["weight"][0], None, slots, slots, 0, None)
         for spec in specs:
             if spec.startswith("mma/"):  # gdn_ring_verify_mma's kernel: mma/COLUMNS/WARPS[/MAXNREG[/SMALL]]
-                block_v, warps, *cap = spec.split("/")[1:]
+                block_v, warps, *cap = spec.split("/")[1:]  # MAXNREG: N, or SMALL_ROWS,OTHERS (0: no cap)
+                caps = tuple(int(n) for n in cap[0].split(",")) if cap else ()
                 tuning = dict(mma=True, block_v=int(block_v), num_warps=int(warps),
-                              **(dict(maxnreg=int(cap[0])) if cap else {}),  # (0: no cap)
+                              **(dict(maxnreg=caps if len(caps) > 1 else caps[0]) if caps else {}),
                               **(dict(small=cap[1] == "1") if len(cap) > 1 else {}))  # (0: no stack of 16 rows)
             else:
                 block_v, warps, precision, *fold = spec.split("/")
                 tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision,
                               fold_precision=fold[0] if fold else precision)
             times = []
-            for pending in (8, capacity):
+            for pending in pendings:
                 ring.cursor[:, 1] = pending
                 times.append(graph_time_us(lambda: launch(*args, **kwargs, **tuning), launches=5, replays=10, rounds=3))
             print(markdown_row(batch, spec, *(f"{t:.1f}" for t in times)), flush=True)
@@ -218,7 +222,9 @@ def mamba2_sweep(shapes, batches, capacity, specs):
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_mamba2_ring_verify
-    print(markdown_header("B", "tile", "pending 8, us per layer", "pending 16 (fold), us per layer"))
+    pendings = (8, capacity - 4, capacity)
+    print(markdown_header("B", "tile", *(f"pending {n}, us per layer" for n in pendings[:2]),
+                          f"pending {capacity} (fold), us per layer"))
     for batch in batches:
         p = mamba2_ring_problem(shapes, batch, False, capacity, seed=batch)
         args, kwargs = p["calls"][0]
@@ -228,7 +234,7 @@ def mamba2_sweep(shapes, batches, capacity, specs):
                           **(dict(num_stages=int(rest[0])) if rest else {}),
                           **(dict(precision=rest[1], fold_precision="tf32x3") if len(rest) > 1 else {}))
             times = []
-            for pending in (8, capacity):
+            for pending in pendings:
                 p["ring"].cursor[:, 1] = pending
                 times.append(graph_time_us(lambda: launch(*args, **kwargs, **tuning), launches=5, replays=10, rounds=3))
             print(markdown_row(batch, spec, *(f"{t:.1f}" for t in times)), flush=True)
@@ -243,7 +249,7 @@ def main(argv=None) -> int:
     parser.add_argument("--drafts", nargs="+", choices=("chain", "tree"), default=["chain", "tree"])
     parser.add_argument("--mixer", choices=tuple(SHAPES), default="gdn")
     parser.add_argument("--sweep", nargs="+",
-                        metavar="COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG[/SMALL]]",
+                        metavar="COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG[,MAXNREG][/SMALL]]",
                         help="time the verify kernel's tile choices instead (one layer, chains; --mixer mamba2: "
                              "BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES[/PRECISION]])")
     args = parser.parse_args(argv)

@@ -376,7 +376,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small):
     C + N > 16) those that do not fold and whose keys fit a stack of 16 rows (pending + N <= 16 - N),
     then the others that do not fold (tf32 products), then those that fold (3xTF32 for a float32
     checkpoint). maxnreg: the register cap of the launches that do not fold (0 or None: the
-    compiler's choice)."""
+    compiler's choice), or a pair (the small rows' cap, the other non-folding rows')."""
     from . import gdn_ring_verify_mma
 
     block_v, num_warps = chunk.constexprs["BLOCK_V"], chunk.constexprs["num_warps"]
@@ -390,8 +390,10 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small):
                       SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4))
     num_nodes = constexprs["NUM_NODES"]
     small = small and 2 * num_nodes <= RING_MMA_SMALL_NODES < stack_rows
-    cap = dict(maxnreg=maxnreg) if maxnreg else {}
-    kinds = (((0, RING_MMA_SMALL_NODES, cap),) if small else ()) + ((1, RING_MMA_NODES, cap), (2, RING_MMA_NODES, {}))
+    small_cap, other_cap = (dict(maxnreg=n) if n else {} for n in (maxnreg if isinstance(maxnreg, tuple)
+                                                                    else (maxnreg, maxnreg)))
+    kinds = (((0, RING_MMA_SMALL_NODES, small_cap),) if small else ()) + ((1, RING_MMA_NODES, other_cap),
+                                                                          (2, RING_MMA_NODES, {}))
     return tuple(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
                             chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes,
                                                 SMALL_KEYS=RING_MMA_SMALL_NODES - num_nodes if small else 0, **caps))

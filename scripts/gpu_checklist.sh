@@ -154,8 +154,8 @@ for phase in "$@"; do
               mkdir -p "$out/ringnext"
               SANITIZE_TIMEOUT=100 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py" \
                 SANITIZE_K="mma or cuda" bash scripts/gpu_sanitize.sh "$out/ringnext" || rc=1
-              timeout 90 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/168/0 \
-                mma/128/4/128 > "$out/bench_ring_sweep.log" 2>&1 || rc=1
+              timeout 90 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/0 \
+                mma/128/4/0,128 mma/128/4/128 > "$out/bench_ring_sweep.log" 2>&1 || rc=1
               grep "^|" "$out/bench_ring_sweep.log" ;;
     m2ringbench) timeout 280 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 1 8 64 256 \
                 > "$out/bench_ring_mamba2.log" 2>&1

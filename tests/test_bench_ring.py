@@ -32,7 +32,7 @@ def test_tree_path_lengths():
 @pytest.mark.parametrize("mixer", ["gdn", "mamba2"])
 def test_flow_dry_run(monkeypatch, capsys, mixer):
     """The whole flow on tiny shapes on the CPU (the ops' PyTorch code; timers and ceilings stubbed,
-    each timed function run once), then Mamba2's tile sweep (its kernel interpreted), so a broken
+    each timed function run once), then the tile sweep (the kernels interpreted), so a broken
     bench is found before a GPU run."""
     import dataclasses
 
@@ -61,3 +61,8 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
         assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/1",
                                 "16/4/2/1/tf32"]) == 0
         assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]) == 2
+    if mixer == "gdn" and INTERPRET:
+        assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/ieee"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert "| B | tile | pending 8, us per layer | pending 4, us per layer | pending 8 (fold), us per layer |" in out
+        assert [line for line in out if line.startswith("| 2 |")] == ["| 2 | 16/4/ieee | 8.0 | 8.0 | 8.0 |"]

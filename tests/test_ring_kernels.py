@@ -201,6 +201,11 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
     assert [(c.constexprs["KIND"], c.constexprs["NODES"], c.constexprs["SMALL_KEYS"])
             for c in calls if "KIND" in c.constexprs] == kinds
+    # register caps: one for both launches that do not fold, or a pair (small rows', others'); none on folds
+    for maxnreg, caps in ((168, {0: 168, 1: 168}), ((0, 128), {1: 128}), (None, {})):
+        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, maxnreg=maxnreg)
+        assert {c.constexprs["KIND"]: c.constexprs["maxnreg"] for c in calls if "maxnreg" in c.constexprs} == {
+            kind: cap for kind, cap in caps.items() if kind in [k for k, _, _ in kinds]}
 
 
 @pytest.mark.gpu
