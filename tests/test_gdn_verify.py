@@ -159,11 +159,19 @@ def test_one_node_and_odd_sizes(impl):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_deep_paths(impl):
-    """Paths of 10 to 17 tokens: every power of the node matrices up to the padded size counts."""
+    """Paths of 10 to 17 tokens: every power of the node matrices up to the padded size counts; and
+    wide trees of 16 nodes whose paths are 2 and 5 long, the latter with the high powers weighing."""
     device, run = impl
     check(device, run, make_problem(num_nodes=12, device=device))
     check(device, run, make_problem(num_nodes=12, parents=[-1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0, 10], device=device))
     check(device, run, make_problem(num_rows=2, num_nodes=17, ratio=1, device=device))
+    check(device, run, make_problem(num_nodes=16, parents=[-1] + [0] * 15, device=device))
+    # nearly parallel keys, large betas and slow decay: every power of A up to the 5-node paths weighs
+    q, k, v, g, beta, *rest = make_problem(num_nodes=16, parents=[-1, 0, 0, 1, 1, 2, 3, 3, 4, 6, 7, 7, 8, -1, 13, 14],
+                                           seed=5)
+    k = k[:, :1] + 0.05 * k
+    check(device, run, [t if t is None else t.to(device) for t in (q, k, v, torch.full_like(g, -0.05),
+                                                                    torch.full_like(beta, 0.45), *rest)])
 
 
 TUNINGS = [dict(mma=False), dict(block_v=16, mma=False), dict(block_v=16, num_warps=2, mma=False),
