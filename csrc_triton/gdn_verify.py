@@ -71,14 +71,25 @@ def _dot(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _node_dot(a, b, NUM_NODES: tl.constexpr, PRECISION: tl.constexpr):
+    """a @ b for the node matrices: past 4 nodes in 3xTF32 where PRECISION is tf32. The power
+    series' terms grow like binomials along a path and cancel in the sum when keys are near parallel
+    (a repeated token): in tf32, 0.55 x max |o| off at 16 nodes, 2.4e-3 at 8."""
+    if PRECISION == "tf32" and NUM_NODES > 4:
+        return _dot(a, b, "tf32x3")
+    else:
+        return _dot(a, b, PRECISION)
+
+
+@triton.jit
 def _power_series(X, I, NUM_NODES: tl.constexpr, PRECISION: tl.constexpr):
     """sum_{m < NUM_NODES} X^m = (I + X)(I + X^2)(I + X^4)... for a nilpotent X with X^NUM_NODES = 0
     (A's key block is strictly lower triangular over NUM_NODES nodes): (I - X)^-1 for X = -A."""
     T = I + X
     P = X
     for _ in tl.static_range(0, (NUM_NODES - 1).bit_length() - 1):
-        P = _dot(P, P, PRECISION)
-        T = T + _dot(T, P, PRECISION)
+        P = _node_dot(P, P, NUM_NODES, PRECISION)
+        T = T + _node_dot(T, P, NUM_NODES, PRECISION)
     return T
 
 
@@ -172,7 +183,7 @@ def _gdn_verify_kernel(
     eye = (stack[:, None] == stack[None, :]).to(tl.float32)
     A = tl.where(key_side[:, None] & (eye < 0.5), beta[:, None] * decay * gram, 0.0)
     inverse = _power_series(-A, eye, NUM_NODES, PRECISION)  # (I + A)^-1 on the key block, I elsewhere
-    mix = _operand(_dot(tl.where(key_side[:, None], 0.0, decay * gram), inverse, PRECISION), PRECISION)
+    mix = _operand(_node_dot(tl.where(key_side[:, None], 0.0, decay * gram), inverse, NUM_NODES, PRECISION), PRECISION)
     grown = tl.exp(cumulative)[:, None]
     kept = tl.where(key_side[:, None], 0.0, grown)  # diag(exp G) Q S0 on query rows
     store_ok = slot_ok & links_ok

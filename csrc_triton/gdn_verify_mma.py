@@ -32,12 +32,33 @@ def _rounded(x, ROUND: gl.constexpr):
 
 
 @gluon.jit
-def _small_dot(a, b, MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr):
-    """a @ b for the [NODES, *] node matrices, operands rounded to tf32 to nearest."""
-    acc = gl.zeros([a.shape[0], b.shape[1]], gl.float32, layout=MMA)
-    product = mma_v2(gl.convert_layout(_rounded(a, True), A_L), gl.convert_layout(_rounded(b, True), B_L), acc,
-                     input_precision="tf32")
-    return gl.convert_layout(product, a.type.layout)
+def _mma(a_hi, a_lo, b_hi, b_lo, acc, SPLIT: gl.constexpr):
+    """acc + a @ b from operands already in their dot layouts: hi hi, plus with SPLIT the rests'
+    products first (3xTF32)."""
+    if SPLIT:
+        acc = mma_v2(a_lo, b_hi, acc, input_precision="tf32")
+        acc = mma_v2(a_hi, b_lo, acc, input_precision="tf32")
+    return mma_v2(a_hi, b_hi, acc, input_precision="tf32")
+
+
+@gluon.jit
+def _parts(x, LAYOUT: gl.constexpr, SPLIT: gl.constexpr):
+    """(head, rest) of x as tf32 operands in LAYOUT, each rounded to nearest; the rest only with SPLIT."""
+    head = _rounded(x, True)
+    hi = gl.convert_layout(head, LAYOUT)
+    if SPLIT:
+        lo = gl.convert_layout(_rounded(x - head, True), LAYOUT)
+    else:
+        lo = hi  # unread
+    return hi, lo
+
+
+@gluon.jit
+def _product(a, b, MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, SPLIT: gl.constexpr):
+    """a @ b of two tensors in the accumulator's layout."""
+    a_hi, a_lo = _parts(a, A_L, SPLIT)
+    b_hi, b_lo = _parts(b, B_L, SPLIT)
+    return _mma(a_hi, a_lo, b_hi, b_lo, gl.zeros([a.shape[0], b.shape[1]], gl.float32, layout=MMA), SPLIT)
 
 
 @gluon.jit
@@ -50,6 +71,20 @@ def _state_chunk(state_base, first, slot_ok, v0, HEAD_K_DIM: gl.constexpr, HEAD_
     tile = state_base + (kk * SSM_STRIDE_K)[:, None] + (vv * SSM_STRIDE_V)[None, :]
     mask = slot_ok & (kk < HEAD_K_DIM)[:, None] & (vv < HEAD_V_DIM)[None, :]
     return gl.load(tile, mask=mask, other=0.0).to(gl.float32)
+
+
+@gluon.jit
+def _mix(A, identity, queries, PATH: gl.constexpr, MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr):
+    """queries (I + A)^-1 for root paths of at most PATH nodes: (I + A)^-1 = (I - A)(I + A^2)
+    (I + A^4)..., A^PATH = 0. Past 4 nodes in 3xTF32: the powers grow like binomials along a path and
+    cancel in the sum when keys are near parallel (gdn_verify._node_dot)."""
+    SPLIT: gl.constexpr = PATH > 4
+    inverse = identity - A
+    power = -A
+    for _ in gl.static_range(0, (PATH - 1).bit_length() - 1):
+        power = _product(power, power, MMA, A_L, B_L, SPLIT)
+        inverse = inverse + _product(inverse, power, MMA, A_L, B_L, SPLIT)
+    return _product(queries, inverse, MMA, A_L, B_L, SPLIT)
 
 
 @gluon.jit
@@ -108,12 +143,15 @@ def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, parents_ptr, g_strid
                    mask=real & key_side, other=0.0).to(gl.float32)  # zero on query rows: no update there
     A = gl.where(key_side[:, None] & ~eye, beta[:, None] * decay * gram, 0.0)
     identity = gl.where(eye, 1.0, 0.0)
-    inverse = identity - A  # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...: A^NUM_NODES = 0
-    power = -A
-    for _ in gl.static_range(0, (NUM_NODES - 1).bit_length() - 1):
-        power = _small_dot(power, power, MMA, A_L, B_L)
-        inverse = inverse + _small_dot(inverse, power, MMA, A_L, B_L)
-    mix = _small_dot(gl.where(key_side[:, None], 0.0, decay * gram), inverse, MMA, A_L, B_L)
+    queries = gl.where(key_side[:, None], 0.0, decay * gram)
+    if TREE and NUM_NODES > 4:  # a tree whose paths are at most 4 nodes long takes a chain of 4's way
+        depth = gl.max(gl.sum(gl.where(ancestry, 1, 0), axis=1), axis=0)
+        if depth <= 4:
+            mix = _mix(A, identity, queries, 4, MMA, A_L, B_L)
+        else:
+            mix = _mix(A, identity, queries, NUM_NODES, MMA, A_L, B_L)
+    else:
+        mix = _mix(A, identity, queries, NUM_NODES, MMA, A_L, B_L)
     grown = gl.exp(cumulative)
     kept = gl.where(key_side, 0.0, grown)  # diag(exp G) Q S0 on query rows
 
@@ -218,7 +256,7 @@ def _gdn_verify_mma_kernel(
     v = gl.load(v_ptr + row * v_stride_row + head * v_stride_head + (node * v_stride_node)[:, None]
                 + (vv * v_stride_v)[None, :], mask=(real & key_side)[:, None] & columns, other=0.0).to(gl.float32)
     rhs = beta[:, None] * (v - grown[:, None] * products)
-    o = kept[:, None] * products + _small_dot(mix, rhs, MMA, A_L, B_L)
+    o = kept[:, None] * products + _product(mix, rhs, MMA, A_L, B_L, False)
     dst = (out_ptr + row * out_stride_row + head * out_stride_head + (node * out_stride_node)[:, None]
            + (vv * out_stride_v)[None, :])
     store_ok = slot_ok & links_ok

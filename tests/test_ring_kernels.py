@@ -126,6 +126,22 @@ def test_matches_pytorch_code(device, tree):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_repeated_token_rows(device):
+    """Pending rows all the same token (identical keys, 12 pending and 4 drafts a path of 16), betas
+    of 0.7, no decay: the power series' terms grow like binomials and cancel (tf32 products were
+    9e-3 x max |o| off); at tf32 for the rows that do not fold, as the kernels run by default."""
+    cursors = torch.tensor([[3, 12], [0, 8], [9, 12]])  # C = 20, capacity 16, N = 4: none folds
+    case = ring_case(num_rows=3, num_nodes=4, capacity=16, cursors=cursors, ring_slots=[0, 1, 2],
+                     state_slots=[1, 3, 0], num_ring_slots=3, device=device, seed=2)
+    case["rows"][:] = case["rows"][:, :, :1]
+    case["conv_state"][:] = case["rows"][:, :1, :1, :].transpose(-1, -2)[..., :1]
+    case["gates"][..., 0, :] = 0.0
+    case["gates"][..., 1, :] = 0.7
+    want, got = run_both(case, tuning=dict(precision="tf32", fold_precision="tf32x3"))
+    assert_agree(want, got, tol=2e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_low_precision_rows_and_state(device):
     case = ring_case(num_rows=3, num_nodes=2, capacity=3, rows_dtype=torch.bfloat16, state_dtype=torch.bfloat16,
                      kernel_size=3, device=device, seed=3)
