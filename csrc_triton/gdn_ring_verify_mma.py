@@ -12,9 +12,10 @@ a row with few pending tokens (pending + 2 N <= 16) on a stack of 16 rows, its q
 Launches over the same grid, one per kind of row -- those on the small stack, the others that do
 not fold, those that fold -- the other rows' programs returning after reading the cursor, so each
 kind is its own compile with its own registers. A row that does not fold writes outputs only and
-multiplies in tf32, its small operands rounded to nearest (gdn_verify's accuracy). A row that folds
-writes its checkpoint, which must keep float32's accuracy over many folds: it multiplies in 3xTF32
-(each operand split into a tf32 head and a tf32 rest, three products).
+multiplies the state in tf32, its operands rounded to nearest (gdn_verify's accuracy); every kind's
+node-matrix series runs in 3xTF32 (paths of up to C + N tokens: gdn_verify._node_dot). A row that
+folds writes its checkpoint, which must keep float32's accuracy over many folds: it multiplies in
+3xTF32 (each operand split into a tf32 head and a tf32 rest, three products).
 """
 
 from __future__ import annotations
