@@ -35,6 +35,8 @@
 #   gvsan     compute-sanitizer memcheck + racecheck over gdn_verify's GPU tests of launch choices, skipped rows,
 #             odd sizes, views and model shapes (both CUDA kernels)
 #   m2verify  mamba2_verify's GPU tests (never run on a GPU before), then memcheck and racecheck over them
+#   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
+#             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
 #   m2bench   mamba2_verify against an engine-style selective-state-update stand-in, chains and trees of 8,
 #             B = 1 .. 256, Nemotron-H-8B TP1 (benchmarks/bench_mamba2_verify.py), with issue #40's targets
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
@@ -141,6 +143,13 @@ for phase in "$@"; do
               mkdir -p "$out/m2verify"
               SANITIZE_TIMEOUT=150 SANITIZE_TESTS=tests/test_mamba2_verify.py SANITIZE_K="cuda" \
                 bash scripts/gpu_sanitize.sh "$out/m2verify" || rc=1 ;;
+    gvbench)  rc=0
+              python3 -m pip install -q --no-deps .whl/fla_core-*.whl .whl/einops-*.whl >> "$out/install.log" 2>&1
+              timeout 200 python3 benchmarks/bench_gdn_verify.py > "$out/bench_gdn_verify.log" 2>&1 || rc=1
+              grep -E '^(\||read ceiling)' "$out/bench_gdn_verify.log"
+              timeout 120 python3 benchmarks/bench_gdn_verify.py --state-dtype bf16 --batches 64 256 --no-step \
+                > "$out/bench_gdn_verify_bf16.log" 2>&1 || rc=1
+              grep '^|' "$out/bench_gdn_verify_bf16.log" ;;
     m2bench)  timeout 200 python3 benchmarks/bench_mamba2_verify.py --json "$out/bench_mamba2_verify.json" \
                 > "$out/bench_mamba2_verify.log" 2>&1
               rc=$?; grep -E '^(\||[0-9]{4}-|check|read ceiling|targets|[0-9]+ layers per step)|FAILED' "$out/bench_mamba2_verify.log"
