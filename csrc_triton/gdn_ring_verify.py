@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
-from .gdn_verify import MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _power_series
+from .gdn_verify import MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse
 from .ring_conv import _history_at, ring_row_state
 
 # The Triton kernel (every layer's fold at flush; a verify the mma kernel cannot take): the fewest
@@ -99,7 +99,7 @@ def _chunk(kq, state, v, beta, decay, cumulative, key_side, eye, RING_ROWS: tl.c
     kq = _operand(kq, PRECISION)
     gram = tl.dot(kq, tl.trans(kq), input_precision=PRECISION)
     A = tl.where(key_side[:, None] & (eye < 0.5), beta[:, None] * decay * gram, 0.0)
-    inverse = _power_series(-A, eye, RING_ROWS, PRECISION)  # (I + A)^-1 on the key block
+    inverse = _unit_lower_inverse(A, eye, RING_ROWS, PRECISION)  # (I + A)^-1 on the key block
     grown = tl.exp(cumulative)[:, None]
     products = tl.dot(kq, state, input_precision=PRECISION)  # K S0 on key rows, Q S0 on query rows
     rhs = beta[:, None] * (v - grown * products)

@@ -12,10 +12,10 @@ a row with few pending tokens (pending + 2 N <= 16) on a stack of 16 rows, its q
 Launches over the same grid, one per kind of row -- those on the small stack, the others that do
 not fold, those that fold -- the other rows' programs returning after reading the cursor, so each
 kind is its own compile with its own registers. A row that does not fold writes outputs only and
-multiplies the state in tf32, its operands rounded to nearest (gdn_verify's accuracy); every kind's
-node-matrix series runs in 3xTF32 (paths of up to C + N tokens: gdn_verify._node_dot). A row that
-folds writes its checkpoint, which must keep float32's accuracy over many folds: it multiplies in
-3xTF32 (each operand split into a tf32 head and a tf32 rest, three products).
+multiplies the state in tf32, its operands rounded to nearest (gdn_verify's accuracy), (I + A)^-1
+by gdn_verify's blocks (paths of up to C + N tokens). A row that folds writes its checkpoint, which
+must keep float32's accuracy over many folds: it multiplies in 3xTF32 (each operand split into a
+tf32 head and a tf32 rest, three products).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .gdn_verify_mma import _mma, _parts, _product, _rounded, _state_chunk
+from .gdn_verify_mma import _mma, _parts, _product, _rounded, _state_chunk, _unit_lower_inverse
 
 
 @gluon.jit
@@ -218,14 +218,8 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
                                                - gl.convert_layout(cumulative, COL_L)[None, :], 0.0)), 0.0)
     eye = r[:, None] == c[None, :]
     A = gl.where(r_key[:, None] & ~eye, beta[:, None] * decay * gram, 0.0)
-    inverse = gl.where(eye, 1.0, 0.0) - A  # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)...: A^C = 0
-    power = -A
-    # past 4 keys in 3xTF32 whatever the row: the powers grow like binomials along a path and cancel
-    # when keys are near parallel (gdn_verify._node_dot)
-    SERIES: gl.constexpr = KEY_ROWS > 4
-    for _ in gl.static_range(0, (KEY_ROWS - 1).bit_length() - 1):
-        power = _product(power, power, MMA, A_L, B_L, SERIES)
-        inverse = inverse + _product(inverse, power, MMA, A_L, B_L, SERIES)
+    inverse = _unit_lower_inverse(A, gl.where(eye, 1.0, 0.0), KEY_ROWS, MMA, A_L, B_L, SPLIT)  # (I + A)^-1
+    MIX_SPLIT: gl.constexpr = SPLIT or KEY_ROWS > 4  # (gdn_verify_mma: near-parallel keys sum up here)
     grown = gl.exp(cumulative)
     query_mix = gl.where(r_key[:, None], 0.0, decay * gram)
 
@@ -273,7 +267,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
             before = gl.load(tile, mask=mask, other=0.0).to(gl.float32)
             gl.store(tile, (gl.exp(total) * before + acc).to(ssm_ptr.dtype.element_ty), mask=mask)
     else:
-        o += _product(_product(query_mix, inverse, MMA, A_L, B_L, SERIES), rhs, MMA, A_L, B_L, SPLIT)
+        o += _product(_product(query_mix, inverse, MMA, A_L, B_L, MIX_SPLIT), rhs, MMA, A_L, B_L, SPLIT)
 
     n = gl.arange(0, BLOCK_V, layout=COL_L)
     vv = _relabelled(n, v0, WARPS, TILES)

@@ -23,7 +23,7 @@ Q S0 together, and every node matrix is a block of one [NODES, NODES] matrix:
     mix  = (D * Q K^T) (I + A)^-1   (query rows; zero on key rows)
     O    = diag(exp G) (Q S0) + mix diag(beta) (V - diag(exp G) K S0)   (query rows)
 
-(I + A)^-1 is the product (I - A)(I + A^2)(I + A^4)... (A is nilpotent: A^N = 0).
+(I + A)^-1 by blocks (_unit_lower_inverse): A is strictly lower triangular, a node's ancestors before it.
 """
 
 from __future__ import annotations
@@ -71,25 +71,24 @@ def _dot(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _node_dot(a, b, NUM_NODES: tl.constexpr, PRECISION: tl.constexpr):
-    """a @ b for the node matrices: past 4 nodes in 3xTF32 where PRECISION is tf32. The power
-    series' terms grow like binomials along a path and cancel in the sum when keys are near parallel
-    (a repeated token): in tf32, 0.55 x max |o| off at 16 nodes, 2.4e-3 at 8."""
-    if PRECISION == "tf32" and NUM_NODES > 4:
-        return _dot(a, b, "tf32x3")
+def _unit_lower_inverse(A, I, NUM_NODES: tl.constexpr, PRECISION: tl.constexpr):
+    """(I + A)^-1 for A strictly lower triangular (zero past NUM_NODES): within blocks of 4,
+    (I - A)(I + A^2) (A^4 = 0 there); then blocks of 8, 16, ... each joined from its two halves as
+    T - T A' T, A' the coupling of the halves. Every intermediate stays the size of an inverse: the
+    power series (I - A)(I + A^2)(I + A^4)... over a whole path has powers that grow like binomials and
+    cancel when keys are near parallel (a repeated token), which tf32 did not survive (0.55 x max |o|
+    off at 16 nodes); the same number of products."""
+    idx = tl.arange(0, A.shape[0])
+    if NUM_NODES <= 2:
+        T = I - A
     else:
-        return _dot(a, b, PRECISION)
-
-
-@triton.jit
-def _power_series(X, I, NUM_NODES: tl.constexpr, PRECISION: tl.constexpr):
-    """sum_{m < NUM_NODES} X^m = (I + X)(I + X^2)(I + X^4)... for a nilpotent X with X^NUM_NODES = 0
-    (A's key block is strictly lower triangular over NUM_NODES nodes): (I - X)^-1 for X = -A."""
-    T = I + X
-    P = X
-    for _ in tl.static_range(0, (NUM_NODES - 1).bit_length() - 1):
-        P = _node_dot(P, P, NUM_NODES, PRECISION)
-        T = T + _node_dot(T, P, NUM_NODES, PRECISION)
+        within = tl.where((idx[:, None] // 4) == (idx[None, :] // 4), A, 0.0)
+        T = _dot(I - within, I + _dot(within, within, PRECISION), PRECISION)
+    for level in tl.static_range(0, max(0, (NUM_NODES - 1).bit_length() - 2)):
+        half = 4 << level
+        coupling = tl.where(((idx[:, None] // (2 * half)) == (idx[None, :] // (2 * half)))
+                            & ((idx[:, None] // half) != (idx[None, :] // half)), A, 0.0)
+        T = T - _dot(_dot(T, coupling, PRECISION), T, PRECISION)
     return T
 
 
@@ -182,8 +181,13 @@ def _gdn_verify_kernel(
     gram = tl.dot(kq, tl.trans(kq), input_precision=PRECISION)  # (kq: an operand already)
     eye = (stack[:, None] == stack[None, :]).to(tl.float32)
     A = tl.where(key_side[:, None] & (eye < 0.5), beta[:, None] * decay * gram, 0.0)
-    inverse = _power_series(-A, eye, NUM_NODES, PRECISION)  # (I + A)^-1 on the key block, I elsewhere
-    mix = _operand(_node_dot(tl.where(key_side[:, None], 0.0, decay * gram), inverse, NUM_NODES, PRECISION), PRECISION)
+    inverse = _unit_lower_inverse(A, eye, NUM_NODES, PRECISION)  # (I + A)^-1 on the key block, I elsewhere
+    queries = tl.where(key_side[:, None], 0.0, decay * gram)
+    if PRECISION == "tf32" and NUM_NODES > 4:  # past 4 nodes near-parallel keys sum up to N terms here
+        mix = _dot(queries, inverse, "tf32x3")
+    else:
+        mix = _dot(queries, inverse, PRECISION)
+    mix = _operand(mix, PRECISION)
     grown = tl.exp(cumulative)[:, None]
     kept = tl.where(key_side[:, None], 0.0, grown)  # diag(exp G) Q S0 on query rows
     store_ok = slot_ok & links_ok

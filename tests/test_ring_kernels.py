@@ -128,8 +128,8 @@ def test_matches_pytorch_code(device, tree):
 @pytest.mark.parametrize("device", DEVICES)
 def test_repeated_token_rows(device):
     """Pending rows all the same token (identical keys, 12 pending and 4 drafts a path of 16), betas
-    of 0.7, no decay: the power series' terms grow like binomials and cancel (tf32 products were
-    9e-3 x max |o| off); at tf32 for the rows that do not fold, as the kernels run by default."""
+    of 0.7, no decay: the power series over a whole path did not survive tf32 (9e-3 x max |o| off);
+    at tf32 for the rows that do not fold, as the kernels run by default."""
     cursors = torch.tensor([[3, 12], [0, 8], [9, 12]])  # C = 20, capacity 16, N = 4: none folds
     case = ring_case(num_rows=3, num_nodes=4, capacity=16, cursors=cursors, ring_slots=[0, 1, 2],
                      state_slots=[1, 3, 0], num_ring_slots=3, device=device, seed=2)
