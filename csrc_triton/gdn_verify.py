@@ -82,7 +82,9 @@ def _unit_lower_inverse(A, I, NUM_NODES: tl.constexpr, PRECISION: tl.constexpr):
     if NUM_NODES <= 2:
         T = I - A
     else:
-        within = tl.where((idx[:, None] // 4) == (idx[None, :] // 4), A, 0.0)
+        within = A  # up to 4 nodes one block
+        if NUM_NODES > 4:
+            within = tl.where((idx[:, None] // 4) == (idx[None, :] // 4), A, 0.0)
         T = _dot(I - within, I + _dot(within, within, PRECISION), PRECISION)
     for level in tl.static_range(0, max(0, (NUM_NODES - 1).bit_length() - 2)):
         half = 4 << level

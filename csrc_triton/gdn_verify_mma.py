@@ -76,18 +76,17 @@ def _state_chunk(state_base, first, slot_ok, v0, HEAD_K_DIM: gl.constexpr, HEAD_
 @gluon.jit
 def _unit_lower_inverse(A, identity, PATH: gl.constexpr, MMA: gl.constexpr, A_L: gl.constexpr,
                         B_L: gl.constexpr, SPLIT: gl.constexpr):
-    """(I + A)^-1 for A strictly lower triangular along root paths of at most PATH nodes, in tf32
-    (3xTF32 with SPLIT): (I - A)(I + A^2) when PATH <= 4 (A^4 = 0), else gdn_verify's
-    _unit_lower_inverse's blocks of 4 joined into 8, 16, ... (every intermediate the size of an inverse)."""
+    """(I + A)^-1 for A strictly lower triangular (zero past PATH nodes), in tf32 (3xTF32 with
+    SPLIT): gdn_verify._unit_lower_inverse's blocks of 4 joined into 8, 16, ... (every intermediate
+    the size of an inverse)."""
     r = gl.arange(0, A.shape[0], layout=gl.SliceLayout(1, MMA))
     c = gl.arange(0, A.shape[1], layout=gl.SliceLayout(0, MMA))
     if PATH <= 2:
         inverse = identity - A
     else:
+        within = A  # up to 4 nodes one block
         if PATH > 4:
             within = gl.where((r[:, None] // 4) == (c[None, :] // 4), A, 0.0)
-        else:
-            within = A
         inverse = _product(identity - within, identity + _product(within, within, MMA, A_L, B_L, SPLIT), MMA, A_L,
                            B_L, SPLIT)
     for level in gl.static_range(0, max(0, (PATH - 1).bit_length() - 2)):
@@ -156,14 +155,7 @@ def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, parents_ptr, g_strid
     A = gl.where(key_side[:, None] & ~eye, beta[:, None] * decay * gram, 0.0)
     identity = gl.where(eye, 1.0, 0.0)
     queries = gl.where(key_side[:, None], 0.0, decay * gram)
-    if TREE and NUM_NODES > 4:  # a tree whose paths are at most 4 nodes long takes a chain of 4's way
-        depth = gl.max(gl.sum(gl.where(ancestry, 1, 0), axis=1), axis=0)
-        if depth <= 4:
-            inverse = _unit_lower_inverse(A, identity, 4, MMA, A_L, B_L, False)
-        else:
-            inverse = _unit_lower_inverse(A, identity, NUM_NODES, MMA, A_L, B_L, False)
-    else:
-        inverse = _unit_lower_inverse(A, identity, NUM_NODES, MMA, A_L, B_L, False)
+    inverse = _unit_lower_inverse(A, identity, NUM_NODES, MMA, A_L, B_L, False)
     # past 4 nodes in 3xTF32: near-parallel keys sum up to N terms here (as gdn_verify's kernel)
     mix = _product(queries, inverse, MMA, A_L, B_L, NUM_NODES > 4)
     grown = gl.exp(cumulative)
