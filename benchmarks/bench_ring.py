@@ -179,16 +179,22 @@ def graph_us(fn, calls_per_fn: int) -> float:
     return graph_time_us(fn, launches=1, replays=8, rounds=3, warmup=1) / calls_per_fn
 
 
+def sweep_pendings(shapes, capacity):
+    """The pending counts a tile sweep times, its table's header printed: 8, then R - N (both replayed,
+    no fold: at R = 16 and N = 4 the mma kernels' small rows, then their others), then R (folded)."""
+    pendings = (8, capacity - shapes.num_draft, capacity)
+    print(markdown_header("B", "tile", *(f"pending {n}, us per layer" for n in pendings[:2]),
+                          f"pending {capacity} (fold), us per layer"))
+    return pendings
+
+
 def sweep(shapes, batches, capacity, specs):
     """One layer's gdn_ring_verify launch per tile choice (columns/warps/precision, then a folding
-    row's precision), chains, every row holding 8 pending tokens, then 12 (both replayed, no fold: at
-    R = 16 and N = 4 the mma kernel's small rows, then its others), then R (folded)."""
+    row's precision), chains, every row holding sweep_pendings' pending tokens."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_gdn_ring_verify
-    pendings = (8, capacity - 4, capacity)
-    print(markdown_header("B", "tile", *(f"pending {n}, us per layer" for n in pendings[:2]),
-                          f"pending {capacity} (fold), us per layer"))
+    pendings = sweep_pendings(shapes, capacity)
     for batch in batches:
         p = ring_problem(shapes, batch, False, capacity, seed=batch)
         ring, slots = p["ring"], p["slots"]
@@ -217,14 +223,12 @@ def sweep(shapes, batches, capacity, specs):
 
 def mamba2_sweep(shapes, batches, capacity, specs):
     """One layer's mamba2_ring_verify launch per tile choice (BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES
-    [/PRECISION]]: the outputs' products, the fold's staying 3xTF32), chains, every row holding 8
-    pending tokens (replayed, no fold) and 16 (folded)."""
+    [/PRECISION]]: the outputs' products, the fold's staying 3xTF32), chains, every row holding
+    sweep_pendings' pending tokens."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_mamba2_ring_verify
-    pendings = (8, capacity - 4, capacity)
-    print(markdown_header("B", "tile", *(f"pending {n}, us per layer" for n in pendings[:2]),
-                          f"pending {capacity} (fold), us per layer"))
+    pendings = sweep_pendings(shapes, capacity)
     for batch in batches:
         p = mamba2_ring_problem(shapes, batch, False, capacity, seed=batch)
         args, kwargs = p["calls"][0]
