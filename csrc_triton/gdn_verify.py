@@ -85,7 +85,8 @@ def _unit_lower_inverse(A, I, NUM_NODES: tl.constexpr, PRECISION: tl.constexpr):
         within = A  # up to 4 nodes one block
         if NUM_NODES > 4:
             within = tl.where((idx[:, None] // 4) == (idx[None, :] // 4), A, 0.0)
-        T = _dot(I - within, I + _dot(within, within, PRECISION), PRECISION)
+        T = I - within  # exact: only the correction below carries the products' rounding
+        T = T + _dot(T, _dot(within, within, PRECISION), PRECISION)
     for level in tl.static_range(0, max(0, (NUM_NODES - 1).bit_length() - 2)):
         half = 4 << level
         coupling = tl.where(((idx[:, None] // (2 * half)) == (idx[None, :] // (2 * half)))

@@ -87,8 +87,8 @@ def _unit_lower_inverse(A, identity, PATH: gl.constexpr, MMA: gl.constexpr, A_L:
         within = A  # up to 4 nodes one block
         if PATH > 4:
             within = gl.where((r[:, None] // 4) == (c[None, :] // 4), A, 0.0)
-        inverse = _product(identity - within, identity + _product(within, within, MMA, A_L, B_L, SPLIT), MMA, A_L,
-                           B_L, SPLIT)
+        inverse = identity - within  # exact: only the correction below carries the products' rounding
+        inverse += _product(inverse, _product(within, within, MMA, A_L, B_L, SPLIT), MMA, A_L, B_L, SPLIT)
     for level in gl.static_range(0, max(0, (PATH - 1).bit_length() - 2)):
         half = 4 << level
         coupling = gl.where(((r[:, None] // (2 * half)) == (c[None, :] // (2 * half)))
