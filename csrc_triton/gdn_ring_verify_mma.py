@@ -78,6 +78,13 @@ def _columns_relabelled(x, WARPS: gl.constexpr, TILES: gl.constexpr):
 
 
 @gluon.jit
+def _columns_natural(x, WARPS: gl.constexpr, TILES: gl.constexpr):
+    """The inverse of _columns_relabelled: x's column n holds _relabelled(n, 0); the result's column m
+    holds column m."""
+    return x.reshape([x.shape[0], TILES, WARPS, 8]).permute((0, 2, 3, 1)).reshape([x.shape[0], x.shape[1]])
+
+
+@gluon.jit
 def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base, window_base, gates_base,
               weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
               q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
@@ -246,46 +253,51 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
     gl.thread_barrier()
     v = v_smem.load(MMA)
     rhs = beta[:, None] * (v - grown[:, None] * products)  # zero on query rows
+    QUERIES: gl.constexpr = KEY_ROWS < NODES  # (none in a launch that only folds)
     o = gl.where(r_key, 0.0, grown)[:, None] * products
     if FOLD:
         updates = _product(inverse, rhs, MMA, A_L, B_L, SPLIT)  # U on key rows
-        o += _product(query_mix, updates, MMA, A_L, B_L, SPLIT)
+        if QUERIES:
+            o += _product(query_mix, updates, MMA, A_L, B_L, SPLIT)
         # S_P = exp(G_P) S0 + K^T diag(exp(G_P - G_j)) U over the pending rows j, a chunk of rows at a time
         total = gl.sum(gl.where(c_pending, g_col, 0.0), axis=0)
         weighted = updates * gl.where(r_pending, gl.exp(total - cumulative), 0.0)[:, None]
         w_hi, w_lo = _parts(weighted, B_L, SPLIT)
-        n = gl.arange(0, BLOCK_V, layout=COL_L)
-        vv = _relabelled(n, v0, WARPS, TILES)
+        vl = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, LOAD_L))
         for k0 in gl.static_range(0, BLOCK_K, CHUNK_K):
-            kk = k0 + gl.arange(0, CHUNK_K, layout=ROW_L)
             keys_t = kq_hi.slice(k0, CHUNK_K, dim=1).permute((1, 0))
             rests_t = kq_lo.slice(k0, CHUNK_K, dim=1).permute((1, 0))
             acc = _mma(keys_t.load(A_L), rests_t.load(A_L), w_hi, w_lo,
                        gl.zeros([CHUNK_K, BLOCK_V], gl.float32, layout=MMA), SPLIT)
-            tile = state_base + (kk * SSM_STRIDE_K)[:, None] + (vv * SSM_STRIDE_V)[None, :]
-            mask = live & (kk < HEAD_K_DIM)[:, None] & (vv < HEAD_V_DIM)[None, :]
+            # back to the tile's own column order: whole-line loads and stores, as the state's reads
+            acc = gl.convert_layout(_columns_natural(acc, WARPS, TILES), LOAD_L)
+            kk = k0 + gl.arange(0, CHUNK_K, layout=gl.SliceLayout(1, LOAD_L))
+            tile = state_base + (kk * SSM_STRIDE_K)[:, None] + (vl * SSM_STRIDE_V)[None, :]
+            mask = live & (kk < HEAD_K_DIM)[:, None] & (vl < HEAD_V_DIM)[None, :]
             before = gl.load(tile, mask=mask, other=0.0).to(gl.float32)
             gl.store(tile, (gl.exp(total) * before + acc).to(ssm_ptr.dtype.element_ty), mask=mask)
     else:
         o += _product(_product(query_mix, inverse, MMA, A_L, B_L, MIX_SPLIT), rhs, MMA, A_L, B_L, SPLIT)
 
-    n = gl.arange(0, BLOCK_V, layout=COL_L)
-    vv = _relabelled(n, v0, WARPS, TILES)
-    d = gl.where(r_drafted, r_draft, 0).to(gl.int64)
-    dst = out_ptr + row * out_stride_row + head * out_stride_head + (d * out_stride_node)[:, None] + \
-        (vv * out_stride_v)[None, :]
-    gl.store(dst, o.to(out_ptr.dtype.element_ty),
-             mask=links_ok & (r_drafted & ~r_key)[:, None] & (vv < HEAD_V_DIM)[None, :])
+    if QUERIES:
+        n = gl.arange(0, BLOCK_V, layout=COL_L)
+        vv = _relabelled(n, v0, WARPS, TILES)
+        d = gl.where(r_drafted, r_draft, 0).to(gl.int64)
+        dst = out_ptr + row * out_stride_row + head * out_stride_head + (d * out_stride_node)[:, None] + \
+            (vv * out_stride_v)[None, :]
+        gl.store(dst, o.to(out_ptr.dtype.element_ty),
+                 mask=links_ok & (r_drafted & ~r_key)[:, None] & (vv < HEAD_V_DIM)[None, :])
 
-    # the drafts' gates beside their rows, once per head
-    node = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
-    drafts = live & (node < NUM_NODES) & (v0 == 0)
-    position = gates_base + ((start + pending + gl.where(drafts, node, 0)) % RING_ROWS) * gates_stride_row
-    g_in = gl.load(g_ptr + row * g_stride_row + node * g_stride_node + head * g_stride_head, mask=drafts, other=0.0)
-    beta_in = gl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
-                      mask=drafts, other=0.0)
-    gl.store(position, g_in.to(gl.float32), mask=drafts)
-    gl.store(position + gates_stride_gate, beta_in.to(gl.float32), mask=drafts)
+        # the drafts' gates beside their rows, once per head
+        node = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
+        drafts = live & (node < NUM_NODES) & (v0 == 0)
+        position = gates_base + ((start + pending + gl.where(drafts, node, 0)) % RING_ROWS) * gates_stride_row
+        g_in = gl.load(g_ptr + row * g_stride_row + node * g_stride_node + head * g_stride_head, mask=drafts,
+                       other=0.0)
+        beta_in = gl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
+                          mask=drafts, other=0.0)
+        gl.store(position, g_in.to(gl.float32), mask=drafts)
+        gl.store(position + gates_stride_gate, beta_in.to(gl.float32), mask=drafts)
 
 
 @gluon.jit
@@ -311,6 +323,7 @@ def _gdn_ring_verify_mma_kernel(
     BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
+    FOLD_APART: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
@@ -339,6 +352,12 @@ def _gdn_ring_verify_mma_kernel(
     start = gl.where(live, start, 0).to(gl.int32)
     pending = gl.where(live, pending, 0).to(gl.int32)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
+    if FOLD_APART and KIND != 2:
+        # the fold launch, before this one, brought the checkpoint past the pending tokens: the row
+        # verifies its drafts from there, with nothing pending
+        start = gl.where(fold, (start + pending) % RING_ROWS, start)
+        pending = gl.where(fold, 0, pending)
+        fold = pending < 0  # (none)
     kind = gl.where(fold, 2, gl.where(pending + NUM_NODES <= SMALL_KEYS, 0, 1))
 
     gates_base = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot + head * gates_stride_head
@@ -355,7 +374,8 @@ def _gdn_ring_verify_mma_kernel(
                   gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
                   out_stride_row, out_stride_node, out_stride_head, out_stride_v,
                   weight_stride_dim, weight_stride_tap, bias_stride,
-                  NUM_NODES, RING_ROWS, SMALL_KEYS if KIND == 0 else RING_ROWS,
+                  0 if FOLD_APART and KIND == 2 else NUM_NODES, RING_ROWS,
+                  SMALL_KEYS if KIND == 0 else (NODES if FOLD_APART and KIND == 2 else RING_ROWS),
                   SMALL_KEYS - NUM_NODES if KIND == 0 else MAX_PENDING, NODES, KERNEL_SIZE, NUM_K_HEADS,
-                  HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE, L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K,
-                  SSM_STRIDE_V, KIND == 2, KIND == 2 and SPLIT_FOLD)
+                  HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and not (FOLD_APART and KIND == 2), L2NORM,
+                  HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, KIND == 2, KIND == 2 and SPLIT_FOLD)

@@ -206,7 +206,8 @@ MMA = dict(mma=True)  # gdn_ring_verify_mma's kernel: tf32, 3xTF32 in a row that
 def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
     """The mma kernel's launches at capacity 16 (KIND, NODES, SMALL_KEYS): rows with few pending
     tokens on a stack of 16 rows while 2 N <= 16, the others that do not fold and those that fold on
-    32; every launch sorts rows by the same rule (SMALL_KEYS: 0, none small)."""
+    32; every launch sorts rows by the same rule (SMALL_KEYS: 0, none small). Folding apart, the
+    folds come first, on a stack of the pending keys (16 rows here), and the verifies after them."""
     case = ring_case(num_rows=2, num_nodes=num_nodes, capacity=16 if num_nodes < 9 else 23 - num_nodes,
                      head_k_dim=32, head_v_dim=32)
     out = torch.empty(case["v"].shape)
@@ -214,12 +215,18 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
         out, case["q"], case["k"], case["v"], case["g"], case["beta"], case["ssm_state"], case["conv_state"],
         case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"], case["ring_slots"],
         case["state_slots"], 1, None)
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
-    assert [(c.constexprs["KIND"], c.constexprs["NODES"], c.constexprs["SMALL_KEYS"])
-            for c in calls if "KIND" in c.constexprs] == kinds
-    # register caps: one for both launches that do not fold, or a pair (small rows', others'); none on folds
-    for maxnreg, caps in ((168, {0: 168, 1: 168}), ((0, 128), {1: 128}), (None, {})):
-        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, maxnreg=maxnreg)
+    for fold_apart in (False, True):
+        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small,
+                                                             fold_apart=fold_apart)
+        assert [(c.constexprs["KIND"], c.constexprs["NODES"], c.constexprs["SMALL_KEYS"], c.constexprs["FOLD_APART"])
+                for c in calls if "KIND" in c.constexprs] == [
+            (kind, 16 if fold_apart and kind == 2 else nodes, keys, fold_apart)
+            for kind, nodes, keys in (kinds[-1:] + kinds[:-1] if fold_apart else kinds)]
+    # register caps: one for both launches that do not fold, or a pair (small rows', others'; by default
+    # none, 128); none on folds
+    for maxnreg, caps in ((168, {0: 168, 1: 168}), ((0, 128), {1: 128}), (None, {}), ("default", {1: 128})):
+        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small,
+                                                             **({} if maxnreg == "default" else dict(maxnreg=maxnreg)))
         assert {c.constexprs["KIND"]: c.constexprs["maxnreg"] for c in calls if "maxnreg" in c.constexprs} == {
             kind: cap for kind, cap in caps.items() if kind in [k for k, _, _ in kinds]}
 
@@ -230,11 +237,12 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("head_dim", [32, 128])
 @pytest.mark.parametrize("capacity", [16, 20])
-def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity):
+@pytest.mark.parametrize("fold_apart", [False, True], ids=["joint", "apart"])
+def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold_apart):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
     replay (wrapping the ring's end), few pending tokens (the stack of 16 rows), an empty ring, a
-    padded row."""
+    padded row; folds in the verify's launch or in their own before it."""
     num_nodes = len(nodes)
     if capacity + 2 * num_nodes > 32:
         pytest.skip("C + N > 32: the Triton kernel's")
@@ -244,7 +252,7 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity)
                      head_v_dim=head_dim, num_state_slots=6, num_ring_slots=5, cursors=cursors,
                      ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 5, -1, 1], parents=nodes,
                      rows_dtype=torch.bfloat16, state_dtype=state_dtype, device="cuda")
-    want, got = run_both(case, tuning=MMA)
+    want, got = run_both(case, tuning=dict(MMA, fold_apart=fold_apart))
     assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
     assert_agree(want, got, tol=2e-3, state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
     assert_same_untouched(case, want, got)
@@ -272,7 +280,7 @@ def ring_step_calls(kernels, verify_tuning=IEEE):
 @pytest.mark.parametrize("device, verify, tree", [
     pytest.param("cpu", "ieee", True, marks=[interpreted, pytest.mark.slow], id="tree-cpu"),  # (chains: the GPU's)
     *(pytest.param("cuda", verify, tree, marks=pytest.mark.gpu, id=f"{'tree' if tree else 'chain'}-cuda-{verify}")
-      for verify in ("ieee", "mma") for tree in (False, True)),
+      for verify in ("ieee", "mma", "mma-apart") for tree in (False, True)),
 ])
 def test_steps_against_pytorch_code(device, verify, tree):
     """Twelve decode steps of two layers (ring_conv1d_verify, gdn_ring_verify per layer, then
@@ -302,7 +310,7 @@ def test_steps_against_pytorch_code(device, verify, tree):
         results = []
         for kernels, world in zip((False, True), worlds):
             conv1d_verify, gdn_ring_verify, ring_accept, gdn_ring_flush = ring_step_calls(
-                kernels, IEEE if verify == "ieee" else MMA)
+                kernels, IEEE if verify == "ieee" else dict(MMA, fold_apart=verify == "mma-apart"))
             out = torch.full(case["v"].shape, FILL, device=device)
             conv_out = torch.full((layers, num_rows, num_nodes, dim), FILL, device=device)
             if step == 12:  # the states an engine would hand on
