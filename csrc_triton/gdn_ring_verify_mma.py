@@ -146,13 +146,14 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
         given_k = gl.load(keys, mask=(drafted & is_key)[:, None] & k_ok[None, :], other=0.0)
         given_q = gl.load(queries, mask=(drafted & ~is_key)[:, None] & k_ok[None, :], other=0.0)
         kq = gl.where(is_key[:, None], given_k.to(gl.float32), given_q.to(gl.float32))
-        if part == 0:
-            conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
-                                   NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk, k_ok, start, pending,
-                                   rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
-                                   weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, PART,
-                                   HAS_BIAS, STACK_L)
-            kq = gl.where((is_key & (s < pending))[:, None], conv_k, kq)
+        if part == 0 and PENDING_ROWS > 0:
+            if pending > 0:  # (none in a row that just folded: its verify starts from the new checkpoint)
+                conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
+                                       NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk, k_ok, start, pending,
+                                       rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                                       weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
+                                       PART, HAS_BIAS, STACK_L)
+                kq = gl.where((is_key & (s < pending))[:, None], conv_k, kq)
         if L2NORM:
             kq = kq / gl.sqrt(gl.sum(kq * kq, axis=1) + 1e-6)[:, None]
         kq = kq * gl.where(is_key, 1.0, scale)[:, None]
@@ -242,13 +243,14 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
                          + (gl.where(sl_drafted, sl_draft, 0).to(gl.int64) * v_stride_node)[:, None]
                          + (vl * v_stride_v)[None, :], mask=sl_drafted[:, None] & (vl < HEAD_V_DIM)[None, :],
                          other=0.0).to(gl.float32)
-        if part == 0:
-            conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
-                                   2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vl, vl < HEAD_V_DIM, start,
-                                   pending, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
-                                   weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, PART,
-                                   HAS_BIAS, LOAD_L)
-            v_part = gl.where((sl < pending)[:, None], conv_v, v_part)
+        if part == 0 and PENDING_ROWS > 0:
+            if pending > 0:
+                conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
+                                       2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vl, vl < HEAD_V_DIM, start,
+                                       pending, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                                       weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
+                                       PART, HAS_BIAS, LOAD_L)
+                v_part = gl.where((sl < pending)[:, None], conv_v, v_part)
         v_smem.slice(part * PART, PART, dim=0).store(_columns_relabelled(v_part, WARPS, TILES))
     gl.thread_barrier()
     v = v_smem.load(MMA)
