@@ -9,13 +9,14 @@ registers and staged once in shared memory, rows 0..C-1 keys, rows C..C+N-1 quer
 one [32, 32] set of node matrices, four warps side by side over the columns: none repeats them);
 a row with few pending tokens (pending + 2 N <= 16) on a stack of 16 rows, its queries from row 16 - N.
 
-Launches over the same grid, one per kind of row -- those on the small stack, the others that do
-not fold, those that fold -- the other rows' programs returning after reading the cursor, so each
-kind is its own compile with its own registers. A row that does not fold writes outputs only and
-multiplies the state in tf32, its operands rounded to nearest (gdn_verify's accuracy), (I + A)^-1
-by gdn_verify's blocks (paths of up to C + N tokens). A row that folds writes its checkpoint, which
-must keep float32's accuracy over many folds: it multiplies in 3xTF32 (each operand split into a
-tf32 head and a tf32 rest, three products).
+Launches over the same grid, one per kind of row -- by default the rows that fold, folding only
+(a stack of their pending keys), then the rows on the small stack, then the others, the folded
+rows among these two from their new checkpoint with nothing pending -- the other rows' programs
+returning after reading the cursor, so each kind is its own compile with its own registers. A
+verify writes outputs only and multiplies the state in tf32, its operands rounded to nearest
+(gdn_verify's accuracy), (I + A)^-1 by gdn_verify's blocks (paths of up to C + N tokens). A fold
+writes the checkpoint, which must keep float32's accuracy over many folds: it multiplies in 3xTF32
+(each operand split into a tf32 head and a tf32 rest, three products).
 """
 
 from __future__ import annotations
@@ -332,7 +333,10 @@ def _gdn_ring_verify_mma_kernel(
     only: N >= 1, C + N <= 32). Only the rows of one KIND do any work, each kind its own compile with
     its own registers: 0, those that do not fold and whose pending + N keys fit SMALL_KEYS (a stack
     of NODES = 16 rows, queries from row SMALL_KEYS = 16 - N); 1, the others that do not fold (32
-    rows, queries from row C); 2, those that fold (32 rows; 3xTF32 with SPLIT_FOLD)."""
+    rows, queries from row C); 2, those that fold (3xTF32 with SPLIT_FOLD): with FOLD_APART, launched
+    before the others, a fold alone on a stack of NODES pending keys -- the launches of kinds 0 and
+    1 then take a folding row as one with nothing pending from start + pending -- else the fold and
+    the drafts on 32 rows."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = gl.program_id(0) // V_BLOCKS
     v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
