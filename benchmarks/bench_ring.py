@@ -9,7 +9,8 @@
                     causal_conv1d_verify, is not in the eager column: both designs pay it)
   verify only       gdn_ring_verify with nothing pending (no replay, no fold)
   fold step         gdn_ring_verify with 16 pending tokens in every row: all replayed, all folded
-  R+W copy          a read + write copy of the same states (torch copy_)
+  R+W copy          a read + write copy of the same states (torch copy_ of the whole pool; the last
+                    column divides the fold step by a read + write of them at the copy ceiling instead)
 
 The traffic model beside them: state passes per step = 1 + f (f: folds per row and step, from the
 cursor rule run over the same acceptance), and the floor = states read at the read ceiling plus
@@ -301,7 +302,7 @@ def main(argv=None) -> int:
             floor = (state_bytes / read_gbps + fold_rate * state_bytes / copy_gbps) / 1e3
             row = dict(mode=mode, batch=batch, eager=verify_us + commit_us, verify=verify_us, ring=ring_us,
                        ring_conv=conv_us, verify_only=verify_only_us, fold=fold_us, copy=copy_us, folds=fold_rate,
-                       accepted=accepted, floor=floor)
+                       accepted=accepted, floor=floor, read_write=2 * state_bytes / copy_gbps / 1e3)
             results.append(row)
             print(f"  {mode} B={batch:<4} eager {row['eager']:9.1f} us (verify {verify_us:.1f})  ring {ring_us:9.1f} us"
                   f"  +conv {conv_us:9.1f}  verify only {verify_only_us:9.1f}  fold step {fold_us:9.1f}"
@@ -312,13 +313,13 @@ def main(argv=None) -> int:
           f"ceiling {read_gbps:.0f} GB/s, copy ceiling {copy_gbps:.0f} GB/s")
     print(markdown_header("mode", "B", "eager verify + commit", "ring step", "eager / ring", "state passes",
                           "ring floor", "of floor", "+ conv", "verify only", "step / verify only", "fold step",
-                          "R+W copy", "fold / copy"))
+                          "R+W copy", "fold / copy", "fold / R+W at ceiling"))
     for r in results:
         print(markdown_row(r["mode"], r["batch"], f"{r['eager']:.1f}", f"{r['ring']:.1f}",
                            f"{r['eager'] / r['ring']:.2f}x", f"{1 + r['folds']:.2f}", f"{r['floor']:.1f}",
                            f"{r['floor'] / r['ring']:.1%}", f"{r['ring_conv']:.1f}", f"{r['verify_only']:.1f}",
                            f"{r['ring'] / r['verify_only']:.2f}x", f"{r['fold']:.1f}", f"{r['copy']:.1f}",
-                           f"{r['fold'] / r['copy']:.2f}x"))
+                           f"{r['fold'] / r['copy']:.2f}x", f"{r['fold'] / r['read_write']:.2f}x"))
     return 0
 
 
