@@ -222,6 +222,14 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
                 for c in calls if "KIND" in c.constexprs] == [
             (kind, 16 if fold_apart and kind == 2 else nodes, keys, fold_apart)
             for kind, nodes, keys in (kinds[-1:] + kinds[:-1] if fold_apart else kinds)]
+    # the fold launch's own warps (folds apart), the verifies' unchanged
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, fold_apart=True,
+                                                         block_v=64, num_warps=4, fold_warps=8)
+    assert [(c.constexprs["KIND"], c.constexprs["WARPS"], c.constexprs["num_warps"]) for c in calls
+            if "KIND" in c.constexprs] == [(kind, 8 if kind == 2 else 4, 8 if kind == 2 else 4)
+                                           for kind, _, _ in kinds[-1:] + kinds[:-1]]
+    with pytest.raises(ValueError, match="block_v >= 8 x warps"):
+        triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, block_v=32, fold_warps=8)
     # register caps: one for both launches that do not fold, or a pair (small rows', others'; by default
     # none, 128); none on folds
     for maxnreg, caps in ((168, {0: 168, 1: 168}), ((0, 128), {1: 128}), (None, {}), ("default", {1: 128})):
