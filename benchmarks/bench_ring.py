@@ -203,14 +203,13 @@ def sweep(shapes, batches, capacity, specs):
             p["out"][0], p["q"], p["k"], p["v"], p["g"][0], p["beta"][0], p["ssm"], p["conv_state"], ring.rows,
             ring.gates, ring.cursor, p["weight"][0], None, slots, slots, 0, None)
         for spec in specs:
-            if spec.startswith("mma/"):  # the mma kernel: mma/COLUMNS/WARPS[/MAXNREG[/SMALL[/APART[/FOLD_WARPS]]]]
+            if spec.startswith("mma/"):  # the mma kernel: mma/COLUMNS/WARPS[/MAXNREG[/SMALL[/FOLD_WARPS]]]
                 block_v, warps, *cap = spec.split("/")[1:]  # MAXNREG: N, or SMALL_ROWS,OTHERS (0: no cap)
                 caps = tuple(int(n) for n in cap[0].split(",")) if cap else ()
                 tuning = dict(mma=True, block_v=int(block_v), num_warps=int(warps),
                               **(dict(maxnreg=caps if len(caps) > 1 else caps[0]) if caps else {}),
                               **(dict(small=cap[1] == "1") if len(cap) > 1 else {}),  # (0: no stack of 16 rows)
-                              **(dict(fold_apart=cap[2] == "1") if len(cap) > 2 else {}),  # (1: folds apart)
-                              **(dict(fold_warps=int(cap[3])) if len(cap) > 3 else {}))
+                              **(dict(fold_warps=int(cap[2])) if len(cap) > 2 else {}))
             else:
                 block_v, warps, precision, *fold = spec.split("/")
                 tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision,

@@ -9,9 +9,9 @@ registers and staged once in shared memory, rows 0..C-1 keys, rows C..C+N-1 quer
 one [32, 32] set of node matrices, four warps side by side over the columns: none repeats them);
 a row with few pending tokens (pending + 2 N <= 16) on a stack of 16 rows, its queries from row 16 - N.
 
-Launches over the same grid, one per kind of row -- by default the rows that fold, folding only
-(a stack of their pending keys), then the rows on the small stack, then the others, the folded
-rows among these two from their new checkpoint with nothing pending -- the other rows' programs
+Launches over the same grid, one per kind of row -- first the rows that fold, folding only (a
+stack of their pending keys), then the rows on the small stack, then the others, the folded rows
+among these two from their new checkpoint with nothing pending -- the other rows' programs
 returning after reading the cursor, so each kind is its own compile with its own registers. A
 verify writes outputs only and multiplies the state in tf32, its operands rounded to nearest
 (gdn_verify's accuracy), (I + A)^-1 by gdn_verify's blocks (paths of up to C + N tokens). A fold
@@ -102,10 +102,11 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr):
-    """One program's work: the row's outputs for its query rows, stored; with FOLD the checkpoint
-    tile after the pending tokens, stored in place; the drafts' gates beside their rows (v0 = 0).
-    Products in 3xTF32 with SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of
-    this launch has at most PENDING_ROWS pending tokens."""
+    """One program's work: the row's outputs for its query rows, stored, and the drafts' gates
+    beside their rows (v0 = 0); with FOLD instead (a stack of keys only, no drafts) the checkpoint
+    tile after the pending tokens, stored in place. Products in 3xTF32 with SPLIT, else tf32. Stack
+    rows: keys below KEY_ROWS, then queries; a row of this launch has at most PENDING_ROWS pending
+    tokens."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -256,12 +257,8 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
     gl.thread_barrier()
     v = v_smem.load(MMA)
     rhs = beta[:, None] * (v - grown[:, None] * products)  # zero on query rows
-    QUERIES: gl.constexpr = KEY_ROWS < NODES  # (none in a launch that only folds)
-    o = gl.where(r_key, 0.0, grown)[:, None] * products
     if FOLD:
         updates = _product(inverse, rhs, MMA, A_L, B_L, SPLIT)  # U on key rows
-        if QUERIES:
-            o += _product(query_mix, updates, MMA, A_L, B_L, SPLIT)
         # S_P = exp(G_P) S0 + K^T diag(exp(G_P - G_j)) U over the pending rows j, a chunk of rows at a time
         total = gl.sum(gl.where(c_pending, g_col, 0.0), axis=0)
         weighted = updates * gl.where(r_pending, gl.exp(total - cumulative), 0.0)[:, None]
@@ -280,9 +277,9 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
             before = gl.load(tile, mask=mask, other=0.0).to(gl.float32)
             gl.store(tile, (gl.exp(total) * before + acc).to(ssm_ptr.dtype.element_ty), mask=mask)
     else:
-        o += _product(_product(query_mix, inverse, MMA, A_L, B_L, MIX_SPLIT), rhs, MMA, A_L, B_L, SPLIT)
+        o = gl.where(r_key, 0.0, grown)[:, None] * products + _product(
+            _product(query_mix, inverse, MMA, A_L, B_L, MIX_SPLIT), rhs, MMA, A_L, B_L, SPLIT)
 
-    if QUERIES:
         n = gl.arange(0, BLOCK_V, layout=COL_L)
         vv = _relabelled(n, v0, WARPS, TILES)
         d = gl.where(r_drafted, r_draft, 0).to(gl.int64)
@@ -326,17 +323,15 @@ def _gdn_ring_verify_mma_kernel(
     BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
-    FOLD_APART: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
     only: N >= 1, C + N <= 32). Only the rows of one KIND do any work, each kind its own compile with
     its own registers: 0, those that do not fold and whose pending + N keys fit SMALL_KEYS (a stack
     of NODES = 16 rows, queries from row SMALL_KEYS = 16 - N); 1, the others that do not fold (32
-    rows, queries from row C); 2, those that fold (3xTF32 with SPLIT_FOLD): with FOLD_APART, launched
-    before the others, a fold alone on a stack of NODES pending keys -- the launches of kinds 0 and
-    1 then take a folding row as one with nothing pending from start + pending -- else the fold and
-    the drafts on 32 rows."""
+    rows, queries from row C); 2, those that fold, launched before the others: the fold alone on a
+    stack of NODES pending keys (3xTF32 with SPLIT_FOLD) -- the launches of kinds 0 and 1 then take
+    a folding row as one with nothing pending from start + pending."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = gl.program_id(0) // V_BLOCKS
     v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
@@ -358,7 +353,7 @@ def _gdn_ring_verify_mma_kernel(
     start = gl.where(live, start, 0).to(gl.int32)
     pending = gl.where(live, pending, 0).to(gl.int32)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
-    if FOLD_APART and KIND != 2:
+    if KIND != 2:
         # the fold launch, before this one, brought the checkpoint past the pending tokens: the row
         # verifies its drafts from there, with nothing pending
         start = gl.where(fold, (start + pending) % RING_ROWS, start)
@@ -380,8 +375,8 @@ def _gdn_ring_verify_mma_kernel(
                   gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
                   out_stride_row, out_stride_node, out_stride_head, out_stride_v,
                   weight_stride_dim, weight_stride_tap, bias_stride,
-                  0 if FOLD_APART and KIND == 2 else NUM_NODES, RING_ROWS,
-                  SMALL_KEYS if KIND == 0 else (NODES if FOLD_APART and KIND == 2 else RING_ROWS),
+                  0 if KIND == 2 else NUM_NODES, RING_ROWS,
+                  SMALL_KEYS if KIND == 0 else (NODES if KIND == 2 else RING_ROWS),
                   SMALL_KEYS - NUM_NODES if KIND == 0 else MAX_PENDING, NODES, KERNEL_SIZE, NUM_K_HEADS,
-                  HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and not (FOLD_APART and KIND == 2), L2NORM,
+                  HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and KIND != 2, L2NORM,
                   HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, KIND == 2, KIND == 2 and SPLIT_FOLD)

@@ -201,13 +201,13 @@ MMA = dict(mma=True)  # gdn_ring_verify_mma's kernel: tf32, 3xTF32 in a row that
 
 
 @pytest.mark.parametrize("num_nodes, small, kinds", [
-    (4, True, [(0, 16, 12), (1, 32, 12), (2, 32, 12)]), (8, True, [(0, 16, 8), (1, 32, 8), (2, 32, 8)]),
-    (4, False, [(1, 32, 0), (2, 32, 0)]), (9, True, [(1, 32, 0), (2, 32, 0)])])
+    (4, True, [(2, 16, 12), (0, 16, 12), (1, 32, 12)]), (8, True, [(2, 16, 8), (0, 16, 8), (1, 32, 8)]),
+    (4, False, [(2, 16, 0), (1, 32, 0)]), (9, True, [(2, 16, 0), (1, 32, 0)])])
 def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
-    """The mma kernel's launches at capacity 16 (KIND, NODES, SMALL_KEYS): rows with few pending
-    tokens on a stack of 16 rows while 2 N <= 16, the others that do not fold and those that fold on
-    32; every launch sorts rows by the same rule (SMALL_KEYS: 0, none small). Folding apart, the
-    folds come first, on a stack of the pending keys (16 rows here), and the verifies after them."""
+    """The mma kernel's launches at capacity 16 (KIND, NODES, SMALL_KEYS): first the folds, on a
+    stack of the pending keys (16 rows here), then rows with few pending tokens on a stack of 16 rows
+    while 2 N <= 16, then the others on 32; every launch sorts rows by the same rule (SMALL_KEYS: 0,
+    none small)."""
     case = ring_case(num_rows=2, num_nodes=num_nodes, capacity=16 if num_nodes < 9 else 23 - num_nodes,
                      head_k_dim=32, head_v_dim=32)
     out = torch.empty(case["v"].shape)
@@ -215,19 +215,15 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
         out, case["q"], case["k"], case["v"], case["g"], case["beta"], case["ssm_state"], case["conv_state"],
         case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"], case["ring_slots"],
         case["state_slots"], 1, None)
-    for fold_apart in (False, True):
-        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small,
-                                                             fold_apart=fold_apart)
-        assert [(c.constexprs["KIND"], c.constexprs["NODES"], c.constexprs["SMALL_KEYS"], c.constexprs["FOLD_APART"])
-                for c in calls if "KIND" in c.constexprs] == [
-            (kind, 16 if fold_apart and kind == 2 else nodes, keys, fold_apart)
-            for kind, nodes, keys in (kinds[-1:] + kinds[:-1] if fold_apart else kinds)]
-    # the fold launch's own warps (folds apart), the verifies' unchanged
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, fold_apart=True,
-                                                         block_v=64, num_warps=4, fold_warps=8)
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
+    assert [(c.constexprs["KIND"], c.constexprs["NODES"], c.constexprs["SMALL_KEYS"])
+            for c in calls if "KIND" in c.constexprs] == kinds
+    # the fold launch's own warps, the verifies' unchanged
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, block_v=64,
+                                                         num_warps=4, fold_warps=8)
     assert [(c.constexprs["KIND"], c.constexprs["WARPS"], c.constexprs["num_warps"]) for c in calls
             if "KIND" in c.constexprs] == [(kind, 8 if kind == 2 else 4, 8 if kind == 2 else 4)
-                                           for kind, _, _ in kinds[-1:] + kinds[:-1]]
+                                           for kind, _, _ in kinds]
     with pytest.raises(ValueError, match="block_v >= 8 x warps"):
         triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, block_v=32, fold_warps=8)
     # register caps: one for both launches that do not fold, or a pair (small rows', others'; by default
@@ -245,12 +241,11 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("head_dim", [32, 128])
 @pytest.mark.parametrize("capacity", [16, 20])
-@pytest.mark.parametrize("fold_apart", [False, True], ids=["joint", "apart"])
-def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold_apart):
+def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
     replay (wrapping the ring's end), few pending tokens (the stack of 16 rows), an empty ring, a
-    padded row; folds in the verify's launch or in their own before it."""
+    padded row."""
     num_nodes = len(nodes)
     if capacity + 2 * num_nodes > 32:
         pytest.skip("C + N > 32: the Triton kernel's")
@@ -260,7 +255,7 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
                      head_v_dim=head_dim, num_state_slots=6, num_ring_slots=5, cursors=cursors,
                      ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 5, -1, 1], parents=nodes,
                      rows_dtype=torch.bfloat16, state_dtype=state_dtype, device="cuda")
-    want, got = run_both(case, tuning=dict(MMA, fold_apart=fold_apart))
+    want, got = run_both(case, tuning=MMA)
     assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
     assert_agree(want, got, tol=2e-3, state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
     assert_same_untouched(case, want, got)
@@ -288,7 +283,7 @@ def ring_step_calls(kernels, verify_tuning=IEEE):
 @pytest.mark.parametrize("device, verify, tree", [
     pytest.param("cpu", "ieee", True, marks=[interpreted, pytest.mark.slow], id="tree-cpu"),  # (chains: the GPU's)
     *(pytest.param("cuda", verify, tree, marks=pytest.mark.gpu, id=f"{'tree' if tree else 'chain'}-cuda-{verify}")
-      for verify in ("ieee", "mma", "mma-apart") for tree in (False, True)),
+      for verify in ("ieee", "mma") for tree in (False, True)),
 ])
 def test_steps_against_pytorch_code(device, verify, tree):
     """Twelve decode steps of two layers (ring_conv1d_verify, gdn_ring_verify per layer, then
@@ -318,7 +313,7 @@ def test_steps_against_pytorch_code(device, verify, tree):
         results = []
         for kernels, world in zip((False, True), worlds):
             conv1d_verify, gdn_ring_verify, ring_accept, gdn_ring_flush = ring_step_calls(
-                kernels, IEEE if verify == "ieee" else dict(MMA, fold_apart=verify == "mma-apart"))
+                kernels, IEEE if verify == "ieee" else MMA)
             out = torch.full(case["v"].shape, FILL, device=device)
             conv_out = torch.full((layers, num_rows, num_nodes, dim), FILL, device=device)
             if step == 12:  # the states an engine would hand on
