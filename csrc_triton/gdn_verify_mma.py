@@ -99,13 +99,24 @@ def _unit_lower_inverse(A, identity, PATH: gl.constexpr, MMA: gl.constexpr, A_L:
 
 
 @gluon.jit
-def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, parents_ptr, g_stride_row, g_stride_node, g_stride_head,
-                   beta_stride_row, beta_stride_node, beta_stride_head, parents_stride_row, parents_stride_node,
+def _parent_of(x, links):
+    """links[x] per entry of x, -1 where x < 0 (links: -1 past the real nodes, in x's layout; x
+    past them only in a row whose links are broken, whose walk is not used): a lookup across the
+    warp's lanes, no load."""
+    inside = (x >= 0) & (x < links.shape[0])
+    return gl.where(x >= 0, gl.gather(links, gl.where(inside, x, 0).to(gl.int32), 0), -1)
+
+
+@gluon.jit
+def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
+                   beta_stride_row, beta_stride_node, beta_stride_head,
                    NUM_NODES: gl.constexpr, NODES: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
                    MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr):
     """From the raw gram [k; q][k; q]^T: (mix, row_c, grown, kept, beta, links_ok), the
     [NODES, NODES] matrix and the per-row factors of gdn_verify's docstring, in the accumulator's
-    layout (row_c: the l2 norm's and the scale's factor of each stack row)."""
+    layout (row_c: the l2 norm's and the scale's factor of each stack row). links: a tree's
+    parent links [NODES], entry c node c's (-1 past the real nodes), one a lane, loaded with the
+    first state chunk; the walk up the tree looks them up across lanes."""
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA)
     COL_L: gl.constexpr = gl.SliceLayout(0, MMA)
     HALF: gl.constexpr = NODES // 2
@@ -133,14 +144,15 @@ def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, parents_ptr, g_strid
 
     # ancestry[r, c]: node(c) is node(r) or one of its ancestors (both sides of the stack)
     if TREE:
-        links = parents_ptr + row * parents_stride_row
-        up = gl.load(links + node * parents_stride_node, mask=real, other=-1)
-        links_ok = gl.sum(gl.where(real & ((up < -1) | (up >= node)), 1, 0), axis=0) == 0
-        ancestry = node[:, None] == col_node[None, :]
+        # each stack row's ancestors as a bit mask, then the [NODES, NODES] matrix from it
+        walker = gl.arange(0, NODES, layout=links.type.layout) % HALF
+        up = _parent_of(walker, links)
+        links_ok = gl.sum(gl.where((walker < NUM_NODES) & ((up < -1) | (up >= walker)), 1, 0), axis=0) == 0
+        bits = gl.full([NODES], 1, gl.int32, layout=links.type.layout) << walker
         for _ in gl.static_range(NUM_NODES - 1):
-            ancestry |= up[:, None] == col_node[None, :]
-            climbing = (up >= 0) & links_ok
-            up = gl.where(climbing, gl.load(links + up * parents_stride_node, mask=climbing, other=-1), -1)
+            bits |= gl.where(up >= 0, 1 << gl.minimum(gl.maximum(up, 0), 31).to(gl.int32), 0)
+            up = gl.where((up >= 0) & links_ok, _parent_of(up, links), -1)
+        ancestry = ((gl.convert_layout(bits, ROW_L)[:, None] >> col_node[None, :]) & 1) != 0
     else:
         ancestry = col_node[None, :] <= node[:, None]
         links_ok = row >= 0
@@ -214,6 +226,13 @@ def _gdn_verify_mma_kernel(
 
     upcoming = _state_chunk(state_base, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K,
                             BLOCK_V, LOAD_L)  # the long read first: nothing before it waits
+    # the tree walk's layout: node c's parent link on lane c
+    index = gl.arange(0, NODES, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    if TREE:  # the parent links now, their latency under the state's: the walk runs on registers
+        links = gl.load(parents_ptr + row * parents_stride_row + index * parents_stride_node,
+                        mask=index < NUM_NODES, other=-1)
+    else:
+        links = index  # unread
     # The [k; q] stack, fp32, into shared memory once: each chunk's A operand and the gram's B
     # operand (its transpose) are read from there.
     stack_b = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
@@ -246,9 +265,8 @@ def _gdn_verify_mma_kernel(
                           input_precision="tf32")
     # after the products: computed before them, the chunks' loads wait in registers (docs/benchmarks.md)
     mix, row_c, grown, kept, beta, links_ok = _node_matrices(
-        gram, row, head, scale, g_ptr, beta_ptr, parents_ptr, g_stride_row, g_stride_node, g_stride_head,
-        beta_stride_row, beta_stride_node, beta_stride_head, parents_stride_row, parents_stride_node,
-        NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L)
+        gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
+        beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L)
     products = products * row_c[:, None]  # K S0 on key rows, Q S0 (scaled) on query rows
     stack = gl.arange(0, NODES, layout=ROW_L)
     key_side = stack < HALF
