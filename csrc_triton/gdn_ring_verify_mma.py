@@ -25,7 +25,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .gdn_verify_mma import _mma, _parts, _product, _rounded, _state_chunk, _unit_lower_inverse
+from .gdn_verify_mma import _mma, _parent_of, _parts, _product, _rounded, _state_chunk, _unit_lower_inverse
 
 
 @gluon.jit
@@ -122,6 +122,10 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
 
     upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K,
                             BLOCK_V, LOAD_L)  # the long read first
+    lane = gl.arange(0, NODES, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    if TREE:  # the parent links now, their latency under the state's (node c's on lane c)
+        links = gl.load(parents_ptr + row * parents_stride_row + lane * parents_stride_node, mask=lane < NUM_NODES,
+                        other=-1)
 
     # the stack [NODES, dk]: pending tokens' k from their conv, the drafts' k, then their q; normalised,
     # scaled, staged in shared memory in PARTS blocks of rows: the pending tokens (at most PENDING_ROWS)
@@ -198,17 +202,17 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
     c_draft = c - pending
     c_drafted = live & (c < KEY_ROWS) & (c_draft >= 0) & (c_draft < NUM_NODES)
     if TREE:
-        links = parents_ptr + row * parents_stride_row
-        real_node = r < NUM_NODES
-        all_up = gl.load(links + gl.where(real_node, r, 0) * parents_stride_node, mask=real_node, other=-1)
-        links_ok = gl.sum(gl.where(real_node & ((all_up < -1) | (all_up >= r)), 1, 0), axis=0) == 0
-        up = gl.where(r_drafted, r_draft, -1)
-        on_path = (up[:, None] == c_draft[None, :]) & c_drafted[None, :]
-        for _ in gl.static_range(NUM_NODES - 1):
-            climbing = (up >= 0) & links_ok
-            up = gl.where(climbing, gl.load(links + gl.where(climbing, up, 0) * parents_stride_node, mask=climbing,
-                                            other=-1), -1)
-            on_path |= (up[:, None] == c_draft[None, :]) & (up >= 0)[:, None] & c_drafted[None, :]
+        # each stack row's path as a bit mask of drafts, walked across the warp's lanes
+        # (gdn_verify_mma._parent_of), then the [NODES, NODES] matrix from it
+        links_ok = gl.sum(gl.where((lane < NUM_NODES) & ((links < -1) | (links >= lane)), 1, 0), axis=0) == 0
+        lane_draft = gl.where(lane < KEY_ROWS, lane - pending, lane - KEY_ROWS)
+        up = gl.where(live & (lane_draft >= 0) & (lane_draft < NUM_NODES), lane_draft, -1)
+        bits = gl.zeros_like(lane)
+        for _ in gl.static_range(NUM_NODES):
+            bits |= gl.where(up >= 0, 1 << gl.minimum(gl.maximum(up, 0), 31).to(gl.int32), 0)
+            up = gl.where((up >= 0) & links_ok, _parent_of(up, links), -1)
+        shift = gl.minimum(gl.maximum(c_draft, 0), 31)
+        on_path = (((gl.convert_layout(bits, ROW_L)[:, None] >> shift[None, :]) & 1) != 0) & c_drafted[None, :]
     else:
         links_ok = live
         on_path = (c_draft[None, :] <= r_draft[:, None]) & c_drafted[None, :]
