@@ -107,17 +107,17 @@ def _l2_normalised(x, L2NORM: tl.constexpr):
 def _ancestry(row, node, real, parents_ptr, parents_stride_row, parents_stride_node, NUM_NODES: tl.constexpr,
               TREE: tl.constexpr):
     """[NODES, NODES] bool: node(c) is node(r)'s ancestor or itself (both sides of the stack), and
-    whether every parent link of the row lies in [-1, n-1] (always, for a chain). A tree's walk
-    loads one link per node and hop from the row's links (one cached line)."""
+    whether every parent link of the row lies in [-1, n-1] (always, for a chain). A tree's links
+    are one load; the walk looks them up in registers (no chain of dependent loads)."""
     if TREE:
-        links = parents_ptr + row * parents_stride_row
-        up = tl.load(links + node * parents_stride_node, mask=real, other=-1)
+        up = tl.load(parents_ptr + row * parents_stride_row + node * parents_stride_node, mask=real, other=-1)
         links_ok = tl.sum(tl.where(real & ((up < -1) | (up >= node)), 1, 0)) == 0
+        links = up  # entry x < NODES / 2: node x's parent (the key rows hold nodes 0, 1, ...)
         ancestry = node[:, None] == node[None, :]
         for _ in tl.static_range(NUM_NODES - 1):
             ancestry |= up[:, None] == node[None, :]
             climbing = tl.where(links_ok, up >= 0, False)
-            up = tl.where(climbing, tl.load(links + up * parents_stride_node, mask=climbing, other=-1), -1)
+            up = tl.where(climbing, tl.gather(links, tl.where(climbing, up, 0).to(tl.int32), 0), -1)
         return ancestry, links_ok
     else:
         return node[None, :] <= node[:, None], row >= 0
