@@ -217,11 +217,10 @@ def _gdn_ring_verify_kernel(
         all_up = tl.load(links + tl.where(real_node, node, 0) * parents_stride_node, mask=real_node, other=-1)
         links_ok = tl.sum(tl.where(real_node & ((all_up < -1) | (all_up >= node)), 1, 0)) == 0
         on_path = token[:, None] == stack[None, :]
-        for _ in tl.static_range(NUM_NODES - 1):
+        for _ in tl.static_range(NUM_NODES - 1):  # the links looked up in registers (all_up: node n's at n)
             on_path |= ((up + pending)[:, None] == stack[None, :]) & (up >= 0)[:, None]
             climbing = tl.where(links_ok, up >= 0, False)
-            up = tl.where(climbing, tl.load(links + tl.where(climbing, up, 0) * parents_stride_node, mask=climbing,
-                                            other=-1), -1)
+            up = tl.where(climbing, tl.gather(all_up, tl.where(climbing, up, 0).to(tl.int32), 0), -1)
         ancestry = key_col & real[:, None] & ((stack[None, :] < pending) & (stack[None, :] <= token[:, None])
                                               | on_path & drafted[:, None])
     else:

@@ -131,14 +131,12 @@ def _mamba2_ring_verify_kernel(
         up_query = tl.where(query_real, query, -1)
         key_path = (up_key[:, None] == key_draft[None, :]) & key_drafted[None, :]
         query_path = (up_query[:, None] == key_draft[None, :]) & key_drafted[None, :]
-        for _ in tl.static_range(NUM_NODES - 1):
+        for _ in tl.static_range(NUM_NODES - 1):  # the links looked up in registers (all_up: node n's at n)
             climbing = tl.where(links_ok, up_key >= 0, False)
-            up_key = tl.where(climbing, tl.load(links + tl.where(climbing, up_key, 0) * parents_stride_node,
-                                                mask=climbing, other=-1), -1)
+            up_key = tl.where(climbing, tl.gather(all_up, tl.where(climbing, up_key, 0).to(tl.int32), 0), -1)
             key_path |= (up_key[:, None] == key_draft[None, :]) & (up_key >= 0)[:, None] & key_drafted[None, :]
             climbing = tl.where(links_ok, up_query >= 0, False)
-            up_query = tl.where(climbing, tl.load(links + tl.where(climbing, up_query, 0) * parents_stride_node,
-                                                  mask=climbing, other=-1), -1)
+            up_query = tl.where(climbing, tl.gather(all_up, tl.where(climbing, up_query, 0).to(tl.int32), 0), -1)
             query_path |= (up_query[:, None] == key_draft[None, :]) & (up_query >= 0)[:, None] & key_drafted[None, :]
     else:
         links_ok = live
