@@ -37,6 +37,9 @@
 #   m2verify  mamba2_verify's GPU tests (never run on a GPU before), then memcheck and racecheck over them
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
+#   treewalk  the tree walks on registers (branch tree-walk-registers, never run on a GPU): the GPU tests of
+#             test_gdn_verify.py, test_ring_kernels*.py, test_ring.py, test_mamba2_verify.py, then trees against chains
+#             (bench_gdn_verify.py, B = 1 .. 256, no step table) and the GDN ring's trees (bench_ring.py)
 #   m2bench   mamba2_verify against an engine-style selective-state-update stand-in, chains and trees of 8,
 #             B = 1 .. 256, Nemotron-H-8B TP1 (benchmarks/bench_mamba2_verify.py), with issue #40's targets
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
@@ -157,6 +160,16 @@ for phase in "$@"; do
               timeout 120 python3 benchmarks/bench_gdn_verify.py --state-dtype bf16 --batches 64 256 --no-step \
                 > "$out/bench_gdn_verify_bf16.log" 2>&1 || rc=1
               grep '^|' "$out/bench_gdn_verify_bf16.log" ;;
+    treewalk) rc=0
+              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
+                tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py tests/test_ring.py tests/test_mamba2_verify.py \
+                > "$out/gpu_tests_treewalk.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_treewalk.log"
+              timeout 150 python3 benchmarks/bench_gdn_verify.py --no-step > "$out/bench_gdn_verify_treewalk.log" 2>&1 || rc=1
+              grep -E '^(\||read ceiling)' "$out/bench_gdn_verify_treewalk.log"
+              timeout 150 python3 benchmarks/bench_ring.py --batches 64 256 --drafts tree > "$out/bench_ring_tree.log" 2>&1 \
+                || rc=1
+              grep '^|' "$out/bench_ring_tree.log" ;;
     m2bench)  timeout 200 python3 benchmarks/bench_mamba2_verify.py --json "$out/bench_mamba2_verify.json" \
                 > "$out/bench_mamba2_verify.log" 2>&1
               rc=$?; grep -E '^(\||[0-9]{4}-|check|read ceiling|targets|[0-9]+ layers per step)|FAILED' "$out/bench_mamba2_verify.log"
