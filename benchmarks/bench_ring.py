@@ -224,9 +224,10 @@ def sweep(shapes, batches, capacity, specs):
 
 
 def mamba2_sweep(shapes, batches, capacity, specs):
-    """One layer's mamba2_ring_verify launch per tile choice (BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES
-    [/PRECISION]]: the outputs' products, the fold's staying 3xTF32), chains, every row holding
-    sweep_pendings' pending tokens."""
+    """One layer's mamba2_ring_verify launches per tile choice (BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES
+    [/PRECISION[/STATE_PRECISION[/FOLD_WARPS]]]]: the verify's products, its C S0^T's, the fold
+    launch's warps; the fold's products staying 3xTF32), chains, every row holding sweep_pendings'
+    pending tokens."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_mamba2_ring_verify
@@ -238,7 +239,9 @@ def mamba2_sweep(shapes, batches, capacity, specs):
             block_p, warps, share, *rest = spec.split("/")
             tuning = dict(block_p=int(block_p), num_warps=int(warps), heads_per_program=int(share),
                           **(dict(num_stages=int(rest[0])) if rest else {}),
-                          **(dict(precision=rest[1], fold_precision="tf32x3") if len(rest) > 1 else {}))
+                          **(dict(precision=rest[1], fold_precision="tf32x3") if len(rest) > 1 else {}),
+                          **(dict(state_precision=rest[2]) if len(rest) > 2 else {}),
+                          **(dict(fold_warps=int(rest[3])) if len(rest) > 3 else {}))
             times = []
             for pending in pendings:
                 p["ring"].cursor[:, 1] = pending

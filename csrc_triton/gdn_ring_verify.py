@@ -28,7 +28,7 @@ import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
 from .gdn_verify import MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse
-from .ring_conv import _history_at, ring_row_state
+from .ring_conv import ring_row_state
 
 # The Triton kernel (every layer's fold at flush; a verify the mma kernel cannot take): the fewest
 # spills of the offline sm_90 compiles (Triton 3.6) at the default precision.
@@ -76,21 +76,35 @@ def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_r
                   weight_stride_tap, bias_stride, RING_ROWS: tl.constexpr, KERNEL_SIZE: tl.constexpr,
                   HAS_BIAS: tl.constexpr):
     """[T, CH] fp32: silu(bias + sum_t w_t x_t) of the pending tokens ``token`` [T] (where
-    ``pending_row``) at channels ``chan`` [CH]; zeros elsewhere. Input t of token j is history input
-    j - (K-1) + t - pending before the drafts (ring_conv._history_at: a ring row or a window column)."""
-    ok = pending_row[:, None] & chan_ok[None, :]
+    ``pending_row``) at channels ``chan`` [CH]; zeros elsewhere. Token j's input at tap t is input
+    i = j - (K-1) + t of the ring's history: ring row (start + i) % C for i >= 0, else the window's
+    column K-1+i -- which only the first K-1 tokens reach."""
     if HAS_BIAS:
         acc = tl.load(bias_ptr + chan * bias_stride, mask=chan_ok, other=0.0).to(tl.float32)[None, :]
     else:
         acc = tl.zeros([1, chan.shape[0]], dtype=tl.float32)
     for tap in tl.static_range(KERNEL_SIZE):
-        x = _history_at(token - (KERNEL_SIZE - 1) + tap - pending, rows_base, window_base, start, pending, chan, ok,
-                        rows_stride_row, rows_stride_dim, window_stride_dim, window_stride_win, RING_ROWS,
-                        KERNEL_SIZE - 1)
+        logical = token - (KERNEL_SIZE - 1) + tap
+        in_ring = pending_row & (logical >= 0)
+        ring_row = (start + tl.where(in_ring, logical, 0)) % RING_ROWS
+        x = tl.load(rows_base + (ring_row * rows_stride_row)[:, None] + (chan * rows_stride_dim)[None, :],
+                    mask=in_ring[:, None] & chan_ok[None, :], other=0.0).to(tl.float32)
         weight = tl.load(weight_ptr + chan * weight_stride_dim + tap * weight_stride_tap, mask=chan_ok,
                          other=0.0).to(tl.float32)
         acc = acc + weight[None, :] * x
-    return tl.where(ok, acc / (1.0 + tl.exp(-acc)), 0.0)
+    near = tl.zeros_like(acc)  # the window's part: token j < K-1 reads its columns j..K-2 at taps 0..K-2-j
+    for first in tl.static_range(KERNEL_SIZE - 1):
+        part = tl.zeros([chan.shape[0]], dtype=tl.float32)
+        for tap in tl.static_range(KERNEL_SIZE - 1 - first):
+            window = tl.load(window_base + chan * window_stride_dim + (first + tap) * window_stride_win, mask=chan_ok,
+                             other=0.0).to(tl.float32)
+            weight = tl.load(weight_ptr + chan * weight_stride_dim + tap * weight_stride_tap, mask=chan_ok,
+                             other=0.0).to(tl.float32)
+            part += weight * window
+        near = tl.where((token == first)[:, None], part[None, :], near)
+    acc += near
+    ok = pending_row[:, None] & chan_ok[None, :]
+    return tl.where(ok, tl.fdiv(acc, 1.0 + tl.exp(-acc), ieee_rounding=False), 0.0)  # SiLU
 
 
 @triton.jit

@@ -3,38 +3,45 @@ checkpoint and this step's drafts decoded, in the chunked (SSD) form of csrc_tri
 from one read of the checkpoint tile.
 
 Per row b and head h (group h // (H / G)), with (start, pending) = cursor[ring_slots[b]], P =
-pending, the key tokens are the P pending tokens (ring rows (start + j) % C) then the N drafts: a
-pending token's x and B are its conv over the ring's rows (the checkpoint's window before the
-first; SiLU), its d the dt the ring keeps; a draft's are given (d = dt (+ dt_bias), softplus'd).
-With L_t the cumulative d A along token t's ancestors (a pending token: the pending tokens up to
-it; a draft: every pending token and its tree path),
+pending, a program's stack holds the P pending tokens (stack rows 0..P-1, ring rows (start + j) % C)
+then the N drafts (rows P..P+N-1): a pending token's x and B are its conv over the ring's rows (the
+checkpoint's window before the first; SiLU), its d the dt the ring keeps; a draft's are given (d =
+dt (+ dt_bias), softplus'd). With L_t the cumulative d A along stack row t's ancestors (a pending
+token: the pending tokens up to it; a draft: every pending token and its tree path),
 
     y_n  = exp(L_n) C_n S0^T + sum_{t in anc(n)} exp(L_n - L_t) d_t (C_n . B_t) x_t  (+ D x_n) (* silu z_n)
     S_P  = exp(L_P) S0 + sum_{j < P} exp(L_P - L_j) d_j x_j B_j^T                  (the fold)
 
-One program holds one [Ns, BLOCK_P] tile of S0^T: C S0^T is one product with the drafts' C, the
-intra-chunk term one [N, keys] x [keys, BLOCK_P] product, the fold one [Ns, keys] x [keys, BLOCK_P]
-product written over the tile it read. Every product is in 3xTF32 by default for a float32
-checkpoint (fold_precision_for): the fold must keep float32's accuracy, and tf32 outputs missed
-mamba2_verify's tolerance (2e-3 x max |y|) over the 1,000-step test. The folded conv window is
-gdn_ring_verify's second launch, mixer-free.
+Two launches, each program one [Ns, BLOCK_P] tile of S0^T of HEADS_PER_PROGRAM heads of a group of
+one row (what the group's heads share, once): first the fold of the rows that fold (pending > 0 and
+pending + N > capacity; a flush: every row with pending tokens) -- one [Ns, P] x [P, BLOCK_P]
+product written over the tile it read -- then every row's verify, a folded row's from its new
+checkpoint with nothing pending: C S0^T one product with the stack's C (zero but at the drafts),
+the intra-chunk term one [stack, stack] x [stack, BLOCK_P] product. The fold multiplies in 3xTF32
+for a float32 checkpoint (fold_precision_for: it must keep float32's accuracy over many folds), as
+do the verify's outputs by default (tf32 ones missed mamba2_verify's tolerance, 2e-3 x max |y|, over
+the 1,000-step test). The folded conv window is gdn_ring_verify's window launch, mixer-free, last.
 """
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
 from .gdn_ring_verify import _pending_conv, _ring_row, flush_cursor_call, fold_precision_for, window_call
-from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, _operand, spread_block
+from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, spread_block
 from .mamba2_verify import _step_sizes
 
-# Head-dim rows per tile (fewer for small batches: gdn_verify.spread_block) and warps: the offline
-# sm_90 compile's only spill-free choice at Nemotron-H's heads; not yet timed on a GPU.
+# Head-dim rows per tile (fewer for small batches: gdn_verify.spread_block), warps, and the heads of
+# a group a program takes (group_share): the H200 sweep's fastest (docs/benchmarks.md, "Ring").
 RING_BLOCK_P = 64
-MAMBA2_RING_WARPS = 8
-RING_STAGES = 1  # the loop over a program's heads not software-pipelined: the H200 sweep's fastest
+MAMBA2_RING_WARPS = 4
+RING_STAGES = 1
+# The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
+# products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
+STATE_PRECISION = "tf32"
 
 
 def group_share(tiles_per_head: int, num_heads: int, num_groups: int) -> int:
@@ -48,6 +55,79 @@ def group_share(tiles_per_head: int, num_heads: int, num_groups: int) -> int:
 
 
 @triton.jit
+def _program_tile(HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
+                  NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr):
+    """(first head, its group, the tile's head-dim rows pp, pp's mask, the tile's column block) of this program."""
+    P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
+    first_head = (tl.program_id(0) // P_BLOCKS) * HEADS_PER_PROGRAM
+    p_block = tl.program_id(0) % P_BLOCKS
+    pp = p_block * BLOCK_P + tl.arange(0, BLOCK_P)
+    return first_head, first_head // (NUM_HEADS // NUM_GROUPS), pp, pp < HEAD_DIM, p_block
+
+
+@triton.jit
+def _mamba2_ring_fold_kernel(
+    a_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr, cursor_ptr, weight_ptr, bias_ptr, ring_slots_ptr, state_slots_ptr,
+    layer, num_state_slots, num_ring_slots,
+    a_stride_layer, a_stride,
+    ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_p, ssm_stride_n,
+    conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
+    rows_stride_layer, rows_stride_slot, rows_stride_row, rows_stride_dim,
+    gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_head,
+    cursor_stride_slot, cursor_stride_field, weight_stride_layer, weight_stride_dim, weight_stride_tap,
+    bias_stride_layer, bias_stride, ring_slots_stride, state_slots_stride,
+    NUM_NODES: tl.constexpr, RING_ROWS: tl.constexpr, MAX_PENDING: tl.constexpr, FOLD_ABOVE: tl.constexpr,
+    STACK: tl.constexpr, KERNEL_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr, FOLD_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
+):
+    """The fold of layer ``layer`` + program_id(2): a program of a row that folds (live, pending > 0
+    and pending + N > FOLD_ABOVE) stores its tiles after the pending tokens, S_P^T over S0^T; the
+    others return at once. A row is live when both its slots are in range and its cursor a ring
+    position (pending <= MAX_PENDING)."""
+    first_head, group, pp, p_ok, p_block = _program_tile(HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM, NUM_HEADS, NUM_GROUPS)
+    row = tl.program_id(1).to(tl.int64)
+    layer = (layer + tl.program_id(2)).to(tl.int64)
+    ring, slot, start, pending, live = _ring_row(row, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots,
+                                                 num_ring_slots, ring_slots_stride, state_slots_stride,
+                                                 cursor_stride_slot, cursor_stride_field, RING_ROWS, MAX_PENDING)
+    if live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE):
+        first = start.to(tl.int32)
+        count = pending.to(tl.int32)
+        weight_ptr += layer * weight_stride_layer
+        bias_ptr += layer * bias_stride_layer
+        nn = tl.arange(0, BLOCK_N)
+        n_ok = nn < D_STATE
+        j = tl.arange(0, STACK)
+        j_pending = j < count
+        rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
+        window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
+        b = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, j, j_pending, first, count,
+                          NUM_HEADS * HEAD_DIM + group * D_STATE + nn, n_ok, rows_stride_row, rows_stride_dim,
+                          conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
+                          RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+        gates_row = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot
+        ring_j = (first + j) % RING_ROWS
+        tile_ok = n_ok[:, None] & p_ok[None, :]
+        for head in range(first_head, first_head + HEADS_PER_PROGRAM):
+            tile = (ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
+                    + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :])
+            state_t = tl.load(tile, mask=tile_ok, other=0.0).to(tl.float32)  # S0^T, the long read first
+            x = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, j, j_pending, first, count,
+                              head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim, conv_stride_dim,
+                              conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
+                              KERNEL_SIZE, HAS_BIAS)
+            step = tl.load(gates_row + head * gates_stride_head + ring_j * gates_stride_row, mask=j_pending,
+                           other=0.0).to(tl.float32)
+            logs = step * tl.load(a_ptr + layer * a_stride_layer + head * a_stride).to(tl.float32)
+            cumulative = tl.cumsum(logs, axis=0)  # L_j (zero beyond the pending tokens)
+            total = tl.sum(logs, axis=0)  # L_P
+            weights = tl.where(j_pending, tl.exp(total - cumulative) * step, 0.0)
+            folded = tl.exp(total) * state_t + _dot(tl.trans(b * weights[:, None]), x, FOLD_PRECISION)
+            tl.store(tile, folded.to(ssm_ptr.dtype.element_ty), mask=tile_ok)
+
+
+@triton.jit
 def _mamba2_ring_verify_kernel(
     out_ptr, x_ptr, dt_ptr, b_ptr, c_ptr, z_ptr, a_ptr, d_ptr, dt_bias_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr,
     cursor_ptr, weight_ptr, bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr,
@@ -58,171 +138,126 @@ def _mamba2_ring_verify_kernel(
     b_stride_row, b_stride_node, b_stride_group, b_stride_n,
     c_stride_row, c_stride_node, c_stride_group, c_stride_n,
     z_stride_row, z_stride_node, z_stride_head, z_stride_p,
-    a_stride_layer, a_stride, d_stride, dt_bias_stride,
+    a_stride, d_stride, dt_bias_stride,
     ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_p, ssm_stride_n,
     conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
     rows_stride_layer, rows_stride_slot, rows_stride_row, rows_stride_dim,
-    gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_gate, gates_stride_head,
-    cursor_stride_slot, cursor_stride_field, weight_stride_layer, weight_stride_dim, weight_stride_tap,
-    bias_stride_layer, bias_stride, ring_slots_stride, state_slots_stride, parents_stride_row, parents_stride_node,
+    gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_head,
+    cursor_stride_slot, cursor_stride_field, weight_stride_dim, weight_stride_tap, bias_stride,
+    ring_slots_stride, state_slots_stride, parents_stride_row, parents_stride_node,
     NUM_NODES: tl.constexpr, RING_ROWS: tl.constexpr, MAX_PENDING: tl.constexpr, FOLD_ABOVE: tl.constexpr,
-    KEYS: tl.constexpr, QUERIES: tl.constexpr, KERNEL_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr,
-    NUM_GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr, TREE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    DT_SOFTPLUS: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, FOLD_PRECISION: tl.constexpr,
-    HEADS_PER_PROGRAM: tl.constexpr, ROWS: tl.constexpr,
+    STACK: tl.constexpr, KERNEL_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, TREE: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, STATE_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
 ):
-    """One program: one [Ns, BLOCK_P] tile of S0^T of each of HEADS_PER_PROGRAM heads of one group
-    of one row, of layer ``layer`` + program_id(2); what the group's heads share (the key tokens' B,
-    its conv, their ancestry, the drafts' C, C B^T) once, then head by head. A row is left alone
-    unless both slots are in range and its cursor a ring position (pending <= MAX_PENDING); its
-    outputs also need every parent link in [-1, n-1]. It folds when pending > 0 and pending + N >
-    FOLD_ABOVE (the verify: the capacity; the flush, no drafts: 0). ROWS: 0 every row, 1 only the
-    rows that do not fold (pending + N <= KEYS suffices), 2 only those that fold; the others return."""
-    P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
-    first_head = (tl.program_id(0) // P_BLOCKS) * HEADS_PER_PROGRAM
-    p_block = tl.program_id(0) % P_BLOCKS
-    pp = p_block * BLOCK_P + tl.arange(0, BLOCK_P)
-    p_ok = pp < HEAD_DIM
+    """The drafts' outputs of layer ``layer`` and their d beside their ring rows. A row that folds
+    (the fold launch, before this one, brought its checkpoint past the pending tokens) is verified
+    from start + pending with nothing pending. A row is left alone unless live (_mamba2_ring_fold_kernel);
+    its outputs also need every parent link in [-1, n-1]."""
+    first_head, group, pp, p_ok, p_block = _program_tile(HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM, NUM_HEADS, NUM_GROUPS)
     row = tl.program_id(1).to(tl.int64)
-    layer = (layer + tl.program_id(2)).to(tl.int64)
-    group = first_head // (NUM_HEADS // NUM_GROUPS)
-    weight_ptr += layer * weight_stride_layer
-    bias_ptr += layer * bias_stride_layer
-
+    layer = (layer + tl.program_id(2)).to(tl.int64)  # (one layer: a grid of depth 1)
     ring, slot, start, pending, live = _ring_row(row, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots,
                                                  num_ring_slots, ring_slots_stride, state_slots_stride,
                                                  cursor_stride_slot, cursor_stride_field, RING_ROWS, MAX_PENDING)
-    start = start.to(tl.int32)
-    pending = pending.to(tl.int32)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
-    if ROWS != 0:
-        if fold == (ROWS == 1):
-            return
+    start = tl.where(fold, (start + pending) % RING_ROWS, start).to(tl.int32)
+    pending = tl.where(fold, 0, pending).to(tl.int32)
 
-    # what the group's heads share: the key tokens t (pending t < P, then draft t - P), their B [KEYS, Ns]
-    # and ancestry, the drafts' C, and C B^T
+    # the stack: pending tokens (rows < pending), then the drafts (row pending + n: draft n)
+    s = tl.arange(0, STACK)
+    s_pending = s < pending  # (pending is 0 for a row left alone)
+    s_draft = s - pending
+    s_drafted = tl.where(live, (s_draft >= 0) & (s_draft < NUM_NODES), False)
+    sd = tl.where(s_drafted, s_draft, 0).to(tl.int64)
     nn = tl.arange(0, BLOCK_N)
     n_ok = nn < D_STATE
-    key = tl.arange(0, KEYS)
-    key_pending = key < pending  # (pending is 0 for a row left alone)
-    key_draft = key - pending
-    key_drafted = tl.where(live, (key_draft >= 0) & (key_draft < NUM_NODES), False)
-    kd = tl.where(key_drafted, key_draft, 0).to(tl.int64)
     rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
     window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
-    b_pending = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, key, key_pending, start, pending,
-                              NUM_HEADS * HEAD_DIM + group * D_STATE + nn, n_ok, rows_stride_row, rows_stride_dim,
-                              conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
-                              RING_ROWS, KERNEL_SIZE, HAS_BIAS)
-    b_given = tl.load(b_ptr + row * b_stride_row + group * b_stride_group + (kd * b_stride_node)[:, None]
-                      + (nn * b_stride_n)[None, :], mask=key_drafted[:, None] & n_ok[None, :], other=0.0)
-    b_keys = tl.where(key_pending[:, None], b_pending, b_given.to(tl.float32))
+    b = tl.load(b_ptr + row * b_stride_row + group * b_stride_group + (sd * b_stride_node)[:, None]
+                + (nn * b_stride_n)[None, :], mask=s_drafted[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    if pending > 0:  # (none in a row that just folded, nor in verify-only steps)
+        b_pending = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s_pending, start, pending,
+                                  NUM_HEADS * HEAD_DIM + group * D_STATE + nn, n_ok, rows_stride_row, rows_stride_dim,
+                                  conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
+                                  RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+        b = tl.where(s_pending[:, None], b_pending, b)
+    c = tl.load(c_ptr + row * c_stride_row + group * c_stride_group + (sd * c_stride_node)[:, None]
+                + (nn * c_stride_n)[None, :], mask=s_drafted[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    scores = _dot(c, tl.trans(b), PRECISION)  # C_r . B_t [STACK, STACK] (zero in the pending rows)
 
-    query = tl.arange(0, QUERIES)
-    query_real = tl.where(live, query < NUM_NODES, False)
-    if TREE:
+    if TREE:  # path[r, t]: draft t on draft r's root path
         links = parents_ptr + row * parents_stride_row
-        node = tl.arange(0, QUERIES)
-        real_node = node < NUM_NODES
-        all_up = tl.load(links + tl.where(real_node, node, 0) * parents_stride_node, mask=real_node, other=-1)
-        links_ok = tl.sum(tl.where(real_node & ((all_up < -1) | (all_up >= node)), 1, 0)) == 0
-        up_key = tl.where(key_drafted, key_draft, -1)
-        up_query = tl.where(query_real, query, -1)
-        key_path = (up_key[:, None] == key_draft[None, :]) & key_drafted[None, :]
-        query_path = (up_query[:, None] == key_draft[None, :]) & key_drafted[None, :]
-        for _ in tl.static_range(NUM_NODES - 1):  # the links looked up in registers (all_up: node n's at n)
-            climbing = tl.where(links_ok, up_key >= 0, False)
-            up_key = tl.where(climbing, tl.gather(all_up, tl.where(climbing, up_key, 0).to(tl.int32), 0), -1)
-            key_path |= (up_key[:, None] == key_draft[None, :]) & (up_key >= 0)[:, None] & key_drafted[None, :]
-            climbing = tl.where(links_ok, up_query >= 0, False)
-            up_query = tl.where(climbing, tl.gather(all_up, tl.where(climbing, up_query, 0).to(tl.int32), 0), -1)
-            query_path |= (up_query[:, None] == key_draft[None, :]) & (up_query >= 0)[:, None] & key_drafted[None, :]
-    else:
+        node_ok = s < NUM_NODES
+        link = tl.load(links + tl.where(node_ok, s, 0) * parents_stride_node, mask=node_ok, other=-1)
+        links_ok = tl.sum(tl.where(node_ok & ((link < -1) | (link >= s)), 1, 0)) == 0
+        up = tl.where(s_drafted, s_draft, -1)
+        path = (up[:, None] == s_draft[None, :]) & s_drafted[None, :]
+        for _ in tl.static_range(NUM_NODES - 1):  # the links looked up in registers (link: node n's at n)
+            climbing = tl.where(links_ok, up >= 0, False)
+            up = tl.where(climbing, tl.gather(link, tl.where(climbing, up, 0).to(tl.int32), 0), -1)
+            path |= (up[:, None] == s_draft[None, :]) & (up >= 0)[:, None] & s_drafted[None, :]
+        ancestry = (s_pending[None, :] & (s_drafted[:, None] | (s_pending[:, None] & (s[None, :] <= s[:, None])))
+                    | (s_drafted[:, None] & path))
+    else:  # a chain: the stack's real rows up to r
         links_ok = live
-        key_path = (key_draft[None, :] <= key_draft[:, None]) & key_drafted[None, :]
-        query_path = (key_draft[None, :] <= query[:, None]) & key_drafted[None, :]
-    before = key_pending[:, None] & (key[None, :] <= key[:, None])  # a pending token's: the pending ones up to it
-    key_ancestry = key_pending[None, :] & (key_drafted[:, None] | before) | key_drafted[:, None] & key_path
-    query_ancestry = query_real[:, None] & (key_pending[None, :] | query_path)
+        real = s_pending | s_drafted
+        ancestry = real[:, None] & real[None, :] & (s[None, :] <= s[:, None])
 
-    c = tl.load(c_ptr + row * c_stride_row + group * c_stride_group + (query * c_stride_node)[:, None]
-                + (nn * c_stride_n)[None, :], mask=query_real[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-    c = _operand(c, PRECISION)
-    scores = _dot(c, tl.trans(b_keys), PRECISION)  # C_n . B_t [QUERIES, KEYS]
     gates_row = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot
-    ring_key = (start + tl.where(key_pending, key, 0)) % RING_ROWS
-
+    ring_s = (start + s) % RING_ROWS
+    out_ok = tl.where(links_ok, s_drafted[:, None] & p_ok[None, :], False)
+    tile_ok = tl.where(live, n_ok[:, None] & p_ok[None, :], False)
     for head in range(first_head, first_head + HEADS_PER_PROGRAM):
-        rate = tl.load(a_ptr + layer * a_stride_layer + head * a_stride).to(tl.float32)
         tile = (ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
                 + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :])
-        tile_ok = tl.where(live, n_ok[:, None] & p_ok[None, :], False)
         state_t = tl.load(tile, mask=tile_ok, other=0.0).to(tl.float32)  # S0^T, the long read first
 
-        # the head's key tokens: x [KEYS, BLOCK_P] (pending: their conv) and d [KEYS]
-        x_pending = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, key, key_pending, start, pending,
-                                  head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim, conv_stride_dim,
-                                  conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
-                                  KERNEL_SIZE, HAS_BIAS)
-        x_given = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (kd * x_stride_node)[:, None]
-                          + (pp * x_stride_p)[None, :], mask=key_drafted[:, None] & p_ok[None, :], other=0.0)
-        x_keys = tl.where(key_pending[:, None], x_pending, x_given.to(tl.float32))
+        x = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (sd * x_stride_node)[:, None]
+                    + (pp * x_stride_p)[None, :], mask=s_drafted[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
         gates_base = gates_row + head * gates_stride_head
-        step_ring = tl.load(gates_base + ring_key * gates_stride_row, mask=key_pending, other=0.0).to(tl.float32)
         dt_base = dt_ptr + row * dt_stride_row + head * dt_stride_head
-        step_given = _step_sizes(dt_base, kd, key_drafted, dt_stride_node, dt_bias_ptr + head * dt_bias_stride,
-                                 HAS_DT_BIAS, DT_SOFTPLUS)
-        step = tl.where(key_pending, step_ring, tl.where(key_drafted, step_given, 0.0))
-        logs = step * rate
-        key_cumulative = tl.sum(tl.where(key_ancestry, logs[None, :], 0.0), axis=1)  # L_t
-        query_cumulative = tl.sum(tl.where(query_ancestry, logs[None, :], 0.0), axis=1)  # L_n
-
-        # the drafts' outputs
-        decay = tl.where(query_ancestry, tl.exp(tl.where(query_ancestry, query_cumulative[:, None]
-                                                         - key_cumulative[None, :], 0.0)), 0.0)
-        mix = decay * step[None, :] * scores  # M [QUERIES, KEYS]
-        y = tl.exp(query_cumulative)[:, None] * tl.dot(c, state_t, input_precision=PRECISION) + _dot(mix, x_keys,
-                                                                                                     PRECISION)
-        x_query = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (query * x_stride_node)[:, None]
-                          + (pp * x_stride_p)[None, :], mask=query_real[:, None] & p_ok[None, :], other=0.0)
+        step = _step_sizes(dt_base, sd, s_drafted, dt_stride_node, dt_bias_ptr + head * dt_bias_stride,
+                           HAS_DT_BIAS, DT_SOFTPLUS)
+        step = tl.where(s_drafted, step, 0.0)
+        if pending > 0:
+            x_pending = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s_pending, start, pending,
+                                      head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim, conv_stride_dim,
+                                      conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
+                                      KERNEL_SIZE, HAS_BIAS)
+            x = tl.where(s_pending[:, None], x_pending, x)
+            step_ring = tl.load(gates_base + ring_s * gates_stride_row, mask=s_pending, other=0.0).to(tl.float32)
+            step = tl.where(s_pending, step_ring, step)
+        logs = step * tl.load(a_ptr + head * a_stride).to(tl.float32)
+        cumulative = tl.sum(tl.where(ancestry, logs[None, :], 0.0), axis=1)  # L_r
+        decay = tl.where(ancestry, tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0)), 0.0)
+        mix = decay * step[None, :] * scores  # M [STACK, STACK]
+        read = _dot(c, state_t, STATE_PRECISION)  # C S0^T (a tf32 state rounded to nearest: unbiased)
+        y = tl.exp(cumulative)[:, None] * read + _dot(mix, x, PRECISION)
         if HAS_D:
-            y += tl.load(d_ptr + head * d_stride).to(tl.float32) * x_query.to(tl.float32)
+            y += tl.load(d_ptr + head * d_stride).to(tl.float32) * x  # (x: the drafts' own in their rows)
         if HAS_Z:
-            gate = tl.load(z_ptr + row * z_stride_row + head * z_stride_head + (query * z_stride_node)[:, None]
-                           + (pp * z_stride_p)[None, :], mask=query_real[:, None] & p_ok[None, :], other=0.0)
+            gate = tl.load(z_ptr + row * z_stride_row + head * z_stride_head + (sd * z_stride_node)[:, None]
+                           + (pp * z_stride_p)[None, :], mask=s_drafted[:, None] & p_ok[None, :], other=0.0)
             gate = gate.to(tl.float32)
             y *= gate / (1.0 + tl.exp(-gate))
-        dst = (out_ptr + row * out_stride_row + head * out_stride_head + (query * out_stride_node)[:, None]
+        dst = (out_ptr + row * out_stride_row + head * out_stride_head + (sd * out_stride_node)[:, None]
                + (pp * out_stride_p)[None, :])
-        tl.store(dst, y.to(out_ptr.dtype.element_ty),
-                 mask=tl.where(links_ok, query_real[:, None] & p_ok[None, :], False))
-
-        if ROWS != 1:  # (a launch of the rows that do not fold has no fold to compile)
-            if fold:
-                total = tl.sum(tl.where(key_pending, logs, 0.0))  # L_P
-                weights = tl.where(key_pending, tl.exp(total - key_cumulative) * step, 0.0)
-                folded = tl.exp(total) * state_t + _dot(tl.trans(b_keys * weights[:, None]), x_keys, FOLD_PRECISION)
-                tl.store(tile, folded.to(ssm_ptr.dtype.element_ty), mask=tile_ok)
-
+        tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=out_ok)
         if p_block == 0:  # the drafts' d beside their rows, once per head
-            draft_row = (start + pending + tl.where(query_real, query, 0)) % RING_ROWS
-            step_query = _step_sizes(dt_base, query, query_real, dt_stride_node, dt_bias_ptr + head * dt_bias_stride,
-                                     HAS_DT_BIAS, DT_SOFTPLUS)
-            tl.store(gates_base + draft_row * gates_stride_row, step_query, mask=query_real)
+            tl.store(gates_base + ring_s * gates_stride_row, step, mask=s_drafted)
 
 
-def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
-                 D, z, dt_bias, *, layer, num_layers, num_nodes, heads, max_pending, fold_above, dt_softplus, block_p,
-                 num_warps, precision, fold_precision, heads_per_program, num_stages=RING_STAGES, split=None):
-    """The chunk kernel's KernelCalls and the window kernel's over rows x layers layer .. layer +
-    num_layers - 1 (weight [L, dim, K], bias [L, dim], A [L, H]: every layer's, as a flush gives them
-    even for L = 1; else one layer's). out, x, dt, B, C, D, z, dt_bias: the drafts' (None with no
-    drafts: never read). Two chunk launches where the rows that do not fold need fewer key rows (a
-    verify at capacity 16: 16 keys, not 32), unless ``split`` is False; else one."""
-    num_heads, head_dim, num_groups, d_state = heads
-    num_rows = ring_slots.shape[0]
-    ring_rows, kernel_size = rows.shape[2], conv.shape[3] + 1
+def state_precision_for(ssm) -> str:
+    """The verify's C S0^T's precision by default: STATE_PRECISION for a float32 checkpoint, else
+    fold_precision_for's."""
+    return STATE_PRECISION if ssm.dtype == torch.float32 else fold_precision_for(ssm)
+
+
+def _tiling(num_rows, num_layers, heads, block_p, heads_per_program):
+    """(block_p, heads_per_program, grid) of the ring's Mamba2 launches over rows x layers."""
+    num_heads, head_dim, num_groups, _ = heads
     if num_rows > MAX_GRID_Y or num_layers > MAX_GRID_Y:
         raise ValueError(f"convwin ring kernels take at most {MAX_GRID_Y} rows and layers per call, got {num_rows} "
                          f"and {num_layers}; split the batch")
@@ -233,86 +268,118 @@ def _chunk_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
     elif (num_heads // num_groups) % heads_per_program:
         raise ValueError(f"heads_per_program must divide the {num_heads // num_groups} heads of a group, "
                          f"got {heads_per_program}")
-    per_layer = (lambda t: t.stride()) if weight.dim() == 3 else (lambda t: (0, *t.stride()))  # [L, ...]: stacked
-    strides = lambda t, n: (0,) * n if t is None else t.stride()  # noqa: E731 -- absent: never read
-    bias_strides = (0, 0) if bias is None else per_layer(bias)
-    index_strides = (ring_slots.stride(0), state_slots.stride(0), *((0, 0) if parents is None else parents.stride()))
-    scalars = (layer, ssm.shape[1], rows.shape[1], *strides(out, 4), *strides(x, 4), *strides(dt, 3),
-               *strides(B, 4), *strides(C, 4), *strides(z, 4), *per_layer(A), 0 if D is None else D.stride(0),
-               0 if dt_bias is None else dt_bias.stride(0), *ssm.stride(), *conv.stride(), *rows.stride(),
-               *gates.stride(), *cursor.stride(), *per_layer(weight), *bias_strides, *index_strides)
+    return block_p, heads_per_program, (num_heads // heads_per_program * cdiv(head_dim, block_p), num_rows, num_layers)
+
+
+def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, *, layer, num_layers,
+               num_nodes, heads, max_pending, fold_above, block_p=None, num_warps=MAMBA2_RING_WARPS, precision=None,
+               fold_precision=None, heads_per_program=None, num_stages=RING_STAGES):
+    """The fold launch over rows x layers layer .. layer + num_layers - 1; weight [L, dim, K], bias
+    [L, dim] and A [L, H] every layer's (a flush), or one layer's [dim, K], [dim], [H] (a verify)."""
+    num_heads, head_dim, num_groups, d_state = heads
+    block_p, share, grid = _tiling(ring_slots.shape[0], num_layers, heads, block_p, heads_per_program)
+    stacked = weight.dim() == 3
+    layered = (lambda t: t.stride()) if stacked else (lambda t: (0, *t.stride()))
+    bias_strides = (0, 0) if bias is None else layered(bias)
+    gates_strides = (*gates.stride()[:3], gates.stride(4))
+    scalars = (layer, ssm.shape[1], rows.shape[1], *layered(A), *ssm.stride(), *conv.stride(),
+               *rows.stride(), *gates_strides, *cursor.stride(), *layered(weight), *bias_strides,
+               ring_slots.stride(0), state_slots.stride(0))
+    ring_rows = rows.shape[2]
     constexprs = dict(
         NUM_NODES=num_nodes, RING_ROWS=ring_rows, MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
-        QUERIES=max(MIN_DOT, next_power_of_2(num_nodes)),
-        KERNEL_SIZE=kernel_size, NUM_HEADS=num_heads, NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state,
-        BLOCK_P=block_p, BLOCK_N=max(MIN_DOT, next_power_of_2(d_state)), TREE=parents is not None,
-        HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus),
-        HAS_BIAS=bias is not None, PRECISION=precision or fold_precision_for(ssm),
-        FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), HEADS_PER_PROGRAM=heads_per_program,
-        num_warps=num_warps, num_stages=num_stages,
-    )
-    stand_in = ssm  # where an absent tensor would be
-    tensors = tuple(stand_in if t is None else t for t in (
+        STACK=max(MIN_DOT, next_power_of_2(max_pending)), KERNEL_SIZE=conv.shape[3] + 1, NUM_HEADS=num_heads,
+        NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state, BLOCK_P=block_p,
+        BLOCK_N=max(MIN_DOT, next_power_of_2(d_state)), HAS_BIAS=bias is not None,
+        FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), HEADS_PER_PROGRAM=share,
+        num_warps=num_warps, num_stages=num_stages)
+    tensors = (A, ssm, conv, rows, gates, cursor, weight, ssm if bias is None else bias, ring_slots, state_slots)
+    return KernelCall(_mamba2_ring_fold_kernel, grid, tensors, scalars, constexprs)
+
+
+def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
+                 parents, D, z, dt_bias, *, dt_softplus, heads, max_pending, fold_above, block_p=None,
+                 num_warps=MAMBA2_RING_WARPS, precision=None, state_precision=None, heads_per_program=None,
+                 num_stages=RING_STAGES):
+    """The verify launch over the rows of layer ``layer`` (weight [dim, K], bias [dim], A [H]: its own)."""
+    num_rows, num_nodes, num_heads, head_dim = x.shape
+    _, _, num_groups, d_state = heads
+    block_p, share, grid = _tiling(num_rows, 1, heads, block_p, heads_per_program)
+    strides = lambda t, n: (0,) * n if t is None else t.stride()  # noqa: E731 -- absent: never read
+    scalars = (layer, ssm.shape[1], rows.shape[1], *out.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
+               *strides(z, 4), A.stride(0), *strides(D, 1), *strides(dt_bias, 1),
+               *ssm.stride(), *conv.stride(), *rows.stride(), *gates.stride()[:3], gates.stride(4), *cursor.stride(),
+               *weight.stride(), 0 if bias is None else bias.stride(0), ring_slots.stride(0), state_slots.stride(0),
+               *((0, 0) if parents is None else parents.stride()))
+    constexprs = dict(
+        NUM_NODES=num_nodes, RING_ROWS=rows.shape[2], MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
+        STACK=max(MIN_DOT, next_power_of_2(max(fold_above, num_nodes))), KERNEL_SIZE=conv.shape[3] + 1,
+        NUM_HEADS=num_heads, NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state, BLOCK_P=block_p,
+        BLOCK_N=max(MIN_DOT, next_power_of_2(d_state)), TREE=parents is not None, HAS_D=D is not None,
+        HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus), HAS_BIAS=bias is not None,
+        PRECISION=precision or fold_precision_for(ssm),
+        STATE_PRECISION=state_precision or precision or state_precision_for(ssm),
+        HEADS_PER_PROGRAM=share, num_warps=num_warps,
+        num_stages=num_stages)
+    tensors = tuple(ssm if t is None else t for t in (  # (an absent tensor: one the kernel never reads)
         out, x, dt, B, C, z, A, D, dt_bias, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
         parents))
-    grid = (num_heads // heads_per_program * cdiv(head_dim, block_p), num_rows, num_layers)
-    keys = max(MIN_DOT, next_power_of_2(ring_rows))
-    unfolded_keys = max(MIN_DOT, next_power_of_2(fold_above))  # a row that does not fold: pending + N <= capacity
-    if split is None:
-        split = unfolded_keys < keys
-    launches = ((1, unfolded_keys), (2, keys)) if split else ((0, keys),)
-    chunks = tuple(KernelCall(_mamba2_ring_verify_kernel, grid, tensors, scalars, dict(constexprs, ROWS=rows_kind,
-                                                                                       KEYS=launch_keys))
-                   for rows_kind, launch_keys in launches)
-    window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
-                         num_layers=num_layers, num_nodes=num_nodes, max_pending=max_pending, fold_above=fold_above)
-    return chunks, window
+    return KernelCall(_mamba2_ring_verify_kernel, (grid[0], grid[1], 1), tensors, scalars, constexprs)
 
 
 def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
-                parents, D, z, dt_bias, *, dt_softplus, block_p=None, num_warps=MAMBA2_RING_WARPS, precision=None,
-                fold_precision=None, heads_per_program=None, num_stages=RING_STAGES, split=None):
-    """mamba2_ring_verify's launches (the verify's -- the rows that do not fold, then those that fold
-    -- then the folded windows), or () with no rows."""
+                parents, D, z, dt_bias, *, dt_softplus, **tuning):
+    """mamba2_ring_verify's launches -- the folds, every row's verify, the folded windows -- or ()
+    with no rows. tuning: block_p, num_warps, heads_per_program, num_stages (both launches'),
+    precision and state_precision (the verify's products, C S0^T's), fold_precision and fold_warps
+    (the fold's)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
-    chunks, window = _chunk_calls(
-        out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents, D, z,
-        dt_bias, layer=layer, num_layers=1, num_nodes=num_nodes, heads=(num_heads, head_dim, B.shape[2], B.shape[3]),
-        max_pending=rows.shape[2] - num_nodes, fold_above=rows.shape[2] - num_nodes, dt_softplus=dt_softplus,
-        block_p=block_p, num_warps=num_warps, precision=precision, fold_precision=fold_precision,
-        heads_per_program=heads_per_program, num_stages=num_stages, split=split)
-    return (*chunks, window)
+    heads = (num_heads, head_dim, B.shape[2], B.shape[3])
+    ring_rows = rows.shape[2]
+    capacity = dict(max_pending=ring_rows - num_nodes, fold_above=ring_rows - num_nodes)
+    state_precision = tuning.pop("state_precision", None)  # (the verify's alone)
+    fold_precision, fold_warps = tuning.pop("fold_precision", None), tuning.pop("fold_warps", None)  # (the fold's)
+    fold_tuning = dict(tuning, fold_precision=fold_precision,
+                       num_warps=fold_warps or tuning.get("num_warps", MAMBA2_RING_WARPS))
+    fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=layer,
+                      num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning)
+    verify = _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
+                          layer, parents, D, z, dt_bias, dt_softplus=dt_softplus, heads=heads,
+                          state_precision=state_precision, **capacity, **tuning)
+    window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
+                         num_layers=1, num_nodes=num_nodes, **capacity)
+    return fold, verify, window
 
 
 def launch_mamba2_ring_verify(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
                               state_slots, layer, parents, D, z, dt_bias, *, dt_softplus, **tuning):
     """ops_ring_mamba2.mamba2_ring_verify's arguments as its prepare gives them (ssm [L, S, H, P, Ns],
     conv [L, S, dim, K-1], rows [L, M, C, dim], gates [L, M, C, 1, H], cursor [M, 2]; any strides).
-    The verify's launches (and the fold's state), then the folded conv windows."""
+    Three launches: the folds, every row's verify, the folded conv windows."""
     for call in _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
                             state_slots, layer, parents, D, z, dt_bias, dt_softplus=dt_softplus, **tuning):
         call.launch()
 
 
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, state_slots, *, num_heads, head_dim,
-                 n_groups, d_state, block_p=None, num_warps=MAMBA2_RING_WARPS, precision=None, fold_precision=None,
-                 heads_per_program=None):
-    """mamba2_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or ()."""
+                 n_groups, d_state, **tuning):
+    """mamba2_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or
+    (). tuning: _fold_call's."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
         return ()
     ring_rows = rows.shape[2]
-    fold = fold_precision or precision or fold_precision_for(ssm)
-    chunks, window = _chunk_calls(
-        None, None, None, A, None, None, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, None,
-        None, None, None, layer=0, num_layers=ssm.shape[0], num_nodes=0, heads=(num_heads, head_dim, n_groups, d_state),
-        max_pending=ring_rows - 1, fold_above=0, dt_softplus=False, block_p=block_p, num_warps=num_warps,
-        precision=fold, fold_precision=fold, heads_per_program=heads_per_program, split=False)
+    capacity = dict(max_pending=ring_rows - 1, fold_above=0)
+    fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=0,
+                      num_layers=ssm.shape[0], num_nodes=0, heads=(num_heads, head_dim, n_groups, d_state), **capacity,
+                      **tuning)
+    window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=0,
+                         num_layers=ssm.shape[0], num_nodes=0, **capacity)
     cursors = flush_cursor_call(cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1],
                                 num_ring_slots=rows.shape[1], ring_rows=ring_rows)
-    return (*chunks, window, cursors)
+    return fold, window, cursors
 
 
 def launch_mamba2_ring_flush(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, state_slots, **kwargs):

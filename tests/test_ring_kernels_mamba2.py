@@ -119,24 +119,25 @@ def test_matches_pytorch_code(device, tree, share):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("split", [None, False], ids=["two-launches", "one-launch"])
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_capacity_16_matches_pytorch_code(device, split, tree):
-    """Capacity 16, N = 3 (C = 19 rows): by default the rows that do not fold in a launch of 16 key
-    rows, those that fold in one of 32; or every row in one. Rows folding 16 and 14 pending tokens,
-    13 (the most that do not fold: 16 keys), 5 wrapping the ring's end, an empty ring, a padded row."""
+def test_capacity_16_matches_pytorch_code(device, tree):
+    """Capacity 16, N = 3 (C = 19 rows): the folds' launch on a stack of 16 pending tokens, then
+    every row's verify on a stack of 16 (a folded row's from its new checkpoint). Rows folding 16
+    and 14 pending tokens, 13 (the most that do not fold), 5 wrapping the ring's end, an empty ring,
+    a padded row."""
     cursors = torch.tensor([[17, 16], [10, 13], [0, 0], [18, 5], [3, 14], [1, 2]])
     case = mamba2_ring_case(num_rows=6, num_nodes=3, capacity=16, num_ring_slots=6, num_state_slots=6, cursors=cursors,
                             ring_slots=[0, 1, 2, 3, 4, 5], state_slots=[3, 0, 4, 1, 5, -1],
                             parents=[-1, 0, 0] if tree else None, device=device, seed=9)
-    launches = [call for call in triton_kernels().mamba2_ring_verify._ring_calls(
+    calls = triton_kernels().mamba2_ring_verify._ring_calls(
         *sgl_convwin.mamba2_ring_verify.kernel_arguments(
             torch.empty(case["x"].shape, device=device), case["x"], case["dt"], case["A"], case["B"], case["C"],
             case["ssm_state"], case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"],
             case["conv_bias"], case["ring_slots"], case["state_slots"], 1, case["parents"])[0],
-        dt_softplus=True, split=split) if "KEYS" in call.constexprs]
-    assert [call.constexprs["KEYS"] for call in launches] == ([16, 32] if split is None else [32])
-    want, got = run_both(case, tuning=dict(IEEE, split=split))
+        dt_softplus=True)
+    launches = [(call.kernel.__name__, call.constexprs["STACK"]) for call in calls if "STACK" in call.constexprs]
+    assert launches == [("_mamba2_ring_fold_kernel", 16), ("_mamba2_ring_verify_kernel", 16)]
+    want, got = run_both(case)
     folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
     assert folded.tolist() == [False, False, False, True, False, True]  # slots 3, 5: the rows of 16 and 14 pending
     assert_agree(want, got)
