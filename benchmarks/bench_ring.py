@@ -225,9 +225,9 @@ def sweep(shapes, batches, capacity, specs):
 
 def mamba2_sweep(shapes, batches, capacity, specs):
     """One layer's mamba2_ring_verify launches per tile choice (BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES
-    [/PRECISION[/STATE_PRECISION[/FOLD_WARPS]]]]: the verify's products, its C S0^T's, the fold
-    launch's warps; the fold's products staying 3xTF32), chains, every row holding sweep_pendings'
-    pending tokens."""
+    [/PRECISION[/STATE_PRECISION[/FOLD_WARPS[/MAXNREG]]]]]: the verify's products, its C S0^T's, the
+    fold launch's warps, both launches' register cap; the fold's products staying 3xTF32), chains,
+    every row holding sweep_pendings' pending tokens."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_mamba2_ring_verify
@@ -241,7 +241,8 @@ def mamba2_sweep(shapes, batches, capacity, specs):
                           **(dict(num_stages=int(rest[0])) if rest else {}),
                           **(dict(precision=rest[1], fold_precision="tf32x3") if len(rest) > 1 else {}),
                           **(dict(state_precision=rest[2]) if len(rest) > 2 else {}),
-                          **(dict(fold_warps=int(rest[3])) if len(rest) > 3 else {}))
+                          **(dict(fold_warps=int(rest[3])) if len(rest) > 3 else {}),
+                          **(dict(maxnreg=int(rest[4])) if len(rest) > 4 else {}))
             times = []
             for pending in pendings:
                 p["ring"].cursor[:, 1] = pending

@@ -39,6 +39,7 @@ from .mamba2_verify import _step_sizes
 RING_BLOCK_P = 64
 MAMBA2_RING_WARPS = 4
 RING_STAGES = 1
+RING_VERIFY_MAXNREG = 128  # the verify launch's register cap (four programs an SM); the fold's: none
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
 STATE_PRECISION = "tf32"
@@ -300,7 +301,7 @@ def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, stat
 def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                  parents, D, z, dt_bias, *, dt_softplus, heads, max_pending, fold_above, block_p=None,
                  num_warps=MAMBA2_RING_WARPS, precision=None, state_precision=None, heads_per_program=None,
-                 num_stages=RING_STAGES):
+                 num_stages=RING_STAGES, maxnreg=RING_VERIFY_MAXNREG):
     """The verify launch over the rows of layer ``layer`` (weight [dim, K], bias [dim], A [H]: its own)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     _, _, num_groups, d_state = heads
@@ -320,7 +321,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
         PRECISION=precision or fold_precision_for(ssm),
         STATE_PRECISION=state_precision or precision or state_precision_for(ssm),
         HEADS_PER_PROGRAM=share, num_warps=num_warps,
-        num_stages=num_stages)
+        num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     tensors = tuple(ssm if t is None else t for t in (  # (an absent tensor: one the kernel never reads)
         out, x, dt, B, C, z, A, D, dt_bias, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
         parents))
@@ -331,23 +332,23 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
                 parents, D, z, dt_bias, *, dt_softplus, **tuning):
     """mamba2_ring_verify's launches -- the folds, every row's verify, the folded windows -- or ()
     with no rows. tuning: block_p, num_warps, heads_per_program, num_stages (both launches'),
-    precision and state_precision (the verify's products, C S0^T's), fold_precision and fold_warps
-    (the fold's)."""
+    precision, state_precision and maxnreg (the verify's products, its C S0^T's, its register cap;
+    0: none), fold_precision and fold_warps (the fold's)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
     heads = (num_heads, head_dim, B.shape[2], B.shape[3])
     ring_rows = rows.shape[2]
     capacity = dict(max_pending=ring_rows - num_nodes, fold_above=ring_rows - num_nodes)
-    state_precision = tuning.pop("state_precision", None)  # (the verify's alone)
+    verify_only = {name: tuning.pop(name) for name in ("state_precision", "maxnreg") if name in tuning}
     fold_precision, fold_warps = tuning.pop("fold_precision", None), tuning.pop("fold_warps", None)  # (the fold's)
     fold_tuning = dict(tuning, fold_precision=fold_precision,
                        num_warps=fold_warps or tuning.get("num_warps", MAMBA2_RING_WARPS))
     fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=layer,
                       num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning)
     verify = _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
-                          layer, parents, D, z, dt_bias, dt_softplus=dt_softplus, heads=heads,
-                          state_precision=state_precision, **capacity, **tuning)
+                          layer, parents, D, z, dt_bias, dt_softplus=dt_softplus, heads=heads, **capacity,
+                          **verify_only, **tuning)
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
                          num_layers=1, num_nodes=num_nodes, **capacity)
     return fold, verify, window
