@@ -31,13 +31,13 @@
 #             their GPU tests, memcheck + racecheck, then the GDN verify's one-layer sweep (the default; the
 #             fold launch on 8 warps; every launch on 8 warps)
 #   m2ringbench  the Mamba2 ring against mamba2_verify + mamba2_commit (bench_ring.py --mixer mamba2), then its
-#             verify's one-layer sweep (BLOCK_P / warps / heads a program / stages / the outputs' precision)
+#             launches' one-layer sweep (BLOCK_P / warps / heads a program / stages / precisions / fold warps / cap)
 #   gvsan     compute-sanitizer memcheck + racecheck over gdn_verify's GPU tests of launch choices, skipped rows,
 #             odd sizes, views and model shapes (both CUDA kernels)
 #   m2verify  mamba2_verify's GPU tests (never run on a GPU before), then memcheck and racecheck over them
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
-#   treewalk  the tree walks on registers (branch tree-walk-registers, never run on a GPU): the GPU tests of
+#   treewalk  the tree walks on registers (2632c4d; run 2026-12-04, docs/benchmarks.md): the GPU tests of
 #             test_gdn_verify.py, test_ring_kernels*.py, test_ring.py, test_mamba2_verify.py, then trees against chains
 #             (bench_gdn_verify.py, B = 1 .. 256, no step table) and the GDN ring's trees (bench_ring.py)
 #   m2bench   mamba2_verify against an engine-style selective-state-update stand-in, chains and trees of 8,
@@ -190,7 +190,7 @@ for phase in "$@"; do
                 > "$out/bench_ring_mamba2.log" 2>&1
               rc=$?; grep -E '^(\||[0-9]+ layers)' "$out/bench_ring_mamba2.log"; tail -2 "$out/bench_ring_mamba2.log"
               timeout 150 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 \
-                --sweep 64/8/16/1 64/8/16/1/tf32 32/8/16/1 64/4/16/1 32/4/16/1 64/8/8/1 \
+                --sweep 64/4/16/1 64/4/16/1/tf32x3/tf32/4/0 64/4/8/1 32/4/16/1 64/4/16/1/tf32x3/tf32/8 \
                 > "$out/sweep_ring_mamba2.log" 2>&1
               rc=$((rc | $?)); grep '^|' "$out/sweep_ring_mamba2.log" ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
