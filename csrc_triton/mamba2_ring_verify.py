@@ -17,10 +17,11 @@ one row (what the group's heads share, once): first the fold of the rows that fo
 pending + N > capacity; a flush: every row with pending tokens) -- one [Ns, P] x [P, BLOCK_P]
 product written over the tile it read -- then every row's verify, a folded row's from its new
 checkpoint with nothing pending: C S0^T one product with the stack's C (zero but at the drafts),
-the intra-chunk term one [stack, stack] x [stack, BLOCK_P] product. The fold multiplies in 3xTF32
-for a float32 checkpoint (fold_precision_for: it must keep float32's accuracy over many folds), as
-do the verify's outputs by default (tf32 ones missed mamba2_verify's tolerance, 2e-3 x max |y|, over
-the 1,000-step test). The folded conv window is gdn_ring_verify's window launch, mixer-free, last.
+the intra-chunk term one [stack, stack] x [stack, BLOCK_P] product. For a float32 checkpoint the
+fold multiplies in 3xTF32 (fold_precision_for: it must keep float32's accuracy over many folds), the
+verify's C S0^T in tf32 with operands rounded to nearest and its other products in 3xTF32 (every
+product in tf32 missed mamba2_verify's tolerance, 2e-3 x max |y|, over the 1,000-step test). The
+folded conv window is gdn_ring_verify's window launch, mixer-free, last.
 """
 
 from __future__ import annotations
