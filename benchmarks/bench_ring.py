@@ -189,6 +189,19 @@ def sweep_pendings(shapes, capacity):
     return pendings
 
 
+def sweep_times(fn, cursor, pendings):
+    """One sweep row's cells: ``fn``'s graph-replay time (us) with every row's cursor at each pending
+    count, or why it did not run (a tile the compiler refuses ends that row, not the sweep)."""
+    cells = []
+    for pending in pendings:
+        cursor[:, 1] = pending
+        try:
+            cells.append(f"{graph_time_us(fn, launches=5, replays=10, rounds=3):.1f}")
+        except Exception as error:  # noqa: BLE001 -- reported in the table
+            return cells + [f"failed: {type(error).__name__}"] * (len(pendings) - len(cells))
+    return cells
+
+
 def sweep(shapes, batches, capacity, specs):
     """One layer's gdn_ring_verify launch per tile choice (columns/warps/precision, then a folding
     row's precision), chains, every row holding sweep_pendings' pending tokens."""
@@ -214,11 +227,8 @@ def sweep(shapes, batches, capacity, specs):
                 block_v, warps, precision, *fold = spec.split("/")
                 tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision,
                               fold_precision=fold[0] if fold else precision)
-            times = []
-            for pending in pendings:
-                ring.cursor[:, 1] = pending
-                times.append(graph_time_us(lambda: launch(*args, **kwargs, **tuning), launches=5, replays=10, rounds=3))
-            print(markdown_row(batch, spec, *(f"{t:.1f}" for t in times)), flush=True)
+            print(markdown_row(batch, spec, *sweep_times(lambda: launch(*args, **kwargs, **tuning), ring.cursor,
+                                                         pendings)), flush=True)
         del p
         torch.cuda.empty_cache()
 
@@ -243,11 +253,8 @@ def mamba2_sweep(shapes, batches, capacity, specs):
                           **(dict(state_precision=rest[2]) if len(rest) > 2 else {}),
                           **(dict(fold_warps=int(rest[3])) if len(rest) > 3 else {}),
                           **(dict(maxnreg=int(rest[4])) if len(rest) > 4 else {}))
-            times = []
-            for pending in pendings:
-                p["ring"].cursor[:, 1] = pending
-                times.append(graph_time_us(lambda: launch(*args, **kwargs, **tuning), launches=5, replays=10, rounds=3))
-            print(markdown_row(batch, spec, *(f"{t:.1f}" for t in times)), flush=True)
+            print(markdown_row(batch, spec, *sweep_times(lambda: launch(*args, **kwargs, **tuning), p["ring"].cursor,
+                                                         pendings)), flush=True)
         del p
         torch.cuda.empty_cache()
 
@@ -258,10 +265,11 @@ def main(argv=None) -> int:
     parser.add_argument("--capacity", type=int, default=sgl_convwin.DEFAULT_CAPACITY)
     parser.add_argument("--drafts", nargs="+", choices=("chain", "tree"), default=["chain", "tree"])
     parser.add_argument("--mixer", choices=tuple(SHAPES), default="gdn")
-    parser.add_argument("--sweep", nargs="+",
-                        metavar="COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG[,MAXNREG][/SMALL]]",
-                        help="time the verify kernel's tile choices instead (one layer, chains; --mixer mamba2: "
-                             "BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES[/PRECISION]])")
+    parser.add_argument("--sweep", nargs="+", metavar="SPEC",
+                        help="time the verify kernel's tile choices instead (one layer, chains): "
+                             "COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG[,MAXNREG][/SMALL"
+                             "[/FOLD_WARPS]]]; --mixer mamba2: BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES[/PRECISION"
+                             "[/STATE_PRECISION[/FOLD_WARPS[/MAXNREG]]]]]")
     args = parser.parse_args(argv)
     if DEVICE == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA device")
