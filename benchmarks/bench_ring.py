@@ -236,8 +236,8 @@ def sweep(shapes, batches, capacity, specs):
 def mamba2_sweep(shapes, batches, capacity, specs):
     """One layer's mamba2_ring_verify launches per tile choice (BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES
     [/PRECISION[/STATE_PRECISION[/FOLD_WARPS[/MAXNREG]]]]]: the verify's products, its C S0^T's, the
-    fold launch's warps, both launches' register cap; the fold's products staying 3xTF32), chains,
-    every row holding sweep_pendings' pending tokens."""
+    fold launch's warps, the verify launch's register cap (0: none); the fold's products staying
+    3xTF32), chains, every row holding sweep_pendings' pending tokens."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_mamba2_ring_verify

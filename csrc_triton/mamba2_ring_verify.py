@@ -333,8 +333,9 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
                 parents, D, z, dt_bias, *, dt_softplus, **tuning):
     """mamba2_ring_verify's launches -- the folds, every row's verify, the folded windows -- or ()
     with no rows. tuning: block_p, num_warps, heads_per_program, num_stages (both launches'),
-    precision, state_precision and maxnreg (the verify's products, its C S0^T's, its register cap;
-    0: none), fold_precision and fold_warps (the fold's)."""
+    precision (the verify's products, and the fold's without fold_precision), state_precision and
+    maxnreg (the verify's C S0^T's, its register cap; 0: none), fold_precision and fold_warps (the
+    fold's)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()

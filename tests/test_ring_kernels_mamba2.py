@@ -145,6 +145,25 @@ def test_capacity_16_matches_pytorch_code(device, tree):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernel_size", [2, 5])
+def test_odd_sizes_deep_trees_and_bad_ring_slots(device, kernel_size):
+    """Kernel sizes 2 and 5 (a row of 1 pending token reaching back into the window beside two that
+    fold), a tree three links deep, head_dim 24 and d_state 12 in two column blocks of 16 (the masks;
+    the dt stored by the first block alone), a ring slot of -1 and one past the ring pool: those two
+    rows left alone."""
+    cursors = torch.tensor([[8, 3], [2, 1], [0, 0], [4, 5], [1, 1]])  # C = 9, N = 4: folds when pending >= 2
+    case = mamba2_ring_case(num_rows=5, num_nodes=4, capacity=5, kernel_size=kernel_size, head_dim=24, d_state=12,
+                            num_ring_slots=5, num_state_slots=6, cursors=cursors, ring_slots=[0, 1, -1, 3, 7],
+                            state_slots=[5, 0, 1, 2, 3], parents=[-1, 0, 1, 2], device=device, seed=11 + kernel_size)
+    want, got = run_both(case, tuning=dict(IEEE, block_p=16))
+    assert (got["out"][2] == FILL).all() and (got["out"][4] == FILL).all()
+    folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
+    assert folded.tolist() == [False, False, True, False, False, True]  # state slots 2 and 5: pending 5 and 3
+    assert_agree(want, got)
+    assert_same_untouched(case, want, got)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_low_precision_and_no_optional_terms(device):
     case = mamba2_ring_case(num_rows=3, num_nodes=2, capacity=3, kernel_size=3, rows_dtype=torch.bfloat16,
                             state_dtype=torch.bfloat16, terms=False, n_groups=1, device=device, seed=3)
@@ -177,8 +196,8 @@ def test_flush_matches_pytorch_code(device, layers, share):
                             ring_slots=[0, 1, 2, 3], state_slots=[3, 0, 4, -1], device=device, seed=7)
     for name in ("ssm_state", "conv_state", "rows", "gates"):
         case[name] = case[name][:layers]
-    weight = torch.stack([case["conv_weight"]] * layers)
-    bias = torch.stack([case["conv_bias"]] * layers)
+    weight = torch.stack([case["conv_weight"], case["conv_weight"].flip(0)])[:layers]  # each layer its own
+    bias = torch.stack([case["conv_bias"], -case["conv_bias"]])[:layers]
     A = torch.stack([case["A"], case["A"] * 0.5])[:layers]
     num_heads, head_dim, d_state = case["ssm_state"].shape[2:]
     heads = dict(num_heads=num_heads, head_dim=head_dim, n_groups=case["B"].shape[2], d_state=d_state)
