@@ -97,7 +97,7 @@ def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_r
         part = tl.zeros([chan.shape[0]], dtype=tl.float32)
         for tap in tl.static_range(KERNEL_SIZE - 1 - first):
             window = tl.load(window_base + chan * window_stride_dim + (first + tap) * window_stride_win,
-                             mask=tl.where(pending > first, chan_ok, False), other=0.0).to(tl.float32)
+                             mask=tl.where(pending > 0, chan_ok, False), other=0.0).to(tl.float32)
             weight = tl.load(weight_ptr + chan * weight_stride_dim + tap * weight_stride_tap, mask=chan_ok,
                              other=0.0).to(tl.float32)
             part += weight * window
