@@ -24,6 +24,7 @@ checkpoints, bf16 ring rows and conv state, capacity R = 16, D = 4 chains and tr
     python benchmarks/bench_ring.py [--batches 1 8 64 256] [--capacity 16] [--drafts chain tree] [--mixer mamba2]
     python benchmarks/bench_ring.py --sweep 32/8/tf32x3 128/8/tf32/tf32x3 mma/128/4   # the verify kernels' tiles
     python benchmarks/bench_ring.py --mixer mamba2 --sweep 64/8/1 64/8/16/2           # Mamba2's
+    python benchmarks/bench_ring.py --mixer mamba2 --batches 64 --profile             # each kernel's share
 """
 
 from __future__ import annotations
@@ -259,6 +260,41 @@ def mamba2_sweep(shapes, batches, capacity, specs):
         torch.cuda.empty_cache()
 
 
+def profile(args, shapes):
+    """Where a ring step's time goes: each kernel's launches and device time per step (torch.profiler
+    over an eager run of UNROLL steps; a CPU dry run lists none), against the step's graph replay
+    time -- the difference is the gaps between kernels."""
+    cuda = DEVICE == "cuda"
+    rng = random.Random(0)
+    problem = ring_problem if args.mixer == "gdn" else mamba2_ring_problem
+    for mode in args.drafts:
+        for batch in args.batches:
+            p = problem(shapes, batch, mode == "tree", args.capacity, seed=batch)
+            table = [[rng.randrange(p["N"]) for _ in range(batch)] for _ in range(UNROLL)]
+            run = ring_steps_fn(p, torch.tensor(table, device=DEVICE), conv=False)
+            step_us = graph_us(run, UNROLL)
+            run()  # (the ring a few steps in, as the graph left it)
+            activity = torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU
+            with torch.profiler.profile(activities=[activity]) as prof:
+                run()
+                if cuda:
+                    torch.cuda.synchronize()
+            totals = {}
+            for event in prof.events():
+                if event.device_type == torch.autograd.DeviceType.CUDA:
+                    count, us = totals.get(event.name, (0, 0.0))
+                    totals[event.name] = (count + 1, us + event.time_range.elapsed_us())
+            kernels_us = sum(us for _, us in totals.values()) / UNROLL
+            print(f"\n{mode} B={batch}: graph step {step_us:.1f} us, its kernels {kernels_us:.1f} us (eager)")
+            print(markdown_header("kernel", "launches per step", "us per step", "share"))
+            for name, (count, us) in sorted(totals.items(), key=lambda item: -item[1][1]):
+                print(markdown_row(name[:60], f"{count / UNROLL:g}", f"{us / UNROLL:.1f}",
+                                   f"{us / UNROLL / kernels_us:.1%}"), flush=True)
+            del p, run
+            if cuda:
+                torch.cuda.empty_cache()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
@@ -270,6 +306,8 @@ def main(argv=None) -> int:
                              "COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG[,MAXNREG][/SMALL"
                              "[/FOLD_WARPS]]]; --mixer mamba2: BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES[/PRECISION"
                              "[/STATE_PRECISION[/FOLD_WARPS[/MAXNREG]]]]]")
+    parser.add_argument("--profile", action="store_true",
+                        help="each kernel's time per ring step instead (torch.profiler), beside the step's graph time")
     args = parser.parse_args(argv)
     if DEVICE == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA device")
@@ -280,6 +318,9 @@ def main(argv=None) -> int:
           f"{args.capacity}; fp32 checkpoints, bf16 rows; {UNROLL} steps per graph", flush=True)
     if args.sweep:
         (sweep if args.mixer == "gdn" else mamba2_sweep)(shapes, args.batches, args.capacity, args.sweep)
+        return 0
+    if args.profile:
+        profile(args, shapes)
         return 0
     rng = random.Random(0)
     results = []

@@ -61,6 +61,11 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
         assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/1",
                                 "16/4/2/1/tf32"]) == 0
         assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]) == 2
+    assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--drafts", "tree",
+                            "--profile"]) == 0
+    out = capsys.readouterr().out  # (no kernel events on the CPU: the flow and the table's header only)
+    assert "tree B=2: graph step 4.0 us, its kernels 0.0 us (eager)" in out, out  # (8 us: a graph of 2)
+    assert "| kernel | launches per step | us per step | share |" in out
     if mixer == "gdn" and INTERPRET:
         assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/ieee"]) == 0
         out = capsys.readouterr().out.splitlines()
