@@ -217,13 +217,14 @@ def sweep(shapes, batches, capacity, specs):
             p["out"][0], p["q"], p["k"], p["v"], p["g"][0], p["beta"][0], p["ssm"], p["conv_state"], ring.rows,
             ring.gates, ring.cursor, p["weight"][0], None, slots, slots, 0, None)
         for spec in specs:
-            if spec.startswith("mma/"):  # the mma kernel: mma/COLUMNS/WARPS[/MAXNREG[/SMALL[/FOLD_WARPS]]]
+            if spec.startswith("mma/"):  # the mma kernel: mma/COLUMNS/WARPS[/MAXNREG[/SMALL[/FOLD_WARPS[/FOLD_COLUMNS]]]]
                 block_v, warps, *cap = spec.split("/")[1:]  # MAXNREG: N, or SMALL_ROWS,OTHERS (0: no cap)
                 caps = tuple(int(n) for n in cap[0].split(",")) if cap else ()
                 tuning = dict(mma=True, block_v=int(block_v), num_warps=int(warps),
                               **(dict(maxnreg=caps if len(caps) > 1 else caps[0]) if caps else {}),
                               **(dict(small=cap[1] == "1") if len(cap) > 1 else {}),  # (0: no stack of 16 rows)
-                              **(dict(fold_warps=int(cap[2])) if len(cap) > 2 else {}))
+                              **(dict(fold_warps=int(cap[2])) if len(cap) > 2 else {}),
+                              **(dict(fold_block_v=int(cap[3])) if len(cap) > 3 else {}))
             else:
                 block_v, warps, precision, *fold = spec.split("/")
                 tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision,
@@ -304,7 +305,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep", nargs="+", metavar="SPEC",
                         help="time the verify kernel's tile choices instead (one layer, chains): "
                              "COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG[,MAXNREG][/SMALL"
-                             "[/FOLD_WARPS]]]; --mixer mamba2: BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES[/PRECISION"
+                             "[/FOLD_WARPS[/FOLD_COLUMNS]]]]; --mixer mamba2: BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES[/PRECISION"
                              "[/STATE_PRECISION[/FOLD_WARPS[/MAXNREG]]]]]")
     parser.add_argument("--profile", action="store_true",
                         help="each kernel's time per ring step instead (torch.profiler), beside the step's graph time")

@@ -339,7 +339,8 @@ def flush_cursor_call(cursor, ring_slots, state_slots, *, num_state_slots, num_r
 
 def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
-                 num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None):
+                 num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
+                 fold_block_v=None):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
@@ -378,18 +379,18 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                state_slots if parents is None else parents)
     chunk = KernelCall(_gdn_ring_verify_kernel, (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers),
                        tensors, scalars, constexprs)
-    chunks = (_mma_chunk_calls(chunk, ssm, num_layers, ring_rows + num_nodes, maxnreg, small, fold_warps) if mma
-              else (chunk,))
+    chunks = (_mma_chunk_calls(chunk, ssm, num_layers, ring_rows + num_nodes, maxnreg, small, fold_warps,
+                               fold_block_v) if mma else (chunk,))
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
                          num_layers=num_layers, num_nodes=num_nodes, max_pending=max_pending, fold_above=fold_above)
     return (*chunks, window)
 
 
-def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_warps=None):
+def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_warps=None, fold_block_v=None):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
     folding only (a stack of the pending keys, no drafts; 3xTF32 for a float32 checkpoint), on
-    fold_warps warps (None: the others'); then, their drafts verified from the folded checkpoint with
+    fold_warps warps over tiles of fold_block_v columns (None: the others'; its own grid); then, their drafts verified from the folded checkpoint with
     the others', with ``small`` (and N <= 8, C + N > 16) the rows whose keys fit a stack of 16 rows
     (pending + N <= 16 - N), then the rest (tf32 products). maxnreg: the register cap of the
     launches that do not fold (0 or None: the compiler's choice), or a pair (the small rows' cap,
@@ -398,10 +399,12 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
 
     block_v, num_warps = chunk.constexprs["BLOCK_V"], chunk.constexprs["num_warps"]
     fold_warps = fold_warps or num_warps
-    if num_layers != 1 or stack_rows > RING_MMA_NODES or block_v < 8 * max(num_warps, fold_warps):
-        raise ValueError(f"gdn_ring_verify_mma: one layer, C + N <= {RING_MMA_NODES} and block_v >= 8 x warps, "
-                         f"got {num_layers} layers, C + N = {stack_rows}, block_v {block_v}, {num_warps} warps "
-                         f"({fold_warps} folding)")
+    fold_block_v = fold_block_v or block_v
+    if (num_layers != 1 or stack_rows > RING_MMA_NODES or block_v < 8 * num_warps
+            or fold_block_v < 8 * fold_warps or fold_block_v & (fold_block_v - 1)):
+        raise ValueError(f"gdn_ring_verify_mma: one layer, C + N <= {RING_MMA_NODES} and block_v >= 8 x warps "
+                         f"(a power of 2), got {num_layers} layers, C + N = {stack_rows}, block_v {block_v} on "
+                         f"{num_warps} warps, folding {fold_block_v} on {fold_warps}")
     constexprs = {name: value for name, value in chunk.constexprs.items()
                   if name not in ("PRECISION", "FOLD_PRECISION")}
     constexprs.update(NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32,
@@ -411,22 +414,25 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
     small = small and 2 * num_nodes <= RING_MMA_SMALL_NODES < stack_rows
     small_cap, other_cap = (dict(maxnreg=n) if n else {} for n in (maxnreg if isinstance(maxnreg, tuple)
                                                                     else (maxnreg, maxnreg)))
+    fold_grid = (constexprs["NUM_V_HEADS"] * cdiv(constexprs["HEAD_V_DIM"], fold_block_v), *chunk.grid[1:])
     fold = (2, max(RING_MMA_SMALL_NODES, next_power_of_2(constexprs["MAX_PENDING"])),  # the pending keys alone
-            dict(WARPS=fold_warps, num_warps=fold_warps))
-    kinds = (fold, *(((0, RING_MMA_SMALL_NODES, small_cap),) if small else ()), (1, RING_MMA_NODES, other_cap))
-    return tuple(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
+            fold_grid, dict(WARPS=fold_warps, num_warps=fold_warps, BLOCK_V=fold_block_v))
+    kinds = (fold, *(((0, RING_MMA_SMALL_NODES, chunk.grid, small_cap),) if small else ()),
+             (1, RING_MMA_NODES, chunk.grid, other_cap))
+    return tuple(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors,
                             chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes,
                                                 SMALL_KEYS=RING_MMA_SMALL_NODES - num_nodes if small else 0, **caps))
-                 for kind, nodes, caps in kinds)
+                 for kind, nodes, grid, caps in kinds)
 
 
 def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
-                fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None):
+                fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
+                fold_block_v=None):
     """gdn_ring_verify's launches (the verify -- two or three with the mma kernel -- then the
     folded windows), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, C + N <= 32, dv >= 32 and no precision is asked for), with block_v,
-    num_warps, maxnreg, small and fold_warps its own (None: 128 columns, 4 warps, RING_MMA_MAXNREG;
+    num_warps, maxnreg, small, fold_warps and fold_block_v its own (None: 128 columns, 4 warps, RING_MMA_MAXNREG;
     the rest: _mma_chunk_calls); else the Triton kernel at ``precision`` /
     ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
     num_nodes = q.shape[1]
@@ -445,7 +451,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         max_pending=rows.shape[2] - num_nodes, fold_above=rows.shape[2] - num_nodes, scale=scale,
                         use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, precision=precision,
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
-                        fold_warps=fold_warps)
+                        fold_warps=fold_warps, fold_block_v=fold_block_v)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,

@@ -226,6 +226,15 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
                                            for kind, _, _ in kinds]
     with pytest.raises(ValueError, match="block_v >= 8 x warps"):
         triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, block_v=32, fold_warps=8)
+    # the fold launch's own column tiles and grid (head_v_dim 32: one tile of 32, two of 16)
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, num_warps=4,
+                                                         fold_block_v=16, fold_warps=2)
+    assert [(c.constexprs["KIND"], c.constexprs["BLOCK_V"], c.grid[0]) for c in calls if "KIND" in c.constexprs] == [
+        (kind, 16 if kind == 2 else 32, case["v"].shape[2] * (2 if kind == 2 else 1)) for kind, _, _ in kinds]
+    for fold_block_v, fold_warps in ((16, 4), (24, 1)):
+        with pytest.raises(ValueError, match=f"folding {fold_block_v} on {fold_warps}"):
+            triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, fold_block_v=fold_block_v,
+                                                         fold_warps=fold_warps)
     # register caps: one for both launches that do not fold, or a pair (small rows', others'; by default
     # none, 128); none on folds
     for maxnreg, caps in ((168, {0: 168, 1: 168}), ((0, 128), {1: 128}), (None, {}), ("default", {1: 128})):
@@ -241,21 +250,24 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("head_dim", [32, 128])
 @pytest.mark.parametrize("capacity", [16, 20])
-def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity):
+@pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2)], ids=["fold-default", "fold-32-columns"])
+def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
     replay (wrapping the ring's end), few pending tokens (the stack of 16 rows), an empty ring, a
-    padded row."""
+    padded row; the fold launch also over its own narrower tiles."""
     num_nodes = len(nodes)
     if capacity + 2 * num_nodes > 32:
         pytest.skip("C + N > 32: the Triton kernel's")
+    if fold and head_dim == 32:
+        pytest.skip("one tile of 32 columns either way")
     ring_rows = capacity + num_nodes
     cursors = torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, 9], [0, 0], [2, capacity - num_nodes], [1, 1]])
     case = ring_case(num_rows=5, num_nodes=num_nodes, capacity=capacity, num_k_heads=2, head_k_dim=head_dim,
                      head_v_dim=head_dim, num_state_slots=6, num_ring_slots=5, cursors=cursors,
                      ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 5, -1, 1], parents=nodes,
                      rows_dtype=torch.bfloat16, state_dtype=state_dtype, device="cuda")
-    want, got = run_both(case, tuning=MMA)
+    want, got = run_both(case, tuning=dict(MMA, **fold))
     assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
     assert_agree(want, got, tol=2e-3, state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
     assert_same_untouched(case, want, got)
