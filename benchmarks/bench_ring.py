@@ -30,6 +30,7 @@ checkpoints, bf16 ring rows and conv state, capacity R = 16, D = 4 chains and tr
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import os
 import random
@@ -203,6 +204,15 @@ def sweep_times(fn, cursor, pendings):
     return cells
 
 
+def spec_fields(spec):
+    """A sweep spec's positional fields and its NAME=VALUE keywords (any launch tuning by name; an
+    integer value as an int)."""
+    fields = spec.split("/")
+    keywords = dict(field.split("=", 1) for field in fields if "=" in field)
+    return ([field for field in fields if "=" not in field],
+            {name: int(value) if value.lstrip("-").isdigit() else value for name, value in keywords.items()})
+
+
 def sweep(shapes, batches, capacity, specs):
     """One layer's gdn_ring_verify launch per tile choice (columns/warps/precision, then a folding
     row's precision), chains, every row holding sweep_pendings' pending tokens."""
@@ -217,8 +227,9 @@ def sweep(shapes, batches, capacity, specs):
             p["out"][0], p["q"], p["k"], p["v"], p["g"][0], p["beta"][0], p["ssm"], p["conv_state"], ring.rows,
             ring.gates, ring.cursor, p["weight"][0], None, slots, slots, 0, None)
         for spec in specs:
+            fields, keywords = spec_fields(spec)
             if spec.startswith("mma/"):  # the mma kernel: mma/COLUMNS/WARPS[/MAXNREG[/SMALL[/FOLD_WARPS[/FOLD_COLUMNS]]]]
-                block_v, warps, *cap = spec.split("/")[1:]  # MAXNREG: N, or SMALL_ROWS,OTHERS (0: no cap)
+                block_v, warps, *cap = fields[1:]  # MAXNREG: N, or SMALL_ROWS,OTHERS (0: no cap)
                 caps = tuple(int(n) for n in cap[0].split(",")) if cap else ()
                 tuning = dict(mma=True, block_v=int(block_v), num_warps=int(warps),
                               **(dict(maxnreg=caps if len(caps) > 1 else caps[0]) if caps else {}),
@@ -226,9 +237,10 @@ def sweep(shapes, batches, capacity, specs):
                               **(dict(fold_warps=int(cap[2])) if len(cap) > 2 else {}),
                               **(dict(fold_block_v=int(cap[3])) if len(cap) > 3 else {}))
             else:
-                block_v, warps, precision, *fold = spec.split("/")
+                block_v, warps, precision, *fold = fields
                 tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision,
                               fold_precision=fold[0] if fold else precision)
+            tuning.update(keywords)
             print(markdown_row(batch, spec, *sweep_times(lambda: launch(*args, **kwargs, **tuning), ring.cursor,
                                                          pendings)), flush=True)
         del p
@@ -248,13 +260,13 @@ def mamba2_sweep(shapes, batches, capacity, specs):
         p = mamba2_ring_problem(shapes, batch, False, capacity, seed=batch)
         args, kwargs = p["calls"][0]
         for spec in specs:
-            block_p, warps, share, *rest = spec.split("/")
+            (block_p, warps, share, *rest), keywords = spec_fields(spec)
             tuning = dict(block_p=int(block_p), num_warps=int(warps), heads_per_program=int(share),
                           **(dict(num_stages=int(rest[0])) if rest else {}),
                           **(dict(precision=rest[1], fold_precision="tf32x3") if len(rest) > 1 else {}),
                           **(dict(state_precision=rest[2]) if len(rest) > 2 else {}),
                           **(dict(fold_warps=int(rest[3])) if len(rest) > 3 else {}),
-                          **(dict(maxnreg=int(rest[4])) if len(rest) > 4 else {}))
+                          **(dict(maxnreg=int(rest[4])) if len(rest) > 4 else {}), **keywords)
             print(markdown_row(batch, spec, *sweep_times(lambda: launch(*args, **kwargs, **tuning), p["ring"].cursor,
                                                          pendings)), flush=True)
         del p
@@ -280,16 +292,23 @@ def profile(args, shapes):
                 run()
                 if cuda:
                     torch.cuda.synchronize()
-            totals = {}
-            for event in prof.events():
-                if event.device_type == torch.autograd.DeviceType.CUDA:
-                    count, us = totals.get(event.name, (0, 0.0))
-                    totals[event.name] = (count + 1, us + event.time_range.elapsed_us())
+            events = sorted((event for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA),
+                            key=lambda event: event.time_range.start)
+            launches = collections.Counter(event.name for event in events)
+            seen, totals = collections.Counter(), {}
+            for event in events:  # a kernel launched m times a layer: its i-th launch of each layer as "name #i"
+                per_layer = launches[event.name] // (UNROLL * shapes.layers)
+                name = event.name
+                if per_layer > 1 and launches[event.name] % (UNROLL * shapes.layers) == 0:
+                    name = f"{name[:56]} #{seen[event.name] % per_layer}"
+                seen[event.name] += 1
+                count, us = totals.get(name, (0, 0.0))
+                totals[name] = (count + 1, us + event.time_range.elapsed_us())
             kernels_us = sum(us for _, us in totals.values()) / UNROLL
             print(f"\n{mode} B={batch}: graph step {step_us:.1f} us, its kernels {kernels_us:.1f} us (eager)")
             print(markdown_header("kernel", "launches per step", "us per step", "share"))
             for name, (count, us) in sorted(totals.items(), key=lambda item: -item[1][1]):
-                print(markdown_row(name[:60], f"{count / UNROLL:g}", f"{us / UNROLL:.1f}",
+                print(markdown_row(name if " #" in name else name[:60], f"{count / UNROLL:g}", f"{us / UNROLL:.1f}",
                                    f"{us / UNROLL / kernels_us:.1%}"), flush=True)
             del p, run
             if cuda:
@@ -306,7 +325,8 @@ def main(argv=None) -> int:
                         help="time the verify kernel's tile choices instead (one layer, chains): "
                              "COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG[,MAXNREG][/SMALL"
                              "[/FOLD_WARPS[/FOLD_COLUMNS]]]]; --mixer mamba2: BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES[/PRECISION"
-                             "[/STATE_PRECISION[/FOLD_WARPS[/MAXNREG]]]]]")
+                             "[/STATE_PRECISION[/FOLD_WARPS[/MAXNREG]]]]]; either followed by any /NAME=VALUE "
+                             "tunings (e.g. /fold_heads_per_program=4)")
     parser.add_argument("--profile", action="store_true",
                         help="each kernel's time per ring step instead (torch.profiler), beside the step's graph time")
     args = parser.parse_args(argv)

@@ -41,6 +41,9 @@ RING_BLOCK_P = 64
 MAMBA2_RING_WARPS = 4
 RING_STAGES = 1
 RING_VERIFY_MAXNREG = 128  # the verify launch's register cap (four programs an SM); the fold's: none
+# The fold launch's heads a program: one, since a step's folding rows are few (each acceptance its
+# own), and a program taking a group's heads one after another would leave most SMs idle.
+FOLD_HEADS_PER_PROGRAM = 1
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
 STATE_PRECISION = "tf32"
@@ -334,8 +337,8 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     """mamba2_ring_verify's launches -- the folds, every row's verify, the folded windows -- or ()
     with no rows. tuning: block_p, num_warps, heads_per_program, num_stages (both launches'),
     precision (the verify's products, and the fold's without fold_precision), state_precision and
-    maxnreg (the verify's C S0^T's, its register cap; 0: none), fold_precision and fold_warps (the
-    fold's)."""
+    maxnreg (the verify's C S0^T's, its register cap; 0: none), fold_precision, fold_warps and
+    fold_heads_per_program (the fold's)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
@@ -344,7 +347,8 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     capacity = dict(max_pending=ring_rows - num_nodes, fold_above=ring_rows - num_nodes)
     verify_only = {name: tuning.pop(name) for name in ("state_precision", "maxnreg") if name in tuning}
     fold_precision, fold_warps = tuning.pop("fold_precision", None), tuning.pop("fold_warps", None)  # (the fold's)
-    fold_tuning = dict(tuning, fold_precision=fold_precision,
+    fold_share = tuning.pop("fold_heads_per_program", FOLD_HEADS_PER_PROGRAM)
+    fold_tuning = dict(tuning, fold_precision=fold_precision, heads_per_program=fold_share,
                        num_warps=fold_warps or tuning.get("num_warps", MAMBA2_RING_WARPS))
     fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=layer,
                       num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning)

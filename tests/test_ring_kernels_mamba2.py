@@ -105,11 +105,12 @@ def assert_same_untouched(case, want, got):
 @pytest.mark.parametrize("share", [1, 2], ids=["head", "group"])
 def test_matches_pytorch_code(device, tree, share):
     """Folds (pending + N > capacity) beside rows that only replay, a ring wrapping its end, an
-    empty ring and a padded row; every optional term. A program per head, or per group's two heads."""
+    empty ring and a padded row; every optional term. A program per head, or per group's two heads
+    (the fold's too)."""
     cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
     case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
                             state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)
-    want, got = run_both(case, tuning=dict(IEEE, heads_per_program=share))
+    want, got = run_both(case, tuning=dict(IEEE, heads_per_program=share, fold_heads_per_program=share))
     assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
     assert not torch.equal(want["conv_state"], case["conv_state"])
     assert_agree(want, got)
@@ -137,6 +138,12 @@ def test_capacity_16_matches_pytorch_code(device, tree):
         dt_softplus=True)
     launches = [(call.kernel.__name__, call.constexprs["STACK"]) for call in calls if "STACK" in call.constexprs]
     assert launches == [("_mamba2_ring_fold_kernel", 16), ("_mamba2_ring_verify_kernel", 16)]
+    # the fold a head a program (a step's folding rows are few), the verify a group's heads where it can
+    fold, verify = calls[:2]
+    num_heads, head_dim = case["x"].shape[2:]
+    tiles = num_heads * -(-head_dim // fold.constexprs["BLOCK_P"])
+    assert (fold.constexprs["HEADS_PER_PROGRAM"], fold.grid[0]) == (1, tiles)
+    assert verify.grid[0] * verify.constexprs["HEADS_PER_PROGRAM"] == tiles
     want, got = run_both(case)
     folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
     assert folded.tolist() == [False, False, False, True, False, True]  # slots 3, 5: the rows of 16 and 14 pending
