@@ -192,14 +192,34 @@ def _layer_args(p, layer):
     return args, kwargs
 
 
-def mamba2_verify_fn(p):
-    """One step: one mamba2_verify per layer."""
+def mamba2_verify_fn(p, tuning=None):
+    """One step: one mamba2_verify per layer (with a tuning: the launcher called with it)."""
     calls = [_layer_args(p, layer) for layer in range(p["ssm"].shape[0])]
+    if tuning:
+        from sgl_convwin._kernels import triton_kernels
+
+        launch = triton_kernels().launch_mamba2_verify
+        calls = [sgl_convwin.mamba2_verify.kernel_arguments(p["out"][layer], *args, p["parents"], **kwargs)
+                 for layer, (args, kwargs) in enumerate(calls)]
+
+        def tuned_step():
+            for args, kwargs in calls:
+                launch(*args, **kwargs, **tuning)
+        return tuned_step
 
     def step():
         for layer, (args, kwargs) in enumerate(calls):
             sgl_convwin.mamba2_verify(p["out"][layer], *args, p["parents"], **kwargs)
     return step
+
+
+def tuning_spec(text: str) -> dict:
+    """NAME=VALUE[,NAME=VALUE...], e.g. chunk_n=16,chunk_stages=4 (integers as ints)."""
+    try:
+        pairs = [item.split("=", 1) for item in text.split(",")]
+        return {name: int(value) if value.lstrip("-").isdigit() else value for name, value in pairs}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE[,NAME=VALUE...], got {text!r}") from None
 
 
 def standin_fn(p, block_p, num_warps):
@@ -230,10 +250,10 @@ def _compare(label, p, oracle, tol) -> bool:
     return good
 
 
-def check(shapes, device, state_dtype=torch.float32, gated=False, tiles=((4, 4),)) -> bool:
+def check(shapes, device, state_dtype=torch.float32, gated=False, tiles=((4, 4),), tunings=()) -> bool:
     """The timed calls (every layer run, the last compared) against the float64 oracle on 3 rows,
-    row 1 padded (slot -1): mamba2_verify on chains and trees, the stand-in at each tile on the
-    chain and on the tree's 8 nodes as a chain. out float32 here (bf16 when timed)."""
+    row 1 padded (slot -1): mamba2_verify on chains and trees (and at each tuning), the stand-in at
+    each tile on the chain and on the tree's 8 nodes as a chain. out float32 here (bf16 when timed)."""
     tol = 2e-3 if state_dtype == torch.float32 else 2e-2
     print(f"check on {device} (TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '0')}): {shapes}, state "
           f"{DTYPE_NAMES[state_dtype]}, z {'on' if gated else 'off'}, slots [2, -1, 0]", flush=True)
@@ -245,8 +265,11 @@ def check(shapes, device, state_dtype=torch.float32, gated=False, tiles=((4, 4),
         state_before = p["ssm"][-1].clone()
         mode = f"tree {TREE_PARENTS}" if tree else f"chain D={shapes.num_draft}"
         as_chain = _oracle(p, None)
-        mamba2_verify_fn(p)()
-        ok &= _compare(f"mamba2_verify, {mode}", p, _oracle(p, p["parents"]) if tree else as_chain, tol)
+        for tuning in (None, *tunings):
+            p["out"].fill_(FILL)
+            mamba2_verify_fn(p, tuning)()
+            label = "mamba2_verify" + (f" {tuning_label(tuning)}" if tuning else "")
+            ok &= _compare(f"{label}, {mode}", p, _oracle(p, p["parents"]) if tree else as_chain, tol)
         for block_p, warps in tiles:
             p["out"].fill_(FILL)
             standin_fn(p, block_p, warps)()
@@ -275,14 +298,21 @@ def targets(batch, chain_us, floor_us, standin_ratio, tree_ratio) -> str:
     return ", ".join(verdicts) or "-"
 
 
-def bench(shapes, batches, modes, state_dtype, tiles, read_gbps, gated=False, json_path=None, header=None):
-    """Time every candidate per mode and B, then print the table; returns the JSON's rows."""
+def tuning_label(tuning) -> str:
+    return ",".join(f"{name}={value}" for name, value in tuning.items())
+
+
+def bench(shapes, batches, modes, state_dtype, tiles, read_gbps, gated=False, json_path=None, header=None,
+          tunings=()):
+    """Time every candidate per mode and B, then print the table (mamba2_verify at its defaults;
+    each tuning's time on its own line); returns the JSON's rows."""
     rows = []
     for batch in batches:
         for mode in modes:
             p = verify_problem(shapes, batch, mode == "tree", state_dtype, DEVICE, seed=batch, gated=gated)
             floor = state_read_bytes(shapes, batch, p["ssm"].element_size()) / (read_gbps * 1e9) * 1e6
             timed = [("mamba2_verify", None, mamba2_verify_fn(p))]
+            timed += [("mamba2_verify", tuning_label(tuning), mamba2_verify_fn(p, tuning)) for tuning in tunings]
             timed += [("stand-in", f"{bp}/{w}", standin_fn(p, bp, w)) for bp, w in tiles]
             for name, tile, fn in timed:
                 us, graph_us = time_fn(fn)
@@ -320,7 +350,7 @@ def _ratio_cell(value):
 def print_table(shapes, batches, state_dtype, rows):
     """One line per B: chain, floor, stand-in, tree, and the targets that apply (fp32 state at the
     Nemotron-H-8B shape only: the issue sets none for others)."""
-    ours = {(r["mode"], r["B"]): r for r in rows if r["name"] == "mamba2_verify"}
+    ours = {(r["mode"], r["B"]): r for r in rows if r["name"] == "mamba2_verify" and r["tile"] is None}
     scored = state_dtype == torch.float32 and shapes == NEMOTRON_H_8B_TP1
     print(f"\n{shapes.layers} layers per step, graph replay (us); state {DTYPE_NAMES[state_dtype]}; stand-in: "
           "the fastest of its tiles (BLOCK_P/warps); a tree's stand-in walks its 8 nodes as a chain of 8 (same "
@@ -359,13 +389,16 @@ def main(argv=None) -> int:
     parser.add_argument("--check-only", "--quick", dest="check_only", action="store_true",
                         help="run the checks against the float64 oracle and exit (CPU: interpreted)")
     parser.add_argument("--json", default=None, help="write every measured number here")
+    parser.add_argument("--tunings", type=tuning_spec, nargs="+", default=[], metavar="NAME=VALUE[,...]",
+                        help="also time mamba2_verify's launcher with these choices (e.g. chunk_n=16,chunk_stages=4), "
+                             "each checked first")
     args = parser.parse_args(argv)
     shapes, state_dtype = SHAPES[args.shape], STATE_DTYPES[args.state_dtype]
     command = shlex.join(["python3", *(sys.argv if argv is None else ["benchmarks/bench_mamba2_verify.py", *argv])])
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"{date}; {environment_line()}; command: {command}", flush=True)
     device = common.DEVICE
-    if not check(shapes, device, state_dtype, args.z, args.standin_tiles):
+    if not check(shapes, device, state_dtype, args.z, args.standin_tiles, args.tunings):
         print("check: FAILED", flush=True)
         return 1
     if args.check_only:
@@ -380,7 +413,8 @@ def main(argv=None) -> int:
     header = dict(date=date, command=command, device=torch.cuda.get_device_name(), torch=torch.__version__,
                   triton=triton.__version__, read_gbps=read_gbps, shapes=dataclasses.asdict(shapes),
                   state_dtype=args.state_dtype, z=args.z, tree_parents=TREE_PARENTS)
-    bench(shapes, args.batches, args.drafts, state_dtype, args.standin_tiles, read_gbps, args.z, args.json, header)
+    bench(shapes, args.batches, args.drafts, state_dtype, args.standin_tiles, read_gbps, args.z, args.json, header,
+          args.tunings)
     return 0
 
 

@@ -44,6 +44,9 @@ RING_VERIFY_MAXNREG = 128  # the verify launch's register cap (four programs an 
 # The fold launch's heads a program: one, since a step's folding rows are few (each acceptance its
 # own), and a program taking a group's heads one after another would leave most SMs idle.
 FOLD_HEADS_PER_PROGRAM = 1
+# The verify's C S0^T over chunks of RING_CHUNK_N state rows, RING_CHUNK_STAGES in flight (0: whole)
+RING_CHUNK_N = 0
+RING_CHUNK_STAGES = 3
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
 STATE_PRECISION = "tf32"
@@ -155,6 +158,7 @@ def _mamba2_ring_verify_kernel(
     HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, TREE: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, STATE_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
+    CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr,
 ):
     """The drafts' outputs of layer ``layer`` and their d beside their ring rows. A row that folds
     (the fold launch, before this one, brought its checkpoint past the pending tokens) is verified
@@ -188,8 +192,9 @@ def _mamba2_ring_verify_kernel(
                                   conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
                                   RING_ROWS, KERNEL_SIZE, HAS_BIAS)
         b = tl.where(s_pending[:, None], b_pending, b)
-    c = tl.load(c_ptr + row * c_stride_row + group * c_stride_group + (sd * c_stride_node)[:, None]
-                + (nn * c_stride_n)[None, :], mask=s_drafted[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    c_base = c_ptr + row * c_stride_row + group * c_stride_group
+    c = tl.load(c_base + (sd * c_stride_node)[:, None] + (nn * c_stride_n)[None, :],
+                mask=s_drafted[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
     scores = _dot(c, tl.trans(b), PRECISION)  # C_r . B_t [STACK, STACK] (zero in the pending rows)
 
     if TREE:  # path[r, t]: draft t on draft r's root path
@@ -215,9 +220,21 @@ def _mamba2_ring_verify_kernel(
     out_ok = tl.where(links_ok, s_drafted[:, None] & p_ok[None, :], False)
     tile_ok = tl.where(live, n_ok[:, None] & p_ok[None, :], False)
     for head in range(first_head, first_head + HEADS_PER_PROGRAM):
-        tile = (ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
-                + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :])
-        state_t = tl.load(tile, mask=tile_ok, other=0.0).to(tl.float32)  # S0^T, the long read first
+        state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
+        # S0^T, the long read first: whole, or C S0^T now over CHUNK_N state rows at a time, their
+        # loads pipelined through shared memory (cp.async) rather than held in registers
+        if CHUNK_N == 0:
+            state_t = tl.load(state_base + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :], mask=tile_ok,
+                              other=0.0).to(tl.float32)
+        else:
+            read = tl.zeros([STACK, BLOCK_P], tl.float32)
+            for n0 in tl.range(0, BLOCK_N, CHUNK_N, num_stages=CHUNK_STAGES):
+                nc = n0 + tl.arange(0, CHUNK_N)
+                chunk = tl.load(state_base + (nc * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :],
+                                mask=tl.where(live, (nc < D_STATE)[:, None] & p_ok[None, :], False), other=0.0)
+                c_chunk = tl.load(c_base + (sd * c_stride_node)[:, None] + (nc * c_stride_n)[None, :],
+                                  mask=s_drafted[:, None] & (nc < D_STATE)[None, :], other=0.0)
+                read += _dot(c_chunk.to(tl.float32), chunk.to(tl.float32), STATE_PRECISION)
 
         x = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (sd * x_stride_node)[:, None]
                     + (pp * x_stride_p)[None, :], mask=s_drafted[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
@@ -238,7 +255,8 @@ def _mamba2_ring_verify_kernel(
         cumulative = tl.sum(tl.where(ancestry, logs[None, :], 0.0), axis=1)  # L_r
         decay = tl.where(ancestry, tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0)), 0.0)
         mix = decay * step[None, :] * scores  # M [STACK, STACK]
-        read = _dot(c, state_t, STATE_PRECISION)  # C S0^T (a tf32 state rounded to nearest: unbiased)
+        if CHUNK_N == 0:
+            read = _dot(c, state_t, STATE_PRECISION)  # C S0^T (a tf32 state rounded to nearest: unbiased)
         y = tl.exp(cumulative)[:, None] * read + _dot(mix, x, PRECISION)
         if HAS_D:
             y += tl.load(d_ptr + head * d_stride).to(tl.float32) * x  # (x: the drafts' own in their rows)
@@ -305,11 +323,18 @@ def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, stat
 def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                  parents, D, z, dt_bias, *, dt_softplus, heads, max_pending, fold_above, block_p=None,
                  num_warps=MAMBA2_RING_WARPS, precision=None, state_precision=None, heads_per_program=None,
-                 num_stages=RING_STAGES, maxnreg=RING_VERIFY_MAXNREG):
-    """The verify launch over the rows of layer ``layer`` (weight [dim, K], bias [dim], A [H]: its own)."""
+                 num_stages=RING_STAGES, maxnreg=RING_VERIFY_MAXNREG, chunk_n=RING_CHUNK_N,
+                 chunk_stages=RING_CHUNK_STAGES):
+    """The verify launch over the rows of layer ``layer`` (weight [dim, K], bias [dim], A [H]: its own).
+    chunk_n: C S0^T over chunks of that many state rows (0: the whole tile), chunk_stages of them
+    in flight."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     _, _, num_groups, d_state = heads
     block_p, share, grid = _tiling(num_rows, 1, heads, block_p, heads_per_program)
+    block_n = max(MIN_DOT, next_power_of_2(d_state))
+    chunk_n = min(chunk_n, block_n)
+    if chunk_n and (chunk_n < 8 or chunk_n & (chunk_n - 1)):
+        raise ValueError(f"mamba2_ring_verify: chunk_n must be 0 or a power of two >= 8, got {chunk_n}")
     strides = lambda t, n: (0,) * n if t is None else t.stride()  # noqa: E731 -- absent: never read
     scalars = (layer, ssm.shape[1], rows.shape[1], *out.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
                *strides(z, 4), A.stride(0), *strides(D, 1), *strides(dt_bias, 1),
@@ -320,11 +345,11 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
         NUM_NODES=num_nodes, RING_ROWS=rows.shape[2], MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
         STACK=max(MIN_DOT, next_power_of_2(max(fold_above, num_nodes))), KERNEL_SIZE=conv.shape[3] + 1,
         NUM_HEADS=num_heads, NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state, BLOCK_P=block_p,
-        BLOCK_N=max(MIN_DOT, next_power_of_2(d_state)), TREE=parents is not None, HAS_D=D is not None,
+        BLOCK_N=block_n, TREE=parents is not None, HAS_D=D is not None,
         HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus), HAS_BIAS=bias is not None,
         PRECISION=precision or fold_precision_for(ssm),
         STATE_PRECISION=state_precision or precision or state_precision_for(ssm),
-        HEADS_PER_PROGRAM=share, num_warps=num_warps,
+        HEADS_PER_PROGRAM=share, CHUNK_N=chunk_n, CHUNK_STAGES=chunk_stages, num_warps=num_warps,
         num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     tensors = tuple(ssm if t is None else t for t in (  # (an absent tensor: one the kernel never reads)
         out, x, dt, B, C, z, A, D, dt_bias, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
@@ -337,15 +362,16 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     """mamba2_ring_verify's launches -- the folds, every row's verify, the folded windows -- or ()
     with no rows. tuning: block_p, num_warps, heads_per_program, num_stages (both launches'),
     precision (the verify's products, and the fold's without fold_precision), state_precision and
-    maxnreg (the verify's C S0^T's, its register cap; 0: none), fold_precision, fold_warps and
-    fold_heads_per_program (the fold's)."""
+    maxnreg, chunk_n and chunk_stages (the verify's C S0^T's, its register cap (0: none), its
+    chunks of state rows), fold_precision, fold_warps and fold_heads_per_program (the fold's)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
     heads = (num_heads, head_dim, B.shape[2], B.shape[3])
     ring_rows = rows.shape[2]
     capacity = dict(max_pending=ring_rows - num_nodes, fold_above=ring_rows - num_nodes)
-    verify_only = {name: tuning.pop(name) for name in ("state_precision", "maxnreg") if name in tuning}
+    verify_only = {name: tuning.pop(name) for name in ("state_precision", "maxnreg", "chunk_n", "chunk_stages")
+                   if name in tuning}
     fold_precision, fold_warps = tuning.pop("fold_precision", None), tuning.pop("fold_warps", None)  # (the fold's)
     fold_share = tuning.pop("fold_heads_per_program", FOLD_HEADS_PER_PROGRAM)
     fold_tuning = dict(tuning, fold_precision=fold_precision, heads_per_program=fold_share,

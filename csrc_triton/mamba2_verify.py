@@ -32,6 +32,9 @@ from .gdn_verify import MIN_DOT, _ancestry, _dot, _operand, default_precision, s
 # Head-dim rows per state tile [BLOCK_P, Ns], fewer for small batches (gdn_verify.spread_block).
 BLOCK_P = 64
 VERIFY_WARPS = 4
+# C S0^T over chunks of CHUNK_N state rows, CHUNK_STAGES of them in flight (0: the whole tile at once)
+CHUNK_N = 0
+CHUNK_STAGES = 3
 
 
 @triton.jit
@@ -65,7 +68,7 @@ def _mamba2_verify_kernel(
     NUM_NODES: tl.constexpr, NODES: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     TREE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    DT_SOFTPLUS: tl.constexpr, PRECISION: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, PRECISION: tl.constexpr, CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr,
 ):
     """One program: one [BLOCK_P, Ns] state tile of one head of one row. Outputs are stored only if
     the row's slot is in [0, num_state_slots) and (trees) every parent link lies in [-1, n-1];
@@ -84,17 +87,30 @@ def _mamba2_verify_kernel(
 
     slot = tl.load(slots_ptr + row * slots_stride).to(tl.int64)
     slot_ok = (slot >= 0) & (slot < num_state_slots)
+    state_base = ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head
+    c_base = c_ptr + row * c_stride_row + group * c_stride_group
     # The state tile first: the program's long read, which nothing else waits on. Loaded as
-    # [Ns, BLOCK_P] (S0^T), the right operand of C S0^T.
-    tile = (ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head + (nn * ssm_stride_n)[:, None]
-            + (pp * ssm_stride_p)[None, :])
-    state_t = tl.load(tile, mask=tl.where(slot_ok, (nn < D_STATE)[:, None] & p_ok, False), other=0.0).to(tl.float32)
+    # [Ns, BLOCK_P] (S0^T), the right operand of C S0^T (the state's truncation is the one left:
+    # unbiased over Ns): whole, or CHUNK_N state rows at a time, their loads pipelined through
+    # shared memory (cp.async) rather than held in registers.
+    if CHUNK_N == 0:
+        state_t = tl.load(state_base + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :],
+                          mask=tl.where(slot_ok, (nn < D_STATE)[:, None] & p_ok, False), other=0.0).to(tl.float32)
+    else:
+        read = tl.zeros([NODES, BLOCK_P], tl.float32)
+        for n0 in tl.range(0, BLOCK_N, CHUNK_N, num_stages=CHUNK_STAGES):
+            nc = n0 + tl.arange(0, CHUNK_N)
+            chunk = tl.load(state_base + (nc * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :],
+                            mask=tl.where(slot_ok, (nc < D_STATE)[:, None] & p_ok, False), other=0.0)
+            c_chunk = tl.load(c_base + (node * c_stride_node)[:, None] + (nc * c_stride_n)[None, :],
+                              mask=real[:, None] & (nc < D_STATE)[None, :], other=0.0).to(tl.float32)
+            read += tl.dot(_operand(c_chunk, PRECISION), chunk.to(tl.float32), input_precision=PRECISION)
 
     nodes_mask = real[:, None] & columns
     b = tl.load(b_ptr + row * b_stride_row + group * b_stride_group + (node * b_stride_node)[:, None]
                 + (nn * b_stride_n)[None, :], mask=nodes_mask, other=0.0).to(tl.float32)
-    c = tl.load(c_ptr + row * c_stride_row + group * c_stride_group + (node * c_stride_node)[:, None]
-                + (nn * c_stride_n)[None, :], mask=nodes_mask, other=0.0).to(tl.float32)
+    c = tl.load(c_base + (node * c_stride_node)[:, None] + (nn * c_stride_n)[None, :], mask=nodes_mask,
+                other=0.0).to(tl.float32)
     c = _operand(c, PRECISION)
     step = _step_sizes(dt_ptr + row * dt_stride_row + head * dt_stride_head, node, real, dt_stride_node,
                        dt_bias_ptr + head * dt_bias_stride, HAS_DT_BIAS, DT_SOFTPLUS)
@@ -111,8 +127,9 @@ def _mamba2_verify_kernel(
 
     x = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (node * x_stride_node)[:, None]
                 + (pp * x_stride_p)[None, :], mask=real[:, None] & p_ok, other=0.0).to(tl.float32)
-    # C S0^T (the state's truncation is the one left: unbiased over Ns)
-    y = tl.exp(cumulative)[:, None] * tl.dot(c, state_t, input_precision=PRECISION) + _dot(mix, x, PRECISION)
+    if CHUNK_N == 0:
+        read = tl.dot(c, state_t, input_precision=PRECISION)  # C S0^T
+    y = tl.exp(cumulative)[:, None] * read + _dot(mix, x, PRECISION)
     if HAS_D:
         y += tl.load(d_ptr + head * d_stride).to(tl.float32) * x
     if HAS_Z:
@@ -125,9 +142,11 @@ def _mamba2_verify_kernel(
 
 
 def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, *, dt_softplus, block_p=None,
-                 num_warps=VERIFY_WARPS, precision=None):
+                 num_warps=VERIFY_WARPS, precision=None, chunk_n=CHUNK_N, chunk_stages=CHUNK_STAGES):
     """The kernel's launch for launch_mamba2_verify and planned_mamba2_verify, or None with no rows.
-    block_p (a power of two >= 16), num_warps, precision: tuning only."""
+    block_p (a power of two >= 16), num_warps, precision, chunk_n (C S0^T over chunks of that many
+    state rows, a power of two >= 8; 0: the whole tile at once) and chunk_stages (their pipeline's
+    depth): tuning only."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     num_groups, d_state = B.shape[2], B.shape[3]
     if num_rows == 0:
@@ -137,6 +156,10 @@ def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, 
                          "split the batch")
     if block_p is None:
         block_p = spread_block(BLOCK_P, num_rows, num_heads, head_dim)
+    block_n = max(MIN_DOT, next_power_of_2(d_state))
+    chunk_n = min(chunk_n, block_n)
+    if chunk_n and (chunk_n < 8 or chunk_n & (chunk_n - 1)):
+        raise ValueError(f"mamba2_verify: chunk_n must be 0 or a power of two >= 8, got {chunk_n}")
     grid = (num_heads * cdiv(head_dim, block_p), num_rows)
     parents_strides = (0, 0) if parents is None else parents.stride()
     scalars = (ssm.shape[0], *out.stride(), *x.stride(), *dt.stride(), A.stride(0), *B.stride(), *C.stride(),
@@ -145,9 +168,10 @@ def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, 
     constexprs = dict(
         NUM_NODES=num_nodes, NODES=max(MIN_DOT, next_power_of_2(num_nodes)), NUM_HEADS=num_heads,
         NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state, BLOCK_P=block_p,
-        BLOCK_N=max(MIN_DOT, next_power_of_2(d_state)), TREE=parents is not None, HAS_D=D is not None,
+        BLOCK_N=block_n, TREE=parents is not None, HAS_D=D is not None,
         HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus),
-        PRECISION=precision or default_precision(ssm), num_warps=num_warps,
+        PRECISION=precision or default_precision(ssm), CHUNK_N=chunk_n, CHUNK_STAGES=chunk_stages,
+        num_warps=num_warps,
     )
     return KernelCall(_mamba2_verify_kernel, grid, _tensors(out, x, dt, A, B, C, ssm, state_slots, parents, D, z,
                                                             dt_bias), scalars, constexprs)

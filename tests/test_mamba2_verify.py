@@ -177,14 +177,15 @@ def test_one_node_odd_sizes_and_deep_paths(impl):
 
 
 TUNINGS = [dict(block_p=16), dict(block_p=16, num_warps=2), dict(block_p=32, precision="tf32x3"),
-           dict(block_p=64, precision="ieee")]
+           dict(block_p=64, precision="ieee"), dict(block_p=16, chunk_n=16), dict(chunk_n=32, chunk_stages=2)]
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=[interpreted, pytest.mark.slow]),
                                     pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("tuning", TUNINGS, ids=lambda t: "-".join(f"{k}={v}" for k, v in t.items()))
 def test_launch_choices(device, tuning):
-    """The launcher's choices: narrow tiles (a partial last one too), warps, precisions."""
+    """The launcher's choices: narrow tiles (a partial last one too), warps, precisions, C S0^T over
+    chunks of state rows (d_state 48: a partial last chunk)."""
     run = tuned(**tuning)
     check(device, run, make_problem(head_dim=40, d_state=48, parents=[-1, 0, 0, 2], device=device))
     check(device, run, make_problem(head_dim=64, slots=[1, -1, 2], device=device))
@@ -242,11 +243,13 @@ def test_cuda_model_shape(tree, state_dtype):
 
 @pytest.mark.gpu
 def test_cuda_fp32_tolerance_all_fp32():
-    """Everything float32: within 2e-3 x max |y|, several batch sizes (tile choices)."""
+    """Everything float32: within 2e-3 x max |y|, several batch sizes (tile choices), C S0^T whole or
+    over chunks of state rows."""
     for num_rows in (1, 8, 64):
         problem = make_problem(num_rows=num_rows, num_nodes=4, num_heads=32, num_groups=8, head_dim=64, d_state=128,
                                num_slots=num_rows, device="cuda", seed=num_rows)
         check("cuda", run_public, problem, tol=2e-3)
+        check("cuda", tuned(chunk_n=16, chunk_stages=4), problem, tol=2e-3)
 
 
 def test_checked_mode_names_the_row():

@@ -157,17 +157,18 @@ def test_odd_sizes_deep_trees_and_bad_ring_slots(device, kernel_size):
     """Kernel sizes 2 and 5 (a row of 1 pending token reaching back into the window beside two that
     fold), a tree three links deep, head_dim 24 and d_state 12 in two column blocks of 16 (the masks;
     the dt stored by the first block alone), a ring slot of -1 and one past the ring pool: those two
-    rows left alone."""
+    rows left alone; C S0^T whole and over chunks of state rows."""
     cursors = torch.tensor([[8, 3], [2, 1], [0, 0], [4, 5], [1, 1]])  # C = 9, N = 4: folds when pending >= 2
     case = mamba2_ring_case(num_rows=5, num_nodes=4, capacity=5, kernel_size=kernel_size, head_dim=24, d_state=12,
                             num_ring_slots=5, num_state_slots=6, cursors=cursors, ring_slots=[0, 1, -1, 3, 7],
                             state_slots=[5, 0, 1, 2, 3], parents=[-1, 0, 1, 2], device=device, seed=11 + kernel_size)
-    want, got = run_both(case, tuning=dict(IEEE, block_p=16))
-    assert (got["out"][2] == FILL).all() and (got["out"][4] == FILL).all()
-    folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
-    assert folded.tolist() == [False, False, True, False, False, True]  # state slots 2 and 5: pending 5 and 3
-    assert_agree(want, got)
-    assert_same_untouched(case, want, got)
+    for chunk_n in (0, 8):  # C S0^T whole, or over chunks of 8 state rows (the last one partial)
+        want, got = run_both(case, tuning=dict(IEEE, block_p=16, chunk_n=chunk_n, chunk_stages=2))
+        assert (got["out"][2] == FILL).all() and (got["out"][4] == FILL).all()
+        folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
+        assert folded.tolist() == [False, False, True, False, False, True]  # state slots 2 and 5: pending 5 and 3
+        assert_agree(want, got)
+        assert_same_untouched(case, want, got)
 
 
 @pytest.mark.parametrize("device", DEVICES)
