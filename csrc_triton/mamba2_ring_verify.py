@@ -13,10 +13,11 @@ token: the pending tokens up to it; a draft: every pending token and its tree pa
     S_P  = exp(L_P) S0 + sum_{j < P} exp(L_P - L_j) d_j x_j B_j^T                  (the fold)
 
 Two launches, each program one [Ns, BLOCK_P] tile of S0^T of HEADS_PER_PROGRAM heads of a group of
-one row (what the group's heads share, once): first the fold of the rows that fold (pending > 0 and
-pending + N > capacity; a flush: every row with pending tokens) -- one [Ns, P] x [P, BLOCK_P]
-product written over the tile it read -- then every row's verify, a folded row's from its new
-checkpoint with nothing pending: C S0^T one product with the stack's C (zero but at the drafts),
+one row (what the group's heads share, once; the fold's programs fewer heads): first the fold of
+the rows that fold (pending > 0 and pending + N > capacity; a flush: every row with pending tokens)
+-- one [Ns, P] x [P, BLOCK_P] product written over the tile it read -- then every row's verify, a
+folded row's from its new checkpoint with nothing pending: C S0^T products with the stack's C
+(zero but at the drafts) over chunks of state rows, their loads pipelined through shared memory,
 the intra-chunk term one [stack, stack] x [stack, BLOCK_P] product. For a float32 checkpoint the
 fold multiplies in 3xTF32 (fold_precision_for: it must keep float32's accuracy over many folds), the
 verify's C S0^T in tf32 with operands rounded to nearest and its other products in 3xTF32 (every
@@ -41,11 +42,11 @@ RING_BLOCK_P = 64
 MAMBA2_RING_WARPS = 4
 RING_STAGES = 1
 RING_VERIFY_MAXNREG = 128  # the verify launch's register cap (four programs an SM); the fold's: none
-# The fold launch's heads a program: one, since a step's folding rows are few (each acceptance its
-# own), and a program taking a group's heads one after another would leave most SMs idle.
-FOLD_HEADS_PER_PROGRAM = 1
+# The fold launch's heads a program, at most (a divisor of a group's): few, since a step's folding
+# rows are few (each acceptance its own) and a program walking a group's 16 heads left most SMs idle.
+FOLD_HEADS_PER_PROGRAM = 4
 # The verify's C S0^T over chunks of RING_CHUNK_N state rows, RING_CHUNK_STAGES in flight (0: whole)
-RING_CHUNK_N = 0
+RING_CHUNK_N = 32
 RING_CHUNK_STAGES = 3
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
@@ -333,8 +334,8 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
     block_p, share, grid = _tiling(num_rows, 1, heads, block_p, heads_per_program)
     block_n = max(MIN_DOT, next_power_of_2(d_state))
     chunk_n = min(chunk_n, block_n)
-    if chunk_n and (chunk_n < 8 or chunk_n & (chunk_n - 1)):
-        raise ValueError(f"mamba2_ring_verify: chunk_n must be 0 or a power of two >= 8, got {chunk_n}")
+    if chunk_n and (chunk_n < MIN_DOT or chunk_n & (chunk_n - 1)):
+        raise ValueError(f"mamba2_ring_verify: chunk_n must be 0 or a power of two >= {MIN_DOT}, got {chunk_n}")
     strides = lambda t, n: (0,) * n if t is None else t.stride()  # noqa: E731 -- absent: never read
     scalars = (layer, ssm.shape[1], rows.shape[1], *out.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
                *strides(z, 4), A.stride(0), *strides(D, 1), *strides(dt_bias, 1),
@@ -373,7 +374,9 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     verify_only = {name: tuning.pop(name) for name in ("state_precision", "maxnreg", "chunk_n", "chunk_stages")
                    if name in tuning}
     fold_precision, fold_warps = tuning.pop("fold_precision", None), tuning.pop("fold_warps", None)  # (the fold's)
-    fold_share = tuning.pop("fold_heads_per_program", FOLD_HEADS_PER_PROGRAM)
+    per_group = num_heads // heads[2]
+    fold_share = tuning.pop("fold_heads_per_program", None) or max(
+        share for share in range(1, min(FOLD_HEADS_PER_PROGRAM, per_group) + 1) if per_group % share == 0)
     fold_tuning = dict(tuning, fold_precision=fold_precision, heads_per_program=fold_share,
                        num_warps=fold_warps or tuning.get("num_warps", MAMBA2_RING_WARPS))
     fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=layer,

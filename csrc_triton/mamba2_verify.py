@@ -16,7 +16,8 @@ read the state.
 
 One program holds one [BLOCK_P, Ns] state tile of one head of one row and the node stack
 [NODES, Ns] of C (and of B), NODES = max(16, N) rounded up to a power of two (tl.dot's minimum
-being 16, zero rows beyond N): C S0^T is one tensor-core product per tile, the intra-chunk term
+being 16, zero rows beyond N): C S0^T is tensor-core products over chunks of the tile's state
+rows, their loads pipelined through shared memory (cp.async), the intra-chunk term
 one [NODES, NODES] x [NODES, BLOCK_P] product. The node matrices use gdn_verify's helpers (the
 ancestry walk, tf32 operands rounded to nearest).
 """
@@ -32,8 +33,9 @@ from .gdn_verify import MIN_DOT, _ancestry, _dot, _operand, default_precision, s
 # Head-dim rows per state tile [BLOCK_P, Ns], fewer for small batches (gdn_verify.spread_block).
 BLOCK_P = 64
 VERIFY_WARPS = 4
-# C S0^T over chunks of CHUNK_N state rows, CHUNK_STAGES of them in flight (0: the whole tile at once)
-CHUNK_N = 0
+# C S0^T over chunks of CHUNK_N state rows, CHUNK_STAGES of them in flight (0: the whole tile at
+# once): the H200 sweep's fastest (docs/benchmarks.md, "Verify recurrence (mamba2_verify)")
+CHUNK_N = 32
 CHUNK_STAGES = 3
 
 
@@ -145,7 +147,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, 
                  num_warps=VERIFY_WARPS, precision=None, chunk_n=CHUNK_N, chunk_stages=CHUNK_STAGES):
     """The kernel's launch for launch_mamba2_verify and planned_mamba2_verify, or None with no rows.
     block_p (a power of two >= 16), num_warps, precision, chunk_n (C S0^T over chunks of that many
-    state rows, a power of two >= 8; 0: the whole tile at once) and chunk_stages (their pipeline's
+    state rows, a power of two >= 16; 0: the whole tile at once) and chunk_stages (their pipeline's
     depth): tuning only."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     num_groups, d_state = B.shape[2], B.shape[3]
@@ -158,8 +160,8 @@ def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, 
         block_p = spread_block(BLOCK_P, num_rows, num_heads, head_dim)
     block_n = max(MIN_DOT, next_power_of_2(d_state))
     chunk_n = min(chunk_n, block_n)
-    if chunk_n and (chunk_n < 8 or chunk_n & (chunk_n - 1)):
-        raise ValueError(f"mamba2_verify: chunk_n must be 0 or a power of two >= 8, got {chunk_n}")
+    if chunk_n and (chunk_n < MIN_DOT or chunk_n & (chunk_n - 1)):
+        raise ValueError(f"mamba2_verify: chunk_n must be 0 or a power of two >= {MIN_DOT}, got {chunk_n}")
     grid = (num_heads * cdiv(head_dim, block_p), num_rows)
     parents_strides = (0, 0) if parents is None else parents.stride()
     scalars = (ssm.shape[0], *out.stride(), *x.stride(), *dt.stride(), A.stride(0), *B.stride(), *C.stride(),

@@ -125,10 +125,11 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     """Capacity 16, N = 3 (C = 19 rows): the folds' launch on a stack of 16 pending tokens, then
     every row's verify on a stack of 16 (a folded row's from its new checkpoint). Rows folding 16
     and 14 pending tokens, 13 (the most that do not fold), 5 wrapping the ring's end, an empty ring,
-    a padded row."""
+    a padded row. d_state 40: C S0^T whole, and over chunks of 16 state rows (the third partial, the
+    fourth all padding)."""
     cursors = torch.tensor([[17, 16], [10, 13], [0, 0], [18, 5], [3, 14], [1, 2]])
     case = mamba2_ring_case(num_rows=6, num_nodes=3, capacity=16, num_ring_slots=6, num_state_slots=6, cursors=cursors,
-                            ring_slots=[0, 1, 2, 3, 4, 5], state_slots=[3, 0, 4, 1, 5, -1],
+                            ring_slots=[0, 1, 2, 3, 4, 5], state_slots=[3, 0, 4, 1, 5, -1], d_state=40,
                             parents=[-1, 0, 0] if tree else None, device=device, seed=9)
     calls = triton_kernels().mamba2_ring_verify._ring_calls(
         *sgl_convwin.mamba2_ring_verify.kernel_arguments(
@@ -138,17 +139,20 @@ def test_capacity_16_matches_pytorch_code(device, tree):
         dt_softplus=True)
     launches = [(call.kernel.__name__, call.constexprs["STACK"]) for call in calls if "STACK" in call.constexprs]
     assert launches == [("_mamba2_ring_fold_kernel", 16), ("_mamba2_ring_verify_kernel", 16)]
-    # the fold a head a program (a step's folding rows are few), the verify a group's heads where it can
+    # the fold at most 4 heads a program (a step's folding rows are few: here a group's 2), the verify a
+    # group's heads where it can
     fold, verify = calls[:2]
     num_heads, head_dim = case["x"].shape[2:]
     tiles = num_heads * -(-head_dim // fold.constexprs["BLOCK_P"])
-    assert (fold.constexprs["HEADS_PER_PROGRAM"], fold.grid[0]) == (1, tiles)
+    assert (fold.constexprs["HEADS_PER_PROGRAM"], fold.grid[0]) == (2, tiles // 2)
     assert verify.grid[0] * verify.constexprs["HEADS_PER_PROGRAM"] == tiles
-    want, got = run_both(case)
-    folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
-    assert folded.tolist() == [False, False, False, True, False, True]  # slots 3, 5: the rows of 16 and 14 pending
-    assert_agree(want, got)
-    assert_same_untouched(case, want, got)
+    assert (verify.constexprs["CHUNK_N"], verify.constexprs["CHUNK_STAGES"]) == (32, 3)  # (d_state 40: chunks of 32)
+    for chunk_n in (0, 16):
+        want, got = run_both(case, tuning=dict(IEEE, chunk_n=chunk_n))
+        folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
+        assert folded.tolist() == [False, False, False, True, False, True]  # slots 3, 5: rows of 16 and 14 pending
+        assert_agree(want, got)
+        assert_same_untouched(case, want, got)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -157,18 +161,17 @@ def test_odd_sizes_deep_trees_and_bad_ring_slots(device, kernel_size):
     """Kernel sizes 2 and 5 (a row of 1 pending token reaching back into the window beside two that
     fold), a tree three links deep, head_dim 24 and d_state 12 in two column blocks of 16 (the masks;
     the dt stored by the first block alone), a ring slot of -1 and one past the ring pool: those two
-    rows left alone; C S0^T whole and over chunks of state rows."""
+    rows left alone."""
     cursors = torch.tensor([[8, 3], [2, 1], [0, 0], [4, 5], [1, 1]])  # C = 9, N = 4: folds when pending >= 2
     case = mamba2_ring_case(num_rows=5, num_nodes=4, capacity=5, kernel_size=kernel_size, head_dim=24, d_state=12,
                             num_ring_slots=5, num_state_slots=6, cursors=cursors, ring_slots=[0, 1, -1, 3, 7],
                             state_slots=[5, 0, 1, 2, 3], parents=[-1, 0, 1, 2], device=device, seed=11 + kernel_size)
-    for chunk_n in (0, 8):  # C S0^T whole, or over chunks of 8 state rows (the last one partial)
-        want, got = run_both(case, tuning=dict(IEEE, block_p=16, chunk_n=chunk_n, chunk_stages=2))
-        assert (got["out"][2] == FILL).all() and (got["out"][4] == FILL).all()
-        folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
-        assert folded.tolist() == [False, False, True, False, False, True]  # state slots 2 and 5: pending 5 and 3
-        assert_agree(want, got)
-        assert_same_untouched(case, want, got)
+    want, got = run_both(case, tuning=dict(IEEE, block_p=16))
+    assert (got["out"][2] == FILL).all() and (got["out"][4] == FILL).all()
+    folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
+    assert folded.tolist() == [False, False, True, False, False, True]  # state slots 2 and 5: pending 5 and 3
+    assert_agree(want, got)
+    assert_same_untouched(case, want, got)
 
 
 @pytest.mark.parametrize("device", DEVICES)
