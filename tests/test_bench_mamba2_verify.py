@@ -20,10 +20,10 @@ def test_check_only_passes(capsys):
     """Chains, trees, a padded row, z on, two stand-in tiles (the engines' 4/4 and a 16-row one), one
     tuning of mamba2_verify's launcher."""
     assert bench_mamba2_verify.main(["--check-only", "--shape", "tiny", "--z", "--standin-tiles", "4/4", "16/2",
-                                     "--tunings", "chunk_n=8,chunk_stages=2"]) == 0
+                                     "--tunings", "chunk_n=16,chunk_stages=2"]) == 0
     out = capsys.readouterr().out
     assert out.count("(ok)") == 8 and "FAILED" not in out
-    assert "mamba2_verify chunk_n=8,chunk_stages=2, tree" in out
+    assert "mamba2_verify chunk_n=16,chunk_stages=2, tree" in out
     assert "command: python3 benchmarks/bench_mamba2_verify.py --check-only" in out
 
 
@@ -42,7 +42,7 @@ def test_timing_flow_dry_run(monkeypatch, tmp_path, capsys):
     shapes = dataclasses.replace(bench_mamba2_verify.SHAPES["tiny"], layers=1)
     batches, tiles = [1, 2], [(4, 4), (16, 2)]
     rows = bench_mamba2_verify.bench(shapes, batches, ["chain", "tree"], torch.float32, tiles, 1000.0,
-                                     json_path=path, header=dict(device="cpu"), tunings=[dict(chunk_n=8)])
+                                     json_path=path, header=dict(device="cpu"), tunings=[dict(chunk_n=0)])
 
     assert len(rows) == len(calls) == len(batches) * 2 * (2 + len(tiles))
     assert json.load(open(path)) == dict(device="cpu", rows=rows)
