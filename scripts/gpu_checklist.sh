@@ -42,6 +42,10 @@
 #             (bench_gdn_verify.py, B = 1 .. 256, no step table) and the GDN ring's trees (bench_ring.py)
 #   m2bench   mamba2_verify against an engine-style selective-state-update stand-in, chains and trees of 8,
 #             B = 1 .. 256, Nemotron-H-8B TP1 (benchmarks/bench_mamba2_verify.py), with issue #40's targets
+#   m2tune    mamba2_verify's launcher choices around its defaults (narrower tiles, 8 warps, chunk depths; each
+#             checked against the oracle first), B = 64 / 256, chains and trees
+#   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
+#             time per step, a kernel launched several times a layer split by its launch)
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
 # With pytest-xdist's and execnet's wheels in .whl (pip download pytest-xdist execnet --no-deps -d .whl),
 # vtests and runs spread their tests over 12 processes: the kernels' compiles are what take the time.
@@ -190,9 +194,19 @@ for phase in "$@"; do
                 > "$out/bench_ring_mamba2.log" 2>&1
               rc=$?; grep -E '^(\||[0-9]+ layers)' "$out/bench_ring_mamba2.log"; tail -2 "$out/bench_ring_mamba2.log"
               timeout 150 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 \
-                --sweep 64/4/16/1 64/4/16/1/tf32x3/tf32/4/0 64/4/8/1 32/4/16/1 64/4/16/1/tf32x3/tf32/8 \
-                > "$out/sweep_ring_mamba2.log" 2>&1
+                --sweep 64/4/16/1 64/4/16/1/chunk_n=0 64/4/16/1/chunk_n=64/chunk_stages=2 64/4/8/1 \
+                64/4/16/1/fold_heads_per_program=2 64/4/16/1/fold_warps=8 > "$out/sweep_ring_mamba2.log" 2>&1
               rc=$((rc | $?)); grep '^|' "$out/sweep_ring_mamba2.log" ;;
+    m2tune)   timeout 240 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --standin-tiles 16/2 \
+                --tunings num_warps=8 block_p=32 block_p=32,num_warps=2 chunk_stages=4,num_warps=8 \
+                chunk_n=16,chunk_stages=6 > "$out/bench_mamba2_verify_tune.log" 2>&1
+              rc=$?; grep -E 'graph|FAILED' "$out/bench_mamba2_verify_tune.log" ;;
+    ringprof) rc=0
+              for mixer in gdn mamba2; do
+                timeout 200 python3 benchmarks/bench_ring.py --mixer "$mixer" --batches 1 8 64 256 --profile \
+                  > "$out/profile_ring_$mixer.log" 2>&1 || rc=1
+                grep -E '^(\||chain|tree)' "$out/profile_ring_$mixer.log"
+              done ;;
     *)        echo "unknown phase $phase"; rc=2 ;;
   esac
   echo "== $phase: exit $rc"
