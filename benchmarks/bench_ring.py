@@ -228,7 +228,8 @@ def sweep(shapes, batches, capacity, specs):
             ring.gates, ring.cursor, p["weight"][0], None, slots, slots, 0, None)
         for spec in specs:
             fields, keywords = spec_fields(spec)
-            if spec.startswith("mma/"):  # the mma kernel: mma/COLUMNS/WARPS[/MAXNREG[/SMALL[/FOLD_WARPS[/FOLD_COLUMNS]]]]
+            # the mma kernel: mma/COLUMNS/WARPS[/MAXNREG[/SMALL[/FOLD_WARPS[/FOLD_COLUMNS]]]]
+            if spec.startswith("mma/"):
                 block_v, warps, *cap = fields[1:]  # MAXNREG: N, or SMALL_ROWS,OTHERS (0: no cap)
                 caps = tuple(int(n) for n in cap[0].split(",")) if cap else ()
                 tuning = dict(mma=True, block_v=int(block_v), num_warps=int(warps),
@@ -323,10 +324,10 @@ def main(argv=None) -> int:
     parser.add_argument("--mixer", choices=tuple(SHAPES), default="gdn")
     parser.add_argument("--sweep", nargs="+", metavar="SPEC",
                         help="time the verify kernel's tile choices instead (one layer, chains): "
-                             "COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG[,MAXNREG][/SMALL"
-                             "[/FOLD_WARPS[/FOLD_COLUMNS]]]]; --mixer mamba2: BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES[/PRECISION"
-                             "[/STATE_PRECISION[/FOLD_WARPS[/MAXNREG]]]]]; either followed by any /NAME=VALUE "
-                             "tunings (e.g. /fold_heads_per_program=4)")
+                             "COLUMNS/WARPS/PRECISION[/FOLD_PRECISION] or mma/COLUMNS/WARPS[/MAXNREG[,MAXNREG]"
+                             "[/SMALL[/FOLD_WARPS[/FOLD_COLUMNS]]]]; --mixer mamba2: BLOCK_P/WARPS/HEADS_PER_PROGRAM"
+                             "[/STAGES[/PRECISION[/STATE_PRECISION[/FOLD_WARPS[/MAXNREG]]]]]; either followed by "
+                             "any /NAME=VALUE tunings (e.g. /fold_heads_per_program=4)")
     parser.add_argument("--profile", action="store_true",
                         help="each kernel's time per ring step instead (torch.profiler), beside the step's graph time")
     args = parser.parse_args(argv)

@@ -390,7 +390,8 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
     folding only (a stack of the pending keys, no drafts; 3xTF32 for a float32 checkpoint), on
-    fold_warps warps over tiles of fold_block_v columns (None: the others'; its own grid); then, their drafts verified from the folded checkpoint with
+    fold_warps warps over tiles of fold_block_v columns (None: the others'; a grid of its own);
+    then, their drafts verified from the folded checkpoint with
     the others', with ``small`` (and N <= 8, C + N > 16) the rows whose keys fit a stack of 16 rows
     (pending + N <= 16 - N), then the rest (tf32 products). maxnreg: the register cap of the
     launches that do not fold (0 or None: the compiler's choice), or a pair (the small rows' cap,
@@ -432,8 +433,8 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
     """gdn_ring_verify's launches (the verify -- two or three with the mma kernel -- then the
     folded windows), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, C + N <= 32, dv >= 32 and no precision is asked for), with block_v,
-    num_warps, maxnreg, small, fold_warps and fold_block_v its own (None: 128 columns, 4 warps, RING_MMA_MAXNREG;
-    the rest: _mma_chunk_calls); else the Triton kernel at ``precision`` /
+    num_warps, maxnreg, small, fold_warps and fold_block_v its own (None: 128 columns, 4 warps,
+    RING_MMA_MAXNREG; the rest: _mma_chunk_calls); else the Triton kernel at ``precision`` /
     ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
