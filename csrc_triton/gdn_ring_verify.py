@@ -295,23 +295,31 @@ def _ring_window_kernel(
                                                  cursor_stride_slot, cursor_stride_field, RING_ROWS, MAX_PENDING)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
     if fold:
-        ok = chan < dim
-        window = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot + chan * conv_stride_dim
-        rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot + chan * rows_stride_dim
-        column = tl.arange(0, WINDOW)
-        old = tl.zeros([WINDOW, BLOCK], dtype=tl.float32)
-        for w in tl.static_range(WIDTH):  # the old window first: its columns move left
-            old = tl.where(column[:, None] == w,
-                           tl.load(window + w * conv_stride_win, mask=ok, other=0.0).to(tl.float32)[None, :], old)
-        for w in tl.static_range(WIDTH):
-            position = pending - WIDTH + w
-            from_ring = position >= 0
-            ring_row = (start + tl.where(from_ring, position, 0)) % RING_ROWS
-            value = tl.load(rows_base + ring_row * rows_stride_row, mask=tl.where(from_ring, ok, False),
-                            other=0.0).to(tl.float32)
-            shifted = tl.sum(tl.where(column[:, None] == WIDTH + position, old, 0.0), axis=0)
-            value = tl.where(from_ring, value, shifted)
-            tl.store(window + w * conv_stride_win, value.to(conv_ptr.dtype.element_ty), mask=ok)
+        window_after(conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot + chan * conv_stride_dim,
+                     rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot + chan * rows_stride_dim,
+                     chan < dim, start, pending, conv_stride_win, rows_stride_row, RING_ROWS, WIDTH, WINDOW)
+
+
+@triton.jit
+def window_after(window, rows, ok, start, pending, conv_stride_win, rows_stride_row, RING_ROWS: tl.constexpr,
+                 WIDTH: tl.constexpr, WINDOW: tl.constexpr):
+    """The conv window of channels ``window`` / ``rows`` (pointer vectors: a slot's window, its ring
+    rows) rewritten past ``pending`` tokens from ring row ``start``: column w holds logical input
+    pending - WIDTH + w, a ring row if >= 0, else the old window's column (read before written)."""
+    column = tl.arange(0, WINDOW)
+    old = tl.zeros([WINDOW, window.shape[0]], dtype=tl.float32)
+    for w in tl.static_range(WIDTH):  # the old window first: its columns move left
+        old = tl.where(column[:, None] == w,
+                       tl.load(window + w * conv_stride_win, mask=ok, other=0.0).to(tl.float32)[None, :], old)
+    for w in tl.static_range(WIDTH):
+        position = pending - WIDTH + w
+        from_ring = position >= 0
+        ring_row = (start + tl.where(from_ring, position, 0)) % RING_ROWS
+        value = tl.load(rows + ring_row * rows_stride_row, mask=tl.where(from_ring, ok, False),
+                        other=0.0).to(tl.float32)
+        shifted = tl.sum(tl.where(column[:, None] == WIDTH + position, old, 0.0), axis=0)
+        value = tl.where(from_ring, value, shifted)
+        tl.store(window + w * conv_stride_win, value.to(window.dtype.element_ty), mask=ok)
 
 
 def window_call(conv, rows, cursor, ring_slots, state_slots, *, num_state_slots, layer, num_layers, num_nodes,

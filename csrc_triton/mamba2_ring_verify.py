@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
-from .gdn_ring_verify import _pending_conv, _ring_row, flush_cursor_call, fold_precision_for, window_call
+from .gdn_ring_verify import _pending_conv, _ring_row, flush_cursor_call, fold_precision_for, window_after, window_call
 from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, spread_block
 from .mamba2_verify import _step_sizes
 
@@ -48,6 +48,9 @@ FOLD_HEADS_PER_PROGRAM = 4
 # The verify's C S0^T over chunks of RING_CHUNK_N state rows, RING_CHUNK_STAGES in flight (0: whole)
 RING_CHUNK_N = 32
 RING_CHUNK_STAGES = 3
+# The folded rows' conv windows moved by the verify launch's programs instead of a launch of their own
+# (one launch a layer fewer; not yet timed on a GPU)
+FUSED_WINDOW = False
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
 STATE_PRECISION = "tf32"
@@ -159,12 +162,15 @@ def _mamba2_ring_verify_kernel(
     HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, TREE: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, STATE_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
-    CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr,
+    CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr, FUSED_WINDOW: tl.constexpr, WIDTH: tl.constexpr,
+    WINDOW: tl.constexpr,
 ):
     """The drafts' outputs of layer ``layer`` and their d beside their ring rows. A row that folds
     (the fold launch, before this one, brought its checkpoint past the pending tokens) is verified
-    from start + pending with nothing pending. A row is left alone unless live (_mamba2_ring_fold_kernel);
-    its outputs also need every parent link in [-1, n-1]."""
+    from start + pending with nothing pending; with FUSED_WINDOW its programs then move its conv
+    window past the folded tokens (nothing in this launch reads a folded row's window), each its
+    heads' x channels, a group's first program its B and C. A row is left alone unless live
+    (_mamba2_ring_fold_kernel); its outputs also need every parent link in [-1, n-1]."""
     first_head, group, pp, p_ok, p_block = _program_tile(HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM, NUM_HEADS, NUM_GROUPS)
     row = tl.program_id(1).to(tl.int64)
     layer = (layer + tl.program_id(2)).to(tl.int64)  # (one layer: a grid of depth 1)
@@ -172,6 +178,7 @@ def _mamba2_ring_verify_kernel(
                                                  num_ring_slots, ring_slots_stride, state_slots_stride,
                                                  cursor_stride_slot, cursor_stride_field, RING_ROWS, MAX_PENDING)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
+    folded_start, folded = start, pending  # (the window's move, with FUSED_WINDOW)
     start = tl.where(fold, (start + pending) % RING_ROWS, start).to(tl.int32)
     pending = tl.where(fold, 0, pending).to(tl.int32)
 
@@ -272,6 +279,18 @@ def _mamba2_ring_verify_kernel(
         if p_block == 0:  # the drafts' d beside their rows, once per head
             tl.store(gates_base + ring_s * gates_stride_row, step, mask=s_drafted)
 
+    if FUSED_WINDOW:
+        if fold:
+            for head in range(first_head, first_head + HEADS_PER_PROGRAM):
+                chan = head * HEAD_DIM + pp
+                window_after(window_base + chan * conv_stride_dim, rows_base + chan * rows_stride_dim, p_ok,
+                             folded_start, folded, conv_stride_win, rows_stride_row, RING_ROWS, WIDTH, WINDOW)
+            if (first_head % (NUM_HEADS // NUM_GROUPS) == 0) & (p_block == 0):
+                for part in tl.static_range(2):  # B, then C
+                    chan = NUM_HEADS * HEAD_DIM + (part * NUM_GROUPS + group) * D_STATE + nn
+                    window_after(window_base + chan * conv_stride_dim, rows_base + chan * rows_stride_dim, n_ok,
+                                 folded_start, folded, conv_stride_win, rows_stride_row, RING_ROWS, WIDTH, WINDOW)
+
 
 def state_precision_for(ssm) -> str:
     """The verify's C S0^T's precision by default: STATE_PRECISION for a float32 checkpoint, else
@@ -325,10 +344,10 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                  parents, D, z, dt_bias, *, dt_softplus, heads, max_pending, fold_above, block_p=None,
                  num_warps=MAMBA2_RING_WARPS, precision=None, state_precision=None, heads_per_program=None,
                  num_stages=RING_STAGES, maxnreg=RING_VERIFY_MAXNREG, chunk_n=RING_CHUNK_N,
-                 chunk_stages=RING_CHUNK_STAGES):
+                 chunk_stages=RING_CHUNK_STAGES, fused_window=False):
     """The verify launch over the rows of layer ``layer`` (weight [dim, K], bias [dim], A [H]: its own).
     chunk_n: C S0^T over chunks of that many state rows (0: the whole tile), chunk_stages of them
-    in flight."""
+    in flight; fused_window: the folded rows' conv windows moved here too."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     _, _, num_groups, d_state = heads
     block_p, share, grid = _tiling(num_rows, 1, heads, block_p, heads_per_program)
@@ -350,7 +369,8 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
         HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus), HAS_BIAS=bias is not None,
         PRECISION=precision or fold_precision_for(ssm),
         STATE_PRECISION=state_precision or precision or state_precision_for(ssm),
-        HEADS_PER_PROGRAM=share, CHUNK_N=chunk_n, CHUNK_STAGES=chunk_stages, num_warps=num_warps,
+        HEADS_PER_PROGRAM=share, CHUNK_N=chunk_n, CHUNK_STAGES=chunk_stages, FUSED_WINDOW=bool(fused_window),
+        WIDTH=conv.shape[3], WINDOW=max(2, next_power_of_2(conv.shape[3])), num_warps=num_warps,
         num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     tensors = tuple(ssm if t is None else t for t in (  # (an absent tensor: one the kernel never reads)
         out, x, dt, B, C, z, A, D, dt_bias, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
@@ -364,7 +384,8 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     with no rows. tuning: block_p, num_warps, heads_per_program, num_stages (both launches'),
     precision (the verify's products, and the fold's without fold_precision), state_precision and
     maxnreg, chunk_n and chunk_stages (the verify's C S0^T's, its register cap (0: none), its
-    chunks of state rows), fold_precision, fold_warps and fold_heads_per_program (the fold's)."""
+    chunks of state rows), fold_precision, fold_warps and fold_heads_per_program (the fold's),
+    fused_window (the folded windows moved by the verify launch, no window launch; FUSED_WINDOW)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
@@ -373,6 +394,9 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     capacity = dict(max_pending=ring_rows - num_nodes, fold_above=ring_rows - num_nodes)
     verify_only = {name: tuning.pop(name) for name in ("state_precision", "maxnreg", "chunk_n", "chunk_stages")
                    if name in tuning}
+    # the windows in the verify launch: its programs cover x, B and C (the ring rows' whole width)
+    whole_width = rows.shape[3] == num_heads * head_dim + 2 * B.shape[2] * B.shape[3]
+    fused = tuning.pop("fused_window", FUSED_WINDOW) and whole_width
     fold_precision, fold_warps = tuning.pop("fold_precision", None), tuning.pop("fold_warps", None)  # (the fold's)
     per_group = num_heads // heads[2]
     fold_share = tuning.pop("fold_heads_per_program", None) or max(
@@ -383,7 +407,9 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
                       num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning)
     verify = _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
                           layer, parents, D, z, dt_bias, dt_softplus=dt_softplus, heads=heads, **capacity,
-                          **verify_only, **tuning)
+                          fused_window=fused, **verify_only, **tuning)
+    if fused:
+        return fold, verify
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
                          num_layers=1, num_nodes=num_nodes, **capacity)
     return fold, verify, window

@@ -196,7 +196,11 @@ for phase in "$@"; do
               timeout 150 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 \
                 --sweep 64/4/16/1 64/4/16/1/chunk_n=0 64/4/16/1/chunk_n=64/chunk_stages=2 64/4/8/1 \
                 64/4/16/1/fold_heads_per_program=2 64/4/16/1/fold_warps=8 > "$out/sweep_ring_mamba2.log" 2>&1
-              rc=$((rc | $?)); grep '^|' "$out/sweep_ring_mamba2.log" ;;
+              rc=$((rc | $?)); grep '^|' "$out/sweep_ring_mamba2.log"
+              # the folded windows moved by the verify launch (FUSED_WINDOW: one launch a layer fewer), every B
+              timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 1 8 64 256 \
+                --sweep 64/4/16/1/fused_window=0 64/4/16/1/fused_window=1 > "$out/sweep_ring_mamba2_window.log" 2>&1
+              rc=$((rc | $?)); grep '^|' "$out/sweep_ring_mamba2_window.log" ;;
     m2tune)   timeout 240 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --standin-tiles 16/2 \
                 --tunings num_warps=8 block_p=32 block_p=32,num_warps=2 chunk_stages=4,num_warps=8 \
                 chunk_n=16,chunk_stages=6 > "$out/bench_mamba2_verify_tune.log" 2>&1

@@ -110,11 +110,13 @@ def test_matches_pytorch_code(device, tree, share):
     cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
     case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
                             state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)
-    want, got = run_both(case, tuning=dict(IEEE, heads_per_program=share, fold_heads_per_program=share))
-    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
-    assert not torch.equal(want["conv_state"], case["conv_state"])
-    assert_agree(want, got)
-    assert_same_untouched(case, want, got)
+    for fused_window in (False, True):  # (the folded windows in the verify launch: each head's program)
+        want, got = run_both(case, tuning=dict(IEEE, heads_per_program=share, fold_heads_per_program=share,
+                                               fused_window=fused_window))
+        assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
+        assert not torch.equal(want["conv_state"], case["conv_state"])
+        assert_agree(want, got)
+        assert_same_untouched(case, want, got)
     want, got = run_both(case, tuning=dict(heads_per_program=share))  # the default precision: 3xTF32 here
     assert_agree(want, got, tol=2e-3, state_tol=1e-4)
 
@@ -126,7 +128,7 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     every row's verify on a stack of 16 (a folded row's from its new checkpoint). Rows folding 16
     and 14 pending tokens, 13 (the most that do not fold), 5 wrapping the ring's end, an empty ring,
     a padded row. d_state 40: C S0^T whole, and over chunks of 16 state rows (the third partial, the
-    fourth all padding)."""
+    fourth all padding); the folded windows in a launch of their own or in the verify's."""
     cursors = torch.tensor([[17, 16], [10, 13], [0, 0], [18, 5], [3, 14], [1, 2]])
     case = mamba2_ring_case(num_rows=6, num_nodes=3, capacity=16, num_ring_slots=6, num_state_slots=6, cursors=cursors,
                             ring_slots=[0, 1, 2, 3, 4, 5], state_slots=[3, 0, 4, 1, 5, -1], d_state=40,
@@ -147,8 +149,16 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     assert (fold.constexprs["HEADS_PER_PROGRAM"], fold.grid[0]) == (2, tiles // 2)
     assert verify.grid[0] * verify.constexprs["HEADS_PER_PROGRAM"] == tiles
     assert (verify.constexprs["CHUNK_N"], verify.constexprs["CHUNK_STAGES"]) == (32, 3)  # (d_state 40: chunks of 32)
-    for chunk_n in (0, 16):
-        want, got = run_both(case, tuning=dict(IEEE, chunk_n=chunk_n))
+    # the folded windows in the verify launch: no window launch
+    fused = triton_kernels().mamba2_ring_verify._ring_calls(
+        *sgl_convwin.mamba2_ring_verify.kernel_arguments(
+            torch.empty(case["x"].shape, device=device), case["x"], case["dt"], case["A"], case["B"], case["C"],
+            case["ssm_state"], case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"],
+            case["conv_bias"], case["ring_slots"], case["state_slots"], 1, case["parents"])[0],
+        dt_softplus=True, fused_window=True)
+    assert [call.kernel.__name__ for call in fused] == ["_mamba2_ring_fold_kernel", "_mamba2_ring_verify_kernel"]
+    for chunk_n, fused_window in ((0, False), (16, False), (32, True)):
+        want, got = run_both(case, tuning=dict(IEEE, chunk_n=chunk_n, fused_window=fused_window))
         folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
         assert folded.tolist() == [False, False, False, True, False, True]  # slots 3, 5: rows of 16 and 14 pending
         assert_agree(want, got)
