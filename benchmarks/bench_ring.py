@@ -182,21 +182,30 @@ def graph_us(fn, calls_per_fn: int) -> float:
     return graph_time_us(fn, launches=1, replays=8, rounds=3, warmup=1) / calls_per_fn
 
 
+FOLD_EVERY = 6  # the sweep's mixed column: one row in FOLD_EVERY folds (a ring step's 0.17-0.18 folds a row)
+
+
 def sweep_pendings(shapes, capacity):
     """The pending counts a tile sweep times, its table's header printed: 8, then R - N (both replayed,
-    no fold: at R = 16 and N = 4 the mma kernels' small rows, then their others), then R (folded)."""
-    pendings = (8, capacity - shapes.num_draft, capacity)
+    no fold: at R = 16 and N = 4 the mma kernels' small rows, then their others), then R (folded),
+    then a step's mix: every FOLD_EVERY-th row at R (folding), the others at 8 -- a fold launch
+    with few rows to fold, as in a ring step."""
+    pendings = (8, capacity - shapes.num_draft, capacity, (8, capacity))
     print(markdown_header("B", "tile", *(f"pending {n}, us per layer" for n in pendings[:2]),
-                          f"pending {capacity} (fold), us per layer"))
+                          f"pending {capacity} (fold), us per layer",
+                          f"1 row in {FOLD_EVERY} folding, the others 8, us per layer"))
     return pendings
 
 
 def sweep_times(fn, cursor, pendings):
     """One sweep row's cells: ``fn``'s graph-replay time (us) with every row's cursor at each pending
-    count, or why it did not run (a tile the compiler refuses ends that row, not the sweep)."""
+    count (a pair: every FOLD_EVERY-th row at the second), or why it did not run (a tile the
+    compiler refuses ends that row, not the sweep)."""
     cells = []
     for pending in pendings:
-        cursor[:, 1] = pending
+        others, folding = pending if isinstance(pending, tuple) else (pending, pending)
+        cursor[:, 1] = others
+        cursor[::FOLD_EVERY, 1] = folding
         try:
             cells.append(f"{graph_time_us(fn, launches=5, replays=10, rounds=3):.1f}")
         except Exception as error:  # noqa: BLE001 -- reported in the table

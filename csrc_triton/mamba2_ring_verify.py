@@ -45,6 +45,7 @@ RING_VERIFY_MAXNREG = 128  # the verify launch's register cap (four programs an 
 # The fold launch's heads a program, at most (a divisor of a group's): few, since a step's folding
 # rows are few (each acceptance its own) and a program walking a group's 16 heads left most SMs idle.
 FOLD_HEADS_PER_PROGRAM = 4
+FOLD_MAXNREG = 0  # the fold launch's register cap (0: none)
 # The verify's C S0^T over chunks of RING_CHUNK_N state rows, RING_CHUNK_STAGES in flight (0: whole)
 RING_CHUNK_N = 32
 RING_CHUNK_STAGES = 3
@@ -316,9 +317,10 @@ def _tiling(num_rows, num_layers, heads, block_p, heads_per_program):
 
 def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, *, layer, num_layers,
                num_nodes, heads, max_pending, fold_above, block_p=None, num_warps=MAMBA2_RING_WARPS, precision=None,
-               fold_precision=None, heads_per_program=None, num_stages=RING_STAGES):
+               fold_precision=None, heads_per_program=None, num_stages=RING_STAGES, maxnreg=None):
     """The fold launch over rows x layers layer .. layer + num_layers - 1; weight [L, dim, K], bias
-    [L, dim] and A [L, H] every layer's (a flush), or one layer's [dim, K], [dim], [H] (a verify)."""
+    [L, dim] and A [L, H] every layer's (a flush), or one layer's [dim, K], [dim], [H] (a verify).
+    maxnreg: a register cap (None: FOLD_MAXNREG; 0: none)."""
     num_heads, head_dim, num_groups, d_state = heads
     block_p, share, grid = _tiling(ring_slots.shape[0], num_layers, heads, block_p, heads_per_program)
     stacked = weight.dim() == 3
@@ -336,6 +338,9 @@ def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, stat
         BLOCK_N=max(MIN_DOT, next_power_of_2(d_state)), HAS_BIAS=bias is not None,
         FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), HEADS_PER_PROGRAM=share,
         num_warps=num_warps, num_stages=num_stages)
+    cap = FOLD_MAXNREG if maxnreg is None else maxnreg
+    if cap:
+        constexprs["maxnreg"] = cap
     tensors = (A, ssm, conv, rows, gates, cursor, weight, ssm if bias is None else bias, ring_slots, state_slots)
     return KernelCall(_mamba2_ring_fold_kernel, grid, tensors, scalars, constexprs)
 
@@ -384,8 +389,8 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     with no rows. tuning: block_p, num_warps, heads_per_program, num_stages (both launches'),
     precision (the verify's products, and the fold's without fold_precision), state_precision and
     maxnreg, chunk_n and chunk_stages (the verify's C S0^T's, its register cap (0: none), its
-    chunks of state rows), fold_precision, fold_warps and fold_heads_per_program (the fold's),
-    fused_window (the folded windows moved by the verify launch, no window launch; FUSED_WINDOW)."""
+    chunks of state rows), fold_precision, fold_warps, fold_heads_per_program and fold_maxnreg
+    (the fold's), fused_window (the folded windows moved by the verify launch, no window launch; FUSED_WINDOW)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
@@ -398,10 +403,11 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     whole_width = rows.shape[3] == num_heads * head_dim + 2 * B.shape[2] * B.shape[3]
     fused = tuning.pop("fused_window", FUSED_WINDOW) and whole_width
     fold_precision, fold_warps = tuning.pop("fold_precision", None), tuning.pop("fold_warps", None)  # (the fold's)
+    fold_cap = tuning.pop("fold_maxnreg", None)
     per_group = num_heads // heads[2]
     fold_share = tuning.pop("fold_heads_per_program", None) or max(
         share for share in range(1, min(FOLD_HEADS_PER_PROGRAM, per_group) + 1) if per_group % share == 0)
-    fold_tuning = dict(tuning, fold_precision=fold_precision, heads_per_program=fold_share,
+    fold_tuning = dict(tuning, fold_precision=fold_precision, heads_per_program=fold_share, maxnreg=fold_cap,
                        num_warps=fold_warps or tuning.get("num_warps", MAMBA2_RING_WARPS))
     fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=layer,
                       num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning)

@@ -70,5 +70,6 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
     if mixer == "gdn" and INTERPRET:
         assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/ieee"]) == 0
         out = capsys.readouterr().out.splitlines()
-        assert "| B | tile | pending 8, us per layer | pending 4, us per layer | pending 8 (fold), us per layer |" in out
-        assert [line for line in out if line.startswith("| 2 |")] == ["| 2 | 16/4/ieee | 8.0 | 8.0 | 8.0 |"]
+        assert ("| B | tile | pending 8, us per layer | pending 4, us per layer | pending 8 (fold), us per layer | "
+                "1 row in 6 folding, the others 8, us per layer |") in out
+        assert [line for line in out if line.startswith("| 2 |")] == ["| 2 | 16/4/ieee | 8.0 | 8.0 | 8.0 | 8.0 |"]

@@ -235,8 +235,10 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
         with pytest.raises(ValueError, match=f"folding {fold_block_v} on {fold_warps}"):
             triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, fold_block_v=fold_block_v,
                                                          fold_warps=fold_warps)
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, fold_maxnreg=168)
+    assert calls[0].constexprs["KIND"] == 2 and calls[0].constexprs["maxnreg"] == 168  # the fold's own cap
     # register caps: one for both launches that do not fold, or a pair (small rows', others'; by default
-    # none, 128); none on folds
+    # none, 128); none on folds by default
     for maxnreg, caps in ((168, {0: 168, 1: 168}), ((0, 128), {1: 128}), (None, {}), ("default", {1: 128})):
         calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small,
                                                              **({} if maxnreg == "default" else dict(maxnreg=maxnreg)))

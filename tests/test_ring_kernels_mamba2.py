@@ -155,8 +155,10 @@ def test_capacity_16_matches_pytorch_code(device, tree):
             torch.empty(case["x"].shape, device=device), case["x"], case["dt"], case["A"], case["B"], case["C"],
             case["ssm_state"], case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"],
             case["conv_bias"], case["ring_slots"], case["state_slots"], 1, case["parents"])[0],
-        dt_softplus=True, fused_window=True)
+        dt_softplus=True, fused_window=True, fold_maxnreg=96)
+    assert fused[0].constexprs["maxnreg"] == 96
     assert [call.kernel.__name__ for call in fused] == ["_mamba2_ring_fold_kernel", "_mamba2_ring_verify_kernel"]
+    assert "maxnreg" not in fold.constexprs and verify.constexprs["maxnreg"] == 128  # (the fold's: fold_maxnreg)
     for chunk_n, fused_window in ((0, False), (16, False), (32, True)):
         want, got = run_both(case, tuning=dict(IEEE, chunk_n=chunk_n, fused_window=fused_window))
         folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
