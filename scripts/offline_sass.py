@@ -1,0 +1,165 @@
+"""Compile the recurrence kernels' launches for a GPU that is not here, and count what ptxas made of
+them: registers, spilled bytes, shared memory, SASS instructions (local loads / stores, cp.async,
+mma.sync, wgmma). For a first look at a kernel change between GPU runs; the H200 decides.
+
+The launches are the launchers' own (their call helpers' KernelCalls) at a model's shape, with CPU
+tensors standing in for the GPU's: the same strides and dtypes, so the same specialisation
+(pointers 16-byte aligned, integers divisible by 16 or equal to 1, as Triton's launcher assumes).
+Needs the Triton the GPU has (3.6 on the H200: ``pip install triton==3.6.0`` into a virtual
+environment beside torch); its wheel carries ptxas, cuobjdump and nvdisasm.
+
+    python scripts/offline_sass.py mamba2_verify [--batch 64] [--tunings '{}' '{"chunk_n": 0}']
+    python scripts/offline_sass.py mamba2_ring --tunings '{"fold_maxnreg": 168}'
+    python scripts/offline_sass.py gdn_ring --tunings '{"fold_maxnreg": 168}'   # the mma kernel's launches
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import sgl_convwin  # noqa: E402
+from sgl_convwin import csrc_triton  # noqa: E402
+
+TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64",
+         torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
+OPTIONS = ("num_warps", "num_stages", "maxnreg", "num_ctas")
+
+
+def compile_call(call, arch):
+    """``call`` (a KernelCall) compiled for sm_<arch>, specialised as Triton's launcher would."""
+    values = iter((*call.tensors, *call.scalars))
+    signature, constants, attrs = {}, {}, {}
+    for index, param in enumerate(call.kernel.params):
+        if param.is_constexpr:
+            signature[param.name], constants[param.name] = "constexpr", call.constexprs[param.name]
+            continue
+        value = next(values)
+        if isinstance(value, torch.Tensor):
+            signature[param.name] = "*" + TYPES[value.dtype]
+            attrs[(index,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, bool):
+            signature[param.name] = "i1"
+        elif isinstance(value, int):
+            if value == 1 and not param.do_not_specialize:
+                signature[param.name], constants[param.name] = "constexpr", 1
+                continue
+            signature[param.name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            if value % 16 == 0 and not param.do_not_specialize:
+                attrs[(index,)] = [["tt.divisibility", 16]]
+        else:
+            signature[param.name] = "fp32"
+    if type(call.kernel).__name__.startswith("Gluon"):
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    else:
+        source = ASTSource
+    options = {name: value for name, value in call.constexprs.items() if name in OPTIONS}
+    return triton.compile(source(call.kernel, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
+                          options=options)
+
+
+def counts(kernel) -> dict:
+    """ptxas's resource usage and the SASS's instruction counts of a compiled kernel."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    try:
+        usage = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "--dump-resource-usage", f.name],
+                               capture_output=True, text=True, check=True).stdout
+        sass = subprocess.run([os.path.join(TOOLS, "nvdisasm"), "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    finally:
+        os.unlink(f.name)
+    regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", usage).groups()
+    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+    ops = {name: sum(1 for line in lines if re.search(rf"\b{op}\b", line))
+           for name, op in (("local loads", "LDL"), ("local stores", "STL"), ("cp.async", "LDGSTS"),
+                            ("mma.sync", "HMMA"), ("wgmma", "HGMMA"))}
+    return {"registers": int(regs), "spilled bytes": int(stack), "shared bytes": kernel.metadata.shared,
+            "instructions": len(lines), **ops}
+
+
+def conv_views(batch, nodes, widths, names):
+    """Views of one bf16 conv output [batch, nodes, sum of widths] split at the widths (engines' layout)."""
+    mixed = torch.empty(batch, nodes, sum(width for width, _ in widths), dtype=torch.bfloat16)
+    views, start = {}, 0
+    for name, (width, heads) in zip(names, widths):
+        views[name] = mixed[..., start:start + width].unflatten(-1, heads)
+        start += width
+    return views
+
+
+def mamba2_verify_calls(batch, tuning):
+    """mamba2_verify's launch at Nemotron-H-8B TP1 (H 128, P 64, G 8, Ns 128), chains of 4."""
+    H, P, G, Ns, N = 128, 64, 8, 128, 4
+    v = conv_views(batch, N, [(H * P, (H, P)), (G * Ns, (G, Ns)), (G * Ns, (G, Ns))], "xBC")
+    out = torch.empty(batch, N, H, P, dtype=torch.bfloat16)
+    return [csrc_triton.mamba2_verify._verify_call(
+        out, v["x"], torch.empty(batch, N, H, dtype=torch.bfloat16), torch.empty(H), v["B"], v["C"],
+        torch.empty(batch, H, P, Ns), torch.arange(batch), None, torch.empty(H), None, torch.empty(H),
+        dt_softplus=True, **tuning)]
+
+
+def mamba2_ring_calls(batch, tuning):
+    """mamba2_ring_verify's launches at Nemotron-H-8B TP1, capacity 16, chains of 4."""
+    H, P, G, Ns, N, K, rows = 128, 64, 8, 128, 4, 4, 20
+    dim = H * P + 2 * G * Ns
+    v = conv_views(batch, N, [(H * P, (H, P)), (G * Ns, (G, Ns)), (G * Ns, (G, Ns))], "xBC")
+    args, kwargs = sgl_convwin.mamba2_ring_verify.kernel_arguments(
+        torch.empty(batch, N, H, P, dtype=torch.bfloat16), v["x"], torch.empty(batch, N, H, dtype=torch.bfloat16),
+        torch.empty(H), v["B"], v["C"], torch.empty(1, batch, H, P, Ns),
+        torch.empty(1, batch, dim, K - 1, dtype=torch.bfloat16), torch.empty(1, batch, rows, dim, dtype=torch.bfloat16),
+        torch.empty(1, batch, rows, 1, H), torch.zeros(batch, 2, dtype=torch.int32), torch.empty(dim, K),
+        torch.empty(dim), torch.arange(batch), torch.arange(batch), 0, None, D=torch.empty(H), z=None,
+        dt_bias=torch.empty(H), dt_softplus=True)
+    return list(csrc_triton.mamba2_ring_verify._ring_calls(*args, **kwargs, **tuning))
+
+
+def gdn_ring_calls(batch, tuning):
+    """gdn_ring_verify's launches on the mma kernel at Qwen3-Next TP1 (Hk 16, Hv 32, dk = dv = 128),
+    capacity 16, chains of 4."""
+    Hk, Hv, d, N, K, rows = 16, 32, 128, 4, 4, 20
+    dim = 2 * Hk * d + Hv * d
+    v = conv_views(batch, N, [(Hk * d, (Hk, d)), (Hk * d, (Hk, d)), (Hv * d, (Hv, d))], "qkv")
+    args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
+        torch.empty(batch, N, Hv, d, dtype=torch.bfloat16), v["q"], v["k"], v["v"], torch.empty(batch, N, Hv),
+        torch.empty(batch, N, Hv), torch.empty(1, batch, Hv, d, d), torch.empty(1, batch, dim, K - 1, dtype=torch.bfloat16),
+        torch.empty(1, batch, rows, dim, dtype=torch.bfloat16), torch.empty(1, batch, rows, 2, Hv),
+        torch.zeros(batch, 2, dtype=torch.int32), torch.empty(dim, K), None, torch.arange(batch), torch.arange(batch),
+        0, None)
+    return list(csrc_triton.gdn_ring_verify._ring_calls(*args, **kwargs, **dict(dict(mma=True), **tuning)))
+
+
+KERNELS = {"mamba2_verify": mamba2_verify_calls, "mamba2_ring": mamba2_ring_calls, "gdn_ring": gdn_ring_calls}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("kernel", choices=tuple(KERNELS))
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--arch", type=int, default=90, help="the SM version compiled for (90: H100 / H200)")
+    parser.add_argument("--tunings", type=json.loads, nargs="+", default=[{}], metavar="JSON",
+                        help="the launcher's keyword arguments, one JSON object per compile")
+    args = parser.parse_args(argv)
+    print(f"triton {triton.__version__}, sm_{args.arch}, {args.kernel} at B = {args.batch}")
+    for tuning in args.tunings:
+        for call in KERNELS[args.kernel](args.batch, tuning):
+            kind = f" kind {call.constexprs['KIND']}" if "KIND" in call.constexprs else ""
+            print(f"{json.dumps(tuning)} {call.kernel.__name__}{kind} grid {call.grid}: "
+                  f"{counts(compile_call(call, args.arch))}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
