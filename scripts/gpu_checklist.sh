@@ -197,8 +197,8 @@ for phase in "$@"; do
                 > "$out/bench_ring_mamba2.log" 2>&1
               rc=$?; grep -E '^(\||[0-9]+ layers)' "$out/bench_ring_mamba2.log"; tail -2 "$out/bench_ring_mamba2.log"
               timeout 150 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 \
-                --sweep 64/4/16/1 64/4/16/1/chunk_n=0 64/4/16/1/chunk_n=64/chunk_stages=2 64/4/8/1 \
-                64/4/16/1/fold_heads_per_program=2 64/4/16/1/fold_warps=8 > "$out/sweep_ring_mamba2.log" 2>&1
+                --sweep 64/4/16/1 64/4/16/1/chunk_n=0 64/4/8/1 64/4/16/1/maxnreg=168 64/4/8/1/maxnreg=168 \
+                64/4/16/1/maxnreg=0 > "$out/sweep_ring_mamba2.log" 2>&1
               rc=$((rc | $?)); grep '^|' "$out/sweep_ring_mamba2.log"
               # the folded windows moved by the verify launch (FUSED_WINDOW: one launch a layer fewer), every B
               timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 1 8 64 256 \
