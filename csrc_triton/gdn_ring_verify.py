@@ -47,6 +47,9 @@ RING_MMA_SMALL_NODES = 16  # the stack of a row with few pending tokens (pending
 RING_MMA_CHUNK_K = 32
 RING_MMA_MAXNREG = (0, 128)  # (the small rows' cap, the other non-folding rows'); 0: none
 RING_MMA_FOLD_MAXNREG = 0  # the fold launch's (0: none)
+# The folded rows' conv windows moved by the mma verify launches instead of a launch of their own
+# (one launch a layer fewer; not yet timed on a GPU)
+RING_MMA_FUSED_WINDOW = False
 
 
 def fold_precision_for(ssm) -> str:
@@ -349,7 +352,7 @@ def flush_cursor_call(cursor, ring_slots, state_slots, *, num_state_slots, num_r
 def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
-                 fold_block_v=None, fold_maxnreg=None):
+                 fold_block_v=None, fold_maxnreg=None, fused_window=None):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
@@ -388,21 +391,26 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                state_slots if parents is None else parents)
     chunk = KernelCall(_gdn_ring_verify_kernel, (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers),
                        tensors, scalars, constexprs)
+    # the windows in the mma verify launches: their programs cover q, k and v (the ring rows' whole width)
+    fused = (RING_MMA_FUSED_WINDOW if fused_window is None else fused_window) and mma and drafts and \
+        rows.shape[3] == 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, ring_rows + num_nodes, maxnreg, small, fold_warps,
-                               fold_block_v, fold_maxnreg) if mma else (chunk,))
+                               fold_block_v, fold_maxnreg, fused) if mma else (chunk,))
+    if fused:
+        return chunks
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
                          num_layers=num_layers, num_nodes=num_nodes, max_pending=max_pending, fold_above=fold_above)
     return (*chunks, window)
 
 
 def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_warps=None, fold_block_v=None,
-                     fold_maxnreg=None):
+                     fold_maxnreg=None, fused_window=False):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
     folding only (a stack of the pending keys, no drafts; 3xTF32 for a float32 checkpoint), on
     fold_warps warps over tiles of fold_block_v columns (None: the others'; a grid of its own),
     capped at fold_maxnreg registers (None: RING_MMA_FOLD_MAXNREG; 0: no cap); then, their drafts
-    verified from the folded checkpoint with
+    verified from the folded checkpoint (with fused_window, their conv windows moved there too) with
     the others', with ``small`` (and N <= 8, C + N > 16) the rows whose keys fit a stack of 16 rows
     (pending + N <= 16 - N), then the rest (tf32 products). maxnreg: the register cap of the
     launches that do not fold (0 or None: the compiler's choice), or a pair (the small rows' cap,
@@ -419,6 +427,8 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
                          f"{num_warps} warps, folding {fold_block_v} on {fold_warps}")
     constexprs = {name: value for name, value in chunk.constexprs.items()
                   if name not in ("PRECISION", "FOLD_PRECISION")}
+    width = chunk.constexprs["KERNEL_SIZE"] - 1
+    constexprs.update(FUSED_WINDOW=bool(fused_window), WIDTH=width, WINDOW=max(2, next_power_of_2(width)))
     constexprs.update(NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32,
                       CHUNK_K=min(RING_MMA_CHUNK_K, constexprs["BLOCK_K"]), WARPS=num_warps,
                       SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4))
@@ -442,12 +452,13 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
 def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
-                fold_block_v=None, fold_maxnreg=None):
+                fold_block_v=None, fold_maxnreg=None, fused_window=None):
     """gdn_ring_verify's launches (the verify -- two or three with the mma kernel -- then the
     folded windows), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, C + N <= 32, dv >= 32 and no precision is asked for), with block_v,
-    num_warps, maxnreg, small, fold_warps, fold_block_v and fold_maxnreg its own (None: 128 columns,
-    4 warps, RING_MMA_MAXNREG; the rest: _mma_chunk_calls); else the Triton kernel at ``precision`` /
+    num_warps, maxnreg, small, fold_warps, fold_block_v, fold_maxnreg and fused_window its own (None:
+    128 columns, 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW; the rest: _mma_chunk_calls); else
+    the Triton kernel at ``precision`` /
     ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
@@ -465,7 +476,8 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         max_pending=rows.shape[2] - num_nodes, fold_above=rows.shape[2] - num_nodes, scale=scale,
                         use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, precision=precision,
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
-                        fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg)
+                        fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
+                        fused_window=fused_window)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,

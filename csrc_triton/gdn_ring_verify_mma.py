@@ -67,6 +67,26 @@ def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, chan, chan_ok, s
 
 
 @gluon.jit
+def _window_after(window, rows, ok, start, pending, conv_stride_win, rows_stride_row, RING_ROWS: gl.constexpr,
+                  WIDTH: gl.constexpr, WINDOW: gl.constexpr, L: gl.constexpr):
+    """gdn_ring_verify.window_after's move of a conv window past ``pending`` tokens, for pointer
+    vectors ``window`` / ``rows`` in layout SliceLayout(0, L) (a Gluon function cannot call a Triton one)."""
+    column = gl.arange(0, WINDOW, layout=gl.SliceLayout(1, L))
+    old = gl.zeros([WINDOW, window.shape[0]], gl.float32, layout=L)
+    for w in gl.static_range(WIDTH):  # the old window first: its columns move left
+        old = gl.where(column[:, None] == w,
+                       gl.load(window + w * conv_stride_win, mask=ok, other=0.0).to(gl.float32)[None, :], old)
+    for w in gl.static_range(WIDTH):
+        position = pending - WIDTH + w
+        from_ring = position >= 0
+        ring_row = (start + gl.where(from_ring, position, 0)) % RING_ROWS
+        value = gl.load(rows + ring_row * rows_stride_row, mask=ok & from_ring, other=0.0).to(gl.float32)
+        shifted = gl.sum(gl.where(column[:, None] == WIDTH + position, old, 0.0), axis=0)
+        gl.store(window + w * conv_stride_win, gl.where(from_ring, value, shifted).to(window.dtype.element_ty),
+                 mask=ok)
+
+
+@gluon.jit
 def _relabelled(n, v0, WARPS: gl.constexpr, TILES: gl.constexpr):
     """The value column at position n of the relabelled tile (gdn_verify_mma's relabelling)."""
     return v0 + ((n // 8) % WARPS) * (8 * TILES) + (n % 8) * TILES + n // (8 * WARPS)
@@ -327,6 +347,7 @@ def _gdn_ring_verify_mma_kernel(
     BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
+    FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
@@ -335,7 +356,9 @@ def _gdn_ring_verify_mma_kernel(
     of NODES = 16 rows, queries from row SMALL_KEYS = 16 - N); 1, the others that do not fold (32
     rows, queries from row C); 2, those that fold, launched before the others: the fold alone on a
     stack of NODES pending keys (3xTF32 with SPLIT_FOLD) -- the launches of kinds 0 and 1 then take
-    a folding row as one with nothing pending from start + pending."""
+    a folding row as one with nothing pending from start + pending; with FUSED_WINDOW their programs
+    of such a row then move its conv window past the folded tokens (nothing in these launches
+    reads a folded row's window): each its v columns, a key head's first value head its q and k."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = gl.program_id(0) // V_BLOCKS
     v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
@@ -357,6 +380,7 @@ def _gdn_ring_verify_mma_kernel(
     start = gl.where(live, start, 0).to(gl.int32)
     pending = gl.where(live, pending, 0).to(gl.int32)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
+    folded_start, folded, moved = start, pending, fold  # (the window's move, with FUSED_WINDOW)
     if KIND != 2:
         # the fold launch, before this one, brought the checkpoint past the pending tokens: the row
         # verifies its drafts from there, with nothing pending
@@ -384,3 +408,20 @@ def _gdn_ring_verify_mma_kernel(
                   SMALL_KEYS - NUM_NODES if KIND == 0 else MAX_PENDING, NODES, KERNEL_SIZE, NUM_K_HEADS,
                   HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and KIND != 2, L2NORM,
                   HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, KIND == 2, KIND == 2 and SPLIT_FOLD)
+        if FUSED_WINDOW and KIND != 2:
+            if moved:
+                WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
+                window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
+                rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
+                vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, WINDOW_L))
+                chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
+                _window_after(window_base + chan * conv_stride_dim, rows_base + chan * rows_stride_dim,
+                              vv < HEAD_V_DIM, folded_start, folded, conv_stride_win, rows_stride_row, RING_ROWS,
+                              WIDTH, WINDOW, WINDOW_L)
+                if (head % (NUM_V_HEADS // NUM_K_HEADS) == 0) & (v0 == 0):
+                    kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, WINDOW_L))
+                    for part in gl.static_range(2):  # q, then k
+                        chan = (part * NUM_K_HEADS + k_head) * HEAD_K_DIM + kk
+                        _window_after(window_base + chan * conv_stride_dim, rows_base + chan * rows_stride_dim,
+                                      kk < HEAD_K_DIM, folded_start, folded, conv_stride_win, rows_stride_row,
+                                      RING_ROWS, WIDTH, WINDOW, WINDOW_L)
