@@ -50,6 +50,9 @@ RING_MMA_FOLD_MAXNREG = 0  # the fold launch's (0: none)
 # The folded rows' conv windows moved by the mma verify launches instead of a launch of their own
 # (one launch a layer fewer; not yet timed on a GPU)
 RING_MMA_FUSED_WINDOW = False
+# The rows on the stack of 16 and the others verified by one launch (each kind its own code, the
+# registers of the larger): one launch, one wave tail a layer fewer (not yet timed on a GPU)
+RING_MMA_MERGED = False
 
 
 def fold_precision_for(ssm) -> str:
@@ -352,7 +355,7 @@ def flush_cursor_call(cursor, ring_slots, state_slots, *, num_state_slots, num_r
 def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
-                 fold_block_v=None, fold_maxnreg=None, fused_window=None):
+                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
@@ -395,7 +398,8 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     fused = (RING_MMA_FUSED_WINDOW if fused_window is None else fused_window) and mma and drafts and \
         rows.shape[3] == 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, ring_rows + num_nodes, maxnreg, small, fold_warps,
-                               fold_block_v, fold_maxnreg, fused) if mma else (chunk,))
+                               fold_block_v, fold_maxnreg, fused,
+                               RING_MMA_MERGED if merged is None else merged) if mma else (chunk,))
     if fused:
         return chunks
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
@@ -404,7 +408,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
 
 
 def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_warps=None, fold_block_v=None,
-                     fold_maxnreg=None, fused_window=False):
+                     fold_maxnreg=None, fused_window=False, merged=False):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
     folding only (a stack of the pending keys, no drafts; 3xTF32 for a float32 checkpoint), on
@@ -412,7 +416,8 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
     capped at fold_maxnreg registers (None: RING_MMA_FOLD_MAXNREG; 0: no cap); then, their drafts
     verified from the folded checkpoint (with fused_window, their conv windows moved there too) with
     the others', with ``small`` (and N <= 8, C + N > 16) the rows whose keys fit a stack of 16 rows
-    (pending + N <= 16 - N), then the rest (tf32 products). maxnreg: the register cap of the
+    (pending + N <= 16 - N), then the rest (tf32 products); with ``merged`` those two in one launch
+    (KIND 3, the others' cap). maxnreg: the register cap of the
     launches that do not fold (0 or None: the compiler's choice), or a pair (the small rows' cap,
     the other non-folding rows')."""
     from . import gdn_ring_verify_mma
@@ -441,8 +446,8 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
     fold = (2, max(RING_MMA_SMALL_NODES, next_power_of_2(constexprs["MAX_PENDING"])),  # the pending keys alone
             fold_grid, dict(WARPS=fold_warps, num_warps=fold_warps, BLOCK_V=fold_block_v,
                             **({"maxnreg": fold_cap} if fold_cap else {})))
-    kinds = (fold, *(((0, RING_MMA_SMALL_NODES, chunk.grid, small_cap),) if small else ()),
-             (1, RING_MMA_NODES, chunk.grid, other_cap))
+    kinds = (fold, *(((0, RING_MMA_SMALL_NODES, chunk.grid, small_cap),) if small and not merged else ()),
+             (3 if small and merged else 1, RING_MMA_NODES, chunk.grid, other_cap))
     return tuple(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors,
                             chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes,
                                                 SMALL_KEYS=RING_MMA_SMALL_NODES - num_nodes if small else 0, **caps))
@@ -452,12 +457,13 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
 def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
-                fold_block_v=None, fold_maxnreg=None, fused_window=None):
+                fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None):
     """gdn_ring_verify's launches (the verify -- two or three with the mma kernel -- then the
     folded windows), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, C + N <= 32, dv >= 32 and no precision is asked for), with block_v,
-    num_warps, maxnreg, small, fold_warps, fold_block_v, fold_maxnreg and fused_window its own (None:
-    128 columns, 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW; the rest: _mma_chunk_calls); else
+    num_warps, maxnreg, small, fold_warps, fold_block_v, fold_maxnreg, fused_window and merged its own
+    (None: 128 columns, 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW, RING_MMA_MERGED; the rest:
+    _mma_chunk_calls); else
     the Triton kernel at ``precision`` /
     ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
     num_nodes = q.shape[1]
@@ -477,7 +483,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, precision=precision,
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
-                        fused_window=fused_window)
+                        fused_window=fused_window, merged=merged)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,

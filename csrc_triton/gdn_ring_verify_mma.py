@@ -355,7 +355,8 @@ def _gdn_ring_verify_mma_kernel(
     its own registers: 0, those that do not fold and whose pending + N keys fit SMALL_KEYS (a stack
     of NODES = 16 rows, queries from row SMALL_KEYS = 16 - N); 1, the others that do not fold (32
     rows, queries from row C); 2, those that fold, launched before the others: the fold alone on a
-    stack of NODES pending keys (3xTF32 with SPLIT_FOLD) -- the launches of kinds 0 and 1 then take
+    stack of NODES pending keys (3xTF32 with SPLIT_FOLD); 3, kinds 0 and 1 in one launch (each its own
+    code, the registers of the larger) -- the launches of kinds 0 and 1 (or 3) then take
     a folding row as one with nothing pending from start + pending; with FUSED_WINDOW their programs
     of such a row then move its conv window past the folded tokens (nothing in these launches
     reads a folded row's window): each its v columns, a key head's first value head its q and k."""
@@ -390,38 +391,41 @@ def _gdn_ring_verify_mma_kernel(
     kind = gl.where(fold, 2, gl.where(pending + NUM_NODES <= SMALL_KEYS, 0, 1))
 
     gates_base = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot + head * gates_stride_head
-    if kind == KIND:
-        _row_head(live, start, pending, row, head, k_head, v0,
-                  ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head,
-                  rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot,
-                  conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot, gates_base,
-                  weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
-                  q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
-                  k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
-                  g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
-                  conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
-                  gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
-                  out_stride_row, out_stride_node, out_stride_head, out_stride_v,
-                  weight_stride_dim, weight_stride_tap, bias_stride,
-                  0 if KIND == 2 else NUM_NODES, RING_ROWS,
-                  SMALL_KEYS if KIND == 0 else (NODES if KIND == 2 else RING_ROWS),
-                  SMALL_KEYS - NUM_NODES if KIND == 0 else MAX_PENDING, NODES, KERNEL_SIZE, NUM_K_HEADS,
-                  HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and KIND != 2, L2NORM,
-                  HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, KIND == 2, KIND == 2 and SPLIT_FOLD)
-        if FUSED_WINDOW and KIND != 2:
-            if moved:
-                WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
-                window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
-                rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
-                vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, WINDOW_L))
-                chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
-                _window_after(window_base + chan * conv_stride_dim, rows_base + chan * rows_stride_dim,
-                              vv < HEAD_V_DIM, folded_start, folded, conv_stride_win, rows_stride_row, RING_ROWS,
-                              WIDTH, WINDOW, WINDOW_L)
-                if (head % (NUM_V_HEADS // NUM_K_HEADS) == 0) & (v0 == 0):
-                    kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, WINDOW_L))
-                    for part in gl.static_range(2):  # q, then k
-                        chan = (part * NUM_K_HEADS + k_head) * HEAD_K_DIM + kk
-                        _window_after(window_base + chan * conv_stride_dim, rows_base + chan * rows_stride_dim,
-                                      kk < HEAD_K_DIM, folded_start, folded, conv_stride_win, rows_stride_row,
-                                      RING_ROWS, WIDTH, WINDOW, WINDOW_L)
+    # this launch's kind of row (KIND 3: the kinds 0 and 1, each its own code)
+    for THIS in gl.static_range(0 if KIND == 3 else KIND, 2 if KIND == 3 else KIND + 1):
+        if kind == THIS:
+            _row_head(live, start, pending, row, head, k_head, v0,
+                      ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head,
+                      rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot,
+                      conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot, gates_base,
+                      weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
+                      q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node,
+                      k_stride_head, k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+                      g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
+                      conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
+                      gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
+                      out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+                      weight_stride_dim, weight_stride_tap, bias_stride,
+                      0 if THIS == 2 else NUM_NODES, RING_ROWS,
+                      SMALL_KEYS if THIS == 0 else (NODES if THIS == 2 else RING_ROWS),
+                      SMALL_KEYS - NUM_NODES if THIS == 0 else MAX_PENDING,
+                      SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
+                      HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2, L2NORM,
+                      HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD)
+            if FUSED_WINDOW and THIS != 2:
+                if moved:
+                    WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
+                    window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
+                    rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
+                    vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, WINDOW_L))
+                    chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
+                    _window_after(window_base + chan * conv_stride_dim, rows_base + chan * rows_stride_dim,
+                                  vv < HEAD_V_DIM, folded_start, folded, conv_stride_win, rows_stride_row, RING_ROWS,
+                                  WIDTH, WINDOW, WINDOW_L)
+                    if (head % (NUM_V_HEADS // NUM_K_HEADS) == 0) & (v0 == 0):
+                        kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, WINDOW_L))
+                        for part in gl.static_range(2):  # q, then k
+                            chan = (part * NUM_K_HEADS + k_head) * HEAD_K_DIM + kk
+                            _window_after(window_base + chan * conv_stride_dim, rows_base + chan * rows_stride_dim,
+                                          kk < HEAD_K_DIM, folded_start, folded, conv_stride_win, rows_stride_row,
+                                          RING_ROWS, WIDTH, WINDOW, WINDOW_L)

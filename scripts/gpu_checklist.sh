@@ -46,7 +46,8 @@
 #             checked against the oracle first), B = 64 / 256, chains and trees
 #   ringfold  the rings' fold launches where a step has few rows to fold (the sweeps' last column: 1 row in 6
 #             folding): register caps on the folds (3 / 4 programs an SM: one wave for a step's folds?), narrower
-#             GDN fold tiles, fewer Mamba2 heads a fold program, both rings' windows in their verify launches
+#             fewer Mamba2 heads a fold program, both rings' windows in their verify launches, the GDN ring's two
+#             verify launches as one (merged)
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
@@ -208,13 +209,14 @@ for phase in "$@"; do
                 --tunings num_warps=8 block_p=32 block_p=32,num_warps=2 chunk_stages=4,num_warps=8 \
                 chunk_n=16,chunk_stages=6 > "$out/bench_mamba2_verify_tune.log" 2>&1
               rc=$?; grep -E 'graph|FAILED' "$out/bench_mamba2_verify_tune.log" ;;
-    ringfold) rc=0  # the folded windows in the verify launches (fused_window) first: their tests (never run on a GPU)
+    ringfold) rc=0  # fused_window's and merged's tests first (never run on a GPU)
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                tests/test_ring_kernels_mamba2.py -k "fused or capacity_16 or matches_pytorch" \
+                tests/test_ring_kernels_mamba2.py -k "fused or merged or capacity_16 or matches_pytorch" \
                 > "$out/gpu_tests_ringfold.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_ringfold.log"
               timeout 150 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/fold_maxnreg=168 \
-                mma/128/4/fold_maxnreg=128 mma/128/4/fold_block_v=64 mma/128/4/fused_window=1 \
+                mma/128/4/fold_maxnreg=128 mma/128/4/fused_window=1 mma/128/4/merged=1 \
+                mma/128/4/merged=1/fused_window=1/fold_maxnreg=168 \
                 > "$out/sweep_ring_fold_gdn.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_ring_fold_gdn.log"
               timeout 150 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \

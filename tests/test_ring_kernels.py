@@ -240,6 +240,13 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
     # the folded windows moved by the verify launches: no window launch
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, fused_window=True)
     assert [c.constexprs.get("FUSED_WINDOW") for c in calls] == [True] * len(kinds)
+    # the rows on the stack of 16 and the others in one launch (KIND 3), where there are both
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, merged=True)
+    if len(kinds) == 3:
+        assert [c.constexprs["KIND"] for c in calls if "KIND" in c.constexprs] == [2, 3]
+        assert calls[1].constexprs["SMALL_KEYS"] == kinds[1][2] and calls[1].constexprs["NODES"] == 32
+    else:
+        assert [c.constexprs["KIND"] for c in calls if "KIND" in c.constexprs] == [kind for kind, _, _ in kinds]
     # register caps: one for both launches that do not fold, or a pair (small rows', others'; by default
     # none, 128); none on folds by default
     for maxnreg, caps in ((168, {0: 168, 1: 168}), ((0, 128), {1: 128}), (None, {}), ("default", {1: 128})):
@@ -255,14 +262,14 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("head_dim", [32, 128])
 @pytest.mark.parametrize("capacity", [16, 20])
-@pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=True)],
-                         ids=["fold-default", "fold-32-columns", "fused-window"])
+@pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=True), dict(merged=True)],
+                         ids=["fold-default", "fold-32-columns", "fused-window", "merged"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
     replay (wrapping the ring's end), few pending tokens (the stack of 16 rows), an empty ring, a
     padded row; the fold launch also over its own narrower tiles; the folded windows moved by the
-    verify launches."""
+    verify launches; the two verify launches as one."""
     num_nodes = len(nodes)
     if capacity + 2 * num_nodes > 32:
         pytest.skip("C + N > 32: the Triton kernel's")
@@ -302,14 +309,15 @@ def ring_step_calls(kernels, verify_tuning=IEEE):
 @pytest.mark.parametrize("device, verify, tree", [
     pytest.param("cpu", "ieee", True, marks=[interpreted, pytest.mark.slow], id="tree-cpu"),  # (chains: the GPU's)
     *(pytest.param("cuda", verify, tree, marks=pytest.mark.gpu, id=f"{'tree' if tree else 'chain'}-cuda-{verify}")
-      for verify in ("ieee", "mma", "mma-fused") for tree in (False, True)),
+      for verify in ("ieee", "mma", "mma-fused", "mma-merged") for tree in (False, True)),
 ])
 def test_steps_against_pytorch_code(device, verify, tree):
     """Twelve decode steps of two layers (ring_conv1d_verify, gdn_ring_verify per layer, then
     ring_accept), then a flush: one world all kernels, one all PyTorch code. The states they leave,
     step after step (folds, wrapped rings, nothing accepted, a padded row), agree. verify: the
     Triton verify kernel in float32 ("ieee"), or the mma kernel at its own precision (with the
-    folded windows moved by its verify launches: "mma-fused")."""
+    folded windows moved by its verify launches: "mma-fused"; those launches as one too:
+    "mma-merged")."""
     gen = torch.Generator().manual_seed(1)
     layers, num_nodes, capacity, kernel_size = 2, 3, 5, 4
     head_dim = 16 if verify == "ieee" else 32  # (the mma kernel's four warps take 32 columns or more)
@@ -333,7 +341,8 @@ def test_steps_against_pytorch_code(device, verify, tree):
         results = []
         for kernels, world in zip((False, True), worlds):
             conv1d_verify, gdn_ring_verify, ring_accept, gdn_ring_flush = ring_step_calls(
-                kernels, {"ieee": IEEE, "mma": MMA, "mma-fused": dict(MMA, fused_window=True)}[verify])
+                kernels, {"ieee": IEEE, "mma": MMA, "mma-fused": dict(MMA, fused_window=True),
+                          "mma-merged": dict(MMA, fused_window=True, merged=True)}[verify])
             out = torch.full(case["v"].shape, FILL, device=device)
             conv_out = torch.full((layers, num_rows, num_nodes, dim), FILL, device=device)
             if step == 12:  # the states an engine would hand on
