@@ -44,7 +44,7 @@ import triton.language as tl  # noqa: E402
 import sgl_convwin  # noqa: E402
 from bench_commit import MAMBA2_CHECK_SHAPES, NEMOTRON_H_8B_TP1, TREE_PARENTS, time_fn  # noqa: E402
 from bench_gdn_verify import read_ceiling_gbps, state_read_bytes  # noqa: E402
-from common import environment_line, markdown_header, markdown_row  # noqa: E402
+from common import environment_line, markdown_header, markdown_row, parse_tunings  # noqa: E402
 from sgl_convwin import reference  # noqa: E402
 
 SHAPES = {"nemotron-h-8b": NEMOTRON_H_8B_TP1, "tiny": dataclasses.replace(MAMBA2_CHECK_SHAPES, num_draft=4)}
@@ -216,8 +216,7 @@ def mamba2_verify_fn(p, tuning=None):
 def tuning_spec(text: str) -> dict:
     """NAME=VALUE[,NAME=VALUE...], e.g. chunk_n=16,chunk_stages=4 (integers as ints)."""
     try:
-        pairs = [item.split("=", 1) for item in text.split(",")]
-        return {name: int(value) if value.lstrip("-").isdigit() else value for name, value in pairs}
+        return parse_tunings(text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected NAME=VALUE[,NAME=VALUE...], got {text!r}") from None
 

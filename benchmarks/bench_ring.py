@@ -45,7 +45,8 @@ from bench_commit import (  # noqa: E402
     NEMOTRON_H_8B_TP1, TREE_PARENTS, Shapes, convwin_commit_fn, make_mamba2_problem, make_problem, time_fn,
 )
 from bench_gdn_verify import gdn_verify_fn, read_ceiling_gbps, state_read_bytes, verify_problem  # noqa: E402
-from common import copy_ceiling_gbps, environment_line, graph_time_us, markdown_header, markdown_row  # noqa: E402
+from common import (copy_ceiling_gbps, environment_line, graph_time_us, markdown_header, markdown_row,  # noqa: E402
+                    parse_tunings)
 from sgl_convwin import reference  # noqa: E402
 
 UNROLL = 8  # steps per captured graph, each with its own acceptance
@@ -217,9 +218,7 @@ def spec_fields(spec):
     """A sweep spec's positional fields and its NAME=VALUE keywords (any launch tuning by name; an
     integer value as an int)."""
     fields = spec.split("/")
-    keywords = dict(field.split("=", 1) for field in fields if "=" in field)
-    return ([field for field in fields if "=" not in field],
-            {name: int(value) if value.lstrip("-").isdigit() else value for name, value in keywords.items()})
+    return [field for field in fields if "=" not in field], parse_tunings(field for field in fields if "=" in field)
 
 
 def sweep(shapes, batches, capacity, specs):

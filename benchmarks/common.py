@@ -119,6 +119,15 @@ def tree_config(text: str) -> dict:
     return config
 
 
+def parse_tunings(pairs) -> dict:
+    """NAME=VALUE strings as a launcher's keyword arguments (an integer value as an int)."""
+    pairs = list(pairs)
+    items = [pair.split("=", 1) for pair in pairs]
+    if any(len(item) != 2 for item in items):
+        raise ValueError(f"expected NAME=VALUE items, got {pairs}")
+    return {name: int(value) if value.lstrip("-").isdigit() else value for name, value in items}
+
+
 def verify_layer_problem(batch, num_nodes, parents_list, layout, dim, kernel_size, device="cuda"):
     """One verify layer's tensors (bf16, seeded): buffer, dest (what the kernel writes: the buffer,
     a channel_major one transposed), state, x, out, weight, bias, buffer and state slots, parents

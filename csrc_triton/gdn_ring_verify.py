@@ -394,9 +394,8 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                state_slots if parents is None else parents)
     chunk = KernelCall(_gdn_ring_verify_kernel, (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers),
                        tensors, scalars, constexprs)
-    # the windows in the mma verify launches: their programs cover q, k and v (the ring rows' whole width)
-    fused = (RING_MMA_FUSED_WINDOW if fused_window is None else fused_window) and mma and drafts and \
-        rows.shape[3] == 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
+    # the windows in the mma verify launches (their programs cover q, k and v: the rows' whole width)
+    fused = (RING_MMA_FUSED_WINDOW if fused_window is None else fused_window) and mma
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, ring_rows + num_nodes, maxnreg, small, fold_warps,
                                fold_block_v, fold_maxnreg, fused,
                                RING_MMA_MERGED if merged is None else merged) if mma else (chunk,))
@@ -463,9 +462,8 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
     _mma_kernel_runs_on, C + N <= 32, dv >= 32 and no precision is asked for), with block_v,
     num_warps, maxnreg, small, fold_warps, fold_block_v, fold_maxnreg, fused_window and merged its own
     (None: 128 columns, 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW, RING_MMA_MERGED; the rest:
-    _mma_chunk_calls); else
-    the Triton kernel at ``precision`` /
-    ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
+    _mma_chunk_calls); else the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a
+    float32 checkpoint)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
         return ()
@@ -490,7 +488,8 @@ def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor
                            state_slots, layer, parents, *, scale, use_qk_l2norm, **tuning):
     """ops_ring.gdn_ring_verify's arguments as its prepare gives them (ssm [L, S, Hv, dk, dv], conv
     [L, S, dim, K-1], rows [L, M, C, dim], gates [L, M, C, 2, Hv], cursor [M, 2]; any strides).
-    Two launches: the verify (and the fold's state), then the folded conv windows."""
+    The verify's launches (the Triton kernel's one, or the mma kernel's by kind of row: _ring_calls),
+    then the folded conv windows' (none with fused_window)."""
     for call in _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
                             state_slots, layer, parents, scale=scale, use_qk_l2norm=use_qk_l2norm, **tuning):
         call.launch()

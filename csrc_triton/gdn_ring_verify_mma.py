@@ -391,13 +391,14 @@ def _gdn_ring_verify_mma_kernel(
     kind = gl.where(fold, 2, gl.where(pending + NUM_NODES <= SMALL_KEYS, 0, 1))
 
     gates_base = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot + head * gates_stride_head
+    rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
+    window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
     # this launch's kind of row (KIND 3: the kinds 0 and 1, each its own code)
     for THIS in gl.static_range(0 if KIND == 3 else KIND, 2 if KIND == 3 else KIND + 1):
         if kind == THIS:
             _row_head(live, start, pending, row, head, k_head, v0,
                       ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head,
-                      rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot,
-                      conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot, gates_base,
+                      rows_base, window_base, gates_base,
                       weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
                       q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node,
                       k_stride_head, k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
@@ -415,8 +416,6 @@ def _gdn_ring_verify_mma_kernel(
             if FUSED_WINDOW and THIS != 2:
                 if moved:
                     WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
-                    window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
-                    rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
                     vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, WINDOW_L))
                     chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
                     _window_after(window_base + chan * conv_stride_dim, rows_base + chan * rows_stride_dim,

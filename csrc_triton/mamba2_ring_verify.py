@@ -22,7 +22,8 @@ the intra-chunk term one [stack, stack] x [stack, BLOCK_P] product. For a float3
 fold multiplies in 3xTF32 (fold_precision_for: it must keep float32's accuracy over many folds), the
 verify's C S0^T in tf32 with operands rounded to nearest and its other products in 3xTF32 (every
 product in tf32 missed mamba2_verify's tolerance, 2e-3 x max |y|, over the 1,000-step test). The
-folded conv window is gdn_ring_verify's window launch, mixer-free, last.
+folded conv window is gdn_ring_verify's window launch, mixer-free, last (with FUSED_WINDOW, the
+verify's programs instead).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import triton.language as tl
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
 from .gdn_ring_verify import _pending_conv, _ring_row, flush_cursor_call, fold_precision_for, window_after, window_call
 from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, spread_block
-from .mamba2_verify import _step_sizes
+from .mamba2_verify import _step_sizes, state_chunk
 
 # Head-dim rows per tile (fewer for small batches: gdn_verify.spread_block), warps, and the heads of
 # a group a program takes (group_share): the H200 sweep's fastest (docs/benchmarks.md, "Ring").
@@ -357,9 +358,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
     _, _, num_groups, d_state = heads
     block_p, share, grid = _tiling(num_rows, 1, heads, block_p, heads_per_program)
     block_n = max(MIN_DOT, next_power_of_2(d_state))
-    chunk_n = min(chunk_n, block_n)
-    if chunk_n and (chunk_n < MIN_DOT or chunk_n & (chunk_n - 1)):
-        raise ValueError(f"mamba2_ring_verify: chunk_n must be 0 or a power of two >= {MIN_DOT}, got {chunk_n}")
+    chunk_n = state_chunk(chunk_n, block_n, "mamba2_ring_verify")
     strides = lambda t, n: (0,) * n if t is None else t.stride()  # noqa: E731 -- absent: never read
     scalars = (layer, ssm.shape[1], rows.shape[1], *out.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
                *strides(z, 4), A.stride(0), *strides(D, 1), *strides(dt_bias, 1),
@@ -399,9 +398,7 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     capacity = dict(max_pending=ring_rows - num_nodes, fold_above=ring_rows - num_nodes)
     verify_only = {name: tuning.pop(name) for name in ("state_precision", "maxnreg", "chunk_n", "chunk_stages")
                    if name in tuning}
-    # the windows in the verify launch: its programs cover x, B and C (the ring rows' whole width)
-    whole_width = rows.shape[3] == num_heads * head_dim + 2 * B.shape[2] * B.shape[3]
-    fused = tuning.pop("fused_window", FUSED_WINDOW) and whole_width
+    fused = tuning.pop("fused_window", FUSED_WINDOW)  # (its programs cover x, B and C: the rows' whole width)
     fold_precision, fold_warps = tuning.pop("fold_precision", None), tuning.pop("fold_warps", None)  # (the fold's)
     fold_cap = tuning.pop("fold_maxnreg", None)
     per_group = num_heads // heads[2]
@@ -425,7 +422,7 @@ def launch_mamba2_ring_verify(out, x, dt, A, B, C, ssm, conv, rows, gates, curso
                               state_slots, layer, parents, D, z, dt_bias, *, dt_softplus, **tuning):
     """ops_ring_mamba2.mamba2_ring_verify's arguments as its prepare gives them (ssm [L, S, H, P, Ns],
     conv [L, S, dim, K-1], rows [L, M, C, dim], gates [L, M, C, 1, H], cursor [M, 2]; any strides).
-    Three launches: the folds, every row's verify, the folded conv windows."""
+    Three launches: the folds, every row's verify, the folded conv windows (with fused_window, two)."""
     for call in _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
                             state_slots, layer, parents, D, z, dt_bias, dt_softplus=dt_softplus, **tuning):
         call.launch()

@@ -143,6 +143,15 @@ def _mamba2_verify_kernel(
     tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=tl.where(slot_ok & links_ok, real[:, None] & p_ok, False))
 
 
+def state_chunk(chunk_n: int, block_n: int, op: str) -> int:
+    """C S0^T's chunk of state rows: chunk_n, at most the tile's block_n (0: the whole tile at once);
+    tl.dot takes powers of two from MIN_DOT."""
+    chunk_n = min(chunk_n, block_n)
+    if chunk_n and (chunk_n < MIN_DOT or chunk_n & (chunk_n - 1)):
+        raise ValueError(f"{op}: chunk_n must be 0 or a power of two >= {MIN_DOT}, got {chunk_n}")
+    return chunk_n
+
+
 def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, *, dt_softplus, block_p=None,
                  num_warps=VERIFY_WARPS, precision=None, chunk_n=CHUNK_N, chunk_stages=CHUNK_STAGES):
     """The kernel's launch for launch_mamba2_verify and planned_mamba2_verify, or None with no rows.
@@ -159,9 +168,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, 
     if block_p is None:
         block_p = spread_block(BLOCK_P, num_rows, num_heads, head_dim)
     block_n = max(MIN_DOT, next_power_of_2(d_state))
-    chunk_n = min(chunk_n, block_n)
-    if chunk_n and (chunk_n < MIN_DOT or chunk_n & (chunk_n - 1)):
-        raise ValueError(f"mamba2_verify: chunk_n must be 0 or a power of two >= {MIN_DOT}, got {chunk_n}")
+    chunk_n = state_chunk(chunk_n, block_n, "mamba2_verify")
     grid = (num_heads * cdiv(head_dim, block_p), num_rows)
     parents_strides = (0, 0) if parents is None else parents.stride()
     scalars = (ssm.shape[0], *out.stride(), *x.stride(), *dt.stride(), A.stride(0), *B.stride(), *C.stride(),
