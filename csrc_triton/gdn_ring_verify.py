@@ -37,22 +37,21 @@ RING_WARPS = 8
 WINDOW_BLOCK = 256  # channels per program of the window store
 # gdn_ring_verify_mma's kernel, the verify's on sm_80+ with Triton 3.6: four warps side by side over
 # 128 columns (its [32, 32] node matrices split between them, none repeated), state rows loaded 32
-# at a time; C + N <= 32 stack rows. The launch of the rows on the stack of 16 takes the compiler's
-# registers (about 120, four programs an SM), the other rows that do not fold are capped at 128
-# (docs/benchmarks.md, "Ring", has the caps' sweep). The folds go first, in their own launch.
+# at a time; C + N <= 32 stack rows. The folds go first, in their own launch; then the rows that do
+# not fold, capped at 128 registers (apart: the rows on the stack of 16 at the compiler's, about
+# 120; docs/benchmarks.md, "Ring", has the caps' sweep).
 RING_MMA_BLOCK_V = 128
 RING_MMA_WARPS = 4
 RING_MMA_NODES = 32
 RING_MMA_SMALL_NODES = 16  # the stack of a row with few pending tokens (pending + 2 N <= 16)
 RING_MMA_CHUNK_K = 32
 RING_MMA_MAXNREG = (0, 128)  # (the small rows' cap, the other non-folding rows'); 0: none
-RING_MMA_FOLD_MAXNREG = 0  # the fold launch's (0: none)
+RING_MMA_FOLD_MAXNREG = 168  # the fold launch's: three programs an SM, a step's few folds in one wave
 # The folded rows' conv windows moved by the mma verify launches instead of a launch of their own
-# (one launch a layer fewer; not yet timed on a GPU)
-RING_MMA_FUSED_WINDOW = False
+RING_MMA_FUSED_WINDOW = True
 # The rows on the stack of 16 and the others verified by one launch (each kind its own code, the
-# registers of the larger): one launch, one wave tail a layer fewer (not yet timed on a GPU)
-RING_MMA_MERGED = False
+# registers of the larger): one launch and one wave tail a layer fewer
+RING_MMA_MERGED = True
 
 
 def fold_precision_for(ssm) -> str:
@@ -489,7 +488,7 @@ def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor
     """ops_ring.gdn_ring_verify's arguments as its prepare gives them (ssm [L, S, Hv, dk, dv], conv
     [L, S, dim, K-1], rows [L, M, C, dim], gates [L, M, C, 2, Hv], cursor [M, 2]; any strides).
     The verify's launches (the Triton kernel's one, or the mma kernel's by kind of row: _ring_calls),
-    then the folded conv windows' (none with fused_window)."""
+    then the folded conv windows' (none where the mma launches move them: fused_window)."""
     for call in _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
                             state_slots, layer, parents, scale=scale, use_qk_l2norm=use_qk_l2norm, **tuning):
         call.launch()

@@ -417,14 +417,15 @@ def _gdn_ring_verify_mma_kernel(
                 if moved:
                     WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
                     vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, WINDOW_L))
-                    chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
-                    _window_after(window_base + chan * conv_stride_dim, rows_base + chan * rows_stride_dim,
+                    v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
+                    _window_after(window_base + v_chan * conv_stride_dim, rows_base + v_chan * rows_stride_dim,
                                   vv < HEAD_V_DIM, folded_start, folded, conv_stride_win, rows_stride_row, RING_ROWS,
                                   WIDTH, WINDOW, WINDOW_L)
                     if (head % (NUM_V_HEADS // NUM_K_HEADS) == 0) & (v0 == 0):
                         kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, WINDOW_L))
                         for part in gl.static_range(2):  # q, then k
-                            chan = (part * NUM_K_HEADS + k_head) * HEAD_K_DIM + kk
-                            _window_after(window_base + chan * conv_stride_dim, rows_base + chan * rows_stride_dim,
-                                          kk < HEAD_K_DIM, folded_start, folded, conv_stride_win, rows_stride_row,
-                                          RING_ROWS, WIDTH, WINDOW, WINDOW_L)
+                            qk_chan = (part * NUM_K_HEADS + k_head) * HEAD_K_DIM + kk
+                            _window_after(window_base + qk_chan * conv_stride_dim,
+                                          rows_base + qk_chan * rows_stride_dim, kk < HEAD_K_DIM, folded_start,
+                                          folded, conv_stride_win, rows_stride_row, RING_ROWS, WIDTH, WINDOW,
+                                          WINDOW_L)

@@ -42,17 +42,16 @@ from .mamba2_verify import _step_sizes, state_chunk
 RING_BLOCK_P = 64
 MAMBA2_RING_WARPS = 4
 RING_STAGES = 1
-RING_VERIFY_MAXNREG = 128  # the verify launch's register cap (four programs an SM); the fold's: none
+RING_VERIFY_MAXNREG = 128  # the verify launch's register cap (four programs an SM)
 # The fold launch's heads a program, at most (a divisor of a group's): few, since a step's folding
 # rows are few (each acceptance its own) and a program walking a group's 16 heads left most SMs idle.
 FOLD_HEADS_PER_PROGRAM = 4
-FOLD_MAXNREG = 0  # the fold launch's register cap (0: none)
+FOLD_MAXNREG = 168  # the fold launch's register cap (0: none): three programs an SM
 # The verify's C S0^T over chunks of RING_CHUNK_N state rows, RING_CHUNK_STAGES in flight (0: whole)
 RING_CHUNK_N = 32
 RING_CHUNK_STAGES = 3
 # The folded rows' conv windows moved by the verify launch's programs instead of a launch of their own
-# (one launch a layer fewer; not yet timed on a GPU)
-FUSED_WINDOW = False
+FUSED_WINDOW = True
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
 STATE_PRECISION = "tf32"
@@ -422,7 +421,8 @@ def launch_mamba2_ring_verify(out, x, dt, A, B, C, ssm, conv, rows, gates, curso
                               state_slots, layer, parents, D, z, dt_bias, *, dt_softplus, **tuning):
     """ops_ring_mamba2.mamba2_ring_verify's arguments as its prepare gives them (ssm [L, S, H, P, Ns],
     conv [L, S, dim, K-1], rows [L, M, C, dim], gates [L, M, C, 1, H], cursor [M, 2]; any strides).
-    Three launches: the folds, every row's verify, the folded conv windows (with fused_window, two)."""
+    Two launches: the folds, then every row's verify moving the folded conv windows (fused_window=False:
+    the windows in a third)."""
     for call in _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
                             state_slots, layer, parents, D, z, dt_bias, dt_softplus=dt_softplus, **tuning):
         call.launch()

@@ -44,10 +44,9 @@
 #             B = 1 .. 256, Nemotron-H-8B TP1 (benchmarks/bench_mamba2_verify.py), with issue #40's targets
 #   m2tune    mamba2_verify's launcher choices around its defaults (narrower tiles, 8 warps, chunk depths; each
 #             checked against the oracle first), B = 64 / 256, chains and trees
-#   ringfold  the rings' fold launches where a step has few rows to fold (the sweeps' last column: 1 row in 6
-#             folding): register caps on the folds (3 / 4 programs an SM: one wave for a step's folds?), narrower
-#             fewer Mamba2 heads a fold program, both rings' windows in their verify launches, the GDN ring's two
-#             verify launches as one (merged)
+#   ringfold  the rings' fold and verify launches where a step has few rows to fold (the sweeps' last column: 1 row in
+#             6 folding) against each of their defaults turned off (the fold's register cap, the folded windows moved
+#             by the verify launch, the GDN ring's two verify launches as one), after those options' GPU tests
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
@@ -202,26 +201,25 @@ for phase in "$@"; do
                 64/4/16/1/maxnreg=0 > "$out/sweep_ring_mamba2.log" 2>&1
               rc=$((rc | $?)); grep '^|' "$out/sweep_ring_mamba2.log"
               # the folded windows moved by the verify launch (FUSED_WINDOW: one launch a layer fewer), every B
-              timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 1 8 64 256 \
-                --sweep 64/4/16/1/fused_window=0 64/4/16/1/fused_window=1 > "$out/sweep_ring_mamba2_window.log" 2>&1
+              timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 1 8 \
+                --sweep 64/4/16/1/fused_window=0 64/4/16/1 > "$out/sweep_ring_mamba2_window.log" 2>&1
               rc=$((rc | $?)); grep '^|' "$out/sweep_ring_mamba2_window.log" ;;
     m2tune)   timeout 240 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --standin-tiles 16/2 \
                 --tunings num_warps=8 block_p=32 block_p=32,num_warps=2 chunk_stages=4,num_warps=8 \
                 chunk_n=16,chunk_stages=6 > "$out/bench_mamba2_verify_tune.log" 2>&1
               rc=$?; grep -E 'graph|FAILED' "$out/bench_mamba2_verify_tune.log" ;;
-    ringfold) rc=0  # fused_window's and merged's tests first (never run on a GPU)
+    ringfold) rc=0
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                tests/test_ring_kernels_mamba2.py -k "fused or merged or capacity_16 or matches_pytorch" \
+                tests/test_ring_kernels_mamba2.py -k "mma or capacity_16 or matches_pytorch" \
                 > "$out/gpu_tests_ringfold.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_ringfold.log"
-              timeout 150 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/fold_maxnreg=168 \
-                mma/128/4/fold_maxnreg=128 mma/128/4/fused_window=1 mma/128/4/merged=1 \
-                mma/128/4/merged=1/fused_window=1/fold_maxnreg=168 \
+              timeout 150 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/fold_maxnreg=0 \
+                mma/128/4/fused_window=0 mma/128/4/merged=0 mma/128/4/merged=0/fused_window=0/fold_maxnreg=0 \
                 > "$out/sweep_ring_fold_gdn.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_ring_fold_gdn.log"
               timeout 150 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \
-                64/4/16/1/fold_maxnreg=128 64/4/16/1/fold_maxnreg=168 64/4/16/1/fold_heads_per_program=2 \
-                64/4/16/1/fused_window=1 > "$out/sweep_ring_fold_mamba2.log" 2>&1 || rc=1
+                64/4/16/1/fold_maxnreg=0 64/4/16/1/fused_window=0 64/4/16/1/fold_heads_per_program=2 \
+                > "$out/sweep_ring_fold_mamba2.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_ring_fold_mamba2.log" ;;
     ringprof) rc=0
               for mixer in gdn mamba2; do

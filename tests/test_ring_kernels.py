@@ -215,45 +215,53 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
         out, case["q"], case["k"], case["v"], case["g"], case["beta"], case["ssm_state"], case["conv_state"],
         case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"], case["ring_slots"],
         case["state_slots"], 1, None)
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
+    apart = dict(mma=True, small=small, merged=False)  # each kind of row its own launch
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart)
     assert [(c.constexprs["KIND"], c.constexprs["NODES"], c.constexprs["SMALL_KEYS"])
             for c in calls if "KIND" in c.constexprs] == kinds
     # the fold launch's own warps, the verifies' unchanged
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, block_v=64,
-                                                         num_warps=4, fold_warps=8)
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, block_v=64, num_warps=4,
+                                                         fold_warps=8)
     assert [(c.constexprs["KIND"], c.constexprs["WARPS"], c.constexprs["num_warps"]) for c in calls
             if "KIND" in c.constexprs] == [(kind, 8 if kind == 2 else 4, 8 if kind == 2 else 4)
                                            for kind, _, _ in kinds]
     with pytest.raises(ValueError, match="block_v >= 8 x warps"):
         triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, block_v=32, fold_warps=8)
     # the fold launch's own column tiles and grid (head_v_dim 32: one tile of 32, two of 16)
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, num_warps=4,
-                                                         fold_block_v=16, fold_warps=2)
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, num_warps=4, fold_block_v=16,
+                                                         fold_warps=2)
     assert [(c.constexprs["KIND"], c.constexprs["BLOCK_V"], c.grid[0]) for c in calls if "KIND" in c.constexprs] == [
         (kind, 16 if kind == 2 else 32, case["v"].shape[2] * (2 if kind == 2 else 1)) for kind, _, _ in kinds]
     for fold_block_v, fold_warps in ((16, 4), (24, 1)):
         with pytest.raises(ValueError, match=f"folding {fold_block_v} on {fold_warps}"):
             triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, fold_block_v=fold_block_v,
                                                          fold_warps=fold_warps)
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, fold_maxnreg=168)
-    assert calls[0].constexprs["KIND"] == 2 and calls[0].constexprs["maxnreg"] == 168  # the fold's own cap
-    # the folded windows moved by the verify launches: no window launch
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, fused_window=True)
+    # the fold's own cap: 168 by default, none on request
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
+    assert calls[0].constexprs["KIND"] == 2 and calls[0].constexprs["maxnreg"] == 168
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, fold_maxnreg=0)
+    assert calls[0].constexprs["KIND"] == 2 and "maxnreg" not in calls[0].constexprs
+    # by default the folded windows moved by the verify launches (no window launch); apart on request
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart)
     assert [c.constexprs.get("FUSED_WINDOW") for c in calls] == [True] * len(kinds)
-    # the rows on the stack of 16 and the others in one launch (KIND 3), where there are both
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, merged=True)
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, fused_window=False)
+    assert [c.constexprs.get("FUSED_WINDOW") for c in calls] == [False] * len(kinds) + [None]  # + the window's
+    # by default the rows on the stack of 16 and the others in one launch (KIND 3), where there are both
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
     if len(kinds) == 3:
         assert [c.constexprs["KIND"] for c in calls if "KIND" in c.constexprs] == [2, 3]
         assert calls[1].constexprs["SMALL_KEYS"] == kinds[1][2] and calls[1].constexprs["NODES"] == 32
     else:
         assert [c.constexprs["KIND"] for c in calls if "KIND" in c.constexprs] == [kind for kind, _, _ in kinds]
     # register caps: one for both launches that do not fold, or a pair (small rows', others'; by default
-    # none, 128); none on folds by default
+    # none, 128)
     for maxnreg, caps in ((168, {0: 168, 1: 168}), ((0, 128), {1: 128}), (None, {}), ("default", {1: 128})):
-        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small,
+        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, fold_maxnreg=0,
                                                              **({} if maxnreg == "default" else dict(maxnreg=maxnreg)))
         assert {c.constexprs["KIND"]: c.constexprs["maxnreg"] for c in calls if "maxnreg" in c.constexprs} == {
             kind: cap for kind, cap in caps.items() if kind in [k for k, _, _ in kinds]}
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
+    assert {c.constexprs["KIND"]: c.constexprs["maxnreg"] for c in calls} == {2: 168, len(kinds) % 2 * 2 + 1: 128}
 
 
 @pytest.mark.gpu
@@ -262,14 +270,15 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("head_dim", [32, 128])
 @pytest.mark.parametrize("capacity", [16, 20])
-@pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=True), dict(merged=True)],
-                         ids=["fold-default", "fold-32-columns", "fused-window", "merged"])
+@pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
+                                  dict(merged=False)], ids=["default", "fold-32-columns", "window-apart", "unmerged"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
     replay (wrapping the ring's end), few pending tokens (the stack of 16 rows), an empty ring, a
-    padded row; the fold launch also over its own narrower tiles; the folded windows moved by the
-    verify launches; the two verify launches as one."""
+    padded row; by default the folded windows moved by the verify launches, merged into one; the fold
+    launch also over its own narrower tiles; the windows in a launch of their own; the two verify
+    launches apart."""
     num_nodes = len(nodes)
     if capacity + 2 * num_nodes > 32:
         pytest.skip("C + N > 32: the Triton kernel's")
@@ -309,15 +318,15 @@ def ring_step_calls(kernels, verify_tuning=IEEE):
 @pytest.mark.parametrize("device, verify, tree", [
     pytest.param("cpu", "ieee", True, marks=[interpreted, pytest.mark.slow], id="tree-cpu"),  # (chains: the GPU's)
     *(pytest.param("cuda", verify, tree, marks=pytest.mark.gpu, id=f"{'tree' if tree else 'chain'}-cuda-{verify}")
-      for verify in ("ieee", "mma", "mma-fused", "mma-merged") for tree in (False, True)),
+      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart") for tree in (False, True)),
 ])
 def test_steps_against_pytorch_code(device, verify, tree):
     """Twelve decode steps of two layers (ring_conv1d_verify, gdn_ring_verify per layer, then
     ring_accept), then a flush: one world all kernels, one all PyTorch code. The states they leave,
     step after step (folds, wrapped rings, nothing accepted, a padded row), agree. verify: the
-    Triton verify kernel in float32 ("ieee"), or the mma kernel at its own precision (with the
-    folded windows moved by its verify launches: "mma-fused"; those launches as one too:
-    "mma-merged")."""
+    Triton verify kernel in float32 ("ieee"), or the mma kernel at its own precision: by default its
+    verify launches merged into one and moving the folded windows ("mma"), the two launches apart
+    ("mma-unmerged"), and the windows in a launch of their own too, the fold uncapped ("mma-apart")."""
     gen = torch.Generator().manual_seed(1)
     layers, num_nodes, capacity, kernel_size = 2, 3, 5, 4
     head_dim = 16 if verify == "ieee" else 32  # (the mma kernel's four warps take 32 columns or more)
@@ -341,8 +350,8 @@ def test_steps_against_pytorch_code(device, verify, tree):
         results = []
         for kernels, world in zip((False, True), worlds):
             conv1d_verify, gdn_ring_verify, ring_accept, gdn_ring_flush = ring_step_calls(
-                kernels, {"ieee": IEEE, "mma": MMA, "mma-fused": dict(MMA, fused_window=True),
-                          "mma-merged": dict(MMA, fused_window=True, merged=True)}[verify])
+                kernels, {"ieee": IEEE, "mma": MMA, "mma-unmerged": dict(MMA, merged=False),
+                          "mma-apart": dict(MMA, merged=False, fused_window=False, fold_maxnreg=0)}[verify])
             out = torch.full(case["v"].shape, FILL, device=device)
             conv_out = torch.full((layers, num_rows, num_nodes, dim), FILL, device=device)
             if step == 12:  # the states an engine would hand on

@@ -149,16 +149,19 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     assert (fold.constexprs["HEADS_PER_PROGRAM"], fold.grid[0]) == (2, tiles // 2)
     assert verify.grid[0] * verify.constexprs["HEADS_PER_PROGRAM"] == tiles
     assert (verify.constexprs["CHUNK_N"], verify.constexprs["CHUNK_STAGES"]) == (32, 3)  # (d_state 40: chunks of 32)
-    # the folded windows in the verify launch: no window launch
-    fused = triton_kernels().mamba2_ring_verify._ring_calls(
+    # by default the folded windows moved by the verify launch (no window launch) and the fold capped
+    # at 168 registers; apart and uncapped on request
+    assert [call.kernel.__name__ for call in calls] == ["_mamba2_ring_fold_kernel", "_mamba2_ring_verify_kernel"]
+    assert fold.constexprs["maxnreg"] == 168 and verify.constexprs["maxnreg"] == 128
+    apart = triton_kernels().mamba2_ring_verify._ring_calls(
         *sgl_convwin.mamba2_ring_verify.kernel_arguments(
             torch.empty(case["x"].shape, device=device), case["x"], case["dt"], case["A"], case["B"], case["C"],
             case["ssm_state"], case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"],
             case["conv_bias"], case["ring_slots"], case["state_slots"], 1, case["parents"])[0],
-        dt_softplus=True, fused_window=True, fold_maxnreg=96)
-    assert fused[0].constexprs["maxnreg"] == 96
-    assert [call.kernel.__name__ for call in fused] == ["_mamba2_ring_fold_kernel", "_mamba2_ring_verify_kernel"]
-    assert "maxnreg" not in fold.constexprs and verify.constexprs["maxnreg"] == 128  # (the fold's: fold_maxnreg)
+        dt_softplus=True, fused_window=False, fold_maxnreg=0)
+    assert "maxnreg" not in apart[0].constexprs
+    assert [call.kernel.__name__ for call in apart][:2] == ["_mamba2_ring_fold_kernel", "_mamba2_ring_verify_kernel"]
+    assert len(apart) == 3  # the window launch
     for chunk_n, fused_window in ((0, False), (16, False), (32, True)):
         want, got = run_both(case, tuning=dict(IEEE, chunk_n=chunk_n, fused_window=fused_window))
         folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
