@@ -25,6 +25,7 @@ checkpoints, bf16 ring rows and conv state, capacity R = 16, D = 4 chains and tr
     python benchmarks/bench_ring.py --sweep 32/8/tf32x3 128/8/tf32/tf32x3 mma/128/4   # the verify kernels' tiles
     python benchmarks/bench_ring.py --mixer mamba2 --sweep 64/8/1 64/8/16/2           # Mamba2's
     python benchmarks/bench_ring.py --mixer mamba2 --batches 64 --profile             # each kernel's share
+    python benchmarks/bench_ring.py --constants RING_MMA_EARLY_STATE=1                # a launcher default set
 """
 
 from __future__ import annotations
@@ -324,6 +325,19 @@ def profile(args, shapes):
                 torch.cuda.empty_cache()
 
 
+def set_constants(mixer, constants, error):
+    """The ring verify launcher's module defaults set (each name must exist there: a typo would
+    time the defaults under another name)."""
+    from sgl_convwin._kernels import triton_kernels
+
+    module = getattr(triton_kernels(), "gdn_ring_verify" if mixer == "gdn" else "mamba2_ring_verify")
+    for name, value in constants.items():
+        if not name.isupper() or not hasattr(module, name):
+            error(f"--constants: {module.__name__} has no constant {name}")
+        print(f"{module.__name__}.{name} = {value} (was {getattr(module, name)})", flush=True)
+        setattr(module, name, value)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
@@ -338,7 +352,12 @@ def main(argv=None) -> int:
                              "any /NAME=VALUE tunings (e.g. /fold_heads_per_program=4)")
     parser.add_argument("--profile", action="store_true",
                         help="each kernel's time per ring step instead (torch.profiler), beside the step's graph time")
+    parser.add_argument("--constants", nargs="+", default=[], metavar="NAME=VALUE",
+                        help="module defaults of the ring verify's launcher (csrc_triton/gdn_ring_verify.py, "
+                             "--mixer mamba2: mamba2_ring_verify.py) set for this run, e.g. RING_MMA_MERGED=0")
     args = parser.parse_args(argv)
+    if args.constants:
+        set_constants(args.mixer, parse_tunings(args.constants), parser.error)
     if DEVICE == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA device")
     shapes = SHAPES[args.mixer]

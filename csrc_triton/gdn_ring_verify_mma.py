@@ -107,7 +107,7 @@ def _columns_natural(x, WARPS: gl.constexpr, TILES: gl.constexpr):
 
 
 @gluon.jit
-def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base, window_base, gates_base,
+def _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chunk, rows_base, window_base, gates_base,
               weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
               q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
               k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
@@ -122,12 +122,13 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
               NUM_K_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr,
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
-              SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr):
+              SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
+              EARLY_STATE: gl.constexpr):
     """One program's work: the row's outputs for its query rows, stored, and the drafts' gates
     beside their rows (v0 = 0); with FOLD instead (a stack of keys only, no drafts) the checkpoint
     tile after the pending tokens, stored in place. Products in 3xTF32 with SPLIT, else tf32. Stack
     rows: keys below KEY_ROWS, then queries; a row of this launch has at most PENDING_ROWS pending
-    tokens."""
+    tokens. With EARLY_STATE the tile's first chunk of rows is first_chunk, already loaded."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -141,8 +142,11 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, rows_base
     # 16-byte rows of the stack's [8, 4] ldmatrix tiles on distinct banks
     KQ_SMEM: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
 
-    upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K,
-                            BLOCK_V, LOAD_L)  # the long read first
+    if EARLY_STATE:
+        upcoming = first_chunk
+    else:
+        upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
+                                CHUNK_K, BLOCK_V, LOAD_L)  # the long read first
     lane = gl.arange(0, NODES, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
     if TREE:  # the parent links now, their latency under the state's (node c's on lane c)
         links = gl.load(parents_ptr + row * parents_stride_row + lane * parents_stride_node, mask=lane < NUM_NODES,
@@ -348,7 +352,7 @@ def _gdn_ring_verify_mma_kernel(
     BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
-    FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr,
+    FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, EARLY_STATE: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
@@ -360,7 +364,9 @@ def _gdn_ring_verify_mma_kernel(
     code, the registers of the larger) -- the launches of kinds 0 and 1 (or 3) then take
     a folding row as one with nothing pending from start + pending; with FUSED_WINDOW their programs
     of such a row then move its conv window past the folded tokens (nothing in these launches
-    reads a folded row's window): each its v columns, a key head's first value head its q and k."""
+    reads a folded row's window): each its v columns, a key head's first value head its q and k.
+    With EARLY_STATE the tile's first rows are read before the row's cursor (their latency under the
+    cursor's, as gdn_verify_mma's first read; for a row the cursor then skips, read and unused)."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = gl.program_id(0) // V_BLOCKS
     v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
@@ -376,6 +382,14 @@ def _gdn_ring_verify_mma_kernel(
     live = (slot >= 0) & (slot < num_state_slots) & (ring >= 0) & (ring < num_ring_slots)
     ring = gl.where(live, ring, 0)
     slot = gl.where(live, slot, 0)
+    state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
+    if EARLY_STATE:
+        TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
+        LOAD_L: gl.constexpr = gl.BlockedLayout([1, TILES], [4, 8], [1, WARPS], [0, 1])  # (_row_head's)
+        first_chunk = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
+                                   CHUNK_K, BLOCK_V, LOAD_L)
+    else:
+        first_chunk = live  # unread
     start = gl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(gl.int64)
     pending = gl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(gl.int64)
     live = live & (start >= 0) & (start < RING_ROWS) & (pending >= 0) & (pending <= MAX_PENDING)
@@ -397,9 +411,8 @@ def _gdn_ring_verify_mma_kernel(
     # this launch's kind of row (KIND 3: the kinds 0 and 1, each its own code)
     for THIS in gl.static_range(0 if KIND == 3 else KIND, 2 if KIND == 3 else KIND + 1):
         if kind == THIS:
-            _row_head(live, start, pending, row, head, k_head, v0,
-                      ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head,
-                      rows_base, window_base, gates_base,
+            _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chunk, rows_base, window_base,
+                      gates_base,
                       weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
                       q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node,
                       k_stride_head, k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
@@ -413,7 +426,8 @@ def _gdn_ring_verify_mma_kernel(
                       SMALL_KEYS - NUM_NODES if THIS == 0 else MAX_PENDING,
                       SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
                       HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2, L2NORM,
-                      HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD)
+                      HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
+                      EARLY_STATE)
             if FUSED_WINDOW and THIS != 2:
                 if moved:
                     WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])

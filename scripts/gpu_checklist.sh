@@ -47,6 +47,8 @@
 #   ringfold  the rings' fold and verify launches where a step has few rows to fold (the sweeps' last column: 1 row in
 #             6 folding) against each of their defaults turned off (the fold's register cap, the folded windows moved
 #             by the verify launch, the GDN ring's two verify launches as one), after those options' GPU tests
+#   ringearly the GDN ring's mma launches with each tile's first state rows read before the row's cursor (early_state,
+#             never run on a GPU): its GPU tests, the one-layer sweep and whole steps with it and without
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
@@ -221,6 +223,18 @@ for phase in "$@"; do
                 64/4/16/1/fold_maxnreg=0 64/4/16/1/fused_window=0 64/4/16/1/fold_heads_per_program=2 \
                 > "$out/sweep_ring_fold_mamba2.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_ring_fold_mamba2.log" ;;
+    ringearly) rc=0
+              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py -k early \
+                > "$out/gpu_tests_ringearly.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_ringearly.log"
+              timeout 80 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/early_state=1 \
+                mma/128/4 > "$out/sweep_ring_early.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_ring_early.log"
+              for early in 0 1; do
+                timeout 90 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
+                  --constants RING_MMA_EARLY_STATE=$early > "$out/profile_ring_early$early.log" 2>&1 || rc=1
+                grep -E '^(chain|\| _gdn)' "$out/profile_ring_early$early.log"
+              done ;;
     ringprof) rc=0
               for mixer in gdn mamba2; do
                 timeout 200 python3 benchmarks/bench_ring.py --mixer "$mixer" --batches 1 8 64 256 --profile \

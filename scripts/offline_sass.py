@@ -11,6 +11,7 @@ environment beside torch); its wheel carries ptxas, cuobjdump and nvdisasm.
     python scripts/offline_sass.py mamba2_verify [--batch 64] [--tunings '{}' '{"chunk_n": 0}']
     python scripts/offline_sass.py mamba2_ring --tunings '{"fold_maxnreg": 168}'
     python scripts/offline_sass.py gdn_ring --tunings '{"fold_maxnreg": 168}'   # the mma kernel's launches
+    python scripts/offline_sass.py gdn_verify                                   # its mma kernel
 """
 
 from __future__ import annotations
@@ -141,7 +142,18 @@ def gdn_ring_calls(batch, tuning):
     return list(csrc_triton.gdn_ring_verify._ring_calls(*args, **kwargs, **dict(dict(mma=True), **tuning)))
 
 
-KERNELS = {"mamba2_verify": mamba2_verify_calls, "mamba2_ring": mamba2_ring_calls, "gdn_ring": gdn_ring_calls}
+def gdn_verify_calls(batch, tuning):
+    """gdn_verify's launch on the mma kernel at Qwen3-Next TP1 (Hk 16, Hv 32, dk = dv = 128), chains of 4."""
+    Hk, Hv, d, N = 16, 32, 128, 4
+    v = conv_views(batch, N, [(Hk * d, (Hk, d)), (Hk * d, (Hk, d)), (Hv * d, (Hv, d))], "qkv")
+    return [csrc_triton.gdn_verify._verify_call(
+        torch.empty(batch, N, Hv, d, dtype=torch.bfloat16), v["q"], v["k"], v["v"], torch.empty(batch, N, Hv),
+        torch.empty(batch, N, Hv), torch.empty(batch, Hv, d, d), torch.arange(batch), None, scale=d ** -0.5,
+        use_qk_l2norm=True, **dict(dict(mma=True), **tuning))]
+
+
+KERNELS = {"mamba2_verify": mamba2_verify_calls, "mamba2_ring": mamba2_ring_calls, "gdn_ring": gdn_ring_calls,
+           "gdn_verify": gdn_verify_calls}
 
 
 def main(argv=None) -> int:

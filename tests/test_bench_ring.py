@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import bench_ring  # noqa: E402
 from support import INTERPRET  # noqa: E402
 from sgl_convwin import plan  # noqa: E402
+from sgl_convwin._kernels import triton_kernels  # noqa: E402
 
 
 @pytest.mark.parametrize("capacity, num_draft, accepted", [(16, 4, 1), (16, 4, 2), (16, 4, 3), (16, 4, 4), (8, 2, 2),
@@ -53,7 +54,14 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
     monkeypatch.setattr(bench_ring, "copy_ceiling_gbps", lambda: 3000.0)
     monkeypatch.setattr(bench_ring, "environment_line", lambda: "env")
     batches = ["1", "3"]
-    assert bench_ring.main(["--batches", *batches, "--capacity", "8", "--mixer", mixer]) == 0
+    constant = "RING_MMA_MERGED" if mixer == "gdn" else "FUSED_WINDOW"
+    module = getattr(triton_kernels(), "gdn_ring_verify" if mixer == "gdn" else "mamba2_ring_verify")
+    monkeypatch.setattr(module, constant, getattr(module, constant))  # (restored after the test)
+    assert bench_ring.main(["--batches", *batches, "--capacity", "8", "--mixer", mixer, "--constants",
+                            f"{constant}=0"]) == 0
+    assert getattr(module, constant) == 0
+    with pytest.raises(SystemExit):
+        bench_ring.main(["--mixer", mixer, "--constants", "NO_SUCH_CONSTANT=1"])
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| chain") or
              line.startswith("| tree")]
     assert len(table) == 2 * len(batches)

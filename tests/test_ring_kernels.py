@@ -246,6 +246,10 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
     assert [c.constexprs.get("FUSED_WINDOW") for c in calls] == [True] * len(kinds)
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, fused_window=False)
     assert [c.constexprs.get("FUSED_WINDOW") for c in calls] == [False] * len(kinds) + [None]  # + the window's
+    # the tiles' first rows before the cursor: every launch, on request
+    for early in (None, True):
+        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, early_state=early)
+        assert [c.constexprs["EARLY_STATE"] for c in calls] == [bool(early)] * len(kinds)
     # by default the rows on the stack of 16 and the others in one launch (KIND 3), where there are both
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
     if len(kinds) == 3:
@@ -271,14 +275,15 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
 @pytest.mark.parametrize("head_dim", [32, 128])
 @pytest.mark.parametrize("capacity", [16, 20])
 @pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
-                                  dict(merged=False)], ids=["default", "fold-32-columns", "window-apart", "unmerged"])
+                                  dict(merged=False), dict(early_state=True)],
+                         ids=["default", "fold-32-columns", "window-apart", "unmerged", "early-state"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
     replay (wrapping the ring's end), few pending tokens (the stack of 16 rows), an empty ring, a
     padded row; by default the folded windows moved by the verify launches, merged into one; the fold
     launch also over its own narrower tiles; the windows in a launch of their own; the two verify
-    launches apart."""
+    launches apart; the tiles' first rows read before the cursor."""
     num_nodes = len(nodes)
     if capacity + 2 * num_nodes > 32:
         pytest.skip("C + N > 32: the Triton kernel's")
