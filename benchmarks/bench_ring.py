@@ -26,6 +26,7 @@ checkpoints, bf16 ring rows and conv state, capacity R = 16, D = 4 chains and tr
     python benchmarks/bench_ring.py --mixer mamba2 --sweep 64/8/1 64/8/16/2           # Mamba2's
     python benchmarks/bench_ring.py --mixer mamba2 --batches 64 --profile             # each kernel's share
     python benchmarks/bench_ring.py --constants RING_MMA_EARLY_STATE=1                # a launcher default set
+    ncu --profile-from-start off ... python benchmarks/bench_ring.py --batches 64 --sweep mma/128/4 --ncu mixed
 """
 
 from __future__ import annotations
@@ -199,15 +200,34 @@ def sweep_pendings(shapes, capacity):
     return pendings
 
 
+# --ncu: the sweep's column whose launches run once between cudaProfilerStart / Stop, untimed
+NCU_COLUMNS = ("few", "more", "fold", "mixed")
+NCU_COLUMN = None
+
+
 def sweep_times(fn, cursor, pendings):
     """One sweep row's cells: ``fn``'s graph-replay time (us) with every row's cursor at each pending
     count (a pair: every FOLD_EVERY-th row at the second), or why it did not run (a tile the
-    compiler refuses ends that row, not the sweep)."""
+    compiler refuses ends that row, not the sweep). With NCU_COLUMN set, that column's launches
+    instead, once, warmed up, inside the profiler's range (ncu --profile-from-start off)."""
     cells = []
-    for pending in pendings:
+    for column, pending in zip(NCU_COLUMNS, pendings):
         others, folding = pending if isinstance(pending, tuple) else (pending, pending)
         cursor[:, 1] = others
         cursor[::FOLD_EVERY, 1] = folding
+        if NCU_COLUMN is not None:
+            if column == NCU_COLUMN:
+                fn()
+                fn()  # (compiled and warm)
+                if DEVICE == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.profiler.start()
+                fn()
+                if DEVICE == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.profiler.stop()
+            cells.append("profiled" if column == NCU_COLUMN else "-")
+            continue
         try:
             cells.append(f"{graph_time_us(fn, launches=5, replays=10, rounds=3):.1f}")
         except Exception as error:  # noqa: BLE001 -- reported in the table
@@ -352,12 +372,20 @@ def main(argv=None) -> int:
                              "any /NAME=VALUE tunings (e.g. /fold_heads_per_program=4)")
     parser.add_argument("--profile", action="store_true",
                         help="each kernel's time per ring step instead (torch.profiler), beside the step's graph time")
+    parser.add_argument("--ncu", choices=NCU_COLUMNS,
+                        help="with --sweep: run that column's launches once inside cudaProfilerStart / Stop instead "
+                             "of timing them (under ncu --profile-from-start off): few / more pending, every row "
+                             "folding, 1 row in 6 folding")
     parser.add_argument("--constants", nargs="+", default=[], metavar="NAME=VALUE",
                         help="module defaults of the ring verify's launcher (csrc_triton/gdn_ring_verify.py, "
                              "--mixer mamba2: mamba2_ring_verify.py) set for this run, e.g. RING_MMA_MERGED=0")
     args = parser.parse_args(argv)
     if args.constants:
         set_constants(args.mixer, parse_tunings(args.constants), parser.error)
+    if args.ncu and not args.sweep:
+        parser.error("--ncu profiles a --sweep's launches")
+    global NCU_COLUMN
+    NCU_COLUMN = args.ncu
     if DEVICE == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA device")
     shapes = SHAPES[args.mixer]

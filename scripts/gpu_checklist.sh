@@ -49,6 +49,9 @@
 #             by the verify launch, the GDN ring's two verify launches as one), after those options' GPU tests
 #   ringearly the GDN ring's mma launches with each tile's first state rows read before the row's cursor (early_state,
 #             never run on a GPU): its GPU tests, the one-layer sweep and whole steps with it and without
+#   ringncu   Nsight Compute over one layer of the GDN ring at B = 64, 1 row in 6 folding (the fold launch and the
+#             verify launch, bench_ring.py --ncu mixed): the details page and the SASS page's per-instruction
+#             stall samples as CSV, the report itself beside them
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
@@ -235,6 +238,16 @@ for phase in "$@"; do
                   --constants RING_MMA_EARLY_STATE=$early > "$out/profile_ring_early$early.log" 2>&1 || rc=1
                 grep -E '^(chain|\| _gdn)' "$out/profile_ring_early$early.log"
               done ;;
+    ringncu)  rc=0
+              timeout 300 ncu --clock-control none --profile-from-start off --set full --import-source yes -f \
+                -k regex:_gdn_ring_verify_mma_kernel -o "$out/ring_mixed" python3 benchmarks/bench_ring.py \
+                --batches 64 --sweep mma/128/4 --ncu mixed > "$out/ncu_ring_mixed.log" 2>&1 || rc=1
+              tail -3 "$out/ncu_ring_mixed.log"
+              ncu -i "$out/ring_mixed.ncu-rep" --page details --csv > "$out/ncu_ring_mixed_details.csv" 2>&1 || rc=1
+              ncu -i "$out/ring_mixed.ncu-rep" --page source --csv --print-source sass \
+                > "$out/ncu_ring_mixed_sass.csv" 2>&1 || rc=1
+              grep -E '"(Duration|Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued Instruction|Memory Throughput)"' \
+                "$out/ncu_ring_mixed_details.csv" | cut -c1-200 ;;
     ringprof) rc=0
               for mixer in gdn mamba2; do
                 timeout 200 python3 benchmarks/bench_ring.py --mixer "$mixer" --batches 1 8 64 256 --profile \

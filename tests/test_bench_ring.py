@@ -81,3 +81,16 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
         assert ("| B | tile | pending 8, us per layer | pending 4, us per layer | pending 8 (fold), us per layer | "
                 "1 row in 6 folding, the others 8, us per layer |") in out
         assert [line for line in out if line.startswith("| 2 |")] == ["| 2 | 16/4/ieee | 8.0 | 8.0 | 8.0 | 8.0 |"]
+        # --ncu: one column's launches run (untimed) for the profiler, the others not at all
+        calls = []
+        real_launch = triton_kernels().launch_gdn_ring_verify
+        monkeypatch.setattr(triton_kernels(), "launch_gdn_ring_verify",
+                            lambda *args, **kwargs: calls.append(1) or real_launch(*args, **kwargs))
+        assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/ieee",
+                                "--ncu", "mixed"]) == 0
+        monkeypatch.setattr(bench_ring, "NCU_COLUMN", None)
+        assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")] == [
+            "| 2 | 16/4/ieee | - | - | - | profiled |"]
+        assert len(calls) == 3
+        with pytest.raises(SystemExit):
+            bench_ring.main(["--mixer", mixer, "--ncu", "fold"])
