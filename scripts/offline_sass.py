@@ -12,11 +12,13 @@ environment beside torch); its wheel carries ptxas, cuobjdump and nvdisasm.
     python scripts/offline_sass.py mamba2_ring --tunings '{"fold_maxnreg": 168}'
     python scripts/offline_sass.py gdn_ring --tunings '{"fold_maxnreg": 168}'   # the mma kernel's launches
     python scripts/offline_sass.py gdn_verify                                   # its mma kernel
+    python scripts/offline_sass.py gdn_ring_test_shapes --batch 4               # every shape the tests compile
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -127,19 +129,29 @@ def mamba2_ring_calls(batch, tuning):
     return list(csrc_triton.mamba2_ring_verify._ring_calls(*args, **kwargs, **tuning))
 
 
-def gdn_ring_calls(batch, tuning):
-    """gdn_ring_verify's launches on the mma kernel at Qwen3-Next TP1 (Hk 16, Hv 32, dk = dv = 128),
-    capacity 16, chains of 4."""
-    Hk, Hv, d, N, K, rows = 16, 32, 128, 4, 4, 20
-    dim = 2 * Hk * d + Hv * d
-    v = conv_views(batch, N, [(Hk * d, (Hk, d)), (Hk * d, (Hk, d)), (Hv * d, (Hv, d))], "qkv")
+def gdn_ring_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, tree=False, state_dtype=torch.float32):
+    """gdn_ring_verify's launches on the mma kernel, capacity 16; by default at Qwen3-Next TP1 (Hk 16,
+    Hv 32, dk = dv = 128), chains of 4, a float32 checkpoint."""
+    K, rows = 4, 16 + N
+    dim = 2 * Hk * dk + Hv * dv
+    v = conv_views(batch, N, [(Hk * dk, (Hk, dk)), (Hk * dk, (Hk, dk)), (Hv * dv, (Hv, dv))], "qkv")
     args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
-        torch.empty(batch, N, Hv, d, dtype=torch.bfloat16), v["q"], v["k"], v["v"], torch.empty(batch, N, Hv),
-        torch.empty(batch, N, Hv), torch.empty(1, batch, Hv, d, d), torch.empty(1, batch, dim, K - 1, dtype=torch.bfloat16),
-        torch.empty(1, batch, rows, dim, dtype=torch.bfloat16), torch.empty(1, batch, rows, 2, Hv),
-        torch.zeros(batch, 2, dtype=torch.int32), torch.empty(dim, K), None, torch.arange(batch), torch.arange(batch),
-        0, None)
+        torch.empty(batch, N, Hv, dv, dtype=torch.bfloat16), v["q"], v["k"], v["v"], torch.empty(batch, N, Hv),
+        torch.empty(batch, N, Hv), torch.empty(1, batch, Hv, dk, dv, dtype=state_dtype),
+        torch.empty(1, batch, dim, K - 1, dtype=torch.bfloat16), torch.empty(1, batch, rows, dim, dtype=torch.bfloat16),
+        torch.empty(1, batch, rows, 2, Hv), torch.zeros(batch, 2, dtype=torch.int32), torch.empty(dim, K), None,
+        torch.arange(batch), torch.arange(batch), 0, torch.zeros(batch, N, dtype=torch.int64) if tree else None)
     return list(csrc_triton.gdn_ring_verify._ring_calls(*args, **kwargs, **dict(dict(mma=True), **tuning)))
+
+
+def gdn_ring_test_shape_calls(batch, tuning):
+    """gdn_ring's launches at the small shapes of its GPU tests (dk / dv 16 / 32, 32 / 32, and the
+    model's 128 / 128; N 3 and 4; chains and trees; float32 and bf16 checkpoints): a Gluon compile
+    error in a constexpr branch the model's shape never takes shows here, before a GPU run."""
+    return [call for (dk, dv), N, tree, state_dtype in itertools.product(
+                ((16, 32), (32, 32), (128, 128)), (3, 4), (False, True), (torch.float32, torch.bfloat16))
+            for call in gdn_ring_calls(batch, tuning, Hk=2, Hv=4, dk=dk, dv=dv, N=N, tree=tree,
+                                       state_dtype=state_dtype) if "KIND" in call.constexprs]
 
 
 def gdn_verify_calls(batch, tuning):
@@ -153,7 +165,7 @@ def gdn_verify_calls(batch, tuning):
 
 
 KERNELS = {"mamba2_verify": mamba2_verify_calls, "mamba2_ring": mamba2_ring_calls, "gdn_ring": gdn_ring_calls,
-           "gdn_verify": gdn_verify_calls}
+           "gdn_ring_test_shapes": gdn_ring_test_shape_calls, "gdn_verify": gdn_verify_calls}
 
 
 def main(argv=None) -> int:
@@ -165,12 +177,20 @@ def main(argv=None) -> int:
                         help="the launcher's keyword arguments, one JSON object per compile")
     args = parser.parse_args(argv)
     print(f"triton {triton.__version__}, sm_{args.arch}, {args.kernel} at B = {args.batch}")
+    failures = 0
     for tuning in args.tunings:
         for call in KERNELS[args.kernel](args.batch, tuning):
             kind = f" kind {call.constexprs['KIND']}" if "KIND" in call.constexprs else ""
-            print(f"{json.dumps(tuning)} {call.kernel.__name__}{kind} grid {call.grid}: "
-                  f"{counts(compile_call(call, args.arch))}", flush=True)
-    return 0
+            shape = "" if not kind else " " + str({name: call.constexprs[name] for name in ("NUM_NODES", "BLOCK_K",
+                                                                                        "BLOCK_V", "TREE")})
+            try:
+                result = counts(compile_call(call, args.arch))
+            except Exception as error:  # noqa: BLE001 -- every launch's compile reported, then the exit status
+                failures += 1
+                result = f"FAILED: {str(error).strip().splitlines()[-1]}"
+            print(f"{json.dumps(tuning)} {call.kernel.__name__}{kind}{shape} grid {call.grid}: {result}", flush=True)
+    print(f"{failures} failed")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
