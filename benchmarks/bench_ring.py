@@ -200,23 +200,21 @@ def sweep_pendings(shapes, capacity):
     return pendings
 
 
-# --ncu: the sweep's column whose launches run once between cudaProfilerStart / Stop, untimed
-NCU_COLUMNS = ("few", "more", "fold", "mixed")
-NCU_COLUMN = None
+NCU_COLUMNS = ("few", "more", "fold", "mixed")  # --ncu's names of the sweep's columns
 
 
-def sweep_times(fn, cursor, pendings):
+def sweep_times(fn, cursor, pendings, ncu=None):
     """One sweep row's cells: ``fn``'s graph-replay time (us) with every row's cursor at each pending
     count (a pair: every FOLD_EVERY-th row at the second), or why it did not run (a tile the
-    compiler refuses ends that row, not the sweep). With NCU_COLUMN set, that column's launches
+    compiler refuses ends that row, not the sweep). With ncu (a column's name), that column's launches
     instead, once, warmed up, inside the profiler's range (ncu --profile-from-start off)."""
     cells = []
     for column, pending in zip(NCU_COLUMNS, pendings):
         others, folding = pending if isinstance(pending, tuple) else (pending, pending)
         cursor[:, 1] = others
         cursor[::FOLD_EVERY, 1] = folding
-        if NCU_COLUMN is not None:
-            if column == NCU_COLUMN:
+        if ncu is not None:
+            if column == ncu:
                 fn()
                 fn()  # (compiled and warm)
                 if DEVICE == "cuda":
@@ -226,7 +224,7 @@ def sweep_times(fn, cursor, pendings):
                 if DEVICE == "cuda":
                     torch.cuda.synchronize()
                     torch.cuda.profiler.stop()
-            cells.append("profiled" if column == NCU_COLUMN else "-")
+            cells.append("profiled" if column == ncu else "-")
             continue
         try:
             cells.append(f"{graph_time_us(fn, launches=5, replays=10, rounds=3):.1f}")
@@ -242,7 +240,7 @@ def spec_fields(spec):
     return [field for field in fields if "=" not in field], parse_tunings(field for field in fields if "=" in field)
 
 
-def sweep(shapes, batches, capacity, specs):
+def sweep(shapes, batches, capacity, specs, ncu=None):
     """One layer's gdn_ring_verify launch per tile choice (columns/warps/precision, then a folding
     row's precision), chains, every row holding sweep_pendings' pending tokens."""
     from sgl_convwin._kernels import triton_kernels
@@ -272,12 +270,12 @@ def sweep(shapes, batches, capacity, specs):
                               fold_precision=fold[0] if fold else precision)
             tuning.update(keywords)
             print(markdown_row(batch, spec, *sweep_times(lambda: launch(*args, **kwargs, **tuning), ring.cursor,
-                                                         pendings)), flush=True)
+                                                         pendings, ncu)), flush=True)
         del p
         torch.cuda.empty_cache()
 
 
-def mamba2_sweep(shapes, batches, capacity, specs):
+def mamba2_sweep(shapes, batches, capacity, specs, ncu=None):
     """One layer's mamba2_ring_verify launches per tile choice (BLOCK_P/WARPS/HEADS_PER_PROGRAM[/STAGES
     [/PRECISION[/STATE_PRECISION[/FOLD_WARPS[/MAXNREG]]]]]: the verify's products, its C S0^T's, the
     fold launch's warps, the verify launch's register cap (0: none); the fold's products staying
@@ -298,7 +296,7 @@ def mamba2_sweep(shapes, batches, capacity, specs):
                           **(dict(fold_warps=int(rest[3])) if len(rest) > 3 else {}),
                           **(dict(maxnreg=int(rest[4])) if len(rest) > 4 else {}), **keywords)
             print(markdown_row(batch, spec, *sweep_times(lambda: launch(*args, **kwargs, **tuning), p["ring"].cursor,
-                                                         pendings)), flush=True)
+                                                         pendings, ncu)), flush=True)
         del p
         torch.cuda.empty_cache()
 
@@ -384,8 +382,6 @@ def main(argv=None) -> int:
         set_constants(args.mixer, parse_tunings(args.constants), parser.error)
     if args.ncu and not args.sweep:
         parser.error("--ncu profiles a --sweep's launches")
-    global NCU_COLUMN
-    NCU_COLUMN = args.ncu
     if DEVICE == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA device")
     shapes = SHAPES[args.mixer]
@@ -394,7 +390,7 @@ def main(argv=None) -> int:
     print(f"read ceiling {read_gbps:.0f} GB/s, copy ceiling {copy_gbps:.0f} GB/s; shapes {shapes}; capacity "
           f"{args.capacity}; fp32 checkpoints, bf16 rows; {UNROLL} steps per graph", flush=True)
     if args.sweep:
-        (sweep if args.mixer == "gdn" else mamba2_sweep)(shapes, args.batches, args.capacity, args.sweep)
+        (sweep if args.mixer == "gdn" else mamba2_sweep)(shapes, args.batches, args.capacity, args.sweep, args.ncu)
         return 0
     if args.profile:
         profile(args, shapes)

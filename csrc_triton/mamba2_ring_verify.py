@@ -22,8 +22,8 @@ the intra-chunk term one [stack, stack] x [stack, BLOCK_P] product. For a float3
 fold multiplies in 3xTF32 (fold_precision_for: it must keep float32's accuracy over many folds), the
 verify's C S0^T in tf32 with operands rounded to nearest and its other products in 3xTF32 (every
 product in tf32 missed mamba2_verify's tolerance, 2e-3 x max |y|, over the 1,000-step test). The
-folded conv window is gdn_ring_verify's window launch, mixer-free, last (with FUSED_WINDOW, the
-verify's programs instead).
+verify's programs then move the folded rows' conv windows (FUSED_WINDOW; else gdn_ring_verify's
+window launch, mixer-free, last).
 """
 
 from __future__ import annotations
@@ -383,8 +383,8 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
 
 def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                 parents, D, z, dt_bias, *, dt_softplus, **tuning):
-    """mamba2_ring_verify's launches -- the folds, every row's verify, the folded windows -- or ()
-    with no rows. tuning: block_p, num_warps, heads_per_program, num_stages (both launches'),
+    """mamba2_ring_verify's launches -- the folds, every row's verify, then the folded windows' unless
+    the verify moves them -- or () with no rows. tuning: block_p, num_warps, heads_per_program, num_stages (both launches'),
     precision (the verify's products, and the fold's without fold_precision), state_precision and
     maxnreg, chunk_n and chunk_stages (the verify's C S0^T's, its register cap (0: none), its
     chunks of state rows), fold_precision, fold_warps, fold_heads_per_program and fold_maxnreg
