@@ -419,9 +419,8 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
     the others', with ``small`` (and N <= 8, C + N > 16) the rows whose keys fit a stack of 16 rows
     (pending + N <= 16 - N), then the rest (tf32 products); with ``merged`` those two in one launch
     (KIND 3, the others' cap); with early_state each program's first state rows read before its
-    row's cursor. maxnreg: the register cap of the
-    launches that do not fold (0 or None: the compiler's choice), or a pair (the small rows' cap,
-    the other non-folding rows')."""
+    row's cursor. maxnreg: the register cap of the launches that do not fold (0 or None: the
+    compiler's choice), or a pair (the small rows' cap, the other non-folding rows')."""
     from . import gdn_ring_verify_mma
 
     block_v, num_warps = chunk.constexprs["BLOCK_V"], chunk.constexprs["num_warps"]
