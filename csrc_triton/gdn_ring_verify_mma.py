@@ -124,11 +124,12 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chu
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
               EARLY_STATE: gl.constexpr):
-    """One program's work: the row's outputs for its query rows, stored, and the drafts' gates
-    beside their rows (v0 = 0); with FOLD instead (a stack of keys only, no drafts) the checkpoint
-    tile after the pending tokens, stored in place. Products in 3xTF32 with SPLIT, else tf32. Stack
-    rows: keys below KEY_ROWS, then queries; a row of this launch has at most PENDING_ROWS pending
-    tokens. With EARLY_STATE the tile's first chunk of rows is first_chunk, already loaded."""
+    """One program's work: with drafts (NUM_NODES > 0) the row's outputs for its query rows, stored,
+    and the drafts' gates beside their rows (v0 = 0); with FOLD the checkpoint tile after the pending
+    tokens, stored in place (after the outputs, which the old tile gave). Products in 3xTF32 with
+    SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of this launch has at most
+    PENDING_ROWS pending tokens. With EARLY_STATE the tile's first chunk of rows is first_chunk,
+    already loaded."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -286,6 +287,28 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chu
     gl.thread_barrier()
     v = v_smem.load(MMA)
     rhs = beta[:, None] * (v - grown[:, None] * products)  # zero on query rows
+    if NUM_NODES > 0:
+        o = gl.where(r_key, 0.0, grown)[:, None] * products + _product(
+            _product(query_mix, inverse, MMA, A_L, B_L, MIX_SPLIT), rhs, MMA, A_L, B_L, SPLIT)
+
+        n = gl.arange(0, BLOCK_V, layout=COL_L)
+        vv = _relabelled(n, v0, WARPS, TILES)
+        d = gl.where(r_drafted, r_draft, 0).to(gl.int64)
+        dst = out_ptr + row * out_stride_row + head * out_stride_head + (d * out_stride_node)[:, None] + \
+            (vv * out_stride_v)[None, :]
+        gl.store(dst, o.to(out_ptr.dtype.element_ty),
+                 mask=links_ok & (r_drafted & ~r_key)[:, None] & (vv < HEAD_V_DIM)[None, :])
+
+        # the drafts' gates beside their rows, once per head (where a fold leaves them too: start + pending)
+        node = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
+        drafts = live & (node < NUM_NODES) & (v0 == 0)
+        position = gates_base + ((start + pending + gl.where(drafts, node, 0)) % RING_ROWS) * gates_stride_row
+        g_in = gl.load(g_ptr + row * g_stride_row + node * g_stride_node + head * g_stride_head, mask=drafts,
+                       other=0.0)
+        beta_in = gl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
+                          mask=drafts, other=0.0)
+        gl.store(position, g_in.to(gl.float32), mask=drafts)
+        gl.store(position + gates_stride_gate, beta_in.to(gl.float32), mask=drafts)
     if FOLD:
         updates = _product(inverse, rhs, MMA, A_L, B_L, SPLIT)  # U on key rows
         # S_P = exp(G_P) S0 + K^T diag(exp(G_P - G_j)) U over the pending rows j, a chunk of rows at a time
@@ -305,28 +328,6 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chu
             mask = live & (kk < HEAD_K_DIM)[:, None] & (vl < HEAD_V_DIM)[None, :]
             before = gl.load(tile, mask=mask, other=0.0).to(gl.float32)
             gl.store(tile, (gl.exp(total) * before + acc).to(ssm_ptr.dtype.element_ty), mask=mask)
-    else:
-        o = gl.where(r_key, 0.0, grown)[:, None] * products + _product(
-            _product(query_mix, inverse, MMA, A_L, B_L, MIX_SPLIT), rhs, MMA, A_L, B_L, SPLIT)
-
-        n = gl.arange(0, BLOCK_V, layout=COL_L)
-        vv = _relabelled(n, v0, WARPS, TILES)
-        d = gl.where(r_drafted, r_draft, 0).to(gl.int64)
-        dst = out_ptr + row * out_stride_row + head * out_stride_head + (d * out_stride_node)[:, None] + \
-            (vv * out_stride_v)[None, :]
-        gl.store(dst, o.to(out_ptr.dtype.element_ty),
-                 mask=links_ok & (r_drafted & ~r_key)[:, None] & (vv < HEAD_V_DIM)[None, :])
-
-        # the drafts' gates beside their rows, once per head
-        node = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
-        drafts = live & (node < NUM_NODES) & (v0 == 0)
-        position = gates_base + ((start + pending + gl.where(drafts, node, 0)) % RING_ROWS) * gates_stride_row
-        g_in = gl.load(g_ptr + row * g_stride_row + node * g_stride_node + head * g_stride_head, mask=drafts,
-                       other=0.0)
-        beta_in = gl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
-                          mask=drafts, other=0.0)
-        gl.store(position, g_in.to(gl.float32), mask=drafts)
-        gl.store(position + gates_stride_gate, beta_in.to(gl.float32), mask=drafts)
 
 
 @gluon.jit
@@ -353,6 +354,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, EARLY_STATE: gl.constexpr,
+    FOLD_VERIFY: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
@@ -360,11 +362,13 @@ def _gdn_ring_verify_mma_kernel(
     its own registers: 0, those that do not fold and whose pending + N keys fit SMALL_KEYS (a stack
     of NODES = 16 rows, queries from row SMALL_KEYS = 16 - N); 1, the others that do not fold (32
     rows, queries from row C); 2, those that fold, launched before the others: the fold alone on a
-    stack of NODES pending keys (3xTF32 with SPLIT_FOLD); 3, kinds 0 and 1 in one launch (each its own
-    code, the registers of the larger) -- the launches of kinds 0 and 1 (or 3) then take
-    a folding row as one with nothing pending from start + pending; with FUSED_WINDOW their programs
-    of such a row then move its conv window past the folded tokens (nothing in these launches
-    reads a folded row's window): each its v columns, a key head's first value head its q and k.
+    stack of NODES pending keys (3xTF32 with SPLIT_FOLD), or with FOLD_VERIFY the fold and the row's
+    drafts both, from the one read of the old checkpoint (kind 1's stack); 3, kinds 0 and 1 in one
+    launch (each its own code, the registers of the larger) -- the launches of kinds 0 and 1 (or 3)
+    then take a folding row as one with nothing pending from start + pending, verifying its drafts
+    unless FOLD_VERIFY did; with FUSED_WINDOW their programs of such a row then move its conv window
+    past the folded tokens (nothing in these launches reads a folded row's window): each its v
+    columns, a key head's first value head its q and k.
     With EARLY_STATE the tile's first rows are read before the row's cursor (their latency under the
     cursor's, as gdn_verify_mma's first read; for a row the cursor then skips, read and unused)."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
@@ -404,6 +408,7 @@ def _gdn_ring_verify_mma_kernel(
         pending = gl.where(fold, 0, pending)
         fold = pending < 0  # (none)
     kind = gl.where(fold, 2, gl.where(pending + NUM_NODES <= SMALL_KEYS, 0, 1))
+    verified = moved & (FOLD_VERIFY and KIND != 2)  # its drafts' outputs already stored by the fold launch
 
     gates_base = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot + head * gates_stride_head
     rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
@@ -411,23 +416,24 @@ def _gdn_ring_verify_mma_kernel(
     # this launch's kind of row (KIND 3: the kinds 0 and 1, each its own code)
     for THIS in gl.static_range(0 if KIND == 3 else KIND, 2 if KIND == 3 else KIND + 1):
         if kind == THIS:
-            _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chunk, rows_base, window_base,
-                      gates_base,
-                      weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
-                      q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node,
-                      k_stride_head, k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
-                      g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
-                      conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
-                      gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
-                      out_stride_row, out_stride_node, out_stride_head, out_stride_v,
-                      weight_stride_dim, weight_stride_tap, bias_stride,
-                      0 if THIS == 2 else NUM_NODES, RING_ROWS,
-                      SMALL_KEYS if THIS == 0 else (NODES if THIS == 2 else RING_ROWS),
-                      SMALL_KEYS - NUM_NODES if THIS == 0 else MAX_PENDING,
-                      SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
-                      HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2, L2NORM,
-                      HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
-                      EARLY_STATE)
+            if ~verified:
+                _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chunk, rows_base,
+                          window_base, gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+                          parents_ptr, out_ptr, ssm_ptr, scale,
+                          q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node,
+                          k_stride_head, k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+                          g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node,
+                          beta_stride_head, conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
+                          gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
+                          out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+                          weight_stride_dim, weight_stride_tap, bias_stride,
+                          0 if THIS == 2 and not FOLD_VERIFY else NUM_NODES, RING_ROWS,
+                          SMALL_KEYS if THIS == 0 else (NODES if THIS == 2 and not FOLD_VERIFY else RING_ROWS),
+                          SMALL_KEYS - NUM_NODES if THIS == 0 else MAX_PENDING,
+                          SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
+                          HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and (THIS != 2 or FOLD_VERIFY),
+                          L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
+                          EARLY_STATE)
             if FUSED_WINDOW and THIS != 2:
                 if moved:
                     WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])

@@ -49,6 +49,8 @@
 #             by the verify launch, the GDN ring's two verify launches as one), after those options' GPU tests
 #   ringearly the GDN ring's mma launches with each tile's first state rows read before the row's cursor (early_state,
 #             never run on a GPU): its GPU tests, the one-layer sweep and whole steps with it and without
+#   ringfv    the GDN ring's fold launch verifying the folding rows' drafts too (fold_verify, never run on a GPU):
+#             its GPU tests, the one-layer sweep (its fold column against the R+W copy; fold caps) and whole steps
 #   ringncu   Nsight Compute over one layer of the GDN ring at B = 64, 1 row in 6 folding (the fold launch and the
 #             verify launch, bench_ring.py --ncu mixed): the details page and the SASS page's per-instruction
 #             stall samples as CSV, the report itself beside them
@@ -239,6 +241,19 @@ for phase in "$@"; do
                 timeout 90 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
                   --constants RING_MMA_EARLY_STATE=$early > "$out/profile_ring_early$early.log" 2>&1 || rc=1
                 grep -E '^(chain|\| _gdn)' "$out/profile_ring_early$early.log"
+              done ;;
+    ringfv)   rc=0
+              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+                -k "fold-verify or fold_verify" > "$out/gpu_tests_ringfv.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_ringfv.log"
+              timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/fold_verify=1 \
+                mma/128/4/fold_verify=1/fold_maxnreg=0 mma/128/4/fold_verify=1/fold_maxnreg=232 mma/128/4 \
+                > "$out/sweep_ring_fv.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_ring_fv.log"
+              for fv in 0 1; do
+                timeout 90 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
+                  --constants RING_MMA_FOLD_VERIFY=$fv > "$out/profile_ring_fv$fv.log" 2>&1 || rc=1
+                grep -E '^(chain|\| _gdn)' "$out/profile_ring_fv$fv.log"
               done ;;
     ringncu)  rc=0
               timeout 300 ncu --clock-control none --profile-from-start off --set full --import-source yes -f \

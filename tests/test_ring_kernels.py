@@ -250,6 +250,11 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
     for early in (None, True):
         calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, early_state=early)
         assert [c.constexprs["EARLY_STATE"] for c in calls] == [bool(early)] * len(kinds)
+    # the folding rows' drafts in the fold launch, on request: its stack the others' (C + N rows)
+    for fold_verify in (None, True):
+        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, fold_verify=fold_verify)
+        assert [c.constexprs["FOLD_VERIFY"] for c in calls] == [bool(fold_verify)] * len(kinds)
+        assert calls[0].constexprs["NODES"] == (32 if fold_verify else kinds[0][1])
     # by default the rows on the stack of 16 and the others in one launch (KIND 3), where there are both
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
     if len(kinds) == 3:
@@ -275,15 +280,18 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
 @pytest.mark.parametrize("head_dim", [32, 128])
 @pytest.mark.parametrize("capacity", [16, 20])
 @pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
-                                  dict(merged=False), dict(early_state=True)],
-                         ids=["default", "fold-32-columns", "window-apart", "unmerged", "early-state"])
+                                  dict(merged=False), dict(early_state=True), dict(fold_verify=True),
+                                  dict(fold_verify=True, merged=False, fused_window=False)],
+                         ids=["default", "fold-32-columns", "window-apart", "unmerged", "early-state", "fold-verify",
+                              "fold-verify-apart"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
     replay (wrapping the ring's end), few pending tokens (the stack of 16 rows), an empty ring, a
     padded row; by default the folded windows moved by the verify launches, merged into one; the fold
     launch also over its own narrower tiles; the windows in a launch of their own; the two verify
-    launches apart; the tiles' first rows read before the cursor."""
+    launches apart; the tiles' first rows read before the cursor; the folding rows' drafts verified
+    by the fold launch (with the others' launches and the windows' apart too)."""
     num_nodes = len(nodes)
     if capacity + 2 * num_nodes > 32:
         pytest.skip("C + N > 32: the Triton kernel's")
@@ -323,7 +331,7 @@ def ring_step_calls(kernels, verify_tuning=IEEE):
 @pytest.mark.parametrize("device, verify, tree", [
     pytest.param("cpu", "ieee", True, marks=[interpreted, pytest.mark.slow], id="tree-cpu"),  # (chains: the GPU's)
     *(pytest.param("cuda", verify, tree, marks=pytest.mark.gpu, id=f"{'tree' if tree else 'chain'}-cuda-{verify}")
-      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart") for tree in (False, True)),
+      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart", "mma-fold-verify") for tree in (False, True)),
 ])
 def test_steps_against_pytorch_code(device, verify, tree):
     """Twelve decode steps of two layers (ring_conv1d_verify, gdn_ring_verify per layer, then
@@ -331,7 +339,8 @@ def test_steps_against_pytorch_code(device, verify, tree):
     step after step (folds, wrapped rings, nothing accepted, a padded row), agree. verify: the
     Triton verify kernel in float32 ("ieee"), or the mma kernel at its own precision: by default its
     verify launches merged into one and moving the folded windows ("mma"), the two launches apart
-    ("mma-unmerged"), and the windows in a launch of their own too, the fold uncapped ("mma-apart")."""
+    ("mma-unmerged"), and the windows in a launch of their own too, the fold uncapped ("mma-apart"),
+    the folding rows' drafts verified by the fold launch ("mma-fold-verify")."""
     gen = torch.Generator().manual_seed(1)
     layers, num_nodes, capacity, kernel_size = 2, 3, 5, 4
     head_dim = 16 if verify == "ieee" else 32  # (the mma kernel's four warps take 32 columns or more)
@@ -356,7 +365,8 @@ def test_steps_against_pytorch_code(device, verify, tree):
         for kernels, world in zip((False, True), worlds):
             conv1d_verify, gdn_ring_verify, ring_accept, gdn_ring_flush = ring_step_calls(
                 kernels, {"ieee": IEEE, "mma": MMA, "mma-unmerged": dict(MMA, merged=False),
-                          "mma-apart": dict(MMA, merged=False, fused_window=False, fold_maxnreg=0)}[verify])
+                          "mma-apart": dict(MMA, merged=False, fused_window=False, fold_maxnreg=0),
+                          "mma-fold-verify": dict(MMA, fold_verify=True)}[verify])
             out = torch.full(case["v"].shape, FILL, device=device)
             conv_out = torch.full((layers, num_rows, num_nodes, dim), FILL, device=device)
             if step == 12:  # the states an engine would hand on
