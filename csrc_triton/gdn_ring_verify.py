@@ -27,7 +27,8 @@ import triton
 import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
-from .gdn_verify import MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse
+from .gdn_verify import (MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse,
+                         state_stages_for)
 from .ring_conv import ring_row_state
 
 # The Triton kernel (every layer's fold at flush; a verify the mma kernel cannot take): the fewest
@@ -58,6 +59,9 @@ RING_MMA_EARLY_STATE = False
 # The folding rows' drafts verified by the fold launch, from the checkpoint it reads anyway (a fold
 # step's state passes 3 -> 2: read and write, no re-read of the folded tile; not yet timed on a GPU)
 RING_MMA_FOLD_VERIFY = False
+# The state chunks through shared memory by cp.async, this many in flight from the program's start
+# (0: through registers, one chunk ahead; not yet timed on a GPU)
+RING_MMA_STATE_STAGES = 0
 
 
 def fold_precision_for(ssm) -> str:
@@ -361,7 +365,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
                  fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, early_state=None,
-                 fold_verify=None):
+                 fold_verify=None, state_stages=None):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
@@ -405,7 +409,8 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, ring_rows + num_nodes, maxnreg, small, fold_warps,
                                fold_block_v, fold_maxnreg, fused, RING_MMA_MERGED if merged is None else merged,
                                RING_MMA_EARLY_STATE if early_state is None else early_state,
-                               RING_MMA_FOLD_VERIFY if fold_verify is None else fold_verify) if mma else (chunk,))
+                               RING_MMA_FOLD_VERIFY if fold_verify is None else fold_verify,
+                               RING_MMA_STATE_STAGES if state_stages is None else state_stages) if mma else (chunk,))
     if fused:
         return chunks
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
@@ -414,7 +419,8 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
 
 
 def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_warps=None, fold_block_v=None,
-                     fold_maxnreg=None, fused_window=False, merged=False, early_state=False, fold_verify=False):
+                     fold_maxnreg=None, fused_window=False, merged=False, early_state=False, fold_verify=False,
+                     state_stages=0):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
     folding only (a stack of the pending keys, no drafts; 3xTF32 for a float32 checkpoint), on
@@ -425,8 +431,11 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
     (pending + N <= 16 - N), then the rest (tf32 products); with ``merged`` those two in one launch
     (KIND 3, the others' cap); with early_state each program's first state rows read before its
     row's cursor; with fold_verify the fold launch verifies the folding rows' drafts too (the
-    others' stack of C + N rows), the later launches only move their windows. maxnreg: the register cap of the launches that do not fold (0 or None: the
-    compiler's choice), or a pair (the small rows' cap, the other non-folding rows')."""
+    others' stack of C + N rows), the later launches only move their windows; with state_stages
+    the state chunks through shared memory, that many in flight (where a thread's copies are of 4
+    bytes or more: gdn_verify.state_stages_for). maxnreg: the register cap of the
+    launches that do not fold (0 or None: the compiler's choice), or a pair (the small rows' cap,
+    the other non-folding rows')."""
     from . import gdn_ring_verify_mma
 
     block_v, num_warps = chunk.constexprs["BLOCK_V"], chunk.constexprs["num_warps"]
@@ -441,7 +450,8 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
                   if name not in ("PRECISION", "FOLD_PRECISION")}
     width = chunk.constexprs["KERNEL_SIZE"] - 1
     constexprs.update(FUSED_WINDOW=bool(fused_window), WIDTH=width, WINDOW=max(2, next_power_of_2(width)),
-                      EARLY_STATE=bool(early_state), FOLD_VERIFY=bool(fold_verify))
+                      EARLY_STATE=bool(early_state), FOLD_VERIFY=bool(fold_verify),
+                      STATE_STAGES=state_stages_for(int(state_stages), block_v, num_warps, ssm))
     constexprs.update(NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32,
                       CHUNK_K=min(RING_MMA_CHUNK_K, constexprs["BLOCK_K"]), WARPS=num_warps,
                       SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4))
@@ -453,7 +463,9 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
     fold_cap = RING_MMA_FOLD_MAXNREG if fold_maxnreg is None else fold_maxnreg
     fold_stack = stack_rows if fold_verify else constexprs["MAX_PENDING"]  # (else the pending keys alone)
     fold = (2, max(RING_MMA_SMALL_NODES, next_power_of_2(fold_stack)), fold_grid,
-            dict(WARPS=fold_warps, num_warps=fold_warps, BLOCK_V=fold_block_v, **({"maxnreg": fold_cap} if fold_cap else {})))
+            dict(WARPS=fold_warps, num_warps=fold_warps, BLOCK_V=fold_block_v,
+                 STATE_STAGES=state_stages_for(int(state_stages), fold_block_v, fold_warps, ssm),
+                 **({"maxnreg": fold_cap} if fold_cap else {})))
     kinds = (fold, *(((0, RING_MMA_SMALL_NODES, chunk.grid, small_cap),) if small and not merged else ()),
              (3 if small and merged else 1, RING_MMA_NODES, chunk.grid, other_cap))
     return tuple(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors,
@@ -466,14 +478,15 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, early_state=None,
-                fold_verify=None):
+                fold_verify=None, state_stages=None):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, C + N <= 32, dv >= 32 and no precision is asked for), with block_v,
     num_warps, maxnreg, small, fold_warps, fold_block_v, fold_maxnreg, fused_window, merged,
-    early_state and fold_verify its own (None: 128 columns, 4 warps, RING_MMA_MAXNREG,
-    RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_EARLY_STATE, RING_MMA_FOLD_VERIFY; the rest:
+    early_state, fold_verify and state_stages its own (None: 128 columns, 4 warps, RING_MMA_MAXNREG,
+    RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_EARLY_STATE, RING_MMA_FOLD_VERIFY,
+    RING_MMA_STATE_STAGES; the rest:
     _mma_chunk_calls); else the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a
     float32 checkpoint)."""
     num_nodes = q.shape[1]
@@ -494,7 +507,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
                         fused_window=fused_window, merged=merged, early_state=early_state,
-                        fold_verify=fold_verify)
+                        fold_verify=fold_verify, state_stages=state_stages)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,

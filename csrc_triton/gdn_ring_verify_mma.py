@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .gdn_verify_mma import _mma, _parent_of, _parts, _product, _rounded, _state_chunk, _unit_lower_inverse
+from .gdn_verify_mma import (_issue_first_chunks, _mma, _parent_of, _parts, _product, _rounded, _staged_chunk,
+                             _state_chunk, _unit_lower_inverse)
 
 
 @gluon.jit
@@ -107,8 +108,9 @@ def _columns_natural(x, WARPS: gl.constexpr, TILES: gl.constexpr):
 
 
 @gluon.jit
-def _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chunk, rows_base, window_base, gates_base,
-              weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
+def _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chunk, state_ring, rows_base,
+              window_base, gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr,
+              out_ptr, ssm_ptr, scale,
               q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
               k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
               g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
@@ -123,13 +125,14 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chu
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
-              EARLY_STATE: gl.constexpr):
+              EARLY_STATE: gl.constexpr, STATE_STAGES: gl.constexpr, ISSUED: gl.constexpr):
     """One program's work: with drafts (NUM_NODES > 0) the row's outputs for its query rows, stored,
     and the drafts' gates beside their rows (v0 = 0); with FOLD the checkpoint tile after the pending
     tokens, stored in place (after the outputs, which the old tile gave). Products in 3xTF32 with
     SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of this launch has at most
     PENDING_ROWS pending tokens. With EARLY_STATE the tile's first chunk of rows is first_chunk,
-    already loaded."""
+    already loaded. With STATE_STAGES the chunks come through shared memory state_ring instead
+    (cp.async, that many in flight; the first ones already issued with ISSUED)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -143,7 +146,14 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chu
     # 16-byte rows of the stack's [8, 4] ldmatrix tiles on distinct banks
     KQ_SMEM: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
 
-    if EARLY_STATE:
+    CHUNKS: gl.constexpr = BLOCK_K // CHUNK_K
+    STAGES: gl.constexpr = min(STATE_STAGES, CHUNKS)
+    if STATE_STAGES > 0:
+        if not ISSUED:  # the long read first, into shared memory: no register holds it meanwhile
+            _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
+                                SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+        upcoming = first_chunk  # unread
+    elif EARLY_STATE:
         upcoming = first_chunk
     else:
         upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
@@ -204,10 +214,14 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chu
                     SPLIT)
     products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
     for c in gl.static_range(0, BLOCK_K, CHUNK_K):
-        state = upcoming
-        if c + CHUNK_K < BLOCK_K:
-            upcoming = _state_chunk(state_base, c + CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
-                                    SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+        if STATE_STAGES > 0:
+            state = _staged_chunk(state_ring, state_base, live, v0, c, STAGES, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K,
+                                  SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+        else:
+            state = upcoming
+            if c + CHUNK_K < BLOCK_K:
+                upcoming = _state_chunk(state_base, c + CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
+                                        SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
         state = _columns_relabelled(state, WARPS, TILES)
         a_hi = kq_hi.slice(c, CHUNK_K, dim=1).load(A_L)
         if SPLIT:
@@ -354,7 +368,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, EARLY_STATE: gl.constexpr,
-    FOLD_VERIFY: gl.constexpr,
+    FOLD_VERIFY: gl.constexpr, STATE_STAGES: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
@@ -369,8 +383,11 @@ def _gdn_ring_verify_mma_kernel(
     unless FOLD_VERIFY did; with FUSED_WINDOW their programs of such a row then move its conv window
     past the folded tokens (nothing in these launches reads a folded row's window): each its v
     columns, a key head's first value head its q and k.
-    With EARLY_STATE the tile's first rows are read before the row's cursor (their latency under the
-    cursor's, as gdn_verify_mma's first read; for a row the cursor then skips, read and unused)."""
+    With EARLY_STATE the verify launches read the tile's first rows before the row's cursor (their
+    latency under the cursor's, as gdn_verify_mma's first read; for a row the cursor then skips,
+    read and unused: not in the fold launch, which most rows skip). With STATE_STAGES the state
+    chunks come through shared memory (cp.async, that many in flight), the first ones issued
+    before the cursor with EARLY_STATE."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = gl.program_id(0) // V_BLOCKS
     v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
@@ -387,12 +404,22 @@ def _gdn_ring_verify_mma_kernel(
     ring = gl.where(live, ring, 0)
     slot = gl.where(live, slot, 0)
     state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
-    if EARLY_STATE:
-        TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
-        LOAD_L: gl.constexpr = gl.BlockedLayout([1, TILES], [4, 8], [1, WARPS], [0, 1])  # (_row_head's)
+    EARLY: gl.constexpr = EARLY_STATE and KIND != 2
+    TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
+    LOAD_L: gl.constexpr = gl.BlockedLayout([1, TILES], [4, 8], [1, WARPS], [0, 1])  # (_row_head's)
+    if STATE_STAGES > 0:  # 16-byte units XOR-swizzled by row: a warp's rows of a load on distinct banks
+        state_ring = gl.allocate_shared_memory(ssm_ptr.dtype.element_ty, [STATE_STAGES, CHUNK_K, BLOCK_V],
+                                               gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
+        if EARLY:
+            _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
+                                SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+        first_chunk = live  # unread
+    elif EARLY:
+        state_ring = live  # unread
         first_chunk = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
                                    CHUNK_K, BLOCK_V, LOAD_L)
     else:
+        state_ring = live  # unread
         first_chunk = live  # unread
     start = gl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(gl.int64)
     pending = gl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(gl.int64)
@@ -417,9 +444,9 @@ def _gdn_ring_verify_mma_kernel(
     for THIS in gl.static_range(0 if KIND == 3 else KIND, 2 if KIND == 3 else KIND + 1):
         if kind == THIS:
             if ~verified:
-                _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chunk, rows_base,
-                          window_base, gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
-                          parents_ptr, out_ptr, ssm_ptr, scale,
+                _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chunk, state_ring,
+                          rows_base, window_base, gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr,
+                          beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
                           q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node,
                           k_stride_head, k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
                           g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node,
@@ -433,7 +460,7 @@ def _gdn_ring_verify_mma_kernel(
                           SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
                           HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and (THIS != 2 or FOLD_VERIFY),
                           L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
-                          EARLY_STATE)
+                          EARLY, STATE_STAGES, EARLY)
             if FUSED_WINDOW and THIS != 2:
                 if moved:
                     WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
@@ -450,3 +477,5 @@ def _gdn_ring_verify_mma_kernel(
                                           rows_base + qk_chan * rows_stride_dim, kk < HEAD_K_DIM, folded_start,
                                           folded, conv_stride_win, rows_stride_row, RING_ROWS, WIDTH, WINDOW,
                                           WINDOW_L)
+    if STATE_STAGES > 0 and EARLY:
+        async_copy.wait_group(0)  # (a row this launch skips: its copies land before the program ends)

@@ -52,6 +52,9 @@ MMA_BLOCK_V = 128
 MMA_WARPS = 2
 MMA_CHUNK_K = 32
 MMA_MAX_NODES = 16
+# The state chunks through shared memory by cp.async, this many in flight from the program's start
+# (0: through registers, one chunk ahead; not yet timed on a GPU)
+MMA_STATE_STAGES = 0
 
 
 @triton.jit
@@ -226,6 +229,12 @@ def _mma_device(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) >= (8, 0)
 
 
+def state_stages_for(state_stages: int, block_v: int, num_warps: int, ssm) -> int:
+    """The mma kernels' state_stages where a thread's run of a chunk row (block_v / (8 warps)
+    elements) is a cp.async of 4 bytes or more, else 0 (the chunks through registers)."""
+    return state_stages if block_v // (8 * num_warps) * ssm.element_size() >= 4 else 0
+
+
 def _mma_kernel_runs_on(ssm) -> bool:
     """Whether gdn_verify_mma's kernel (Gluon, mma.sync: sm_80+, Triton 3.6) serves ssm's device."""
     return (ssm.is_cuda and triton.__version__.startswith(SMEM_TRITON_VERSIONS)
@@ -233,11 +242,14 @@ def _mma_kernel_runs_on(ssm) -> bool:
 
 
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
-                 block_v=None, num_warps=None, precision=None, mma=None, chunk_k=MMA_CHUNK_K):
+                 block_v=None, num_warps=None, precision=None, mma=None, chunk_k=MMA_CHUNK_K,
+                 state_stages=MMA_STATE_STAGES):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
-    kernel's), chunk_k (state rows per load of the mma kernel, a power of two >= 16): tuning only."""
+    kernel's), chunk_k (state rows per load of the mma kernel, a power of two >= 16), state_stages
+    (the mma kernel's chunks through shared memory, that many in flight; 0, or a bf16 state on
+    fewer than 16 columns a warp: registers): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -268,7 +280,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     if mma:
         from . import gdn_verify_mma
         constexprs.update(CHUNK_K=min(chunk_k, constexprs["BLOCK_K"]), ROUND_KQ=q.dtype == torch.float32 or k.dtype == torch.float32,
-                          WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3))
+                          WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3),
+                          STATE_STAGES=state_stages_for(int(state_stages), block_v, num_warps, ssm))
         return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
     return KernelCall(_gdn_verify_kernel, grid, tensors, scalars, constexprs)
 

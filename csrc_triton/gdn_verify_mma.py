@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 
 @gluon.jit
@@ -71,6 +71,50 @@ def _state_chunk(state_base, first, slot_ok, v0, HEAD_K_DIM: gl.constexpr, HEAD_
     tile = state_base + (kk * SSM_STRIDE_K)[:, None] + (vv * SSM_STRIDE_V)[None, :]
     mask = slot_ok & (kk < HEAD_K_DIM)[:, None] & (vv < HEAD_V_DIM)[None, :]
     return gl.load(tile, mask=mask, other=0.0).to(gl.float32)
+
+
+@gluon.jit
+def _issue_state_chunk(slot, state_base, first, live, v0, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
+                       SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, CHUNK_K: gl.constexpr,
+                       BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr):
+    """State rows first .. first + CHUNK_K - 1 of the tile copied into shared memory ``slot`` by
+    cp.async, one commit group (zeros outside the tile or for a row not live)."""
+    kk = first + gl.arange(0, CHUNK_K, layout=gl.SliceLayout(1, LOAD_L))
+    vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, LOAD_L))
+    async_copy.async_copy_global_to_shared(
+        slot, state_base + (kk * SSM_STRIDE_K)[:, None] + (vv * SSM_STRIDE_V)[None, :],
+        mask=live & (kk < HEAD_K_DIM)[:, None] & (vv < HEAD_V_DIM)[None, :])
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
+                        BLOCK_K: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
+                        CHUNK_K: gl.constexpr, BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr):
+    """The tile's first chunks of rows issued into the ring's slots (_staged_chunk's ring), one each."""
+    for i in gl.static_range(min(state_ring.shape[0], BLOCK_K // CHUNK_K)):
+        _issue_state_chunk(state_ring.index(i), state_base, i * CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM,
+                           SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+
+
+@gluon.jit
+def _staged_chunk(state_ring, state_base, live, v0, FIRST: gl.constexpr, STAGES: gl.constexpr,
+                  HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr,
+                  SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, CHUNK_K: gl.constexpr,
+                  BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr):
+    """State rows FIRST .. FIRST + CHUNK_K - 1 of the tile, fp32 in LOAD_L, from their slot of the
+    STAGES-slot ring in shared memory (chunk i in slot i % STAGES, chunks 0 .. STAGES-1 issued
+    first); the slot then refilled with the chunk STAGES later."""
+    CHUNKS: gl.constexpr = BLOCK_K // CHUNK_K
+    I: gl.constexpr = FIRST // CHUNK_K
+    async_copy.wait_group(min(CHUNKS, STAGES + I) - (I + 1))  # this thread's copies of chunk I landed
+    gl.thread_barrier()  # and every other thread's
+    state = state_ring.index(I % STAGES).load(LOAD_L).to(gl.float32)
+    if I + STAGES < CHUNKS:  # the slot refilled once every thread has read it
+        gl.thread_barrier()
+        _issue_state_chunk(state_ring.index(I % STAGES), state_base, (I + STAGES) * CHUNK_K, live, v0, HEAD_K_DIM,
+                           HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+    return state
 
 
 @gluon.jit
@@ -192,11 +236,13 @@ def _gdn_verify_mma_kernel(
     HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
+    STATE_STAGES: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
     gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
     its operands rounded to nearest). The state's strides come as SSM_STRIDE_K / _V, constants, so
-    that the chunk loads take immediate offsets."""
+    that the chunk loads take immediate offsets. With STATE_STAGES the chunks go through shared
+    memory (cp.async, that many in flight from the program's start) instead of registers."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -224,8 +270,16 @@ def _gdn_verify_mma_kernel(
     k_base = k_ptr + row * k_stride_row + k_head * k_stride_head
     q_base = q_ptr + row * q_stride_row + k_head * q_stride_head
 
-    upcoming = _state_chunk(state_base, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K,
-                            BLOCK_V, LOAD_L)  # the long read first: nothing before it waits
+    if STATE_STAGES > 0:  # 16-byte units XOR-swizzled by row: a warp's rows of a load on distinct banks
+        state_ring = gl.allocate_shared_memory(ssm_ptr.dtype.element_ty, [STATE_STAGES, CHUNK_K, BLOCK_V],
+                                               gl.SwizzledSharedLayout(VEC, 1, 8, [1, 0]))
+        _issue_first_chunks(state_ring, state_base, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
+                            SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)  # the long read first: nothing before it waits
+        upcoming = slot_ok  # unread
+    else:
+        state_ring = slot_ok  # unread
+        upcoming = _state_chunk(state_base, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
+                                CHUNK_K, BLOCK_V, LOAD_L)  # the long read first: nothing before it waits
     # the tree walk's layout: node c's parent link on lane c
     index = gl.arange(0, NODES, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
     if TREE:  # the parent links now, their latency under the state's: the walk runs on registers
@@ -253,10 +307,14 @@ def _gdn_verify_mma_kernel(
 
     products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
     for c in gl.static_range(0, BLOCK_K, CHUNK_K):
-        state = upcoming
-        if c + CHUNK_K < BLOCK_K:  # the next chunk's loads in flight while this one multiplies
-            upcoming = _state_chunk(state_base, c + CHUNK_K, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
-                                    SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+        if STATE_STAGES > 0:
+            state = _staged_chunk(state_ring, state_base, slot_ok, v0, c, min(STATE_STAGES, BLOCK_K // CHUNK_K),
+                                  HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+        else:
+            state = upcoming
+            if c + CHUNK_K < BLOCK_K:  # the next chunk's loads in flight while this one multiplies
+                upcoming = _state_chunk(state_base, c + CHUNK_K, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
+                                        SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
         # relabel the columns (no data moves): a thread's TILES columns (runs of VEC) become its
         # columns of the warp's TILES mma tiles
         state = state.reshape([CHUNK_K, TILES // VEC, WARPS, 8, VEC]).permute((0, 1, 4, 2, 3)).reshape(

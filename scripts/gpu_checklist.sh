@@ -51,6 +51,12 @@
 #             never run on a GPU): its GPU tests, the one-layer sweep and whole steps with it and without
 #   ringfv    the GDN ring's fold launch verifying the folding rows' drafts too (fold_verify, never run on a GPU):
 #             its GPU tests, the one-layer sweep (its fold column against the R+W copy; fold caps) and whole steps
+#   ringsmall the GDN ring at B = 1 / 8 over narrower tiles (more programs, as gdn_verify's spread_block): the
+#             64-column kernel tests, then the one-layer sweep of 128 / 64 / 32 columns
+#   ringstages the GDN ring's state chunks through shared memory by cp.async (state_stages, never run on a GPU),
+#             the first ones before the cursor with early_state: its GPU tests, the one-layer sweep, whole steps
+#   gvstages  gdn_verify's mma kernel with its state chunks through shared memory by cp.async (state_stages, never
+#             run on a GPU): its GPU tests, then the sweep of those tunings against the default, fp32 and bf16 states
 #   ringncu   Nsight Compute over one layer of the GDN ring at B = 64, 1 row in 6 folding (the fold launch and the
 #             verify launch, bench_ring.py --ncu mixed): the details page and the SASS page's per-instruction
 #             stall samples as CSV, the report itself beside them
@@ -254,6 +260,36 @@ for phase in "$@"; do
                 timeout 90 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
                   --constants RING_MMA_FOLD_VERIFY=$fv > "$out/profile_ring_fv$fv.log" 2>&1 || rc=1
                 grep -E '^(chain|\| _gdn)' "$out/profile_ring_fv$fv.log"
+              done ;;
+    ringsmall) rc=0
+              timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+                -k "64-columns" > "$out/gpu_tests_ringsmall.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_ringsmall.log"
+              timeout 100 python3 benchmarks/bench_ring.py --batches 1 8 64 --sweep mma/128/4 mma/64/4 mma/32/4 \
+                mma/128/4 > "$out/sweep_ring_small.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_ring_small.log" ;;
+    ringstages) rc=0
+              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+                -k "stages" > "$out/gpu_tests_ringstages.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_ringstages.log"
+              timeout 120 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/state_stages=2 \
+                mma/128/4/state_stages=2/early_state=1 mma/128/4/state_stages=3/early_state=1 \
+                mma/128/4/state_stages=2/early_state=1/maxnreg=0 mma/128/4 > "$out/sweep_ring_stages.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_ring_stages.log"
+              for stages in 0 2; do
+                timeout 90 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
+                  --constants RING_MMA_STATE_STAGES=$stages RING_MMA_EARLY_STATE=$((stages > 0)) \
+                  > "$out/profile_ring_stages$stages.log" 2>&1 || rc=1
+                grep -E '^(chain|\| _gdn)' "$out/profile_ring_stages$stages.log"
+              done ;;
+    gvstages) rc=0
+              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
+                -k "state_stages" > "$out/gpu_tests_gvstages.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_gvstages.log"
+              for dtype in fp32 bf16; do
+                timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --only 10 11 12 13 14 --batches 64 256 \
+                  --state-dtype $dtype > "$out/sweep_gdn_verify_stages_$dtype.log" 2>&1 || rc=1
+                grep '^|' "$out/sweep_gdn_verify_stages_$dtype.log"
               done ;;
     ringncu)  rc=0
               timeout 300 ncu --clock-control none --profile-from-start off --set full --import-source yes -f \

@@ -193,7 +193,9 @@ TUNINGS = [dict(mma=False), dict(block_v=16, mma=False), dict(block_v=16, num_wa
            dict(block_v=32, precision="tf32x3", num_warps=2, mma=False), dict(block_v=64, precision="ieee", mma=False),
            pytest.param(dict(mma=True, block_v=32, num_warps=4), marks=pytest.mark.gpu),
            pytest.param(dict(mma=True, block_v=64, chunk_k=16), marks=pytest.mark.gpu),
-           pytest.param(dict(mma=True, block_v=128, chunk_k=16, num_warps=8), marks=pytest.mark.gpu)]
+           pytest.param(dict(mma=True, block_v=128, chunk_k=16, num_warps=8), marks=pytest.mark.gpu),
+           pytest.param(dict(mma=True, state_stages=2), marks=pytest.mark.gpu),  # the chunks through shared memory
+           pytest.param(dict(mma=True, block_v=64, chunk_k=16, state_stages=3), marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=[interpreted, pytest.mark.slow]),

@@ -255,6 +255,15 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
         calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, fold_verify=fold_verify)
         assert [c.constexprs["FOLD_VERIFY"] for c in calls] == [bool(fold_verify)] * len(kinds)
         assert calls[0].constexprs["NODES"] == (32 if fold_verify else kinds[0][1])
+    # the state chunks through shared memory, on request: every launch (through registers where a
+    # thread's copy would be under 4 bytes: a bf16 state on 32 columns over 4 warps)
+    for stages in (None, 2):
+        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, state_stages=stages)
+        assert [c.constexprs["STATE_STAGES"] for c in calls] == [stages or 0] * len(kinds)
+    bf16_args = [a.to(torch.bfloat16) if a is case["ssm_state"] else a for a in args]
+    assert sum(a.dtype == torch.bfloat16 for a in bf16_args if isinstance(a, torch.Tensor)) == 1
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*bf16_args, **kwargs, **apart, state_stages=2)
+    assert [c.constexprs["STATE_STAGES"] for c in calls if "KIND" in c.constexprs] == [0] * len(kinds)
     # by default the rows on the stack of 16 and the others in one launch (KIND 3), where there are both
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
     if len(kinds) == 3:
@@ -281,9 +290,10 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
 @pytest.mark.parametrize("capacity", [16, 20])
 @pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
                                   dict(merged=False), dict(early_state=True), dict(fold_verify=True),
-                                  dict(fold_verify=True, merged=False, fused_window=False)],
+                                  dict(fold_verify=True, merged=False, fused_window=False), dict(block_v=64),
+                                  dict(state_stages=2), dict(state_stages=3, early_state=True)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "early-state", "fold-verify",
-                              "fold-verify-apart"])
+                              "fold-verify-apart", "64-columns", "state-stages", "state-stages-early"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
@@ -291,11 +301,13 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     padded row; by default the folded windows moved by the verify launches, merged into one; the fold
     launch also over its own narrower tiles; the windows in a launch of their own; the two verify
     launches apart; the tiles' first rows read before the cursor; the folding rows' drafts verified
-    by the fold launch (with the others' launches and the windows' apart too)."""
+    by the fold launch (with the others' launches and the windows' apart too); every launch over
+    tiles of 64 columns (two a head: the small batches' choice); the state chunks through shared
+    memory (2 in flight; 3, the first before the cursor)."""
     num_nodes = len(nodes)
     if capacity + 2 * num_nodes > 32:
         pytest.skip("C + N > 32: the Triton kernel's")
-    if "fold_block_v" in fold and head_dim == 32:
+    if ("fold_block_v" in fold or "block_v" in fold) and head_dim == 32:
         pytest.skip("one tile of 32 columns either way")
     ring_rows = capacity + num_nodes
     cursors = torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, 9], [0, 0], [2, capacity - num_nodes], [1, 1]])
@@ -331,7 +343,8 @@ def ring_step_calls(kernels, verify_tuning=IEEE):
 @pytest.mark.parametrize("device, verify, tree", [
     pytest.param("cpu", "ieee", True, marks=[interpreted, pytest.mark.slow], id="tree-cpu"),  # (chains: the GPU's)
     *(pytest.param("cuda", verify, tree, marks=pytest.mark.gpu, id=f"{'tree' if tree else 'chain'}-cuda-{verify}")
-      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart", "mma-fold-verify") for tree in (False, True)),
+      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart", "mma-fold-verify", "mma-stages")
+      for tree in (False, True)),
 ])
 def test_steps_against_pytorch_code(device, verify, tree):
     """Twelve decode steps of two layers (ring_conv1d_verify, gdn_ring_verify per layer, then
@@ -340,7 +353,8 @@ def test_steps_against_pytorch_code(device, verify, tree):
     Triton verify kernel in float32 ("ieee"), or the mma kernel at its own precision: by default its
     verify launches merged into one and moving the folded windows ("mma"), the two launches apart
     ("mma-unmerged"), and the windows in a launch of their own too, the fold uncapped ("mma-apart"),
-    the folding rows' drafts verified by the fold launch ("mma-fold-verify")."""
+    the folding rows' drafts verified by the fold launch ("mma-fold-verify"), the state chunks
+    through shared memory, issued before the cursor ("mma-stages")."""
     gen = torch.Generator().manual_seed(1)
     layers, num_nodes, capacity, kernel_size = 2, 3, 5, 4
     head_dim = 16 if verify == "ieee" else 32  # (the mma kernel's four warps take 32 columns or more)
@@ -366,7 +380,8 @@ def test_steps_against_pytorch_code(device, verify, tree):
             conv1d_verify, gdn_ring_verify, ring_accept, gdn_ring_flush = ring_step_calls(
                 kernels, {"ieee": IEEE, "mma": MMA, "mma-unmerged": dict(MMA, merged=False),
                           "mma-apart": dict(MMA, merged=False, fused_window=False, fold_maxnreg=0),
-                          "mma-fold-verify": dict(MMA, fold_verify=True)}[verify])
+                          "mma-fold-verify": dict(MMA, fold_verify=True),
+                          "mma-stages": dict(MMA, state_stages=2, early_state=True)}[verify])
             out = torch.full(case["v"].shape, FILL, device=device)
             conv_out = torch.full((layers, num_rows, num_nodes, dim), FILL, device=device)
             if step == 12:  # the states an engine would hand on
