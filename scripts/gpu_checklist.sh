@@ -57,8 +57,8 @@
 #             the first ones before the cursor with early_state: its GPU tests, the one-layer sweep, whole steps
 #   gvstages  gdn_verify's mma kernel with its state chunks through shared memory by cp.async (state_stages, never
 #             run on a GPU): its GPU tests, then the sweep of those tunings against the default, fp32 and bf16 states
-#   ringncu   Nsight Compute over one layer of the GDN ring at B = 64, 1 row in 6 folding (the fold launch and the
-#             verify launch, bench_ring.py --ncu mixed): the details page and the SASS page's per-instruction
+#   ringncu   Nsight Compute over one layer of each ring (GDN, then Mamba2) at B = 64, 1 row in 6 folding (the fold
+#             launch and the verify launch, bench_ring.py --ncu mixed): the details page and the SASS page's per-instruction
 #             stall samples as CSV, the report itself beside them
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
@@ -291,16 +291,21 @@ for phase in "$@"; do
                   --state-dtype $dtype > "$out/sweep_gdn_verify_stages_$dtype.log" 2>&1 || rc=1
                 grep '^|' "$out/sweep_gdn_verify_stages_$dtype.log"
               done ;;
-    ringncu)  rc=0
-              timeout 300 ncu --clock-control none --profile-from-start off --set full --import-source yes -f \
-                -k regex:_gdn_ring_verify_mma_kernel -o "$out/ring_mixed" python3 benchmarks/bench_ring.py \
-                --batches 64 --sweep mma/128/4 --ncu mixed > "$out/ncu_ring_mixed.log" 2>&1 || rc=1
-              tail -3 "$out/ncu_ring_mixed.log"
-              ncu -i "$out/ring_mixed.ncu-rep" --page details --csv > "$out/ncu_ring_mixed_details.csv" 2>&1 || rc=1
-              ncu -i "$out/ring_mixed.ncu-rep" --page source --csv --print-source sass \
-                > "$out/ncu_ring_mixed_sass.csv" 2>&1 || rc=1
-              grep -E '"(Duration|Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued Instruction|Memory Throughput)"' \
-                "$out/ncu_ring_mixed_details.csv" | cut -c1-200 ;;
+    ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding)
+              for mixer in gdn mamba2; do
+                if [ "$mixer" = gdn ]; then kernels=_gdn_ring_verify_mma_kernel; spec=mma/128/4
+                else kernels=_mamba2_ring; spec=64/4/16/1; fi
+                timeout 300 ncu --clock-control none --profile-from-start off --set full --import-source yes -f \
+                  -k regex:$kernels -o "$out/ring_mixed_$mixer" python3 benchmarks/bench_ring.py --mixer $mixer \
+                  --batches 64 --sweep $spec --ncu mixed > "$out/ncu_ring_mixed_$mixer.log" 2>&1 || rc=1
+                tail -3 "$out/ncu_ring_mixed_$mixer.log"
+                ncu -i "$out/ring_mixed_$mixer.ncu-rep" --page details --csv > "$out/ncu_ring_mixed_${mixer}_details.csv" \
+                  2>&1 || rc=1
+                ncu -i "$out/ring_mixed_$mixer.ncu-rep" --page source --csv --print-source sass \
+                  > "$out/ncu_ring_mixed_${mixer}_sass.csv" 2>&1 || rc=1
+                grep -E '"(Duration|Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued Instruction|Memory Throughput)"' \
+                  "$out/ncu_ring_mixed_${mixer}_details.csv" | cut -c1-200
+              done ;;
     ringprof) rc=0
               for mixer in gdn mamba2; do
                 timeout 200 python3 benchmarks/bench_ring.py --mixer "$mixer" --batches 1 8 64 256 --profile \
