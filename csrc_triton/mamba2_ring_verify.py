@@ -52,6 +52,10 @@ RING_CHUNK_N = 32
 RING_CHUNK_STAGES = 3
 # The folded rows' conv windows moved by the verify launch's programs instead of a launch of their own
 FUSED_WINDOW = True
+# The verify's loop over a program's heads and its loop over their state chunks flattened into one
+# pipelined loop (tl.range's flatten): the chunks' loads never drain between heads (not yet timed
+# on a GPU)
+FLATTEN_HEADS = False
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
 STATE_PRECISION = "tf32"
@@ -164,7 +168,7 @@ def _mamba2_ring_verify_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, STATE_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
     CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr, FUSED_WINDOW: tl.constexpr, WIDTH: tl.constexpr,
-    WINDOW: tl.constexpr,
+    WINDOW: tl.constexpr, FLATTEN: tl.constexpr,
 ):
     """The drafts' outputs of layer ``layer`` and their d beside their ring rows. A row that folds
     (the fold launch, before this one, brought its checkpoint past the pending tokens) is verified
@@ -228,7 +232,9 @@ def _mamba2_ring_verify_kernel(
     ring_s = (start + s) % RING_ROWS
     out_ok = tl.where(links_ok, s_drafted[:, None] & p_ok[None, :], False)
     tile_ok = tl.where(live, n_ok[:, None] & p_ok[None, :], False)
-    for head in range(first_head, first_head + HEADS_PER_PROGRAM):
+    # with FLATTEN the heads' and their chunks' loops one pipelined loop: the next head's first chunks
+    # in flight while this one's outputs are computed
+    for head in tl.range(first_head, first_head + HEADS_PER_PROGRAM, flatten=FLATTEN):
         state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
         # S0^T, the long read first: whole, or C S0^T now over CHUNK_N state rows at a time, their
         # loads pipelined through shared memory (cp.async) rather than held in registers
@@ -349,10 +355,11 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                  parents, D, z, dt_bias, *, dt_softplus, heads, max_pending, fold_above, block_p=None,
                  num_warps=MAMBA2_RING_WARPS, precision=None, state_precision=None, heads_per_program=None,
                  num_stages=RING_STAGES, maxnreg=RING_VERIFY_MAXNREG, chunk_n=RING_CHUNK_N,
-                 chunk_stages=RING_CHUNK_STAGES, fused_window=False):
+                 chunk_stages=RING_CHUNK_STAGES, fused_window=False, flatten=None):
     """The verify launch over the rows of layer ``layer`` (weight [dim, K], bias [dim], A [H]: its own).
     chunk_n: C S0^T over chunks of that many state rows (0: the whole tile), chunk_stages of them
-    in flight; fused_window: the folded rows' conv windows moved here too."""
+    in flight; fused_window: the folded rows' conv windows moved here too; flatten: the heads' loop and
+    the chunks' one pipelined loop (None: FLATTEN_HEADS)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     _, _, num_groups, d_state = heads
     block_p, share, grid = _tiling(num_rows, 1, heads, block_p, heads_per_program)
@@ -373,7 +380,8 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
         PRECISION=precision or fold_precision_for(ssm),
         STATE_PRECISION=state_precision or precision or state_precision_for(ssm),
         HEADS_PER_PROGRAM=share, CHUNK_N=chunk_n, CHUNK_STAGES=chunk_stages, FUSED_WINDOW=bool(fused_window),
-        WIDTH=conv.shape[3], WINDOW=max(2, next_power_of_2(conv.shape[3])), num_warps=num_warps,
+        WIDTH=conv.shape[3], WINDOW=max(2, next_power_of_2(conv.shape[3])),
+        FLATTEN=bool(FLATTEN_HEADS if flatten is None else flatten), num_warps=num_warps,
         num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     tensors = tuple(ssm if t is None else t for t in (  # (an absent tensor: one the kernel never reads)
         out, x, dt, B, C, z, A, D, dt_bias, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
@@ -386,16 +394,18 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     """mamba2_ring_verify's launches -- the folds, every row's verify, then the folded windows' unless
     the verify moves them -- or () with no rows. tuning: block_p, num_warps, heads_per_program, num_stages (both launches'),
     precision (the verify's products, and the fold's without fold_precision), state_precision and
-    maxnreg, chunk_n and chunk_stages (the verify's C S0^T's, its register cap (0: none), its
-    chunks of state rows), fold_precision, fold_warps, fold_heads_per_program and fold_maxnreg
-    (the fold's), fused_window (the folded windows moved by the verify launch, no window launch; FUSED_WINDOW)."""
+    maxnreg, chunk_n, chunk_stages and flatten (the verify's C S0^T's, its register cap (0: none),
+    its chunks of state rows, its heads' and chunks' loops as one), fold_precision, fold_warps,
+    fold_heads_per_program and fold_maxnreg (the fold's), fused_window (the folded windows moved by
+    the verify launch, no window launch; FUSED_WINDOW)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
     heads = (num_heads, head_dim, B.shape[2], B.shape[3])
     ring_rows = rows.shape[2]
     capacity = dict(max_pending=ring_rows - num_nodes, fold_above=ring_rows - num_nodes)
-    verify_only = {name: tuning.pop(name) for name in ("state_precision", "maxnreg", "chunk_n", "chunk_stages")
+    verify_only = {name: tuning.pop(name) for name in ("state_precision", "maxnreg", "chunk_n", "chunk_stages",
+                                                        "flatten")
                    if name in tuning}
     fused = tuning.pop("fused_window", FUSED_WINDOW)  # (its programs cover x, B and C: the rows' whole width)
     fold_precision, fold_warps = tuning.pop("fold_precision", None), tuning.pop("fold_warps", None)  # (the fold's)

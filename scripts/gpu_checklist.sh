@@ -57,6 +57,8 @@
 #             the first ones before the cursor with early_state: its GPU tests, the one-layer sweep, whole steps
 #   gvstages  gdn_verify's mma kernel with its state chunks through shared memory by cp.async (state_stages, never
 #             run on a GPU): its GPU tests, then the sweep of those tunings against the default, fp32 and bf16 states
+#   m2flat    the Mamba2 ring verify's heads' and chunks' loops flattened into one pipelined loop (flatten, never run
+#             on a GPU): its GPU tests, the one-layer sweep (register caps, stages) and whole steps with and without
 #   ringncu   Nsight Compute over one layer of each ring (GDN, then Mamba2) at B = 64, 1 row in 6 folding (the fold
 #             launch and the verify launch, bench_ring.py --ncu mixed): the details page and the SASS page's per-instruction
 #             stall samples as CSV, the report itself beside them
@@ -290,6 +292,19 @@ for phase in "$@"; do
                 timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --only 10 11 12 13 14 --batches 64 256 \
                   --state-dtype $dtype > "$out/sweep_gdn_verify_stages_$dtype.log" 2>&1 || rc=1
                 grep '^|' "$out/sweep_gdn_verify_stages_$dtype.log"
+              done ;;
+    m2flat)   rc=0
+              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels_mamba2.py \
+                > "$out/gpu_tests_m2flat.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_m2flat.log"
+              timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \
+                64/4/16/1/flatten=1 64/4/16/1/flatten=1/maxnreg=168 64/4/16/1/flatten=1/chunk_stages=2 \
+                64/4/16/1/flatten=1/chunk_stages=4 64/4/16/1 > "$out/sweep_ring_m2flat.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_ring_m2flat.log"
+              for flat in 0 1; do
+                timeout 90 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain --profile \
+                  --constants FLATTEN_HEADS=$flat > "$out/profile_ring_m2flat$flat.log" 2>&1 || rc=1
+                grep -E '^(chain|\| _mamba2)' "$out/profile_ring_m2flat$flat.log"
               done ;;
     ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding)
               for mixer in gdn mamba2; do

@@ -128,7 +128,8 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     every row's verify on a stack of 16 (a folded row's from its new checkpoint). Rows folding 16
     and 14 pending tokens, 13 (the most that do not fold), 5 wrapping the ring's end, an empty ring,
     a padded row. d_state 40: C S0^T whole, and over chunks of 16 state rows (the third partial, the
-    fourth all padding); the folded windows in a launch of their own or in the verify's."""
+    fourth all padding); the folded windows in a launch of their own or in the verify's; the heads'
+    loop and the chunks' as one (flatten)."""
     cursors = torch.tensor([[17, 16], [10, 13], [0, 0], [18, 5], [3, 14], [1, 2]])
     case = mamba2_ring_case(num_rows=6, num_nodes=3, capacity=16, num_ring_slots=6, num_state_slots=6, cursors=cursors,
                             ring_slots=[0, 1, 2, 3, 4, 5], state_slots=[3, 0, 4, 1, 5, -1], d_state=40,
@@ -162,8 +163,10 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     assert "maxnreg" not in apart[0].constexprs
     assert [call.kernel.__name__ for call in apart][:2] == ["_mamba2_ring_fold_kernel", "_mamba2_ring_verify_kernel"]
     assert len(apart) == 3  # the window launch
-    for chunk_n, fused_window in ((0, False), (16, False), (32, True)):
-        want, got = run_both(case, tuning=dict(IEEE, chunk_n=chunk_n, fused_window=fused_window))
+    assert verify.constexprs["FLATTEN"] is False  # (the heads' and chunks' loops apart by default)
+    for chunk_n, fused_window, flatten in ((0, False, False), (16, False, False), (32, True, False), (16, False, True),
+                                           (32, True, True)):
+        want, got = run_both(case, tuning=dict(IEEE, chunk_n=chunk_n, fused_window=fused_window, flatten=flatten))
         folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
         assert folded.tolist() == [False, False, False, True, False, True]  # slots 3, 5: rows of 16 and 14 pending
         assert_agree(want, got)
