@@ -365,7 +365,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
                  fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, early_state=None,
-                 fold_verify=None, state_stages=None):
+                 fold_verify=None, state_stages=None, chunk_k=None):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
@@ -410,7 +410,8 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                                fold_block_v, fold_maxnreg, fused, RING_MMA_MERGED if merged is None else merged,
                                RING_MMA_EARLY_STATE if early_state is None else early_state,
                                RING_MMA_FOLD_VERIFY if fold_verify is None else fold_verify,
-                               RING_MMA_STATE_STAGES if state_stages is None else state_stages) if mma else (chunk,))
+                               RING_MMA_STATE_STAGES if state_stages is None else state_stages,
+                               chunk_k or RING_MMA_CHUNK_K) if mma else (chunk,))
     if fused:
         return chunks
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
@@ -420,7 +421,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
 
 def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_warps=None, fold_block_v=None,
                      fold_maxnreg=None, fused_window=False, merged=False, early_state=False, fold_verify=False,
-                     state_stages=0):
+                     state_stages=0, chunk_k=RING_MMA_CHUNK_K):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
     folding only (a stack of the pending keys, no drafts; 3xTF32 for a float32 checkpoint), on
@@ -433,9 +434,9 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
     row's cursor; with fold_verify the fold launch verifies the folding rows' drafts too (the
     others' stack of C + N rows), the later launches only move their windows; with state_stages
     the state chunks through shared memory, that many in flight (where a thread's copies are of 4
-    bytes or more: gdn_verify.state_stages_for). maxnreg: the register cap of the
-    launches that do not fold (0 or None: the compiler's choice), or a pair (the small rows' cap,
-    the other non-folding rows')."""
+    bytes or more: gdn_verify.state_stages_for); chunk_k state rows a chunk. maxnreg: the register
+    cap of the launches that do not fold (0 or None: the compiler's choice), or a pair (the small
+    rows' cap, the other non-folding rows')."""
     from . import gdn_ring_verify_mma
 
     block_v, num_warps = chunk.constexprs["BLOCK_V"], chunk.constexprs["num_warps"]
@@ -453,7 +454,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
                       EARLY_STATE=bool(early_state), FOLD_VERIFY=bool(fold_verify),
                       STATE_STAGES=state_stages_for(int(state_stages), block_v, num_warps, ssm))
     constexprs.update(NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32,
-                      CHUNK_K=min(RING_MMA_CHUNK_K, constexprs["BLOCK_K"]), WARPS=num_warps,
+                      CHUNK_K=min(chunk_k, constexprs["BLOCK_K"]), WARPS=num_warps,
                       SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4))
     num_nodes = constexprs["NUM_NODES"]
     small = small and 2 * num_nodes <= RING_MMA_SMALL_NODES < stack_rows
@@ -478,15 +479,15 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, early_state=None,
-                fold_verify=None, state_stages=None):
+                fold_verify=None, state_stages=None, chunk_k=None):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, C + N <= 32, dv >= 32 and no precision is asked for), with block_v,
     num_warps, maxnreg, small, fold_warps, fold_block_v, fold_maxnreg, fused_window, merged,
-    early_state, fold_verify and state_stages its own (None: 128 columns, 4 warps, RING_MMA_MAXNREG,
-    RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_EARLY_STATE, RING_MMA_FOLD_VERIFY,
-    RING_MMA_STATE_STAGES; the rest:
+    early_state, fold_verify, state_stages and chunk_k its own (None: 128 columns, 4 warps,
+    RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_EARLY_STATE,
+    RING_MMA_FOLD_VERIFY, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K; the rest:
     _mma_chunk_calls); else the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a
     float32 checkpoint)."""
     num_nodes = q.shape[1]
@@ -507,7 +508,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
                         fused_window=fused_window, merged=merged, early_state=early_state,
-                        fold_verify=fold_verify, state_stages=state_stages)
+                        fold_verify=fold_verify, state_stages=state_stages, chunk_k=chunk_k)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,

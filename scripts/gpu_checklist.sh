@@ -59,6 +59,11 @@
 #             run on a GPU): its GPU tests, then the sweep of those tunings against the default, fp32 and bf16 states
 #   m2flat    the Mamba2 ring verify's heads' and chunks' loops flattened into one pipelined loop (flatten, never run
 #             on a GPU): its GPU tests, the one-layer sweep (register caps, stages) and whole steps with and without
+#   vartests  every opt-in variant not yet run on a GPU, its GPU tests in one run (the rings' early_state, fold_verify,
+#             state_stages, chunk_k, 64-column tiles; gdn_verify's state_stages; the Mamba2 ring's flatten)
+#   varbench  the same variants timed in one process each: the GDN ring's one-layer sweep at B = 64 / 256 and its
+#             tiles at B = 1 / 8, the Mamba2 ring's sweep, gdn_verify's sweep (what ringearly, ringfv, ringsmall,
+#             ringstages, m2flat and gvstages time one by one, without their whole steps)
 #   ringncu   Nsight Compute over one layer of each ring (GDN, then Mamba2) at B = 64, 1 row in 6 folding (the fold
 #             launch and the verify launch, bench_ring.py --ncu mixed): the details page and the SASS page's per-instruction
 #             stall samples as CSV, the report itself beside them
@@ -306,6 +311,26 @@ for phase in "$@"; do
                   --constants FLATTEN_HEADS=$flat > "$out/profile_ring_m2flat$flat.log" 2>&1 || rc=1
                 grep -E '^(chain|\| _mamba2)' "$out/profile_ring_m2flat$flat.log"
               done ;;
+    vartests) timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist --durations=5 \
+                tests/test_ring_kernels.py tests/test_gdn_verify.py tests/test_ring_kernels_mamba2.py \
+                -k "early or fold-verify or fold_verify or stages or 64-columns or capacity_16" \
+                > "$out/gpu_tests_variants.log" 2>&1
+              rc=$?; tail -8 "$out/gpu_tests_variants.log" ;;
+    varbench) rc=0
+              timeout 200 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/early_state=1 \
+                mma/128/4/state_stages=2 mma/128/4/state_stages=2/early_state=1 mma/128/4/state_stages=3/early_state=1 \
+                mma/128/4/chunk_k=16/state_stages=4/early_state=1 mma/128/4/fold_verify=1 \
+                mma/128/4/fold_verify=1/state_stages=2/early_state=1 mma/128/4 > "$out/sweep_variants_gdn.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_variants_gdn.log"
+              timeout 80 python3 benchmarks/bench_ring.py --batches 1 8 --sweep mma/128/4 mma/64/4 mma/32/4 \
+                > "$out/sweep_variants_small.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_variants_small.log"
+              timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \
+                64/4/16/1/flatten=1 64/4/16/1/flatten=1/maxnreg=168 64/4/16/1 > "$out/sweep_variants_mamba2.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_variants_mamba2.log"
+              timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --only 10 11 12 13 14 --batches 64 256 \
+                > "$out/sweep_variants_gdn_verify.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_variants_gdn_verify.log" ;;
     ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding)
               for mixer in gdn mamba2; do
                 if [ "$mixer" = gdn ]; then kernels=_gdn_ring_verify_mma_kernel; spec=mma/128/4

@@ -260,6 +260,9 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
     for stages in (None, 2):
         calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, state_stages=stages)
         assert [c.constexprs["STATE_STAGES"] for c in calls] == [stages or 0] * len(kinds)
+        assert [c.constexprs["CHUNK_K"] for c in calls if "KIND" in c.constexprs] == [32] * len(kinds)  # (dk 32)
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, chunk_k=16)
+    assert [c.constexprs["CHUNK_K"] for c in calls if "KIND" in c.constexprs] == [16] * len(kinds)
     bf16_args = [a.to(torch.bfloat16) if a is case["ssm_state"] else a for a in args]
     assert sum(a.dtype == torch.bfloat16 for a in bf16_args if isinstance(a, torch.Tensor)) == 1
     calls = triton_kernels().gdn_ring_verify._ring_calls(*bf16_args, **kwargs, **apart, state_stages=2)
@@ -291,9 +294,11 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
 @pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
                                   dict(merged=False), dict(early_state=True), dict(fold_verify=True),
                                   dict(fold_verify=True, merged=False, fused_window=False), dict(block_v=64),
-                                  dict(state_stages=2), dict(state_stages=3, early_state=True)],
+                                  dict(state_stages=2), dict(state_stages=3, early_state=True),
+                                  dict(chunk_k=16, state_stages=4, early_state=True)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "early-state", "fold-verify",
-                              "fold-verify-apart", "64-columns", "state-stages", "state-stages-early"])
+                              "fold-verify-apart", "64-columns", "state-stages", "state-stages-early",
+                              "state-stages-16-rows"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
@@ -303,7 +308,7 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     launches apart; the tiles' first rows read before the cursor; the folding rows' drafts verified
     by the fold launch (with the others' launches and the windows' apart too); every launch over
     tiles of 64 columns (two a head: the small batches' choice); the state chunks through shared
-    memory (2 in flight; 3, the first before the cursor)."""
+    memory (2 in flight; 3, the first before the cursor; 4 of 16 rows)."""
     num_nodes = len(nodes)
     if capacity + 2 * num_nodes > 32:
         pytest.skip("C + N > 32: the Triton kernel's")
