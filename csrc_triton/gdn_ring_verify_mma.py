@@ -89,6 +89,20 @@ def _window_after(window, rows, ok, start, pending, conv_stride_win, rows_stride
 
 
 @gluon.jit
+def _launch_dependents():
+    """griddepcontrol.launch_dependents (sm_90+): the next launch, if programmatic, may start once
+    every program of this one has begun (or ended)."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def _wait_for_prior_launch():
+    """griddepcontrol.wait (sm_90+): the launch before this programmatic one has ended, its writes visible."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _relabelled(n, v0, WARPS: gl.constexpr, TILES: gl.constexpr):
     """The value column at position n of the relabelled tile (gdn_verify_mma's relabelling)."""
     return v0 + ((n // 8) % WARPS) * (8 * TILES) + (n % 8) * TILES + n // (8 * WARPS)
@@ -368,7 +382,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, EARLY_STATE: gl.constexpr,
-    FOLD_VERIFY: gl.constexpr, STATE_STAGES: gl.constexpr,
+    FOLD_VERIFY: gl.constexpr, STATE_STAGES: gl.constexpr, PDL: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
@@ -387,7 +401,12 @@ def _gdn_ring_verify_mma_kernel(
     latency under the cursor's, as gdn_verify_mma's first read; for a row the cursor then skips,
     read and unused: not in the fold launch, which most rows skip). With STATE_STAGES the state
     chunks come through shared memory (cp.async, that many in flight), the first ones issued
-    before the cursor with EARLY_STATE."""
+    before the cursor with EARLY_STATE. With PDL (sm_90+, FOLD_VERIFY, the windows' own launch last)
+    the launch after the folds' is a programmatic dependent one: it reads nothing the folds write,
+    so it starts while they run; the folds' programs let it start at once, and its last program
+    waits for them before ending, so that what follows both sees both."""
+    if PDL and KIND == 2:
+        _launch_dependents()
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = gl.program_id(0) // V_BLOCKS
     v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
@@ -479,3 +498,8 @@ def _gdn_ring_verify_mma_kernel(
                                           WINDOW_L)
     if STATE_STAGES > 0 and EARLY:
         async_copy.wait_group(0)  # (a row this launch skips: its copies land before the program ends)
+    if PDL and KIND != 2:
+        last = ((gl.program_id(0) == gl.num_programs(0) - 1) & (gl.program_id(1) == gl.num_programs(1) - 1)
+                & (gl.program_id(2) == gl.num_programs(2) - 1))
+        if last:  # (the launch ends after this program: the folds' launch has ended before it)
+            _wait_for_prior_launch()

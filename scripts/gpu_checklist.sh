@@ -59,8 +59,9 @@
 #             run on a GPU): its GPU tests, then the sweep of those tunings against the default, fp32 and bf16 states
 #   m2flat    the Mamba2 ring verify's heads' and chunks' loops flattened into one pipelined loop (flatten, never run
 #             on a GPU): its GPU tests, the one-layer sweep (register caps, stages) and whole steps with and without
-#   vartests  every opt-in variant not yet run on a GPU, its GPU tests in one run (the rings' early_state, fold_verify,
-#             state_stages, chunk_k, 64-column tiles; gdn_verify's state_stages; the Mamba2 ring's flatten)
+#   vartests  every opt-in variant not yet run on a GPU, its GPU tests in one run (the GDN ring's early_state,
+#             fold_verify, pdl, state_stages, chunk_k, 64-column tiles, and all at once in CUDA graphs; gdn_verify's
+#             state_stages; the Mamba2 ring's flatten)
 #   varbench  the same variants timed in one process each: the GDN ring's one-layer sweep at B = 64 / 256 and its
 #             tiles at B = 1 / 8, the Mamba2 ring's sweep, gdn_verify's sweep (what ringearly, ringfv, ringsmall,
 #             ringstages, m2flat and gvstages time one by one, without their whole steps)
@@ -312,15 +313,17 @@ for phase in "$@"; do
                 grep -E '^(chain|\| _mamba2)' "$out/profile_ring_m2flat$flat.log"
               done ;;
     vartests) timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist --durations=5 \
-                tests/test_ring_kernels.py tests/test_gdn_verify.py tests/test_ring_kernels_mamba2.py \
-                -k "early or fold-verify or fold_verify or stages or 64-columns or capacity_16" \
+                tests/test_ring_kernels.py tests/test_gdn_verify.py tests/test_ring_kernels_mamba2.py tests/test_ring.py \
+                -k "early or fold-verify or fold_verify or stages or 64-columns or capacity_16 or pdl or variants" \
                 > "$out/gpu_tests_variants.log" 2>&1
               rc=$?; tail -8 "$out/gpu_tests_variants.log" ;;
     varbench) rc=0
               timeout 200 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/early_state=1 \
                 mma/128/4/state_stages=2 mma/128/4/state_stages=2/early_state=1 mma/128/4/state_stages=3/early_state=1 \
                 mma/128/4/chunk_k=16/state_stages=4/early_state=1 mma/128/4/fold_verify=1 \
-                mma/128/4/fold_verify=1/state_stages=2/early_state=1 mma/128/4 > "$out/sweep_variants_gdn.log" 2>&1 || rc=1
+                mma/128/4/fold_verify=1/state_stages=2/early_state=1 mma/128/4/fold_verify=1/pdl=1/fused_window=0 \
+                mma/128/4/fold_verify=1/pdl=1/fused_window=0/state_stages=2/early_state=1 mma/128/4 \
+                > "$out/sweep_variants_gdn.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_variants_gdn.log"
               timeout 80 python3 benchmarks/bench_ring.py --batches 1 8 --sweep mma/128/4 mma/64/4 mma/32/4 \
                 > "$out/sweep_variants_small.log" 2>&1 || rc=1

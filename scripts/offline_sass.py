@@ -38,7 +38,7 @@ from sgl_convwin import csrc_triton  # noqa: E402
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64",
          torch.int32: "i32", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
-OPTIONS = ("num_warps", "num_stages", "maxnreg", "num_ctas")
+OPTIONS = ("num_warps", "num_stages", "maxnreg", "num_ctas", "launch_pdl")
 
 
 def compile_call(call, arch):

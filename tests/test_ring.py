@@ -368,14 +368,27 @@ def ring_layers_step(ring, ssm_state, conv_state, conv_weight, conv_bias, out, x
     sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, ring_slots, steps, parents, num_draft=x.shape[2])
 
 
+# The GDN ring's opt-in launches, all at once (module defaults): the folding rows' drafts verified
+# by the folds' launch, the others' verify a programmatic dependent launch beside it, the state
+# chunks through shared memory from before the cursor
+RING_VARIANTS = dict(RING_MMA_FOLD_VERIFY=True, RING_MMA_PDL=True, RING_MMA_STATE_STAGES=2, RING_MMA_EARLY_STATE=True)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("launches", ["default", "variants"])
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_cuda_graph_steps_match_eager(tree):
+def test_cuda_graph_steps_match_eager(tree, launches, monkeypatch):
     """One graph of a whole step and one of a flush, captured once; 40 steps replayed with new
     inputs, slots (a padded row, requests moving between rows), acceptance and tree links written
     into the static inputs, a flush replayed every few steps, and new requests between steps. Every
     output, checkpoint and ring tensor after every replay equals, bit for bit, what eager calls of
-    the same ops leave on a twin."""
+    the same ops leave on a twin. The ring verify's default launches, and its opt-in ones
+    (RING_VARIANTS: a programmatic dependent launch captured in the graph)."""
+    if launches == "variants":
+        from sgl_convwin._kernels import triton_kernels
+
+        for name, value in RING_VARIANTS.items():
+            monkeypatch.setattr(triton_kernels().gdn_ring_verify, name, value)
     layers, num_rows, num_draft, num_ring, num_state = 2, 3, 3, 4, 5
     generator = torch.Generator().manual_seed(11)
     options = dict(num_layers=layers, num_draft=num_draft, capacity=5, num_ring_slots=num_ring,

@@ -263,6 +263,16 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
         assert [c.constexprs["CHUNK_K"] for c in calls if "KIND" in c.constexprs] == [32] * len(kinds)  # (dk 32)
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, chunk_k=16)
     assert [c.constexprs["CHUNK_K"] for c in calls if "KIND" in c.constexprs] == [16] * len(kinds)
+    # the others' verify a programmatic dependent launch of the folds', on request: only beside
+    # fold_verify, in one launch, the windows in their own launch after both
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, fold_verify=True,
+                                                         pdl=True)
+    assert [(c.constexprs.get("KIND"), c.constexprs.get("PDL"), c.constexprs.get("launch_pdl")) for c in calls] == [
+        (2, True, None), (kinds[-1][0] if len(kinds) == 2 else 3, True, True), (None, None, None)]  # + the window's
+    for wrong in (dict(), dict(fused_window=True), dict(merged=False)):
+        with pytest.raises(ValueError, match="pdl overlaps"):
+            triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, pdl=True,
+                                                         **dict(dict(fold_verify=True), **wrong) if wrong else {})
     bf16_args = [a.to(torch.bfloat16) if a is case["ssm_state"] else a for a in args]
     assert sum(a.dtype == torch.bfloat16 for a in bf16_args if isinstance(a, torch.Tensor)) == 1
     calls = triton_kernels().gdn_ring_verify._ring_calls(*bf16_args, **kwargs, **apart, state_stages=2)
@@ -295,10 +305,10 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
                                   dict(merged=False), dict(early_state=True), dict(fold_verify=True),
                                   dict(fold_verify=True, merged=False, fused_window=False), dict(block_v=64),
                                   dict(state_stages=2), dict(state_stages=3, early_state=True),
-                                  dict(chunk_k=16, state_stages=4, early_state=True)],
+                                  dict(chunk_k=16, state_stages=4, early_state=True), dict(fold_verify=True, pdl=True)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "early-state", "fold-verify",
                               "fold-verify-apart", "64-columns", "state-stages", "state-stages-early",
-                              "state-stages-16-rows"])
+                              "state-stages-16-rows", "pdl"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
@@ -308,7 +318,8 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     launches apart; the tiles' first rows read before the cursor; the folding rows' drafts verified
     by the fold launch (with the others' launches and the windows' apart too); every launch over
     tiles of 64 columns (two a head: the small batches' choice); the state chunks through shared
-    memory (2 in flight; 3, the first before the cursor; 4 of 16 rows)."""
+    memory (2 in flight; 3, the first before the cursor; 4 of 16 rows); the others' verify a
+    programmatic dependent launch beside the folds'."""
     num_nodes = len(nodes)
     if capacity + 2 * num_nodes > 32:
         pytest.skip("C + N > 32: the Triton kernel's")
@@ -348,7 +359,7 @@ def ring_step_calls(kernels, verify_tuning=IEEE):
 @pytest.mark.parametrize("device, verify, tree", [
     pytest.param("cpu", "ieee", True, marks=[interpreted, pytest.mark.slow], id="tree-cpu"),  # (chains: the GPU's)
     *(pytest.param("cuda", verify, tree, marks=pytest.mark.gpu, id=f"{'tree' if tree else 'chain'}-cuda-{verify}")
-      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart", "mma-fold-verify", "mma-stages")
+      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart", "mma-fold-verify", "mma-stages", "mma-pdl")
       for tree in (False, True)),
 ])
 def test_steps_against_pytorch_code(device, verify, tree):
@@ -359,7 +370,8 @@ def test_steps_against_pytorch_code(device, verify, tree):
     verify launches merged into one and moving the folded windows ("mma"), the two launches apart
     ("mma-unmerged"), and the windows in a launch of their own too, the fold uncapped ("mma-apart"),
     the folding rows' drafts verified by the fold launch ("mma-fold-verify"), the state chunks
-    through shared memory, issued before the cursor ("mma-stages")."""
+    through shared memory, issued before the cursor ("mma-stages"), the others' verify beside the
+    folds' launch ("mma-pdl")."""
     gen = torch.Generator().manual_seed(1)
     layers, num_nodes, capacity, kernel_size = 2, 3, 5, 4
     head_dim = 16 if verify == "ieee" else 32  # (the mma kernel's four warps take 32 columns or more)
@@ -386,7 +398,8 @@ def test_steps_against_pytorch_code(device, verify, tree):
                 kernels, {"ieee": IEEE, "mma": MMA, "mma-unmerged": dict(MMA, merged=False),
                           "mma-apart": dict(MMA, merged=False, fused_window=False, fold_maxnreg=0),
                           "mma-fold-verify": dict(MMA, fold_verify=True),
-                          "mma-stages": dict(MMA, state_stages=2, early_state=True)}[verify])
+                          "mma-stages": dict(MMA, state_stages=2, early_state=True),
+                          "mma-pdl": dict(MMA, fold_verify=True, pdl=True)}[verify])
             out = torch.full(case["v"].shape, FILL, device=device)
             conv_out = torch.full((layers, num_rows, num_nodes, dim), FILL, device=device)
             if step == 12:  # the states an engine would hand on
