@@ -28,7 +28,7 @@ import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
 from .gdn_verify import (MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse,
-                         state_stages_for)
+                         spread_block, state_stages_for)
 from .ring_conv import ring_row_state
 
 # The Triton kernel (every layer's fold at flush; a verify the mma kernel cannot take): the fewest
@@ -66,6 +66,10 @@ RING_MMA_STATE_STAGES = 0
 # programmatic dependent of the folds' (sm_90+), running beside their latency-bound wave instead of
 # after it (not yet timed on a GPU)
 RING_MMA_PDL = False
+# Small batches' tiles narrower (gdn_verify.spread_block: down to 32 columns while a launch would have
+# fewer than VERIFY_PROGRAMS programs), the folds' too: more, shorter programs where a launch is one
+# program's latency (not yet timed on a GPU)
+RING_MMA_SPREAD = False
 
 
 def fold_precision_for(ssm) -> str:
@@ -506,9 +510,10 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, C + N <= 32, dv >= 32 and no precision is asked for), with block_v,
     num_warps, maxnreg, small, fold_warps, fold_block_v, fold_maxnreg, fused_window, merged,
-    early_state, fold_verify, state_stages, chunk_k and pdl its own (None: 128 columns, 4 warps,
-    RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_EARLY_STATE,
-    RING_MMA_FOLD_VERIFY, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K, RING_MMA_PDL; the rest:
+    early_state, fold_verify, state_stages, chunk_k and pdl its own (None: 128 columns, fewer for
+    small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW,
+    RING_MMA_MERGED, RING_MMA_EARLY_STATE, RING_MMA_FOLD_VERIFY, RING_MMA_STATE_STAGES,
+    RING_MMA_CHUNK_K, RING_MMA_PDL; the rest:
     _mma_chunk_calls); else the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a
     float32 checkpoint)."""
     num_nodes = q.shape[1]
@@ -519,8 +524,9 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
         mma = (precision is None and fold_precision is None and block_v is None and num_warps is None
                and rows.shape[2] + num_nodes <= RING_MMA_NODES and v.shape[3] >= 8 * RING_MMA_WARPS
                and _mma_kernel_runs_on(ssm))
-    if mma:
-        block_v = min(RING_MMA_BLOCK_V, max(MIN_DOT, next_power_of_2(v.shape[3]))) if block_v is None else block_v
+    if mma and block_v is None:
+        block_v = (spread_block(RING_MMA_BLOCK_V, q.shape[0], v.shape[2], v.shape[3]) if RING_MMA_SPREAD
+                   else min(RING_MMA_BLOCK_V, max(MIN_DOT, next_power_of_2(v.shape[3]))))
     num_warps = (RING_MMA_WARPS if mma else RING_WARPS) if num_warps is None else num_warps
     return _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
                         parents, layer=layer, num_layers=1, num_nodes=num_nodes, heads=heads,

@@ -60,7 +60,8 @@
 #   m2flat    the Mamba2 ring verify's heads' and chunks' loops flattened into one pipelined loop (flatten, never run
 #             on a GPU): its GPU tests, the one-layer sweep (register caps, stages) and whole steps with and without
 #   vartests  every opt-in variant not yet run on a GPU, its GPU tests in one run (the GDN ring's early_state,
-#             fold_verify, pdl, state_stages, chunk_k, 64-column tiles, and all at once in CUDA graphs; gdn_verify's
+#             fold_verify, pdl, state_stages, chunk_k, 64-column tiles (RING_MMA_SPREAD's), and all at once in CUDA
+#             graphs; gdn_verify's
 #             state_stages; the Mamba2 ring's flatten)
 #   varbench  the same variants timed in one process each: the GDN ring's one-layer sweep at B = 64 / 256 and its
 #             tiles at B = 1 / 8, the Mamba2 ring's sweep, gdn_verify's sweep (what ringearly, ringfv, ringsmall,
@@ -328,6 +329,11 @@ for phase in "$@"; do
               timeout 80 python3 benchmarks/bench_ring.py --batches 1 8 --sweep mma/128/4 mma/64/4 mma/32/4 \
                 > "$out/sweep_variants_small.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_variants_small.log"
+              for spread in 0 1; do  # (whole steps: the small batches' narrower tiles, the folds' too)
+                timeout 60 python3 benchmarks/bench_ring.py --batches 1 8 --drafts chain --profile \
+                  --constants RING_MMA_SPREAD=$spread > "$out/profile_variants_spread$spread.log" 2>&1 || rc=1
+                grep -E '^chain' "$out/profile_variants_spread$spread.log"
+              done
               timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \
                 64/4/16/1/flatten=1 64/4/16/1/flatten=1/maxnreg=168 64/4/16/1 > "$out/sweep_variants_mamba2.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_variants_mamba2.log"

@@ -295,6 +295,25 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
     assert {c.constexprs["KIND"]: c.constexprs["maxnreg"] for c in calls} == {2: 168, len(kinds) % 2 * 2 + 1: 128}
 
 
+@pytest.mark.parametrize("num_rows, spread, block_v", [(1, False, 128), (1, True, 32), (8, True, 64), (16, True, 128)])
+def test_mma_tiles_by_batch(num_rows, spread, block_v, monkeypatch):
+    """The mma launches' tiles at dv 128: 128 columns, or with RING_MMA_SPREAD as gdn_verify's
+    spread_block (halved while a launch of 32 heads would have fewer than 512 programs, to 32), the
+    folds' too."""
+    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_SPREAD", spread)
+    case = ring_case(num_rows=num_rows, num_nodes=4, capacity=16, num_k_heads=16, head_k_dim=32, head_v_dim=128,
+                     num_state_slots=num_rows, num_ring_slots=num_rows, ring_slots=list(range(num_rows)),
+                     state_slots=list(range(num_rows)))
+    out = torch.empty(case["v"].shape)
+    args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
+        out, case["q"], case["k"], case["v"], case["g"], case["beta"], case["ssm_state"], case["conv_state"],
+        case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"], case["ring_slots"],
+        case["state_slots"], 1, None)
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True)
+    assert [(c.constexprs["BLOCK_V"], c.grid[0]) for c in calls if "KIND" in c.constexprs] == [
+        (block_v, 32 * 128 // block_v)] * 2
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("nodes", [[-1, 0, 1, 2], [-1, 0, 0, 1], [-1, 0, 0, 0, 1, 1, 1, 4]],
                          ids=["chain", "tree", "tree8"])
