@@ -165,7 +165,7 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     assert len(apart) == 3  # the window launch
     assert verify.constexprs["FLATTEN"] is False  # (the heads' and chunks' loops apart by default)
     for chunk_n, fused_window, flatten in ((0, False, False), (16, False, False), (32, True, False), (16, False, True),
-                                           (32, True, True)):
+                                           (32, True, True), (0, True, True)):
         want, got = run_both(case, tuning=dict(IEEE, chunk_n=chunk_n, fused_window=fused_window, flatten=flatten))
         folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
         assert folded.tolist() == [False, False, False, True, False, True]  # slots 3, 5: rows of 16 and 14 pending
