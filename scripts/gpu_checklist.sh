@@ -334,8 +334,9 @@ for phase in "$@"; do
                   --constants RING_MMA_SPREAD=$spread > "$out/profile_variants_spread$spread.log" 2>&1 || rc=1
                 grep -E '^chain' "$out/profile_variants_spread$spread.log"
               done
-              timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \
-                64/4/16/1/flatten=1 64/4/16/1/flatten=1/maxnreg=168 64/4/16/1 > "$out/sweep_variants_mamba2.log" 2>&1 || rc=1
+              timeout 150 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \
+                64/4/16/1/flatten=1 64/4/16/1/flatten=1/maxnreg=168 64/4/16/1/fold_heads_per_program=1 64/4/16/1 \
+                > "$out/sweep_variants_mamba2.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_variants_mamba2.log"
               timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --only 10 11 12 13 14 --batches 64 256 \
                 > "$out/sweep_variants_gdn_verify.log" 2>&1 || rc=1
