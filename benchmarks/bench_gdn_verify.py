@@ -152,7 +152,7 @@ def check(device) -> bool:
 SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) for bv, w, c in (
     (128, 2, 32), (128, 2, 16), (128, 2, 64), (128, 1, 32), (128, 4, 32), (64, 2, 32), (64, 1, 32), (32, 1, 32),
     (32, 2, 32))), *(dict(mma=True, chunk_k=c, state_stages=n)  # the chunks through shared memory
-                     for c, n in ((32, 2), (32, 3), (16, 2), (16, 3), (16, 4)))]
+                     for c, n in ((32, 2), (32, 3), (16, 2), (16, 3), (16, 4), (32, 4)))]
 
 
 def registers(p, tuning):

@@ -296,7 +296,7 @@ for phase in "$@"; do
                 -k "state_stages" > "$out/gpu_tests_gvstages.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_gvstages.log"
               for dtype in fp32 bf16; do
-                timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --only 10 11 12 13 14 --batches 64 256 \
+                timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --only 10 11 12 13 14 15 --batches 64 256 \
                   --state-dtype $dtype > "$out/sweep_gdn_verify_stages_$dtype.log" 2>&1 || rc=1
                 grep '^|' "$out/sweep_gdn_verify_stages_$dtype.log"
               done ;;
@@ -338,9 +338,11 @@ for phase in "$@"; do
                 64/4/16/1/flatten=1 64/4/16/1/flatten=1/maxnreg=168 64/4/16/1/fold_heads_per_program=1 64/4/16/1 \
                 > "$out/sweep_variants_mamba2.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_variants_mamba2.log"
-              timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --only 10 11 12 13 14 --batches 64 256 \
-                > "$out/sweep_variants_gdn_verify.log" 2>&1 || rc=1
-              grep '^|' "$out/sweep_variants_gdn_verify.log" ;;
+              for dtype in fp32 bf16; do
+                timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --only 10 11 12 13 14 15 --batches 64 256 \
+                  --state-dtype $dtype > "$out/sweep_variants_gdn_verify_$dtype.log" 2>&1 || rc=1
+                grep '^|' "$out/sweep_variants_gdn_verify_$dtype.log"
+              done ;;
     ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding)
               for mixer in gdn mamba2; do
                 if [ "$mixer" = gdn ]; then kernels=_gdn_ring_verify_mma_kernel; spec=mma/128/4
