@@ -32,8 +32,14 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch's instructions (Triton 3.4+; without them pdl is not used)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover
+    gdc_launch_dependents = gdc_wait = None
+
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
-from .gdn_ring_verify import _pending_conv, _ring_row, flush_cursor_call, fold_precision_for, window_after, window_call
+from .gdn_ring_verify import (_pdl_device, _pending_conv, _ring_row, flush_cursor_call, fold_precision_for,
+                              window_after, window_call)
 from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, spread_block
 from .mamba2_verify import _step_sizes, state_chunk
 
@@ -56,6 +62,13 @@ FUSED_WINDOW = True
 # pipelined loop (tl.range's flatten): the chunks' loads never drain between heads (not yet timed
 # on a GPU)
 FLATTEN_HEADS = False
+# The folding rows' drafts verified by the folds' launch, from the tile each program folds in
+# registers (the verify kernel's ROWS 1), the others' by a launch of their own: a fold step's state
+# passes 3 -> 2 (not yet timed on a GPU)
+FOLD_VERIFY = False
+# With FOLD_VERIFY (and the windows' own launch): the others' verify a programmatic dependent launch
+# of the folds' (sm_90+), running beside their latency-bound wave (not yet timed on a GPU)
+PDL = False
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
 STATE_PRECISION = "tf32"
@@ -80,6 +93,17 @@ def _program_tile(HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr, HEADS_PER_PROGR
     p_block = tl.program_id(0) % P_BLOCKS
     pp = p_block * BLOCK_P + tl.arange(0, BLOCK_P)
     return first_head, first_head // (NUM_HEADS // NUM_GROUPS), pp, pp < HEAD_DIM, p_block
+
+
+@triton.jit
+def _folded_tile(state_t, b, x, step, a, pending_rows, FOLD_PRECISION: tl.constexpr):
+    """S_P^T of one head's tile: S0^T [Ns, P] after the pending tokens (rows ``pending_rows`` of b
+    [T, Ns], x [T, P], their step sizes ``step`` [T]; a = the head's A), in float32."""
+    logs = step * a.to(tl.float32)
+    cumulative = tl.cumsum(logs, axis=0)  # L_j (zero beyond the pending tokens)
+    total = tl.sum(logs, axis=0)  # L_P
+    weights = tl.where(pending_rows, tl.exp(total - cumulative) * step, 0.0)
+    return tl.exp(total) * state_t + _dot(tl.trans(b * weights[:, None]), x, FOLD_PRECISION)
 
 
 @triton.jit
@@ -136,11 +160,8 @@ def _mamba2_ring_fold_kernel(
                               KERNEL_SIZE, HAS_BIAS)
             step = tl.load(gates_row + head * gates_stride_head + ring_j * gates_stride_row, mask=j_pending,
                            other=0.0).to(tl.float32)
-            logs = step * tl.load(a_ptr + layer * a_stride_layer + head * a_stride).to(tl.float32)
-            cumulative = tl.cumsum(logs, axis=0)  # L_j (zero beyond the pending tokens)
-            total = tl.sum(logs, axis=0)  # L_P
-            weights = tl.where(j_pending, tl.exp(total - cumulative) * step, 0.0)
-            folded = tl.exp(total) * state_t + _dot(tl.trans(b * weights[:, None]), x, FOLD_PRECISION)
+            folded = _folded_tile(state_t, b, x, step, tl.load(a_ptr + layer * a_stride_layer + head * a_stride),
+                                  j_pending, FOLD_PRECISION)
             tl.store(tile, folded.to(ssm_ptr.dtype.element_ty), mask=tile_ok)
 
 
@@ -168,14 +189,24 @@ def _mamba2_ring_verify_kernel(
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, STATE_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
     CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr, FUSED_WINDOW: tl.constexpr, WIDTH: tl.constexpr,
-    WINDOW: tl.constexpr, FLATTEN: tl.constexpr,
+    WINDOW: tl.constexpr, FLATTEN: tl.constexpr, ROWS: tl.constexpr, FOLD_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """The drafts' outputs of layer ``layer`` and their d beside their ring rows. A row that folds
     (the fold launch, before this one, brought its checkpoint past the pending tokens) is verified
     from start + pending with nothing pending; with FUSED_WINDOW its programs then move its conv
     window past the folded tokens (nothing in this launch reads a folded row's window), each its
     heads' x channels, a group's first program its B and C. A row is left alone unless live
-    (_mamba2_ring_fold_kernel); its outputs also need every parent link in [-1, n-1]."""
+    (_mamba2_ring_fold_kernel); its outputs also need every parent link in [-1, n-1].
+    ROWS 0: every row, as above. ROWS 1: the rows that fold only, with no fold launch before: each
+    head's tile folded here at FOLD_PRECISION and stored, then read back (from L2) for the drafts'
+    verify as ROWS 0 reads a folded row's (no FLATTEN: a head's reads would start before its fold).
+    ROWS 2: the rows that do not fold only (beside a ROWS 1 launch). With PDL (sm_90+) a ROWS 1
+    launch lets the next launch start at once, and a ROWS 2 launch -- that next one, a
+    programmatic dependent launch reading nothing the folds write -- has its last program wait for
+    the folds before ending, so that what follows both sees both."""
+    if PDL and ROWS == 1:
+        gdc_launch_dependents()
     first_head, group, pp, p_ok, p_block = _program_tile(HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM, NUM_HEADS, NUM_GROUPS)
     row = tl.program_id(1).to(tl.int64)
     layer = (layer + tl.program_id(2)).to(tl.int64)  # (one layer: a grid of depth 1)
@@ -183,7 +214,11 @@ def _mamba2_ring_verify_kernel(
                                                  num_ring_slots, ring_slots_stride, state_slots_stride,
                                                  cursor_stride_slot, cursor_stride_field, RING_ROWS, MAX_PENDING)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
-    folded_start, folded = start, pending  # (the window's move, with FUSED_WINDOW)
+    if ROWS == 1:
+        live = fold
+    elif ROWS == 2:
+        live = live & ~fold
+    folded_start, folded = start, pending  # (the window's move, with FUSED_WINDOW; the folds of ROWS 1)
     start = tl.where(fold, (start + pending) % RING_ROWS, start).to(tl.int32)
     pending = tl.where(fold, 0, pending).to(tl.int32)
 
@@ -230,14 +265,52 @@ def _mamba2_ring_verify_kernel(
 
     gates_row = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot
     ring_s = (start + s) % RING_ROWS
+    # ROWS 1: the folds' keys, the pending tokens' B from the old cursor (a group's, once), in two
+    # halves of the state rows: a head's tile is folded a half at a time (its registers, not the verify's)
+    HALF_N: tl.constexpr = BLOCK_N // 2 if BLOCK_N >= 32 else BLOCK_N  # (tl.dot: 16 rows or more)
+    nh = tl.arange(0, HALF_N)
+    if ROWS == 1:
+        b_fold_lo = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s < folded,
+                                  folded_start.to(tl.int32), folded.to(tl.int32),
+                                  NUM_HEADS * HEAD_DIM + group * D_STATE + nh, nh < D_STATE, rows_stride_row,
+                                  rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
+                                  weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+        b_fold_hi = b_fold_lo  # (no second half below 32 rows)
+        if HALF_N < BLOCK_N:
+            b_fold_hi = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s < folded,
+                                      folded_start.to(tl.int32), folded.to(tl.int32),
+                                      NUM_HEADS * HEAD_DIM + group * D_STATE + HALF_N + nh, HALF_N + nh < D_STATE,
+                                      rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                                      weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
+                                      HAS_BIAS)
     out_ok = tl.where(links_ok, s_drafted[:, None] & p_ok[None, :], False)
     tile_ok = tl.where(live, n_ok[:, None] & p_ok[None, :], False)
     # with FLATTEN the heads' and their chunks' loops one pipelined loop: the next head's first chunks
     # in flight while this one's outputs are computed
-    for head in tl.range(first_head, first_head + HEADS_PER_PROGRAM, flatten=FLATTEN):
+    # (ROWS 1, 2: no head at all in a row the launch leaves to the other)
+    heads = HEADS_PER_PROGRAM if ROWS == 0 else HEADS_PER_PROGRAM * live.to(tl.int32)
+    for head in tl.range(first_head, first_head + heads, flatten=FLATTEN):
         state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
         # S0^T, the long read first: whole, or C S0^T now over CHUNK_N state rows at a time, their
         # loads pipelined through shared memory (cp.async) rather than held in registers
+        if ROWS == 1:  # the tile folded first and stored: the verify below reads the new checkpoint back
+            old_rows = s < folded
+            x_fold = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, old_rows,
+                                   folded_start.to(tl.int32), folded.to(tl.int32), head * HEAD_DIM + pp, p_ok,
+                                   rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                                   weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+            step_fold = tl.load(gates_row + head * gates_stride_head
+                                + ((folded_start + s) % RING_ROWS) * gates_stride_row, mask=old_rows,
+                                other=0.0).to(tl.float32)
+            for half in tl.static_range(BLOCK_N // HALF_N):
+                nf = half * HALF_N + nh
+                tile = state_base + (nf * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :]
+                half_ok = tl.where(live, (nf < D_STATE)[:, None] & p_ok[None, :], False)
+                folded_t = _folded_tile(tl.load(tile, mask=half_ok, other=0.0).to(tl.float32),
+                                        b_fold_lo if half == 0 else b_fold_hi, x_fold, step_fold,
+                                        tl.load(a_ptr + head * a_stride), old_rows, FOLD_PRECISION)
+                tl.store(tile, folded_t.to(ssm_ptr.dtype.element_ty), mask=half_ok)
+            tl.debug_barrier()  # every thread's part stored before any thread reads the tile back (from L2)
         if CHUNK_N == 0:
             state_t = tl.load(state_base + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :], mask=tile_ok,
                               other=0.0).to(tl.float32)
@@ -297,6 +370,11 @@ def _mamba2_ring_verify_kernel(
                     chan = NUM_HEADS * HEAD_DIM + (part * NUM_GROUPS + group) * D_STATE + nn
                     window_after(window_base + chan * conv_stride_dim, rows_base + chan * rows_stride_dim, n_ok,
                                  folded_start, folded, conv_stride_win, rows_stride_row, RING_ROWS, WIDTH, WINDOW)
+    if PDL and ROWS == 2:
+        last = ((tl.program_id(0) == tl.num_programs(0) - 1) & (tl.program_id(1) == tl.num_programs(1) - 1)
+                & (tl.program_id(2) == tl.num_programs(2) - 1))
+        if last:  # (the launch ends after this program: the folds' launch has ended before it)
+            gdc_wait()
 
 
 def state_precision_for(ssm) -> str:
@@ -355,11 +433,14 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                  parents, D, z, dt_bias, *, dt_softplus, heads, max_pending, fold_above, block_p=None,
                  num_warps=MAMBA2_RING_WARPS, precision=None, state_precision=None, heads_per_program=None,
                  num_stages=RING_STAGES, maxnreg=RING_VERIFY_MAXNREG, chunk_n=RING_CHUNK_N,
-                 chunk_stages=RING_CHUNK_STAGES, fused_window=False, flatten=None):
+                 chunk_stages=RING_CHUNK_STAGES, fused_window=False, flatten=None, row_kind=0, fold_precision=None,
+                 pdl=False):
     """The verify launch over the rows of layer ``layer`` (weight [dim, K], bias [dim], A [H]: its own).
     chunk_n: C S0^T over chunks of that many state rows (0: the whole tile), chunk_stages of them
     in flight; fused_window: the folded rows' conv windows moved here too; flatten: the heads' loop and
-    the chunks' one pipelined loop (None: FLATTEN_HEADS)."""
+    the chunks' one pipelined loop (None: FLATTEN_HEADS; never with row_kind 1); row_kind,
+    fold_precision and pdl: the kernel's ROWS (1: the folding rows, folded here), FOLD_PRECISION
+    (None: fold_precision_for's) and PDL (a ROWS 2 launch then a programmatic dependent one)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     _, _, num_groups, d_state = heads
     block_p, share, grid = _tiling(num_rows, 1, heads, block_p, heads_per_program)
@@ -381,7 +462,9 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
         STATE_PRECISION=state_precision or precision or state_precision_for(ssm),
         HEADS_PER_PROGRAM=share, CHUNK_N=chunk_n, CHUNK_STAGES=chunk_stages, FUSED_WINDOW=bool(fused_window),
         WIDTH=conv.shape[3], WINDOW=max(2, next_power_of_2(conv.shape[3])),
-        FLATTEN=bool(FLATTEN_HEADS if flatten is None else flatten), num_warps=num_warps,
+        FLATTEN=bool(FLATTEN_HEADS if flatten is None else flatten) and row_kind != 1, ROWS=row_kind,
+        FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), PDL=bool(pdl),
+        **({"launch_pdl": True} if pdl and row_kind == 2 else {}), num_warps=num_warps,
         num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     tensors = tuple(ssm if t is None else t for t in (  # (an absent tensor: one the kernel never reads)
         out, x, dt, B, C, z, A, D, dt_bias, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
@@ -392,12 +475,16 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
 def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                 parents, D, z, dt_bias, *, dt_softplus, **tuning):
     """mamba2_ring_verify's launches -- the folds, every row's verify, then the folded windows' unless
-    the verify moves them -- or () with no rows. tuning: block_p, num_warps, heads_per_program, num_stages (both launches'),
-    precision (the verify's products, and the fold's without fold_precision), state_precision and
-    maxnreg, chunk_n, chunk_stages and flatten (the verify's C S0^T's, its register cap (0: none),
-    its chunks of state rows, its heads' and chunks' loops as one), fold_precision, fold_warps,
-    fold_heads_per_program and fold_maxnreg (the fold's), fused_window (the folded windows moved by
-    the verify launch, no window launch; FUSED_WINDOW)."""
+    the verify moves them -- or () with no rows. tuning: block_p, num_warps, heads_per_program,
+    num_stages (both launches'), precision (the verify's products, and the fold's without
+    fold_precision), state_precision and maxnreg, chunk_n, chunk_stages and flatten (the verify's
+    C S0^T's, its register cap (0: none), its chunks of state rows, its heads' and chunks' loops as
+    one), fold_precision, fold_warps, fold_heads_per_program and fold_maxnreg (the fold's),
+    fused_window (the folded windows moved by the verify launch, no window launch; FUSED_WINDOW),
+    fold_verify (FOLD_VERIFY: the folding rows' drafts verified by the folds' launch -- the verify
+    kernel's ROWS 1 -- from the tile it folds, the others' by a ROWS 2 launch) and pdl (PDL, with
+    fold_verify, sm_90+: that second launch a programmatic dependent of the first; the windows then
+    in their own launch)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
@@ -407,19 +494,35 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     verify_only = {name: tuning.pop(name) for name in ("state_precision", "maxnreg", "chunk_n", "chunk_stages",
                                                         "flatten")
                    if name in tuning}
-    fused = tuning.pop("fused_window", FUSED_WINDOW)  # (its programs cover x, B and C: the rows' whole width)
+    fused = tuning.pop("fused_window", None)  # (its programs cover x, B and C: the rows' whole width)
     fold_precision, fold_warps = tuning.pop("fold_precision", None), tuning.pop("fold_warps", None)  # (the fold's)
     fold_cap = tuning.pop("fold_maxnreg", None)
+    fold_verify = tuning.pop("fold_verify", None)
+    fold_verify = FOLD_VERIFY if fold_verify is None else fold_verify
+    pdl = tuning.pop("pdl", None)
+    pdl = PDL if pdl is None else pdl
+    if pdl and not (fold_verify and fused is not True):
+        raise ValueError("mamba2_ring_verify: pdl overlaps the folds' launch with the others' verify: it needs "
+                         "fold_verify and the windows' own launch (fused_window=False)")
+    fused = (FUSED_WINDOW and not pdl) if fused is None else fused
+    pdl = pdl and gdc_wait is not None and _pdl_device(ssm)
     per_group = num_heads // heads[2]
     fold_share = tuning.pop("fold_heads_per_program", None) or max(
         share for share in range(1, min(FOLD_HEADS_PER_PROGRAM, per_group) + 1) if per_group % share == 0)
     fold_tuning = dict(tuning, fold_precision=fold_precision, heads_per_program=fold_share, maxnreg=fold_cap,
                        num_warps=fold_warps or tuning.get("num_warps", MAMBA2_RING_WARPS))
-    fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=layer,
-                      num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning)
-    verify = _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
-                          layer, parents, D, z, dt_bias, dt_softplus=dt_softplus, heads=heads, **capacity,
-                          fused_window=fused, **verify_only, **tuning)
+    verify_args = (out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
+                   parents, D, z, dt_bias)
+    if fold_verify:
+        fold_tuning["maxnreg"] = FOLD_MAXNREG if fold_cap is None else fold_cap
+        fold = _verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, row_kind=1, pdl=pdl,
+                            **{name: value for name, value in verify_only.items()
+                               if name in ("state_precision", "chunk_n", "chunk_stages")}, **fold_tuning)
+    else:
+        fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=layer,
+                          num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning)
+    verify = _verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, fused_window=fused,
+                          row_kind=2 if fold_verify else 0, pdl=pdl, **verify_only, **tuning)
     if fused:
         return fold, verify
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,

@@ -62,7 +62,7 @@
 #   vartests  every opt-in variant not yet run on a GPU, its GPU tests in one run (the GDN ring's early_state,
 #             fold_verify, pdl, state_stages, chunk_k, 64-column tiles (RING_MMA_SPREAD's), and all at once in CUDA
 #             graphs; gdn_verify's
-#             state_stages; the Mamba2 ring's flatten)
+#             state_stages; the Mamba2 ring's flatten, fold_verify and pdl)
 #   varbench  the same variants timed in one process each: the GDN ring's one-layer sweep at B = 64 / 256 and its
 #             tiles at B = 1 / 8, the Mamba2 ring's sweep, gdn_verify's sweep (what ringearly, ringfv, ringsmall,
 #             ringstages, m2flat and gvstages time one by one, without their whole steps)
@@ -313,9 +313,10 @@ for phase in "$@"; do
                   --constants FLATTEN_HEADS=$flat > "$out/profile_ring_m2flat$flat.log" 2>&1 || rc=1
                 grep -E '^(chain|\| _mamba2)' "$out/profile_ring_m2flat$flat.log"
               done ;;
-    vartests) timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist --durations=5 \
+    vartests) select="early or fold-verify or fold_verify or stages or 64-columns or capacity_16 or pdl or variants"
+              timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist --durations=5 \
                 tests/test_ring_kernels.py tests/test_gdn_verify.py tests/test_ring_kernels_mamba2.py tests/test_ring.py \
-                -k "early or fold-verify or fold_verify or stages or 64-columns or capacity_16 or pdl or variants" \
+                -k "$select or (mamba2 and matches_pytorch)" \
                 > "$out/gpu_tests_variants.log" 2>&1
               rc=$?; tail -8 "$out/gpu_tests_variants.log" ;;
     varbench) rc=0
@@ -334,9 +335,10 @@ for phase in "$@"; do
                   --constants RING_MMA_SPREAD=$spread > "$out/profile_variants_spread$spread.log" 2>&1 || rc=1
                 grep -E '^chain' "$out/profile_variants_spread$spread.log"
               done
-              timeout 150 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \
-                64/4/16/1/flatten=1 64/4/16/1/flatten=1/maxnreg=168 64/4/16/1/fold_heads_per_program=1 64/4/16/1 \
-                > "$out/sweep_variants_mamba2.log" 2>&1 || rc=1
+              timeout 200 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \
+                64/4/16/1/flatten=1 64/4/16/1/flatten=1/maxnreg=168 64/4/16/1/fold_heads_per_program=1 \
+                64/4/16/1/fold_verify=1 64/4/16/1/fold_verify=1/fold_maxnreg=0 64/4/16/1/fold_verify=1/pdl=1 \
+                64/4/16/1/fold_verify=1/pdl=1/flatten=1 64/4/16/1 > "$out/sweep_variants_mamba2.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_variants_mamba2.log"
               for dtype in fp32 bf16; do
                 timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --only 10 11 12 13 14 15 --batches 64 256 \

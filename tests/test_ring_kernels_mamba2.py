@@ -106,13 +106,16 @@ def assert_same_untouched(case, want, got):
 def test_matches_pytorch_code(device, tree, share):
     """Folds (pending + N > capacity) beside rows that only replay, a ring wrapping its end, an
     empty ring and a padded row; every optional term. A program per head, or per group's two heads
-    (the fold's too)."""
+    (the fold's too); the folded windows in the verify launch or their own; the folding rows' drafts
+    verified by the folds' launch or by the verify's."""
     cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
     case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
                             state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)
-    for fused_window in (False, True):  # (the folded windows in the verify launch: each head's program)
+    for fused_window, fold_verify in ((False, False), (True, False), (False, True), (True, True)):
+        # (the folded windows in the verify launch: each head's program; the folding rows' drafts verified
+        # by the folds' launch)
         want, got = run_both(case, tuning=dict(IEEE, heads_per_program=share, fold_heads_per_program=share,
-                                               fused_window=fused_window))
+                                               fused_window=fused_window, fold_verify=fold_verify))
         assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
         assert not torch.equal(want["conv_state"], case["conv_state"])
         assert_agree(want, got)
@@ -129,7 +132,7 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     and 14 pending tokens, 13 (the most that do not fold), 5 wrapping the ring's end, an empty ring,
     a padded row. d_state 40: C S0^T whole, and over chunks of 16 state rows (the third partial, the
     fourth all padding); the folded windows in a launch of their own or in the verify's; the heads'
-    loop and the chunks' as one (flatten)."""
+    loop and the chunks' as one (flatten); the folding rows' drafts verified by the folds' launch."""
     cursors = torch.tensor([[17, 16], [10, 13], [0, 0], [18, 5], [3, 14], [1, 2]])
     case = mamba2_ring_case(num_rows=6, num_nodes=3, capacity=16, num_ring_slots=6, num_state_slots=6, cursors=cursors,
                             ring_slots=[0, 1, 2, 3, 4, 5], state_slots=[3, 0, 4, 1, 5, -1], d_state=40,
@@ -164,9 +167,34 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     assert [call.kernel.__name__ for call in apart][:2] == ["_mamba2_ring_fold_kernel", "_mamba2_ring_verify_kernel"]
     assert len(apart) == 3  # the window launch
     assert verify.constexprs["FLATTEN"] is False  # (the heads' and chunks' loops apart by default)
-    for chunk_n, fused_window, flatten in ((0, False, False), (16, False, False), (32, True, False), (16, False, True),
-                                           (32, True, True), (0, True, True)):
-        want, got = run_both(case, tuning=dict(IEEE, chunk_n=chunk_n, fused_window=fused_window, flatten=flatten))
+    assert (verify.constexprs["ROWS"], verify.constexprs["PDL"]) == (0, False)
+    # on request the folding rows' drafts verified by the folds' launch (the verify kernel's ROWS 1, the
+    # fold's heads a program and cap), the others by a ROWS 2 launch; that one a
+    # programmatic dependent launch with pdl (only beside fold_verify, the windows in their own launch)
+    tuned = triton_kernels().mamba2_ring_verify._ring_calls(
+        *sgl_convwin.mamba2_ring_verify.kernel_arguments(
+            torch.empty(case["x"].shape, device=device), case["x"], case["dt"], case["A"], case["B"], case["C"],
+            case["ssm_state"], case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"],
+            case["conv_bias"], case["ring_slots"], case["state_slots"], 1, case["parents"])[0],
+        dt_softplus=True, fold_verify=True, pdl=True)
+    assert [(c.kernel.__name__, c.constexprs.get("ROWS"), c.constexprs.get("CHUNK_N"), c.constexprs.get("maxnreg"),
+             c.constexprs.get("HEADS_PER_PROGRAM"), c.constexprs.get("launch_pdl")) for c in tuned][:2] == [
+        ("_mamba2_ring_verify_kernel", 1, 32, 168, fold.constexprs["HEADS_PER_PROGRAM"], None),
+        ("_mamba2_ring_verify_kernel", 2, 32, 128, verify.constexprs["HEADS_PER_PROGRAM"], True)]
+    assert len(tuned) == 3 and not tuned[1].constexprs["FUSED_WINDOW"]  # + the window launch
+    for wrong in (dict(), dict(fold_verify=True, fused_window=True)):
+        with pytest.raises(ValueError, match="pdl overlaps"):
+            triton_kernels().mamba2_ring_verify._ring_calls(
+                *sgl_convwin.mamba2_ring_verify.kernel_arguments(
+                    torch.empty(case["x"].shape, device=device), case["x"], case["dt"], case["A"], case["B"],
+                    case["C"], case["ssm_state"], case["conv_state"], case["rows"], case["gates"], case["cursor"],
+                    case["conv_weight"], case["conv_bias"], case["ring_slots"], case["state_slots"], 1,
+                    case["parents"])[0], dt_softplus=True, pdl=True, **wrong)
+    for chunk_n, fused_window, flatten, fold_verify in (
+            (0, False, False, False), (16, False, False, False), (32, True, False, False), (16, False, True, False),
+            (32, True, True, False), (0, True, True, False), (32, True, False, True), (16, False, True, True)):
+        want, got = run_both(case, tuning=dict(IEEE, chunk_n=chunk_n, fused_window=fused_window, flatten=flatten,
+                                               fold_verify=fold_verify))
         folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
         assert folded.tolist() == [False, False, False, True, False, True]  # slots 3, 5: rows of 16 and 14 pending
         assert_agree(want, got)
