@@ -13,6 +13,7 @@ environment beside torch); its wheel carries ptxas, cuobjdump and nvdisasm.
     python scripts/offline_sass.py gdn_ring --tunings '{"fold_maxnreg": 168}'   # the mma kernel's launches
     python scripts/offline_sass.py gdn_verify                                   # its mma kernel
     python scripts/offline_sass.py gdn_ring_test_shapes --batch 4               # every shape the tests compile
+    python scripts/offline_sass.py mamba2_ring_test_shapes --batch 4            # (the Mamba2 ring's)
 """
 
 from __future__ import annotations
@@ -114,19 +115,32 @@ def mamba2_verify_calls(batch, tuning):
         dt_softplus=True, **tuning)]
 
 
-def mamba2_ring_calls(batch, tuning):
-    """mamba2_ring_verify's launches at Nemotron-H-8B TP1, capacity 16, chains of 4."""
-    H, P, G, Ns, N, K, rows = 128, 64, 8, 128, 4, 4, 20
+def mamba2_ring_calls(batch, tuning, H=128, P=64, G=8, Ns=128, N=4, capacity=16, tree=False,
+                      state_dtype=torch.float32):
+    """mamba2_ring_verify's launches, by default at Nemotron-H-8B TP1, capacity 16, chains of 4, a
+    float32 checkpoint."""
+    K, rows = 4, capacity + N
     dim = H * P + 2 * G * Ns
     v = conv_views(batch, N, [(H * P, (H, P)), (G * Ns, (G, Ns)), (G * Ns, (G, Ns))], "xBC")
     args, kwargs = sgl_convwin.mamba2_ring_verify.kernel_arguments(
         torch.empty(batch, N, H, P, dtype=torch.bfloat16), v["x"], torch.empty(batch, N, H, dtype=torch.bfloat16),
-        torch.empty(H), v["B"], v["C"], torch.empty(1, batch, H, P, Ns),
+        torch.empty(H), v["B"], v["C"], torch.empty(1, batch, H, P, Ns, dtype=state_dtype),
         torch.empty(1, batch, dim, K - 1, dtype=torch.bfloat16), torch.empty(1, batch, rows, dim, dtype=torch.bfloat16),
         torch.empty(1, batch, rows, 1, H), torch.zeros(batch, 2, dtype=torch.int32), torch.empty(dim, K),
-        torch.empty(dim), torch.arange(batch), torch.arange(batch), 0, None, D=torch.empty(H), z=None,
+        torch.empty(dim), torch.arange(batch), torch.arange(batch), 0,
+        torch.zeros(batch, N, dtype=torch.int64) if tree else None, D=torch.empty(H), z=None,
         dt_bias=torch.empty(H), dt_softplus=True)
     return list(csrc_triton.mamba2_ring_verify._ring_calls(*args, **kwargs, **tuning))
+
+
+def mamba2_ring_test_shape_calls(batch, tuning):
+    """mamba2_ring's launches at the small shapes of its GPU tests (head dim 16, d_state 16 and 40,
+    N 3, capacity 4 and 16, chains and trees, float32 and bf16 checkpoints): a compile error at a
+    shape the model never takes shows here, before a GPU run."""
+    return [call for Ns, capacity, tree, state_dtype in itertools.product(
+                (16, 40), (4, 16), (False, True), (torch.float32, torch.bfloat16))
+            for call in mamba2_ring_calls(batch, tuning, H=4, P=16, G=2, Ns=Ns, N=3, capacity=capacity, tree=tree,
+                                          state_dtype=state_dtype) if "window" not in call.kernel.__name__]
 
 
 def gdn_ring_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, tree=False, state_dtype=torch.float32):
@@ -165,7 +179,8 @@ def gdn_verify_calls(batch, tuning):
 
 
 KERNELS = {"mamba2_verify": mamba2_verify_calls, "mamba2_ring": mamba2_ring_calls, "gdn_ring": gdn_ring_calls,
-           "gdn_ring_test_shapes": gdn_ring_test_shape_calls, "gdn_verify": gdn_verify_calls}
+           "gdn_ring_test_shapes": gdn_ring_test_shape_calls, "gdn_verify": gdn_verify_calls,
+           "mamba2_ring_test_shapes": mamba2_ring_test_shape_calls}
 
 
 def main(argv=None) -> int:
