@@ -71,8 +71,8 @@
 #             stall samples as CSV, the report itself beside them
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
-# Before a call that runs a changed Gluon kernel: `python scripts/offline_sass.py gdn_ring_test_shapes --batch 4`
-# under Triton 3.6 (a venv here) compiles every mma launch at the tests' shapes, without a GPU.
+# Before a call that runs a changed kernel: `python scripts/offline_sass.py gdn_ring_test_shapes --batch 4` (and
+# mamba2_ring_test_shapes) under Triton 3.6 (a venv here) compiles every launch at the tests' shapes, without a GPU.
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
 # With pytest-xdist's and execnet's wheels in .whl (pip download pytest-xdist execnet --no-deps -d .whl),
 # vtests and runs spread their tests over 12 processes: the kernels' compiles are what take the time.
