@@ -193,6 +193,8 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     for chunk_n, fused_window, flatten, fold_verify in (
             (0, False, False, False), (16, False, False, False), (32, True, False, False), (16, False, True, False),
             (32, True, True, False), (0, True, True, False), (32, True, False, True), (16, False, True, True)):
+        if flatten and device == "cpu":
+            continue  # (a compiler's choice the interpreter ignores: the GPU's)
         want, got = run_both(case, tuning=dict(IEEE, chunk_n=chunk_n, fused_window=fused_window, flatten=flatten,
                                                fold_verify=fold_verify))
         folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
