@@ -314,6 +314,7 @@ for phase in "$@"; do
                 grep -E '^(chain|\| _mamba2)' "$out/profile_ring_m2flat$flat.log"
               done ;;
     vartests) select="early or fold-verify or fold_verify or stages or 64-columns or capacity_16 or pdl or variants"
+              select="$select or 8-warps"
               timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist --durations=5 \
                 tests/test_ring_kernels.py tests/test_gdn_verify.py tests/test_ring_kernels_mamba2.py tests/test_ring.py \
                 -k "$select or (mamba2 and matches_pytorch)" \
@@ -324,7 +325,8 @@ for phase in "$@"; do
                 mma/128/4/state_stages=2 mma/128/4/state_stages=2/early_state=1 mma/128/4/state_stages=3/early_state=1 \
                 mma/128/4/chunk_k=16/state_stages=4/early_state=1 mma/128/4/fold_verify=1 \
                 mma/128/4/fold_verify=1/state_stages=2/early_state=1 mma/128/4/fold_verify=1/pdl=1/fused_window=0 \
-                mma/128/4/fold_verify=1/pdl=1/fused_window=0/state_stages=2/early_state=1 mma/128/4 \
+                mma/128/4/fold_verify=1/pdl=1/fused_window=0/state_stages=2/early_state=1 mma/128/8 \
+                mma/128/8/state_stages=2/early_state=1 mma/128/4 \
                 > "$out/sweep_variants_gdn.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_variants_gdn.log"
               timeout 80 python3 benchmarks/bench_ring.py --batches 1 8 --sweep mma/128/4 mma/64/4 mma/32/4 \

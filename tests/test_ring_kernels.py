@@ -324,10 +324,11 @@ def test_mma_tiles_by_batch(num_rows, spread, block_v, monkeypatch):
                                   dict(merged=False), dict(early_state=True), dict(fold_verify=True),
                                   dict(fold_verify=True, merged=False, fused_window=False), dict(block_v=64),
                                   dict(state_stages=2), dict(state_stages=3, early_state=True),
-                                  dict(chunk_k=16, state_stages=4, early_state=True), dict(fold_verify=True, pdl=True)],
+                                  dict(chunk_k=16, state_stages=4, early_state=True), dict(fold_verify=True, pdl=True),
+                                  dict(num_warps=8)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "early-state", "fold-verify",
                               "fold-verify-apart", "64-columns", "state-stages", "state-stages-early",
-                              "state-stages-16-rows", "pdl"])
+                              "state-stages-16-rows", "pdl", "8-warps"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
@@ -338,12 +339,12 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     by the fold launch (with the others' launches and the windows' apart too); every launch over
     tiles of 64 columns (two a head: the small batches' choice); the state chunks through shared
     memory (2 in flight; 3, the first before the cursor; 4 of 16 rows); the others' verify a
-    programmatic dependent launch beside the folds'."""
+    programmatic dependent launch beside the folds'; 8 warps a program."""
     num_nodes = len(nodes)
     if capacity + 2 * num_nodes > 32:
         pytest.skip("C + N > 32: the Triton kernel's")
-    if ("fold_block_v" in fold or "block_v" in fold) and head_dim == 32:
-        pytest.skip("one tile of 32 columns either way")
+    if ("fold_block_v" in fold or "block_v" in fold or "num_warps" in fold) and head_dim == 32:
+        pytest.skip("one tile of 32 columns either way (8 warps: 64 or more)")
     ring_rows = capacity + num_nodes
     cursors = torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, 9], [0, 0], [2, capacity - num_nodes], [1, 1]])
     case = ring_case(num_rows=5, num_nodes=num_nodes, capacity=capacity, num_k_heads=2, head_k_dim=head_dim,
