@@ -62,9 +62,9 @@ FUSED_WINDOW = True
 # pipelined loop (tl.range's flatten): the chunks' loads never drain between heads (not yet timed
 # on a GPU)
 FLATTEN_HEADS = False
-# The folding rows' drafts verified by the folds' launch, from the tile each program folds in
-# registers (the verify kernel's ROWS 1), the others' by a launch of their own: a fold step's state
-# passes 3 -> 2 (not yet timed on a GPU)
+# The folding rows' drafts verified by the folds' launch, from the tile each program folds and stores
+# (read back from L2: the verify kernel's ROWS 1), the others' by a launch of their own: a fold
+# step's state passes 3 -> 2 (not yet timed on a GPU)
 FOLD_VERIFY = False
 # With FOLD_VERIFY (and the windows' own launch): the others' verify a programmatic dependent launch
 # of the folds' (sm_90+), running beside their latency-bound wave (not yet timed on a GPU)
@@ -291,8 +291,6 @@ def _mamba2_ring_verify_kernel(
     heads = HEADS_PER_PROGRAM if ROWS == 0 else HEADS_PER_PROGRAM * live.to(tl.int32)
     for head in tl.range(first_head, first_head + heads, flatten=FLATTEN):
         state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
-        # S0^T, the long read first: whole, or C S0^T now over CHUNK_N state rows at a time, their
-        # loads pipelined through shared memory (cp.async) rather than held in registers
         if ROWS == 1:  # the tile folded first and stored: the verify below reads the new checkpoint back
             old_rows = s < folded
             x_fold = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, old_rows,
@@ -311,6 +309,8 @@ def _mamba2_ring_verify_kernel(
                                         tl.load(a_ptr + head * a_stride), old_rows, FOLD_PRECISION)
                 tl.store(tile, folded_t.to(ssm_ptr.dtype.element_ty), mask=half_ok)
             tl.debug_barrier()  # every thread's part stored before any thread reads the tile back (from L2)
+        # S0^T, the long read first: whole, or C S0^T now over CHUNK_N state rows at a time, their
+        # loads pipelined through shared memory (cp.async) rather than held in registers
         if CHUNK_N == 0:
             state_t = tl.load(state_base + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :], mask=tile_ok,
                               other=0.0).to(tl.float32)
