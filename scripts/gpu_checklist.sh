@@ -47,25 +47,14 @@
 #   ringfold  the rings' fold and verify launches where a step has few rows to fold (the sweeps' last column: 1 row in
 #             6 folding) against each of their defaults turned off (the fold's register cap, the folded windows moved
 #             by the verify launch, the GDN ring's two verify launches as one), after those options' GPU tests
-#   ringearly the GDN ring's mma launches with each tile's first state rows read before the row's cursor (early_state,
-#             never run on a GPU): its GPU tests, the one-layer sweep and whole steps with it and without
-#   ringfv    the GDN ring's fold launch verifying the folding rows' drafts too (fold_verify, never run on a GPU):
-#             its GPU tests, the one-layer sweep (its fold column against the R+W copy; fold caps) and whole steps
-#   ringsmall the GDN ring at B = 1 / 8 over narrower tiles (more programs, as gdn_verify's spread_block): the
-#             64-column kernel tests, then the one-layer sweep of 128 / 64 / 32 columns
-#   ringstages the GDN ring's state chunks through shared memory by cp.async (state_stages, never run on a GPU),
-#             the first ones before the cursor with early_state: its GPU tests, the one-layer sweep, whole steps
-#   gvstages  gdn_verify's mma kernel with its state chunks through shared memory by cp.async (state_stages, never
-#             run on a GPU): its GPU tests, then the sweep of those tunings against the default, fp32 and bf16 states
-#   m2flat    the Mamba2 ring verify's heads' and chunks' loops flattened into one pipelined loop (flatten, never run
-#             on a GPU): its GPU tests, the one-layer sweep (register caps, stages) and whole steps with and without
 #   vartests  every opt-in variant not yet run on a GPU, its GPU tests in one run (the GDN ring's early_state,
 #             fold_verify, pdl, state_stages, chunk_k, 64-column tiles (RING_MMA_SPREAD's), and all at once in CUDA
 #             graphs; gdn_verify's
 #             state_stages; the Mamba2 ring's flatten, fold_verify and pdl)
 #   varbench  the same variants timed in one process each: the GDN ring's one-layer sweep at B = 64 / 256 and its
-#             tiles at B = 1 / 8, the Mamba2 ring's sweep, gdn_verify's sweep (what ringearly, ringfv, ringsmall,
-#             ringstages, m2flat and gvstages time one by one, without their whole steps)
+#             tiles at B = 1 / 8 (whole steps too), the Mamba2 ring's sweep, gdn_verify's sweep (fp32, bf16)
+#   varsteps  whole GDN ring steps (bench_ring.py --profile, chains, B = 64 / 256) with each set of variants' module
+#             defaults (--constants) against the defaults; m2varsteps the same for the Mamba2 ring
 #   ringncu   Nsight Compute over one layer of each ring (GDN, then Mamba2) at B = 64, 1 row in 6 folding (the fold
 #             launch and the verify launch, bench_ring.py --ncu mixed): the details page and the SASS page's per-instruction
 #             stall samples as CSV, the report itself beside them
@@ -245,74 +234,6 @@ for phase in "$@"; do
                 64/4/16/1/fold_maxnreg=0 64/4/16/1/fused_window=0 64/4/16/1/fold_heads_per_program=2 \
                 > "$out/sweep_ring_fold_mamba2.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_ring_fold_mamba2.log" ;;
-    ringearly) rc=0
-              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py -k early \
-                > "$out/gpu_tests_ringearly.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_ringearly.log"
-              timeout 80 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/early_state=1 \
-                mma/128/4 > "$out/sweep_ring_early.log" 2>&1 || rc=1
-              grep '^|' "$out/sweep_ring_early.log"
-              for early in 0 1; do
-                timeout 90 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
-                  --constants RING_MMA_EARLY_STATE=$early > "$out/profile_ring_early$early.log" 2>&1 || rc=1
-                grep -E '^(chain|\| _gdn)' "$out/profile_ring_early$early.log"
-              done ;;
-    ringfv)   rc=0
-              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                -k "fold-verify or fold_verify" > "$out/gpu_tests_ringfv.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_ringfv.log"
-              timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/fold_verify=1 \
-                mma/128/4/fold_verify=1/fold_maxnreg=0 mma/128/4/fold_verify=1/fold_maxnreg=232 mma/128/4 \
-                > "$out/sweep_ring_fv.log" 2>&1 || rc=1
-              grep '^|' "$out/sweep_ring_fv.log"
-              for fv in 0 1; do
-                timeout 90 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
-                  --constants RING_MMA_FOLD_VERIFY=$fv > "$out/profile_ring_fv$fv.log" 2>&1 || rc=1
-                grep -E '^(chain|\| _gdn)' "$out/profile_ring_fv$fv.log"
-              done ;;
-    ringsmall) rc=0
-              timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                -k "64-columns" > "$out/gpu_tests_ringsmall.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_ringsmall.log"
-              timeout 100 python3 benchmarks/bench_ring.py --batches 1 8 64 --sweep mma/128/4 mma/64/4 mma/32/4 \
-                mma/128/4 > "$out/sweep_ring_small.log" 2>&1 || rc=1
-              grep '^|' "$out/sweep_ring_small.log" ;;
-    ringstages) rc=0
-              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                -k "stages" > "$out/gpu_tests_ringstages.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_ringstages.log"
-              timeout 120 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/state_stages=2 \
-                mma/128/4/state_stages=2/early_state=1 mma/128/4/state_stages=3/early_state=1 \
-                mma/128/4/state_stages=2/early_state=1/maxnreg=0 mma/128/4 > "$out/sweep_ring_stages.log" 2>&1 || rc=1
-              grep '^|' "$out/sweep_ring_stages.log"
-              for stages in 0 2; do
-                timeout 90 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
-                  --constants RING_MMA_STATE_STAGES=$stages RING_MMA_EARLY_STATE=$((stages > 0)) \
-                  > "$out/profile_ring_stages$stages.log" 2>&1 || rc=1
-                grep -E '^(chain|\| _gdn)' "$out/profile_ring_stages$stages.log"
-              done ;;
-    gvstages) rc=0
-              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
-                -k "state_stages" > "$out/gpu_tests_gvstages.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_gvstages.log"
-              for dtype in fp32 bf16; do
-                timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --only 10 11 12 13 14 15 --batches 64 256 \
-                  --state-dtype $dtype > "$out/sweep_gdn_verify_stages_$dtype.log" 2>&1 || rc=1
-                grep '^|' "$out/sweep_gdn_verify_stages_$dtype.log"
-              done ;;
-    m2flat)   rc=0
-              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels_mamba2.py \
-                > "$out/gpu_tests_m2flat.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_m2flat.log"
-              timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \
-                64/4/16/1/flatten=1 64/4/16/1/flatten=1/maxnreg=168 64/4/16/1/flatten=1/chunk_stages=2 \
-                64/4/16/1/flatten=1/chunk_stages=4 64/4/16/1 > "$out/sweep_ring_m2flat.log" 2>&1 || rc=1
-              grep '^|' "$out/sweep_ring_m2flat.log"
-              for flat in 0 1; do
-                timeout 90 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain --profile \
-                  --constants FLATTEN_HEADS=$flat > "$out/profile_ring_m2flat$flat.log" 2>&1 || rc=1
-                grep -E '^(chain|\| _mamba2)' "$out/profile_ring_m2flat$flat.log"
-              done ;;
     vartests) select="early or fold-verify or fold_verify or stages or 64-columns or capacity_16 or pdl or variants"
               select="$select or 8-warps"
               timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist --durations=5 \
@@ -346,6 +267,21 @@ for phase in "$@"; do
                 timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --only 10 11 12 13 14 15 --batches 64 256 \
                   --state-dtype $dtype > "$out/sweep_variants_gdn_verify_$dtype.log" 2>&1 || rc=1
                 grep '^|' "$out/sweep_variants_gdn_verify_$dtype.log"
+              done ;;
+    varsteps) rc=0
+              for constants in "" "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1" "RING_MMA_STATE_STAGES=2 RING_MMA_EARLY_STATE=1" \
+                  "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1 RING_MMA_STATE_STAGES=2 RING_MMA_EARLY_STATE=1"; do
+                echo "# gdn ${constants:-defaults}"
+                timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
+                  ${constants:+--constants $constants} > "$out/varsteps.log" 2>&1 || rc=1
+                grep -E '^(chain|\| _gdn)' "$out/varsteps.log"; cat "$out/varsteps.log" >> "$out/varsteps_all.log"
+              done ;;
+    m2varsteps) rc=0
+              for constants in "" "FLATTEN_HEADS=1" "FOLD_VERIFY=1 PDL=1" "FOLD_VERIFY=1 PDL=1 FLATTEN_HEADS=1"; do
+                echo "# mamba2 ${constants:-defaults}"
+                timeout 100 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain --profile \
+                  ${constants:+--constants $constants} > "$out/varsteps.log" 2>&1 || rc=1
+                grep -E '^(chain|\| _mamba2)' "$out/varsteps.log"; cat "$out/varsteps.log" >> "$out/varsteps_all.log"
               done ;;
     ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding)
               for mixer in gdn mamba2; do
