@@ -48,9 +48,8 @@
 #             6 folding) against each of their defaults turned off (the fold's register cap, the folded windows moved
 #             by the verify launch, the GDN ring's two verify launches as one), after those options' GPU tests
 #   vartests  every opt-in variant not yet run on a GPU, its GPU tests in one run (the GDN ring's early_state,
-#             fold_verify, pdl, state_stages, chunk_k, 64-column tiles (RING_MMA_SPREAD's), and all at once in CUDA
-#             graphs; gdn_verify's
-#             state_stages; the Mamba2 ring's flatten, fold_verify and pdl)
+#             fold_verify, pdl, state_stages, chunk_k, 64-column tiles (RING_MMA_SPREAD's), 8 warps, and all at once
+#             in CUDA graphs; gdn_verify's state_stages; the Mamba2 ring's flatten, fold_verify and pdl)
 #   varbench  the same variants timed in one process each: the GDN ring's one-layer sweep at B = 64 / 256 and its
 #             tiles at B = 1 / 8 (whole steps too), the Mamba2 ring's sweep, gdn_verify's sweep (fp32, bf16)
 #   varsteps  whole GDN ring steps (bench_ring.py --profile, chains, B = 64 / 256) with each set of variants' module
