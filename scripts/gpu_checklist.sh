@@ -52,6 +52,8 @@
 #             in CUDA graphs; gdn_verify's state_stages; the Mamba2 ring's flatten, fold_verify and pdl)
 #   varbench  the same variants timed in one process each: the GDN ring's one-layer sweep at B = 64 / 256 and its
 #             tiles at B = 1 / 8 (whole steps too), the Mamba2 ring's sweep, gdn_verify's sweep (fp32, bf16)
+#   varsan    compute-sanitizer memcheck + racecheck over the variants' new memory paths (the GDN ring's state chunks
+#             by cp.async, fold_verify, pdl, at fp32 and dk / dv 128; the Mamba2 ring's fold_verify)
 #   varsteps  whole GDN ring steps (bench_ring.py --profile, chains, B = 64 / 256) with each set of variants' module
 #             defaults (--constants) against the defaults; m2varsteps the same for the Mamba2 ring
 #   ringncu   Nsight Compute over one layer of each ring (GDN, then Mamba2) at B = 64, 1 row in 6 folding (the fold
@@ -267,6 +269,10 @@ for phase in "$@"; do
                   --state-dtype $dtype > "$out/sweep_variants_gdn_verify_$dtype.log" 2>&1 || rc=1
                 grep '^|' "$out/sweep_variants_gdn_verify_$dtype.log"
               done ;;
+    varsan)   mkdir -p "$out/varsan"
+              SANITIZE_TIMEOUT=270 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py" \
+                SANITIZE_K="(fp32 and 128 and 16 and chain and (state-stages-early or pdl or fold-verify-apart)) or (mamba2 and matches_pytorch and head-chain)" \
+                bash scripts/gpu_sanitize.sh "$out/varsan"; rc=$? ;;
     varsteps) rc=0
               for constants in "" "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1" "RING_MMA_STATE_STAGES=2 RING_MMA_EARLY_STATE=1" \
                   "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1 RING_MMA_STATE_STAGES=2 RING_MMA_EARLY_STATE=1"; do
