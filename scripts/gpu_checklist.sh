@@ -274,7 +274,8 @@ for phase in "$@"; do
                 SANITIZE_K="(fp32 and 128 and 16 and chain and (state-stages-early or pdl or fold-verify-apart)) or (mamba2 and matches_pytorch and head-chain)" \
                 bash scripts/gpu_sanitize.sh "$out/varsan"; rc=$? ;;
     varsteps) rc=0
-              for constants in "" "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1" "RING_MMA_STATE_STAGES=2 RING_MMA_EARLY_STATE=1" \
+              for constants in "" "RING_MMA_FOLD_VERIFY=1" "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1" \
+                  "RING_MMA_STATE_STAGES=2 RING_MMA_EARLY_STATE=1" \
                   "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1 RING_MMA_STATE_STAGES=2 RING_MMA_EARLY_STATE=1"; do
                 echo "# gdn ${constants:-defaults}"
                 timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
