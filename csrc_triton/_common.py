@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
+import torch
 import triton
 import triton.language as tl
 
@@ -247,3 +249,15 @@ def softplus(x):
     for m in tl.static_range(9):
         series = series * t + 1.0 / (17 - 2 * m)
     return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + 2.0 * s * series)
+
+
+@functools.cache
+def _nvidia_capability(device_index: int) -> tuple:
+    # (ROCm devices report CUDA-like capabilities too: none of them runs these PTX paths)
+    return torch.cuda.get_device_capability(device_index) if torch.version.hip is None else (0, 0)
+
+
+def nvidia_at_least(device: torch.device, capability: tuple) -> bool:
+    """Whether ``device`` is an NVIDIA GPU of compute capability ``capability`` or higher (asked
+    once per device: launchers ask on every call)."""
+    return _nvidia_capability(device.index if device.index is not None else torch.cuda.current_device()) >= capability

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
+from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, nvidia_at_least
 from .gdn_verify import (MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse,
                          spread_block, state_stages_for)
 from .ring_conv import ring_row_state
@@ -494,10 +494,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
 def _pdl_device(ssm) -> bool:
     """Whether ssm's device has programmatic dependent launch (sm_90+); a CPU tensor (offline
     compiles, launch tests) counts as one."""
-    if not ssm.is_cuda:
-        return True
-    index = ssm.device.index if ssm.device.index is not None else torch.cuda.current_device()
-    return torch.cuda.get_device_capability(index) >= (9, 0)
+    return not ssm.is_cuda or nvidia_at_least(ssm.device, (9, 0))
 
 
 def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,

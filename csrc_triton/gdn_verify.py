@@ -28,13 +28,12 @@ Q S0 together, and every node matrix is a block of one [NODES, NODES] matrix:
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_launch
+from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, nvidia_at_least, planned_launch
 from .replay import SMEM_TRITON_VERSIONS
 
 MIN_DOT = 16  # tl.dot's smallest M, N and K
@@ -224,11 +223,6 @@ def spread_block(largest: int, num_rows: int, num_heads: int, dim: int) -> int:
     return block
 
 
-@functools.cache
-def _mma_device(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index) >= (8, 0)
-
-
 def state_stages_for(state_stages: int, block_v: int, num_warps: int, ssm) -> int:
     """The mma kernels' state_stages where a thread's run of a chunk row (block_v / (8 warps)
     elements) is a cp.async of 4 bytes or more, else 0 (the chunks through registers)."""
@@ -238,7 +232,7 @@ def state_stages_for(state_stages: int, block_v: int, num_warps: int, ssm) -> in
 def _mma_kernel_runs_on(ssm) -> bool:
     """Whether gdn_verify_mma's kernel (Gluon, mma.sync: sm_80+, Triton 3.6) serves ssm's device."""
     return (ssm.is_cuda and triton.__version__.startswith(SMEM_TRITON_VERSIONS)
-            and _mma_device(ssm.device.index if ssm.device.index is not None else torch.cuda.current_device()))
+            and nvidia_at_least(ssm.device, (8, 0)))
 
 
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,

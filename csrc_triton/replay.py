@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_launch, row_indices, softplus
+from ._common import (MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, nvidia_at_least, planned_launch,
+                      row_indices, softplus)
 
 try:  # host-side tensor descriptors (the replay kernels' state tile loads)
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -203,19 +204,6 @@ def check_grid(op: str, num_rows: int, num_layers: int) -> None:
         raise ValueError(f"{op} commits at most {MAX_GRID_Y} rows per call, got {num_rows}; split the batch")
 
 
-def _tma_capable(device: torch.device) -> bool:
-    """Whether ``device`` has the copy engine's tensor maps (NVIDIA sm_90+); asked once per device."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    capable = _TMA_DEVICES.get(index)
-    if capable is None:
-        nvidia = torch.version.hip is None  # (ROCm devices report CUDA-like capabilities too)
-        capable = _TMA_DEVICES[index] = nvidia and torch.cuda.get_device_capability(index)[0] >= 9
-    return capable
-
-
-_TMA_DEVICES: dict[int, bool] = {}
-
-
 def tma_signature_ok(ssm: torch.Tensor, box: list[int]) -> bool:
     """Whether ssm's state tiles (one ``box`` each) can come in through a tensor descriptor, as far
     as its signature says (a CUDA sm_90+ device, the last axis contiguous, every other stride on
@@ -228,7 +216,7 @@ def tma_signature_ok(ssm: torch.Tensor, box: list[int]) -> bool:
         return False
     if any(not 0 < n < 2**31 for n in ssm.shape):
         return False
-    return _tma_capable(ssm.device)
+    return nvidia_at_least(ssm.device, (9, 0))  # (the copy engine's tensor maps)
 
 
 def _descriptor_signature(ssm: torch.Tensor, box: list[int], tree: bool) -> bool:
