@@ -133,14 +133,26 @@ def mamba2_ring_calls(batch, tuning, H=128, P=64, G=8, Ns=128, N=4, capacity=16,
     return list(csrc_triton.mamba2_ring_verify._ring_calls(*args, **kwargs, **tuning))
 
 
+def test_shape_calls(shapes, calls, tuning, keep):
+    """Every launch ``keep`` takes of ``calls(**shape)`` for each shape, but for a shape the launcher
+    refuses for the tuning (said in a line and left out, as the tests skip it)."""
+    kept = []
+    for shape in shapes:
+        try:
+            kept += [call for call in calls(**shape) if keep(call)]
+        except ValueError as error:
+            print(f"{tuning} {shape}: refused ({error})", flush=True)
+    return kept
+
+
 def mamba2_ring_test_shape_calls(batch, tuning):
     """mamba2_ring's launches at the small shapes of its GPU tests (head dim 16, d_state 16 and 40,
     N 3, capacity 4 and 16, chains and trees, float32 and bf16 checkpoints): a compile error at a
     shape the model never takes shows here, before a GPU run."""
-    return [call for Ns, capacity, tree, state_dtype in itertools.product(
-                (16, 40), (4, 16), (False, True), (torch.float32, torch.bfloat16))
-            for call in mamba2_ring_calls(batch, tuning, H=4, P=16, G=2, Ns=Ns, N=3, capacity=capacity, tree=tree,
-                                          state_dtype=state_dtype) if "window" not in call.kernel.__name__]
+    shapes = [dict(Ns=Ns, capacity=capacity, tree=tree, state_dtype=state_dtype) for Ns, capacity, tree, state_dtype
+              in itertools.product((16, 40), (4, 16), (False, True), (torch.float32, torch.bfloat16))]
+    return test_shape_calls(shapes, lambda **shape: mamba2_ring_calls(batch, tuning, H=4, P=16, G=2, N=3, **shape),
+                            tuning, lambda call: "window" not in call.kernel.__name__)
 
 
 def gdn_ring_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, tree=False, state_dtype=torch.float32):
@@ -160,19 +172,13 @@ def gdn_ring_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, tree=False,
 
 def gdn_ring_test_shape_calls(batch, tuning):
     """gdn_ring's launches at the small shapes of its GPU tests (dk / dv 16 / 32, 32 / 32, and the
-    model's 128 / 128; N 3 and 4; chains and trees; float32 and bf16 checkpoints; a shape the
-    launcher refuses for the tuning left out, as the tests skip it): a Gluon compile error in a
-    constexpr branch the model's shape never takes shows here, before a GPU run."""
-    calls = []
-    for (dk, dv), N, tree, state_dtype in itertools.product(
-            ((16, 32), (32, 32), (128, 128)), (3, 4), (False, True), (torch.float32, torch.bfloat16)):
-        try:
-            launches = gdn_ring_calls(batch, tuning, Hk=2, Hv=4, dk=dk, dv=dv, N=N, tree=tree, state_dtype=state_dtype)
-        except ValueError as error:
-            print(f"{tuning} dk {dk} dv {dv}: refused ({error})", flush=True)
-            continue
-        calls += [call for call in launches if "KIND" in call.constexprs]
-    return calls
+    model's 128 / 128; N 3 and 4; chains and trees; float32 and bf16 checkpoints): a Gluon compile
+    error in a constexpr branch the model's shape never takes shows here, before a GPU run."""
+    shapes = [dict(dk=dk, dv=dv, N=N, tree=tree, state_dtype=state_dtype) for (dk, dv), N, tree, state_dtype
+              in itertools.product(((16, 32), (32, 32), (128, 128)), (3, 4), (False, True),
+                                   (torch.float32, torch.bfloat16))]
+    return test_shape_calls(shapes, lambda **shape: gdn_ring_calls(batch, tuning, Hk=2, Hv=4, **shape), tuning,
+                            lambda call: "KIND" in call.constexprs)
 
 
 def gdn_verify_calls(batch, tuning):
