@@ -137,12 +137,16 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     case = mamba2_ring_case(num_rows=6, num_nodes=3, capacity=16, num_ring_slots=6, num_state_slots=6, cursors=cursors,
                             ring_slots=[0, 1, 2, 3, 4, 5], state_slots=[3, 0, 4, 1, 5, -1], d_state=40,
                             parents=[-1, 0, 0] if tree else None, device=device, seed=9)
-    calls = triton_kernels().mamba2_ring_verify._ring_calls(
-        *sgl_convwin.mamba2_ring_verify.kernel_arguments(
-            torch.empty(case["x"].shape, device=device), case["x"], case["dt"], case["A"], case["B"], case["C"],
-            case["ssm_state"], case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"],
-            case["conv_bias"], case["ring_slots"], case["state_slots"], 1, case["parents"])[0],
-        dt_softplus=True)
+
+    def ring_calls(**tuning):
+        return triton_kernels().mamba2_ring_verify._ring_calls(
+            *sgl_convwin.mamba2_ring_verify.kernel_arguments(
+                torch.empty(case["x"].shape, device=device), case["x"], case["dt"], case["A"], case["B"], case["C"],
+                case["ssm_state"], case["conv_state"], case["rows"], case["gates"], case["cursor"],
+                case["conv_weight"], case["conv_bias"], case["ring_slots"], case["state_slots"], 1, case["parents"])[0],
+            dt_softplus=True, **tuning)
+
+    calls = ring_calls()
     launches = [(call.kernel.__name__, call.constexprs["STACK"]) for call in calls if "STACK" in call.constexprs]
     assert launches == [("_mamba2_ring_fold_kernel", 16), ("_mamba2_ring_verify_kernel", 16)]
     # the fold at most 4 heads a program (a step's folding rows are few: here a group's 2), the verify a
@@ -157,12 +161,7 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     # at 168 registers; apart and uncapped on request
     assert [call.kernel.__name__ for call in calls] == ["_mamba2_ring_fold_kernel", "_mamba2_ring_verify_kernel"]
     assert fold.constexprs["maxnreg"] == 168 and verify.constexprs["maxnreg"] == 128
-    apart = triton_kernels().mamba2_ring_verify._ring_calls(
-        *sgl_convwin.mamba2_ring_verify.kernel_arguments(
-            torch.empty(case["x"].shape, device=device), case["x"], case["dt"], case["A"], case["B"], case["C"],
-            case["ssm_state"], case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"],
-            case["conv_bias"], case["ring_slots"], case["state_slots"], 1, case["parents"])[0],
-        dt_softplus=True, fused_window=False, fold_maxnreg=0)
+    apart = ring_calls(fused_window=False, fold_maxnreg=0)
     assert "maxnreg" not in apart[0].constexprs
     assert [call.kernel.__name__ for call in apart][:2] == ["_mamba2_ring_fold_kernel", "_mamba2_ring_verify_kernel"]
     assert len(apart) == 3  # the window launch
@@ -171,12 +170,7 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     # on request the folding rows' drafts verified by the folds' launch (the verify kernel's ROWS 1, the
     # fold's heads a program and cap), the others by a ROWS 2 launch; that one a
     # programmatic dependent launch with pdl (only beside fold_verify, the windows in their own launch)
-    tuned = triton_kernels().mamba2_ring_verify._ring_calls(
-        *sgl_convwin.mamba2_ring_verify.kernel_arguments(
-            torch.empty(case["x"].shape, device=device), case["x"], case["dt"], case["A"], case["B"], case["C"],
-            case["ssm_state"], case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"],
-            case["conv_bias"], case["ring_slots"], case["state_slots"], 1, case["parents"])[0],
-        dt_softplus=True, fold_verify=True, pdl=True)
+    tuned = ring_calls(fold_verify=True, pdl=True)
     assert [(c.kernel.__name__, c.constexprs.get("ROWS"), c.constexprs.get("CHUNK_N"), c.constexprs.get("maxnreg"),
              c.constexprs.get("HEADS_PER_PROGRAM"), c.constexprs.get("launch_pdl")) for c in tuned][:2] == [
         ("_mamba2_ring_verify_kernel", 1, 32, 168, fold.constexprs["HEADS_PER_PROGRAM"], None),
@@ -184,12 +178,7 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     assert len(tuned) == 3 and not tuned[1].constexprs["FUSED_WINDOW"]  # + the window launch
     for wrong in (dict(), dict(fold_verify=True, fused_window=True)):
         with pytest.raises(ValueError, match="pdl overlaps"):
-            triton_kernels().mamba2_ring_verify._ring_calls(
-                *sgl_convwin.mamba2_ring_verify.kernel_arguments(
-                    torch.empty(case["x"].shape, device=device), case["x"], case["dt"], case["A"], case["B"],
-                    case["C"], case["ssm_state"], case["conv_state"], case["rows"], case["gates"], case["cursor"],
-                    case["conv_weight"], case["conv_bias"], case["ring_slots"], case["state_slots"], 1,
-                    case["parents"])[0], dt_softplus=True, pdl=True, **wrong)
+            ring_calls(pdl=True, **wrong)
     for chunk_n, fused_window, flatten, fold_verify in (
             (0, False, False, False), (16, False, False, False), (32, True, False, False), (16, False, True, False),
             (32, True, True, False), (0, True, True, False), (32, True, False, True), (16, False, True, True)):
