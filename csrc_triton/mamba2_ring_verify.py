@@ -216,6 +216,8 @@ def _mamba2_ring_verify_kernel(
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
     if ROWS == 1:
         live = fold
+        if not fold:  # (most rows: none of this launch's work, not even the stack's)
+            return
     elif ROWS == 2:
         live = live & ~fold
     folded_start, folded = start, pending  # (the window's move, with FUSED_WINDOW; the folds of ROWS 1)
@@ -287,8 +289,8 @@ def _mamba2_ring_verify_kernel(
     tile_ok = tl.where(live, n_ok[:, None] & p_ok[None, :], False)
     # with FLATTEN the heads' and their chunks' loops one pipelined loop: the next head's first chunks
     # in flight while this one's outputs are computed
-    # (ROWS 1, 2: no head at all in a row the launch leaves to the other)
-    heads = HEADS_PER_PROGRAM if ROWS == 0 else HEADS_PER_PROGRAM * live.to(tl.int32)
+    # (ROWS 2: no head at all in a row the ROWS 1 launch took; its programs still reach the windows' move)
+    heads = HEADS_PER_PROGRAM * live.to(tl.int32) if ROWS == 2 else HEADS_PER_PROGRAM
     for head in tl.range(first_head, first_head + heads, flatten=FLATTEN):
         state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
         if ROWS == 1:  # the tile folded first and stored: the verify below reads the new checkpoint back
