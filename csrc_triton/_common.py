@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, NamedTuple
 
 import torch
@@ -261,3 +262,8 @@ def nvidia_at_least(device: torch.device, capability: tuple) -> bool:
     """Whether ``device`` is an NVIDIA GPU of compute capability ``capability`` or higher (asked
     once per device: launchers ask on every call)."""
     return _nvidia_capability(device.index if device.index is not None else torch.cuda.current_device()) >= capability
+
+
+def interpreted() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

@@ -501,5 +501,5 @@ def _gdn_ring_verify_mma_kernel(
     if PDL and KIND != 2:
         last = ((gl.program_id(0) == gl.num_programs(0) - 1) & (gl.program_id(1) == gl.num_programs(1) - 1)
                 & (gl.program_id(2) == gl.num_programs(2) - 1))
-        if last:  # (the launch ends after this program: the folds' launch has ended before it)
+        if last:  # (this launch cannot end before this program, nor this program before the folds' launch)
             _wait_for_prior_launch()

@@ -37,7 +37,7 @@ try:  # programmatic dependent launch's instructions (Triton 3.4+; without them 
 except ImportError:  # pragma: no cover
     gdc_launch_dependents = gdc_wait = None
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
+from ._common import MAX_GRID_Y, KernelCall, cdiv, interpreted, next_power_of_2
 from .gdn_ring_verify import (_pdl_device, _pending_conv, _ring_row, flush_cursor_call, fold_precision_for,
                               window_after, window_call)
 from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, spread_block
@@ -358,8 +358,7 @@ def _mamba2_ring_verify_kernel(
         dst = (out_ptr + row * out_stride_row + head * out_stride_head + (sd * out_stride_node)[:, None]
                + (pp * out_stride_p)[None, :])
         tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=out_ok)
-        if p_block == 0:  # the drafts' d beside their rows, once per head
-            tl.store(gates_base + ring_s * gates_stride_row, step, mask=s_drafted)
+        tl.store(gates_base + ring_s * gates_stride_row, step, mask=s_drafted & (p_block == 0))
 
     if FUSED_WINDOW:
         if fold:
@@ -375,7 +374,7 @@ def _mamba2_ring_verify_kernel(
     if PDL and ROWS == 2:
         last = ((tl.program_id(0) == tl.num_programs(0) - 1) & (tl.program_id(1) == tl.num_programs(1) - 1)
                 & (tl.program_id(2) == tl.num_programs(2) - 1))
-        if last:  # (the launch ends after this program: the folds' launch has ended before it)
+        if last:  # (this launch cannot end before this program, nor this program before the folds' launch)
             gdc_wait()
 
 
@@ -443,6 +442,8 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
     the chunks' one pipelined loop (None: FLATTEN_HEADS; never with row_kind 1); row_kind,
     fold_precision and pdl: the kernel's ROWS (1: the folding rows, folded here), FOLD_PRECISION
     (None: fold_precision_for's) and PDL (a ROWS 2 launch then a programmatic dependent one)."""
+    if row_kind == 1 and fused_window:  # (its windows would move while other programs' folds read them)
+        raise ValueError("mamba2_ring_verify: the folds' verify launch (row_kind 1) never moves windows")
     num_rows, num_nodes, num_heads, head_dim = x.shape
     _, _, num_groups, d_state = heads
     block_p, share, grid = _tiling(num_rows, 1, heads, block_p, heads_per_program)
@@ -465,7 +466,8 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
         HEADS_PER_PROGRAM=share, CHUNK_N=chunk_n, CHUNK_STAGES=chunk_stages, FUSED_WINDOW=bool(fused_window),
         WIDTH=conv.shape[3], WINDOW=max(2, next_power_of_2(conv.shape[3])),
         FLATTEN=bool(FLATTEN_HEADS if flatten is None else flatten) and row_kind != 1, ROWS=row_kind,
-        FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), PDL=bool(pdl),
+        FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm),
+        PDL=bool(pdl) and not interpreted(),  # (the interpreter has no griddepcontrol, and runs launches in turn)
         **({"launch_pdl": True} if pdl and row_kind == 2 else {}), num_warps=num_warps,
         num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     tensors = tuple(ssm if t is None else t for t in (  # (an absent tensor: one the kernel never reads)

@@ -147,12 +147,19 @@ def test_shape_calls(shapes, calls, tuning, keep):
 
 def mamba2_ring_test_shape_calls(batch, tuning):
     """mamba2_ring's launches at the small shapes of its GPU tests (head dim 16, d_state 16 and 40,
-    N 3, capacity 4 and 16, chains and trees, float32 and bf16 checkpoints): a compile error at a
-    shape the model never takes shows here, before a GPU run."""
-    shapes = [dict(Ns=Ns, capacity=capacity, tree=tree, state_dtype=state_dtype) for Ns, capacity, tree, state_dtype
+    N 3, capacity 4 and 16, chains and trees, float32 and bf16 checkpoints; head dim 24 in two column
+    blocks, d_state 64, two heads a program): a compile error at a shape the model never takes shows
+    here, before a GPU run."""
+    shapes = [dict(P=16, Ns=Ns, capacity=capacity, tree=tree, state_dtype=state_dtype)
+              for Ns, capacity, tree, state_dtype
               in itertools.product((16, 40), (4, 16), (False, True), (torch.float32, torch.bfloat16))]
-    return test_shape_calls(shapes, lambda **shape: mamba2_ring_calls(batch, tuning, H=4, P=16, G=2, N=3, **shape),
-                            tuning, lambda call: "window" not in call.kernel.__name__)
+    blocks = dict(block_p=16, heads_per_program=2)
+    shapes += [dict(P=24, Ns=64, capacity=8, tree=tree, tiles=blocks) for tree in (False, True)]
+
+    def calls(tiles=None, **shape):
+        return mamba2_ring_calls(batch, dict(tuning, **(tiles or {})), H=4, G=2, N=3, **shape)
+
+    return test_shape_calls(shapes, calls, tuning, lambda call: "window" not in call.kernel.__name__)
 
 
 def gdn_ring_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, tree=False, state_dtype=torch.float32):

@@ -179,17 +179,31 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     for wrong in (dict(), dict(fold_verify=True, fused_window=True)):
         with pytest.raises(ValueError, match="pdl overlaps"):
             ring_calls(pdl=True, **wrong)
-    for chunk_n, fused_window, flatten, fold_verify in (
-            (0, False, False, False), (16, False, False, False), (32, True, False, False), (16, False, True, False),
-            (32, True, True, False), (0, True, True, False), (32, True, False, True), (16, False, True, True)):
+    for chunk_n, fused_window, flatten, fold_verify, pdl in (
+            (0, False, False, False, False), (16, False, False, False, False), (32, True, False, False, False),
+            (16, False, True, False, False), (32, True, True, False, False), (0, True, True, False, False),
+            (32, True, False, True, False), (16, False, True, True, False), (32, False, False, True, True)):
         if flatten and device == "cpu":
             continue  # (a compiler's choice the interpreter ignores: the GPU's)
         want, got = run_both(case, tuning=dict(IEEE, chunk_n=chunk_n, fused_window=fused_window, flatten=flatten,
-                                               fold_verify=fold_verify))
+                                               fold_verify=fold_verify, pdl=pdl))
         folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
         assert folded.tolist() == [False, False, False, True, False, True]  # slots 3, 5: rows of 16 and 14 pending
         assert_agree(want, got)
         assert_same_untouched(case, want, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fold_verify", [False, True], ids=["flatten", "flatten-fold-verify"])
+def test_flattened_loops_over_column_blocks(fold_verify):
+    """The heads' and chunks' loops as one (flatten, which the interpreter ignores) where a head's
+    rows take two column blocks and a program two heads: the drafts' dt stored by the first block
+    alone, after the loop (a compile Triton 3.6 once refused)."""
+    case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=8, head_dim=24, d_state=64, device="cuda", seed=13)
+    want, got = run_both(case, tuning=dict(IEEE, block_p=16, heads_per_program=2, chunk_n=32, flatten=True,
+                                           fold_verify=fold_verify))
+    assert_agree(want, got)
+    assert_same_untouched(case, want, got)
 
 
 @pytest.mark.parametrize("device", DEVICES)
