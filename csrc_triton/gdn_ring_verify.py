@@ -28,7 +28,7 @@ import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, nvidia_at_least
 from .gdn_verify import (MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse,
-                         spread_block, state_stages_for)
+                         check_mma_tiles, spread_block, state_stages_for)
 from .ring_conv import ring_row_state
 
 # The Triton kernel (every layer's fold at flush; a verify the mma kernel cannot take): the fewest
@@ -457,19 +457,20 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
     pdl = pdl and _pdl_device(ssm)
     fold_warps = fold_warps or num_warps
     fold_block_v = fold_block_v or block_v
-    if (num_layers != 1 or stack_rows > RING_MMA_NODES or block_v < 8 * num_warps
-            or fold_block_v < 8 * fold_warps or fold_block_v & (fold_block_v - 1)):
-        raise ValueError(f"gdn_ring_verify_mma: one layer, C + N <= {RING_MMA_NODES} and block_v >= 8 x warps "
-                         f"(a power of 2), got {num_layers} layers, C + N = {stack_rows}, block_v {block_v} on "
-                         f"{num_warps} warps, folding {fold_block_v} on {fold_warps}")
+    if num_layers != 1 or stack_rows > RING_MMA_NODES:
+        raise ValueError(f"gdn_ring_verify_mma: one layer and C + N <= {RING_MMA_NODES}, got {num_layers} layers, "
+                         f"C + N = {stack_rows}")
+    chunk_k = min(chunk_k, chunk.constexprs["BLOCK_K"])
+    check_mma_tiles("gdn_ring_verify_mma", block_v, num_warps, chunk_k)
+    check_mma_tiles("gdn_ring_verify_mma (the folds)", fold_block_v, fold_warps, chunk_k)
+    chunks = chunk.constexprs["BLOCK_K"] // chunk_k
     constexprs = {name: value for name, value in chunk.constexprs.items()
                   if name not in ("PRECISION", "FOLD_PRECISION")}
     width = chunk.constexprs["KERNEL_SIZE"] - 1
     constexprs.update(FUSED_WINDOW=bool(fused_window), WIDTH=width, WINDOW=max(2, next_power_of_2(width)),
                       EARLY_STATE=bool(early_state), FOLD_VERIFY=bool(fold_verify),
-                      STATE_STAGES=state_stages_for(int(state_stages), block_v, num_warps, ssm), PDL=bool(pdl))
-    constexprs.update(NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32,
-                      CHUNK_K=min(chunk_k, constexprs["BLOCK_K"]), WARPS=num_warps,
+                      STATE_STAGES=state_stages_for(state_stages, block_v, num_warps, chunks, ssm), PDL=bool(pdl))
+    constexprs.update(NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k, WARPS=num_warps,
                       SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4))
     num_nodes = constexprs["NUM_NODES"]
     small = small and 2 * num_nodes <= RING_MMA_SMALL_NODES < stack_rows
@@ -480,7 +481,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
     fold_stack = stack_rows if fold_verify else constexprs["MAX_PENDING"]  # (else the pending keys alone)
     fold = (2, max(RING_MMA_SMALL_NODES, next_power_of_2(fold_stack)), fold_grid,
             dict(WARPS=fold_warps, num_warps=fold_warps, BLOCK_V=fold_block_v,
-                 STATE_STAGES=state_stages_for(int(state_stages), fold_block_v, fold_warps, ssm),
+                 STATE_STAGES=state_stages_for(state_stages, fold_block_v, fold_warps, chunks, ssm),
                  **({"maxnreg": fold_cap} if fold_cap else {})))
     kinds = (fold, *(((0, RING_MMA_SMALL_NODES, chunk.grid, small_cap),) if small and not merged else ()),
              (3 if small and merged else 1, RING_MMA_NODES, chunk.grid, other_cap))
@@ -521,10 +522,10 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
         mma = (precision is None and fold_precision is None and block_v is None and num_warps is None
                and rows.shape[2] + num_nodes <= RING_MMA_NODES and v.shape[3] >= 8 * RING_MMA_WARPS
                and _mma_kernel_runs_on(ssm))
-    if mma and block_v is None:
-        block_v = (spread_block(RING_MMA_BLOCK_V, q.shape[0], v.shape[2], v.shape[3]) if RING_MMA_SPREAD
-                   else min(RING_MMA_BLOCK_V, max(MIN_DOT, next_power_of_2(v.shape[3]))))
     num_warps = (RING_MMA_WARPS if mma else RING_WARPS) if num_warps is None else num_warps
+    if mma and block_v is None:  # (at least a warp's mma columns a warp)
+        block_v = (spread_block(RING_MMA_BLOCK_V, q.shape[0], v.shape[2], v.shape[3], max(2 * MIN_DOT, 8 * num_warps))
+                   if RING_MMA_SPREAD else min(RING_MMA_BLOCK_V, max(MIN_DOT, next_power_of_2(v.shape[3]))))
     return _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
                         parents, layer=layer, num_layers=1, num_nodes=num_nodes, heads=heads,
                         max_pending=rows.shape[2] - num_nodes, fold_above=rows.shape[2] - num_nodes, scale=scale,

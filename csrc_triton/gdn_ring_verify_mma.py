@@ -25,8 +25,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .gdn_verify_mma import (_issue_first_chunks, _mma, _parent_of, _parts, _product, _rounded, _staged_chunk,
-                             _state_chunk, _unit_lower_inverse)
+from .gdn_verify_mma import (_issue_first_chunks, _issue_state_chunk, _mma, _parent_of, _parts, _product, _rounded,
+                             _staged_chunk, _state_chunk, _unit_lower_inverse)
 
 
 @gluon.jit
@@ -146,7 +146,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chu
     SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of this launch has at most
     PENDING_ROWS pending tokens. With EARLY_STATE the tile's first chunk of rows is first_chunk,
     already loaded. With STATE_STAGES the chunks come through shared memory state_ring instead
-    (cp.async, that many in flight; the first ones already issued with ISSUED)."""
+    (cp.async, that many in flight; the first one already issued with ISSUED)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -162,10 +162,9 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chu
 
     CHUNKS: gl.constexpr = BLOCK_K // CHUNK_K
     STAGES: gl.constexpr = min(STATE_STAGES, CHUNKS)
-    if STATE_STAGES > 0:
-        if not ISSUED:  # the long read first, into shared memory: no register holds it meanwhile
-            _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
-                                SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+    if STATE_STAGES > 0:  # the long read first, into shared memory: no register holds it meanwhile
+        _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
+                            SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L, 1 if ISSUED else 0)
         upcoming = first_chunk  # unread
     elif EARLY_STATE:
         upcoming = first_chunk
@@ -400,8 +399,8 @@ def _gdn_ring_verify_mma_kernel(
     With EARLY_STATE the verify launches read the tile's first rows before the row's cursor (their
     latency under the cursor's, as gdn_verify_mma's first read; for a row the cursor then skips,
     read and unused: not in the fold launch, which most rows skip). With STATE_STAGES the state
-    chunks come through shared memory (cp.async, that many in flight), the first ones issued
-    before the cursor with EARLY_STATE. With PDL (sm_90+, FOLD_VERIFY, the windows' own launch last)
+    chunks come through shared memory (cp.async, that many in flight), the first one issued before
+    the cursor with EARLY_STATE. With PDL (sm_90+, FOLD_VERIFY, the windows' own launch last)
     the launch after the folds' is a programmatic dependent one: it reads nothing the folds write,
     so it starts while they run; the folds' programs let it start at once, and its last program
     waits for them before ending, so that what follows both sees both."""
@@ -429,9 +428,9 @@ def _gdn_ring_verify_mma_kernel(
     if STATE_STAGES > 0:  # 16-byte units XOR-swizzled by row: a warp's rows of a load on distinct banks
         state_ring = gl.allocate_shared_memory(ssm_ptr.dtype.element_ty, [STATE_STAGES, CHUNK_K, BLOCK_V],
                                                gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
-        if EARLY:
-            _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
-                                SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+        if EARLY:  # the first chunk alone: a row this launch then skips reads no more
+            _issue_state_chunk(state_ring.index(0), state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
+                               SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
         first_chunk = live  # unread
     elif EARLY:
         state_ring = live  # unread

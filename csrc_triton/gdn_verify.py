@@ -214,19 +214,32 @@ def default_precision(ssm) -> str:
     return "tf32"
 
 
-def spread_block(largest: int, num_rows: int, num_heads: int, dim: int) -> int:
+def spread_block(largest: int, num_rows: int, num_heads: int, dim: int, smallest: int = 2 * MIN_DOT) -> int:
     """A tile's columns: ``largest`` (or dim rounded up to a power of two, >= MIN_DOT), halved down
-    to 2 * MIN_DOT while rows x heads x tiles would be fewer than VERIFY_PROGRAMS programs."""
+    to ``smallest`` while rows x heads x tiles would be fewer than VERIFY_PROGRAMS programs."""
     block = max(MIN_DOT, min(largest, next_power_of_2(dim)))
-    while block > 2 * MIN_DOT and num_rows * num_heads * cdiv(dim, block) < VERIFY_PROGRAMS:
+    while block > smallest and num_rows * num_heads * cdiv(dim, block) < VERIFY_PROGRAMS:
         block //= 2
     return block
 
 
-def state_stages_for(state_stages: int, block_v: int, num_warps: int, ssm) -> int:
-    """The mma kernels' state_stages where a thread's run of a chunk row (block_v / (8 warps)
-    elements) is a cp.async of 4 bytes or more, else 0 (the chunks through registers)."""
-    return state_stages if block_v // (8 * num_warps) * ssm.element_size() >= 4 else 0
+def check_mma_tiles(op: str, block_v: int, num_warps: int, chunk_k: int) -> None:
+    """The mma kernels' tiles: powers of two, block_v >= 8 x warps (a warp's mma columns), chunk_k >= MIN_DOT."""
+    powers = all(n > 0 and n & (n - 1) == 0 for n in (block_v, num_warps, chunk_k))
+    if not (powers and block_v >= 8 * num_warps and chunk_k >= MIN_DOT):
+        raise ValueError(f"{op}: the mma kernel's block_v, warps and chunk_k are powers of two, block_v >= 8 x "
+                         f"warps and chunk_k >= {MIN_DOT}; got block_v {block_v}, {num_warps} warps, chunk_k {chunk_k}")
+
+
+def state_stages_for(state_stages: int, block_v: int, num_warps: int, chunks: int, ssm) -> int:
+    """The mma kernels' state_stages, at most ``chunks`` (a tile's chunks of rows), where each
+    thread's cp.async is of 4 bytes or more -- its run of a chunk row, block_v / (8 warps) elements
+    where the columns are contiguous and the state 16-byte aligned, else one element -- or 0 (the
+    chunks through registers)."""
+    size = ssm.element_size()
+    aligned = ssm.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in ssm.stride()[:-1])
+    run = block_v // (8 * num_warps) if ssm.stride(-1) == 1 and aligned else 1
+    return min(int(state_stages), chunks) if run * size >= 4 else 0
 
 
 def _mma_kernel_runs_on(ssm) -> bool:
@@ -236,14 +249,13 @@ def _mma_kernel_runs_on(ssm) -> bool:
 
 
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
-                 block_v=None, num_warps=None, precision=None, mma=None, chunk_k=MMA_CHUNK_K,
-                 state_stages=MMA_STATE_STAGES):
+                 block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
-    kernel's), chunk_k (state rows per load of the mma kernel, a power of two >= 16), state_stages
-    (the mma kernel's chunks through shared memory, that many in flight; 0, or a bf16 state on
-    fewer than 16 columns a warp: registers): tuning only."""
+    kernel's), chunk_k (state rows per load of the mma kernel, a power of two >= 16; None:
+    MMA_CHUNK_K), state_stages (the mma kernel's chunks through shared memory, that many in
+    flight; None: MMA_STATE_STAGES; 0, or copies under 4 bytes: registers): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -273,9 +285,13 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     tensors = (out, q, k, v, g, beta, ssm, state_slots, state_slots if parents is None else parents)
     if mma:
         from . import gdn_verify_mma
-        constexprs.update(CHUNK_K=min(chunk_k, constexprs["BLOCK_K"]), ROUND_KQ=q.dtype == torch.float32 or k.dtype == torch.float32,
+        chunk_k = min(chunk_k or MMA_CHUNK_K, constexprs["BLOCK_K"])
+        check_mma_tiles("convwin.gdn_verify", block_v, num_warps, chunk_k)
+        state_stages = MMA_STATE_STAGES if state_stages is None else state_stages
+        constexprs.update(CHUNK_K=chunk_k, ROUND_KQ=q.dtype == torch.float32 or k.dtype == torch.float32,
                           WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3),
-                          STATE_STAGES=state_stages_for(int(state_stages), block_v, num_warps, ssm))
+                          STATE_STAGES=state_stages_for(state_stages, block_v, num_warps,
+                                                        constexprs["BLOCK_K"] // chunk_k, ssm))
         return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
     return KernelCall(_gdn_verify_kernel, grid, tensors, scalars, constexprs)
 

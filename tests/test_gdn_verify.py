@@ -212,6 +212,47 @@ def test_launch_choices(device, tuning):
     check(device, run, make_problem(head_v_dim=64, slots=[1, -1, 2], device=device))
 
 
+def test_mma_launch_plans():
+    """The mma kernel's tiles checked before any compile; its state chunks through shared memory at
+    most the tile's chunks, and only where each thread's cp.async is of 4 bytes or more (not a bf16
+    pool stored transposed, as engines store it: one value a copy); the module's defaults read at
+    each call."""
+    def plan(problem, **tuning):
+        q, k, v, g, beta, ssm, slots, parents = problem
+        return triton_kernels().gdn_verify._verify_call(torch.empty(v.shape), q, k, v, g, beta, ssm, slots, parents,
+                                                        scale=0.25, use_qk_l2norm=True, mma=True, **tuning)
+
+    problem = make_problem(head_k_dim=64, head_v_dim=64)
+    for tiles in (dict(chunk_k=8), dict(chunk_k=24), dict(block_v=48), dict(block_v=32, num_warps=3)):
+        with pytest.raises(ValueError, match="powers of two"):
+            plan(problem, **tiles)
+    for stages, chunk_k, want in ((None, None, 0), (1, None, 1), (4, None, 2), (4, 16, 4), (9, 16, 4)):  # (dk 64)
+        assert plan(problem, state_stages=stages, chunk_k=chunk_k).constexprs["STATE_STAGES"] == want
+    for dtype, transposed, want in ((torch.float32, True, 2), (torch.bfloat16, False, 2), (torch.bfloat16, True, 0)):
+        pool = make_problem(head_k_dim=64, head_v_dim=64, state_dtype=dtype, transposed=transposed)
+        assert plan(pool, state_stages=2, block_v=64, num_warps=2).constexprs["STATE_STAGES"] == want
+    module = triton_kernels().gdn_verify
+    defaults = module.MMA_STATE_STAGES, module.MMA_CHUNK_K
+    try:
+        module.MMA_STATE_STAGES, module.MMA_CHUNK_K = 2, 16
+        assert [plan(problem).constexprs[name] for name in ("STATE_STAGES", "CHUNK_K")] == [2, 16]
+    finally:
+        module.MMA_STATE_STAGES, module.MMA_CHUNK_K = defaults
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cuda_state_stages_transposed_pool(state_dtype):
+    """The state chunks through shared memory from a pool stored [S, Hv, dv, dk] (engines' layout)
+    and passed transposed: fp32 by 4-byte copies, bf16 through registers."""
+    def run(*args, **kwargs):
+        kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(*args, **kwargs)
+        triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, mma=True, state_stages=3)
+
+    check("cuda", run, make_problem(head_k_dim=128, head_v_dim=128, state_dtype=state_dtype, transposed=True,
+                                    device="cuda"), tol=2e-3 if state_dtype == torch.float32 else 2e-2)
+
+
 @pytest.mark.parametrize("impl", IMPLS[:2])
 @given(data=st.data())
 def test_fuzz_cpu(impl, data):

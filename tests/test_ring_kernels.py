@@ -233,9 +233,12 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
     assert [(c.constexprs["KIND"], c.constexprs["BLOCK_V"], c.grid[0]) for c in calls if "KIND" in c.constexprs] == [
         (kind, 16 if kind == 2 else 32, case["v"].shape[2] * (2 if kind == 2 else 1)) for kind, _, _ in kinds]
     for fold_block_v, fold_warps in ((16, 4), (24, 1)):
-        with pytest.raises(ValueError, match=f"folding {fold_block_v} on {fold_warps}"):
+        with pytest.raises(ValueError, match=f"the folds.*got block_v {fold_block_v}, {fold_warps} warps"):
             triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, fold_block_v=fold_block_v,
                                                          fold_warps=fold_warps)
+    for tiles in (dict(chunk_k=8), dict(chunk_k=24), dict(block_v=48), dict(block_v=32, num_warps=3)):
+        with pytest.raises(ValueError, match="powers of two"):  # (else a compile error)
+            triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, **tiles)
     # the fold's own cap: 168 by default, none on request
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
     assert calls[0].constexprs["KIND"] == 2 and calls[0].constexprs["maxnreg"] == 168
@@ -255,14 +258,19 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
         calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, fold_verify=fold_verify)
         assert [c.constexprs["FOLD_VERIFY"] for c in calls] == [bool(fold_verify)] * len(kinds)
         assert calls[0].constexprs["NODES"] == (32 if fold_verify else kinds[0][1])
-    # the state chunks through shared memory, on request: every launch (through registers where a
-    # thread's copy would be under 4 bytes: a bf16 state on 32 columns over 4 warps)
-    for stages in (None, 2):
-        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, state_stages=stages)
-        assert [c.constexprs["STATE_STAGES"] for c in calls] == [stages or 0] * len(kinds)
-        assert [c.constexprs["CHUNK_K"] for c in calls if "KIND" in c.constexprs] == [32] * len(kinds)  # (dk 32)
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, chunk_k=16)
-    assert [c.constexprs["CHUNK_K"] for c in calls if "KIND" in c.constexprs] == [16] * len(kinds)
+    # the state chunks through shared memory, on request: every launch, at most a tile's chunks (dk
+    # 32: one of 32 rows, two of 16); through registers where a thread's copy would be under 4 bytes
+    # (below: a bf16 state on 32 columns over 4 warps, or transposed as engines store it)
+    for stages, chunk_k, want in ((None, None, 0), (2, None, 1), (2, 16, 2), (3, 16, 2)):
+        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, state_stages=stages,
+                                                             chunk_k=chunk_k)
+        assert [c.constexprs["STATE_STAGES"] for c in calls] == [want] * len(kinds)
+        assert [c.constexprs["CHUNK_K"] for c in calls if "KIND" in c.constexprs] == [chunk_k or 32] * len(kinds)
+    transposed = case["ssm_state"].transpose(-1, -2).contiguous().transpose(-1, -2)
+    transposed_args = [transposed if a is case["ssm_state"] else a for a in args]
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*transposed_args, **kwargs, **apart, state_stages=2,
+                                                         chunk_k=16)
+    assert [c.constexprs["STATE_STAGES"] for c in calls] == [2] * len(kinds)  # (fp32: copies of one value, 4 bytes)
     # the others' verify a programmatic dependent launch of the folds', on request: only beside
     # fold_verify, in one launch, the windows in their own launch after both
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, fold_verify=True,
@@ -277,6 +285,11 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
     assert sum(a.dtype == torch.bfloat16 for a in bf16_args if isinstance(a, torch.Tensor)) == 1
     calls = triton_kernels().gdn_ring_verify._ring_calls(*bf16_args, **kwargs, **apart, state_stages=2)
     assert [c.constexprs["STATE_STAGES"] for c in calls if "KIND" in c.constexprs] == [0] * len(kinds)
+    for state, want in ((case["ssm_state"], 1), (transposed, 0)):  # (a thread's 4 adjacent values, or 1)
+        bf16 = [state.to(torch.bfloat16) if a is case["ssm_state"] else a for a in args]
+        calls = triton_kernels().gdn_ring_verify._ring_calls(*bf16, **kwargs, **apart, state_stages=2, block_v=32,
+                                                             num_warps=1)
+        assert [c.constexprs["STATE_STAGES"] for c in calls if "KIND" in c.constexprs] == [want] * len(kinds)
     # by default the rows on the stack of 16 and the others in one launch (KIND 3), where there are both
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
     if len(kinds) == 3:
@@ -295,11 +308,13 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
     assert {c.constexprs["KIND"]: c.constexprs["maxnreg"] for c in calls} == {2: 168, len(kinds) % 2 * 2 + 1: 128}
 
 
-@pytest.mark.parametrize("num_rows, spread, block_v", [(1, False, 128), (1, True, 32), (8, True, 64), (16, True, 128)])
-def test_mma_tiles_by_batch(num_rows, spread, block_v, monkeypatch):
+@pytest.mark.parametrize("num_rows, spread, warps, block_v", [(1, False, None, 128), (1, True, None, 32),
+                                                             (8, True, None, 64), (16, True, None, 128),
+                                                             (1, True, 8, 64)])
+def test_mma_tiles_by_batch(num_rows, spread, warps, block_v, monkeypatch):
     """The mma launches' tiles at dv 128: 128 columns, or with RING_MMA_SPREAD as gdn_verify's
-    spread_block (halved while a launch of 32 heads would have fewer than 512 programs, to 32), the
-    folds' too."""
+    spread_block (halved while a launch of 32 heads would have fewer than 512 programs, to 32, or
+    on 8 warps to their 64 columns), the folds' too."""
     monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_SPREAD", spread)
     case = ring_case(num_rows=num_rows, num_nodes=4, capacity=16, num_k_heads=16, head_k_dim=32, head_v_dim=128,
                      num_state_slots=num_rows, num_ring_slots=num_rows, ring_slots=list(range(num_rows)),
@@ -309,7 +324,8 @@ def test_mma_tiles_by_batch(num_rows, spread, block_v, monkeypatch):
         out, case["q"], case["k"], case["v"], case["g"], case["beta"], case["ssm_state"], case["conv_state"],
         case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"], case["ring_slots"],
         case["state_slots"], 1, None)
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True)
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True,
+                                                         **({"num_warps": warps} if warps else {}))
     assert [(c.constexprs["BLOCK_V"], c.grid[0]) for c in calls if "KIND" in c.constexprs] == [
         (block_v, 32 * 128 // block_v)] * 2
 
