@@ -66,6 +66,9 @@ class ConvWindowCache(torch.nn.Module):
                                                             num_gates=num_gates, device=self.buffer.device)
         self.register_buffer("gates", gates, persistent=False)
 
+    def _apply(self, fn, recurse=True):
+        return _gates_kept_float32(self, super()._apply, fn, recurse)
+
     @property
     def nbytes(self) -> int:
         """Physical bytes of the buffer and the gates (the logical window view would over-report)."""
@@ -171,6 +174,17 @@ def _steps(accepted, num_accepted, parents):
     return num_accepted.to(torch.int64) - 1
 
 
+def _gates_kept_float32(module, apply, fn, recurse):
+    """nn.Module._apply (``apply``: the parent's) with the gates' dtype kept: ``.to(torch.bfloat16)``
+    (or ``model.half()``) moves them with the module but never rounds them (the ops replay exactly
+    the float32 gates the verify used)."""
+    gates = module.gates
+    apply(fn, recurse)
+    if gates is not None and module.gates.dtype != gates.dtype:
+        module.gates = gates.to(module.gates.device)
+    return module
+
+
 class RingCache(torch.nn.Module):
     """The ring of ``alloc_ring`` as registered (non-persistent) buffers ``rows``, ``gates`` and
     ``cursor``, and the steps an engine runs on it::
@@ -209,6 +223,15 @@ class RingCache(torch.nn.Module):
         """[M]: the accepted tokens each slot holds beyond its checkpoint (a view of the cursor)."""
         return self.cursor[:, 1]
 
+    def _apply(self, fn, recurse=True):
+        return _gates_kept_float32(self, super()._apply, fn, recurse)
+
+    def _drafts(self, num_nodes: int, method: str) -> None:
+        # the verify's fold and accept's cursor must agree on N: another N loses or repeats pending tokens
+        if num_nodes != self.num_draft:
+            raise ValueError(f"RingCache.{method}: this ring verifies {self.num_draft} draft tokens a step (its "
+                             f"num_draft), got {num_nodes}; pad the drafts to {self.num_draft}")
+
     def reset(self, slots: torch.Tensor) -> None:
         """Empty the ring slots ``slots`` (negative: skipped), for new requests whose conv_state and
         ssm_state the prefill wrote; no sync."""
@@ -221,6 +244,7 @@ class RingCache(torch.nn.Module):
     def conv1d_verify(self, out, conv_state, x, weight, bias, slots, layer, *, state_slots=None, parents=None,
                       activation=None, state_layout=DIM_MAJOR):
         """``ring_conv1d_verify`` of layer ``layer`` (out [B, N, dim]; x [B, N, dim])."""
+        self._drafts(x.shape[1], "conv1d_verify")
         state_slots = slots if state_slots is None else state_slots
         ring_conv1d_verify(out, self.rows, conv_state, x, weight, bias, slots, state_slots, self.cursor, layer,
                            parents, activation=activation, state_layout=state_layout)
@@ -228,6 +252,7 @@ class RingCache(torch.nn.Module):
     def gdn_verify(self, out, q, k, v, g, beta, ssm_state, conv_state, conv_weight, conv_bias, slots, layer, *,
                    state_slots=None, parents=None, scale=None, use_qk_l2norm=True, state_layout=DIM_MAJOR):
         """``gdn_ring_verify`` of layer ``layer`` (conv_weight [dim, K], conv_bias [dim]: the layer's)."""
+        self._drafts(q.shape[1], "gdn_verify")
         state_slots = slots if state_slots is None else state_slots
         gdn_ring_verify(out, q, k, v, g, beta, ssm_state, conv_state, self.rows, self.gates, self.cursor, conv_weight,
                         conv_bias, slots, state_slots, layer, parents, scale=scale, use_qk_l2norm=use_qk_l2norm,
@@ -252,6 +277,7 @@ class RingCache(torch.nn.Module):
                       state_slots=None, parents=None, D=None, z=None, dt_bias=None, dt_softplus=False,
                       state_layout=DIM_MAJOR):
         """``mamba2_ring_verify`` of layer ``layer`` (A [H], conv_weight [dim, K], conv_bias [dim]: the layer's)."""
+        self._drafts(x.shape[1], "mamba2_verify")
         state_slots = slots if state_slots is None else state_slots
         mamba2_ring_verify(out, x, dt, A, B, C, ssm_state, conv_state, self.rows, self.gates, self.cursor, conv_weight,
                            conv_bias, slots, state_slots, layer, parents, D=D, z=z, dt_bias=dt_bias,

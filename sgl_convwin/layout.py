@@ -173,6 +173,7 @@ def token_views(buffer: torch.Tensor, layout: str, kernel_size: int) -> tuple[to
     draft token (or tree node) n's conv input, and ``history [L, M, D, dim, K-2]``, the K-2 newest
     committed inputs (oldest first) as node n's window holds them -- token_major and channel_major
     keep them once per slot (node stride 0), a dense buffer in every window."""
+    check_layout(layout)
     history_rows = kernel_size - 2
     if layout == DENSE:  # [L, M, D, dim, K-1]: a window's newest column is its node's input
         return buffer[..., history_rows], buffer[..., :history_rows]

@@ -34,6 +34,27 @@ def test_view_reconstructs_windows(layout, num_draft, kernel_size):
 
 @pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
 @pytest.mark.parametrize("kernel_size", KERNELS)
+def test_token_views_are_the_windows_columns(layout, kernel_size):
+    """token_views (checked against the windows of the oracle's sequences): node n's input is its
+    window's newest column; the history, the first node's K-2 committed inputs, once per slot in
+    the deduplicated layouts (every node the same), a dense buffer's node n its own window's
+    first K-2 columns; a bad layout refused."""
+    num_draft = 3
+    sequences = sequences_for(num_draft, kernel_size, seed=4)
+    buffer = reference.pack_sequences(sequences, layout, num_draft, kernel_size)
+    tokens, history = sgl_convwin.token_views(buffer, layout, kernel_size)
+    windows = reference.windows_from_sequences(sequences, num_draft, kernel_size)
+    assert torch.equal(tokens, windows[..., -1])
+    if layout == "dense":
+        assert torch.equal(history, windows[..., :-1])
+    else:
+        assert torch.equal(history, windows[:, :, :1, :, :-1].expand_as(history)) and history.stride(2) == 0
+    with pytest.raises(ValueError, match="layout must be one of"):
+        sgl_convwin.token_views(buffer, "channel-major", kernel_size)
+
+
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+@pytest.mark.parametrize("kernel_size", KERNELS)
 @pytest.mark.parametrize("num_draft", DRAFTS)
 def test_window_is_a_slice_of_the_sequence(layout, num_draft, kernel_size):
     sequences = sequences_for(num_draft, kernel_size, seed=1)

@@ -161,6 +161,14 @@ def test_checked_mode_names_bad_rows():
             ring.accept(torch.tensor([1, 1]), torch.tensor([0, 0]))
         with pytest.raises(IndexError, match=r"steps\[0\] = 2"):
             ring.accept(torch.tensor([1]), torch.tensor([2]))
+        with pytest.raises(IndexError, match=r"ring_slots\[0\] = 5 is out of range for a ring of 2 slots"):
+            ring.conv1d_verify(out, harness.conv_state, x, harness.conv_weight[0], None, torch.tensor([5]), 0,
+                               state_slots=torch.tensor([0]))
+        with pytest.raises(IndexError, match=r"parents\[0, 1\] = 1; a node's parent must be an earlier node"):
+            ring.conv1d_verify(out, harness.conv_state, x, harness.conv_weight[0], None, torch.tensor([1]), 0,
+                               state_slots=torch.tensor([0]), parents=torch.tensor([[-1, 1]]))
+        with pytest.raises(IndexError, match=r"parents\[0, 1\] = 2"):
+            ring.accept(torch.tensor([1]), torch.tensor([1]), parents=torch.tensor([[-1, 2]]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,6 +257,47 @@ def test_ring_cache_buffers_reset_and_bytes():
     cache.accept(torch.tensor([0, 1, -1]), num_accepted=torch.tensor([3, 1, 2]))  # slot 1 folded: start wraps
     assert cache.cursor.tolist() == [[0, 3], [9, 1], [0, 0]]
     assert cache.nbytes == 2 * 3 * 10 * 16 * 2 + 2 * 3 * 10 * 2 * 2 * 4 + 3 * 2 * 4
+
+
+def test_ring_cache_refuses_another_number_of_drafts():
+    """A ring verified with another N than it was made for would fold where accept does not (or the
+    reverse), losing or repeating pending tokens: each verify method refuses it before any write
+    (the calls are otherwise valid: dim 16 = 2 x 1 x 4 + 2 x 4 = 2 x 4 + 2 x 1 x 4)."""
+    x, slots = torch.randn(1, 2, 16), torch.tensor([0])
+    states = dict(ssm_state=torch.zeros(2, 3, 2, 4, 4), conv_state=torch.zeros(2, 3, 16, 3),
+                  conv_weight=torch.randn(16, 4), conv_bias=None, slots=slots, layer=0)
+    gdn = (torch.empty(1, 2, 2, 4), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4), torch.randn(1, 2, 2, 4),
+           -torch.rand(1, 2, 2), torch.rand(1, 2, 2))
+    mamba2 = (torch.empty(1, 2, 2, 4), torch.randn(1, 2, 2, 4), torch.rand(1, 2, 2), -torch.rand(2),
+              torch.randn(1, 2, 1, 4), torch.randn(1, 2, 1, 4))
+    for num_gates, verify in ((2, lambda c: c.gdn_verify(*gdn, **states)),
+                              (1, lambda c: c.mamba2_verify(*mamba2, **states)),
+                              (2, lambda c: c.conv1d_verify(torch.empty_like(x), states["conv_state"], x,
+                                                            states["conv_weight"], None, slots, 0))):
+        cache = sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6, dtype=torch.float32, num_gates=num_gates)
+        cache.cursor.copy_(torch.tensor([[0, 3], [0, 0], [0, 0]]))
+        cache.rows.normal_()
+        before = {name: t.clone() for name, t in cache.named_buffers()}
+        with pytest.raises(ValueError, match="verifies 4 draft tokens a step .* got 2"):
+            verify(cache)
+        assert all(torch.equal(t, before[name]) for name, t in cache.named_buffers())
+        cache.num_draft = 2  # (the same call on a ring of N = 2 runs)
+        verify(cache)
+
+
+@pytest.mark.parametrize("make", [lambda: sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6),
+                                  lambda: sgl_convwin.ConvWindowCache(2, 3, 16, 4, 4, gate_heads=2)],
+                         ids=["ring", "conv-window"])
+def test_caches_keep_float32_gates_through_to(make):
+    """model.to(torch.bfloat16) or .half() moves a cache's gates with it but never rounds them: the
+    commits and the ring's replays must see the gates the verify saw."""
+    cache = make()
+    cache.gates.uniform_(-1, 1)
+    gates = cache.gates.clone()
+    for convert in (lambda c: c.to(torch.bfloat16), lambda c: c.half(), lambda c: c.to("cpu", torch.float16)):
+        converted = convert(cache)
+        assert converted is cache and cache.gates.dtype == torch.float32 and torch.equal(cache.gates, gates)
+        assert next(t for name, t in cache.named_buffers() if name != "gates").dtype != torch.float32
 
 
 def test_ring_memory_at_qwen3_next():
