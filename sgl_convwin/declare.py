@@ -177,8 +177,9 @@ def declare_op(
     of a destination-passing op ``convwin::<name>``; returns the public function, with the
     registered op as its ``.op`` attribute, ``.kernel_arguments``, ``.cuda_impl`` (the CUDA
     implementation without the eager plans, callable with the op's arguments on any device:
-    Triton's interpreter) and, with ``eager_plan``, ``.eager_plans`` (its cache) and
-    ``.cuda_impl_planned`` (the registered CUDA kernel, eager plans included; any device too)."""
+    Triton's interpreter), ``.cuda_registered`` (the registered CUDA kernel, eager plans included
+    with ``eager_plan``; any device too) and, with ``eager_plan``, ``.eager_plans`` (its cache) and
+    ``.cuda_impl_planned`` (the registered kernel again)."""
 
     def decorate(signature_function: Callable[..., None]) -> Callable[..., None]:
         name = signature_function.__name__
@@ -309,6 +310,7 @@ def declare_op(
         public.op = packet
         public.kernel_arguments = kernel_arguments
         public.cuda_impl = cuda_impl
+        public.cuda_registered = cuda_planned
         if eager_plan is not None:
             public.eager_plans = plans
             public.cuda_impl_planned = cuda_planned

@@ -281,3 +281,48 @@ def test_replay_commit_capture_and_replay(mixer, layout, tree):
         expected_ssm, expected_conv, _ = replay.reference()
         assert torch.equal(conv_state.cpu(), expected_conv)
         torch.testing.assert_close(ssm_state.cpu().double(), expected_ssm, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+def test_capture_ops_capture_and_replay(layout):
+    """capture, capture_gates (given gates, one-gate dt, raw a / b) captured once; each replay with
+    new inputs and slots leaves what the CPU path leaves on copies (the whole buffers compared)."""
+    generator = torch.Generator().manual_seed(7)
+    heads = 4
+    buffer = sgl_convwin.alloc_windows(L, M, DIM, D, K, layout=layout, device="cuda")
+    conv_state = torch.zeros(L, N, DIM, K - 1, dtype=torch.bfloat16, device="cuda")
+    gates = sgl_convwin.alloc_gates(L, M, D, heads, device="cuda")
+    dts = sgl_convwin.alloc_gates(L, M, D, heads, num_gates=1, device="cuda")
+    raw = sgl_convwin.alloc_gates(L, M, D, heads, device="cuda")
+    x = torch.zeros(B, D, DIM, device="cuda")
+    g, beta, a, b = (torch.zeros(B, D, heads, device="cuda") for _ in range(4))
+    A_log, dt_bias = torch.randn(heads, generator=generator).cuda(), torch.randn(heads, generator=generator).cuda()
+    buffer_slots = torch.zeros(B, dtype=torch.int64, device="cuda")
+    state_slots = torch.zeros(B, dtype=torch.int32, device="cuda")
+
+    def step():
+        sgl_convwin.capture(buffer, conv_state, x, buffer_slots, state_slots, 1, layout=layout)
+        sgl_convwin.capture_gates(gates, g, beta, buffer_slots, 2)
+        sgl_convwin.capture_gates(dts, g, None, buffer_slots, 0)
+        sgl_convwin.capture_gates(raw, None, None, buffer_slots, 1, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+
+    graph = capture(step)
+    for _ in range(10):
+        for tensor in (buffer, gates, dts, raw, conv_state, x, g, beta, a, b):
+            tensor.copy_(torch.randn(tensor.shape, generator=generator))
+        dst, src, _ = random_rows(generator)
+        buffer_slots.copy_(torch.where(dst >= 0, src, -1))
+        state_slots.copy_(torch.randint(-1, N + 1, (B,), generator=generator))
+        expected = [t.cpu() for t in (buffer, gates, dts, raw)]
+        cpu_args = [t.cpu() for t in (conv_state, x, buffer_slots, state_slots, g, beta, a, b, A_log, dt_bias)]
+        conv_cpu, x_cpu, buffer_slots_cpu, state_slots_cpu, g_cpu, beta_cpu, a_cpu, b_cpu, A_log_cpu, bias_cpu = cpu_args
+        sgl_convwin.capture(expected[0], conv_cpu, x_cpu, buffer_slots_cpu, state_slots_cpu, 1, layout=layout)
+        sgl_convwin.capture_gates(expected[1], g_cpu, beta_cpu, buffer_slots_cpu, 2)
+        sgl_convwin.capture_gates(expected[2], g_cpu, None, buffer_slots_cpu, 0)
+        sgl_convwin.capture_gates(expected[3], None, None, buffer_slots_cpu, 1, a=a_cpu, b=b_cpu, A_log=A_log_cpu,
+                                  dt_bias=bias_cpu)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(buffer.cpu(), expected[0]) and torch.equal(gates.cpu(), expected[1])
+        assert torch.equal(dts.cpu(), expected[2])
+        torch.testing.assert_close(raw.cpu(), expected[3], rtol=1e-6, atol=1e-6)  # (exp, softplus: two libms)

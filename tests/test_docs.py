@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import sgl_convwin
-from sgl_convwin import cli
+from sgl_convwin import cli, reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,7 +76,9 @@ def python_blocks(text: str) -> list[str]:
 
 def test_readme_usage_runs():
     """Every python block of the README runs as written, on the CPU (its device line says cuda
-    when there is one)."""
+    when there is one), and the usage block leaves what the float64 oracles say: the last layer's
+    verify outputs (from the zero states it starts from) and both committed states (from the
+    buffer and gates the verify captured)."""
     blocks = python_blocks(read("README.md"))
     assert blocks, "the README has no python usage block"
     for block in blocks:
@@ -84,6 +86,19 @@ def test_readme_usage_runs():
         exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
         tensors = [value for value in namespace.values() if isinstance(value, torch.Tensor)]
         assert tensors, "the usage block defines no tensor"
+    n = namespace  # the usage block's (the last)
+    heads = dict(num_k_heads=n["Hk"], head_k_dim=n["dk"], num_v_heads=n["Hv"], head_v_dim=n["dv"])
+    q, k, v = (t.unflatten(-1, shape) for t, shape in ((n["q"], (n["Hk"], n["dk"])), (n["k"], (n["Hk"], n["dk"])),
+                                                      (n["v"], (n["Hv"], n["dv"]))))
+    zeros = torch.zeros_like(n["ssm_state"][0])
+    want, written = reference.gdn_verify_reference(q, k, v, n["g"], n["beta"], zeros, n["state_slots"])
+    assert list(written) == [0, 1]  # (row 2, padded, untouched)
+    torch.testing.assert_close(n["o"][:2].double().cpu(), want[:2], rtol=0, atol=2e-3 * want.abs().max())
+    ssm, conv, _ = reference.gdn_commit_reference(
+        torch.zeros_like(n["ssm_state"]), torch.zeros_like(n["conv_state"]), n["buffer"], n["gates"], n["conv_weight"],
+        n["state_slots"], n["buffer_slots"], n["accepted"], layout="token_major", **heads)
+    torch.testing.assert_close(n["ssm_state"].double().cpu(), ssm, rtol=0, atol=1e-4 * ssm.abs().max())
+    assert torch.equal(n["conv_state"].cpu(), conv)
 
 
 def test_one_pitch():

@@ -356,6 +356,9 @@ BAD_CALLS = {
     "scale str": (lambda p: p.update(scale="0.1"), TypeError, "scale must be a float"),
     "grouping": (lambda p: p.update(q=p["q"][:, :, :1].expand(-1, -1, 3, -1), k=p["k"][:, :, :1].expand(-1, -1, 3, -1)),
                  ValueError, "multiple of Hk"),
+    "too many nodes": (lambda p: p.update(zip(("q", "k", "v", "g", "beta", "ssm", "slots", "parents"),
+                                              make_problem(num_nodes=65)), out=torch.full((3, 65, 4, 32), FILL)),
+                       ValueError, "must be 1..64"),
 }
 
 

@@ -16,13 +16,19 @@ import torch
 
 import sgl_convwin
 from sgl_convwin import demo
+import test_gdn_verify
+import test_mamba2_verify
+import test_ring
+import test_ring_mamba2
 from test_opcheck import replay_samples, scatter_samples, scatter_tree_samples, verify_samples
 
 pytestmark = pytest.mark.gpu
 two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                               reason="needs two CUDA devices")
 
-OPS = ("scatter", "scatter_tree", "capture", "causal_conv1d_verify", "capture_gates", "gdn_commit", "mamba2_commit")
+OPS = ("scatter", "scatter_tree", "capture", "causal_conv1d_verify", "capture_gates", "gdn_commit", "mamba2_commit",
+       "gdn_verify", "mamba2_verify", "ring_conv1d_verify", "gdn_ring_verify", "ring_accept", "gdn_ring_flush",
+       "mamba2_ring_verify", "mamba2_ring_flush")
 
 OTHER = "cuda:1"
 
@@ -45,6 +51,20 @@ def op_calls(device):
     gates = torch.zeros(2, 3, 4, 2, 5).to(device)
     g, beta = torch.randn(3, 4, 5, generator=generator).to(device), torch.rand(3, 4, 5, generator=generator).to(device)
     yield "capture_gates", ops.capture_gates.default, (gates, g, beta, torch.tensor([1, -1, 0], device=device), 1), {}
+    for tree in (None, [-1, 0, 0, 1]):
+        q, k, v, g, beta, ssm, slots, parents = test_gdn_verify.make_problem(parents=tree, device=device)
+        yield "gdn_verify", ops.gdn_verify.default, (torch.zeros(v.shape, device=device), q, k, v, g, beta, ssm,
+                                                     slots, parents), {"scale": 0.25, "use_qk_l2norm": True}
+        (x, dt, A, B, C, ssm, slots, parents), kwargs = test_mamba2_verify.make_problem(parents=tree, device=device)
+        yield "mamba2_verify", ops.mamba2_verify.default, (
+            torch.zeros(x.shape, device=device), x, dt, A, B, C, ssm, slots, parents,
+            *(kwargs.get(name) for name in test_mamba2_verify.TERMS)), {"dt_softplus": kwargs["dt_softplus"]}
+    torch.manual_seed(5)  # (the ring samples draw some inputs from the global generator)
+    for module in (test_ring, test_ring_mamba2):
+        for tree in (False, True):
+            for name, (args, kwargs) in module.op_samples(tree).items():
+                args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+                yield f"{name}-{'tree' if tree else 'chain'}", getattr(ops, name).default, args, kwargs
 
 
 def tensors_of(args):
@@ -132,7 +152,7 @@ def test_a_call_enters_its_tensors_device(monkeypatch, via):
     samples = list(op_calls("cuda:0"))  # (made first: making the replay samples calls capture ops)
     functions = [getattr(sgl_convwin, name) for name in OPS]
     if via == "torch.ops":
-        functions = [public.cuda_impl_planned for public in functions]
+        functions = [public.cuda_registered for public in functions]
     entered = pretend_another_device_is_current(monkeypatch, functions)
     for calls, ((name, op, args, kwargs), want) in enumerate(zip(samples, expected, strict=True), 1):
         call(via, op, args, kwargs)
