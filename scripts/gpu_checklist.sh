@@ -49,7 +49,8 @@
 #             by the verify launch, the GDN ring's two verify launches as one), after those options' GPU tests
 #   vartests  every opt-in variant not yet run on a GPU, its GPU tests in one run (the GDN ring's early_state,
 #             fold_verify, pdl, state_stages, chunk_k, 64-column tiles (RING_MMA_SPREAD's), 8 warps, and all at once
-#             in CUDA graphs; gdn_verify's state_stages; the Mamba2 ring's flatten, fold_verify and pdl)
+#             in CUDA graphs; gdn_verify's state_stages; the Mamba2 ring's flatten, fold_verify and pdl), then the
+#             capture ops in one CUDA graph and every op's device guard
 #   varbench  the same variants timed in one process each: the GDN ring's one-layer sweep at B = 64 / 256 and its
 #             tiles at B = 1 / 8 (whole steps too), the Mamba2 ring's sweep, gdn_verify's sweep (fp32, bf16)
 #   varsan    compute-sanitizer memcheck + racecheck over the variants' new memory paths (the GDN ring's state chunks
@@ -241,7 +242,11 @@ for phase in "$@"; do
                 tests/test_ring_kernels.py tests/test_gdn_verify.py tests/test_ring_kernels_mamba2.py tests/test_ring.py \
                 -k "$select or (mamba2 and matches_pytorch)" \
                 > "$out/gpu_tests_variants.log" 2>&1
-              rc=$?; tail -8 "$out/gpu_tests_variants.log" ;;
+              rc=$?; tail -8 "$out/gpu_tests_variants.log"
+              # (and the GPU tests the 2026-12-05 audit added: capture ops in a graph, every op's device guard)
+              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cudagraph.py tests/test_multi_gpu.py \
+                -k "capture_ops or enters_its_tensors_device" > "$out/gpu_tests_audit.log" 2>&1 || rc=1
+              tail -3 "$out/gpu_tests_audit.log" ;;
     varbench) rc=0
               timeout 200 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/early_state=1 \
                 mma/128/4/state_stages=2 mma/128/4/state_stages=2/early_state=1 mma/128/4/state_stages=3/early_state=1 \
