@@ -230,6 +230,53 @@ def test_compiled_replay_step(device, layout, dynamic):
     assert not torch.equal(eager["ssm_state"], before["ssm_state"]), "the commit wrote nothing"
 
 
+def mamba2_replay_step(ssm_state, conv_state, buffer, gates, x, dt, A, conv_weight, slots, steps, *, layout, dims):
+    """replay_step for Mamba2: dt the one gate, then mamba2_commit."""
+    for layer in range(buffer.shape[0]):
+        sgl_convwin.capture(buffer, conv_state, x[layer], slots, slots, layer, layout=layout)
+        sgl_convwin.capture_gates(gates, dt[layer], None, slots, layer)
+    sgl_convwin.mamba2_commit(ssm_state, conv_state, buffer, gates, conv_weight, A, slots, slots, steps,
+                              layout=layout, **dims)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_mamba2_replay_step(device, dynamic):
+    """test_compiled_replay_step's checks for mamba2_commit (token_major)."""
+    torch._dynamo.reset()
+    generator = torch.Generator().manual_seed(8)
+    layers, slots_n, heads, head_dim, groups, d_state, draft = 2, 4, 2, 4, 1, 4, 3
+    dim = heads * head_dim + 2 * groups * d_state
+    dims = dict(num_heads=heads, head_dim=head_dim, n_groups=groups, d_state=d_state)
+
+    def make():
+        generator.manual_seed(8)
+        return dict(
+            ssm_state=torch.randn(layers, slots_n, heads, head_dim, d_state, generator=generator).to(device),
+            conv_state=torch.randn(layers, slots_n, dim, K - 1, generator=generator).to(device),
+            buffer=sgl_convwin.alloc_windows(layers, slots_n, dim, draft, K, dtype=torch.float32, device=device),
+            gates=sgl_convwin.alloc_gates(layers, slots_n, draft, heads, num_gates=1, device=device),
+            x=torch.randn(layers, 3, draft, dim, generator=generator).to(device),
+            dt=torch.rand(layers, 3, draft, heads, generator=generator).to(device),
+            A=-torch.rand(layers, heads, generator=generator).to(device),
+            conv_weight=torch.randn(layers, dim, K, generator=generator).to(device),
+            slots=torch.tensor([2, 0, -1], device=device),
+            steps=torch.tensor([1, 2, 0], device=device),
+        )
+
+    eager, compiled_args, before = make(), make(), make()
+    mamba2_replay_step(**eager, layout="token_major", dims=dims)
+    compiled = torch.compile(mamba2_replay_step, fullgraph=True, dynamic=dynamic)
+    _, codes = run_and_get_code(compiled, **compiled_args, layout="token_major", dims=dims)
+    code = "\n".join(codes)
+    assert code.count("torch.ops.convwin.mamba2_commit.default(") == 1
+    assert allocations(code) == [], allocations(code)
+    assert ".copy_(" not in code and "clone" not in code
+    for name in ("ssm_state", "conv_state", "buffer", "gates"):
+        assert torch.equal(compiled_args[name], eager[name]), name
+    assert not torch.equal(eager["ssm_state"], before["ssm_state"]), "the commit wrote nothing"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_output_slices_are_right_or_refused(device):
     """out[layer] slices: right eagerly and with static shapes; with dynamic shapes Inductor would

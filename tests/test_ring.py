@@ -363,9 +363,11 @@ def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, x, g, beta, s
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_compiled_step_matches_eager(device):
-    """Four ring steps compiled with fullgraph=True give the eager calls' bits, every ring op is
-    in the graph, and the ring and states are written in place (no copy of them)."""
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_compiled_step_matches_eager(device, dynamic):
+    """Four ring steps compiled with fullgraph=True (static or dynamic shapes) give the eager calls'
+    bits, every ring op is in the graph, and the ring and states are written in place (no copy of
+    them)."""
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
@@ -381,7 +383,7 @@ def test_compiled_step_matches_eager(device):
                torch.randint(0, 2, (2,), generator=generator), torch.tensor([i % 2, -1])) for i in range(4)]
     inputs = [tuple(t.to(device) for t in step_inputs) for step_inputs in inputs]
     (_, eager), (_, compiled_args) = make(), make()
-    compiled = torch.compile(ring_step, fullgraph=True)
+    compiled = torch.compile(ring_step, fullgraph=True, dynamic=dynamic)
     for step, step_inputs in enumerate(inputs):
         expected = ring_step(*eager, *step_inputs, heads)
         got, codes = run_and_get_code(compiled, *compiled_args, *step_inputs, heads)

@@ -308,11 +308,11 @@ def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, A, dt_bias, x
     num_rows, num_nodes, dim = x.shape[1:]
     h, p, g, n = heads["num_heads"], heads["head_dim"], heads["n_groups"], heads["d_state"]
     for layer in range(x.shape[0]):
-        conv_out = torch.empty(num_rows, num_nodes, dim)
+        conv_out = torch.empty(num_rows, num_nodes, dim, device=x.device)
         sgl_convwin.ring_conv1d_verify(conv_out, ring.rows, conv_state, x[layer], conv_weight[layer], conv_bias[layer],
                                        slots, slots, ring.cursor, layer, activation="silu")
         xs, B, C = conv_out.split([h * p, g * n, g * n], dim=-1)
-        out = torch.empty(num_rows, num_nodes, h, p)
+        out = torch.empty(num_rows, num_nodes, h, p, device=x.device)
         sgl_convwin.mamba2_ring_verify(out, xs.unflatten(-1, (h, p)), dt[layer], A[layer], B.unflatten(-1, (g, n)),
                                        C.unflatten(-1, (g, n)), ssm_state, conv_state, ring.rows, ring.gates,
                                        ring.cursor, conv_weight[layer], conv_bias[layer], slots, slots, layer,
@@ -323,15 +323,18 @@ def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, A, dt_bias, x
     return out
 
 
-def test_compiled_step_matches_eager():
-    """Four ring steps compiled with fullgraph=True give the eager calls' bits, every ring op is
-    in the graph, and the ring and states are written in place (no copy of them)."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_compiled_step_matches_eager(device, dynamic):
+    """Four ring steps compiled with fullgraph=True (static or dynamic shapes) give the eager calls'
+    bits, every ring op is in the graph, and the ring and states are written in place (no copy of
+    them)."""
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
 
     def make():
-        harness = Mamba2Harness(num_draft=2, capacity=3, num_ring_slots=2, num_state_slots=2, seed=4)
+        harness = Mamba2Harness(num_draft=2, capacity=3, num_ring_slots=2, num_state_slots=2, device=device, seed=4)
         return harness, [harness.ring, harness.ssm_state, harness.conv_state, harness.conv_weight, harness.conv_bias,
                          harness.A, harness.dt_bias]
 
@@ -340,8 +343,9 @@ def test_compiled_step_matches_eager():
     inputs = [(torch.randn(2, 2, 2, harness.dim, generator=generator), torch.randn(2, 2, 2, 2, generator=generator),
                torch.tensor([1, 0]), torch.randint(0, 2, (2,), generator=generator), torch.tensor([i % 2, -1]))
               for i in range(4)]
+    inputs = [tuple(t.to(device) for t in step_inputs) for step_inputs in inputs]
     (_, eager), (_, compiled_args) = make(), make()
-    compiled = torch.compile(ring_step, fullgraph=True)
+    compiled = torch.compile(ring_step, fullgraph=True, dynamic=dynamic)
     for step, step_inputs in enumerate(inputs):
         expected = ring_step(*eager, *step_inputs, harness.heads)
         got, codes = run_and_get_code(compiled, *compiled_args, *step_inputs, harness.heads)
