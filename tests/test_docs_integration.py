@@ -383,3 +383,35 @@ def test_transformers_commit(head_k_dim, head_v_dim, tree):
     torch.testing.assert_close(torch.stack(recurrent_states).double(), expected_ssm, atol=1e-4, rtol=1e-4)
     assert torch.equal(torch.stack([state[..., 1:] for state in conv_states]), expected_conv)
     assert all(torch.equal(state[..., 0], column) for state, column in zip(conv_states, dead))
+
+
+def test_prefix_cache_tracking_recipe():
+    """The guide's recipe for SGLang's mamba_track_indices / mamba_steps_to_track (no adapter): the
+    committed state copied into the track slot, a gdn_commit of steps_to_track into it, then the
+    main commit; each slot then holds the oracle's state after its own step."""
+    generator = torch.Generator().manual_seed(11)
+    hk, dk, hv, dv, draft, layers = 1, 8, 2, 8, 4, 2
+    dims = dict(num_k_heads=hk, head_k_dim=dk, num_v_heads=hv, head_v_dim=dv)
+    dim = 2 * hk * dk + hv * dv
+    ssm = torch.randn(layers, 4, hv, dk, dv, generator=generator)
+    conv = torch.randn(layers, 4, dim, K - 1, generator=generator)
+    weight = torch.randn(layers, dim, K, generator=generator) * 0.5
+    buffer = sgl_convwin.alloc_windows(layers, 2, dim, draft, K, dtype=torch.float32)
+    gates = sgl_convwin.alloc_gates(layers, 2, draft, hv)
+    main, track, src = torch.tensor([0, 1]), torch.tensor([2, 3]), torch.tensor([1, 0])
+    for layer in range(layers):
+        sgl_convwin.capture(buffer, conv, torch.randn(2, draft, dim, generator=generator), src, main, layer)
+        sgl_convwin.capture_gates(gates, -torch.rand(2, draft, hv, generator=generator),
+                                  torch.rand(2, draft, hv, generator=generator), src, layer)
+    steps, steps_to_track = torch.tensor([3, 2]), torch.tensor([1, 0])
+    want = {name: sgl_convwin.reference.gdn_commit_reference(ssm, conv, buffer, gates, weight, main, src, chosen,
+                                                             layout="token_major", **dims)
+            for name, chosen in (("main", steps), ("track", steps_to_track))}
+    ssm[:, track], conv[:, track] = ssm[:, main], conv[:, main]  # the committed state into the track slots
+    sgl_convwin.gdn_commit(ssm, conv, buffer, gates, weight, track, src, steps_to_track, **dims)
+    sgl_convwin.gdn_commit(ssm, conv, buffer, gates, weight, main, src, steps, **dims)
+    for name, slots in (("main", main), ("track", track)):
+        want_ssm, want_conv, _ = want[name]
+        torch.testing.assert_close(ssm[:, slots].double(), want_ssm[:, main], rtol=0,
+                                   atol=1e-5 * want_ssm.abs().max())
+        assert torch.equal(conv[:, slots], want_conv[:, main]), name
