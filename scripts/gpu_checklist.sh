@@ -58,8 +58,8 @@
 #   varsteps  whole GDN ring steps (bench_ring.py --profile, chains, B = 64 / 256) with each set of variants' module
 #             defaults (--constants) against the defaults; m2varsteps the same for the Mamba2 ring
 #   ringncu   Nsight Compute over one layer of each ring (GDN, then Mamba2) at B = 64, 1 row in 6 folding (the fold
-#             launch and the verify launch, bench_ring.py --ncu mixed): the details page and the SASS page's per-instruction
-#             stall samples as CSV, the report itself beside them
+#             launch and the verify launch, bench_ring.py --ncu mixed), then the GDN ring with every row folding (--ncu
+#             fold): the details page and the SASS page's per-instruction stall samples as CSV, the reports beside them
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
 # Before a call that runs a changed kernel: `python scripts/offline_sass.py gdn_ring_test_shapes --batch 4` (and
@@ -294,20 +294,21 @@ for phase in "$@"; do
                   ${constants:+--constants $constants} > "$out/varsteps.log" 2>&1 || rc=1
                 grep -E '^(chain|\| _mamba2)' "$out/varsteps.log"; cat "$out/varsteps.log" >> "$out/varsteps_all.log"
               done ;;
-    ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding)
-              for mixer in gdn mamba2; do
+    ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding; then the
+              # GDN fold with every row folding: a fold program's own efficiency, the GPU full of them)
+              for run in gdn/mixed mamba2/mixed gdn/fold; do
+                mixer=${run%/*}; column=${run#*/}; name="${column}_$mixer"
                 if [ "$mixer" = gdn ]; then kernels=_gdn_ring_verify_mma_kernel; spec=mma/128/4
                 else kernels=_mamba2_ring; spec=64/4/16/1; fi
                 timeout 300 ncu --clock-control none --profile-from-start off --set full --import-source yes -f \
-                  -k regex:$kernels -o "$out/ring_mixed_$mixer" python3 benchmarks/bench_ring.py --mixer $mixer \
-                  --batches 64 --sweep $spec --ncu mixed > "$out/ncu_ring_mixed_$mixer.log" 2>&1 || rc=1
-                tail -3 "$out/ncu_ring_mixed_$mixer.log"
-                ncu -i "$out/ring_mixed_$mixer.ncu-rep" --page details --csv > "$out/ncu_ring_mixed_${mixer}_details.csv" \
-                  2>&1 || rc=1
-                ncu -i "$out/ring_mixed_$mixer.ncu-rep" --page source --csv --print-source sass \
-                  > "$out/ncu_ring_mixed_${mixer}_sass.csv" 2>&1 || rc=1
+                  -k regex:$kernels -o "$out/ring_$name" python3 benchmarks/bench_ring.py --mixer $mixer \
+                  --batches 64 --sweep $spec --ncu $column > "$out/ncu_ring_$name.log" 2>&1 || rc=1
+                tail -3 "$out/ncu_ring_$name.log"
+                ncu -i "$out/ring_$name.ncu-rep" --page details --csv > "$out/ncu_ring_${name}_details.csv" 2>&1 || rc=1
+                ncu -i "$out/ring_$name.ncu-rep" --page source --csv --print-source sass \
+                  > "$out/ncu_ring_${name}_sass.csv" 2>&1 || rc=1
                 grep -E '"(Duration|Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued Instruction|Memory Throughput)"' \
-                  "$out/ncu_ring_mixed_${mixer}_details.csv" | cut -c1-200
+                  "$out/ncu_ring_${name}_details.csv" | cut -c1-200
               done ;;
     ringprof) rc=0
               for mixer in gdn mamba2; do
