@@ -353,7 +353,10 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chu
             kk = k0 + gl.arange(0, CHUNK_K, layout=gl.SliceLayout(1, LOAD_L))
             tile = state_base + (kk * SSM_STRIDE_K)[:, None] + (vl * SSM_STRIDE_V)[None, :]
             mask = live & (kk < HEAD_K_DIM)[:, None] & (vl < HEAD_V_DIM)[None, :]
-            before = gl.load(tile, mask=mask, other=0.0).to(gl.float32)
+            if STAGES == CHUNKS and STATE_STAGES > 0:  # the whole tile still in shared memory, every copy landed
+                before = state_ring.index(k0 // CHUNK_K).load(LOAD_L).to(gl.float32)
+            else:
+                before = gl.load(tile, mask=mask, other=0.0).to(gl.float32)
             gl.store(tile, (gl.exp(total) * before + acc).to(ssm_ptr.dtype.element_ty), mask=mask)
 
 

@@ -248,8 +248,9 @@ for phase in "$@"; do
                 -k "capture_ops or enters_its_tensors_device" > "$out/gpu_tests_audit.log" 2>&1 || rc=1
               tail -3 "$out/gpu_tests_audit.log" ;;
     varbench) rc=0
-              timeout 200 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/early_state=1 \
+              timeout 240 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/early_state=1 \
                 mma/128/4/state_stages=2 mma/128/4/state_stages=2/early_state=1 mma/128/4/state_stages=3/early_state=1 \
+                mma/128/4/state_stages=4 mma/128/4/state_stages=4/fold_verify=1 \
                 mma/128/4/chunk_k=16/state_stages=4/early_state=1 mma/128/4/fold_verify=1 \
                 mma/128/4/fold_verify=1/state_stages=2/early_state=1 mma/128/4/fold_verify=1/pdl=1/fused_window=0 \
                 mma/128/4/fold_verify=1/pdl=1/fused_window=0/state_stages=2/early_state=1 mma/128/8 \
@@ -276,7 +277,7 @@ for phase in "$@"; do
               done ;;
     varsan)   mkdir -p "$out/varsan"
               SANITIZE_TIMEOUT=270 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py" \
-                SANITIZE_K="(fp32 and 128 and 16 and chain and (state-stages-early or pdl or fold-verify-apart)) or (mamba2 and matches_pytorch and head-chain)" \
+                SANITIZE_K="(fp32 and 128 and 16 and chain and (state-stages-early or state-stages-whole-tile or pdl or fold-verify-apart)) or (mamba2 and matches_pytorch and head-chain)" \
                 bash scripts/gpu_sanitize.sh "$out/varsan"; rc=$? ;;
     varsteps) rc=0
               for constants in "" "RING_MMA_FOLD_VERIFY=1" "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1" \

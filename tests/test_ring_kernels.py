@@ -340,11 +340,13 @@ def test_mma_tiles_by_batch(num_rows, spread, warps, block_v, monkeypatch):
                                   dict(merged=False), dict(early_state=True), dict(fold_verify=True),
                                   dict(fold_verify=True, merged=False, fused_window=False), dict(block_v=64),
                                   dict(state_stages=2), dict(state_stages=3, early_state=True),
-                                  dict(chunk_k=16, state_stages=4, early_state=True), dict(fold_verify=True, pdl=True),
+                                  dict(chunk_k=16, state_stages=4, early_state=True), dict(state_stages=4),
+                                  dict(state_stages=4, fold_verify=True), dict(fold_verify=True, pdl=True),
                                   dict(num_warps=8)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "early-state", "fold-verify",
                               "fold-verify-apart", "64-columns", "state-stages", "state-stages-early",
-                              "state-stages-16-rows", "pdl", "8-warps"])
+                              "state-stages-16-rows", "state-stages-whole-tile", "state-stages-whole-tile-fold-verify",
+                              "pdl", "8-warps"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
