@@ -237,7 +237,9 @@ def state_stages_for(state_stages: int, block_v: int, num_warps: int, chunks: in
     where the columns are contiguous and the state 16-byte aligned, else one element -- or 0 (the
     chunks through registers)."""
     size = ssm.element_size()
-    aligned = ssm.data_ptr() % 16 == 0 and all(stride * size % 16 == 0 for stride in ssm.stride()[:-1])
+    # (Triton takes a runtime stride as aligned only at a multiple of 16 elements; dk's is a constexpr)
+    aligned = (ssm.data_ptr() % 16 == 0 and all(stride % 16 == 0 for stride in ssm.stride()[:-2])
+               and ssm.stride(-2) * size % 16 == 0)
     run = block_v // (8 * num_warps) if ssm.stride(-1) == 1 and aligned else 1
     return min(int(state_stages), chunks) if run * size >= 4 else 0
 

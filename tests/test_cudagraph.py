@@ -310,8 +310,8 @@ def test_capture_ops_capture_and_replay(layout):
     for _ in range(10):
         for tensor in (buffer, gates, dts, raw, conv_state, x, g, beta, a, b):
             tensor.copy_(torch.randn(tensor.shape, generator=generator))
-        dst, src, _ = random_rows(generator)
-        buffer_slots.copy_(torch.where(dst >= 0, src, -1))
+        dst, _, _ = random_rows(generator)  # (distinct buffer slots: two rows never write one)
+        buffer_slots.copy_(torch.where(dst >= 0, torch.randperm(M, generator=generator)[:B], -1))
         state_slots.copy_(torch.randint(-1, N + 1, (B,), generator=generator))
         expected = [t.cpu() for t in (buffer, gates, dts, raw)]
         cpu_args = [t.cpu() for t in (conv_state, x, buffer_slots, state_slots, g, beta, a, b, A_log, dt_bias)]
