@@ -523,7 +523,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                and rows.shape[2] + num_nodes <= RING_MMA_NODES and v.shape[3] >= 8 * RING_MMA_WARPS
                and _mma_kernel_runs_on(ssm))
     num_warps = (RING_MMA_WARPS if mma else RING_WARPS) if num_warps is None else num_warps
-    if mma and block_v is None:  # (at least a warp's mma columns a warp)
+    if mma and block_v is None:  # (never under 8 columns a warp: check_mma_tiles)
         block_v = (spread_block(RING_MMA_BLOCK_V, q.shape[0], v.shape[2], v.shape[3], max(2 * MIN_DOT, 8 * num_warps))
                    if RING_MMA_SPREAD else min(RING_MMA_BLOCK_V, max(MIN_DOT, next_power_of_2(v.shape[3]))))
     return _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,

@@ -309,10 +309,19 @@ def launch_gdn_verify(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale
 
 def planned_gdn_verify(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm):
     """launch_gdn_verify fixed for these shapes, strides, dtypes and arguments (_common.planned_launch)."""
-    launch = planned_launch(_verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, scale=scale,
-                                         use_qk_l2norm=use_qk_l2norm))
+    call = _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, scale=scale, use_qk_l2norm=use_qk_l2norm)
+    launch = planned_launch(call)
+    if call is None or not call.constexprs.get("STATE_STAGES") or ssm.element_size() >= 4:
+        def run(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm):
+            launch(out, q, k, v, g, beta, ssm, state_slots, state_slots if parents is None else parents)
 
-    def run(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm):
-        launch(out, q, k, v, g, beta, ssm, state_slots, state_slots if parents is None else parents)
+        return run
+    # a later pool of these strides may start off 16 bytes: its copies of one value, under cp.async's 4
+    unstaged = planned_launch(_verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, scale=scale,
+                                           use_qk_l2norm=use_qk_l2norm, state_stages=0))
 
-    return run
+    def run_staged(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm):
+        (unstaged if ssm.data_ptr() & 15 else launch)(out, q, k, v, g, beta, ssm, state_slots,
+                                                      state_slots if parents is None else parents)
+
+    return run_staged

@@ -243,7 +243,7 @@ for phase in "$@"; do
                 -k "$select or (mamba2 and matches_pytorch)" \
                 > "$out/gpu_tests_variants.log" 2>&1
               rc=$?; tail -8 "$out/gpu_tests_variants.log"
-              # (and the GPU tests the 2026-12-05 audit added: capture ops in a graph, every op's device guard)
+              # (then the capture ops in one CUDA graph and every op's device guard)
               timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cudagraph.py tests/test_multi_gpu.py \
                 -k "capture_ops or enters_its_tensors_device" > "$out/gpu_tests_audit.log" 2>&1 || rc=1
               tail -3 "$out/gpu_tests_audit.log" ;;

@@ -253,6 +253,23 @@ def test_cuda_state_stages_transposed_pool(state_dtype):
                                     device="cuda"), tol=2e-3 if state_dtype == torch.float32 else 2e-2)
 
 
+@pytest.mark.gpu
+def test_cuda_staged_plan_then_a_misaligned_pool(monkeypatch):
+    """An eager plan made with the state chunks through shared memory (a 16-byte aligned bf16 pool)
+    serves a later pool of the same strides that starts 8 bytes off (copies of one value there,
+    under cp.async's 4 bytes): that call takes the registers instead of failing to compile."""
+    monkeypatch.setattr(triton_kernels().gdn_verify, "MMA_STATE_STAGES", 2)
+    sgl_convwin.gdn_verify.eager_plans.clear()
+    q, k, v, g, beta, ssm, slots, parents = make_problem(num_rows=128, head_k_dim=128, head_v_dim=128,
+                                                         state_dtype=torch.bfloat16, device="cuda")
+    flat = torch.zeros(ssm.numel() + 4, dtype=ssm.dtype, device="cuda")
+    for offset in (0, 4):  # the plan at the aligned pool, then the misaligned one
+        pool = flat[offset:offset + ssm.numel()].view(ssm.shape)
+        pool.copy_(ssm)
+        check("cuda", sgl_convwin.gdn_verify, [q, k, v, g, beta, pool, slots, parents], tol=2e-2)
+    sgl_convwin.gdn_verify.eager_plans.clear()
+
+
 @pytest.mark.parametrize("impl", IMPLS[:2])
 @given(data=st.data())
 def test_fuzz_cpu(impl, data):

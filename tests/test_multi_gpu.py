@@ -59,12 +59,13 @@ def op_calls(device):
         yield "mamba2_verify", ops.mamba2_verify.default, (
             torch.zeros(x.shape, device=device), x, dt, A, B, C, ssm, slots, parents,
             *(kwargs.get(name) for name in test_mamba2_verify.TERMS)), {"dt_softplus": kwargs["dt_softplus"]}
-    torch.manual_seed(5)  # (the ring samples draw some inputs from the global generator)
-    for module in (test_ring, test_ring_mamba2):
-        for tree in (False, True):
-            for name, (args, kwargs) in module.op_samples(tree).items():
-                args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
-                yield f"{name}-{'tree' if tree else 'chain'}", getattr(ops, name).default, args, kwargs
+    with torch.random.fork_rng(devices=[]):  # (the ring samples draw some inputs from the global generator)
+        torch.manual_seed(5)
+        ring_samples = [(name, tree, sample) for module in (test_ring, test_ring_mamba2) for tree in (False, True)
+                        for name, sample in module.op_samples(tree).items()]
+    for name, tree, (args, kwargs) in ring_samples:
+        args = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+        yield f"{name}-{'tree' if tree else 'chain'}", getattr(ops, name).default, args, kwargs
 
 
 def tensors_of(args):

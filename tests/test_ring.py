@@ -285,19 +285,26 @@ def test_ring_cache_refuses_another_number_of_drafts():
         verify(cache)
 
 
-@pytest.mark.parametrize("make", [lambda: sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6),
-                                  lambda: sgl_convwin.ConvWindowCache(2, 3, 16, 4, 4, gate_heads=2)],
+@pytest.mark.parametrize("make", [lambda: sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6, dtype=torch.float32),
+                                  lambda: sgl_convwin.ConvWindowCache(2, 3, 16, 4, 4, dtype=torch.float32,
+                                                                      gate_heads=2)],
                          ids=["ring", "conv-window"])
 def test_caches_keep_float32_gates_through_to(make):
-    """model.to(torch.bfloat16) or .half() moves a cache's gates with it but never rounds them: the
-    commits and the ring's replays must see the gates the verify saw."""
+    """model.to(torch.bfloat16) or .half() converts a cache's other float buffer and takes the gates
+    along without rounding them: the commits and the ring's replays must see the gates the verify
+    saw."""
     cache = make()
     cache.gates.uniform_(-1, 1)
     gates = cache.gates.clone()
-    for convert in (lambda c: c.to(torch.bfloat16), lambda c: c.half(), lambda c: c.to("cpu", torch.float16)):
+    for convert, dtype, device in ((lambda c: c.to(torch.bfloat16), torch.bfloat16, "cpu"),
+                                   (lambda c: c.half(), torch.float16, "cpu"),
+                                   (lambda c: c.to("meta", torch.float32), torch.float32, "meta")):
         converted = convert(cache)
-        assert converted is cache and cache.gates.dtype == torch.float32 and torch.equal(cache.gates, gates)
-        assert next(t for name, t in cache.named_buffers() if name != "gates").dtype != torch.float32
+        other = next(t for name, t in cache.named_buffers() if name != "gates" and t.is_floating_point())
+        assert converted is cache and (other.dtype, other.device.type) == (dtype, device)
+        assert (cache.gates.dtype, cache.gates.device.type) == (torch.float32, device)
+        if device == "cpu":
+            assert torch.equal(cache.gates, gates)
 
 
 def test_ring_memory_at_qwen3_next():

@@ -198,7 +198,7 @@ def test_capacity_16_matches_pytorch_code(device, tree):
 def test_flattened_loops_over_column_blocks(fold_verify):
     """The heads' and chunks' loops as one (flatten, which the interpreter ignores) where a head's
     rows take two column blocks and a program two heads: the drafts' dt stored by the first block
-    alone, after the loop (a compile Triton 3.6 once refused)."""
+    alone, under a mask inside the fused loop (a runtime if there breaks Triton 3.6's loop fusion)."""
     case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=8, head_dim=24, d_state=64, device="cuda", seed=13)
     want, got = run_both(case, tuning=dict(IEEE, block_p=16, heads_per_program=2, chunk_n=32, flatten=True,
                                            fold_verify=fold_verify))
