@@ -237,7 +237,7 @@ for phase in "$@"; do
                 > "$out/sweep_ring_fold_mamba2.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_ring_fold_mamba2.log" ;;
     vartests) select="early or fold-verify or fold_verify or stages or 64-columns or capacity_16 or pdl or variants"
-              select="$select or 8-warps or flattened"
+              select="$select or 8-warps or flattened or misaligned"
               timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist --durations=5 \
                 tests/test_ring_kernels.py tests/test_gdn_verify.py tests/test_ring_kernels_mamba2.py tests/test_ring.py \
                 -k "$select or (mamba2 and matches_pytorch)" \
