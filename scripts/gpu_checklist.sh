@@ -47,6 +47,8 @@
 #   ringfold  the rings' fold and verify launches where a step has few rows to fold (the sweeps' last column: 1 row in
 #             6 folding) against each of their defaults turned off (the fold's register cap, the folded windows moved
 #             by the verify launch, the GDN ring's two verify launches as one), after those options' GPU tests
+#   varquick  in one call: the GDN ring's variant kernel tests at dk = dv = 128 (fold_verify, pdl, state stages), the
+#             Mamba2 ring's flattened loops and capacity-16 chains, then whole GDN steps with fold_verify and pdl
 #   vartests  every opt-in variant not yet run on a GPU, its GPU tests in one run (the GDN ring's early_state,
 #             fold_verify, pdl, state_stages, chunk_k, 64-column tiles (RING_MMA_SPREAD's), 8 warps, and all at once
 #             in CUDA graphs; gdn_verify's state_stages; the Mamba2 ring's flatten, fold_verify and pdl), then the
@@ -236,6 +238,17 @@ for phase in "$@"; do
                 64/4/16/1/fold_maxnreg=0 64/4/16/1/fused_window=0 64/4/16/1/fold_heads_per_program=2 \
                 > "$out/sweep_ring_fold_mamba2.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_ring_fold_mamba2.log" ;;
+    varquick) rc=0  # (one call: the variants' kernel tests at the model's head dim, then whole GDN steps)
+              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+                tests/test_ring_kernels_mamba2.py -k "(mma_kernel and 128 and 16 and fp32 and (fold-verify or pdl or \
+                stages)) or flattened or (capacity_16 and chain)" > "$out/gpu_tests_varquick.log" 2>&1 || rc=1
+              tail -3 "$out/gpu_tests_varquick.log"
+              for constants in "" "RING_MMA_FOLD_VERIFY=1" "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1"; do
+                echo "# gdn ${constants:-defaults}"
+                timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
+                  ${constants:+--constants $constants} > "$out/varquick.log" 2>&1 || rc=1
+                grep -E '^(chain|\| _gdn)' "$out/varquick.log"; cat "$out/varquick.log" >> "$out/varquick_all.log"
+              done ;;
     vartests) select="early or fold-verify or fold_verify or stages or 64-columns or capacity_16 or pdl or variants"
               select="$select or 8-warps or flattened or misaligned"
               timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist --durations=5 \
