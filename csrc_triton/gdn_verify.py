@@ -234,8 +234,8 @@ def check_mma_tiles(op: str, block_v: int, num_warps: int, chunk_k: int) -> None
 def state_stages_for(state_stages: int, block_v: int, num_warps: int, chunks: int, ssm) -> int:
     """The mma kernels' state_stages, at most ``chunks`` (a tile's chunks of rows), where each
     thread's cp.async is of 4 bytes or more -- its run of a chunk row, block_v / (8 warps) elements
-    where the columns are contiguous and the state 16-byte aligned, else one element -- or 0 (the
-    chunks through registers)."""
+    where the columns are contiguous and the pool and its strides aligned as Triton sees them, else
+    one element -- or 0 (the chunks through registers)."""
     size = ssm.element_size()
     # (Triton takes a runtime stride as aligned only at a multiple of 16 elements; dk's is a constexpr)
     aligned = (ssm.data_ptr() % 16 == 0 and all(stride % 16 == 0 for stride in ssm.stride()[:-2])
