@@ -178,8 +178,7 @@ def declare_op(
     registered op as its ``.op`` attribute, ``.kernel_arguments``, ``.cuda_impl`` (the CUDA
     implementation without the eager plans, callable with the op's arguments on any device:
     Triton's interpreter), ``.cuda_registered`` (the registered CUDA kernel, eager plans included
-    with ``eager_plan``; any device too) and, with ``eager_plan``, ``.eager_plans`` (its cache) and
-    ``.cuda_impl_planned`` (the registered kernel again)."""
+    with ``eager_plan``; any device too) and, with ``eager_plan``, ``.eager_plans`` (its cache)."""
 
     def decorate(signature_function: Callable[..., None]) -> Callable[..., None]:
         name = signature_function.__name__
@@ -313,7 +312,6 @@ def declare_op(
         public.cuda_registered = cuda_planned
         if eager_plan is not None:
             public.eager_plans = plans
-            public.cuda_impl_planned = cuda_planned
         public.__signature__ = public_signature
         return public
 

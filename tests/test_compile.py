@@ -180,6 +180,22 @@ def test_compiled_verify_step(device, layout, dynamic):
     assert eager["outs"].any() and not torch.equal(eager["conv_state"], verify_inputs(device, layout, 5)["conv_state"])
 
 
+def assert_compiled_step_in_place(step, make, commit, dynamic, **kwargs):
+    """``step`` compiled (fullgraph) on ``make()``'s tensors == eager bit for bit, with one ``commit``
+    in the graph, no allocation, no copy or clone of the states, and the commit writing something."""
+    eager, compiled_args, before = make(), make(), make()
+    step(**eager, **kwargs)
+    compiled = torch.compile(step, fullgraph=True, dynamic=dynamic)
+    _, codes = run_and_get_code(compiled, **compiled_args, **kwargs)
+    code = "\n".join(codes)
+    assert code.count(f"torch.ops.convwin.{commit}.default(") == 1
+    assert allocations(code) == [], allocations(code)
+    assert ".copy_(" not in code and "clone" not in code
+    for name in ("ssm_state", "conv_state", "buffer", "gates"):
+        assert torch.equal(compiled_args[name], eager[name]), name
+    assert not torch.equal(eager["ssm_state"], before["ssm_state"]), "the commit wrote nothing"
+
+
 def replay_step(ssm_state, conv_state, buffer, gates, x, g, beta, conv_weight, slots, steps, *, layout, dims):
     """A verify pass that keeps no state (capture inputs and gates), then the replay commit."""
     for layer in range(buffer.shape[0]):
@@ -217,17 +233,7 @@ def test_compiled_replay_step(device, layout, dynamic):
             steps=torch.tensor([1, 2, 0], device=device),
         )
 
-    eager, compiled_args, before = make(), make(), make()
-    replay_step(**eager, layout=layout, dims=dims)
-    compiled = torch.compile(replay_step, fullgraph=True, dynamic=dynamic)
-    _, codes = run_and_get_code(compiled, **compiled_args, layout=layout, dims=dims)
-    code = "\n".join(codes)
-    assert code.count("torch.ops.convwin.gdn_commit.default(") == 1
-    assert allocations(code) == [], allocations(code)
-    assert ".copy_(" not in code and "clone" not in code
-    for name in ("ssm_state", "conv_state", "buffer", "gates"):
-        assert torch.equal(compiled_args[name], eager[name]), name
-    assert not torch.equal(eager["ssm_state"], before["ssm_state"]), "the commit wrote nothing"
+    assert_compiled_step_in_place(replay_step, make, "gdn_commit", dynamic, layout=layout, dims=dims)
 
 
 def mamba2_replay_step(ssm_state, conv_state, buffer, gates, x, dt, A, conv_weight, slots, steps, *, layout, dims):
@@ -264,17 +270,7 @@ def test_compiled_mamba2_replay_step(device, dynamic):
             steps=torch.tensor([1, 2, 0], device=device),
         )
 
-    eager, compiled_args, before = make(), make(), make()
-    mamba2_replay_step(**eager, layout="token_major", dims=dims)
-    compiled = torch.compile(mamba2_replay_step, fullgraph=True, dynamic=dynamic)
-    _, codes = run_and_get_code(compiled, **compiled_args, layout="token_major", dims=dims)
-    code = "\n".join(codes)
-    assert code.count("torch.ops.convwin.mamba2_commit.default(") == 1
-    assert allocations(code) == [], allocations(code)
-    assert ".copy_(" not in code and "clone" not in code
-    for name in ("ssm_state", "conv_state", "buffer", "gates"):
-        assert torch.equal(compiled_args[name], eager[name]), name
-    assert not torch.equal(eager["ssm_state"], before["ssm_state"]), "the commit wrote nothing"
+    assert_compiled_step_in_place(mamba2_replay_step, make, "mamba2_commit", dynamic, layout="token_major", dims=dims)
 
 
 @pytest.mark.parametrize("device", DEVICES)

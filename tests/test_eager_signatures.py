@@ -331,7 +331,7 @@ def test_every_op_that_launches_a_kernel_has_a_planner():
 
     for name in OPS:
         public = getattr(sgl_convwin, name)
-        assert isinstance(public.eager_plans, dict) and callable(public.cuda_impl_planned), name
+        assert isinstance(public.eager_plans, dict) and callable(public.cuda_registered), name
         assert callable(getattr(triton_kernels(), f"planned_{name}")), name
 
 
@@ -422,7 +422,7 @@ def planned(impl, name):
     registered CUDA kernel itself on CPU tensors -- each through the op's eager plans."""
     public = getattr(sgl_convwin, name)
     if impl.name == "triton_interpret":
-        return public.cuda_impl_planned
+        return public.cuda_registered
     return public.op if impl.name.endswith("_op") else public
 
 
