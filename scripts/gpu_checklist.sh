@@ -81,6 +81,17 @@ fi
 xdist=""
 python3 -c "import xdist" 2> /dev/null && xdist="-n 12"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+gdn_steps() {  # whole GDN ring steps (chains, B = 64 / 256, --profile), one process per set of module constants
+  local rc=0 constants
+  for constants in "$@"; do
+    echo "# gdn ${constants:-defaults}"
+    timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
+      ${constants:+--constants $constants} > "$out/varsteps.log" 2>&1 || rc=1
+    grep -E '^(chain|\| _gdn)' "$out/varsteps.log"; cat "$out/varsteps.log" >> "$out/varsteps_all.log"
+  done
+  return $rc
+}
+
 status=0
 for phase in "$@"; do
   echo "== $phase ($(date -u +%H:%M:%S))"
@@ -243,12 +254,7 @@ for phase in "$@"; do
                 tests/test_ring_kernels_mamba2.py -k "(mma_kernel and 128 and 16 and fp32 and (fold-verify or pdl or \
                 stages)) or flattened or (capacity_16 and chain)" > "$out/gpu_tests_varquick.log" 2>&1 || rc=1
               tail -3 "$out/gpu_tests_varquick.log"
-              for constants in "" "RING_MMA_FOLD_VERIFY=1" "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1"; do
-                echo "# gdn ${constants:-defaults}"
-                timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
-                  ${constants:+--constants $constants} > "$out/varquick.log" 2>&1 || rc=1
-                grep -E '^(chain|\| _gdn)' "$out/varquick.log"; cat "$out/varquick.log" >> "$out/varquick_all.log"
-              done ;;
+              gdn_steps "" "RING_MMA_FOLD_VERIFY=1" "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1" || rc=1 ;;
     vartests) select="early or fold-verify or fold_verify or stages or 64-columns or capacity_16 or pdl or variants"
               select="$select or 8-warps or flattened or misaligned"
               timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist --durations=5 \
@@ -293,14 +299,9 @@ for phase in "$@"; do
                 SANITIZE_K="(fp32 and 128 and 16 and chain and (state-stages-early or state-stages-whole-tile or pdl or fold-verify-apart)) or (mamba2 and matches_pytorch and head-chain)" \
                 bash scripts/gpu_sanitize.sh "$out/varsan"; rc=$? ;;
     varsteps) rc=0
-              for constants in "" "RING_MMA_FOLD_VERIFY=1" "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1" \
-                  "RING_MMA_STATE_STAGES=2 RING_MMA_EARLY_STATE=1" \
-                  "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1 RING_MMA_STATE_STAGES=2 RING_MMA_EARLY_STATE=1"; do
-                echo "# gdn ${constants:-defaults}"
-                timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
-                  ${constants:+--constants $constants} > "$out/varsteps.log" 2>&1 || rc=1
-                grep -E '^(chain|\| _gdn)' "$out/varsteps.log"; cat "$out/varsteps.log" >> "$out/varsteps_all.log"
-              done ;;
+              gdn_steps "" "RING_MMA_FOLD_VERIFY=1" "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1" \
+                "RING_MMA_STATE_STAGES=2 RING_MMA_EARLY_STATE=1" \
+                "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1 RING_MMA_STATE_STAGES=2 RING_MMA_EARLY_STATE=1" || rc=1 ;;
     m2varsteps) rc=0
               for constants in "" "FLATTEN_HEADS=1" "FOLD_VERIFY=1 PDL=1" "FOLD_VERIFY=1 PDL=1 FLATTEN_HEADS=1"; do
                 echo "# mamba2 ${constants:-defaults}"
