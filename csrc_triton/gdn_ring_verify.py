@@ -60,8 +60,8 @@ RING_MMA_EARLY_STATE = False
 # step's state passes 3 -> 2: read and write, no re-read of the folded tile; not yet timed on a GPU)
 RING_MMA_FOLD_VERIFY = False
 # The state chunks through shared memory by cp.async, this many in flight from the program's start
-# (0: through registers, one chunk ahead; not yet timed on a GPU)
-RING_MMA_STATE_STAGES = 0
+# (0: through registers, one chunk ahead; docs/benchmarks.md, "Ring", has the sweep)
+RING_MMA_STATE_STAGES = 2
 # With RING_MMA_FOLD_VERIFY (and the windows' own launch): the other rows' verify launched as a
 # programmatic dependent of the folds' (sm_90+), running beside their latency-bound wave instead of
 # after it (not yet timed on a GPU)

@@ -2,12 +2,13 @@
 csrc_triton/gdn_ring_verify.py (its docstring derives it) with gdn_verify_mma's state loads.
 
 One program per [dk, BLOCK_V] checkpoint tile of one value head of one row. The state chunks go
-from global memory straight into mma.sync B fragments (gdn_verify_mma: the tile's columns
-relabelled so that a thread's columns are adjacent); the key and query stack -- the pending
-tokens' k from their conv over the ring's rows, the drafts' k, the drafts' q -- is normalised in
-registers and staged once in shared memory, rows 0..C-1 keys, rows C..C+N-1 queries (C + N <= 32,
-one [32, 32] set of node matrices, four warps side by side over the columns: none repeats them);
-a row with few pending tokens (pending + 2 N <= 16) on a stack of 16 rows, its queries from row 16 - N.
+from global memory into mma.sync B fragments (gdn_verify_mma: the tile's columns relabelled so
+that a thread's columns are adjacent), through shared memory by cp.async with STATE_STAGES; the
+key and query stack -- the pending tokens' k from their conv over the ring's rows, the drafts' k,
+the drafts' q -- is normalised in registers and staged once in shared memory, rows 0..C-1 keys,
+rows C..C+N-1 queries (C + N <= 32, one [32, 32] set of node matrices, four warps side by side
+over the columns: none repeats them); a row with few pending tokens (pending + 2 N <= 16) on a
+stack of 16 rows, its queries from row 16 - N.
 
 Launches over the same grid, one per kind of row -- first the rows that fold, folding only (a
 stack of their pending keys), then the rows on the small stack, then the others, the folded rows

@@ -126,8 +126,9 @@ def mamba2_ring_calls(batch, tuning, H=128, P=64, G=8, Ns=128, N=4, capacity=16,
         torch.empty(batch, N, H, P, dtype=torch.bfloat16), v["x"], torch.empty(batch, N, H, dtype=torch.bfloat16),
         torch.empty(H), v["B"], v["C"], torch.empty(1, batch, H, P, Ns, dtype=state_dtype),
         torch.empty(1, batch, dim, K - 1, dtype=torch.bfloat16), torch.empty(1, batch, rows, dim, dtype=torch.bfloat16),
-        torch.empty(1, batch, rows, 1, H), torch.zeros(batch, 2, dtype=torch.int32), torch.empty(dim, K),
-        torch.empty(dim), torch.arange(batch), torch.arange(batch), 0,
+        torch.empty(1, batch, rows, 1, H), torch.zeros(batch, 2, dtype=torch.int32),
+        torch.empty(dim, K, dtype=torch.bfloat16), torch.empty(dim, dtype=torch.bfloat16), torch.arange(batch),
+        torch.arange(batch), 0,
         torch.zeros(batch, N, dtype=torch.int64) if tree else None, D=torch.empty(H), z=None,
         dt_bias=torch.empty(H), dt_softplus=True)
     return list(csrc_triton.mamba2_ring_verify._ring_calls(*args, **kwargs, **tuning))
@@ -172,7 +173,8 @@ def gdn_ring_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, tree=False,
         torch.empty(batch, N, Hv, dv, dtype=torch.bfloat16), v["q"], v["k"], v["v"], torch.empty(batch, N, Hv),
         torch.empty(batch, N, Hv), torch.empty(1, batch, Hv, dk, dv, dtype=state_dtype),
         torch.empty(1, batch, dim, K - 1, dtype=torch.bfloat16), torch.empty(1, batch, rows, dim, dtype=torch.bfloat16),
-        torch.empty(1, batch, rows, 2, Hv), torch.zeros(batch, 2, dtype=torch.int32), torch.empty(dim, K), None,
+        torch.empty(1, batch, rows, 2, Hv), torch.zeros(batch, 2, dtype=torch.int32),
+        torch.empty(dim, K, dtype=torch.bfloat16), None,
         torch.arange(batch), torch.arange(batch), 0, torch.zeros(batch, N, dtype=torch.int64) if tree else None)
     return list(csrc_triton.gdn_ring_verify._ring_calls(*args, **kwargs, **dict(dict(mma=True), **tuning)))
 

@@ -258,10 +258,10 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
         calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, fold_verify=fold_verify)
         assert [c.constexprs["FOLD_VERIFY"] for c in calls] == [bool(fold_verify)] * len(kinds)
         assert calls[0].constexprs["NODES"] == (32 if fold_verify else kinds[0][1])
-    # the state chunks through shared memory, on request: every launch, at most a tile's chunks (dk
+    # the state chunks through shared memory, two by default: every launch, at most a tile's chunks (dk
     # 32: one of 32 rows, two of 16); through registers where a thread's copy would be under 4 bytes
-    # (below: a bf16 state on 32 columns over 4 warps, or transposed as engines store it)
-    for stages, chunk_k, want in ((None, None, 0), (2, None, 1), (2, 16, 2), (3, 16, 2)):
+    # (below: a bf16 state on 32 columns over 4 warps, or transposed as engines store it), or on request
+    for stages, chunk_k, want in ((None, None, 1), (None, 16, 2), (0, None, 0), (2, None, 1), (2, 16, 2), (3, 16, 2)):
         calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, state_stages=stages,
                                                              chunk_k=chunk_k)
         assert [c.constexprs["STATE_STAGES"] for c in calls] == [want] * len(kinds)
@@ -339,12 +339,12 @@ def test_mma_tiles_by_batch(num_rows, spread, warps, block_v, monkeypatch):
 @pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
                                   dict(merged=False), dict(early_state=True), dict(fold_verify=True),
                                   dict(fold_verify=True, merged=False, fused_window=False), dict(block_v=64),
-                                  dict(state_stages=2), dict(state_stages=3, early_state=True),
+                                  dict(state_stages=0), dict(state_stages=3, early_state=True),
                                   dict(chunk_k=16, state_stages=4, early_state=True), dict(state_stages=4),
                                   dict(state_stages=4, fold_verify=True), dict(fold_verify=True, pdl=True),
                                   dict(num_warps=8)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "early-state", "fold-verify",
-                              "fold-verify-apart", "64-columns", "state-stages", "state-stages-early",
+                              "fold-verify-apart", "64-columns", "registers", "state-stages-early",
                               "state-stages-16-rows", "state-stages-whole-tile", "state-stages-whole-tile-fold-verify",
                               "pdl", "8-warps"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
