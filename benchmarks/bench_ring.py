@@ -25,7 +25,7 @@ checkpoints, bf16 ring rows and conv state, capacity R = 16, D = 4 chains and tr
     python benchmarks/bench_ring.py --sweep 32/8/tf32x3 128/8/tf32/tf32x3 mma/128/4   # the verify kernels' tiles
     python benchmarks/bench_ring.py --mixer mamba2 --sweep 64/8/1 64/8/16/2           # Mamba2's
     python benchmarks/bench_ring.py --mixer mamba2 --batches 64 --profile             # each kernel's share
-    python benchmarks/bench_ring.py --constants RING_MMA_EARLY_STATE=1                # a launcher default set
+    python benchmarks/bench_ring.py --constants RING_MMA_STATE_STAGES=0               # a launcher default set
     ncu --profile-from-start off ... python benchmarks/bench_ring.py --batches 64 --sweep mma/128/4 --ncu mixed
 """
 

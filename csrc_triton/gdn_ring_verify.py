@@ -53,19 +53,9 @@ RING_MMA_FUSED_WINDOW = True
 # The rows on the stack of 16 and the others verified by one launch (each kind its own code, the
 # registers of the larger): one launch and one wave tail a layer fewer
 RING_MMA_MERGED = True
-# The tile's first rows read before the row's cursor (their latency under the cursor's; not yet
-# timed on a GPU)
-RING_MMA_EARLY_STATE = False
-# The folding rows' drafts verified by the fold launch, from the checkpoint it reads anyway (a fold
-# step's state passes 3 -> 2: read and write, no re-read of the folded tile; not yet timed on a GPU)
-RING_MMA_FOLD_VERIFY = False
 # The state chunks through shared memory by cp.async, this many in flight from the program's start
 # (0: through registers, one chunk ahead; docs/benchmarks.md, "Ring", has the sweep)
 RING_MMA_STATE_STAGES = 2
-# With RING_MMA_FOLD_VERIFY (and the windows' own launch): the other rows' verify launched as a
-# programmatic dependent of the folds' (sm_90+), running beside their latency-bound wave instead of
-# after it (not yet timed on a GPU)
-RING_MMA_PDL = False
 # Small batches' tiles narrower (gdn_verify.spread_block: down to 32 columns while a launch would have
 # fewer than VERIFY_PROGRAMS programs), the folds' too: more, shorter programs where a launch is one
 # program's latency (not yet timed on a GPU)
@@ -372,8 +362,8 @@ def flush_cursor_call(cursor, ring_slots, state_slots, *, num_state_slots, num_r
 def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
-                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, early_state=None,
-                 fold_verify=None, state_stages=None, chunk_k=None, pdl=None):
+                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
+                 chunk_k=None):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
@@ -412,16 +402,12 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                state_slots if parents is None else parents)
     chunk = KernelCall(_gdn_ring_verify_kernel, (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers),
                        tensors, scalars, constexprs)
-    # the windows in the mma verify launches (their programs cover q, k and v: the rows' whole width),
-    # by default unless the verify overlaps the folds (pdl: the windows wait for both)
-    pdl = (RING_MMA_PDL if pdl is None else pdl) and mma
-    fused = (RING_MMA_FUSED_WINDOW and not pdl if fused_window is None else fused_window) and mma
+    # the windows in the mma verify launches (their programs cover q, k and v: the rows' whole width)
+    fused = (RING_MMA_FUSED_WINDOW if fused_window is None else fused_window) and mma
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, ring_rows + num_nodes, maxnreg, small, fold_warps,
                                fold_block_v, fold_maxnreg, fused, RING_MMA_MERGED if merged is None else merged,
-                               RING_MMA_EARLY_STATE if early_state is None else early_state,
-                               RING_MMA_FOLD_VERIFY if fold_verify is None else fold_verify,
                                RING_MMA_STATE_STAGES if state_stages is None else state_stages,
-                               chunk_k or RING_MMA_CHUNK_K, pdl) if mma else (chunk,))
+                               chunk_k or RING_MMA_CHUNK_K) if mma else (chunk,))
     if fused:
         return chunks
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
@@ -430,8 +416,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
 
 
 def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_warps=None, fold_block_v=None,
-                     fold_maxnreg=None, fused_window=False, merged=False, early_state=False, fold_verify=False,
-                     state_stages=0, chunk_k=RING_MMA_CHUNK_K, pdl=False):
+                     fold_maxnreg=None, fused_window=False, merged=False, state_stages=0, chunk_k=RING_MMA_CHUNK_K):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
     folding only (a stack of the pending keys, no drafts; 3xTF32 for a float32 checkpoint), on
@@ -440,21 +425,13 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
     verified from the folded checkpoint (with fused_window, their conv windows moved there too) with
     the others', with ``small`` (and N <= 8, C + N > 16) the rows whose keys fit a stack of 16 rows
     (pending + N <= 16 - N), then the rest (tf32 products); with ``merged`` those two in one launch
-    (KIND 3, the others' cap); with early_state each program's first state rows read before its
-    row's cursor; with fold_verify the fold launch verifies the folding rows' drafts too (the
-    others' stack of C + N rows), the later launches only move their windows; with state_stages
-    the state chunks through shared memory, that many in flight (where a thread's copies are of 4
-    bytes or more: gdn_verify.state_stages_for); chunk_k state rows a chunk; with pdl (fold_verify,
-    merged, no fused_window; on sm_90+, else ignored) the verify launch a programmatic dependent of
-    the folds'. maxnreg: the register cap of the launches that do not fold (0 or None: the
+    (KIND 3, the others' cap); with state_stages the state chunks through shared memory, that many
+    in flight (where a thread's copies are of 4 bytes or more: gdn_verify.state_stages_for);
+    chunk_k state rows a chunk. maxnreg: the register cap of the launches that do not fold (0 or None: the
     compiler's choice), or a pair (the small rows' cap, the other non-folding rows')."""
     from . import gdn_ring_verify_mma
 
     block_v, num_warps = chunk.constexprs["BLOCK_V"], chunk.constexprs["num_warps"]
-    if pdl and not (fold_verify and merged and not fused_window):
-        raise ValueError("gdn_ring_verify_mma: pdl overlaps the folds' launch with one verify launch of the "
-                         "others: it needs fold_verify, merged and the windows' own launch (fused_window=False)")
-    pdl = pdl and _pdl_device(ssm)
     fold_warps = fold_warps or num_warps
     fold_block_v = fold_block_v or block_v
     if num_layers != 1 or stack_rows > RING_MMA_NODES:
@@ -468,8 +445,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
                   if name not in ("PRECISION", "FOLD_PRECISION")}
     width = chunk.constexprs["KERNEL_SIZE"] - 1
     constexprs.update(FUSED_WINDOW=bool(fused_window), WIDTH=width, WINDOW=max(2, next_power_of_2(width)),
-                      EARLY_STATE=bool(early_state), FOLD_VERIFY=bool(fold_verify),
-                      STATE_STAGES=state_stages_for(state_stages, block_v, num_warps, chunks, ssm), PDL=bool(pdl))
+                      STATE_STAGES=state_stages_for(state_stages, block_v, num_warps, chunks, ssm))
     constexprs.update(NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k, WARPS=num_warps,
                       SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4))
     num_nodes = constexprs["NUM_NODES"]
@@ -478,8 +454,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
                                                                     else (maxnreg, maxnreg)))
     fold_grid = (constexprs["NUM_V_HEADS"] * cdiv(constexprs["HEAD_V_DIM"], fold_block_v), *chunk.grid[1:])
     fold_cap = RING_MMA_FOLD_MAXNREG if fold_maxnreg is None else fold_maxnreg
-    fold_stack = stack_rows if fold_verify else constexprs["MAX_PENDING"]  # (else the pending keys alone)
-    fold = (2, max(RING_MMA_SMALL_NODES, next_power_of_2(fold_stack)), fold_grid,
+    fold = (2, max(RING_MMA_SMALL_NODES, next_power_of_2(constexprs["MAX_PENDING"])), fold_grid,
             dict(WARPS=fold_warps, num_warps=fold_warps, BLOCK_V=fold_block_v,
                  STATE_STAGES=state_stages_for(state_stages, fold_block_v, fold_warps, chunks, ssm),
                  **({"maxnreg": fold_cap} if fold_cap else {})))
@@ -487,8 +462,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
              (3 if small and merged else 1, RING_MMA_NODES, chunk.grid, other_cap))
     return tuple(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors,
                             chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes,
-                                                SMALL_KEYS=RING_MMA_SMALL_NODES - num_nodes if small else 0,
-                                                **({"launch_pdl": True} if pdl and kind != 2 else {}), **caps))
+                                                SMALL_KEYS=RING_MMA_SMALL_NODES - num_nodes if small else 0, **caps))
                  for kind, nodes, grid, caps in kinds)
 
 
@@ -501,18 +475,16 @@ def _pdl_device(ssm) -> bool:
 def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
-                fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, early_state=None,
-                fold_verify=None, state_stages=None, chunk_k=None, pdl=None):
+                fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
+                chunk_k=None):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, C + N <= 32, dv >= 32 and no precision is asked for), with block_v,
     num_warps, maxnreg, small, fold_warps, fold_block_v, fold_maxnreg, fused_window, merged,
-    early_state, fold_verify, state_stages, chunk_k and pdl its own (None: 128 columns, fewer for
-    small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW,
-    RING_MMA_MERGED, RING_MMA_EARLY_STATE, RING_MMA_FOLD_VERIFY, RING_MMA_STATE_STAGES,
-    RING_MMA_CHUNK_K, RING_MMA_PDL; the rest:
-    _mma_chunk_calls); else the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a
+    state_stages and chunk_k its own (None: 128 columns, fewer for small batches with
+    RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW, RING_MMA_MERGED,
+    RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K; the rest: _mma_chunk_calls); else the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a
     float32 checkpoint)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
@@ -532,8 +504,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, precision=precision,
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
-                        fused_window=fused_window, merged=merged, early_state=early_state,
-                        fold_verify=fold_verify, state_stages=state_stages, chunk_k=chunk_k, pdl=pdl)
+                        fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,

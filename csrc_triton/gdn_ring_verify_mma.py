@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .gdn_verify_mma import (_issue_first_chunks, _issue_state_chunk, _mma, _parent_of, _parts, _product, _rounded,
-                             _staged_chunk, _state_chunk, _unit_lower_inverse)
+from .gdn_verify_mma import (_issue_first_chunks, _mma, _parent_of, _parts, _product, _rounded, _staged_chunk,
+                             _state_chunk, _unit_lower_inverse)
 
 
 @gluon.jit
@@ -90,20 +90,6 @@ def _window_after(window, rows, ok, start, pending, conv_stride_win, rows_stride
 
 
 @gluon.jit
-def _launch_dependents():
-    """griddepcontrol.launch_dependents (sm_90+): the next launch, if programmatic, may start once
-    every program of this one has begun (or ended)."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
-                              pack=1)
-
-
-@gluon.jit
-def _wait_for_prior_launch():
-    """griddepcontrol.wait (sm_90+): the launch before this programmatic one has ended, its writes visible."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _relabelled(n, v0, WARPS: gl.constexpr, TILES: gl.constexpr):
     """The value column at position n of the relabelled tile (gdn_verify_mma's relabelling)."""
     return v0 + ((n // 8) % WARPS) * (8 * TILES) + (n % 8) * TILES + n // (8 * WARPS)
@@ -123,7 +109,7 @@ def _columns_natural(x, WARPS: gl.constexpr, TILES: gl.constexpr):
 
 
 @gluon.jit
-def _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chunk, state_ring, rows_base,
+def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_ring, rows_base,
               window_base, gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr,
               out_ptr, ssm_ptr, scale,
               q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
@@ -140,14 +126,13 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chu
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
-              EARLY_STATE: gl.constexpr, STATE_STAGES: gl.constexpr, ISSUED: gl.constexpr):
+              STATE_STAGES: gl.constexpr):
     """One program's work: with drafts (NUM_NODES > 0) the row's outputs for its query rows, stored,
     and the drafts' gates beside their rows (v0 = 0); with FOLD the checkpoint tile after the pending
     tokens, stored in place (after the outputs, which the old tile gave). Products in 3xTF32 with
     SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of this launch has at most
-    PENDING_ROWS pending tokens. With EARLY_STATE the tile's first chunk of rows is first_chunk,
-    already loaded. With STATE_STAGES the chunks come through shared memory state_ring instead
-    (cp.async, that many in flight; the first one already issued with ISSUED)."""
+    PENDING_ROWS pending tokens. With STATE_STAGES the chunks come through shared memory state_ring
+    (cp.async, that many in flight)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -165,10 +150,8 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chu
     STAGES: gl.constexpr = min(STATE_STAGES, CHUNKS)
     if STATE_STAGES > 0:  # the long read first, into shared memory: no register holds it meanwhile
         _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
-                            SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L, 1 if ISSUED else 0)
-        upcoming = first_chunk  # unread
-    elif EARLY_STATE:
-        upcoming = first_chunk
+                            SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L, 0)
+        upcoming = live  # unread
     else:
         upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
                                 CHUNK_K, BLOCK_V, LOAD_L)  # the long read first
@@ -384,8 +367,7 @@ def _gdn_ring_verify_mma_kernel(
     BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
-    FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, EARLY_STATE: gl.constexpr,
-    FOLD_VERIFY: gl.constexpr, STATE_STAGES: gl.constexpr, PDL: gl.constexpr,
+    FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
@@ -393,23 +375,13 @@ def _gdn_ring_verify_mma_kernel(
     its own registers: 0, those that do not fold and whose pending + N keys fit SMALL_KEYS (a stack
     of NODES = 16 rows, queries from row SMALL_KEYS = 16 - N); 1, the others that do not fold (32
     rows, queries from row C); 2, those that fold, launched before the others: the fold alone on a
-    stack of NODES pending keys (3xTF32 with SPLIT_FOLD), or with FOLD_VERIFY the fold and the row's
-    drafts both, from the one read of the old checkpoint (kind 1's stack); 3, kinds 0 and 1 in one
-    launch (each its own code, the registers of the larger) -- the launches of kinds 0 and 1 (or 3)
-    then take a folding row as one with nothing pending from start + pending, verifying its drafts
-    unless FOLD_VERIFY did; with FUSED_WINDOW their programs of such a row then move its conv window
-    past the folded tokens (nothing in these launches reads a folded row's window): each its v
-    columns, a key head's first value head its q and k.
-    With EARLY_STATE the verify launches read the tile's first rows before the row's cursor (their
-    latency under the cursor's, as gdn_verify_mma's first read; for a row the cursor then skips,
-    read and unused: not in the fold launch, which most rows skip). With STATE_STAGES the state
-    chunks come through shared memory (cp.async, that many in flight), the first one issued before
-    the cursor with EARLY_STATE. With PDL (sm_90+, FOLD_VERIFY, the windows' own launch last)
-    the launch after the folds' is a programmatic dependent one: it reads nothing the folds write,
-    so it starts while they run; the folds' programs let it start at once, and its last program
-    waits for them before ending, so that what follows both sees both."""
-    if PDL and KIND == 2:
-        _launch_dependents()
+    stack of NODES pending keys (3xTF32 with SPLIT_FOLD); 3, kinds 0 and 1 in one launch (each its
+    own code, the registers of the larger) -- the launches of kinds 0 and 1 (or 3) then take a
+    folding row as one with nothing pending from start + pending, verifying its drafts; with
+    FUSED_WINDOW their programs of such a row then move its conv window past the folded tokens
+    (nothing in these launches reads a folded row's window): each its v columns, a key head's first
+    value head its q and k. With STATE_STAGES the state chunks come through shared memory (cp.async,
+    that many in flight)."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = gl.program_id(0) // V_BLOCKS
     v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
@@ -426,23 +398,11 @@ def _gdn_ring_verify_mma_kernel(
     ring = gl.where(live, ring, 0)
     slot = gl.where(live, slot, 0)
     state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
-    EARLY: gl.constexpr = EARLY_STATE and KIND != 2
-    TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
-    LOAD_L: gl.constexpr = gl.BlockedLayout([1, TILES], [4, 8], [1, WARPS], [0, 1])  # (_row_head's)
     if STATE_STAGES > 0:  # 16-byte units XOR-swizzled by row: a warp's rows of a load on distinct banks
         state_ring = gl.allocate_shared_memory(ssm_ptr.dtype.element_ty, [STATE_STAGES, CHUNK_K, BLOCK_V],
                                                gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
-        if EARLY:  # the first chunk alone: a row this launch then skips reads no more
-            _issue_state_chunk(state_ring.index(0), state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
-                               SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
-        first_chunk = live  # unread
-    elif EARLY:
-        state_ring = live  # unread
-        first_chunk = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
-                                   CHUNK_K, BLOCK_V, LOAD_L)
     else:
         state_ring = live  # unread
-        first_chunk = live  # unread
     start = gl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(gl.int64)
     pending = gl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(gl.int64)
     live = live & (start >= 0) & (start < RING_ROWS) & (pending >= 0) & (pending <= MAX_PENDING)
@@ -457,7 +417,6 @@ def _gdn_ring_verify_mma_kernel(
         pending = gl.where(fold, 0, pending)
         fold = pending < 0  # (none)
     kind = gl.where(fold, 2, gl.where(pending + NUM_NODES <= SMALL_KEYS, 0, 1))
-    verified = moved & (FOLD_VERIFY and KIND != 2)  # its drafts' outputs already stored by the fold launch
 
     gates_base = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot + head * gates_stride_head
     rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
@@ -465,24 +424,23 @@ def _gdn_ring_verify_mma_kernel(
     # this launch's kind of row (KIND 3: the kinds 0 and 1, each its own code)
     for THIS in gl.static_range(0 if KIND == 3 else KIND, 2 if KIND == 3 else KIND + 1):
         if kind == THIS:
-            if ~verified:
-                _row_head(live, start, pending, row, head, k_head, v0, state_base, first_chunk, state_ring,
-                          rows_base, window_base, gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr,
-                          beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
-                          q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node,
-                          k_stride_head, k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
-                          g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node,
-                          beta_stride_head, conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
-                          gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
-                          out_stride_row, out_stride_node, out_stride_head, out_stride_v,
-                          weight_stride_dim, weight_stride_tap, bias_stride,
-                          0 if THIS == 2 and not FOLD_VERIFY else NUM_NODES, RING_ROWS,
-                          SMALL_KEYS if THIS == 0 else (NODES if THIS == 2 and not FOLD_VERIFY else RING_ROWS),
-                          SMALL_KEYS - NUM_NODES if THIS == 0 else MAX_PENDING,
-                          SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
-                          HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and (THIS != 2 or FOLD_VERIFY),
-                          L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
-                          EARLY, STATE_STAGES, EARLY)
+            _row_head(live, start, pending, row, head, k_head, v0, state_base, state_ring, rows_base, window_base,
+                      gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr,
+                      ssm_ptr, scale,
+                      q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node,
+                      k_stride_head, k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+                      g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node,
+                      beta_stride_head, conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
+                      gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
+                      out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+                      weight_stride_dim, weight_stride_tap, bias_stride,
+                      0 if THIS == 2 else NUM_NODES, RING_ROWS,
+                      SMALL_KEYS if THIS == 0 else (NODES if THIS == 2 else RING_ROWS),
+                      SMALL_KEYS - NUM_NODES if THIS == 0 else MAX_PENDING,
+                      SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
+                      HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
+                      L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
+                      STATE_STAGES)
             if FUSED_WINDOW and THIS != 2:
                 if moved:
                     WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
@@ -499,10 +457,3 @@ def _gdn_ring_verify_mma_kernel(
                                           rows_base + qk_chan * rows_stride_dim, kk < HEAD_K_DIM, folded_start,
                                           folded, conv_stride_win, rows_stride_row, RING_ROWS, WIDTH, WINDOW,
                                           WINDOW_L)
-    if STATE_STAGES > 0 and EARLY:
-        async_copy.wait_group(0)  # (a row this launch skips: its copies land before the program ends)
-    if PDL and KIND != 2:
-        last = ((gl.program_id(0) == gl.num_programs(0) - 1) & (gl.program_id(1) == gl.num_programs(1) - 1)
-                & (gl.program_id(2) == gl.num_programs(2) - 1))
-        if last:  # (this launch cannot end before this program, nor this program before the folds' launch)
-            _wait_for_prior_launch()

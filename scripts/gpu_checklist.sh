@@ -47,16 +47,15 @@
 #   ringfold  the rings' fold and verify launches where a step has few rows to fold (the sweeps' last column: 1 row in
 #             6 folding) against each of their defaults turned off (the fold's register cap, the folded windows moved
 #             by the verify launch, the GDN ring's two verify launches as one), after those options' GPU tests
-#   varquick  in one call: the GDN ring's variant kernel tests at dk = dv = 128 (fold_verify, pdl, state stages), the
-#             Mamba2 ring's flattened loops and capacity-16 chains, then whole GDN steps with fold_verify and pdl
-#   vartests  every opt-in variant not yet run on a GPU, its GPU tests in one run (the GDN ring's early_state,
-#             fold_verify, pdl, state_stages, chunk_k, 64-column tiles (RING_MMA_SPREAD's), 8 warps, and all at once
-#             in CUDA graphs; gdn_verify's state_stages; the Mamba2 ring's flatten, fold_verify and pdl), then the
-#             capture ops in one CUDA graph and every op's device guard
+#   varquick  in one call: the GDN ring's state-read kernel tests at dk = dv = 128 (stages, registers), the Mamba2
+#             ring's flattened loops and capacity-16 chains, then whole GDN steps with the state through registers
+#   vartests  the variants' GPU tests in one run (the GDN ring's state_stages, chunk_k, registers, 64-column tiles
+#             (RING_MMA_SPREAD's), 8 warps, its other launches in CUDA graphs; gdn_verify's state_stages; the Mamba2
+#             ring's flatten, fold_verify and pdl), then the capture ops in one CUDA graph and every op's device guard
 #   varbench  the same variants timed in one process each: the GDN ring's one-layer sweep at B = 64 / 256 and its
 #             tiles at B = 1 / 8 (whole steps too), the Mamba2 ring's sweep, gdn_verify's sweep (fp32, bf16)
-#   varsan    compute-sanitizer memcheck + racecheck over the variants' new memory paths (the GDN ring's state chunks
-#             by cp.async, fold_verify, pdl, at fp32 and dk / dv 128; the Mamba2 ring's fold_verify)
+#   varsan    compute-sanitizer memcheck + racecheck over the variants' memory paths (the GDN ring's state chunks by
+#             cp.async and through registers, at fp32 and dk / dv 128; the Mamba2 ring's fold_verify)
 #   varsteps  whole GDN ring steps (bench_ring.py --profile, chains, B = 64 / 256) with each set of variants' module
 #             defaults (--constants) against the defaults; m2varsteps the same for the Mamba2 ring
 #   ringncu   Nsight Compute over one layer of each ring (GDN, then Mamba2) at B = 64, 1 row in 6 folding (the fold
@@ -251,11 +250,11 @@ for phase in "$@"; do
               grep '^|' "$out/sweep_ring_fold_mamba2.log" ;;
     varquick) rc=0  # (one call: the variants' kernel tests at the model's head dim, then whole GDN steps)
               timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                tests/test_ring_kernels_mamba2.py -k "(mma_kernel and 128 and 16 and fp32 and (fold-verify or pdl or \
+                tests/test_ring_kernels_mamba2.py -k "(mma_kernel and 128 and 16 and fp32 and (registers or \
                 stages)) or flattened or (capacity_16 and chain)" > "$out/gpu_tests_varquick.log" 2>&1 || rc=1
               tail -3 "$out/gpu_tests_varquick.log"
-              gdn_steps "" "RING_MMA_FOLD_VERIFY=1" "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1" || rc=1 ;;
-    vartests) select="early or fold-verify or fold_verify or stages or 64-columns or capacity_16 or pdl or variants"
+              gdn_steps "" "RING_MMA_STATE_STAGES=0" || rc=1 ;;
+    vartests) select="registers or fold-verify or fold_verify or stages or 64-columns or capacity_16 or pdl or variants"
               select="$select or 8-warps or flattened or misaligned"
               timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist --durations=5 \
                 tests/test_ring_kernels.py tests/test_gdn_verify.py tests/test_ring_kernels_mamba2.py tests/test_ring.py \
@@ -267,14 +266,9 @@ for phase in "$@"; do
                 -k "capture_ops or enters_its_tensors_device" > "$out/gpu_tests_audit.log" 2>&1 || rc=1
               tail -3 "$out/gpu_tests_audit.log" ;;
     varbench) rc=0
-              timeout 240 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/early_state=1 \
-                mma/128/4/state_stages=2 mma/128/4/state_stages=2/early_state=1 mma/128/4/state_stages=3/early_state=1 \
-                mma/128/4/state_stages=4 mma/128/4/state_stages=4/fold_verify=1 \
-                mma/128/4/chunk_k=16/state_stages=4/early_state=1 mma/128/4/fold_verify=1 \
-                mma/128/4/fold_verify=1/state_stages=2/early_state=1 mma/128/4/fold_verify=1/pdl=1/fused_window=0 \
-                mma/128/4/fold_verify=1/pdl=1/fused_window=0/state_stages=2/early_state=1 mma/128/8 \
-                mma/128/8/state_stages=2/early_state=1 mma/128/4 \
-                > "$out/sweep_variants_gdn.log" 2>&1 || rc=1
+              timeout 240 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/state_stages=0 \
+                mma/128/4/state_stages=3 mma/128/4/state_stages=4 mma/128/4/chunk_k=16/state_stages=4 mma/128/8 \
+                mma/128/8/state_stages=0 mma/128/4 > "$out/sweep_variants_gdn.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_variants_gdn.log"
               timeout 80 python3 benchmarks/bench_ring.py --batches 1 8 --sweep mma/128/4 mma/64/4 mma/32/4 \
                 > "$out/sweep_variants_small.log" 2>&1 || rc=1
@@ -296,12 +290,10 @@ for phase in "$@"; do
               done ;;
     varsan)   mkdir -p "$out/varsan"
               SANITIZE_TIMEOUT=270 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py" \
-                SANITIZE_K="(fp32 and 128 and 16 and chain and (state-stages-early or state-stages-whole-tile or pdl or fold-verify-apart)) or (mamba2 and matches_pytorch and head-chain)" \
+                SANITIZE_K="(fp32 and 128 and 16 and chain and (default or registers or state-stages-3 or state-stages-whole-tile)) or (mamba2 and matches_pytorch and head-chain)" \
                 bash scripts/gpu_sanitize.sh "$out/varsan"; rc=$? ;;
     varsteps) rc=0
-              gdn_steps "" "RING_MMA_FOLD_VERIFY=1" "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1" \
-                "RING_MMA_STATE_STAGES=2 RING_MMA_EARLY_STATE=1" \
-                "RING_MMA_FOLD_VERIFY=1 RING_MMA_PDL=1 RING_MMA_STATE_STAGES=2 RING_MMA_EARLY_STATE=1" || rc=1 ;;
+              gdn_steps "" "RING_MMA_STATE_STAGES=0" "RING_MMA_STATE_STAGES=4 RING_MMA_CHUNK_K=16" || rc=1 ;;
     m2varsteps) rc=0
               for constants in "" "FLATTEN_HEADS=1" "FOLD_VERIFY=1 PDL=1" "FOLD_VERIFY=1 PDL=1 FLATTEN_HEADS=1"; do
                 echo "# mamba2 ${constants:-defaults}"

@@ -426,10 +426,9 @@ def ring_layers_step(ring, ssm_state, conv_state, conv_weight, conv_bias, out, x
     sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, ring_slots, steps, parents, num_draft=x.shape[2])
 
 
-# The GDN ring's opt-in launches, all at once (module defaults): the folding rows' drafts verified
-# by the folds' launch, the others' verify a programmatic dependent launch beside it, the state
-# chunks through shared memory from before the cursor
-RING_VARIANTS = dict(RING_MMA_FOLD_VERIFY=True, RING_MMA_PDL=True, RING_MMA_STATE_STAGES=2, RING_MMA_EARLY_STATE=True)
+# The GDN ring's other launches, all at once (module defaults): the kinds of rows and the windows
+# each in a launch of their own, the state chunks through registers
+RING_VARIANTS = dict(RING_MMA_MERGED=False, RING_MMA_FUSED_WINDOW=False, RING_MMA_STATE_STAGES=0)
 
 
 @pytest.mark.gpu
@@ -440,8 +439,8 @@ def test_cuda_graph_steps_match_eager(tree, launches, monkeypatch):
     inputs, slots (a padded row, requests moving between rows), acceptance and tree links written
     into the static inputs, a flush replayed every few steps, and new requests between steps. Every
     output, checkpoint and ring tensor after every replay equals, bit for bit, what eager calls of
-    the same ops leave on a twin. The ring verify's default launches, and its opt-in ones
-    (RING_VARIANTS: a programmatic dependent launch captured in the graph)."""
+    the same ops leave on a twin. The ring verify's default launches, and its others (RING_VARIANTS:
+    the windows moved by a launch of their own, the state read through registers)."""
     if launches == "variants":
         from sgl_convwin._kernels import triton_kernels
 

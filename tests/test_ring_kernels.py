@@ -249,15 +249,6 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
     assert [c.constexprs.get("FUSED_WINDOW") for c in calls] == [True] * len(kinds)
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, fused_window=False)
     assert [c.constexprs.get("FUSED_WINDOW") for c in calls] == [False] * len(kinds) + [None]  # + the window's
-    # the tiles' first rows before the cursor: every launch, on request
-    for early in (None, True):
-        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, early_state=early)
-        assert [c.constexprs["EARLY_STATE"] for c in calls] == [bool(early)] * len(kinds)
-    # the folding rows' drafts in the fold launch, on request: its stack the others' (C + N rows)
-    for fold_verify in (None, True):
-        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, fold_verify=fold_verify)
-        assert [c.constexprs["FOLD_VERIFY"] for c in calls] == [bool(fold_verify)] * len(kinds)
-        assert calls[0].constexprs["NODES"] == (32 if fold_verify else kinds[0][1])
     # the state chunks through shared memory, two by default: every launch, at most a tile's chunks (dk
     # 32: one of 32 rows, two of 16); through registers where a thread's copy would be under 4 bytes
     # (below: a bf16 state on 32 columns over 4 warps, or transposed as engines store it), or on request
@@ -271,16 +262,6 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
     calls = triton_kernels().gdn_ring_verify._ring_calls(*transposed_args, **kwargs, **apart, state_stages=2,
                                                          chunk_k=16)
     assert [c.constexprs["STATE_STAGES"] for c in calls] == [2] * len(kinds)  # (fp32: copies of one value, 4 bytes)
-    # the others' verify a programmatic dependent launch of the folds', on request: only beside
-    # fold_verify, in one launch, the windows in their own launch after both
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, fold_verify=True,
-                                                         pdl=True)
-    assert [(c.constexprs.get("KIND"), c.constexprs.get("PDL"), c.constexprs.get("launch_pdl")) for c in calls] == [
-        (2, True, None), (kinds[-1][0] if len(kinds) == 2 else 3, True, True), (None, None, None)]  # + the window's
-    for wrong in (dict(), dict(fused_window=True), dict(merged=False)):
-        with pytest.raises(ValueError, match="pdl overlaps"):
-            triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, pdl=True,
-                                                         **dict(dict(fold_verify=True), **wrong) if wrong else {})
     bf16_args = [a.to(torch.bfloat16) if a is case["ssm_state"] else a for a in args]
     assert sum(a.dtype == torch.bfloat16 for a in bf16_args if isinstance(a, torch.Tensor)) == 1
     calls = triton_kernels().gdn_ring_verify._ring_calls(*bf16_args, **kwargs, **apart, state_stages=2)
@@ -337,27 +318,19 @@ def test_mma_tiles_by_batch(num_rows, spread, warps, block_v, monkeypatch):
 @pytest.mark.parametrize("head_dim", [32, 128])
 @pytest.mark.parametrize("capacity", [16, 20])
 @pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
-                                  dict(merged=False), dict(early_state=True), dict(fold_verify=True),
-                                  dict(fold_verify=True, merged=False, fused_window=False), dict(block_v=64),
-                                  dict(state_stages=0), dict(state_stages=3, early_state=True),
-                                  dict(chunk_k=16, state_stages=4, early_state=True), dict(state_stages=4),
-                                  dict(state_stages=4, fold_verify=True), dict(fold_verify=True, pdl=True),
-                                  dict(num_warps=8)],
-                         ids=["default", "fold-32-columns", "window-apart", "unmerged", "early-state", "fold-verify",
-                              "fold-verify-apart", "64-columns", "registers", "state-stages-early",
-                              "state-stages-16-rows", "state-stages-whole-tile", "state-stages-whole-tile-fold-verify",
-                              "pdl", "8-warps"])
+                                  dict(merged=False), dict(block_v=64), dict(state_stages=0), dict(state_stages=3),
+                                  dict(chunk_k=16, state_stages=4), dict(state_stages=4), dict(num_warps=8)],
+                         ids=["default", "fold-32-columns", "window-apart", "unmerged", "64-columns", "registers",
+                              "state-stages-3", "state-stages-16-rows", "state-stages-whole-tile", "8-warps"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
     replay (wrapping the ring's end), few pending tokens (the stack of 16 rows), an empty ring, a
     padded row; by default the folded windows moved by the verify launches, merged into one; the fold
     launch also over its own narrower tiles; the windows in a launch of their own; the two verify
-    launches apart; the tiles' first rows read before the cursor; the folding rows' drafts verified
-    by the fold launch (with the others' launches and the windows' apart too); every launch over
-    tiles of 64 columns (two a head: the small batches' choice); the state chunks through shared
-    memory (2 in flight; 3, the first before the cursor; 4 of 16 rows); the others' verify a
-    programmatic dependent launch beside the folds'; 8 warps a program."""
+    launches apart; every launch over tiles of 64 columns (two a head: the small batches' choice);
+    the state chunks through registers, a chunk ahead, instead of shared memory (2 in flight by
+    default; 3; 4 of 16 rows; the whole tile, which the fold then reads back); 8 warps a program."""
     num_nodes = len(nodes)
     if capacity + 2 * num_nodes > 32:
         pytest.skip("C + N > 32: the Triton kernel's")
@@ -397,7 +370,7 @@ def ring_step_calls(kernels, verify_tuning=IEEE):
 @pytest.mark.parametrize("device, verify, tree", [
     pytest.param("cpu", "ieee", True, marks=[interpreted, pytest.mark.slow], id="tree-cpu"),  # (chains: the GPU's)
     *(pytest.param("cuda", verify, tree, marks=pytest.mark.gpu, id=f"{'tree' if tree else 'chain'}-cuda-{verify}")
-      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart", "mma-fold-verify", "mma-stages", "mma-pdl")
+      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart", "mma-registers")
       for tree in (False, True)),
 ])
 def test_steps_against_pytorch_code(device, verify, tree):
@@ -407,9 +380,7 @@ def test_steps_against_pytorch_code(device, verify, tree):
     Triton verify kernel in float32 ("ieee"), or the mma kernel at its own precision: by default its
     verify launches merged into one and moving the folded windows ("mma"), the two launches apart
     ("mma-unmerged"), and the windows in a launch of their own too, the fold uncapped ("mma-apart"),
-    the folding rows' drafts verified by the fold launch ("mma-fold-verify"), the state chunks
-    through shared memory, issued before the cursor ("mma-stages"), the others' verify beside the
-    folds' launch ("mma-pdl")."""
+    the state chunks through registers instead of shared memory ("mma-registers")."""
     gen = torch.Generator().manual_seed(1)
     layers, num_nodes, capacity, kernel_size = 2, 3, 5, 4
     head_dim = 16 if verify == "ieee" else 32  # (the mma kernel's four warps take 32 columns or more)
@@ -435,9 +406,7 @@ def test_steps_against_pytorch_code(device, verify, tree):
             conv1d_verify, gdn_ring_verify, ring_accept, gdn_ring_flush = ring_step_calls(
                 kernels, {"ieee": IEEE, "mma": MMA, "mma-unmerged": dict(MMA, merged=False),
                           "mma-apart": dict(MMA, merged=False, fused_window=False, fold_maxnreg=0),
-                          "mma-fold-verify": dict(MMA, fold_verify=True),
-                          "mma-stages": dict(MMA, state_stages=2, early_state=True),
-                          "mma-pdl": dict(MMA, fold_verify=True, pdl=True)}[verify])
+                          "mma-registers": dict(MMA, state_stages=0)}[verify])
             out = torch.full(case["v"].shape, FILL, device=device)
             conv_out = torch.full((layers, num_rows, num_nodes, dim), FILL, device=device)
             if step == 12:  # the states an engine would hand on
