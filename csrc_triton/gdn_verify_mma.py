@@ -90,10 +90,9 @@ def _issue_state_chunk(slot, state_base, first, live, v0, HEAD_K_DIM: gl.constex
 @gluon.jit
 def _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
                         BLOCK_K: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
-                        CHUNK_K: gl.constexpr, BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr, FROM: gl.constexpr):
-    """The tile's first chunks of rows issued into the ring's slots (_staged_chunk's ring), one each,
-    from chunk FROM (the ones before it already issued, in order)."""
-    for i in gl.static_range(FROM, min(state_ring.shape[0], BLOCK_K // CHUNK_K)):
+                        CHUNK_K: gl.constexpr, BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr):
+    """The tile's first chunks of rows issued into the ring's slots (_staged_chunk's ring), one each."""
+    for i in gl.static_range(min(state_ring.shape[0], BLOCK_K // CHUNK_K)):
         _issue_state_chunk(state_ring.index(i), state_base, i * CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM,
                            SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
 
@@ -275,7 +274,7 @@ def _gdn_verify_mma_kernel(
         state_ring = gl.allocate_shared_memory(ssm_ptr.dtype.element_ty, [STATE_STAGES, CHUNK_K, BLOCK_V],
                                                gl.SwizzledSharedLayout(VEC, 1, 8, [1, 0]))
         _issue_first_chunks(state_ring, state_base, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
-                            SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L, 0)  # the long read first: nothing before it waits
+                            SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)  # the long read first: nothing before it waits
         upcoming = slot_ok  # unread
     else:
         state_ring = slot_ok  # unread
