@@ -50,6 +50,18 @@ def gdn_token_inputs(tokens_base, gates_base, node, live, k_chan, k_mask, v_chan
 
 
 @triton.jit
+def delta_rule_step(state, k, v, g, beta, k_mask, L2NORM: tl.constexpr):
+    """A [dk, BLOCK_V] float32 state tile after one token (k its key head's, l2-normalised here with
+    L2NORM; v the tile's columns): S = S exp(g); u = beta (v - S^T k); S = S + k u^T."""
+    k = tl.where(k_mask, k, 0.0)
+    if L2NORM:
+        k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
+    state = state * tl.exp(g)
+    u = beta * (v - tl.sum(state * k[:, None], axis=0))
+    return state + k[:, None] * u[None, :]
+
+
+@triton.jit
 def _gdn_replay_kernel(
     ssm_desc, ssm_ptr, conv_ptr, tokens_ptr, gates_ptr, weight_ptr, bias_ptr,
     dst_slots_ptr, src_slots_ptr, steps_ptr, parents_ptr,
@@ -133,12 +145,7 @@ def _gdn_replay_kernel(
             v = conv_silu(xv, v1, v2, v3, v4, v_bias, v_wx, v_w1, v_w2, v_w3, v_w4, KERNEL_SIZE)
             k4, k3, k2, k1 = k3, k2, k1, xk
             v4, v3, v2, v1 = v3, v2, v1, xv
-            k = tl.where(k_mask, k, 0.0)
-            if L2NORM:
-                k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
-            state = state * tl.exp(g)
-            u = beta * (v - tl.sum(state * k[:, None], axis=0))
-            state = state + k[:, None] * u[None, :]
+            state = delta_rule_step(state, k, v, g, beta, k_mask, L2NORM)
             xk, xv, g, beta = xk_next, xv_next, g_next, beta_next
             xk_next, xv_next, g_next, beta_next = xk_after, xv_after, g_after, beta_after
         if TREE or TMA_LOAD:

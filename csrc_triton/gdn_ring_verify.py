@@ -56,6 +56,9 @@ RING_MMA_MERGED = True
 # The state chunks through shared memory by cp.async, this many in flight from the program's start
 # (0: through registers, one chunk ahead; docs/benchmarks.md, "Ring", has the sweep)
 RING_MMA_STATE_STAGES = 2
+# The folds by replay (gdn_ring_fold: each pending token decoded onto a narrow tile in float32) instead
+# of as one chunk on the mma kernel (3xTF32); the flush's too (not yet timed on a GPU)
+RING_FOLD_REPLAY = False
 # Small batches' tiles narrower (gdn_verify.spread_block: down to 32 columns while a launch would have
 # fewer than VERIFY_PROGRAMS programs), the folds' too: more, shorter programs where a launch is one
 # program's latency (not yet timed on a GPU)
@@ -363,11 +366,12 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
                  fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                 chunk_k=None):
+                 chunk_k=None, fold_replay=None):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
-    read)."""
+    read). With mma, the folds by gdn_ring_fold's replay where fold_replay (None: RING_FOLD_REPLAY),
+    on fold_block_v columns and fold_warps warps capped at fold_maxnreg registers (None: its defaults)."""
     num_k_heads, head_k_dim, num_v_heads, head_v_dim = heads
     num_rows = ring_slots.shape[0]
     ring_rows, kernel_size = rows.shape[2], conv.shape[3] + 1
@@ -404,10 +408,18 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                        tensors, scalars, constexprs)
     # the windows in the mma verify launches (their programs cover q, k and v: the rows' whole width)
     fused = (RING_MMA_FUSED_WINDOW if fused_window is None else fused_window) and mma
+    replay = None
+    if mma and (RING_FOLD_REPLAY if fold_replay is None else fold_replay):
+        from .gdn_ring_fold import fold_call
+
+        replay = fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer=layer,
+                           num_layers=num_layers, num_nodes=num_nodes, heads=heads, max_pending=max_pending,
+                           fold_above=fold_above, use_qk_l2norm=use_qk_l2norm, block_v=fold_block_v,
+                           num_warps=fold_warps, maxnreg=fold_maxnreg)
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, ring_rows + num_nodes, maxnreg, small, fold_warps,
                                fold_block_v, fold_maxnreg, fused, RING_MMA_MERGED if merged is None else merged,
                                RING_MMA_STATE_STAGES if state_stages is None else state_stages,
-                               chunk_k or RING_MMA_CHUNK_K) if mma else (chunk,))
+                               chunk_k or RING_MMA_CHUNK_K, replay) if mma else (chunk,))
     if fused:
         return chunks
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
@@ -416,10 +428,12 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
 
 
 def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_warps=None, fold_block_v=None,
-                     fold_maxnreg=None, fused_window=False, merged=False, state_stages=0, chunk_k=RING_MMA_CHUNK_K):
+                     fold_maxnreg=None, fused_window=False, merged=False, state_stages=0, chunk_k=RING_MMA_CHUNK_K,
+                     replay=None):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
-    folding only (a stack of the pending keys, no drafts; 3xTF32 for a float32 checkpoint), on
+    folding only -- by ``replay`` (gdn_ring_fold's launch) if given, else a stack of the pending
+    keys, no drafts (3xTF32 for a float32 checkpoint), on
     fold_warps warps over tiles of fold_block_v columns (None: the others'; a grid of its own),
     capped at fold_maxnreg registers (None: RING_MMA_FOLD_MAXNREG; 0: no cap); then, their drafts
     verified from the folded checkpoint (with fused_window, their conv windows moved there too) with
@@ -439,7 +453,8 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
                          f"C + N = {stack_rows}")
     chunk_k = min(chunk_k, chunk.constexprs["BLOCK_K"])
     check_mma_tiles("gdn_ring_verify_mma", block_v, num_warps, chunk_k)
-    check_mma_tiles("gdn_ring_verify_mma (the folds)", fold_block_v, fold_warps, chunk_k)
+    if replay is None:
+        check_mma_tiles("gdn_ring_verify_mma (the folds)", fold_block_v, fold_warps, chunk_k)
     chunks = chunk.constexprs["BLOCK_K"] // chunk_k
     constexprs = {name: value for name, value in chunk.constexprs.items()
                   if name not in ("PRECISION", "FOLD_PRECISION")}
@@ -460,10 +475,11 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
                  **({"maxnreg": fold_cap} if fold_cap else {})))
     kinds = (fold, *(((0, RING_MMA_SMALL_NODES, chunk.grid, small_cap),) if small and not merged else ()),
              (3 if small and merged else 1, RING_MMA_NODES, chunk.grid, other_cap))
-    return tuple(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors,
-                            chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes,
-                                                SMALL_KEYS=RING_MMA_SMALL_NODES - num_nodes if small else 0, **caps))
-                 for kind, nodes, grid, caps in kinds)
+    calls = tuple(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors,
+                             chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes,
+                                                 SMALL_KEYS=RING_MMA_SMALL_NODES - num_nodes if small else 0, **caps))
+                  for kind, nodes, grid, caps in kinds)
+    return calls if replay is None else (replay, *calls[1:])
 
 
 def _pdl_device(ssm) -> bool:
@@ -476,16 +492,16 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                chunk_k=None):
+                chunk_k=None, fold_replay=None):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, C + N <= 32, dv >= 32 and no precision is asked for), with block_v,
     num_warps, maxnreg, small, fold_warps, fold_block_v, fold_maxnreg, fused_window, merged,
-    state_stages and chunk_k its own (None: 128 columns, fewer for small batches with
+    state_stages, chunk_k and fold_replay its own (None: 128 columns, fewer for small batches with
     RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW, RING_MMA_MERGED,
-    RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K; the rest: _mma_chunk_calls); else the Triton kernel
-    at ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
+    RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K, RING_FOLD_REPLAY; the rest: _mma_chunk_calls); else
+    the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
         return ()
@@ -504,7 +520,8 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, precision=precision,
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
-                        fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k)
+                        fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k,
+                        fold_replay=fold_replay)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
@@ -536,19 +553,32 @@ def _flush_cursor_kernel(cursor_ptr, ring_slots_ptr, state_slots_ptr, num_rows, 
 
 
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state_slots, *, num_k_heads, head_k_dim,
-                 num_v_heads, head_v_dim, use_qk_l2norm, block_v=None, num_warps=RING_WARPS, precision=None,
-                 fold_precision=None):
-    """gdn_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or ()."""
+                 num_v_heads, head_v_dim, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
+                 fold_precision=None, fold_replay=None):
+    """gdn_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or ().
+    The folds by gdn_ring_fold's replay where fold_replay (None: RING_FOLD_REPLAY), else by the
+    Triton chunk kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint);
+    block_v and num_warps the fold's."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
         return ()
     ring_rows = rows.shape[2]
-    fold = fold_precision or precision or fold_precision_for(ssm)  # every program folds
-    chunk, window = _chunk_calls(
-        None, None, None, None, None, None, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
-        None, layer=0, num_layers=ssm.shape[0], num_nodes=0, heads=(num_k_heads, head_k_dim, num_v_heads, head_v_dim),
-        max_pending=ring_rows - 1, fold_above=0, scale=1.0, use_qk_l2norm=use_qk_l2norm, block_v=block_v,
-        num_warps=num_warps, precision=fold, fold_precision=fold)
+    heads = (num_k_heads, head_k_dim, num_v_heads, head_v_dim)
+    window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=0,
+                         num_layers=ssm.shape[0], num_nodes=0, max_pending=ring_rows - 1, fold_above=0)
+    if RING_FOLD_REPLAY if fold_replay is None else fold_replay:  # every row with a pending token folds
+        from .gdn_ring_fold import fold_call
+
+        chunk = fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer=0,
+                          num_layers=ssm.shape[0], num_nodes=0, heads=heads, max_pending=ring_rows - 1,
+                          fold_above=0, use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps)
+    else:
+        fold = fold_precision or precision or fold_precision_for(ssm)
+        chunk, _ = _chunk_calls(
+            None, None, None, None, None, None, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
+            None, layer=0, num_layers=ssm.shape[0], num_nodes=0, heads=heads, max_pending=ring_rows - 1,
+            fold_above=0, scale=1.0, use_qk_l2norm=use_qk_l2norm, block_v=block_v,
+            num_warps=num_warps or RING_WARPS, precision=fold, fold_precision=fold)
     cursors = flush_cursor_call(cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1],
                                 num_ring_slots=rows.shape[1], ring_rows=ring_rows)
     return chunk, window, cursors

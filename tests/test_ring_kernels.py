@@ -126,6 +126,41 @@ def test_matches_pytorch_code(device, tree):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["fp32", "bf16-rows", "bf16-state", "transposed"])
+def test_replay_fold_matches_pytorch_code(device, layout):
+    """gdn_ring_fold's launch as the mma verify plans it (fold_replay), run alone: the rows that fold
+    (pending > 0 and pending + N > capacity, a ring wrapping its end) hold the checkpoint the PyTorch
+    code's verify leaves; every other state (rows that only replay, an empty ring, a cursor outside
+    the ring, a padded row) and every window, ring row, gate and cursor is left bit for bit."""
+    cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3], [9, 2], [6, 1]])  # C = 7, N = 3: folds at pending >= 2
+    case = ring_case(num_rows=6, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3, 4, 5],
+                     num_ring_slots=6, num_state_slots=7, state_slots=[3, 0, 4, -1, 5, 1], head_v_dim=32,
+                     device=device, seed=4,
+                     rows_dtype=torch.bfloat16 if layout == "bf16-rows" else torch.float32,
+                     state_dtype=torch.bfloat16 if layout == "bf16-state" else torch.float32)
+    if layout == "transposed":  # a [.., dv, dk] storage passed as its transpose
+        case["ssm_state"] = case["ssm_state"].transpose(-1, -2).contiguous().transpose(-1, -2)
+    want, _ = run_both(case)
+    mine = {name: None if t is None else t.clone() for name, t in case.items()}
+    out = torch.full(mine["v"].shape, FILL, device=device)
+    args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
+        out, mine["q"], mine["k"], mine["v"], mine["g"], mine["beta"], mine["ssm_state"], mine["conv_state"],
+        mine["rows"], mine["gates"], mine["cursor"], mine["conv_weight"], mine["conv_bias"], mine["ring_slots"],
+        mine["state_slots"], 1, None)
+    fold = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, fold_replay=True)[0]
+    fold.launch()
+    folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)  # [L, S]
+    assert folded.sum() == 2 and folded[1, [3, 0]].all()  # rows 0 and 1 (slots 3, 0) of layer 1
+    tol = 1e-2 if layout == "bf16-state" else 2e-6
+    scale = want["ssm_state"][folded].float().abs().max()
+    assert (mine["ssm_state"][folded].float() - want["ssm_state"][folded].float()).abs().max() <= tol * scale
+    assert torch.equal(mine["ssm_state"][~folded], case["ssm_state"][~folded])
+    assert (out == FILL).all()
+    for name in ("conv_state", "rows", "gates", "cursor"):
+        assert torch.equal(mine[name], case[name]), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_repeated_token_rows(device):
     """Pending rows all the same token (identical keys, 12 pending and 4 drafts a path of 16), betas
     of 0.7, no decay: the power series over a whole path did not survive tf32 (9e-3 x max |o| off);
@@ -288,6 +323,23 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
             kind: cap for kind, cap in caps.items() if kind in [k for k, _, _ in kinds]}
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
     assert {c.constexprs["KIND"]: c.constexprs["maxnreg"] for c in calls} == {2: 168, len(kinds) % 2 * 2 + 1: 128}
+    # the folds by replay: gdn_ring_fold's launch first (32 columns, 2 warps, no cap; or the fold's own
+    # tiles and cap), by the verify's rule, then the same verify launches
+    replay = dict(mma=True, small=small, fold_replay=True)
+    for tuning, block_v, warps, cap in (({}, 32, 2, None), (dict(fold_block_v=16, fold_warps=1, fold_maxnreg=96), 16,
+                                                            1, 96)):
+        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **replay, **tuning)
+        fold, *verifies = calls
+        assert fold.kernel.__name__ == "_gdn_ring_fold_kernel"
+        assert fold.grid == (case["v"].shape[2] * 32 // block_v, 2, 1)  # (head_v_dim 32, 2 rows, 1 layer)
+        assert (fold.constexprs["BLOCK_V"], fold.constexprs["num_warps"], fold.constexprs.get("maxnreg")) == (
+            block_v, warps, cap)
+        capacity = case["rows"].shape[2] - num_nodes
+        assert [fold.constexprs[name] for name in ("NUM_NODES", "FOLD_ABOVE", "MAX_PENDING")] == [
+            num_nodes, capacity, capacity]
+        assert [c.constexprs["KIND"] for c in verifies] == [
+            c.constexprs["KIND"] for c in triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True,
+                                                                                       small=small)[1:]]
 
 
 @pytest.mark.parametrize("num_rows, spread, warps, block_v", [(1, False, None, 128), (1, True, None, 32),
@@ -320,9 +372,11 @@ def test_mma_tiles_by_batch(num_rows, spread, warps, block_v, monkeypatch):
 @pytest.mark.parametrize("capacity", [16, 20])
 @pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
                                   dict(merged=False), dict(block_v=64), dict(state_stages=0), dict(state_stages=3),
-                                  dict(chunk_k=16, state_stages=4), dict(state_stages=4), dict(num_warps=8)],
+                                  dict(chunk_k=16, state_stages=4), dict(state_stages=4), dict(num_warps=8),
+                                  dict(fold_replay=True), dict(fold_replay=True, fold_block_v=64, fold_warps=4)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "64-columns", "registers",
-                              "state-stages-3", "state-stages-16-rows", "state-stages-whole-tile", "8-warps"])
+                              "state-stages-3", "state-stages-16-rows", "state-stages-whole-tile", "8-warps",
+                              "replay-fold", "replay-fold-64-columns"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
@@ -331,7 +385,8 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     launch also over its own narrower tiles; the windows in a launch of their own; the two verify
     launches apart; every launch over tiles of 64 columns (two a head: the small batches' choice);
     the state chunks through registers, a chunk ahead, instead of shared memory (2 in flight by
-    default; 3; 4 of 16 rows; the whole tile, which the fold then reads back); 8 warps a program."""
+    default; 3; 4 of 16 rows; the whole tile, which the fold then reads back); 8 warps a program;
+    the folds by gdn_ring_fold's replay (its default tiles, and 64 columns over 4 warps)."""
     num_nodes = len(nodes)
     if capacity + 2 * num_nodes > 32:
         pytest.skip("C + N > 32: the Triton kernel's")
@@ -374,7 +429,7 @@ def ring_step_calls(kernels, verify_tuning=IEEE):
 @pytest.mark.parametrize("device, verify, tree", [
     pytest.param("cpu", "ieee", True, marks=[interpreted, pytest.mark.slow], id="tree-cpu"),  # (chains: the GPU's)
     *(pytest.param("cuda", verify, tree, marks=pytest.mark.gpu, id=f"{'tree' if tree else 'chain'}-cuda-{verify}")
-      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart", "mma-registers")
+      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart", "mma-registers", "mma-replay")
       for tree in (False, True)),
 ])
 def test_steps_against_pytorch_code(device, verify, tree):
@@ -384,7 +439,8 @@ def test_steps_against_pytorch_code(device, verify, tree):
     Triton verify kernel in float32 ("ieee"), or the mma kernel at its own precision: by default its
     verify launches merged into one and moving the folded windows ("mma"), the two launches apart
     ("mma-unmerged"), and the windows in a launch of their own too, the fold uncapped ("mma-apart"),
-    the state chunks through registers instead of shared memory ("mma-registers")."""
+    the state chunks through registers instead of shared memory ("mma-registers"), the folds by
+    gdn_ring_fold's replay ("mma-replay")."""
     gen = torch.Generator().manual_seed(1)
     layers, num_nodes, capacity, kernel_size = 2, 3, 5, 4
     head_dim = 16 if verify == "ieee" else 32  # (the mma kernel's four warps take 32 columns or more)
@@ -410,7 +466,8 @@ def test_steps_against_pytorch_code(device, verify, tree):
             conv1d_verify, gdn_ring_verify, ring_accept, gdn_ring_flush = ring_step_calls(
                 kernels, {"ieee": IEEE, "mma": MMA, "mma-unmerged": dict(MMA, merged=False),
                           "mma-apart": dict(MMA, merged=False, fused_window=False, fold_maxnreg=0),
-                          "mma-registers": dict(MMA, state_stages=0)}[verify])
+                          "mma-registers": dict(MMA, state_stages=0),
+                          "mma-replay": dict(MMA, fold_replay=True)}[verify])
             out = torch.full(case["v"].shape, FILL, device=device)
             conv_out = torch.full((layers, num_rows, num_nodes, dim), FILL, device=device)
             if step == 12:  # the states an engine would hand on
@@ -463,15 +520,17 @@ def run_flush_both(case, tuning=IEEE):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layers", [2, 1])
-def test_flush_matches_pytorch_code(device, layers):
+@pytest.mark.parametrize("fold_replay", [False, True], ids=["chunk", "replay"])
+def test_flush_matches_pytorch_code(device, layers, fold_replay):
     """Every layer's fold of every pending token (a full ring, one wrapping its end, an empty one, a
-    bad cursor, a padded row), then the cursors; a model of one layer too (weights [1, dim, K])."""
+    bad cursor, a padded row), then the cursors; a model of one layer too (weights [1, dim, K]); the
+    folds by the chunk kernel and by gdn_ring_fold's replay."""
     cursors = torch.tensor([[3, 5], [5, 2], [0, 0], [1, 9], [2, 3]])  # C = 6 (capacity 4, N = 2): pending <= 5
     case = ring_case(num_rows=5, num_nodes=2, capacity=4, num_ring_slots=5, num_state_slots=6, cursors=cursors,
                      ring_slots=[0, 1, 2, 3, 4], state_slots=[4, 2, 0, 1, -1], device=device, seed=7)
     for name in ("ssm_state", "conv_state", "rows", "gates"):
         case[name] = case[name][:layers]
-    want, got = run_flush_both(case)
+    want, got = run_flush_both(case, tuning=dict(IEEE, fold_replay=fold_replay))
     for layer in range(layers):  # every layer folded
         assert not torch.equal(want["ssm_state"][layer], case["ssm_state"][layer])
     assert_agree(dict(want, out=torch.zeros(1)), dict(got, out=torch.zeros(1)))
