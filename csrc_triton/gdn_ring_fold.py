@@ -26,7 +26,7 @@ RING_FOLD_WARPS = 2
 
 
 @triton.jit
-def _gdn_ring_fold_kernel(
+def _gdn_ring_replay_kernel(
     ssm_ptr, conv_ptr, rows_ptr, gates_ptr, cursor_ptr, weight_ptr, bias_ptr, ring_slots_ptr, state_slots_ptr,
     layer, num_state_slots, num_ring_slots,
     ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_k, ssm_stride_v,
@@ -100,9 +100,10 @@ def _gdn_ring_fold_kernel(
         tl.store(tile, state.to(ssm_ptr.dtype.element_ty), mask=tile_mask)
 
 
-def fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, *, layer, num_layers, num_nodes,
-              heads, max_pending, fold_above, use_qk_l2norm, block_v=None, num_warps=None, maxnreg=None):
-    """_gdn_ring_fold_kernel's launch over rows x layers layer .. layer + num_layers - 1 (ssm
+def replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, *, layer, num_layers,
+                     num_nodes, heads, max_pending, fold_above, use_qk_l2norm, block_v=None, num_warps=None,
+                     maxnreg=None):
+    """_gdn_ring_replay_kernel's launch over rows x layers layer .. layer + num_layers - 1 (ssm
     [L, S, Hv, dk, dv], conv [L, S, dim, K-1], rows [L, M, C, dim], gates [L, M, C, 2, Hv], cursor
     [M, 2]; weight [L, dim, K] / bias [L, dim] every layer's, or [dim, K] / [dim] one layer's).
     block_v, num_warps (None: RING_FOLD_BLOCK_V, RING_FOLD_WARPS), maxnreg (None or 0: no cap)."""
@@ -121,6 +122,6 @@ def fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_sl
                       HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim, BLOCK_K=next_power_of_2(head_k_dim),
                       BLOCK_V=block_v, HAS_BIAS=bias is not None, L2NORM=bool(use_qk_l2norm),
                       num_warps=num_warps or RING_FOLD_WARPS, **({"maxnreg": maxnreg} if maxnreg else {}))
-    return KernelCall(_gdn_ring_fold_kernel, (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers),
+    return KernelCall(_gdn_ring_replay_kernel, (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers),
                       (ssm, conv, rows, gates, cursor, weight, weight if bias is None else bias, ring_slots,
                        state_slots), scalars, constexprs)

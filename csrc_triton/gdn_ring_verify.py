@@ -410,9 +410,9 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     fused = (RING_MMA_FUSED_WINDOW if fused_window is None else fused_window) and mma
     replay = None
     if mma and (RING_FOLD_REPLAY if fold_replay is None else fold_replay):
-        from .gdn_ring_fold import fold_call
+        from .gdn_ring_fold import replay_fold_call
 
-        replay = fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer=layer,
+        replay = replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer=layer,
                            num_layers=num_layers, num_nodes=num_nodes, heads=heads, max_pending=max_pending,
                            fold_above=fold_above, use_qk_l2norm=use_qk_l2norm, block_v=fold_block_v,
                            num_warps=fold_warps, maxnreg=fold_maxnreg)
@@ -567,9 +567,9 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=0,
                          num_layers=ssm.shape[0], num_nodes=0, max_pending=ring_rows - 1, fold_above=0)
     if RING_FOLD_REPLAY if fold_replay is None else fold_replay:  # every row with a pending token folds
-        from .gdn_ring_fold import fold_call
+        from .gdn_ring_fold import replay_fold_call
 
-        chunk = fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer=0,
+        chunk = replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer=0,
                           num_layers=ssm.shape[0], num_nodes=0, heads=heads, max_pending=ring_rows - 1,
                           fold_above=0, use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps)
     else:

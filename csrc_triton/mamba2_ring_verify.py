@@ -69,6 +69,9 @@ FOLD_VERIFY = False
 # With FOLD_VERIFY (and the windows' own launch): the others' verify a programmatic dependent launch
 # of the folds' (sm_90+), running beside their latency-bound wave (not yet timed on a GPU)
 PDL = False
+# The folds by replay (mamba2_ring_fold: each pending token decoded onto a [32, d_state] tile in
+# float32) instead of as one product of the pending tokens; the flush's too (not yet timed on a GPU)
+FOLD_REPLAY = False
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
 STATE_PRECISION = "tf32"
@@ -486,9 +489,10 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     one), fold_precision, fold_warps, fold_heads_per_program and fold_maxnreg (the fold's),
     fused_window (the folded windows moved by the verify launch, no window launch; FUSED_WINDOW),
     fold_verify (FOLD_VERIFY: the folding rows' drafts verified by the folds' launch -- the verify
-    kernel's ROWS 1 -- from the tile it folds, the others' by a ROWS 2 launch) and pdl (PDL, with
+    kernel's ROWS 1 -- from the tile it folds, the others' by a ROWS 2 launch), pdl (PDL, with
     fold_verify, sm_90+: that second launch a programmatic dependent of the first; the windows then
-    in their own launch)."""
+    in their own launch) and fold_replay (FOLD_REPLAY: the folds by mamba2_ring_fold's replay, on
+    fold_warps warps capped at fold_maxnreg; not with fold_verify)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
@@ -505,6 +509,11 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     fold_verify = FOLD_VERIFY if fold_verify is None else fold_verify
     pdl = tuning.pop("pdl", None)
     pdl = PDL if pdl is None else pdl
+    fold_replay = tuning.pop("fold_replay", None)
+    fold_replay = FOLD_REPLAY if fold_replay is None else fold_replay
+    if fold_replay and fold_verify:
+        raise ValueError("mamba2_ring_verify: fold_replay folds in a launch of its own; fold_verify folds in the "
+                         "verify kernel: ask for one of them")
     if pdl and not (fold_verify and fused is not True):
         raise ValueError("mamba2_ring_verify: pdl overlaps the folds' launch with the others' verify: it needs "
                          "fold_verify and the windows' own launch (fused_window=False)")
@@ -522,6 +531,12 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
         fold = _verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, row_kind=1, pdl=pdl,
                             **{name: value for name, value in verify_only.items()
                                if name in ("state_precision", "chunk_n", "chunk_stages")}, **fold_tuning)
+    elif fold_replay:
+        from .mamba2_ring_fold import replay_fold_call
+
+        fold = replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots,
+                                layer=layer, num_layers=1, num_nodes=num_nodes, heads=heads, **capacity,
+                                num_warps=fold_warps, maxnreg=fold_cap)
     else:
         fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=layer,
                           num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning)
@@ -546,17 +561,25 @@ def launch_mamba2_ring_verify(out, x, dt, A, B, C, ssm, conv, rows, gates, curso
 
 
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, state_slots, *, num_heads, head_dim,
-                 n_groups, d_state, **tuning):
+                 n_groups, d_state, fold_replay=None, **tuning):
     """mamba2_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or
-    (). tuning: _fold_call's."""
+    (). The folds by mamba2_ring_fold's replay where fold_replay (None: FOLD_REPLAY; of tuning it takes
+    block_p, num_warps and maxnreg), else by the fold kernel (tuning: _fold_call's)."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
         return ()
     ring_rows = rows.shape[2]
     capacity = dict(max_pending=ring_rows - 1, fold_above=0)
-    fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=0,
-                      num_layers=ssm.shape[0], num_nodes=0, heads=(num_heads, head_dim, n_groups, d_state), **capacity,
-                      **tuning)
+    heads = (num_heads, head_dim, n_groups, d_state)
+    if FOLD_REPLAY if fold_replay is None else fold_replay:
+        from .mamba2_ring_fold import replay_fold_call
+
+        own = {name: tuning[name] for name in ("block_p", "num_warps", "maxnreg") if name in tuning}
+        fold = replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=0,
+                                num_layers=ssm.shape[0], num_nodes=0, heads=heads, **capacity, **own)
+    else:
+        fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=0,
+                          num_layers=ssm.shape[0], num_nodes=0, heads=heads, **capacity, **tuning)
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=0,
                          num_layers=ssm.shape[0], num_nodes=0, **capacity)
     cursors = flush_cursor_call(cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1],

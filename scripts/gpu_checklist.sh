@@ -61,9 +61,10 @@
 #   ringncu   Nsight Compute over one layer of each ring (GDN, then Mamba2) at B = 64, 1 row in 6 folding (the fold
 #             launch and the verify launch, bench_ring.py --ncu mixed), then the GDN ring with every row folding (--ncu
 #             fold): the details page and the SASS page's per-instruction stall samples as CSV, the reports beside them
-#   foldreplay  the GDN ring's folds by replay (gdn_ring_fold, RING_FOLD_REPLAY; never run on a GPU): its GPU tests,
-#             memcheck + racecheck over them, the one-layer sweep against the chunked fold (B = 64 / 256, replay tiles),
-#             then whole chain steps with each fold, B = 1 .. 256 (bench_ring.py --profile)
+#   foldreplay  the rings' folds by replay (gdn_ring_fold / mamba2_ring_fold, RING_FOLD_REPLAY / FOLD_REPLAY; never
+#             run on a GPU): their GPU tests (1,000-step accuracy, CUDA graphs), then memcheck + racecheck over them
+#   foldbench the same timed: each ring's one-layer sweep against its chunked fold (B = 64 / 256, replay tiles), then
+#             whole chain steps with each fold, B = 1 .. 256 (bench_ring.py --profile), GDN and Mamba2
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
 # Before a call that runs a changed kernel: `python scripts/offline_sass.py gdn_ring_test_shapes --batch 4` (and
@@ -321,21 +322,30 @@ for phase in "$@"; do
                   "$out/ncu_ring_${name}_details.csv" | cut -c1-200
               done ;;
     foldreplay) rc=0
-              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                tests/test_ring.py -k "replay or variants" > "$out/gpu_tests_foldreplay.log" 2>&1 || rc=1
+              timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+                tests/test_ring.py tests/test_ring_kernels_mamba2.py tests/test_ring_mamba2.py \
+                -k "replay or variants or (mamba2 and (capacity_16 or flush))" > "$out/gpu_tests_foldreplay.log" 2>&1 || rc=1
               tail -3 "$out/gpu_tests_foldreplay.log"
               mkdir -p "$out/foldreplay_san"
-              SANITIZE_TIMEOUT=150 SANITIZE_TESTS="tests/test_ring_kernels.py" \
-                SANITIZE_K="replay and (fp32 or cuda) and not 64-columns and not tree8" \
-                bash scripts/gpu_sanitize.sh "$out/foldreplay_san" || rc=1
-              timeout 170 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/fold_replay=1 \
+              SANITIZE_TIMEOUT=120 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py" \
+                SANITIZE_K="(replay and not 64-columns and not tree8 and not bf16) or (mamba2 and capacity_16 and chain)" \
+                bash scripts/gpu_sanitize.sh "$out/foldreplay_san" || rc=1 ;;
+    foldbench) rc=0
+              timeout 150 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/fold_replay=1 \
                 mma/128/4/fold_replay=1/fold_block_v=64/fold_warps=4 mma/128/4/fold_replay=1/fold_block_v=32/fold_warps=4 \
                 mma/128/4/fold_replay=1/fold_block_v=16/fold_warps=1 > "$out/sweep_foldreplay.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_foldreplay.log"
+              timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \
+                64/4/16/1/fold_replay=1 64/4/16/1/fold_replay=1/fold_warps=2 64/4/16/1/fold_replay=1/fold_warps=1 \
+                > "$out/sweep_foldreplay_m2.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_foldreplay_m2.log"
               for replay in 0 1; do
-                timeout 120 python3 benchmarks/bench_ring.py --batches 1 8 64 256 --drafts chain --profile \
+                timeout 100 python3 benchmarks/bench_ring.py --batches 1 8 64 256 --drafts chain --profile \
                   --constants RING_FOLD_REPLAY=$replay > "$out/steps_foldreplay$replay.log" 2>&1 || rc=1
                 grep -E '^(chain|\| _gdn)' "$out/steps_foldreplay$replay.log"
+                timeout 80 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 1 8 64 256 --drafts chain --profile \
+                  --constants FOLD_REPLAY=$replay > "$out/steps_foldreplay_m2_$replay.log" 2>&1 || rc=1
+                grep -E '^(chain|\| _mamba2)' "$out/steps_foldreplay_m2_$replay.log"
               done ;;
     ringprof) rc=0
               for mixer in gdn mamba2; do

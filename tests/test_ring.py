@@ -69,6 +69,17 @@ def test_many_steps_flush_within_tolerance(device, tree):
     run_many_steps(Harness, device, tree)
 
 
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_many_steps_flush_within_tolerance_replay_folds(tree, monkeypatch):
+    """The same 1,000 steps with the folds and the flushes by replay (RING_FOLD_REPLAY)."""
+    from sgl_convwin._kernels import triton_kernels
+
+    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_FOLD_REPLAY", True)
+    run_many_steps(Harness, "cuda", tree)
+
+
 # ---------------------------------------------------------------------------------------------
 # The fold rule at every boundary
 # ---------------------------------------------------------------------------------------------

@@ -330,7 +330,7 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
                                                             1, 96)):
         calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **replay, **tuning)
         fold, *verifies = calls
-        assert fold.kernel.__name__ == "_gdn_ring_fold_kernel"
+        assert fold.kernel.__name__ == "_gdn_ring_replay_kernel"
         assert fold.grid == (case["v"].shape[2] * 32 // block_v, 2, 1)  # (head_v_dim 32, 2 rows, 1 layer)
         assert (fold.constexprs["BLOCK_V"], fold.constexprs["num_warps"], fold.constexprs.get("maxnreg")) == (
             block_v, warps, cap)

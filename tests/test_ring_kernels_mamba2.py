@@ -107,15 +107,17 @@ def test_matches_pytorch_code(device, tree, share):
     """Folds (pending + N > capacity) beside rows that only replay, a ring wrapping its end, an
     empty ring and a padded row; every optional term. A program per head, or per group's two heads
     (the fold's too); the folded windows in the verify launch or their own; the folding rows' drafts
-    verified by the folds' launch or by the verify's."""
+    verified by the folds' launch or by the verify's; the folds by replay (mamba2_ring_fold)."""
     cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
     case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
                             state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)
-    for fused_window, fold_verify in ((False, False), (True, False), (False, True), (True, True)):
+    for fused_window, fold_verify, fold_replay in ((False, False, False), (True, False, False), (False, True, False),
+                                                   (True, True, False), (True, False, True)):
         # (the folded windows in the verify launch: each head's program; the folding rows' drafts verified
-        # by the folds' launch)
+        # by the folds' launch; the folds by replay)
         want, got = run_both(case, tuning=dict(IEEE, heads_per_program=share, fold_heads_per_program=share,
-                                               fused_window=fused_window, fold_verify=fold_verify))
+                                               fused_window=fused_window, fold_verify=fold_verify,
+                                               fold_replay=fold_replay))
         assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
         assert not torch.equal(want["conv_state"], case["conv_state"])
         assert_agree(want, got)
@@ -132,7 +134,8 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     and 14 pending tokens, 13 (the most that do not fold), 5 wrapping the ring's end, an empty ring,
     a padded row. d_state 40: C S0^T whole, and over chunks of 16 state rows (the third partial, the
     fourth all padding); the folded windows in a launch of their own or in the verify's; the heads'
-    loop and the chunks' as one (flatten); the folding rows' drafts verified by the folds' launch."""
+    loop and the chunks' as one (flatten); the folding rows' drafts verified by the folds' launch;
+    the folds by replay."""
     cursors = torch.tensor([[17, 16], [10, 13], [0, 0], [18, 5], [3, 14], [1, 2]])
     case = mamba2_ring_case(num_rows=6, num_nodes=3, capacity=16, num_ring_slots=6, num_state_slots=6, cursors=cursors,
                             ring_slots=[0, 1, 2, 3, 4, 5], state_slots=[3, 0, 4, 1, 5, -1], d_state=40,
@@ -179,6 +182,15 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     for wrong in (dict(), dict(fold_verify=True, fused_window=True)):
         with pytest.raises(ValueError, match="pdl overlaps"):
             ring_calls(pdl=True, **wrong)
+    # on request the folds by replay (mamba2_ring_fold: a [32, d_state] tile a program, here head_dim 16's
+    # one, on 4 warps), the same verify after them; never beside fold_verify
+    replay = ring_calls(fold_replay=True)
+    assert [call.kernel.__name__ for call in replay] == ["_mamba2_ring_replay_kernel", "_mamba2_ring_verify_kernel"]
+    assert (replay[0].constexprs["BLOCK_P"], replay[0].constexprs["num_warps"], replay[0].grid) == (
+        16, 4, (num_heads, case["x"].shape[0], 1))
+    assert replay[1].constexprs == verify.constexprs
+    with pytest.raises(ValueError, match="fold_replay folds in a launch of its own"):
+        ring_calls(fold_replay=True, fold_verify=True)
     for chunk_n, fused_window, flatten, fold_verify, pdl in (
             (0, False, False, False, False), (16, False, False, False, False), (32, True, False, False, False),
             (16, False, True, False, False), (32, True, True, False, False), (0, True, True, False, False),
@@ -191,6 +203,9 @@ def test_capacity_16_matches_pytorch_code(device, tree):
         assert folded.tolist() == [False, False, False, True, False, True]  # slots 3, 5: rows of 16 and 14 pending
         assert_agree(want, got)
         assert_same_untouched(case, want, got)
+    want, got = run_both(case, tuning=dict(IEEE, fold_replay=True))  # (16 and 14 tokens decoded one at a time)
+    assert_agree(want, got)
+    assert_same_untouched(case, want, got)
 
 
 @pytest.mark.gpu
@@ -250,10 +265,12 @@ def test_bad_cursors_and_links_skip(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layers, share", [(2, 1), (1, 1), (2, 2)])
-def test_flush_matches_pytorch_code(device, layers, share):
+@pytest.mark.parametrize("layers, share, fold_replay", [(2, 1, False), (1, 1, False), (2, 2, False), (2, 1, True),
+                                                        (1, 1, True)])
+def test_flush_matches_pytorch_code(device, layers, share, fold_replay):
     """Every layer's checkpoint after its pending tokens, the windows and the cursors, as the
-    PyTorch code leaves them; a padded row and an empty ring touch nothing; one layer too."""
+    PyTorch code leaves them; a padded row and an empty ring touch nothing; one layer too; the
+    folds by the fold kernel or by replay (mamba2_ring_fold)."""
     case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]]),
                             ring_slots=[0, 1, 2, 3], state_slots=[3, 0, 4, -1], device=device, seed=7)
     for name in ("ssm_state", "conv_state", "rows", "gates"):
@@ -272,7 +289,7 @@ def test_flush_matches_pytorch_code(device, layers, share):
             kernel_args, kernel_kwargs = sgl_convwin.mamba2_ring_flush.kernel_arguments(*args, conv_bias=bias,
                                                                                       **heads)
             triton_kernels().launch_mamba2_ring_flush(*kernel_args, **kernel_kwargs, **IEEE,
-                                                      heads_per_program=share)
+                                                      heads_per_program=share, fold_replay=fold_replay)
         else:
             ring_pytorch_code("mamba2_ring_flush")(*args, conv_bias=bias, **heads)
         return mine

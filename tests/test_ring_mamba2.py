@@ -68,6 +68,17 @@ def test_many_steps_flush_within_tolerance(device, tree):
     run_many_steps(Mamba2Harness, device, tree)
 
 
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_many_steps_flush_within_tolerance_replay_folds(tree, monkeypatch):
+    """The same 1,000 steps with the folds and the flushes by replay (FOLD_REPLAY)."""
+    from sgl_convwin._kernels import triton_kernels
+
+    monkeypatch.setattr(triton_kernels().mamba2_ring_verify, "FOLD_REPLAY", True)
+    run_many_steps(Mamba2Harness, "cuda", tree)
+
+
 def test_flush_mid_sequence_and_resume():
     """A flush between steps writes the checkpoint and empties the cursor past the pending tokens;
     the request then decodes on as before (the harness holds every later step to the oracle, which
@@ -361,12 +372,17 @@ def test_compiled_step_matches_eager(device, dynamic):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fold_replay", [False, True], ids=["default", "replay-folds"])
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_cuda_graph_steps_match_eager(tree):
+def test_cuda_graph_steps_match_eager(tree, fold_replay, monkeypatch):
     """A whole Mamba2 step (every layer's conv and verify, then the acceptance) and a flush, each
     captured once and replayed with new inputs, slots (a padded row), acceptance and tree links
-    written into the static inputs, new requests between steps (ring_harness.replay_against_eager)."""
+    written into the static inputs, new requests between steps (ring_harness.replay_against_eager);
+    the folds by the fold kernel, or by replay (FOLD_REPLAY)."""
+    from sgl_convwin._kernels import triton_kernels
     from support import random_tree
+
+    monkeypatch.setattr(triton_kernels().mamba2_ring_verify, "FOLD_REPLAY", fold_replay)
 
     layers, num_rows, num_draft, num_ring = 2, 3, 3, 4
     generator = torch.Generator().manual_seed(12)
