@@ -63,8 +63,9 @@
 #             fold): the details page and the SASS page's per-instruction stall samples as CSV, the reports beside them
 #   foldreplay  the rings' folds by replay (gdn_ring_fold / mamba2_ring_fold, RING_FOLD_REPLAY / FOLD_REPLAY; never
 #             run on a GPU): their GPU tests (1,000-step accuracy, CUDA graphs), then memcheck + racecheck over them
-#   foldbench the same timed: each ring's one-layer sweep against its chunked fold (B = 64 / 256, replay tiles), then
-#             whole chain steps with each fold, B = 1 .. 256 (bench_ring.py --profile), GDN and Mamba2
+#   foldbench the GDN ring's replay folds timed: the one-layer sweep against the chunked fold (B = 64 / 256, replay
+#             tiles), whole chain steps with each fold, B = 1 .. 256 (bench_ring.py --profile), then capacities 8 and 12
+#   m2foldbench  the same for the Mamba2 ring (its sweep's fold warps; whole chain steps with each fold)
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
 # Before a call that runs a changed kernel: `python scripts/offline_sass.py gdn_ring_test_shapes --batch 4` (and
@@ -335,14 +336,22 @@ for phase in "$@"; do
                 mma/128/4/fold_replay=1/fold_block_v=64/fold_warps=4 mma/128/4/fold_replay=1/fold_block_v=32/fold_warps=4 \
                 mma/128/4/fold_replay=1/fold_block_v=16/fold_warps=1 > "$out/sweep_foldreplay.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_foldreplay.log"
+              for replay in 0 1; do
+                timeout 100 python3 benchmarks/bench_ring.py --batches 1 8 64 256 --drafts chain --profile \
+                  --constants RING_FOLD_REPLAY=$replay > "$out/steps_foldreplay$replay.log" 2>&1 || rc=1
+                grep -E '^(chain|\| _gdn)' "$out/steps_foldreplay$replay.log"
+              done
+              for capacity in 8 12; do  # (cheaper folds: a smaller ring's shorter stacks)
+                timeout 60 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile --capacity $capacity \
+                  --constants RING_FOLD_REPLAY=1 > "$out/steps_foldreplay_c$capacity.log" 2>&1 || rc=1
+                grep -E '^chain' "$out/steps_foldreplay_c$capacity.log"
+              done ;;
+    m2foldbench) rc=0
               timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \
                 64/4/16/1/fold_replay=1 64/4/16/1/fold_replay=1/fold_warps=2 64/4/16/1/fold_replay=1/fold_warps=1 \
                 > "$out/sweep_foldreplay_m2.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_foldreplay_m2.log"
               for replay in 0 1; do
-                timeout 100 python3 benchmarks/bench_ring.py --batches 1 8 64 256 --drafts chain --profile \
-                  --constants RING_FOLD_REPLAY=$replay > "$out/steps_foldreplay$replay.log" 2>&1 || rc=1
-                grep -E '^(chain|\| _gdn)' "$out/steps_foldreplay$replay.log"
                 timeout 80 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 1 8 64 256 --drafts chain --profile \
                   --constants FOLD_REPLAY=$replay > "$out/steps_foldreplay_m2_$replay.log" 2>&1 || rc=1
                 grep -E '^(chain|\| _mamba2)' "$out/steps_foldreplay_m2_$replay.log"

@@ -67,9 +67,9 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
     assert len(table) == 2 * len(batches)
     if mixer == "mamba2" and INTERPRET:
         assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/1",
-                                "16/4/2/1/tf32", "16/4/1/fold_heads_per_program=2"]) == 0
+                                "16/4/2/1/tf32", "16/4/1/fold_heads_per_program=2", "16/4/1/fold_replay=1"]) == 0
         rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
-        assert len(rows) == 3 and not any("failed" in row for row in rows), rows
+        assert len(rows) == 4 and not any("failed" in row for row in rows), rows
     assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--drafts", "tree",
                             "--profile"]) == 0
     out = capsys.readouterr().out  # (no kernel events on the CPU: the flow and the table's header only)
