@@ -412,10 +412,10 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     if mma and (RING_FOLD_REPLAY if fold_replay is None else fold_replay):
         from .gdn_ring_fold import replay_fold_call
 
-        replay = replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer=layer,
-                           num_layers=num_layers, num_nodes=num_nodes, heads=heads, max_pending=max_pending,
-                           fold_above=fold_above, use_qk_l2norm=use_qk_l2norm, block_v=fold_block_v,
-                           num_warps=fold_warps, maxnreg=fold_maxnreg)
+        replay = replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
+                                  layer=layer, num_layers=num_layers, num_nodes=num_nodes, heads=heads,
+                                  max_pending=max_pending, fold_above=fold_above, use_qk_l2norm=use_qk_l2norm,
+                                  block_v=fold_block_v, num_warps=fold_warps, maxnreg=fold_maxnreg)
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, ring_rows + num_nodes, maxnreg, small, fold_warps,
                                fold_block_v, fold_maxnreg, fused, RING_MMA_MERGED if merged is None else merged,
                                RING_MMA_STATE_STAGES if state_stages is None else state_stages,
@@ -570,8 +570,8 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state
         from .gdn_ring_fold import replay_fold_call
 
         chunk = replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer=0,
-                          num_layers=ssm.shape[0], num_nodes=0, heads=heads, max_pending=ring_rows - 1,
-                          fold_above=0, use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps)
+                                 num_layers=ssm.shape[0], num_nodes=0, heads=heads, max_pending=ring_rows - 1,
+                                 fold_above=0, use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps)
     else:
         fold = fold_precision or precision or fold_precision_for(ssm)
         chunk, _ = _chunk_calls(
