@@ -6,7 +6,7 @@ checkpoint's window.
 The chunked fold (gdn_ring_verify_mma's KIND 2: the pending tokens as one chunk, 3xTF32 products)
 holds a whole [dk, dv] tile and a stack of node matrices in one program; this one keeps a narrow
 [dk, BLOCK_V] tile in registers and nothing else, so a fold is many short programs: what a step's
-few folding rows need, and the exact float32 recurrence of the eager commit.
+few folding rows need, and the float32 recurrence of the eager commit.
 """
 
 from __future__ import annotations
