@@ -38,6 +38,36 @@ def _token(tokens_base, gates_base, node, live, k_chan, v_chan, tokens_stride_no
 
 
 @gluon.jit
+def delta_rule_step(state, k_rows, j, k, v, g, beta, BLOCK_V: gl.constexpr, CHUNK: gl.constexpr,
+                    L2NORM: gl.constexpr, STATE_L: gl.constexpr):
+    """The [dk, BLOCK_V] tile ``state`` (shared memory) after path token j: k (its key head's, over
+    every thread; l2-normalised here with L2NORM) staged in k_rows' buffer j % 2, then per chunk of
+    CHUNK rows S = S exp(g); u = beta (v - S^T k) (v in STATE_L's column slice); S = S + k u^T."""
+    K_L: gl.constexpr = gl.SliceLayout(1, STATE_L)
+    V_L: gl.constexpr = gl.SliceLayout(0, STATE_L)
+    CHUNKS: gl.constexpr = k_rows.shape[1] // CHUNK
+    if L2NORM:
+        k = k / gl.sqrt(gl.sum(k * k, axis=0) + 1e-6)
+    # k rows alternate between two buffers: this token's store cannot overtake the reads
+    # of two tokens back, which all threads finished before the last token's barrier
+    k_row = k_rows.index((j % 2).to(gl.int32))
+    k_row.store(k)
+    gl.thread_barrier()
+    decay = gl.exp(g)
+    sk = gl.zeros([BLOCK_V], gl.float32, V_L)
+    for c in gl.static_range(CHUNKS):
+        part = state.slice(c * CHUNK, CHUNK).load(STATE_L).to(gl.float32) * decay
+        k_part = k_row.slice(c * CHUNK, CHUNK).load(K_L)
+        sk += gl.sum(part * gl.expand_dims(k_part, 1), axis=0)
+    u = gl.expand_dims(beta * (v - sk), 0)
+    for c in gl.static_range(CHUNKS):
+        rows = state.slice(c * CHUNK, CHUNK)
+        part = rows.load(STATE_L).to(gl.float32) * decay
+        k_part = k_row.slice(c * CHUNK, CHUNK).load(K_L)
+        rows.store((part + gl.expand_dims(k_part, 1) * u).to(state.dtype))
+
+
+@gluon.jit
 def _gdn_replay_smem_kernel(
     ssm_desc, ssm_ptr, conv_ptr, tokens_ptr, gates_ptr, weight_ptr, bias_ptr,
     dst_slots_ptr, src_slots_ptr, steps_ptr, parents_ptr,
@@ -59,10 +89,8 @@ def _gdn_replay_smem_kernel(
     are the register kernel's (so both share one launch plan); the tile moves by ssm_desc alone,
     so ssm_ptr and its strides go unread."""
     V_BLOCKS: gl.constexpr = HEAD_V_DIM // BLOCK_V
-    CHUNKS: gl.constexpr = HEAD_K_DIM // CHUNK
     WIDTH: gl.constexpr = KERNEL_SIZE - 1
     STATE_L: gl.constexpr = gl.BlockedLayout([1, 4], [TPW_K, TPW_V], [1, WARPS], [1, 0])
-    K_L: gl.constexpr = gl.SliceLayout(1, STATE_L)
     V_L: gl.constexpr = gl.SliceLayout(0, STATE_L)
     KC_L: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])  # the k conv: channels over all threads
     PATH_L: gl.constexpr = gl.BlockedLayout([NODES], [32], [WARPS], [0])
@@ -118,25 +146,7 @@ def _gdn_replay_smem_kernel(
             v = conv_silu(xv, v1, v2, v3, v4, v_bias, v_wx, v_w1, v_w2, v_w3, v_w4, KERNEL_SIZE)
             k4, k3, k2, k1 = k3, k2, k1, xk
             v4, v3, v2, v1 = v3, v2, v1, xv
-            if L2NORM:
-                k = k / gl.sqrt(gl.sum(k * k, axis=0) + 1e-6)
-            # k rows alternate between two buffers: this token's store cannot overtake the reads
-            # of two tokens back, which all threads finished before the last token's barrier
-            k_row = k_rows.index((j % 2).to(gl.int32))
-            k_row.store(k)
-            gl.thread_barrier()
-            decay = gl.exp(g)
-            sk = gl.zeros([BLOCK_V], gl.float32, V_L)
-            for c in gl.static_range(CHUNKS):
-                part = state.slice(c * CHUNK, CHUNK).load(STATE_L).to(gl.float32) * decay
-                k_part = k_row.slice(c * CHUNK, CHUNK).load(K_L)
-                sk += gl.sum(part * gl.expand_dims(k_part, 1), axis=0)
-            u = gl.expand_dims(beta * (v - sk), 0)
-            for c in gl.static_range(CHUNKS):
-                rows = state.slice(c * CHUNK, CHUNK)
-                part = rows.load(STATE_L).to(gl.float32) * decay
-                k_part = k_row.slice(c * CHUNK, CHUNK).load(K_L)
-                rows.store((part + gl.expand_dims(k_part, 1) * u).to(ssm_desc.dtype))
+            delta_rule_step(state, k_rows, j, k, v, g, beta, BLOCK_V, CHUNK, L2NORM, STATE_L)
             xk, xv, g, beta = xk_next, xv_next, g_next, beta_next
             xk_next, xv_next, g_next, beta_next = xk_after, xv_after, g_after, beta_after
         tile_store(ssm_desc, coords, tile)

@@ -11,18 +11,23 @@ few folding rows need, and the float32 recurrence of the eager commit.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
-from .gdn_commit import delta_rule_step, gdn_token_inputs
+from .gdn_commit import _smem as _smem_module
+from .gdn_commit import _smem_signature, delta_rule_step, gdn_token_inputs
 from .gdn_ring_verify import _ring_row
-from .replay import committed_inputs, conv_silu, conv_taps
+from .replay import committed_inputs, conv_silu, conv_taps, smem_module, state_tile_box
 
 # value columns and warps of a fold program: a [dk, 32] fp32 tile over 2 warps (no spills at
 # dk = 128 with the inputs loaded two tokens ahead)
 RING_FOLD_BLOCK_V = 32
 RING_FOLD_WARPS = 2
+# the shared-memory kernel's (gdn_ring_fold_smem: a float32 checkpoint on sm_90+): gdn_commit's
+# [dk, 64] tile over 2 warps
+RING_FOLD_SMEM_BLOCK_V = 64
 
 
 @triton.jit
@@ -102,26 +107,45 @@ def _gdn_ring_replay_kernel(
 
 def replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, *, layer, num_layers,
                      num_nodes, heads, max_pending, fold_above, use_qk_l2norm, block_v=None, num_warps=None,
-                     maxnreg=None):
-    """_gdn_ring_replay_kernel's launch over rows x layers layer .. layer + num_layers - 1 (ssm
+                     maxnreg=None, smem=None):
+    """The replay fold's launch over rows x layers layer .. layer + num_layers - 1 (ssm
     [L, S, Hv, dk, dv], conv [L, S, dim, K-1], rows [L, M, C, dim], gates [L, M, C, 2, Hv], cursor
-    [M, 2]; weight [L, dim, K] / bias [L, dim] every layer's, or [dim, K] / [dim] one layer's).
-    block_v, num_warps (None: RING_FOLD_BLOCK_V, RING_FOLD_WARPS), maxnreg (None or 0: no cap)."""
+    [M, 2]; weight [L, dim, K] / bias [L, dim] every layer's, or [dim, K] / [dim] one layer's):
+    gdn_ring_fold_smem's kernel where ``smem`` (None: where gdn_commit's shared-memory kernel would
+    take the checkpoint, a 16-byte aligned float32 one on sm_90+), else _gdn_ring_replay_kernel.
+    block_v, num_warps (None: RING_FOLD_SMEM_BLOCK_V or RING_FOLD_BLOCK_V, RING_FOLD_WARPS);
+    maxnreg (None or 0: no cap)."""
     num_k_heads, head_k_dim, num_v_heads, head_v_dim = heads
     num_rows = ring_slots.shape[0]
     if num_rows > MAX_GRID_Y or num_layers > MAX_GRID_Y:
         raise ValueError(f"convwin ring kernels take at most {MAX_GRID_Y} rows and layers per call, got {num_rows} "
                          f"and {num_layers}; split the batch")
-    block_v = block_v or min(RING_FOLD_BLOCK_V, next_power_of_2(head_v_dim))
+    num_warps = num_warps or RING_FOLD_WARPS
+    smem_block_v = block_v or min(RING_FOLD_SMEM_BLOCK_V, next_power_of_2(head_v_dim))
+    box = state_tile_box(ssm, next_power_of_2(head_k_dim), smem_block_v)
+    if smem is None:
+        smem = not ssm.data_ptr() & 15 and _smem_signature(ssm, box, head_k_dim, head_v_dim, smem_block_v, num_warps)
+    block_v = smem_block_v if smem else block_v or min(RING_FOLD_BLOCK_V, next_power_of_2(head_v_dim))
     per_layer = (lambda t: t.stride()) if weight.dim() == 3 else (lambda t: (0, *t.stride()))
     scalars = (layer, ssm.shape[1], rows.shape[1], *ssm.stride(), *conv.stride(), *rows.stride(), *gates.stride(),
                *cursor.stride(), *per_layer(weight), *((0, 0) if bias is None else per_layer(bias)),
                ring_slots.stride(0), state_slots.stride(0))
     constexprs = dict(NUM_NODES=num_nodes, RING_ROWS=rows.shape[2], MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
                       KERNEL_SIZE=conv.shape[3] + 1, NUM_K_HEADS=num_k_heads, NUM_V_HEADS=num_v_heads,
-                      HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim, BLOCK_K=next_power_of_2(head_k_dim),
-                      BLOCK_V=block_v, HAS_BIAS=bias is not None, L2NORM=bool(use_qk_l2norm),
-                      num_warps=num_warps or RING_FOLD_WARPS, **({"maxnreg": maxnreg} if maxnreg else {}))
-    return KernelCall(_gdn_ring_replay_kernel, (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers),
-                      (ssm, conv, rows, gates, cursor, weight, weight if bias is None else bias, ring_slots,
-                       state_slots), scalars, constexprs)
+                      HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim, BLOCK_V=block_v, HAS_BIAS=bias is not None,
+                      L2NORM=bool(use_qk_l2norm), num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}))
+    grid = (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers)
+    tensors = (ssm, conv, rows, gates, cursor, weight, weight if bias is None else bias, ring_slots, state_slots)
+    if smem:
+        module = _smem_module()
+        layout = module and module.tile_layout(head_k_dim, block_v, num_warps, module.SMEM_CHUNK)
+        if not layout or head_v_dim % block_v or head_k_dim & (head_k_dim - 1) or ssm.dtype != torch.float32:
+            raise ValueError(f"gdn_ring_fold: no shared-memory fold of a {ssm.dtype} checkpoint, dk {head_k_dim}, "
+                             f"dv {head_v_dim} on {block_v} columns and {num_warps} warps (Triton "
+                             f"{triton.__version__})")
+        lanes_k, lanes_v, chunk = layout
+        return KernelCall(smem_module("gdn_ring_fold_smem")._gdn_ring_replay_smem_kernel, grid,
+                          (smem_module("replay_smem").state_descriptor(ssm, box), *tensors), scalars,
+                          dict(constexprs, CHUNK=chunk, TPW_K=lanes_k, TPW_V=lanes_v, WARPS=num_warps))
+    return KernelCall(_gdn_ring_replay_kernel, grid, tensors, scalars,
+                      dict(constexprs, BLOCK_K=next_power_of_2(head_k_dim)))

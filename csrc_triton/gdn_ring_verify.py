@@ -366,12 +366,13 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
                  fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                 chunk_k=None, fold_replay=None):
+                 chunk_k=None, fold_replay=None, fold_smem=None):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
     read). With mma, the folds by gdn_ring_fold's replay where fold_replay (None: RING_FOLD_REPLAY),
-    on fold_block_v columns and fold_warps warps capped at fold_maxnreg registers (None: its defaults)."""
+    on fold_block_v columns and fold_warps warps capped at fold_maxnreg registers, its tile in shared
+    memory by fold_smem (None: its defaults; gdn_ring_fold.replay_fold_call)."""
     num_k_heads, head_k_dim, num_v_heads, head_v_dim = heads
     num_rows = ring_slots.shape[0]
     ring_rows, kernel_size = rows.shape[2], conv.shape[3] + 1
@@ -415,7 +416,8 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
         replay = replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
                                   layer=layer, num_layers=num_layers, num_nodes=num_nodes, heads=heads,
                                   max_pending=max_pending, fold_above=fold_above, use_qk_l2norm=use_qk_l2norm,
-                                  block_v=fold_block_v, num_warps=fold_warps, maxnreg=fold_maxnreg)
+                                  block_v=fold_block_v, num_warps=fold_warps, maxnreg=fold_maxnreg,
+                                  smem=fold_smem)
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, ring_rows + num_nodes, maxnreg, small, fold_warps,
                                fold_block_v, fold_maxnreg, fused, RING_MMA_MERGED if merged is None else merged,
                                RING_MMA_STATE_STAGES if state_stages is None else state_stages,
@@ -492,13 +494,13 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                chunk_k=None, fold_replay=None):
+                chunk_k=None, fold_replay=None, fold_smem=None):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, C + N <= 32, dv >= 32 and no precision is asked for), with block_v,
     num_warps, maxnreg, small, fold_warps, fold_block_v, fold_maxnreg, fused_window, merged,
-    state_stages, chunk_k and fold_replay its own (None: 128 columns, fewer for small batches with
+    state_stages, chunk_k, fold_replay and fold_smem its own (None: 128 columns, fewer for small batches with
     RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW, RING_MMA_MERGED,
     RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K, RING_FOLD_REPLAY; the rest: _mma_chunk_calls); else
     the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
@@ -521,7 +523,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
                         fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k,
-                        fold_replay=fold_replay)
+                        fold_replay=fold_replay, fold_smem=fold_smem)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
@@ -554,11 +556,11 @@ def _flush_cursor_kernel(cursor_ptr, ring_slots_ptr, state_slots_ptr, num_rows, 
 
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state_slots, *, num_k_heads, head_k_dim,
                  num_v_heads, head_v_dim, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
-                 fold_precision=None, fold_replay=None):
+                 fold_precision=None, fold_replay=None, fold_smem=None):
     """gdn_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or ().
     The folds by gdn_ring_fold's replay where fold_replay (None: RING_FOLD_REPLAY), else by the
     Triton chunk kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint);
-    block_v and num_warps the fold's."""
+    block_v and num_warps the fold's, fold_smem the replay's (gdn_ring_fold.replay_fold_call's smem)."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
         return ()
@@ -571,7 +573,8 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state
 
         chunk = replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer=0,
                                  num_layers=ssm.shape[0], num_nodes=0, heads=heads, max_pending=ring_rows - 1,
-                                 fold_above=0, use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps)
+                                 fold_above=0, use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps,
+                                 smem=fold_smem)
     else:
         fold = fold_precision or precision or fold_precision_for(ssm)
         chunk, _ = _chunk_calls(

@@ -61,10 +61,11 @@
 #   ringncu   Nsight Compute over one layer of each ring (GDN, then Mamba2) at B = 64, 1 row in 6 folding (the fold
 #             launch and the verify launch, bench_ring.py --ncu mixed), then the GDN ring with every row folding (--ncu
 #             fold): the details page and the SASS page's per-instruction stall samples as CSV, the reports beside them
-#   foldreplay  the rings' folds by replay (gdn_ring_fold / mamba2_ring_fold, RING_FOLD_REPLAY / FOLD_REPLAY; never
-#             run on a GPU): their GPU tests (1,000-step accuracy, CUDA graphs), then memcheck + racecheck over them
-#   foldbench the GDN ring's replay folds timed: the one-layer sweep against the chunked fold (B = 64 / 256, replay
-#             tiles), whole chain steps with each fold, B = 1 .. 256 (bench_ring.py --profile), then capacities 8 and 12
+#   foldreplay  the rings' folds by replay (gdn_ring_fold(_smem) / mamba2_ring_fold, RING_FOLD_REPLAY / FOLD_REPLAY;
+#             never run on a GPU): their GPU tests (1,000-step accuracy, CUDA graphs), then memcheck + racecheck
+#   foldbench the GDN ring's replay folds timed: the one-layer sweep against the chunked fold (B = 64 / 256; the
+#             shared-memory replay's tiles, the register replay's), whole chain steps with each fold, B = 1 .. 256
+#             (bench_ring.py --profile), then capacities 8 and 12
 #   m2foldbench  the same for the Mamba2 ring (its sweep's fold warps; whole chain steps with each fold)
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
@@ -332,9 +333,10 @@ for phase in "$@"; do
                 SANITIZE_K="(replay and not 64-columns and not tree8 and not bf16) or (mamba2 and capacity_16 and chain)" \
                 bash scripts/gpu_sanitize.sh "$out/foldreplay_san" || rc=1 ;;
     foldbench) rc=0
-              timeout 150 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/fold_replay=1 \
-                mma/128/4/fold_replay=1/fold_block_v=64/fold_warps=4 mma/128/4/fold_replay=1/fold_block_v=32/fold_warps=4 \
-                mma/128/4/fold_replay=1/fold_block_v=16/fold_warps=1 > "$out/sweep_foldreplay.log" 2>&1 || rc=1
+              timeout 170 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/fold_replay=1 \
+                mma/128/4/fold_replay=1/fold_warps=4 mma/128/4/fold_replay=1/fold_block_v=32 \
+                mma/128/4/fold_replay=1/fold_smem=0 mma/128/4/fold_replay=1/fold_smem=0/fold_block_v=64/fold_warps=4 \
+                mma/128/4/fold_replay=1/fold_smem=0/fold_block_v=16/fold_warps=1 > "$out/sweep_foldreplay.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_foldreplay.log"
               for replay in 0 1; do
                 timeout 100 python3 benchmarks/bench_ring.py --batches 1 8 64 256 --drafts chain --profile \

@@ -31,6 +31,7 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.runtime.jit import mangle_type
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import sgl_convwin  # noqa: E402
@@ -51,7 +52,9 @@ def compile_call(call, arch):
             signature[param.name], constants[param.name] = "constexpr", call.constexprs[param.name]
             continue
         value = next(values)
-        if isinstance(value, torch.Tensor):
+        if hasattr(value, "block_shape"):  # a tensor descriptor: its type, as Triton's launcher mangles it
+            signature[param.name] = mangle_type(value)
+        elif isinstance(value, torch.Tensor):
             signature[param.name] = "*" + TYPES[value.dtype]
             attrs[(index,)] = [["tt.divisibility", 16]]
         elif isinstance(value, bool):

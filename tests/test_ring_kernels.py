@@ -342,6 +342,35 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
                                                                                        small=small)[1:]]
 
 
+def test_replay_fold_shared_memory_plan():
+    """fold_smem=True plans gdn_ring_fold_smem's kernel -- a descriptor over the checkpoint, gdn_commit's
+    [dk, 64] tiles on 2 warps -- with a Triton that has it (else a clear refusal); a bf16 checkpoint is
+    refused; by default a CPU checkpoint (as any that gdn_commit keeps in registers) takes the register
+    kernel."""
+    case = ring_case(num_rows=2, num_nodes=3, capacity=4, head_k_dim=32, head_v_dim=128)
+
+    def calls(ssm=case["ssm_state"], **tuning):
+        args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
+            torch.empty(case["v"].shape), case["q"], case["k"], case["v"], case["g"], case["beta"], ssm,
+            case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"],
+            case["ring_slots"], case["state_slots"], 1, None)
+        return triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, fold_replay=True, **tuning)
+
+    assert calls()[0].kernel.__name__ == "_gdn_ring_replay_kernel"
+    assert calls(fold_smem=False)[0].constexprs["BLOCK_V"] == 32
+    if triton_kernels().replay.smem_module("gdn_ring_fold_smem") is None:
+        with pytest.raises(ValueError, match="no shared-memory fold of a torch.float32 checkpoint"):
+            calls(fold_smem=True)
+    else:
+        fold = calls(fold_smem=True)[0]
+        assert fold.kernel.__name__ == "_gdn_ring_replay_smem_kernel"
+        assert fold.grid == (2 * 2, 2, 1)  # (2 value heads of 2 tiles, 2 rows)
+        assert (fold.constexprs["BLOCK_V"], fold.constexprs["WARPS"], fold.constexprs["CHUNK"]) == (64, 2, 32)
+        assert list(fold.tensors[0].block_shape) == [1, 1, 1, 32, 64]
+    with pytest.raises(ValueError, match="no shared-memory fold of a torch.bfloat16 checkpoint"):
+        calls(case["ssm_state"].to(torch.bfloat16), fold_smem=True)
+
+
 @pytest.mark.parametrize("num_rows, spread, warps, block_v", [(1, False, None, 128), (1, True, None, 32),
                                                              (8, True, None, 64), (16, True, None, 128),
                                                              (1, True, 8, 64)])
@@ -373,10 +402,11 @@ def test_mma_tiles_by_batch(num_rows, spread, warps, block_v, monkeypatch):
 @pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
                                   dict(merged=False), dict(block_v=64), dict(state_stages=0), dict(state_stages=3),
                                   dict(chunk_k=16, state_stages=4), dict(state_stages=4), dict(num_warps=8),
-                                  dict(fold_replay=True), dict(fold_replay=True, fold_block_v=64, fold_warps=4)],
+                                  dict(fold_replay=True), dict(fold_replay=True, fold_block_v=64, fold_warps=4),
+                                  dict(fold_replay=True, fold_smem=False)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "64-columns", "registers",
                               "state-stages-3", "state-stages-16-rows", "state-stages-whole-tile", "8-warps",
-                              "replay-fold", "replay-fold-64-columns"])
+                              "replay-fold", "replay-fold-64-columns-4-warps", "replay-fold-registers"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
@@ -386,7 +416,8 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     launches apart; every launch over tiles of 64 columns (two a head: the small batches' choice);
     the state chunks through registers, a chunk ahead, instead of shared memory (2 in flight by
     default; 3; 4 of 16 rows; the whole tile, which the fold then reads back); 8 warps a program;
-    the folds by gdn_ring_fold's replay (its default tiles, and 64 columns over 4 warps)."""
+    the folds by gdn_ring_fold's replay (its default tiles: a float32 checkpoint's in shared memory;
+    64 columns over 4 warps; the register kernel's on a float32 one too)."""
     num_nodes = len(nodes)
     if capacity + 2 * num_nodes > 32:
         pytest.skip("C + N > 32: the Triton kernel's")
