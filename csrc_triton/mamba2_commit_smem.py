@@ -38,6 +38,25 @@ def _token(tokens_base, gates_base, node, live, x_chan, b_chan, tokens_stride_no
 
 
 @gluon.jit
+def ssd_step(state, x_rows, j, x, b, dt, rate, CHUNK: gl.constexpr, STATE_L: gl.constexpr):
+    """The [BLOCK_P, d_state] tile ``state`` (shared memory) after path token j: dt * x (x over every
+    thread) staged in x_rows' buffer j % 2, then per chunk of CHUNK rows h = exp(dt A) h + (dt x) B^T
+    (b [1, d_state] in STATE_L, rate = A)."""
+    P_L: gl.constexpr = gl.SliceLayout(1, STATE_L)
+    CHUNKS: gl.constexpr = x_rows.shape[1] // CHUNK
+    # dt * x rows alternate between two buffers: this token's store cannot overtake the
+    # reads of two tokens back, which all threads finished before the last token's barrier
+    x_row = x_rows.index((j % 2).to(gl.int32))
+    x_row.store(dt * x)
+    gl.thread_barrier()
+    decay = gl.exp(dt * rate)
+    for c in gl.static_range(CHUNKS):
+        rows = state.slice(c * CHUNK, CHUNK)
+        x_part = gl.expand_dims(x_row.slice(c * CHUNK, CHUNK).load(P_L), 1)
+        rows.store(rows.load(STATE_L) * decay + x_part * b)
+
+
+@gluon.jit
 def _mamba2_replay_smem_kernel(
     ssm_desc, ssm_ptr, conv_ptr, tokens_ptr, gates_ptr, weight_ptr, bias_ptr, a_ptr,
     dst_slots_ptr, src_slots_ptr, steps_ptr, parents_ptr,
@@ -57,10 +76,8 @@ def _mamba2_replay_smem_kernel(
     kernel; its tile [BLOCK_P, d_state] lives in shared memory over the path. The arguments are the
     register kernel's (one launch plan for both); ssm_ptr and its strides go unread."""
     P_BLOCKS: gl.constexpr = HEAD_DIM // BLOCK_P
-    CHUNKS: gl.constexpr = BLOCK_P // CHUNK
     WIDTH: gl.constexpr = KERNEL_SIZE - 1
     STATE_L: gl.constexpr = gl.BlockedLayout([1, 4], [TPW_P, TPW_N], [WARPS, 1], [1, 0])
-    P_L: gl.constexpr = gl.SliceLayout(1, STATE_L)
     N_L: gl.constexpr = gl.SliceLayout(0, STATE_L)
     XC_L: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])  # the x conv: rows over all threads
     PATH_L: gl.constexpr = gl.BlockedLayout([NODES], [32], [WARPS], [0])
@@ -115,16 +132,7 @@ def _mamba2_replay_smem_kernel(
             b = gl.expand_dims(conv_silu(xb, b1, b2, b3, b4, b_bias, b_wx, b_w1, b_w2, b_w3, b_w4, KERNEL_SIZE), 0)
             x4, x3, x2, x1 = x3, x2, x1, xx
             b4, b3, b2, b1 = b3, b2, b1, xb
-            # dt * x rows alternate between two buffers: this token's store cannot overtake the
-            # reads of two tokens back, which all threads finished before the last token's barrier
-            x_row = x_rows.index((j % 2).to(gl.int32))
-            x_row.store(dt * x)
-            gl.thread_barrier()
-            decay = gl.exp(dt * rate)
-            for c in gl.static_range(CHUNKS):
-                rows = state.slice(c * CHUNK, CHUNK)
-                x_part = gl.expand_dims(x_row.slice(c * CHUNK, CHUNK).load(P_L), 1)
-                rows.store(rows.load(STATE_L) * decay + x_part * b)
+            ssd_step(state, x_rows, j, x, b, dt, rate, CHUNK, STATE_L)
             xx, xb, dt = xx_next, xb_next, dt_next
             xx_next, xb_next, dt_next = xx_after, xb_after, dt_after
         tile_store(ssm_desc, coords, tile)

@@ -11,18 +11,23 @@ is many short programs, in the eager commit's float32 arithmetic.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
 from .gdn_ring_verify import _ring_row
-from .mamba2_commit import mamba2_token_inputs
-from .replay import committed_inputs, conv_silu, conv_taps
+from .mamba2_commit import _smem as _smem_module
+from .mamba2_commit import _smem_signature, mamba2_token_inputs
+from .replay import committed_inputs, conv_silu, conv_taps, smem_module, state_tile_box
 
 # head-dim rows and warps of a fold program: a [32, d_state] fp32 tile over 4 warps (no spills at
 # d_state 128 with the inputs loaded two tokens ahead; on one warp, mamba2_commit's, it spills)
 RING_FOLD_BLOCK_P = 32
 RING_FOLD_WARPS = 4
+# the shared-memory kernel's (mamba2_ring_fold_smem: a float32 checkpoint on sm_90+): mamba2_commit's
+# [32, d_state] tile in one warp
+RING_FOLD_SMEM_WARPS = 1
 
 
 @triton.jit
@@ -100,18 +105,26 @@ def _mamba2_ring_replay_kernel(
 
 
 def replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, *, layer, num_layers,
-                     num_nodes, heads, max_pending, fold_above, block_p=None, num_warps=None, maxnreg=None):
-    """_mamba2_ring_replay_kernel's launch over rows x layers layer .. layer + num_layers - 1 (ssm
+                     num_nodes, heads, max_pending, fold_above, block_p=None, num_warps=None, maxnreg=None,
+                     smem=None):
+    """The replay fold's launch over rows x layers layer .. layer + num_layers - 1 (ssm
     [L, S, H, P, Ns], conv [L, S, dim, K-1], rows [L, M, C, dim], gates [L, M, C, 1, H], cursor
     [M, 2]; weight [L, dim, K], bias [L, dim] and A [L, H] every layer's, or [dim, K], [dim], [H]
-    one layer's). block_p, num_warps (None: RING_FOLD_BLOCK_P, RING_FOLD_WARPS), maxnreg (None or 0:
-    no cap)."""
+    one layer's): mamba2_ring_fold_smem's kernel where ``smem`` (None: where mamba2_commit's
+    shared-memory kernel would take the checkpoint, a 16-byte aligned float32 one on sm_90+), else
+    _mamba2_ring_replay_kernel. block_p (None: RING_FOLD_BLOCK_P), num_warps (None:
+    RING_FOLD_SMEM_WARPS or RING_FOLD_WARPS), maxnreg (None or 0: no cap)."""
     num_heads, head_dim, num_groups, d_state = heads
     num_rows = ring_slots.shape[0]
     if num_rows > MAX_GRID_Y or num_layers > MAX_GRID_Y:
         raise ValueError(f"convwin ring kernels take at most {MAX_GRID_Y} rows and layers per call, got {num_rows} "
                          f"and {num_layers}; split the batch")
     block_p = block_p or min(RING_FOLD_BLOCK_P, next_power_of_2(head_dim))
+    box = state_tile_box(ssm, block_p, next_power_of_2(d_state))
+    if smem is None:
+        smem = not ssm.data_ptr() & 15 and _smem_signature(ssm, box, head_dim, d_state, block_p,
+                                                           num_warps or RING_FOLD_SMEM_WARPS)
+    num_warps = num_warps or (RING_FOLD_SMEM_WARPS if smem else RING_FOLD_WARPS)
     layered = (lambda t: t.stride()) if weight.dim() == 3 else (lambda t: (0, *t.stride()))
     scalars = (layer, ssm.shape[1], rows.shape[1], *layered(A), *ssm.stride(), *conv.stride(), *rows.stride(),
                *gates.stride()[:3], gates.stride(4), *cursor.stride(), *layered(weight),
@@ -119,7 +132,19 @@ def replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots
     constexprs = dict(NUM_NODES=num_nodes, RING_ROWS=rows.shape[2], MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
                       KERNEL_SIZE=conv.shape[3] + 1, NUM_HEADS=num_heads, NUM_GROUPS=num_groups, HEAD_DIM=head_dim,
                       D_STATE=d_state, BLOCK_P=block_p, BLOCK_N=next_power_of_2(d_state), HAS_BIAS=bias is not None,
-                      num_warps=num_warps or RING_FOLD_WARPS, **({"maxnreg": maxnreg} if maxnreg else {}))
-    return KernelCall(_mamba2_ring_replay_kernel, (num_heads * cdiv(head_dim, block_p), num_rows, num_layers),
-                      (A, ssm, conv, rows, gates, cursor, weight, ssm if bias is None else bias, ring_slots,
-                       state_slots), scalars, constexprs)
+                      num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}))
+    grid = (num_heads * cdiv(head_dim, block_p), num_rows, num_layers)
+    tensors = (A, ssm, conv, rows, gates, cursor, weight, ssm if bias is None else bias, ring_slots, state_slots)
+    if smem:
+        module = _smem_module()
+        layout = module and module.tile_layout(block_p, d_state, num_warps, module.SMEM_CHUNK)
+        if not layout or head_dim % block_p or block_p & (block_p - 1) or ssm.dtype != torch.float32:
+            raise ValueError(f"mamba2_ring_fold: no shared-memory fold of a {ssm.dtype} checkpoint, head_dim "
+                             f"{head_dim}, d_state {d_state} on {block_p} rows and {num_warps} warps (Triton "
+                             f"{triton.__version__})")
+        lanes_p, lanes_n, chunk = layout
+        constexprs = {name: value for name, value in constexprs.items() if name != "BLOCK_N"}
+        return KernelCall(smem_module("mamba2_ring_fold_smem")._mamba2_ring_replay_smem_kernel, grid,
+                          (smem_module("replay_smem").state_descriptor(ssm, box), *tensors), scalars,
+                          dict(constexprs, CHUNK=chunk, TPW_P=lanes_p, TPW_N=lanes_n, WARPS=num_warps))
+    return KernelCall(_mamba2_ring_replay_kernel, grid, tensors, scalars, constexprs)

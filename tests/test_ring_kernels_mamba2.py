@@ -208,6 +208,34 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     assert_same_untouched(case, want, got)
 
 
+def test_replay_fold_shared_memory_plan():
+    """fold_smem=True plans mamba2_ring_fold_smem's kernel -- a descriptor over the checkpoint,
+    mamba2_commit's [32, d_state] tiles in one warp -- with a Triton that has it (else a clear
+    refusal); a bf16 checkpoint is refused; by default a CPU checkpoint takes the register kernel."""
+    case = mamba2_ring_case(num_rows=2, num_nodes=3, capacity=4, head_dim=64, d_state=32)
+
+    def calls(ssm=case["ssm_state"], **tuning):
+        args, kwargs = sgl_convwin.mamba2_ring_verify.kernel_arguments(
+            torch.empty(case["x"].shape), case["x"], case["dt"], case["A"], case["B"], case["C"], ssm,
+            case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"],
+            case["ring_slots"], case["state_slots"], 1, None, D=case["D"], z=case["z"], dt_bias=case["dt_bias"],
+            dt_softplus=True)
+        return triton_kernels().mamba2_ring_verify._ring_calls(*args, **kwargs, fold_replay=True, **tuning)
+
+    assert calls()[0].kernel.__name__ == "_mamba2_ring_replay_kernel"
+    if triton_kernels().replay.smem_module("mamba2_ring_fold_smem") is None:
+        with pytest.raises(ValueError, match="no shared-memory fold of a torch.float32 checkpoint"):
+            calls(fold_smem=True)
+    else:
+        fold = calls(fold_smem=True)[0]
+        assert fold.kernel.__name__ == "_mamba2_ring_replay_smem_kernel"
+        assert fold.grid == (4 * 2, 2, 1)  # (4 heads of 2 tiles, 2 rows)
+        assert (fold.constexprs["BLOCK_P"], fold.constexprs["WARPS"], fold.constexprs["CHUNK"]) == (32, 1, 16)
+        assert list(fold.tensors[0].block_shape) == [1, 1, 1, 32, 32]
+    with pytest.raises(ValueError, match="no shared-memory fold of a torch.bfloat16 checkpoint"):
+        calls(case["ssm_state"].to(torch.bfloat16), fold_smem=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fold_verify", [False, True], ids=["flatten", "flatten-fold-verify"])
 def test_flattened_loops_over_column_blocks(fold_verify):
