@@ -492,8 +492,8 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     kernel's ROWS 1 -- from the tile it folds, the others' by a ROWS 2 launch), pdl (PDL, with
     fold_verify, sm_90+: that second launch a programmatic dependent of the first; the windows then
     in their own launch) and fold_replay (FOLD_REPLAY: the folds by mamba2_ring_fold's replay, on
-    fold_warps warps capped at fold_maxnreg, its tile in shared memory by fold_smem (None: where it
-    can); not with fold_verify)."""
+    fold_block_p rows and fold_warps warps capped at fold_maxnreg, its tile in shared memory by
+    fold_smem (None: where it can); not with fold_verify)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
@@ -512,7 +512,7 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     pdl = PDL if pdl is None else pdl
     fold_replay = tuning.pop("fold_replay", None)
     fold_replay = FOLD_REPLAY if fold_replay is None else fold_replay
-    fold_smem = tuning.pop("fold_smem", None)
+    fold_smem, fold_block_p = tuning.pop("fold_smem", None), tuning.pop("fold_block_p", None)
     if fold_replay and fold_verify:
         raise ValueError("mamba2_ring_verify: fold_replay folds in a launch of its own; fold_verify folds in the "
                          "verify kernel: ask for one of them")
@@ -538,7 +538,7 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
 
         fold = replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots,
                                 layer=layer, num_layers=1, num_nodes=num_nodes, heads=heads, **capacity,
-                                num_warps=fold_warps, maxnreg=fold_cap, smem=fold_smem)
+                                block_p=fold_block_p, num_warps=fold_warps, maxnreg=fold_cap, smem=fold_smem)
     else:
         fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=layer,
                           num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning)

@@ -66,8 +66,8 @@
 #   foldbench the GDN ring's replay folds timed: the one-layer sweep against the chunked fold (B = 64 / 256; the
 #             shared-memory replay's tiles, the register replay's), whole chain steps with each fold, B = 1 .. 256
 #             (bench_ring.py --profile), then capacities 8 and 12
-#   m2foldbench  the same for the Mamba2 ring (the shared-memory replay on 1 / 2 warps, the register replay on 4 / 1;
-#             whole chain steps with each fold)
+#   m2foldbench  the same for the Mamba2 ring (the shared-memory replay on 1 / 2 warps, the register replay on 4 / 1
+#             warps and on 16 rows over 2; whole chain steps with each fold)
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
 # Before a call that runs a changed kernel: `python scripts/offline_sass.py gdn_ring_test_shapes --batch 4` (and
@@ -352,7 +352,8 @@ for phase in "$@"; do
     m2foldbench) rc=0
               timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \
                 64/4/16/1/fold_replay=1 64/4/16/1/fold_replay=1/fold_warps=2 64/4/16/1/fold_replay=1/fold_smem=0 \
-                64/4/16/1/fold_replay=1/fold_smem=0/fold_warps=1 > "$out/sweep_foldreplay_m2.log" 2>&1 || rc=1
+                64/4/16/1/fold_replay=1/fold_smem=0/fold_warps=1 64/4/16/1/fold_replay=1/fold_smem=0/fold_block_p=16/fold_warps=2 \
+                > "$out/sweep_foldreplay_m2.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_foldreplay_m2.log"
               for replay in 0 1; do
                 timeout 80 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 1 8 64 256 --drafts chain --profile \

@@ -189,6 +189,9 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     assert (replay[0].constexprs["BLOCK_P"], replay[0].constexprs["num_warps"], replay[0].grid) == (
         16, 4, (num_heads, case["x"].shape[0], 1))
     assert replay[1].constexprs == verify.constexprs
+    tiles = ring_calls(fold_replay=True, fold_block_p=8, fold_warps=2, fold_maxnreg=96)[0]
+    assert (tiles.constexprs["BLOCK_P"], tiles.constexprs["num_warps"], tiles.constexprs["maxnreg"], tiles.grid[0]) == (
+        8, 2, 96, 2 * num_heads)
     with pytest.raises(ValueError, match="fold_replay folds in a launch of its own"):
         ring_calls(fold_replay=True, fold_verify=True)
     for chunk_n, fused_window, flatten, fold_verify, pdl in (
