@@ -330,8 +330,8 @@ for phase in "$@"; do
                 -k "replay or variants or (mamba2 and (capacity_16 or flush))" > "$out/gpu_tests_foldreplay.log" 2>&1 || rc=1
               tail -3 "$out/gpu_tests_foldreplay.log"
               mkdir -p "$out/foldreplay_san"
-              SANITIZE_TIMEOUT=120 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py" \
-                SANITIZE_K="(replay and not 64-columns and not tree8 and not bf16) or (mamba2 and capacity_16 and chain)" \
+              SANITIZE_TIMEOUT=200 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py" \
+                SANITIZE_K="(replay-fold and 128 and 16 and fp32 and chain) or (replay_fold_matches and cuda) or (mamba2 and capacity_16 and chain)" \
                 bash scripts/gpu_sanitize.sh "$out/foldreplay_san" || rc=1 ;;
     foldbench) rc=0
               timeout 170 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/fold_replay=1 \
