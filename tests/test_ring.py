@@ -438,7 +438,7 @@ def ring_layers_step(ring, ssm_state, conv_state, conv_weight, conv_bias, out, x
 
 
 # The GDN ring's other launches, all at once (module defaults): the kinds of rows and the windows
-# each in a launch of their own, the state chunks through registers
+# each in a launch of their own, the state chunks through registers, the folds by replay
 RING_VARIANTS = dict(RING_MMA_MERGED=False, RING_MMA_FUSED_WINDOW=False, RING_MMA_STATE_STAGES=0,
                      RING_FOLD_REPLAY=True)
 
