@@ -12,7 +12,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 from .mamba2_commit_smem import _token, ssd_step
-from .replay_smem import conv_operands, conv_silu, tile_load, tile_store
+from .replay_smem import conv_operands, conv_silu, ring_row, tile_load, tile_store
 
 
 @gluon.jit
@@ -51,15 +51,9 @@ def _mamba2_ring_replay_smem_kernel(
     bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(bar, count=1)
 
-    # the row's slots and cursor (ring_conv.ring_row_state): nothing is read past them unless live
-    ring = gl.load(ring_slots_ptr + row * ring_slots_stride).to(gl.int64)
-    slot = gl.load(state_slots_ptr + row * state_slots_stride).to(gl.int64)
-    live = (slot >= 0) & (slot < num_state_slots) & (ring >= 0) & (ring < num_ring_slots)
-    ring = gl.where(live, ring, 0)
-    slot = gl.where(live, slot, 0)
-    start = gl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(gl.int64)
-    pending = gl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(gl.int64)
-    live = live & (start >= 0) & (start < RING_ROWS) & (pending >= 0) & (pending <= MAX_PENDING)
+    ring, slot, start, pending, live = ring_row(row, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots,
+                                                num_ring_slots, ring_slots_stride, state_slots_stride,
+                                                cursor_stride_slot, cursor_stride_field, RING_ROWS, MAX_PENDING)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
     coords = [layer32, slot.to(gl.int32), head, p_block * BLOCK_P, 0]
     tile_load(ssm_desc, coords, bar, tile, fold)
