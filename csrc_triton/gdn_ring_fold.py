@@ -15,11 +15,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
+from ._common import KernelCall, cdiv, next_power_of_2
 from .gdn_commit import _smem as _smem_module
 from .gdn_commit import _smem_signature, delta_rule_step, gdn_token_inputs
 from .gdn_ring_verify import _ring_row
 from .replay import committed_inputs, conv_silu, conv_taps, smem_module, state_tile_box
+from .ring_conv import check_ring_grid
 
 # value columns and warps of a fold program: a [dk, 32] fp32 tile over 2 warps (no spills at
 # dk = 128 with the inputs loaded two tokens ahead)
@@ -117,9 +118,7 @@ def replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, s
     maxnreg (None or 0: no cap)."""
     num_k_heads, head_k_dim, num_v_heads, head_v_dim = heads
     num_rows = ring_slots.shape[0]
-    if num_rows > MAX_GRID_Y or num_layers > MAX_GRID_Y:
-        raise ValueError(f"convwin ring kernels take at most {MAX_GRID_Y} rows and layers per call, got {num_rows} "
-                         f"and {num_layers}; split the batch")
+    check_ring_grid(num_rows, num_layers)
     num_warps = num_warps or RING_FOLD_WARPS
     smem_block_v = block_v or min(RING_FOLD_SMEM_BLOCK_V, next_power_of_2(head_v_dim))
     box = state_tile_box(ssm, next_power_of_2(head_k_dim), smem_block_v)

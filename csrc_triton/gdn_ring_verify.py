@@ -26,10 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, nvidia_at_least
+from ._common import KernelCall, cdiv, next_power_of_2, nvidia_at_least
 from .gdn_verify import (MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse,
                          check_mma_tiles, spread_block, state_stages_for)
-from .ring_conv import ring_row_state
+from .ring_conv import check_ring_grid, ring_row_state
 
 # The Triton kernel (every layer's fold at flush; a verify the mma kernel cannot take): the fewest
 # spills of the offline sm_90 compiles (Triton 3.6) at the default precision.
@@ -376,9 +376,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     num_k_heads, head_k_dim, num_v_heads, head_v_dim = heads
     num_rows = ring_slots.shape[0]
     ring_rows, kernel_size = rows.shape[2], conv.shape[3] + 1
-    if num_rows > MAX_GRID_Y or num_layers > MAX_GRID_Y:
-        raise ValueError(f"convwin ring kernels take at most {MAX_GRID_Y} rows and layers per call, got {num_rows} "
-                         f"and {num_layers}; split the batch")
+    check_ring_grid(num_rows, num_layers)
     if block_v is None:
         block_v = max(MIN_DOT, min(RING_BLOCK_V, next_power_of_2(head_v_dim)))
     drafts = out is not None
@@ -475,13 +473,14 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
             dict(WARPS=fold_warps, num_warps=fold_warps, BLOCK_V=fold_block_v,
                  STATE_STAGES=state_stages_for(state_stages, fold_block_v, fold_warps, chunks, ssm),
                  **({"maxnreg": fold_cap} if fold_cap else {})))
-    kinds = (fold, *(((0, RING_MMA_SMALL_NODES, chunk.grid, small_cap),) if small and not merged else ()),
+    kinds = (*((fold,) if replay is None else ()),
+             *(((0, RING_MMA_SMALL_NODES, chunk.grid, small_cap),) if small and not merged else ()),
              (3 if small and merged else 1, RING_MMA_NODES, chunk.grid, other_cap))
     calls = tuple(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors,
                              chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes,
                                                  SMALL_KEYS=RING_MMA_SMALL_NODES - num_nodes if small else 0, **caps))
                   for kind, nodes, grid, caps in kinds)
-    return calls if replay is None else (replay, *calls[1:])
+    return calls if replay is None else (replay, *calls)
 
 
 def _pdl_device(ssm) -> bool:

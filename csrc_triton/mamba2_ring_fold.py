@@ -15,11 +15,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
+from ._common import KernelCall, cdiv, next_power_of_2
 from .gdn_ring_verify import _ring_row
 from .mamba2_commit import _smem as _smem_module
 from .mamba2_commit import _smem_signature, mamba2_token_inputs
 from .replay import committed_inputs, conv_silu, conv_taps, smem_module, state_tile_box
+from .ring_conv import check_ring_grid
 
 # head-dim rows and warps of a fold program: a [32, d_state] fp32 tile over 4 warps (no spills at
 # d_state 128 with the inputs loaded two tokens ahead; on one warp, mamba2_commit's, it spills)
@@ -116,9 +117,7 @@ def replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots
     RING_FOLD_SMEM_WARPS or RING_FOLD_WARPS), maxnreg (None or 0: no cap)."""
     num_heads, head_dim, num_groups, d_state = heads
     num_rows = ring_slots.shape[0]
-    if num_rows > MAX_GRID_Y or num_layers > MAX_GRID_Y:
-        raise ValueError(f"convwin ring kernels take at most {MAX_GRID_Y} rows and layers per call, got {num_rows} "
-                         f"and {num_layers}; split the batch")
+    check_ring_grid(num_rows, num_layers)
     block_p = block_p or min(RING_FOLD_BLOCK_P, next_power_of_2(head_dim))
     box = state_tile_box(ssm, block_p, next_power_of_2(d_state))
     if smem is None:
@@ -131,8 +130,8 @@ def replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots
                *((0, 0) if bias is None else layered(bias)), ring_slots.stride(0), state_slots.stride(0))
     constexprs = dict(NUM_NODES=num_nodes, RING_ROWS=rows.shape[2], MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
                       KERNEL_SIZE=conv.shape[3] + 1, NUM_HEADS=num_heads, NUM_GROUPS=num_groups, HEAD_DIM=head_dim,
-                      D_STATE=d_state, BLOCK_P=block_p, BLOCK_N=next_power_of_2(d_state), HAS_BIAS=bias is not None,
-                      num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}))
+                      D_STATE=d_state, BLOCK_P=block_p, HAS_BIAS=bias is not None, num_warps=num_warps,
+                      **({"maxnreg": maxnreg} if maxnreg else {}))
     grid = (num_heads * cdiv(head_dim, block_p), num_rows, num_layers)
     tensors = (A, ssm, conv, rows, gates, cursor, weight, ssm if bias is None else bias, ring_slots, state_slots)
     if smem:
@@ -143,8 +142,8 @@ def replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots
                              f"{head_dim}, d_state {d_state} on {block_p} rows and {num_warps} warps (Triton "
                              f"{triton.__version__})")
         lanes_p, lanes_n, chunk = layout
-        constexprs = {name: value for name, value in constexprs.items() if name != "BLOCK_N"}
         return KernelCall(smem_module("mamba2_ring_fold_smem")._mamba2_ring_replay_smem_kernel, grid,
                           (smem_module("replay_smem").state_descriptor(ssm, box), *tensors), scalars,
                           dict(constexprs, CHUNK=chunk, TPW_P=lanes_p, TPW_N=lanes_n, WARPS=num_warps))
-    return KernelCall(_mamba2_ring_replay_kernel, grid, tensors, scalars, constexprs)
+    return KernelCall(_mamba2_ring_replay_kernel, grid, tensors, scalars,
+                      dict(constexprs, BLOCK_N=next_power_of_2(d_state)))

@@ -37,11 +37,12 @@ try:  # programmatic dependent launch's instructions (Triton 3.4+; without them 
 except ImportError:  # pragma: no cover
     gdc_launch_dependents = gdc_wait = None
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, interpreted, next_power_of_2
+from ._common import KernelCall, cdiv, interpreted, next_power_of_2
 from .gdn_ring_verify import (_pdl_device, _pending_conv, _ring_row, flush_cursor_call, fold_precision_for,
                               window_after, window_call)
 from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, spread_block
 from .mamba2_verify import _step_sizes, state_chunk
+from .ring_conv import check_ring_grid
 
 # Head-dim rows per tile (fewer for small batches: gdn_verify.spread_block), warps, and the heads of
 # a group a program takes (group_share): the H200 sweep's fastest (docs/benchmarks.md, "Ring").
@@ -390,9 +391,7 @@ def state_precision_for(ssm) -> str:
 def _tiling(num_rows, num_layers, heads, block_p, heads_per_program):
     """(block_p, heads_per_program, grid) of the ring's Mamba2 launches over rows x layers."""
     num_heads, head_dim, num_groups, _ = heads
-    if num_rows > MAX_GRID_Y or num_layers > MAX_GRID_Y:
-        raise ValueError(f"convwin ring kernels take at most {MAX_GRID_Y} rows and layers per call, got {num_rows} "
-                         f"and {num_layers}; split the batch")
+    check_ring_grid(num_rows, num_layers)
     if block_p is None:
         block_p = spread_block(RING_BLOCK_P, num_rows, num_heads, head_dim)
     if heads_per_program is None:

@@ -37,6 +37,13 @@ RING_CONV_WARPS = 1
 TUNING = ("block", "num_warps")
 
 
+def check_ring_grid(num_rows: int, num_layers: int) -> None:
+    """A ring kernel's grid takes rows and layers on its y and z axes: at most MAX_GRID_Y each."""
+    if num_rows > MAX_GRID_Y or num_layers > MAX_GRID_Y:
+        raise ValueError(f"convwin ring kernels take at most {MAX_GRID_Y} rows and layers per call, got {num_rows} "
+                         f"and {num_layers}; split the batch")
+
+
 @triton.jit
 def ring_row_state(cursor_ptr, ring, slots_ok, num_ring_slots, cursor_stride_slot, cursor_stride_field,
                    RING_ROWS: tl.constexpr, CAPACITY: tl.constexpr):
