@@ -165,6 +165,20 @@ def _register(name: str, positional_names: tuple[str, ...], mutates: tuple[str, 
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake_kernel, lib=_LIBRARY)
 
 
+def _without_autograd(kernel: Callable[..., None]) -> Callable[..., None]:
+    """``kernel`` (PyTorch code) run with autograd off, as the registered op's Python kernel runs it:
+    a public function's eager call reaches it directly, and a read tensor that requires grad (a conv
+    weight Parameter, a model's activations) must not leave history in what it writes."""
+    below_autograd = torch._C._AutoDispatchBelowAutograd
+
+    @functools.wraps(kernel)
+    def run(*args, **kwargs):
+        with below_autograd():
+            return kernel(*args, **kwargs)
+
+    return run
+
+
 def declare_op(
     *,
     mutates: tuple[str, ...],
@@ -179,6 +193,9 @@ def declare_op(
     implementation without the eager plans, callable with the op's arguments on any device:
     Triton's interpreter), ``.cuda_registered`` (the registered CUDA kernel, eager plans included
     with ``eager_plan``; any device too) and, with ``eager_plan``, ``.eager_plans`` (its cache)."""
+    cpu = _without_autograd(cpu)
+    if callable(cuda):
+        cuda = _without_autograd(cuda)
 
     def decorate(signature_function: Callable[..., None]) -> Callable[..., None]:
         name = signature_function.__name__

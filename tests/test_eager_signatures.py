@@ -481,6 +481,29 @@ def test_a_planned_call_writes_what_an_unplanned_one_does(impl, name):
         assert plan is first_plan, seed
 
 
+@pytest.mark.parametrize("name", OPS)
+def test_read_tensors_that_require_grad_leave_no_history(name):
+    """A public function's CPU call whose READ tensors require grad (a conv weight Parameter, a
+    model's activations, grad mode on) runs its kernel with autograd off, as the registered op does:
+    what it writes gains no grad_fn and does not require grad (a later call would refuse it), and
+    holds what the same call without grad writes."""
+    arguments = CASES[name]("cpu", 0)
+    want = with_copies(name, arguments)
+    getattr(sgl_convwin, name)(**want)
+    grads = 0
+    for key, value in arguments.items():
+        if (key not in written(name) and isinstance(value, torch.Tensor) and value.is_floating_point()
+                and value.is_leaf):
+            arguments[key] = torch.nn.Parameter(value) if grads % 2 else value.requires_grad_()
+            grads += 1
+    assert grads, "nothing requires grad"
+    getattr(sgl_convwin, name)(**arguments)
+    for key in written(name):
+        got = arguments[key]
+        assert got.grad_fn is None and not got.requires_grad, key
+        assert torch.equal(whole_storage(got).detach(), whole_storage(want[key])), key
+
+
 VARIANTS = {  # per op: calls that each differ from all others in their signature
     "capture": [
         dict(), dict(layer=0), dict(layout="channel_major"), dict(layout="dense"), dict(state_layout="window_major"),
