@@ -63,6 +63,10 @@ RING_FOLD_REPLAY = False
 # fewer than VERIFY_PROGRAMS programs), the folds' too: more, shorter programs where a launch is one
 # program's latency (not yet timed on a GPU)
 RING_MMA_SPREAD = False
+# The stack of the rows that do not fold sized by the capacity: such a row has at most
+# max(R, N) keys (pending + N <= R), not C = R + N, so its queries start at row R (one level of
+# (I + A)^-1 fewer at R = 16; a stack of 16 rows where R + N <= 16; not yet run on a GPU)
+RING_MMA_TIGHT_STACK = False
 
 
 def fold_precision_for(ssm) -> str:
@@ -366,7 +370,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
                  fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                 chunk_k=None, fold_replay=None, fold_smem=None):
+                 chunk_k=None, fold_replay=None, fold_smem=None, tight_stack=None):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
@@ -419,7 +423,8 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, ring_rows + num_nodes, maxnreg, small, fold_warps,
                                fold_block_v, fold_maxnreg, fused, RING_MMA_MERGED if merged is None else merged,
                                RING_MMA_STATE_STAGES if state_stages is None else state_stages,
-                               chunk_k or RING_MMA_CHUNK_K, replay) if mma else (chunk,))
+                               chunk_k or RING_MMA_CHUNK_K, replay,
+                               RING_MMA_TIGHT_STACK if tight_stack is None else tight_stack) if mma else (chunk,))
     if fused:
         return chunks
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
@@ -429,7 +434,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
 
 def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_warps=None, fold_block_v=None,
                      fold_maxnreg=None, fused_window=False, merged=False, state_stages=0, chunk_k=RING_MMA_CHUNK_K,
-                     replay=None):
+                     replay=None, tight_stack=False):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
     folding only -- by ``replay`` (gdn_ring_fold's launch) if given, else a stack of the pending
@@ -441,7 +446,8 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
     (pending + N <= 16 - N), then the rest (tf32 products); with ``merged`` those two in one launch
     (KIND 3, the others' cap); with state_stages the state chunks through shared memory, that many
     in flight (where a thread's copies are of 4 bytes or more: gdn_verify.state_stages_for);
-    chunk_k state rows a chunk. maxnreg: the register cap of the launches that do not fold (0 or
+    chunk_k state rows a chunk; with tight_stack the non-folding rows' stack sized by their most keys,
+    max(R, N) (RING_MMA_TIGHT_STACK), else by C. maxnreg: the register cap of the launches that do not fold (0 or
     None: the compiler's choice), or a pair (the small rows' cap, the other non-folding rows')."""
     from . import gdn_ring_verify_mma
 
@@ -463,8 +469,12 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
                       STATE_STAGES=state_stages_for(state_stages, block_v, num_warps, chunks, ssm))
     constexprs.update(NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k, WARPS=num_warps,
                       SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4))
-    num_nodes = constexprs["NUM_NODES"]
-    small = small and 2 * num_nodes <= RING_MMA_SMALL_NODES < stack_rows
+    num_nodes, ring_rows = constexprs["NUM_NODES"], constexprs["RING_ROWS"]
+    verify_keys = min(ring_rows, max(constexprs["FOLD_ABOVE"], num_nodes)) if tight_stack else ring_rows
+    verify_nodes = (max(RING_MMA_SMALL_NODES, next_power_of_2(verify_keys + num_nodes)) if tight_stack
+                    else RING_MMA_NODES)
+    constexprs.update(VERIFY_KEYS=verify_keys)
+    small = small and 2 * num_nodes <= RING_MMA_SMALL_NODES < verify_keys + num_nodes
     small_cap, other_cap = (dict(maxnreg=n) if n else {} for n in (maxnreg if isinstance(maxnreg, tuple)
                                                                     else (maxnreg, maxnreg)))
     fold_grid = (constexprs["NUM_V_HEADS"] * cdiv(constexprs["HEAD_V_DIM"], fold_block_v), *chunk.grid[1:])
@@ -475,7 +485,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
                  **({"maxnreg": fold_cap} if fold_cap else {})))
     kinds = (*((fold,) if replay is None else ()),
              *(((0, RING_MMA_SMALL_NODES, chunk.grid, small_cap),) if small and not merged else ()),
-             (3 if small and merged else 1, RING_MMA_NODES, chunk.grid, other_cap))
+             (3 if small and merged else 1, verify_nodes, chunk.grid, other_cap))
     calls = tuple(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors,
                              chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes,
                                                  SMALL_KEYS=RING_MMA_SMALL_NODES - num_nodes if small else 0, **caps))
@@ -493,15 +503,16 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                chunk_k=None, fold_replay=None, fold_smem=None):
+                chunk_k=None, fold_replay=None, fold_smem=None, tight_stack=None):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, C + N <= 32, dv >= 32 and no precision is asked for), with block_v,
     num_warps, maxnreg, small, fold_warps, fold_block_v, fold_maxnreg, fused_window, merged,
-    state_stages, chunk_k, fold_replay and fold_smem its own (None: 128 columns, fewer for small batches with
-    RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW, RING_MMA_MERGED,
-    RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K, RING_FOLD_REPLAY; the rest: _mma_chunk_calls); else
+    state_stages, chunk_k, fold_replay, fold_smem and tight_stack its own (None: 128 columns, fewer for
+    small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW, RING_MMA_MERGED,
+    RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K, RING_FOLD_REPLAY, RING_MMA_TIGHT_STACK; the rest:
+    _mma_chunk_calls); else
     the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
@@ -522,7 +533,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
                         fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k,
-                        fold_replay=fold_replay, fold_smem=fold_smem)
+                        fold_replay=fold_replay, fold_smem=fold_smem, tight_stack=tight_stack)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,

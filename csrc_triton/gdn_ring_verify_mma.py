@@ -7,7 +7,8 @@ that a thread's columns are adjacent), through shared memory by cp.async with ST
 key and query stack -- the pending tokens' k from their conv over the ring's rows, the drafts' k,
 the drafts' q -- is normalised in registers and staged once in shared memory, rows 0..C-1 keys,
 rows C..C+N-1 queries (C + N <= 32, one [32, 32] set of node matrices, four warps side by side
-over the columns: none repeats them); a row with few pending tokens (pending + 2 N <= 16) on a
+over the columns: none repeats them; with VERIFY_KEYS = R the queries from row R, where a row
+that does not fold has its last key); a row with few pending tokens (pending + 2 N <= 16) on a
 stack of 16 rows, its queries from row 16 - N.
 
 Launches over the same grid, one per kind of row -- first the rows that fold, folding only (a
@@ -368,13 +369,15 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
+    VERIFY_KEYS: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
     only: N >= 1, C + N <= 32). Only the rows of one KIND do any work, each kind its own compile with
     its own registers: 0, those that do not fold and whose pending + N keys fit SMALL_KEYS (a stack
-    of NODES = 16 rows, queries from row SMALL_KEYS = 16 - N); 1, the others that do not fold (32
-    rows, queries from row C); 2, those that fold, launched before the others: the fold alone on a
+    of NODES = 16 rows, queries from row SMALL_KEYS = 16 - N); 1, the others that do not fold (NODES
+    rows, queries from row VERIFY_KEYS: C, or max(FOLD_ABOVE, N) -- a row that does not fold has at
+    most that many keys); 2, those that fold, launched before the others: the fold alone on a
     stack of NODES pending keys (3xTF32 with SPLIT_FOLD); 3, kinds 0 and 1 in one launch (each its
     own code, the registers of the larger) -- the launches of kinds 0 and 1 (or 3) then take a
     folding row as one with nothing pending from start + pending, verifying its drafts; with
@@ -435,8 +438,8 @@ def _gdn_ring_verify_mma_kernel(
                       out_stride_row, out_stride_node, out_stride_head, out_stride_v,
                       weight_stride_dim, weight_stride_tap, bias_stride,
                       0 if THIS == 2 else NUM_NODES, RING_ROWS,
-                      SMALL_KEYS if THIS == 0 else (NODES if THIS == 2 else RING_ROWS),
-                      SMALL_KEYS - NUM_NODES if THIS == 0 else MAX_PENDING,
+                      SMALL_KEYS if THIS == 0 else (NODES if THIS == 2 else VERIFY_KEYS),
+                      SMALL_KEYS - NUM_NODES if THIS == 0 else (MAX_PENDING if THIS == 2 else VERIFY_KEYS - NUM_NODES),
                       SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
                       HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
                       L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,

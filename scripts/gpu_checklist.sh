@@ -68,6 +68,8 @@
 #             (bench_ring.py --profile), then capacities 8 and 12
 #   m2foldbench  the same for the Mamba2 ring (the shared-memory replay on 1 / 2 warps, the register replay on 4 / 1
 #             warps and on 16 rows over 2; whole chain steps with each fold)
+#   tight     the GDN ring's verify stack sized by the capacity (RING_MMA_TIGHT_STACK; never run on a GPU): its GPU
+#             tests, then the one-layer sweep and whole chain steps against the default, capacities 16 and 8
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
 # Before a call that runs a changed kernel: `python scripts/offline_sass.py gdn_ring_test_shapes --batch 4` (and
@@ -359,6 +361,20 @@ for phase in "$@"; do
                 timeout 80 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 1 8 64 256 --drafts chain --profile \
                   --constants FOLD_REPLAY=$replay > "$out/steps_foldreplay_m2_$replay.log" 2>&1 || rc=1
                 grep -E '^(chain|\| _mamba2)' "$out/steps_foldreplay_m2_$replay.log"
+              done ;;
+    tight)    rc=0
+              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+                tests/test_ring.py -k "tight or variants" > "$out/gpu_tests_tight.log" 2>&1 || rc=1
+              tail -3 "$out/gpu_tests_tight.log"
+              timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/tight_stack=1 \
+                > "$out/sweep_tight.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_tight.log"
+              for capacity in 16 8; do
+                for tight in 0 1; do
+                  timeout 60 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile --capacity $capacity \
+                    --constants RING_MMA_TIGHT_STACK=$tight > "$out/steps_tight${tight}_c$capacity.log" 2>&1 || rc=1
+                  grep -E '^chain' "$out/steps_tight${tight}_c$capacity.log"
+                done
               done ;;
     ringprof) rc=0
               for mixer in gdn mamba2; do

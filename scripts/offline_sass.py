@@ -166,10 +166,11 @@ def mamba2_ring_test_shape_calls(batch, tuning):
     return test_shape_calls(shapes, calls, tuning, lambda call: "window" not in call.kernel.__name__)
 
 
-def gdn_ring_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, tree=False, state_dtype=torch.float32):
-    """gdn_ring_verify's launches on the mma kernel, capacity 16; by default at Qwen3-Next TP1 (Hk 16,
-    Hv 32, dk = dv = 128), chains of 4, a float32 checkpoint."""
-    K, rows = 4, 16 + N
+def gdn_ring_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, tree=False, state_dtype=torch.float32,
+                   capacity=16):
+    """gdn_ring_verify's launches on the mma kernel; by default at Qwen3-Next TP1 (Hk 16, Hv 32,
+    dk = dv = 128), capacity 16, chains of 4, a float32 checkpoint."""
+    K, rows = 4, capacity + N
     dim = 2 * Hk * dk + Hv * dv
     v = conv_views(batch, N, [(Hk * dk, (Hk, dk)), (Hk * dk, (Hk, dk)), (Hv * dv, (Hv, dv))], "qkv")
     args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
@@ -184,11 +185,13 @@ def gdn_ring_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, tree=False,
 
 def gdn_ring_test_shape_calls(batch, tuning):
     """gdn_ring's launches at the small shapes of its GPU tests (dk / dv 16 / 32, 32 / 32, and the
-    model's 128 / 128; N 3 and 4; chains and trees; float32 and bf16 checkpoints): a Gluon compile
-    error in a constexpr branch the model's shape never takes shows here, before a GPU run."""
-    shapes = [dict(dk=dk, dv=dv, N=N, tree=tree, state_dtype=state_dtype) for (dk, dv), N, tree, state_dtype
-              in itertools.product(((16, 32), (32, 32), (128, 128)), (3, 4), (False, True),
-                                   (torch.float32, torch.bfloat16))]
+    model's 128 / 128; N 3 and 4; chains and trees; float32 and bf16 checkpoints; capacity 16, and 4
+    (a stack of 16 rows) at the small head dims): a Gluon compile error in a constexpr branch the
+    model's shape never takes shows here, before a GPU run."""
+    shapes = [dict(dk=dk, dv=dv, capacity=capacity, N=N, tree=tree, state_dtype=state_dtype)
+              for (dk, dv, capacity), N, tree, state_dtype
+              in itertools.product(((16, 32, 16), (32, 32, 16), (128, 128, 16), (16, 32, 4), (32, 32, 4)), (3, 4),
+                                   (False, True), (torch.float32, torch.bfloat16))]
     return test_shape_calls(shapes, lambda **shape: gdn_ring_calls(batch, tuning, Hk=2, Hv=4, **shape), tuning,
                             lambda call: "window" not in call.kernel.__name__)
 

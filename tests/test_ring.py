@@ -438,9 +438,10 @@ def ring_layers_step(ring, ssm_state, conv_state, conv_weight, conv_bias, out, x
 
 
 # The GDN ring's other launches, all at once (module defaults): the kinds of rows and the windows
-# each in a launch of their own, the state chunks through registers, the folds by replay
+# each in a launch of their own, the state chunks through registers, the folds by replay, the stack
+# sized by the capacity
 RING_VARIANTS = dict(RING_MMA_MERGED=False, RING_MMA_FUSED_WINDOW=False, RING_MMA_STATE_STAGES=0,
-                     RING_FOLD_REPLAY=True)
+                     RING_FOLD_REPLAY=True, RING_MMA_TIGHT_STACK=True)
 
 
 @pytest.mark.gpu
@@ -453,7 +454,7 @@ def test_cuda_graph_steps_match_eager(tree, launches, monkeypatch):
     output, checkpoint and ring tensor after every replay equals, bit for bit, what eager calls of
     the same ops leave on a twin. The ring verify's default launches, and its others (RING_VARIANTS:
     the windows moved by a launch of their own, the state read through registers, the folds and the
-    flush's by replay)."""
+    flush's by replay, the stack sized by the capacity)."""
     if launches == "variants":
         from sgl_convwin._kernels import triton_kernels
 

@@ -235,6 +235,29 @@ def test_fuzz_interpreted(data):
 MMA = dict(mma=True)  # gdn_ring_verify_mma's kernel: tf32, 3xTF32 in a row that folds a float32 checkpoint
 
 
+@pytest.mark.parametrize("num_nodes, capacity, kinds", [
+    (4, 16, [(2, 16, 12), (0, 16, 12), (1, 32, 12)]), (4, 12, [(2, 16, 0), (1, 16, 0)]),
+    (4, 8, [(2, 16, 0), (1, 16, 0)]), (9, 14, [(2, 16, 0), (1, 32, 0)])])
+def test_mma_tight_stack_launches(num_nodes, capacity, kinds):
+    """With tight_stack (RING_MMA_TIGHT_STACK) a row that does not fold holds at most max(R, N) keys
+    (pending + N <= R, or nothing pending), so the verify launches' stack is sized by that and their
+    queries start at row VERIFY_KEYS = R: 16 rows where R + N <= 16 (no small kind then), else 32.
+    Without it, by C = R + N (KIND, NODES, SMALL_KEYS as in test_mma_launches_by_kind_of_row)."""
+    case = ring_case(num_rows=2, num_nodes=num_nodes, capacity=capacity, head_k_dim=32, head_v_dim=32)
+    args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
+        torch.empty(case["v"].shape), case["q"], case["k"], case["v"], case["g"], case["beta"], case["ssm_state"],
+        case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"],
+        case["ring_slots"], case["state_slots"], 1, None)
+    ring_calls = triton_kernels().gdn_ring_verify._ring_calls
+    calls = [c for c in ring_calls(*args, **kwargs, mma=True, merged=False, tight_stack=True) if "KIND" in c.constexprs]
+    assert [(c.constexprs["KIND"], c.constexprs["NODES"], c.constexprs["SMALL_KEYS"]) for c in calls] == kinds
+    assert {c.constexprs["VERIFY_KEYS"] for c in calls} == {capacity}
+    assert triton_kernels().gdn_ring_verify.RING_MMA_TIGHT_STACK is False  # (not yet run on a GPU)
+    calls = [c for c in ring_calls(*args, **kwargs, mma=True, merged=False) if "KIND" in c.constexprs]
+    assert {c.constexprs["VERIFY_KEYS"] for c in calls} == {capacity + num_nodes}
+    assert [c.constexprs["NODES"] for c in calls if c.constexprs["KIND"] == 1] == [32]
+
+
 @pytest.mark.parametrize("num_nodes, small, kinds", [
     (4, True, [(2, 16, 12), (0, 16, 12), (1, 32, 12)]), (8, True, [(2, 16, 8), (0, 16, 8), (1, 32, 8)]),
     (4, False, [(2, 16, 0), (1, 32, 0)]), (9, True, [(2, 16, 0), (1, 32, 0)])])
@@ -403,10 +426,11 @@ def test_mma_tiles_by_batch(num_rows, spread, warps, block_v, monkeypatch):
                                   dict(merged=False), dict(block_v=64), dict(state_stages=0), dict(state_stages=3),
                                   dict(chunk_k=16, state_stages=4), dict(state_stages=4), dict(num_warps=8),
                                   dict(fold_replay=True), dict(fold_replay=True, fold_block_v=64, fold_warps=4),
-                                  dict(fold_replay=True, fold_smem=False)],
+                                  dict(fold_replay=True, fold_smem=False), dict(tight_stack=True)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "64-columns", "registers",
                               "state-stages-3", "state-stages-16-rows", "state-stages-whole-tile", "8-warps",
-                              "replay-fold", "replay-fold-64-columns-4-warps", "replay-fold-registers"])
+                              "replay-fold", "replay-fold-64-columns-4-warps", "replay-fold-registers",
+                              "tight-stack"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
@@ -417,8 +441,12 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     the state chunks through registers, a chunk ahead, instead of shared memory (2 in flight by
     default; 3; 4 of 16 rows; the whole tile, which the fold then reads back); 8 warps a program;
     the folds by gdn_ring_fold's replay (its default tiles: a float32 checkpoint's in shared memory;
-    64 columns over 4 warps; the register kernel's on a float32 one too)."""
+    64 columns over 4 warps; the register kernel's on a float32 one too); the stack of the rows that
+    do not fold sized by the capacity (tight_stack, at capacities 12 and 16: chains of 4 on a stack
+    of 16 rows, then of 32 with one level of the inverse fewer)."""
     num_nodes = len(nodes)
+    if fold.get("tight_stack"):
+        capacity -= 4
     if capacity + 2 * num_nodes > 32:
         pytest.skip("C + N > 32: the Triton kernel's")
     if ("fold_block_v" in fold or "block_v" in fold or "num_warps" in fold) and head_dim == 32:
@@ -460,7 +488,7 @@ def ring_step_calls(kernels, verify_tuning=IEEE):
 @pytest.mark.parametrize("device, verify, tree", [
     pytest.param("cpu", "ieee", True, marks=[interpreted, pytest.mark.slow], id="tree-cpu"),  # (chains: the GPU's)
     *(pytest.param("cuda", verify, tree, marks=pytest.mark.gpu, id=f"{'tree' if tree else 'chain'}-cuda-{verify}")
-      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart", "mma-registers", "mma-replay")
+      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart", "mma-registers", "mma-replay", "mma-tight")
       for tree in (False, True)),
 ])
 def test_steps_against_pytorch_code(device, verify, tree):
@@ -471,7 +499,7 @@ def test_steps_against_pytorch_code(device, verify, tree):
     verify launches merged into one and moving the folded windows ("mma"), the two launches apart
     ("mma-unmerged"), and the windows in a launch of their own too, the fold uncapped ("mma-apart"),
     the state chunks through registers instead of shared memory ("mma-registers"), the folds by
-    gdn_ring_fold's replay ("mma-replay")."""
+    gdn_ring_fold's replay ("mma-replay"), the stack sized by the capacity ("mma-tight": 16 rows)."""
     gen = torch.Generator().manual_seed(1)
     layers, num_nodes, capacity, kernel_size = 2, 3, 5, 4
     head_dim = 16 if verify == "ieee" else 32  # (the mma kernel's four warps take 32 columns or more)
@@ -498,7 +526,8 @@ def test_steps_against_pytorch_code(device, verify, tree):
                 kernels, {"ieee": IEEE, "mma": MMA, "mma-unmerged": dict(MMA, merged=False),
                           "mma-apart": dict(MMA, merged=False, fused_window=False, fold_maxnreg=0),
                           "mma-registers": dict(MMA, state_stages=0),
-                          "mma-replay": dict(MMA, fold_replay=True)}[verify])
+                          "mma-replay": dict(MMA, fold_replay=True),
+                          "mma-tight": dict(MMA, tight_stack=True)}[verify])
             out = torch.full(case["v"].shape, FILL, device=device)
             conv_out = torch.full((layers, num_rows, num_nodes, dim), FILL, device=device)
             if step == 12:  # the states an engine would hand on
