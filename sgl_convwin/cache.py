@@ -33,6 +33,7 @@ from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_
 from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
 from .ops_ring import DEFAULT_CAPACITY, alloc_ring, gdn_ring_flush, gdn_ring_verify, ring_accept, ring_conv1d_verify
 from .ops_ring_mamba2 import alloc_mamba2_ring, mamba2_ring_flush, mamba2_ring_verify
+from .validation import check_index_tensors
 
 
 class ConvWindowCache(torch.nn.Module):
@@ -226,15 +227,17 @@ class RingCache(torch.nn.Module):
     def _apply(self, fn, recurse=True):
         return _gates_kept_float32(self, super()._apply, fn, recurse)
 
-    def _drafts(self, num_nodes: int, method: str) -> None:
+    def _drafts(self, drafts, method: str) -> None:
         # the verify's fold and accept's cursor must agree on N: another N loses or repeats pending tokens
-        if num_nodes != self.num_draft:
+        # (drafts that are no [B, N, ...] tensor: the op's checks name them)
+        if isinstance(drafts, torch.Tensor) and drafts.dim() >= 2 and drafts.shape[1] != self.num_draft:
             raise ValueError(f"RingCache.{method}: this ring verifies {self.num_draft} draft tokens a step (its "
-                             f"num_draft), got {num_nodes}; pad the drafts to {self.num_draft}")
+                             f"num_draft), got {drafts.shape[1]}; pad the drafts to {self.num_draft}")
 
     def reset(self, slots: torch.Tensor) -> None:
         """Empty the ring slots ``slots`` (negative: skipped), for new requests whose conv_state and
         ssm_state the prefill wrote; no sync."""
+        check_index_tensors("RingCache.reset", self.cursor.device, ("slots",), slots, owner="the ring's cursor")
         num_slots = self.cursor.shape[0]
         slots = slots.long()
         named = torch.where((slots >= 0) & (slots < num_slots), slots, num_slots)  # num_slots: the spare entry
@@ -244,7 +247,7 @@ class RingCache(torch.nn.Module):
     def conv1d_verify(self, out, conv_state, x, weight, bias, slots, layer, *, state_slots=None, parents=None,
                       activation=None, state_layout=DIM_MAJOR):
         """``ring_conv1d_verify`` of layer ``layer`` (out [B, N, dim]; x [B, N, dim])."""
-        self._drafts(x.shape[1], "conv1d_verify")
+        self._drafts(x, "conv1d_verify")
         state_slots = slots if state_slots is None else state_slots
         ring_conv1d_verify(out, self.rows, conv_state, x, weight, bias, slots, state_slots, self.cursor, layer,
                            parents, activation=activation, state_layout=state_layout)
@@ -252,7 +255,7 @@ class RingCache(torch.nn.Module):
     def gdn_verify(self, out, q, k, v, g, beta, ssm_state, conv_state, conv_weight, conv_bias, slots, layer, *,
                    state_slots=None, parents=None, scale=None, use_qk_l2norm=True, state_layout=DIM_MAJOR):
         """``gdn_ring_verify`` of layer ``layer`` (conv_weight [dim, K], conv_bias [dim]: the layer's)."""
-        self._drafts(q.shape[1], "gdn_verify")
+        self._drafts(q, "gdn_verify")
         state_slots = slots if state_slots is None else state_slots
         gdn_ring_verify(out, q, k, v, g, beta, ssm_state, conv_state, self.rows, self.gates, self.cursor, conv_weight,
                         conv_bias, slots, state_slots, layer, parents, scale=scale, use_qk_l2norm=use_qk_l2norm,
@@ -277,7 +280,7 @@ class RingCache(torch.nn.Module):
                       state_slots=None, parents=None, D=None, z=None, dt_bias=None, dt_softplus=False,
                       state_layout=DIM_MAJOR):
         """``mamba2_ring_verify`` of layer ``layer`` (A [H], conv_weight [dim, K], conv_bias [dim]: the layer's)."""
-        self._drafts(x.shape[1], "mamba2_verify")
+        self._drafts(x, "mamba2_verify")
         state_slots = slots if state_slots is None else state_slots
         mamba2_ring_verify(out, x, dt, A, B, C, ssm_state, conv_state, self.rows, self.gates, self.cursor, conv_weight,
                            conv_bias, slots, state_slots, layer, parents, D=D, z=z, dt_bias=dt_bias,

@@ -122,12 +122,28 @@ def check_index_tensors(op: str, device: torch.device, names: tuple[str, ...], *
     return length
 
 
+def _may_overlap(t: torch.Tensor) -> bool:
+    """Whether two of t's elements may share a memory location. PyTorch's check answers "too hard"
+    for views such as unfold's; then each dimension's stride must pass the span of the dimensions
+    with smaller strides (every permuted or sliced dense tensor does; an exotic interleaving that
+    fails it is refused too)."""
+    answer = torch._debug_has_internal_overlap(t)
+    if answer != 2:
+        return answer == 1
+    span = 0  # the largest offset the dimensions so far reach
+    for stride, size in sorted((stride, size) for size, stride in zip(t.shape, t.stride()) if size > 1):
+        if stride <= span:
+            return True
+        span += (size - 1) * stride
+    return False
+
+
 def check_writable(op: str, name: str, t: torch.Tensor) -> None:
     """A destination the op may write in place: no overlapping elements (e.g. made by expand, it
     cannot be written row by row), no autograd history to corrupt (the ops have no derivative; a
     cache never requires grad), and not an inference tensor outside inference mode (the Triton
     kernel writes through a raw pointer, so PyTorch's own check would not fire on the GPU)."""
-    if not t.is_contiguous() and torch._debug_has_internal_overlap(t) == 1:  # (contiguous: never)
+    if not t.is_contiguous() and _may_overlap(t):  # (contiguous: never)
         raise ValueError(
             f"{op}: {name} has overlapping elements (strides {t.stride()}, e.g. from expand); "
             f"it must be a writable tensor with one memory location per element"

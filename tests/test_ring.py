@@ -296,6 +296,31 @@ def test_ring_cache_refuses_another_number_of_drafts():
         verify(cache)
 
 
+def test_ring_cache_names_malformed_arguments():
+    """RingCache's own steps before the op's checks name what is wrong instead of failing inside:
+    drafts that are no [B, N, ...] tensor reach the op's checks; reset takes a 1-D int32/int64
+    tensor of slots on the cursor's device (float slots would be truncated). Nothing is written."""
+    cache = sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6, dtype=torch.float32)
+    cache.cursor.copy_(torch.tensor([[3, 2], [4, 5], [1, 1]]))
+    before = {name: t.clone() for name, t in cache.named_buffers()}
+    conv_state, weight, slots = torch.zeros(2, 3, 16, 3), torch.randn(16, 4), torch.tensor([0])
+    for x, error, message in ((torch.randn(16), ValueError, "x must be \\[B, N, dim\\]"),
+                              ([1.0, 2.0], TypeError, "x must be a torch.Tensor, got list")):
+        with pytest.raises(error, match=message):
+            cache.conv1d_verify(torch.empty(1, 4, 16), conv_state, x, weight, None, slots, 0)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor, got NoneType"):
+        cache.gdn_verify(torch.empty(1, 4, 2, 4), None, None, None, None, None, torch.zeros(2, 3, 2, 4, 4),
+                         conv_state, weight, None, slots, 0)
+    for bad, error, message in (([0, 2], TypeError, "slots must be a torch.Tensor, got list"),
+                                (torch.tensor([[0, 2]]), ValueError, "slots must be 1-D"),
+                                (torch.tensor([0.9, 2.5]), TypeError, "slots must be int32 or int64"),
+                                (torch.tensor([0], device="meta"), ValueError,
+                                 "slots is on meta but the ring's cursor")):
+        with pytest.raises(error, match=f"RingCache.reset: {message}"):
+            cache.reset(bad)
+    assert all(torch.equal(t, before[name]) for name, t in cache.named_buffers())
+
+
 @pytest.mark.parametrize("make", [lambda: sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6, dtype=torch.float32),
                                   lambda: sgl_convwin.ConvWindowCache(2, 3, 16, 4, 4, dtype=torch.float32,
                                                                       gate_heads=2)],

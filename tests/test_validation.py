@@ -40,6 +40,8 @@ BAD_CALLS = {
     "not a tensor": (replaced(windows=[1, 2]), (TypeError, RuntimeError), r"(windows must be a torch.Tensor, got list|for argument 'windows')"),
     "state layout": (dict(good_args(), state_layout="channels_last"), ValueError, r"state_layout must be one of"),
     "expanded state": (replaced(conv_state=torch.randn(L, 1, DIM, K - 1).expand(L, N, DIM, K - 1)), ValueError, r"conv_state has overlapping elements"),
+    # slots sharing elements (unfold: each slot's window a column further along), where PyTorch's own check gives up
+    "unfolded state": (replaced(conv_state=torch.randn(L, DIM, N + K - 2).unfold(2, K - 1, 1).permute(0, 2, 1, 3)), ValueError, r"conv_state has overlapping elements"),
     "window-major shape": (dict(good_args(), state_layout="window_major"), ValueError, r"dim \(axis 3\) is 8 but conv_state has 3"),
 }
 
@@ -61,8 +63,10 @@ def test_bad_call_raises_on_meta(name):
     """The fake implementation validates too: errors surface at trace time."""
     args, error, message = BAD_CALLS[name]
     meta = {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in args.items()}
-    if name == "expanded state":  # .to() would materialise the expanded tensor
+    if name == "expanded state":  # .to() would materialise the expanded tensor (and the unfolded one)
         meta["conv_state"] = torch.empty(L, 1, DIM, K - 1, device="meta").expand(L, N, DIM, K - 1)
+    if name == "unfolded state":
+        meta["conv_state"] = torch.empty(L, DIM, N + K - 2, device="meta").unfold(2, K - 1, 1).permute(0, 2, 1, 3)
     with pytest.raises(error, match=message):
         sgl_convwin.scatter(**meta)
 
