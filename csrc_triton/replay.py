@@ -130,7 +130,8 @@ def conv_taps(weight_base, chan, cmask, weight_stride_dim, weight_stride_tap, bi
 def conv_silu(x, back1, back2, back3, back4, bias, w_x, w_1, w_2, w_3, w_4, KERNEL_SIZE: tl.constexpr):
     """silu(bias + sum_k w[:, k] * input k) in float32 for input x and the K-1 before it (back1 the
     newest), with conv_taps' weights. The fma order (bias, then the taps from the newest input up)
-    is the verify kernel's, so both give the same bits for the same inputs."""
+    is the verify kernel's; its SiLU is not (verify._silu's exp2 and fast divide), so the two differ
+    in the last bits."""
     tl.static_assert(KERNEL_SIZE <= 5, "the replay conv keeps at most 4 previous inputs")
     acc = tl.fma(w_x, x, bias)
     acc = tl.fma(w_1, back1, acc)
