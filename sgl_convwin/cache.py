@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from .cpu import walk_up
 from .layout import DEFAULT_LAYOUT, DENSE, DIM_MAJOR, TOKEN_MAJOR, check_layout, physical_nbytes, window_view
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
 from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
@@ -112,8 +113,14 @@ class ConvWindowCache(torch.nn.Module):
         state_slots = slots if state_slots is None else state_slots
         if parents is not None and self.layout != DENSE:
             scatter_tree(conv_state, self.rows, state_slots, slots, accepted, parents, state_layout=state_layout)
-        else:
-            scatter(conv_state, self.windows, state_slots, slots, accepted, state_layout=state_layout)
+            return
+        if parents is not None:
+            # a dense tree's node with a bad parent link on its walk was not captured: skip its row, as
+            # scatter_tree does, rather than commit the slot's older window (capture's walk, no sync)
+            width = self.kernel_size - 1
+            links_ok = walk_up(accepted[:, None], parents, history=width, steps=width)[1][:, 0]
+            accepted = torch.where(links_ok, accepted, -1)
+        scatter(conv_state, self.windows, state_slots, slots, accepted, state_layout=state_layout)
 
     def capture_gates(self, g, beta, slots, layer, *, a=None, b=None, A_log=None, dt_bias=None):
         """Store layer ``layer``'s gates g, beta [B, N, Hv] (Mamba2: dt, beta=None) of the verify

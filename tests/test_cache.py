@@ -178,6 +178,31 @@ def test_capture_method_equals_the_op(device, layout):
     assert torch.equal(cache.buffer, buffer) and buffer.any()
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+def test_commit_skips_a_tree_row_with_a_bad_link_on_every_layout(device, layout):
+    """A tree whose accepted node's walk meets a bad parent link (here node 1 its own parent) is not
+    committed on any layout: the rows layouts' scatter_tree skips the row, and a dense cache, whose
+    capture left that node's window unwritten, skips it too instead of committing the window an
+    earlier step left there. The other row commits its node's window."""
+    n = 3
+    cache = ConvWindowCache(L, M, DIM, n, K, layout=layout, dtype=torch.float32, device=device)
+    conv_state = torch.randn(L, M, DIM, K - 1, device=device)
+    slots, good = torch.tensor([0, 1], device=device), torch.tensor([[-1, 0, 1]] * 2, device=device)
+    cache.capture(conv_state, torch.randn(2, n, DIM, device=device), slots, 0, parents=good)
+    cache.capture(conv_state, torch.randn(2, n, DIM, device=device), slots, 1, parents=good)
+    bad = torch.tensor([[-1, 1, 1], [-1, 0, 0]], device=device)
+    x = torch.randn(L, 2, n, DIM, device=device)
+    for layer in range(L):
+        cache.capture(conv_state, x[layer], slots, layer, parents=bad)
+    want = conv_state.clone()
+    for layer in range(L):
+        inputs = torch.cat([conv_state[layer, 1].T, x[layer, 1]])  # [K-1+N, dim]: history, then the nodes
+        want[layer, 1] = inputs[[K - 2, K - 1, K + 1]].T  # node 2's window: history newest, node 0, node 2
+    cache.commit(conv_state, slots, torch.tensor([2, 2], device=device), parents=bad)
+    assert torch.equal(conv_state, want)
+
+
 def test_cache_replay_commit_matches_the_functions():
     """ConvWindowCache's gates and gdn_commit are the free functions on its own buffers."""
     from support import make_replay
