@@ -1321,6 +1321,7 @@ def check_ring_index_values(op: str, sizes: RingSizes, ring_slots, cursor, *, st
     accepted = None if steps is None else steps.tolist()
     links = None if parents is None else parents.tolist()
     used_by: dict[int, int] = {}
+    state_used_by: dict[int, int] = {}
     for row, slot in enumerate(ring):
         if slot < 0:
             continue
@@ -1343,3 +1344,8 @@ def check_ring_index_values(op: str, sizes: RingSizes, ring_slots, cursor, *, st
             raise IndexError(f"{op}: rows {used_by[slot]} and {row} both use ring slot {slot}; which one lands would "
                              f"be unspecified")
         used_by[slot] = row
+        if state is not None:  # (a fold writes the checkpoint and the window at the state slot)
+            if state[row] in state_used_by:
+                raise IndexError(f"{op}: rows {state_used_by[state[row]]} and {row} both use state slot {state[row]} "
+                                 f"(one request's checkpoint); a fold of one would replay the other from it")
+            state_used_by[state[row]] = row

@@ -172,6 +172,13 @@ def test_checked_mode_names_bad_rows():
             ring.accept(torch.tensor([1, 1]), torch.tensor([0, 0]))
         with pytest.raises(IndexError, match=r"steps\[0\] = 2"):
             ring.accept(torch.tensor([1]), torch.tensor([2]))
+        x2 = torch.zeros(2, 2, dim)
+        with pytest.raises(IndexError, match="rows 0 and 1 both use state slot 0"):  # (one checkpoint, two rings)
+            ring.conv1d_verify(torch.zeros_like(x2), harness.conv_state, x2, harness.conv_weight[0], None,
+                               torch.tensor([0, 1]), 0, state_slots=torch.tensor([0, 0]))
+        with pytest.raises(IndexError, match="rows 0 and 1 both use state slot 1"):
+            ring.flush(harness.ssm_state, harness.conv_state, harness.conv_weight, torch.tensor([0, 1]),
+                       state_slots=torch.tensor([1, 1]), **harness.heads)
         with pytest.raises(IndexError, match=r"ring_slots\[0\] = 5 is out of range for a ring of 2 slots"):
             ring.conv1d_verify(out, harness.conv_state, x, harness.conv_weight[0], None, torch.tensor([5]), 0,
                                state_slots=torch.tensor([0]))

@@ -185,6 +185,8 @@ def test_checked_mode_names_bad_rows():
             sgl_convwin.mamba2_ring_verify(**dict(arguments, state_slots=torch.tensor([0, 5])))
         with pytest.raises(IndexError, match="both use ring slot 1"):
             sgl_convwin.mamba2_ring_verify(**dict(arguments, ring_slots=torch.tensor([1, 1])))
+        with pytest.raises(IndexError, match="rows 0 and 1 both use state slot 1"):
+            sgl_convwin.mamba2_ring_verify(**dict(arguments, state_slots=torch.tensor([1, 1])))
         harness.ring.cursor[1] = torch.tensor([0, 4])  # pending 4 > C - 1 = 3
         with pytest.raises(IndexError, match=r"cursor\[1\] = \(0, 4\)"):
             harness.ring.mamba2_flush(harness.ssm_state, harness.conv_state, harness.conv_weight, harness.A,
