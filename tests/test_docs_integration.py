@@ -77,8 +77,10 @@ def run(name: str, **names) -> dict:
     return namespace
 
 
-TESTED = {"allocate", "verify", "commit", "pytorch-198068", "sglang-sizing", "sglang-pool", "sglang-verify",
-          "sglang-commit", "vllm-sizing", "vllm-verify", "vllm-commit", "transformers-commit"}
+TESTED = {"allocate", "verify", "commit", "pytorch-198068", "ring-allocate", "ring-verify", "ring-accept",
+          "ring-flush",
+          "sglang-sizing", "sglang-pool", "sglang-verify", "sglang-commit", "vllm-sizing", "vllm-verify", "vllm-commit",
+          "transformers-commit"}
 
 
 def test_every_block_is_marked_and_tested():
@@ -155,6 +157,68 @@ def test_pytorch_198068():
     """The documented reproduction still reproduces (if torch fixes the bug, the docs must change)."""
     ns = run("pytorch-198068")
     assert not torch.equal(ns["out"], ns["x"])
+
+
+def test_ring_recipe_matches_the_eager_step():
+    """Section 8's ring, step after step (chains, folds every few steps at capacity 4, a padded row),
+    against the eager step of sections 2-3 with gdn_verify and gdn_commit on a twin: every step's
+    outputs agree, and after ring-flush both states equal the eager ones (the conv window bit for
+    bit); a reset slot starts over from what its prefill wrote."""
+    gen = torch.Generator().manual_seed(5)
+    hk, dk, hv, dv, layers, slots, draft = 2, 4, 4, 8, 2, 5, 3
+    dim = GatedDeltaNet(hk, dk, hv, dv).conv_dim
+    ns = run("ring-allocate", num_gdn_layers=layers, max_running_requests=slots - 1, conv_dim=dim, tp_size=1,
+             num_draft=draft, num_v_heads_per_rank=hv, conv_state=torch.zeros(layers, slots, dim, K - 1))
+    assert ns["ring"].rows.shape == (layers, slots, 16 + draft, dim) and ns["ring"].gates.shape[-1] == hv
+    assert ns["pool_bytes_used"] == slots * bytes_per_slot(layers, dim, draft, K, dtype=torch.float32,
+                                                           mixer=GatedDeltaNet(hk, dk, hv, dv), capacity=16).ring
+    ring = sgl_convwin.RingCache(layers, slots, dim, draft, hv, capacity=4, dtype=torch.float32)  # folds often
+    conv_weights = torch.randn(layers, dim, K, generator=gen) * 0.5
+    conv_biases = torch.randn(layers, dim, generator=gen) * 0.1
+    worlds = {name: (torch.randn(layers, slots, hv, dk, dv, generator=torch.Generator().manual_seed(1)) * 0.1,
+                     torch.randn(layers, slots, dim, K - 1, generator=torch.Generator().manual_seed(2)))
+              for name in ("ring", "eager")}
+    eager = sgl_convwin.ConvWindowCache(layers, slots, dim, draft, K, dtype=torch.float32, gate_heads=hv)
+    heads = dict(num_k_heads=hk, head_k_dim=dk, num_v_heads=hv, head_v_dim=dv)
+    cache_indices = torch.tensor([3, -1, 0])
+    first_ssm = worlds["ring"][0].clone()
+    for step in range(7):
+        x = torch.randn(layers, 3, draft, dim, generator=gen)
+        g, beta = -torch.rand(layers, 3, draft, hv, generator=gen), torch.rand(layers, 3, draft, hv, generator=gen)
+        accept_lens = torch.randint(1, draft + 1, (3,), generator=gen)
+        for layer in range(layers):
+            ssm_state, conv_state = worlds["ring"]
+            got = run("ring-verify", ring=ring, conv_state=conv_state, ssm_state=ssm_state, x=x[layer],
+                      conv_weight=conv_weights[layer], conv_bias=conv_biases[layer], cache_indices=cache_indices,
+                      layer_id=layer, tree_parents=None, hk=hk, dk=dk, hv=hv, dv=dv, g=g[layer], beta=beta[layer])["o"]
+            ssm_e, conv_e = worlds["eager"]
+            out = torch.empty_like(x[layer])
+            eager.causal_conv1d_verify(out, conv_e, x[layer], conv_weights[layer], conv_biases[layer],
+                                       cache_indices, layer, activation="silu")
+            eager.capture_gates(g[layer], beta[layer], cache_indices, layer)
+            q, k, v = out.split([hk * dk, hk * dk, hv * dv], dim=-1)
+            want = torch.empty(3, draft, hv, dv)
+            sgl_convwin.gdn_verify(want, q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)),
+                                   v.unflatten(-1, (hv, dv)), g[layer], beta[layer], ssm_e[layer], cache_indices)
+            torch.testing.assert_close(got[[0, 2]], want[[0, 2]], atol=1e-5, rtol=1e-5)
+        run("ring-accept", ring=ring, cache_indices=cache_indices, accept_lens=accept_lens)
+        eager.gdn_commit(ssm_e, conv_e, conv_weights, cache_indices, num_accepted=accept_lens, conv_bias=conv_biases,
+                         **heads)
+        if step == 4:  # slot 0 finishes; a new request's prefill writes its states, then it decodes
+            flushed = torch.tensor([0])
+            run("ring-flush", ring=ring, ssm_state=worlds["ring"][0], conv_state=worlds["ring"][1],
+                conv_weights=conv_weights, conv_biases=conv_biases, flushed=flushed, hk=hk, dk=dk, hv=hv, dv=dv,
+                new_requests=flushed)
+            torch.testing.assert_close(worlds["ring"][0][:, 0], ssm_e[:, 0], atol=1e-6, rtol=1e-5)
+            assert torch.equal(worlds["ring"][1][:, 0], conv_e[:, 0])
+            for ssm, conv in worlds.values():
+                ssm[:, 0], conv[:, 0] = 0.05, -0.5  # (the new request's prefill, alike in both worlds)
+    assert not torch.equal(worlds["ring"][0][:, 3], first_ssm[:, 3])  # the verifies folded
+    flushed = torch.tensor([0, 3])
+    run("ring-flush", ring=ring, ssm_state=worlds["ring"][0], conv_state=worlds["ring"][1], conv_weights=conv_weights,
+        conv_biases=conv_biases, flushed=flushed, hk=hk, dk=dk, hv=hv, dv=dv, new_requests=torch.tensor([-1]))
+    torch.testing.assert_close(worlds["ring"][0], worlds["eager"][0], atol=1e-6, rtol=1e-5)
+    assert torch.equal(worlds["ring"][1], worlds["eager"][1])
 
 
 # ---------------------------------------------------------------------------------------------
