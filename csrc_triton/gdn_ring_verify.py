@@ -447,8 +447,9 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
     (KIND 3, the others' cap); with state_stages the state chunks through shared memory, that many
     in flight (where a thread's copies are of 4 bytes or more: gdn_verify.state_stages_for);
     chunk_k state rows a chunk; with tight_stack the non-folding rows' stack sized by their most keys,
-    max(R, N) (RING_MMA_TIGHT_STACK), else by C. maxnreg: the register cap of the launches that do not fold (0 or
-    None: the compiler's choice), or a pair (the small rows' cap, the other non-folding rows')."""
+    max(R, N) (RING_MMA_TIGHT_STACK), else by C. maxnreg: the register cap of the launches that do
+    not fold (0 or None: the compiler's choice), or a pair (the small rows' cap, the other
+    non-folding rows')."""
     from . import gdn_ring_verify_mma
 
     block_v, num_warps = chunk.constexprs["BLOCK_V"], chunk.constexprs["num_warps"]
@@ -512,8 +513,8 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
     state_stages, chunk_k, fold_replay, fold_smem and tight_stack its own (None: 128 columns, fewer for
     small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW, RING_MMA_MERGED,
     RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K, RING_FOLD_REPLAY, RING_MMA_TIGHT_STACK; the rest:
-    _mma_chunk_calls); else
-    the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
+    _mma_chunk_calls); else the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a
+    float32 checkpoint)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
         return ()
