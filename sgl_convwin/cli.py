@@ -12,6 +12,7 @@ layout, chain and tree, each checked against its oracle in sgl_convwin/reference
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -21,6 +22,7 @@ from . import plan as plan_module
 from .layout import LAYOUTS
 from .ops_ring import DEFAULT_CAPACITY
 from .selfcheck import selfcheck
+from .validation import VERIFY_MAX_NODES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,8 +32,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (--help for usage)\n")
 
 
-def _at_least(minimum: int):
-    """An argparse type: an int >= minimum (argparse reports anything else as a usage error)."""
+def _at_least(minimum: int, maximum: int | None = None, why: str = ""):
+    """An argparse type: an int >= minimum (and <= maximum, for ``why``); argparse reports anything
+    else as a usage error."""
 
     def parse(text: str) -> int:
         try:
@@ -40,9 +43,14 @@ def _at_least(minimum: int):
             raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum} ({why}), got {value}")
         return value
 
     return parse
+
+
+_SEED = _at_least(0, 2**32 - 1, "a 32-bit seed")
 
 
 def _device(text: str) -> str:
@@ -72,6 +80,9 @@ def _check_ring_arguments(demo, args) -> None:
         demo.error(f"--ring runs Gated DeltaNet or Mamba2 layers (--mixer gdn|mamba2), not --mixer {args.mixer}")
     if args.layouts is not None:
         demo.error("--layouts does not apply to --ring (the ring has one layout: token-major rows)")
+    if max(args.draft, args.tree_nodes) > VERIFY_MAX_NODES:
+        demo.error(f"--ring verifies at most {VERIFY_MAX_NODES} draft tokens a step, got --draft {args.draft} "
+                   f"--tree-nodes {args.tree_nodes}")
     capacity = DEFAULT_CAPACITY if args.capacity is None else args.capacity
     if capacity < max(args.draft, args.tree_nodes):
         demo.error(f"--capacity {capacity} must be >= --draft and --tree-nodes ({max(args.draft, args.tree_nodes)}): "
@@ -89,9 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--draft", type=_at_least(1), default=4,
                       help="chain: tokens per verify pass (pending + drafts; 1: no drafts)")
     demo.add_argument("--tree-nodes", type=_at_least(1), default=8, help="tree: nodes per verify pass")
-    demo.add_argument("--topk", type=_at_least(2), default=3, help="tree: children per node (>= 2)")
+    vocab = demo_module.ModelConfig.vocab
+    demo.add_argument("--topk", type=_at_least(2, vocab, "the tiny model's vocabulary"), default=3,
+                      help=f"tree: children per node (2..{vocab})")
     demo.add_argument("--layers", type=_at_least(1), default=3)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=_SEED, default=0)
     demo.add_argument("--draft-noise", type=float, default=0.01, help="how far the drafter's weights are perturbed")
     demo.add_argument("--layouts", nargs="+", default=None, choices=list(LAYOUTS),
                       help="the buffer layouts to run (default: all; not with --ring)")
@@ -109,15 +122,26 @@ def build_parser() -> argparse.ArgumentParser:
     plan_module.add_arguments(plan)
     check = commands.add_parser("selfcheck", help="every op, every layout, chain and tree, against its oracle")
     check.add_argument("--device", type=_device, default="cpu", help="cpu (default) or cuda[:index]")
-    check.add_argument("--num-draft", type=_at_least(1), default=4, help="draft tokens N")
+    check.add_argument("--num-draft", type=_at_least(1, VERIFY_MAX_NODES, "the verify ops' most"), default=4,
+                       help=f"draft tokens N (1..{VERIFY_MAX_NODES})")
     check.add_argument("--kernel-size", type=_at_least(2), default=4,
                        help="conv width K (a window holds K-1 >= 1 inputs; the replay commits take K <= 5)")
-    check.add_argument("--seed", type=int, default=0)
+    check.add_argument("--seed", type=_SEED, default=0)
     parser.commands = {"demo": demo, "plan": plan, "selfcheck": check}
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        status = _run(argv)
+        sys.stdout.flush()  # (here, not at exit: a reader that left is caught below)
+        return status
+    except BrokenPipeError:  # (`... | head`): the reader left; no traceback, and the flush at exit goes nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _run(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "demo":

@@ -631,7 +631,7 @@ def plot_plan(plan: Plan, path: str) -> None:
     except ValueError as error:
         raise PlanError(str(error)) from error
     try:
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=120, format="png")  # (exactly ``path``: no extension added or read)
     except OSError as error:
         raise PlanError(f"--plot {path}: {error.strerror or error}") from error
     finally:
@@ -687,8 +687,10 @@ def custom_shape(args) -> ModelShape:
 
 
 def run_plan(args) -> int:
-    if args.plot:
+    if args.plot is not None:
         folder = os.path.dirname(os.path.abspath(args.plot))
+        if not args.plot or os.path.isdir(args.plot):
+            raise PlanError(f"--plot {args.plot!r}: a file name is needed (the PNG to write)")
         if not os.path.isdir(folder):
             raise PlanError(f"--plot {args.plot}: the folder {folder} does not exist")
     if args.layers is not None and args.layers < 1:

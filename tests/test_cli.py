@@ -28,12 +28,26 @@ DEMO_ERRORS = [
     (["--ring", "--layouts", "dense"], "--layouts does not apply to --ring"),
     (["--ring", "--capacity", "7"], "--capacity 7 must be >= --draft and --tree-nodes (8)"),
     (["--ring", "--capacity", "0"], "argument --capacity: must be >= 1, got 0"),
+    (["--topk", "65"], "argument --topk: must be <= 64 (the tiny model's vocabulary), got 65"),
+    (["--ring", "--draft", "65", "--capacity", "65"], "--ring verifies at most 64 draft tokens a step"),
+    (["--ring", "--tree-nodes", "65", "--capacity", "65"], "--ring verifies at most 64 draft tokens a step"),
+    (["--seed", str(2**32)], f"argument --seed: must be <= {2**32 - 1} (a 32-bit seed), got {2**32}"),
+    (["--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+]
+SELFCHECK_ERRORS = [
+    (["--num-draft", "65"], "argument --num-draft: must be <= 64 (the verify ops' most), got 65"),
+    (["--seed", str(2**64)], "argument --seed: must be <= 4294967295"),
 ]
 
 
 @pytest.mark.parametrize("args, message", DEMO_ERRORS)
 def test_demo_refuses_bad_arguments(capsys, args, message):
     usage_error(capsys, ["demo", *args], message)
+
+
+@pytest.mark.parametrize("args, message", SELFCHECK_ERRORS)
+def test_selfcheck_refuses_bad_arguments(capsys, args, message):
+    usage_error(capsys, ["selfcheck", *args], message)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA build with a GPU accepts --device cuda")
@@ -58,6 +72,8 @@ PLAN_ERRORS = [
     (["--model", "nemotron-h-8b", "--conv-dim", "8", "--ssm-state", "4"],
      "--conv-dim, --ssm-state apply only to --model custom"),
     (["--model", "llama"], "argument --model: invalid choice: 'llama'"),
+    (["--model", "qwen3-next-80b-a3b", "--plot", ""], "--plot '': a file name is needed"),
+    (["--model", "qwen3-next-80b-a3b", "--plot", "/tmp"], "--plot '/tmp': a file name is needed"),
 ]
 
 
@@ -69,8 +85,30 @@ def test_plan_refuses_bad_arguments(capsys, args, message):
 def test_plot_into_an_unwritable_file(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     folder = tmp_path / "x.png"
-    folder.mkdir()  # savefig cannot open a folder as a file
-    usage_error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", "--plot", str(folder)], f"--plot {folder}")
+    folder.mkdir()  # a folder, whatever its name, is no file to write
+    usage_error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", "--plot", str(folder)],
+                f"--plot '{folder}': a file name is needed")
+    usage_error(capsys, ["plan", "--model", "qwen3-next-80b-a3b", "--plot", "/proc/x.png"], "--plot /proc/x.png")
+
+
+def test_plot_writes_exactly_the_file_named(tmp_path, capsys):
+    """A name without an extension (or another one) is still the PNG's file: matplotlib would add
+    .png to it, or read the format from it."""
+    pytest.importorskip("matplotlib")
+    for name in ("plan", "plan.data"):
+        assert cli.main(["plan", "--model", "qwen3-next-80b-a3b", "--plot", str(tmp_path / name)]) == 0
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan", "plan.data"]
+    assert f"plot written to {tmp_path / 'plan.data'}" in capsys.readouterr().out
+
+
+def test_a_closed_pipe_shows_no_traceback():
+    """`... plan --json | head -c 100`: the reader leaves early; the command ends without a traceback."""
+    command = [sys.executable, "-m", "sgl_convwin", "plan", "--model", "qwen3-next-80b-a3b", "--json"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        process.stdout.close()  # (before the command writes: it is still importing torch)
+        stderr = process.stderr.read().decode()
+        assert process.wait() == 1 and not stderr, stderr
 
 
 def test_the_module_shows_no_traceback():
