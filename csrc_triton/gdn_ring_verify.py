@@ -65,8 +65,15 @@ RING_FOLD_REPLAY = False
 RING_MMA_SPREAD = False
 # The stack of the rows that do not fold sized by the capacity: such a row has at most
 # max(R, N) keys (pending + N <= R), not C = R + N, so its queries start at row R (one level of
-# (I + A)^-1 fewer at R = 16; a stack of 16 rows where R + N <= 16; not yet run on a GPU)
+# (I + A)^-1 fewer at R = 16; a stack of 16 rows where R + N <= 16; the mma kernel wherever
+# R + N <= 32; not yet run on a GPU)
 RING_MMA_TIGHT_STACK = False
+
+
+def mma_verify_keys(ring_rows: int, num_nodes: int, tight_stack: bool) -> int:
+    """The key rows of gdn_ring_verify_mma's verify stack (its queries follow): C, or with
+    tight_stack max(R, N) (R = C - N), the most keys a row that does not fold can hold."""
+    return min(ring_rows, max(ring_rows - num_nodes, num_nodes)) if tight_stack else ring_rows
 
 
 def fold_precision_for(ssm) -> str:
@@ -420,7 +427,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                                   max_pending=max_pending, fold_above=fold_above, use_qk_l2norm=use_qk_l2norm,
                                   block_v=fold_block_v, num_warps=fold_warps, maxnreg=fold_maxnreg,
                                   smem=fold_smem)
-    chunks = (_mma_chunk_calls(chunk, ssm, num_layers, ring_rows + num_nodes, maxnreg, small, fold_warps,
+    chunks = (_mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps,
                                fold_block_v, fold_maxnreg, fused, RING_MMA_MERGED if merged is None else merged,
                                RING_MMA_STATE_STAGES if state_stages is None else state_stages,
                                chunk_k or RING_MMA_CHUNK_K, replay,
@@ -432,7 +439,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     return (*chunks, window)
 
 
-def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_warps=None, fold_block_v=None,
+def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fold_block_v=None,
                      fold_maxnreg=None, fused_window=False, merged=False, state_stages=0, chunk_k=RING_MMA_CHUNK_K,
                      replay=None, tight_stack=False):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
@@ -455,9 +462,12 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
     block_v, num_warps = chunk.constexprs["BLOCK_V"], chunk.constexprs["num_warps"]
     fold_warps = fold_warps or num_warps
     fold_block_v = fold_block_v or block_v
-    if num_layers != 1 or stack_rows > RING_MMA_NODES:
-        raise ValueError(f"gdn_ring_verify_mma: one layer and C + N <= {RING_MMA_NODES}, got {num_layers} layers, "
-                         f"C + N = {stack_rows}")
+    num_nodes, ring_rows = chunk.constexprs["NUM_NODES"], chunk.constexprs["RING_ROWS"]
+    verify_keys = mma_verify_keys(ring_rows, num_nodes, tight_stack)
+    verify_rule = chunk.constexprs["FOLD_ABOVE"] == ring_rows - num_nodes  # (what mma_verify_keys counts on)
+    if num_layers != 1 or not verify_rule or verify_keys + num_nodes > RING_MMA_NODES:
+        raise ValueError(f"gdn_ring_verify_mma: one layer of a verify and a stack of {verify_keys} keys + N <= "
+                         f"{RING_MMA_NODES} rows, got {num_layers} layers, {verify_keys} + {num_nodes}")
     chunk_k = min(chunk_k, chunk.constexprs["BLOCK_K"])
     check_mma_tiles("gdn_ring_verify_mma", block_v, num_warps, chunk_k)
     if replay is None:
@@ -470,8 +480,6 @@ def _mma_chunk_calls(chunk, ssm, num_layers, stack_rows, maxnreg, small, fold_wa
                       STATE_STAGES=state_stages_for(state_stages, block_v, num_warps, chunks, ssm))
     constexprs.update(NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k, WARPS=num_warps,
                       SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4))
-    num_nodes, ring_rows = constexprs["NUM_NODES"], constexprs["RING_ROWS"]
-    verify_keys = min(ring_rows, max(constexprs["FOLD_ABOVE"], num_nodes)) if tight_stack else ring_rows
     verify_nodes = (max(RING_MMA_SMALL_NODES, next_power_of_2(verify_keys + num_nodes)) if tight_stack
                     else RING_MMA_NODES)
     constexprs.update(VERIFY_KEYS=verify_keys)
@@ -508,7 +516,8 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
-    _mma_kernel_runs_on, C + N <= 32, dv >= 32 and no precision is asked for), with block_v,
+    _mma_kernel_runs_on, its stack fits 32 rows -- C + N, with tight_stack R + N --, dv >= 32 and
+    no precision is asked for), with block_v,
     num_warps, maxnreg, small, fold_warps, fold_block_v, fold_maxnreg, fused_window, merged,
     state_stages, chunk_k, fold_replay, fold_smem and tight_stack its own (None: 128 columns, fewer for
     small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW, RING_MMA_MERGED,
@@ -520,9 +529,10 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
         return ()
     heads = (q.shape[2], q.shape[3], v.shape[2], v.shape[3])
     if mma is None:
+        tight = RING_MMA_TIGHT_STACK if tight_stack is None else tight_stack
         mma = (precision is None and fold_precision is None and block_v is None and num_warps is None
-               and rows.shape[2] + num_nodes <= RING_MMA_NODES and v.shape[3] >= 8 * RING_MMA_WARPS
-               and _mma_kernel_runs_on(ssm))
+               and mma_verify_keys(rows.shape[2], num_nodes, tight) + num_nodes <= RING_MMA_NODES
+               and v.shape[3] >= 8 * RING_MMA_WARPS and _mma_kernel_runs_on(ssm))
     num_warps = (RING_MMA_WARPS if mma else RING_WARPS) if num_warps is None else num_warps
     if mma and block_v is None:  # (never under 8 columns a warp: check_mma_tiles)
         block_v = (spread_block(RING_MMA_BLOCK_V, q.shape[0], v.shape[2], v.shape[3], max(2 * MIN_DOT, 8 * num_warps))

@@ -8,7 +8,7 @@ key and query stack -- the pending tokens' k from their conv over the ring's row
 the drafts' q -- is normalised in registers and staged once in shared memory, rows 0..C-1 keys,
 rows C..C+N-1 queries (C + N <= 32, one [32, 32] set of node matrices, four warps side by side
 over the columns: none repeats them; with VERIFY_KEYS = R the queries from row R, where a row
-that does not fold has its last key); a row with few pending tokens (pending + 2 N <= 16) on a
+that does not fold has its last key, and R + N <= 32); a row with few pending tokens (pending + 2 N <= 16) on a
 stack of 16 rows, its queries from row 16 - N.
 
 Launches over the same grid, one per kind of row -- first the rows that fold, folding only (a
@@ -373,7 +373,7 @@ def _gdn_ring_verify_mma_kernel(
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
-    only: N >= 1, C + N <= 32). Only the rows of one KIND do any work, each kind its own compile with
+    only: N >= 1, VERIFY_KEYS + N <= 32). Only the rows of one KIND do any work, each kind its own compile with
     its own registers: 0, those that do not fold and whose pending + N keys fit SMALL_KEYS (a stack
     of NODES = 16 rows, queries from row SMALL_KEYS = 16 - N); 1, the others that do not fold (NODES
     rows, queries from row VERIFY_KEYS: C, or max(FOLD_ABOVE, N) -- a row that does not fold has at

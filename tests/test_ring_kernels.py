@@ -237,12 +237,13 @@ MMA = dict(mma=True)  # gdn_ring_verify_mma's kernel: tf32, 3xTF32 in a row that
 
 @pytest.mark.parametrize("num_nodes, capacity, kinds", [
     (4, 16, [(2, 16, 12), (0, 16, 12), (1, 32, 12)]), (4, 12, [(2, 16, 0), (1, 16, 0)]),
-    (4, 8, [(2, 16, 0), (1, 16, 0)]), (9, 14, [(2, 16, 0), (1, 32, 0)])])
-def test_mma_tight_stack_launches(num_nodes, capacity, kinds):
+    (4, 8, [(2, 16, 0), (1, 16, 0)]), (9, 14, [(2, 16, 0), (1, 32, 0)]), (16, 16, [(2, 16, 0), (1, 32, 0)])])
+def test_mma_tight_stack_launches(num_nodes, capacity, kinds, monkeypatch):
     """With tight_stack (RING_MMA_TIGHT_STACK) a row that does not fold holds at most max(R, N) keys
     (pending + N <= R, or nothing pending), so the verify launches' stack is sized by that and their
-    queries start at row VERIFY_KEYS = R: 16 rows where R + N <= 16 (no small kind then), else 32.
-    Without it, by C = R + N (KIND, NODES, SMALL_KEYS as in test_mma_launches_by_kind_of_row)."""
+    queries start at row VERIFY_KEYS = R: 16 rows where R + N <= 16 (no small kind then), else 32;
+    and the mma kernel takes R + N <= 32 (16 nodes at R = 16). Without it, by C = R + N (KIND,
+    NODES, SMALL_KEYS as in test_mma_launches_by_kind_of_row), C + N <= 32."""
     case = ring_case(num_rows=2, num_nodes=num_nodes, capacity=capacity, head_k_dim=32, head_v_dim=32)
     args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
         torch.empty(case["v"].shape), case["q"], case["k"], case["v"], case["g"], case["beta"], case["ssm_state"],
@@ -253,6 +254,14 @@ def test_mma_tight_stack_launches(num_nodes, capacity, kinds):
     assert [(c.constexprs["KIND"], c.constexprs["NODES"], c.constexprs["SMALL_KEYS"]) for c in calls] == kinds
     assert {c.constexprs["VERIFY_KEYS"] for c in calls} == {capacity}
     assert triton_kernels().gdn_ring_verify.RING_MMA_TIGHT_STACK is False  # (not yet run on a GPU)
+    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "_mma_kernel_runs_on", lambda ssm: True)  # (a GPU's)
+    for tight in (False, True):  # the launcher's own choice: the mma kernel wherever its stack fits 32 rows
+        chosen = ring_calls(*args, **kwargs, tight_stack=tight)
+        assert any("KIND" in c.constexprs for c in chosen) == (tight or capacity + 2 * num_nodes <= 32)
+    if capacity + 2 * num_nodes > 32:
+        with pytest.raises(ValueError, match=f"a stack of {capacity + num_nodes} keys"):
+            ring_calls(*args, **kwargs, mma=True)
+        return
     calls = [c for c in ring_calls(*args, **kwargs, mma=True, merged=False) if "KIND" in c.constexprs]
     assert {c.constexprs["VERIFY_KEYS"] for c in calls} == {capacity + num_nodes}
     assert [c.constexprs["NODES"] for c in calls if c.constexprs["KIND"] == 1] == [32]
@@ -461,6 +470,24 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
                      ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 5, -1, 1], parents=nodes,
                      rows_dtype=torch.bfloat16, state_dtype=state_dtype, device="cuda")
     want, got = run_both(case, tuning=dict(MMA, **fold))
+    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
+    assert_agree(want, got, tol=2e-3, state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
+    assert_same_untouched(case, want, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_mma_kernel_takes_16_nodes_with_a_tight_stack(state_dtype):
+    """With tight_stack the mma kernel verifies a tree of 16 nodes at capacity 16 (R + N = 32 stack
+    rows; C + N = 48 is the Triton kernel's otherwise): rows that fold, replay, hold nothing, pad."""
+    nodes = [-1, 0, 0, 0, 1, 1, 1, 2, 2, 3, 4, 4, 5, 7, 9, 12]
+    capacity, ring_rows = 16, 32
+    cursors = torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, 9], [0, 0], [2, 0], [1, 1]])
+    case = ring_case(num_rows=5, num_nodes=len(nodes), capacity=capacity, num_k_heads=2, head_k_dim=128,
+                     head_v_dim=128, num_state_slots=6, num_ring_slots=5, cursors=cursors,
+                     ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 5, -1, 1], parents=nodes,
+                     rows_dtype=torch.bfloat16, state_dtype=state_dtype, device="cuda")
+    want, got = run_both(case, tuning=dict(MMA, tight_stack=True))
     assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
     assert_agree(want, got, tol=2e-3, state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
     assert_same_untouched(case, want, got)
