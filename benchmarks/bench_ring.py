@@ -53,6 +53,7 @@ from sgl_convwin import reference  # noqa: E402
 
 UNROLL = 8  # steps per captured graph, each with its own acceptance
 DEVICE = "cuda"  # (tests dry-run the flow on the CPU)
+WORKSPACE = False  # --workspace: the GDN verifies with a workspace
 SHAPES = {"gdn": Shapes(), "mamba2": NEMOTRON_H_8B_TP1}  # Qwen3-Next-80B TP1, Nemotron-H-8B TP1
 
 
@@ -85,6 +86,7 @@ def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
         slots=torch.randperm(batch, device="cpu").to(DEVICE),
         parents=torch.tensor([TREE_PARENTS] * batch, device=DEVICE) if tree else None,
         out=torch.empty(L, batch, N, shapes.v_heads, shapes.head_v, dtype=torch.bfloat16, device=DEVICE),
+        workspace=sgl_convwin.alloc_ring_workspace(batch, dim, capacity=capacity, device=DEVICE) if WORKSPACE else None,
     )
 
 
@@ -143,7 +145,8 @@ def ring_steps_fn(p, steps_table, *, conv: bool, accept: bool = True):
                 else:
                     sgl_convwin.gdn_ring_verify(p["out"][layer], p["q"], p["k"], p["v"], p["g"][layer],
                                                 p["beta"][layer], p["ssm"], p["conv_state"], ring.rows, ring.gates,
-                                                ring.cursor, p["weight"][layer], None, slots, slots, layer, parents)
+                                                ring.cursor, p["weight"][layer], None, slots, slots, layer, parents,
+                                                workspace=p.get("workspace"))
             if accept:
                 sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, parents, num_draft=p["N"])
     return run
@@ -269,6 +272,9 @@ def sweep(shapes, batches, capacity, specs, ncu=None):
                 tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision,
                               fold_precision=fold[0] if fold else precision)
             tuning.update(keywords)
+            if tuning.pop("workspace", 0):  # (/workspace=1: the verify with a workspace)
+                tuning["workspace"] = sgl_convwin.alloc_ring_workspace(batch, shapes.dim, capacity=capacity,
+                                                                      device=DEVICE)
             print(markdown_row(batch, spec, *sweep_times(lambda: launch(*args, **kwargs, **tuning), ring.cursor,
                                                          pendings, ncu)), flush=True)
         del p
@@ -374,10 +380,17 @@ def main(argv=None) -> int:
                         help="with --sweep: run that column's launches once inside cudaProfilerStart / Stop instead "
                              "of timing them (under ncu --profile-from-start off): few / more pending, every row "
                              "folding, 1 row in 6 folding")
+    parser.add_argument("--workspace", action="store_true",
+                        help="each GDN ring verify with a workspace (alloc_ring_workspace): the pending tokens' conv "
+                             "outputs computed once a row instead of in every program")
     parser.add_argument("--constants", nargs="+", default=[], metavar="NAME=VALUE",
                         help="module defaults of the ring verify's launcher (csrc_triton/gdn_ring_verify.py, "
                              "--mixer mamba2: mamba2_ring_verify.py) set for this run, e.g. RING_MMA_MERGED=0")
     args = parser.parse_args(argv)
+    global WORKSPACE
+    WORKSPACE = args.workspace
+    if args.workspace and args.mixer != "gdn":
+        parser.error("--workspace: the Gated DeltaNet ring's")
     if args.constants:
         set_constants(args.mixer, parse_tunings(args.constants), parser.error)
     if args.ncu and not args.sweep:

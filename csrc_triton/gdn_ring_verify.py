@@ -36,6 +36,9 @@ from .ring_conv import check_ring_grid, ring_row_state
 RING_BLOCK_V = 32
 RING_WARPS = 8
 WINDOW_BLOCK = 256  # channels per program of the window store
+# The pending tokens' conv outputs into a verify's workspace: channels per program, warps (unmeasured)
+PENDING_INPUTS_BLOCK = 64
+PENDING_INPUTS_WARPS = 2
 # gdn_ring_verify_mma's kernel, the verify's on sm_80+ with Triton 3.6: four warps side by side over
 # 128 columns (its [32, 32] node matrices split between them, none repeated), state rows loaded 32
 # at a time; C + N <= 32 stack rows. The folds go first, in their own launch; then the rows that do
@@ -136,6 +139,50 @@ def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_r
 
 
 @triton.jit
+def pending_inputs(inputs_base, token, pending_row, chan, chan_ok, inputs_stride_token, inputs_stride_dim):
+    """[T, CH] fp32: the pending tokens' conv outputs ``token`` [T] (where ``pending_row``) at
+    channels ``chan`` [CH] as _pending_inputs_kernel stored them for the row's ring slot."""
+    return tl.load(inputs_base + (token * inputs_stride_token)[:, None] + (chan * inputs_stride_dim)[None, :],
+                   mask=pending_row[:, None] & chan_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _pending_inputs_kernel(
+    inputs_ptr, rows_ptr, conv_ptr, cursor_ptr, weight_ptr, bias_ptr, ring_slots_ptr, state_slots_ptr,
+    layer, num_state_slots, num_ring_slots, first_chan, end_chan,
+    inputs_stride_slot, inputs_stride_token, inputs_stride_dim,
+    rows_stride_layer, rows_stride_slot, rows_stride_row, rows_stride_dim,
+    conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
+    cursor_stride_slot, cursor_stride_field, weight_stride_dim, weight_stride_tap, bias_stride,
+    ring_slots_stride, state_slots_stride,
+    RING_ROWS: tl.constexpr, MAX_PENDING: tl.constexpr, TOKENS: tl.constexpr, KERNEL_SIZE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One program: BLOCK channels (from first_chan, below end_chan) of one row's pending tokens'
+    conv outputs, silu(bias + sum_t w_t x_t) by _pending_conv (the verify kernels' own arithmetic),
+    stored in float32 at inputs[ring_slots[row], j] for the verify's launches of layer ``layer``
+    to read instead of each program's conv. Rows and cursors as the verify kernel reads them."""
+    chan = first_chan + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    chan_ok = chan < end_chan
+    row = tl.program_id(1).to(tl.int64)
+    layer = layer.to(tl.int64)
+    ring, slot, start, pending, live = _ring_row(row, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots,
+                                                 num_ring_slots, ring_slots_stride, state_slots_stride,
+                                                 cursor_stride_slot, cursor_stride_field, RING_ROWS, MAX_PENDING)
+    if live & (pending > 0):
+        first, count = start.to(tl.int32), pending.to(tl.int32)  # (as the verify kernel passes them)
+        token = tl.arange(0, TOKENS)
+        pending_row = token < count
+        inputs = _pending_conv(rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot,
+                               conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot, weight_ptr, bias_ptr,
+                               token, pending_row, first, count, chan, chan_ok, rows_stride_row, rows_stride_dim,
+                               conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
+                               RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+        tl.store(inputs_ptr + ring * inputs_stride_slot + (token * inputs_stride_token)[:, None]
+                 + (chan * inputs_stride_dim)[None, :], inputs, mask=pending_row[:, None] & chan_ok[None, :])
+
+
+@triton.jit
 def _chunk(kq, state, v, beta, decay, cumulative, key_side, eye, RING_ROWS: tl.constexpr, PRECISION: tl.constexpr):
     """(O on query rows, U on key rows, kq as the products' operand) of the chunk, products in
     PRECISION: gdn_verify's UT form with the ring's key rows."""
@@ -163,7 +210,7 @@ def _folded(kq, updates, state, g, cumulative, key_pending, PRECISION: tl.conste
 @triton.jit
 def _gdn_ring_verify_kernel(
     out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr, cursor_ptr, weight_ptr,
-    bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr,
+    bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr, inputs_ptr,
     layer, num_state_slots, num_ring_slots, scale,
     out_stride_row, out_stride_node, out_stride_head, out_stride_v,
     q_stride_row, q_stride_node, q_stride_head, q_stride_k,
@@ -177,17 +224,20 @@ def _gdn_ring_verify_kernel(
     gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_gate, gates_stride_head,
     cursor_stride_slot, cursor_stride_field, weight_stride_layer, weight_stride_dim, weight_stride_tap,
     bias_stride_layer, bias_stride, ring_slots_stride, state_slots_stride, parents_stride_row, parents_stride_node,
+    inputs_stride_slot, inputs_stride_token, inputs_stride_dim,
     NUM_NODES: tl.constexpr, RING_ROWS: tl.constexpr, MAX_PENDING: tl.constexpr, FOLD_ABOVE: tl.constexpr,
     NODES: tl.constexpr, KERNEL_SIZE: tl.constexpr,
     NUM_K_HEADS: tl.constexpr, NUM_V_HEADS: tl.constexpr, HEAD_K_DIM: tl.constexpr, HEAD_V_DIM: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, TREE: tl.constexpr, L2NORM: tl.constexpr,
-    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, FOLD_PRECISION: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, FOLD_PRECISION: tl.constexpr, HAS_INPUTS: tl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2). A row is left alone (nothing read past its indices, nothing written)
     unless both slots are in range and its cursor a ring position (pending <= MAX_PENDING); its
     outputs also need every parent link in [-1, n-1]. It folds when pending > 0 and pending + N >
-    FOLD_ABOVE (the verify: the capacity; the flush, with no drafts: 0)."""
+    FOLD_ABOVE (the verify: the capacity; the flush, with no drafts: 0). With HAS_INPUTS the pending
+    tokens' conv outputs come from inputs_ptr [M, R, dim] (_pending_inputs_kernel's, this launch's
+    layer) instead of their conv."""
     V_BLOCKS: tl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = tl.program_id(0) // V_BLOCKS
     v_block = tl.program_id(0) % V_BLOCKS
@@ -227,9 +277,13 @@ def _gdn_ring_verify_kernel(
     ring_row = (start + tl.where(key_pending, stack, 0)) % RING_ROWS
     # k and q: pending tokens' from their conv (k channels Hk*dk + k_head*dk + i), drafts' given
     k_chan = NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk
-    conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, stack, key_pending, start, pending, k_chan,
-                           k_ok, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
-                           weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+    inputs_base = inputs_ptr + ring * inputs_stride_slot
+    if HAS_INPUTS:
+        conv_k = pending_inputs(inputs_base, stack, key_pending, k_chan, k_ok, inputs_stride_token, inputs_stride_dim)
+    else:
+        conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, stack, key_pending, start, pending, k_chan,
+                               k_ok, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                               weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
     d = tl.where(drafted, draft, 0).to(tl.int64)
     keys = (k_ptr + row * k_stride_row + k_head * k_stride_head + (d * k_stride_node)[:, None]
             + (kk * k_stride_k)[None, :])
@@ -273,9 +327,13 @@ def _gdn_ring_verify_kernel(
     eye = (stack[:, None] == stack[None, :]).to(tl.float32)
 
     v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
-    conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, stack, key_pending, start, pending, v_chan,
-                           columns, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
-                           weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+    if HAS_INPUTS:
+        conv_v = pending_inputs(inputs_base, stack, key_pending, v_chan, columns, inputs_stride_token,
+                                inputs_stride_dim)
+    else:
+        conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, stack, key_pending, start, pending,
+                               v_chan, columns, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                               weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
     v_given = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (d * v_stride_node)[:, None]
                       + (vv * v_stride_v)[None, :], mask=(drafted & key_side)[:, None] & columns[None, :],
                       other=0.0).to(tl.float32)
@@ -377,13 +435,15 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
                  fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                 chunk_k=None, fold_replay=None, fold_smem=None, tight_stack=None):
+                 chunk_k=None, fold_replay=None, fold_smem=None, tight_stack=None, workspace=None):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
-    read). With mma, the folds by gdn_ring_fold's replay where fold_replay (None: RING_FOLD_REPLAY),
-    on fold_block_v columns and fold_warps warps capped at fold_maxnreg registers, its tile in shared
-    memory by fold_smem (None: its defaults; gdn_ring_fold.replay_fold_call)."""
+    read). With a workspace [M, R, dim] float32 (one layer), first _pending_inputs_kernel's launch
+    filling it, and the chunk kernels read the pending tokens' k and v there. With mma, the folds by
+    gdn_ring_fold's replay where fold_replay (None: RING_FOLD_REPLAY), on fold_block_v columns and
+    fold_warps warps capped at fold_maxnreg registers, its tile in shared memory by fold_smem (None:
+    its defaults; gdn_ring_fold.replay_fold_call)."""
     num_k_heads, head_k_dim, num_v_heads, head_v_dim = heads
     num_rows = ring_slots.shape[0]
     ring_rows, kernel_size = rows.shape[2], conv.shape[3] + 1
@@ -394,7 +454,8 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     per_layer = (lambda t: t.stride()) if weight.dim() == 3 else (lambda t: (0, *t.stride()))  # [L, ...]: stacked
     no_strides = lambda n: (0,) * n  # noqa: E731 -- a tensor the kernel never reads
     bias_strides = (0, 0) if bias is None else per_layer(bias)
-    index_strides = (ring_slots.stride(0), state_slots.stride(0), *((0, 0) if parents is None else parents.stride()))
+    index_strides = (ring_slots.stride(0), state_slots.stride(0), *((0, 0) if parents is None else parents.stride()),
+                     *((0, 0, 0) if workspace is None else workspace.stride()))
     scalars = (layer, ssm.shape[1], rows.shape[1], float(scale),
                *(out.stride() if drafts else no_strides(4)), *(q.stride() if drafts else no_strides(4)),
                *(k.stride() if drafts else no_strides(4)), *(v.stride() if drafts else no_strides(4)),
@@ -407,13 +468,13 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
         NUM_V_HEADS=num_v_heads, HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim,
         BLOCK_K=max(MIN_DOT, next_power_of_2(head_k_dim)), BLOCK_V=block_v, TREE=parents is not None,
         L2NORM=bool(use_qk_l2norm), HAS_BIAS=bias is not None, PRECISION=precision or fold_precision_for(ssm),
-        FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm),
+        FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), HAS_INPUTS=workspace is not None,
         num_warps=num_warps,
     )
     placeholder = ssm  # where the drafts' tensors would be
     tensors = (out if drafts else placeholder, *((q, k, v, g, beta) if drafts else (placeholder,) * 5), ssm, conv, rows,
                gates, cursor, weight, weight if bias is None else bias, ring_slots, state_slots,
-               state_slots if parents is None else parents)
+               state_slots if parents is None else parents, ssm if workspace is None else workspace)
     chunk = KernelCall(_gdn_ring_verify_kernel, (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers),
                        tensors, scalars, constexprs)
     # the windows in the mma verify launches (their programs cover q, k and v: the rows' whole width)
@@ -432,11 +493,33 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                                RING_MMA_STATE_STAGES if state_stages is None else state_stages,
                                chunk_k or RING_MMA_CHUNK_K, replay,
                                RING_MMA_TIGHT_STACK if tight_stack is None else tight_stack) if mma else (chunk,))
+    fill = () if workspace is None else (pending_inputs_call(
+        conv, rows, cursor, weight, bias, ring_slots, state_slots, workspace, layer=layer, num_layers=num_layers,
+        num_state_slots=ssm.shape[1], max_pending=max_pending, channels=(num_k_heads * head_k_dim, rows.shape[3])),)
     if fused:
-        return chunks
+        return (*fill, *chunks)
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
                          num_layers=num_layers, num_nodes=num_nodes, max_pending=max_pending, fold_above=fold_above)
-    return (*chunks, window)
+    return (*fill, *chunks, window)
+
+
+def pending_inputs_call(conv, rows, cursor, weight, bias, ring_slots, state_slots, workspace, *, layer, num_layers,
+                        num_state_slots, max_pending, channels):
+    """_pending_inputs_kernel's launch: the pending tokens' conv outputs of layer ``layer`` at the
+    channels [first, end) = ``channels`` (GDN: k and v) into workspace [M, R, dim] (float32),
+    weight [dim, K] / bias [dim] the layer's."""
+    if num_layers != 1 or weight.dim() != 2:
+        raise ValueError("gdn_ring_verify: a workspace serves one layer's verify")
+    first, end = channels
+    grid = (cdiv(end - first, PENDING_INPUTS_BLOCK), ring_slots.shape[0])
+    scalars = (layer, num_state_slots, rows.shape[1], first, end, *workspace.stride(), *rows.stride(), *conv.stride(),
+               *cursor.stride(), *weight.stride(), 0 if bias is None else bias.stride(0), ring_slots.stride(0),
+               state_slots.stride(0))
+    constexprs = dict(RING_ROWS=rows.shape[2], MAX_PENDING=max_pending, TOKENS=max(2, next_power_of_2(max_pending)),
+                      KERNEL_SIZE=conv.shape[3] + 1, HAS_BIAS=bias is not None, BLOCK=PENDING_INPUTS_BLOCK,
+                      num_warps=PENDING_INPUTS_WARPS)
+    tensors = (workspace, rows, conv, cursor, weight, weight if bias is None else bias, ring_slots, state_slots)
+    return KernelCall(_pending_inputs_kernel, grid, tensors, scalars, constexprs)
 
 
 def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fold_block_v=None,
@@ -512,15 +595,16 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                chunk_k=None, fold_replay=None, fold_smem=None, tight_stack=None):
+                chunk_k=None, fold_replay=None, fold_smem=None, tight_stack=None, workspace=None):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
-    move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
-    _mma_kernel_runs_on, its stack fits 32 rows -- C + N, with tight_stack R + N --, dv >= 32 and
-    no precision is asked for), with block_v,
-    num_warps, maxnreg, small, fold_warps, fold_block_v, fold_maxnreg, fused_window, merged,
-    state_stages, chunk_k, fold_replay, fold_smem and tight_stack its own (None: 128 columns, fewer for
-    small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW, RING_MMA_MERGED,
+    move them), or () with no rows; with a workspace first the pending inputs' launch
+    (pending_inputs_call), which the chunk kernels then read. mma: gdn_ring_verify_mma's chunk
+    kernel (None: where _mma_kernel_runs_on, its stack fits 32 rows -- C + N, with tight_stack
+    R + N --, dv >= 32 and no precision is asked for), with block_v, num_warps, maxnreg, small,
+    fold_warps, fold_block_v, fold_maxnreg, fused_window, merged, state_stages, chunk_k,
+    fold_replay, fold_smem and tight_stack its own (None: 128 columns, fewer for small batches with
+    RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW, RING_MMA_MERGED,
     RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K, RING_FOLD_REPLAY, RING_MMA_TIGHT_STACK; the rest:
     _mma_chunk_calls); else the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a
     float32 checkpoint)."""
@@ -544,7 +628,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
                         fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k,
-                        fold_replay=fold_replay, fold_smem=fold_smem, tight_stack=tight_stack)
+                        fold_replay=fold_replay, fold_smem=fold_smem, tight_stack=tight_stack, workspace=workspace)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
@@ -552,7 +636,8 @@ def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor
     """ops_ring.gdn_ring_verify's arguments as its prepare gives them (ssm [L, S, Hv, dk, dv], conv
     [L, S, dim, K-1], rows [L, M, C, dim], gates [L, M, C, 2, Hv], cursor [M, 2]; any strides).
     The verify's launches (the Triton kernel's one, or the mma kernel's by kind of row: _ring_calls),
-    then the folded conv windows' (none where the mma launches move them: fused_window)."""
+    then the folded conv windows' (none where the mma launches move them: fused_window); with
+    ``workspace`` (in tuning) the pending inputs' launch first."""
     for call in _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
                             state_slots, layer, parents, scale=scale, use_qk_l2norm=use_qk_l2norm, **tuning):
         call.launch()

@@ -110,9 +110,19 @@ def _columns_natural(x, WARPS: gl.constexpr, TILES: gl.constexpr):
 
 
 @gluon.jit
+def _stored_inputs(inputs_base, chan, chan_ok, pending, inputs_stride_token, inputs_stride_dim, NODES: gl.constexpr,
+                   L: gl.constexpr):
+    """[NODES, CH] fp32 in layout L: pending tokens 0..pending-1's conv outputs at channels ``chan``
+    as gdn_ring_verify._pending_inputs_kernel stored them (the rows' workspace); zeros elsewhere."""
+    token = gl.arange(0, NODES, layout=gl.SliceLayout(1, L))
+    return gl.load(inputs_base + (token * inputs_stride_token)[:, None] + (chan * inputs_stride_dim)[None, :],
+                   mask=(token < pending)[:, None] & chan_ok[None, :], other=0.0)
+
+
+@gluon.jit
 def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_ring, rows_base,
               window_base, gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr,
-              out_ptr, ssm_ptr, scale,
+              out_ptr, ssm_ptr, scale, inputs_base, inputs_stride_token, inputs_stride_dim,
               q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
               k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
               g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
@@ -127,13 +137,14 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
-              STATE_STAGES: gl.constexpr):
+              STATE_STAGES: gl.constexpr, HAS_INPUTS: gl.constexpr):
     """One program's work: with drafts (NUM_NODES > 0) the row's outputs for its query rows, stored,
     and the drafts' gates beside their rows (v0 = 0); with FOLD the checkpoint tile after the pending
     tokens, stored in place (after the outputs, which the old tile gave). Products in 3xTF32 with
     SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of this launch has at most
     PENDING_ROWS pending tokens. With STATE_STAGES the chunks come through shared memory state_ring
-    (cp.async, that many in flight)."""
+    (cp.async, that many in flight); with HAS_INPUTS the pending tokens' conv outputs from
+    inputs_base (the row's workspace) instead of their conv."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -188,11 +199,15 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
         kq = gl.where(is_key[:, None], given_k.to(gl.float32), given_q.to(gl.float32))
         if part == 0 and PENDING_ROWS > 0:
             if pending > 0:  # (none in a row that just folded: its verify starts from the new checkpoint)
-                conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
-                                       NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk, k_ok, start, pending,
-                                       rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
-                                       weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
-                                       PART, HAS_BIAS, STACK_L)
+                k_chan = NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk
+                if HAS_INPUTS:
+                    conv_k = _stored_inputs(inputs_base, k_chan, k_ok, pending, inputs_stride_token,
+                                            inputs_stride_dim, PART, STACK_L)
+                else:
+                    conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, k_chan, k_ok, start,
+                                           pending, rows_stride_row, rows_stride_dim, conv_stride_dim,
+                                           conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
+                                           RING_ROWS, KERNEL_SIZE, PART, HAS_BIAS, STACK_L)
                 kq = gl.where((is_key & (s < pending))[:, None], conv_k, kq)
         if L2NORM:
             kq = kq * (1.0 / gl.sqrt(gl.sum(kq * kq, axis=1) + 1e-6))[:, None]  # (a divide a row, not a value)
@@ -289,11 +304,15 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
                          other=0.0).to(gl.float32)
         if part == 0 and PENDING_ROWS > 0:
             if pending > 0:
-                conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr,
-                                       2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vl, vl < HEAD_V_DIM, start,
-                                       pending, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
-                                       weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
-                                       PART, HAS_BIAS, LOAD_L)
+                v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vl
+                if HAS_INPUTS:
+                    conv_v = _stored_inputs(inputs_base, v_chan, vl < HEAD_V_DIM, pending, inputs_stride_token,
+                                            inputs_stride_dim, PART, LOAD_L)
+                else:
+                    conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, v_chan, vl < HEAD_V_DIM,
+                                           start, pending, rows_stride_row, rows_stride_dim, conv_stride_dim,
+                                           conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
+                                           RING_ROWS, KERNEL_SIZE, PART, HAS_BIAS, LOAD_L)
                 v_part = gl.where((sl < pending)[:, None], conv_v, v_part)
         v_smem.slice(part * PART, PART, dim=0).store(_columns_relabelled(v_part, WARPS, TILES))
     gl.thread_barrier()
@@ -348,7 +367,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
 @gluon.jit
 def _gdn_ring_verify_mma_kernel(
     out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr, cursor_ptr, weight_ptr,
-    bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr,
+    bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr, inputs_ptr,
     layer, num_state_slots, num_ring_slots, scale,
     out_stride_row, out_stride_node, out_stride_head, out_stride_v,
     q_stride_row, q_stride_node, q_stride_head, q_stride_k,
@@ -362,6 +381,7 @@ def _gdn_ring_verify_mma_kernel(
     gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_gate, gates_stride_head,
     cursor_stride_slot, cursor_stride_field, weight_stride_layer, weight_stride_dim, weight_stride_tap,
     bias_stride_layer, bias_stride, ring_slots_stride, state_slots_stride, parents_stride_row, parents_stride_node,
+    inputs_stride_slot, inputs_stride_token, inputs_stride_dim,
     NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, MAX_PENDING: gl.constexpr, FOLD_ABOVE: gl.constexpr,
     NODES: gl.constexpr, KERNEL_SIZE: gl.constexpr,
     NUM_K_HEADS: gl.constexpr, NUM_V_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
@@ -369,7 +389,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
-    VERIFY_KEYS: gl.constexpr,
+    VERIFY_KEYS: gl.constexpr, HAS_INPUTS: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
@@ -384,7 +404,8 @@ def _gdn_ring_verify_mma_kernel(
     FUSED_WINDOW their programs of such a row then move its conv window past the folded tokens
     (nothing in these launches reads a folded row's window): each its v columns, a key head's first
     value head its q and k. With STATE_STAGES the state chunks come through shared memory (cp.async,
-    that many in flight)."""
+    that many in flight); with HAS_INPUTS the pending tokens' k and v from inputs_ptr (the row's
+    ring slot's, filled by gdn_ring_verify._pending_inputs_kernel) instead of their conv."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = gl.program_id(0) // V_BLOCKS
     v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
@@ -429,7 +450,7 @@ def _gdn_ring_verify_mma_kernel(
         if kind == THIS:
             _row_head(live, start, pending, row, head, k_head, v0, state_base, state_ring, rows_base, window_base,
                       gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr,
-                      ssm_ptr, scale,
+                      ssm_ptr, scale, inputs_ptr + ring * inputs_stride_slot, inputs_stride_token, inputs_stride_dim,
                       q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node,
                       k_stride_head, k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
                       g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node,
@@ -443,7 +464,7 @@ def _gdn_ring_verify_mma_kernel(
                       SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
                       HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
                       L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
-                      STATE_STAGES)
+                      STATE_STAGES, HAS_INPUTS)
             if FUSED_WINDOW and THIS != 2:
                 if moved:
                     WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])

@@ -32,7 +32,8 @@ from .cpu import walk_up
 from .layout import DEFAULT_LAYOUT, DENSE, DIM_MAJOR, TOKEN_MAJOR, check_layout, physical_nbytes, window_view
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
 from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
-from .ops_ring import DEFAULT_CAPACITY, alloc_ring, gdn_ring_flush, gdn_ring_verify, ring_accept, ring_conv1d_verify
+from .ops_ring import (DEFAULT_CAPACITY, alloc_ring, alloc_ring_workspace, gdn_ring_flush, gdn_ring_verify, ring_accept,
+                       ring_conv1d_verify)
 from .ops_ring_mamba2 import alloc_mamba2_ring, mamba2_ring_flush, mamba2_ring_verify
 from .validation import check_index_tensors
 
@@ -69,7 +70,7 @@ class ConvWindowCache(torch.nn.Module):
         self.register_buffer("gates", gates, persistent=False)
 
     def _apply(self, fn, recurse=True):
-        return _gates_kept_float32(self, super()._apply, fn, recurse)
+        return _kept_float32(self, super()._apply, fn, recurse)
 
     @property
     def nbytes(self) -> int:
@@ -182,14 +183,15 @@ def _steps(accepted, num_accepted, parents):
     return num_accepted.to(torch.int64) - 1
 
 
-def _gates_kept_float32(module, apply, fn, recurse):
-    """nn.Module._apply (``apply``: the parent's) with the gates' dtype kept: ``.to(torch.bfloat16)``
-    (or ``model.half()``) moves them with the module but never rounds them (the ops replay exactly
-    the float32 gates the verify used)."""
-    gates = module.gates
+def _kept_float32(module, apply, fn, recurse, names=("gates",)):
+    """nn.Module._apply (``apply``: the parent's) with the dtype of the buffers ``names`` kept:
+    ``.to(torch.bfloat16)`` (or ``model.half()``) moves them with the module but never rounds them
+    (the ops replay exactly the float32 gates the verify used; a workspace is float32)."""
+    kept = {name: getattr(module, name) for name in names}
     apply(fn, recurse)
-    if gates is not None and module.gates.dtype != gates.dtype:
-        module.gates = gates.to(module.gates.device)
+    for name, before in kept.items():
+        if before is not None and getattr(module, name).dtype != before.dtype:
+            setattr(module, name, before.to(getattr(module, name).device))
     return module
 
 
@@ -211,20 +213,27 @@ class RingCache(torch.nn.Module):
 
     def __init__(self, num_layers: int, num_slots: int, dim: int, num_draft: int, num_v_heads: int, *,
                  capacity: int = DEFAULT_CAPACITY, dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str | None = None, num_gates: int = 2):
+                 device: torch.device | str | None = None, num_gates: int = 2, workspace: bool = False):
         super().__init__()
         if num_gates not in (1, 2):
             raise ValueError(f"RingCache: num_gates must be 2 (GDN: g, beta) or 1 (Mamba2: dt), got {num_gates!r}")
+        if workspace and num_gates != 2:
+            raise ValueError("RingCache: workspace serves the Gated DeltaNet verify (num_gates=2) only")
         alloc = alloc_ring if num_gates == 2 else alloc_mamba2_ring
         ring = alloc(num_layers, num_slots, dim, num_draft, num_v_heads, capacity=capacity, dtype=dtype, device=device)
         self.num_draft, self.capacity = num_draft, capacity
         for name, tensor in ring._asdict().items():
             self.register_buffer(name, tensor, persistent=False)
+        # the verify's scratch for the pending tokens' conv outputs (gdn_ring_verify's workspace)
+        self.register_buffer("workspace", alloc_ring_workspace(num_slots, dim, capacity=capacity, device=device)
+                             if workspace else None, persistent=False)
 
     @property
     def nbytes(self) -> int:
-        """Physical bytes of the rows, the gates and the cursor (the checkpoint states not counted)."""
-        return sum(t.numel() * t.element_size() for t in (self.rows, self.gates, self.cursor))
+        """Physical bytes of the rows, the gates, the cursor and the workspace if any (the
+        checkpoint states not counted)."""
+        return sum(t.numel() * t.element_size() for t in (self.rows, self.gates, self.cursor, self.workspace)
+                   if t is not None)
 
     @property
     def pending(self) -> torch.Tensor:
@@ -232,7 +241,7 @@ class RingCache(torch.nn.Module):
         return self.cursor[:, 1]
 
     def _apply(self, fn, recurse=True):
-        return _gates_kept_float32(self, super()._apply, fn, recurse)
+        return _kept_float32(self, super()._apply, fn, recurse, ("gates", "workspace"))
 
     def _drafts(self, drafts, method: str) -> None:
         # the verify's fold and accept's cursor must agree on N: another N loses or repeats pending tokens
@@ -266,7 +275,7 @@ class RingCache(torch.nn.Module):
         state_slots = slots if state_slots is None else state_slots
         gdn_ring_verify(out, q, k, v, g, beta, ssm_state, conv_state, self.rows, self.gates, self.cursor, conv_weight,
                         conv_bias, slots, state_slots, layer, parents, scale=scale, use_qk_l2norm=use_qk_l2norm,
-                        state_layout=state_layout)
+                        state_layout=state_layout, workspace=self.workspace)
 
     def accept(self, slots, accepted=None, *, num_accepted=None, parents=None):
         """``ring_accept``: ``accepted`` (the index of the last accepted token or node) or

@@ -68,7 +68,11 @@ IEEE = dict(precision="ieee")  # float32 products: what the PyTorch code compute
 
 
 def run_both(case, *, layer=1, use_qk_l2norm=True, tuning=IEEE):
-    """(PyTorch code's tensors, kernels' tensors) after one call each on copies of ``case``."""
+    """(PyTorch code's tensors, kernels' tensors) after one call each on copies of ``case``; a
+    tuning's ``workspace=True`` gives the kernels' call a workspace (alloc_ring_workspace's)."""
+    tuning = dict(tuning or {})
+    workspace = tuning.pop("workspace", False)
+
     def call(launch):
         mine = {name: None if t is None else t.clone() for name, t in case.items()}
         out = torch.full(mine["v"].shape, FILL, device=mine["v"].device)
@@ -76,9 +80,13 @@ def run_both(case, *, layer=1, use_qk_l2norm=True, tuning=IEEE):
                 mine["rows"], mine["gates"], mine["cursor"], mine["conv_weight"], mine["conv_bias"],
                 mine["ring_slots"], mine["state_slots"], layer, mine["parents"])
         if launch:
+            rows = mine["rows"]
+            if workspace:
+                mine["workspace"] = sgl_convwin.alloc_ring_workspace(
+                    rows.shape[1], rows.shape[3], capacity=rows.shape[2] - mine["q"].shape[1], device=rows.device)
             kernel_args, kernel_kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
-                *args, use_qk_l2norm=use_qk_l2norm)
-            triton_kernels().launch_gdn_ring_verify(*kernel_args, **kernel_kwargs, **(tuning or {}))
+                *args, use_qk_l2norm=use_qk_l2norm, workspace=mine.get("workspace"))
+            triton_kernels().launch_gdn_ring_verify(*kernel_args, **kernel_kwargs, **tuning)
         else:
             ring_pytorch_code("gdn_ring_verify")(*args, use_qk_l2norm=use_qk_l2norm)
         mine["out"] = out
@@ -103,6 +111,61 @@ def assert_same_untouched(case, want, got):
     """States the PyTorch code left as they were, the kernels left bit for bit too."""
     kept = torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)  # [L, S]
     assert torch.equal(got["ssm_state"][kept], case["ssm_state"][kept])
+
+
+def pending_conv_oracle(case, layer, ring_slot, state_slot, count):
+    """[count, dim] float64: silu(bias + sum_t w_t x_t) of a slot's first ``count`` pending tokens,
+    their inputs the checkpoint's window then the ring rows start, start + 1, ... (mod C)."""
+    start = int(case["cursor"][ring_slot, 0])
+    rows = case["rows"][layer, ring_slot].double()
+    ring_rows, width = rows.shape[0], case["conv_state"].shape[3]
+    history = torch.cat([case["conv_state"][layer, state_slot].double().T,
+                         rows[[(start + j) % ring_rows for j in range(count)]]])  # [K-1 + count, dim]
+    weight, bias = case["conv_weight"].double(), case["conv_bias"].double()
+    outputs = torch.stack([bias + (history[j:j + width + 1] * weight.T).sum(0) for j in range(count)])
+    return outputs * torch.sigmoid(outputs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_a_workspace_gives_the_same_results(device, tree):
+    """With a workspace the pending tokens' conv outputs are computed once a row (the channels of k
+    and v, float32) and the chunk kernel reads them instead of its own conv: the same arithmetic, so
+    every output, checkpoint, window and gate is bit for bit what the call without one leaves. The
+    workspace holds each live row's pending outputs (the float64 oracle's within 1e-6), nothing
+    past them, nothing for a padded row."""
+    cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
+    case = ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
+                     state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)
+    tuning = IEEE if device == "cpu" else MMA
+    _, plain = run_both(case, tuning=tuning)
+    want, got = run_both(case, tuning=dict(tuning, workspace=True))
+    if device == "cpu":  # (the mma kernel's own conv is another compile of the same sums: within its tolerance)
+        for name in ("out", "ssm_state", "conv_state", "gates", "rows", "cursor"):
+            assert torch.equal(got[name], plain[name]), name
+    assert_agree(want, got, **({} if device == "cpu" else dict(tol=2e-3, state_tol=1e-4)))
+    workspace, first = got["workspace"].cpu(), case["q"].shape[2] * case["q"].shape[3]  # (k's first channel)
+    for ring_slot, state_slot in ((0, 3), (1, 0), (3, None), (2, 4)):
+        pending = int(cursors[ring_slot, 1]) if state_slot is not None else 0
+        if pending:
+            want_inputs = pending_conv_oracle({n: t.cpu() for n, t in case.items() if t is not None}, 1, ring_slot,
+                                              state_slot, pending)[:, first:]
+            error = (workspace[ring_slot, :pending, first:].double() - want_inputs).abs().max().item()
+            assert error <= 1e-6 * want_inputs.abs().max().item(), (ring_slot, error)
+        assert not workspace[ring_slot, pending:].any() and not workspace[ring_slot, :, :first].any(), ring_slot
+    # the verify's launches read it: after the fill, a changed workspace changes their outputs
+    mine = {name: None if t is None else t.clone() for name, t in case.items()}
+    out = torch.full(mine["v"].shape, FILL, device=device)
+    kernel_args, kernel_kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
+        out, mine["q"], mine["k"], mine["v"], mine["g"], mine["beta"], mine["ssm_state"], mine["conv_state"],
+        mine["rows"], mine["gates"], mine["cursor"], mine["conv_weight"], mine["conv_bias"], mine["ring_slots"],
+        mine["state_slots"], 1, mine["parents"], workspace=got["workspace"].clone())
+    fill, *verify = triton_kernels().gdn_ring_verify._ring_calls(*kernel_args, **kernel_kwargs, **tuning)
+    assert fill.kernel is triton_kernels().gdn_ring_verify._pending_inputs_kernel
+    kernel_kwargs["workspace"].mul_(2)
+    for call in verify:
+        call.launch()
+    assert not torch.equal(out, plain["out"])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -435,11 +498,12 @@ def test_mma_tiles_by_batch(num_rows, spread, warps, block_v, monkeypatch):
                                   dict(merged=False), dict(block_v=64), dict(state_stages=0), dict(state_stages=3),
                                   dict(chunk_k=16, state_stages=4), dict(state_stages=4), dict(num_warps=8),
                                   dict(fold_replay=True), dict(fold_replay=True, fold_block_v=64, fold_warps=4),
-                                  dict(fold_replay=True, fold_smem=False), dict(tight_stack=True)],
+                                  dict(fold_replay=True, fold_smem=False), dict(tight_stack=True),
+                                  dict(workspace=True), dict(workspace=True, fold_replay=True)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "64-columns", "registers",
                               "state-stages-3", "state-stages-16-rows", "state-stages-whole-tile", "8-warps",
                               "replay-fold", "replay-fold-64-columns-4-warps", "replay-fold-registers",
-                              "tight-stack"])
+                              "tight-stack", "workspace", "workspace-replay-fold"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
     4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
@@ -452,7 +516,8 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     the folds by gdn_ring_fold's replay (its default tiles: a float32 checkpoint's in shared memory;
     64 columns over 4 warps; the register kernel's on a float32 one too); the stack of the rows that
     do not fold sized by the capacity (tight_stack, at capacities 12 and 16: chains of 4 on a stack
-    of 16 rows, then of 32 with one level of the inverse fewer)."""
+    of 16 rows, then of 32 with one level of the inverse fewer); the pending tokens' conv outputs
+    from a workspace (alone, and with the replay folds, which do their own conv)."""
     num_nodes = len(nodes)
     if fold.get("tight_stack"):
         capacity -= 4
