@@ -53,7 +53,7 @@ from sgl_convwin import reference  # noqa: E402
 
 UNROLL = 8  # steps per captured graph, each with its own acceptance
 DEVICE = "cuda"  # (tests dry-run the flow on the CPU)
-WORKSPACE = False  # --workspace: the GDN verifies with a workspace
+WORKSPACE = False  # --workspace: the verifies with a workspace
 SHAPES = {"gdn": Shapes(), "mamba2": NEMOTRON_H_8B_TP1}  # Qwen3-Next-80B TP1, Nemotron-H-8B TP1
 
 
@@ -119,9 +119,11 @@ def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
     x = conv_out[..., :x_width].unflatten(-1, (H, shapes.head_dim))
     B, C = (conv_out[..., start:start + bc_width].unflatten(-1, (shapes.groups, shapes.d_state))
             for start in (x_width, x_width + bc_width))
+    workspace = sgl_convwin.alloc_ring_workspace(batch, dim, capacity=capacity, device=DEVICE) if WORKSPACE else None
     arguments = [((p["out"][layer], x, p["dt"][layer], p["A"][layer], B, C, p["ssm"], p["conv_state"], ring.rows,
                    ring.gates, ring.cursor, p["weight"][layer], p["bias"][layer], p["slots"], p["slots"], layer,
-                   p["parents"]), dict(dt_bias=p["dt_bias"][layer], dt_softplus=True)) for layer in range(L)]
+                   p["parents"]), dict(dt_bias=p["dt_bias"][layer], dt_softplus=True, workspace=workspace))
+                 for layer in range(L)]
     p["verify"] = [functools.partial(sgl_convwin.mamba2_ring_verify, *args, **kwargs) for args, kwargs in arguments]
     p["calls"] = [sgl_convwin.mamba2_ring_verify.kernel_arguments(*args, **kwargs) for args, kwargs in arguments]
     return p
@@ -301,8 +303,11 @@ def mamba2_sweep(shapes, batches, capacity, specs, ncu=None):
                           **(dict(state_precision=rest[2]) if len(rest) > 2 else {}),
                           **(dict(fold_warps=int(rest[3])) if len(rest) > 3 else {}),
                           **(dict(maxnreg=int(rest[4])) if len(rest) > 4 else {}), **keywords)
-            print(markdown_row(batch, spec, *sweep_times(lambda: launch(*args, **kwargs, **tuning), p["ring"].cursor,
-                                                         pendings, ncu)), flush=True)
+            if tuning.pop("workspace", 0):  # (/workspace=1: the verify with a workspace)
+                tuning["workspace"] = sgl_convwin.alloc_ring_workspace(batch, shapes.dim, capacity=capacity,
+                                                                      device=DEVICE)
+            print(markdown_row(batch, spec, *sweep_times(lambda: launch(*args, **dict(kwargs, **tuning)),
+                                                         p["ring"].cursor, pendings, ncu)), flush=True)
         del p
         torch.cuda.empty_cache()
 
@@ -381,7 +386,7 @@ def main(argv=None) -> int:
                              "of timing them (under ncu --profile-from-start off): few / more pending, every row "
                              "folding, 1 row in 6 folding")
     parser.add_argument("--workspace", action="store_true",
-                        help="each GDN ring verify with a workspace (alloc_ring_workspace): the pending tokens' conv "
+                        help="each ring verify with a workspace (alloc_ring_workspace): the pending tokens' conv "
                              "outputs computed once a row instead of in every program")
     parser.add_argument("--constants", nargs="+", default=[], metavar="NAME=VALUE",
                         help="module defaults of the ring verify's launcher (csrc_triton/gdn_ring_verify.py, "
@@ -389,8 +394,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     global WORKSPACE
     WORKSPACE = args.workspace
-    if args.workspace and args.mixer != "gdn":
-        parser.error("--workspace: the Gated DeltaNet ring's")
     if args.constants:
         set_constants(args.mixer, parse_tunings(args.constants), parser.error)
     if args.ncu and not args.sweep:

@@ -147,6 +147,22 @@ def pending_inputs(inputs_base, token, pending_row, chan, chan_ok, inputs_stride
 
 
 @triton.jit
+def pending_values(inputs_base, inputs_stride_token, inputs_stride_dim, rows_base, window_base, weight_ptr, bias_ptr,
+                   token, pending_row, start, pending, chan, chan_ok, rows_stride_row, rows_stride_dim,
+                   window_stride_dim, window_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
+                   RING_ROWS: tl.constexpr, KERNEL_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   HAS_INPUTS: tl.constexpr):
+    """_pending_conv's [T, CH] values: loaded from the row's workspace (inputs_base) with HAS_INPUTS,
+    else computed."""
+    if HAS_INPUTS:
+        return pending_inputs(inputs_base, token, pending_row, chan, chan_ok, inputs_stride_token, inputs_stride_dim)
+    else:
+        return _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_row, start, pending, chan,
+                             chan_ok, rows_stride_row, rows_stride_dim, window_stride_dim, window_stride_win,
+                             weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+
+
+@triton.jit
 def _pending_inputs_kernel(
     inputs_ptr, rows_ptr, conv_ptr, cursor_ptr, weight_ptr, bias_ptr, ring_slots_ptr, state_slots_ptr,
     layer, num_state_slots, num_ring_slots, first_chan, end_chan,
@@ -278,12 +294,10 @@ def _gdn_ring_verify_kernel(
     # k and q: pending tokens' from their conv (k channels Hk*dk + k_head*dk + i), drafts' given
     k_chan = NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk
     inputs_base = inputs_ptr + ring * inputs_stride_slot
-    if HAS_INPUTS:
-        conv_k = pending_inputs(inputs_base, stack, key_pending, k_chan, k_ok, inputs_stride_token, inputs_stride_dim)
-    else:
-        conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, stack, key_pending, start, pending, k_chan,
-                               k_ok, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
-                               weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+    conv_k = pending_values(inputs_base, inputs_stride_token, inputs_stride_dim, rows_base, window_base, weight_ptr,
+                            bias_ptr, stack, key_pending, start, pending, k_chan, k_ok, rows_stride_row,
+                            rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap,
+                            bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS, HAS_INPUTS)
     d = tl.where(drafted, draft, 0).to(tl.int64)
     keys = (k_ptr + row * k_stride_row + k_head * k_stride_head + (d * k_stride_node)[:, None]
             + (kk * k_stride_k)[None, :])
@@ -327,13 +341,10 @@ def _gdn_ring_verify_kernel(
     eye = (stack[:, None] == stack[None, :]).to(tl.float32)
 
     v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
-    if HAS_INPUTS:
-        conv_v = pending_inputs(inputs_base, stack, key_pending, v_chan, columns, inputs_stride_token,
-                                inputs_stride_dim)
-    else:
-        conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, stack, key_pending, start, pending,
-                               v_chan, columns, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
-                               weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+    conv_v = pending_values(inputs_base, inputs_stride_token, inputs_stride_dim, rows_base, window_base, weight_ptr,
+                            bias_ptr, stack, key_pending, start, pending, v_chan, columns, rows_stride_row,
+                            rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap,
+                            bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS, HAS_INPUTS)
     v_given = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (d * v_stride_node)[:, None]
                       + (vv * v_stride_v)[None, :], mask=(drafted & key_side)[:, None] & columns[None, :],
                       other=0.0).to(tl.float32)

@@ -70,9 +70,9 @@
 #             warps and on 16 rows over 2; whole chain steps with each fold)
 #   tight     the GDN ring's verify stack sized by the capacity (RING_MMA_TIGHT_STACK; never run on a GPU): its GPU
 #             tests, then the one-layer sweep and whole chain steps against the default, capacities 16 and 8
-#   workspace the GDN ring verify with a workspace (gdn_ring_verify(..., workspace=); never run on a GPU): the pending
-#             tokens' conv outputs once a row, read by the verify's programs instead of their conv: its GPU tests and
-#             memcheck + racecheck, the one-layer sweep with and without (and with the tight stack), whole chain steps
+#   workspace the rings' verifies with a workspace (gdn_ring_verify / mamba2_ring_verify(..., workspace=); never run on
+#             a GPU): the pending tokens' conv outputs once a row, read by the programs instead of their conv: the GPU
+#             tests and memcheck + racecheck, both rings' one-layer sweeps with and without, whole chain steps
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
 # Before a call that runs a changed kernel: `python scripts/offline_sass.py gdn_ring_test_shapes --batch 4` (and
@@ -381,19 +381,24 @@ for phase in "$@"; do
               done ;;
     workspace) rc=0
               timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                tests/test_ring.py -k "workspace" > "$out/gpu_tests_workspace.log" 2>&1 || rc=1
+                tests/test_ring.py tests/test_ring_kernels_mamba2.py tests/test_ring_mamba2.py -k "workspace" \
+                > "$out/gpu_tests_workspace.log" 2>&1 || rc=1
               tail -3 "$out/gpu_tests_workspace.log"
               mkdir -p "$out/workspace_san"
-              SANITIZE_TIMEOUT=150 SANITIZE_TESTS="tests/test_ring_kernels.py" \
+              SANITIZE_TIMEOUT=150 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py" \
                 SANITIZE_K="workspace and (cuda or (128 and 16 and fp32 and chain))" \
                 bash scripts/gpu_sanitize.sh "$out/workspace_san" || rc=1
               timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/workspace=1 \
                 mma/128/4/workspace=1/tight_stack=1 > "$out/sweep_workspace.log" 2>&1 || rc=1
+              timeout 100 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \
+                64/4/16/1/workspace=1 >> "$out/sweep_workspace.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_workspace.log"
-              for flag in "" --workspace; do
-                timeout 100 python3 benchmarks/bench_ring.py --batches 1 8 64 256 --drafts chain --profile $flag \
-                  > "$out/steps_workspace${flag:+1}.log" 2>&1 || rc=1
-                grep -E '^(chain|\| _)' "$out/steps_workspace${flag:+1}.log"
+              for mixer in gdn mamba2; do
+                for flag in "" --workspace; do
+                  timeout 60 python3 benchmarks/bench_ring.py --mixer $mixer --batches 1 64 256 --drafts chain --profile \
+                    $flag > "$out/steps_workspace_$mixer${flag:+1}.log" 2>&1 || rc=1
+                  grep -E '^(chain|\| _)' "$out/steps_workspace_$mixer${flag:+1}.log"
+                done
               done ;;
     ringprof) rc=0
               for mixer in gdn mamba2; do

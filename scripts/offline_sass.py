@@ -124,6 +124,8 @@ def mamba2_ring_calls(batch, tuning, H=128, P=64, G=8, Ns=128, N=4, capacity=16,
     float32 checkpoint."""
     K, rows = 4, capacity + N
     dim = H * P + 2 * G * Ns
+    tuning = dict(tuning)
+    workspace = torch.empty(batch, capacity, dim) if tuning.pop("workspace", False) else None  # (a ring verify's)
     v = conv_views(batch, N, [(H * P, (H, P)), (G * Ns, (G, Ns)), (G * Ns, (G, Ns))], "xBC")
     args, kwargs = sgl_convwin.mamba2_ring_verify.kernel_arguments(
         torch.empty(batch, N, H, P, dtype=torch.bfloat16), v["x"], torch.empty(batch, N, H, dtype=torch.bfloat16),
@@ -133,7 +135,7 @@ def mamba2_ring_calls(batch, tuning, H=128, P=64, G=8, Ns=128, N=4, capacity=16,
         torch.empty(dim, K, dtype=torch.bfloat16), torch.empty(dim, dtype=torch.bfloat16), torch.arange(batch),
         torch.arange(batch), 0,
         torch.zeros(batch, N, dtype=torch.int64) if tree else None, D=torch.empty(H), z=None,
-        dt_bias=torch.empty(H), dt_softplus=True)
+        dt_bias=torch.empty(H), dt_softplus=True, workspace=workspace)
     return list(csrc_triton.mamba2_ring_verify._ring_calls(*args, **kwargs, **tuning))
 
 

@@ -217,8 +217,6 @@ class RingCache(torch.nn.Module):
         super().__init__()
         if num_gates not in (1, 2):
             raise ValueError(f"RingCache: num_gates must be 2 (GDN: g, beta) or 1 (Mamba2: dt), got {num_gates!r}")
-        if workspace and num_gates != 2:
-            raise ValueError("RingCache: workspace serves the Gated DeltaNet verify (num_gates=2) only")
         alloc = alloc_ring if num_gates == 2 else alloc_mamba2_ring
         ring = alloc(num_layers, num_slots, dim, num_draft, num_v_heads, capacity=capacity, dtype=dtype, device=device)
         self.num_draft, self.capacity = num_draft, capacity
@@ -300,7 +298,7 @@ class RingCache(torch.nn.Module):
         state_slots = slots if state_slots is None else state_slots
         mamba2_ring_verify(out, x, dt, A, B, C, ssm_state, conv_state, self.rows, self.gates, self.cursor, conv_weight,
                            conv_bias, slots, state_slots, layer, parents, D=D, z=z, dt_bias=dt_bias,
-                           dt_softplus=dt_softplus, state_layout=state_layout)
+                           dt_softplus=dt_softplus, state_layout=state_layout, workspace=self.workspace)
 
     def mamba2_flush(self, ssm_state, conv_state, conv_weight, A, slots, *, num_heads, head_dim, n_groups, d_state,
                      state_slots=None, conv_bias=None, state_layout=DIM_MAJOR):

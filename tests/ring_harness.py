@@ -246,7 +246,8 @@ class Mamba2Harness(RingHarness):
     def __init__(self, *, num_layers=2, n_groups=1, ratio=2, head_dim=4, d_state=4, kernel_size=4, num_draft=3,
                  capacity=None, num_ring_slots=3, num_state_slots=5, ring_dtype=torch.bfloat16,
                  ssm_dtype=torch.float32, conv_dtype=torch.float32, x_dtype=torch.float32, state_layout="dim_major",
-                 bias=True, dt_bias=True, dt_softplus=True, skip=True, gate=True, device="cpu", seed=0):
+                 bias=True, dt_bias=True, dt_softplus=True, skip=True, gate=True, device="cpu", seed=0,
+                 workspace=False):
         num_heads = n_groups * ratio
         self.heads = dict(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state)
         self.dim = num_heads * head_dim + 2 * n_groups * d_state
@@ -256,7 +257,7 @@ class Mamba2Harness(RingHarness):
         super().__init__(num_layers=num_layers, kernel_size=kernel_size, num_draft=num_draft, capacity=capacity,
                          num_ring_slots=num_ring_slots, num_state_slots=num_state_slots, ring_dtype=ring_dtype,
                          ssm_dtype=ssm_dtype, conv_dtype=conv_dtype, x_dtype=x_dtype, state_layout=state_layout,
-                         bias=bias, device=device, seed=seed)
+                         bias=bias, device=device, seed=seed, workspace=workspace)
 
     def draw_mixer_weights(self):
         num_layers, num_heads = self.num_layers, self.heads["num_heads"]

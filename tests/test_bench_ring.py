@@ -67,18 +67,20 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
     assert len(table) == 2 * len(batches)
     if mixer == "mamba2" and INTERPRET:
         assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/1",
-                                "16/4/2/1/tf32", "16/4/1/fold_heads_per_program=2", "16/4/1/fold_replay=1"]) == 0
+                                "16/4/2/1/tf32", "16/4/1/fold_heads_per_program=2", "16/4/1/fold_replay=1",
+                                "16/4/1/workspace=1"]) == 0
         rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
-        assert len(rows) == 4 and not any("failed" in row for row in rows), rows
+        assert len(rows) == 5 and not any("failed" in row for row in rows), rows
     assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--drafts", "tree",
                             "--profile"]) == 0
     out = capsys.readouterr().out  # (no kernel events on the CPU: the flow and the table's header only)
     assert "tree B=2: graph step 4.0 us, its kernels 0.0 us (eager)" in out, out  # (8 us: a graph of 2)
     assert "| kernel | launches per step | us per step | share |" in out
-    if mixer == "gdn":  # the verifies with a workspace (--workspace; a sweep's /workspace=1)
-        monkeypatch.setattr(bench_ring, "WORKSPACE", False)  # (restored after the test)
-        assert bench_ring.main(["--batches", "2", "--capacity", "8", "--drafts", "chain", "--workspace"]) == 0
-        assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("| chain")]) == 1
+    # the verifies with a workspace (--workspace; a sweep's /workspace=1)
+    monkeypatch.setattr(bench_ring, "WORKSPACE", False)  # (restored after the test)
+    assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--drafts", "chain",
+                            "--workspace"]) == 0
+    assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("| chain")]) == 1
     if mixer == "gdn" and INTERPRET:
         assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/ieee",
                                 "16/4/ieee/workspace=1"]) == 0

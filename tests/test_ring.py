@@ -363,14 +363,13 @@ def test_caches_keep_float32_gates_through_to(make):
 
 def test_ring_cache_workspace():
     """RingCache(workspace=True): a float32 [M, capacity, dim] scratch, counted in nbytes, given to
-    every Gated DeltaNet verify (on the CPU unused: the same steps as without one); Mamba2 rings
-    (num_gates=1) have none to take."""
+    every verify (on the CPU unused: the same steps as without one)."""
     cache = sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6, dtype=torch.bfloat16, workspace=True)
     plain = sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6, dtype=torch.bfloat16)
     assert cache.workspace.shape == (3, 6, 16) and cache.workspace.dtype == torch.float32 and plain.workspace is None
     assert cache.nbytes == plain.nbytes + 3 * 6 * 16 * 4
-    with pytest.raises(ValueError, match="num_gates=2"):
-        sgl_convwin.RingCache(2, 3, 16, 4, 2, num_gates=1, workspace=True)
+    mamba2 = sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6, num_gates=1, workspace=True)
+    assert mamba2.workspace.shape == (3, 6, 16)
     worlds = [Harness(num_draft=3, capacity=4, seed=4, workspace=workspace) for workspace in (False, True)]
     for step in range(5):
         for world in worlds:

@@ -63,7 +63,11 @@ def mamba2_ring_case(*, num_rows=4, num_nodes=3, capacity=4, kernel_size=4, num_
 
 
 def run_both(case, *, dt_softplus=True, tuning=IEEE):
-    """(PyTorch code's tensors, kernels' tensors) after one mamba2_ring_verify each on copies of ``case``."""
+    """(PyTorch code's tensors, kernels' tensors) after one mamba2_ring_verify each on copies of
+    ``case``; a tuning's ``workspace=True`` gives the kernels' call a workspace."""
+    tuning = dict(tuning)
+    workspace = tuning.pop("workspace", False)
+
     def call(launch):
         mine = {name: None if t is None else t.clone() for name, t in case.items()}
         out = torch.full(mine["x"].shape, FILL, device=mine["x"].device)
@@ -72,7 +76,12 @@ def run_both(case, *, dt_softplus=True, tuning=IEEE):
                 mine["ring_slots"], mine["state_slots"], 1, mine["parents"])
         kwargs = dict(D=mine["D"], z=mine["z"], dt_bias=mine["dt_bias"], dt_softplus=dt_softplus)
         if launch:
-            kernel_args, kernel_kwargs = sgl_convwin.mamba2_ring_verify.kernel_arguments(*args, **kwargs)
+            rows = mine["rows"]
+            if workspace:
+                mine["workspace"] = sgl_convwin.alloc_ring_workspace(
+                    rows.shape[1], rows.shape[3], capacity=rows.shape[2] - mine["x"].shape[1], device=rows.device)
+            kernel_args, kernel_kwargs = sgl_convwin.mamba2_ring_verify.kernel_arguments(
+                *args, **kwargs, workspace=mine.get("workspace"))
             triton_kernels().launch_mamba2_ring_verify(*kernel_args, **kernel_kwargs, **tuning)
         else:
             ring_pytorch_code("mamba2_ring_verify")(*args, **kwargs)
@@ -124,6 +133,43 @@ def test_matches_pytorch_code(device, tree, share):
         assert_same_untouched(case, want, got)
     want, got = run_both(case, tuning=dict(heads_per_program=share))  # the default precision: 3xTF32 here
     assert_agree(want, got, tol=2e-3, state_tol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_a_workspace_gives_the_same_results(device, tree):
+    """With a workspace the pending tokens' x and B come from it (gdn_ring_verify's pending inputs
+    launch, over the x and B channels): the fold, the verify, the folding rows' drafts verified by
+    the folds' launch -- bit for bit what the calls without one leave, through the interpreter (the
+    same arithmetic), and within the kernels' tolerance on the GPU; and the launches read it."""
+    cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
+    case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
+                            state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)
+    for tuning in (IEEE, dict(IEEE, fold_verify=True), dict(IEEE, fold_replay=True)):
+        _, plain = run_both(case, tuning=tuning)
+        want, got = run_both(case, tuning=dict(tuning, workspace=True))
+        if device == "cpu":
+            for name in ("out", "ssm_state", "conv_state", "gates", "rows", "cursor"):
+                assert torch.equal(got[name], plain[name]), (tuning, name)
+        assert_agree(want, got)
+        head_dim, groups, d_state = case["x"].shape[3], case["B"].shape[2], case["B"].shape[3]
+        x_and_b = case["x"].shape[2] * head_dim + groups * d_state
+        workspace = got["workspace"]
+        assert workspace[:, :, :x_and_b].any() and not workspace[:, :, x_and_b:].any()  # (C: never replayed)
+    # the launches read it: after the fill, a changed workspace changes the outputs
+    _, plain = run_both(case, tuning=IEEE)
+    out = torch.full(case["x"].shape, FILL, device=device)
+    kernel_args, kernel_kwargs = sgl_convwin.mamba2_ring_verify.kernel_arguments(
+        out, case["x"], case["dt"], case["A"], case["B"], case["C"], case["ssm_state"].clone(),
+        case["conv_state"].clone(), case["rows"], case["gates"].clone(), case["cursor"], case["conv_weight"],
+        case["conv_bias"], case["ring_slots"], case["state_slots"], 1, case["parents"], D=case["D"], z=case["z"],
+        dt_bias=case["dt_bias"], dt_softplus=True, workspace=got["workspace"].clone())
+    fill, *verify = triton_kernels().mamba2_ring_verify._ring_calls(*kernel_args, **kernel_kwargs, **IEEE)
+    assert fill.kernel is triton_kernels().gdn_ring_verify._pending_inputs_kernel
+    kernel_kwargs["workspace"].mul_(2)
+    for call in verify:
+        call.launch()
+    assert not torch.equal(out, plain["out"])
 
 
 @pytest.mark.parametrize("device", DEVICES)

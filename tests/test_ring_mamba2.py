@@ -374,13 +374,14 @@ def test_compiled_step_matches_eager(device, dynamic):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fold_replay", [False, True], ids=["default", "replay-folds"])
+@pytest.mark.parametrize("fold_replay, workspace", [(False, False), (True, False), (False, True)],
+                         ids=["default", "replay-folds", "workspace"])
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_cuda_graph_steps_match_eager(tree, fold_replay, monkeypatch):
+def test_cuda_graph_steps_match_eager(tree, fold_replay, workspace, monkeypatch):
     """A whole Mamba2 step (every layer's conv and verify, then the acceptance) and a flush, each
     captured once and replayed with new inputs, slots (a padded row), acceptance and tree links
     written into the static inputs, new requests between steps (ring_harness.replay_against_eager);
-    the folds by the fold kernel, or by replay (FOLD_REPLAY)."""
+    the folds by the fold kernel, or by replay (FOLD_REPLAY); a ring with a workspace."""
     from sgl_convwin._kernels import triton_kernels
     from support import random_tree
 
@@ -389,7 +390,8 @@ def test_cuda_graph_steps_match_eager(tree, fold_replay, monkeypatch):
     layers, num_rows, num_draft, num_ring = 2, 3, 3, 4
     generator = torch.Generator().manual_seed(12)
     worlds = [Mamba2Harness(num_layers=layers, num_draft=num_draft, capacity=5, num_ring_slots=num_ring,
-                            num_state_slots=5, head_dim=32, d_state=16, device="cuda", seed=3) for _ in range(3)]
+                            num_state_slots=5, head_dim=32, d_state=16, device="cuda", seed=3, workspace=workspace)
+              for _ in range(3)]
     heads, dim = worlds[0].heads, worlds[0].dim
     h, p, g, n = heads["num_heads"], heads["head_dim"], heads["n_groups"], heads["d_state"]
 
