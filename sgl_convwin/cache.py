@@ -222,7 +222,7 @@ class RingCache(torch.nn.Module):
         self.num_draft, self.capacity = num_draft, capacity
         for name, tensor in ring._asdict().items():
             self.register_buffer(name, tensor, persistent=False)
-        # the verify's scratch for the pending tokens' conv outputs (gdn_ring_verify's workspace)
+        # the verifies' scratch for the pending tokens' conv outputs (the ring verify ops' workspace)
         self.register_buffer("workspace", alloc_ring_workspace(num_slots, dim, capacity=capacity, device=device)
                              if workspace else None, persistent=False)
 

@@ -71,7 +71,8 @@ def alloc_ring(
 def alloc_ring_workspace(num_slots: int, dim: int, *, capacity: int = DEFAULT_CAPACITY,
                          device: torch.device | str | None = None) -> torch.Tensor:
     """Zeros ``[M, capacity, dim]`` float32: a ring verify's scratch for its pending tokens' conv
-    outputs (``gdn_ring_verify(..., workspace=)``), one for every layer (each verify refills it)."""
+    outputs (``gdn_ring_verify`` / ``mamba2_ring_verify(..., workspace=)``), one for every layer
+    (each verify refills it)."""
     check_alloc_ring_args("alloc_ring_workspace", num_layers=1, num_slots=num_slots, dim=dim, num_draft=1,
                           num_v_heads=1, capacity=capacity)
     return torch.zeros(num_slots, capacity, dim, dtype=torch.float32, device=device)
