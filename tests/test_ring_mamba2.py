@@ -215,6 +215,11 @@ BAD_VERIFY = [
     ("ring_slots of another length", dict(ring_slots=torch.tensor([0])), ValueError, "ring_slots has 1 rows"),
     ("dt_softplus not a bool", dict(dt_softplus=1), TypeError, "dt_softplus must be a bool"),
     ("out sharing the state's storage", "out in ssm_state", ValueError, "share"),
+    ("a workspace of another capacity", dict(workspace=torch.zeros(3, 4, 16)), ValueError,
+     r"workspace must be \[M, capacity, dim\] = \[3, 3, 16\]"),
+    ("an fp16 workspace", dict(workspace=torch.zeros(3, 3, 16, dtype=torch.float16)), TypeError,
+     "workspace must be float32"),
+    ("a workspace sharing the state's storage", "workspace in ssm_state", ValueError, "share"),
 ]
 
 
@@ -225,6 +230,8 @@ def test_mamba2_ring_verify_refuses_bad_input_before_writing(name, change, error
     arguments = verify_arguments(harness)
     if change == "out in ssm_state":
         change = dict(out=harness.ssm_state[1, :2, :, :3].transpose(1, 2))  # [B, N, H, P] over the pool
+    if change == "workspace in ssm_state":
+        change = dict(workspace=harness.ssm_state.view(-1)[:3 * 3 * 16].view(3, 3, 16))
     arguments.update(change)
     before = [t.clone() for t in (harness.ssm_state, harness.conv_state, harness.ring.gates, arguments["out"])]
     with pytest.raises(error, match=message):
