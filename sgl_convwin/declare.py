@@ -255,8 +255,8 @@ def declare_op(
             ]
             # a written tensor that requires grad, or an inference tensor outside inference mode,
             # never takes a plan: the checks a plan skips refuse it
-            unwritable = " or ".join(f"{n}.requires_grad or ({n}.is_inference() and not _inference_mode())"
-                                     for n in mutates)
+            unwritable = " or ".join(f"({n} is not None and ({n}.requires_grad or ({n}.is_inference() and not "
+                                     f"_inference_mode())))" for n in mutates)  # (an optional one: when given)
             planned = f"""    try:
         _key = ({", ".join(key)},)
         _plan = _plans.get(_key)

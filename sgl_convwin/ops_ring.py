@@ -160,7 +160,8 @@ def _prepare_gdn_ring_verify(real, out, q, k, v, g, beta, ssm_state, conv_state,
         written = {"out": out, "ssm_state": ssm_state, "conv_state": conv_state, "gates": gates}
         check_separate_storages(
             _GDN_RING_VERIFY, written if workspace is None else dict(written, workspace=workspace),
-            dict(q=q, k=k, v=v, g=g, beta=beta, rows=rows, cursor=cursor, conv_weight=conv_weight, conv_bias=conv_bias),
+            dict(q=q, k=k, v=v, g=g, beta=beta, rows=rows, cursor=cursor, conv_weight=conv_weight, conv_bias=conv_bias,
+                 ring_slots=ring_slots, state_slots=state_slots, parents=parents),
         )
         if should_check_index_values(ssm_state):
             check_ring_index_values(_GDN_RING_VERIFY, sizes, ring_slots, cursor, state_slots=state_slots,
@@ -220,8 +221,8 @@ def gdn_ring_verify(
     ``out`` untouched but still folds and stores the gates (the fold does not depend on the tree).
     workspace: float32 [M, capacity, dim] scratch (``alloc_ring_workspace``) or None; on CUDA the
     pending tokens' conv outputs go there first, once a row, and the verify's programs read them
-    instead of each recomputing its channels' (same results); its contents after a call are
-    unspecified. Same as ``torch.ops.convwin.gdn_ring_verify``.
+    instead of each recomputing its channels' (the same sums: bit for bit through the Triton
+    kernel); its contents after a call are unspecified. Same as ``torch.ops.convwin.gdn_ring_verify``.
     """
 
 

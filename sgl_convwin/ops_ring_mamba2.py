@@ -74,7 +74,7 @@ def _prepare_mamba2_ring_verify(real, out, x, dt, A, B, C, ssm_state, conv_state
         check_separate_storages(
             _MAMBA2_RING_VERIFY, written if workspace is None else dict(written, workspace=workspace),
             dict(x=x, dt=dt, A=A, B=B, C=C, rows=rows, cursor=cursor, conv_weight=conv_weight, conv_bias=conv_bias,
-                 D=D, z=z, dt_bias=dt_bias),
+                 D=D, z=z, dt_bias=dt_bias, ring_slots=ring_slots, state_slots=state_slots, parents=parents),
         )
         if should_check_index_values(ssm_state):
             check_ring_index_values(_MAMBA2_RING_VERIFY, sizes, ring_slots, cursor, state_slots=state_slots,

@@ -132,11 +132,11 @@ def test_a_workspace_gives_the_same_results(device, tree):
     """With a workspace the pending tokens' conv outputs are computed once a row (the channels of k
     and v, float32) and the chunk kernel reads them instead of its own conv: the same arithmetic, so
     every output, checkpoint, window and gate is bit for bit what the call without one leaves. The
-    workspace holds each live row's pending outputs (the float64 oracle's within 1e-6), nothing
-    past them, nothing for a padded row."""
+    workspace holds each live row's pending outputs at its ring slot (the float64 oracle's within
+    1e-6), nothing past them, nothing for a padded row."""
     cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
-    case = ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
-                     state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)
+    case = ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[2, 0, 3, 1],
+                     state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)  # (rows != slots)
     tuning = IEEE if device == "cpu" else MMA
     _, plain = run_both(case, tuning=tuning)
     want, got = run_both(case, tuning=dict(tuning, workspace=True))
@@ -145,7 +145,7 @@ def test_a_workspace_gives_the_same_results(device, tree):
             assert torch.equal(got[name], plain[name]), name
     assert_agree(want, got, **({} if device == "cpu" else dict(tol=2e-3, state_tol=1e-4)))
     workspace, first = got["workspace"].cpu(), case["q"].shape[2] * case["q"].shape[3]  # (k's first channel)
-    for ring_slot, state_slot in ((0, 3), (1, 0), (3, None), (2, 4)):
+    for ring_slot, state_slot in ((2, 3), (0, 0), (3, 4), (1, None)):
         pending = int(cursors[ring_slot, 1]) if state_slot is not None else 0
         if pending:
             want_inputs = pending_conv_oracle({n: t.cpu() for n, t in case.items() if t is not None}, 1, ring_slot,

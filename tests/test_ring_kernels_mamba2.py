@@ -143,8 +143,9 @@ def test_a_workspace_gives_the_same_results(device, tree):
     the folds' launch -- bit for bit what the calls without one leave, through the interpreter (the
     same arithmetic), and within the kernels' tolerance on the GPU; and the launches read it."""
     cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
-    case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
-                            state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)
+    case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[2, 0, 3, 1],
+                            state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None,
+                            device=device)  # (rows != slots)
     for tuning in (IEEE, dict(IEEE, fold_verify=True), dict(IEEE, fold_replay=True)):
         _, plain = run_both(case, tuning=tuning)
         want, got = run_both(case, tuning=dict(tuning, workspace=True))

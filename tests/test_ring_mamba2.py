@@ -306,20 +306,25 @@ def op_samples(tree):
     arguments.update(ring_slots=ring_slots, state_slots=state_slots, parents=parents,
                      D=harness.D[1], z=torch.randn(4, 3, 2, 4), dt_bias=harness.dt_bias[1])
     verify = (tuple(arguments.values()), dict(dt_softplus=True))
+    workspace = sgl_convwin.alloc_ring_workspace(ring.rows.shape[1], harness.dim, capacity=4)
+    verify_workspace = ((*arguments.values(), workspace), dict(dt_softplus=True))
     accept = ((ring.cursor, ring.rows, ring.gates, ring_slots, torch.tensor([2, 0, 1, 2]), parents),
               dict(num_draft=3))
     flush = ((harness.ssm_state, harness.conv_state, ring.cursor, ring.rows, ring.gates, harness.conv_weight,
               harness.A, ring_slots, state_slots, harness.conv_bias), dict(**harness.heads))
-    return dict(mamba2_ring_verify=verify, ring_accept=accept, mamba2_ring_flush=flush)
+    return dict(mamba2_ring_verify=verify, mamba2_ring_verify_workspace=verify_workspace, ring_accept=accept,
+                mamba2_ring_flush=flush)
 
 
 @pytest.mark.parametrize("name, tree", [("mamba2_ring_verify", False), ("mamba2_ring_verify", True),
-                                        ("ring_accept", True), ("mamba2_ring_flush", False)],
-                         ids=["verify-chain", "verify-tree", "accept-tree", "flush"])
+                                        ("mamba2_ring_verify_workspace", True), ("ring_accept", True),
+                                        ("mamba2_ring_flush", False)],
+                         ids=["verify-chain", "verify-tree", "verify-workspace", "accept-tree", "flush"])
 def test_opcheck(name, tree):
-    """The Mamba2 ops, and ring_accept moving a tree's one-gate rows (flush takes no tree)."""
+    """The Mamba2 ops (the verify with a workspace too), and ring_accept moving a tree's one-gate
+    rows (flush takes no tree)."""
     args, kwargs = op_samples(tree)[name]
-    torch.library.opcheck(getattr(torch.ops.convwin, name).default, args, kwargs)
+    torch.library.opcheck(getattr(torch.ops.convwin, name.removesuffix("_workspace")).default, args, kwargs)
 
 
 def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, A, dt_bias, x, dt, slots, steps, flush_slots,
@@ -336,7 +341,7 @@ def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, A, dt_bias, x
         sgl_convwin.mamba2_ring_verify(out, xs.unflatten(-1, (h, p)), dt[layer], A[layer], B.unflatten(-1, (g, n)),
                                        C.unflatten(-1, (g, n)), ssm_state, conv_state, ring.rows, ring.gates,
                                        ring.cursor, conv_weight[layer], conv_bias[layer], slots, slots, layer,
-                                       dt_bias=dt_bias[layer], dt_softplus=True)
+                                       dt_bias=dt_bias[layer], dt_softplus=True, workspace=ring.workspace)
     sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, num_draft=num_nodes)
     sgl_convwin.mamba2_ring_flush(ssm_state, conv_state, ring.cursor, ring.rows, ring.gates, conv_weight, A,
                                   flush_slots, flush_slots, conv_bias=conv_bias, **heads)
@@ -344,17 +349,19 @@ def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, A, dt_bias, x
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("workspace", [False, True], ids=["", "workspace"])
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-def test_compiled_step_matches_eager(device, dynamic):
+def test_compiled_step_matches_eager(device, dynamic, workspace):
     """Four ring steps compiled with fullgraph=True (static or dynamic shapes) give the eager calls'
     bits, every ring op is in the graph, and the ring and states are written in place (no copy of
-    them)."""
+    them); with a RingCache's workspace too."""
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
 
     def make():
-        harness = Mamba2Harness(num_draft=2, capacity=3, num_ring_slots=2, num_state_slots=2, device=device, seed=4)
+        harness = Mamba2Harness(num_draft=2, capacity=3, num_ring_slots=2, num_state_slots=2, device=device, seed=4,
+                                workspace=workspace)
         return harness, [harness.ring, harness.ssm_state, harness.conv_state, harness.conv_weight, harness.conv_bias,
                          harness.A, harness.dt_bias]
 
