@@ -57,6 +57,11 @@ WORKSPACE = False  # --workspace: the verifies with a workspace
 SHAPES = {"gdn": Shapes(), "mamba2": NEMOTRON_H_8B_TP1}  # Qwen3-Next-80B TP1, Nemotron-H-8B TP1
 
 
+def workspace(batch: int, dim: int, capacity: int, wanted) -> torch.Tensor | None:
+    """A verify's workspace (--workspace, a sweep's /workspace=1) for ``batch`` ring slots, or None."""
+    return sgl_convwin.alloc_ring_workspace(batch, dim, capacity=capacity, device=DEVICE) if wanted else None
+
+
 def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
     """Every layer's ring inputs on the GPU: the ring (rows random), checkpoints [L, B, Hv, dk, dv] fp32,
     conv_state [L, B, dim, K-1] bf16, x [L, B, N, dim] bf16, g and beta [L, B, N, Hv], out [L, B, N, Hv, dv]."""
@@ -86,7 +91,7 @@ def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
         slots=torch.randperm(batch, device="cpu").to(DEVICE),
         parents=torch.tensor([TREE_PARENTS] * batch, device=DEVICE) if tree else None,
         out=torch.empty(L, batch, N, shapes.v_heads, shapes.head_v, dtype=torch.bfloat16, device=DEVICE),
-        workspace=sgl_convwin.alloc_ring_workspace(batch, dim, capacity=capacity, device=DEVICE) if WORKSPACE else None,
+        workspace=workspace(batch, dim, capacity, WORKSPACE),
     )
 
 
@@ -119,10 +124,10 @@ def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
     x = conv_out[..., :x_width].unflatten(-1, (H, shapes.head_dim))
     B, C = (conv_out[..., start:start + bc_width].unflatten(-1, (shapes.groups, shapes.d_state))
             for start in (x_width, x_width + bc_width))
-    workspace = sgl_convwin.alloc_ring_workspace(batch, dim, capacity=capacity, device=DEVICE) if WORKSPACE else None
+    scratch = workspace(batch, dim, capacity, WORKSPACE)
     arguments = [((p["out"][layer], x, p["dt"][layer], p["A"][layer], B, C, p["ssm"], p["conv_state"], ring.rows,
                    ring.gates, ring.cursor, p["weight"][layer], p["bias"][layer], p["slots"], p["slots"], layer,
-                   p["parents"]), dict(dt_bias=p["dt_bias"][layer], dt_softplus=True, workspace=workspace))
+                   p["parents"]), dict(dt_bias=p["dt_bias"][layer], dt_softplus=True, workspace=scratch))
                  for layer in range(L)]
     p["verify"] = [functools.partial(sgl_convwin.mamba2_ring_verify, *args, **kwargs) for args, kwargs in arguments]
     p["calls"] = [sgl_convwin.mamba2_ring_verify.kernel_arguments(*args, **kwargs) for args, kwargs in arguments]
@@ -274,9 +279,7 @@ def sweep(shapes, batches, capacity, specs, ncu=None):
                 tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision,
                               fold_precision=fold[0] if fold else precision)
             tuning.update(keywords)
-            if tuning.pop("workspace", 0):  # (/workspace=1: the verify with a workspace)
-                tuning["workspace"] = sgl_convwin.alloc_ring_workspace(batch, shapes.dim, capacity=capacity,
-                                                                      device=DEVICE)
+            tuning["workspace"] = workspace(batch, shapes.dim, capacity, tuning.pop("workspace", 0))
             print(markdown_row(batch, spec, *sweep_times(lambda: launch(*args, **kwargs, **tuning), ring.cursor,
                                                          pendings, ncu)), flush=True)
         del p
@@ -303,9 +306,7 @@ def mamba2_sweep(shapes, batches, capacity, specs, ncu=None):
                           **(dict(state_precision=rest[2]) if len(rest) > 2 else {}),
                           **(dict(fold_warps=int(rest[3])) if len(rest) > 3 else {}),
                           **(dict(maxnreg=int(rest[4])) if len(rest) > 4 else {}), **keywords)
-            if tuning.pop("workspace", 0):  # (/workspace=1: the verify with a workspace)
-                tuning["workspace"] = sgl_convwin.alloc_ring_workspace(batch, shapes.dim, capacity=capacity,
-                                                                      device=DEVICE)
+            tuning["workspace"] = workspace(batch, shapes.dim, capacity, tuning.pop("workspace", 0))
             print(markdown_row(batch, spec, *sweep_times(lambda: launch(*args, **dict(kwargs, **tuning)),
                                                          p["ring"].cursor, pendings, ncu)), flush=True)
         del p
