@@ -54,11 +54,24 @@ def main():
         rows.append(("scatter: launch plan lookup", lambda: plan(state, windows, index, index, index)))
     except ImportError:
         pass
-    planned = (sgl_convwin.scatter, sgl_convwin.scatter_tree)
+    # one layer's gdn_ring_verify (a capacity-16 ring of the model's 36 layers; states of 8 slots)
+    hk, dk, hv, dv = 16, 128, 32, 128
+    ring = sgl_convwin.alloc_ring(L, M, DIM, N, hv, capacity=16, dtype=torch.bfloat16)
+    ssm = torch.empty(L, M, hv, dk, dv)
+    conv_out = torch.zeros(B, N, DIM, dtype=torch.bfloat16)
+    q, k, v = (conv_out[..., :hk * dk].unflatten(-1, (hk, dk)), conv_out[..., hk * dk:2 * hk * dk].unflatten(-1, (hk, dk)),
+               conv_out[..., 2 * hk * dk:].unflatten(-1, (hv, dv)))
+    g, beta, verify_out = torch.zeros(B, N, hv), torch.zeros(B, N, hv), torch.zeros(B, N, hv, dv, dtype=torch.bfloat16)
+    ring_args = (verify_out, q, k, v, g, beta, ssm, state, *ring, weight, None, index, index, 3)
+    rows.append(("gdn_ring_verify: checks, no kernel", lambda: sgl_convwin.gdn_ring_verify.kernel_arguments(*ring_args)))
+    rows.append(("gdn_ring_verify: public eager call, signature seen (kernel no-op)",
+                 lambda: sgl_convwin.gdn_ring_verify(*ring_args)))
+    planned = (sgl_convwin.scatter, sgl_convwin.scatter_tree, sgl_convwin.gdn_ring_verify)
     for public in planned:
         public.eager_plans.clear()
     sgl_convwin.scatter(state, windows, index, index, index)
     sgl_convwin.scatter_tree(state, buffer, index, index, index, parents)
+    sgl_convwin.gdn_ring_verify(*ring_args)
     for public in planned:  # the eager plans take the no-op
         plans = public.eager_plans
         plans.update({key: (sizes, noop) for key, (sizes, _) in plans.items()})

@@ -124,6 +124,57 @@ def planned_launch(call: KernelCall | None, num_descriptors: int = 0):
                         num_descriptors=num_descriptors)
 
 
+def planned_calls(build, *args, **kwargs):
+    """The launches that ``build(*args, **kwargs)`` returns (KernelCalls, one or None) fixed for every
+    call of this signature, each by planned_launch, with its tensors taken from a later call's
+    arguments at the places ``build`` took them from. For launchers whose build takes every tensor
+    it launches with from its arguments as it is (no view of one) and decides from their dtypes,
+    shapes, strides, devices and 16-byte alignment only: the plan key fixes the rest, and here one
+    plan is made per alignment of the tensors. Where a launch has a tensor of its own (a tensor
+    descriptor), every call runs ``build``'s launches through Triton."""
+    def calls_of(args, kwargs) -> tuple:
+        calls = build(*args, **kwargs)
+        return () if calls is None else (calls,) if isinstance(calls, KernelCall) else tuple(calls)
+
+    positions = tuple(i for i, value in enumerate(args) if isinstance(value, torch.Tensor))
+    names = tuple(name for name, value in kwargs.items() if isinstance(value, torch.Tensor))
+    by_alignment: dict[tuple, tuple | None] = {}
+
+    def fix(args, kwargs):
+        # each tensor as a distinct alias, so that one passed twice (ring_slots as state_slots)
+        # is found at the one place build took it from
+        args, kwargs = list(args), dict(kwargs)
+        for i in positions:
+            args[i] = args[i].view_as(args[i])
+        for name in names:
+            kwargs[name] = kwargs[name].view_as(kwargs[name])
+        flat = [args[i] for i in positions] + [kwargs[name] for name in names]
+        fixed = []
+        for call in calls_of(args, kwargs):
+            where = tuple(next((j for j, t in enumerate(flat) if t is tensor), -1) for tensor in call.tensors)
+            if -1 in where:
+                return None
+            fixed.append((planned_launch(call), where))
+        return tuple(fixed)
+
+    def run(*args, **kwargs):
+        flat = [args[i] for i in positions] + [kwargs[name] for name in names]
+        alignment = tuple(t.data_ptr() & 15 for t in flat)
+        fixed = by_alignment.get(alignment, MISSING)
+        if fixed is MISSING:
+            if len(by_alignment) >= 64:
+                by_alignment.clear()
+            fixed = by_alignment[alignment] = fix(args, kwargs)
+        if fixed is None:
+            for call in calls_of(args, kwargs):
+                call.launch()
+            return
+        for launch, where in fixed:
+            launch(*[flat[j] for j in where])
+
+    return run
+
+
 def next_power_of_2(n: int) -> int:
     # triton.next_power_of_2 and triton.cdiv cost microseconds per call (Triton 3.9); these do not.
     return 1 << (n - 1).bit_length()

@@ -26,11 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import KernelCall, cdiv, next_power_of_2, nvidia_at_least
+from ._common import KernelCall, cdiv, next_power_of_2, nvidia_at_least, planned_calls
 from .gdn_verify import (MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse,
                          check_mma_tiles, spread_block, state_stages_for)
 from .ring_conv import check_ring_grid, ring_row_state
 
+# (The module constants below are read when a launch is built: an eager plan keeps what they were
+# when its signature was first called.)
 # The Triton kernel (every layer's fold at flush; a verify the mma kernel cannot take): the fewest
 # spills of the offline sm_90 compiles (Triton 3.6) at the default precision.
 RING_BLOCK_V = 32
@@ -654,6 +656,11 @@ def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor
         call.launch()
 
 
+def planned_gdn_ring_verify(*args, **kwargs):
+    """launch_gdn_ring_verify fixed for these shapes, strides, dtypes and arguments (_common.planned_calls)."""
+    return planned_calls(_ring_calls, *args, **kwargs)
+
+
 @triton.jit
 def _flush_cursor_kernel(cursor_ptr, ring_slots_ptr, state_slots_ptr, num_rows, num_state_slots, num_ring_slots,
                          cursor_stride_slot, cursor_stride_field, ring_slots_stride, state_slots_stride,
@@ -710,3 +717,8 @@ def launch_gdn_ring_flush(ssm, conv, cursor, rows, gates, weight, bias, ring_slo
     the cursors."""
     for call in _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state_slots, **kwargs):
         call.launch()
+
+
+def planned_gdn_ring_flush(*args, **kwargs):
+    """launch_gdn_ring_flush fixed for these shapes, strides, dtypes and arguments (_common.planned_calls)."""
+    return planned_calls(_flush_calls, *args, **kwargs)

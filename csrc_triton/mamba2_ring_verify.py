@@ -37,13 +37,15 @@ try:  # programmatic dependent launch's instructions (Triton 3.4+; without them 
 except ImportError:  # pragma: no cover
     gdc_launch_dependents = gdc_wait = None
 
-from ._common import KernelCall, cdiv, interpreted, next_power_of_2
+from ._common import KernelCall, cdiv, interpreted, next_power_of_2, planned_calls
 from .gdn_ring_verify import (_pdl_device, _ring_row, flush_cursor_call, fold_precision_for, pending_inputs_call,
                               pending_values, window_after, window_call)
 from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, spread_block
 from .mamba2_verify import _step_sizes, state_chunk
 from .ring_conv import check_ring_grid
 
+# (The module constants below, as gdn_ring_verify's, are read when a launch is built: an eager plan
+# keeps what they were when its signature was first called.)
 # Head-dim rows per tile (fewer for small batches: gdn_verify.spread_block), warps, and the heads of
 # a group a program takes (group_share): the H200 sweep's fastest (docs/benchmarks.md, "Ring").
 RING_BLOCK_P = 64
@@ -584,6 +586,11 @@ def launch_mamba2_ring_verify(out, x, dt, A, B, C, ssm, conv, rows, gates, curso
         call.launch()
 
 
+def planned_mamba2_ring_verify(*args, **kwargs):
+    """launch_mamba2_ring_verify fixed for these shapes, strides, dtypes and arguments (_common.planned_calls)."""
+    return planned_calls(_ring_calls, *args, **kwargs)
+
+
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, state_slots, *, num_heads, head_dim,
                  n_groups, d_state, fold_replay=None, fold_smem=None, **tuning):
     """mamba2_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or
@@ -617,3 +624,8 @@ def launch_mamba2_ring_flush(ssm, conv, cursor, rows, gates, weight, bias, A, ri
     [L, dim] or None, A [L, H]). Three launches: every layer's fold, every layer's window, the cursors."""
     for call in _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, state_slots, **kwargs):
         call.launch()
+
+
+def planned_mamba2_ring_flush(*args, **kwargs):
+    """launch_mamba2_ring_flush fixed for these shapes, strides, dtypes and arguments (_common.planned_calls)."""
+    return planned_calls(_flush_calls, *args, **kwargs)

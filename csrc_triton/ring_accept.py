@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
+from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_calls
 from .ring_conv import ring_row_state
 from .verify import _narrow_link
 
@@ -173,3 +173,8 @@ def launch_ring_accept(cursor, rows, gates, ring_slots, steps, parents, *, num_d
     of the moves."""
     for call in ring_accept_calls(cursor, rows, gates, ring_slots, steps, parents, num_draft=num_draft, **tuning):
         call.launch()
+
+
+def planned_ring_accept(*args, **kwargs):
+    """launch_ring_accept fixed for these shapes, strides, dtypes and arguments (_common.planned_calls)."""
+    return planned_calls(ring_accept_calls, *args, **kwargs)

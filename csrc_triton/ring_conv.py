@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2
+from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_calls
 from .verify import _links_ok, _silu, _step_up
 
 RING_CONV_BLOCK = 64  # channels per program (unmeasured: the verify tile's choice for up to 4 nodes)
@@ -189,3 +189,8 @@ def launch_ring_conv1d_verify(out, rows, conv, x, weight, bias, ring_slots, stat
                                    silu=silu, **tuning)
     if call is not None:
         call.launch()
+
+
+def planned_ring_conv1d_verify(*args, **kwargs):
+    """launch_ring_conv1d_verify fixed for these shapes, strides, dtypes and arguments (_common.planned_calls)."""
+    return planned_calls(ring_conv1d_verify_call, *args, **kwargs)

@@ -38,8 +38,8 @@ is ``cpu`` itself. The public function and the registered op's CPU and CUDA kern
 cache, so ``torch.ops.convwin.<name>`` calls use it too. A call whose written tensors require grad
 or are inference tensors outside inference mode, or that passes something other than a tensor
 where one goes, never takes a plan (the full checks then name what is wrong). Every op that
-launches a Triton kernel has a planner (``csrc_triton.planned_<name>``) but the ring ops
-(ops_ring.py), whose launchers read their strides on every call.
+launches a Triton kernel has a planner (``csrc_triton.planned_<name>``); those of the ops with
+several launches (the ring's) fix each of their launcher's KernelCalls (``_common.planned_calls``).
 
 ``cuda`` may also be a function instead of a launcher's name: an op whose kernels are still to
 come runs its PyTorch code on CUDA tensors.

@@ -28,6 +28,7 @@ from .validation import (
     check_ring_index_values,
     check_ring_workspace,
     check_separate_storages,
+    layer_output,
     should_check_index_values,
 )
 
@@ -91,9 +92,13 @@ _RING_CONV = "convwin.ring_conv1d_verify"
 
 
 def _prepare_ring_conv1d_verify(real, out, rows, conv_state, x, weight, bias, ring_slots, state_slots, cursor, layer,
-                                parents, activation, state_layout):
-    sizes, layer_out = check_ring_conv1d_verify_args(out, rows, conv_state, x, weight, bias, ring_slots, state_slots,
-                                                     cursor, layer, parents, activation, state_layout)
+                                parents, activation, state_layout, sizes=None):
+    """As ops._prepare_verify (``sizes``: a call of this signature's, whose checks it skips)."""
+    if sizes is None:
+        sizes, layer_out = check_ring_conv1d_verify_args(out, rows, conv_state, x, weight, bias, ring_slots,
+                                                         state_slots, cursor, layer, parents, activation, state_layout)
+    else:
+        layer_out = layer_output(sizes, out, layer)
     if real:
         check_separate_storages(_RING_CONV, {"out": layer_out, "rows": rows},
                                 dict(conv_state=conv_state, x=x, weight=weight, bias=bias, cursor=cursor))
@@ -101,11 +106,11 @@ def _prepare_ring_conv1d_verify(real, out, rows, conv_state, x, weight, bias, ri
             check_ring_index_values(_RING_CONV, sizes, ring_slots, cursor, state_slots=state_slots, parents=parents)
     args = (layer_out, rows, _kernel_state(conv_state, state_layout), x, weight, bias, ring_slots, state_slots, cursor,
             layer, parents)
-    return args, dict(silu=activation is not None)
+    return args, dict(silu=activation is not None), sizes
 
 
 @declare_op(mutates=("out", "rows"), prepare=_prepare_ring_conv1d_verify, cpu=cpu_ring.ring_conv1d_verify_cpu,
-            cuda="launch_ring_conv1d_verify")
+            cuda="launch_ring_conv1d_verify", eager_plan="planned_ring_conv1d_verify")
 def ring_conv1d_verify(
     out: torch.Tensor,
     rows: torch.Tensor,
@@ -151,11 +156,14 @@ _GDN_RING_VERIFY = "convwin.gdn_ring_verify"
 
 def _prepare_gdn_ring_verify(real, out, q, k, v, g, beta, ssm_state, conv_state, rows, gates, cursor, conv_weight,
                              conv_bias, ring_slots, state_slots, layer, parents, scale, use_qk_l2norm, state_layout,
-                             workspace):
-    sizes = check_gdn_ring_verify_args(out, q, k, v, g, beta, ssm_state, conv_state, rows, gates, cursor, conv_weight,
-                                       conv_bias, ring_slots, state_slots, layer, parents, scale, state_layout)
-    if workspace is not None:
-        check_ring_workspace(_GDN_RING_VERIFY, workspace, sizes, rows.shape[3], ssm_state.device)
+                             workspace, sizes=None):
+    """As _prepare_ring_conv1d_verify."""
+    if sizes is None:
+        sizes = check_gdn_ring_verify_args(out, q, k, v, g, beta, ssm_state, conv_state, rows, gates, cursor,
+                                           conv_weight, conv_bias, ring_slots, state_slots, layer, parents, scale,
+                                           state_layout)
+        if workspace is not None:
+            check_ring_workspace(_GDN_RING_VERIFY, workspace, sizes, rows.shape[3], ssm_state.device)
     if real:
         written = {"out": out, "ssm_state": ssm_state, "conv_state": conv_state, "gates": gates}
         check_separate_storages(
@@ -170,11 +178,11 @@ def _prepare_gdn_ring_verify(real, out, q, k, v, g, beta, ssm_state, conv_state,
     args = (out, q, k, v, g, beta, ssm_state, _kernel_state(conv_state, state_layout), rows, gates, cursor,
             conv_weight, conv_bias, ring_slots, state_slots, layer, parents)
     kernel_kwargs = dict(scale=scale, use_qk_l2norm=bool(use_qk_l2norm))
-    return args, kernel_kwargs if workspace is None else dict(kernel_kwargs, workspace=workspace)
+    return args, kernel_kwargs if workspace is None else dict(kernel_kwargs, workspace=workspace), sizes
 
 
 @declare_op(mutates=("out", "ssm_state", "conv_state", "gates", "workspace"), prepare=_prepare_gdn_ring_verify,
-            cpu=cpu_ring.gdn_ring_verify_cpu, cuda="launch_gdn_ring_verify")
+            cpu=cpu_ring.gdn_ring_verify_cpu, cuda="launch_gdn_ring_verify", eager_plan="planned_gdn_ring_verify")
 def gdn_ring_verify(
     out: torch.Tensor,
     q: torch.Tensor,
@@ -233,18 +241,20 @@ def gdn_ring_verify(
 _RING_ACCEPT = "convwin.ring_accept"
 
 
-def _prepare_ring_accept(real, cursor, rows, gates, ring_slots, steps, parents, num_draft):
-    sizes = check_ring_accept_args(cursor, rows, gates, ring_slots, steps, parents, num_draft)
+def _prepare_ring_accept(real, cursor, rows, gates, ring_slots, steps, parents, num_draft, sizes=None):
+    """As _prepare_ring_conv1d_verify."""
+    if sizes is None:
+        sizes = check_ring_accept_args(cursor, rows, gates, ring_slots, steps, parents, num_draft)
     if real:
         check_separate_storages(_RING_ACCEPT, {"cursor": cursor, "rows": rows, "gates": gates},
                                 dict(ring_slots=ring_slots, steps=steps, parents=parents))
         if should_check_index_values(cursor):
             check_ring_index_values(_RING_ACCEPT, sizes, ring_slots, cursor, parents=parents, steps=steps)
-    return (cursor, rows, gates, ring_slots, steps, parents), dict(num_draft=int(num_draft))
+    return (cursor, rows, gates, ring_slots, steps, parents), dict(num_draft=int(num_draft)), sizes
 
 
 @declare_op(mutates=("cursor", "rows", "gates"), prepare=_prepare_ring_accept, cpu=cpu_ring.ring_accept_cpu,
-            cuda="launch_ring_accept")
+            cuda="launch_ring_accept", eager_plan="planned_ring_accept")
 def ring_accept(
     cursor: torch.Tensor,
     rows: torch.Tensor,
@@ -280,9 +290,13 @@ _GDN_RING_FLUSH = "convwin.gdn_ring_flush"
 
 
 def _prepare_gdn_ring_flush(real, ssm_state, conv_state, cursor, rows, gates, conv_weight, ring_slots, state_slots,
-                            num_k_heads, head_k_dim, num_v_heads, head_v_dim, conv_bias, use_qk_l2norm, state_layout):
-    sizes = check_gdn_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, conv_weight, conv_bias, ring_slots,
-                                      state_slots, num_k_heads, head_k_dim, num_v_heads, head_v_dim, state_layout)
+                            num_k_heads, head_k_dim, num_v_heads, head_v_dim, conv_bias, use_qk_l2norm, state_layout,
+                            sizes=None):
+    """As _prepare_ring_conv1d_verify."""
+    if sizes is None:
+        sizes = check_gdn_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, conv_weight, conv_bias,
+                                          ring_slots, state_slots, num_k_heads, head_k_dim, num_v_heads, head_v_dim,
+                                          state_layout)
     if real:
         check_separate_storages(
             _GDN_RING_FLUSH, {"ssm_state": ssm_state, "conv_state": conv_state, "cursor": cursor},
@@ -294,11 +308,11 @@ def _prepare_gdn_ring_flush(real, ssm_state, conv_state, cursor, rows, gates, co
     args = (ssm_state, _kernel_state(conv_state, state_layout), cursor, rows, gates, conv_weight, conv_bias, ring_slots,
             state_slots)
     return args, dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
-                      use_qk_l2norm=bool(use_qk_l2norm))
+                      use_qk_l2norm=bool(use_qk_l2norm)), sizes
 
 
 @declare_op(mutates=("ssm_state", "conv_state", "cursor"), prepare=_prepare_gdn_ring_flush,
-            cpu=cpu_ring.gdn_ring_flush_cpu, cuda="launch_gdn_ring_flush")
+            cpu=cpu_ring.gdn_ring_flush_cpu, cuda="launch_gdn_ring_flush", eager_plan="planned_gdn_ring_flush")
 def gdn_ring_flush(
     ssm_state: torch.Tensor,
     conv_state: torch.Tensor,

@@ -63,12 +63,14 @@ _MAMBA2_RING_VERIFY = "convwin.mamba2_ring_verify"
 
 def _prepare_mamba2_ring_verify(real, out, x, dt, A, B, C, ssm_state, conv_state, rows, gates, cursor, conv_weight,
                                 conv_bias, ring_slots, state_slots, layer, parents, D, z, dt_bias, dt_softplus,
-                                state_layout, workspace):
-    sizes = check_mamba2_ring_verify_args(out, x, dt, A, B, C, ssm_state, conv_state, rows, gates, cursor,
-                                          conv_weight, conv_bias, ring_slots, state_slots, layer, parents, D, z,
-                                          dt_bias, dt_softplus, state_layout)
-    if workspace is not None:
-        check_ring_workspace(_MAMBA2_RING_VERIFY, workspace, sizes, rows.shape[3], ssm_state.device)
+                                state_layout, workspace, sizes=None):
+    """As ops_ring._prepare_ring_conv1d_verify."""
+    if sizes is None:
+        sizes = check_mamba2_ring_verify_args(out, x, dt, A, B, C, ssm_state, conv_state, rows, gates, cursor,
+                                              conv_weight, conv_bias, ring_slots, state_slots, layer, parents, D, z,
+                                              dt_bias, dt_softplus, state_layout)
+        if workspace is not None:
+            check_ring_workspace(_MAMBA2_RING_VERIFY, workspace, sizes, rows.shape[3], ssm_state.device)
     if real:
         written = {"out": out, "ssm_state": ssm_state, "conv_state": conv_state, "gates": gates}
         check_separate_storages(
@@ -81,12 +83,14 @@ def _prepare_mamba2_ring_verify(real, out, x, dt, A, B, C, ssm_state, conv_state
                                     parents=parents)
     args = (out, x, dt, A, B, C, ssm_state, _kernel_state(conv_state, state_layout), rows, gates, cursor, conv_weight,
             conv_bias, ring_slots, state_slots, layer, parents, D, z, dt_bias)
-    return args, dict(dt_softplus=dt_softplus) if workspace is None else dict(dt_softplus=dt_softplus,
-                                                                              workspace=workspace)
+    kernel_kwargs = dict(dt_softplus=dt_softplus) if workspace is None else dict(dt_softplus=dt_softplus,
+                                                                                     workspace=workspace)
+    return args, kernel_kwargs, sizes
 
 
 @declare_op(mutates=("out", "ssm_state", "conv_state", "gates", "workspace"), prepare=_prepare_mamba2_ring_verify,
-            cpu=cpu_ring.mamba2_ring_verify_cpu, cuda="launch_mamba2_ring_verify")
+            cpu=cpu_ring.mamba2_ring_verify_cpu, cuda="launch_mamba2_ring_verify",
+            eager_plan="planned_mamba2_ring_verify")
 def mamba2_ring_verify(
     out: torch.Tensor,
     x: torch.Tensor,
@@ -149,10 +153,13 @@ _MAMBA2_RING_FLUSH = "convwin.mamba2_ring_flush"
 
 
 def _prepare_mamba2_ring_flush(real, ssm_state, conv_state, cursor, rows, gates, conv_weight, A, ring_slots,
-                               state_slots, num_heads, head_dim, n_groups, d_state, conv_bias, state_layout):
-    sizes = check_mamba2_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, conv_weight, conv_bias, A,
-                                         ring_slots, state_slots, num_heads, head_dim, n_groups, d_state,
-                                         state_layout)
+                               state_slots, num_heads, head_dim, n_groups, d_state, conv_bias, state_layout,
+                               sizes=None):
+    """As ops_ring._prepare_ring_conv1d_verify."""
+    if sizes is None:
+        sizes = check_mamba2_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, conv_weight, conv_bias, A,
+                                             ring_slots, state_slots, num_heads, head_dim, n_groups, d_state,
+                                             state_layout)
     if real:
         check_separate_storages(
             _MAMBA2_RING_FLUSH, {"ssm_state": ssm_state, "conv_state": conv_state, "cursor": cursor},
@@ -163,11 +170,12 @@ def _prepare_mamba2_ring_flush(real, ssm_state, conv_state, cursor, rows, gates,
             check_ring_index_values(_MAMBA2_RING_FLUSH, sizes, ring_slots, cursor, state_slots=state_slots)
     args = (ssm_state, _kernel_state(conv_state, state_layout), cursor, rows, gates, conv_weight, conv_bias, A,
             ring_slots, state_slots)
-    return args, dict(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state)
+    return args, dict(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state), sizes
 
 
 @declare_op(mutates=("ssm_state", "conv_state", "cursor"), prepare=_prepare_mamba2_ring_flush,
-            cpu=cpu_ring.mamba2_ring_flush_cpu, cuda="launch_mamba2_ring_flush")
+            cpu=cpu_ring.mamba2_ring_flush_cpu, cuda="launch_mamba2_ring_flush",
+            eager_plan="planned_mamba2_ring_flush")
 def mamba2_ring_flush(
     ssm_state: torch.Tensor,
     conv_state: torch.Tensor,

@@ -41,3 +41,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_eager_plans():
+    """Every test plans its own eager calls: a plan keeps the launchers' module constants as they were
+    when it was made, and tests set some of them (the kernels' variants) before their calls."""
+    import sgl_convwin
+
+    for value in vars(sgl_convwin).values():
+        plans = getattr(value, "eager_plans", None)
+        if isinstance(plans, dict):
+            plans.clear()

@@ -6,12 +6,15 @@ but never the checks that depend on the tensors themselves, and never reuses a p
 differs in anything the plan depends on. scatter and scatter_tree first, then every op alike."""
 
 import inspect
+import sys
 
 import pytest
 import torch
 
 import sgl_convwin
 from sgl_convwin import declare, reference
+import test_ring
+import test_ring_mamba2
 from support import IMPLS, impl_params, make_replay, make_state, random_tree, strided_tensor, whole_storage
 
 L, N, M, D, DIM, K = 2, 3, 2, 4, 8, 4
@@ -36,7 +39,9 @@ def tree_problem(device, seed):
     return conv_state, rows, dst, src, nodes, parents
 
 
-OPS = ("scatter", "scatter_tree", "capture", "causal_conv1d_verify", "capture_gates", "gdn_commit", "mamba2_commit")
+OPS = ("scatter", "scatter_tree", "capture", "causal_conv1d_verify", "capture_gates", "gdn_commit", "mamba2_commit",
+       "ring_conv1d_verify", "gdn_ring_verify", "ring_accept", "gdn_ring_flush", "mamba2_ring_verify",
+       "mamba2_ring_flush")
 
 
 def clear_plans():
@@ -389,6 +394,29 @@ def replay_case(mixer):
     return case
 
 
+def ring_case(name):
+    """A call of ring op ``name`` from the ring tests' opcheck samples (a ring with tokens pending,
+    folds due), other data per seed; with a workspace, a tree, or one tensor as both slot indices."""
+    mamba2 = name.startswith("mamba2")
+
+    def case(device, seed, tree=False, workspace=False, same_slots=False):
+        with torch.random.fork_rng(devices=[]):  # (the samples draw inputs from the global generator)
+            torch.manual_seed(seed)
+            args, kwargs = (test_ring_mamba2 if mamba2 else test_ring).op_samples(tree)[name]
+        schema = getattr(torch.ops.convwin, name).default._schema
+        arguments = {a.name: v.to(device) if isinstance(v, torch.Tensor) else v
+                     for a, v in zip(schema.arguments, args)}
+        arguments.update(kwargs)
+        if workspace:
+            arguments["workspace"] = sgl_convwin.alloc_ring_workspace(
+                arguments["rows"].shape[1], arguments["rows"].shape[3], capacity=4, device=device)
+        if same_slots:  # (the padded row's state slot -1 as its ring slot's, both now one tensor)
+            arguments["state_slots"] = arguments["ring_slots"]
+        return arguments
+
+    return case
+
+
 def scatter_case(device, seed, layout="token_major"):
     conv_state, windows, dst, src, steps = problem(device, seed, layout)
     return dict(conv_state=conv_state, windows=windows, dst_slots=dst, src_slots=src, steps=steps)
@@ -407,6 +435,7 @@ CASES = {
     "capture_gates": capture_gates_case,
     "gdn_commit": replay_case("gdn"),
     "mamba2_commit": replay_case("mamba2"),
+    **{name: ring_case(name) for name in OPS[7:]},
 }
 ALL_IMPLS = impl_params("cpu", "cpu_op", "triton_interpret", "cuda", "cuda_op")
 
@@ -434,8 +463,9 @@ def storage_copy(t):
 
 
 def with_copies(name, arguments):
-    """The arguments with fresh copies of the tensors the op writes."""
-    return dict(arguments, **{n: storage_copy(arguments[n]) for n in written(name)})
+    """The arguments with fresh copies of the tensors the op writes (an optional one where given)."""
+    return dict(arguments, **{n: storage_copy(arguments[n]) for n in written(name)
+                              if isinstance(arguments.get(n), torch.Tensor)})
 
 
 def unplanned(impl, name, arguments):
@@ -444,14 +474,15 @@ def unplanned(impl, name, arguments):
     public, copies = getattr(sgl_convwin, name), with_copies(name, arguments)
     if impl.device == "cpu" and impl.name != "triton_interpret":
         args, kwargs = public.kernel_arguments(**copies)
-        getattr(sgl_convwin.cpu, f"{name}_cpu")(*args, **kwargs)
+        module = sgl_convwin.cpu_ring if hasattr(sgl_convwin.cpu_ring, f"{name}_cpu") else sgl_convwin.cpu
+        getattr(module, f"{name}_cpu")(*args, **kwargs)
     else:
         public.cuda_impl(**copies)
-    return [whole_storage(copies[n]) for n in written(name)]
+    return written_storages(name, copies)
 
 
 def written_storages(name, arguments):
-    return [whole_storage(arguments[n]) for n in written(name) if isinstance(arguments[n], torch.Tensor)]
+    return [whole_storage(arguments[n]) for n in written(name) if isinstance(arguments.get(n), torch.Tensor)]
 
 
 def assert_same(got, want, what):
@@ -481,7 +512,7 @@ def test_a_planned_call_writes_what_an_unplanned_one_does(impl, name):
         assert plan is first_plan, seed
 
 
-@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("name", [n for n in OPS if n != "ring_accept"])  # (it reads no floating-point tensor)
 def test_read_tensors_that_require_grad_leave_no_history(name):
     """A public function's CPU call whose READ tensors require grad (a conv weight Parameter, a
     model's activations, grad mode on) runs its kernel with autograd off, as the registered op does:
@@ -498,7 +529,7 @@ def test_read_tensors_that_require_grad_leave_no_history(name):
             grads += 1
     assert grads, "nothing requires grad"
     getattr(sgl_convwin, name)(**arguments)
-    for key in written(name):
+    for key in (n for n in written(name) if arguments.get(n) is not None):
         got = arguments[key]
         assert got.grad_fn is None and not got.requires_grad, key
         assert torch.equal(whole_storage(got).detach(), whole_storage(want[key])), key
@@ -528,6 +559,12 @@ VARIANTS = {  # per op: calls that each differ from all others in their signatur
         dict(), dict(tree=True, bias=False), dict(layout="dense", index_dtype=torch.int32),
         dict(state_layout="window_major", ssm_dtype=torch.bfloat16), dict(num_rows=1),
     ],
+    "ring_conv1d_verify": [dict(), dict(tree=True), dict(same_slots=True)],
+    "gdn_ring_verify": [dict(), dict(tree=True), dict(workspace=True), dict(same_slots=True)],
+    "ring_accept": [dict(), dict(tree=True)],
+    "gdn_ring_flush": [dict(), dict(same_slots=True)],
+    "mamba2_ring_verify": [dict(), dict(tree=True), dict(workspace=True)],
+    "mamba2_ring_flush": [dict(), dict(same_slots=True)],
 }
 
 
@@ -551,12 +588,36 @@ def test_every_signature_of_every_op_gets_its_own_plan(impl, name):
         assert len(plans) == len(calls), round_
 
 
+@pytest.mark.parametrize("impl", impl_params("triton_interpret", "cuda"))
+@pytest.mark.parametrize("name", ["ring_conv1d_verify", "gdn_ring_verify", "gdn_ring_flush", "mamba2_ring_verify"])
+def test_a_plan_takes_each_tensor_from_its_own_argument(impl, name):
+    """A ring op's plan (csrc_triton._common.planned_calls) made by a call passing one tensor as both
+    ring_slots and state_slots runs a later call of that signature passing two, and the other way
+    round, each launch taking every tensor from its own argument: every call writes what the
+    unplanned implementation writes."""
+    one = CASES[name](impl.device, 0, same_slots=True)
+    two = dict(CASES[name](impl.device, 1, same_slots=True),  # (int64, as ring_slots: the same signature)
+               state_slots=torch.tensor([1, -1, 2, 0], device=impl.device))
+    plans = getattr(sgl_convwin, name).eager_plans
+    for order in ((one, two, one), (two, one, two)):
+        plans.clear()
+        for call, arguments in enumerate(order):
+            copies = with_copies(name, arguments)
+            want = unplanned(impl, name, arguments)
+            planned(impl, name)(**copies)
+            assert_same(written_storages(name, copies), want, (name, call))
+        assert len(plans) == 1
+
+
 SHARED = {  # a written tensor and a source of the same dtype, both contiguous
     "capture": ("buffer", "x"),
     "causal_conv1d_verify": ("out", "x"),
     "capture_gates": ("gates", "g"),
     "gdn_commit": ("ssm_state", "gates"),
     "mamba2_commit": ("conv_state", "A"),
+    "ring_conv1d_verify": ("out", "x"),
+    "gdn_ring_verify": ("out", "v"),
+    "mamba2_ring_verify": ("out", "x"),
 }
 BAD_INDEX = {  # an index whose row 0 is active, the out-of-range value, the checked mode's message
     "capture": ("buffer_slots", 99, r"buffer_slots\[0\] = 99 is out of range"),
@@ -564,6 +625,9 @@ BAD_INDEX = {  # an index whose row 0 is active, the out-of-range value, the che
     "capture_gates": ("buffer_slots", 99, r"buffer_slots\[0\] = 99 is out of range"),
     "gdn_commit": ("dst_slots", 99, r"dst_slots\[0\] = 99 is out of range"),
     "mamba2_commit": ("src_slots", 99, r"src_slots\[0\] = 99 is out of range"),
+    "ring_conv1d_verify": ("ring_slots", 99, r"ring_slots\[0\] = 99 is out of range"),
+    "gdn_ring_verify": ("state_slots", 99, r"state_slots\[0\] = 99 is out of range"),
+    "mamba2_ring_verify": ("ring_slots", 99, r"ring_slots\[0\] = 99 is out of range"),
 }
 
 
@@ -584,10 +648,11 @@ def test_a_planned_signature_still_checks_the_tensors(impl, name):
     unplanned call's errors and nothing written, for an inference tensor or one that requires grad
     in place of each tensor the op writes, a destination sharing storage with a source, and (checked
     mode) an out-of-range index."""
-    planned(impl, name)(**CASES[name](impl.device, 1))
+    first, arguments = CASES[name](impl.device, 1), CASES[name](impl.device, 0)
     plans = getattr(sgl_convwin, name).eager_plans
+    plans.clear()  # (a ring case's harness ran the ops)
+    planned(impl, name)(**first)
     assert len(plans) == 1
-    arguments = CASES[name](impl.device, 0)
 
     def refused(error, match, **changes):
         call = dict(arguments, **changes)
@@ -596,7 +661,7 @@ def test_a_planned_signature_still_checks_the_tensors(impl, name):
             planned(impl, name)(**call)
         assert_same(written_storages(name, call), before, (name, match))
 
-    for tensor in written(name):
+    for tensor in (n for n in written(name) if arguments.get(n) is not None):
         with torch.inference_mode():
             inference = storage_copy(arguments[tensor])
         refused(ValueError, rf"{tensor} is an inference tensor", **{tensor: inference})
@@ -655,19 +720,19 @@ def test_planned_launches_skip_the_binder_for_every_op(monkeypatch, name):
     """Once a signature's plan has launched through Triton (compiling its kernels), the next calls
     of every op launch the compiled kernels directly, without Triton's binder (on the Triton
     versions that direct launch was verified on), and write what an unplanned call writes."""
+    from triton.runtime.jit import JITFunction
+
     from sgl_convwin._kernels import triton_kernels
 
     kernels = triton_kernels()
     if not kernels._common.direct_launch_supported():
         pytest.skip(f"direct launches are not used on Triton {kernels._common.triton.__version__}")
-    jit_kernels = [
-        kernels.scatter._scatter_windows_kernel, kernels.scatter_tree._scatter_tree_kernel,
-        kernels.verify._verify_rows_kernel, kernels.verify._verify_node_loop_kernel, kernels.replay._path_window_kernel,
-        kernels.replay._capture_gates_kernel, kernels.gdn_commit._gdn_replay_kernel,
-        kernels.mamba2_commit._mamba2_replay_kernel,
-    ]
     calls = [CASES[name]("cuda", seed) for seed in range(3)]
     wants = [unplanned(IMPLS["cuda"], name, arguments) for arguments in calls]
+    # every kernel of the package (the unplanned calls imported the modules a launcher loads late)
+    jit_kernels = {id(value): value for module_name, module in list(sys.modules.items())
+                   if module_name.startswith(kernels.__name__) for value in vars(module).values()
+                   if isinstance(value, JITFunction)}.values()
     binder_runs = []
     for kernel in jit_kernels:
         triton_run = kernel.run
