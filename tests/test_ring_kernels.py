@@ -541,6 +541,23 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("capacity", [20, 24])
+def test_mma_kernel_takes_wide_rings_with_a_tight_stack(capacity):
+    """With tight_stack the mma kernel verifies chains of 8 at capacities 20 and 24 (R + N = 28 and 32
+    stack rows; C + N = 36 and 40 are the Triton kernel's otherwise): rows that fold, replay, hold
+    nothing, pad."""
+    ring_rows = capacity + 8
+    cursors = torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, capacity - 9], [0, 0], [2, 3], [1, 1]])
+    case = ring_case(num_rows=5, num_nodes=8, capacity=capacity, num_k_heads=2, head_k_dim=128, head_v_dim=128,
+                     num_state_slots=6, num_ring_slots=5, cursors=cursors, ring_slots=[0, 1, 2, 3, 4],
+                     state_slots=[3, 0, 5, -1, 1], rows_dtype=torch.bfloat16, device="cuda")
+    want, got = run_both(case, tuning=dict(MMA, tight_stack=True))
+    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
+    assert_agree(want, got, tol=2e-3, state_tol=1e-4)
+    assert_same_untouched(case, want, got)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_mma_kernel_takes_16_nodes_with_a_tight_stack(state_dtype):
     """With tight_stack the mma kernel verifies a tree of 16 nodes at capacity 16 (R + N = 32 stack
