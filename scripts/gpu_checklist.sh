@@ -73,6 +73,8 @@
 #   workspace the rings' verifies with a workspace (gdn_ring_verify / mamba2_ring_verify(..., workspace=); never run on
 #             a GPU): the pending tokens' conv outputs once a row, read by the programs instead of their conv: the GPU
 #             tests and memcheck + racecheck, both rings' one-layer sweeps with and without, whole chain steps
+#   plans     the ring ops' eager plans (_common.planned_calls; never run on a GPU): test_eager_signatures.py's GPU
+#             tests (planned = unplanned, the binder skipped after a first call), then the ring's GPU tests through them
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
 # Before a call that runs a changed kernel: `python scripts/offline_sass.py gdn_ring_test_shapes --batch 4` (and
@@ -400,6 +402,13 @@ for phase in "$@"; do
                   grep -E '^(chain|\| _)' "$out/steps_workspace_$mixer${flag:+1}.log"
                 done
               done ;;
+    plans)    rc=0
+              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_eager_signatures.py \
+                > "$out/gpu_tests_plans.log" 2>&1 || rc=1
+              tail -3 "$out/gpu_tests_plans.log"
+              timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring.py tests/test_ring_mamba2.py \
+                tests/test_cudagraph.py tests/test_compile.py -k "ring or mamba2" > "$out/gpu_tests_plans_ring.log" 2>&1 || rc=1
+              tail -3 "$out/gpu_tests_plans_ring.log" ;;
     ringprof) rc=0
               for mixer in gdn mamba2; do
                 timeout 200 python3 benchmarks/bench_ring.py --mixer "$mixer" --batches 1 8 64 256 --profile \
