@@ -141,23 +141,16 @@ def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_r
 
 
 @triton.jit
-def pending_inputs(inputs_base, token, pending_row, chan, chan_ok, inputs_stride_token, inputs_stride_dim):
-    """[T, CH] fp32: the pending tokens' conv outputs ``token`` [T] (where ``pending_row``) at
-    channels ``chan`` [CH] as _pending_inputs_kernel stored them for the row's ring slot."""
-    return tl.load(inputs_base + (token * inputs_stride_token)[:, None] + (chan * inputs_stride_dim)[None, :],
-                   mask=pending_row[:, None] & chan_ok[None, :], other=0.0)
-
-
-@triton.jit
 def pending_values(inputs_base, inputs_stride_token, inputs_stride_dim, rows_base, window_base, weight_ptr, bias_ptr,
                    token, pending_row, start, pending, chan, chan_ok, rows_stride_row, rows_stride_dim,
                    window_stride_dim, window_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
                    RING_ROWS: tl.constexpr, KERNEL_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr,
                    HAS_INPUTS: tl.constexpr):
-    """_pending_conv's [T, CH] values: loaded from the row's workspace (inputs_base) with HAS_INPUTS,
-    else computed."""
+    """_pending_conv's [T, CH] values: loaded from the row's workspace (inputs_base, where
+    _pending_inputs_kernel stored them) with HAS_INPUTS, else computed."""
     if HAS_INPUTS:
-        return pending_inputs(inputs_base, token, pending_row, chan, chan_ok, inputs_stride_token, inputs_stride_dim)
+        return tl.load(inputs_base + (token * inputs_stride_token)[:, None] + (chan * inputs_stride_dim)[None, :],
+                       mask=pending_row[:, None] & chan_ok[None, :], other=0.0)
     else:
         return _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_row, start, pending, chan,
                              chan_ok, rows_stride_row, rows_stride_dim, window_stride_dim, window_stride_win,
