@@ -53,13 +53,7 @@ from sgl_convwin import reference  # noqa: E402
 
 UNROLL = 8  # steps per captured graph, each with its own acceptance
 DEVICE = "cuda"  # (tests dry-run the flow on the CPU)
-WORKSPACE = False  # --workspace: the verifies with a workspace
 SHAPES = {"gdn": Shapes(), "mamba2": NEMOTRON_H_8B_TP1}  # Qwen3-Next-80B TP1, Nemotron-H-8B TP1
-
-
-def workspace(batch: int, dim: int, capacity: int, wanted) -> torch.Tensor | None:
-    """A verify's workspace (--workspace, a sweep's /workspace=1) for ``batch`` ring slots, or None."""
-    return sgl_convwin.alloc_ring_workspace(batch, dim, capacity=capacity, device=DEVICE) if wanted else None
 
 
 def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
@@ -91,7 +85,6 @@ def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
         slots=torch.randperm(batch, device="cpu").to(DEVICE),
         parents=torch.tensor([TREE_PARENTS] * batch, device=DEVICE) if tree else None,
         out=torch.empty(L, batch, N, shapes.v_heads, shapes.head_v, dtype=torch.bfloat16, device=DEVICE),
-        workspace=workspace(batch, dim, capacity, WORKSPACE),
     )
 
 
@@ -124,10 +117,9 @@ def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
     x = conv_out[..., :x_width].unflatten(-1, (H, shapes.head_dim))
     B, C = (conv_out[..., start:start + bc_width].unflatten(-1, (shapes.groups, shapes.d_state))
             for start in (x_width, x_width + bc_width))
-    scratch = workspace(batch, dim, capacity, WORKSPACE)
     arguments = [((p["out"][layer], x, p["dt"][layer], p["A"][layer], B, C, p["ssm"], p["conv_state"], ring.rows,
                    ring.gates, ring.cursor, p["weight"][layer], p["bias"][layer], p["slots"], p["slots"], layer,
-                   p["parents"]), dict(dt_bias=p["dt_bias"][layer], dt_softplus=True, workspace=scratch))
+                   p["parents"]), dict(dt_bias=p["dt_bias"][layer], dt_softplus=True))
                  for layer in range(L)]
     p["verify"] = [functools.partial(sgl_convwin.mamba2_ring_verify, *args, **kwargs) for args, kwargs in arguments]
     p["calls"] = [sgl_convwin.mamba2_ring_verify.kernel_arguments(*args, **kwargs) for args, kwargs in arguments]
@@ -152,8 +144,7 @@ def ring_steps_fn(p, steps_table, *, conv: bool, accept: bool = True):
                 else:
                     sgl_convwin.gdn_ring_verify(p["out"][layer], p["q"], p["k"], p["v"], p["g"][layer],
                                                 p["beta"][layer], p["ssm"], p["conv_state"], ring.rows, ring.gates,
-                                                ring.cursor, p["weight"][layer], None, slots, slots, layer, parents,
-                                                workspace=p.get("workspace"))
+                                                ring.cursor, p["weight"][layer], None, slots, slots, layer, parents)
             if accept:
                 sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, parents, num_draft=p["N"])
     return run
@@ -279,7 +270,6 @@ def sweep(shapes, batches, capacity, specs, ncu=None):
                 tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision,
                               fold_precision=fold[0] if fold else precision)
             tuning.update(keywords)
-            tuning["workspace"] = workspace(batch, shapes.dim, capacity, tuning.pop("workspace", 0))
             print(markdown_row(batch, spec, *sweep_times(lambda: launch(*args, **kwargs, **tuning), ring.cursor,
                                                          pendings, ncu)), flush=True)
         del p
@@ -306,7 +296,6 @@ def mamba2_sweep(shapes, batches, capacity, specs, ncu=None):
                           **(dict(state_precision=rest[2]) if len(rest) > 2 else {}),
                           **(dict(fold_warps=int(rest[3])) if len(rest) > 3 else {}),
                           **(dict(maxnreg=int(rest[4])) if len(rest) > 4 else {}), **keywords)
-            tuning["workspace"] = workspace(batch, shapes.dim, capacity, tuning.pop("workspace", 0))
             print(markdown_row(batch, spec, *sweep_times(lambda: launch(*args, **dict(kwargs, **tuning)),
                                                          p["ring"].cursor, pendings, ncu)), flush=True)
         del p
@@ -386,15 +375,10 @@ def main(argv=None) -> int:
                         help="with --sweep: run that column's launches once inside cudaProfilerStart / Stop instead "
                              "of timing them (under ncu --profile-from-start off): few / more pending, every row "
                              "folding, 1 row in 6 folding")
-    parser.add_argument("--workspace", action="store_true",
-                        help="each ring verify with a workspace (alloc_ring_workspace): the pending tokens' conv "
-                             "outputs computed once a row instead of in every program")
     parser.add_argument("--constants", nargs="+", default=[], metavar="NAME=VALUE",
                         help="module defaults of the ring verify's launcher (csrc_triton/gdn_ring_verify.py, "
                              "--mixer mamba2: mamba2_ring_verify.py) set for this run, e.g. RING_MMA_MERGED=0")
     args = parser.parse_args(argv)
-    global WORKSPACE
-    WORKSPACE = args.workspace
     if args.constants:
         set_constants(args.mixer, parse_tunings(args.constants), parser.error)
     if args.ncu and not args.sweep:

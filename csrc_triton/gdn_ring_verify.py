@@ -38,14 +38,11 @@ from .ring_conv import check_ring_grid, ring_row_state
 RING_BLOCK_V = 32
 RING_WARPS = 8
 WINDOW_BLOCK = 256  # channels per program of the window store
-# The pending tokens' conv outputs into a verify's workspace: channels per program, warps (unmeasured)
-PENDING_INPUTS_BLOCK = 64
-PENDING_INPUTS_WARPS = 2
 # gdn_ring_verify_mma's kernel, the verify's on sm_80+ with Triton 3.6: four warps side by side over
 # 128 columns (its [32, 32] node matrices split between them, none repeated), state rows loaded 32
-# at a time; C + N <= 32 stack rows. The folds go first, in their own launch; then the rows that do
-# not fold, capped at 128 registers (apart: the rows on the stack of 16 at the compiler's, about
-# 120; docs/benchmarks.md, "Ring", has the caps' sweep).
+# at a time; max(R, N) + N <= 32 stack rows (mma_verify_keys). The folds go first, in their own
+# launch; then the rows that do not fold, capped at 128 registers (apart: the rows on the stack of
+# 16 at the compiler's, about 120; docs/benchmarks.md, "Ring", has the caps' sweep).
 RING_MMA_BLOCK_V = 128
 RING_MMA_WARPS = 4
 RING_MMA_NODES = 32
@@ -61,24 +58,17 @@ RING_MMA_MERGED = True
 # The state chunks through shared memory by cp.async, this many in flight from the program's start
 # (0: through registers, one chunk ahead; docs/benchmarks.md, "Ring", has the sweep)
 RING_MMA_STATE_STAGES = 2
-# The folds by replay (gdn_ring_fold: each pending token decoded onto a narrow tile in float32) instead
-# of as one chunk on the mma kernel (3xTF32); the flush's too (not yet timed on a GPU)
-RING_FOLD_REPLAY = False
 # Small batches' tiles narrower (gdn_verify.spread_block: down to 32 columns while a launch would have
 # fewer than VERIFY_PROGRAMS programs), the folds' too: more, shorter programs where a launch is one
 # program's latency (not yet timed on a GPU)
 RING_MMA_SPREAD = False
-# The stack of the rows that do not fold sized by the capacity: such a row has at most
-# max(R, N) keys (pending + N <= R), not C = R + N, so its queries start at row R (one level of
-# (I + A)^-1 fewer at R = 16; a stack of 16 rows where R + N <= 16; the mma kernel wherever
-# R + N <= 32; not yet run on a GPU)
-RING_MMA_TIGHT_STACK = False
 
 
-def mma_verify_keys(ring_rows: int, num_nodes: int, tight_stack: bool) -> int:
-    """The key rows of gdn_ring_verify_mma's verify stack (its queries follow): C, or with
-    tight_stack max(R, N) (R = C - N), the most keys a row that does not fold can hold."""
-    return min(ring_rows, max(ring_rows - num_nodes, num_nodes)) if tight_stack else ring_rows
+def mma_verify_keys(ring_rows: int, num_nodes: int) -> int:
+    """The key rows of gdn_ring_verify_mma's verify stack (its queries follow): max(R, N) (R = C - N,
+    the capacity), the most keys a row that does not fold can hold (pending + N <= R), not C: a
+    stack of 16 rows where R + N <= 16, one level of (I + A)^-1 fewer at R = 16."""
+    return min(ring_rows, max(ring_rows - num_nodes, num_nodes))
 
 
 def fold_precision_for(ssm) -> str:
@@ -104,10 +94,10 @@ def _ring_row(row, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots,
 
 
 @triton.jit
-def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_row, start, pending, chan, chan_ok,
-                  rows_stride_row, rows_stride_dim, window_stride_dim, window_stride_win, weight_stride_dim,
-                  weight_stride_tap, bias_stride, RING_ROWS: tl.constexpr, KERNEL_SIZE: tl.constexpr,
-                  HAS_BIAS: tl.constexpr):
+def pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_row, start, pending, chan, chan_ok,
+                 rows_stride_row, rows_stride_dim, window_stride_dim, window_stride_win, weight_stride_dim,
+                 weight_stride_tap, bias_stride, RING_ROWS: tl.constexpr, KERNEL_SIZE: tl.constexpr,
+                 HAS_BIAS: tl.constexpr):
     """[T, CH] fp32: silu(bias + sum_t w_t x_t) of the pending tokens ``token`` [T] (where
     ``pending_row``) at channels ``chan`` [CH]; zeros elsewhere. Token j's input at tap t is input
     i = j - (K-1) + t of the ring's history: ring row (start + i) % C for i >= 0, else the window's
@@ -141,59 +131,6 @@ def _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_r
 
 
 @triton.jit
-def pending_values(inputs_base, inputs_stride_token, inputs_stride_dim, rows_base, window_base, weight_ptr, bias_ptr,
-                   token, pending_row, start, pending, chan, chan_ok, rows_stride_row, rows_stride_dim,
-                   window_stride_dim, window_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
-                   RING_ROWS: tl.constexpr, KERNEL_SIZE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   HAS_INPUTS: tl.constexpr):
-    """_pending_conv's [T, CH] values: loaded from the row's workspace (inputs_base, where
-    _pending_inputs_kernel stored them) with HAS_INPUTS, else computed."""
-    if HAS_INPUTS:
-        return tl.load(inputs_base + (token * inputs_stride_token)[:, None] + (chan * inputs_stride_dim)[None, :],
-                       mask=pending_row[:, None] & chan_ok[None, :], other=0.0)
-    else:
-        return _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, token, pending_row, start, pending, chan,
-                             chan_ok, rows_stride_row, rows_stride_dim, window_stride_dim, window_stride_win,
-                             weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
-
-
-@triton.jit
-def _pending_inputs_kernel(
-    inputs_ptr, rows_ptr, conv_ptr, cursor_ptr, weight_ptr, bias_ptr, ring_slots_ptr, state_slots_ptr,
-    layer, num_state_slots, num_ring_slots, first_chan, end_chan,
-    inputs_stride_slot, inputs_stride_token, inputs_stride_dim,
-    rows_stride_layer, rows_stride_slot, rows_stride_row, rows_stride_dim,
-    conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
-    cursor_stride_slot, cursor_stride_field, weight_stride_dim, weight_stride_tap, bias_stride,
-    ring_slots_stride, state_slots_stride,
-    RING_ROWS: tl.constexpr, MAX_PENDING: tl.constexpr, TOKENS: tl.constexpr, KERNEL_SIZE: tl.constexpr,
-    HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
-):
-    """One program: BLOCK channels (from first_chan, below end_chan) of one row's pending tokens'
-    conv outputs, silu(bias + sum_t w_t x_t) by _pending_conv (the verify kernels' own arithmetic),
-    stored in float32 at inputs[ring_slots[row], j] for the verify's launches of layer ``layer``
-    to read instead of each program's conv. Rows and cursors as the verify kernel reads them."""
-    chan = first_chan + tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    chan_ok = chan < end_chan
-    row = tl.program_id(1).to(tl.int64)
-    layer = layer.to(tl.int64)
-    ring, slot, start, pending, live = _ring_row(row, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots,
-                                                 num_ring_slots, ring_slots_stride, state_slots_stride,
-                                                 cursor_stride_slot, cursor_stride_field, RING_ROWS, MAX_PENDING)
-    if live & (pending > 0):
-        first, count = start.to(tl.int32), pending.to(tl.int32)  # (as the verify kernel passes them)
-        token = tl.arange(0, TOKENS)
-        pending_row = token < count
-        inputs = _pending_conv(rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot,
-                               conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot, weight_ptr, bias_ptr,
-                               token, pending_row, first, count, chan, chan_ok, rows_stride_row, rows_stride_dim,
-                               conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
-                               RING_ROWS, KERNEL_SIZE, HAS_BIAS)
-        tl.store(inputs_ptr + ring * inputs_stride_slot + (token * inputs_stride_token)[:, None]
-                 + (chan * inputs_stride_dim)[None, :], inputs, mask=pending_row[:, None] & chan_ok[None, :])
-
-
-@triton.jit
 def _chunk(kq, state, v, beta, decay, cumulative, key_side, eye, RING_ROWS: tl.constexpr, PRECISION: tl.constexpr):
     """(O on query rows, U on key rows, kq as the products' operand) of the chunk, products in
     PRECISION: gdn_verify's UT form with the ring's key rows."""
@@ -221,7 +158,7 @@ def _folded(kq, updates, state, g, cumulative, key_pending, PRECISION: tl.conste
 @triton.jit
 def _gdn_ring_verify_kernel(
     out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr, cursor_ptr, weight_ptr,
-    bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr, inputs_ptr,
+    bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr,
     layer, num_state_slots, num_ring_slots, scale,
     out_stride_row, out_stride_node, out_stride_head, out_stride_v,
     q_stride_row, q_stride_node, q_stride_head, q_stride_k,
@@ -235,20 +172,17 @@ def _gdn_ring_verify_kernel(
     gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_gate, gates_stride_head,
     cursor_stride_slot, cursor_stride_field, weight_stride_layer, weight_stride_dim, weight_stride_tap,
     bias_stride_layer, bias_stride, ring_slots_stride, state_slots_stride, parents_stride_row, parents_stride_node,
-    inputs_stride_slot, inputs_stride_token, inputs_stride_dim,
     NUM_NODES: tl.constexpr, RING_ROWS: tl.constexpr, MAX_PENDING: tl.constexpr, FOLD_ABOVE: tl.constexpr,
     NODES: tl.constexpr, KERNEL_SIZE: tl.constexpr,
     NUM_K_HEADS: tl.constexpr, NUM_V_HEADS: tl.constexpr, HEAD_K_DIM: tl.constexpr, HEAD_V_DIM: tl.constexpr,
     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, TREE: tl.constexpr, L2NORM: tl.constexpr,
-    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, FOLD_PRECISION: tl.constexpr, HAS_INPUTS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, FOLD_PRECISION: tl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2). A row is left alone (nothing read past its indices, nothing written)
     unless both slots are in range and its cursor a ring position (pending <= MAX_PENDING); its
     outputs also need every parent link in [-1, n-1]. It folds when pending > 0 and pending + N >
-    FOLD_ABOVE (the verify: the capacity; the flush, with no drafts: 0). With HAS_INPUTS the pending
-    tokens' conv outputs come from inputs_ptr [M, R, dim] (_pending_inputs_kernel's, this launch's
-    layer) instead of their conv."""
+    FOLD_ABOVE (the verify: the capacity; the flush, with no drafts: 0)."""
     V_BLOCKS: tl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = tl.program_id(0) // V_BLOCKS
     v_block = tl.program_id(0) % V_BLOCKS
@@ -288,11 +222,9 @@ def _gdn_ring_verify_kernel(
     ring_row = (start + tl.where(key_pending, stack, 0)) % RING_ROWS
     # k and q: pending tokens' from their conv (k channels Hk*dk + k_head*dk + i), drafts' given
     k_chan = NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk
-    inputs_base = inputs_ptr + ring * inputs_stride_slot
-    conv_k = pending_values(inputs_base, inputs_stride_token, inputs_stride_dim, rows_base, window_base, weight_ptr,
-                            bias_ptr, stack, key_pending, start, pending, k_chan, k_ok, rows_stride_row,
-                            rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap,
-                            bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS, HAS_INPUTS)
+    conv_k = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, stack, key_pending, start, pending, k_chan,
+                          k_ok, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
+                          weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
     d = tl.where(drafted, draft, 0).to(tl.int64)
     keys = (k_ptr + row * k_stride_row + k_head * k_stride_head + (d * k_stride_node)[:, None]
             + (kk * k_stride_k)[None, :])
@@ -336,10 +268,9 @@ def _gdn_ring_verify_kernel(
     eye = (stack[:, None] == stack[None, :]).to(tl.float32)
 
     v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
-    conv_v = pending_values(inputs_base, inputs_stride_token, inputs_stride_dim, rows_base, window_base, weight_ptr,
-                            bias_ptr, stack, key_pending, start, pending, v_chan, columns, rows_stride_row,
-                            rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap,
-                            bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS, HAS_INPUTS)
+    conv_v = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, stack, key_pending, start, pending, v_chan,
+                          columns, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                          weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
     v_given = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (d * v_stride_node)[:, None]
                       + (vv * v_stride_v)[None, :], mask=(drafted & key_side)[:, None] & columns[None, :],
                       other=0.0).to(tl.float32)
@@ -441,15 +372,11 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
                  fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                 chunk_k=None, fold_replay=None, fold_smem=None, tight_stack=None, workspace=None):
+                 chunk_k=None):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
-    read). With a workspace [M, R, dim] float32 (one layer), first _pending_inputs_kernel's launch
-    filling it, and the chunk kernels read the pending tokens' k and v there. With mma, the folds by
-    gdn_ring_fold's replay where fold_replay (None: RING_FOLD_REPLAY), on fold_block_v columns and
-    fold_warps warps capped at fold_maxnreg registers, its tile in shared memory by fold_smem (None:
-    its defaults; gdn_ring_fold.replay_fold_call)."""
+    read). With mma, gdn_ring_verify_mma's launches instead of the chunk kernel's (_mma_chunk_calls)."""
     num_k_heads, head_k_dim, num_v_heads, head_v_dim = heads
     num_rows = ring_slots.shape[0]
     ring_rows, kernel_size = rows.shape[2], conv.shape[3] + 1
@@ -460,8 +387,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     per_layer = (lambda t: t.stride()) if weight.dim() == 3 else (lambda t: (0, *t.stride()))  # [L, ...]: stacked
     no_strides = lambda n: (0,) * n  # noqa: E731 -- a tensor the kernel never reads
     bias_strides = (0, 0) if bias is None else per_layer(bias)
-    index_strides = (ring_slots.stride(0), state_slots.stride(0), *((0, 0) if parents is None else parents.stride()),
-                     *((0, 0, 0) if workspace is None else workspace.stride()))
+    index_strides = (ring_slots.stride(0), state_slots.stride(0), *((0, 0) if parents is None else parents.stride()))
     scalars = (layer, ssm.shape[1], rows.shape[1], float(scale),
                *(out.stride() if drafts else no_strides(4)), *(q.stride() if drafts else no_strides(4)),
                *(k.stride() if drafts else no_strides(4)), *(v.stride() if drafts else no_strides(4)),
@@ -474,93 +400,56 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
         NUM_V_HEADS=num_v_heads, HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim,
         BLOCK_K=max(MIN_DOT, next_power_of_2(head_k_dim)), BLOCK_V=block_v, TREE=parents is not None,
         L2NORM=bool(use_qk_l2norm), HAS_BIAS=bias is not None, PRECISION=precision or fold_precision_for(ssm),
-        FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), HAS_INPUTS=workspace is not None,
-        num_warps=num_warps,
+        FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), num_warps=num_warps,
     )
     placeholder = ssm  # where the drafts' tensors would be
     tensors = (out if drafts else placeholder, *((q, k, v, g, beta) if drafts else (placeholder,) * 5), ssm, conv, rows,
                gates, cursor, weight, weight if bias is None else bias, ring_slots, state_slots,
-               state_slots if parents is None else parents, ssm if workspace is None else workspace)
+               state_slots if parents is None else parents)
     chunk = KernelCall(_gdn_ring_verify_kernel, (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers),
                        tensors, scalars, constexprs)
     # the windows in the mma verify launches (their programs cover q, k and v: the rows' whole width)
     fused = (RING_MMA_FUSED_WINDOW if fused_window is None else fused_window) and mma
-    replay = None
-    if mma and (RING_FOLD_REPLAY if fold_replay is None else fold_replay):
-        from .gdn_ring_fold import replay_fold_call
-
-        replay = replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
-                                  layer=layer, num_layers=num_layers, num_nodes=num_nodes, heads=heads,
-                                  max_pending=max_pending, fold_above=fold_above, use_qk_l2norm=use_qk_l2norm,
-                                  block_v=fold_block_v, num_warps=fold_warps, maxnreg=fold_maxnreg,
-                                  smem=fold_smem)
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps,
                                fold_block_v, fold_maxnreg, fused, RING_MMA_MERGED if merged is None else merged,
                                RING_MMA_STATE_STAGES if state_stages is None else state_stages,
-                               chunk_k or RING_MMA_CHUNK_K, replay,
-                               RING_MMA_TIGHT_STACK if tight_stack is None else tight_stack) if mma else (chunk,))
-    fill = () if workspace is None else (pending_inputs_call(
-        conv, rows, cursor, weight, bias, ring_slots, state_slots, workspace, layer=layer, num_layers=num_layers,
-        num_state_slots=ssm.shape[1], max_pending=max_pending, channels=(num_k_heads * head_k_dim, rows.shape[3])),)
+                               chunk_k or RING_MMA_CHUNK_K) if mma else (chunk,))
     if fused:
-        return (*fill, *chunks)
+        return chunks
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
                          num_layers=num_layers, num_nodes=num_nodes, max_pending=max_pending, fold_above=fold_above)
-    return (*fill, *chunks, window)
-
-
-def pending_inputs_call(conv, rows, cursor, weight, bias, ring_slots, state_slots, workspace, *, layer, num_layers,
-                        num_state_slots, max_pending, channels):
-    """_pending_inputs_kernel's launch: the pending tokens' conv outputs of layer ``layer`` at the
-    channels [first, end) = ``channels`` (GDN: k and v) into workspace [M, R, dim] (float32),
-    weight [dim, K] / bias [dim] the layer's."""
-    if num_layers != 1 or weight.dim() != 2:
-        raise ValueError("gdn_ring_verify: a workspace serves one layer's verify")
-    first, end = channels
-    grid = (cdiv(end - first, PENDING_INPUTS_BLOCK), ring_slots.shape[0])
-    scalars = (layer, num_state_slots, rows.shape[1], first, end, *workspace.stride(), *rows.stride(), *conv.stride(),
-               *cursor.stride(), *weight.stride(), 0 if bias is None else bias.stride(0), ring_slots.stride(0),
-               state_slots.stride(0))
-    constexprs = dict(RING_ROWS=rows.shape[2], MAX_PENDING=max_pending, TOKENS=max(2, next_power_of_2(max_pending)),
-                      KERNEL_SIZE=conv.shape[3] + 1, HAS_BIAS=bias is not None, BLOCK=PENDING_INPUTS_BLOCK,
-                      num_warps=PENDING_INPUTS_WARPS)
-    tensors = (workspace, rows, conv, cursor, weight, weight if bias is None else bias, ring_slots, state_slots)
-    return KernelCall(_pending_inputs_kernel, grid, tensors, scalars, constexprs)
+    return (*chunks, window)
 
 
 def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fold_block_v=None,
-                     fold_maxnreg=None, fused_window=False, merged=False, state_stages=0, chunk_k=RING_MMA_CHUNK_K,
-                     replay=None, tight_stack=False):
+                     fold_maxnreg=None, fused_window=False, merged=False, state_stages=0, chunk_k=RING_MMA_CHUNK_K):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
-    folding only -- by ``replay`` (gdn_ring_fold's launch) if given, else a stack of the pending
-    keys, no drafts (3xTF32 for a float32 checkpoint), on
+    folding only -- a stack of the pending keys, no drafts (3xTF32 for a float32 checkpoint), on
     fold_warps warps over tiles of fold_block_v columns (None: the others'; a grid of its own),
     capped at fold_maxnreg registers (None: RING_MMA_FOLD_MAXNREG; 0: no cap); then, their drafts
     verified from the folded checkpoint (with fused_window, their conv windows moved there too) with
-    the others', with ``small`` (and N <= 8, C + N > 16) the rows whose keys fit a stack of 16 rows
+    the others', with ``small`` (and N <= 8, more than 16 stack rows) the rows whose keys fit a stack of 16 rows
     (pending + N <= 16 - N), then the rest (tf32 products); with ``merged`` those two in one launch
     (KIND 3, the others' cap); with state_stages the state chunks through shared memory, that many
     in flight (where a thread's copies are of 4 bytes or more: gdn_verify.state_stages_for);
-    chunk_k state rows a chunk; with tight_stack the non-folding rows' stack sized by their most keys,
-    max(R, N) (RING_MMA_TIGHT_STACK), else by C. maxnreg: the register cap of the launches that do
-    not fold (0 or None: the compiler's choice), or a pair (the small rows' cap, the other
-    non-folding rows')."""
+    chunk_k state rows a chunk; the non-folding rows' stack sized by their most keys
+    (mma_verify_keys). maxnreg: the register cap of the launches that do not fold (0 or None: the
+    compiler's choice), or a pair (the small rows' cap, the other non-folding rows')."""
     from . import gdn_ring_verify_mma
 
     block_v, num_warps = chunk.constexprs["BLOCK_V"], chunk.constexprs["num_warps"]
     fold_warps = fold_warps or num_warps
     fold_block_v = fold_block_v or block_v
     num_nodes, ring_rows = chunk.constexprs["NUM_NODES"], chunk.constexprs["RING_ROWS"]
-    verify_keys = mma_verify_keys(ring_rows, num_nodes, tight_stack)
+    verify_keys = mma_verify_keys(ring_rows, num_nodes)
     verify_rule = chunk.constexprs["FOLD_ABOVE"] == ring_rows - num_nodes  # (what mma_verify_keys counts on)
     if num_layers != 1 or not verify_rule or verify_keys + num_nodes > RING_MMA_NODES:
         raise ValueError(f"gdn_ring_verify_mma: one layer of a verify and a stack of {verify_keys} keys + N <= "
                          f"{RING_MMA_NODES} rows, got {num_layers} layers, {verify_keys} + {num_nodes}")
     chunk_k = min(chunk_k, chunk.constexprs["BLOCK_K"])
     check_mma_tiles("gdn_ring_verify_mma", block_v, num_warps, chunk_k)
-    if replay is None:
-        check_mma_tiles("gdn_ring_verify_mma (the folds)", fold_block_v, fold_warps, chunk_k)
+    check_mma_tiles("gdn_ring_verify_mma (the folds)", fold_block_v, fold_warps, chunk_k)
     chunks = chunk.constexprs["BLOCK_K"] // chunk_k
     constexprs = {name: value for name, value in chunk.constexprs.items()
                   if name not in ("PRECISION", "FOLD_PRECISION")}
@@ -569,8 +458,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
                       STATE_STAGES=state_stages_for(state_stages, block_v, num_warps, chunks, ssm))
     constexprs.update(NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k, WARPS=num_warps,
                       SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4))
-    verify_nodes = (max(RING_MMA_SMALL_NODES, next_power_of_2(verify_keys + num_nodes)) if tight_stack
-                    else RING_MMA_NODES)
+    verify_nodes = max(RING_MMA_SMALL_NODES, next_power_of_2(verify_keys + num_nodes))
     constexprs.update(VERIFY_KEYS=verify_keys)
     small = small and 2 * num_nodes <= RING_MMA_SMALL_NODES < verify_keys + num_nodes
     small_cap, other_cap = (dict(maxnreg=n) if n else {} for n in (maxnreg if isinstance(maxnreg, tuple)
@@ -581,14 +469,14 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
             dict(WARPS=fold_warps, num_warps=fold_warps, BLOCK_V=fold_block_v,
                  STATE_STAGES=state_stages_for(state_stages, fold_block_v, fold_warps, chunks, ssm),
                  **({"maxnreg": fold_cap} if fold_cap else {})))
-    kinds = (*((fold,) if replay is None else ()),
+    kinds = (fold,
              *(((0, RING_MMA_SMALL_NODES, chunk.grid, small_cap),) if small and not merged else ()),
              (3 if small and merged else 1, verify_nodes, chunk.grid, other_cap))
     calls = tuple(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors,
                              chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes,
                                                  SMALL_KEYS=RING_MMA_SMALL_NODES - num_nodes if small else 0, **caps))
                   for kind, nodes, grid, caps in kinds)
-    return calls if replay is None else (replay, *calls)
+    return calls
 
 
 def _pdl_device(ssm) -> bool:
@@ -601,17 +489,15 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                chunk_k=None, fold_replay=None, fold_smem=None, tight_stack=None, workspace=None):
+                chunk_k=None):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
-    move them), or () with no rows; with a workspace first the pending inputs' launch
-    (pending_inputs_call), which the chunk kernels then read. mma: gdn_ring_verify_mma's chunk
-    kernel (None: where _mma_kernel_runs_on, its stack fits 32 rows -- C + N, with tight_stack
-    R + N --, dv >= 32 and no precision is asked for), with block_v, num_warps, maxnreg, small,
-    fold_warps, fold_block_v, fold_maxnreg, fused_window, merged, state_stages, chunk_k,
-    fold_replay, fold_smem and tight_stack its own (None: 128 columns, fewer for small batches with
-    RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG, RING_MMA_FUSED_WINDOW, RING_MMA_MERGED,
-    RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K, RING_FOLD_REPLAY, RING_MMA_TIGHT_STACK; the rest:
+    move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
+    _mma_kernel_runs_on, its verify stack fits 32 rows -- max(R, N) + N, mma_verify_keys --,
+    dv >= 32 and no precision is asked for), with block_v, num_warps, maxnreg, small, fold_warps,
+    fold_block_v, fold_maxnreg, fused_window, merged, state_stages and chunk_k its own (None: 128
+    columns, fewer for small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG,
+    RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K; the rest:
     _mma_chunk_calls); else the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a
     float32 checkpoint)."""
     num_nodes = q.shape[1]
@@ -619,9 +505,8 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
         return ()
     heads = (q.shape[2], q.shape[3], v.shape[2], v.shape[3])
     if mma is None:
-        tight = RING_MMA_TIGHT_STACK if tight_stack is None else tight_stack
         mma = (precision is None and fold_precision is None and block_v is None and num_warps is None
-               and mma_verify_keys(rows.shape[2], num_nodes, tight) + num_nodes <= RING_MMA_NODES
+               and mma_verify_keys(rows.shape[2], num_nodes) + num_nodes <= RING_MMA_NODES
                and v.shape[3] >= 8 * RING_MMA_WARPS and _mma_kernel_runs_on(ssm))
     num_warps = (RING_MMA_WARPS if mma else RING_WARPS) if num_warps is None else num_warps
     if mma and block_v is None:  # (never under 8 columns a warp: check_mma_tiles)
@@ -633,8 +518,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, precision=precision,
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
-                        fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k,
-                        fold_replay=fold_replay, fold_smem=fold_smem, tight_stack=tight_stack, workspace=workspace)
+                        fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
@@ -642,8 +526,7 @@ def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor
     """ops_ring.gdn_ring_verify's arguments as its prepare gives them (ssm [L, S, Hv, dk, dv], conv
     [L, S, dim, K-1], rows [L, M, C, dim], gates [L, M, C, 2, Hv], cursor [M, 2]; any strides).
     The verify's launches (the Triton kernel's one, or the mma kernel's by kind of row: _ring_calls),
-    then the folded conv windows' (none where the mma launches move them: fused_window); with
-    ``workspace`` (in tuning) the pending inputs' launch first."""
+    then the folded conv windows' (none where the mma launches move them: fused_window)."""
     for call in _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
                             state_slots, layer, parents, scale=scale, use_qk_l2norm=use_qk_l2norm, **tuning):
         call.launch()
@@ -673,11 +556,10 @@ def _flush_cursor_kernel(cursor_ptr, ring_slots_ptr, state_slots_ptr, num_rows, 
 
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state_slots, *, num_k_heads, head_k_dim,
                  num_v_heads, head_v_dim, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
-                 fold_precision=None, fold_replay=None, fold_smem=None):
+                 fold_precision=None):
     """gdn_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or ().
-    The folds by gdn_ring_fold's replay where fold_replay (None: RING_FOLD_REPLAY), else by the
-    Triton chunk kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint);
-    block_v and num_warps the fold's, fold_smem the replay's (gdn_ring_fold.replay_fold_call's smem)."""
+    The folds by the Triton chunk kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32
+    checkpoint); block_v and num_warps the fold's."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
         return ()
@@ -685,20 +567,12 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state
     heads = (num_k_heads, head_k_dim, num_v_heads, head_v_dim)
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=0,
                          num_layers=ssm.shape[0], num_nodes=0, max_pending=ring_rows - 1, fold_above=0)
-    if RING_FOLD_REPLAY if fold_replay is None else fold_replay:  # every row with a pending token folds
-        from .gdn_ring_fold import replay_fold_call
-
-        chunk = replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer=0,
-                                 num_layers=ssm.shape[0], num_nodes=0, heads=heads, max_pending=ring_rows - 1,
-                                 fold_above=0, use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps,
-                                 smem=fold_smem)
-    else:
-        fold = fold_precision or precision or fold_precision_for(ssm)
-        chunk, _ = _chunk_calls(
-            None, None, None, None, None, None, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
-            None, layer=0, num_layers=ssm.shape[0], num_nodes=0, heads=heads, max_pending=ring_rows - 1,
-            fold_above=0, scale=1.0, use_qk_l2norm=use_qk_l2norm, block_v=block_v,
-            num_warps=num_warps or RING_WARPS, precision=fold, fold_precision=fold)
+    fold = fold_precision or precision or fold_precision_for(ssm)  # every row with a pending token folds
+    chunk, _ = _chunk_calls(
+        None, None, None, None, None, None, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
+        None, layer=0, num_layers=ssm.shape[0], num_nodes=0, heads=heads, max_pending=ring_rows - 1,
+        fold_above=0, scale=1.0, use_qk_l2norm=use_qk_l2norm, block_v=block_v,
+        num_warps=num_warps or RING_WARPS, precision=fold, fold_precision=fold)
     cursors = flush_cursor_call(cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1],
                                 num_ring_slots=rows.shape[1], ring_rows=ring_rows)
     return chunk, window, cursors

@@ -5,18 +5,18 @@ One program per [dk, BLOCK_V] checkpoint tile of one value head of one row. The 
 from global memory into mma.sync B fragments (gdn_verify_mma: the tile's columns relabelled so
 that a thread's columns are adjacent), through shared memory by cp.async with STATE_STAGES; the
 key and query stack -- the pending tokens' k from their conv over the ring's rows, the drafts' k,
-the drafts' q -- is normalised in registers and staged once in shared memory, rows 0..C-1 keys,
-rows C..C+N-1 queries (C + N <= 32, one [32, 32] set of node matrices, four warps side by side
-over the columns: none repeats them; with VERIFY_KEYS = R the queries from row R, where a row
-that does not fold has its last key, and R + N <= 32); a row with few pending tokens (pending + 2 N <= 16) on a
-stack of 16 rows, its queries from row 16 - N.
+the drafts' q -- is normalised in registers and staged once in shared memory: keys, then queries
+from row VERIFY_KEYS = max(R, N), the most keys a row that does not fold holds (R + N <= 32, one
+[32, 32] set of node matrices, four warps side by side over the columns: none repeats them); a
+row with few pending tokens (pending + 2 N <= 16) on a stack of 16 rows, its queries from row
+16 - N; a folding row's stack its pending keys alone.
 
 Launches over the same grid, one per kind of row -- first the rows that fold, folding only (a
 stack of their pending keys), then the rows on the small stack, then the others, the folded rows
 among these two from their new checkpoint with nothing pending -- the other rows' programs
 returning after reading the cursor, so each kind is its own compile with its own registers. A
 verify writes outputs only and multiplies the state in tf32, its operands rounded to nearest
-(gdn_verify's accuracy), (I + A)^-1 by gdn_verify's blocks (paths of up to C + N tokens). A fold
+(gdn_verify's accuracy), (I + A)^-1 by gdn_verify's blocks. A fold
 writes the checkpoint, which must keep float32's accuracy over many folds: it multiplies in 3xTF32
 (each operand split into a tf32 head and a tf32 rest, three products).
 """
@@ -110,19 +110,9 @@ def _columns_natural(x, WARPS: gl.constexpr, TILES: gl.constexpr):
 
 
 @gluon.jit
-def _stored_inputs(inputs_base, chan, chan_ok, pending, inputs_stride_token, inputs_stride_dim, NODES: gl.constexpr,
-                   L: gl.constexpr):
-    """[NODES, CH] fp32 in layout L: pending tokens 0..pending-1's conv outputs at channels ``chan``
-    as gdn_ring_verify._pending_inputs_kernel stored them (the rows' workspace); zeros elsewhere."""
-    token = gl.arange(0, NODES, layout=gl.SliceLayout(1, L))
-    return gl.load(inputs_base + (token * inputs_stride_token)[:, None] + (chan * inputs_stride_dim)[None, :],
-                   mask=(token < pending)[:, None] & chan_ok[None, :], other=0.0)
-
-
-@gluon.jit
 def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_ring, rows_base,
               window_base, gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr,
-              out_ptr, ssm_ptr, scale, inputs_base, inputs_stride_token, inputs_stride_dim,
+              out_ptr, ssm_ptr, scale,
               q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
               k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
               g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
@@ -137,14 +127,13 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
-              STATE_STAGES: gl.constexpr, HAS_INPUTS: gl.constexpr):
+              STATE_STAGES: gl.constexpr):
     """One program's work: with drafts (NUM_NODES > 0) the row's outputs for its query rows, stored,
     and the drafts' gates beside their rows (v0 = 0); with FOLD the checkpoint tile after the pending
     tokens, stored in place (after the outputs, which the old tile gave). Products in 3xTF32 with
     SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of this launch has at most
     PENDING_ROWS pending tokens. With STATE_STAGES the chunks come through shared memory state_ring
-    (cp.async, that many in flight); with HAS_INPUTS the pending tokens' conv outputs from
-    inputs_base (the row's workspace) instead of their conv."""
+    (cp.async, that many in flight)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -200,14 +189,10 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
         if part == 0 and PENDING_ROWS > 0:
             if pending > 0:  # (none in a row that just folded: its verify starts from the new checkpoint)
                 k_chan = NUM_K_HEADS * HEAD_K_DIM + k_head * HEAD_K_DIM + kk
-                if HAS_INPUTS:
-                    conv_k = _stored_inputs(inputs_base, k_chan, k_ok, pending, inputs_stride_token,
-                                            inputs_stride_dim, PART, STACK_L)
-                else:
-                    conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, k_chan, k_ok, start,
-                                           pending, rows_stride_row, rows_stride_dim, conv_stride_dim,
-                                           conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
-                                           RING_ROWS, KERNEL_SIZE, PART, HAS_BIAS, STACK_L)
+                conv_k = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, k_chan, k_ok, start, pending,
+                                       rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                                       weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
+                                       PART, HAS_BIAS, STACK_L)
                 kq = gl.where((is_key & (s < pending))[:, None], conv_k, kq)
         if L2NORM:
             kq = kq * (1.0 / gl.sqrt(gl.sum(kq * kq, axis=1) + 1e-6))[:, None]  # (a divide a row, not a value)
@@ -305,14 +290,10 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
         if part == 0 and PENDING_ROWS > 0:
             if pending > 0:
                 v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vl
-                if HAS_INPUTS:
-                    conv_v = _stored_inputs(inputs_base, v_chan, vl < HEAD_V_DIM, pending, inputs_stride_token,
-                                            inputs_stride_dim, PART, LOAD_L)
-                else:
-                    conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, v_chan, vl < HEAD_V_DIM,
-                                           start, pending, rows_stride_row, rows_stride_dim, conv_stride_dim,
-                                           conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
-                                           RING_ROWS, KERNEL_SIZE, PART, HAS_BIAS, LOAD_L)
+                conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, v_chan, vl < HEAD_V_DIM, start,
+                                       pending, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                                       weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
+                                       PART, HAS_BIAS, LOAD_L)
                 v_part = gl.where((sl < pending)[:, None], conv_v, v_part)
         v_smem.slice(part * PART, PART, dim=0).store(_columns_relabelled(v_part, WARPS, TILES))
     gl.thread_barrier()
@@ -367,7 +348,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
 @gluon.jit
 def _gdn_ring_verify_mma_kernel(
     out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr, cursor_ptr, weight_ptr,
-    bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr, inputs_ptr,
+    bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr,
     layer, num_state_slots, num_ring_slots, scale,
     out_stride_row, out_stride_node, out_stride_head, out_stride_v,
     q_stride_row, q_stride_node, q_stride_head, q_stride_k,
@@ -381,7 +362,6 @@ def _gdn_ring_verify_mma_kernel(
     gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_gate, gates_stride_head,
     cursor_stride_slot, cursor_stride_field, weight_stride_layer, weight_stride_dim, weight_stride_tap,
     bias_stride_layer, bias_stride, ring_slots_stride, state_slots_stride, parents_stride_row, parents_stride_node,
-    inputs_stride_slot, inputs_stride_token, inputs_stride_dim,
     NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, MAX_PENDING: gl.constexpr, FOLD_ABOVE: gl.constexpr,
     NODES: gl.constexpr, KERNEL_SIZE: gl.constexpr,
     NUM_K_HEADS: gl.constexpr, NUM_V_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
@@ -389,23 +369,22 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
-    VERIFY_KEYS: gl.constexpr, HAS_INPUTS: gl.constexpr,
+    VERIFY_KEYS: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
     only: N >= 1, VERIFY_KEYS + N <= 32). Only the rows of one KIND do any work, each kind its own compile with
     its own registers: 0, those that do not fold and whose pending + N keys fit SMALL_KEYS (a stack
     of NODES = 16 rows, queries from row SMALL_KEYS = 16 - N); 1, the others that do not fold (NODES
-    rows, queries from row VERIFY_KEYS: C, or max(FOLD_ABOVE, N) -- a row that does not fold has at
-    most that many keys); 2, those that fold, launched before the others: the fold alone on a
+    rows, queries from row VERIFY_KEYS = max(FOLD_ABOVE, N): a row that does not fold has at most
+    that many keys); 2, those that fold, launched before the others: the fold alone on a
     stack of NODES pending keys (3xTF32 with SPLIT_FOLD); 3, kinds 0 and 1 in one launch (each its
     own code, the registers of the larger) -- the launches of kinds 0 and 1 (or 3) then take a
     folding row as one with nothing pending from start + pending, verifying its drafts; with
     FUSED_WINDOW their programs of such a row then move its conv window past the folded tokens
     (nothing in these launches reads a folded row's window): each its v columns, a key head's first
     value head its q and k. With STATE_STAGES the state chunks come through shared memory (cp.async,
-    that many in flight); with HAS_INPUTS the pending tokens' k and v from inputs_ptr (the row's
-    ring slot's, filled by gdn_ring_verify._pending_inputs_kernel) instead of their conv."""
+    that many in flight)."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = gl.program_id(0) // V_BLOCKS
     v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
@@ -450,7 +429,7 @@ def _gdn_ring_verify_mma_kernel(
         if kind == THIS:
             _row_head(live, start, pending, row, head, k_head, v0, state_base, state_ring, rows_base, window_base,
                       gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr,
-                      ssm_ptr, scale, inputs_ptr + ring * inputs_stride_slot, inputs_stride_token, inputs_stride_dim,
+                      ssm_ptr, scale,
                       q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node,
                       k_stride_head, k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
                       g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node,
@@ -464,7 +443,7 @@ def _gdn_ring_verify_mma_kernel(
                       SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
                       HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
                       L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
-                      STATE_STAGES, HAS_INPUTS)
+                      STATE_STAGES)
             if FUSED_WINDOW and THIS != 2:
                 if moved:
                     WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])

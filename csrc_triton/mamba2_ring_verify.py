@@ -38,8 +38,8 @@ except ImportError:  # pragma: no cover
     gdc_launch_dependents = gdc_wait = None
 
 from ._common import KernelCall, cdiv, interpreted, next_power_of_2, planned_calls
-from .gdn_ring_verify import (_pdl_device, _ring_row, flush_cursor_call, fold_precision_for, pending_inputs_call,
-                              pending_values, window_after, window_call)
+from .gdn_ring_verify import (_pdl_device, _ring_row, flush_cursor_call, fold_precision_for, pending_conv,
+                              window_after, window_call)
 from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, spread_block
 from .mamba2_verify import _step_sizes, state_chunk
 from .ring_conv import check_ring_grid
@@ -72,9 +72,6 @@ FOLD_VERIFY = False
 # With FOLD_VERIFY (and the windows' own launch): the others' verify a programmatic dependent launch
 # of the folds' (sm_90+), running beside their latency-bound wave (not yet timed on a GPU)
 PDL = False
-# The folds by replay (mamba2_ring_fold: each pending token decoded onto a [32, d_state] tile in
-# float32) instead of as one product of the pending tokens; the flush's too (not yet timed on a GPU)
-FOLD_REPLAY = False
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
 STATE_PRECISION = "tf32"
@@ -115,7 +112,7 @@ def _folded_tile(state_t, b, x, step, a, pending_rows, FOLD_PRECISION: tl.conste
 @triton.jit
 def _mamba2_ring_fold_kernel(
     a_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr, cursor_ptr, weight_ptr, bias_ptr, ring_slots_ptr, state_slots_ptr,
-    inputs_ptr, layer, num_state_slots, num_ring_slots,
+    layer, num_state_slots, num_ring_slots,
     a_stride_layer, a_stride,
     ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_p, ssm_stride_n,
     conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
@@ -123,17 +120,15 @@ def _mamba2_ring_fold_kernel(
     gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_head,
     cursor_stride_slot, cursor_stride_field, weight_stride_layer, weight_stride_dim, weight_stride_tap,
     bias_stride_layer, bias_stride, ring_slots_stride, state_slots_stride,
-    inputs_stride_slot, inputs_stride_token, inputs_stride_dim,
     NUM_NODES: tl.constexpr, RING_ROWS: tl.constexpr, MAX_PENDING: tl.constexpr, FOLD_ABOVE: tl.constexpr,
     STACK: tl.constexpr, KERNEL_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_BIAS: tl.constexpr, FOLD_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr, HAS_INPUTS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, FOLD_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
 ):
     """The fold of layer ``layer`` + program_id(2): a program of a row that folds (live, pending > 0
     and pending + N > FOLD_ABOVE) stores its tiles after the pending tokens, S_P^T over S0^T; the
     others return at once. A row is live when both its slots are in range and its cursor a ring
-    position (pending <= MAX_PENDING). With HAS_INPUTS (one layer) the pending tokens' x and B from
-    the rows' workspace inputs_ptr (gdn_ring_verify._pending_inputs_kernel's) instead of their conv."""
+    position (pending <= MAX_PENDING)."""
     first_head, group, pp, p_ok, p_block = _program_tile(HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM, NUM_HEADS, NUM_GROUPS)
     row = tl.program_id(1).to(tl.int64)
     layer = (layer + tl.program_id(2)).to(tl.int64)
@@ -151,11 +146,10 @@ def _mamba2_ring_fold_kernel(
         j_pending = j < count
         rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
         window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
-        inputs_base = inputs_ptr + ring * inputs_stride_slot
-        b = pending_values(inputs_base, inputs_stride_token, inputs_stride_dim, rows_base, window_base, weight_ptr,
-                           bias_ptr, j, j_pending, first, count, NUM_HEADS * HEAD_DIM + group * D_STATE + nn, n_ok,
-                           rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
-                           weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS, HAS_INPUTS)
+        b = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, j, j_pending, first, count,
+                         NUM_HEADS * HEAD_DIM + group * D_STATE + nn, n_ok, rows_stride_row, rows_stride_dim,
+                         conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
+                         KERNEL_SIZE, HAS_BIAS)
         gates_row = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot
         ring_j = (first + j) % RING_ROWS
         tile_ok = n_ok[:, None] & p_ok[None, :]
@@ -163,10 +157,10 @@ def _mamba2_ring_fold_kernel(
             tile = (ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
                     + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :])
             state_t = tl.load(tile, mask=tile_ok, other=0.0).to(tl.float32)  # S0^T, the long read first
-            x = pending_values(inputs_base, inputs_stride_token, inputs_stride_dim, rows_base, window_base, weight_ptr,
-                               bias_ptr, j, j_pending, first, count, head * HEAD_DIM + pp, p_ok, rows_stride_row,
-                               rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap,
-                               bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS, HAS_INPUTS)
+            x = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, j, j_pending, first, count,
+                             head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim, conv_stride_dim,
+                             conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
+                             HAS_BIAS)
             step = tl.load(gates_row + head * gates_stride_head + ring_j * gates_stride_row, mask=j_pending,
                            other=0.0).to(tl.float32)
             folded = _folded_tile(state_t, b, x, step, tl.load(a_ptr + layer * a_stride_layer + head * a_stride),
@@ -177,7 +171,7 @@ def _mamba2_ring_fold_kernel(
 @triton.jit
 def _mamba2_ring_verify_kernel(
     out_ptr, x_ptr, dt_ptr, b_ptr, c_ptr, z_ptr, a_ptr, d_ptr, dt_bias_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr,
-    cursor_ptr, weight_ptr, bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr, inputs_ptr,
+    cursor_ptr, weight_ptr, bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr,
     layer, num_state_slots, num_ring_slots,
     out_stride_row, out_stride_node, out_stride_head, out_stride_p,
     x_stride_row, x_stride_node, x_stride_head, x_stride_p,
@@ -192,7 +186,6 @@ def _mamba2_ring_verify_kernel(
     gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_head,
     cursor_stride_slot, cursor_stride_field, weight_stride_dim, weight_stride_tap, bias_stride,
     ring_slots_stride, state_slots_stride, parents_stride_row, parents_stride_node,
-    inputs_stride_slot, inputs_stride_token, inputs_stride_dim,
     NUM_NODES: tl.constexpr, RING_ROWS: tl.constexpr, MAX_PENDING: tl.constexpr, FOLD_ABOVE: tl.constexpr,
     STACK: tl.constexpr, KERNEL_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, TREE: tl.constexpr,
@@ -200,7 +193,7 @@ def _mamba2_ring_verify_kernel(
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, STATE_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
     CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr, FUSED_WINDOW: tl.constexpr, WIDTH: tl.constexpr,
     WINDOW: tl.constexpr, FLATTEN: tl.constexpr, ROWS: tl.constexpr, FOLD_PRECISION: tl.constexpr,
-    PDL: tl.constexpr, HAS_INPUTS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """The drafts' outputs of layer ``layer`` and their d beside their ring rows. A row that folds
     (the fold launch, before this one, brought its checkpoint past the pending tokens) is verified
@@ -214,8 +207,7 @@ def _mamba2_ring_verify_kernel(
     ROWS 2: the rows that do not fold only (beside a ROWS 1 launch). With PDL (sm_90+) a ROWS 1
     launch lets the next launch start at once, and a ROWS 2 launch -- that next one, a
     programmatic dependent launch reading nothing the folds write -- has its last program wait for
-    the folds before ending, so that what follows both sees both. With HAS_INPUTS the pending tokens'
-    x and B from the rows' workspace inputs_ptr instead of their conv."""
+    the folds before ending, so that what follows both sees both."""
     if PDL and ROWS == 1:
         gdc_launch_dependents()
     first_head, group, pp, p_ok, p_block = _program_tile(HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM, NUM_HEADS, NUM_GROUPS)
@@ -245,15 +237,13 @@ def _mamba2_ring_verify_kernel(
     n_ok = nn < D_STATE
     rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
     window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
-    inputs_base = inputs_ptr + ring * inputs_stride_slot
     b = tl.load(b_ptr + row * b_stride_row + group * b_stride_group + (sd * b_stride_node)[:, None]
                 + (nn * b_stride_n)[None, :], mask=s_drafted[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
     if pending > 0:  # (none in a row that just folded, nor in verify-only steps)
-        b_pending = pending_values(inputs_base, inputs_stride_token, inputs_stride_dim, rows_base, window_base,
-                                   weight_ptr, bias_ptr, s, s_pending, start, pending,
-                                   NUM_HEADS * HEAD_DIM + group * D_STATE + nn, n_ok, rows_stride_row, rows_stride_dim,
-                                   conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
-                                   RING_ROWS, KERNEL_SIZE, HAS_BIAS, HAS_INPUTS)
+        b_pending = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s_pending, start, pending,
+                                 NUM_HEADS * HEAD_DIM + group * D_STATE + nn, n_ok, rows_stride_row, rows_stride_dim,
+                                 conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
+                                 RING_ROWS, KERNEL_SIZE, HAS_BIAS)
         b = tl.where(s_pending[:, None], b_pending, b)
     c_base = c_ptr + row * c_stride_row + group * c_stride_group
     c = tl.load(c_base + (sd * c_stride_node)[:, None] + (nn * c_stride_n)[None, :],
@@ -285,19 +275,18 @@ def _mamba2_ring_verify_kernel(
     HALF_N: tl.constexpr = BLOCK_N // 2 if BLOCK_N >= 32 else BLOCK_N  # (tl.dot: 16 rows or more)
     nh = tl.arange(0, HALF_N)
     if ROWS == 1:
-        b_fold_lo = pending_values(inputs_base, inputs_stride_token, inputs_stride_dim, rows_base, window_base,
-                                   weight_ptr, bias_ptr, s, s < folded, folded_start.to(tl.int32), folded.to(tl.int32),
-                                   NUM_HEADS * HEAD_DIM + group * D_STATE + nh, nh < D_STATE, rows_stride_row,
-                                   rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
-                                   weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS, HAS_INPUTS)
+        b_fold_lo = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s < folded, folded_start.to(tl.int32),
+                                 folded.to(tl.int32), NUM_HEADS * HEAD_DIM + group * D_STATE + nh, nh < D_STATE,
+                                 rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
+                                 weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
         b_fold_hi = b_fold_lo  # (no second half below 32 rows)
         if HALF_N < BLOCK_N:
-            b_fold_hi = pending_values(inputs_base, inputs_stride_token, inputs_stride_dim, rows_base, window_base,
-                                       weight_ptr, bias_ptr, s, s < folded, folded_start.to(tl.int32),
-                                       folded.to(tl.int32), NUM_HEADS * HEAD_DIM + group * D_STATE + HALF_N + nh,
-                                       HALF_N + nh < D_STATE, rows_stride_row, rows_stride_dim, conv_stride_dim,
-                                       conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
-                                       KERNEL_SIZE, HAS_BIAS, HAS_INPUTS)
+            b_fold_hi = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s < folded,
+                                     folded_start.to(tl.int32), folded.to(tl.int32),
+                                     NUM_HEADS * HEAD_DIM + group * D_STATE + HALF_N + nh, HALF_N + nh < D_STATE,
+                                     rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                                     weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
+                                     HAS_BIAS)
     out_ok = tl.where(links_ok, s_drafted[:, None] & p_ok[None, :], False)
     tile_ok = tl.where(live, n_ok[:, None] & p_ok[None, :], False)
     # with FLATTEN the heads' and their chunks' loops one pipelined loop: the next head's first chunks
@@ -308,11 +297,10 @@ def _mamba2_ring_verify_kernel(
         state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
         if ROWS == 1:  # the tile folded first and stored: the verify below reads the new checkpoint back
             old_rows = s < folded
-            x_fold = pending_values(inputs_base, inputs_stride_token, inputs_stride_dim, rows_base, window_base,
-                                    weight_ptr, bias_ptr, s, old_rows, folded_start.to(tl.int32), folded.to(tl.int32),
-                                    head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim, conv_stride_dim,
-                                    conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
-                                    KERNEL_SIZE, HAS_BIAS, HAS_INPUTS)
+            x_fold = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, old_rows, folded_start.to(tl.int32),
+                                  folded.to(tl.int32), head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim,
+                                  conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
+                                  RING_ROWS, KERNEL_SIZE, HAS_BIAS)
             step_fold = tl.load(gates_row + head * gates_stride_head
                                 + ((folded_start + s) % RING_ROWS) * gates_stride_row, mask=old_rows,
                                 other=0.0).to(tl.float32)
@@ -348,11 +336,10 @@ def _mamba2_ring_verify_kernel(
                            HAS_DT_BIAS, DT_SOFTPLUS)
         step = tl.where(s_drafted, step, 0.0)
         if pending > 0:
-            x_pending = pending_values(inputs_base, inputs_stride_token, inputs_stride_dim, rows_base, window_base,
-                                       weight_ptr, bias_ptr, s, s_pending, start, pending, head * HEAD_DIM + pp, p_ok,
-                                       rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
-                                       weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
-                                       HAS_BIAS, HAS_INPUTS)
+            x_pending = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s_pending, start, pending,
+                                     head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim, conv_stride_dim,
+                                     conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
+                                     KERNEL_SIZE, HAS_BIAS)
             x = tl.where(s_pending[:, None], x_pending, x)
             step_ring = tl.load(gates_base + ring_s * gates_stride_row, mask=s_pending, other=0.0).to(tl.float32)
             step = tl.where(s_pending, step_ring, step)
@@ -415,11 +402,10 @@ def _tiling(num_rows, num_layers, heads, block_p, heads_per_program):
 
 def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, *, layer, num_layers,
                num_nodes, heads, max_pending, fold_above, block_p=None, num_warps=MAMBA2_RING_WARPS, precision=None,
-               fold_precision=None, heads_per_program=None, num_stages=RING_STAGES, maxnreg=None, workspace=None):
+               fold_precision=None, heads_per_program=None, num_stages=RING_STAGES, maxnreg=None):
     """The fold launch over rows x layers layer .. layer + num_layers - 1; weight [L, dim, K], bias
     [L, dim] and A [L, H] every layer's (a flush), or one layer's [dim, K], [dim], [H] (a verify).
-    maxnreg: a register cap (None: FOLD_MAXNREG; 0: none); workspace: a verify's, filled (its
-    pending tokens' x and B read there)."""
+    maxnreg: a register cap (None: FOLD_MAXNREG; 0: none)."""
     num_heads, head_dim, num_groups, d_state = heads
     block_p, share, grid = _tiling(ring_slots.shape[0], num_layers, heads, block_p, heads_per_program)
     stacked = weight.dim() == 3
@@ -428,7 +414,7 @@ def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, stat
     gates_strides = (*gates.stride()[:3], gates.stride(4))
     scalars = (layer, ssm.shape[1], rows.shape[1], *layered(A), *ssm.stride(), *conv.stride(),
                *rows.stride(), *gates_strides, *cursor.stride(), *layered(weight), *bias_strides,
-               ring_slots.stride(0), state_slots.stride(0), *((0, 0, 0) if workspace is None else workspace.stride()))
+               ring_slots.stride(0), state_slots.stride(0))
     ring_rows = rows.shape[2]
     constexprs = dict(
         NUM_NODES=num_nodes, RING_ROWS=ring_rows, MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
@@ -436,12 +422,11 @@ def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, stat
         NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state, BLOCK_P=block_p,
         BLOCK_N=max(MIN_DOT, next_power_of_2(d_state)), HAS_BIAS=bias is not None,
         FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), HEADS_PER_PROGRAM=share,
-        HAS_INPUTS=workspace is not None, num_warps=num_warps, num_stages=num_stages)
+        num_warps=num_warps, num_stages=num_stages)
     cap = FOLD_MAXNREG if maxnreg is None else maxnreg
     if cap:
         constexprs["maxnreg"] = cap
-    tensors = (A, ssm, conv, rows, gates, cursor, weight, ssm if bias is None else bias, ring_slots, state_slots,
-               ssm if workspace is None else workspace)
+    tensors = (A, ssm, conv, rows, gates, cursor, weight, ssm if bias is None else bias, ring_slots, state_slots)
     return KernelCall(_mamba2_ring_fold_kernel, grid, tensors, scalars, constexprs)
 
 
@@ -450,14 +435,13 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                  num_warps=MAMBA2_RING_WARPS, precision=None, state_precision=None, heads_per_program=None,
                  num_stages=RING_STAGES, maxnreg=RING_VERIFY_MAXNREG, chunk_n=RING_CHUNK_N,
                  chunk_stages=RING_CHUNK_STAGES, fused_window=False, flatten=None, row_kind=0, fold_precision=None,
-                 pdl=False, workspace=None):
+                 pdl=False):
     """The verify launch over the rows of layer ``layer`` (weight [dim, K], bias [dim], A [H]: its own).
     chunk_n: C S0^T over chunks of that many state rows (0: the whole tile), chunk_stages of them
     in flight; fused_window: the folded rows' conv windows moved here too; flatten: the heads' loop and
     the chunks' one pipelined loop (None: FLATTEN_HEADS; never with row_kind 1); row_kind,
     fold_precision and pdl: the kernel's ROWS (1: the folding rows, folded here), FOLD_PRECISION
-    (None: fold_precision_for's) and PDL (a ROWS 2 launch then a programmatic dependent one);
-    workspace: filled (the pending tokens' x and B read there)."""
+    (None: fold_precision_for's) and PDL (a ROWS 2 launch then a programmatic dependent one)."""
     if row_kind == 1 and fused_window:  # (its windows would move while other programs' folds read them)
         raise ValueError("mamba2_ring_verify: the folds' verify launch (row_kind 1) never moves windows")
     num_rows, num_nodes, num_heads, head_dim = x.shape
@@ -470,8 +454,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                *strides(z, 4), A.stride(0), *strides(D, 1), *strides(dt_bias, 1),
                *ssm.stride(), *conv.stride(), *rows.stride(), *gates.stride()[:3], gates.stride(4), *cursor.stride(),
                *weight.stride(), 0 if bias is None else bias.stride(0), ring_slots.stride(0), state_slots.stride(0),
-               *((0, 0) if parents is None else parents.stride()),
-               *((0, 0, 0) if workspace is None else workspace.stride()))
+               *((0, 0) if parents is None else parents.stride()))
     constexprs = dict(
         NUM_NODES=num_nodes, RING_ROWS=rows.shape[2], MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
         STACK=max(MIN_DOT, next_power_of_2(max(fold_above, num_nodes))), KERNEL_SIZE=conv.shape[3] + 1,
@@ -485,12 +468,11 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
         FLATTEN=bool(FLATTEN_HEADS if flatten is None else flatten) and row_kind != 1, ROWS=row_kind,
         FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm),
         PDL=bool(pdl) and not interpreted(),  # (the interpreter has no griddepcontrol, and runs launches in turn)
-        HAS_INPUTS=workspace is not None,
         **({"launch_pdl": True} if pdl and row_kind == 2 else {}), num_warps=num_warps,
         num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     tensors = tuple(ssm if t is None else t for t in (  # (an absent tensor: one the kernel never reads)
         out, x, dt, B, C, z, A, D, dt_bias, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
-        parents, workspace))
+        parents))
     return KernelCall(_mamba2_ring_verify_kernel, (grid[0], grid[1], 1), tensors, scalars, constexprs)
 
 
@@ -506,11 +488,7 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     fold_verify (FOLD_VERIFY: the folding rows' drafts verified by the folds' launch -- the verify
     kernel's ROWS 1 -- from the tile it folds, the others' by a ROWS 2 launch), pdl (PDL, with
     fold_verify, sm_90+: that second launch a programmatic dependent of the first; the windows then
-    in their own launch), fold_replay (FOLD_REPLAY: the folds by mamba2_ring_fold's replay, on
-    fold_block_p rows and fold_warps warps capped at fold_maxnreg, its tile in shared memory by
-    fold_smem (None: where it can); not with fold_verify) and workspace (gdn_ring_verify's: first
-    the pending inputs' launch over x and B, which the folds and the verify read; the replay folds
-    keep their own conv)."""
+    in their own launch)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
@@ -527,13 +505,6 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     fold_verify = FOLD_VERIFY if fold_verify is None else fold_verify
     pdl = tuning.pop("pdl", None)
     pdl = PDL if pdl is None else pdl
-    fold_replay = tuning.pop("fold_replay", None)
-    fold_replay = FOLD_REPLAY if fold_replay is None else fold_replay
-    fold_smem, fold_block_p = tuning.pop("fold_smem", None), tuning.pop("fold_block_p", None)
-    workspace = tuning.pop("workspace", None)
-    if fold_replay and fold_verify:
-        raise ValueError("mamba2_ring_verify: fold_replay folds in a launch of its own; fold_verify folds in the "
-                         "verify kernel: ask for one of them")
     if pdl and not (fold_verify and fused is not True):
         raise ValueError("mamba2_ring_verify: pdl overlaps the folds' launch with the others' verify: it needs "
                          "fold_verify and the windows' own launch (fused_window=False)")
@@ -550,29 +521,17 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
         fold_tuning["maxnreg"] = FOLD_MAXNREG if fold_cap is None else fold_cap
         fold = _verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, row_kind=1, pdl=pdl,
                             **{name: value for name, value in verify_only.items()
-                               if name in ("state_precision", "chunk_n", "chunk_stages")}, **fold_tuning,
-                            workspace=workspace)
-    elif fold_replay:
-        from .mamba2_ring_fold import replay_fold_call
-
-        fold = replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots,
-                                layer=layer, num_layers=1, num_nodes=num_nodes, heads=heads, **capacity,
-                                block_p=fold_block_p, num_warps=fold_warps, maxnreg=fold_cap, smem=fold_smem)
+                               if name in ("state_precision", "chunk_n", "chunk_stages")}, **fold_tuning)
     else:
         fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=layer,
-                          num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning,
-                          workspace=workspace)
+                          num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning)
     verify = _verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, fused_window=fused,
-                          row_kind=2 if fold_verify else 0, pdl=pdl, **verify_only, **tuning, workspace=workspace)
-    fill = () if workspace is None else (pending_inputs_call(
-        conv, rows, cursor, weight, bias, ring_slots, state_slots, workspace, layer=layer, num_layers=1,
-        num_state_slots=ssm.shape[1], max_pending=capacity["max_pending"],
-        channels=(0, num_heads * head_dim + heads[2] * heads[3])),)  # (x and B)
+                          row_kind=2 if fold_verify else 0, pdl=pdl, **verify_only, **tuning)
     if fused:
-        return (*fill, fold, verify)
+        return fold, verify
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
                          num_layers=1, num_nodes=num_nodes, **capacity)
-    return (*fill, fold, verify, window)
+    return fold, verify, window
 
 
 def launch_mamba2_ring_verify(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
@@ -592,26 +551,17 @@ def planned_mamba2_ring_verify(*args, **kwargs):
 
 
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, state_slots, *, num_heads, head_dim,
-                 n_groups, d_state, fold_replay=None, fold_smem=None, **tuning):
+                 n_groups, d_state, **tuning):
     """mamba2_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or
-    (). The folds by mamba2_ring_fold's replay where fold_replay (None: FOLD_REPLAY; of tuning it takes
-    block_p, num_warps and maxnreg; fold_smem its smem), else by the fold kernel (tuning: _fold_call's)."""
+    (). tuning: the fold kernel's (_fold_call's)."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
         return ()
     ring_rows = rows.shape[2]
     capacity = dict(max_pending=ring_rows - 1, fold_above=0)
     heads = (num_heads, head_dim, n_groups, d_state)
-    if FOLD_REPLAY if fold_replay is None else fold_replay:
-        from .mamba2_ring_fold import replay_fold_call
-
-        own = {name: tuning[name] for name in ("block_p", "num_warps", "maxnreg") if name in tuning}
-        fold = replay_fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=0,
-                                num_layers=ssm.shape[0], num_nodes=0, heads=heads, **capacity, **own,
-                                smem=fold_smem)
-    else:
-        fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=0,
-                          num_layers=ssm.shape[0], num_nodes=0, heads=heads, **capacity, **tuning)
+    fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=0,
+                      num_layers=ssm.shape[0], num_nodes=0, heads=heads, **capacity, **tuning)
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=0,
                          num_layers=ssm.shape[0], num_nodes=0, **capacity)
     cursors = flush_cursor_call(cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1],

@@ -34,24 +34,6 @@ def row_indices(row, steps_ptr, steps_stride, num_nodes, dst_ptr, dst_stride, nu
 
 
 @gluon.jit
-def ring_row(row, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots, num_ring_slots, ring_slots_stride,
-             state_slots_stride, cursor_stride_slot, cursor_stride_field, RING_ROWS: gl.constexpr,
-             MAX_PENDING: gl.constexpr):
-    """A ring row's (ring slot, state slot, start, pending, live), int64, by ring_conv.ring_row_state's
-    rules: live when both slots are in range and the cursor a ring position (pending <= MAX_PENDING);
-    nothing is read past them unless live, and each is zero where the row is not."""
-    ring = gl.load(ring_slots_ptr + row * ring_slots_stride).to(gl.int64)
-    slot = gl.load(state_slots_ptr + row * state_slots_stride).to(gl.int64)
-    live = (slot >= 0) & (slot < num_state_slots) & (ring >= 0) & (ring < num_ring_slots)
-    ring = gl.where(live, ring, 0)
-    slot = gl.where(live, slot, 0)
-    start = gl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(gl.int64)
-    pending = gl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(gl.int64)
-    live = live & (start >= 0) & (start < RING_ROWS) & (pending >= 0) & (pending <= MAX_PENDING)
-    return ring, slot, gl.where(live, start, 0), gl.where(live, pending, 0), live
-
-
-@gluon.jit
 def tile_load(ssm_desc, coords, bar, tile, active):
     """An active row's state tile into shared memory by TMA, arriving on ``bar``; issued before a
     tree's walk of its parent links, whose loads depend on each other."""

@@ -61,19 +61,7 @@
 #   ringncu   Nsight Compute over one layer of each ring (GDN, then Mamba2) at B = 64, 1 row in 6 folding (the fold
 #             launch and the verify launch, bench_ring.py --ncu mixed), then the GDN ring with every row folding (--ncu
 #             fold): the details page and the SASS page's per-instruction stall samples as CSV, the reports beside them
-#   foldreplay  the rings' folds by replay (gdn_ring_fold(_smem) / mamba2_ring_fold, RING_FOLD_REPLAY / FOLD_REPLAY;
-#             never run on a GPU): their GPU tests (1,000-step accuracy, CUDA graphs), then memcheck + racecheck
-#   foldbench the GDN ring's replay folds timed: the one-layer sweep against the chunked fold (B = 64 / 256; the
-#             shared-memory replay's tiles, the register replay's), whole chain steps with each fold, B = 1 .. 256
-#             (bench_ring.py --profile), then capacities 8 and 12
-#   m2foldbench  the same for the Mamba2 ring (the shared-memory replay on 1 / 2 warps, the register replay on 4 / 1
-#             warps and on 16 rows over 2; whole chain steps with each fold)
-#   tight     the GDN ring's verify stack sized by the capacity (RING_MMA_TIGHT_STACK; never run on a GPU): its GPU
-#             tests, then the one-layer sweep and whole chain steps against the default, capacities 16 and 8
-#   workspace the rings' verifies with a workspace (gdn_ring_verify / mamba2_ring_verify(..., workspace=); never run on
-#             a GPU): the pending tokens' conv outputs once a row, read by the programs instead of their conv: the GPU
-#             tests and memcheck + racecheck, both rings' one-layer sweeps with and without, whole chain steps
-#   plans     the ring ops' eager plans (_common.planned_calls; never run on a GPU): test_eager_signatures.py's GPU
+#   plans     the ring ops' eager plans (_common.planned_calls): test_eager_signatures.py's GPU
 #             tests (planned = unplanned, the binder skipped after a first call), then the ring's GPU tests through them
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
@@ -330,77 +318,6 @@ for phase in "$@"; do
                   > "$out/ncu_ring_${name}_sass.csv" 2>&1 || rc=1
                 grep -E '"(Duration|Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued Instruction|Memory Throughput)"' \
                   "$out/ncu_ring_${name}_details.csv" | cut -c1-200
-              done ;;
-    foldreplay) rc=0
-              timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                tests/test_ring.py tests/test_ring_kernels_mamba2.py tests/test_ring_mamba2.py \
-                -k "replay or variants or (mamba2 and (capacity_16 or flush))" > "$out/gpu_tests_foldreplay.log" 2>&1 || rc=1
-              tail -3 "$out/gpu_tests_foldreplay.log"
-              mkdir -p "$out/foldreplay_san"
-              SANITIZE_TIMEOUT=200 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py" \
-                SANITIZE_K="(replay-fold and 128 and 16 and fp32 and chain) or (replay_fold_matches and cuda) or (mamba2 and capacity_16 and chain)" \
-                bash scripts/gpu_sanitize.sh "$out/foldreplay_san" || rc=1 ;;
-    foldbench) rc=0
-              timeout 170 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/fold_replay=1 \
-                mma/128/4/fold_replay=1/fold_warps=4 mma/128/4/fold_replay=1/fold_block_v=32 \
-                mma/128/4/fold_replay=1/fold_smem=0 mma/128/4/fold_replay=1/fold_smem=0/fold_block_v=64/fold_warps=4 \
-                mma/128/4/fold_replay=1/fold_smem=0/fold_block_v=16/fold_warps=1 > "$out/sweep_foldreplay.log" 2>&1 || rc=1
-              grep '^|' "$out/sweep_foldreplay.log"
-              for replay in 0 1; do
-                timeout 100 python3 benchmarks/bench_ring.py --batches 1 8 64 256 --drafts chain --profile \
-                  --constants RING_FOLD_REPLAY=$replay > "$out/steps_foldreplay$replay.log" 2>&1 || rc=1
-                grep -E '^(chain|\| _gdn)' "$out/steps_foldreplay$replay.log"
-              done
-              for capacity in 8 12; do  # (cheaper folds: a smaller ring's shorter stacks)
-                timeout 60 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile --capacity $capacity \
-                  --constants RING_FOLD_REPLAY=1 > "$out/steps_foldreplay_c$capacity.log" 2>&1 || rc=1
-                grep -E '^chain' "$out/steps_foldreplay_c$capacity.log"
-              done ;;
-    m2foldbench) rc=0
-              timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \
-                64/4/16/1/fold_replay=1 64/4/16/1/fold_replay=1/fold_warps=2 64/4/16/1/fold_replay=1/fold_smem=0 \
-                64/4/16/1/fold_replay=1/fold_smem=0/fold_warps=1 64/4/16/1/fold_replay=1/fold_smem=0/fold_block_p=16/fold_warps=2 \
-                > "$out/sweep_foldreplay_m2.log" 2>&1 || rc=1
-              grep '^|' "$out/sweep_foldreplay_m2.log"
-              for replay in 0 1; do
-                timeout 80 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 1 8 64 256 --drafts chain --profile \
-                  --constants FOLD_REPLAY=$replay > "$out/steps_foldreplay_m2_$replay.log" 2>&1 || rc=1
-                grep -E '^(chain|\| _mamba2)' "$out/steps_foldreplay_m2_$replay.log"
-              done ;;
-    tight)    rc=0
-              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                tests/test_ring.py -k "tight or variants" > "$out/gpu_tests_tight.log" 2>&1 || rc=1
-              tail -3 "$out/gpu_tests_tight.log"
-              timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/tight_stack=1 \
-                > "$out/sweep_tight.log" 2>&1 || rc=1
-              grep '^|' "$out/sweep_tight.log"
-              for capacity in 16 8; do
-                for tight in 0 1; do
-                  timeout 60 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile --capacity $capacity \
-                    --constants RING_MMA_TIGHT_STACK=$tight > "$out/steps_tight${tight}_c$capacity.log" 2>&1 || rc=1
-                  grep -E '^chain' "$out/steps_tight${tight}_c$capacity.log"
-                done
-              done ;;
-    workspace) rc=0
-              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                tests/test_ring.py tests/test_ring_kernels_mamba2.py tests/test_ring_mamba2.py -k "workspace" \
-                > "$out/gpu_tests_workspace.log" 2>&1 || rc=1
-              tail -3 "$out/gpu_tests_workspace.log"
-              mkdir -p "$out/workspace_san"
-              SANITIZE_TIMEOUT=150 SANITIZE_TESTS="tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py" \
-                SANITIZE_K="workspace and (cuda or (128 and 16 and fp32 and chain))" \
-                bash scripts/gpu_sanitize.sh "$out/workspace_san" || rc=1
-              timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/workspace=1 \
-                mma/128/4/workspace=1/tight_stack=1 > "$out/sweep_workspace.log" 2>&1 || rc=1
-              timeout 100 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --sweep 64/4/16/1 \
-                64/4/16/1/workspace=1 >> "$out/sweep_workspace.log" 2>&1 || rc=1
-              grep '^|' "$out/sweep_workspace.log"
-              for mixer in gdn mamba2; do
-                for flag in "" --workspace; do
-                  timeout 60 python3 benchmarks/bench_ring.py --mixer $mixer --batches 1 64 256 --drafts chain --profile \
-                    $flag > "$out/steps_workspace_$mixer${flag:+1}.log" 2>&1 || rc=1
-                  grep -E '^(chain|\| _)' "$out/steps_workspace_$mixer${flag:+1}.log"
-                done
               done ;;
     plans)    rc=0
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_eager_signatures.py \

@@ -124,8 +124,6 @@ def mamba2_ring_calls(batch, tuning, H=128, P=64, G=8, Ns=128, N=4, capacity=16,
     float32 checkpoint."""
     K, rows = 4, capacity + N
     dim = H * P + 2 * G * Ns
-    tuning = dict(tuning)
-    workspace = torch.empty(batch, capacity, dim) if tuning.pop("workspace", False) else None  # (a ring verify's)
     v = conv_views(batch, N, [(H * P, (H, P)), (G * Ns, (G, Ns)), (G * Ns, (G, Ns))], "xBC")
     args, kwargs = sgl_convwin.mamba2_ring_verify.kernel_arguments(
         torch.empty(batch, N, H, P, dtype=torch.bfloat16), v["x"], torch.empty(batch, N, H, dtype=torch.bfloat16),
@@ -135,7 +133,7 @@ def mamba2_ring_calls(batch, tuning, H=128, P=64, G=8, Ns=128, N=4, capacity=16,
         torch.empty(dim, K, dtype=torch.bfloat16), torch.empty(dim, dtype=torch.bfloat16), torch.arange(batch),
         torch.arange(batch), 0,
         torch.zeros(batch, N, dtype=torch.int64) if tree else None, D=torch.empty(H), z=None,
-        dt_bias=torch.empty(H), dt_softplus=True, workspace=workspace)
+        dt_bias=torch.empty(H), dt_softplus=True)
     return list(csrc_triton.mamba2_ring_verify._ring_calls(*args, **kwargs, **tuning))
 
 
@@ -174,8 +172,6 @@ def gdn_ring_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, tree=False,
     dk = dv = 128), capacity 16, chains of 4, a float32 checkpoint."""
     K, rows = 4, capacity + N
     dim = 2 * Hk * dk + Hv * dv
-    tuning = dict(tuning)
-    workspace = torch.empty(batch, capacity, dim) if tuning.pop("workspace", False) else None  # (a ring verify's)
     v = conv_views(batch, N, [(Hk * dk, (Hk, dk)), (Hk * dk, (Hk, dk)), (Hv * dv, (Hv, dv))], "qkv")
     args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
         torch.empty(batch, N, Hv, dv, dtype=torch.bfloat16), v["q"], v["k"], v["v"], torch.empty(batch, N, Hv),
@@ -183,8 +179,7 @@ def gdn_ring_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, tree=False,
         torch.empty(1, batch, dim, K - 1, dtype=torch.bfloat16), torch.empty(1, batch, rows, dim, dtype=torch.bfloat16),
         torch.empty(1, batch, rows, 2, Hv), torch.zeros(batch, 2, dtype=torch.int32),
         torch.empty(dim, K, dtype=torch.bfloat16), None,
-        torch.arange(batch), torch.arange(batch), 0, torch.zeros(batch, N, dtype=torch.int64) if tree else None,
-        workspace=workspace)
+        torch.arange(batch), torch.arange(batch), 0, torch.zeros(batch, N, dtype=torch.int64) if tree else None)
     return list(csrc_triton.gdn_ring_verify._ring_calls(*args, **kwargs, **dict(dict(mma=True), **tuning)))
 
 

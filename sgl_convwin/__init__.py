@@ -26,7 +26,7 @@ from .cache import ConvWindowCache, RingCache
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
 from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
 from .ops_verify import gdn_verify, mamba2_verify
-from .ops_ring import (DEFAULT_CAPACITY, Ring, alloc_ring, alloc_ring_workspace, gdn_ring_flush, gdn_ring_verify,
+from .ops_ring import (DEFAULT_CAPACITY, Ring, alloc_ring, gdn_ring_flush, gdn_ring_verify,
                        ring_accept, ring_conv1d_verify)
 from .ops_ring_mamba2 import alloc_mamba2_ring, mamba2_ring_flush, mamba2_ring_verify
 from .validation import index_checks, index_checks_enabled, set_index_checks
@@ -49,7 +49,6 @@ __all__ = [
     "alloc_gates",
     "alloc_mamba2_ring",
     "alloc_ring",
-    "alloc_ring_workspace",
     "alloc_windows",
     "capture_gates",
     "capture",

@@ -32,8 +32,7 @@ from .cpu import walk_up
 from .layout import DEFAULT_LAYOUT, DENSE, DIM_MAJOR, TOKEN_MAJOR, check_layout, physical_nbytes, window_view
 from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_tree
 from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
-from .ops_ring import (DEFAULT_CAPACITY, alloc_ring, alloc_ring_workspace, gdn_ring_flush, gdn_ring_verify, ring_accept,
-                       ring_conv1d_verify)
+from .ops_ring import DEFAULT_CAPACITY, alloc_ring, gdn_ring_flush, gdn_ring_verify, ring_accept, ring_conv1d_verify
 from .ops_ring_mamba2 import alloc_mamba2_ring, mamba2_ring_flush, mamba2_ring_verify
 from .validation import check_index_tensors
 
@@ -186,7 +185,7 @@ def _steps(accepted, num_accepted, parents):
 def _kept_float32(module, apply, fn, recurse, names=("gates",)):
     """nn.Module._apply (``apply``: the parent's) with the dtype of the buffers ``names`` kept:
     ``.to(torch.bfloat16)`` (or ``model.half()``) moves them with the module but never rounds them
-    (the ops replay exactly the float32 gates the verify used; a workspace is float32)."""
+    (the ops replay exactly the float32 gates the verify used)."""
     kept = {name: getattr(module, name) for name in names}
     apply(fn, recurse)
     for name, before in kept.items():
@@ -213,7 +212,7 @@ class RingCache(torch.nn.Module):
 
     def __init__(self, num_layers: int, num_slots: int, dim: int, num_draft: int, num_v_heads: int, *,
                  capacity: int = DEFAULT_CAPACITY, dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str | None = None, num_gates: int = 2, workspace: bool = False):
+                 device: torch.device | str | None = None, num_gates: int = 2):
         super().__init__()
         if num_gates not in (1, 2):
             raise ValueError(f"RingCache: num_gates must be 2 (GDN: g, beta) or 1 (Mamba2: dt), got {num_gates!r}")
@@ -222,16 +221,11 @@ class RingCache(torch.nn.Module):
         self.num_draft, self.capacity = num_draft, capacity
         for name, tensor in ring._asdict().items():
             self.register_buffer(name, tensor, persistent=False)
-        # the verifies' scratch for the pending tokens' conv outputs (the ring verify ops' workspace)
-        self.register_buffer("workspace", alloc_ring_workspace(num_slots, dim, capacity=capacity, device=device)
-                             if workspace else None, persistent=False)
 
     @property
     def nbytes(self) -> int:
-        """Physical bytes of the rows, the gates, the cursor and the workspace if any (the
-        checkpoint states not counted)."""
-        return sum(t.numel() * t.element_size() for t in (self.rows, self.gates, self.cursor, self.workspace)
-                   if t is not None)
+        """Physical bytes of the rows, the gates and the cursor (the checkpoint states not counted)."""
+        return sum(t.numel() * t.element_size() for t in (self.rows, self.gates, self.cursor))
 
     @property
     def pending(self) -> torch.Tensor:
@@ -239,7 +233,7 @@ class RingCache(torch.nn.Module):
         return self.cursor[:, 1]
 
     def _apply(self, fn, recurse=True):
-        return _kept_float32(self, super()._apply, fn, recurse, ("gates", "workspace"))
+        return _kept_float32(self, super()._apply, fn, recurse)
 
     def _drafts(self, drafts, method: str) -> None:
         # the verify's fold and accept's cursor must agree on N: another N loses or repeats pending tokens
@@ -273,7 +267,7 @@ class RingCache(torch.nn.Module):
         state_slots = slots if state_slots is None else state_slots
         gdn_ring_verify(out, q, k, v, g, beta, ssm_state, conv_state, self.rows, self.gates, self.cursor, conv_weight,
                         conv_bias, slots, state_slots, layer, parents, scale=scale, use_qk_l2norm=use_qk_l2norm,
-                        state_layout=state_layout, workspace=self.workspace)
+                        state_layout=state_layout)
 
     def accept(self, slots, accepted=None, *, num_accepted=None, parents=None):
         """``ring_accept``: ``accepted`` (the index of the last accepted token or node) or
@@ -298,7 +292,7 @@ class RingCache(torch.nn.Module):
         state_slots = slots if state_slots is None else state_slots
         mamba2_ring_verify(out, x, dt, A, B, C, ssm_state, conv_state, self.rows, self.gates, self.cursor, conv_weight,
                            conv_bias, slots, state_slots, layer, parents, D=D, z=z, dt_bias=dt_bias,
-                           dt_softplus=dt_softplus, state_layout=state_layout, workspace=self.workspace)
+                           dt_softplus=dt_softplus, state_layout=state_layout)
 
     def mamba2_flush(self, ssm_state, conv_state, conv_weight, A, slots, *, num_heads, head_dim, n_groups, d_state,
                      state_slots=None, conv_bias=None, state_layout=DIM_MAJOR):

@@ -137,7 +137,7 @@ def _register(name: str, positional_names: tuple[str, ...], mutates: tuple[str, 
     gets a redispatch. Autograd runs it for calls with grad mode's keys; ADInplaceOrView for the
     rest that still track versions (normal tensors under inference_mode; a call redispatched from
     Autograd bumps twice, which is harmless). Written tensors are positional in the schema; an
-    optional one (a workspace) is bumped when given. Every Python kernel runs with Dynamo off, as
+    optional one would be bumped when given. Every Python kernel runs with Dynamo off, as
     custom_op's do: an eager call from a frame Dynamo is compiling must not trace it.
     """
     schema = torch.library.infer_schema(cpu_kernel, mutates_args=mutates)  # (its __signature__ is the op's)

@@ -26,7 +26,6 @@ from .validation import (
     check_ring_accept_args,
     check_ring_conv1d_verify_args,
     check_ring_index_values,
-    check_ring_workspace,
     check_separate_storages,
     layer_output,
     should_check_index_values,
@@ -67,16 +66,6 @@ def alloc_ring(
         torch.zeros(num_layers, num_slots, ring_rows, 2, num_v_heads, dtype=torch.float32, device=device),
         torch.zeros(num_slots, 2, dtype=torch.int32, device=device),
     )
-
-
-def alloc_ring_workspace(num_slots: int, dim: int, *, capacity: int = DEFAULT_CAPACITY,
-                         device: torch.device | str | None = None) -> torch.Tensor:
-    """Zeros ``[M, capacity, dim]`` float32: a ring verify's scratch for its pending tokens' conv
-    outputs (``gdn_ring_verify`` / ``mamba2_ring_verify(..., workspace=)``), one for every layer
-    (each verify refills it)."""
-    check_alloc_ring_args("alloc_ring_workspace", num_layers=1, num_slots=num_slots, dim=dim, num_draft=1,
-                          num_v_heads=1, capacity=capacity)
-    return torch.zeros(num_slots, capacity, dim, dtype=torch.float32, device=device)
 
 
 def _kernel_state(conv_state, state_layout):
@@ -156,18 +145,16 @@ _GDN_RING_VERIFY = "convwin.gdn_ring_verify"
 
 def _prepare_gdn_ring_verify(real, out, q, k, v, g, beta, ssm_state, conv_state, rows, gates, cursor, conv_weight,
                              conv_bias, ring_slots, state_slots, layer, parents, scale, use_qk_l2norm, state_layout,
-                             workspace, sizes=None):
+                             sizes=None):
     """As _prepare_ring_conv1d_verify."""
     if sizes is None:
         sizes = check_gdn_ring_verify_args(out, q, k, v, g, beta, ssm_state, conv_state, rows, gates, cursor,
                                            conv_weight, conv_bias, ring_slots, state_slots, layer, parents, scale,
                                            state_layout)
-        if workspace is not None:
-            check_ring_workspace(_GDN_RING_VERIFY, workspace, sizes, rows.shape[3], ssm_state.device)
     if real:
         written = {"out": out, "ssm_state": ssm_state, "conv_state": conv_state, "gates": gates}
         check_separate_storages(
-            _GDN_RING_VERIFY, written if workspace is None else dict(written, workspace=workspace),
+            _GDN_RING_VERIFY, written,
             dict(q=q, k=k, v=v, g=g, beta=beta, rows=rows, cursor=cursor, conv_weight=conv_weight, conv_bias=conv_bias,
                  ring_slots=ring_slots, state_slots=state_slots, parents=parents),
         )
@@ -177,11 +164,10 @@ def _prepare_gdn_ring_verify(real, out, q, k, v, g, beta, ssm_state, conv_state,
     scale = q.shape[3] ** -0.5 if scale is None else float(scale)
     args = (out, q, k, v, g, beta, ssm_state, _kernel_state(conv_state, state_layout), rows, gates, cursor,
             conv_weight, conv_bias, ring_slots, state_slots, layer, parents)
-    kernel_kwargs = dict(scale=scale, use_qk_l2norm=bool(use_qk_l2norm))
-    return args, kernel_kwargs if workspace is None else dict(kernel_kwargs, workspace=workspace), sizes
+    return args, dict(scale=scale, use_qk_l2norm=bool(use_qk_l2norm)), sizes
 
 
-@declare_op(mutates=("out", "ssm_state", "conv_state", "gates", "workspace"), prepare=_prepare_gdn_ring_verify,
+@declare_op(mutates=("out", "ssm_state", "conv_state", "gates"), prepare=_prepare_gdn_ring_verify,
             cpu=cpu_ring.gdn_ring_verify_cpu, cuda="launch_gdn_ring_verify", eager_plan="planned_gdn_ring_verify")
 def gdn_ring_verify(
     out: torch.Tensor,
@@ -205,7 +191,6 @@ def gdn_ring_verify(
     scale: float | None = None,
     use_qk_l2norm: bool = True,
     state_layout: str = DIM_MAJOR,
-    workspace: torch.Tensor | None = None,
 ) -> None:
     """``gdn_verify`` in ring mode, layer ``layer``: the drafts' outputs from the checkpoint plus
     the pending tokens, the fold when the ring would overflow, the drafts' gates into the ring.
@@ -227,10 +212,7 @@ def gdn_ring_verify(
     [L, M, C, 2, Hv], cursor [M, 2] (read). conv_weight [dim, K], conv_bias [dim] or None: the
     layer's. Rows are skipped as in ``ring_conv1d_verify``; a bad parent link leaves the row's
     ``out`` untouched but still folds and stores the gates (the fold does not depend on the tree).
-    workspace: float32 [M, capacity, dim] scratch (``alloc_ring_workspace``) or None; on CUDA the
-    pending tokens' conv outputs go there first, once a row, and the verify's programs read them
-    instead of each recomputing its channels' (the same sums: bit for bit through the Triton
-    kernel); its contents after a call are unspecified. Same as ``torch.ops.convwin.gdn_ring_verify``.
+    Same as ``torch.ops.convwin.gdn_ring_verify``.
     """
 
 

@@ -22,7 +22,6 @@ from .validation import (
     check_mamba2_ring_flush_args,
     check_mamba2_ring_verify_args,
     check_ring_index_values,
-    check_ring_workspace,
     check_separate_storages,
     should_check_index_values,
 )
@@ -63,18 +62,16 @@ _MAMBA2_RING_VERIFY = "convwin.mamba2_ring_verify"
 
 def _prepare_mamba2_ring_verify(real, out, x, dt, A, B, C, ssm_state, conv_state, rows, gates, cursor, conv_weight,
                                 conv_bias, ring_slots, state_slots, layer, parents, D, z, dt_bias, dt_softplus,
-                                state_layout, workspace, sizes=None):
+                                state_layout, sizes=None):
     """As ops_ring._prepare_ring_conv1d_verify."""
     if sizes is None:
         sizes = check_mamba2_ring_verify_args(out, x, dt, A, B, C, ssm_state, conv_state, rows, gates, cursor,
                                               conv_weight, conv_bias, ring_slots, state_slots, layer, parents, D, z,
                                               dt_bias, dt_softplus, state_layout)
-        if workspace is not None:
-            check_ring_workspace(_MAMBA2_RING_VERIFY, workspace, sizes, rows.shape[3], ssm_state.device)
     if real:
         written = {"out": out, "ssm_state": ssm_state, "conv_state": conv_state, "gates": gates}
         check_separate_storages(
-            _MAMBA2_RING_VERIFY, written if workspace is None else dict(written, workspace=workspace),
+            _MAMBA2_RING_VERIFY, written,
             dict(x=x, dt=dt, A=A, B=B, C=C, rows=rows, cursor=cursor, conv_weight=conv_weight, conv_bias=conv_bias,
                  D=D, z=z, dt_bias=dt_bias, ring_slots=ring_slots, state_slots=state_slots, parents=parents),
         )
@@ -83,12 +80,10 @@ def _prepare_mamba2_ring_verify(real, out, x, dt, A, B, C, ssm_state, conv_state
                                     parents=parents)
     args = (out, x, dt, A, B, C, ssm_state, _kernel_state(conv_state, state_layout), rows, gates, cursor, conv_weight,
             conv_bias, ring_slots, state_slots, layer, parents, D, z, dt_bias)
-    kernel_kwargs = dict(dt_softplus=dt_softplus) if workspace is None else dict(dt_softplus=dt_softplus,
-                                                                                     workspace=workspace)
-    return args, kernel_kwargs, sizes
+    return args, dict(dt_softplus=dt_softplus), sizes
 
 
-@declare_op(mutates=("out", "ssm_state", "conv_state", "gates", "workspace"), prepare=_prepare_mamba2_ring_verify,
+@declare_op(mutates=("out", "ssm_state", "conv_state", "gates"), prepare=_prepare_mamba2_ring_verify,
             cpu=cpu_ring.mamba2_ring_verify_cpu, cuda="launch_mamba2_ring_verify",
             eager_plan="planned_mamba2_ring_verify")
 def mamba2_ring_verify(
@@ -115,7 +110,6 @@ def mamba2_ring_verify(
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
     state_layout: str = DIM_MAJOR,
-    workspace: torch.Tensor | None = None,
 ) -> None:
     """``mamba2_verify`` in ring mode, layer ``layer``: the drafts' outputs from the checkpoint plus
     the pending tokens, the fold when the ring would overflow, the drafts' dt into the ring.
@@ -140,8 +134,7 @@ def mamba2_ring_verify(
     [L, M, C, dim] (read), gates [L, M, C, 1, H] (``alloc_mamba2_ring``), cursor [M, 2] (read).
     conv_weight [dim, K], conv_bias [dim] or None: the layer's. Rows are skipped as in
     ``ring_conv1d_verify``; a bad parent link leaves the row's ``out`` untouched but still folds
-    and stores the dt. workspace: as in ``gdn_ring_verify`` (the pending tokens' x and B there).
-    Same as ``torch.ops.convwin.mamba2_ring_verify``.
+    and stores the dt. Same as ``torch.ops.convwin.mamba2_ring_verify``.
     """
 
 

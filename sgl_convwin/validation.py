@@ -1192,24 +1192,6 @@ def check_gdn_ring_verify_args(out, q, k, v, g, beta, ssm_state, conv_state, row
                      verify.num_state_slots)
 
 
-def check_ring_workspace(op: str, workspace, sizes: RingSizes, dim: int, device: torch.device) -> None:
-    """A ring verify's workspace: float32 [M, capacity, dim] on the states' device, writable (any
-    strides; ``alloc_ring_workspace`` makes one)."""
-    if not isinstance(workspace, torch.Tensor):
-        check_tensor(f"{op}: workspace", workspace)
-    capacity = sizes.ring_rows - sizes.num_nodes
-    want = (sizes.num_ring_slots, capacity, dim)
-    if tuple(workspace.shape) != want:
-        raise ValueError(f"{op}: workspace must be [M, capacity, dim] = {list(want)} (the ring's slots, its "
-                         f"capacity, the rows' dim), got shape {tuple(workspace.shape)}")
-    if workspace.dtype != torch.float32:
-        raise TypeError(f"{op}: workspace must be float32 (the pending tokens' conv outputs as the verify computes "
-                        f"them), got {workspace.dtype}")
-    if workspace.device != device:
-        raise ValueError(f"{op}: workspace is on {workspace.device} but ssm_state is on {device}")
-    check_writable(op, "workspace", workspace)
-
-
 def check_ring_accept_args(cursor, rows, gates, ring_slots, steps, parents, num_draft) -> RingSizes:
     """Validate a ring_accept call and return its sizes."""
     op = _RING_ACCEPT

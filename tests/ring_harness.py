@@ -38,7 +38,7 @@ class RingHarness:
     num_gates: int  # per head and token in the ring's gates (GDN: g, beta; Mamba2: dt)
 
     def __init__(self, *, num_layers, kernel_size, num_draft, capacity, num_ring_slots, num_state_slots, ring_dtype,
-                 ssm_dtype, conv_dtype, x_dtype, state_layout, bias, device, seed, workspace=False):
+                 ssm_dtype, conv_dtype, x_dtype, state_layout, bias, device, seed):
         self.gen = torch.Generator().manual_seed(seed)
         self.device = torch.device(device)
         self.num_layers, self.num_draft = num_layers, num_draft
@@ -58,7 +58,7 @@ class RingHarness:
         self.draw_mixer_weights()
         self.ring = sgl_convwin.RingCache(num_layers, num_ring_slots, self.dim, num_draft, self.gate_heads,
                                           capacity=self.capacity, dtype=ring_dtype, num_gates=self.num_gates,
-                                          device=self.device, **({"workspace": True} if workspace else {}))
+                                          device=self.device)
         self.eager = sgl_convwin.ConvWindowCache(num_layers, num_ring_slots, self.dim, num_draft, kernel_size,
                                                  dtype=ring_dtype, gate_heads=self.gate_heads,
                                                  num_gates=self.num_gates, device=self.device)
@@ -191,7 +191,7 @@ class Harness(RingHarness):
     def __init__(self, *, num_layers=2, num_k_heads=1, ratio=2, head_k_dim=4, head_v_dim=4, kernel_size=4,
                  num_draft=3, capacity=None, num_ring_slots=3, num_state_slots=5, ring_dtype=torch.bfloat16,
                  ssm_dtype=torch.float32, conv_dtype=torch.float32, x_dtype=torch.float32, state_layout="dim_major",
-                 bias=True, use_qk_l2norm=True, device="cpu", seed=0, workspace=False):
+                 bias=True, use_qk_l2norm=True, device="cpu", seed=0):
         num_v_heads = num_k_heads * ratio
         self.heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads,
                           head_v_dim=head_v_dim)
@@ -201,7 +201,7 @@ class Harness(RingHarness):
         super().__init__(num_layers=num_layers, kernel_size=kernel_size, num_draft=num_draft, capacity=capacity,
                          num_ring_slots=num_ring_slots, num_state_slots=num_state_slots, ring_dtype=ring_dtype,
                          ssm_dtype=ssm_dtype, conv_dtype=conv_dtype, x_dtype=x_dtype, state_layout=state_layout,
-                         bias=bias, device=device, seed=seed, workspace=workspace)
+                         bias=bias, device=device, seed=seed)
 
     def make_oracle(self):
         return reference.RingReference(
@@ -246,8 +246,7 @@ class Mamba2Harness(RingHarness):
     def __init__(self, *, num_layers=2, n_groups=1, ratio=2, head_dim=4, d_state=4, kernel_size=4, num_draft=3,
                  capacity=None, num_ring_slots=3, num_state_slots=5, ring_dtype=torch.bfloat16,
                  ssm_dtype=torch.float32, conv_dtype=torch.float32, x_dtype=torch.float32, state_layout="dim_major",
-                 bias=True, dt_bias=True, dt_softplus=True, skip=True, gate=True, device="cpu", seed=0,
-                 workspace=False):
+                 bias=True, dt_bias=True, dt_softplus=True, skip=True, gate=True, device="cpu", seed=0):
         num_heads = n_groups * ratio
         self.heads = dict(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state)
         self.dim = num_heads * head_dim + 2 * n_groups * d_state
@@ -257,7 +256,7 @@ class Mamba2Harness(RingHarness):
         super().__init__(num_layers=num_layers, kernel_size=kernel_size, num_draft=num_draft, capacity=capacity,
                          num_ring_slots=num_ring_slots, num_state_slots=num_state_slots, ring_dtype=ring_dtype,
                          ssm_dtype=ssm_dtype, conv_dtype=conv_dtype, x_dtype=x_dtype, state_layout=state_layout,
-                         bias=bias, device=device, seed=seed, workspace=workspace)
+                         bias=bias, device=device, seed=seed)
 
     def draw_mixer_weights(self):
         num_layers, num_heads = self.num_layers, self.heads["num_heads"]

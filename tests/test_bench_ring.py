@@ -67,28 +67,20 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
     assert len(table) == 2 * len(batches)
     if mixer == "mamba2" and INTERPRET:
         assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/1",
-                                "16/4/2/1/tf32", "16/4/1/fold_heads_per_program=2", "16/4/1/fold_replay=1",
-                                "16/4/1/workspace=1"]) == 0
+                                "16/4/2/1/tf32", "16/4/1/fold_heads_per_program=2"]) == 0
         rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
-        assert len(rows) == 5 and not any("failed" in row for row in rows), rows
+        assert len(rows) == 3 and not any("failed" in row for row in rows), rows
     assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--drafts", "tree",
                             "--profile"]) == 0
     out = capsys.readouterr().out  # (no kernel events on the CPU: the flow and the table's header only)
     assert "tree B=2: graph step 4.0 us, its kernels 0.0 us (eager)" in out, out  # (8 us: a graph of 2)
     assert "| kernel | launches per step | us per step | share |" in out
-    # the verifies with a workspace (--workspace; a sweep's /workspace=1)
-    monkeypatch.setattr(bench_ring, "WORKSPACE", False)  # (restored after the test)
-    assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--drafts", "chain",
-                            "--workspace"]) == 0
-    assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("| chain")]) == 1
     if mixer == "gdn" and INTERPRET:
-        assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/ieee",
-                                "16/4/ieee/workspace=1"]) == 0
+        assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/ieee"]) == 0
         out = capsys.readouterr().out.splitlines()
         assert ("| B | tile | pending 8, us per layer | pending 4, us per layer | pending 8 (fold), us per layer | "
                 "1 row in 6 folding, the others 8, us per layer |") in out
-        assert [line for line in out if line.startswith("| 2 |")] == [
-            "| 2 | 16/4/ieee | 8.0 | 8.0 | 8.0 | 8.0 |", "| 2 | 16/4/ieee/workspace=1 | 8.0 | 8.0 | 8.0 | 8.0 |"]
+        assert [line for line in out if line.startswith("| 2 |")] == ["| 2 | 16/4/ieee | 8.0 | 8.0 | 8.0 | 8.0 |"]
         # --ncu: one column's launches run (untimed) for the profiler, the others not at all
         calls = []
         real_launch = triton_kernels().launch_gdn_ring_verify

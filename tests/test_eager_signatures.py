@@ -396,10 +396,10 @@ def replay_case(mixer):
 
 def ring_case(name):
     """A call of ring op ``name`` from the ring tests' opcheck samples (a ring with tokens pending,
-    folds due), other data per seed; with a workspace, a tree, or one tensor as both slot indices."""
+    folds due), other data per seed; with a tree, or one tensor as both slot indices."""
     mamba2 = name.startswith("mamba2")
 
-    def case(device, seed, tree=False, workspace=False, same_slots=False):
+    def case(device, seed, tree=False, same_slots=False):
         with torch.random.fork_rng(devices=[]):  # (the samples draw inputs from the global generator)
             torch.manual_seed(seed)
             args, kwargs = (test_ring_mamba2 if mamba2 else test_ring).op_samples(tree)[name]
@@ -407,9 +407,6 @@ def ring_case(name):
         arguments = {a.name: v.to(device) if isinstance(v, torch.Tensor) else v
                      for a, v in zip(schema.arguments, args)}
         arguments.update(kwargs)
-        if workspace:
-            arguments["workspace"] = sgl_convwin.alloc_ring_workspace(
-                arguments["rows"].shape[1], arguments["rows"].shape[3], capacity=4, device=device)
         if same_slots:  # (the padded row's state slot -1 as its ring slot's, both now one tensor)
             arguments["state_slots"] = arguments["ring_slots"]
         return arguments
@@ -560,10 +557,10 @@ VARIANTS = {  # per op: calls that each differ from all others in their signatur
         dict(state_layout="window_major", ssm_dtype=torch.bfloat16), dict(num_rows=1),
     ],
     "ring_conv1d_verify": [dict(), dict(tree=True), dict(same_slots=True)],
-    "gdn_ring_verify": [dict(), dict(tree=True), dict(workspace=True), dict(same_slots=True)],
+    "gdn_ring_verify": [dict(), dict(tree=True), dict(same_slots=True)],
     "ring_accept": [dict(), dict(tree=True)],
     "gdn_ring_flush": [dict(), dict(same_slots=True)],
-    "mamba2_ring_verify": [dict(), dict(tree=True), dict(workspace=True)],
+    "mamba2_ring_verify": [dict(), dict(tree=True)],
     "mamba2_ring_flush": [dict(), dict(same_slots=True)],
 }
 

@@ -69,17 +69,6 @@ def test_many_steps_flush_within_tolerance(device, tree):
     run_many_steps(Harness, device, tree)
 
 
-@pytest.mark.slow
-@pytest.mark.gpu
-@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_many_steps_flush_within_tolerance_replay_folds(tree, monkeypatch):
-    """The same 1,000 steps with the folds and the flushes by replay (RING_FOLD_REPLAY)."""
-    from sgl_convwin._kernels import triton_kernels
-
-    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_FOLD_REPLAY", True)
-    run_many_steps(Harness, "cuda", tree)
-
-
 # ---------------------------------------------------------------------------------------------
 # The fold rule at every boundary
 # ---------------------------------------------------------------------------------------------
@@ -218,12 +207,6 @@ BAD_VERIFY = [
     ("a per-layer weight of all layers", dict(conv_weight=torch.zeros(2, 16, 4)), ValueError, r"conv_weight must be \[dim, K\]"),
     ("ring_slots of another length", dict(ring_slots=torch.tensor([0])), ValueError, "ring_slots has 1 rows"),
     ("an int64 gates tensor", dict(gates=torch.zeros(2, 3, 6, 2, 2, dtype=torch.int64)), TypeError, "gates must be float"),
-    ("a workspace of another capacity", dict(workspace=torch.zeros(3, 4, 16)), ValueError,
-     r"workspace must be \[M, capacity, dim\] = \[3, 3, 16\]"),
-    ("a bf16 workspace", dict(workspace=torch.zeros(3, 3, 16, dtype=torch.bfloat16)), TypeError,
-     "workspace must be float32"),
-    ("an expanded workspace", dict(workspace=torch.zeros(1, 3, 16).expand(3, 3, 16)), ValueError,
-     "workspace has overlapping elements"),
 ]
 
 
@@ -335,47 +318,25 @@ def test_ring_cache_names_malformed_arguments():
 
 
 @pytest.mark.parametrize("make", [lambda: sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6, dtype=torch.float32),
-                                  lambda: sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6, dtype=torch.float32,
-                                                                workspace=True),
                                   lambda: sgl_convwin.ConvWindowCache(2, 3, 16, 4, 4, dtype=torch.float32,
                                                                       gate_heads=2)],
-                         ids=["ring", "ring-workspace", "conv-window"])
+                         ids=["ring", "conv-window"])
 def test_caches_keep_float32_gates_through_to(make):
     """model.to(torch.bfloat16) or .half() converts a cache's other float buffer and takes the gates
-    (and a ring's workspace) along without rounding them: the commits and the ring's replays must
-    see the gates the verify saw; the workspace holds float32 conv outputs."""
+    along without rounding them: the commits and the ring's replays must see the gates the verify
+    saw."""
     cache = make()
     cache.gates.uniform_(-1, 1)
     gates = cache.gates.clone()
-    kept = ("gates", "workspace")
     for convert, dtype, device in ((lambda c: c.to(torch.bfloat16), torch.bfloat16, "cpu"),
                                    (lambda c: c.half(), torch.float16, "cpu"),
                                    (lambda c: c.to("meta", torch.float32), torch.float32, "meta")):
         converted = convert(cache)
-        other = next(t for name, t in cache.named_buffers() if name not in kept and t.is_floating_point())
+        other = next(t for name, t in cache.named_buffers() if name != "gates" and t.is_floating_point())
         assert converted is cache and (other.dtype, other.device.type) == (dtype, device)
-        for name, t in cache.named_buffers():
-            if name in kept:
-                assert (t.dtype, t.device.type) == (torch.float32, device), name
+        assert (cache.gates.dtype, cache.gates.device.type) == (torch.float32, device)
         if device == "cpu":
             assert torch.equal(cache.gates, gates)
-
-
-def test_ring_cache_workspace():
-    """RingCache(workspace=True): a float32 [M, capacity, dim] scratch, counted in nbytes, given to
-    every verify (on the CPU unused: the same steps as without one)."""
-    cache = sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6, dtype=torch.bfloat16, workspace=True)
-    plain = sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6, dtype=torch.bfloat16)
-    assert cache.workspace.shape == (3, 6, 16) and cache.workspace.dtype == torch.float32 and plain.workspace is None
-    assert cache.nbytes == plain.nbytes + 3 * 6 * 16 * 4
-    mamba2 = sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6, num_gates=1, workspace=True)
-    assert mamba2.workspace.shape == (3, 6, 16)
-    worlds = [Harness(num_draft=3, capacity=4, seed=4, workspace=workspace) for workspace in (False, True)]
-    for step in range(5):
-        for world in worlds:
-            world.step([0, 1], [1, 0], [step % 3, 2], None)
-    for name in ("ssm_state", "conv_state"):
-        assert torch.equal(getattr(worlds[0], name), getattr(worlds[1], name)), name
 
 
 def test_ring_memory_at_qwen3_next():
@@ -405,25 +366,20 @@ def op_samples(tree):
     arguments = verify_arguments(harness, num_rows=4)
     arguments.update(ring_slots=ring_slots, state_slots=state_slots, parents=parents)
     verify = (tuple(arguments.values()), dict(scale=0.5))
-    workspace = sgl_convwin.alloc_ring_workspace(ring.rows.shape[1], dim, capacity=4)
-    verify_workspace = ((*arguments.values(), workspace), dict(scale=0.5))
     accept = ((ring.cursor, ring.rows, ring.gates, ring_slots, torch.tensor([2, 0, 1, 2]), parents),
               dict(num_draft=3))
     flush = ((harness.ssm_state, harness.conv_state, ring.cursor, ring.rows, ring.gates, harness.conv_weight,
               ring_slots, state_slots, harness.conv_bias), dict(**harness.heads))
-    return dict(ring_conv1d_verify=conv, gdn_ring_verify=verify, ring_accept=accept, gdn_ring_flush=flush,
-                gdn_ring_verify_workspace=verify_workspace)
+    return dict(ring_conv1d_verify=conv, gdn_ring_verify=verify, ring_accept=accept, gdn_ring_flush=flush)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-@pytest.mark.parametrize("name", ["ring_conv1d_verify", "gdn_ring_verify", "gdn_ring_verify_workspace", "ring_accept",
-                                  "gdn_ring_flush"])
+@pytest.mark.parametrize("name", ["ring_conv1d_verify", "gdn_ring_verify", "ring_accept", "gdn_ring_flush"])
 def test_opcheck(name, tree, device):
     args, kwargs = op_samples(tree)[name]
     args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
-    op = name.removesuffix("_workspace")  # (the verify with a workspace)
-    torch.library.opcheck(getattr(torch.ops.convwin, op).default, args, kwargs)
+    torch.library.opcheck(getattr(torch.ops.convwin, name).default, args, kwargs)
 
 
 def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, x, g, beta, slots, steps, flush_slots, heads):
@@ -438,8 +394,7 @@ def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, x, g, beta, s
         out = torch.empty(num_rows, num_nodes, hv, dv, device=x.device)
         sgl_convwin.gdn_ring_verify(out, q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)),
                                     v.unflatten(-1, (hv, dv)), g[layer], beta[layer], ssm_state, conv_state, ring.rows,
-                                    ring.gates, ring.cursor, conv_weight[layer], conv_bias[layer], slots, slots, layer,
-                                    workspace=ring.workspace)
+                                    ring.gates, ring.cursor, conv_weight[layer], conv_bias[layer], slots, slots, layer)
     sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, num_draft=num_nodes)
     sgl_convwin.gdn_ring_flush(ssm_state, conv_state, ring.cursor, ring.rows, ring.gates, conv_weight, flush_slots,
                                flush_slots, conv_bias=conv_bias, **heads)
@@ -447,19 +402,17 @@ def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, x, g, beta, s
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("workspace", [False, True], ids=["", "workspace"])
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-def test_compiled_step_matches_eager(device, dynamic, workspace):
+def test_compiled_step_matches_eager(device, dynamic):
     """Four ring steps compiled with fullgraph=True (static or dynamic shapes) give the eager calls'
     bits, every ring op is in the graph, and the ring and states are written in place (no copy of
-    them); with a RingCache's workspace too."""
+    them)."""
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
 
     def make():
-        harness = Harness(num_draft=2, capacity=3, num_ring_slots=2, num_state_slots=2, device=device, seed=4,
-                          workspace=workspace)
+        harness = Harness(num_draft=2, capacity=3, num_ring_slots=2, num_state_slots=2, device=device, seed=4)
         return harness, [harness.ring, harness.ssm_state, harness.conv_state, harness.conv_weight, harness.conv_bias]
 
     heads = make()[0].heads
@@ -506,14 +459,12 @@ def ring_layers_step(ring, ssm_state, conv_state, conv_weight, conv_bias, out, x
 
 
 # The GDN ring's other launches, all at once (module defaults): the kinds of rows and the windows
-# each in a launch of their own, the state chunks through registers, the folds by replay, the stack
-# sized by the capacity
-RING_VARIANTS = dict(RING_MMA_MERGED=False, RING_MMA_FUSED_WINDOW=False, RING_MMA_STATE_STAGES=0,
-                     RING_FOLD_REPLAY=True, RING_MMA_TIGHT_STACK=True)
+# each in a launch of their own, the state chunks through registers
+RING_VARIANTS = dict(RING_MMA_MERGED=False, RING_MMA_FUSED_WINDOW=False, RING_MMA_STATE_STAGES=0)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("launches", ["default", "variants", "workspace"])
+@pytest.mark.parametrize("launches", ["default", "variants"])
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_cuda_graph_steps_match_eager(tree, launches, monkeypatch):
     """One graph of a whole step and one of a flush, captured once; 40 steps replayed with new
@@ -521,8 +472,8 @@ def test_cuda_graph_steps_match_eager(tree, launches, monkeypatch):
     into the static inputs, a flush replayed every few steps, and new requests between steps. Every
     output, checkpoint and ring tensor after every replay equals, bit for bit, what eager calls of
     the same ops leave on a twin. The ring verify's default launches, and its others (RING_VARIANTS:
-    the windows moved by a launch of their own, the state read through registers, the folds and the
-    flush's by replay, the stack sized by the capacity), and a ring with a workspace."""
+    the kinds of rows and the windows each in a launch of their own, the state read through
+    registers)."""
     if launches == "variants":
         from sgl_convwin._kernels import triton_kernels
 
@@ -531,8 +482,7 @@ def test_cuda_graph_steps_match_eager(tree, launches, monkeypatch):
     layers, num_rows, num_draft, num_ring, num_state = 2, 3, 3, 4, 5
     generator = torch.Generator().manual_seed(11)
     options = dict(num_layers=layers, num_draft=num_draft, capacity=5, num_ring_slots=num_ring,
-                   num_state_slots=num_state, num_k_heads=2, head_k_dim=16, head_v_dim=32, device="cuda", seed=3,
-                   workspace=launches == "workspace")
+                   num_state_slots=num_state, num_k_heads=2, head_k_dim=16, head_v_dim=32, device="cuda", seed=3)
     worlds = [Harness(**options) for _ in range(3)]  # graph, eager, warm-up
     heads, dim = worlds[0].heads, worlds[0].dim
     hv, dv = heads["num_v_heads"], heads["head_v_dim"]

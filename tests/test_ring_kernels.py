@@ -68,10 +68,8 @@ IEEE = dict(precision="ieee")  # float32 products: what the PyTorch code compute
 
 
 def run_both(case, *, layer=1, use_qk_l2norm=True, tuning=IEEE):
-    """(PyTorch code's tensors, kernels' tensors) after one call each on copies of ``case``; a
-    tuning's ``workspace=True`` gives the kernels' call a workspace (alloc_ring_workspace's)."""
+    """(PyTorch code's tensors, kernels' tensors) after one call each on copies of ``case``."""
     tuning = dict(tuning or {})
-    workspace = tuning.pop("workspace", False)
 
     def call(launch):
         mine = {name: None if t is None else t.clone() for name, t in case.items()}
@@ -80,12 +78,8 @@ def run_both(case, *, layer=1, use_qk_l2norm=True, tuning=IEEE):
                 mine["rows"], mine["gates"], mine["cursor"], mine["conv_weight"], mine["conv_bias"],
                 mine["ring_slots"], mine["state_slots"], layer, mine["parents"])
         if launch:
-            rows = mine["rows"]
-            if workspace:
-                mine["workspace"] = sgl_convwin.alloc_ring_workspace(
-                    rows.shape[1], rows.shape[3], capacity=rows.shape[2] - mine["q"].shape[1], device=rows.device)
             kernel_args, kernel_kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
-                *args, use_qk_l2norm=use_qk_l2norm, workspace=mine.get("workspace"))
+                *args, use_qk_l2norm=use_qk_l2norm)
             triton_kernels().launch_gdn_ring_verify(*kernel_args, **kernel_kwargs, **tuning)
         else:
             ring_pytorch_code("gdn_ring_verify")(*args, use_qk_l2norm=use_qk_l2norm)
@@ -113,61 +107,6 @@ def assert_same_untouched(case, want, got):
     assert torch.equal(got["ssm_state"][kept], case["ssm_state"][kept])
 
 
-def pending_conv_oracle(case, layer, ring_slot, state_slot, count):
-    """[count, dim] float64: silu(bias + sum_t w_t x_t) of a slot's first ``count`` pending tokens,
-    their inputs the checkpoint's window then the ring rows start, start + 1, ... (mod C)."""
-    start = int(case["cursor"][ring_slot, 0])
-    rows = case["rows"][layer, ring_slot].double()
-    ring_rows, width = rows.shape[0], case["conv_state"].shape[3]
-    history = torch.cat([case["conv_state"][layer, state_slot].double().T,
-                         rows[[(start + j) % ring_rows for j in range(count)]]])  # [K-1 + count, dim]
-    weight, bias = case["conv_weight"].double(), case["conv_bias"].double()
-    outputs = torch.stack([bias + (history[j:j + width + 1] * weight.T).sum(0) for j in range(count)])
-    return outputs * torch.sigmoid(outputs)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_a_workspace_gives_the_same_results(device, tree):
-    """With a workspace the pending tokens' conv outputs are computed once a row (the channels of k
-    and v, float32) and the chunk kernel reads them instead of its own conv: the same arithmetic, so
-    every output, checkpoint, window and gate is bit for bit what the call without one leaves. The
-    workspace holds each live row's pending outputs at its ring slot (the float64 oracle's within
-    1e-6), nothing past them, nothing for a padded row."""
-    cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
-    case = ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[2, 0, 3, 1],
-                     state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)  # (rows != slots)
-    tuning = IEEE if device == "cpu" else MMA
-    _, plain = run_both(case, tuning=tuning)
-    want, got = run_both(case, tuning=dict(tuning, workspace=True))
-    if device == "cpu":  # (the mma kernel's own conv is another compile of the same sums: within its tolerance)
-        for name in ("out", "ssm_state", "conv_state", "gates", "rows", "cursor"):
-            assert torch.equal(got[name], plain[name]), name
-    assert_agree(want, got, **({} if device == "cpu" else dict(tol=2e-3, state_tol=1e-4)))
-    workspace, first = got["workspace"].cpu(), case["q"].shape[2] * case["q"].shape[3]  # (k's first channel)
-    for ring_slot, state_slot in ((2, 3), (0, 0), (3, 4), (1, None)):
-        pending = int(cursors[ring_slot, 1]) if state_slot is not None else 0
-        if pending:
-            want_inputs = pending_conv_oracle({n: t.cpu() for n, t in case.items() if t is not None}, 1, ring_slot,
-                                              state_slot, pending)[:, first:]
-            error = (workspace[ring_slot, :pending, first:].double() - want_inputs).abs().max().item()
-            assert error <= 1e-6 * want_inputs.abs().max().item(), (ring_slot, error)
-        assert not workspace[ring_slot, pending:].any() and not workspace[ring_slot, :, :first].any(), ring_slot
-    # the verify's launches read it: after the fill, a changed workspace changes their outputs
-    mine = {name: None if t is None else t.clone() for name, t in case.items()}
-    out = torch.full(mine["v"].shape, FILL, device=device)
-    kernel_args, kernel_kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
-        out, mine["q"], mine["k"], mine["v"], mine["g"], mine["beta"], mine["ssm_state"], mine["conv_state"],
-        mine["rows"], mine["gates"], mine["cursor"], mine["conv_weight"], mine["conv_bias"], mine["ring_slots"],
-        mine["state_slots"], 1, mine["parents"], workspace=got["workspace"].clone())
-    fill, *verify = triton_kernels().gdn_ring_verify._ring_calls(*kernel_args, **kernel_kwargs, **tuning)
-    assert fill.kernel is triton_kernels().gdn_ring_verify._pending_inputs_kernel
-    kernel_kwargs["workspace"].mul_(2)
-    for call in verify:
-        call.launch()
-    assert not torch.equal(out, plain["out"])
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_matches_pytorch_code(device, tree):
@@ -186,41 +125,6 @@ def test_matches_pytorch_code(device, tree):
     assert_agree(want, got, tol=2e-3, state_tol=1e-4)
     want, got = run_both(case, tuning=dict(precision="tf32", fold_precision="tf32x3"))  # tf32x3 where it folds
     assert_agree(want, got, tol=2e-3, state_tol=1e-4)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layout", ["fp32", "bf16-rows", "bf16-state", "transposed"])
-def test_replay_fold_matches_pytorch_code(device, layout):
-    """gdn_ring_fold's launch as the mma verify plans it (fold_replay), run alone: the rows that fold
-    (pending > 0 and pending + N > capacity, a ring wrapping its end) hold the checkpoint the PyTorch
-    code's verify leaves; every other state (rows that only replay, an empty ring, a cursor outside
-    the ring, a padded row) and every window, ring row, gate and cursor is left bit for bit."""
-    cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3], [9, 2], [6, 1]])  # C = 7, N = 3: folds at pending >= 2
-    case = ring_case(num_rows=6, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3, 4, 5],
-                     num_ring_slots=6, num_state_slots=7, state_slots=[3, 0, 4, -1, 5, 1], head_v_dim=32,
-                     device=device, seed=4,
-                     rows_dtype=torch.bfloat16 if layout == "bf16-rows" else torch.float32,
-                     state_dtype=torch.bfloat16 if layout == "bf16-state" else torch.float32)
-    if layout == "transposed":  # a [.., dv, dk] storage passed as its transpose
-        case["ssm_state"] = case["ssm_state"].transpose(-1, -2).contiguous().transpose(-1, -2)
-    want, _ = run_both(case)
-    mine = {name: None if t is None else t.clone() for name, t in case.items()}
-    out = torch.full(mine["v"].shape, FILL, device=device)
-    args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
-        out, mine["q"], mine["k"], mine["v"], mine["g"], mine["beta"], mine["ssm_state"], mine["conv_state"],
-        mine["rows"], mine["gates"], mine["cursor"], mine["conv_weight"], mine["conv_bias"], mine["ring_slots"],
-        mine["state_slots"], 1, None)
-    fold = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, fold_replay=True)[0]
-    fold.launch()
-    folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)  # [L, S]
-    assert folded.sum() == 2 and folded[1, [3, 0]].all()  # rows 0 and 1 (slots 3, 0) of layer 1
-    tol = 1e-2 if layout == "bf16-state" else 2e-6
-    scale = want["ssm_state"][folded].float().abs().max()
-    assert (mine["ssm_state"][folded].float() - want["ssm_state"][folded].float()).abs().max() <= tol * scale
-    assert torch.equal(mine["ssm_state"][~folded], case["ssm_state"][~folded])
-    assert (out == FILL).all()
-    for name in ("conv_state", "rows", "gates", "cursor"):
-        assert torch.equal(mine[name], case[name]), name
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -300,34 +204,31 @@ MMA = dict(mma=True)  # gdn_ring_verify_mma's kernel: tf32, 3xTF32 in a row that
 
 @pytest.mark.parametrize("num_nodes, capacity, kinds", [
     (4, 16, [(2, 16, 12), (0, 16, 12), (1, 32, 12)]), (4, 12, [(2, 16, 0), (1, 16, 0)]),
-    (4, 8, [(2, 16, 0), (1, 16, 0)]), (9, 14, [(2, 16, 0), (1, 32, 0)]), (16, 16, [(2, 16, 0), (1, 32, 0)])])
-def test_mma_tight_stack_launches(num_nodes, capacity, kinds, monkeypatch):
-    """With tight_stack (RING_MMA_TIGHT_STACK) a row that does not fold holds at most max(R, N) keys
-    (pending + N <= R, or nothing pending), so the verify launches' stack is sized by that and their
-    queries start at row VERIFY_KEYS = R: 16 rows where R + N <= 16 (no small kind then), else 32;
-    and the mma kernel takes R + N <= 32 (16 nodes at R = 16). Without it, by C = R + N (KIND,
-    NODES, SMALL_KEYS as in test_mma_launches_by_kind_of_row), C + N <= 32."""
+    (4, 8, [(2, 16, 0), (1, 16, 0)]), (9, 14, [(2, 16, 0), (1, 32, 0)]), (16, 16, [(2, 16, 0), (1, 32, 0)]),
+    (9, 24, None)])
+def test_mma_verify_stack_sized_by_the_capacity(num_nodes, capacity, kinds, monkeypatch):
+    """A row that does not fold holds at most max(R, N) = R keys (pending + N <= R, or nothing
+    pending), so the mma verify launches' stack is sized by that and their queries start at row
+    VERIFY_KEYS = R (KIND, NODES, SMALL_KEYS as in test_mma_launches_by_kind_of_row): 16 rows where
+    R + N <= 16 (no small kind then), else 32. The launcher takes the mma kernel wherever R + N <= 32
+    (16 nodes at R = 16), else the Triton kernel; asked for the mma kernel past that, it refuses."""
     case = ring_case(num_rows=2, num_nodes=num_nodes, capacity=capacity, head_k_dim=32, head_v_dim=32)
     args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
         torch.empty(case["v"].shape), case["q"], case["k"], case["v"], case["g"], case["beta"], case["ssm_state"],
         case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"],
         case["ring_slots"], case["state_slots"], 1, None)
     ring_calls = triton_kernels().gdn_ring_verify._ring_calls
-    calls = [c for c in ring_calls(*args, **kwargs, mma=True, merged=False, tight_stack=True) if "KIND" in c.constexprs]
-    assert [(c.constexprs["KIND"], c.constexprs["NODES"], c.constexprs["SMALL_KEYS"]) for c in calls] == kinds
-    assert {c.constexprs["VERIFY_KEYS"] for c in calls} == {capacity}
-    assert triton_kernels().gdn_ring_verify.RING_MMA_TIGHT_STACK is False  # (not yet run on a GPU)
+    assert triton_kernels().gdn_ring_verify.mma_verify_keys(capacity + num_nodes, num_nodes) == capacity
     monkeypatch.setattr(triton_kernels().gdn_ring_verify, "_mma_kernel_runs_on", lambda ssm: True)  # (a GPU's)
-    for tight in (False, True):  # the launcher's own choice: the mma kernel wherever its stack fits 32 rows
-        chosen = ring_calls(*args, **kwargs, tight_stack=tight)
-        assert any("KIND" in c.constexprs for c in chosen) == (tight or capacity + 2 * num_nodes <= 32)
-    if capacity + 2 * num_nodes > 32:
-        with pytest.raises(ValueError, match=f"a stack of {capacity + num_nodes} keys"):
+    chosen = ring_calls(*args, **kwargs)  # the launcher's own choice: the mma kernel wherever its stack fits 32 rows
+    assert any("KIND" in c.constexprs for c in chosen) == (capacity + num_nodes <= 32)
+    if capacity + num_nodes > 32:
+        with pytest.raises(ValueError, match=f"a stack of {capacity} keys"):
             ring_calls(*args, **kwargs, mma=True)
         return
     calls = [c for c in ring_calls(*args, **kwargs, mma=True, merged=False) if "KIND" in c.constexprs]
-    assert {c.constexprs["VERIFY_KEYS"] for c in calls} == {capacity + num_nodes}
-    assert [c.constexprs["NODES"] for c in calls if c.constexprs["KIND"] == 1] == [32]
+    assert [(c.constexprs["KIND"], c.constexprs["NODES"], c.constexprs["SMALL_KEYS"]) for c in calls] == kinds
+    assert {c.constexprs["VERIFY_KEYS"] for c in calls} == {capacity}
 
 
 @pytest.mark.parametrize("num_nodes, small, kinds", [
@@ -418,52 +319,6 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
             kind: cap for kind, cap in caps.items() if kind in [k for k, _, _ in kinds]}
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
     assert {c.constexprs["KIND"]: c.constexprs["maxnreg"] for c in calls} == {2: 168, len(kinds) % 2 * 2 + 1: 128}
-    # the folds by replay: gdn_ring_fold's launch first (32 columns, 2 warps, no cap; or the fold's own
-    # tiles and cap), by the verify's rule, then the same verify launches
-    replay = dict(mma=True, small=small, fold_replay=True)
-    for tuning, block_v, warps, cap in (({}, 32, 2, None), (dict(fold_block_v=16, fold_warps=1, fold_maxnreg=96), 16,
-                                                            1, 96)):
-        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **replay, **tuning)
-        fold, *verifies = calls
-        assert fold.kernel.__name__ == "_gdn_ring_replay_kernel"
-        assert fold.grid == (case["v"].shape[2] * 32 // block_v, 2, 1)  # (head_v_dim 32, 2 rows, 1 layer)
-        assert (fold.constexprs["BLOCK_V"], fold.constexprs["num_warps"], fold.constexprs.get("maxnreg")) == (
-            block_v, warps, cap)
-        capacity = case["rows"].shape[2] - num_nodes
-        assert [fold.constexprs[name] for name in ("NUM_NODES", "FOLD_ABOVE", "MAX_PENDING")] == [
-            num_nodes, capacity, capacity]
-        assert [c.constexprs["KIND"] for c in verifies] == [
-            c.constexprs["KIND"] for c in triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True,
-                                                                                       small=small)[1:]]
-
-
-def test_replay_fold_shared_memory_plan():
-    """fold_smem=True plans gdn_ring_fold_smem's kernel -- a descriptor over the checkpoint, gdn_commit's
-    [dk, 64] tiles on 2 warps -- with a Triton that has it (else a clear refusal); a bf16 checkpoint is
-    refused; by default a CPU checkpoint (as any that gdn_commit keeps in registers) takes the register
-    kernel."""
-    case = ring_case(num_rows=2, num_nodes=3, capacity=4, head_k_dim=32, head_v_dim=128)
-
-    def calls(ssm=case["ssm_state"], **tuning):
-        args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
-            torch.empty(case["v"].shape), case["q"], case["k"], case["v"], case["g"], case["beta"], ssm,
-            case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"],
-            case["ring_slots"], case["state_slots"], 1, None)
-        return triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, fold_replay=True, **tuning)
-
-    assert calls()[0].kernel.__name__ == "_gdn_ring_replay_kernel"
-    assert calls(fold_smem=False)[0].constexprs["BLOCK_V"] == 32
-    if triton_kernels().replay.smem_module("gdn_ring_fold_smem") is None:
-        with pytest.raises(ValueError, match="no shared-memory fold of a torch.float32 checkpoint"):
-            calls(fold_smem=True)
-    else:
-        fold = calls(fold_smem=True)[0]
-        assert fold.kernel.__name__ == "_gdn_ring_replay_smem_kernel"
-        assert fold.grid == (2 * 2, 2, 1)  # (2 value heads of 2 tiles, 2 rows)
-        assert (fold.constexprs["BLOCK_V"], fold.constexprs["WARPS"], fold.constexprs["CHUNK"]) == (64, 2, 32)
-        assert list(fold.tensors[0].block_shape) == [1, 1, 1, 32, 64]
-    with pytest.raises(ValueError, match="no shared-memory fold of a torch.bfloat16 checkpoint"):
-        calls(case["ssm_state"].to(torch.bfloat16), fold_smem=True)
 
 
 @pytest.mark.parametrize("num_rows, spread, warps, block_v", [(1, False, None, 128), (1, True, None, 32),
@@ -496,33 +351,20 @@ def test_mma_tiles_by_batch(num_rows, spread, warps, block_v, monkeypatch):
 @pytest.mark.parametrize("capacity", [16, 20])
 @pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
                                   dict(merged=False), dict(block_v=64), dict(state_stages=0), dict(state_stages=3),
-                                  dict(chunk_k=16, state_stages=4), dict(state_stages=4), dict(num_warps=8),
-                                  dict(fold_replay=True), dict(fold_replay=True, fold_block_v=64, fold_warps=4),
-                                  dict(fold_replay=True, fold_smem=False), dict(tight_stack=True),
-                                  dict(workspace=True), dict(workspace=True, fold_replay=True)],
+                                  dict(chunk_k=16, state_stages=4), dict(state_stages=4), dict(num_warps=8)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "64-columns", "registers",
-                              "state-stages-3", "state-stages-16-rows", "state-stages-whole-tile", "8-warps",
-                              "replay-fold", "replay-fold-64-columns-4-warps", "replay-fold-registers",
-                              "tight-stack", "workspace", "workspace-replay-fold"])
+                              "state-stages-3", "state-stages-16-rows", "state-stages-whole-tile", "8-warps"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
-    """gdn_ring_verify_mma's kernel at capacity 16 (C + N = 24 / 32 stack rows) and 20 (28, chains of
-    4: the pending tokens past half the stack): rows that fold (every slot pending), rows that only
-    replay (wrapping the ring's end), few pending tokens (the stack of 16 rows), an empty ring, a
-    padded row; by default the folded windows moved by the verify launches, merged into one; the fold
-    launch also over its own narrower tiles; the windows in a launch of their own; the two verify
-    launches apart; every launch over tiles of 64 columns (two a head: the small batches' choice);
-    the state chunks through registers, a chunk ahead, instead of shared memory (2 in flight by
-    default; 3; 4 of 16 rows; the whole tile, which the fold then reads back); 8 warps a program;
-    the folds by gdn_ring_fold's replay (its default tiles: a float32 checkpoint's in shared memory;
-    64 columns over 4 warps; the register kernel's on a float32 one too); the stack of the rows that
-    do not fold sized by the capacity (tight_stack, at capacities 12 and 16: chains of 4 on a stack
-    of 16 rows, then of 32 with one level of the inverse fewer); the pending tokens' conv outputs
-    from a workspace (alone, and with the replay folds, which do their own conv)."""
+    """gdn_ring_verify_mma's kernel at capacity 16 (R + N = 20 / 24 verify stack rows: chains of 4 /
+    trees of 8) and 20 (24 / 28: the pending tokens past half the stack): rows that fold (every slot
+    pending), rows that only replay (wrapping the ring's end), few pending tokens (the stack of 16
+    rows), an empty ring, a padded row; by default the folded windows moved by the verify launches,
+    merged into one; the fold launch also over its own narrower tiles; the windows in a launch of
+    their own; the two verify launches apart; every launch over tiles of 64 columns (two a head: the
+    small batches' choice); the state chunks through registers, a chunk ahead, instead of shared
+    memory (2 in flight by default; 3; 4 of 16 rows; the whole tile, which the fold then reads back);
+    8 warps a program."""
     num_nodes = len(nodes)
-    if fold.get("tight_stack"):
-        capacity -= 4
-    if capacity + 2 * num_nodes > 32:
-        pytest.skip("C + N > 32: the Triton kernel's")
     if ("fold_block_v" in fold or "block_v" in fold or "num_warps" in fold) and head_dim == 32:
         pytest.skip("one tile of 32 columns either way (8 warps: 64 or more)")
     if head_dim == 32 and ("chunk_k" not in fold and fold.get("state_stages", 0) > 2
@@ -542,16 +384,15 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("capacity", [20, 24])
-def test_mma_kernel_takes_wide_rings_with_a_tight_stack(capacity):
-    """With tight_stack the mma kernel verifies chains of 8 at capacities 20 and 24 (R + N = 28 and 32
-    stack rows; C + N = 36 and 40 are the Triton kernel's otherwise): rows that fold, replay, hold
-    nothing, pad."""
+def test_mma_kernel_takes_wide_rings(capacity):
+    """The mma kernel verifies chains of 8 at capacities 20 and 24 (R + N = 28 and 32 stack rows: a
+    row that does not fold holds at most R keys): rows that fold, replay, hold nothing, pad."""
     ring_rows = capacity + 8
     cursors = torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, capacity - 9], [0, 0], [2, 3], [1, 1]])
     case = ring_case(num_rows=5, num_nodes=8, capacity=capacity, num_k_heads=2, head_k_dim=128, head_v_dim=128,
                      num_state_slots=6, num_ring_slots=5, cursors=cursors, ring_slots=[0, 1, 2, 3, 4],
                      state_slots=[3, 0, 5, -1, 1], rows_dtype=torch.bfloat16, device="cuda")
-    want, got = run_both(case, tuning=dict(MMA, tight_stack=True))
+    want, got = run_both(case, tuning=MMA)
     assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
     assert_agree(want, got, tol=2e-3, state_tol=1e-4)
     assert_same_untouched(case, want, got)
@@ -559,9 +400,9 @@ def test_mma_kernel_takes_wide_rings_with_a_tight_stack(capacity):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_mma_kernel_takes_16_nodes_with_a_tight_stack(state_dtype):
-    """With tight_stack the mma kernel verifies a tree of 16 nodes at capacity 16 (R + N = 32 stack
-    rows; C + N = 48 is the Triton kernel's otherwise): rows that fold, replay, hold nothing, pad."""
+def test_mma_kernel_takes_16_nodes(state_dtype):
+    """The mma kernel verifies a tree of 16 nodes at capacity 16 (R + N = 32 stack rows: a row that
+    does not fold holds at most R keys): rows that fold, replay, hold nothing, pad."""
     nodes = [-1, 0, 0, 0, 1, 1, 1, 2, 2, 3, 4, 4, 5, 7, 9, 12]
     capacity, ring_rows = 16, 32
     cursors = torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, 9], [0, 0], [2, 0], [1, 1]])
@@ -569,7 +410,7 @@ def test_mma_kernel_takes_16_nodes_with_a_tight_stack(state_dtype):
                      head_v_dim=128, num_state_slots=6, num_ring_slots=5, cursors=cursors,
                      ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 5, -1, 1], parents=nodes,
                      rows_dtype=torch.bfloat16, state_dtype=state_dtype, device="cuda")
-    want, got = run_both(case, tuning=dict(MMA, tight_stack=True))
+    want, got = run_both(case, tuning=MMA)
     assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
     assert_agree(want, got, tol=2e-3, state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
     assert_same_untouched(case, want, got)
@@ -597,18 +438,18 @@ def ring_step_calls(kernels, verify_tuning=IEEE):
 @pytest.mark.parametrize("device, verify, tree", [
     pytest.param("cpu", "ieee", True, marks=[interpreted, pytest.mark.slow], id="tree-cpu"),  # (chains: the GPU's)
     *(pytest.param("cuda", verify, tree, marks=pytest.mark.gpu, id=f"{'tree' if tree else 'chain'}-cuda-{verify}")
-      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart", "mma-registers", "mma-replay", "mma-tight")
+      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart", "mma-registers")
       for tree in (False, True)),
 ])
 def test_steps_against_pytorch_code(device, verify, tree):
     """Twelve decode steps of two layers (ring_conv1d_verify, gdn_ring_verify per layer, then
     ring_accept), then a flush: one world all kernels, one all PyTorch code. The states they leave,
     step after step (folds, wrapped rings, nothing accepted, a padded row), agree. verify: the
-    Triton verify kernel in float32 ("ieee"), or the mma kernel at its own precision: by default its
-    verify launches merged into one and moving the folded windows ("mma"), the two launches apart
-    ("mma-unmerged"), and the windows in a launch of their own too, the fold uncapped ("mma-apart"),
-    the state chunks through registers instead of shared memory ("mma-registers"), the folds by
-    gdn_ring_fold's replay ("mma-replay"), the stack sized by the capacity ("mma-tight": 16 rows)."""
+    Triton verify kernel in float32 ("ieee"), or the mma kernel at its own precision (a verify stack
+    of 16 rows: R + N = 8): by default its verify launches merged into one and moving the folded
+    windows ("mma"), the two launches apart ("mma-unmerged"), and the windows in a launch of their
+    own too, the fold uncapped ("mma-apart"), the state chunks through registers instead of shared
+    memory ("mma-registers")."""
     gen = torch.Generator().manual_seed(1)
     layers, num_nodes, capacity, kernel_size = 2, 3, 5, 4
     head_dim = 16 if verify == "ieee" else 32  # (the mma kernel's four warps take 32 columns or more)
@@ -634,9 +475,7 @@ def test_steps_against_pytorch_code(device, verify, tree):
             conv1d_verify, gdn_ring_verify, ring_accept, gdn_ring_flush = ring_step_calls(
                 kernels, {"ieee": IEEE, "mma": MMA, "mma-unmerged": dict(MMA, merged=False),
                           "mma-apart": dict(MMA, merged=False, fused_window=False, fold_maxnreg=0),
-                          "mma-registers": dict(MMA, state_stages=0),
-                          "mma-replay": dict(MMA, fold_replay=True),
-                          "mma-tight": dict(MMA, tight_stack=True)}[verify])
+                          "mma-registers": dict(MMA, state_stages=0)}[verify])
             out = torch.full(case["v"].shape, FILL, device=device)
             conv_out = torch.full((layers, num_rows, num_nodes, dim), FILL, device=device)
             if step == 12:  # the states an engine would hand on
@@ -689,17 +528,16 @@ def run_flush_both(case, tuning=IEEE):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layers", [2, 1])
-@pytest.mark.parametrize("fold_replay", [False, True], ids=["chunk", "replay"])
-def test_flush_matches_pytorch_code(device, layers, fold_replay):
+def test_flush_matches_pytorch_code(device, layers):
     """Every layer's fold of every pending token (a full ring, one wrapping its end, an empty one, a
-    bad cursor, a padded row), then the cursors; a model of one layer too (weights [1, dim, K]); the
-    folds by the chunk kernel and by gdn_ring_fold's replay."""
+    bad cursor, a padded row) by the chunk kernel, then the cursors; a model of one layer too
+    (weights [1, dim, K])."""
     cursors = torch.tensor([[3, 5], [5, 2], [0, 0], [1, 9], [2, 3]])  # C = 6 (capacity 4, N = 2): pending <= 5
     case = ring_case(num_rows=5, num_nodes=2, capacity=4, num_ring_slots=5, num_state_slots=6, cursors=cursors,
                      ring_slots=[0, 1, 2, 3, 4], state_slots=[4, 2, 0, 1, -1], device=device, seed=7)
     for name in ("ssm_state", "conv_state", "rows", "gates"):
         case[name] = case[name][:layers]
-    want, got = run_flush_both(case, tuning=dict(IEEE, fold_replay=fold_replay))
+    want, got = run_flush_both(case)
     for layer in range(layers):  # every layer folded
         assert not torch.equal(want["ssm_state"][layer], case["ssm_state"][layer])
     assert_agree(dict(want, out=torch.zeros(1)), dict(got, out=torch.zeros(1)))

@@ -64,9 +64,8 @@ def mamba2_ring_case(*, num_rows=4, num_nodes=3, capacity=4, kernel_size=4, num_
 
 def run_both(case, *, dt_softplus=True, tuning=IEEE):
     """(PyTorch code's tensors, kernels' tensors) after one mamba2_ring_verify each on copies of
-    ``case``; a tuning's ``workspace=True`` gives the kernels' call a workspace."""
+    ``case``."""
     tuning = dict(tuning)
-    workspace = tuning.pop("workspace", False)
 
     def call(launch):
         mine = {name: None if t is None else t.clone() for name, t in case.items()}
@@ -76,12 +75,7 @@ def run_both(case, *, dt_softplus=True, tuning=IEEE):
                 mine["ring_slots"], mine["state_slots"], 1, mine["parents"])
         kwargs = dict(D=mine["D"], z=mine["z"], dt_bias=mine["dt_bias"], dt_softplus=dt_softplus)
         if launch:
-            rows = mine["rows"]
-            if workspace:
-                mine["workspace"] = sgl_convwin.alloc_ring_workspace(
-                    rows.shape[1], rows.shape[3], capacity=rows.shape[2] - mine["x"].shape[1], device=rows.device)
-            kernel_args, kernel_kwargs = sgl_convwin.mamba2_ring_verify.kernel_arguments(
-                *args, **kwargs, workspace=mine.get("workspace"))
+            kernel_args, kernel_kwargs = sgl_convwin.mamba2_ring_verify.kernel_arguments(*args, **kwargs)
             triton_kernels().launch_mamba2_ring_verify(*kernel_args, **kernel_kwargs, **tuning)
         else:
             ring_pytorch_code("mamba2_ring_verify")(*args, **kwargs)
@@ -116,17 +110,15 @@ def test_matches_pytorch_code(device, tree, share):
     """Folds (pending + N > capacity) beside rows that only replay, a ring wrapping its end, an
     empty ring and a padded row; every optional term. A program per head, or per group's two heads
     (the fold's too); the folded windows in the verify launch or their own; the folding rows' drafts
-    verified by the folds' launch or by the verify's; the folds by replay (mamba2_ring_fold)."""
+    verified by the folds' launch or by the verify's."""
     cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
     case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
                             state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)
-    for fused_window, fold_verify, fold_replay in ((False, False, False), (True, False, False), (False, True, False),
-                                                   (True, True, False), (True, False, True)):
+    for fused_window, fold_verify in ((False, False), (True, False), (False, True), (True, True)):
         # (the folded windows in the verify launch: each head's program; the folding rows' drafts verified
-        # by the folds' launch; the folds by replay)
+        # by the folds' launch)
         want, got = run_both(case, tuning=dict(IEEE, heads_per_program=share, fold_heads_per_program=share,
-                                               fused_window=fused_window, fold_verify=fold_verify,
-                                               fold_replay=fold_replay))
+                                               fused_window=fused_window, fold_verify=fold_verify))
         assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
         assert not torch.equal(want["conv_state"], case["conv_state"])
         assert_agree(want, got)
@@ -137,52 +129,13 @@ def test_matches_pytorch_code(device, tree, share):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_a_workspace_gives_the_same_results(device, tree):
-    """With a workspace the pending tokens' x and B come from it (gdn_ring_verify's pending inputs
-    launch, over the x and B channels): the fold, the verify, the folding rows' drafts verified by
-    the folds' launch -- bit for bit what the calls without one leave, through the interpreter (the
-    same arithmetic), and within the kernels' tolerance on the GPU; and the launches read it."""
-    cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
-    case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[2, 0, 3, 1],
-                            state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None,
-                            device=device)  # (rows != slots)
-    for tuning in (IEEE, dict(IEEE, fold_verify=True), dict(IEEE, fold_replay=True)):
-        _, plain = run_both(case, tuning=tuning)
-        want, got = run_both(case, tuning=dict(tuning, workspace=True))
-        if device == "cpu":
-            for name in ("out", "ssm_state", "conv_state", "gates", "rows", "cursor"):
-                assert torch.equal(got[name], plain[name]), (tuning, name)
-        assert_agree(want, got)
-        head_dim, groups, d_state = case["x"].shape[3], case["B"].shape[2], case["B"].shape[3]
-        x_and_b = case["x"].shape[2] * head_dim + groups * d_state
-        workspace = got["workspace"]
-        assert workspace[:, :, :x_and_b].any() and not workspace[:, :, x_and_b:].any()  # (C: never replayed)
-    # the launches read it: after the fill, a changed workspace changes the outputs
-    _, plain = run_both(case, tuning=IEEE)
-    out = torch.full(case["x"].shape, FILL, device=device)
-    kernel_args, kernel_kwargs = sgl_convwin.mamba2_ring_verify.kernel_arguments(
-        out, case["x"], case["dt"], case["A"], case["B"], case["C"], case["ssm_state"].clone(),
-        case["conv_state"].clone(), case["rows"], case["gates"].clone(), case["cursor"], case["conv_weight"],
-        case["conv_bias"], case["ring_slots"], case["state_slots"], 1, case["parents"], D=case["D"], z=case["z"],
-        dt_bias=case["dt_bias"], dt_softplus=True, workspace=got["workspace"].clone())
-    fill, *verify = triton_kernels().mamba2_ring_verify._ring_calls(*kernel_args, **kernel_kwargs, **IEEE)
-    assert fill.kernel is triton_kernels().gdn_ring_verify._pending_inputs_kernel
-    kernel_kwargs["workspace"].mul_(2)
-    for call in verify:
-        call.launch()
-    assert not torch.equal(out, plain["out"])
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_capacity_16_matches_pytorch_code(device, tree):
     """Capacity 16, N = 3 (C = 19 rows): the folds' launch on a stack of 16 pending tokens, then
     every row's verify on a stack of 16 (a folded row's from its new checkpoint). Rows folding 16
     and 14 pending tokens, 13 (the most that do not fold), 5 wrapping the ring's end, an empty ring,
     a padded row. d_state 40: C S0^T whole, and over chunks of 16 state rows (the third partial, the
     fourth all padding); the folded windows in a launch of their own or in the verify's; the heads'
-    loop and the chunks' as one (flatten); the folding rows' drafts verified by the folds' launch;
-    the folds by replay."""
+    loop and the chunks' as one (flatten); the folding rows' drafts verified by the folds' launch."""
     cursors = torch.tensor([[17, 16], [10, 13], [0, 0], [18, 5], [3, 14], [1, 2]])
     case = mamba2_ring_case(num_rows=6, num_nodes=3, capacity=16, num_ring_slots=6, num_state_slots=6, cursors=cursors,
                             ring_slots=[0, 1, 2, 3, 4, 5], state_slots=[3, 0, 4, 1, 5, -1], d_state=40,
@@ -229,18 +182,6 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     for wrong in (dict(), dict(fold_verify=True, fused_window=True)):
         with pytest.raises(ValueError, match="pdl overlaps"):
             ring_calls(pdl=True, **wrong)
-    # on request the folds by replay (mamba2_ring_fold: a [32, d_state] tile a program, here head_dim 16's
-    # one, on 4 warps), the same verify after them; never beside fold_verify
-    replay = ring_calls(fold_replay=True)
-    assert [call.kernel.__name__ for call in replay] == ["_mamba2_ring_replay_kernel", "_mamba2_ring_verify_kernel"]
-    assert (replay[0].constexprs["BLOCK_P"], replay[0].constexprs["num_warps"], replay[0].grid) == (
-        16, 4, (num_heads, case["x"].shape[0], 1))
-    assert replay[1].constexprs == verify.constexprs
-    tiles = ring_calls(fold_replay=True, fold_block_p=8, fold_warps=2, fold_maxnreg=96)[0]
-    assert (tiles.constexprs["BLOCK_P"], tiles.constexprs["num_warps"], tiles.constexprs["maxnreg"], tiles.grid[0]) == (
-        8, 2, 96, 2 * num_heads)
-    with pytest.raises(ValueError, match="fold_replay folds in a launch of its own"):
-        ring_calls(fold_replay=True, fold_verify=True)
     for chunk_n, fused_window, flatten, fold_verify, pdl in (
             (0, False, False, False, False), (16, False, False, False, False), (32, True, False, False, False),
             (16, False, True, False, False), (32, True, True, False, False), (0, True, True, False, False),
@@ -253,37 +194,6 @@ def test_capacity_16_matches_pytorch_code(device, tree):
         assert folded.tolist() == [False, False, False, True, False, True]  # slots 3, 5: rows of 16 and 14 pending
         assert_agree(want, got)
         assert_same_untouched(case, want, got)
-    want, got = run_both(case, tuning=dict(IEEE, fold_replay=True))  # (16 and 14 tokens decoded one at a time)
-    assert_agree(want, got)
-    assert_same_untouched(case, want, got)
-
-
-def test_replay_fold_shared_memory_plan():
-    """fold_smem=True plans mamba2_ring_fold_smem's kernel -- a descriptor over the checkpoint,
-    mamba2_commit's [32, d_state] tiles in one warp -- with a Triton that has it (else a clear
-    refusal); a bf16 checkpoint is refused; by default a CPU checkpoint takes the register kernel."""
-    case = mamba2_ring_case(num_rows=2, num_nodes=3, capacity=4, head_dim=64, d_state=32)
-
-    def calls(ssm=case["ssm_state"], **tuning):
-        args, kwargs = sgl_convwin.mamba2_ring_verify.kernel_arguments(
-            torch.empty(case["x"].shape), case["x"], case["dt"], case["A"], case["B"], case["C"], ssm,
-            case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"],
-            case["ring_slots"], case["state_slots"], 1, None, D=case["D"], z=case["z"], dt_bias=case["dt_bias"],
-            dt_softplus=True)
-        return triton_kernels().mamba2_ring_verify._ring_calls(*args, **kwargs, fold_replay=True, **tuning)
-
-    assert calls()[0].kernel.__name__ == "_mamba2_ring_replay_kernel"
-    if triton_kernels().replay.smem_module("mamba2_ring_fold_smem") is None:
-        with pytest.raises(ValueError, match="no shared-memory fold of a torch.float32 checkpoint"):
-            calls(fold_smem=True)
-    else:
-        fold = calls(fold_smem=True)[0]
-        assert fold.kernel.__name__ == "_mamba2_ring_replay_smem_kernel"
-        assert fold.grid == (4 * 2, 2, 1)  # (4 heads of 2 tiles, 2 rows)
-        assert (fold.constexprs["BLOCK_P"], fold.constexprs["WARPS"], fold.constexprs["CHUNK"]) == (32, 1, 16)
-        assert list(fold.tensors[0].block_shape) == [1, 1, 1, 32, 32]
-    with pytest.raises(ValueError, match="no shared-memory fold of a torch.bfloat16 checkpoint"):
-        calls(case["ssm_state"].to(torch.bfloat16), fold_smem=True)
 
 
 @pytest.mark.gpu
@@ -343,12 +253,11 @@ def test_bad_cursors_and_links_skip(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layers, share, fold_replay", [(2, 1, False), (1, 1, False), (2, 2, False), (2, 1, True),
-                                                        (1, 1, True)])
-def test_flush_matches_pytorch_code(device, layers, share, fold_replay):
+@pytest.mark.parametrize("layers, share", [(2, 1), (1, 1), (2, 2)])
+def test_flush_matches_pytorch_code(device, layers, share):
     """Every layer's checkpoint after its pending tokens, the windows and the cursors, as the
-    PyTorch code leaves them; a padded row and an empty ring touch nothing; one layer too; the
-    folds by the fold kernel or by replay (mamba2_ring_fold)."""
+    PyTorch code leaves them; a padded row and an empty ring touch nothing; one layer too; a
+    program per head or per group's two heads."""
     case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]]),
                             ring_slots=[0, 1, 2, 3], state_slots=[3, 0, 4, -1], device=device, seed=7)
     for name in ("ssm_state", "conv_state", "rows", "gates"):
@@ -367,7 +276,7 @@ def test_flush_matches_pytorch_code(device, layers, share, fold_replay):
             kernel_args, kernel_kwargs = sgl_convwin.mamba2_ring_flush.kernel_arguments(*args, conv_bias=bias,
                                                                                       **heads)
             triton_kernels().launch_mamba2_ring_flush(*kernel_args, **kernel_kwargs, **IEEE,
-                                                      heads_per_program=share, fold_replay=fold_replay)
+                                                      heads_per_program=share)
         else:
             ring_pytorch_code("mamba2_ring_flush")(*args, conv_bias=bias, **heads)
         return mine

@@ -68,17 +68,6 @@ def test_many_steps_flush_within_tolerance(device, tree):
     run_many_steps(Mamba2Harness, device, tree)
 
 
-@pytest.mark.slow
-@pytest.mark.gpu
-@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_many_steps_flush_within_tolerance_replay_folds(tree, monkeypatch):
-    """The same 1,000 steps with the folds and the flushes by replay (FOLD_REPLAY)."""
-    from sgl_convwin._kernels import triton_kernels
-
-    monkeypatch.setattr(triton_kernels().mamba2_ring_verify, "FOLD_REPLAY", True)
-    run_many_steps(Mamba2Harness, "cuda", tree)
-
-
 def test_flush_mid_sequence_and_resume():
     """A flush between steps writes the checkpoint and empties the cursor past the pending tokens;
     the request then decodes on as before (the harness holds every later step to the oracle, which
@@ -215,11 +204,6 @@ BAD_VERIFY = [
     ("ring_slots of another length", dict(ring_slots=torch.tensor([0])), ValueError, "ring_slots has 1 rows"),
     ("dt_softplus not a bool", dict(dt_softplus=1), TypeError, "dt_softplus must be a bool"),
     ("out sharing the state's storage", "out in ssm_state", ValueError, "share"),
-    ("a workspace of another capacity", dict(workspace=torch.zeros(3, 4, 16)), ValueError,
-     r"workspace must be \[M, capacity, dim\] = \[3, 3, 16\]"),
-    ("an fp16 workspace", dict(workspace=torch.zeros(3, 3, 16, dtype=torch.float16)), TypeError,
-     "workspace must be float32"),
-    ("a workspace sharing the state's storage", "workspace in ssm_state", ValueError, "share"),
 ]
 
 
@@ -230,8 +214,6 @@ def test_mamba2_ring_verify_refuses_bad_input_before_writing(name, change, error
     arguments = verify_arguments(harness)
     if change == "out in ssm_state":
         change = dict(out=harness.ssm_state[1, :2, :, :3].transpose(1, 2))  # [B, N, H, P] over the pool
-    if change == "workspace in ssm_state":
-        change = dict(workspace=harness.ssm_state.view(-1)[:3 * 3 * 16].view(3, 3, 16))
     arguments.update(change)
     before = [t.clone() for t in (harness.ssm_state, harness.conv_state, harness.ring.gates, arguments["out"])]
     with pytest.raises(error, match=message):
@@ -306,25 +288,20 @@ def op_samples(tree):
     arguments.update(ring_slots=ring_slots, state_slots=state_slots, parents=parents,
                      D=harness.D[1], z=torch.randn(4, 3, 2, 4), dt_bias=harness.dt_bias[1])
     verify = (tuple(arguments.values()), dict(dt_softplus=True))
-    workspace = sgl_convwin.alloc_ring_workspace(ring.rows.shape[1], harness.dim, capacity=4)
-    verify_workspace = ((*arguments.values(), workspace), dict(dt_softplus=True))
     accept = ((ring.cursor, ring.rows, ring.gates, ring_slots, torch.tensor([2, 0, 1, 2]), parents),
               dict(num_draft=3))
     flush = ((harness.ssm_state, harness.conv_state, ring.cursor, ring.rows, ring.gates, harness.conv_weight,
               harness.A, ring_slots, state_slots, harness.conv_bias), dict(**harness.heads))
-    return dict(mamba2_ring_verify=verify, mamba2_ring_verify_workspace=verify_workspace, ring_accept=accept,
-                mamba2_ring_flush=flush)
+    return dict(mamba2_ring_verify=verify, ring_accept=accept, mamba2_ring_flush=flush)
 
 
 @pytest.mark.parametrize("name, tree", [("mamba2_ring_verify", False), ("mamba2_ring_verify", True),
-                                        ("mamba2_ring_verify_workspace", True), ("ring_accept", True),
-                                        ("mamba2_ring_flush", False)],
-                         ids=["verify-chain", "verify-tree", "verify-workspace", "accept-tree", "flush"])
+                                        ("ring_accept", True), ("mamba2_ring_flush", False)],
+                         ids=["verify-chain", "verify-tree", "accept-tree", "flush"])
 def test_opcheck(name, tree):
-    """The Mamba2 ops (the verify with a workspace too), and ring_accept moving a tree's one-gate
-    rows (flush takes no tree)."""
+    """The Mamba2 ops, and ring_accept moving a tree's one-gate rows (flush takes no tree)."""
     args, kwargs = op_samples(tree)[name]
-    torch.library.opcheck(getattr(torch.ops.convwin, name.removesuffix("_workspace")).default, args, kwargs)
+    torch.library.opcheck(getattr(torch.ops.convwin, name).default, args, kwargs)
 
 
 def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, A, dt_bias, x, dt, slots, steps, flush_slots,
@@ -341,7 +318,7 @@ def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, A, dt_bias, x
         sgl_convwin.mamba2_ring_verify(out, xs.unflatten(-1, (h, p)), dt[layer], A[layer], B.unflatten(-1, (g, n)),
                                        C.unflatten(-1, (g, n)), ssm_state, conv_state, ring.rows, ring.gates,
                                        ring.cursor, conv_weight[layer], conv_bias[layer], slots, slots, layer,
-                                       dt_bias=dt_bias[layer], dt_softplus=True, workspace=ring.workspace)
+                                       dt_bias=dt_bias[layer], dt_softplus=True)
     sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, num_draft=num_nodes)
     sgl_convwin.mamba2_ring_flush(ssm_state, conv_state, ring.cursor, ring.rows, ring.gates, conv_weight, A,
                                   flush_slots, flush_slots, conv_bias=conv_bias, **heads)
@@ -349,19 +326,17 @@ def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, A, dt_bias, x
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("workspace", [False, True], ids=["", "workspace"])
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-def test_compiled_step_matches_eager(device, dynamic, workspace):
+def test_compiled_step_matches_eager(device, dynamic):
     """Four ring steps compiled with fullgraph=True (static or dynamic shapes) give the eager calls'
     bits, every ring op is in the graph, and the ring and states are written in place (no copy of
-    them); with a RingCache's workspace too."""
+    them)."""
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
 
     def make():
-        harness = Mamba2Harness(num_draft=2, capacity=3, num_ring_slots=2, num_state_slots=2, device=device, seed=4,
-                                workspace=workspace)
+        harness = Mamba2Harness(num_draft=2, capacity=3, num_ring_slots=2, num_state_slots=2, device=device, seed=4)
         return harness, [harness.ring, harness.ssm_state, harness.conv_state, harness.conv_weight, harness.conv_bias,
                          harness.A, harness.dt_bias]
 
@@ -388,23 +363,17 @@ def test_compiled_step_matches_eager(device, dynamic, workspace):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fold_replay, workspace", [(False, False), (True, False), (False, True)],
-                         ids=["default", "replay-folds", "workspace"])
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_cuda_graph_steps_match_eager(tree, fold_replay, workspace, monkeypatch):
+def test_cuda_graph_steps_match_eager(tree):
     """A whole Mamba2 step (every layer's conv and verify, then the acceptance) and a flush, each
     captured once and replayed with new inputs, slots (a padded row), acceptance and tree links
-    written into the static inputs, new requests between steps (ring_harness.replay_against_eager);
-    the folds by the fold kernel, or by replay (FOLD_REPLAY); a ring with a workspace."""
-    from sgl_convwin._kernels import triton_kernels
+    written into the static inputs, new requests between steps (ring_harness.replay_against_eager)."""
     from support import random_tree
-
-    monkeypatch.setattr(triton_kernels().mamba2_ring_verify, "FOLD_REPLAY", fold_replay)
 
     layers, num_rows, num_draft, num_ring = 2, 3, 3, 4
     generator = torch.Generator().manual_seed(12)
     worlds = [Mamba2Harness(num_layers=layers, num_draft=num_draft, capacity=5, num_ring_slots=num_ring,
-                            num_state_slots=5, head_dim=32, d_state=16, device="cuda", seed=3, workspace=workspace)
+                            num_state_slots=5, head_dim=32, d_state=16, device="cuda", seed=3)
               for _ in range(3)]
     heads, dim = worlds[0].heads, worlds[0].dim
     h, p, g, n = heads["num_heads"], heads["head_dim"], heads["n_groups"], heads["d_state"]
