@@ -26,6 +26,7 @@ checkpoints, bf16 ring rows and conv state, capacity R = 16, D = 4 chains and tr
     python benchmarks/bench_ring.py --mixer mamba2 --sweep 64/8/1 64/8/16/2           # Mamba2's
     python benchmarks/bench_ring.py --mixer mamba2 --batches 64 --profile             # each kernel's share
     python benchmarks/bench_ring.py --constants RING_MMA_STATE_STAGES=0               # a launcher default set
+    python benchmarks/bench_ring.py --due-first --profile        # each step's folds first, every layer at once
     ncu --profile-from-start off ... python benchmarks/bench_ring.py --batches 64 --sweep mma/128/4 --ncu mixed
 """
 
@@ -53,6 +54,7 @@ from sgl_convwin import reference  # noqa: E402
 
 UNROLL = 8  # steps per captured graph, each with its own acceptance
 DEVICE = "cuda"  # (tests dry-run the flow on the CPU)
+DUE_FIRST = False  # --due-first: each step's folds first, every layer in one flush(num_draft=N)
 SHAPES = {"gdn": Shapes(), "mamba2": NEMOTRON_H_8B_TP1}  # Qwen3-Next-80B TP1, Nemotron-H-8B TP1
 
 
@@ -71,7 +73,7 @@ def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
     ring.gates[:, :, :, 1] = torch.sigmoid(normal(*ring.gates[:, :, :, 1].shape))
     conv_out = normal(batch, N, dim, dtype=torch.bfloat16)  # (values: the verify-only calls run no conv)
     kw = shapes.key_width
-    return dict(
+    p = dict(
         ring=ring, N=N, conv_out=conv_out,
         q=conv_out[..., :kw].unflatten(-1, (shapes.k_heads, shapes.head_k)),
         k=conv_out[..., kw:2 * kw].unflatten(-1, (shapes.k_heads, shapes.head_k)),
@@ -86,6 +88,11 @@ def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
         parents=torch.tensor([TREE_PARENTS] * batch, device=DEVICE) if tree else None,
         out=torch.empty(L, batch, N, shapes.v_heads, shapes.head_v, dtype=torch.bfloat16, device=DEVICE),
     )
+    p["due"] = functools.partial(  # the step's folds, every layer (--due-first)
+        sgl_convwin.gdn_ring_flush, p["ssm"], p["conv_state"], ring.cursor, ring.rows, ring.gates, p["weight"],
+        p["slots"], p["slots"], num_k_heads=shapes.k_heads, head_k_dim=shapes.head_k, num_v_heads=shapes.v_heads,
+        head_v_dim=shapes.head_v, num_draft=N)
+    return p
 
 
 def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
@@ -122,18 +129,25 @@ def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
                    p["parents"]), dict(dt_bias=p["dt_bias"][layer], dt_softplus=True))
                  for layer in range(L)]
     p["verify"] = [functools.partial(sgl_convwin.mamba2_ring_verify, *args, **kwargs) for args, kwargs in arguments]
+    p["due"] = functools.partial(  # the step's folds, every layer (--due-first)
+        sgl_convwin.mamba2_ring_flush, p["ssm"], p["conv_state"], ring.cursor, ring.rows, ring.gates, p["weight"],
+        p["A"], p["slots"], p["slots"], conv_bias=p["bias"], num_heads=H, head_dim=shapes.head_dim,
+        n_groups=shapes.groups, d_state=shapes.d_state, num_draft=N)
     p["calls"] = [sgl_convwin.mamba2_ring_verify.kernel_arguments(*args, **kwargs) for args, kwargs in arguments]
     return p
 
 
 def ring_steps_fn(p, steps_table, *, conv: bool, accept: bool = True):
     """One call: a step per row of ``steps_table`` ([U, B] on the GPU, the accepted draft of each row),
-    each every layer's (conv and) verify, then the acceptance."""
+    each (with DUE_FIRST its folds first, every layer's) every layer's (conv and) verify, then the
+    acceptance."""
     ring, slots, parents = p["ring"], p["slots"], p["parents"]
     bias = p.get("bias")
 
     def run():
         for steps in steps_table:
+            if DUE_FIRST:
+                p["due"]()
             for layer in range(p["ssm"].shape[0]):
                 if conv:
                     sgl_convwin.ring_conv1d_verify(p["conv_out"], ring.rows, p["conv_state"], p["x"][layer],
@@ -378,7 +392,13 @@ def main(argv=None) -> int:
     parser.add_argument("--constants", nargs="+", default=[], metavar="NAME=VALUE",
                         help="module defaults of the ring verify's launcher (csrc_triton/gdn_ring_verify.py, "
                              "--mixer mamba2: mamba2_ring_verify.py) set for this run, e.g. RING_MMA_MERGED=0")
+    parser.add_argument("--due-first", action="store_true",
+                        help="each ring step begins with the flush of what its verifies would fold (every layer in "
+                             "one launch: gdn_ring_flush / mamba2_ring_flush(..., num_draft=N)); the verifies then "
+                             "fold nothing")
     args = parser.parse_args(argv)
+    global DUE_FIRST
+    DUE_FIRST = args.due_first
     if args.constants:
         set_constants(args.mixer, parse_tunings(args.constants), parser.error)
     if args.ncu and not args.sweep:

@@ -359,13 +359,24 @@ def window_call(conv, rows, cursor, ring_slots, state_slots, *, num_state_slots,
     )
 
 
-def flush_cursor_call(cursor, ring_slots, state_slots, *, num_state_slots, num_ring_slots, ring_rows):
+def flush_cursor_call(cursor, ring_slots, state_slots, *, num_state_slots, num_ring_slots, ring_rows, max_pending,
+                      fold_above):
     """_flush_cursor_kernel's launch: the flushed rows' cursors (either mixer's)."""
     num_rows = ring_slots.shape[0]
     block = min(1024, next_power_of_2(num_rows))
     return KernelCall(_flush_cursor_kernel, (cdiv(num_rows, block),), (cursor, ring_slots, state_slots),
                       (num_rows, num_state_slots, num_ring_slots, *cursor.stride(), ring_slots.stride(0),
-                       state_slots.stride(0)), dict(RING_ROWS=ring_rows, BLOCK=block))
+                       state_slots.stride(0)),
+                      dict(RING_ROWS=ring_rows, MAX_PENDING=max_pending, FOLD_ABOVE=fold_above, BLOCK=block))
+
+
+def flush_rule(ring_rows: int, num_draft: int | None) -> dict:
+    """A flush's (max_pending, fold_above) for either mixer: every row with pending tokens (C - 1
+    pending at most), or with num_draft only those the next verify of N = num_draft drafts would fold
+    -- pending + N > capacity -- under the verify's own bound on pending (the capacity)."""
+    if num_draft is None:
+        return dict(max_pending=ring_rows - 1, fold_above=0)
+    return dict(max_pending=ring_rows - num_draft, fold_above=ring_rows - 2 * num_draft)
 
 
 def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
@@ -449,34 +460,51 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
                          f"{RING_MMA_NODES} rows, got {num_layers} layers, {verify_keys} + {num_nodes}")
     chunk_k = min(chunk_k, chunk.constexprs["BLOCK_K"])
     check_mma_tiles("gdn_ring_verify_mma", block_v, num_warps, chunk_k)
-    check_mma_tiles("gdn_ring_verify_mma (the folds)", fold_block_v, fold_warps, chunk_k)
-    chunks = chunk.constexprs["BLOCK_K"] // chunk_k
+    small = small and 2 * num_nodes <= RING_MMA_SMALL_NODES < verify_keys + num_nodes
+    constexprs = _mma_constexprs(chunk, ssm, chunk_k, fused_window, VERIFY_KEYS=verify_keys,
+                                 SMALL_KEYS=RING_MMA_SMALL_NODES - num_nodes if small else 0)
+    verify_nodes = max(RING_MMA_SMALL_NODES, next_power_of_2(verify_keys + num_nodes))
+    small_cap, other_cap = (dict(maxnreg=n) if n else {} for n in (maxnreg if isinstance(maxnreg, tuple)
+                                                                    else (maxnreg, maxnreg)))
+    stages = state_stages_for(state_stages, block_v, num_warps, chunk.constexprs["BLOCK_K"] // chunk_k, ssm)
+    kinds = (*(((0, RING_MMA_SMALL_NODES, small_cap),) if small and not merged else ()),
+             (3 if small and merged else 1, verify_nodes, other_cap))
+    fold = _mma_fold_call(chunk, ssm, constexprs, fold_warps or num_warps, fold_block_v or block_v, fold_maxnreg,
+                          state_stages)
+    return (fold, *(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
+                               chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes, STATE_STAGES=stages, **caps))
+                    for kind, nodes, caps in kinds))
+
+
+def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
+    """gdn_ring_verify_mma's constexprs common to its launches of ``chunk`` (the Triton kernel's:
+    one layer's verify, or every layer's folds), with ``verify``'s (VERIFY_KEYS, SMALL_KEYS)."""
     constexprs = {name: value for name, value in chunk.constexprs.items()
                   if name not in ("PRECISION", "FOLD_PRECISION")}
     width = chunk.constexprs["KERNEL_SIZE"] - 1
     constexprs.update(FUSED_WINDOW=bool(fused_window), WIDTH=width, WINDOW=max(2, next_power_of_2(width)),
-                      STATE_STAGES=state_stages_for(state_stages, block_v, num_warps, chunks, ssm))
-    constexprs.update(NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k, WARPS=num_warps,
-                      SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4))
-    verify_nodes = max(RING_MMA_SMALL_NODES, next_power_of_2(verify_keys + num_nodes))
-    constexprs.update(VERIFY_KEYS=verify_keys)
-    small = small and 2 * num_nodes <= RING_MMA_SMALL_NODES < verify_keys + num_nodes
-    small_cap, other_cap = (dict(maxnreg=n) if n else {} for n in (maxnreg if isinstance(maxnreg, tuple)
-                                                                    else (maxnreg, maxnreg)))
-    fold_grid = (constexprs["NUM_V_HEADS"] * cdiv(constexprs["HEAD_V_DIM"], fold_block_v), *chunk.grid[1:])
-    fold_cap = RING_MMA_FOLD_MAXNREG if fold_maxnreg is None else fold_maxnreg
-    fold = (2, max(RING_MMA_SMALL_NODES, next_power_of_2(constexprs["MAX_PENDING"])), fold_grid,
-            dict(WARPS=fold_warps, num_warps=fold_warps, BLOCK_V=fold_block_v,
-                 STATE_STAGES=state_stages_for(state_stages, fold_block_v, fold_warps, chunks, ssm),
-                 **({"maxnreg": fold_cap} if fold_cap else {})))
-    kinds = (fold,
-             *(((0, RING_MMA_SMALL_NODES, chunk.grid, small_cap),) if small and not merged else ()),
-             (3 if small and merged else 1, verify_nodes, chunk.grid, other_cap))
-    calls = tuple(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors,
-                             chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes,
-                                                 SMALL_KEYS=RING_MMA_SMALL_NODES - num_nodes if small else 0, **caps))
-                  for kind, nodes, grid, caps in kinds)
-    return calls
+                      NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k,
+                      WARPS=chunk.constexprs["num_warps"], SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4),
+                      **verify)
+    return constexprs
+
+
+def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnreg, state_stages):
+    """gdn_ring_verify_mma's launch of the rows that fold (KIND 2), folding only, over ``chunk``'s rows
+    and layers: a stack of their pending keys (3xTF32 for a float32 checkpoint), fold_warps warps over
+    tiles of fold_block_v columns, capped at fold_maxnreg registers (None: RING_MMA_FOLD_MAXNREG;
+    0: no cap)."""
+    from . import gdn_ring_verify_mma
+
+    chunk_k = constexprs["CHUNK_K"]
+    check_mma_tiles("gdn_ring_verify_mma (the folds)", fold_block_v, fold_warps, chunk_k)
+    cap = RING_MMA_FOLD_MAXNREG if fold_maxnreg is None else fold_maxnreg
+    grid = (constexprs["NUM_V_HEADS"] * cdiv(constexprs["HEAD_V_DIM"], fold_block_v), *chunk.grid[1:])
+    stages = state_stages_for(state_stages, fold_block_v, fold_warps, constexprs["BLOCK_K"] // chunk_k, ssm)
+    nodes = max(RING_MMA_SMALL_NODES, next_power_of_2(constexprs["MAX_PENDING"]))
+    return KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors, chunk.scalars,
+                      dict(constexprs, KIND=2, NODES=nodes, WARPS=fold_warps, num_warps=fold_warps,
+                           BLOCK_V=fold_block_v, STATE_STAGES=stages, **({"maxnreg": cap} if cap else {})))
 
 
 def _pdl_device(ssm) -> bool:
@@ -540,41 +568,61 @@ def planned_gdn_ring_verify(*args, **kwargs):
 @triton.jit
 def _flush_cursor_kernel(cursor_ptr, ring_slots_ptr, state_slots_ptr, num_rows, num_state_slots, num_ring_slots,
                          cursor_stride_slot, cursor_stride_field, ring_slots_stride, state_slots_stride,
-                         RING_ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """A flushed row's cursor: (start + pending, 0), after every layer's fold has read it."""
+                         RING_ROWS: tl.constexpr, MAX_PENDING: tl.constexpr, FOLD_ABOVE: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    """A folded row's cursor (pending > FOLD_ABOVE): (start + pending, 0), after every layer's fold
+    has read it."""
     row = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
     ok = row < num_rows
     ring = tl.load(ring_slots_ptr + row * ring_slots_stride, mask=ok, other=-1).to(tl.int64)
     slot = tl.load(state_slots_ptr + row * state_slots_stride, mask=ok, other=-1).to(tl.int64)
     ring, start, pending, live = ring_row_state(cursor_ptr, ring, (slot >= 0) & (slot < num_state_slots),
                                                 num_ring_slots, cursor_stride_slot, cursor_stride_field, RING_ROWS,
-                                                RING_ROWS - 1)
+                                                MAX_PENDING)
+    live = live & (pending > FOLD_ABOVE)
     field = cursor_ptr.dtype.element_ty
     tl.store(cursor_ptr + ring * cursor_stride_slot, ((start + pending) % RING_ROWS).to(field), mask=live)
     tl.store(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, (pending * 0).to(field), mask=live)
 
 
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state_slots, *, num_k_heads, head_k_dim,
-                 num_v_heads, head_v_dim, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
-                 fold_precision=None):
-    """gdn_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or ().
+                 num_v_heads, head_v_dim, use_qk_l2norm, num_draft=None, block_v=None, num_warps=None, precision=None,
+                 fold_precision=None, mma=None, fold_warps=None, fold_maxnreg=None, state_stages=None, chunk_k=None):
+    """gdn_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or ():
+    every row with pending tokens, or with num_draft those the next verify would fold (flush_rule).
     The folds by the Triton chunk kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32
-    checkpoint); block_v and num_warps the fold's."""
+    checkpoint; block_v and num_warps its tile), or with mma by gdn_ring_verify_mma's fold launch
+    over every layer (None: with num_draft, where the verify's folds run on it and no tile or
+    precision is asked for -- the same arithmetic, the same checkpoints; fold_warps, fold_maxnreg,
+    state_stages and chunk_k as the verify's)."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
         return ()
     ring_rows = rows.shape[2]
+    rule = flush_rule(ring_rows, num_draft)
     heads = (num_k_heads, head_k_dim, num_v_heads, head_v_dim)
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=0,
-                         num_layers=ssm.shape[0], num_nodes=0, max_pending=ring_rows - 1, fold_above=0)
-    fold = fold_precision or precision or fold_precision_for(ssm)  # every row with a pending token folds
+                         num_layers=ssm.shape[0], num_nodes=0, **rule)
+    if mma is None:
+        mma = (num_draft is not None and precision is None and fold_precision is None and block_v is None
+               and num_warps is None and mma_verify_keys(ring_rows, num_draft) + num_draft <= RING_MMA_NODES
+               and head_v_dim >= 8 * RING_MMA_WARPS and _mma_kernel_runs_on(ssm))
+    if mma:
+        block_v = block_v or min(RING_MMA_BLOCK_V, max(MIN_DOT, next_power_of_2(head_v_dim)))
+        num_warps = num_warps or RING_MMA_WARPS
+    fold = fold_precision or precision or fold_precision_for(ssm)
     chunk, _ = _chunk_calls(
         None, None, None, None, None, None, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
-        None, layer=0, num_layers=ssm.shape[0], num_nodes=0, heads=heads, max_pending=ring_rows - 1,
-        fold_above=0, scale=1.0, use_qk_l2norm=use_qk_l2norm, block_v=block_v,
-        num_warps=num_warps or RING_WARPS, precision=fold, fold_precision=fold)
+        None, layer=0, num_layers=ssm.shape[0], num_nodes=0, heads=heads, **rule, scale=1.0,
+        use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps or RING_WARPS, precision=fold,
+        fold_precision=fold)
+    if mma:
+        chunk_k = min(chunk_k or RING_MMA_CHUNK_K, chunk.constexprs["BLOCK_K"])
+        constexprs = _mma_constexprs(chunk, ssm, chunk_k, False, VERIFY_KEYS=0, SMALL_KEYS=0)
+        chunk = _mma_fold_call(chunk, ssm, constexprs, fold_warps or num_warps, block_v, fold_maxnreg,
+                               RING_MMA_STATE_STAGES if state_stages is None else state_stages)
     cursors = flush_cursor_call(cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1],
-                                num_ring_slots=rows.shape[1], ring_rows=ring_rows)
+                                num_ring_slots=rows.shape[1], ring_rows=ring_rows, **rule)
     return chunk, window, cursors
 
 

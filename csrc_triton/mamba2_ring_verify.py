@@ -38,8 +38,8 @@ except ImportError:  # pragma: no cover
     gdc_launch_dependents = gdc_wait = None
 
 from ._common import KernelCall, cdiv, interpreted, next_power_of_2, planned_calls
-from .gdn_ring_verify import (_pdl_device, _ring_row, flush_cursor_call, fold_precision_for, pending_conv,
-                              window_after, window_call)
+from .gdn_ring_verify import (_pdl_device, _ring_row, flush_cursor_call, flush_rule, fold_precision_for,
+                              pending_conv, window_after, window_call)
 from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, spread_block
 from .mamba2_verify import _step_sizes, state_chunk
 from .ring_conv import check_ring_grid
@@ -551,21 +551,22 @@ def planned_mamba2_ring_verify(*args, **kwargs):
 
 
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, state_slots, *, num_heads, head_dim,
-                 n_groups, d_state, **tuning):
+                 n_groups, d_state, num_draft=None, **tuning):
     """mamba2_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or
-    (). tuning: the fold kernel's (_fold_call's)."""
+    (): every row with pending tokens, or with num_draft those the next verify would fold
+    (gdn_ring_verify.flush_rule). tuning: the fold kernel's (_fold_call's)."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
         return ()
     ring_rows = rows.shape[2]
-    capacity = dict(max_pending=ring_rows - 1, fold_above=0)
+    rule = flush_rule(ring_rows, num_draft)
     heads = (num_heads, head_dim, n_groups, d_state)
     fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=0,
-                      num_layers=ssm.shape[0], num_nodes=0, heads=heads, **capacity, **tuning)
+                      num_layers=ssm.shape[0], num_nodes=0, heads=heads, **rule, **tuning)
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=0,
-                         num_layers=ssm.shape[0], num_nodes=0, **capacity)
+                         num_layers=ssm.shape[0], num_nodes=0, **rule)
     cursors = flush_cursor_call(cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1],
-                                num_ring_slots=rows.shape[1], ring_rows=ring_rows)
+                                num_ring_slots=rows.shape[1], ring_rows=ring_rows, **rule)
     return fold, window, cursors
 
 

@@ -61,6 +61,9 @@
 #   ringncu   Nsight Compute over one layer of each ring (GDN, then Mamba2) at B = 64, 1 row in 6 folding (the fold
 #             launch and the verify launch, bench_ring.py --ncu mixed), then the GDN ring with every row folding (--ncu
 #             fold): the details page and the SASS page's per-instruction stall samples as CSV, the reports beside them
+#   due       each step's folds first, every layer in one launch (gdn_ring_flush / mamba2_ring_flush(..., num_draft=N);
+#             never run on a GPU): their GPU tests (bit for bit against the verifies' folds; random sequences), then
+#             whole chain steps with and without (bench_ring.py --profile [--due-first]), both mixers, B = 1 .. 256
 #   plans     the ring ops' eager plans (_common.planned_calls): test_eager_signatures.py's GPU
 #             tests (planned = unplanned, the binder skipped after a first call), then the ring's GPU tests through them
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
@@ -318,6 +321,18 @@ for phase in "$@"; do
                   > "$out/ncu_ring_${name}_sass.csv" 2>&1 || rc=1
                 grep -E '"(Duration|Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued Instruction|Memory Throughput)"' \
                   "$out/ncu_ring_${name}_details.csv" | cut -c1-200
+              done ;;
+    due)      rc=0
+              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring.py \
+                tests/test_ring_mamba2.py tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py \
+                -k "due or random_steps or flush" > "$out/gpu_tests_due.log" 2>&1 || rc=1
+              tail -3 "$out/gpu_tests_due.log"
+              for mixer in gdn mamba2; do
+                for flag in "" --due-first; do
+                  timeout 90 python3 benchmarks/bench_ring.py --mixer $mixer --batches 1 8 64 256 --drafts chain \
+                    --profile $flag > "$out/steps_due_$mixer${flag:+1}.log" 2>&1 || rc=1
+                  grep -E '^(chain|\| _)' "$out/steps_due_$mixer${flag:+1}.log"
+                done
               done ;;
     plans)    rc=0
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_eager_signatures.py \

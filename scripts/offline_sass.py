@@ -11,6 +11,7 @@ environment beside torch); its wheel carries ptxas, cuobjdump and nvdisasm.
     python scripts/offline_sass.py mamba2_verify [--batch 64] [--tunings '{}' '{"chunk_n": 0}']
     python scripts/offline_sass.py mamba2_ring --tunings '{"fold_maxnreg": 168}'
     python scripts/offline_sass.py gdn_ring --tunings '{"fold_maxnreg": 168}'   # the mma kernel's launches
+    python scripts/offline_sass.py gdn_ring_due                                 # the due flush's fold launch
     python scripts/offline_sass.py gdn_verify                                   # its mma kernel
     python scripts/offline_sass.py gdn_ring_test_shapes --batch 4               # every shape the tests compile
     python scripts/offline_sass.py mamba2_ring_test_shapes --batch 4            # (the Mamba2 ring's)
@@ -196,6 +197,20 @@ def gdn_ring_test_shape_calls(batch, tuning):
                             lambda call: "window" not in call.kernel.__name__)
 
 
+def gdn_ring_due_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, capacity=16, layers=36):
+    """gdn_ring_flush(..., num_draft=N)'s fold launch on the mma kernel over every layer, by default at
+    Qwen3-Next TP1, capacity 16, a float32 checkpoint: the verify's fold kind over a grid of layers."""
+    K, rows = 4, capacity + N
+    dim = 2 * Hk * dk + Hv * dv
+    args, kwargs = sgl_convwin.gdn_ring_flush.kernel_arguments(
+        torch.empty(layers, batch, Hv, dk, dv), torch.empty(layers, batch, dim, K - 1, dtype=torch.bfloat16),
+        torch.zeros(batch, 2, dtype=torch.int32), torch.empty(layers, batch, rows, dim, dtype=torch.bfloat16),
+        torch.empty(layers, batch, rows, 2, Hv), torch.empty(layers, dim, K, dtype=torch.bfloat16),
+        torch.arange(batch), torch.arange(batch), num_k_heads=Hk, head_k_dim=dk, num_v_heads=Hv, head_v_dim=dv,
+        num_draft=N)
+    return list(csrc_triton.gdn_ring_verify._flush_calls(*args, **kwargs, **dict(dict(mma=True), **tuning)))[:1]
+
+
 def gdn_verify_calls(batch, tuning):
     """gdn_verify's launch on the mma kernel at Qwen3-Next TP1 (Hk 16, Hv 32, dk = dv = 128), chains of 4."""
     Hk, Hv, d, N = 16, 32, 128, 4
@@ -207,6 +222,7 @@ def gdn_verify_calls(batch, tuning):
 
 
 KERNELS = {"mamba2_verify": mamba2_verify_calls, "mamba2_ring": mamba2_ring_calls, "gdn_ring": gdn_ring_calls,
+           "gdn_ring_due": gdn_ring_due_calls,
            "gdn_ring_test_shapes": gdn_ring_test_shape_calls, "gdn_verify": gdn_verify_calls,
            "mamba2_ring_test_shapes": mamba2_ring_test_shape_calls}
 

@@ -276,13 +276,16 @@ class RingCache(torch.nn.Module):
                     num_draft=self.num_draft)
 
     def flush(self, ssm_state, conv_state, conv_weight, slots, *, num_k_heads, head_k_dim, num_v_heads, head_v_dim,
-              state_slots=None, conv_bias=None, use_qk_l2norm=True, state_layout=DIM_MAJOR):
+              state_slots=None, conv_bias=None, use_qk_l2norm=True, state_layout=DIM_MAJOR, due_only=False):
         """``gdn_ring_flush``: both states at ``state_slots`` as eager ``gdn_commit`` would have left them
-        (conv_weight [L, dim, K], conv_bias [L, dim])."""
+        (conv_weight [L, dim, K], conv_bias [L, dim]); with ``due_only`` only the rows whose next verify
+        would fold (``num_draft``: this ring's), every layer's folds of a step in one launch before its
+        first layer."""
         state_slots = slots if state_slots is None else state_slots
         gdn_ring_flush(ssm_state, conv_state, self.cursor, self.rows, self.gates, conv_weight, slots, state_slots,
                        num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
-                       conv_bias=conv_bias, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout)
+                       conv_bias=conv_bias, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
+                       num_draft=self.num_draft if due_only else None)
 
     def mamba2_verify(self, out, x, dt, A, B, C, ssm_state, conv_state, conv_weight, conv_bias, slots, layer, *,
                       state_slots=None, parents=None, D=None, z=None, dt_bias=None, dt_softplus=False,
@@ -295,13 +298,14 @@ class RingCache(torch.nn.Module):
                            dt_softplus=dt_softplus, state_layout=state_layout)
 
     def mamba2_flush(self, ssm_state, conv_state, conv_weight, A, slots, *, num_heads, head_dim, n_groups, d_state,
-                     state_slots=None, conv_bias=None, state_layout=DIM_MAJOR):
+                     state_slots=None, conv_bias=None, state_layout=DIM_MAJOR, due_only=False):
         """``mamba2_ring_flush``: both states at ``state_slots`` as eager ``mamba2_commit`` would have left
-        them (conv_weight [L, dim, K], A [L, H], conv_bias [L, dim])."""
+        them (conv_weight [L, dim, K], A [L, H], conv_bias [L, dim]); ``due_only`` as in ``flush``."""
         state_slots = slots if state_slots is None else state_slots
         mamba2_ring_flush(ssm_state, conv_state, self.cursor, self.rows, self.gates, conv_weight, A, slots,
                           state_slots, num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state,
-                          conv_bias=conv_bias, state_layout=state_layout)
+                          conv_bias=conv_bias, state_layout=state_layout,
+                          num_draft=self.num_draft if due_only else None)
 
     def extra_repr(self) -> str:
         layers, slots, rows, dim = self.rows.shape

@@ -150,28 +150,34 @@ def ring_accept_cpu(cursor, rows_buffer, gates, ring_slots, steps, parents, *, n
     cursor[ring] = torch.stack([start, pending + lengths], dim=1).to(cursor.dtype)
 
 
-def _flush(ssm, conv, cursor, rows_buffer, gates, ring_slots, state_slots, commit, weights, heads):
-    """Every layer of every live row: its pending tokens folded into the checkpoint, the cursor past them."""
+def _flush(ssm, conv, cursor, rows_buffer, gates, ring_slots, state_slots, commit, weights, heads, num_draft):
+    """Every layer of every live row with pending tokens (with num_draft: those the next verify of
+    num_draft drafts would fold): its pending tokens folded into the checkpoint, the cursor past them."""
     ring_rows = rows_buffer.shape[2]
-    live = _live_rows(ring_slots, cursor, rows_buffer.shape[1], ring_rows, ring_rows - 1, state_slots, ssm.shape[1])
+    max_pending = ring_rows - 1 if num_draft is None else ring_rows - num_draft
+    fold_above = 0 if num_draft is None else ring_rows - 2 * num_draft
+    live = _live_rows(ring_slots, cursor, rows_buffer.shape[1], ring_rows, max_pending, state_slots, ssm.shape[1])
     if live is None:
         return
     _, ring, state, start, pending = live
+    folds = pending > fold_above
+    ring, state, start, pending = ring[folds], state[folds], start[folds], pending[folds]
+    if ring.numel() == 0:
+        return
     states, windows = _replay_pending(ssm, conv, rows_buffer, gates, slice(None), ring, state, start, pending, commit,
                                       weights, heads)
-    folds = (pending > 0).nonzero().squeeze(1)
-    if folds.numel():
-        ssm[:, state[folds]] = states[:, folds].to(ssm.dtype)
-        conv[:, state[folds]] = windows[:, folds]
+    ssm[:, state] = states.to(ssm.dtype)
+    conv[:, state] = windows
     cursor[ring] = torch.stack([(start + pending) % ring_rows, torch.zeros_like(pending)], dim=1).to(cursor.dtype)
 
 
 def gdn_ring_flush_cpu(ssm, conv, cursor, rows_buffer, gates, weight, bias, ring_slots, state_slots, *,
-                       num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm):
+                       num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm, num_draft=None):
     """ssm [L, S, Hv, dk, dv], conv [L, S, dim, K-1] (any strides), every layer, in place."""
     heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
                  use_qk_l2norm=use_qk_l2norm)
-    _flush(ssm, conv, cursor, rows_buffer, gates, ring_slots, state_slots, cpu.gdn_commit_cpu, (weight, bias), heads)
+    _flush(ssm, conv, cursor, rows_buffer, gates, ring_slots, state_slots, cpu.gdn_commit_cpu, (weight, bias), heads,
+           num_draft)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,8 +210,8 @@ def mamba2_ring_verify_cpu(out, x, dt, A, B, C, ssm, conv, rows_buffer, gates, c
 
 
 def mamba2_ring_flush_cpu(ssm, conv, cursor, rows_buffer, gates, weight, bias, A, ring_slots, state_slots, *,
-                          num_heads, head_dim, n_groups, d_state):
+                          num_heads, head_dim, n_groups, d_state, num_draft=None):
     """ssm [L, S, H, P, Ns], conv [L, S, dim, K-1] (any strides), every layer, in place; A [L, H]."""
     heads = dict(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state)
     _flush(ssm, conv, cursor, rows_buffer, gates, ring_slots, state_slots, cpu.mamba2_commit_cpu, (weight, bias, A),
-           heads)
+           heads, num_draft)

@@ -273,12 +273,12 @@ _GDN_RING_FLUSH = "convwin.gdn_ring_flush"
 
 def _prepare_gdn_ring_flush(real, ssm_state, conv_state, cursor, rows, gates, conv_weight, ring_slots, state_slots,
                             num_k_heads, head_k_dim, num_v_heads, head_v_dim, conv_bias, use_qk_l2norm, state_layout,
-                            sizes=None):
+                            num_draft, sizes=None):
     """As _prepare_ring_conv1d_verify."""
     if sizes is None:
         sizes = check_gdn_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, conv_weight, conv_bias,
                                           ring_slots, state_slots, num_k_heads, head_k_dim, num_v_heads, head_v_dim,
-                                          state_layout)
+                                          state_layout, num_draft)
     if real:
         check_separate_storages(
             _GDN_RING_FLUSH, {"ssm_state": ssm_state, "conv_state": conv_state, "cursor": cursor},
@@ -290,7 +290,7 @@ def _prepare_gdn_ring_flush(real, ssm_state, conv_state, cursor, rows, gates, co
     args = (ssm_state, _kernel_state(conv_state, state_layout), cursor, rows, gates, conv_weight, conv_bias, ring_slots,
             state_slots)
     return args, dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
-                      use_qk_l2norm=bool(use_qk_l2norm)), sizes
+                      use_qk_l2norm=bool(use_qk_l2norm), num_draft=num_draft), sizes
 
 
 @declare_op(mutates=("ssm_state", "conv_state", "cursor"), prepare=_prepare_gdn_ring_flush,
@@ -312,6 +312,7 @@ def gdn_ring_flush(
     conv_bias: torch.Tensor | None = None,
     use_qk_l2norm: bool = True,
     state_layout: str = DIM_MAJOR,
+    num_draft: int | None = None,
 ) -> None:
     """Materialise the checkpoints of the given slots now, every layer: replay each row's pending
     tokens onto ``ssm_state[:, state_slots[b]]`` and write their last K-1 inputs into
@@ -320,6 +321,12 @@ def gdn_ring_flush(
     conv window bit for bit, the state within float32 rounding (a bfloat16 state is rounded once
     per fold instead of once per step). Between steps only (after ``ring_accept``, before the next
     verify): for prefix caching, preemption, eviction, a move to another pool.
+
+    ``num_draft=N``: only the rows the next verify of N drafts would fold (pending > 0 and pending
+    + N > capacity; a cursor with more than the capacity pending is skipped, as the verify skips
+    it), the others untouched -- that step's folds done now for every layer in one launch, so the
+    per-layer verifies find nothing to fold (on CUDA by the verify's own fold kernel: the same
+    checkpoints; a bfloat16 checkpoint's drafts then see it rounded, as a folding row's do on CUDA).
 
     ssm_state [L, S, Hv, dk, dv], conv_state [L, S, dim, K-1] (or window-major): written.
     cursor [M, 2] written; rows [L, M, C, dim], gates [L, M, C, 2, Hv] read. conv_weight

@@ -147,12 +147,12 @@ _MAMBA2_RING_FLUSH = "convwin.mamba2_ring_flush"
 
 def _prepare_mamba2_ring_flush(real, ssm_state, conv_state, cursor, rows, gates, conv_weight, A, ring_slots,
                                state_slots, num_heads, head_dim, n_groups, d_state, conv_bias, state_layout,
-                               sizes=None):
+                               num_draft, sizes=None):
     """As ops_ring._prepare_ring_conv1d_verify."""
     if sizes is None:
         sizes = check_mamba2_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, conv_weight, conv_bias, A,
                                              ring_slots, state_slots, num_heads, head_dim, n_groups, d_state,
-                                             state_layout)
+                                             state_layout, num_draft)
     if real:
         check_separate_storages(
             _MAMBA2_RING_FLUSH, {"ssm_state": ssm_state, "conv_state": conv_state, "cursor": cursor},
@@ -163,7 +163,8 @@ def _prepare_mamba2_ring_flush(real, ssm_state, conv_state, cursor, rows, gates,
             check_ring_index_values(_MAMBA2_RING_FLUSH, sizes, ring_slots, cursor, state_slots=state_slots)
     args = (ssm_state, _kernel_state(conv_state, state_layout), cursor, rows, gates, conv_weight, conv_bias, A,
             ring_slots, state_slots)
-    return args, dict(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state), sizes
+    return args, dict(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state,
+                      num_draft=num_draft), sizes
 
 
 @declare_op(mutates=("ssm_state", "conv_state", "cursor"), prepare=_prepare_mamba2_ring_flush,
@@ -186,13 +187,15 @@ def mamba2_ring_flush(
     d_state: int,
     conv_bias: torch.Tensor | None = None,
     state_layout: str = DIM_MAJOR,
+    num_draft: int | None = None,
 ) -> None:
     """Materialise the checkpoints of the given slots now, every layer: replay each row's pending
     tokens onto ``ssm_state[:, state_slots[b]]`` and write their last K-1 inputs into
     ``conv_state[:, state_slots[b]]`` (as ``mamba2_ring_verify``'s fold), then cursor = (start +
     pending, 0). Afterwards both hold what eager ``mamba2_commit`` after every step would have: the
     conv window bit for bit, the state within float32 rounding. Between steps only (after
-    ``ring_accept``, before the next verify).
+    ``ring_accept``, before the next verify). ``num_draft=N``: only the rows the next verify of N
+    drafts would fold, as in ``gdn_ring_flush``.
 
     ssm_state [L, S, H, P, Ns], conv_state [L, S, dim, K-1] (or window-major): written. cursor
     [M, 2] written; rows [L, M, C, dim], gates [L, M, C, 1, H] read. conv_weight [L, dim, K],

@@ -1214,23 +1214,23 @@ def check_ring_accept_args(cursor, rows, gates, ring_slots, steps, parents, num_
 
 def check_gdn_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, conv_weight, conv_bias, ring_slots,
                               state_slots, num_k_heads, head_k_dim, num_v_heads, head_v_dim,
-                              state_layout) -> RingSizes:
+                              state_layout, num_draft=None) -> RingSizes:
     """Validate a gdn_ring_flush call and return its sizes."""
     op = _GDN_RING_FLUSH
     _check_positive_ints(op, num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads,
-                         head_v_dim=head_v_dim)
+                         head_v_dim=head_v_dim, **({} if num_draft is None else dict(num_draft=num_draft)))
     if num_v_heads % num_k_heads:
         raise ValueError(f"{op}: num_v_heads ({num_v_heads}) must be a multiple of num_k_heads ({num_k_heads})")
     mixer_dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
     num_layers, num_state_slots, dim, width = _check_ring_states(op, ssm_state, conv_state, state_layout, mixer_dim,
                                                                  (num_v_heads, head_k_dim, head_v_dim))
     device = conv_state.device
-    num_ring_slots, ring_rows = _check_ring_buffers(op, rows, gates, cursor, num_layers, dim, 0, device,
+    num_ring_slots, ring_rows = _check_ring_buffers(op, rows, gates, cursor, num_layers, dim, num_draft or 0, device,
                                                     gate_heads=num_v_heads, num_gates=(2,))
     _check_conv_params(op, conv_weight, conv_bias, (num_layers,), dim, width + 1, device)
     check_writable(op, "cursor", cursor)
     num_rows = check_index_tensors(op, device, ("ring_slots", "state_slots"), ring_slots, state_slots)
-    return RingSizes(num_layers, num_ring_slots, ring_rows, 0, num_rows, num_state_slots)
+    return RingSizes(num_layers, num_ring_slots, ring_rows, num_draft or 0, num_rows, num_state_slots)
 
 
 _MAMBA2_RING_VERIFY = "convwin.mamba2_ring_verify"
@@ -1278,17 +1278,19 @@ def check_mamba2_ring_verify_args(out, x, dt, A, B, C, ssm_state, conv_state, ro
 
 
 def check_mamba2_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, conv_weight, conv_bias, A, ring_slots,
-                                 state_slots, num_heads, head_dim, n_groups, d_state, state_layout) -> RingSizes:
+                                 state_slots, num_heads, head_dim, n_groups, d_state, state_layout,
+                                 num_draft=None) -> RingSizes:
     """Validate a mamba2_ring_flush call and return its sizes."""
     op = _MAMBA2_RING_FLUSH
-    _check_positive_ints(op, num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state)
+    _check_positive_ints(op, num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state,
+                         **({} if num_draft is None else dict(num_draft=num_draft)))
     if num_heads % n_groups:
         raise ValueError(f"{op}: num_heads ({num_heads}) must be a multiple of n_groups ({n_groups})")
     num_layers, num_state_slots, dim, width = _check_ring_states(
         op, ssm_state, conv_state, state_layout, num_heads * head_dim + 2 * n_groups * d_state,
         (num_heads, head_dim, d_state), dim_text=_MAMBA2_DIM_TEXT, state_text=_MAMBA2_STATE_TEXT)
     device = conv_state.device
-    num_ring_slots, ring_rows = _check_ring_buffers(op, rows, gates, cursor, num_layers, dim, 0, device,
+    num_ring_slots, ring_rows = _check_ring_buffers(op, rows, gates, cursor, num_layers, dim, num_draft or 0, device,
                                                     gate_heads=num_heads, num_gates=(1,))
     _check_conv_params(op, conv_weight, conv_bias, (num_layers,), dim, width + 1, device)
     if not isinstance(A, torch.Tensor):
@@ -1299,7 +1301,7 @@ def check_mamba2_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, con
     _check_float(op, "A", A, device)
     check_writable(op, "cursor", cursor)
     num_rows = check_index_tensors(op, device, ("ring_slots", "state_slots"), ring_slots, state_slots)
-    return RingSizes(num_layers, num_ring_slots, ring_rows, 0, num_rows, num_state_slots)
+    return RingSizes(num_layers, num_ring_slots, ring_rows, num_draft or 0, num_rows, num_state_slots)
 
 
 def check_separate_storages(op: str, written: dict, read: dict) -> None:

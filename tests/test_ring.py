@@ -27,23 +27,27 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 RANDOM_STEPS = dict(data=st.data(), num_draft=st.integers(1, 4), tree=st.booleans(), extra=st.integers(0, 6),
                     kernel_size=st.sampled_from([2, 3, 4]), ring_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
-                    state_layout=st.sampled_from(sgl_convwin.STATE_LAYOUTS))
+                    state_layout=st.sampled_from(sgl_convwin.STATE_LAYOUTS), due_first=st.booleans())
 
 
 @settings(max_examples=10)
 @given(**RANDOM_STEPS)
-def test_random_steps_match_oracle_and_eager(data, num_draft, tree, extra, kernel_size, ring_dtype, state_layout):
+def test_random_steps_match_oracle_and_eager(data, num_draft, tree, extra, kernel_size, ring_dtype, state_layout,
+                                             due_first):
+    """Random step sequences (due_first: each step's folds done first by flush(due_only=True))."""
     run_sequence(data, Harness, num_draft=num_draft, tree=tree and num_draft > 1, capacity=num_draft + extra,
-                 num_steps=14, kernel_size=kernel_size, ring_dtype=ring_dtype, state_layout=state_layout)
+                 num_steps=14, kernel_size=kernel_size, ring_dtype=ring_dtype, state_layout=state_layout,
+                 due_first=due_first)
 
 
 @pytest.mark.gpu
 @settings(max_examples=4)  # each example compiles the kernels for its sizes
 @given(**RANDOM_STEPS)
 def test_random_steps_match_oracle_and_eager_on_gpu(data, num_draft, tree, extra, kernel_size, ring_dtype,
-                                                    state_layout):
+                                                    state_layout, due_first):
     run_sequence(data, Harness, num_draft=num_draft, tree=tree and num_draft > 1, capacity=num_draft + extra,
-                 num_steps=14, kernel_size=kernel_size, ring_dtype=ring_dtype, state_layout=state_layout, device="cuda")
+                 num_steps=14, kernel_size=kernel_size, ring_dtype=ring_dtype, state_layout=state_layout, device="cuda",
+                 due_first=due_first)
 
 
 @pytest.mark.slow
@@ -52,12 +56,13 @@ def test_random_steps_match_oracle_and_eager_on_gpu(data, num_draft, tree, extra
        kernel_size=st.sampled_from([2, 3, 4, 5]), ring_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
        ssm_dtype=st.sampled_from([torch.float32, torch.bfloat16]), conv_dtype=st.sampled_from([torch.float32,
                                                                                               torch.bfloat16]),
-       state_layout=st.sampled_from(sgl_convwin.STATE_LAYOUTS), ratio=st.sampled_from([1, 2]))
+       state_layout=st.sampled_from(sgl_convwin.STATE_LAYOUTS), ratio=st.sampled_from([1, 2]),
+       due_first=st.booleans())
 def test_long_random_steps_match_oracle_and_eager(data, num_draft, tree, capacity, kernel_size, ring_dtype, ssm_dtype,
-                                                  conv_dtype, state_layout, ratio):
+                                                  conv_dtype, state_layout, ratio, due_first):
     run_sequence(data, Harness, num_draft=num_draft, tree=tree and num_draft > 1, capacity=max(capacity, num_draft),
                  num_steps=48, kernel_size=kernel_size, ring_dtype=ring_dtype, ssm_dtype=ssm_dtype,
-                 conv_dtype=conv_dtype, state_layout=state_layout, ratio=ratio)
+                 conv_dtype=conv_dtype, state_layout=state_layout, ratio=ratio, due_first=due_first)
 
 
 @pytest.mark.slow
@@ -94,6 +99,43 @@ def test_folds_exactly_when_the_ring_would_overflow(num_draft, capacity, accepte
         seen.add(pending)
     if accepted == "one":
         assert seen == set(range(capacity - num_draft + 2))  # every pending count up to the first fold
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_due_folds_first_leave_what_the_verifies_folds_leave(device, tree):
+    """flush(due_only=True) before each step folds, every layer, exactly the rows the step's
+    verifies would have folded (no other checkpoint, window or cursor changes) and leaves the same
+    bits as those folds (the same arithmetic); the verifies then find nothing to fold. Chains and
+    trees of 4 at capacity 8, three rows (one padded), 30 steps of random acceptance."""
+    worlds = [Harness(num_draft=4, capacity=8, num_ring_slots=3, num_state_slots=4, num_layers=3, device=device,
+                      seed=3, due_first=due_first) for due_first in (False, True)]
+    generator = torch.Generator().manual_seed(4)
+    parents = [[-1, 0, 0, 1]] * 3 if tree else None
+    due_folds = 0
+    for _ in range(30):
+        steps = torch.randint(-1, 4, (3,), generator=generator)
+        plain, due = worlds
+        pending = plain.ring.pending.clone()
+        before = due.ssm_state.clone(), due.conv_state.clone(), due.ring.cursor.clone()
+        due.ring_flush(torch.tensor([2, 0, -1]), torch.tensor([3, 1, -1]), due_only=True)
+        folding = [(slot, state) for slot, state in ((2, 3), (0, 1)) if 0 < pending[slot] and pending[slot] + 4 > 8]
+        due_folds += len(folding)
+        untouched = [state for state in range(4) if state not in [s for _, s in folding]]
+        assert torch.equal(due.ssm_state[:, untouched], before[0][:, untouched])
+        assert torch.equal(due.conv_state[:, untouched], before[1][:, untouched])
+        for slot in range(3):
+            moved = slot in [r for r, _ in folding]
+            want = (torch.tensor([(int(before[2][slot, 0]) + int(pending[slot])) % 12, 0]) if moved
+                    else before[2][slot].cpu())
+            assert torch.equal(due.ring.cursor[slot].cpu(), want.to(due.ring.cursor.dtype)), slot
+        for world in worlds:  # (the due world's own flush finds nothing left to fold)
+            world.step([2, 0, -1], [3, 1, -1], steps, parents)
+        for a, b in ((plain.ssm_state, due.ssm_state), (plain.conv_state, due.conv_state),
+                     (plain.ring.cursor, due.ring.cursor), (plain.ring.rows, due.ring.rows),
+                     (plain.ring.gates, due.ring.gates)):
+            assert torch.equal(a, b)
+    assert due_folds > 0 and worlds[0].folds > 0 and worlds[1].folds == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,6 +286,12 @@ def test_other_ops_refuse_bad_input():
                                    head_k_dim=4, num_v_heads=3, head_v_dim=4)
     with pytest.raises(ValueError, match=r"conv_weight must be \[L, dim, K\]"):
         ring.flush(harness.ssm_state, harness.conv_state, harness.conv_weight[0], torch.tensor([0]), **harness.heads)
+    flush_args = (harness.ssm_state, harness.conv_state, ring.cursor, ring.rows, ring.gates, harness.conv_weight,
+                  torch.tensor([0]), torch.tensor([0]))
+    with pytest.raises(ValueError, match="num_draft must be >= 1"):
+        sgl_convwin.gdn_ring_flush(*flush_args, num_draft=0, **harness.heads)
+    with pytest.raises(ValueError, match="at least 8"):  # (the verify's N: a ring of 6 rows verifies at most 3)
+        sgl_convwin.gdn_ring_flush(*flush_args, num_draft=4, **harness.heads)
     with pytest.raises(ValueError, match="capacity .* must be >= num_draft"):
         sgl_convwin.alloc_ring(2, 3, 16, 4, 2, capacity=3)
 
@@ -369,7 +417,7 @@ def op_samples(tree):
     accept = ((ring.cursor, ring.rows, ring.gates, ring_slots, torch.tensor([2, 0, 1, 2]), parents),
               dict(num_draft=3))
     flush = ((harness.ssm_state, harness.conv_state, ring.cursor, ring.rows, ring.gates, harness.conv_weight,
-              ring_slots, state_slots, harness.conv_bias), dict(**harness.heads))
+              ring_slots, state_slots, harness.conv_bias), dict(**harness.heads, num_draft=3 if tree else None))
     return dict(ring_conv1d_verify=conv, gdn_ring_verify=verify, ring_accept=accept, gdn_ring_flush=flush)
 
 

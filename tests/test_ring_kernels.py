@@ -502,7 +502,7 @@ def test_steps_against_pytorch_code(device, verify, tree):
     assert not torch.equal(worlds[0]["cursor"], case["cursor"])
 
 
-def run_flush_both(case, tuning=IEEE):
+def run_flush_both(case, tuning=IEEE, num_draft=None):
     """(PyTorch code's tensors, kernels' tensors) after one gdn_ring_flush each, every layer."""
     num_v_heads, head_k_dim, head_v_dim = case["ssm_state"].shape[2:]
     num_k_heads = case["q"].shape[2]
@@ -515,7 +515,7 @@ def run_flush_both(case, tuning=IEEE):
         args = (mine["ssm_state"], mine["conv_state"], mine["cursor"], mine["rows"], mine["gates"], weight,
                 case["ring_slots"], case["state_slots"])
         kwargs = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
-                      conv_bias=bias)
+                      conv_bias=bias, num_draft=num_draft)
         if launch:
             kernel_args, kernel_kwargs = sgl_convwin.gdn_ring_flush.kernel_arguments(*args, **kwargs)
             triton_kernels().launch_gdn_ring_flush(*kernel_args, **kernel_kwargs, **tuning)
@@ -542,3 +542,43 @@ def test_flush_matches_pytorch_code(device, layers):
         assert not torch.equal(want["ssm_state"][layer], case["ssm_state"][layer])
     assert_agree(dict(want, out=torch.zeros(1)), dict(got, out=torch.zeros(1)))
     assert_same_untouched(case, want, got)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_due_flush_matches_pytorch_code(device):
+    """flush(num_draft=N): every layer's fold of the rows the next verify of N drafts would fold
+    (pending + N > capacity), the others untouched -- fewer pending, nothing pending, more than the
+    capacity pending (not a verify's ring position), a padded row -- then their cursors only."""
+    cursors = torch.tensor([[3, 4], [5, 2], [0, 0], [1, 3], [2, 3], [4, 5]])  # C = 6 (capacity 4, N = 2)
+    case = ring_case(num_rows=6, num_nodes=2, capacity=4, num_ring_slots=6, num_state_slots=7, cursors=cursors,
+                     ring_slots=[0, 1, 2, 3, 4, 5], state_slots=[4, 2, 0, 1, -1, 6], device=device, seed=8)
+    want, got = run_flush_both(case, num_draft=2)
+    folded, kept = [4, 1], [2, 0, 6, 3, 5]  # (state slots)
+    assert not torch.equal(want["ssm_state"][:, folded], case["ssm_state"][:, folded])
+    for name in ("ssm_state", "conv_state"):
+        assert torch.equal(got[name][:, kept], case[name][:, kept]), name
+    assert torch.equal(got["cursor"].cpu(), torch.tensor([[1, 0], [5, 2], [0, 0], [4, 0], [2, 3], [4, 5]]))
+    assert_agree(dict(want, out=torch.zeros(1)), dict(got, out=torch.zeros(1)))
+    assert_same_untouched(case, want, got)
+
+
+def test_due_flush_plans_the_verifys_fold_over_every_layer():
+    """On the mma kernel a due flush is one launch of the verify's fold kind (KIND 2) over every
+    layer -- the rule pending > C - 2N, pending <= C - N, the fold's stack, tiles and register cap --
+    then the windows and the cursors by the same rule; a full flush stays on the chunk kernel."""
+    case = ring_case(num_rows=3, num_nodes=4, capacity=16, head_k_dim=32, head_v_dim=32)
+    layers = case["ssm_state"].shape[0]
+    weight = torch.stack([case["conv_weight"]] * layers)
+    args, kwargs = sgl_convwin.gdn_ring_flush.kernel_arguments(
+        case["ssm_state"], case["conv_state"], case["cursor"], case["rows"], case["gates"], weight,
+        case["ring_slots"], case["state_slots"], num_k_heads=1, head_k_dim=32, num_v_heads=2, head_v_dim=32,
+        num_draft=4)
+    module = triton_kernels().gdn_ring_verify
+    fold, window, cursors = module._flush_calls(*args, **kwargs, mma=True)
+    assert fold.kernel.__name__ == "_gdn_ring_verify_mma_kernel" and fold.grid[2] == layers
+    assert {name: fold.constexprs[name] for name in ("KIND", "NODES", "NUM_NODES", "MAX_PENDING", "FOLD_ABOVE")} == \
+        dict(KIND=2, NODES=16, NUM_NODES=0, MAX_PENDING=16, FOLD_ABOVE=12)
+    assert fold.constexprs.get("maxnreg") == module.RING_MMA_FOLD_MAXNREG
+    for call in (window, cursors):
+        assert (call.constexprs["MAX_PENDING"], call.constexprs["FOLD_ABOVE"]) == (16, 12)
+    assert "KIND" not in module._flush_calls(*args, **dict(kwargs, num_draft=None))[0].constexprs

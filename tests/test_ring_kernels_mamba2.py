@@ -253,13 +253,15 @@ def test_bad_cursors_and_links_skip(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layers, share", [(2, 1), (1, 1), (2, 2)])
-def test_flush_matches_pytorch_code(device, layers, share):
+@pytest.mark.parametrize("layers, share, num_draft", [(2, 1, None), (1, 1, None), (2, 2, None), (2, 1, 3)])
+def test_flush_matches_pytorch_code(device, layers, share, num_draft):
     """Every layer's checkpoint after its pending tokens, the windows and the cursors, as the
     PyTorch code leaves them; a padded row and an empty ring touch nothing; one layer too; a
-    program per head or per group's two heads."""
-    case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]]),
-                            ring_slots=[0, 1, 2, 3], state_slots=[3, 0, 4, -1], device=device, seed=7)
+    program per head or per group's two heads; with num_draft = 3 only the rows a verify of 3
+    drafts would fold (pending > 1: the row with 1 pending keeps it)."""
+    cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3], [2, 1]])  # C = 7 (capacity 4, N = 3)
+    case = mamba2_ring_case(num_rows=5, num_nodes=3, capacity=4, cursors=cursors, num_ring_slots=5, num_state_slots=6,
+                            ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 4, -1, 5], device=device, seed=7)
     for name in ("ssm_state", "conv_state", "rows", "gates"):
         case[name] = case[name][:layers]
     weight = torch.stack([case["conv_weight"], case["conv_weight"].flip(0)])[:layers]  # each layer its own
@@ -273,16 +275,19 @@ def test_flush_matches_pytorch_code(device, layers, share):
         args = (mine["ssm_state"], mine["conv_state"], mine["cursor"], mine["rows"], mine["gates"], weight, A,
                 case["ring_slots"], case["state_slots"])
         if launch:
-            kernel_args, kernel_kwargs = sgl_convwin.mamba2_ring_flush.kernel_arguments(*args, conv_bias=bias,
-                                                                                      **heads)
+            kernel_args, kernel_kwargs = sgl_convwin.mamba2_ring_flush.kernel_arguments(
+                *args, conv_bias=bias, num_draft=num_draft, **heads)
             triton_kernels().launch_mamba2_ring_flush(*kernel_args, **kernel_kwargs, **IEEE,
                                                       heads_per_program=share)
         else:
-            ring_pytorch_code("mamba2_ring_flush")(*args, conv_bias=bias, **heads)
+            ring_pytorch_code("mamba2_ring_flush")(*args, conv_bias=bias, num_draft=num_draft, **heads)
         return mine
 
     want, got = call(False), call(True)
     assert not torch.equal(want["ssm_state"], case["ssm_state"])
+    kept = 5 if num_draft else 4  # (a due flush leaves the row with 1 pending, as the empty ring)
+    assert torch.equal(got["ssm_state"][:, kept], case["ssm_state"][:, kept])
+    assert torch.equal(got["cursor"][4].cpu(), torch.tensor([2, 1] if num_draft else [3, 0], dtype=got["cursor"].dtype))
     scale = want["ssm_state"].abs().max().item()
     assert (got["ssm_state"] - want["ssm_state"]).abs().max().item() <= 2e-5 * scale
     for name in ("conv_state", "cursor", "rows", "gates"):

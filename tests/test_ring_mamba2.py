@@ -23,7 +23,7 @@ from ring_harness import FILL, MANY_STEPS_CASES, Mamba2Harness, replay_against_e
 # ---------------------------------------------------------------------------------------------
 
 _OPTIONS = dict(dt_bias=st.booleans(), dt_softplus=st.booleans(), skip=st.booleans(), gate=st.booleans(),
-                bias=st.booleans())
+                bias=st.booleans(), due_first=st.booleans())  # (due_first: each step's folds first, flush(due_only))
 
 
 @settings(max_examples=4)
