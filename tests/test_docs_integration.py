@@ -77,7 +77,7 @@ def run(name: str, **names) -> dict:
     return namespace
 
 
-TESTED = {"allocate", "verify", "commit", "pytorch-198068", "ring-allocate", "ring-verify", "ring-accept",
+TESTED = {"allocate", "verify", "commit", "pytorch-198068", "ring-allocate", "ring-verify", "ring-due", "ring-accept",
           "ring-flush",
           "sglang-sizing", "sglang-pool", "sglang-verify", "sglang-commit", "vllm-sizing", "vllm-verify", "vllm-commit",
           "transformers-commit"}
@@ -163,7 +163,7 @@ def test_ring_recipe_matches_the_eager_step():
     """Section 8's ring, step after step (chains, folds every few steps at capacity 4, a padded row),
     against the eager step of sections 2-3 with gdn_verify and gdn_commit on a twin: every step's
     outputs agree, and after ring-flush both states equal the eager ones (the conv window bit for
-    bit); a reset slot starts over from what its prefill wrote."""
+    bit); a reset slot starts over from what its prefill wrote; every other step begins with ring-due."""
     gen = torch.Generator().manual_seed(5)
     hk, dk, hv, dv, layers, slots, draft = 2, 4, 4, 8, 2, 5, 3
     dim = GatedDeltaNet(hk, dk, hv, dv).conv_dim
@@ -186,6 +186,10 @@ def test_ring_recipe_matches_the_eager_step():
         x = torch.randn(layers, 3, draft, dim, generator=gen)
         g, beta = -torch.rand(layers, 3, draft, hv, generator=gen), torch.rand(layers, 3, draft, hv, generator=gen)
         accept_lens = torch.randint(1, draft + 1, (3,), generator=gen)
+        if step % 2:
+            run("ring-due", ring=ring, ssm_state=worlds["ring"][0], conv_state=worlds["ring"][1],
+                conv_weights=conv_weights, conv_biases=conv_biases, cache_indices=cache_indices, hk=hk, dk=dk, hv=hv,
+                dv=dv)
         for layer in range(layers):
             ssm_state, conv_state = worlds["ring"]
             got = run("ring-verify", ring=ring, conv_state=conv_state, ssm_state=ssm_state, x=x[layer],
