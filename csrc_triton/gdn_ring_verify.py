@@ -33,7 +33,7 @@ from .ring_conv import check_ring_grid, ring_row_state
 
 # (The module constants below are read when a launch is built: an eager plan keeps what they were
 # when its signature was first called.)
-# The Triton kernel (every layer's fold at flush; a verify the mma kernel cannot take): the fewest
+# The Triton kernel (every layer's fold at a flush; a verify the mma kernel cannot take): the fewest
 # spills of the offline sm_90 compiles (Triton 3.6) at the default precision.
 RING_BLOCK_V = 32
 RING_WARPS = 8
@@ -182,7 +182,8 @@ def _gdn_ring_verify_kernel(
     ``layer`` + program_id(2). A row is left alone (nothing read past its indices, nothing written)
     unless both slots are in range and its cursor a ring position (pending <= MAX_PENDING); its
     outputs also need every parent link in [-1, n-1]. It folds when pending > 0 and pending + N >
-    FOLD_ABOVE (the verify: the capacity; the flush, with no drafts: 0)."""
+    FOLD_ABOVE (the verify: the capacity; a flush, no drafts: 0, or C - 2N for the due folds); a
+    flush's program of a row that does not fold returns at once."""
     V_BLOCKS: tl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = tl.program_id(0) // V_BLOCKS
     v_block = tl.program_id(0) % V_BLOCKS
@@ -199,6 +200,9 @@ def _gdn_ring_verify_kernel(
     start = start.to(tl.int32)
     pending = pending.to(tl.int32)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
+    if NUM_NODES == 0:  # a flush: nothing to do but the folds
+        if not fold:
+            return
 
     stack = tl.arange(0, NODES)
     key_side = stack < RING_ROWS
@@ -498,6 +502,9 @@ def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnre
 
     chunk_k = constexprs["CHUNK_K"]
     check_mma_tiles("gdn_ring_verify_mma (the folds)", fold_block_v, fold_warps, chunk_k)
+    if constexprs["MAX_PENDING"] > RING_MMA_NODES:
+        raise ValueError(f"gdn_ring_verify_mma: its folds take a stack of at most {RING_MMA_NODES} pending keys, got a "
+                         f"ring holding {constexprs['MAX_PENDING']}")
     cap = RING_MMA_FOLD_MAXNREG if fold_maxnreg is None else fold_maxnreg
     grid = (constexprs["NUM_V_HEADS"] * cdiv(constexprs["HEAD_V_DIM"], fold_block_v), *chunk.grid[1:])
     stages = state_stages_for(state_stages, fold_block_v, fold_warps, constexprs["BLOCK_K"] // chunk_k, ssm)
@@ -593,7 +600,7 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state
     The folds by the Triton chunk kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32
     checkpoint; block_v and num_warps its tile), or with mma by gdn_ring_verify_mma's fold launch
     over every layer (None: with num_draft, where the verify's folds run on it and no tile or
-    precision is asked for -- the same arithmetic, the same checkpoints; fold_warps, fold_maxnreg,
+    precision is asked for -- the same arithmetic, so the same checkpoints; fold_warps, fold_maxnreg,
     state_stages and chunk_k as the verify's)."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:

@@ -372,8 +372,9 @@ def _gdn_ring_verify_mma_kernel(
     VERIFY_KEYS: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
-    ``layer``; the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel (drafts
-    only: N >= 1, VERIFY_KEYS + N <= 32). Only the rows of one KIND do any work, each kind its own compile with
+    ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
+    (the verify kinds: one layer, N >= 1, VERIFY_KEYS + N <= 32; the fold kind also a due flush's,
+    every layer, N = 0). Only the rows of one KIND do any work, each kind its own compile with
     its own registers: 0, those that do not fold and whose pending + N keys fit SMALL_KEYS (a stack
     of NODES = 16 rows, queries from row SMALL_KEYS = 16 - N); 1, the others that do not fold (NODES
     rows, queries from row VERIFY_KEYS = max(FOLD_ABOVE, N): a row that does not fold has at most

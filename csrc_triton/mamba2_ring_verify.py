@@ -14,8 +14,9 @@ token: the pending tokens up to it; a draft: every pending token and its tree pa
 
 Two launches, each program one [Ns, BLOCK_P] tile of S0^T of HEADS_PER_PROGRAM heads of a group of
 one row (what the group's heads share, once; the fold's programs fewer heads): first the fold of
-the rows that fold (pending > 0 and pending + N > capacity; a flush: every row with pending tokens)
--- one [Ns, P] x [P, BLOCK_P] product written over the tile it read -- then every row's verify, a
+the rows that fold (pending > 0 and pending + N > capacity; a flush: every row with pending tokens,
+or with num_draft those) -- one [Ns, P] x [P, BLOCK_P] product written over the tile it read --
+then every row's verify, a
 folded row's from its new checkpoint with nothing pending: C S0^T products with the stack's C
 (zero but at the drafts) over chunks of state rows, their loads pipelined through shared memory,
 the intra-chunk term one [stack, stack] x [stack, BLOCK_P] product. For a float32 checkpoint the
@@ -476,6 +477,13 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
     return KernelCall(_mamba2_ring_verify_kernel, (grid[0], grid[1], 1), tensors, scalars, constexprs)
 
 
+def _fold_share(num_heads: int, num_groups: int) -> int:
+    """The fold launch's heads a program: the largest divisor of a group's heads up to
+    FOLD_HEADS_PER_PROGRAM."""
+    per_group = num_heads // num_groups
+    return max(share for share in range(1, min(FOLD_HEADS_PER_PROGRAM, per_group) + 1) if per_group % share == 0)
+
+
 def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                 parents, D, z, dt_bias, *, dt_softplus, **tuning):
     """mamba2_ring_verify's launches -- the folds, every row's verify, then the folded windows' unless
@@ -510,9 +518,7 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
                          "fold_verify and the windows' own launch (fused_window=False)")
     fused = (FUSED_WINDOW and not pdl) if fused is None else fused
     pdl = pdl and gdc_wait is not None and _pdl_device(ssm)
-    per_group = num_heads // heads[2]
-    fold_share = tuning.pop("fold_heads_per_program", None) or max(
-        share for share in range(1, min(FOLD_HEADS_PER_PROGRAM, per_group) + 1) if per_group % share == 0)
+    fold_share = tuning.pop("fold_heads_per_program", None) or _fold_share(num_heads, heads[2])
     fold_tuning = dict(tuning, fold_precision=fold_precision, heads_per_program=fold_share, maxnreg=fold_cap,
                        num_warps=fold_warps or tuning.get("num_warps", MAMBA2_RING_WARPS))
     verify_args = (out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
@@ -554,13 +560,16 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, st
                  n_groups, d_state, num_draft=None, **tuning):
     """mamba2_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or
     (): every row with pending tokens, or with num_draft those the next verify would fold
-    (gdn_ring_verify.flush_rule). tuning: the fold kernel's (_fold_call's)."""
+    (gdn_ring_verify.flush_rule; then at the verify's fold tiles, _fold_share). tuning: the fold
+    kernel's (_fold_call's)."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
         return ()
     ring_rows = rows.shape[2]
     rule = flush_rule(ring_rows, num_draft)
     heads = (num_heads, head_dim, n_groups, d_state)
+    if num_draft is not None:  # a step's few folding rows: the verify's fold tiles
+        tuning = dict(dict(heads_per_program=_fold_share(num_heads, n_groups)), **tuning)
     fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=0,
                       num_layers=ssm.shape[0], num_nodes=0, heads=heads, **rule, **tuning)
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=0,

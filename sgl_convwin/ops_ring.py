@@ -325,8 +325,9 @@ def gdn_ring_flush(
     ``num_draft=N``: only the rows the next verify of N drafts would fold (pending > 0 and pending
     + N > capacity; a cursor with more than the capacity pending is skipped, as the verify skips
     it), the others untouched -- that step's folds done now for every layer in one launch, so the
-    per-layer verifies find nothing to fold (on CUDA by the verify's own fold kernel: the same
-    checkpoints; a bfloat16 checkpoint's drafts then see it rounded, as a folding row's do on CUDA).
+    per-layer verifies find nothing to fold (where the verify runs the mma kernel, by its own fold
+    code: the same checkpoints; a bfloat16 checkpoint's drafts then see it rounded, as a folding
+    row's do there). Between steps only, as every flush.
 
     ssm_state [L, S, Hv, dk, dv], conv_state [L, S, dim, K-1] (or window-major): written.
     cursor [M, 2] written; rows [L, M, C, dim], gates [L, M, C, 2, Hv] read. conv_weight

@@ -1032,13 +1032,13 @@ class RingSizes(NamedTuple):
     num_layers: int  # L
     num_ring_slots: int  # M
     ring_rows: int  # C = capacity + N rows per slot
-    num_nodes: int  # N draft tokens or tree nodes (flush takes none: 0)
+    num_nodes: int  # N draft tokens or tree nodes (a flush: 0, or the num_draft of its due folds)
     num_rows: int  # B
     num_state_slots: int  # S (accept takes no state: 0)
 
     @property
     def max_pending(self) -> int:
-        """The most pending tokens a valid cursor holds: the capacity (C - N); C - 1 for flush."""
+        """The most pending tokens a valid cursor holds: the capacity (C - N); C - 1 for a full flush."""
         return self.ring_rows - max(self.num_nodes, 1)
 
 

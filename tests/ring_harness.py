@@ -37,7 +37,8 @@ class RingHarness:
     L layers; M ring slots (the eager buffer has as many) and S state slots. ``step`` runs one
     decode step through all three and checks every output, checkpoint, cursor and pending row
     against the oracle. With ``due_first`` each step begins with the flush of the rows its verify
-    would fold (``due_only``): every check is the same."""
+    would fold (``due_only``): every check is the same, but a bfloat16 checkpoint's outputs
+    (ROUNDED_STATE_OUT_TOL)."""
 
     num_gates: int  # per head and token in the ring's gates (GDN: g, beta; Mamba2: dt)
 

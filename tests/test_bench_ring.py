@@ -75,7 +75,7 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
     out = capsys.readouterr().out  # (no kernel events on the CPU: the flow and the table's header only)
     assert "tree B=2: graph step 4.0 us, its kernels 0.0 us (eager)" in out, out  # (8 us: a graph of 2)
     assert "| kernel | launches per step | us per step | share |" in out
-    # --due-first: each step's folds first (flush(num_draft=N)), every layer: called once a step
+    # --due-first: each step's folds first, every layer: flush(num_draft=N) with the verify's N
     flushes = []
     flush = getattr(bench_ring.sgl_convwin, f"{mixer}_ring_flush")
     monkeypatch.setattr(bench_ring.sgl_convwin, f"{mixer}_ring_flush",

@@ -559,9 +559,9 @@ VARIANTS = {  # per op: calls that each differ from all others in their signatur
     "ring_conv1d_verify": [dict(), dict(tree=True), dict(same_slots=True)],
     "gdn_ring_verify": [dict(), dict(tree=True), dict(same_slots=True)],
     "ring_accept": [dict(), dict(tree=True)],
-    "gdn_ring_flush": [dict(), dict(same_slots=True)],
+    "gdn_ring_flush": [dict(), dict(same_slots=True), dict(tree=True)],  # (tree: the samples' due flush)
     "mamba2_ring_verify": [dict(), dict(tree=True)],
-    "mamba2_ring_flush": [dict(), dict(same_slots=True)],
+    "mamba2_ring_flush": [dict(), dict(same_slots=True), dict(tree=True)],
 }
 
 

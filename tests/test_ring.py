@@ -107,9 +107,11 @@ def test_due_folds_first_leave_what_the_verifies_folds_leave(device, tree):
     """flush(due_only=True) before each step folds, every layer, exactly the rows the step's
     verifies would have folded (no other checkpoint, window or cursor changes) and leaves the same
     bits as those folds (the same arithmetic); the verifies then find nothing to fold. Chains and
-    trees of 4 at capacity 8, three rows (one padded), 30 steps of random acceptance."""
+    trees of 4 at capacity 8, three rows (one padded), 30 steps of random acceptance; on CUDA at
+    dk = dv = 32, where both fold on the mma kernel."""
+    dims = dict(head_k_dim=32, head_v_dim=32) if device == "cuda" else {}
     worlds = [Harness(num_draft=4, capacity=8, num_ring_slots=3, num_state_slots=4, num_layers=3, device=device,
-                      seed=3, due_first=due_first) for due_first in (False, True)]
+                      seed=3, due_first=due_first, **dims) for due_first in (False, True)]
     generator = torch.Generator().manual_seed(4)
     parents = [[-1, 0, 0, 1]] * 3 if tree else None
     due_folds = 0

@@ -562,23 +562,54 @@ def test_due_flush_matches_pytorch_code(device):
     assert_same_untouched(case, want, got)
 
 
-def test_due_flush_plans_the_verifys_fold_over_every_layer():
-    """On the mma kernel a due flush is one launch of the verify's fold kind (KIND 2) over every
-    layer -- the rule pending > C - 2N, pending <= C - N, the fold's stack, tiles and register cap --
-    then the windows and the cursors by the same rule; a full flush stays on the chunk kernel."""
+def test_due_flush_plans_the_verifys_fold_over_every_layer(monkeypatch):
+    """Where the verify runs the mma kernel a due flush is one launch of the verify's own fold
+    (KIND 2: its stack, tiles, warps, stages and register cap; every other constexpr alike but the
+    rule's, N = 0 with FOLD_ABOVE = C - 2N, and what only the verify kinds read) over a grid of every
+    layer, then the windows and the cursors by the same rule; a full flush stays on the chunk kernel."""
     case = ring_case(num_rows=3, num_nodes=4, capacity=16, head_k_dim=32, head_v_dim=32)
     layers = case["ssm_state"].shape[0]
     weight = torch.stack([case["conv_weight"]] * layers)
     args, kwargs = sgl_convwin.gdn_ring_flush.kernel_arguments(
         case["ssm_state"], case["conv_state"], case["cursor"], case["rows"], case["gates"], weight,
         case["ring_slots"], case["state_slots"], num_k_heads=1, head_k_dim=32, num_v_heads=2, head_v_dim=32,
-        num_draft=4)
+        conv_bias=torch.stack([case["conv_bias"]] * layers), num_draft=4)
     module = triton_kernels().gdn_ring_verify
-    fold, window, cursors = module._flush_calls(*args, **kwargs, mma=True)
+    monkeypatch.setattr(module, "_mma_kernel_runs_on", lambda ssm: True)  # (a GPU's)
+    fold, window, cursors = module._flush_calls(*args, **kwargs)  # (the launcher's own choice)
     assert fold.kernel.__name__ == "_gdn_ring_verify_mma_kernel" and fold.grid[2] == layers
-    assert {name: fold.constexprs[name] for name in ("KIND", "NODES", "NUM_NODES", "MAX_PENDING", "FOLD_ABOVE")} == \
-        dict(KIND=2, NODES=16, NUM_NODES=0, MAX_PENDING=16, FOLD_ABOVE=12)
-    assert fold.constexprs.get("maxnreg") == module.RING_MMA_FOLD_MAXNREG
+    verify_args, verify_kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
+        torch.empty(case["v"].shape), case["q"], case["k"], case["v"], case["g"], case["beta"], case["ssm_state"],
+        case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"],
+        case["ring_slots"], case["state_slots"], 1, None)
+    verify_fold = module._ring_calls(*verify_args, **verify_kwargs)[0]
+    assert verify_fold.constexprs["KIND"] == 2 and fold.grid[:2] == verify_fold.grid[:2]
+    rule_and_verify = {"NUM_NODES", "FOLD_ABOVE", "FUSED_WINDOW", "VERIFY_KEYS", "SMALL_KEYS"}
+    assert {name: value for name, value in fold.constexprs.items() if name not in rule_and_verify} == \
+        {name: value for name, value in verify_fold.constexprs.items() if name not in rule_and_verify}
+    assert (fold.constexprs["NUM_NODES"], fold.constexprs["FOLD_ABOVE"], fold.constexprs["MAX_PENDING"]) == (0, 12, 16)
     for call in (window, cursors):
         assert (call.constexprs["MAX_PENDING"], call.constexprs["FOLD_ABOVE"]) == (16, 12)
     assert "KIND" not in module._flush_calls(*args, **dict(kwargs, num_draft=None))[0].constexprs
+    with pytest.raises(ValueError, match="at most 32 pending keys"):  # (a full flush's C - 1 = 19 fit; 40 not)
+        wide = ring_case(num_rows=1, num_nodes=4, capacity=37, head_k_dim=32, head_v_dim=32)
+        wide_args, wide_kwargs = sgl_convwin.gdn_ring_flush.kernel_arguments(
+            wide["ssm_state"], wide["conv_state"], wide["cursor"], wide["rows"], wide["gates"],
+            torch.stack([wide["conv_weight"]] * layers), wide["ring_slots"], wide["state_slots"], num_k_heads=1,
+            head_k_dim=32, num_v_heads=2, head_v_dim=32)
+        module._flush_calls(*wide_args, **wide_kwargs, mma=True)
+
+
+@pytest.mark.gpu
+def test_due_flush_on_the_mma_kernel_matches_pytorch_code():
+    """The due flush's mma fold over two layers of distinct weights (dk = dv = 32, capacity 16, N = 4:
+    the verify's own kernel) against the PyTorch code: 3xTF32 folds within 1e-4 x max |S|, windows
+    and cursors bit for bit, rows not due untouched."""
+    cursors = torch.tensor([[3, 16], [5, 12], [0, 13], [1, 3]])  # C = 20: due when pending > 12
+    case = ring_case(num_rows=4, num_nodes=4, capacity=16, head_k_dim=32, head_v_dim=32, num_ring_slots=4,
+                     num_state_slots=5, cursors=cursors, ring_slots=[0, 1, 2, 3], state_slots=[4, 2, 0, 1],
+                     device="cuda", seed=9)
+    want, got = run_flush_both(case, tuning={}, num_draft=4)
+    assert torch.equal(got["cursor"].cpu(), torch.tensor([[19, 0], [5, 12], [13, 0], [1, 3]]))
+    assert_agree(dict(want, out=torch.zeros(1)), dict(got, out=torch.zeros(1)), state_tol=1e-4)
+    assert_same_untouched(case, want, got)

@@ -291,15 +291,18 @@ def op_samples(tree):
     accept = ((ring.cursor, ring.rows, ring.gates, ring_slots, torch.tensor([2, 0, 1, 2]), parents),
               dict(num_draft=3))
     flush = ((harness.ssm_state, harness.conv_state, ring.cursor, ring.rows, ring.gates, harness.conv_weight,
-              harness.A, ring_slots, state_slots, harness.conv_bias), dict(**harness.heads))
+              harness.A, ring_slots, state_slots, harness.conv_bias),
+             dict(**harness.heads, num_draft=3 if tree else None))  # (tree: a due flush)
     return dict(mamba2_ring_verify=verify, ring_accept=accept, mamba2_ring_flush=flush)
 
 
 @pytest.mark.parametrize("name, tree", [("mamba2_ring_verify", False), ("mamba2_ring_verify", True),
-                                        ("ring_accept", True), ("mamba2_ring_flush", False)],
-                         ids=["verify-chain", "verify-tree", "accept-tree", "flush"])
+                                        ("ring_accept", True), ("mamba2_ring_flush", False),
+                                        ("mamba2_ring_flush", True)],
+                         ids=["verify-chain", "verify-tree", "accept-tree", "flush", "flush-due"])
 def test_opcheck(name, tree):
-    """The Mamba2 ops, and ring_accept moving a tree's one-gate rows (flush takes no tree)."""
+    """The Mamba2 ops, and ring_accept moving a tree's one-gate rows; the flush whole and due
+    (op_samples' tree variant passes num_draft)."""
     args, kwargs = op_samples(tree)[name]
     torch.library.opcheck(getattr(torch.ops.convwin, name).default, args, kwargs)
 
