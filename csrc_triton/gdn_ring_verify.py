@@ -514,6 +514,19 @@ def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnre
                            BLOCK_V=fold_block_v, STATE_STAGES=stages, **({"maxnreg": cap} if cap else {})))
 
 
+def _mma_by_default(ring_rows: int, num_nodes: int, head_v_dim: int, ssm) -> bool:
+    """Whether a verify of N = num_nodes drafts (and a due flush before it) takes the mma kernel when
+    no tile or precision is asked for: its verify stack fits (mma_verify_keys), dv >= 8 x its warps,
+    and the kernel runs on ssm's device."""
+    return (mma_verify_keys(ring_rows, num_nodes) + num_nodes <= RING_MMA_NODES
+            and head_v_dim >= 8 * RING_MMA_WARPS and _mma_kernel_runs_on(ssm))
+
+
+def _mma_block_v(head_v_dim: int) -> int:
+    """The mma launches' default columns a program (dv up to RING_MMA_BLOCK_V)."""
+    return min(RING_MMA_BLOCK_V, max(MIN_DOT, next_power_of_2(head_v_dim)))
+
+
 def _pdl_device(ssm) -> bool:
     """Whether ssm's device has programmatic dependent launch (sm_90+); a CPU tensor (offline
     compiles, launch tests) counts as one."""
@@ -541,12 +554,11 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
     heads = (q.shape[2], q.shape[3], v.shape[2], v.shape[3])
     if mma is None:
         mma = (precision is None and fold_precision is None and block_v is None and num_warps is None
-               and mma_verify_keys(rows.shape[2], num_nodes) + num_nodes <= RING_MMA_NODES
-               and v.shape[3] >= 8 * RING_MMA_WARPS and _mma_kernel_runs_on(ssm))
+               and _mma_by_default(rows.shape[2], num_nodes, v.shape[3], ssm))
     num_warps = (RING_MMA_WARPS if mma else RING_WARPS) if num_warps is None else num_warps
     if mma and block_v is None:  # (never under 8 columns a warp: check_mma_tiles)
         block_v = (spread_block(RING_MMA_BLOCK_V, q.shape[0], v.shape[2], v.shape[3], max(2 * MIN_DOT, 8 * num_warps))
-                   if RING_MMA_SPREAD else min(RING_MMA_BLOCK_V, max(MIN_DOT, next_power_of_2(v.shape[3]))))
+                   if RING_MMA_SPREAD else _mma_block_v(v.shape[3]))
     return _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
                         parents, layer=layer, num_layers=1, num_nodes=num_nodes, heads=heads,
                         max_pending=rows.shape[2] - num_nodes, fold_above=rows.shape[2] - num_nodes, scale=scale,
@@ -612,10 +624,9 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state
                          num_layers=ssm.shape[0], num_nodes=0, **rule)
     if mma is None:
         mma = (num_draft is not None and precision is None and fold_precision is None and block_v is None
-               and num_warps is None and mma_verify_keys(ring_rows, num_draft) + num_draft <= RING_MMA_NODES
-               and head_v_dim >= 8 * RING_MMA_WARPS and _mma_kernel_runs_on(ssm))
+               and num_warps is None and _mma_by_default(ring_rows, num_draft, head_v_dim, ssm))
     if mma:
-        block_v = block_v or min(RING_MMA_BLOCK_V, max(MIN_DOT, next_power_of_2(head_v_dim)))
+        block_v = block_v or _mma_block_v(head_v_dim)
         num_warps = num_warps or RING_MMA_WARPS
     fold = fold_precision or precision or fold_precision_for(ssm)
     chunk, _ = _chunk_calls(

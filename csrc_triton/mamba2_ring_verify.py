@@ -569,7 +569,7 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, st
     rule = flush_rule(ring_rows, num_draft)
     heads = (num_heads, head_dim, n_groups, d_state)
     if num_draft is not None:  # a step's few folding rows: the verify's fold tiles
-        tuning = dict(dict(heads_per_program=_fold_share(num_heads, n_groups)), **tuning)
+        tuning = {"heads_per_program": _fold_share(num_heads, n_groups), **tuning}
     fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=0,
                       num_layers=ssm.shape[0], num_nodes=0, heads=heads, **rule, **tuning)
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=0,

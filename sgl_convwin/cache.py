@@ -69,7 +69,7 @@ class ConvWindowCache(torch.nn.Module):
         self.register_buffer("gates", gates, persistent=False)
 
     def _apply(self, fn, recurse=True):
-        return _kept_float32(self, super()._apply, fn, recurse)
+        return _gates_kept_float32(self, super()._apply, fn, recurse)
 
     @property
     def nbytes(self) -> int:
@@ -182,15 +182,14 @@ def _steps(accepted, num_accepted, parents):
     return num_accepted.to(torch.int64) - 1
 
 
-def _kept_float32(module, apply, fn, recurse, names=("gates",)):
-    """nn.Module._apply (``apply``: the parent's) with the dtype of the buffers ``names`` kept:
-    ``.to(torch.bfloat16)`` (or ``model.half()``) moves them with the module but never rounds them
-    (the ops replay exactly the float32 gates the verify used)."""
-    kept = {name: getattr(module, name) for name in names}
+def _gates_kept_float32(module, apply, fn, recurse):
+    """nn.Module._apply (``apply``: the parent's) with the gates' dtype kept: ``.to(torch.bfloat16)``
+    (or ``model.half()``) moves them with the module but never rounds them (the ops replay exactly
+    the float32 gates the verify used)."""
+    gates = module.gates
     apply(fn, recurse)
-    for name, before in kept.items():
-        if before is not None and getattr(module, name).dtype != before.dtype:
-            setattr(module, name, before.to(getattr(module, name).device))
+    if gates is not None and module.gates.dtype != gates.dtype:
+        module.gates = gates.to(module.gates.device)
     return module
 
 
@@ -233,7 +232,7 @@ class RingCache(torch.nn.Module):
         return self.cursor[:, 1]
 
     def _apply(self, fn, recurse=True):
-        return _kept_float32(self, super()._apply, fn, recurse)
+        return _gates_kept_float32(self, super()._apply, fn, recurse)
 
     def _drafts(self, drafts, method: str) -> None:
         # the verify's fold and accept's cursor must agree on N: another N loses or repeats pending tokens

@@ -136,16 +136,15 @@ def _register(name: str, positional_names: tuple[str, ...], mutates: tuple[str, 
     small kernel. Anything else below (fake or functional tensors, a dispatch mode, subclasses)
     gets a redispatch. Autograd runs it for calls with grad mode's keys; ADInplaceOrView for the
     rest that still track versions (normal tensors under inference_mode; a call redispatched from
-    Autograd bumps twice, which is harmless). Written tensors are positional in the schema; an
-    optional one would be bumped when given. Every Python kernel runs with Dynamo off, as
+    Autograd bumps twice, which is harmless). Written tensors are never defaulted, so the
+    dispatcher always passes them positionally. Every Python kernel runs with Dynamo off, as
     custom_op's do: an eager call from a frame Dynamo is compiling must not trace it.
     """
     schema = torch.library.infer_schema(cpu_kernel, mutates_args=mutates)  # (its __signature__ is the op's)
     _LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
     overload = getattr(getattr(torch.ops, NAMESPACE), name).default
-    # one tensor per call: the form every supported torch version takes (an optional one when given)
-    bumps = "".join(f"    if len(args) > {i} and args[{i}] is not None:\n        _increment_version(args[{i}])\n"
-                    for i in (positional_names.index(n) for n in mutates))
+    # one tensor per call: the form every supported torch version takes
+    bumps = "".join(f"    _increment_version(args[{positional_names.index(n)}])\n" for n in mutates)
     below_inplace = torch._C._after_ADInplaceOrView_keyset
     for key, below in (("Autograd", torch._C._after_autograd_keyset), ("ADInplaceOrView", below_inplace)):
         namespace = dict(_increment_version=torch.autograd.graph.increment_version, _redispatch=overload.redispatch,
@@ -255,8 +254,8 @@ def declare_op(
             ]
             # a written tensor that requires grad, or an inference tensor outside inference mode,
             # never takes a plan: the checks a plan skips refuse it
-            unwritable = " or ".join(f"({n} is not None and ({n}.requires_grad or ({n}.is_inference() and not "
-                                     f"_inference_mode())))" for n in mutates)  # (an optional one: when given)
+            unwritable = " or ".join(f"{n}.requires_grad or ({n}.is_inference() and not _inference_mode())"
+                                     for n in mutates)
             planned = f"""    try:
         _key = ({", ".join(key)},)
         _plan = _plans.get(_key)
