@@ -26,7 +26,7 @@ checkpoints, bf16 ring rows and conv state, capacity R = 16, D = 4 chains and tr
     python benchmarks/bench_ring.py --mixer mamba2 --sweep 64/8/1 64/8/16/2           # Mamba2's
     python benchmarks/bench_ring.py --mixer mamba2 --batches 64 --profile             # each kernel's share
     python benchmarks/bench_ring.py --constants RING_MMA_STATE_STAGES=0               # a launcher default set
-    python benchmarks/bench_ring.py --due-first --profile        # each step's folds first, every layer at once
+    python benchmarks/bench_ring.py --no-due-first --profile     # the folds in each layer's verify instead
     ncu --profile-from-start off ... python benchmarks/bench_ring.py --batches 64 --sweep mma/128/4 --ncu mixed
 """
 
@@ -54,7 +54,7 @@ from sgl_convwin import reference  # noqa: E402
 
 UNROLL = 8  # steps per captured graph, each with its own acceptance
 DEVICE = "cuda"  # (tests dry-run the flow on the CPU)
-DUE_FIRST = False  # --due-first: each step's folds first, every layer in one flush(num_draft=N)
+DUE_FIRST = True  # each step's folds first, every layer in one flush(num_draft=N); --no-due-first: in the verifies
 SHAPES = {"gdn": Shapes(), "mamba2": NEMOTRON_H_8B_TP1}  # Qwen3-Next-80B TP1, Nemotron-H-8B TP1
 
 
@@ -339,11 +339,15 @@ def profile(args, shapes):
                             key=lambda event: event.time_range.start)
             launches = collections.Counter(event.name for event in events)
             seen, totals = collections.Counter(), {}
-            for event in events:  # a kernel launched m times a layer: its i-th launch of each layer as "name #i"
-                per_layer = launches[event.name] // (UNROLL * shapes.layers)
-                name = event.name
-                if per_layer > 1 and launches[event.name] % (UNROLL * shapes.layers) == 0:
-                    name = f"{name[:56]} #{seen[event.name] % per_layer}"
+            for event in events:  # a kernel launched m times a layer (and r times before the first layer): its
+                # i-th launch of each layer as "name #i", the first r of each step as "name (step)"
+                per_step = launches[event.name] // UNROLL
+                per_layer, once = divmod(per_step, shapes.layers)
+                index, name = seen[event.name] % per_step, event.name
+                if once and per_layer and launches[event.name] % UNROLL == 0:
+                    name = f"{name[:56]} (step)" if index < once else f"{name[:56]} #{(index - once) % per_layer}"
+                elif per_layer > 1 and not once and launches[event.name] % UNROLL == 0:
+                    name = f"{name[:56]} #{index % per_layer}"
                 seen[event.name] += 1
                 count, us = totals.get(name, (0, 0.0))
                 totals[name] = (count + 1, us + event.time_range.elapsed_us())
@@ -351,7 +355,8 @@ def profile(args, shapes):
             print(f"\n{mode} B={batch}: graph step {step_us:.1f} us, its kernels {kernels_us:.1f} us (eager)")
             print(markdown_header("kernel", "launches per step", "us per step", "share"))
             for name, (count, us) in sorted(totals.items(), key=lambda item: -item[1][1]):
-                print(markdown_row(name if " #" in name else name[:60], f"{count / UNROLL:g}", f"{us / UNROLL:.1f}",
+                split = " #" in name or " (step)" in name
+                print(markdown_row(name if split else name[:60], f"{count / UNROLL:g}", f"{us / UNROLL:.1f}",
                                    f"{us / UNROLL / kernels_us:.1%}"), flush=True)
             del p, run
             if cuda:
@@ -392,10 +397,10 @@ def main(argv=None) -> int:
     parser.add_argument("--constants", nargs="+", default=[], metavar="NAME=VALUE",
                         help="module defaults of the ring verify's launcher (csrc_triton/gdn_ring_verify.py, "
                              "--mixer mamba2: mamba2_ring_verify.py) set for this run, e.g. RING_MMA_MERGED=0")
-    parser.add_argument("--due-first", action="store_true",
+    parser.add_argument("--due-first", action=argparse.BooleanOptionalAction, default=True,
                         help="each ring step begins with the flush of what its verifies would fold (every layer in "
                              "one launch: gdn_ring_flush / mamba2_ring_flush(..., num_draft=N)); the verifies then "
-                             "fold nothing")
+                             "fold nothing (the default); --no-due-first: each layer's verify folds its own rows")
     args = parser.parse_args(argv)
     global DUE_FIRST
     DUE_FIRST = args.due_first

@@ -75,17 +75,18 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
     out = capsys.readouterr().out  # (no kernel events on the CPU: the flow and the table's header only)
     assert "tree B=2: graph step 4.0 us, its kernels 0.0 us (eager)" in out, out  # (8 us: a graph of 2)
     assert "| kernel | launches per step | us per step | share |" in out
-    # --due-first: each step's folds first, every layer: flush(num_draft=N) with the verify's N
+    # by default each step's folds first, every layer: flush(num_draft=N) with the verify's N
     flushes = []
     flush = getattr(bench_ring.sgl_convwin, f"{mixer}_ring_flush")
     monkeypatch.setattr(bench_ring.sgl_convwin, f"{mixer}_ring_flush",
-                        lambda *args, **kwargs: flushes.append(kwargs["num_draft"]) or flush(*args, **kwargs))
-    assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--drafts", "chain",
-                            "--due-first"]) == 0
+                        lambda *args, **kwargs: flushes.append(kwargs.get("num_draft")) or flush(*args, **kwargs))
+    assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--drafts", "chain"]) == 0
     assert flushes and set(flushes) == {4} and bench_ring.DUE_FIRST
     capsys.readouterr()
-    assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--drafts", "chain"]) == 0
-    assert not bench_ring.DUE_FIRST
+    flushes.clear()
+    assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--drafts", "chain",
+                            "--no-due-first"]) == 0
+    assert not bench_ring.DUE_FIRST and None not in flushes and 4 not in flushes
     if mixer == "gdn" and INTERPRET:
         assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/ieee"]) == 0
         out = capsys.readouterr().out.splitlines()

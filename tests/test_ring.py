@@ -120,7 +120,8 @@ def test_due_folds_first_leave_what_the_verifies_folds_leave(device, tree):
         plain, due = worlds
         pending = plain.ring.pending.clone()
         before = due.ssm_state.clone(), due.conv_state.clone(), due.ring.cursor.clone()
-        due.ring_flush(torch.tensor([2, 0, -1]), torch.tensor([3, 1, -1]), due_only=True)
+        due.ring_flush(torch.tensor([2, 0, -1], device=device), torch.tensor([3, 1, -1], device=device),
+                       due_only=True)
         folding = [(slot, state) for slot, state in ((2, 3), (0, 1)) if 0 < pending[slot] and pending[slot] + 4 > 8]
         due_folds += len(folding)
         untouched = [state for state in range(4) if state not in [s for _, s in folding]]
