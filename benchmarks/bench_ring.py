@@ -2,13 +2,15 @@
 
   eager             gdn_verify + gdn_commit (Mamba2: mamba2_verify + mamba2_commit): the verify reads
                     every state, the commit reads and writes it
-  ring step         gdn_ring_verify per layer + ring_accept, averaged over a run of steps with random
-                    acceptance (uniform over the drafts: 2.5 tokens per step for chains of 4 and trees of
-                    8): the checkpoint read once per step, written by a fold every few steps
+  ring step         the due flush (every layer's folds of the step in one launch; --no-due-first: none,
+                    each verify folds its own rows), gdn_ring_verify per layer, ring_accept, averaged over
+                    a run of steps with random acceptance (uniform over the drafts: 2.5 tokens per step
+                    for chains of 4 and trees of 8): the checkpoint read once per step, written by a fold
+                    every few steps
   + conv            the same with ring_conv1d_verify before each layer's verify (the eager step's conv,
                     causal_conv1d_verify, is not in the eager column: both designs pay it)
   verify only       gdn_ring_verify with nothing pending (no replay, no fold)
-  fold step         gdn_ring_verify with 16 pending tokens in every row: all replayed, all folded
+  fold step         a step with 16 pending tokens in every row: all folded (by the due flush), then verified
   R+W copy          a read + write copy of the same states (torch copy_ of the whole pool; the last
                     column divides the fold step by a read + write of them at the copy ceiling instead)
 
@@ -137,15 +139,17 @@ def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
     return p
 
 
-def ring_steps_fn(p, steps_table, *, conv: bool, accept: bool = True):
+def ring_steps_fn(p, steps_table, *, conv: bool, accept: bool = True, cursor=None):
     """One call: a step per row of ``steps_table`` ([U, B] on the GPU, the accepted draft of each row),
-    each (with DUE_FIRST its folds first, every layer's) every layer's (conv and) verify, then the
-    acceptance."""
+    each (the cursors first set to ``cursor``'s where given; with DUE_FIRST its folds first, every
+    layer's) every layer's (conv and) verify, then the acceptance."""
     ring, slots, parents = p["ring"], p["slots"], p["parents"]
     bias = p.get("bias")
 
     def run():
         for steps in steps_table:
+            if cursor is not None:  # (a due flush moves the folded rows' cursors: each replay folds again)
+                ring.cursor.copy_(cursor)
             if DUE_FIRST:
                 p["due"]()
             for layer in range(p["ssm"].shape[0]):
@@ -445,7 +449,7 @@ def main(argv=None) -> int:
             cursor.zero_()
             verify_only_us = graph_us(ring_steps_fn(p, steps_table[:1], conv=False, accept=False), 1)
             cursor[:, 1] = args.capacity
-            fold_us = graph_us(ring_steps_fn(p, steps_table[:1], conv=False, accept=False), 1)
+            fold_us = graph_us(ring_steps_fn(p, steps_table[:1], conv=False, accept=False, cursor=cursor.clone()), 1)
             _, copy_us = time_fn(functools.partial(torch.empty_like(p["ssm"]).copy_, p["ssm"]))
             del p
             if DEVICE == "cuda":
