@@ -62,6 +62,9 @@ RING_MMA_STATE_STAGES = 2
 # fewer than VERIFY_PROGRAMS programs), the folds' too: more, shorter programs where a launch is one
 # program's latency (not yet timed on a GPU)
 RING_MMA_SPREAD = False
+# The verify's fold launch one program a row (its tiles one after another) instead of one a tile:
+# where a due flush went first it finds nothing to fold, and a launch of B programs is one wave
+RING_MMA_FOLD_ROWS = False
 
 
 def mma_verify_keys(ring_rows: int, num_nodes: int) -> int:
@@ -387,7 +390,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
                  fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                 chunk_k=None):
+                 chunk_k=None, fold_rows=False):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
@@ -428,7 +431,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps,
                                fold_block_v, fold_maxnreg, fused, RING_MMA_MERGED if merged is None else merged,
                                RING_MMA_STATE_STAGES if state_stages is None else state_stages,
-                               chunk_k or RING_MMA_CHUNK_K) if mma else (chunk,))
+                               chunk_k or RING_MMA_CHUNK_K, fold_rows) if mma else (chunk,))
     if fused:
         return chunks
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
@@ -437,12 +440,14 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
 
 
 def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fold_block_v=None,
-                     fold_maxnreg=None, fused_window=False, merged=False, state_stages=0, chunk_k=RING_MMA_CHUNK_K):
+                     fold_maxnreg=None, fused_window=False, merged=False, state_stages=0, chunk_k=RING_MMA_CHUNK_K,
+                     fold_rows=False):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
     folding only -- a stack of the pending keys, no drafts (3xTF32 for a float32 checkpoint), on
     fold_warps warps over tiles of fold_block_v columns (None: the others'; a grid of its own),
-    capped at fold_maxnreg registers (None: RING_MMA_FOLD_MAXNREG; 0: no cap); then, their drafts
+    capped at fold_maxnreg registers (None: RING_MMA_FOLD_MAXNREG; 0: no cap), with fold_rows one
+    program a row folding its tiles one after another (a wave where none fold: after a due flush); then, their drafts
     verified from the folded checkpoint (with fused_window, their conv windows moved there too) with
     the others', with ``small`` (and N <= 8, more than 16 stack rows) the rows whose keys fit a stack of 16 rows
     (pending + N <= 16 - N), then the rest (tf32 products); with ``merged`` those two in one launch
@@ -474,7 +479,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     kinds = (*(((0, RING_MMA_SMALL_NODES, small_cap),) if small and not merged else ()),
              (3 if small and merged else 1, verify_nodes, other_cap))
     fold = _mma_fold_call(chunk, ssm, constexprs, fold_warps or num_warps, fold_block_v or block_v, fold_maxnreg,
-                          state_stages)
+                          state_stages, fold_rows)
     return (fold, *(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
                                chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes, STATE_STAGES=stages, **caps))
                     for kind, nodes, caps in kinds))
@@ -489,15 +494,15 @@ def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
     constexprs.update(FUSED_WINDOW=bool(fused_window), WIDTH=width, WINDOW=max(2, next_power_of_2(width)),
                       NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k,
                       WARPS=chunk.constexprs["num_warps"], SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4),
-                      **verify)
+                      ROW_PROGRAMS=False, **verify)
     return constexprs
 
 
-def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnreg, state_stages):
+def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnreg, state_stages, rows=False):
     """gdn_ring_verify_mma's launch of the rows that fold (KIND 2), folding only, over ``chunk``'s rows
     and layers: a stack of their pending keys (3xTF32 for a float32 checkpoint), fold_warps warps over
     tiles of fold_block_v columns, capped at fold_maxnreg registers (None: RING_MMA_FOLD_MAXNREG;
-    0: no cap)."""
+    0: no cap); with ``rows`` one program a row and layer, its tiles one after another."""
     from . import gdn_ring_verify_mma
 
     chunk_k = constexprs["CHUNK_K"]
@@ -506,12 +511,13 @@ def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnre
         raise ValueError(f"gdn_ring_verify_mma: its folds take a stack of at most {RING_MMA_NODES} pending keys, got a "
                          f"ring holding {constexprs['MAX_PENDING']}")
     cap = RING_MMA_FOLD_MAXNREG if fold_maxnreg is None else fold_maxnreg
-    grid = (constexprs["NUM_V_HEADS"] * cdiv(constexprs["HEAD_V_DIM"], fold_block_v), *chunk.grid[1:])
+    grid = (1 if rows else constexprs["NUM_V_HEADS"] * cdiv(constexprs["HEAD_V_DIM"], fold_block_v), *chunk.grid[1:])
     stages = state_stages_for(state_stages, fold_block_v, fold_warps, constexprs["BLOCK_K"] // chunk_k, ssm)
     nodes = max(RING_MMA_SMALL_NODES, next_power_of_2(constexprs["MAX_PENDING"]))
     return KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors, chunk.scalars,
                       dict(constexprs, KIND=2, NODES=nodes, WARPS=fold_warps, num_warps=fold_warps,
-                           BLOCK_V=fold_block_v, STATE_STAGES=stages, **({"maxnreg": cap} if cap else {})))
+                           BLOCK_V=fold_block_v, STATE_STAGES=stages, ROW_PROGRAMS=bool(rows),
+                           **({"maxnreg": cap} if cap else {})))
 
 
 def _mma_by_default(ring_rows: int, num_nodes: int, head_v_dim: int, ssm) -> bool:
@@ -537,15 +543,15 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                chunk_k=None):
+                chunk_k=None, fold_rows=None):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, its verify stack fits 32 rows -- max(R, N) + N, mma_verify_keys --,
     dv >= 32 and no precision is asked for), with block_v, num_warps, maxnreg, small, fold_warps,
-    fold_block_v, fold_maxnreg, fused_window, merged, state_stages and chunk_k its own (None: 128
+    fold_block_v, fold_maxnreg, fused_window, merged, state_stages, chunk_k and fold_rows its own (None: 128
     columns, fewer for small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG,
-    RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K; the rest:
+    RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K, RING_MMA_FOLD_ROWS; the rest:
     _mma_chunk_calls); else the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a
     float32 checkpoint)."""
     num_nodes = q.shape[1]
@@ -565,7 +571,8 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, precision=precision,
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
-                        fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k)
+                        fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k,
+                        fold_rows=RING_MMA_FOLD_ROWS if fold_rows is None else fold_rows)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
@@ -606,14 +613,15 @@ def _flush_cursor_kernel(cursor_ptr, ring_slots_ptr, state_slots_ptr, num_rows, 
 
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state_slots, *, num_k_heads, head_k_dim,
                  num_v_heads, head_v_dim, use_qk_l2norm, num_draft=None, block_v=None, num_warps=None, precision=None,
-                 fold_precision=None, mma=None, fold_warps=None, fold_maxnreg=None, state_stages=None, chunk_k=None):
+                 fold_precision=None, mma=None, fold_warps=None, fold_maxnreg=None, state_stages=None, chunk_k=None,
+                 fold_rows=False):
     """gdn_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or ():
     every row with pending tokens, or with num_draft those the next verify would fold (flush_rule).
     The folds by the Triton chunk kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32
     checkpoint; block_v and num_warps its tile), or with mma by gdn_ring_verify_mma's fold launch
     over every layer (None: with num_draft, where the verify's folds run on it and no tile or
     precision is asked for -- the same arithmetic, so the same checkpoints; fold_warps, fold_maxnreg,
-    state_stages and chunk_k as the verify's)."""
+    state_stages, chunk_k and fold_rows as the verify's)."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
         return ()
@@ -638,7 +646,7 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state
         chunk_k = min(chunk_k or RING_MMA_CHUNK_K, chunk.constexprs["BLOCK_K"])
         constexprs = _mma_constexprs(chunk, ssm, chunk_k, False, VERIFY_KEYS=0, SMALL_KEYS=0)
         chunk = _mma_fold_call(chunk, ssm, constexprs, fold_warps or num_warps, block_v, fold_maxnreg,
-                               RING_MMA_STATE_STAGES if state_stages is None else state_stages)
+                               RING_MMA_STATE_STAGES if state_stages is None else state_stages, fold_rows)
     cursors = flush_cursor_call(cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1],
                                 num_ring_slots=rows.shape[1], ring_rows=ring_rows, **rule)
     return chunk, window, cursors

@@ -369,7 +369,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
-    VERIFY_KEYS: gl.constexpr,
+    VERIFY_KEYS: gl.constexpr, ROW_PROGRAMS: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
@@ -385,13 +385,11 @@ def _gdn_ring_verify_mma_kernel(
     FUSED_WINDOW their programs of such a row then move its conv window past the folded tokens
     (nothing in these launches reads a folded row's window): each its v columns, a key head's first
     value head its q and k. With STATE_STAGES the state chunks come through shared memory (cp.async,
-    that many in flight)."""
+    that many in flight). With ROW_PROGRAMS (KIND 2 only) one program a row and layer folds its
+    tiles one after another: where few rows or none fold (after a due flush) its launch is a wave."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
-    head = gl.program_id(0) // V_BLOCKS
-    v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
     row = gl.program_id(1).to(gl.int64)
     layer = (layer + gl.program_id(2)).to(gl.int64)  # (a scalar: an int argument of 1 is a constant)
-    k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
     weight_ptr += layer * weight_stride_layer
     bias_ptr += layer * bias_stride_layer
 
@@ -401,7 +399,6 @@ def _gdn_ring_verify_mma_kernel(
     live = (slot >= 0) & (slot < num_state_slots) & (ring >= 0) & (ring < num_ring_slots)
     ring = gl.where(live, ring, 0)
     slot = gl.where(live, slot, 0)
-    state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
     if STATE_STAGES > 0:  # 16-byte units XOR-swizzled by row: a warp's rows of a load on distinct banks
         state_ring = gl.allocate_shared_memory(ssm_ptr.dtype.element_ty, [STATE_STAGES, CHUNK_K, BLOCK_V],
                                                gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
@@ -422,42 +419,55 @@ def _gdn_ring_verify_mma_kernel(
         fold = pending < 0  # (none)
     kind = gl.where(fold, 2, gl.where(pending + NUM_NODES <= SMALL_KEYS, 0, 1))
 
-    gates_base = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot + head * gates_stride_head
     rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
     window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
-    # this launch's kind of row (KIND 3: the kinds 0 and 1, each its own code)
-    for THIS in gl.static_range(0 if KIND == 3 else KIND, 2 if KIND == 3 else KIND + 1):
-        if kind == THIS:
-            _row_head(live, start, pending, row, head, k_head, v0, state_base, state_ring, rows_base, window_base,
-                      gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr,
-                      ssm_ptr, scale,
-                      q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node,
-                      k_stride_head, k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
-                      g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node,
-                      beta_stride_head, conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
-                      gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
-                      out_stride_row, out_stride_node, out_stride_head, out_stride_v,
-                      weight_stride_dim, weight_stride_tap, bias_stride,
-                      0 if THIS == 2 else NUM_NODES, RING_ROWS,
-                      SMALL_KEYS if THIS == 0 else (NODES if THIS == 2 else VERIFY_KEYS),
-                      SMALL_KEYS - NUM_NODES if THIS == 0 else (MAX_PENDING if THIS == 2 else VERIFY_KEYS - NUM_NODES),
-                      SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
-                      HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
-                      L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
-                      STATE_STAGES)
-            if FUSED_WINDOW and THIS != 2:
-                if moved:
-                    WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
-                    vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, WINDOW_L))
-                    v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
-                    _window_after(window_base + v_chan * conv_stride_dim, rows_base + v_chan * rows_stride_dim,
-                                  vv < HEAD_V_DIM, folded_start, folded, conv_stride_win, rows_stride_row, RING_ROWS,
-                                  WIDTH, WINDOW, WINDOW_L)
-                    if (head % (NUM_V_HEADS // NUM_K_HEADS) == 0) & (v0 == 0):
-                        kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, WINDOW_L))
-                        for part in gl.static_range(2):  # q, then k
-                            qk_chan = (part * NUM_K_HEADS + k_head) * HEAD_K_DIM + kk
-                            _window_after(window_base + qk_chan * conv_stride_dim,
-                                          rows_base + qk_chan * rows_stride_dim, kk < HEAD_K_DIM, folded_start,
-                                          folded, conv_stride_win, rows_stride_row, RING_ROWS, WIDTH, WINDOW,
-                                          WINDOW_L)
+    if ROW_PROGRAMS:  # the row's tiles, if it folds
+        tiles = gl.where(kind == 2, NUM_V_HEADS * V_BLOCKS, 0)
+    else:
+        tiles = 1
+    for tile in range(tiles):
+        if ROW_PROGRAMS:
+            gl.thread_barrier()  # (the tile before's last reads of shared memory, before this one's copies)
+        program = gl.program_id(0) + tile  # (ROW_PROGRAMS: a grid of one program a row and layer)
+        head = program // V_BLOCKS
+        v0 = (program % V_BLOCKS) * BLOCK_V
+        k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
+        state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
+        gates_base = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot + head * gates_stride_head
+        # this launch's kind of row (KIND 3: the kinds 0 and 1, each its own code)
+        for THIS in gl.static_range(0 if KIND == 3 else KIND, 2 if KIND == 3 else KIND + 1):
+            if kind == THIS:
+                _row_head(live, start, pending, row, head, k_head, v0, state_base, state_ring, rows_base, window_base,
+                          gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr,
+                          ssm_ptr, scale,
+                          q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node,
+                          k_stride_head, k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+                          g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node,
+                          beta_stride_head, conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
+                          gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
+                          out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+                          weight_stride_dim, weight_stride_tap, bias_stride,
+                          0 if THIS == 2 else NUM_NODES, RING_ROWS,
+                          SMALL_KEYS if THIS == 0 else (NODES if THIS == 2 else VERIFY_KEYS),
+                          SMALL_KEYS - NUM_NODES if THIS == 0 else
+                          (MAX_PENDING if THIS == 2 else VERIFY_KEYS - NUM_NODES),
+                          SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
+                          HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
+                          L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
+                          STATE_STAGES)
+                if FUSED_WINDOW and THIS != 2:
+                    if moved:
+                        WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
+                        vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, WINDOW_L))
+                        v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
+                        _window_after(window_base + v_chan * conv_stride_dim, rows_base + v_chan * rows_stride_dim,
+                                      vv < HEAD_V_DIM, folded_start, folded, conv_stride_win, rows_stride_row,
+                                      RING_ROWS, WIDTH, WINDOW, WINDOW_L)
+                        if (head % (NUM_V_HEADS // NUM_K_HEADS) == 0) & (v0 == 0):
+                            kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, WINDOW_L))
+                            for part in gl.static_range(2):  # q, then k
+                                qk_chan = (part * NUM_K_HEADS + k_head) * HEAD_K_DIM + kk
+                                _window_after(window_base + qk_chan * conv_stride_dim,
+                                              rows_base + qk_chan * rows_stride_dim, kk < HEAD_K_DIM, folded_start,
+                                              folded, conv_stride_win, rows_stride_row, RING_ROWS, WIDTH, WINDOW,
+                                              WINDOW_L)

@@ -351,9 +351,11 @@ def test_mma_tiles_by_batch(num_rows, spread, warps, block_v, monkeypatch):
 @pytest.mark.parametrize("capacity", [16, 20])
 @pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
                                   dict(merged=False), dict(block_v=64), dict(state_stages=0), dict(state_stages=3),
-                                  dict(chunk_k=16, state_stages=4), dict(state_stages=4), dict(num_warps=8)],
+                                  dict(chunk_k=16, state_stages=4), dict(state_stages=4), dict(num_warps=8),
+                                  dict(fold_rows=True)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "64-columns", "registers",
-                              "state-stages-3", "state-stages-16-rows", "state-stages-whole-tile", "8-warps"])
+                              "state-stages-3", "state-stages-16-rows", "state-stages-whole-tile", "8-warps",
+                              "fold-row-programs"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (R + N = 20 / 24 verify stack rows: chains of 4 /
     trees of 8) and 20 (24 / 28: the pending tokens past half the stack): rows that fold (every slot
@@ -363,7 +365,8 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     their own; the two verify launches apart; every launch over tiles of 64 columns (two a head: the
     small batches' choice); the state chunks through registers, a chunk ahead, instead of shared
     memory (2 in flight by default; 3; 4 of 16 rows; the whole tile, which the fold then reads back);
-    8 warps a program."""
+    8 warps a program; the fold launch one program a row, its tiles one after another (the same bits
+    as the default's)."""
     num_nodes = len(nodes)
     if ("fold_block_v" in fold or "block_v" in fold or "num_warps" in fold) and head_dim == 32:
         pytest.skip("one tile of 32 columns either way (8 warps: 64 or more)")
@@ -380,6 +383,10 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
     assert_agree(want, got, tol=2e-3, state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
     assert_same_untouched(case, want, got)
+    if "fold_rows" in fold:
+        _, default = run_both(case, tuning=MMA)
+        for name in ("ssm_state", "conv_state", "gates", "out"):
+            assert torch.equal(got[name], default[name]), name
 
 
 @pytest.mark.gpu
@@ -613,3 +620,6 @@ def test_due_flush_on_the_mma_kernel_matches_pytorch_code():
     assert torch.equal(got["cursor"].cpu(), torch.tensor([[19, 0], [5, 12], [13, 0], [1, 3]]))
     assert_agree(dict(want, out=torch.zeros(1)), dict(got, out=torch.zeros(1)), state_tol=1e-4)
     assert_same_untouched(case, want, got)
+    _, rows = run_flush_both(case, tuning=dict(fold_rows=True), num_draft=4)  # one program a row: the same bits
+    for name in ("ssm_state", "conv_state", "cursor"):
+        assert torch.equal(rows[name], got[name]), name
