@@ -162,7 +162,8 @@ def ring_steps_fn(p, steps_table, *, conv: bool, accept: bool = True, cursor=Non
                 else:
                     sgl_convwin.gdn_ring_verify(p["out"][layer], p["q"], p["k"], p["v"], p["g"][layer],
                                                 p["beta"][layer], p["ssm"], p["conv_state"], ring.rows, ring.gates,
-                                                ring.cursor, p["weight"][layer], None, slots, slots, layer, parents)
+                                                ring.cursor, p["weight"][layer], None, slots, slots, layer, parents,
+                                                after_due_flush=DUE_FIRST)
             if accept:
                 sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, parents, num_draft=p["N"])
     return run

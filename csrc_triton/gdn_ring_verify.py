@@ -62,9 +62,6 @@ RING_MMA_STATE_STAGES = 2
 # fewer than VERIFY_PROGRAMS programs), the folds' too: more, shorter programs where a launch is one
 # program's latency (not yet timed on a GPU)
 RING_MMA_SPREAD = False
-# The verify's fold launch one program a row (its tiles one after another) instead of one a tile:
-# where a due flush went first it finds nothing to fold, and a launch of B programs is one wave
-RING_MMA_FOLD_ROWS = False
 
 
 def mma_verify_keys(ring_rows: int, num_nodes: int) -> int:
@@ -447,8 +444,8 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     folding only -- a stack of the pending keys, no drafts (3xTF32 for a float32 checkpoint), on
     fold_warps warps over tiles of fold_block_v columns (None: the others'; a grid of its own),
     capped at fold_maxnreg registers (None: RING_MMA_FOLD_MAXNREG; 0: no cap), with fold_rows one
-    program a row folding its tiles one after another (a wave where none fold: after a due flush); then, their drafts
-    verified from the folded checkpoint (with fused_window, their conv windows moved there too) with
+    program a row, its tiles one after another (one short wave where none fold: after a due
+    flush); then, their drafts verified from the folded checkpoint (with fused_window, their conv windows moved there too) with
     the others', with ``small`` (and N <= 8, more than 16 stack rows) the rows whose keys fit a stack of 16 rows
     (pending + N <= 16 - N), then the rest (tf32 products); with ``merged`` those two in one launch
     (KIND 3, the others' cap); with state_stages the state chunks through shared memory, that many
@@ -543,17 +540,17 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                chunk_k=None, fold_rows=None):
+                chunk_k=None, fold_rows=False):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, its verify stack fits 32 rows -- max(R, N) + N, mma_verify_keys --,
     dv >= 32 and no precision is asked for), with block_v, num_warps, maxnreg, small, fold_warps,
-    fold_block_v, fold_maxnreg, fused_window, merged, state_stages, chunk_k and fold_rows its own (None: 128
+    fold_block_v, fold_maxnreg, fused_window, merged, state_stages and chunk_k its own (None: 128
     columns, fewer for small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG,
-    RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K, RING_MMA_FOLD_ROWS; the rest:
-    _mma_chunk_calls); else the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a
-    float32 checkpoint)."""
+    RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K; the rest:
+    _mma_chunk_calls) and fold_rows (the op's after_due_flush); else the Triton kernel at
+    ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
         return ()
@@ -572,7 +569,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
                         fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k,
-                        fold_rows=RING_MMA_FOLD_ROWS if fold_rows is None else fold_rows)
+                        fold_rows=fold_rows)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,

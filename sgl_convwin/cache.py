@@ -260,13 +260,15 @@ class RingCache(torch.nn.Module):
                            parents, activation=activation, state_layout=state_layout)
 
     def gdn_verify(self, out, q, k, v, g, beta, ssm_state, conv_state, conv_weight, conv_bias, slots, layer, *,
-                   state_slots=None, parents=None, scale=None, use_qk_l2norm=True, state_layout=DIM_MAJOR):
-        """``gdn_ring_verify`` of layer ``layer`` (conv_weight [dim, K], conv_bias [dim]: the layer's)."""
+                   state_slots=None, parents=None, scale=None, use_qk_l2norm=True, state_layout=DIM_MAJOR,
+                   after_due_flush=False):
+        """``gdn_ring_verify`` of layer ``layer`` (conv_weight [dim, K], conv_bias [dim]: the layer's;
+        ``after_due_flush``: this step began with ``flush(..., due_only=True)``, a hint)."""
         self._drafts(q, "gdn_verify")
         state_slots = slots if state_slots is None else state_slots
         gdn_ring_verify(out, q, k, v, g, beta, ssm_state, conv_state, self.rows, self.gates, self.cursor, conv_weight,
                         conv_bias, slots, state_slots, layer, parents, scale=scale, use_qk_l2norm=use_qk_l2norm,
-                        state_layout=state_layout)
+                        state_layout=state_layout, after_due_flush=after_due_flush)
 
     def accept(self, slots, accepted=None, *, num_accepted=None, parents=None):
         """``ring_accept``: ``accepted`` (the index of the last accepted token or node) or

@@ -105,8 +105,9 @@ def _state_before_drafts(ssm, conv, rows_buffer, gates, layer, live, num_nodes, 
 
 
 def gdn_ring_verify_cpu(out, q, k, v, g, beta, ssm, conv, rows_buffer, gates, cursor, weight, bias, ring_slots,
-                        state_slots, layer, parents, *, scale, use_qk_l2norm):
-    """ssm [L, S, Hv, dk, dv], conv [L, S, dim, K-1] (any strides); see ops_ring.gdn_ring_verify."""
+                        state_slots, layer, parents, *, scale, use_qk_l2norm, fold_rows=False):
+    """ssm [L, S, Hv, dk, dv], conv [L, S, dim, K-1] (any strides); see ops_ring.gdn_ring_verify
+    (fold_rows, its after_due_flush, shapes the CUDA launches only)."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     ring_rows = rows_buffer.shape[2]

@@ -145,7 +145,7 @@ _GDN_RING_VERIFY = "convwin.gdn_ring_verify"
 
 def _prepare_gdn_ring_verify(real, out, q, k, v, g, beta, ssm_state, conv_state, rows, gates, cursor, conv_weight,
                              conv_bias, ring_slots, state_slots, layer, parents, scale, use_qk_l2norm, state_layout,
-                             sizes=None):
+                             after_due_flush, sizes=None):
     """As _prepare_ring_conv1d_verify."""
     if sizes is None:
         sizes = check_gdn_ring_verify_args(out, q, k, v, g, beta, ssm_state, conv_state, rows, gates, cursor,
@@ -164,7 +164,7 @@ def _prepare_gdn_ring_verify(real, out, q, k, v, g, beta, ssm_state, conv_state,
     scale = q.shape[3] ** -0.5 if scale is None else float(scale)
     args = (out, q, k, v, g, beta, ssm_state, _kernel_state(conv_state, state_layout), rows, gates, cursor,
             conv_weight, conv_bias, ring_slots, state_slots, layer, parents)
-    return args, dict(scale=scale, use_qk_l2norm=bool(use_qk_l2norm)), sizes
+    return args, dict(scale=scale, use_qk_l2norm=bool(use_qk_l2norm), fold_rows=bool(after_due_flush)), sizes
 
 
 @declare_op(mutates=("out", "ssm_state", "conv_state", "gates"), prepare=_prepare_gdn_ring_verify,
@@ -191,6 +191,7 @@ def gdn_ring_verify(
     scale: float | None = None,
     use_qk_l2norm: bool = True,
     state_layout: str = DIM_MAJOR,
+    after_due_flush: bool = False,
 ) -> None:
     """``gdn_verify`` in ring mode, layer ``layer``: the drafts' outputs from the checkpoint plus
     the pending tokens, the fold when the ring would overflow, the drafts' gates into the ring.
@@ -212,6 +213,10 @@ def gdn_ring_verify(
     [L, M, C, 2, Hv], cursor [M, 2] (read). conv_weight [dim, K], conv_bias [dim] or None: the
     layer's. Rows are skipped as in ``ring_conv1d_verify``; a bad parent link leaves the row's
     ``out`` untouched but still folds and stores the gates (the fold does not depend on the tree).
+    ``after_due_flush``: a hint that this step began with a due flush of these rows
+    (``gdn_ring_flush(..., num_draft=N)``), so that no row folds here; the fold launch then takes a
+    program a row instead of a tile, one short wave. The results never depend on it: a row that does
+    fold is folded the same, only slower.
     Same as ``torch.ops.convwin.gdn_ring_verify``.
     """
 

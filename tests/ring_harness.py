@@ -233,7 +233,8 @@ class Harness(RingHarness):
         out = torch.full((num_rows, num_nodes, hv, dv), FILL, device=self.device)
         self.ring.gdn_verify(out, q, k, v, g, beta, self.ssm_state, self.conv_state, self.conv_weight[layer],
                              self.layer_bias(layer), ring_slots, layer, state_slots=state_slots, parents=parents,
-                             use_qk_l2norm=self.use_qk_l2norm, state_layout=self.state_layout)
+                             use_qk_l2norm=self.use_qk_l2norm, state_layout=self.state_layout,
+                             after_due_flush=self.due_first)
         expected, rows = self.oracle.gdn_verify(layer, q, k, v, g, beta, ring_slots, state_slots, parents)
         self.check_verify_outputs(out, expected, rows, f"gdn out, layer {layer}")
         self.eager.capture_gates(g, beta, ring_slots, layer)

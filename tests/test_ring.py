@@ -416,7 +416,7 @@ def op_samples(tree):
              ring_slots, state_slots, ring.cursor, 1, parents), dict(activation="silu"))
     arguments = verify_arguments(harness, num_rows=4)
     arguments.update(ring_slots=ring_slots, state_slots=state_slots, parents=parents)
-    verify = (tuple(arguments.values()), dict(scale=0.5))
+    verify = (tuple(arguments.values()), dict(scale=0.5, **({"after_due_flush": True} if tree else {})))
     accept = ((ring.cursor, ring.rows, ring.gates, ring_slots, torch.tensor([2, 0, 1, 2]), parents),
               dict(num_draft=3))
     flush = ((harness.ssm_state, harness.conv_state, ring.cursor, ring.rows, ring.gates, harness.conv_weight,
@@ -431,6 +431,20 @@ def test_opcheck(name, tree, device):
     args, kwargs = op_samples(tree)[name]
     args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
     torch.library.opcheck(getattr(torch.ops.convwin, name).default, args, kwargs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_after_due_flush_is_only_a_hint(device):
+    """A verify told a due flush went first (after_due_flush) when none did -- two rows fold -- leaves
+    the bits of one not told: the hint shapes the fold launch (a program a row), never the results."""
+    args, kwargs = op_samples(False)["gdn_ring_verify"]
+    worlds = [[a.to(device, copy=True) if isinstance(a, torch.Tensor) else a for a in args] for _ in range(2)]
+    for world, hint in zip(worlds, (False, True)):
+        sgl_convwin.gdn_ring_verify(*world, **kwargs, after_due_flush=hint)
+    assert not torch.equal(worlds[0][6], args[6].to(device))  # (ssm_state: folded)
+    for plain, hinted in zip(*worlds):
+        if isinstance(plain, torch.Tensor):
+            assert torch.equal(plain, hinted)
 
 
 def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, x, g, beta, slots, steps, flush_slots, heads):
