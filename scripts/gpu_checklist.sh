@@ -62,8 +62,9 @@
 #             launch and the verify launch, bench_ring.py --ncu mixed), then the GDN ring with every row folding (--ncu
 #             fold): the details page and the SASS page's per-instruction stall samples as CSV, the reports beside them
 #   due       each step's folds first, every layer in one launch (gdn_ring_flush / mamba2_ring_flush(..., num_draft=N);
-#             never run on a GPU): their GPU tests (bit for bit against the verifies' folds; random sequences), then
-#             whole chain steps with and without (bench_ring.py --profile [--due-first]), both mixers, B = 1 .. 256
+#             run 2026-12-05, docs/benchmarks.md): their GPU tests (bit for bit against the verifies' folds; random
+#             sequences; the verify's after_due_flush hint), then whole chain steps with and without (bench_ring.py
+#             --profile [--no-due-first]), both mixers, B = 1 .. 256
 #   plans     the ring ops' eager plans (_common.planned_calls): test_eager_signatures.py's GPU
 #             tests (planned = unplanned, the binder skipped after a first call), then the ring's GPU tests through them
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
@@ -325,10 +326,10 @@ for phase in "$@"; do
     due)      rc=0
               timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring.py \
                 tests/test_ring_mamba2.py tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py \
-                -k "due or random_steps or flush" > "$out/gpu_tests_due.log" 2>&1 || rc=1
+                -k "due or random_steps or flush or hint or fold-row-programs" > "$out/gpu_tests_due.log" 2>&1 || rc=1
               tail -3 "$out/gpu_tests_due.log"
               for mixer in gdn mamba2; do
-                for flag in "" --due-first; do
+                for flag in --no-due-first ""; do
                   timeout 90 python3 benchmarks/bench_ring.py --mixer $mixer --batches 1 8 64 256 --drafts chain \
                     --profile $flag > "$out/steps_due_$mixer${flag:+1}.log" 2>&1 || rc=1
                   grep -E '^(chain|\| _)' "$out/steps_due_$mixer${flag:+1}.log"
