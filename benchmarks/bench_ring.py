@@ -130,7 +130,8 @@ def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
                    ring.gates, ring.cursor, p["weight"][layer], p["bias"][layer], p["slots"], p["slots"], layer,
                    p["parents"]), dict(dt_bias=p["dt_bias"][layer], dt_softplus=True))
                  for layer in range(L)]
-    p["verify"] = [functools.partial(sgl_convwin.mamba2_ring_verify, *args, **kwargs) for args, kwargs in arguments]
+    p["verify"] = [functools.partial(sgl_convwin.mamba2_ring_verify, *args, **kwargs, after_due_flush=DUE_FIRST)
+                   for args, kwargs in arguments]
     p["due"] = functools.partial(  # the step's folds, every layer (--due-first)
         sgl_convwin.mamba2_ring_flush, p["ssm"], p["conv_state"], ring.cursor, ring.rows, ring.gates, p["weight"],
         p["A"], p["slots"], p["slots"], conv_bias=p["bias"], num_heads=H, head_dim=shapes.head_dim,

@@ -89,12 +89,13 @@ def group_share(tiles_per_head: int, num_heads: int, num_groups: int) -> int:
 
 
 @triton.jit
-def _program_tile(HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
+def _program_tile(program, HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
                   NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr):
-    """(first head, its group, the tile's head-dim rows pp, pp's mask, the tile's column block) of this program."""
+    """(first head, its group, the tile's head-dim rows pp, pp's mask, the tile's column block) of
+    program ``program`` along the grid's first axis."""
     P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
-    first_head = (tl.program_id(0) // P_BLOCKS) * HEADS_PER_PROGRAM
-    p_block = tl.program_id(0) % P_BLOCKS
+    first_head = (program // P_BLOCKS) * HEADS_PER_PROGRAM
+    p_block = program % P_BLOCKS
     pp = p_block * BLOCK_P + tl.arange(0, BLOCK_P)
     return first_head, first_head // (NUM_HEADS // NUM_GROUPS), pp, pp < HEAD_DIM, p_block
 
@@ -125,12 +126,16 @@ def _mamba2_ring_fold_kernel(
     STACK: tl.constexpr, KERNEL_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, FOLD_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
+    ROW_PROGRAMS: tl.constexpr,
 ):
     """The fold of layer ``layer`` + program_id(2): a program of a row that folds (live, pending > 0
     and pending + N > FOLD_ABOVE) stores its tiles after the pending tokens, S_P^T over S0^T; the
     others return at once. A row is live when both its slots are in range and its cursor a ring
-    position (pending <= MAX_PENDING)."""
-    first_head, group, pp, p_ok, p_block = _program_tile(HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM, NUM_HEADS, NUM_GROUPS)
+    position (pending <= MAX_PENDING). With ROW_PROGRAMS one program a row and layer (a grid of
+    one along the first axis) folds every program tile of the row, one after another: where few
+    rows or none fold (after a due flush) its launch is a wave."""
+    if not ROW_PROGRAMS:
+        tile = _program_tile(tl.program_id(0), HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM, NUM_HEADS, NUM_GROUPS)
     row = tl.program_id(1).to(tl.int64)
     layer = (layer + tl.program_id(2)).to(tl.int64)
     ring, slot, start, pending, live = _ring_row(row, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots,
@@ -141,32 +146,63 @@ def _mamba2_ring_fold_kernel(
         count = pending.to(tl.int32)
         weight_ptr += layer * weight_stride_layer
         bias_ptr += layer * bias_stride_layer
-        nn = tl.arange(0, BLOCK_N)
-        n_ok = nn < D_STATE
-        j = tl.arange(0, STACK)
-        j_pending = j < count
         rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
         window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
-        b = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, j, j_pending, first, count,
-                         NUM_HEADS * HEAD_DIM + group * D_STATE + nn, n_ok, rows_stride_row, rows_stride_dim,
-                         conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
-                         KERNEL_SIZE, HAS_BIAS)
         gates_row = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot
-        ring_j = (first + j) % RING_ROWS
-        tile_ok = n_ok[:, None] & p_ok[None, :]
-        for head in range(first_head, first_head + HEADS_PER_PROGRAM):
-            tile = (ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
-                    + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :])
-            state_t = tl.load(tile, mask=tile_ok, other=0.0).to(tl.float32)  # S0^T, the long read first
-            x = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, j, j_pending, first, count,
-                             head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim, conv_stride_dim,
-                             conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
-                             HAS_BIAS)
-            step = tl.load(gates_row + head * gates_stride_head + ring_j * gates_stride_row, mask=j_pending,
-                           other=0.0).to(tl.float32)
-            folded = _folded_tile(state_t, b, x, step, tl.load(a_ptr + layer * a_stride_layer + head * a_stride),
-                                  j_pending, FOLD_PRECISION)
-            tl.store(tile, folded.to(ssm_ptr.dtype.element_ty), mask=tile_ok)
+        if ROW_PROGRAMS:
+            P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
+            for t in range(NUM_HEADS // HEADS_PER_PROGRAM * P_BLOCKS):
+                tile = _program_tile(t, HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM, NUM_HEADS, NUM_GROUPS)
+                _fold_tiles(tile, a_ptr, ssm_ptr, rows_base, window_base, weight_ptr, bias_ptr, gates_row, layer, slot,
+                            first, count, a_stride_layer, a_stride, ssm_stride_layer, ssm_stride_slot,
+                            ssm_stride_head, ssm_stride_p, ssm_stride_n, conv_stride_dim, conv_stride_win,
+                            rows_stride_row, rows_stride_dim, gates_stride_row, gates_stride_head, weight_stride_dim,
+                            weight_stride_tap, bias_stride, RING_ROWS, STACK, KERNEL_SIZE, NUM_HEADS, NUM_GROUPS,
+                            HEAD_DIM, D_STATE, BLOCK_P, BLOCK_N, HAS_BIAS, FOLD_PRECISION, HEADS_PER_PROGRAM)
+        else:
+            _fold_tiles(tile, a_ptr, ssm_ptr, rows_base, window_base, weight_ptr, bias_ptr, gates_row,
+                        layer, slot, first, count, a_stride_layer, a_stride, ssm_stride_layer, ssm_stride_slot,
+                        ssm_stride_head, ssm_stride_p, ssm_stride_n, conv_stride_dim, conv_stride_win,
+                        rows_stride_row, rows_stride_dim, gates_stride_row, gates_stride_head, weight_stride_dim,
+                        weight_stride_tap, bias_stride, RING_ROWS, STACK, KERNEL_SIZE, NUM_HEADS, NUM_GROUPS,
+                        HEAD_DIM, D_STATE, BLOCK_P, BLOCK_N, HAS_BIAS, FOLD_PRECISION, HEADS_PER_PROGRAM)
+
+
+@triton.jit
+def _fold_tiles(tile, a_ptr, ssm_ptr, rows_base, window_base, weight_ptr, bias_ptr, gates_row, layer, slot, first,
+                count, a_stride_layer, a_stride, ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_p,
+                ssm_stride_n, conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim, gates_stride_row,
+                gates_stride_head, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS: tl.constexpr,
+                STACK: tl.constexpr, KERNEL_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr,
+                HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                HAS_BIAS: tl.constexpr, FOLD_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr):
+    """The fold of program tile ``tile`` (_program_tile's) of a row that folds (its first pending
+    token's ring row ``first``, ``count`` pending): each of its heads' tiles after the pending
+    tokens, stored."""
+    first_head, group, pp, p_ok, p_block = tile
+    nn = tl.arange(0, BLOCK_N)
+    n_ok = nn < D_STATE
+    j = tl.arange(0, STACK)
+    j_pending = j < count
+    b = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, j, j_pending, first, count,
+                     NUM_HEADS * HEAD_DIM + group * D_STATE + nn, n_ok, rows_stride_row, rows_stride_dim,
+                     conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
+                     KERNEL_SIZE, HAS_BIAS)
+    ring_j = (first + j) % RING_ROWS
+    tile_ok = n_ok[:, None] & p_ok[None, :]
+    for head in range(first_head, first_head + HEADS_PER_PROGRAM):
+        state = (ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
+                 + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :])
+        state_t = tl.load(state, mask=tile_ok, other=0.0).to(tl.float32)  # S0^T, the long read first
+        x = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, j, j_pending, first, count,
+                         head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim, conv_stride_dim,
+                         conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
+                         HAS_BIAS)
+        step = tl.load(gates_row + head * gates_stride_head + ring_j * gates_stride_row, mask=j_pending,
+                       other=0.0).to(tl.float32)
+        folded = _folded_tile(state_t, b, x, step, tl.load(a_ptr + layer * a_stride_layer + head * a_stride),
+                              j_pending, FOLD_PRECISION)
+        tl.store(state, folded.to(ssm_ptr.dtype.element_ty), mask=tile_ok)
 
 
 @triton.jit
@@ -211,7 +247,8 @@ def _mamba2_ring_verify_kernel(
     the folds before ending, so that what follows both sees both."""
     if PDL and ROWS == 1:
         gdc_launch_dependents()
-    first_head, group, pp, p_ok, p_block = _program_tile(HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM, NUM_HEADS, NUM_GROUPS)
+    first_head, group, pp, p_ok, p_block = _program_tile(tl.program_id(0), HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM,
+                                                         NUM_HEADS, NUM_GROUPS)
     row = tl.program_id(1).to(tl.int64)
     layer = (layer + tl.program_id(2)).to(tl.int64)  # (one layer: a grid of depth 1)
     ring, slot, start, pending, live = _ring_row(row, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots,
@@ -403,12 +440,15 @@ def _tiling(num_rows, num_layers, heads, block_p, heads_per_program):
 
 def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, *, layer, num_layers,
                num_nodes, heads, max_pending, fold_above, block_p=None, num_warps=MAMBA2_RING_WARPS, precision=None,
-               fold_precision=None, heads_per_program=None, num_stages=RING_STAGES, maxnreg=None):
+               fold_precision=None, heads_per_program=None, num_stages=RING_STAGES, maxnreg=None,
+               rows_a_program=False):
     """The fold launch over rows x layers layer .. layer + num_layers - 1; weight [L, dim, K], bias
     [L, dim] and A [L, H] every layer's (a flush), or one layer's [dim, K], [dim], [H] (a verify).
-    maxnreg: a register cap (None: FOLD_MAXNREG; 0: none)."""
+    maxnreg: a register cap (None: FOLD_MAXNREG; 0: none); rows_a_program: one program a row and
+    layer, its tiles one after another."""
     num_heads, head_dim, num_groups, d_state = heads
     block_p, share, grid = _tiling(ring_slots.shape[0], num_layers, heads, block_p, heads_per_program)
+    grid = (1, *grid[1:]) if rows_a_program else grid
     stacked = weight.dim() == 3
     layered = (lambda t: t.stride()) if stacked else (lambda t: (0, *t.stride()))
     bias_strides = (0, 0) if bias is None else layered(bias)
@@ -423,7 +463,7 @@ def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, stat
         NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state, BLOCK_P=block_p,
         BLOCK_N=max(MIN_DOT, next_power_of_2(d_state)), HAS_BIAS=bias is not None,
         FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), HEADS_PER_PROGRAM=share,
-        num_warps=num_warps, num_stages=num_stages)
+        ROW_PROGRAMS=bool(rows_a_program), num_warps=num_warps, num_stages=num_stages)
     cap = FOLD_MAXNREG if maxnreg is None else maxnreg
     if cap:
         constexprs["maxnreg"] = cap
@@ -491,7 +531,8 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     num_stages (both launches'), precision (the verify's products, and the fold's without
     fold_precision), state_precision and maxnreg, chunk_n, chunk_stages and flatten (the verify's
     C S0^T's, its register cap (0: none), its chunks of state rows, its heads' and chunks' loops as
-    one), fold_precision, fold_warps, fold_heads_per_program and fold_maxnreg (the fold's),
+    one), fold_precision, fold_warps, fold_heads_per_program, fold_maxnreg and fold_rows (the fold's;
+    fold_rows, the op's after_due_flush: one program a row, its tiles one after another),
     fused_window (the folded windows moved by the verify launch, no window launch; FUSED_WINDOW),
     fold_verify (FOLD_VERIFY: the folding rows' drafts verified by the folds' launch -- the verify
     kernel's ROWS 1 -- from the tile it folds, the others' by a ROWS 2 launch), pdl (PDL, with
@@ -509,6 +550,7 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     fused = tuning.pop("fused_window", None)  # (its programs cover x, B and C: the rows' whole width)
     fold_precision, fold_warps = tuning.pop("fold_precision", None), tuning.pop("fold_warps", None)  # (the fold's)
     fold_cap = tuning.pop("fold_maxnreg", None)
+    fold_rows = tuning.pop("fold_rows", False)
     fold_verify = tuning.pop("fold_verify", None)
     fold_verify = FOLD_VERIFY if fold_verify is None else fold_verify
     pdl = tuning.pop("pdl", None)
@@ -530,7 +572,8 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
                                if name in ("state_precision", "chunk_n", "chunk_stages")}, **fold_tuning)
     else:
         fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=layer,
-                          num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning)
+                          num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning,
+                          rows_a_program=fold_rows)
     verify = _verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, fused_window=fused,
                           row_kind=2 if fold_verify else 0, pdl=pdl, **verify_only, **tuning)
     if fused:

@@ -290,13 +290,14 @@ class RingCache(torch.nn.Module):
 
     def mamba2_verify(self, out, x, dt, A, B, C, ssm_state, conv_state, conv_weight, conv_bias, slots, layer, *,
                       state_slots=None, parents=None, D=None, z=None, dt_bias=None, dt_softplus=False,
-                      state_layout=DIM_MAJOR):
-        """``mamba2_ring_verify`` of layer ``layer`` (A [H], conv_weight [dim, K], conv_bias [dim]: the layer's)."""
+                      state_layout=DIM_MAJOR, after_due_flush=False):
+        """``mamba2_ring_verify`` of layer ``layer`` (A [H], conv_weight [dim, K], conv_bias [dim]: the
+        layer's; ``after_due_flush``: this step began with ``mamba2_flush(..., due_only=True)``, a hint)."""
         self._drafts(x, "mamba2_verify")
         state_slots = slots if state_slots is None else state_slots
         mamba2_ring_verify(out, x, dt, A, B, C, ssm_state, conv_state, self.rows, self.gates, self.cursor, conv_weight,
                            conv_bias, slots, state_slots, layer, parents, D=D, z=z, dt_bias=dt_bias,
-                           dt_softplus=dt_softplus, state_layout=state_layout)
+                           dt_softplus=dt_softplus, state_layout=state_layout, after_due_flush=after_due_flush)
 
     def mamba2_flush(self, ssm_state, conv_state, conv_weight, A, slots, *, num_heads, head_dim, n_groups, d_state,
                      state_slots=None, conv_bias=None, state_layout=DIM_MAJOR, due_only=False):

@@ -62,7 +62,7 @@ _MAMBA2_RING_VERIFY = "convwin.mamba2_ring_verify"
 
 def _prepare_mamba2_ring_verify(real, out, x, dt, A, B, C, ssm_state, conv_state, rows, gates, cursor, conv_weight,
                                 conv_bias, ring_slots, state_slots, layer, parents, D, z, dt_bias, dt_softplus,
-                                state_layout, sizes=None):
+                                state_layout, after_due_flush, sizes=None):
     """As ops_ring._prepare_ring_conv1d_verify."""
     if sizes is None:
         sizes = check_mamba2_ring_verify_args(out, x, dt, A, B, C, ssm_state, conv_state, rows, gates, cursor,
@@ -80,7 +80,7 @@ def _prepare_mamba2_ring_verify(real, out, x, dt, A, B, C, ssm_state, conv_state
                                     parents=parents)
     args = (out, x, dt, A, B, C, ssm_state, _kernel_state(conv_state, state_layout), rows, gates, cursor, conv_weight,
             conv_bias, ring_slots, state_slots, layer, parents, D, z, dt_bias)
-    return args, dict(dt_softplus=dt_softplus), sizes
+    return args, dict(dt_softplus=dt_softplus, fold_rows=bool(after_due_flush)), sizes
 
 
 @declare_op(mutates=("out", "ssm_state", "conv_state", "gates"), prepare=_prepare_mamba2_ring_verify,
@@ -110,6 +110,7 @@ def mamba2_ring_verify(
     dt_bias: torch.Tensor | None = None,
     dt_softplus: bool = False,
     state_layout: str = DIM_MAJOR,
+    after_due_flush: bool = False,
 ) -> None:
     """``mamba2_verify`` in ring mode, layer ``layer``: the drafts' outputs from the checkpoint plus
     the pending tokens, the fold when the ring would overflow, the drafts' dt into the ring.
@@ -134,7 +135,9 @@ def mamba2_ring_verify(
     [L, M, C, dim] (read), gates [L, M, C, 1, H] (``alloc_mamba2_ring``), cursor [M, 2] (read).
     conv_weight [dim, K], conv_bias [dim] or None: the layer's. Rows are skipped as in
     ``ring_conv1d_verify``; a bad parent link leaves the row's ``out`` untouched but still folds
-    and stores the dt. Same as ``torch.ops.convwin.mamba2_ring_verify``.
+    and stores the dt. ``after_due_flush``: as in ``gdn_ring_verify`` (a hint that the step began
+    with ``mamba2_ring_flush(..., num_draft=N)``: the fold launch a program a row; never the results).
+    Same as ``torch.ops.convwin.mamba2_ring_verify``.
     """
 
 

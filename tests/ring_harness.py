@@ -302,7 +302,8 @@ class Mamba2Harness(RingHarness):
         out = torch.full((num_rows, num_nodes, h, p), FILL, device=self.device)
         self.ring.mamba2_verify(out, x, dt, self.A[layer], B, C, self.ssm_state, self.conv_state,
                                 self.conv_weight[layer], self.layer_bias(layer), ring_slots, layer,
-                                state_slots=state_slots, parents=parents, state_layout=self.state_layout, **options)
+                                state_slots=state_slots, parents=parents, state_layout=self.state_layout,
+                                after_due_flush=self.due_first, **options)
         expected, rows = self.oracle.mamba2_verify(layer, x, dt, B, C, ring_slots, state_slots, parents, **options)
         self.check_verify_outputs(out, expected, rows, f"mamba2 out, layer {layer}")
         # an engine's dt as mamba2_commit takes it (after dt_bias and softplus), computed by the engine

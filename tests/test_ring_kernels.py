@@ -80,7 +80,7 @@ def run_both(case, *, layer=1, use_qk_l2norm=True, tuning=IEEE):
         if launch:
             kernel_args, kernel_kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
                 *args, use_qk_l2norm=use_qk_l2norm)
-            triton_kernels().launch_gdn_ring_verify(*kernel_args, **kernel_kwargs, **tuning)
+            triton_kernels().launch_gdn_ring_verify(*kernel_args, **{**kernel_kwargs, **tuning})
         else:
             ring_pytorch_code("gdn_ring_verify")(*args, use_qk_l2norm=use_qk_l2norm)
         mine["out"] = out
@@ -433,7 +433,7 @@ def ring_step_calls(kernels, verify_tuning=IEEE):
     def through(op, launch, **tuning):
         def call(*args, **kwargs):
             kernel_args, kernel_kwargs = op.kernel_arguments(*args, **kwargs)
-            launch(*kernel_args, **kernel_kwargs, **tuning)
+            launch(*kernel_args, **{**kernel_kwargs, **tuning})
         return call
 
     return (through(sgl_convwin.ring_conv1d_verify, launchers.launch_ring_conv1d_verify),

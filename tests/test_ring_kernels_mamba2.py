@@ -76,7 +76,7 @@ def run_both(case, *, dt_softplus=True, tuning=IEEE):
         kwargs = dict(D=mine["D"], z=mine["z"], dt_bias=mine["dt_bias"], dt_softplus=dt_softplus)
         if launch:
             kernel_args, kernel_kwargs = sgl_convwin.mamba2_ring_verify.kernel_arguments(*args, **kwargs)
-            triton_kernels().launch_mamba2_ring_verify(*kernel_args, **kernel_kwargs, **tuning)
+            triton_kernels().launch_mamba2_ring_verify(*kernel_args, **{**kernel_kwargs, **tuning})
         else:
             ring_pytorch_code("mamba2_ring_verify")(*args, **kwargs)
         mine["out"] = out
@@ -125,6 +125,23 @@ def test_matches_pytorch_code(device, tree, share):
         assert_same_untouched(case, want, got)
     want, got = run_both(case, tuning=dict(heads_per_program=share))  # the default precision: 3xTF32 here
     assert_agree(want, got, tol=2e-3, state_tol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("share", [1, 2], ids=["head", "group"])
+def test_fold_a_row_a_program_leaves_the_same_bits(device, share):
+    """The fold launch one program a row (fold_rows, after a due flush: nothing to fold) folding its
+    tiles one after another -- here where two rows do fold, each tile's program tile of its own
+    group -- leaves what a program a tile leaves, bit for bit."""
+    cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
+    case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
+                            state_slots=[3, 0, 4, -1], head_dim=32, device=device, seed=3)
+    tuning = dict(IEEE, fold_heads_per_program=share, block_p=16)  # (two column blocks a head)
+    _, tiles = run_both(case, tuning=tuning)
+    _, rows = run_both(case, tuning=dict(tuning, fold_rows=True))
+    assert not torch.equal(rows["ssm_state"], case["ssm_state"])  # something folded
+    for name in ("out", "ssm_state", "conv_state", "gates", "cursor"):
+        assert torch.equal(rows[name], tiles[name]), name
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -287,13 +287,27 @@ def op_samples(tree):
     arguments = verify_arguments(harness, num_rows=4)
     arguments.update(ring_slots=ring_slots, state_slots=state_slots, parents=parents,
                      D=harness.D[1], z=torch.randn(4, 3, 2, 4), dt_bias=harness.dt_bias[1])
-    verify = (tuple(arguments.values()), dict(dt_softplus=True))
+    verify = (tuple(arguments.values()), dict(dt_softplus=True, **({"after_due_flush": True} if tree else {})))
     accept = ((ring.cursor, ring.rows, ring.gates, ring_slots, torch.tensor([2, 0, 1, 2]), parents),
               dict(num_draft=3))
     flush = ((harness.ssm_state, harness.conv_state, ring.cursor, ring.rows, ring.gates, harness.conv_weight,
               harness.A, ring_slots, state_slots, harness.conv_bias),
              dict(**harness.heads, num_draft=3 if tree else None))  # (tree: a due flush)
     return dict(mamba2_ring_verify=verify, ring_accept=accept, mamba2_ring_flush=flush)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_after_due_flush_is_only_a_hint(device):
+    """mamba2_ring_verify told a due flush went first when none did (two rows fold) leaves the bits
+    of one not told."""
+    args, kwargs = op_samples(False)["mamba2_ring_verify"]
+    worlds = [[a.to(device, copy=True) if isinstance(a, torch.Tensor) else a for a in args] for _ in range(2)]
+    for world, hint in zip(worlds, (False, True)):
+        torch.ops.convwin.mamba2_ring_verify(*world, **kwargs, after_due_flush=hint)  # (D, z, dt_bias positional)
+    assert not torch.equal(worlds[0][6], args[6].to(device))  # (ssm_state: folded)
+    for plain, hinted in zip(*worlds):
+        if isinstance(plain, torch.Tensor):
+            assert torch.equal(plain, hinted)
 
 
 @pytest.mark.parametrize("name, tree", [("mamba2_ring_verify", False), ("mamba2_ring_verify", True),
