@@ -290,7 +290,7 @@ def sweep(shapes, batches, capacity, specs, ncu=None):
                 tuning = dict(block_v=int(block_v), num_warps=int(warps), precision=precision,
                               fold_precision=fold[0] if fold else precision)
             tuning.update(keywords)
-            print(markdown_row(batch, spec, *sweep_times(lambda: launch(*args, **kwargs, **tuning), ring.cursor,
+            print(markdown_row(batch, spec, *sweep_times(lambda: launch(*args, **dict(kwargs, **tuning)), ring.cursor,
                                                          pendings, ncu)), flush=True)
         del p
         torch.cuda.empty_cache()

@@ -445,9 +445,9 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     fold_warps warps over tiles of fold_block_v columns (None: the others'; a grid of its own),
     capped at fold_maxnreg registers (None: RING_MMA_FOLD_MAXNREG; 0: no cap), with fold_rows one
     program a row, its tiles one after another (one short wave where none fold: after a due
-    flush); then, their drafts verified from the folded checkpoint (with fused_window, their conv windows moved there too) with
-    the others', with ``small`` (and N <= 8, more than 16 stack rows) the rows whose keys fit a stack of 16 rows
-    (pending + N <= 16 - N), then the rest (tf32 products); with ``merged`` those two in one launch
+    flush); then, their drafts verified from the folded checkpoint (with fused_window, their conv
+    windows moved there too) with the others', with ``small`` (and N <= 8, more than 16 stack rows)
+    the rows whose keys fit a stack of 16 rows (pending + N <= 16 - N), then the rest (tf32 products); with ``merged`` those two in one launch
     (KIND 3, the others' cap); with state_stages the state chunks through shared memory, that many
     in flight (where a thread's copies are of 4 bytes or more: gdn_verify.state_stages_for);
     chunk_k state rows a chunk; the non-folding rows' stack sized by their most keys
@@ -495,11 +495,12 @@ def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
     return constexprs
 
 
-def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnreg, state_stages, rows=False):
+def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnreg, state_stages,
+                   rows_a_program=False):
     """gdn_ring_verify_mma's launch of the rows that fold (KIND 2), folding only, over ``chunk``'s rows
     and layers: a stack of their pending keys (3xTF32 for a float32 checkpoint), fold_warps warps over
     tiles of fold_block_v columns, capped at fold_maxnreg registers (None: RING_MMA_FOLD_MAXNREG;
-    0: no cap); with ``rows`` one program a row and layer, its tiles one after another."""
+    0: no cap); rows_a_program: one program a row and layer, its tiles one after another."""
     from . import gdn_ring_verify_mma
 
     chunk_k = constexprs["CHUNK_K"]
@@ -508,12 +509,13 @@ def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnre
         raise ValueError(f"gdn_ring_verify_mma: its folds take a stack of at most {RING_MMA_NODES} pending keys, got a "
                          f"ring holding {constexprs['MAX_PENDING']}")
     cap = RING_MMA_FOLD_MAXNREG if fold_maxnreg is None else fold_maxnreg
-    grid = (1 if rows else constexprs["NUM_V_HEADS"] * cdiv(constexprs["HEAD_V_DIM"], fold_block_v), *chunk.grid[1:])
+    tiles = constexprs["NUM_V_HEADS"] * cdiv(constexprs["HEAD_V_DIM"], fold_block_v)
+    grid = (1 if rows_a_program else tiles, *chunk.grid[1:])
     stages = state_stages_for(state_stages, fold_block_v, fold_warps, constexprs["BLOCK_K"] // chunk_k, ssm)
     nodes = max(RING_MMA_SMALL_NODES, next_power_of_2(constexprs["MAX_PENDING"]))
     return KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors, chunk.scalars,
                       dict(constexprs, KIND=2, NODES=nodes, WARPS=fold_warps, num_warps=fold_warps,
-                           BLOCK_V=fold_block_v, STATE_STAGES=stages, ROW_PROGRAMS=bool(rows),
+                           BLOCK_V=fold_block_v, STATE_STAGES=stages, ROW_PROGRAMS=bool(rows_a_program),
                            **({"maxnreg": cap} if cap else {})))
 
 

@@ -135,7 +135,7 @@ def mamba2_ring_calls(batch, tuning, H=128, P=64, G=8, Ns=128, N=4, capacity=16,
         torch.arange(batch), 0,
         torch.zeros(batch, N, dtype=torch.int64) if tree else None, D=torch.empty(H), z=None,
         dt_bias=torch.empty(H), dt_softplus=True)
-    return list(csrc_triton.mamba2_ring_verify._ring_calls(*args, **kwargs, **tuning))
+    return list(csrc_triton.mamba2_ring_verify._ring_calls(*args, **dict(kwargs, **tuning)))
 
 
 def test_shape_calls(shapes, calls, tuning, keep):
@@ -181,7 +181,7 @@ def gdn_ring_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, tree=False,
         torch.empty(1, batch, rows, 2, Hv), torch.zeros(batch, 2, dtype=torch.int32),
         torch.empty(dim, K, dtype=torch.bfloat16), None,
         torch.arange(batch), torch.arange(batch), 0, torch.zeros(batch, N, dtype=torch.int64) if tree else None)
-    return list(csrc_triton.gdn_ring_verify._ring_calls(*args, **kwargs, **dict(dict(mma=True), **tuning)))
+    return list(csrc_triton.gdn_ring_verify._ring_calls(*args, **dict(kwargs, mma=True, **tuning)))
 
 
 def gdn_ring_test_shape_calls(batch, tuning):
@@ -208,7 +208,7 @@ def gdn_ring_due_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, capacit
         torch.empty(layers, batch, rows, 2, Hv), torch.empty(layers, dim, K, dtype=torch.bfloat16),
         torch.arange(batch), torch.arange(batch), num_k_heads=Hk, head_k_dim=dk, num_v_heads=Hv, head_v_dim=dv,
         num_draft=N)
-    return list(csrc_triton.gdn_ring_verify._flush_calls(*args, **kwargs, **dict(dict(mma=True), **tuning)))[:1]
+    return list(csrc_triton.gdn_ring_verify._flush_calls(*args, **dict(kwargs, mma=True, **tuning)))[:1]
 
 
 def gdn_verify_calls(batch, tuning):
