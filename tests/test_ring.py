@@ -448,9 +448,12 @@ def test_after_due_flush_is_only_a_hint(device):
 
 
 def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, x, g, beta, slots, steps, flush_slots, heads):
-    """One decode step in ring mode, every layer, then a flush."""
+    """One decode step in ring mode as the recipe runs it -- the due flush, every layer told so, the
+    acceptance -- then a flush."""
     num_rows, num_nodes, _ = x.shape[1:]
     hk, dk, hv, dv = heads["num_k_heads"], heads["head_k_dim"], heads["num_v_heads"], heads["head_v_dim"]
+    sgl_convwin.gdn_ring_flush(ssm_state, conv_state, ring.cursor, ring.rows, ring.gates, conv_weight, slots, slots,
+                               conv_bias=conv_bias, **heads, num_draft=num_nodes)
     for layer in range(x.shape[0]):
         conv_out = torch.empty(num_rows, num_nodes, x.shape[3], device=x.device)
         sgl_convwin.ring_conv1d_verify(conv_out, ring.rows, conv_state, x[layer], conv_weight[layer], conv_bias[layer],
@@ -459,7 +462,8 @@ def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, x, g, beta, s
         out = torch.empty(num_rows, num_nodes, hv, dv, device=x.device)
         sgl_convwin.gdn_ring_verify(out, q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)),
                                     v.unflatten(-1, (hv, dv)), g[layer], beta[layer], ssm_state, conv_state, ring.rows,
-                                    ring.gates, ring.cursor, conv_weight[layer], conv_bias[layer], slots, slots, layer)
+                                    ring.gates, ring.cursor, conv_weight[layer], conv_bias[layer], slots, slots, layer,
+                                    after_due_flush=True)
     sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, num_draft=num_nodes)
     sgl_convwin.gdn_ring_flush(ssm_state, conv_state, ring.cursor, ring.rows, ring.gates, conv_weight, flush_slots,
                                flush_slots, conv_bias=conv_bias, **heads)
@@ -508,9 +512,13 @@ def test_compiled_step_matches_eager(device, dynamic):
 
 
 def ring_layers_step(ring, ssm_state, conv_state, conv_weight, conv_bias, out, x, g, beta, ring_slots, state_slots,
-                     steps, parents, heads):
-    """Every layer's ring conv and verify (outputs into out [L, B, N, Hv, dv]), then the acceptance."""
+                     steps, parents, heads, due_first=False):
+    """Every layer's ring conv and verify (outputs into out [L, B, N, Hv, dv]), then the acceptance;
+    with due_first the step begins with the due flush and its verifies are told so (the recipe)."""
     hk, dk, hv, dv = heads["num_k_heads"], heads["head_k_dim"], heads["num_v_heads"], heads["head_v_dim"]
+    if due_first:
+        sgl_convwin.gdn_ring_flush(ssm_state, conv_state, ring.cursor, ring.rows, ring.gates, conv_weight, ring_slots,
+                                   state_slots, conv_bias=conv_bias, **heads, num_draft=x.shape[2])
     for layer in range(x.shape[0]):
         conv_out = torch.empty(x.shape[1:], device=x.device)
         sgl_convwin.ring_conv1d_verify(conv_out, ring.rows, conv_state, x[layer], conv_weight[layer], conv_bias[layer],
@@ -519,7 +527,7 @@ def ring_layers_step(ring, ssm_state, conv_state, conv_weight, conv_bias, out, x
         sgl_convwin.gdn_ring_verify(out[layer], q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)),
                                     v.unflatten(-1, (hv, dv)), g[layer], beta[layer], ssm_state, conv_state, ring.rows,
                                     ring.gates, ring.cursor, conv_weight[layer], conv_bias[layer], ring_slots,
-                                    state_slots, layer, parents)
+                                    state_slots, layer, parents, after_due_flush=due_first)
     sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, ring_slots, steps, parents, num_draft=x.shape[2])
 
 
@@ -529,7 +537,7 @@ RING_VARIANTS = dict(RING_MMA_MERGED=False, RING_MMA_FUSED_WINDOW=False, RING_MM
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("launches", ["default", "variants"])
+@pytest.mark.parametrize("launches", ["default", "variants", "due-first"])
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_cuda_graph_steps_match_eager(tree, launches, monkeypatch):
     """One graph of a whole step and one of a flush, captured once; 40 steps replayed with new
@@ -538,7 +546,7 @@ def test_cuda_graph_steps_match_eager(tree, launches, monkeypatch):
     output, checkpoint and ring tensor after every replay equals, bit for bit, what eager calls of
     the same ops leave on a twin. The ring verify's default launches, and its others (RING_VARIANTS:
     the kinds of rows and the windows each in a launch of their own, the state read through
-    registers)."""
+    registers), and the recipe's step: the due flush first, the verifies told so."""
     if launches == "variants":
         from sgl_convwin._kernels import triton_kernels
 
@@ -572,7 +580,7 @@ def test_cuda_graph_steps_match_eager(tree, launches, monkeypatch):
     outs = [torch.full((layers, num_rows, num_draft, hv, dv), FILL, device="cuda") for _ in worlds]
 
     def step(world, out):
-        ring_layers_step(*state(world), out, **static, heads=heads)
+        ring_layers_step(*state(world), out, **static, heads=heads, due_first=launches == "due-first")
 
     def flush(world):
         ring, ssm_state, conv_state, conv_weight, conv_bias = state(world)

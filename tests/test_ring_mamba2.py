@@ -323,9 +323,12 @@ def test_opcheck(name, tree):
 
 def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, A, dt_bias, x, dt, slots, steps, flush_slots,
               heads):
-    """One decode step in ring mode, every layer, then a flush."""
+    """One decode step in ring mode as the recipe runs it -- the due flush, every layer told so, the
+    acceptance -- then a flush."""
     num_rows, num_nodes, dim = x.shape[1:]
     h, p, g, n = heads["num_heads"], heads["head_dim"], heads["n_groups"], heads["d_state"]
+    sgl_convwin.mamba2_ring_flush(ssm_state, conv_state, ring.cursor, ring.rows, ring.gates, conv_weight, A, slots,
+                                  slots, conv_bias=conv_bias, **heads, num_draft=num_nodes)
     for layer in range(x.shape[0]):
         conv_out = torch.empty(num_rows, num_nodes, dim, device=x.device)
         sgl_convwin.ring_conv1d_verify(conv_out, ring.rows, conv_state, x[layer], conv_weight[layer], conv_bias[layer],
@@ -335,7 +338,7 @@ def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, A, dt_bias, x
         sgl_convwin.mamba2_ring_verify(out, xs.unflatten(-1, (h, p)), dt[layer], A[layer], B.unflatten(-1, (g, n)),
                                        C.unflatten(-1, (g, n)), ssm_state, conv_state, ring.rows, ring.gates,
                                        ring.cursor, conv_weight[layer], conv_bias[layer], slots, slots, layer,
-                                       dt_bias=dt_bias[layer], dt_softplus=True)
+                                       dt_bias=dt_bias[layer], dt_softplus=True, after_due_flush=True)
     sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, num_draft=num_nodes)
     sgl_convwin.mamba2_ring_flush(ssm_state, conv_state, ring.cursor, ring.rows, ring.gates, conv_weight, A,
                                   flush_slots, flush_slots, conv_bias=conv_bias, **heads)
@@ -380,11 +383,13 @@ def test_compiled_step_matches_eager(device, dynamic):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("due_first", [False, True], ids=["verify-folds", "due-first"])
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_cuda_graph_steps_match_eager(tree):
-    """A whole Mamba2 step (every layer's conv and verify, then the acceptance) and a flush, each
-    captured once and replayed with new inputs, slots (a padded row), acceptance and tree links
-    written into the static inputs, new requests between steps (ring_harness.replay_against_eager)."""
+def test_cuda_graph_steps_match_eager(tree, due_first):
+    """A whole Mamba2 step (every layer's conv and verify, then the acceptance; with due_first the
+    recipe's, the due flush first and the verifies told so) and a flush, each captured once and
+    replayed with new inputs, slots (a padded row), acceptance and tree links written into the
+    static inputs, new requests between steps (ring_harness.replay_against_eager)."""
     from support import random_tree
 
     layers, num_rows, num_draft, num_ring = 2, 3, 3, 4
@@ -412,6 +417,10 @@ def test_cuda_graph_steps_match_eager(tree):
 
     def step(world, out):
         ring, parents = world.ring, static["parents"]
+        if due_first:
+            sgl_convwin.mamba2_ring_flush(world.ssm_state, world.conv_state, ring.cursor, ring.rows, ring.gates,
+                                          world.conv_weight, world.A, static["ring_slots"], static["state_slots"],
+                                          conv_bias=world.conv_bias, **heads, num_draft=num_draft)
         for layer in range(layers):
             conv_out = torch.empty(num_rows, num_draft, dim, device="cuda")
             sgl_convwin.ring_conv1d_verify(conv_out, ring.rows, world.conv_state, static["x"][layer],
@@ -423,7 +432,7 @@ def test_cuda_graph_steps_match_eager(tree):
                                            world.conv_state, ring.rows, ring.gates, ring.cursor,
                                            world.conv_weight[layer], world.conv_bias[layer], static["ring_slots"],
                                            static["state_slots"], layer, parents, D=world.D[layer],
-                                           dt_bias=world.dt_bias[layer], dt_softplus=True)
+                                           dt_bias=world.dt_bias[layer], dt_softplus=True, after_due_flush=due_first)
         sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, static["ring_slots"], static["steps"], parents,
                                 num_draft=num_draft)
 
