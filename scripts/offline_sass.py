@@ -13,6 +13,7 @@ environment beside torch); its wheel carries ptxas, cuobjdump and nvdisasm.
     python scripts/offline_sass.py gdn_ring --tunings '{"fold_maxnreg": 168}'   # the mma kernel's launches
     python scripts/offline_sass.py gdn_ring_due                                 # the due flush's fold launch
     python scripts/offline_sass.py gdn_verify                                   # its mma kernel
+    python scripts/offline_sass.py gdn_ring --tunings '{"merged": false}' --opcodes 12  # each kind's opcode mix
     python scripts/offline_sass.py gdn_ring_test_shapes --batch 4               # every shape the tests compile
     python scripts/offline_sass.py mamba2_ring_test_shapes --batch 4            # (the Mamba2 ring's)
 """
@@ -20,6 +21,7 @@ environment beside torch); its wheel carries ptxas, cuobjdump and nvdisasm.
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import json
 import os
@@ -78,8 +80,9 @@ def compile_call(call, arch):
                           options=options)
 
 
-def counts(kernel) -> dict:
-    """ptxas's resource usage and the SASS's instruction counts of a compiled kernel."""
+def counts(kernel, opcodes=0) -> dict:
+    """ptxas's resource usage and the SASS's instruction counts of a compiled kernel (with opcodes,
+    also its most frequent opcodes, that many, and their counts)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     try:
@@ -94,8 +97,12 @@ def counts(kernel) -> dict:
     ops = {name: sum(1 for line in lines if re.search(rf"\b{op}\b", line))
            for name, op in (("local loads", "LDL"), ("local stores", "STL"), ("cp.async", "LDGSTS"),
                             ("mma.sync", "HMMA"), ("wgmma", "HGMMA"))}
-    return {"registers": int(regs), "spilled bytes": int(stack), "shared bytes": kernel.metadata.shared,
-            "instructions": len(lines), **ops}
+    result = {"registers": int(regs), "spilled bytes": int(stack), "shared bytes": kernel.metadata.shared,
+              "instructions": len(lines), **ops}
+    if opcodes:  # the opcode after the address comment and any predicate (@P0, @!PT, ...)
+        names = (re.search(r"\*/\s+(?:@!?\w+\s+)?([A-Z][A-Z0-9_]*)", line) for line in lines)
+        result["opcodes"] = collections.Counter(m.group(1) for m in names if m).most_common(opcodes)
+    return result
 
 
 def conv_views(batch, nodes, widths, names):
@@ -234,6 +241,8 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", type=int, default=90, help="the SM version compiled for (90: H100 / H200)")
     parser.add_argument("--tunings", type=json.loads, nargs="+", default=[{}], metavar="JSON",
                         help="the launcher's keyword arguments, one JSON object per compile")
+    parser.add_argument("--opcodes", type=int, default=0, metavar="N",
+                        help="also each compile's N most frequent SASS opcodes and their counts")
     args = parser.parse_args(argv)
     print(f"triton {triton.__version__}, sm_{args.arch}, {args.kernel} at B = {args.batch}")
     failures = 0
@@ -243,7 +252,7 @@ def main(argv=None) -> int:
             shape = "" if not kind else " " + str({name: call.constexprs[name] for name in ("NUM_NODES", "BLOCK_K",
                                                                                         "BLOCK_V", "TREE")})
             try:
-                result = counts(compile_call(call, args.arch))
+                result = counts(compile_call(call, args.arch), args.opcodes)
             except Exception as error:  # noqa: BLE001 -- every launch's compile reported, then the exit status
                 failures += 1
                 result = f"FAILED: {str(error).strip().splitlines()[-1]}"
