@@ -29,6 +29,7 @@ checkpoints, bf16 ring rows and conv state, capacity R = 16, D = 4 chains and tr
     python benchmarks/bench_ring.py --mixer mamba2 --batches 64 --profile             # each kernel's share
     python benchmarks/bench_ring.py --constants RING_MMA_STATE_STAGES=0               # a launcher default set
     python benchmarks/bench_ring.py --no-due-first --profile     # the folds in each layer's verify instead
+    python benchmarks/bench_ring.py --batches 64 256 --flush-sweep - fold_tiles=4 fold_tiles=0  # the due flush alone
     ncu --profile-from-start off ... python benchmarks/bench_ring.py --batches 64 --sweep mma/128/4 --ncu mixed
 """
 
@@ -369,6 +370,39 @@ def profile(args, shapes):
                 torch.cuda.empty_cache()
 
 
+def flush_sweep(shapes, batches, capacity, specs):
+    """The GDN due flush's launches alone per tuning (NAME=VALUE items joined by '/', e.g.
+    fold_tiles=4; "-" its defaults): every FOLD_EVERY-th row due (R - 2 pending), the others at 8,
+    each replay from the same cursors; the graph time less a replay of the cursor copy alone."""
+    from sgl_convwin._kernels import triton_kernels
+
+    launch = triton_kernels().launch_gdn_ring_flush
+    print(markdown_header("B", "tuning", f"due flush, 1 row in {FOLD_EVERY} due, us"))
+    for batch in batches:
+        p = ring_problem(shapes, batch, False, capacity, seed=batch)
+        ring = p["ring"]
+        cursors = torch.zeros_like(ring.cursor)
+        cursors[:, 1] = 8
+        cursors[::FOLD_EVERY, 1] = capacity - 2
+        args, kwargs = sgl_convwin.gdn_ring_flush.kernel_arguments(
+            p["ssm"], p["conv_state"], ring.cursor, ring.rows, ring.gates, p["weight"], p["slots"], p["slots"],
+            num_k_heads=shapes.k_heads, head_k_dim=shapes.head_k, num_v_heads=shapes.v_heads, head_v_dim=shapes.head_v,
+            num_draft=shapes.num_draft)
+        copy_us = graph_time_us(lambda: ring.cursor.copy_(cursors), launches=1, replays=8, rounds=3, warmup=1)
+        for spec in specs:
+            tuning = {} if spec == "-" else parse_tunings(spec.split("/"))
+
+            def run(tuning=tuning):
+                ring.cursor.copy_(cursors)
+                launch(*args, **dict(kwargs, **tuning))
+
+            cell = f"{graph_time_us(run, launches=1, replays=8, rounds=3, warmup=1) - copy_us:.1f}"
+            print(markdown_row(batch, spec, cell), flush=True)
+        del p
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+
+
 def set_constants(mixer, constants, error):
     """The ring verify launcher's module defaults set (each name must exist there: a typo would
     time the defaults under another name)."""
@@ -403,6 +437,9 @@ def main(argv=None) -> int:
     parser.add_argument("--constants", nargs="+", default=[], metavar="NAME=VALUE",
                         help="module defaults of the ring verify's launcher (csrc_triton/gdn_ring_verify.py, "
                              "--mixer mamba2: mamba2_ring_verify.py) set for this run, e.g. RING_MMA_MERGED=0")
+    parser.add_argument("--flush-sweep", nargs="+", metavar="SPEC",
+                        help="the GDN due flush's launches alone per tuning (NAME=VALUE items joined by '/', e.g. "
+                             "fold_tiles=4; '-' the defaults), 1 row in 6 due")
     parser.add_argument("--due-first", action=argparse.BooleanOptionalAction, default=True,
                         help="each ring step begins with the flush of what its verifies would fold (every layer in "
                              "one launch: gdn_ring_flush / mamba2_ring_flush(..., num_draft=N)); the verifies then "
@@ -414,6 +451,8 @@ def main(argv=None) -> int:
         set_constants(args.mixer, parse_tunings(args.constants), parser.error)
     if args.ncu and not args.sweep:
         parser.error("--ncu profiles a --sweep's launches")
+    if args.flush_sweep and args.mixer != "gdn":
+        parser.error("--flush-sweep times the GDN due flush")
     if DEVICE == "cuda" and not torch.cuda.is_available():
         parser.error("needs a CUDA device")
     shapes = SHAPES[args.mixer]
@@ -426,6 +465,9 @@ def main(argv=None) -> int:
         return 0
     if args.profile:
         profile(args, shapes)
+        return 0
+    if args.flush_sweep:
+        flush_sweep(shapes, args.batches, args.capacity, args.flush_sweep)
         return 0
     rng = random.Random(0)
     results = []

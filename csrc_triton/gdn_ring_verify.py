@@ -476,7 +476,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     kinds = (*(((0, RING_MMA_SMALL_NODES, small_cap),) if small and not merged else ()),
              (3 if small and merged else 1, verify_nodes, other_cap))
     fold = _mma_fold_call(chunk, ssm, constexprs, fold_warps or num_warps, fold_block_v or block_v, fold_maxnreg,
-                          state_stages, fold_rows)
+                          state_stages, 0 if fold_rows else 1)
     return (fold, *(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
                                chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes, STATE_STAGES=stages, **caps))
                     for kind, nodes, caps in kinds))
@@ -491,16 +491,17 @@ def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
     constexprs.update(FUSED_WINDOW=bool(fused_window), WIDTH=width, WINDOW=max(2, next_power_of_2(width)),
                       NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k,
                       WARPS=chunk.constexprs["num_warps"], SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4),
-                      ROW_PROGRAMS=False, **verify)
+                      TILES_A_PROGRAM=1, **verify)
     return constexprs
 
 
 def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnreg, state_stages,
-                   rows_a_program=False):
+                   tiles_a_program=1):
     """gdn_ring_verify_mma's launch of the rows that fold (KIND 2), folding only, over ``chunk``'s rows
     and layers: a stack of their pending keys (3xTF32 for a float32 checkpoint), fold_warps warps over
     tiles of fold_block_v columns, capped at fold_maxnreg registers (None: RING_MMA_FOLD_MAXNREG;
-    0: no cap); rows_a_program: one program a row and layer, its tiles one after another."""
+    0: no cap); a program folding tiles_a_program of its row's tiles one after another (0: all of
+    them, one program a row and layer)."""
     from . import gdn_ring_verify_mma
 
     chunk_k = constexprs["CHUNK_K"]
@@ -510,12 +511,16 @@ def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnre
                          f"ring holding {constexprs['MAX_PENDING']}")
     cap = RING_MMA_FOLD_MAXNREG if fold_maxnreg is None else fold_maxnreg
     tiles = constexprs["NUM_V_HEADS"] * cdiv(constexprs["HEAD_V_DIM"], fold_block_v)
-    grid = (1 if rows_a_program else tiles, *chunk.grid[1:])
+    tiles_a_program = tiles_a_program or tiles
+    if tiles % tiles_a_program:
+        raise ValueError(f"gdn_ring_verify_mma: a fold program's tiles must divide a row's {tiles}, got "
+                         f"{tiles_a_program}")
+    grid = (tiles // tiles_a_program, *chunk.grid[1:])
     stages = state_stages_for(state_stages, fold_block_v, fold_warps, constexprs["BLOCK_K"] // chunk_k, ssm)
     nodes = max(RING_MMA_SMALL_NODES, next_power_of_2(constexprs["MAX_PENDING"]))
     return KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors, chunk.scalars,
                       dict(constexprs, KIND=2, NODES=nodes, WARPS=fold_warps, num_warps=fold_warps,
-                           BLOCK_V=fold_block_v, STATE_STAGES=stages, ROW_PROGRAMS=bool(rows_a_program),
+                           BLOCK_V=fold_block_v, STATE_STAGES=stages, TILES_A_PROGRAM=tiles_a_program,
                            **({"maxnreg": cap} if cap else {})))
 
 
@@ -613,14 +618,14 @@ def _flush_cursor_kernel(cursor_ptr, ring_slots_ptr, state_slots_ptr, num_rows, 
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state_slots, *, num_k_heads, head_k_dim,
                  num_v_heads, head_v_dim, use_qk_l2norm, num_draft=None, block_v=None, num_warps=None, precision=None,
                  fold_precision=None, mma=None, fold_warps=None, fold_maxnreg=None, state_stages=None, chunk_k=None,
-                 fold_rows=False):
+                 fold_tiles=1):
     """gdn_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or ():
     every row with pending tokens, or with num_draft those the next verify would fold (flush_rule).
     The folds by the Triton chunk kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32
     checkpoint; block_v and num_warps its tile), or with mma by gdn_ring_verify_mma's fold launch
     over every layer (None: with num_draft, where the verify's folds run on it and no tile or
     precision is asked for -- the same arithmetic, so the same checkpoints; fold_warps, fold_maxnreg,
-    state_stages, chunk_k and fold_rows as the verify's)."""
+    state_stages and chunk_k as the verify's; fold_tiles a program's tiles, 0 a row's: _mma_fold_call)."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
         return ()
@@ -645,7 +650,7 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state
         chunk_k = min(chunk_k or RING_MMA_CHUNK_K, chunk.constexprs["BLOCK_K"])
         constexprs = _mma_constexprs(chunk, ssm, chunk_k, False, VERIFY_KEYS=0, SMALL_KEYS=0)
         chunk = _mma_fold_call(chunk, ssm, constexprs, fold_warps or num_warps, block_v, fold_maxnreg,
-                               RING_MMA_STATE_STAGES if state_stages is None else state_stages, fold_rows)
+                               RING_MMA_STATE_STAGES if state_stages is None else state_stages, fold_tiles)
     cursors = flush_cursor_call(cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1],
                                 num_ring_slots=rows.shape[1], ring_rows=ring_rows, **rule)
     return chunk, window, cursors

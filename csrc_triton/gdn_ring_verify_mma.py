@@ -369,7 +369,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
-    VERIFY_KEYS: gl.constexpr, ROW_PROGRAMS: gl.constexpr,
+    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
@@ -385,8 +385,9 @@ def _gdn_ring_verify_mma_kernel(
     FUSED_WINDOW their programs of such a row then move its conv window past the folded tokens
     (nothing in these launches reads a folded row's window): each its v columns, a key head's first
     value head its q and k. With STATE_STAGES the state chunks come through shared memory (cp.async,
-    that many in flight). With ROW_PROGRAMS (KIND 2 only) one program a row and layer folds its
-    tiles one after another: where few rows or none fold (after a due flush) its launch is a wave."""
+    that many in flight). With TILES_A_PROGRAM > 1 (KIND 2 only) a program of a row that folds folds
+    that many of its tiles, program_id(0) * TILES_A_PROGRAM onwards, one after another: fewer
+    programs where few rows fold (all of a row's, after a due flush: its launch is a wave)."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     row = gl.program_id(1).to(gl.int64)
     layer = (layer + gl.program_id(2)).to(gl.int64)  # (a scalar: an int argument of 1 is a constant)
@@ -421,14 +422,14 @@ def _gdn_ring_verify_mma_kernel(
 
     rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
     window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
-    if ROW_PROGRAMS:  # the row's tiles, if it folds
-        tiles = gl.where(kind == 2, NUM_V_HEADS * V_BLOCKS, 0)
+    if TILES_A_PROGRAM > 1:  # the program's tiles, if the row folds
+        tiles = gl.where(kind == 2, TILES_A_PROGRAM, 0)
     else:
         tiles = 1
     for tile in range(tiles):
-        if ROW_PROGRAMS:
+        if TILES_A_PROGRAM > 1:
             gl.thread_barrier()  # (the tile before's last reads of shared memory, before this one's copies)
-        program = gl.program_id(0) + tile  # (ROW_PROGRAMS: a grid of one program a row and layer)
+        program = gl.program_id(0) * TILES_A_PROGRAM + tile
         head = program // V_BLOCKS
         v0 = (program % V_BLOCKS) * BLOCK_V
         k_head = head // (NUM_V_HEADS // NUM_K_HEADS)

@@ -64,7 +64,8 @@
 #   due       each step's folds first, every layer in one launch (gdn_ring_flush / mamba2_ring_flush(..., num_draft=N);
 #             run 2026-12-05, docs/benchmarks.md): their GPU tests (bit for bit against the verifies' folds; random
 #             sequences; the verify's after_due_flush hint), then whole chain steps with and without (bench_ring.py
-#             --profile [--no-due-first]), both mixers, B = 1 .. 256
+#             --profile [--no-due-first]), both mixers, B = 1 .. 256, then the GDN flush's tiles a fold program walks
+#             (bench_ring.py --flush-sweep; fold_tiles not yet timed)
 #   plans     the ring ops' eager plans (_common.planned_calls): test_eager_signatures.py's GPU
 #             tests (planned = unplanned, the binder skipped after a first call), then the ring's GPU tests through them
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
@@ -334,7 +335,10 @@ for phase in "$@"; do
                     --profile $flag > "$out/steps_due_$mixer${flag:+1}.log" 2>&1 || rc=1
                   grep -E '^(chain|\| _)' "$out/steps_due_$mixer${flag:+1}.log"
                 done
-              done ;;
+              done
+              timeout 120 python3 benchmarks/bench_ring.py --batches 64 256 --flush-sweep - fold_tiles=2 fold_tiles=4 \
+                fold_tiles=8 fold_tiles=0 > "$out/flush_sweep.log" 2>&1 || rc=1
+              grep -E '^\|' "$out/flush_sweep.log" ;;
     plans)    rc=0
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_eager_signatures.py \
                 > "$out/gpu_tests_plans.log" 2>&1 || rc=1

@@ -105,3 +105,16 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
         assert len(calls) == 3
         with pytest.raises(SystemExit):
             bench_ring.main(["--mixer", mixer, "--ncu", "fold"])
+        # --flush-sweep: the due flush's launches alone, per tuning (a stubbed timer: 8 - 8 us)
+        monkeypatch.setattr(bench_ring.sgl_convwin, "gdn_ring_flush", flush)  # (the public op again)
+        flushes = []
+        real_flush = triton_kernels().launch_gdn_ring_flush
+        monkeypatch.setattr(triton_kernels(), "launch_gdn_ring_flush",
+                            lambda *args, **kwargs: flushes.append(kwargs) or real_flush(*args, **kwargs))
+        assert bench_ring.main(["--batches", "2", "--capacity", "8", "--flush-sweep", "-", "fold_tiles=0"]) == 0
+        assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")] == [
+            "| 2 | - | 0.0 |", "| 2 | fold_tiles=0 | 0.0 |"]
+        assert [kwargs.get("fold_tiles") for kwargs in flushes] == [None, 0]
+        assert {kwargs["num_draft"] for kwargs in flushes} == {4}
+        with pytest.raises(SystemExit):
+            bench_ring.main(["--mixer", "mamba2", "--flush-sweep", "-"])

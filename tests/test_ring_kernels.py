@@ -611,15 +611,17 @@ def test_due_flush_plans_the_verifys_fold_over_every_layer(monkeypatch):
 def test_due_flush_on_the_mma_kernel_matches_pytorch_code():
     """The due flush's mma fold over two layers of distinct weights (dk = dv = 32, capacity 16, N = 4:
     the verify's own kernel) against the PyTorch code: 3xTF32 folds within 1e-4 x max |S|, windows
-    and cursors bit for bit, rows not due untouched."""
+    and cursors bit for bit, rows not due untouched; a program folding two of a row's four tiles, or
+    all, leaves the same bits."""
     cursors = torch.tensor([[3, 16], [5, 12], [0, 13], [1, 3]])  # C = 20: due when pending > 12
-    case = ring_case(num_rows=4, num_nodes=4, capacity=16, head_k_dim=32, head_v_dim=32, num_ring_slots=4,
-                     num_state_slots=5, cursors=cursors, ring_slots=[0, 1, 2, 3], state_slots=[4, 2, 0, 1],
-                     device="cuda", seed=9)
+    case = ring_case(num_rows=4, num_nodes=4, capacity=16, num_k_heads=2, head_k_dim=32, head_v_dim=32,
+                     num_ring_slots=4, num_state_slots=5, cursors=cursors, ring_slots=[0, 1, 2, 3],
+                     state_slots=[4, 2, 0, 1], device="cuda", seed=9)  # (4 value heads: a tile each)
     want, got = run_flush_both(case, tuning={}, num_draft=4)
     assert torch.equal(got["cursor"].cpu(), torch.tensor([[19, 0], [5, 12], [13, 0], [1, 3]]))
     assert_agree(dict(want, out=torch.zeros(1)), dict(got, out=torch.zeros(1)), state_tol=1e-4)
     assert_same_untouched(case, want, got)
-    _, rows = run_flush_both(case, tuning=dict(fold_rows=True), num_draft=4)  # one program a row: the same bits
-    for name in ("ssm_state", "conv_state", "cursor"):
-        assert torch.equal(rows[name], got[name]), name
+    for tiles in (0, 2):  # a program folding a row's tiles, or two, one after another: the same bits
+        _, walked = run_flush_both(case, tuning=dict(fold_tiles=tiles), num_draft=4)
+        for name in ("ssm_state", "conv_state", "cursor"):
+            assert torch.equal(walked[name], got[name]), (tiles, name)
