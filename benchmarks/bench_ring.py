@@ -372,7 +372,7 @@ def profile(args, shapes):
 
 def flush_sweep(shapes, batches, capacity, specs):
     """The GDN due flush's launches alone per tuning (NAME=VALUE items joined by '/', e.g.
-    fold_tiles=4; "-" its defaults): every FOLD_EVERY-th row due (R - 2 pending), the others at 8,
+    fold_tiles=4; "-" its defaults): every FOLD_EVERY-th row due (R - 2 pending, more if N < 3), the others at 8,
     each replay from the same cursors; the graph time less a replay of the cursor copy alone."""
     from sgl_convwin._kernels import triton_kernels
 
@@ -383,7 +383,7 @@ def flush_sweep(shapes, batches, capacity, specs):
         ring = p["ring"]
         cursors = torch.zeros_like(ring.cursor)
         cursors[:, 1] = 8
-        cursors[::FOLD_EVERY, 1] = capacity - 2
+        cursors[::FOLD_EVERY, 1] = max(capacity - 2, capacity - shapes.num_draft + 1)  # (due: > R - N)
         args, kwargs = sgl_convwin.gdn_ring_flush.kernel_arguments(
             p["ssm"], p["conv_state"], ring.cursor, ring.rows, ring.gates, p["weight"], p["slots"], p["slots"],
             num_k_heads=shapes.k_heads, head_k_dim=shapes.head_k, num_v_heads=shapes.v_heads, head_v_dim=shapes.head_v,
