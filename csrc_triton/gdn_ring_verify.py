@@ -387,7 +387,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
                  fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                 chunk_k=None, fold_rows=False):
+                 chunk_k=None, fold_tiles=1):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
@@ -428,7 +428,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps,
                                fold_block_v, fold_maxnreg, fused, RING_MMA_MERGED if merged is None else merged,
                                RING_MMA_STATE_STAGES if state_stages is None else state_stages,
-                               chunk_k or RING_MMA_CHUNK_K, fold_rows) if mma else (chunk,))
+                               chunk_k or RING_MMA_CHUNK_K, fold_tiles) if mma else (chunk,))
     if fused:
         return chunks
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
@@ -438,18 +438,19 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
 
 def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fold_block_v=None,
                      fold_maxnreg=None, fused_window=False, merged=False, state_stages=0, chunk_k=RING_MMA_CHUNK_K,
-                     fold_rows=False):
+                     fold_tiles=1):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
     folding only -- a stack of the pending keys, no drafts (3xTF32 for a float32 checkpoint), on
     fold_warps warps over tiles of fold_block_v columns (None: the others'; a grid of its own),
-    capped at fold_maxnreg registers (None: RING_MMA_FOLD_MAXNREG; 0: no cap), with fold_rows one
-    program a row, its tiles one after another (one short wave where none fold: after a due
-    flush); then, their drafts verified from the folded checkpoint (with fused_window, their conv
-    windows moved there too) with the others', with ``small`` (and N <= 8, more than 16 stack rows)
-    the rows whose keys fit a stack of 16 rows (pending + N <= 16 - N), then the rest (tf32 products); with ``merged`` those two in one launch
-    (KIND 3, the others' cap); with state_stages the state chunks through shared memory, that many
-    in flight (where a thread's copies are of 4 bytes or more: gdn_verify.state_stages_for);
+    capped at fold_maxnreg registers (None: RING_MMA_FOLD_MAXNREG; 0: no cap), a program walking
+    fold_tiles of its row's tiles (_mma_fold_call; 0, a row's: one short wave where none fold, after
+    a due flush); then, their drafts verified from the folded checkpoint (with fused_window, their
+    conv windows moved there too) with the others', with ``small`` (and N <= 8, more than 16 stack
+    rows) the rows whose keys fit a stack of 16 rows (pending + N <= 16 - N), then the rest (tf32
+    products); with ``merged`` those two in one launch (KIND 3, the others' cap); with state_stages
+    the state chunks through shared memory, that many in flight (where a thread's copies are of 4
+    bytes or more: gdn_verify.state_stages_for);
     chunk_k state rows a chunk; the non-folding rows' stack sized by their most keys
     (mma_verify_keys). maxnreg: the register cap of the launches that do not fold (0 or None: the
     compiler's choice), or a pair (the small rows' cap, the other non-folding rows')."""
@@ -476,7 +477,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     kinds = (*(((0, RING_MMA_SMALL_NODES, small_cap),) if small and not merged else ()),
              (3 if small and merged else 1, verify_nodes, other_cap))
     fold = _mma_fold_call(chunk, ssm, constexprs, fold_warps or num_warps, fold_block_v or block_v, fold_maxnreg,
-                          state_stages, 0 if fold_rows else 1)
+                          state_stages, fold_tiles)
     return (fold, *(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
                                chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes, STATE_STAGES=stages, **caps))
                     for kind, nodes, caps in kinds))
@@ -547,7 +548,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                chunk_k=None, fold_rows=False):
+                chunk_k=None, fold_tiles=1):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
@@ -556,7 +557,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
     fold_block_v, fold_maxnreg, fused_window, merged, state_stages and chunk_k its own (None: 128
     columns, fewer for small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG,
     RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K; the rest:
-    _mma_chunk_calls) and fold_rows (the op's after_due_flush); else the Triton kernel at
+    _mma_chunk_calls) and fold_tiles (0 with the op's after_due_flush); else the Triton kernel at
     ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
@@ -576,7 +577,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
                         fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k,
-                        fold_rows=fold_rows)
+                        fold_tiles=fold_tiles)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
@@ -625,7 +626,7 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state
     checkpoint; block_v and num_warps its tile), or with mma by gdn_ring_verify_mma's fold launch
     over every layer (None: with num_draft, where the verify's folds run on it and no tile or
     precision is asked for -- the same arithmetic, so the same checkpoints; fold_warps, fold_maxnreg,
-    state_stages and chunk_k as the verify's; fold_tiles a program's tiles, 0 a row's: _mma_fold_call)."""
+    state_stages, chunk_k and fold_tiles as the verify's)."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
         return ()

@@ -126,15 +126,15 @@ def _mamba2_ring_fold_kernel(
     STACK: tl.constexpr, KERNEL_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr,
     HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr, FOLD_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
-    ROW_PROGRAMS: tl.constexpr,
+    TILES_A_PROGRAM: tl.constexpr,
 ):
     """The fold of layer ``layer`` + program_id(2): a program of a row that folds (live, pending > 0
     and pending + N > FOLD_ABOVE) stores its tiles after the pending tokens, S_P^T over S0^T; the
     others return at once. A row is live when both its slots are in range and its cursor a ring
-    position (pending <= MAX_PENDING). With ROW_PROGRAMS one program a row and layer (a grid of
-    one along the first axis) folds every program tile of the row, one after another: where few
-    rows or none fold (after a due flush) its launch is a wave."""
-    if not ROW_PROGRAMS:
+    position (pending <= MAX_PENDING). With TILES_A_PROGRAM > 1 a program folds that many of its
+    row's program tiles, program_id(0) * TILES_A_PROGRAM onwards, one after another: fewer programs
+    where few rows fold (all of a row's, after a due flush: its launch is a wave)."""
+    if TILES_A_PROGRAM == 1:
         tile = _program_tile(tl.program_id(0), HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM, NUM_HEADS, NUM_GROUPS)
     row = tl.program_id(1).to(tl.int64)
     layer = (layer + tl.program_id(2)).to(tl.int64)
@@ -149,33 +149,28 @@ def _mamba2_ring_fold_kernel(
         rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
         window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
         gates_row = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot
-        if ROW_PROGRAMS:
-            P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
-            for t in range(NUM_HEADS // HEADS_PER_PROGRAM * P_BLOCKS):
-                tile = _program_tile(t, HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM, NUM_HEADS, NUM_GROUPS)
-                _fold_tiles(tile, a_ptr, ssm_ptr, rows_base, window_base, weight_ptr, bias_ptr, gates_row, layer, slot,
-                            first, count, a_stride_layer, a_stride, ssm_stride_layer, ssm_stride_slot,
-                            ssm_stride_head, ssm_stride_p, ssm_stride_n, conv_stride_dim, conv_stride_win,
-                            rows_stride_row, rows_stride_dim, gates_stride_row, gates_stride_head, weight_stride_dim,
-                            weight_stride_tap, bias_stride, RING_ROWS, STACK, KERNEL_SIZE, NUM_HEADS, NUM_GROUPS,
-                            HEAD_DIM, D_STATE, BLOCK_P, BLOCK_N, HAS_BIAS, FOLD_PRECISION, HEADS_PER_PROGRAM)
-        else:
-            _fold_tiles(tile, a_ptr, ssm_ptr, rows_base, window_base, weight_ptr, bias_ptr, gates_row,
-                        layer, slot, first, count, a_stride_layer, a_stride, ssm_stride_layer, ssm_stride_slot,
-                        ssm_stride_head, ssm_stride_p, ssm_stride_n, conv_stride_dim, conv_stride_win,
-                        rows_stride_row, rows_stride_dim, gates_stride_row, gates_stride_head, weight_stride_dim,
-                        weight_stride_tap, bias_stride, RING_ROWS, STACK, KERNEL_SIZE, NUM_HEADS, NUM_GROUPS,
-                        HEAD_DIM, D_STATE, BLOCK_P, BLOCK_N, HAS_BIAS, FOLD_PRECISION, HEADS_PER_PROGRAM)
+        for t in range(TILES_A_PROGRAM):
+            if TILES_A_PROGRAM > 1:
+                tile = _program_tile(tl.program_id(0) * TILES_A_PROGRAM + t, HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM,
+                                     NUM_HEADS, NUM_GROUPS)
+            _fold_program_tile(tile, a_ptr, ssm_ptr, rows_base, window_base, weight_ptr, bias_ptr, gates_row, layer,
+                               slot, first, count, a_stride_layer, a_stride, ssm_stride_layer, ssm_stride_slot,
+                               ssm_stride_head, ssm_stride_p, ssm_stride_n, conv_stride_dim, conv_stride_win,
+                               rows_stride_row, rows_stride_dim, gates_stride_row, gates_stride_head,
+                               weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, STACK, KERNEL_SIZE,
+                               NUM_HEADS, NUM_GROUPS, HEAD_DIM, D_STATE, BLOCK_P, BLOCK_N, HAS_BIAS, FOLD_PRECISION,
+                               HEADS_PER_PROGRAM)
 
 
 @triton.jit
-def _fold_tiles(tile, a_ptr, ssm_ptr, rows_base, window_base, weight_ptr, bias_ptr, gates_row, layer, slot, first,
-                count, a_stride_layer, a_stride, ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_p,
-                ssm_stride_n, conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim, gates_stride_row,
-                gates_stride_head, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS: tl.constexpr,
-                STACK: tl.constexpr, KERNEL_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr,
-                HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                HAS_BIAS: tl.constexpr, FOLD_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr):
+def _fold_program_tile(tile, a_ptr, ssm_ptr, rows_base, window_base, weight_ptr, bias_ptr, gates_row, layer, slot,
+                       first, count, a_stride_layer, a_stride, ssm_stride_layer, ssm_stride_slot, ssm_stride_head,
+                       ssm_stride_p, ssm_stride_n, conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
+                       gates_stride_row, gates_stride_head, weight_stride_dim, weight_stride_tap, bias_stride,
+                       RING_ROWS: tl.constexpr, STACK: tl.constexpr, KERNEL_SIZE: tl.constexpr,
+                       NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       FOLD_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr):
     """The fold of program tile ``tile`` (_program_tile's) of a row that folds (its first pending
     token's ring row ``first``, ``count`` pending): each of its heads' tiles after the pending
     tokens, stored."""
@@ -441,14 +436,18 @@ def _tiling(num_rows, num_layers, heads, block_p, heads_per_program):
 def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, *, layer, num_layers,
                num_nodes, heads, max_pending, fold_above, block_p=None, num_warps=MAMBA2_RING_WARPS, precision=None,
                fold_precision=None, heads_per_program=None, num_stages=RING_STAGES, maxnreg=None,
-               rows_a_program=False):
+               tiles_a_program=1):
     """The fold launch over rows x layers layer .. layer + num_layers - 1; weight [L, dim, K], bias
     [L, dim] and A [L, H] every layer's (a flush), or one layer's [dim, K], [dim], [H] (a verify).
-    maxnreg: a register cap (None: FOLD_MAXNREG; 0: none); rows_a_program: one program a row and
-    layer, its tiles one after another."""
+    maxnreg: a register cap (None: FOLD_MAXNREG; 0: none); a program folding tiles_a_program of its
+    row's program tiles one after another (0: all of them, one program a row and layer)."""
     num_heads, head_dim, num_groups, d_state = heads
     block_p, share, grid = _tiling(ring_slots.shape[0], num_layers, heads, block_p, heads_per_program)
-    grid = (1, *grid[1:]) if rows_a_program else grid
+    tiles_a_program = tiles_a_program or grid[0]
+    if grid[0] % tiles_a_program:
+        raise ValueError(f"mamba2_ring_verify: a fold program's tiles must divide a row's {grid[0]}, got "
+                         f"{tiles_a_program}")
+    grid = (grid[0] // tiles_a_program, *grid[1:])
     stacked = weight.dim() == 3
     layered = (lambda t: t.stride()) if stacked else (lambda t: (0, *t.stride()))
     bias_strides = (0, 0) if bias is None else layered(bias)
@@ -463,7 +462,7 @@ def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, stat
         NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state, BLOCK_P=block_p,
         BLOCK_N=max(MIN_DOT, next_power_of_2(d_state)), HAS_BIAS=bias is not None,
         FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), HEADS_PER_PROGRAM=share,
-        ROW_PROGRAMS=bool(rows_a_program), num_warps=num_warps, num_stages=num_stages)
+        TILES_A_PROGRAM=tiles_a_program, num_warps=num_warps, num_stages=num_stages)
     cap = FOLD_MAXNREG if maxnreg is None else maxnreg
     if cap:
         constexprs["maxnreg"] = cap
@@ -531,8 +530,8 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     num_stages (both launches'), precision (the verify's products, and the fold's without
     fold_precision), state_precision and maxnreg, chunk_n, chunk_stages and flatten (the verify's
     C S0^T's, its register cap (0: none), its chunks of state rows, its heads' and chunks' loops as
-    one), fold_precision, fold_warps, fold_heads_per_program, fold_maxnreg and fold_rows (the fold's;
-    fold_rows, the op's after_due_flush: one program a row, its tiles one after another),
+    one), fold_precision, fold_warps, fold_heads_per_program, fold_maxnreg and fold_tiles (the fold's;
+    fold_tiles: _fold_call's tiles_a_program, 0 -- a row's -- with the op's after_due_flush),
     fused_window (the folded windows moved by the verify launch, no window launch; FUSED_WINDOW),
     fold_verify (FOLD_VERIFY: the folding rows' drafts verified by the folds' launch -- the verify
     kernel's ROWS 1 -- from the tile it folds, the others' by a ROWS 2 launch), pdl (PDL, with
@@ -550,7 +549,7 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     fused = tuning.pop("fused_window", None)  # (its programs cover x, B and C: the rows' whole width)
     fold_precision, fold_warps = tuning.pop("fold_precision", None), tuning.pop("fold_warps", None)  # (the fold's)
     fold_cap = tuning.pop("fold_maxnreg", None)
-    fold_rows = tuning.pop("fold_rows", False)
+    fold_tiles = tuning.pop("fold_tiles", 1)
     fold_verify = tuning.pop("fold_verify", None)
     fold_verify = FOLD_VERIFY if fold_verify is None else fold_verify
     pdl = tuning.pop("pdl", None)
@@ -573,7 +572,7 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     else:
         fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=layer,
                           num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning,
-                          rows_a_program=fold_rows)
+                          tiles_a_program=fold_tiles)
     verify = _verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, fused_window=fused,
                           row_kind=2 if fold_verify else 0, pdl=pdl, **verify_only, **tuning)
     if fused:
@@ -604,7 +603,7 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, st
     """mamba2_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or
     (): every row with pending tokens, or with num_draft those the next verify would fold
     (gdn_ring_verify.flush_rule; then at the verify's fold tiles, _fold_share). tuning: the fold
-    kernel's (_fold_call's)."""
+    kernel's (_fold_call's; fold_tiles its tiles_a_program)."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
         return ()
@@ -613,6 +612,7 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, st
     heads = (num_heads, head_dim, n_groups, d_state)
     if num_draft is not None:  # a step's few folding rows: the verify's fold tiles
         tuning = {"heads_per_program": _fold_share(num_heads, n_groups), **tuning}
+    tuning["tiles_a_program"] = tuning.pop("fold_tiles", 1)
     fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=0,
                       num_layers=ssm.shape[0], num_nodes=0, heads=heads, **rule, **tuning)
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=0,

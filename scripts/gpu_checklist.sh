@@ -327,7 +327,7 @@ for phase in "$@"; do
     due)      rc=0
               timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring.py \
                 tests/test_ring_mamba2.py tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py \
-                -k "due or random_steps or flush or hint or fold-row-programs or fold_a_row" > "$out/gpu_tests_due.log" 2>&1 || rc=1
+                -k "due or random_steps or flush or hint or fold-row-programs or fold_programs" > "$out/gpu_tests_due.log" 2>&1 || rc=1
               tail -3 "$out/gpu_tests_due.log"
               for mixer in gdn mamba2; do
                 for flag in --no-due-first ""; do

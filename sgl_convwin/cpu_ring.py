@@ -105,9 +105,9 @@ def _state_before_drafts(ssm, conv, rows_buffer, gates, layer, live, num_nodes, 
 
 
 def gdn_ring_verify_cpu(out, q, k, v, g, beta, ssm, conv, rows_buffer, gates, cursor, weight, bias, ring_slots,
-                        state_slots, layer, parents, *, scale, use_qk_l2norm, fold_rows=False):
+                        state_slots, layer, parents, *, scale, use_qk_l2norm, fold_tiles=1):
     """ssm [L, S, Hv, dk, dv], conv [L, S, dim, K-1] (any strides); see ops_ring.gdn_ring_verify
-    (fold_rows, its after_due_flush, shapes the CUDA launches only)."""
+    (fold_tiles, its after_due_flush, shapes the CUDA launches only)."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     ring_rows = rows_buffer.shape[2]
@@ -187,9 +187,9 @@ def gdn_ring_flush_cpu(ssm, conv, cursor, rows_buffer, gates, weight, bias, ring
 
 
 def mamba2_ring_verify_cpu(out, x, dt, A, B, C, ssm, conv, rows_buffer, gates, cursor, weight, bias, ring_slots,
-                           state_slots, layer, parents, D, z, dt_bias, *, dt_softplus, fold_rows=False):
+                           state_slots, layer, parents, D, z, dt_bias, *, dt_softplus, fold_tiles=1):
     """ssm [L, S, H, P, Ns], conv [L, S, dim, K-1] (any strides); see ops_ring_mamba2.mamba2_ring_verify
-    (fold_rows, its after_due_flush, shapes the CUDA launches only)."""
+    (fold_tiles, its after_due_flush, shapes the CUDA launches only)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     ring_rows = rows_buffer.shape[2]
     live = _live_rows(ring_slots, cursor, rows_buffer.shape[1], ring_rows, ring_rows - num_nodes, state_slots,

@@ -164,7 +164,7 @@ def _prepare_gdn_ring_verify(real, out, q, k, v, g, beta, ssm_state, conv_state,
     scale = q.shape[3] ** -0.5 if scale is None else float(scale)
     args = (out, q, k, v, g, beta, ssm_state, _kernel_state(conv_state, state_layout), rows, gates, cursor,
             conv_weight, conv_bias, ring_slots, state_slots, layer, parents)
-    return args, dict(scale=scale, use_qk_l2norm=bool(use_qk_l2norm), fold_rows=bool(after_due_flush)), sizes
+    return args, dict(scale=scale, use_qk_l2norm=bool(use_qk_l2norm), fold_tiles=0 if after_due_flush else 1), sizes
 
 
 @declare_op(mutates=("out", "ssm_state", "conv_state", "gates"), prepare=_prepare_gdn_ring_verify,

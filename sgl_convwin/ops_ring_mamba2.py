@@ -80,7 +80,7 @@ def _prepare_mamba2_ring_verify(real, out, x, dt, A, B, C, ssm_state, conv_state
                                     parents=parents)
     args = (out, x, dt, A, B, C, ssm_state, _kernel_state(conv_state, state_layout), rows, gates, cursor, conv_weight,
             conv_bias, ring_slots, state_slots, layer, parents, D, z, dt_bias)
-    return args, dict(dt_softplus=dt_softplus, fold_rows=bool(after_due_flush)), sizes
+    return args, dict(dt_softplus=dt_softplus, fold_tiles=0 if after_due_flush else 1), sizes
 
 
 @declare_op(mutates=("out", "ssm_state", "conv_state", "gates"), prepare=_prepare_mamba2_ring_verify,

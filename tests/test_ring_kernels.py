@@ -352,7 +352,7 @@ def test_mma_tiles_by_batch(num_rows, spread, warps, block_v, monkeypatch):
 @pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
                                   dict(merged=False), dict(block_v=64), dict(state_stages=0), dict(state_stages=3),
                                   dict(chunk_k=16, state_stages=4), dict(state_stages=4), dict(num_warps=8),
-                                  dict(fold_rows=True)],
+                                  dict(fold_tiles=0)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "64-columns", "registers",
                               "state-stages-3", "state-stages-16-rows", "state-stages-whole-tile", "8-warps",
                               "fold-row-programs"])
@@ -383,7 +383,7 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
     assert_agree(want, got, tol=2e-3, state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
     assert_same_untouched(case, want, got)
-    if "fold_rows" in fold:
+    if "fold_tiles" in fold:
         _, default = run_both(case, tuning=MMA)
         for name in ("ssm_state", "conv_state", "gates", "out"):
             assert torch.equal(got[name], default[name]), name

@@ -129,19 +129,21 @@ def test_matches_pytorch_code(device, tree, share):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("share", [1, 2], ids=["head", "group"])
-def test_fold_a_row_a_program_leaves_the_same_bits(device, share):
-    """The fold launch one program a row (fold_rows, after a due flush: nothing to fold) folding its
-    tiles one after another -- here where two rows do fold, each tile's program tile of its own
-    group -- leaves what a program a tile leaves, bit for bit."""
+def test_fold_programs_walking_tiles_leave_the_same_bits(device, share):
+    """The fold launch one program a row (fold_tiles=0, after a due flush: nothing to fold) or one a
+    pair of program tiles (fold_tiles=2), folding them one after another -- here where two rows do
+    fold, each tile's program tile of its own group -- leaves what a program a tile leaves, bit for
+    bit."""
     cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
     case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
                             state_slots=[3, 0, 4, -1], head_dim=32, device=device, seed=3)
     tuning = dict(IEEE, fold_heads_per_program=share, block_p=16)  # (two column blocks a head)
     _, tiles = run_both(case, tuning=tuning)
-    _, rows = run_both(case, tuning=dict(tuning, fold_rows=True))
-    assert not torch.equal(rows["ssm_state"], case["ssm_state"])  # something folded
-    for name in ("out", "ssm_state", "conv_state", "gates", "cursor"):
-        assert torch.equal(rows[name], tiles[name]), name
+    for walked in (0, 2):
+        _, rows = run_both(case, tuning=dict(tuning, fold_tiles=walked))
+        assert not torch.equal(rows["ssm_state"], case["ssm_state"])  # something folded
+        for name in ("out", "ssm_state", "conv_state", "gates", "cursor"):
+            assert torch.equal(rows[name], tiles[name]), (walked, name)
 
 
 @pytest.mark.parametrize("device", DEVICES)
