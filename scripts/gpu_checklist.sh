@@ -61,11 +61,12 @@
 #   ringncu   Nsight Compute over one layer of each ring (GDN, then Mamba2) at B = 64, 1 row in 6 folding (the fold
 #             launch and the verify launch, bench_ring.py --ncu mixed), then the GDN ring with every row folding (--ncu
 #             fold): the details page and the SASS page's per-instruction stall samples as CSV, the reports beside them
+#             (by source line here: python scripts/ncu_lines.py OUT/ncu_ring_mixed_gdn_sass.csv gdn_ring --kind 3)
 #   due       each step's folds first, every layer in one launch (gdn_ring_flush / mamba2_ring_flush(..., num_draft=N);
 #             run 2026-12-05, docs/benchmarks.md): their GPU tests (bit for bit against the verifies' folds; random
 #             sequences; the verify's after_due_flush hint), then whole chain steps with and without (bench_ring.py
 #             --profile [--no-due-first]), both mixers, B = 1 .. 256, then the GDN flush's tiles a fold program walks
-#             (bench_ring.py --flush-sweep; fold_tiles not yet timed)
+#             (bench_ring.py --flush-sweep; run again 2026-12-05 with fold_tiles: 1.2x slower, docs/benchmarks.md)
 #   plans     the ring ops' eager plans (_common.planned_calls): test_eager_signatures.py's GPU
 #             tests (planned = unplanned, the binder skipped after a first call), then the ring's GPU tests through them
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
