@@ -244,7 +244,8 @@ def declare_op(
         prepare_args = ", ".join(prepare_names)
         tensors = ", ".join(tensor_names)
         op_call = ", ".join(list(positional_names) + [f"{n}={n}" for n in keyword_names])
-        planned = ""  # (a function body's lines) a call of a seen signature runs its plan
+        planned = ""  # (a function body's lines) a call of a seen signature runs its plan; {after} and
+        # {after_first}: the public function's lines after a launch (the registered kernels': none)
         if eager_plan is not None:
             # each other argument with its type: 1, 1.0 and True are one dict key, not one signature
             key = [f"{n}, type({n})" for n in other_names] + [
@@ -263,19 +264,23 @@ def declare_op(
         _plan = _key = None
     if _plan is None or {unwritable}:
         _first_call(_device, _key, {prepare_args})
-        return
+{{after_first}}        return
     _args, _kwargs, _ = _prepare(True, {prepare_args}, sizes=_plan[0])
     _plan[1](*_args, **_kwargs)
-    return
+{{after}}    return
 """
         checked = f"""    _args, _kwargs = _prepare(True, {prepare_args})[:2]
     (_cuda_kernel() if _device == "cuda" else _cpu)(*_args, **_kwargs)
-"""
+{{after}}"""
+        # a kernel writes through pointers, unseen by autograd: the public function bumps the versions
+        # of what it writes, as the dispatcher does for the registered op (a no-op in inference mode)
+        bump = "".join(f"    _bump({n})\n" for n in mutates)  # (one tensor a call: every torch version's form)
         cuda_kernel = (lambda: cuda) if callable(cuda) else lambda: getattr(triton_kernels(), cuda)
         namespace = dict(_eager_device=eager_device, _plans=plans, _prepare=prepare, _cpu=cpu,
                          _inference_mode=torch.is_inference_mode_enabled,
                          _first_call=first_call, _cuda_kernel=cuda_kernel,
-                         _Tensor=torch.Tensor, _current_device=_CURRENT_CUDA_DEVICE, _device_guard=torch.cuda.device)
+                         _Tensor=torch.Tensor, _current_device=_CURRENT_CUDA_DEVICE, _device_guard=torch.cuda.device,
+                         _bump=torch.autograd.graph.increment_version)
         written = tensor_names[0]
 
         def on_its_device(signature: inspect.Signature, head: str, rest: str, condition: str,
@@ -293,7 +298,8 @@ def declare_op(
 
         def kernel(device: str, plan: bool) -> Callable[..., None]:
             """The registered kernel of ``device`` (the dispatcher's call: the op's signature)."""
-            head, rest = f"    _device = {device!r}\n", (planned if plan else "") + checked
+            head = f"    _device = {device!r}\n"
+            rest = (planned if plan else "").format(after="", after_first="") + checked.format(after="")
             if device == "cuda":
                 is_cuda = f"isinstance({written}, _Tensor) and {written}.is_cuda"
                 function = on_its_device(op_signature, head, rest, is_cuda, namespace)
@@ -313,7 +319,9 @@ def declare_op(
         _packet({op_call})
         return
 """
-        rest = (f"    if _device != \"invalid\":\n{textwrap.indent(planned, '    ')}" if planned else "") + checked
+        public_planned = planned.format(after=bump, after_first=textwrap.indent(bump, "    "))
+        rest = ((f"    if _device != \"invalid\":\n{textwrap.indent(public_planned, '    ')}" if planned else "")
+                + checked.format(after=bump))
         public = on_its_device(public_signature, head, rest, '_device == "cuda"', dict(namespace, _packet=packet))
         public = functools.wraps(signature_function)(public)
 

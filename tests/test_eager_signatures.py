@@ -15,7 +15,7 @@ import sgl_convwin
 from sgl_convwin import declare, reference
 import test_ring
 import test_ring_mamba2
-from support import IMPLS, impl_params, make_replay, make_state, random_tree, strided_tensor, whole_storage
+from support import DEVICES, IMPLS, impl_params, make_replay, make_state, random_tree, strided_tensor, whole_storage
 
 L, N, M, D, DIM, K = 2, 3, 2, 4, 8, 4
 
@@ -507,6 +507,28 @@ def test_a_planned_call_writes_what_an_unplanned_one_does(impl, name):
         (plan,) = plans.values()
         first_plan = first_plan or plan
         assert plan is first_plan, seed
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", OPS)
+def test_the_public_function_bumps_the_versions_of_what_it_writes(device, name):
+    """As the registered op does (test_opcheck.py): each call raises the version of every tensor
+    it writes and of none it reads -- the first call, and a seen signature whose launch writes
+    through pointers alone (its plan's launch a no-op here, as a Triton kernel's writes are unseen
+    by autograd), which is what the public function's own bump is for."""
+    public = getattr(sgl_convwin, name)
+    arguments = CASES[name](device, 0)
+    clear_plans()  # (building a ring case runs the ops)
+    tensors = {n: t for n, t in arguments.items() if isinstance(t, torch.Tensor)}
+    for launch in ("first call", "seen signature, no-op launch"):
+        if launch != "first call":
+            public.eager_plans.update({key: (sizes, lambda *args, **kwargs: None)
+                                       for key, (sizes, _) in public.eager_plans.items()})
+        before = {n: t._version for n, t in tensors.items()}
+        public(**arguments)
+        assert len(public.eager_plans) == 1, launch
+        for n, t in tensors.items():
+            assert (t._version > before[n]) == (n in written(name)), (launch, n)
 
 
 @pytest.mark.parametrize("name", [n for n in OPS if n != "ring_accept"])  # (it reads no floating-point tensor)
