@@ -161,14 +161,18 @@ def _flush(ssm, conv, cursor, rows_buffer, gates, ring_slots, state_slots, commi
     if live is None:
         return
     _, ring, state, start, pending = live
-    folds = pending > fold_above
-    ring, state, start, pending = ring[folds], state[folds], start[folds], pending[folds]
-    if ring.numel() == 0:
+    folds = (pending > fold_above).nonzero().squeeze(1)
+    if folds.numel() == 0:
         return
-    states, windows = _replay_pending(ssm, conv, rows_buffer, gates, slice(None), ring, state, start, pending, commit,
-                                      weights, heads)
-    ssm[:, state] = states.to(ssm.dtype)
-    conv[:, state] = windows
+    # a layer at a time over every live row, as a verify replays them: the same shapes, so the same
+    # bits as the verify's folds (a CPU kernel's rounding can depend on the shapes around an element)
+    for layer in range(ssm.shape[0]):
+        layer_weights = tuple(None if w is None else w[layer:layer + 1] for w in weights)
+        states, windows = _replay_pending(ssm, conv, rows_buffer, gates, slice(layer, layer + 1), ring, state, start,
+                                          pending, commit, layer_weights, heads)
+        ssm[layer, state[folds]] = states[0, folds].to(ssm.dtype)
+        conv[layer, state[folds]] = windows[0, folds]
+    ring, start, pending = ring[folds], start[folds], pending[folds]
     cursor[ring] = torch.stack([(start + pending) % ring_rows, torch.zeros_like(pending)], dim=1).to(cursor.dtype)
 
 
