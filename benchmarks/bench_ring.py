@@ -101,8 +101,8 @@ def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
 def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
     """ring_problem for Mamba2 layers: the ring of alloc_mamba2_ring (dt ~ 0.13 per head), checkpoints
     [L, B, H, P, Ns] fp32, x, B, C views of the conv output, dt [L, B, N, H] bf16 with dt_bias and
-    softplus, A = -uniform(1, 16), a conv bias; ``verify``: each layer's mamba2_ring_verify call;
-    ``calls``: each layer's kernel arguments (for a tile sweep)."""
+    softplus, A = -uniform(1, 16), D (as the eager step's mamba2_verify), a conv bias; ``verify``:
+    each layer's mamba2_ring_verify call; ``calls``: each layer's kernel arguments (for a tile sweep)."""
     L, N, dim, H = shapes.layers, len(TREE_PARENTS) if tree else shapes.num_draft, shapes.dim, shapes.heads
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
 
@@ -117,7 +117,8 @@ def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
     p = dict(
         ring=ring, N=N, conv_out=conv_out, x=normal(L, batch, N, dim, dtype=torch.bfloat16),
         dt=normal(L, batch, N, H, dtype=torch.bfloat16, std=0.5), A=-(1.0 + 15.0 * torch.rand(L, H, device=DEVICE)),
-        dt_bias=normal(L, H, mean=-2.0, std=0.5), ssm=normal(L, batch, H, shapes.head_dim, shapes.d_state, std=0.1),
+        dt_bias=normal(L, H, mean=-2.0, std=0.5), D=normal(L, H),
+        ssm=normal(L, batch, H, shapes.head_dim, shapes.d_state, std=0.1),
         conv_state=normal(L, batch, dim, shapes.kernel_size - 1, dtype=torch.bfloat16),
         weight=normal(L, dim, shapes.kernel_size, dtype=torch.bfloat16, std=0.3),
         bias=normal(L, dim, dtype=torch.bfloat16, std=0.1), slots=torch.randperm(batch, device="cpu").to(DEVICE),
@@ -129,7 +130,7 @@ def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
             for start in (x_width, x_width + bc_width))
     arguments = [((p["out"][layer], x, p["dt"][layer], p["A"][layer], B, C, p["ssm"], p["conv_state"], ring.rows,
                    ring.gates, ring.cursor, p["weight"][layer], p["bias"][layer], p["slots"], p["slots"], layer,
-                   p["parents"]), dict(dt_bias=p["dt_bias"][layer], dt_softplus=True))
+                   p["parents"]), dict(D=p["D"][layer], dt_bias=p["dt_bias"][layer], dt_softplus=True))
                  for layer in range(L)]
     p["verify"] = [functools.partial(sgl_convwin.mamba2_ring_verify, *args, **kwargs, after_due_flush=DUE_FIRST)
                    for args, kwargs in arguments]
