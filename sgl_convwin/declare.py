@@ -179,6 +179,12 @@ def _without_autograd(kernel: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
+def _after_launch(body: str, lines: str) -> str:
+    """A generated function body with ``lines`` (at the body's indent) where it says {after}, and
+    one level deeper where it says {after_first} (str.replace, not format: the body is code)."""
+    return body.replace("{after_first}", textwrap.indent(lines, "    ")).replace("{after}", lines)
+
+
 def declare_op(
     *,
     mutates: tuple[str, ...],
@@ -299,7 +305,7 @@ def declare_op(
         def kernel(device: str, plan: bool) -> Callable[..., None]:
             """The registered kernel of ``device`` (the dispatcher's call: the op's signature)."""
             head = f"    _device = {device!r}\n"
-            rest = (planned if plan else "").format(after="", after_first="") + checked.format(after="")
+            rest = _after_launch((planned if plan else "") + checked, "")
             if device == "cuda":
                 is_cuda = f"isinstance({written}, _Tensor) and {written}.is_cuda"
                 function = on_its_device(op_signature, head, rest, is_cuda, namespace)
@@ -319,9 +325,9 @@ def declare_op(
         _packet({op_call})
         return
 """
-        public_planned = planned.format(after=bump, after_first=textwrap.indent(bump, "    "))
+        public_planned = _after_launch(planned, bump)
         rest = ((f"    if _device != \"invalid\":\n{textwrap.indent(public_planned, '    ')}" if planned else "")
-                + checked.format(after=bump))
+                + _after_launch(checked, bump))
         public = on_its_device(public_signature, head, rest, '_device == "cuda"', dict(namespace, _packet=packet))
         public = functools.wraps(signature_function)(public)
 
