@@ -184,6 +184,15 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def programs_walking(op: str, tiles: int, tiles_a_program: int) -> tuple[int, int]:
+    """(tiles a program walks, programs) where a row's ``tiles`` are walked ``tiles_a_program`` a
+    program, one after another (0: all of them, one program a row)."""
+    tiles_a_program = tiles_a_program or tiles
+    if tiles % tiles_a_program:
+        raise ValueError(f"{op}: a fold program's tiles must divide a row's {tiles}, got {tiles_a_program}")
+    return tiles_a_program, tiles // tiles_a_program
+
+
 def contiguous_order(dim_stride: int, win_stride: int, dim: int, width: int) -> str | None:
     """Whether a [dim, K-1] window with these strides is one block, and in which order."""
     if win_stride == 1 and (dim_stride == width or dim == 1):

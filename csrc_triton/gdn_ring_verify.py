@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import KernelCall, cdiv, next_power_of_2, nvidia_at_least, planned_calls
+from ._common import KernelCall, cdiv, next_power_of_2, nvidia_at_least, planned_calls, programs_walking
 from .gdn_verify import (MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse,
                          check_mma_tiles, spread_block, state_stages_for)
 from .ring_conv import check_ring_grid, ring_row_state
@@ -512,11 +512,8 @@ def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnre
                          f"ring holding {constexprs['MAX_PENDING']}")
     cap = RING_MMA_FOLD_MAXNREG if fold_maxnreg is None else fold_maxnreg
     tiles = constexprs["NUM_V_HEADS"] * cdiv(constexprs["HEAD_V_DIM"], fold_block_v)
-    tiles_a_program = tiles_a_program or tiles
-    if tiles % tiles_a_program:
-        raise ValueError(f"gdn_ring_verify_mma: a fold program's tiles must divide a row's {tiles}, got "
-                         f"{tiles_a_program}")
-    grid = (tiles // tiles_a_program, *chunk.grid[1:])
+    tiles_a_program, programs = programs_walking("gdn_ring_verify_mma", tiles, tiles_a_program)
+    grid = (programs, *chunk.grid[1:])
     stages = state_stages_for(state_stages, fold_block_v, fold_warps, constexprs["BLOCK_K"] // chunk_k, ssm)
     nodes = max(RING_MMA_SMALL_NODES, next_power_of_2(constexprs["MAX_PENDING"]))
     return KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors, chunk.scalars,

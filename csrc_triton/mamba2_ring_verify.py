@@ -38,7 +38,7 @@ try:  # programmatic dependent launch's instructions (Triton 3.4+; without them 
 except ImportError:  # pragma: no cover
     gdc_launch_dependents = gdc_wait = None
 
-from ._common import KernelCall, cdiv, interpreted, next_power_of_2, planned_calls
+from ._common import KernelCall, cdiv, interpreted, next_power_of_2, planned_calls, programs_walking
 from .gdn_ring_verify import (_pdl_device, _ring_row, flush_cursor_call, flush_rule, fold_precision_for,
                               pending_conv, window_after, window_call)
 from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, spread_block
@@ -443,11 +443,8 @@ def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, stat
     row's program tiles one after another (0: all of them, one program a row and layer)."""
     num_heads, head_dim, num_groups, d_state = heads
     block_p, share, grid = _tiling(ring_slots.shape[0], num_layers, heads, block_p, heads_per_program)
-    tiles_a_program = tiles_a_program or grid[0]
-    if grid[0] % tiles_a_program:
-        raise ValueError(f"mamba2_ring_verify: a fold program's tiles must divide a row's {grid[0]}, got "
-                         f"{tiles_a_program}")
-    grid = (grid[0] // tiles_a_program, *grid[1:])
+    tiles_a_program, programs = programs_walking("mamba2_ring_verify", grid[0], tiles_a_program)
+    grid = (programs, *grid[1:])
     stacked = weight.dim() == 3
     layered = (lambda t: t.stride()) if stacked else (lambda t: (0, *t.stride()))
     bias_strides = (0, 0) if bias is None else layered(bias)

@@ -569,6 +569,16 @@ def test_due_flush_matches_pytorch_code(device):
     assert_same_untouched(case, want, got)
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_fold_programs_walk_a_divisor_of_a_rows_tiles():
+    """Both rings' fold launches (fold_tiles): a program walks 1, several or all (0) of a row's tiles,
+    a divisor of them; any other count is refused before a launch."""
+    walking = triton_kernels()._common.programs_walking
+    assert [walking("op", 32, n) for n in (1, 4, 32, 0)] == [(1, 32), (4, 8), (32, 1), (32, 1)]
+    with pytest.raises(ValueError, match="op: a fold program's tiles must divide a row's 32, got 3"):
+        walking("op", 32, 3)
+
+
 def test_due_flush_plans_the_verifys_fold_over_every_layer(monkeypatch):
     """Where the verify runs the mma kernel a due flush is one launch of the verify's own fold
     (KIND 2: its stack, tiles, warps, stages and register cap; every other constexpr alike but the
