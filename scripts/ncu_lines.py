@@ -20,40 +20,24 @@ import csv
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import offline_sass  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINE = re.compile(r'//## File "([^"]+)", line (\d+)')
-INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-
-
-def opcode(text: str) -> str:
-    """An instruction's opcode without its predicate or modifiers ("@P0 LDG.E.64 R2, ..." -> LDG)."""
-    words = text.split()
-    return (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
 
 
 def compiled_lines(call, arch: int) -> list[tuple[str, tuple[str, int] | None]]:
     """(opcode, (file, line)) of each SASS instruction of ``call`` compiled for sm_<arch>."""
-    kernel = offline_sass.compile_call(call, arch)
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(kernel.asm["cubin"])
-    try:
-        sass = subprocess.run([os.path.join(offline_sass.TOOLS, "nvdisasm"), "-c", "-g", f.name],
-                              capture_output=True, text=True, check=True).stdout
-    finally:
-        os.unlink(f.name)
+    sass = offline_sass.disassemble(offline_sass.compile_call(call, arch), "nvdisasm", "-c", "-g")
     where, result = None, []
     for text in sass.splitlines():
         if match := LINE.search(text):
             where = (os.path.basename(match.group(1)), int(match.group(2)))
-        elif match := INSTRUCTION.match(text):
-            result.append((opcode(match.group(2)), where))
+        elif match := offline_sass.INSTRUCTION.match(text):
+            result.append((offline_sass.opcode(match.group(2)), where))
     return result
 
 
@@ -104,7 +88,7 @@ def main(argv=None) -> int:
         print(f"no {name} report of {len(compiled)} instructions in {args.csv}: another compile was profiled")
         return 1
     rows = reports[0]
-    mismatches = sum(opcode(row["Source"]) != op for row, (op, _) in zip(rows, compiled))
+    mismatches = sum(offline_sass.opcode(row["Source"]) != op for row, (op, _) in zip(rows, compiled))
     if mismatches:
         print(f"{mismatches} of {len(rows)} opcodes differ from the compile here: another compile was profiled")
         return 1

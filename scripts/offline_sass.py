@@ -80,28 +80,40 @@ def compile_call(call, arch):
                           options=options)
 
 
-def counts(kernel, opcodes=0) -> dict:
-    """ptxas's resource usage and the SASS's instruction counts of a compiled kernel (with opcodes,
-    also its most frequent opcodes, that many, and their counts)."""
+INSTRUCTION = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")  # nvdisasm's "/*0a30*/  @P0 LDG.E R2, ...;"
+
+
+def opcode(instruction: str) -> str:
+    """An instruction's opcode without its predicate or modifiers ("@P0 LDG.E.64 R2, ..." -> LDG)."""
+    words = instruction.split()
+    return (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
+
+
+def disassemble(kernel, *flags) -> str:
+    """A compiled kernel's cubin through the tool ``flags[0]`` (nvdisasm by default) with the rest."""
+    tool, *rest = flags or ("nvdisasm", "-c")
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(kernel.asm["cubin"])
     try:
-        usage = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "--dump-resource-usage", f.name],
-                               capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([os.path.join(TOOLS, "nvdisasm"), "-c", f.name], capture_output=True, text=True,
+        return subprocess.run([os.path.join(TOOLS, tool), *rest, f.name], capture_output=True, text=True,
                               check=True).stdout
     finally:
         os.unlink(f.name)
+
+
+def counts(kernel, opcodes=0) -> dict:
+    """ptxas's resource usage and the SASS's instruction counts of a compiled kernel (with opcodes,
+    also its most frequent opcodes, that many, and their counts)."""
+    usage = disassemble(kernel, "cuobjdump", "--dump-resource-usage")
     regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", usage).groups()
-    lines = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
-    ops = {name: sum(1 for line in lines if re.search(rf"\b{op}\b", line))
+    instructions = [m.group(2) for m in map(INSTRUCTION.match, disassemble(kernel).splitlines()) if m]
+    ops = {name: sum(1 for text in instructions if re.search(rf"\b{op}\b", text))
            for name, op in (("local loads", "LDL"), ("local stores", "STL"), ("cp.async", "LDGSTS"),
                             ("mma.sync", "HMMA"), ("wgmma", "HGMMA"))}
     result = {"registers": int(regs), "spilled bytes": int(stack), "shared bytes": kernel.metadata.shared,
-              "instructions": len(lines), **ops}
-    if opcodes:  # the opcode after the address comment and any predicate (@P0, @!PT, ...)
-        names = (re.search(r"\*/\s+(?:@!?\w+\s+)?([A-Z][A-Z0-9_]*)", line) for line in lines)
-        result["opcodes"] = collections.Counter(m.group(1) for m in names if m).most_common(opcodes)
+              "instructions": len(instructions), **ops}
+    if opcodes:
+        result["opcodes"] = collections.Counter(map(opcode, instructions)).most_common(opcodes)
     return result
 
 
