@@ -165,7 +165,7 @@ def _flush(ssm, conv, cursor, rows_buffer, gates, ring_slots, state_slots, commi
     if folds.numel() == 0:
         return
     # a layer at a time over every live row, as a verify replays them: the same shapes, so the same
-    # bits as the verify's folds (a CPU kernel's rounding can depend on the shapes around an element)
+    # bits as the verify's folds (torch's CPU silu rounds a tensor's vectorised body and its tail apart)
     for layer in range(ssm.shape[0]):
         layer_weights = tuple(None if w is None else w[layer:layer + 1] for w in weights)
         states, windows = _replay_pending(ssm, conv, rows_buffer, gates, slice(layer, layer + 1), ring, state, start,
