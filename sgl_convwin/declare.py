@@ -143,8 +143,8 @@ def _register(name: str, positional_names: tuple[str, ...], mutates: tuple[str, 
     schema = torch.library.infer_schema(cpu_kernel, mutates_args=mutates)  # (its __signature__ is the op's)
     _LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
     overload = getattr(getattr(torch.ops, NAMESPACE), name).default
-    # one tensor per call: the form every supported torch version takes
-    bumps = "".join(f"    _increment_version(args[{positional_names.index(n)}])\n" for n in mutates)
+    # every written tensor in one call (a sequence: torch >= 2.5)
+    bumps = f"    _increment_version(({''.join(f'args[{positional_names.index(n)}], ' for n in mutates)}))\n"
     below_inplace = torch._C._after_ADInplaceOrView_keyset
     for key, below in (("Autograd", torch._C._after_autograd_keyset), ("ADInplaceOrView", below_inplace)):
         namespace = dict(_increment_version=torch.autograd.graph.increment_version, _redispatch=overload.redispatch,
@@ -280,7 +280,7 @@ def declare_op(
 {{after}}"""
         # a kernel writes through pointers, unseen by autograd: the public function bumps the versions
         # of what it writes, as the dispatcher does for the registered op (a no-op in inference mode)
-        bump = "".join(f"    _bump({n})\n" for n in mutates)  # (one tensor a call: every torch version's form)
+        bump = f"    _bump(({''.join(f'{n}, ' for n in mutates)}))\n"  # (one call: a sequence, torch >= 2.5)
         cuda_kernel = (lambda: cuda) if callable(cuda) else lambda: getattr(triton_kernels(), cuda)
         namespace = dict(_eager_device=eager_device, _plans=plans, _prepare=prepare, _cpu=cpu,
                          _inference_mode=torch.is_inference_mode_enabled,

@@ -1306,13 +1306,18 @@ def check_mamba2_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, con
 
 def check_separate_storages(op: str, written: dict, read: dict) -> None:
     """Real tensors only: no written tensor shares memory with any other argument (None skipped).
-    Each storage is read once (the ring ops pass some fifteen tensors on every eager call)."""
-    storages = [(name, t.untyped_storage()) for name, t in (*written.items(), *read.items()) if t is not None]
-    pointers = [storage.data_ptr() for _, storage in storages]
-    for i, (name, storage) in enumerate(storages[:sum(t is not None for t in written.values())]):
-        if pointers[i] in pointers[i + 1:] and storage.nbytes() > 0:
-            other = storages[pointers.index(pointers[i], i + 1)][0]
-            raise ValueError(f"{op}: {name} and {other} share storage; they must be separate buffers")
+    Each storage's address is read once and compared as a set (the ring ops pass some fifteen
+    tensors on every eager call); the pair is named only when one is found."""
+    mine = [t.untyped_storage().data_ptr() for t in written.values() if t is not None]
+    others = [t.untyped_storage().data_ptr() for t in read.values() if t is not None]
+    distinct = set(mine)
+    if len(distinct) == len(mine) and distinct.isdisjoint(others):
+        return
+    named = [(name, t.untyped_storage()) for name, t in (*written.items(), *read.items()) if t is not None]
+    for i, (name, storage) in enumerate(named[:len(mine)]):
+        sharing = [other for other, s in named[i + 1:] if s.data_ptr() == storage.data_ptr()]
+        if sharing and storage.nbytes() > 0:
+            raise ValueError(f"{op}: {name} and {sharing[0]} share storage; they must be separate buffers")
 
 
 def check_ring_index_values(op: str, sizes: RingSizes, ring_slots, cursor, *, state_slots=None, parents=None,

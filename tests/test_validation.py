@@ -103,6 +103,24 @@ def test_shared_storage():
     assert torch.equal(buffer, before)
 
 
+def test_separate_storages_names_the_first_shared_pair():
+    """The aliasing check every op runs: a written tensor sharing storage with any later argument is
+    named with it; read tensors may share (q, k, v are views of one conv output); empty storages
+    and absent tensors are never a conflict."""
+    from sgl_convwin.validation import check_separate_storages
+
+    conv_out, a, b = torch.zeros(2, 12), torch.zeros(3), torch.zeros(3)
+    q, k, v = conv_out[:, :4], conv_out[:, 4:8], conv_out[:, 8:]
+    check_separate_storages("op", {"a": a, "b": b}, {"q": q, "k": k, "v": v, "bias": None})
+    check_separate_storages("op", {"a": torch.zeros(0), "b": torch.zeros(0)}, {"q": torch.zeros(0)})
+    with pytest.raises(ValueError, match=r"^op: b and v share storage"):
+        check_separate_storages("op", {"a": a, "b": conv_out[0]}, {"q": None, "v": v})
+    with pytest.raises(ValueError, match=r"^op: a and b share storage"):
+        check_separate_storages("op", {"a": a, "b": a[1:]}, {"q": q})
+    with pytest.raises(ValueError, match=r"^op: a and k share storage"):
+        check_separate_storages("op", {"a": k[0], "b": b}, {"k": k})
+
+
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
