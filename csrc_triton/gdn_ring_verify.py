@@ -28,7 +28,7 @@ import triton.language as tl
 
 from ._common import KernelCall, cdiv, next_power_of_2, nvidia_at_least, planned_calls, programs_walking
 from .gdn_verify import (MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse,
-                         check_mma_tiles, spread_block, state_stages_for)
+                         check_mma_tiles, spread_block, stack_rows, state_stages_for)
 from .ring_conv import check_ring_grid, ring_row_state
 
 # (The module constants below are read when a launch is built: an eager plan keeps what they were
@@ -234,8 +234,7 @@ def _gdn_ring_verify_kernel(
             + (kk * k_stride_k)[None, :])
     queries = (q_ptr + row * q_stride_row + k_head * q_stride_head + (d * q_stride_node)[:, None]
                + (kk * q_stride_k)[None, :])
-    given = tl.load(tl.where(key_side[:, None], keys, queries), mask=drafted[:, None] & k_ok[None, :],
-                    other=0.0).to(tl.float32)
+    given = stack_rows(keys, queries, key_side, drafted[:, None] & k_ok[None, :])
     kq = _l2_normalised(tl.where(key_pending[:, None], conv_k, given), L2NORM) * tl.where(key_side, 1.0, scale)[:, None]
 
     g_given = tl.load(g_ptr + row * g_stride_row + d * g_stride_node + head * g_stride_head, mask=drafted,

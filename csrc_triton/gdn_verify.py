@@ -106,6 +106,17 @@ def _l2_normalised(x, L2NORM: tl.constexpr):
 
 
 @triton.jit
+def stack_rows(keys, queries, key_side, mask):
+    """float32 rows of the [k; q] stack: from ``keys`` where ``key_side``, else ``queries`` (pointer
+    blocks); one load when q and k share a dtype, else one each (pointers of two types do not mix)."""
+    if keys.dtype == queries.dtype:
+        return tl.load(tl.where(key_side[:, None], keys, queries), mask=mask, other=0.0).to(tl.float32)
+    given_k = tl.load(keys, mask=mask & key_side[:, None], other=0.0).to(tl.float32)
+    return tl.where(key_side[:, None], given_k,
+                    tl.load(queries, mask=mask & ~key_side[:, None], other=0.0).to(tl.float32))
+
+
+@triton.jit
 def _ancestry(row, node, real, parents_ptr, parents_stride_row, parents_stride_node, NUM_NODES: tl.constexpr,
               TREE: tl.constexpr):
     """[NODES, NODES] bool: node(c) is node(r)'s ancestor or itself (both sides of the stack), and
@@ -169,8 +180,7 @@ def _gdn_verify_kernel(
     keys = k_ptr + row * k_stride_row + k_head * k_stride_head + (node * k_stride_node)[:, None] + (kk * k_stride_k)[None, :]
     queries = (q_ptr + row * q_stride_row + k_head * q_stride_head + (node * q_stride_node)[:, None]
                + (kk * q_stride_k)[None, :])
-    kq = tl.load(tl.where(key_side[:, None], keys, queries), mask=real[:, None] & (kk < HEAD_K_DIM)[None, :],
-                 other=0.0).to(tl.float32)
+    kq = stack_rows(keys, queries, key_side, real[:, None] & (kk < HEAD_K_DIM)[None, :])
     kq = _operand(_l2_normalised(kq, L2NORM) * tl.where(key_side, 1.0, scale)[:, None], PRECISION)
     g = tl.load(g_ptr + row * g_stride_row + node * g_stride_node + head * g_stride_head, mask=real,
                 other=0.0).to(tl.float32)
@@ -266,8 +276,9 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         raise ValueError(f"convwin.gdn_verify verifies at most {MAX_GRID_Y} rows per call, got {num_rows}; "
                          "split the batch")
     if mma is None:
+        # (q and k of two dtypes: the mma kernel reads their stack through one pointer block)
         mma = (num_nodes <= MMA_MAX_NODES and num_rows * num_v_heads * cdiv(head_v_dim, MMA_BLOCK_V) >= VERIFY_PROGRAMS
-               and _mma_kernel_runs_on(ssm))
+               and q.dtype == k.dtype and _mma_kernel_runs_on(ssm))
     if num_warps is None:
         num_warps = MMA_WARPS if mma else VERIFY_WARPS
     if mma and block_v is None:

@@ -905,6 +905,9 @@ def check_gdn_verify_args(out, q, k, v, g, beta, ssm_state, state_slots, parents
         raise TypeError(f"{op}: ssm_state must be float32 or bfloat16, got {ssm_state.dtype}")
     num_state_slots, num_v_heads, head_k_dim, head_v_dim = ssm_state.shape
     device = ssm_state.device
+    if min(num_v_heads, head_k_dim, head_v_dim) < 1:
+        raise ValueError(f"{op}: ssm_state [S, Hv, dk, dv] must have Hv, dk, dv >= 1, got shape "
+                         f"{tuple(ssm_state.shape)}")
     if q.dim() != 4:
         raise ValueError(f"{op}: q must be [B, N, Hk, dk], got shape {tuple(q.shape)}")
     num_rows, num_nodes, num_k_heads = q.shape[:3]

@@ -135,6 +135,10 @@ def test_low_precision_inputs_and_state(impl):
     check(device, run, problem, out_dtype=torch.bfloat16, tol=2e-2)
     problem = make_problem(qkv_dtype=torch.float16, parents=[-1, 0, 0, 1], device=device, seed=1)
     check(device, run, problem, out_dtype=torch.float16, tol=2e-2)
+    # q and k of two dtypes (each "any float dtype"), either way round
+    q, k, *rest = make_problem(parents=[-1, 0, 0, 1], device=device, seed=2)
+    check(device, run, [q.bfloat16(), k, *rest], tol=2e-2)
+    check(device, run, [q, k.to(torch.float16), *rest], tol=2e-2)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -146,6 +150,23 @@ def test_skipped_rows(impl):
     links = [[-1, 0, 1, 2]] * 3 + [[-1, 0, 0, 1], [-1, 0, 0, 1], [-1, 1, 0, 1], [-1, 0, 2, 1], [-1, 0, -2, 1]]
     problem = make_problem(num_rows=8, num_slots=5, slots=slots, parents=links, device=device)
     assert check(device, run, problem) == [0, 3, 4]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # (the interpreter's numpy, on the NaN row)
+@pytest.mark.parametrize("impl", IMPLS)
+def test_non_finite_input_stays_in_its_row(impl):
+    """A NaN or infinity in one row's inputs (documented: it may reach every output of that row)
+    leaves the other rows' outputs bit for bit as they were."""
+    device, run = impl
+    q, k, v, g, beta, ssm, slots, parents = make_problem(parents=[-1, 0, 0, 1], device=device)
+    clean = torch.full(v.shape, FILL, device=device)
+    run(clean, q, k, v, g, beta, ssm, slots, parents)
+    for name, value in (("k", float("nan")), ("v", float("inf")), ("g", float("-inf"))):
+        bad = dict(q=q, k=k.clone(), v=v.clone(), g=g.clone())
+        bad[name][0, 2] = value
+        out = torch.full(v.shape, FILL, device=device)
+        run(out, bad["q"], bad["k"], bad["v"], bad["g"], beta, ssm, slots, parents)
+        assert torch.equal(out[1:], clean[1:]), name
 
 
 @pytest.mark.parametrize("impl", IMPLS)
@@ -362,6 +383,8 @@ BAD_CALLS = {
     "k shape": (lambda p: p.update(k=p["k"][:, :3]), ValueError, "k must have q's shape"),
     "v heads": (lambda p: p.update(v=p["v"][:, :, :3]), ValueError, r"v must be \[B, N, Hv, dv\]"),
     "dk": (lambda p: p.update(q=p["q"][..., :8], k=p["k"][..., :8]), ValueError, "dk = 16"),
+    "dk 0": (lambda p: p.update(q=p["q"][..., :0], k=p["k"][..., :0], ssm=p["ssm"][..., :0, :]), ValueError,
+             "Hv, dk, dv >= 1"),
     "g shape": (lambda p: p.update(g=p["g"][:, :, :1]), ValueError, r"g must be \[B, N, Hv\]"),
     "beta int": (lambda p: p.update(beta=p["beta"].long()), TypeError, "beta must be a floating-point"),
     "out shape": (lambda p: p.update(out=p["out"][:2]), ValueError, "out must be"),

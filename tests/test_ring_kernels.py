@@ -150,6 +150,9 @@ def test_low_precision_rows_and_state(device):
     want, got = run_both(case, use_qk_l2norm=False)
     assert_agree(want, got, tol=1e-2)  # the bf16 checkpoint's rounding
     assert_same_untouched(case, want, got)
+    case["q"] = case["q"].bfloat16()  # q and k of two dtypes
+    want, got = run_both(case, use_qk_l2norm=False)
+    assert_agree(want, got, tol=1e-2)
 
 
 @pytest.mark.parametrize("device", DEVICES)
