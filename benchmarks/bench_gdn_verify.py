@@ -152,7 +152,18 @@ def check(device) -> bool:
 SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) for bv, w, c in (
     (128, 2, 32), (128, 2, 16), (128, 2, 64), (128, 1, 32), (128, 4, 32), (64, 2, 32), (64, 1, 32), (32, 1, 32),
     (32, 2, 32))), *(dict(mma=True, chunk_k=c, state_stages=n)  # the chunks through shared memory
-                     for c, n in ((32, 2), (32, 3), (16, 2), (16, 3), (16, 4), (32, 4)))]
+                     for c, n in ((32, 2), (32, 3), (16, 2), (16, 3), (16, 4), (32, 4))),
+         # persistent: at most that many programs an SM (1056 = 8 x 132 slots against 2048 tiles at B = 64)
+         *(dict(mma=True, ctas_per_sm=c, maxnreg=r) for c, r in ((8, 128), (7, 144), (6, 168), (9, 112), (8, None)))]
+
+
+def resolved(tuning):
+    """A SWEEP entry as the launcher takes it: ctas_per_sm -> persistent programs (and maxnreg None dropped)."""
+    tuning = {k: v for k, v in tuning.items() if not (k == "maxnreg" and v is None)}
+    if "ctas_per_sm" in tuning:
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        tuning["persistent"] = tuning.pop("ctas_per_sm") * sms
+    return tuning
 
 
 def registers(p, tuning):
@@ -173,10 +184,12 @@ def sweep(shapes, batches, state_dtype, tunings):
         for batch in batches:
             p = verify_problem(shapes, batch, tree, state_dtype, "cuda", seed=batch)
             floor = state_read_bytes(shapes, batch, p["ssm"].element_size()) / (READ_GBPS * 1e9) * 1e6
-            for tuning in [{}] + tunings:
+            for entry in [{}] + tunings:
+                tuning = resolved(entry)
+
                 def tuned(*args, **kwargs):
                     launch(*args, **kwargs, **tuning)
-                name = "/".join(f"{k}={v}" for k, v in tuning.items()) or "default"
+                name = "/".join(f"{k}={v}" for k, v in entry.items()) or "default"
                 try:
                     _, graph_us = time_fn(gdn_verify_fn(p, tuned))
                     regs, spills = registers(p, tuning)

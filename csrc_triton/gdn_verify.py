@@ -261,13 +261,16 @@ def _mma_kernel_runs_on(ssm) -> bool:
 
 
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
-                 block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None):
+                 block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None,
+                 persistent=None, maxnreg=None):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
     kernel's), chunk_k (state rows per load of the mma kernel, a power of two >= 16; None:
     MMA_CHUNK_K), state_stages (the mma kernel's chunks through shared memory, that many in
-    flight; None: MMA_STATE_STAGES; 0, or copies under 4 bytes: registers): tuning only."""
+    flight; None: MMA_STATE_STAGES; 0, or copies under 4 bytes: registers), persistent (the mma
+    kernel on that many programs, each taking tiles until none is left -- a few an SM cap how many
+    share one; None: a program a tile), maxnreg (the mma kernel's register cap): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -289,6 +292,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     parents_strides = (0, 0) if parents is None else parents.stride()
     scalars = (ssm.shape[0], float(scale), *out.stride(), *q.stride(), *k.stride(), *v.stride(), *g.stride(),
                *beta.stride(), *ssm.stride(), state_slots.stride(0), *parents_strides)
+
     constexprs = dict(
         NUM_NODES=num_nodes, NODES=max(MIN_DOT, next_power_of_2(2 * num_nodes)), NUM_K_HEADS=num_k_heads,
         NUM_V_HEADS=num_v_heads, HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim,
@@ -305,6 +309,11 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
                           WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3),
                           STATE_STAGES=state_stages_for(state_stages, block_v, num_warps,
                                                         constexprs["BLOCK_K"] // chunk_k, ssm))
+        if maxnreg is not None:
+            constexprs.update(maxnreg=maxnreg)
+        if persistent is not None:
+            return KernelCall(gdn_verify_mma._gdn_verify_mma_persistent_kernel, (min(grid[0] * grid[1], persistent), 1),
+                              tensors, (*scalars[:2], num_rows, *scalars[2:]), constexprs)
         return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
     return KernelCall(_gdn_verify_kernel, grid, tensors, scalars, constexprs)
 

@@ -12,7 +12,9 @@ from global memory into the tensor cores with no shared memory and no layout con
 rows at a time, the next chunk's loads in flight while one multiplies. k and q are loaded raw
 (bf16 and fp16 are exact in tf32) and the l2 norm and the scale are applied to the products' rows,
 both being linear: K S0 / |k| = (K / |k|) S0; the norms are the diagonal of the raw gram matrix,
-which the node matrices need anyway.
+which the node matrices need anyway. A persistent launch (a tuning: gdn_verify's ``persistent``)
+runs the same tile on a grid of a few programs an SM, each taking tiles until none is left, so
+that a batch's tiles fill whole waves of them.
 """
 
 from __future__ import annotations
@@ -221,8 +223,8 @@ def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row,
 
 
 @gluon.jit
-def _gdn_verify_mma_kernel(
-    out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, slots_ptr, parents_ptr,
+def _verify_tile(
+    tile, out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, slots_ptr, parents_ptr,
     num_state_slots, scale,
     out_stride_row, out_stride_node, out_stride_head, out_stride_v,
     q_stride_row, q_stride_node, q_stride_head, q_stride_k,
@@ -230,19 +232,15 @@ def _gdn_verify_mma_kernel(
     v_stride_row, v_stride_node, v_stride_head, v_stride_v,
     g_stride_row, g_stride_node, g_stride_head,
     beta_stride_row, beta_stride_node, beta_stride_head,
-    ssm_stride_slot, ssm_stride_head, ssm_stride_k, ssm_stride_v,
-    slots_stride, parents_stride_row, parents_stride_node,
+    ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
     NUM_NODES: gl.constexpr, NODES: gl.constexpr, NUM_K_HEADS: gl.constexpr, NUM_V_HEADS: gl.constexpr,
     HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
-    TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
-    ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
-    STATE_STAGES: gl.constexpr,
+    TREE: gl.constexpr, L2NORM: gl.constexpr, CHUNK_K: gl.constexpr, ROUND_KQ: gl.constexpr, WARPS: gl.constexpr,
+    SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, STATE_STAGES: gl.constexpr, FROM_PROGRAM: gl.constexpr,
 ):
-    """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
-    gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
-    its operands rounded to nearest). The state's strides come as SSM_STRIDE_K / _V, constants, so
-    that the chunk loads take immediate offsets. With STATE_STAGES the chunks go through shared
-    memory (cp.async, that many in flight from the program's start) instead of registers."""
+    """One [dk, BLOCK_V] state tile's outputs, from one read of it: the tile of _gdn_verify_mma_kernel's
+    program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
+    their column blocks, then the next row's)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -258,9 +256,14 @@ def _gdn_verify_mma_kernel(
     KQ_SMEM: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
     HALF: gl.constexpr = NODES // 2
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
-    head = gl.program_id(0) // V_BLOCKS
-    v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
-    row = gl.program_id(1).to(gl.int64)
+    if FROM_PROGRAM:
+        head = gl.program_id(0) // V_BLOCKS
+        v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
+        row = gl.program_id(1).to(gl.int64)
+    else:
+        head = (tile % (NUM_V_HEADS * V_BLOCKS)) // V_BLOCKS
+        v0 = (tile % V_BLOCKS) * BLOCK_V
+        row = (tile // (NUM_V_HEADS * V_BLOCKS)).to(gl.int64)
     k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
 
     slot = gl.load(slots_ptr + row * slots_stride).to(gl.int64)
@@ -343,3 +346,77 @@ def _gdn_verify_mma_kernel(
            + (vv * out_stride_v)[None, :])
     store_ok = slot_ok & links_ok
     gl.store(dst, o.to(out_ptr.dtype.element_ty), mask=store_ok & (real & ~key_side)[:, None] & columns)
+
+
+@gluon.jit
+def _gdn_verify_mma_kernel(
+    out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, slots_ptr, parents_ptr,
+    num_state_slots, scale,
+    out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+    q_stride_row, q_stride_node, q_stride_head, q_stride_k,
+    k_stride_row, k_stride_node, k_stride_head, k_stride_k,
+    v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+    g_stride_row, g_stride_node, g_stride_head,
+    beta_stride_row, beta_stride_node, beta_stride_head,
+    ssm_stride_slot, ssm_stride_head, ssm_stride_k, ssm_stride_v,
+    slots_stride, parents_stride_row, parents_stride_node,
+    NUM_NODES: gl.constexpr, NODES: gl.constexpr, NUM_K_HEADS: gl.constexpr, NUM_V_HEADS: gl.constexpr,
+    HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
+    TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
+    ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
+    STATE_STAGES: gl.constexpr,
+):
+    """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
+    gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
+    its operands rounded to nearest). The state's strides come as SSM_STRIDE_K / _V, constants, so
+    that the chunk loads take immediate offsets. With STATE_STAGES the chunks go through shared
+    memory (cp.async, that many in flight from the program's start) instead of registers."""
+    _verify_tile(-1, out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr,
+                 slots_ptr, parents_ptr, num_state_slots, scale,
+                 out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+                 q_stride_row, q_stride_node, q_stride_head, q_stride_k,
+                 k_stride_row, k_stride_node, k_stride_head, k_stride_k,
+                 v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+                 g_stride_row, g_stride_node, g_stride_head,
+                 beta_stride_row, beta_stride_node, beta_stride_head,
+                 ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
+                 NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
+                 TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, True)
+
+
+@gluon.jit(do_not_specialize=["num_rows"])
+def _gdn_verify_mma_persistent_kernel(
+    out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, slots_ptr, parents_ptr,
+    num_state_slots, scale, num_rows,
+    out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+    q_stride_row, q_stride_node, q_stride_head, q_stride_k,
+    k_stride_row, k_stride_node, k_stride_head, k_stride_k,
+    v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+    g_stride_row, g_stride_node, g_stride_head,
+    beta_stride_row, beta_stride_node, beta_stride_head,
+    ssm_stride_slot, ssm_stride_head, ssm_stride_k, ssm_stride_v,
+    slots_stride, parents_stride_row, parents_stride_node,
+    NUM_NODES: gl.constexpr, NODES: gl.constexpr, NUM_K_HEADS: gl.constexpr, NUM_V_HEADS: gl.constexpr,
+    HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
+    TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
+    ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
+    STATE_STAGES: gl.constexpr,
+):
+    """_gdn_verify_mma_kernel's tiles of num_rows rows (row-major: a row's heads, then the next row's),
+    program_id(0), + num_programs, ... a program, on a grid (programs, 1): a grid of a few programs
+    an SM caps how many share one, so that the batch's tiles fill whole waves."""
+    V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
+    HEAD_TILES: gl.constexpr = NUM_V_HEADS * V_BLOCKS
+    for tile in range(gl.program_id(0), num_rows * HEAD_TILES, gl.num_programs(0)):
+        gl.thread_barrier()  # (the tile before's last reads of shared memory, before this one's stores)
+        _verify_tile(tile, out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr,
+                     slots_ptr, parents_ptr, num_state_slots, scale,
+                     out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+                     q_stride_row, q_stride_node, q_stride_head, q_stride_k,
+                     k_stride_row, k_stride_node, k_stride_head, k_stride_k,
+                     v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+                     g_stride_row, g_stride_node, g_stride_head,
+                     beta_stride_row, beta_stride_node, beta_stride_head,
+                     ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
+                     NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
+                     TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, False)

@@ -71,6 +71,9 @@
 #             tests (planned = unplanned, the binder skipped after a first call), then the ring's GPU tests through them
 #   ringprof  where each ring step's time goes, both mixers, B = 1 .. 256 (bench_ring.py --profile: each kernel's
 #             time per step, a kernel launched several times a layer split by its launch)
+#   persist   gdn_verify's mma kernel persistent (never run on a GPU): its GPU tests, then the sweep of at most 6 .. 9
+#             programs an SM (registers capped to fit) against the default at B = 64 / 128 / 256, fp32 and bf16
+#             states (a program a tile leaves 2048 tiles 1.72 waves of 9 an SM at B = 64)
 # Before a call that runs a changed kernel: `python scripts/offline_sass.py gdn_ring_test_shapes --batch 4` (and
 # mamba2_ring_test_shapes) under Triton 3.6 (a venv here) compiles every launch at the tests' shapes, without a GPU.
 # The replay phases need fla-core and einops for the FLA rows: carry .whl and install it first.
@@ -202,6 +205,15 @@ for phase in "$@"; do
               timeout 120 python3 benchmarks/bench_gdn_verify.py --state-dtype bf16 --batches 64 256 --no-step \
                 > "$out/bench_gdn_verify_bf16.log" 2>&1 || rc=1
               grep '^|' "$out/bench_gdn_verify_bf16.log" ;;
+    persist)  rc=0
+              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
+                -k "launch_choices or launch_plans or model_shape" > "$out/gpu_tests_persist.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_persist.log"
+              for dtype in fp32 bf16; do
+                timeout 150 python3 benchmarks/bench_gdn_verify.py --sweep --only 16 17 18 19 20 --batches 64 128 256 \
+                  --state-dtype $dtype > "$out/sweep_persist_$dtype.log" 2>&1 || rc=1
+                grep '^|' "$out/sweep_persist_$dtype.log"
+              done ;;
     treewalk) rc=0
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
                 tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py tests/test_ring.py tests/test_mamba2_verify.py \

@@ -216,7 +216,10 @@ TUNINGS = [dict(mma=False), dict(block_v=16, mma=False), dict(block_v=16, num_wa
            pytest.param(dict(mma=True, block_v=64, chunk_k=16), marks=pytest.mark.gpu),
            pytest.param(dict(mma=True, block_v=128, chunk_k=16, num_warps=8), marks=pytest.mark.gpu),
            pytest.param(dict(mma=True, state_stages=2), marks=pytest.mark.gpu),  # the chunks through shared memory
-           pytest.param(dict(mma=True, block_v=64, chunk_k=16, state_stages=3), marks=pytest.mark.gpu)]
+           pytest.param(dict(mma=True, block_v=64, chunk_k=16, state_stages=3), marks=pytest.mark.gpu),
+           # persistent: 2 or 5 programs walking the batch's 12 tiles (a partial last round), registers capped
+           pytest.param(dict(mma=True, persistent=2), marks=pytest.mark.gpu),
+           pytest.param(dict(mma=True, persistent=5, maxnreg=128, state_stages=2), marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=[interpreted, pytest.mark.slow]),
@@ -252,6 +255,12 @@ def test_mma_launch_plans():
     for dtype, transposed, want in ((torch.float32, True, 2), (torch.bfloat16, False, 2), (torch.bfloat16, True, 0)):
         pool = make_problem(head_k_dim=64, head_v_dim=64, state_dtype=dtype, transposed=transposed)
         assert plan(pool, state_stages=2, block_v=64, num_warps=2).constexprs["STATE_STAGES"] == want
+    # persistent: a grid of that many programs (at most the tiles: 3 rows x 4 heads here), the row count passed
+    for programs, grid in ((5, (5, 1)), (100, (12, 1))):
+        call = plan(problem, persistent=programs, maxnreg=128)
+        assert (call.grid, call.scalars[2], call.constexprs["maxnreg"]) == (grid, 3, 128)
+        assert call.kernel.fn.__name__ == "_gdn_verify_mma_persistent_kernel"
+    assert plan(problem).kernel.fn.__name__ == "_gdn_verify_mma_kernel"
     module = triton_kernels().gdn_verify
     defaults = module.MMA_STATE_STAGES, module.MMA_CHUNK_K
     try:
