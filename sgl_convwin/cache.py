@@ -213,7 +213,7 @@ class RingCache(torch.nn.Module):
                  capacity: int = DEFAULT_CAPACITY, dtype: torch.dtype = torch.bfloat16,
                  device: torch.device | str | None = None, num_gates: int = 2):
         super().__init__()
-        if num_gates not in (1, 2):
+        if isinstance(num_gates, bool) or num_gates not in (1, 2):
             raise ValueError(f"RingCache: num_gates must be 2 (GDN: g, beta) or 1 (Mamba2: dt), got {num_gates!r}")
         alloc = alloc_ring if num_gates == 2 else alloc_mamba2_ring
         ring = alloc(num_layers, num_slots, dim, num_draft, num_v_heads, capacity=capacity, dtype=dtype, device=device)

@@ -1,10 +1,10 @@
-"""The ring ops in vectorised PyTorch: their CPU kernels, and for now their CUDA path too.
+"""The ring ops in vectorised PyTorch: their CPU kernels (on CUDA tensors the Triton launchers run).
 
 A slot's ring is circular: logical position j (0 = the oldest pending token) is physical row
 (start + j) % C. Every function here rolls the rows it reads into logical order (a gathered copy)
 and hands them to the replay-commit and verify code of cpu.py, so a fold replays exactly as
 ``gdn_commit`` (``mamba2_commit``) would and a draft's conv is ``causal_conv1d_verify``'s. Not fast:
-the GPU kernels are to fuse this into one read of each checkpoint.
+the GPU kernels fuse this into one read of each checkpoint.
 """
 
 from __future__ import annotations

@@ -127,10 +127,11 @@ def _register(name: str, positional_names: tuple[str, ...], mutates: tuple[str, 
     register its CPU, CUDA and fake kernels, and one lean Python kernel at Autograd and at
     ADInplaceOrView in place of custom_op's two layers there.
 
-    That kernel bumps the written tensors' versions (as custom_op's ADInplaceOrView kernel does;
-    a Library op without one bumps nothing) and runs the rest with autograd off (a CPU kernel's
-    writes must not record history from a weight that requires grad; the ops return nothing, so
-    nothing gets a grad_fn, and a written tensor that requires grad is refused by the checks).
+    That kernel runs the call with autograd off (a CPU kernel's writes must not record history from
+    a weight that requires grad; the ops return nothing, so nothing gets a grad_fn, and a written
+    tensor that requires grad is refused by the checks), then bumps the written tensors' versions
+    (as custom_op's ADInplaceOrView kernel does; a Library op without one bumps nothing; a refused
+    call bumps nothing).
     When nothing but a CPU or CUDA backend lies below it -- a plain eager call -- it calls that
     backend's kernel itself: a second trip through the dispatcher into Python costs more than a
     small kernel. Anything else below (fake or functional tensors, a dispatch mode, subclasses)
@@ -151,14 +152,15 @@ def _register(name: str, positional_names: tuple[str, ...], mutates: tuple[str, 
                          _below=below, _below_inplace=below_inplace, _no_autograd=torch._C._AutoDispatchBelowAutograd,
                          _cpu_key=torch._C.DispatchKey.CPU, _cuda_key=torch._C.DispatchKey.CUDA, _cpu=cpu_kernel,
                          _cuda=cuda_kernel)
-        exec(f"def {name}(keyset, *args, **kwargs):\n{bumps}"  # noqa: S102
+        exec(f"def {name}(keyset, *args, **kwargs):\n"  # noqa: S102
              f"    backend = (keyset & _below_inplace).highestPriorityTypeId()\n"
              f"    with _no_autograd():\n"
              f"        if backend == _cuda_key:\n"
-             f"            return _cuda(*args, **kwargs)\n"
-             f"        if backend == _cpu_key:\n"
-             f"            return _cpu(*args, **kwargs)\n"
-             f"        return _redispatch(keyset & _below, *args, **kwargs)\n", namespace)
+             f"            _cuda(*args, **kwargs)\n"
+             f"        elif backend == _cpu_key:\n"
+             f"            _cpu(*args, **kwargs)\n"
+             f"        else:\n"
+             f"            _redispatch(keyset & _below, *args, **kwargs)\n{bumps}", namespace)
         _LIBRARY.impl(name, torch._disable_dynamo(namespace[name]), key, with_keyset=True)
     _LIBRARY.impl(name, torch._disable_dynamo(cpu_kernel), "CPU")
     _LIBRARY.impl(name, torch._disable_dynamo(cuda_kernel), "CUDA")

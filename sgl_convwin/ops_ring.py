@@ -321,8 +321,8 @@ def gdn_ring_flush(
 ) -> None:
     """Materialise the checkpoints of the given slots now, every layer: replay each row's pending
     tokens onto ``ssm_state[:, state_slots[b]]`` and write their last K-1 inputs into
-    ``conv_state[:, state_slots[b]]`` (as ``gdn_ring_verify``'s fold), then cursor = (start +
-    pending, 0). Afterwards both hold what eager ``gdn_commit`` after every step would have: the
+    ``conv_state[:, state_slots[b]]`` (as ``gdn_ring_verify``'s fold), then cursor = ((start +
+    pending) % C, 0). Afterwards both hold what eager ``gdn_commit`` after every step would have: the
     conv window bit for bit, the state within float32 rounding (a bfloat16 state is rounded once
     per fold instead of once per step). Between steps only (after ``ring_accept``, before the next
     verify): for prefix caching, preemption, eviction, a move to another pool.

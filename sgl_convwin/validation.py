@@ -1046,8 +1046,9 @@ class RingSizes(NamedTuple):
 
 
 def _check_ring_buffers(op, rows, gates, cursor, num_layers, dim, num_nodes, device, *, gate_heads=None,
-                        num_gates=(1, 2)) -> tuple[int, int]:
-    """rows [L, M, C, dim] (C >= 2N), gates [L, M, C, G, H] (None: not taken), cursor [M, 2]; returns (M, C)."""
+                        num_gates=(1, 2), takes_gates=True) -> tuple[int, int]:
+    """rows [L, M, C, dim] (M >= 1, C >= 2N), gates [L, M, C, G, H] (unless not ``takes_gates``), cursor
+    [M, 2]; returns (M, C)."""
     for name, value in (("rows", rows), ("cursor", cursor)):
         if not isinstance(value, torch.Tensor):
             check_tensor(f"{op}: {name}", value)
@@ -1055,6 +1056,8 @@ def _check_ring_buffers(op, rows, gates, cursor, num_layers, dim, num_nodes, dev
         raise ValueError(f"{op}: rows must be the ring's conv inputs [L, M, capacity + N, dim] with L = {num_layers} "
                          f"and dim = {dim}, got shape {tuple(rows.shape)}")
     num_ring_slots, ring_rows = rows.shape[1], rows.shape[2]
+    if num_ring_slots < 1:
+        raise ValueError(f"{op}: rows must hold at least one ring slot (M >= 1), got shape {tuple(rows.shape)}")
     if rows.dtype not in CACHE_DTYPES:
         check_cache_dtype(f"{op}: rows", rows)
     if rows.device != device:
@@ -1062,7 +1065,7 @@ def _check_ring_buffers(op, rows, gates, cursor, num_layers, dim, num_nodes, dev
     if ring_rows < 2 * num_nodes:
         raise ValueError(f"{op}: a ring verifying N = {num_nodes} draft tokens holds capacity + N rows per slot with "
                          f"capacity >= N, so at least {2 * num_nodes}; rows has {ring_rows} (shape {tuple(rows.shape)})")
-    if gates is not None:
+    if takes_gates:
         if not isinstance(gates, torch.Tensor):
             check_tensor(f"{op}: gates", gates)
         if (gates.dim() != 5 or tuple(gates.shape[:3]) != (num_layers, num_ring_slots, ring_rows)
@@ -1107,7 +1110,8 @@ def check_ring_conv1d_verify_args(out, rows, conv_state, x, weight, bias, ring_s
     if x.device != device:
         raise ValueError(f"{op}: x is on {x.device} but conv_state is on {device}")
     num_rows, num_nodes = x.shape[0], x.shape[1]
-    num_ring_slots, ring_rows = _check_ring_buffers(op, rows, None, cursor, num_layers, dim, num_nodes, device)
+    num_ring_slots, ring_rows = _check_ring_buffers(op, rows, None, cursor, num_layers, dim, num_nodes, device,
+                                                    takes_gates=False)
     _check_layer(op, layer, num_layers)
     check_writable(op, "rows", rows)
     count = check_index_tensors(op, device, ("ring_slots", "state_slots"), ring_slots, state_slots)

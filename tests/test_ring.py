@@ -252,6 +252,9 @@ BAD_VERIFY = [
     ("a per-layer weight of all layers", dict(conv_weight=torch.zeros(2, 16, 4)), ValueError, r"conv_weight must be \[dim, K\]"),
     ("ring_slots of another length", dict(ring_slots=torch.tensor([0])), ValueError, "ring_slots has 1 rows"),
     ("an int64 gates tensor", dict(gates=torch.zeros(2, 3, 6, 2, 2, dtype=torch.int64)), TypeError, "gates must be float"),
+    ("no gates", dict(gates=None), TypeError, "gates must be a torch.Tensor, got NoneType"),
+    ("a ring of no slots", dict(rows=torch.zeros(2, 0, 6, 16), gates=torch.zeros(2, 0, 6, 2, 2),
+                                cursor=torch.zeros(0, 2, dtype=torch.int32)), ValueError, r"at least one ring slot \(M >= 1\)"),
 ]
 
 
@@ -297,6 +300,14 @@ def test_other_ops_refuse_bad_input():
         sgl_convwin.gdn_ring_flush(*flush_args, num_draft=4, **harness.heads)
     with pytest.raises(ValueError, match="capacity .* must be >= num_draft"):
         sgl_convwin.alloc_ring(2, 3, 16, 4, 2, capacity=3)
+    for op, args in ((sgl_convwin.ring_accept, (ring.cursor, ring.rows, None, torch.tensor([0]), torch.tensor([0]))),
+                     (sgl_convwin.gdn_ring_flush, (*flush_args[:4], None, *flush_args[5:]))):
+        kwargs = dict(num_draft=3) if op is sgl_convwin.ring_accept else harness.heads
+        for device in ("cpu", "meta"):  # (the fake too: a compiled graph is refused when traced)
+            moved = [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+            call = op if device == "cpu" else op.op
+            with pytest.raises(TypeError, match="gates must be a torch.Tensor, got NoneType"):
+                call(*moved, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -244,8 +244,9 @@ def test_flush_alloc_and_cache_refuse_bad_input():
         sgl_convwin.alloc_mamba2_ring(2, 3, 24, 4, 0)
     with pytest.raises(TypeError, match="dtype must be float32, float16 or bfloat16"):
         sgl_convwin.alloc_mamba2_ring(2, 3, 24, 4, 2, dtype=torch.int8)
-    with pytest.raises(ValueError, match="num_gates must be 2 .* or 1"):
-        sgl_convwin.RingCache(2, 3, 24, 4, 2, num_gates=3)
+    for num_gates in (3, True):  # (True == 1, but not a count)
+        with pytest.raises(ValueError, match="num_gates must be 2 .* or 1"):
+            sgl_convwin.RingCache(2, 3, 24, 4, 2, num_gates=num_gates)
 
 
 # ---------------------------------------------------------------------------------------------
