@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # (`... | head`): the reader left; no traceback, and the flush at exit goes nowhere
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback; the shell's status for SIGINT
+        print("sgl_convwin: interrupted", file=sys.stderr)
+        return 130
 
 
 def _run(argv: list[str] | None) -> int:

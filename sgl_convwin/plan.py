@@ -41,6 +41,7 @@ import torch
 
 from .layout import physical_nbytes
 from .ops_ring import DEFAULT_CAPACITY
+from .validation import REPLAY_MAX_KERNEL_SIZE, VERIFY_MAX_NODES
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -383,8 +384,10 @@ def make_plan(shape: ModelShape, tp: int, draft_tokens: int, topk: int, requests
     min(DEFAULT_ACCEPT_LENGTH, N)) size the ring of a mixer with known dims; ValueError if they do not fit."""
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
-    if draft_tokens < 1 or topk < 1 or requests < 0:
-        raise ValueError("draft tokens and topk must be >= 1, max running requests >= 0")
+    for what, value, least in (("draft tokens", draft_tokens, 1), ("topk", topk, 1),
+                               ("max running requests", requests, 0)):
+        if value < least:
+            raise ValueError(f"{what} must be >= {least}, got {value}")
     conv_dim = _split(shape.name, "conv_dim", shape.conv_dim, tp)
     state = None if shape.ssm_state_elements is None else _split(shape.name, "SSM state", shape.ssm_state_elements, tp)
     mixer = None if shape.mixer is None else shape.mixer.per_rank(tp, shape.name)
@@ -547,6 +550,10 @@ def print_plan(plan: Plan, shape: ModelShape) -> None:
               f"{_size(plan.snapshot_bytes_per_slot - plan.replay_bytes_per_slot)} less per slot, "
               f"{_size(plan.snapshot_bytes_total - plan.replay_bytes_total)} for {requests} requests; "
               f"{plan.replay_bytes_per_slot / plan.input_replay_bytes_per_slot:.2f}x of (c).")
+    if plan.kernel_size > REPLAY_MAX_KERNEL_SIZE or plan.draft_tokens > VERIFY_MAX_NODES:
+        print(f"Sizes only: the package's commits, verifies and ring take K <= {REPLAY_MAX_KERNEL_SIZE} and "
+              f"N <= {VERIFY_MAX_NODES} drafts (here K = {plan.kernel_size}, N = {plan.draft_tokens}); "
+              f"(d) and the ring would refuse this model.")
     print()
     print_ring(plan)
 

@@ -111,6 +111,15 @@ def test_a_closed_pipe_shows_no_traceback():
         assert process.wait() == 1 and not stderr, stderr
 
 
+def test_an_interrupt_shows_no_traceback(capsys, monkeypatch):
+    """Ctrl-C during a command: one line and the shell's status for SIGINT."""
+    def interrupted(argv):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "_run", interrupted)
+    assert cli.main(["demo"]) == 130
+    assert capsys.readouterr().err == "sgl_convwin: interrupted\n"
+
+
 def test_the_module_shows_no_traceback():
     """What a user sees from the shell for a refused argument: exit status 2 and one line."""
     out = subprocess.run([sys.executable, "-m", "sgl_convwin", "demo", "--device", "tpu"], capture_output=True,

@@ -50,10 +50,20 @@ def test_table_output(capsys):
 @pytest.mark.parametrize("args, message", [
     (["--model", "nemotron-h", "--tp", "5"], "not divisible by tp=5"),
     (["--model", "custom", "--layers", "3"], "needs --conv-dim"),
-    (["--model", "qwen3-next-80b-a3b", "--draft-tokens", "0"], "draft tokens and topk must be >= 1"),
+    (["--model", "qwen3-next-80b-a3b", "--draft-tokens", "0"], "draft tokens must be >= 1, got 0"),
+    (["--model", "qwen3-next-80b-a3b", "--topk", "0"], "topk must be >= 1, got 0"),
+    (["--model", "qwen3-next-80b-a3b", "--max-running-requests", "-1"], "max running requests must be >= 0, got -1"),
 ])
 def test_errors(capsys, args, message):
     usage_error(capsys, ["plan", *args], message)
+
+
+def test_shapes_the_ops_refuse_are_sized_with_a_note(capsys):
+    gdn = ["--model", "custom", "--layers", "2", "--mixer", "gdn", "--num-k-heads", "2", "--head-k-dim", "64",
+           "--num-v-heads", "4", "--head-v-dim", "64"]
+    for extra, shown in (([], False), (["--kernel-size", "9"], True), (["--draft-tokens", "65"], True)):
+        assert cli.main(["plan", *gdn, *extra]) == 0
+        assert ("Sizes only: the package's commits, verifies and ring take K <= 5" in capsys.readouterr().out) == shown
 
 
 def test_plot(tmp_path):
