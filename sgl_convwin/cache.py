@@ -34,7 +34,7 @@ from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_
 from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
 from .ops_ring import DEFAULT_CAPACITY, alloc_ring, gdn_ring_flush, gdn_ring_verify, ring_accept, ring_conv1d_verify
 from .ops_ring_mamba2 import alloc_mamba2_ring, mamba2_ring_flush, mamba2_ring_verify
-from .validation import check_index_tensors
+from .validation import _check_parents, check_index_tensors
 
 
 class ConvWindowCache(torch.nn.Module):
@@ -117,6 +117,10 @@ class ConvWindowCache(torch.nn.Module):
         if parents is not None:
             # a dense tree's node with a bad parent link on its walk was not captured: skip its row, as
             # scatter_tree does, rather than commit the slot's older window (capture's walk, no sync)
+            op, device = "ConvWindowCache.commit", self.buffer.device
+            num_rows = check_index_tensors(op, device, ("accepted",), accepted, owner="the cache")
+            _check_parents(op, parents, device, num_rows, self.num_draft, "B the accepted steps', N the cache's draft "
+                           "tokens", owner="the cache")
             width = self.kernel_size - 1
             links_ok = walk_up(accepted[:, None], parents, history=width, steps=width)[1][:, 0]
             accepted = torch.where(links_ok, accepted, -1)

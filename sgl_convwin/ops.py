@@ -310,7 +310,7 @@ def causal_conv1d_verify(
     out: every layer's output [L, B, N, dim], of which layer ``layer`` is written (pass it whole,
         as the buffer: a slice out[layer] of it is a view at a symbolic storage offset under
         torch.compile(dynamic=True), which Inductor would write at offset 0, so the op refuses it
-        there), or one layer's [B, N, dim]; any strides, any float dtype. weight: [dim, K];
+        there), or one layer's [B, N, dim]; any strides, float32, float16 or bfloat16. weight: [dim, K];
     bias: [dim] or None; activation: None or "silu" ("swish"). Everything else as in
     ``capture``, which this writes bit-identically in the same pass. conv_state is not modified:
     commit the accepted window afterwards with ``scatter`` / ``scatter_tree``. Rows skipped by

@@ -693,7 +693,7 @@ def check_capture_gates_args(gates, g, beta, buffer_slots, layer, a=None, b=None
                 raise ValueError(f"{op}: {name} must be [H] with H = {num_heads} heads, got shape {tuple(value.shape)}")
     _check_layer(op, layer, num_layers)
     check_writable(op, "gates", gates)
-    num_rows = check_index_tensors(op, device, ("buffer_slots",), buffer_slots)
+    num_rows = check_index_tensors(op, device, ("buffer_slots",), buffer_slots, owner="gates")
     if num_rows != first.shape[0]:
         raise ValueError(f"{op}: buffer_slots has {num_rows} rows but {names[0]} has {first.shape[0]} (axis 0)")
     return num_rows

@@ -203,6 +203,21 @@ def test_commit_skips_a_tree_row_with_a_bad_link_on_every_layout(device, layout)
     assert torch.equal(conv_state, want)
 
 
+@pytest.mark.parametrize("layout", sgl_convwin.LAYOUTS)
+def test_commit_refuses_bad_parents_on_every_layout(layout):
+    """A tree commit's parents are checked on every layout (a dense cache walks them itself), before
+    anything is written."""
+    cache = ConvWindowCache(L, M, DIM, 3, K, layout=layout, dtype=torch.float32)
+    conv_state = torch.randn(L, M, DIM, K - 1)
+    before, slots, steps = conv_state.clone(), torch.tensor([0, 1]), torch.tensor([2, 2])
+    for parents, error, message in ((torch.tensor([[-1, 0]] * 2), ValueError, r"parents must be \[B, N\] = \[2, 3\]"),
+                                    (torch.tensor([-1, 0, 1]), ValueError, r"parents must be \[B, N\]"),
+                                    (torch.tensor([[-1.0, 0.0, 1.0]] * 2), TypeError, "parents must be int32 or int64")):
+        with pytest.raises(error, match=message):
+            cache.commit(conv_state, slots, steps, parents=parents)
+        assert torch.equal(conv_state, before)
+
+
 def test_cache_replay_commit_matches_the_functions():
     """ConvWindowCache's gates and gdn_commit are the free functions on its own buffers."""
     from support import make_replay

@@ -671,6 +671,11 @@ def test_capture_gates_raw_errors():
     with pytest.raises(TypeError, match="dt_bias must be a floating-point"):
         sgl_convwin.capture_gates(gates, None, None, slots, 0, a=a, b=a, A_log=heads,
                                   dt_bias=torch.zeros(5, dtype=torch.int32))
+    with pytest.raises(ValueError, match="buffer_slots is on meta but gates is on cpu"):
+        sgl_convwin.capture_gates(gates, None, None, slots.to("meta"), 0, a=a, b=a, A_log=heads, dt_bias=heads)
+    for num_gates in (True, 2.0):  # (a count: not a bool, not a float)
+        with pytest.raises(ValueError, match="num_gates must be 2 .* or 1"):
+            sgl_convwin.alloc_gates(2, 3, 4, 5, num_gates=num_gates)
     assert not gates.any()
 
 
