@@ -292,7 +292,6 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     parents_strides = (0, 0) if parents is None else parents.stride()
     scalars = (ssm.shape[0], float(scale), *out.stride(), *q.stride(), *k.stride(), *v.stride(), *g.stride(),
                *beta.stride(), *ssm.stride(), state_slots.stride(0), *parents_strides)
-
     constexprs = dict(
         NUM_NODES=num_nodes, NODES=max(MIN_DOT, next_power_of_2(2 * num_nodes)), NUM_K_HEADS=num_k_heads,
         NUM_V_HEADS=num_v_heads, HEAD_K_DIM=head_k_dim, HEAD_V_DIM=head_v_dim,
