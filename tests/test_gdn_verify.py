@@ -67,8 +67,8 @@ def make_problem(*, num_rows=3, num_nodes=4, num_k_heads=2, ratio=2, head_k_dim=
     def randn(*shape, std=1.0):
         return torch.randn(shape, generator=gen) * std
 
-    if fused:
-        mixed = randn(num_rows, num_nodes, 2 * key_width + num_v_heads * head_v_dim).to(qkv_dtype)
+    if fused:  # (the views taken on the device: .to() of a view would copy it into a tensor of its own)
+        mixed = randn(num_rows, num_nodes, 2 * key_width + num_v_heads * head_v_dim).to(qkv_dtype).to(device)
         q = mixed[..., :key_width].unflatten(-1, (num_k_heads, head_k_dim))
         k = mixed[..., key_width:2 * key_width].unflatten(-1, (num_k_heads, head_k_dim))
         v = mixed[..., 2 * key_width:].unflatten(-1, (num_v_heads, head_v_dim))
@@ -80,7 +80,7 @@ def make_problem(*, num_rows=3, num_nodes=4, num_k_heads=2, ratio=2, head_k_dim=
     beta = torch.sigmoid(randn(num_rows, num_nodes, num_v_heads)).to(gate_dtype)
     state_shape = (num_slots, num_v_heads, head_v_dim, head_k_dim) if transposed else (
         num_slots, num_v_heads, head_k_dim, head_v_dim)
-    ssm = randn(2 if pooled else 1, *state_shape, std=0.3).to(state_dtype)[-1]
+    ssm = randn(2 if pooled else 1, *state_shape, std=0.3).to(state_dtype).to(device)[-1]
     if transposed:
         ssm = ssm.transpose(-1, -2)
     slots = torch.arange(num_rows) % num_slots if slots is None else torch.as_tensor(slots)
@@ -124,6 +124,9 @@ def test_matches_oracle(impl, ratio, tree):
 def test_no_l2norm_custom_scale_and_views(impl):
     device, run = impl
     problem = make_problem(fused=True, transposed=True, pooled=True, parents=[-1, -1, 0, 2], device=device)
+    q, k, v, ssm = problem[0], problem[1], problem[2], problem[5]
+    assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr()
+    assert ssm.storage_offset() > 0 and not ssm.is_contiguous()  # (views on every device)
     check(device, run, problem, scale=0.3, use_qk_l2norm=False)
 
 
