@@ -179,10 +179,11 @@ def test_interleaved_windows_stay_in_their_slots(impl, kernel_size, channels):
     dim, num_nodes = 44, 5
     rows = make_rows("token_major", 2, 2, num_nodes, kernel_size, dim, torch.float32, impl.device, generator,
                      "contiguous")
-    conv_state = make_state("dim_major", 2, 4, dim, kernel_size - 1, torch.float32, impl.device, generator, "offset")
     dst, src, nodes = (torch.tensor(v, device=impl.device) for v in ([1, 2], [0, 1], [4, 3]))
     parents = torch.tensor([[-1, 0, 0, 1, 3], [-1, -1, 1, 2, 2]], device=impl.device)
-    for preload in (False, True):
+    for preload in (False, True):  # each walk from the same state, not one the other already wrote
+        conv_state = make_state("dim_major", 2, 4, dim, kernel_size - 1, torch.float32, impl.device,
+                                torch.Generator().manual_seed(kernel_size), "offset")
         forced = SimpleNamespace(scatter_tree=_triton_scatter_tree_forcing(channels=channels, preload_parents=preload))
         check_scatter_tree(forced, conv_state, rows, dst, src, nodes, parents, "dim_major")
 

@@ -736,7 +736,11 @@ def test_parameter_weights_take_the_eager_path(monkeypatch):
     def dispatcher_called(*args, **kwargs):
         raise AssertionError("the eager call went through the dispatcher")
 
-    monkeypatch.setattr(torch.ops.convwin, "causal_conv1d_verify", dispatcher_called)
+    # (the op the public function calls for the dispatcher's route: the one it bound when declared)
+    monkeypatch.setitem(sgl_convwin.causal_conv1d_verify.__globals__, "_packet", dispatcher_called)
+    with pytest.raises(AssertionError, match="went through the dispatcher"):  # the patch is the one taken
+        sgl_convwin.causal_conv1d_verify(torch.zeros(2, 3, 8).requires_grad_(), None, None, None, None, None, None,
+                                         None, 0)
     weight = torch.nn.Parameter(torch.randn(8, 4))
     bias = torch.nn.Parameter(torch.randn(8))
     out = torch.zeros(2, 3, 8)
