@@ -204,7 +204,7 @@ def test_checked_mode_accepts_padding(impl, op):
             replaced(buffer_slots=torch.tensor([-1, 2]), state_slots=torch.tensor([7, -1])).items()}
     with sgl_convwin.index_checks():
         call(impl, op, args)
-    assert not args["buffer"].any(), "padded rows must write nothing"
+    assert not args["buffer"].any() and not args["out"].any(), "padded rows must write nothing"
 
 
 @pytest.mark.parametrize("op", ("capture", "verify"))
@@ -216,6 +216,7 @@ def test_destinations_that_cannot_be_written_in_place(impl, op):
         args[name] = args[name].clone().requires_grad_(True)
         with pytest.raises(ValueError, match=rf"{name} requires grad; the ops write it in place"):
             call(impl, op, args)
+        assert not args["buffer"].any() and not args["out"].any()
         with torch.inference_mode():
             inference = torch.zeros_like(args[name])
         args = dict(good_args(), **{name: inference})
