@@ -279,9 +279,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         raise ValueError(f"convwin.gdn_verify verifies at most {MAX_GRID_Y} rows per call, got {num_rows}; "
                          "split the batch")
     if mma is None:
-        # (q and k of two dtypes: the mma kernel reads their stack through one pointer block)
         mma = (num_nodes <= MMA_MAX_NODES and num_rows * num_v_heads * cdiv(head_v_dim, MMA_BLOCK_V) >= VERIFY_PROGRAMS
-               and q.dtype == k.dtype and _mma_kernel_runs_on(ssm))
+               and _mma_kernel_runs_on(ssm))
     if num_warps is None:
         num_warps = MMA_WARPS if mma else VERIFY_WARPS
     if mma and block_v is None:

@@ -295,12 +295,19 @@ def _verify_tile(
     stack_b = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
     node_b = stack_b % HALF
     kk_b = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, STACK_L))
-    rows_b = gl.where(stack_b < HALF, k_base + node_b * k_stride_node, q_base + node_b * q_stride_node)
-    strides_b = gl.where(stack_b < HALF, k_stride_k, q_stride_k)
-    kq_all = gl.load(rows_b[:, None] + kk_b[None, :] * strides_b[:, None],
-                     mask=(node_b < NUM_NODES)[:, None] & (kk_b < HEAD_K_DIM)[None, :], other=0.0)
-    kq_smem = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM,
-                                        _rounded(kq_all.to(gl.float32), ROUND_KQ))
+    stack_ok = (node_b < NUM_NODES)[:, None] & (kk_b < HEAD_K_DIM)[None, :]
+    if k_ptr.dtype == q_ptr.dtype:  # one load through the rows' pointers
+        rows_b = gl.where(stack_b < HALF, k_base + node_b * k_stride_node, q_base + node_b * q_stride_node)
+        strides_b = gl.where(stack_b < HALF, k_stride_k, q_stride_k)
+        kq_all = gl.load(rows_b[:, None] + kk_b[None, :] * strides_b[:, None], mask=stack_ok,
+                         other=0.0).to(gl.float32)
+    else:  # (pointers of two types do not mix: one load each)
+        key_b = (stack_b < HALF)[:, None]
+        kq_all = gl.where(key_b, gl.load((k_base + node_b * k_stride_node)[:, None] + (kk_b * k_stride_k)[None, :],
+                                         mask=stack_ok & key_b, other=0.0).to(gl.float32),
+                          gl.load((q_base + node_b * q_stride_node)[:, None] + (kk_b * q_stride_k)[None, :],
+                                  mask=stack_ok & ~key_b, other=0.0).to(gl.float32))
+    kq_smem = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM, _rounded(kq_all, ROUND_KQ))
 
     gram = gl.zeros([NODES, NODES], gl.float32, layout=MMA)
     gl.thread_barrier()
