@@ -154,12 +154,13 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
     (32, 2, 32))), *(dict(mma=True, chunk_k=c, state_stages=n)  # the chunks through shared memory
                      for c, n in ((32, 2), (32, 3), (16, 2), (16, 3), (16, 4), (32, 4))),
          # persistent: at most that many programs an SM (1056 = 8 x 132 slots against 2048 tiles at B = 64)
-         *(dict(mma=True, ctas_per_sm=c, maxnreg=r) for c, r in ((8, 128), (7, 144), (6, 168), (9, 112), (8, None)))]
+         *(dict(mma=True, ctas_per_sm=c, maxnreg=r) for c, r in ((8, 128), (7, 144), (6, 168), (9, 112))),
+         dict(mma=True, ctas_per_sm=8)]
 
 
 def resolved(tuning):
-    """A SWEEP entry as the launcher takes it: ctas_per_sm -> persistent programs (and maxnreg None dropped)."""
-    tuning = {k: v for k, v in tuning.items() if not (k == "maxnreg" and v is None)}
+    """A SWEEP entry as the launcher takes it: ctas_per_sm -> persistent programs."""
+    tuning = dict(tuning)
     if "ctas_per_sm" in tuning:
         sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         tuning["persistent"] = tuning.pop("ctas_per_sm") * sms

@@ -144,8 +144,7 @@ def _register(name: str, positional_names: tuple[str, ...], mutates: tuple[str, 
     schema = torch.library.infer_schema(cpu_kernel, mutates_args=mutates)  # (its __signature__ is the op's)
     _LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
     overload = getattr(getattr(torch.ops, NAMESPACE), name).default
-    # every written tensor in one call (a sequence: torch >= 2.5)
-    bumps = f"    _increment_version(({''.join(f'args[{positional_names.index(n)}], ' for n in mutates)}))\n"
+    bumps = _bump_line(f"args[{positional_names.index(n)}]" for n in mutates)
     below_inplace = torch._C._after_ADInplaceOrView_keyset
     for key, below in (("Autograd", torch._C._after_autograd_keyset), ("ADInplaceOrView", below_inplace)):
         namespace = dict(_increment_version=torch.autograd.graph.increment_version, _redispatch=overload.redispatch,
@@ -179,6 +178,12 @@ def _without_autograd(kernel: Callable[..., None]) -> Callable[..., None]:
             return kernel(*args, **kwargs)
 
     return run
+
+
+def _bump_line(tensors) -> str:
+    """A generated function body's line bumping the versions of ``tensors`` (expressions), all in one
+    call (a sequence: torch >= 2.5)."""
+    return f"    _increment_version(({''.join(f'{t}, ' for t in tensors)}))\n"
 
 
 def _after_launch(body: str, lines: str) -> str:
@@ -282,13 +287,13 @@ def declare_op(
 {{after}}"""
         # a kernel writes through pointers, unseen by autograd: the public function bumps the versions
         # of what it writes, as the dispatcher does for the registered op (a no-op in inference mode)
-        bump = f"    _bump(({''.join(f'{n}, ' for n in mutates)}))\n"  # (one call: a sequence, torch >= 2.5)
+        bump = _bump_line(mutates)
         cuda_kernel = (lambda: cuda) if callable(cuda) else lambda: getattr(triton_kernels(), cuda)
         namespace = dict(_eager_device=eager_device, _plans=plans, _prepare=prepare, _cpu=cpu,
                          _inference_mode=torch.is_inference_mode_enabled,
                          _first_call=first_call, _cuda_kernel=cuda_kernel,
                          _Tensor=torch.Tensor, _current_device=_CURRENT_CUDA_DEVICE, _device_guard=torch.cuda.device,
-                         _bump=torch.autograd.graph.increment_version)
+                         _increment_version=torch.autograd.graph.increment_version)
         written = tensor_names[0]
 
         def on_its_device(signature: inspect.Signature, head: str, rest: str, condition: str,
