@@ -126,6 +126,18 @@ def snapshot_verify_fn(shapes, p, layers):
     return step, snapshots
 
 
+def layer_reads_fn(ssm):
+    """Each layer's pool read whole by _read_kernel, a launch a layer: the read ceiling as a step of
+    per-layer launches of this size reaches it."""
+    block = ssm[0, 0].numel()  # a head's [dk, dv] tile a program, as the verify's
+    partial = torch.empty(ssm[0].numel() // block, device=ssm.device)
+
+    def step():
+        for layer in range(ssm.shape[0]):
+            _read_kernel[(partial.numel(),)](ssm[layer], partial, BLOCK=block, num_warps=8)
+    return step
+
+
 def state_read_bytes(shapes, batch, element):
     return shapes.layers * batch * shapes.state_numel * element
 
@@ -155,7 +167,10 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
                      for c, n in ((32, 2), (32, 3), (16, 2), (16, 3), (16, 4), (32, 4))),
          # persistent: at most that many programs an SM (1056 = 8 x 132 slots against 2048 tiles at B = 64)
          *(dict(mma=True, ctas_per_sm=c, maxnreg=r) for c, r in ((8, 128), (7, 144), (6, 168), (9, 112))),
-         dict(mma=True, ctas_per_sm=8)]
+         dict(mma=True, ctas_per_sm=8),
+         # programmatic dependent launch: a layer's launch under the layer before's end; its first state
+         # chunks read there too (2)
+         dict(mma=True, pdl=1), dict(mma=True, pdl=2), dict(mma=True, pdl=2, state_stages=2)]
 
 
 def resolved(tuning):
@@ -185,6 +200,9 @@ def sweep(shapes, batches, state_dtype, tunings):
         for batch in batches:
             p = verify_problem(shapes, batch, tree, state_dtype, "cuda", seed=batch)
             floor = state_read_bytes(shapes, batch, p["ssm"].element_size()) / (READ_GBPS * 1e9) * 1e6
+            _, read_us = time_fn(layer_reads_fn(p["ssm"]))
+            print(markdown_row("tree" if tree else "chain", batch, "plain read of the pools, a launch a layer",
+                               f"{read_us:.1f}", f"{floor / read_us:.1%}", "-"), flush=True)
             for entry in [{}] + tunings:
                 tuning = resolved(entry)
 

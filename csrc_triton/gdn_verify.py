@@ -262,7 +262,7 @@ def _mma_kernel_runs_on(ssm) -> bool:
 
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
                  block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None,
-                 persistent=None, maxnreg=None):
+                 persistent=None, maxnreg=None, pdl=0):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
@@ -270,7 +270,10 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     MMA_CHUNK_K), state_stages (the mma kernel's chunks through shared memory, that many in
     flight; None: MMA_STATE_STAGES; 0, or copies under 4 bytes: registers), persistent (the mma
     kernel on that many programs, each taking tiles until none is left -- a few an SM cap how many
-    share one; None: a program a tile), maxnreg (the mma kernel's register cap): tuning only."""
+    share one; None: a program a tile), maxnreg (the mma kernel's register cap), pdl (the mma
+    kernel launched as a programmatic dependent, sm_90+: 1, everything read after the kernel
+    launched before it finishes; 2, its slots and first state chunks before, which that kernel must
+    not write): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -309,6 +312,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
                                                         constexprs["BLOCK_K"] // chunk_k, ssm))
         if maxnreg is not None:
             constexprs.update(maxnreg=maxnreg)
+        pdl = int(pdl) if not ssm.is_cuda or nvidia_at_least(ssm.device, (9, 0)) else 0  # (CPU: offline compiles)
+        constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
         if persistent is not None:
             return KernelCall(gdn_verify_mma._gdn_verify_mma_persistent_kernel, (min(grid[0] * grid[1], persistent), 1),
                               tensors, (*scalars[:2], num_rows, *scalars[2:]), constexprs)

@@ -25,6 +25,18 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 
 @gluon.jit
+def _grid_dependency(LAUNCH: gl.constexpr):
+    """Programmatic dependent launch (sm_90): with LAUNCH, let the next kernel's programs start
+    (griddepcontrol.launch_dependents); else wait for the kernel before this one to finish and its
+    writes to be visible (griddepcontrol.wait)."""
+    if LAUNCH:
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _rounded(x, ROUND: gl.constexpr):
     """x rounded to tf32 to nearest (gdn_verify._operand), if ROUND."""
     if ROUND:
@@ -237,10 +249,13 @@ def _verify_tile(
     HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
     TREE: gl.constexpr, L2NORM: gl.constexpr, CHUNK_K: gl.constexpr, ROUND_KQ: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, STATE_STAGES: gl.constexpr, FROM_PROGRAM: gl.constexpr,
+    PDL: gl.constexpr,
 ):
     """One [dk, BLOCK_V] state tile's outputs, from one read of it: the tile of _gdn_verify_mma_kernel's
     program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
-    their column blocks, then the next row's)."""
+    their column blocks, then the next row's). PDL 1: everything read once the kernel launched
+    before this one has finished; 2: the slot and the state's first chunks before that (that
+    kernel must write neither), the rest after."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -266,6 +281,8 @@ def _verify_tile(
         row = (tile // (NUM_V_HEADS * V_BLOCKS)).to(gl.int64)
     k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
 
+    if PDL == 1:
+        _grid_dependency(False)
     slot = gl.load(slots_ptr + row * slots_stride).to(gl.int64)
     slot_ok = (slot >= 0) & (slot < num_state_slots)
     slot = gl.where(slot_ok, slot, 0)
@@ -283,6 +300,8 @@ def _verify_tile(
         state_ring = slot_ok  # unread
         upcoming = _state_chunk(state_base, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
                                 CHUNK_K, BLOCK_V, LOAD_L)  # the long read first: nothing before it waits
+    if PDL == 2:  # what the kernel before wrote (q, k, v, g, beta, parents) only from here on
+        _grid_dependency(False)
     # the tree walk's layout: node c's parent link on lane c
     index = gl.arange(0, NODES, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
     if TREE:  # the parent links now, their latency under the state's: the walk runs on registers
@@ -371,13 +390,17 @@ def _gdn_verify_mma_kernel(
     HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
-    STATE_STAGES: gl.constexpr,
+    STATE_STAGES: gl.constexpr, PDL: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
     gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
     its operands rounded to nearest). The state's strides come as SSM_STRIDE_K / _V, constants, so
     that the chunk loads take immediate offsets. With STATE_STAGES the chunks go through shared
-    memory (cp.async, that many in flight from the program's start) instead of registers."""
+    memory (cp.async, that many in flight from the program's start) instead of registers. With PDL
+    (1 or 2, sm_90, launched as a programmatic dependent: _verify_tile) the next kernel may start
+    once every program has."""
+    if PDL:
+        _grid_dependency(True)
     _verify_tile(-1, out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr,
                  slots_ptr, parents_ptr, num_state_slots, scale,
                  out_stride_row, out_stride_node, out_stride_head, out_stride_v,
@@ -388,7 +411,7 @@ def _gdn_verify_mma_kernel(
                  beta_stride_row, beta_stride_node, beta_stride_head,
                  ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                  NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
-                 TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, True)
+                 TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, True, PDL)
 
 
 @gluon.jit(do_not_specialize=["num_rows"])
@@ -407,13 +430,15 @@ def _gdn_verify_mma_persistent_kernel(
     HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
-    STATE_STAGES: gl.constexpr,
+    STATE_STAGES: gl.constexpr, PDL: gl.constexpr,
 ):
     """_gdn_verify_mma_kernel's tiles of num_rows rows (row-major: a row's heads, then the next row's),
     program_id(0), + num_programs, ... a program, on a grid (programs, 1): a grid of a few programs
     an SM caps how many share one, so that the batch's tiles fill whole waves."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     HEAD_TILES: gl.constexpr = NUM_V_HEADS * V_BLOCKS
+    if PDL:
+        _grid_dependency(True)
     for tile in range(gl.program_id(0), num_rows * HEAD_TILES, gl.num_programs(0)):
         gl.thread_barrier()  # (the tile before's last reads of shared memory, before this one's stores)
         _verify_tile(tile, out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr,
@@ -426,4 +451,4 @@ def _gdn_verify_mma_persistent_kernel(
                      beta_stride_row, beta_stride_node, beta_stride_head,
                      ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                      NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
-                     TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, False)
+                     TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, False, PDL)

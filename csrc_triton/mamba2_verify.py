@@ -27,7 +27,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_launch, softplus
+try:  # programmatic dependent launch's instructions (Triton 3.4+; without them pdl is not used)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover
+    gdc_launch_dependents = gdc_wait = None
+
+from ._common import MAX_GRID_Y, KernelCall, cdiv, interpreted, next_power_of_2, nvidia_at_least, planned_launch, softplus
 from .gdn_verify import MIN_DOT, _ancestry, _dot, _operand, default_precision, spread_block
 
 # Head-dim rows per state tile [BLOCK_P, Ns], fewer for small batches (gdn_verify.spread_block).
@@ -71,10 +76,16 @@ def _mamba2_verify_kernel(
     HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     TREE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, PRECISION: tl.constexpr, CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program: one [BLOCK_P, Ns] state tile of one head of one row. Outputs are stored only if
     the row's slot is in [0, num_state_slots) and (trees) every parent link lies in [-1, n-1];
-    nothing is written otherwise, and no load leaves its tensor."""
+    nothing is written otherwise, and no load leaves its tensor. With PDL (sm_90, launched as a
+    programmatic dependent) the next kernel may start once every program has, and this one reads
+    only once the kernel before has finished."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
     head = tl.program_id(0) // P_BLOCKS
     pp = (tl.program_id(0) % P_BLOCKS) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -153,11 +164,11 @@ def state_chunk(chunk_n: int, block_n: int, op: str) -> int:
 
 
 def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, *, dt_softplus, block_p=None,
-                 num_warps=VERIFY_WARPS, precision=None, chunk_n=CHUNK_N, chunk_stages=CHUNK_STAGES):
+                 num_warps=VERIFY_WARPS, precision=None, chunk_n=CHUNK_N, chunk_stages=CHUNK_STAGES, pdl=False):
     """The kernel's launch for launch_mamba2_verify and planned_mamba2_verify, or None with no rows.
     block_p (a power of two >= 16), num_warps, precision, chunk_n (C S0^T over chunks of that many
-    state rows, a power of two >= 16; 0: the whole tile at once) and chunk_stages (their pipeline's
-    depth): tuning only."""
+    state rows, a power of two >= 16; 0: the whole tile at once), chunk_stages (their pipeline's
+    depth) and pdl (a programmatic dependent launch, sm_90+): tuning only."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     num_groups, d_state = B.shape[2], B.shape[3]
     if num_rows == 0:
@@ -182,6 +193,9 @@ def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, 
         PRECISION=precision or default_precision(ssm), CHUNK_N=chunk_n, CHUNK_STAGES=chunk_stages,
         num_warps=num_warps,
     )
+    pdl = bool(pdl) and gdc_wait is not None and not interpreted() and (
+        not ssm.is_cuda or nvidia_at_least(ssm.device, (9, 0)))  # (CPU: offline compiles)
+    constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     return KernelCall(_mamba2_verify_kernel, grid, _tensors(out, x, dt, A, B, C, ssm, state_slots, parents, D, z,
                                                             dt_bias), scalars, constexprs)
 

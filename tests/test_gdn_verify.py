@@ -222,7 +222,10 @@ TUNINGS = [dict(mma=False), dict(block_v=16, mma=False), dict(block_v=16, num_wa
            pytest.param(dict(mma=True, block_v=64, chunk_k=16, state_stages=3), marks=pytest.mark.gpu),
            # persistent: 2 or 5 programs walking the batch's 12 tiles (a partial last round), registers capped
            pytest.param(dict(mma=True, persistent=2), marks=pytest.mark.gpu),
-           pytest.param(dict(mma=True, persistent=5, maxnreg=128, state_stages=2), marks=pytest.mark.gpu)]
+           pytest.param(dict(mma=True, persistent=5, maxnreg=128, state_stages=2), marks=pytest.mark.gpu),
+           # programmatic dependent launch (sm_90; a plain launch below it)
+           pytest.param(dict(mma=True, pdl=1), marks=pytest.mark.gpu),
+           pytest.param(dict(mma=True, pdl=2, state_stages=2), marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=[interpreted, pytest.mark.slow]),
@@ -301,6 +304,45 @@ def test_cuda_staged_plan_then_a_misaligned_pool(monkeypatch):
         pool.copy_(ssm)
         check("cuda", sgl_convwin.gdn_verify, [q, k, v, g, beta, pool, slots, parents], tol=2e-2)
     sgl_convwin.gdn_verify.eager_plans.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [1, 2])
+@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "graph"])
+def test_cuda_pdl_reads_what_the_launch_before_wrote(pdl, graphed):
+    """Two layers launched as programmatic dependents, the second's q and k views of the first's
+    out: the second starts while the first runs (sm_90) and must still read its outputs, not what
+    out held before (FILL): bit for bit the plain launches' outputs, eagerly and in a CUDA graph."""
+    first = make_problem(num_rows=256, head_k_dim=64, head_v_dim=64, num_slots=256, device="cuda")
+    second = make_problem(num_rows=256, head_k_dim=64, head_v_dim=64, num_slots=256, device="cuda", seed=1)
+    q0, k0, v0, g0, beta0, ssm0, slots, _ = first
+    v1, g1, beta1, ssm1 = second[2], second[3], second[4], second[5]
+    out0 = torch.full(v0.shape, FILL, device="cuda")
+    out1 = torch.full(v0.shape, FILL, device="cuda")
+    q1, k1 = out0[:, :, :2], out0[:, :, 2:]  # (Hk 2, Hv 4, dk = dv)
+
+    def both(**tuning):
+        for out, q, k, v, g, beta, ssm in ((out0, q0, k0, v0, g0, beta0, ssm0), (out1, q1, k1, v1, g1, beta1, ssm1)):
+            kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(out, q, k, v, g, beta, ssm, slots,
+                                                                                 None)
+            triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, mma=True, **tuning)
+
+    both()
+    want = out0.clone(), out1.clone()
+    both(pdl=pdl)  # warm-up (compiles)
+    for _ in range(3):
+        out0.fill_(FILL)
+        out1.fill_(FILL)
+        if graphed:
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                both(pdl=pdl)
+            graph.replay()
+        else:
+            both(pdl=pdl)
+        torch.cuda.synchronize()
+        assert torch.equal(out0, want[0]) and torch.equal(out1, want[1])
 
 
 @pytest.mark.parametrize("impl", IMPLS[:2])

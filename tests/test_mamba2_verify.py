@@ -177,7 +177,8 @@ def test_one_node_odd_sizes_and_deep_paths(impl):
 
 
 TUNINGS = [dict(block_p=16), dict(block_p=16, num_warps=2), dict(block_p=32, precision="tf32x3"),
-           dict(block_p=64, precision="ieee"), dict(block_p=16, chunk_n=16), dict(chunk_n=32, chunk_stages=2)]
+           dict(block_p=64, precision="ieee"), dict(block_p=16, chunk_n=16), dict(chunk_n=32, chunk_stages=2),
+           dict(pdl=True)]  # (a programmatic dependent launch on sm_90; a plain one elsewhere)
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=[interpreted, pytest.mark.slow]),
@@ -189,6 +190,41 @@ def test_launch_choices(device, tuning):
     run = tuned(**tuning)
     check(device, run, make_problem(head_dim=40, d_state=48, parents=[-1, 0, 0, 2], device=device))
     check(device, run, make_problem(head_dim=64, slots=[1, -1, 2], device=device))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "graph"])
+def test_cuda_pdl_reads_what_the_launch_before_wrote(graphed):
+    """Two layers launched as programmatic dependents, the second's x the first's out: the second
+    starts while the first runs (sm_90) and must still read its outputs, not what out held before
+    (FILL): bit for bit the plain launches' outputs, eagerly and in a CUDA graph."""
+    (x0, *rest0), kwargs = make_problem(num_rows=256, num_heads=16, head_dim=64, d_state=128, num_slots=256,
+                                        device="cuda")
+    (_, *rest1), _ = make_problem(num_rows=256, num_heads=16, head_dim=64, d_state=128, num_slots=256,
+                                  device="cuda", seed=1)
+    out0 = torch.full(x0.shape, FILL, device="cuda")
+    out1 = torch.full(x0.shape, FILL, device="cuda")
+
+    def both(**tuning):
+        for out, x, rest in ((out0, x0, rest0), (out1, out0, rest1)):
+            tuned(**tuning)(out, x, *rest, **kwargs)
+
+    both()
+    want = out0.clone(), out1.clone()
+    both(pdl=True)  # warm-up (compiles)
+    for _ in range(3):
+        out0.fill_(FILL)
+        out1.fill_(FILL)
+        if graphed:
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                both(pdl=True)
+            graph.replay()
+        else:
+            both(pdl=True)
+        torch.cuda.synchronize()
+        assert torch.equal(out0, want[0]) and torch.equal(out1, want[1])
 
 
 def draw_problem(data, device, *, max_nodes, max_rows, max_slot, fused_pool=True):
