@@ -6,6 +6,8 @@
   snapshot stand-in     a verify that also writes one state per draft token or tree node (what the
                         snapshot design does: bench_commit's stand-in kernel)
   read floor            the state bytes read once at the read ceiling measured in this run
+  plain read            the state pools read whole by a plain read kernel, a launch a layer: what
+                        per-layer launches of this size reach of the read ceiling
 
 then the whole recurrent step (verify + commit, chains; trees for gdn_verify): snapshots + copy
 commit, FLA verify + gdn_commit, gdn_verify + gdn_commit.
@@ -22,6 +24,7 @@ replays (the median of rounds) and do_bench medians.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -127,9 +130,10 @@ def snapshot_verify_fn(shapes, p, layers):
 
 
 def layer_reads_fn(ssm):
-    """Each layer's pool read whole by _read_kernel, a launch a layer: the read ceiling as a step of
-    per-layer launches of this size reaches it."""
-    block = ssm[0, 0].numel()  # a head's [dk, dv] tile a program, as the verify's
+    """Each layer's pool ssm[layer] read whole by _read_kernel (up to 16K elements a program), a
+    launch a layer: the read ceiling as a step of per-layer launches of this size reaches it."""
+    assert ssm[0].is_contiguous()
+    block = math.gcd(ssm[0].numel(), 1 << 14)
     partial = torch.empty(ssm[0].numel() // block, device=ssm.device)
 
     def step():
@@ -259,6 +263,8 @@ def main(argv=None) -> int:
             element = p["ssm"].element_size()
             floor = state_read_bytes(shapes, batch, element) / (READ_GBPS * 1e9) * 1e6
             timed = {"gdn_verify": gdn_verify_fn(p)}
+            if not tree:  # (the same bytes for trees)
+                timed["plain read"] = layer_reads_fn(p["ssm"])
             if fused_recurrent_gated_delta_rule is not None and not tree:
                 timed["fla fused_recurrent"] = fla_fn(p, fused_recurrent_gated_delta_rule, shapes.head_k ** -0.5)
             free = torch.cuda.mem_get_info()[0] - 4 * GiB
@@ -280,14 +286,17 @@ def main(argv=None) -> int:
     names = ["gdn_verify", "fla fused_recurrent", "snapshot stand-in"]
     print(f"\n{shapes.layers} layers per step, graph replay (us); state {args.state_dtype}, read ceiling "
           f"{READ_GBPS:.0f} GB/s")
-    print(markdown_header("mode", "B", *names, "read floor", "gdn_verify of floor", "fla / gdn_verify"))
+    print(markdown_header("mode", "B", *names, "read floor", "gdn_verify of floor", "plain read, a launch a layer",
+                          "gdn_verify of plain read", "fla / gdn_verify"))
     for mode in ("chain", "tree"):
         for batch in args.batches:
             cells = [rows.get((mode, batch, n), (None, None))[1] for n in names]
             floor = rows[(mode, batch, "read floor")][1]
+            read = rows[("chain", batch, "plain read")][1]
             ours, fla = cells[0], cells[1]
             print(markdown_row(mode, batch, *("-" if c is None else f"{c:.1f}" for c in cells), f"{floor:.1f}",
-                               f"{floor / ours:.1%}", "-" if fla is None else f"{fla / ours:.2f}x"))
+                               f"{floor / ours:.1%}", f"{read:.1f}", f"{read / ours:.1%}",
+                               "-" if fla is None else f"{fla / ours:.2f}x"))
     if not args.no_step:
         step_table(shapes, args.batches, rows, state_dtype)
     return 0

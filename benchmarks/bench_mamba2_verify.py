@@ -43,7 +43,7 @@ import triton.language as tl  # noqa: E402
 
 import sgl_convwin  # noqa: E402
 from bench_commit import MAMBA2_CHECK_SHAPES, NEMOTRON_H_8B_TP1, TREE_PARENTS, time_fn  # noqa: E402
-from bench_gdn_verify import read_ceiling_gbps, state_read_bytes  # noqa: E402
+from bench_gdn_verify import layer_reads_fn, read_ceiling_gbps, state_read_bytes  # noqa: E402
 from common import environment_line, markdown_header, markdown_row, parse_tunings  # noqa: E402
 from sgl_convwin import reference  # noqa: E402
 
@@ -313,6 +313,8 @@ def bench(shapes, batches, modes, state_dtype, tiles, read_gbps, gated=False, js
             timed = [("mamba2_verify", None, mamba2_verify_fn(p))]
             timed += [("mamba2_verify", tuning_label(tuning), mamba2_verify_fn(p, tuning)) for tuning in tunings]
             timed += [("stand-in", f"{bp}/{w}", standin_fn(p, bp, w)) for bp, w in tiles]
+            if mode == modes[0]:  # (the same bytes for every mode)
+                timed += [("plain read", None, layer_reads_fn(p["ssm"]))]
             for name, tile, fn in timed:
                 us, graph_us = time_fn(fn)
                 rows.append(dict(mode=mode, B=batch, name=name, tile=tile, do_bench_us=us, graph_us=graph_us,
@@ -347,25 +349,29 @@ def _ratio_cell(value):
 
 
 def print_table(shapes, batches, state_dtype, rows):
-    """One line per B: chain, floor, stand-in, tree, and the targets that apply (fp32 state at the
-    Nemotron-H-8B shape only: the issue sets none for others)."""
+    """One line per B: chain, floor, the pools read plainly a launch a layer (how much faster than
+    the stand-in any kernel reading each state once can be: stand-in / plain read), stand-in, tree,
+    and the targets that apply (fp32 state at the Nemotron-H-8B shape only: the issue sets none for
+    others)."""
     ours = {(r["mode"], r["B"]): r for r in rows if r["name"] == "mamba2_verify" and r["tile"] is None}
     scored = state_dtype == torch.float32 and shapes == NEMOTRON_H_8B_TP1
     print(f"\n{shapes.layers} layers per step, graph replay (us); state {DTYPE_NAMES[state_dtype]}; stand-in: "
           "the fastest of its tiles (BLOCK_P/warps); a tree's stand-in walks its 8 nodes as a chain of 8 (same "
           "bytes)")
-    print(markdown_header("B", f"chain D={shapes.num_draft}", "read floor", "chain of floor", "stand-in chain",
-                          "stand-in / chain", "tree of 8", "tree / chain", "stand-in 8 as chain", "stand-in / tree",
-                          "targets"))
+    print(markdown_header("B", f"chain D={shapes.num_draft}", "read floor", "chain of floor", "plain read",
+                          "stand-in chain", "stand-in / chain", "stand-in / plain read", "tree of 8", "tree / chain",
+                          "stand-in 8 as chain", "stand-in / tree", "targets"))
     for batch in batches:
         chain, tree = ours.get(("chain", batch)), ours.get(("tree", batch))
         standin_chain, standin_tree = _fastest_standin(rows, "chain", batch), _fastest_standin(rows, "tree", batch)
         floor = (chain or tree)["floor_us"]
         standin_ratio, tree_ratio = _ratio(standin_chain, chain), _ratio(tree, chain)
+        read = next((r for r in rows if r["B"] == batch and r["name"] == "plain read"), None)
         verdict = targets(batch, chain["graph_us"], floor, standin_ratio, tree_ratio) if scored and chain else "-"
         print(markdown_row(batch, _time_cell(chain), f"{floor:.1f}",
-                           "-" if chain is None else f"{floor / chain['graph_us']:.1%}", _time_cell(standin_chain),
-                           _ratio_cell(standin_ratio), _time_cell(tree), _ratio_cell(tree_ratio),
+                           "-" if chain is None else f"{floor / chain['graph_us']:.1%}", _time_cell(read),
+                           _time_cell(standin_chain), _ratio_cell(standin_ratio),
+                           _ratio_cell(_ratio(standin_chain, read)), _time_cell(tree), _ratio_cell(tree_ratio),
                            _time_cell(standin_tree), _ratio_cell(_ratio(standin_tree, tree)), verdict), flush=True)
 
 

@@ -44,12 +44,13 @@ def test_timing_flow_dry_run(monkeypatch, tmp_path, capsys):
     rows = bench_mamba2_verify.bench(shapes, batches, ["chain", "tree"], torch.float32, tiles, 1000.0,
                                      json_path=path, header=dict(device="cpu"), tunings=[dict(chunk_n=0)])
 
-    assert len(rows) == len(calls) == len(batches) * 2 * (2 + len(tiles))
+    assert len(rows) == len(calls) == len(batches) * (2 * (2 + len(tiles)) + 1)  # + the plain read, once
     assert json.load(open(path)) == dict(device="cpu", rows=rows)
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + len(batches)
-    # chain and tree 8.0 us each, the stand-in too: ratios 1.00x; no targets off the Nemotron-H shape
+    # chain and tree 8.0 us each, the stand-in and the plain read too: ratios 1.00x; no targets off the Nemotron-H shape
     assert table[-1].startswith("| 2 | 8.0 |") and table[-1].endswith("| 8.0 (4/4) | 1.00x | - |")
+    assert table[-1].split(" | ")[4:8] == ["8.0", "8.0 (4/4)", "1.00x", "1.00x"]
 
 
 def test_targets():
