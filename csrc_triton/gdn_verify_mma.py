@@ -25,15 +25,14 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 
 @gluon.jit
-def _grid_dependency(LAUNCH: gl.constexpr):
-    """Programmatic dependent launch (sm_90): with LAUNCH, let the next kernel's programs start
-    (griddepcontrol.launch_dependents); else wait for the kernel before this one to finish and its
-    writes to be visible (griddepcontrol.wait)."""
-    if LAUNCH:
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-    else:
-        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+def _grid_dependency():
+    """Programmatic dependent launch (sm_90): wait for the kernel before this one to finish and its
+    writes to be visible (griddepcontrol.wait), then let the next kernel's programs start
+    (griddepcontrol.launch_dependents). Only after the wait: so when a kernel starts, every one
+    before the kernel just before it has finished."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
 
 
 @gluon.jit
@@ -282,7 +281,7 @@ def _verify_tile(
     k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
 
     if PDL == 1:
-        _grid_dependency(False)
+        _grid_dependency()
     slot = gl.load(slots_ptr + row * slots_stride).to(gl.int64)
     slot_ok = (slot >= 0) & (slot < num_state_slots)
     slot = gl.where(slot_ok, slot, 0)
@@ -301,7 +300,7 @@ def _verify_tile(
         upcoming = _state_chunk(state_base, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
                                 CHUNK_K, BLOCK_V, LOAD_L)  # the long read first: nothing before it waits
     if PDL == 2:  # what the kernel before wrote (q, k, v, g, beta, parents) only from here on
-        _grid_dependency(False)
+        _grid_dependency()
     # the tree walk's layout: node c's parent link on lane c
     index = gl.arange(0, NODES, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
     if TREE:  # the parent links now, their latency under the state's: the walk runs on registers
@@ -396,11 +395,8 @@ def _gdn_verify_mma_kernel(
     gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
     its operands rounded to nearest). The state's strides come as SSM_STRIDE_K / _V, constants, so
     that the chunk loads take immediate offsets. With STATE_STAGES the chunks go through shared
-    memory (cp.async, that many in flight from the program's start) instead of registers. With PDL
-    (1 or 2, sm_90, launched as a programmatic dependent: _verify_tile) the next kernel may start
-    once every program has."""
-    if PDL:
-        _grid_dependency(True)
+    memory (cp.async, that many in flight from the program's start) instead of registers. PDL 1 or
+    2: launched as a programmatic dependent (sm_90; _verify_tile)."""
     _verify_tile(-1, out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr,
                  slots_ptr, parents_ptr, num_state_slots, scale,
                  out_stride_row, out_stride_node, out_stride_head, out_stride_v,
@@ -437,8 +433,6 @@ def _gdn_verify_mma_persistent_kernel(
     an SM caps how many share one, so that the batch's tiles fill whole waves."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     HEAD_TILES: gl.constexpr = NUM_V_HEADS * V_BLOCKS
-    if PDL:
-        _grid_dependency(True)
     for tile in range(gl.program_id(0), num_rows * HEAD_TILES, gl.num_programs(0)):
         gl.thread_barrier()  # (the tile before's last reads of shared memory, before this one's stores)
         _verify_tile(tile, out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr,

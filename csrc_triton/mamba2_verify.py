@@ -81,11 +81,12 @@ def _mamba2_verify_kernel(
     """One program: one [BLOCK_P, Ns] state tile of one head of one row. Outputs are stored only if
     the row's slot is in [0, num_state_slots) and (trees) every parent link lies in [-1, n-1];
     nothing is written otherwise, and no load leaves its tensor. With PDL (sm_90, launched as a
-    programmatic dependent) the next kernel may start once every program has, and this one reads
-    only once the kernel before has finished."""
+    programmatic dependent) every read waits for the kernel before to finish, and the next kernel
+    may start once every program has waited (so when a kernel starts, every one before the kernel
+    just before it has finished)."""
     if PDL:
-        gdc_launch_dependents()
         gdc_wait()
+        gdc_launch_dependents()
     P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
     head = tl.program_id(0) // P_BLOCKS
     pp = (tl.program_id(0) % P_BLOCKS) * BLOCK_P + tl.arange(0, BLOCK_P)
