@@ -32,7 +32,8 @@ try:  # programmatic dependent launch's instructions (Triton 3.4+; without them 
 except ImportError:  # pragma: no cover
     gdc_launch_dependents = gdc_wait = None
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, interpreted, next_power_of_2, nvidia_at_least, planned_launch, softplus
+from ._common import (MAX_GRID_Y, KernelCall, cdiv, interpreted, next_power_of_2, nvidia_at_least, planned_launch,
+                      softplus)
 from .gdn_verify import MIN_DOT, _ancestry, _dot, _operand, default_precision, spread_block
 
 # Head-dim rows per state tile [BLOCK_P, Ns], fewer for small batches (gdn_verify.spread_block).
