@@ -267,6 +267,9 @@ def test_mma_launch_plans():
         assert (call.grid, call.scalars[2], call.constexprs["maxnreg"]) == (grid, 3, 128)
         assert call.kernel.fn.__name__ == "_gdn_verify_mma_persistent_kernel"
     assert plan(problem).kernel.fn.__name__ == "_gdn_verify_mma_kernel"
+    # a programmatic dependent launch only when asked for (CPU tensors: as on sm_90)
+    assert plan(problem).constexprs["PDL"] == 0 and "launch_pdl" not in plan(problem).constexprs
+    assert [plan(problem, pdl=pdl).constexprs.get("launch_pdl") for pdl in (1, 2)] == [True, True]
     module = triton_kernels().gdn_verify
     defaults = module.MMA_STATE_STAGES, module.MMA_CHUNK_K
     try:
