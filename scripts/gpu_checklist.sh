@@ -37,6 +37,10 @@
 #   m2verify  mamba2_verify's GPU tests (never run on a GPU before), then memcheck and racecheck over them
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
+#   pdl       the verifies launched as programmatic dependents (gdn_verify's pdl 1 / 2, mamba2_verify's pdl; never
+#             run on a GPU): their GPU tests (two layers chained through out, eager and graphed), then gdn_verify's
+#             sweep against the default, the state chunks through shared memory and the persistent kernel (fp32,
+#             bf16), then mamba2_verify with pdl; each table beside a plain read of the pools, a launch a layer
 #   treewalk  the tree walks on registers (2632c4d; run 2026-12-04, docs/benchmarks.md): the GPU tests of
 #             test_gdn_verify.py, test_ring_kernels*.py, test_ring.py, test_mamba2_verify.py, then trees against chains
 #             (bench_gdn_verify.py, B = 1 .. 256, no step table) and the GDN ring's trees (bench_ring.py)
@@ -214,6 +218,19 @@ for phase in "$@"; do
                   --state-dtype $dtype > "$out/sweep_persist_$dtype.log" 2>&1 || rc=1
                 grep '^|' "$out/sweep_persist_$dtype.log"
               done ;;
+    pdl)      rc=0
+              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
+                tests/test_mamba2_verify.py -k "pdl or launch_choices" > "$out/gpu_tests_pdl.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_pdl.log"
+              timeout 200 python3 benchmarks/bench_gdn_verify.py --sweep --only 10 11 16 18 21 22 23 --batches 64 256 \
+                > "$out/sweep_pdl_fp32.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_pdl_fp32.log"
+              timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --only 3 10 15 21 22 --batches 64 256 \
+                --state-dtype bf16 > "$out/sweep_pdl_bf16.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_pdl_bf16.log"
+              timeout 150 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --tunings pdl=1 \
+                > "$out/bench_mamba2_pdl.log" 2>&1 || rc=1
+              grep -E '^(\||  )' "$out/bench_mamba2_pdl.log" ;;
     treewalk) rc=0
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
                 tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py tests/test_ring.py tests/test_mamba2_verify.py \
