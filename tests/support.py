@@ -300,6 +300,29 @@ def make_replay(
                   torch.as_tensor(steps).to(device), parents, kwargs, mixer, rate)
 
 
+def check_chained_pdl(launch_both, outs, fill: float) -> None:
+    """launch_both(**tuning): two layers' launches, the second reading the first's out; with
+    pdl=... (a programmatic dependent launch, sm_90) the second starts while the first runs and
+    must still read its outputs, not ``fill``: bit for bit the plain launches' outputs, eagerly and
+    in a CUDA graph, three times each."""
+    launch_both()
+    want = [out.clone() for out in outs]
+    for graphed in (False, True):
+        for _ in range(3):
+            for out in outs:
+                out.fill_(fill)
+            if graphed:
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    launch_both(pdl=True)
+                graph.replay()
+            else:
+                launch_both(pdl=True)
+            torch.cuda.synchronize()
+            assert all(torch.equal(out, expected) for out, expected in zip(outs, want)), "graphed" if graphed else "eager"
+
+
 def usage_error(capsys, argv: list[str], message: str) -> str:
     """``python -m sgl_convwin *argv`` must stop as argparse does: exit status 2, one line on
     stderr that holds ``message``, nothing on stdout. Returns that line."""

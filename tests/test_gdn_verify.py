@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import sgl_convwin
 from sgl_convwin import reference
 from sgl_convwin._kernels import triton_kernels
-from support import HAS_TRITON, INTERPRET, CountingBackend, trees
+from support import HAS_TRITON, INTERPRET, CountingBackend, check_chained_pdl, trees
 
 FILL = 7.0  # what out holds before the call: rows left untouched keep it
 
@@ -310,12 +310,10 @@ def test_cuda_staged_plan_then_a_misaligned_pool(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pdl", [1, 2])
-@pytest.mark.parametrize("graphed", [False, True], ids=["eager", "graph"])
-def test_cuda_pdl_reads_what_the_launch_before_wrote(pdl, graphed):
-    """Two layers launched as programmatic dependents, the second's q and k views of the first's
-    out: the second starts while the first runs (sm_90) and must still read its outputs, not what
-    out held before (FILL): bit for bit the plain launches' outputs, eagerly and in a CUDA graph."""
+@pytest.mark.parametrize("level", [1, 2])
+def test_cuda_pdl_reads_what_the_launch_before_wrote(level):
+    """Two layers launched as programmatic dependents (pdl 1: every read after the wait; 2: the
+    state's first chunks before it), the second's q and k views of the first's out."""
     first = make_problem(num_rows=256, head_k_dim=64, head_v_dim=64, num_slots=256, device="cuda")
     second = make_problem(num_rows=256, head_k_dim=64, head_v_dim=64, num_slots=256, device="cuda", seed=1)
     q0, k0, v0, g0, beta0, ssm0, slots, _ = first
@@ -324,28 +322,14 @@ def test_cuda_pdl_reads_what_the_launch_before_wrote(pdl, graphed):
     out1 = torch.full(v0.shape, FILL, device="cuda")
     q1, k1 = out0[:, :, :2], out0[:, :, 2:]  # (Hk 2, Hv 4, dk = dv)
 
-    def both(**tuning):
+    def both(pdl=False):
         for out, q, k, v, g, beta, ssm in ((out0, q0, k0, v0, g0, beta0, ssm0), (out1, q1, k1, v1, g1, beta1, ssm1)):
             kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(out, q, k, v, g, beta, ssm, slots,
                                                                                  None)
-            triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, mma=True, **tuning)
+            triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, mma=True,
+                                               pdl=level if pdl else 0)
 
-    both()
-    want = out0.clone(), out1.clone()
-    both(pdl=pdl)  # warm-up (compiles)
-    for _ in range(3):
-        out0.fill_(FILL)
-        out1.fill_(FILL)
-        if graphed:
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                both(pdl=pdl)
-            graph.replay()
-        else:
-            both(pdl=pdl)
-        torch.cuda.synchronize()
-        assert torch.equal(out0, want[0]) and torch.equal(out1, want[1])
+    check_chained_pdl(both, (out0, out1), FILL)
 
 
 @pytest.mark.parametrize("impl", IMPLS[:2])
