@@ -301,10 +301,10 @@ def make_replay(
 
 
 def check_chained_pdl(launch_both, outs, fill: float) -> None:
-    """launch_both(**tuning): two layers' launches, the second reading the first's out; with
-    pdl=... (a programmatic dependent launch, sm_90) the second starts while the first runs and
-    must still read its outputs, not ``fill``: bit for bit the plain launches' outputs, eagerly and
-    in a CUDA graph, three times each."""
+    """launch_both(pdl=False): two layers' launches, the second reading the first's out (``outs``);
+    with pdl=True (programmatic dependent launches, sm_90) the second starts while the first runs
+    and must still read its outputs, not ``fill``: bit for bit the plain launches' outputs, eagerly
+    and in a CUDA graph, three times each."""
     launch_both()
     want = [out.clone() for out in outs]
     for graphed in (False, True):
