@@ -320,7 +320,8 @@ def check_chained_pdl(launch_both, outs, fill: float) -> None:
             else:
                 launch_both(pdl=True)
             torch.cuda.synchronize()
-            assert all(torch.equal(out, expected) for out, expected in zip(outs, want)), "graphed" if graphed else "eager"
+            same = all(torch.equal(out, expected) for out, expected in zip(outs, want))
+            assert same, "graphed" if graphed else "eager"
 
 
 def usage_error(capsys, argv: list[str], message: str) -> str:

@@ -58,3 +58,7 @@ def test_targets():
     assert targets(1, 300.0, 10.0, 1.2, 1.1) == "stand-in >= 1x ok, tree <= 1.15x ok"
     assert targets(64, 1800.0, 1500.0, 1.5, 1.2) == "floor >= 80% ok, <= 1900 us ok, tree <= 1.15x MISSED"
     assert targets(256, 8000.0, 5000.0, 1.9, None) == "floor >= 80% MISSED, <= 7400 us MISSED, stand-in >= 2x MISSED"
+    # missed, and out of reach when the plain read of the same pools is under 2x the stand-in too
+    assert targets(256, 7000.0, 5800.0, 1.7, None, 1.93).endswith(
+        "stand-in >= 2x MISSED (out of reach: a plain read of the pools is only 1.93x faster)")
+    assert targets(256, 7000.0, 5800.0, 1.7, None, 2.1).endswith("stand-in >= 2x MISSED")
