@@ -10,6 +10,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # programmatic dependent launch's instructions (Triton 3.4+; without them pdl is not used)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover
+    gdc_launch_dependents = gdc_wait = None
+
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's y and z sizes
 INT32_MAX = 2**31 - 1
 COPY_BLOCK = 2048  # elements per program when both windows are the same contiguous block
@@ -322,6 +327,12 @@ def nvidia_at_least(device: torch.device, capability: tuple) -> bool:
     """Whether ``device`` is an NVIDIA GPU of compute capability ``capability`` or higher (asked
     once per device: launchers ask on every call)."""
     return _nvidia_capability(device.index if device.index is not None else torch.cuda.current_device()) >= capability
+
+
+def pdl_device(ssm) -> bool:
+    """Whether ssm's device has programmatic dependent launch (sm_90+); a CPU tensor (offline
+    compiles, launch tests) counts as one."""
+    return not ssm.is_cuda or nvidia_at_least(ssm.device, (9, 0))
 
 
 def interpreted() -> bool:

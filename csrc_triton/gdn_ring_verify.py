@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import KernelCall, cdiv, next_power_of_2, nvidia_at_least, planned_calls, programs_walking
+from ._common import KernelCall, cdiv, next_power_of_2, planned_calls, programs_walking
 from .gdn_verify import (MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse,
                          check_mma_tiles, spread_block, stack_rows, state_stages_for)
 from .ring_conv import check_ring_grid, ring_row_state
@@ -532,12 +532,6 @@ def _mma_by_default(ring_rows: int, num_nodes: int, head_v_dim: int, ssm) -> boo
 def _mma_block_v(head_v_dim: int) -> int:
     """The mma launches' default columns a program (dv up to RING_MMA_BLOCK_V)."""
     return min(RING_MMA_BLOCK_V, max(MIN_DOT, next_power_of_2(head_v_dim)))
-
-
-def _pdl_device(ssm) -> bool:
-    """Whether ssm's device has programmatic dependent launch (sm_90+); a CPU tensor (offline
-    compiles, launch tests) counts as one."""
-    return not ssm.is_cuda or nvidia_at_least(ssm.device, (9, 0))
 
 
 def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, nvidia_at_least, planned_launch
+from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, nvidia_at_least, pdl_device, planned_launch
 from .replay import SMEM_TRITON_VERSIONS
 
 MIN_DOT = 16  # tl.dot's smallest M, N and K
@@ -312,7 +312,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
                                                         constexprs["BLOCK_K"] // chunk_k, ssm))
         if maxnreg is not None:
             constexprs.update(maxnreg=maxnreg)
-        pdl = int(pdl) if not ssm.is_cuda or nvidia_at_least(ssm.device, (9, 0)) else 0  # (CPU: offline compiles)
+        pdl = int(pdl) if pdl_device(ssm) else 0
         constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
         if persistent is not None:
             return KernelCall(gdn_verify_mma._gdn_verify_mma_persistent_kernel, (min(grid[0] * grid[1], persistent), 1),

@@ -33,13 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # programmatic dependent launch's instructions (Triton 3.4+; without them pdl is not used)
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover
-    gdc_launch_dependents = gdc_wait = None
-
-from ._common import KernelCall, cdiv, interpreted, next_power_of_2, planned_calls, programs_walking
-from .gdn_ring_verify import (_pdl_device, _ring_row, flush_cursor_call, flush_rule, fold_precision_for,
+from ._common import (KernelCall, cdiv, gdc_launch_dependents, gdc_wait, interpreted, next_power_of_2, pdl_device,
+                      planned_calls, programs_walking)
+from .gdn_ring_verify import (_ring_row, flush_cursor_call, flush_rule, fold_precision_for,
                               pending_conv, window_after, window_call)
 from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, spread_block
 from .mamba2_verify import _step_sizes, state_chunk
@@ -555,7 +551,7 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
         raise ValueError("mamba2_ring_verify: pdl overlaps the folds' launch with the others' verify: it needs "
                          "fold_verify and the windows' own launch (fused_window=False)")
     fused = (FUSED_WINDOW and not pdl) if fused is None else fused
-    pdl = pdl and gdc_wait is not None and _pdl_device(ssm)
+    pdl = pdl and gdc_wait is not None and pdl_device(ssm)
     fold_share = tuning.pop("fold_heads_per_program", None) or _fold_share(num_heads, heads[2])
     fold_tuning = dict(tuning, fold_precision=fold_precision, heads_per_program=fold_share, maxnreg=fold_cap,
                        num_warps=fold_warps or tuning.get("num_warps", MAMBA2_RING_WARPS))

@@ -27,13 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-try:  # programmatic dependent launch's instructions (Triton 3.4+; without them pdl is not used)
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # pragma: no cover
-    gdc_launch_dependents = gdc_wait = None
-
-from ._common import (MAX_GRID_Y, KernelCall, cdiv, interpreted, next_power_of_2, nvidia_at_least, planned_launch,
-                      softplus)
+from ._common import (MAX_GRID_Y, KernelCall, cdiv, gdc_launch_dependents, gdc_wait, interpreted, next_power_of_2,
+                      pdl_device, planned_launch, softplus)
 from .gdn_verify import MIN_DOT, _ancestry, _dot, _operand, default_precision, spread_block
 
 # Head-dim rows per state tile [BLOCK_P, Ns], fewer for small batches (gdn_verify.spread_block).
@@ -195,8 +190,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, 
         PRECISION=precision or default_precision(ssm), CHUNK_N=chunk_n, CHUNK_STAGES=chunk_stages,
         num_warps=num_warps,
     )
-    pdl = bool(pdl) and gdc_wait is not None and not interpreted() and (
-        not ssm.is_cuda or nvidia_at_least(ssm.device, (9, 0)))  # (CPU: offline compiles)
+    pdl = bool(pdl) and gdc_wait is not None and not interpreted() and pdl_device(ssm)
     constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     return KernelCall(_mamba2_verify_kernel, grid, _tensors(out, x, dt, A, B, C, ssm, state_slots, parents, D, z,
                                                             dt_bias), scalars, constexprs)

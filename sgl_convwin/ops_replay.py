@@ -34,7 +34,7 @@ def _gates_shape(num_layers, num_slots, num_draft, num_heads, num_gates, dtype):
     check_sizes(num_layers, num_slots, 1, num_draft, 2)
     if isinstance(num_heads, bool) or not isinstance(num_heads, (int, torch.SymInt)) or num_heads < 1:
         raise ValueError(f"convwin.alloc_gates: num_heads must be an int >= 1, got {num_heads!r}")
-    if isinstance(num_gates, bool) or num_gates not in (1, 2) or not isinstance(num_gates, (int, torch.SymInt)):
+    if isinstance(num_gates, bool) or not isinstance(num_gates, (int, torch.SymInt)) or num_gates not in (1, 2):
         raise ValueError(f"convwin.alloc_gates: num_gates must be 2 (GDN: g, beta) or 1 (Mamba2: dt), got {num_gates!r}")
     return (num_layers, num_slots, num_draft, num_gates, num_heads)
 
