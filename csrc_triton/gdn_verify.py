@@ -312,7 +312,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
                                                         constexprs["BLOCK_K"] // chunk_k, ssm))
         if maxnreg is not None:
             constexprs.update(maxnreg=maxnreg)
-        pdl = int(pdl) if pdl_device(ssm) else 0
+        pdl = int(pdl) if pdl and pdl_device(ssm) else 0
         constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
         if persistent is not None:
             return KernelCall(gdn_verify_mma._gdn_verify_mma_persistent_kernel, (min(grid[0] * grid[1], persistent), 1),
