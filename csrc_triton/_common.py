@@ -30,6 +30,10 @@ DEFAULT_WARPS = 4
 # destination's strides instead of flat. Measured on the H200 (bf16 channel_major, K = 4):
 # flat stores win at 12 bytes (D = 4), strided ones at 20 (D = 8) and 36 (D = 16).
 STRIDED_GATHER_BYTES = 16
+# The chunked recurrences floor each token's log decay here before summing it along a path: after a
+# decay of -1e6 the small ones that follow would drown in float32's rounding of the running sum, and
+# -inf would make inf - inf. e^-64 (1.6e-28) leaves as little of the state before as zero does.
+LOG_DECAY_FLOOR = tl.constexpr(-64.0)
 
 
 MISSING = object()
@@ -315,6 +319,12 @@ def softplus(x):
     for m in tl.static_range(9):
         series = series * t + 1.0 / (17 - 2 * m)
     return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + 2.0 * s * series)
+
+
+@triton.jit
+def floored_log_decay(x):
+    """max(x, LOG_DECAY_FLOOR), NaN kept NaN."""
+    return tl.maximum(x, LOG_DECAY_FLOOR, propagate_nan=tl.PropagateNan.ALL)
 
 
 @functools.cache

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import KernelCall, cdiv, next_power_of_2, planned_calls, programs_walking
+from ._common import KernelCall, cdiv, floored_log_decay, next_power_of_2, planned_calls, programs_walking
 from .gdn_verify import (MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse,
                          check_mma_tiles, spread_block, stack_rows, state_stages_for)
 from .ring_conv import check_ring_grid, ring_row_state
@@ -240,7 +240,7 @@ def _gdn_ring_verify_kernel(
     g_given = tl.load(g_ptr + row * g_stride_row + d * g_stride_node + head * g_stride_head, mask=drafted,
                       other=0.0).to(tl.float32)
     g_ring = tl.load(gates_base + ring_row * gates_stride_row, mask=key_pending, other=0.0).to(tl.float32)
-    g = tl.where(key_pending, g_ring, g_given)
+    g = floored_log_decay(tl.where(key_pending, g_ring, g_given))
     beta_given = tl.load(beta_ptr + row * beta_stride_row + d * beta_stride_node + head * beta_stride_head,
                          mask=drafted & key_side, other=0.0).to(tl.float32)
     beta_ring = tl.load(gates_base + ring_row * gates_stride_row + gates_stride_gate, mask=key_pending,

@@ -27,8 +27,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .gdn_verify_mma import (_issue_first_chunks, _mma, _parent_of, _parts, _product, _rounded, _staged_chunk,
-                             _state_chunk, _unit_lower_inverse)
+from .gdn_verify_mma import (_floored_log_decay, _issue_first_chunks, _mma, _parent_of, _parts, _product, _rounded,
+                             _staged_chunk, _state_chunk, _unit_lower_inverse)
 
 
 @gluon.jit
@@ -257,9 +257,10 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     ancestry = ((c_pending[None, :] & (r_drafted[:, None] | (r_pending[:, None] & (c[None, :] <= r[:, None]))))
                 | (r_drafted[:, None] & on_path))
     ring_c = (start + gl.where(c_pending, c, 0)) % RING_ROWS
-    g_col = gl.where(c_pending, gl.load(gates_base + ring_c * gates_stride_row, mask=c_pending, other=0.0),
-                     gl.load(g_ptr + row * g_stride_row + gl.where(c_drafted, c_draft, 0) * g_stride_node
-                             + head * g_stride_head, mask=c_drafted, other=0.0).to(gl.float32))
+    g_col = _floored_log_decay(gl.where(
+        c_pending, gl.load(gates_base + ring_c * gates_stride_row, mask=c_pending, other=0.0),
+        gl.load(g_ptr + row * g_stride_row + gl.where(c_drafted, c_draft, 0) * g_stride_node + head * g_stride_head,
+                mask=c_drafted, other=0.0).to(gl.float32)))
     ring_r = (start + gl.where(r_pending, r, 0)) % RING_ROWS
     beta = gl.where(r_pending, gl.load(gates_base + ring_r * gates_stride_row + gates_stride_gate, mask=r_pending,
                                        other=0.0),

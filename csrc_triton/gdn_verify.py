@@ -5,6 +5,7 @@ Per row b and value head h (key head h // (Hv / Hk)), with S0 = ssm[state_slots[
 and anc(n) the ancestors of node n and n itself (a chain: 0..n), in float32:
 
     G_n     = sum_{i in anc(n)} g_i                       cumulative log decay along n's root path
+                                                          (each g_i floored at _common.LOG_DECAY_FLOOR)
     D[n, i] = exp(G_n - G_i) for i in anc(n), else 0
     A[n, i] = beta_n D[n, i] (k_n . k_i) for i in anc(n), i != n   (strictly lower triangular)
     U       = (I + A)^-1 diag(beta) (V - diag(exp G) K S0)           the corrected updates u_n
@@ -33,7 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, nvidia_at_least, pdl_device, planned_launch
+from ._common import (MAX_GRID_Y, KernelCall, cdiv, floored_log_decay, next_power_of_2, nvidia_at_least, pdl_device,
+                      planned_launch)
 from .replay import SMEM_TRITON_VERSIONS
 
 MIN_DOT = 16  # tl.dot's smallest M, N and K
@@ -182,8 +184,8 @@ def _gdn_verify_kernel(
                + (kk * q_stride_k)[None, :])
     kq = stack_rows(keys, queries, key_side, real[:, None] & (kk < HEAD_K_DIM)[None, :])
     kq = _operand(_l2_normalised(kq, L2NORM) * tl.where(key_side, 1.0, scale)[:, None], PRECISION)
-    g = tl.load(g_ptr + row * g_stride_row + node * g_stride_node + head * g_stride_head, mask=real,
-                other=0.0).to(tl.float32)
+    g = floored_log_decay(tl.load(g_ptr + row * g_stride_row + node * g_stride_node + head * g_stride_head,
+                                  mask=real, other=0.0).to(tl.float32))
     beta = tl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
                    mask=real & key_side, other=0.0).to(tl.float32)  # zero on query rows: no update there
 

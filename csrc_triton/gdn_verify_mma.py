@@ -19,9 +19,12 @@ that a batch's tiles fill whole waves of them.
 
 from __future__ import annotations
 
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+
+from ._common import LOG_DECAY_FLOOR
 
 
 @gluon.jit
@@ -33,6 +36,12 @@ def _grid_dependency():
     gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
     gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                               pack=1)
+
+
+@gluon.jit
+def _floored_log_decay(x):
+    """_common.floored_log_decay for Gluon kernels."""
+    return gl.maximum(x, LOG_DECAY_FLOOR, propagate_nan=tl.PropagateNan.ALL)
 
 
 @gluon.jit
@@ -215,7 +224,7 @@ def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row,
         links_ok = row >= 0
     ancestry &= (col_key & col_real)[None, :]
     g_base = g_ptr + row * g_stride_row + head * g_stride_head
-    g_col = gl.load(g_base + col_node * g_stride_node, mask=col_real, other=0.0).to(gl.float32)
+    g_col = _floored_log_decay(gl.load(g_base + col_node * g_stride_node, mask=col_real, other=0.0).to(gl.float32))
     cumulative = gl.sum(gl.where(ancestry, g_col[None, :], 0.0), axis=1)  # G of node(r)
     decay = gl.exp(gl.where(ancestry, cumulative[:, None] - gl.convert_layout(cumulative, COL_L)[None, :], 0.0))
     decay = gl.where(ancestry, decay, 0.0)  # D, on both sides' rows

@@ -33,8 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (KernelCall, cdiv, gdc_launch_dependents, gdc_wait, interpreted, next_power_of_2, pdl_device,
-                      planned_calls, programs_walking)
+from ._common import (KernelCall, cdiv, floored_log_decay, gdc_launch_dependents, gdc_wait, interpreted,
+                      next_power_of_2, pdl_device, planned_calls, programs_walking)
 from .gdn_ring_verify import (_ring_row, flush_cursor_call, flush_rule, fold_precision_for,
                               pending_conv, window_after, window_call)
 from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, spread_block
@@ -100,7 +100,7 @@ def _program_tile(program, HEAD_DIM: tl.constexpr, BLOCK_P: tl.constexpr, HEADS_
 def _folded_tile(state_t, b, x, step, a, pending_rows, FOLD_PRECISION: tl.constexpr):
     """S_P^T of one head's tile: S0^T [Ns, P] after the pending tokens (rows ``pending_rows`` of b
     [T, Ns], x [T, P], their step sizes ``step`` [T]; a = the head's A), in float32."""
-    logs = step * a.to(tl.float32)
+    logs = floored_log_decay(step * a.to(tl.float32))
     cumulative = tl.cumsum(logs, axis=0)  # L_j (zero beyond the pending tokens)
     total = tl.sum(logs, axis=0)  # L_P
     weights = tl.where(pending_rows, tl.exp(total - cumulative) * step, 0.0)
@@ -372,7 +372,7 @@ def _mamba2_ring_verify_kernel(
             x = tl.where(s_pending[:, None], x_pending, x)
             step_ring = tl.load(gates_base + ring_s * gates_stride_row, mask=s_pending, other=0.0).to(tl.float32)
             step = tl.where(s_pending, step_ring, step)
-        logs = step * tl.load(a_ptr + head * a_stride).to(tl.float32)
+        logs = floored_log_decay(step * tl.load(a_ptr + head * a_stride).to(tl.float32))
         cumulative = tl.sum(tl.where(ancestry, logs[None, :], 0.0), axis=1)  # L_r
         decay = tl.where(ancestry, tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0)), 0.0)
         mix = decay * step[None, :] * scores  # M [STACK, STACK]

@@ -6,6 +6,7 @@ the ancestors of node n and n itself (a chain: 0..n), in float32:
 
     d_i     = dt_i (+ dt_bias), softplus(d_i) if dt_softplus     the step size of token i
     L_n     = sum_{i in anc(n)} d_i A                             cumulative log decay along n's root path
+                                                                  (each d_i A floored at _common.LOG_DECAY_FLOOR)
     M[n, i] = exp(L_n - L_i) d_i (C_n . B_i) for i in anc(n), else 0
     Y       = diag(exp L) C S0^T + M X  (+ D X), times silu(Z)    [nodes, P]
 
@@ -27,8 +28,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import (MAX_GRID_Y, KernelCall, cdiv, gdc_launch_dependents, gdc_wait, interpreted, next_power_of_2,
-                      pdl_device, planned_launch, softplus)
+from ._common import (MAX_GRID_Y, KernelCall, cdiv, floored_log_decay, gdc_launch_dependents, gdc_wait, interpreted,
+                      next_power_of_2, pdl_device, planned_launch, softplus)
 from .gdn_verify import MIN_DOT, _ancestry, _dot, _operand, default_precision, spread_block
 
 # Head-dim rows per state tile [BLOCK_P, Ns], fewer for small batches (gdn_verify.spread_block).
@@ -130,7 +131,7 @@ def _mamba2_verify_kernel(
     ancestry, links_ok = _ancestry(row, node, real, parents_ptr, parents_stride_row, parents_stride_node, NUM_NODES,
                                    TREE)
     ancestry &= real[None, :]
-    cumulative = tl.sum(tl.where(ancestry, (step * rate)[None, :], 0.0), axis=1)  # L of each node
+    cumulative = tl.sum(tl.where(ancestry, floored_log_decay(step * rate)[None, :], 0.0), axis=1)  # L of each node
     decay = tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0))
     gram = _dot(c, tl.trans(b), PRECISION)  # C_n . B_i  (c: an operand already)
     mix = tl.where(ancestry, decay * step[None, :] * gram, 0.0)  # M

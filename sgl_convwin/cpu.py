@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import torch
 
+# The chunked forms floor each token's log decay before summing it along a path, as the kernels do
+# (csrc_triton/_common.py says why): after -1e6 the small decays would drown in the sum's rounding.
+LOG_DECAY_FLOOR = -64.0
+
 
 def _rows_in_range(
     accepted: torch.Tensor, num_accepted: int,
@@ -336,7 +340,8 @@ def gdn_verify_cpu(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, u
 
     queries, keys = heads(q) * scale, heads(k)
     values = v[rows].float().transpose(1, 2)  # [R, Hv, N, dv]
-    log_decay, betas = g[rows].float().transpose(1, 2), beta[rows].float().transpose(1, 2)  # [R, Hv, N]
+    log_decay = g[rows].float().transpose(1, 2).clamp(min=LOG_DECAY_FLOOR)  # [R, Hv, N]
+    betas = beta[rows].float().transpose(1, 2)
     anc = ancestry[rows][:, None]  # [R, 1, N, N]
     cumulative = (anc * log_decay[:, :, None, :]).sum(-1)  # [R, Hv, N]
     gap = cumulative[..., :, None] - cumulative[..., None, :]
@@ -373,7 +378,8 @@ def mamba2_verify_cpu(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_b
     if dt_softplus:
         step = torch.nn.functional.softplus(step)
     anc = ancestry[rows][:, None]  # [R, 1, N, N]
-    cumulative = (anc * (step * A.float()[:, None])[:, :, None, :]).sum(-1)  # [R, H, N]: sum of d A over the path
+    log_decay = (step * A.float()[:, None]).clamp(min=LOG_DECAY_FLOOR)
+    cumulative = (anc * log_decay[:, :, None, :]).sum(-1)  # [R, H, N]: sum of d A over the path
     gap = cumulative[..., :, None] - cumulative[..., None, :]
     decay = torch.where(anc, torch.exp(torch.where(anc, gap, 0.0)), 0.0)  # [R, H, N, N]
     mix = decay * step[..., None, :] * (queries @ keys.transpose(-1, -2))

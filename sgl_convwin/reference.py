@@ -554,6 +554,11 @@ def gdn_verify_reference(q, k, v, g, beta, ssm_state, state_slots, parents=None,
     return expected, written
 
 
+def _softplus(d):
+    """log(1 + e^d) without overflowing where d is large: max(d, 0) + log1p(e^-|d|)."""
+    return d.clamp(min=0) + torch.log1p(torch.exp(-d.abs()))
+
+
 def mamba2_verify_reference(x, dt, A, B, C, ssm_state, state_slots, parents=None, *, D=None, z=None, dt_bias=None,
                             dt_softplus=False):
     """What convwin.mamba2_verify must write: (out in float64 [B, N, H, P], the rows written), on the CPU.
@@ -576,7 +581,7 @@ def mamba2_verify_reference(x, dt, A, B, C, ssm_state, state_slots, parents=None
         d = dt[row, token, head]
         if dt_bias is not None:
             d = d + dt_bias[head]
-        return torch.log1p(torch.exp(d)) if dt_softplus else d
+        return _softplus(d) if dt_softplus else d
 
     for row, slot, paths in _verified_rows(state_slots, states.shape[0], parents, num_nodes):
         written.append(row)
@@ -869,7 +874,7 @@ class Mamba2RingReference(_RingOracle):
             steps = []
             for node in range(num_nodes):
                 d = dt[row, node] if dt_bias is None else dt[row, node] + dt_bias
-                steps.append(torch.log1p(torch.exp(d)) if dt_softplus else d)
+                steps.append(_softplus(d) if dt_softplus else d)
             state = self._state_before_drafts(layer, ring_slot, state_slot,
                                               [{"dt": d.to(self.gates_dtype)} for d in steps])
             links = None if parents is None else [int(p) for p in parents[row]]

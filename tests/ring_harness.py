@@ -43,9 +43,10 @@ class RingHarness:
     num_gates: int  # per head and token in the ring's gates (GDN: g, beta; Mamba2: dt)
 
     def __init__(self, *, num_layers, kernel_size, num_draft, capacity, num_ring_slots, num_state_slots, ring_dtype,
-                 ssm_dtype, conv_dtype, x_dtype, state_layout, bias, device, seed, due_first=False):
+                 ssm_dtype, conv_dtype, x_dtype, state_layout, bias, device, seed, due_first=False,
+                 strong_decays=False):
         self.gen = torch.Generator().manual_seed(seed)
-        self.due_first = due_first
+        self.due_first, self.strong_decays = due_first, strong_decays
         self.device = torch.device(device)
         self.num_layers, self.num_draft = num_layers, num_draft
         self.capacity = num_draft if capacity is None else capacity
@@ -77,6 +78,14 @@ class RingHarness:
 
     def rand(self, *shape):
         return torch.rand(*shape, generator=self.gen).to(self.device)
+
+    def with_strong_decays(self, gate, values):
+        """``gate`` with about one entry in eight replaced by one of ``values`` if strong_decays."""
+        if not self.strong_decays:
+            return gate
+        index = torch.randint(0, 8 * len(values), gate.shape, generator=self.gen)
+        strong = torch.tensor(values, dtype=gate.dtype)[index.clamp(max=len(values) - 1)]
+        return torch.where(index < len(values), strong, gate.cpu()).to(self.device)
 
     def layer_bias(self, layer):
         return None if self.conv_bias is None else self.conv_bias[layer]
@@ -204,7 +213,7 @@ class Harness(RingHarness):
     def __init__(self, *, num_layers=2, num_k_heads=1, ratio=2, head_k_dim=4, head_v_dim=4, kernel_size=4,
                  num_draft=3, capacity=None, num_ring_slots=3, num_state_slots=5, ring_dtype=torch.bfloat16,
                  ssm_dtype=torch.float32, conv_dtype=torch.float32, x_dtype=torch.float32, state_layout="dim_major",
-                 bias=True, use_qk_l2norm=True, device="cpu", seed=0, due_first=False):
+                 bias=True, use_qk_l2norm=True, device="cpu", seed=0, due_first=False, strong_decays=False):
         num_v_heads = num_k_heads * ratio
         self.heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads,
                           head_v_dim=head_v_dim)
@@ -214,7 +223,7 @@ class Harness(RingHarness):
         super().__init__(num_layers=num_layers, kernel_size=kernel_size, num_draft=num_draft, capacity=capacity,
                          num_ring_slots=num_ring_slots, num_state_slots=num_state_slots, ring_dtype=ring_dtype,
                          ssm_dtype=ssm_dtype, conv_dtype=conv_dtype, x_dtype=x_dtype, state_layout=state_layout,
-                         bias=bias, device=device, seed=seed, due_first=due_first)
+                         bias=bias, device=device, seed=seed, due_first=due_first, strong_decays=strong_decays)
 
     def make_oracle(self):
         return reference.RingReference(
@@ -229,6 +238,7 @@ class Harness(RingHarness):
         k = conv_out[..., hk * dk:2 * hk * dk].unflatten(-1, (hk, dk))
         v = conv_out[..., 2 * hk * dk:].unflatten(-1, (hv, dv))
         g = -torch.nn.functional.softplus(self.randn(num_rows, num_nodes, hv)) * 0.5
+        g = self.with_strong_decays(g, (-1e4, -1e6, -1e30, float("-inf")))
         beta = torch.sigmoid(self.randn(num_rows, num_nodes, hv))
         out = torch.full((num_rows, num_nodes, hv, dv), FILL, device=self.device)
         self.ring.gdn_verify(out, q, k, v, g, beta, self.ssm_state, self.conv_state, self.conv_weight[layer],
@@ -261,7 +271,7 @@ class Mamba2Harness(RingHarness):
                  capacity=None, num_ring_slots=3, num_state_slots=5, ring_dtype=torch.bfloat16,
                  ssm_dtype=torch.float32, conv_dtype=torch.float32, x_dtype=torch.float32, state_layout="dim_major",
                  bias=True, dt_bias=True, dt_softplus=True, skip=True, gate=True, device="cpu", seed=0,
-                 due_first=False):
+                 due_first=False, strong_decays=False):
         num_heads = n_groups * ratio
         self.heads = dict(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state)
         self.dim = num_heads * head_dim + 2 * n_groups * d_state
@@ -271,7 +281,7 @@ class Mamba2Harness(RingHarness):
         super().__init__(num_layers=num_layers, kernel_size=kernel_size, num_draft=num_draft, capacity=capacity,
                          num_ring_slots=num_ring_slots, num_state_slots=num_state_slots, ring_dtype=ring_dtype,
                          ssm_dtype=ssm_dtype, conv_dtype=conv_dtype, x_dtype=x_dtype, state_layout=state_layout,
-                         bias=bias, device=device, seed=seed, due_first=due_first)
+                         bias=bias, device=device, seed=seed, due_first=due_first, strong_decays=strong_decays)
 
     def draw_mixer_weights(self):
         num_layers, num_heads = self.num_layers, self.heads["num_heads"]
@@ -289,6 +299,7 @@ class Mamba2Harness(RingHarness):
         """dt (raw: any sign under softplus, else positive) and the layer's D, z, dt_bias."""
         h, p = self.heads["num_heads"], self.heads["head_dim"]
         dt = self.randn(num_rows, num_nodes, h) if self.dt_softplus else self.rand(num_rows, num_nodes, h) * 0.5
+        dt = self.with_strong_decays(dt, (1e3, 1e5, 1e7))  # (steps: their log decays are dt A)
         z = self.randn(num_rows, num_nodes, h, p) if self.options["z"] else None
         return dt, dict(D=None if self.D is None else self.D[layer], z=z,
                         dt_bias=None if self.dt_bias is None else self.dt_bias[layer], dt_softplus=self.dt_softplus)
@@ -367,6 +378,19 @@ def run_many_steps(harness_type, device, tree):
         steps = torch.randint(0, 4, (2,), generator=generator)
         harness.step([0, 1], [1, 0], steps, [tree_parents, tree_parents] if tree else None)
     harness.flush([0, 1], [1, 0])
+    assert harness.folds > 0
+
+
+def run_strong_decays(harness_type, device, tree):
+    """40 steps at capacity 8 with about one gate in eight a strong decay (with_strong_decays), so
+    that rows fold past them: every output, checkpoint and flushed state checked as in any run."""
+    generator = torch.Generator().manual_seed(7)
+    harness = harness_type(num_draft=4, capacity=8, num_ring_slots=2, num_state_slots=3, device=device, seed=7,
+                           strong_decays=True)
+    parents = [[-1, 0, 0, 1]] * 2 if tree else None
+    for _ in range(40):
+        harness.step([0, 1], [2, 0], torch.randint(0, 4, (2,), generator=generator), parents)
+    harness.flush([0, 1], [2, 0])
     assert harness.folds > 0
 
 

@@ -164,12 +164,27 @@ def test_non_finite_input_stays_in_its_row(impl):
     q, k, v, g, beta, ssm, slots, parents = make_problem(parents=[-1, 0, 0, 1], device=device)
     clean = torch.full(v.shape, FILL, device=device)
     run(clean, q, k, v, g, beta, ssm, slots, parents)
-    for name, value in (("k", float("nan")), ("v", float("inf")), ("g", float("-inf"))):
+    for name, value in (("k", float("nan")), ("v", float("inf")), ("g", float("nan"))):
         bad = dict(q=q, k=k.clone(), v=v.clone(), g=g.clone())
         bad[name][0, 2] = value
         out = torch.full(v.shape, FILL, device=device)
         run(out, bad["q"], bad["k"], bad["v"], bad["g"], beta, ssm, slots, parents)
         assert torch.equal(out[1:], clean[1:]), name
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_strong_decays(impl, tree):
+    """Log decays of -1e3 down to -inf before small ones (the state before them as good as wiped):
+    the outputs after them stay within the tolerance, not lost to the rounding of a path's sum."""
+    device, run = impl
+    q, k, v, g, beta, *rest = make_problem(num_rows=4, num_nodes=6, parents=[-1, 0, 1, 1, 3, -1] if tree else None,
+                                           device=device)
+    g = g.clone()
+    for row, value in enumerate((-1e3, -1e6, -1e30, float("-inf"))):
+        g[row, row % 2, 0] = value  # a root (or the chain's first token), then the next node
+        g[row, 3, 1] = value  # a node in the middle of a path (tree: node 4's parent)
+    check(device, run, [q, k, v, g, beta, *rest])
 
 
 @pytest.mark.parametrize("impl", IMPLS)

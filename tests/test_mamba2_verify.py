@@ -166,6 +166,21 @@ def test_skipped_rows(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_strong_decays(impl, tree):
+    """Steps d A of -1e3 down to -1e7 before small ones: the outputs after them stay within the
+    tolerance, not lost to the rounding of a path's sum."""
+    device, run = impl
+    (x, dt, *rest), kwargs = make_problem(num_rows=4, num_nodes=6, terms=(), dt_softplus=False,
+                                          parents=[-1, 0, 1, 1, 3, -1] if tree else None, device=device)
+    dt = dt.clone()
+    for row, value in enumerate((1e3, 1e5, 1e6, 1e7)):
+        dt[row, row % 2, 0] = value  # (A <= -0.1)
+        dt[row, 3, 1] = value
+    check(device, run, ([x, dt, *rest], kwargs))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 def test_one_node_odd_sizes_and_deep_paths(impl):
     """N = 1, P and Ns that are not powers of two (the kernel pads and masks), paths of 12 and 17."""
     device, run = impl

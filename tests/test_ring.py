@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sgl_convwin
-from ring_harness import FILL, MANY_STEPS_CASES, Harness, replay_against_eager, run_many_steps, run_sequence
+from ring_harness import (FILL, MANY_STEPS_CASES, Harness, replay_against_eager, run_many_steps, run_sequence,
+                          run_strong_decays)
 from support import random_tree
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -72,6 +73,14 @@ def test_many_steps_flush_within_tolerance(device, tree):
     harness checks every checkpoint and, at the end, the flushed states against the float64 oracle
     (1e-4 x max |S|) and the conv windows against the eager commits' bit for bit."""
     run_many_steps(Harness, device, tree)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_strong_decays(device, tree):
+    """Decays that leave next to nothing of the state before them (GDN: log decays -1e4 .. -inf),
+    folded and verified past: within tolerance of the oracle, not lost to the rounding of a sum."""
+    run_strong_decays(Harness, device, tree)
 
 
 # ---------------------------------------------------------------------------------------------

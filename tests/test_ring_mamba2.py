@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sgl_convwin
-from ring_harness import FILL, MANY_STEPS_CASES, Mamba2Harness, replay_against_eager, run_many_steps, run_sequence
+from ring_harness import (FILL, MANY_STEPS_CASES, Mamba2Harness, replay_against_eager, run_many_steps, run_sequence,
+                          run_strong_decays)
 
 # ---------------------------------------------------------------------------------------------
 # Random step sequences
@@ -83,6 +84,14 @@ def test_flush_mid_sequence_and_resume():
         harness.step([0, 1], [2, 0], [step % 2, 1])
     harness.flush([0, 1], [2, 0])
     assert harness.folds > 0
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_strong_decays(device, tree):
+    """Decays that leave next to nothing of the state before them (steps dt of 1e3 .. 1e7),
+    folded and verified past: within tolerance of the oracle, not lost to the rounding of a sum."""
+    run_strong_decays(Mamba2Harness, device, tree)
 
 
 # ---------------------------------------------------------------------------------------------
