@@ -38,10 +38,11 @@
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
 #   pdl       the verifies launched as programmatic dependents (gdn_verify's pdl 1 / 2, mamba2_verify's pdl; never
-#             run on a GPU): their GPU tests (two layers chained through out, eager and graphed; and the log decays'
-#             floor: strong decays through the verifies and rings), then gdn_verify's
+#             run on a GPU): their GPU tests (two layers chained through out, eager and graphed), then gdn_verify's
 #             sweep against the default, the state chunks through shared memory and the persistent kernel (fp32,
 #             bf16), then mamba2_verify with pdl; each table beside a plain read of the pools, a launch a layer
+#   floor     the log decays' floor (LOG_DECAY_FLOOR, every chunked kernel; never run on a GPU): the strong-decay
+#             tests of the verifies and both rings, then memcheck + racecheck over the verifies' ones
 #   treewalk  the tree walks on registers (2632c4d; run 2026-12-04, docs/benchmarks.md): the GPU tests of
 #             test_gdn_verify.py, test_ring_kernels*.py, test_ring.py, test_mamba2_verify.py, then trees against chains
 #             (bench_gdn_verify.py, B = 1 .. 256, no step table) and the GDN ring's trees (bench_ring.py)
@@ -221,8 +222,7 @@ for phase in "$@"; do
               done ;;
     pdl)      rc=0
               timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
-                tests/test_mamba2_verify.py tests/test_ring.py tests/test_ring_mamba2.py \
-                -k "pdl or launch_choices or strong_decays" > "$out/gpu_tests_pdl.log" 2>&1 || rc=1
+                tests/test_mamba2_verify.py -k "pdl or launch_choices" > "$out/gpu_tests_pdl.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_pdl.log"
               timeout 200 python3 benchmarks/bench_gdn_verify.py --sweep --only 10 11 16 18 21 22 23 --batches 64 256 \
                 > "$out/sweep_pdl_fp32.log" 2>&1 || rc=1
@@ -233,6 +233,14 @@ for phase in "$@"; do
               timeout 150 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --tunings pdl=1 \
                 > "$out/bench_mamba2_pdl.log" 2>&1 || rc=1
               grep -E '^(\||  )' "$out/bench_mamba2_pdl.log" ;;
+    floor)    rc=0
+              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
+                tests/test_mamba2_verify.py tests/test_ring.py tests/test_ring_mamba2.py -k strong_decays \
+                > "$out/gpu_tests_floor.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_floor.log"
+              mkdir -p "$out/floor"
+              SANITIZE_TIMEOUT=150 SANITIZE_TESTS="tests/test_gdn_verify.py tests/test_mamba2_verify.py" \
+                SANITIZE_K="strong_decays" bash scripts/gpu_sanitize.sh "$out/floor" || rc=1 ;;
     treewalk) rc=0
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
                 tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py tests/test_ring.py tests/test_mamba2_verify.py \
