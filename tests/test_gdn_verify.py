@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sgl_convwin
-from sgl_convwin import reference
+from sgl_convwin import cpu, reference
 from sgl_convwin._kernels import triton_kernels
 from support import HAS_TRITON, INTERPRET, CountingBackend, check_chained_pdl, trees
 
@@ -185,6 +185,11 @@ def test_strong_decays(impl, tree):
         g[row, row % 2, 0] = value  # a root (or the chain's first token), then the next node
         g[row, 3, 1] = value  # a node in the middle of a path (tree: node 4's parent)
     check(device, run, [q, k, v, g, beta, *rest])
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+def test_cpu_paths_and_kernels_floor_log_decays_alike():
+    assert cpu.LOG_DECAY_FLOOR == triton_kernels()._common.LOG_DECAY_FLOOR.value
 
 
 @pytest.mark.parametrize("impl", IMPLS)
