@@ -34,7 +34,9 @@ qwen_gdn_linear_attn.py, vllm/model_executor/layers/mamba/mamba_utils.py):
       the slot value;
     * the recurrent state is ``[blocks, Hv, dv, dk]`` (pass ``.transpose(-1, -2)``), the conv state
       ``[blocks, K-1, dim]`` by default (pass ``.transpose(-1, -2)``) or ``[blocks, dim, K-1]``;
-    * only ``mamba_cache_mode="none"`` keeps a request in one state block across steps.
+    * only ``mamba_cache_mode="none"`` keeps a request in one state block across steps; with
+      prefix caching on, vLLM picks "align" for these models: the adapters take the mode and
+      refuse the others.
 transformers (5.x, src/transformers/cache_utils.py ``LinearAttentionLayer``; the Qwen3-Next, Qwen3.5
 and Nemotron-H mixers):
     * the conv state is ``[B, dim, K]``, one dead column more than the package's K-1
@@ -354,10 +356,24 @@ def vllm_unpad_batch(dst: torch.Tensor, padded: torch.Tensor, query_start_loc: t
     dst.copy_(torch.where(owned.view(-1, *([1] * (dst.dim() - 1))), values.to(dst.dtype), dst))
 
 
-def vllm_verify_slots(state_indices: torch.Tensor, query_start_loc: torch.Tensor) -> torch.Tensor:
+def _vllm_cache_mode(mamba_cache_mode) -> None:
+    """Refuse every vLLM mamba_cache_mode but "none" (required of the caller: vLLM's own default
+    for these models with prefix caching on is "align")."""
+    if mamba_cache_mode != "none":
+        raise ValueError(f"mamba_cache_mode={mamba_cache_mode!r} is not supported: in 'align' mode "
+                         "mamba_get_block_table_tensor moves a request's state block with its length and in "
+                         "'all' mode each position has its own block, so the verify's buffer slot is not the "
+                         "request's slot at commit time; run vLLM without prefix caching (its mode is then "
+                         "'none') and pass vllm_config.cache_config.mamba_cache_mode")
+
+
+def vllm_verify_slots(state_indices: torch.Tensor, query_start_loc: torch.Tensor, *,
+                      mamba_cache_mode: str) -> torch.Tensor:
     """The verify's slots ``[B]`` from vLLM's spec metadata: the request's state block
     (``spec_state_indices_tensor[:, 0]``), -1 where the request has no tokens (vLLM's padded rows,
-    whose block is ``NULL_BLOCK_ID`` = 0, a real slot number). Graph-safe."""
+    whose block is ``NULL_BLOCK_ID`` = 0, a real slot number). ``mamba_cache_mode``: vLLM's
+    (``vllm_config.cache_config.mamba_cache_mode``), "none" only (vllm_commit_args). Graph-safe."""
+    _vllm_cache_mode(mamba_cache_mode)
     _index_tensor("state_indices", state_indices, ndim=(1, 2))
     slots = state_indices[:, 0] if state_indices.dim() == 2 else state_indices
     qsl = _query_start_loc(query_start_loc, slots.shape[0])
@@ -373,33 +389,31 @@ def vllm_commit_args(
     query_start_loc: Optional[torch.Tensor] = None,
     num_reqs: Optional[int] = None,
     buffer_slots: Optional[torch.Tensor] = None,
-    mamba_cache_mode: str = "none",
+    mamba_cache_mode: str,
 ) -> dict:
     """The commit's index arguments from vLLM's GDN / Mamba metadata of the step just verified.
 
     state_indices: ``[B]`` or ``[B, 1 + num_spec]`` (``spec_state_indices_tensor``; column 0, the
         request's own block, is used), ``NULL_BLOCK_ID`` (0) in padded rows.
     num_accepted_tokens: ``[B]`` tokens emitted by the verify, the bonus token included
-        (``_update_states_after_model_execute``): step = n - 1; n = 0 (a stale row) skips.
+        (the V1 runner's ``_update_states_after_model_execute``, in batch order): step = n - 1;
+        n = 0 (a stale row) skips.
     What marks padding, at least one of (vLLM's padded rows carry slot 0, a real slot number):
         query_start_loc: ``[B + 1]`` (``spec_query_start_loc``): rows with no tokens are padding,
             and n above a row's token count is skipped;
         num_reqs: the number of real (spec) requests, a Python int (``num_spec_decodes``).
     buffer_slots: ``[B]``, where verify captured each row; default: the state block itself (a
         request keeps its block across steps in ``mamba_cache_mode="none"``).
-    mamba_cache_mode: vLLM's cache mode; only "none" is supported ("align" moves a request's
-        block with its length, "all" keeps a block per position: the buffer slot and the state
-        slot of a request would differ between the verify and the next step).
+    mamba_cache_mode: vLLM's cache mode (``vllm_config.cache_config.mamba_cache_mode``), required:
+        only "none" is supported ("align", vLLM's default for these models with prefix caching,
+        moves a request's block with its length, "all" keeps a block per position: the buffer slot
+        and the state slot of a request would differ between the verify and the next step).
 
     Returns ``{"dst_slots", "src_slots", "steps"}`` (``steps`` int64; ``steps`` and ``dst_slots``
     -1 in skipped rows), keyed by ``gdn_commit`` / ``scatter`` argument names. Graph-safe: torch ops
     on the device only, no host sync.
     """
-    if mamba_cache_mode != "none":
-        raise ValueError(f"mamba_cache_mode={mamba_cache_mode!r} is not supported: in 'align' mode "
-                         "mamba_get_block_table_tensor moves a request's state block with its length and in "
-                         "'all' mode each position has its own block, so the verify's buffer slot is not the "
-                         "request's slot at commit time; run vLLM with mamba_cache_mode='none'")
+    _vllm_cache_mode(mamba_cache_mode)
     _index_tensor("state_indices", state_indices, ndim=(1, 2))
     _index_tensor("num_accepted_tokens", num_accepted_tokens)
     _same_device("state_indices", state_indices, "num_accepted_tokens", num_accepted_tokens)

@@ -347,6 +347,7 @@ def test_vllm_verify_and_commit(head_k_dim, head_v_dim):
     query_lens, accepted = [4, 1, 3], [3, 1, 2]
     state_indices, qsl, num_accepted_tokens = vllm_spec_metadata(block_table, num_spec, query_lens, padded, accepted)
     meta = SimpleNamespace(spec_state_indices_tensor=state_indices, spec_query_start_loc=qsl, num_spec_decodes=3)
+    cache_config = SimpleNamespace(mamba_cache_mode="none")  # vllm_config.cache_config, prefix caching off
     ssm_states = [torch.randn(blocks, NUM_V_HEADS, head_v_dim, head_k_dim, generator=gen) * 0.5 for _ in range(layers)]
     conv_storages = [torch.randn(blocks, K - 1, dim, generator=gen) for _ in range(layers)]
     conv_states = [storage.transpose(-1, -2) for storage in conv_storages]
@@ -365,10 +366,10 @@ def test_vllm_verify_and_commit(head_k_dim, head_v_dim):
         layer_self = SimpleNamespace(spec_cache=spec_caches[layer], conv1d=SimpleNamespace(bias=conv_biases[layer]),
                                      activation="silu", A_log=A_log, dt_bias=dt_bias)
         core_attn_out_spec = torch.full((padded * n, NUM_V_HEADS, head_v_dim), 7.0)
-        ns = run("vllm-verify", self=layer_self, attn_metadata=meta, mixed_qkv_spec=mixed_qkv_spec,
-                 conv_state=conv_states[layer], conv_weights=conv_weights[layer], a_spec=a[layer], b_spec=b[layer],
-                 ssm_state=ssm_states[layer], core_attn_out_spec=core_attn_out_spec, hk=NUM_K_HEADS, dk=head_k_dim,
-                 hv=NUM_V_HEADS, dv=head_v_dim)
+        ns = run("vllm-verify", self=layer_self, attn_metadata=meta, cache_config=cache_config,
+                 mixed_qkv_spec=mixed_qkv_spec, conv_state=conv_states[layer], conv_weights=conv_weights[layer],
+                 a_spec=a[layer], b_spec=b[layer], ssm_state=ssm_states[layer], core_attn_out_spec=core_attn_out_spec,
+                 hk=NUM_K_HEADS, dk=head_k_dim, hv=NUM_V_HEADS, dv=head_v_dim)
         starts = qsl[:3].long()[:, None] + torch.arange(n)
         rows = torch.minimum(starts, qsl[1:4].long()[:, None] - 1)  # request b's tokens at row b, as verified
         check_verify_outputs(ns["o"][:3], ns["out"][:3], g[layer, rows], beta[layer, rows], before_ssm[layer],
@@ -383,9 +384,9 @@ def test_vllm_verify_and_commit(head_k_dim, head_v_dim):
                                       conv_weights[layer], conv_biases[layer])
             torch.testing.assert_close(mixed_qkv_spec[start: start + count].double(), want, atol=1e-5, rtol=1e-5)
         assert torch.equal(mixed_qkv_spec[total:], mixed[layer, total:])
-    run("vllm-commit", meta=meta, num_accepted_tokens=num_accepted_tokens, spec_caches=spec_caches,
-        ssm_states=ssm_states, conv_states=conv_states, conv_weights=conv_weights, conv_biases=conv_biases,
-        hk=NUM_K_HEADS, dk=head_k_dim, hv=NUM_V_HEADS, dv=head_v_dim, tp=1)
+    run("vllm-commit", meta=meta, cache_config=cache_config, num_accepted_tokens=num_accepted_tokens,
+        spec_caches=spec_caches, ssm_states=ssm_states, conv_states=conv_states, conv_weights=conv_weights,
+        conv_biases=conv_biases, hk=NUM_K_HEADS, dk=head_k_dim, hv=NUM_V_HEADS, dv=head_v_dim, tp=1)
 
     def padded_rows(t):  # request b's tokens at row b, as the verify saw them
         starts = qsl[:3].long()[:, None] + torch.arange(n)

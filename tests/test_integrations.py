@@ -43,6 +43,7 @@ from sgl_convwin.integrations import (
 from support import DEVICES, make_replay, random_tree
 
 K = 4  # conv kernel width in every test below, as in every model the package targets
+VLLM = dict(mamba_cache_mode="none")  # vLLM without prefix caching: the one mode the adapters take
 
 
 # ---------------------------------------------------------------------------------------------
@@ -585,7 +586,7 @@ def test_vllm_gdn_layer_ragged_batch_with_engine_tensors(head_k_dim, head_v_dim,
         mixed_qkv_spec = mixed[layer].clone()
         conv_state = vllm_conv_state(conv_storages[layer], conv_layout)
         x = vllm_pad_batch(mixed_qkv_spec, qsl, num_tokens)
-        slots = vllm_verify_slots(spec_state_indices, qsl)
+        slots = vllm_verify_slots(spec_state_indices, qsl, **VLLM)
         out = torch.empty_like(x)
         spec_caches[layer].causal_conv1d_verify(out, conv_state[None], x, conv_weights[layer], conv_biases[layer],
                                                 slots, 0, activation="silu")
@@ -599,10 +600,10 @@ def test_vllm_gdn_layer_ragged_batch_with_engine_tensors(head_k_dim, head_v_dim,
             torch.testing.assert_close(mixed_qkv_spec[start: start + count].double(), want, atol=1e-5, rtol=1e-5)
         assert torch.equal(mixed_qkv_spec[total:], mixed[layer, total:])  # the padded tail is left alone
 
-    args = vllm_commit_args(spec_state_indices, num_accepted_tokens, query_start_loc=qsl)
+    args = vllm_commit_args(spec_state_indices, num_accepted_tokens, query_start_loc=qsl, **VLLM)
     assert args["steps"].tolist() == [1, 1, 2, -1, -1] and args["dst_slots"].tolist() == [4, 2, 7, -1, -1]
     assert all(torch.equal(args[key], value) for key, value in
-               vllm_commit_args(spec_state_indices, num_accepted_tokens, num_reqs=3).items())
+               vllm_commit_args(spec_state_indices, num_accepted_tokens, num_reqs=3, **VLLM).items())
     for layer in range(layers):  # the docs' vLLM commit, one launch pair per layer
         sgl_convwin.gdn_commit(ssm_states[layer].transpose(-1, -2)[None],
                                vllm_conv_state(conv_storages[layer], conv_layout)[None], spec_caches[layer].buffer,
@@ -627,21 +628,27 @@ def test_vllm_padding_is_known_from_tokens_not_slots():
     """NULL_BLOCK_ID rows commit nothing only when vLLM's marks are passed: zero tokens in
     spec_query_start_loc or rows past num_reqs; without either the adapter refuses rather than
     commit several padded rows into block 0. Stale rows (num_accepted_tokens 0) and counts above a
-    row's tokens are skipped; align / all cache modes are refused."""
+    row's tokens are skipped; align / all cache modes are refused, and the mode must be given."""
     indices = torch.tensor([[3, 1], [5, 2], [0, 0], [0, 0]], dtype=torch.int32)
     qsl = torch.tensor([0, 2, 3, 3, 3], dtype=torch.int32)
-    args = vllm_commit_args(indices, torch.tensor([2, 1, 1, 1], dtype=torch.int32), query_start_loc=qsl)
+    args = vllm_commit_args(indices, torch.tensor([2, 1, 1, 1], dtype=torch.int32), query_start_loc=qsl, **VLLM)
     assert args["steps"].tolist() == [1, 0, -1, -1] and args["dst_slots"].tolist() == [3, 5, -1, -1]
-    args = vllm_commit_args(indices, torch.tensor([0, 2, 1, 1]), query_start_loc=qsl)
+    args = vllm_commit_args(indices, torch.tensor([0, 2, 1, 1]), query_start_loc=qsl, **VLLM)
     assert args["steps"].tolist() == [-1, -1, -1, -1]  # stale row; 2 accepted of 1 verified
-    args = vllm_commit_args(indices, torch.tensor([2, 1, 1, 1]), num_reqs=2)
+    args = vllm_commit_args(indices, torch.tensor([2, 1, 1, 1]), num_reqs=2, **VLLM)
     assert args["steps"].tolist() == [1, 0, -1, -1]
     with pytest.raises(ValueError, match="NULL_BLOCK_ID = 0, a real slot number"):
-        vllm_commit_args(indices, torch.tensor([2, 1, 1, 1]))
+        vllm_commit_args(indices, torch.tensor([2, 1, 1, 1]), **VLLM)
     for mode in ("align", "all"):
         with pytest.raises(ValueError, match=f"mamba_cache_mode='{mode}' is not supported"):
             vllm_commit_args(indices, torch.tensor([2, 1, 1, 1]), num_reqs=2, mamba_cache_mode=mode)
-    assert vllm_verify_slots(indices, qsl).tolist() == [3, 5, -1, -1]
+        with pytest.raises(ValueError, match=f"mamba_cache_mode='{mode}' is not supported"):
+            vllm_verify_slots(indices, qsl, mamba_cache_mode=mode)
+    with pytest.raises(TypeError, match="mamba_cache_mode"):  # no default: vLLM's own is "align"
+        vllm_commit_args(indices, torch.tensor([2, 1, 1, 1]), num_reqs=2)
+    with pytest.raises(TypeError, match="mamba_cache_mode"):
+        vllm_verify_slots(indices, qsl)
+    assert vllm_verify_slots(indices, qsl, **VLLM).tolist() == [3, 5, -1, -1]
     assert vllm_token_counts(qsl).tolist() == [2, 1, 0, 0]
 
 
@@ -680,8 +687,8 @@ def test_vllm_widened_conv_state_is_the_committed_window(layout):
     cache = sgl_convwin.ConvWindowCache(1, blocks, dim, num_tokens, K, layout=layout, dtype=torch.float32)
     mixed_qkv_spec = torch.randn(5 * num_tokens, dim, generator=gen)
     x = vllm_pad_batch(mixed_qkv_spec, qsl, num_tokens)
-    cache.capture(conv_state[None], x, vllm_verify_slots(spec_state_indices, qsl), 0)
-    args = vllm_commit_args(spec_state_indices, num_accepted, query_start_loc=qsl)
+    cache.capture(conv_state[None], x, vllm_verify_slots(spec_state_indices, qsl, **VLLM), 0)
+    args = vllm_commit_args(spec_state_indices, num_accepted, query_start_loc=qsl, **VLLM)
     cache.commit(conv_state[None], args["src_slots"], num_accepted=num_accepted, state_slots=args["dst_slots"])
     for row in range(3):
         slot = int(block_table[row, 0])
@@ -801,15 +808,15 @@ def test_errors_name_the_argument():
         sglang_parents(retrieve_next_token=torch.zeros(2, 3, dtype=torch.long),
                        retrieve_next_sibling=torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="state_indices has 2 rows but num_accepted_tokens 3"):
-        vllm_commit_args(idx, torch.tensor([1, 1, 1]), num_reqs=2)
+        vllm_commit_args(idx, torch.tensor([1, 1, 1]), num_reqs=2, **VLLM)
     with pytest.raises(ValueError, match="state_indices must be 1-D or 2-D"):
-        vllm_commit_args(torch.zeros(2, 2, 2, dtype=torch.long), idx, num_reqs=2)
+        vllm_commit_args(torch.zeros(2, 2, 2, dtype=torch.long), idx, num_reqs=2, **VLLM)
     with pytest.raises(ValueError, match="buffer_slots has 1 rows"):
-        vllm_commit_args(idx, idx, num_reqs=2, buffer_slots=torch.tensor([0]))
+        vllm_commit_args(idx, idx, num_reqs=2, buffer_slots=torch.tensor([0]), **VLLM)
     with pytest.raises(ValueError, match="num_reqs must be an int in \\[0, 2\\]"):
-        vllm_commit_args(idx, idx, num_reqs=3)
+        vllm_commit_args(idx, idx, num_reqs=3, **VLLM)
     with pytest.raises(ValueError, match="query_start_loc has 2 rows, fewer than the 3"):
-        vllm_commit_args(idx, idx, query_start_loc=torch.tensor([0, 4]))
+        vllm_commit_args(idx, idx, query_start_loc=torch.tensor([0, 4]), **VLLM)
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         vllm_pad_batch(None, torch.tensor([0, 4]), 4)
     with pytest.raises(ValueError, match="num_tokens must be an int >= 1"):
@@ -843,12 +850,12 @@ def test_adapters_trace_without_graph_breaks():
     def adapters(next_token, next_sibling, indices, accept_index, accept_lens, x, qsl):
         sg = sglang_commit_args(indices, accept_lens=accept_lens, accept_index=accept_index,
                                 retrieve_next_token=next_token, retrieve_next_sibling=next_sibling)
-        vl = vllm_commit_args(indices, accept_lens, query_start_loc=qsl)
+        vl = vllm_commit_args(indices, accept_lens, query_start_loc=qsl, **VLLM)
         padded = vllm_pad_batch(x, qsl, 4)
         dst = x.clone()
         vllm_unpad_batch(dst, padded * 2, qsl)
         return (sg["dst_slots"], sg["src_slots"], sg["steps"], sg["parents"], vl["steps"], vl["dst_slots"], dst,
-                vllm_verify_slots(indices, qsl), sglang_parents(sg["parents"].clamp(min=0)))
+                vllm_verify_slots(indices, qsl, **VLLM), sglang_parents(sg["parents"].clamp(min=0)))
 
     inputs = (next_token, next_sibling, indices, accept_index, accept_lens, torch.randn(8, 3),
               torch.tensor([0, 3, 3], dtype=torch.int32))
