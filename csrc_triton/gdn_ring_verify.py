@@ -297,7 +297,7 @@ def _gdn_ring_verify_kernel(
     if v_block == 0:  # the drafts' gates beside their rows, once per head
         draft_row = (start + pending + tl.where(drafted & key_side, draft, 0)) % RING_ROWS
         gate = gates_base + draft_row * gates_stride_row
-        tl.store(gate, g, mask=drafted & key_side)
+        tl.store(gate, g_given, mask=drafted & key_side)  # as given: the floor is the sums' alone
         tl.store(gate + gates_stride_gate, beta, mask=drafted & key_side)
 
 

@@ -299,7 +299,7 @@ class Mamba2Harness(RingHarness):
         """dt (raw: any sign under softplus, else positive) and the layer's D, z, dt_bias."""
         h, p = self.heads["num_heads"], self.heads["head_dim"]
         dt = self.randn(num_rows, num_nodes, h) if self.dt_softplus else self.rand(num_rows, num_nodes, h) * 0.5
-        dt = self.with_strong_decays(dt, (1e3, 1e5, 1e7))  # (steps: their log decays are dt A)
+        dt = self.with_strong_decays(dt, (3e2, 1e4))  # (d A past -64; larger steps outgrow tf32's C S0^T)
         z = self.randn(num_rows, num_nodes, h, p) if self.options["z"] else None
         return dt, dict(D=None if self.D is None else self.D[layer], z=z,
                         dt_bias=None if self.dt_bias is None else self.dt_bias[layer], dt_softplus=self.dt_softplus)

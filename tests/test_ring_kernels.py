@@ -26,8 +26,10 @@ DEVICES = [pytest.param("cpu", marks=interpreted), pytest.param("cuda", marks=py
 
 def ring_case(*, num_rows=3, num_nodes=2, capacity=4, kernel_size=4, num_k_heads=1, ratio=2, head_k_dim=16,
               head_v_dim=16, num_state_slots=5, num_ring_slots=4, parents=None, cursors=None, ring_slots=None,
-              state_slots=None, rows_dtype=torch.float32, state_dtype=torch.float32, device="cpu", seed=0):
-    """gdn_ring_verify's arguments for layer 1 of 2, random but for what is given."""
+              state_slots=None, rows_dtype=torch.float32, state_dtype=torch.float32, strong_decays=False, device="cpu",
+              seed=0):
+    """gdn_ring_verify's arguments for layer 1 of 2, random but for what is given; strong_decays: about
+    one log decay in four, given or in the ring, -1e4 .. -inf."""
     gen = torch.Generator().manual_seed(seed)
     num_v_heads = num_k_heads * ratio
     dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
@@ -55,6 +57,11 @@ def ring_case(*, num_rows=3, num_nodes=2, capacity=4, kernel_size=4, num_k_heads
     rows = randn(layers, num_ring_slots, ring_rows, dim).to(rows_dtype)
     gates = torch.stack([-torch.rand(layers, num_ring_slots, ring_rows, num_v_heads, generator=gen),
                          torch.rand(layers, num_ring_slots, ring_rows, num_v_heads, generator=gen)], dim=3)
+    if strong_decays:
+        strong = torch.tensor([-1e4, -1e6, -1e30, float("-inf")])
+        for decays in (g, gates[:, :, :, 0]):
+            pick = torch.randint(0, 4 * len(strong), decays.shape, generator=gen)
+            decays.copy_(torch.where(pick < len(strong), strong[pick.clamp(max=len(strong) - 1)], decays))
     weight = randn(dim, kernel_size, std=0.5)
     bias = randn(dim, std=0.1)
     tensors = dict(q=q, k=k, v=v, g=g, beta=beta, ssm_state=ssm, conv_state=conv, rows=rows, gates=gates,
@@ -124,6 +131,38 @@ def test_matches_pytorch_code(device, tree):
     want, got = run_both(case, tuning={})  # the default for a float32 checkpoint: tf32x3 products
     assert_agree(want, got, tol=2e-3, state_tol=1e-4)
     want, got = run_both(case, tuning=dict(precision="tf32", fold_precision="tf32x3"))  # tf32x3 where it folds
+    assert_agree(want, got, tol=2e-3, state_tol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_strong_decays(device, tree):
+    """Log decays of -1e4 .. -inf among the pending tokens' and the drafts' (rows that fold, that only
+    replay, an empty ring, a padded row): the kernels' floored sums agree with the PyTorch code, which
+    replays the pending tokens one at a time, and the drafts' gates are stored as given."""
+    cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])
+    case = ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
+                     state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, strong_decays=True,
+                     device=device)
+    assert (case["g"] < -1e3).any() and (case["gates"][1, :, :, 0] < -1e3).any()
+    for tuning, tol, state_tol in ((IEEE, 1e-4, 1e-4), ({}, 2e-3, 1e-4)):
+        want, got = run_both(case, tuning=tuning)
+        assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
+        assert_agree(want, got, tol=tol, state_tol=state_tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_mma_kernel_strong_decays(tree):
+    """test_strong_decays on the mma kernel (128 x 128 tiles, capacity 16)."""
+    nodes = [-1, 0, 0, 1] if tree else [-1, 0, 1, 2]
+    cursors = torch.tensor([[17, 16], [15, 9], [0, 0], [2, 12], [1, 1]])
+    case = ring_case(num_rows=5, num_nodes=4, capacity=16, num_k_heads=2, head_k_dim=128, head_v_dim=128,
+                     num_state_slots=6, num_ring_slots=5, cursors=cursors, ring_slots=[0, 1, 2, 3, 4],
+                     state_slots=[3, 0, 5, -1, 1], parents=nodes, rows_dtype=torch.bfloat16, strong_decays=True,
+                     device="cuda")
+    want, got = run_both(case, tuning=MMA)
+    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
     assert_agree(want, got, tol=2e-3, state_tol=1e-4)
 
 

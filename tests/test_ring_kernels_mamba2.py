@@ -26,9 +26,10 @@ DEVICES = [pytest.param("cpu", marks=interpreted), pytest.param("cuda", marks=py
 
 def mamba2_ring_case(*, num_rows=4, num_nodes=3, capacity=4, kernel_size=4, num_heads=4, head_dim=16, n_groups=2,
                      d_state=16, num_state_slots=5, num_ring_slots=4, parents=None, cursors=None, ring_slots=None,
-                     state_slots=None, rows_dtype=torch.float32, state_dtype=torch.float32, terms=True, device="cpu",
-                     seed=0):
-    """mamba2_ring_verify's arguments (as keywords) for layer 1 of 2, random but for what is given."""
+                     state_slots=None, rows_dtype=torch.float32, state_dtype=torch.float32, terms=True,
+                     strong_decays=False, device="cpu", seed=0):
+    """mamba2_ring_verify's arguments (as keywords) for layer 1 of 2, random but for what is given;
+    strong_decays: about one step in four, given or in the ring, 1e3 .. 1e7 (log decays d A below -64)."""
     gen = torch.Generator().manual_seed(seed)
     dim = num_heads * head_dim + 2 * n_groups * d_state
     ring_rows, layers = capacity + num_nodes, 2
@@ -59,6 +60,11 @@ def mamba2_ring_case(*, num_rows=4, num_nodes=3, capacity=4, kernel_size=4, num_
         D=randn(num_heads) if terms else None, z=randn(num_rows, num_nodes, num_heads, head_dim) if terms else None,
         dt_bias=randn(num_heads, std=0.3) if terms else None,
     )
+    if strong_decays:
+        strong = torch.tensor([1e3, 1e5, 1e7])
+        for steps in (tensors["dt"], tensors["gates"]):
+            pick = torch.randint(0, 4 * len(strong), steps.shape, generator=gen)
+            steps.copy_(torch.where(pick < len(strong), strong[pick.clamp(max=len(strong) - 1)], steps))
     return {name: None if t is None else t.to(device) for name, t in tensors.items()}
 
 
@@ -144,6 +150,21 @@ def test_fold_programs_walking_tiles_leave_the_same_bits(device, share):
         assert not torch.equal(rows["ssm_state"], case["ssm_state"])  # something folded
         for name in ("out", "ssm_state", "conv_state", "gates", "cursor"):
             assert torch.equal(rows[name], tiles[name]), (walked, name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_strong_decays(device, tree):
+    """Steps of 1e3 .. 1e7 among the pending tokens' and the drafts' (rows that fold, that only replay,
+    an empty ring, a padded row): the kernel's floored sums agree with the PyTorch code, which replays
+    the pending tokens one at a time (float32 products: the outputs are the big steps' updates)."""
+    case = mamba2_ring_case(cursors=torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]]), ring_slots=[0, 1, 2, 3],
+                            state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, strong_decays=True,
+                            device=device)
+    assert (case["dt"] > 1e2).any() and (case["gates"][1] > 1e2).any()
+    want, got = run_both(case)
+    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
+    assert_agree(want, got, tol=1e-4, state_tol=1e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
