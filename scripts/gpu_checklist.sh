@@ -42,7 +42,7 @@
 #             sweep against the default, the state chunks through shared memory and the persistent kernel (fp32,
 #             bf16), then mamba2_verify with pdl; each table beside a plain read of the pools, a launch a layer
 #   floor     the log decays' floor (LOG_DECAY_FLOOR, every chunked kernel; never run on a GPU): the strong-decay
-#             tests of the verifies and both rings (ops and kernels), then memcheck + racecheck over the verifies' ones
+#             tests of the verifies and both rings (ops and kernels); floorsan: memcheck + racecheck over the verifies' ones
 #   treewalk  the tree walks on registers (2632c4d; run 2026-12-04, docs/benchmarks.md): the GPU tests of
 #             test_gdn_verify.py, test_ring_kernels*.py, test_ring.py, test_mamba2_verify.py, then trees against chains
 #             (bench_gdn_verify.py, B = 1 .. 256, no step table) and the GDN ring's trees (bench_ring.py)
@@ -238,10 +238,10 @@ for phase in "$@"; do
                 tests/test_mamba2_verify.py tests/test_ring.py tests/test_ring_mamba2.py tests/test_ring_kernels.py \
                 tests/test_ring_kernels_mamba2.py -k strong_decays \
                 > "$out/gpu_tests_floor.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_floor.log"
-              mkdir -p "$out/floor"
+              tail -2 "$out/gpu_tests_floor.log" ;;
+    floorsan) mkdir -p "$out/floorsan"
               SANITIZE_TIMEOUT=150 SANITIZE_TESTS="tests/test_gdn_verify.py tests/test_mamba2_verify.py" \
-                SANITIZE_K="strong_decays" bash scripts/gpu_sanitize.sh "$out/floor" || rc=1 ;;
+                SANITIZE_K="strong_decays" bash scripts/gpu_sanitize.sh "$out/floorsan"; rc=$? ;;
     treewalk) rc=0
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
                 tests/test_ring_kernels.py tests/test_ring_kernels_mamba2.py tests/test_ring.py tests/test_mamba2_verify.py \
