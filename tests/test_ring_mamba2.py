@@ -17,7 +17,10 @@ from hypothesis import strategies as st
 
 import sgl_convwin
 from ring_harness import (FILL, MANY_STEPS_CASES, Mamba2Harness, replay_against_eager, run_many_steps, run_sequence,
-                          run_strong_decays)
+                          run_strong_decays, through_kernels)
+from support import HAS_TRITON, INTERPRET
+
+interpreted = pytest.mark.skipif(not (INTERPRET and HAS_TRITON), reason="Triton's interpreter runs on the CPU only")
 
 # ---------------------------------------------------------------------------------------------
 # Random step sequences
@@ -92,6 +95,16 @@ def test_strong_decays(device, tree):
     """Decays that leave next to nothing of the state before them (steps dt of 1e3 .. 1e7),
     folded and verified past: within tolerance of the oracle, not lost to the rounding of a sum."""
     run_strong_decays(Mamba2Harness, device, tree)
+
+
+@interpreted
+@pytest.mark.slow
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_kernels_against_the_oracle(monkeypatch, tree):
+    """The ring's Triton kernels themselves (the interpreter) against the float64 oracle: 20 steps of
+    test_strong_decays with every RingCache op bound to its kernel."""
+    through_kernels(monkeypatch)
+    run_strong_decays(Mamba2Harness, "cpu", tree, num_steps=20)
 
 
 # ---------------------------------------------------------------------------------------------
