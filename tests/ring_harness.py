@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import sgl_convwin
 from sgl_convwin import reference
-from support import make_state, trees
+from support import HAS_TRITON, INTERPRET, make_state, sprinkled, trees
 
 FILL = 7.0  # what outputs hold before a call: entries left untouched keep it
 CONV_TOL = 1e-5  # conv outputs (float32) against float64, x max |y|
@@ -81,11 +81,7 @@ class RingHarness:
 
     def with_strong_decays(self, gate, values):
         """``gate`` with about one entry in eight replaced by one of ``values`` if strong_decays."""
-        if not self.strong_decays:
-            return gate
-        index = torch.randint(0, 8 * len(values), gate.shape, generator=self.gen)
-        strong = torch.tensor(values, dtype=gate.dtype)[index.clamp(max=len(values) - 1)]
-        return torch.where(index < len(values), strong, gate.cpu()).to(self.device)
+        return sprinkled(gate, values, 8, self.gen) if self.strong_decays else gate
 
     def layer_bias(self, layer):
         return None if self.conv_bias is None else self.conv_bias[layer]
@@ -397,14 +393,24 @@ def through_kernels(monkeypatch):
     monkeypatch.setitem(OUT_TOL, "cpu", OUT_TOL["cuda"])  # (tf32 products, as on the GPU)
 
 
-def run_strong_decays(harness_type, device, tree, num_steps=40):
-    """num_steps at capacity 8 with about one gate in eight a strong decay (with_strong_decays), so
-    that rows fold past them: every output, checkpoint and flushed state checked as in any run."""
+# "kernels": the CPU run with the RingCache's ops bound to their kernels (through_kernels), fewer steps
+STRONG_DECAY_CASES = [
+    "cpu", pytest.param("cuda", marks=pytest.mark.gpu),
+    pytest.param("kernels", marks=[pytest.mark.slow, pytest.mark.skipif(
+        not (INTERPRET and HAS_TRITON), reason="Triton's interpreter runs on the CPU only")])]
+
+
+def run_strong_decays(harness_type, case, tree, monkeypatch):
+    """Steps at capacity 8 with about one gate in eight a strong decay (with_strong_decays), so that
+    rows fold past them: every output, checkpoint and flushed state checked as in any run; ``case``
+    one of STRONG_DECAY_CASES."""
+    if case == "kernels":
+        through_kernels(monkeypatch)
     generator = torch.Generator().manual_seed(7)
-    harness = harness_type(num_draft=4, capacity=8, num_ring_slots=2, num_state_slots=3, device=device, seed=7,
-                           strong_decays=True)
+    harness = harness_type(num_draft=4, capacity=8, num_ring_slots=2, num_state_slots=3,
+                           device="cpu" if case == "kernels" else case, seed=7, strong_decays=True)
     parents = [[-1, 0, 0, 1]] * 2 if tree else None
-    for _ in range(num_steps):
+    for _ in range(20 if case == "kernels" else 40):
         harness.step([0, 1], [2, 0], torch.randint(0, 4, (2,), generator=generator), parents)
     harness.flush([0, 1], [2, 0])
     assert harness.folds > 0

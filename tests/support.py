@@ -153,6 +153,14 @@ def expected_storage(t: torch.Tensor, expected_view: torch.Tensor) -> torch.Tens
     return result
 
 
+def sprinkled(t: torch.Tensor, values, one_in: int, generator: torch.Generator) -> torch.Tensor:
+    """``t`` with about one entry in ``one_in`` replaced by one of ``values`` (drawn on the CPU), on
+    t's device."""
+    values = torch.tensor(values, dtype=t.dtype)
+    pick = torch.randint(0, one_in * len(values), t.shape, generator=generator)
+    return torch.where(pick < len(values), values[pick.clamp(max=len(values) - 1)], t.cpu()).to(t.device)
+
+
 def chain_parents(num_nodes: int) -> list[int]:
     return list(range(-1, num_nodes - 1))
 

@@ -14,12 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sgl_convwin
-from ring_harness import (FILL, MANY_STEPS_CASES, Harness, replay_against_eager, run_many_steps, run_sequence,
-                          run_strong_decays, through_kernels)
-from support import HAS_TRITON, INTERPRET, random_tree
+from ring_harness import (FILL, MANY_STEPS_CASES, STRONG_DECAY_CASES, Harness, replay_against_eager, run_many_steps,
+                          run_sequence, run_strong_decays)
+from support import random_tree
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-interpreted = pytest.mark.skipif(not (INTERPRET and HAS_TRITON), reason="Triton's interpreter runs on the CPU only")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,22 +75,13 @@ def test_many_steps_flush_within_tolerance(device, tree):
     run_many_steps(Harness, device, tree)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", STRONG_DECAY_CASES)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_strong_decays(device, tree):
+def test_strong_decays(case, tree, monkeypatch):
     """Decays that leave next to nothing of the state before them (GDN: log decays -1e4 .. -inf),
-    folded and verified past: within tolerance of the oracle, not lost to the rounding of a sum."""
-    run_strong_decays(Harness, device, tree)
-
-
-@interpreted
-@pytest.mark.slow
-@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_kernels_against_the_oracle(monkeypatch, tree):
-    """The ring's Triton kernels themselves (the interpreter) against the float64 oracle: 20 steps of
-    test_strong_decays with every RingCache op bound to its kernel."""
-    through_kernels(monkeypatch)
-    run_strong_decays(Harness, "cpu", tree, num_steps=20)
+    folded and verified past: within tolerance of the oracle, not lost to the rounding of a sum; the
+    "kernels" case holds the ring's Triton kernels themselves (the interpreter) to the oracle."""
+    run_strong_decays(Harness, case, tree, monkeypatch)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import sgl_convwin
 from sgl_convwin._kernels import triton_kernels
-from support import HAS_TRITON, INTERPRET, ring_pytorch_code, trees
+from support import HAS_TRITON, INTERPRET, ring_pytorch_code, sprinkled, trees
 
 FILL = 7.0
 
@@ -58,10 +58,8 @@ def ring_case(*, num_rows=3, num_nodes=2, capacity=4, kernel_size=4, num_k_heads
     gates = torch.stack([-torch.rand(layers, num_ring_slots, ring_rows, num_v_heads, generator=gen),
                          torch.rand(layers, num_ring_slots, ring_rows, num_v_heads, generator=gen)], dim=3)
     if strong_decays:
-        strong = torch.tensor([-1e4, -1e6, -1e30, float("-inf")])
-        for decays in (g, gates[:, :, :, 0]):
-            pick = torch.randint(0, 4 * len(strong), decays.shape, generator=gen)
-            decays.copy_(torch.where(pick < len(strong), strong[pick.clamp(max=len(strong) - 1)], decays))
+        g = sprinkled(g, (-1e4, -1e6, -1e30, float("-inf")), 4, gen)
+        gates[:, :, :, 0] = sprinkled(gates[:, :, :, 0], (-1e4, -1e6, -1e30, float("-inf")), 4, gen)
     weight = randn(dim, kernel_size, std=0.5)
     bias = randn(dim, std=0.1)
     tensors = dict(q=q, k=k, v=v, g=g, beta=beta, ssm_state=ssm, conv_state=conv, rows=rows, gates=gates,

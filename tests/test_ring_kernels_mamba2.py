@@ -15,7 +15,7 @@ import torch
 
 import sgl_convwin
 from sgl_convwin._kernels import triton_kernels
-from support import HAS_TRITON, INTERPRET, ring_pytorch_code
+from support import HAS_TRITON, INTERPRET, ring_pytorch_code, sprinkled
 
 FILL = 7.0
 IEEE = dict(precision="ieee")  # float32 products: what the PyTorch code computes, so tight tolerances hold
@@ -61,10 +61,8 @@ def mamba2_ring_case(*, num_rows=4, num_nodes=3, capacity=4, kernel_size=4, num_
         dt_bias=randn(num_heads, std=0.3) if terms else None,
     )
     if strong_decays:
-        strong = torch.tensor([1e3, 1e5, 1e7])
-        for steps in (tensors["dt"], tensors["gates"]):
-            pick = torch.randint(0, 4 * len(strong), steps.shape, generator=gen)
-            steps.copy_(torch.where(pick < len(strong), strong[pick.clamp(max=len(strong) - 1)], steps))
+        for name in ("dt", "gates"):
+            tensors[name] = sprinkled(tensors[name], (1e3, 1e5, 1e7), 4, gen)
     return {name: None if t is None else t.to(device) for name, t in tensors.items()}
 
 

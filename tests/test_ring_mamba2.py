@@ -16,11 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sgl_convwin
-from ring_harness import (FILL, MANY_STEPS_CASES, Mamba2Harness, replay_against_eager, run_many_steps, run_sequence,
-                          run_strong_decays, through_kernels)
-from support import HAS_TRITON, INTERPRET
-
-interpreted = pytest.mark.skipif(not (INTERPRET and HAS_TRITON), reason="Triton's interpreter runs on the CPU only")
+from ring_harness import (FILL, MANY_STEPS_CASES, STRONG_DECAY_CASES, Mamba2Harness, replay_against_eager,
+                          run_many_steps, run_sequence, run_strong_decays)
 
 # ---------------------------------------------------------------------------------------------
 # Random step sequences
@@ -89,22 +86,13 @@ def test_flush_mid_sequence_and_resume():
     assert harness.folds > 0
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("case", STRONG_DECAY_CASES)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_strong_decays(device, tree):
-    """Decays that leave next to nothing of the state before them (steps dt of 1e3 .. 1e7),
-    folded and verified past: within tolerance of the oracle, not lost to the rounding of a sum."""
-    run_strong_decays(Mamba2Harness, device, tree)
-
-
-@interpreted
-@pytest.mark.slow
-@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_kernels_against_the_oracle(monkeypatch, tree):
-    """The ring's Triton kernels themselves (the interpreter) against the float64 oracle: 20 steps of
-    test_strong_decays with every RingCache op bound to its kernel."""
-    through_kernels(monkeypatch)
-    run_strong_decays(Mamba2Harness, "cpu", tree, num_steps=20)
+def test_strong_decays(case, tree, monkeypatch):
+    """Decays that leave next to nothing of the state before them (steps dt of 3e2 .. 1e4),
+    folded and verified past: within tolerance of the oracle, not lost to the rounding of a sum; the
+    "kernels" case holds the ring's Triton kernels themselves (the interpreter) to the oracle."""
+    run_strong_decays(Mamba2Harness, case, tree, monkeypatch)
 
 
 # ---------------------------------------------------------------------------------------------
