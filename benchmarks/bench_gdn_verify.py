@@ -172,9 +172,9 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          # persistent: at most that many programs an SM (1056 = 8 x 132 slots against 2048 tiles at B = 64)
          *(dict(mma=True, ctas_per_sm=c, maxnreg=r) for c, r in ((8, 128), (7, 144), (6, 168), (9, 112))),
          dict(mma=True, ctas_per_sm=8),
-         # programmatic dependent launch: a layer's launch under the layer before's end; its first state
-         # chunks read there too (2)
-         dict(mma=True, pdl=1), dict(mma=True, pdl=2), dict(mma=True, pdl=2, state_stages=2)]
+         # programmatic dependent launch (the default, 1): a layer's launch under the layer before's end;
+         # its first state chunks read there too (2); a plain launch (0)
+         dict(mma=True, pdl=0), dict(mma=True, pdl=2), dict(mma=True, pdl=2, state_stages=2)]
 
 
 def resolved(tuning):

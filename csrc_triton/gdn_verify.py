@@ -48,7 +48,8 @@ VERIFY_PROGRAMS = 512
 VERIFY_WARPS = 4
 # gdn_verify_mma's kernel: two warps over 128 value columns, state rows loaded 32 at a time. It
 # serves batches that give it VERIFY_PROGRAMS programs or more and at most MMA_MAX_NODES nodes;
-# smaller ones are faster on the kernel below (docs/benchmarks.md, the verify sweep).
+# smaller ones are faster on the kernel below (docs/benchmarks.md, the verify sweep). A 2-byte
+# state loads twice the rows a chunk: the same bytes in flight.
 MMA_BLOCK_V = 128
 MMA_WARPS = 2
 MMA_CHUNK_K = 32
@@ -56,6 +57,10 @@ MMA_MAX_NODES = 16
 # The state chunks through shared memory by cp.async, this many in flight from the program's start
 # (0: through registers, one chunk ahead; not yet timed on a GPU)
 MMA_STATE_STAGES = 0
+# The mma kernel launched as a programmatic dependent on sm_90+, every read after the launch
+# before it finishes (1): its start overlaps that launch's tail. 2 (reads the slots and first state
+# chunks before that wait) is faster but wrong where the launch before writes them: opt-in only.
+MMA_PDL = 1
 
 
 @triton.jit
@@ -264,18 +269,18 @@ def _mma_kernel_runs_on(ssm) -> bool:
 
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
                  block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None,
-                 persistent=None, maxnreg=None, pdl=0):
+                 persistent=None, maxnreg=None, pdl=None):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
     kernel's), chunk_k (state rows per load of the mma kernel, a power of two >= 16; None:
-    MMA_CHUNK_K), state_stages (the mma kernel's chunks through shared memory, that many in
-    flight; None: MMA_STATE_STAGES; 0, or copies under 4 bytes: registers), persistent (the mma
-    kernel on that many programs, each taking tiles until none is left -- a few an SM cap how many
-    share one; None: a program a tile), maxnreg (the mma kernel's register cap), pdl (the mma
-    kernel launched as a programmatic dependent, sm_90+: 1, everything read after the kernel
-    launched before it finishes; 2, its slots and first state chunks before, which that kernel must
-    not write): tuning only."""
+    MMA_CHUNK_K, twice that for a 2-byte state), state_stages (the mma kernel's chunks through
+    shared memory, that many in flight; None: MMA_STATE_STAGES; 0, or copies under 4 bytes:
+    registers), persistent (the mma kernel on that many programs, each taking tiles until none is
+    left -- a few an SM cap how many share one; None: a program a tile), maxnreg (the mma kernel's
+    register cap), pdl (the mma kernel launched as a programmatic dependent, sm_90+: 1, everything
+    read after the kernel launched before it finishes; 2, its slots and first state chunks before,
+    which that kernel must not write; 0, a plain launch; None: MMA_PDL): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -305,7 +310,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     tensors = (out, q, k, v, g, beta, ssm, state_slots, state_slots if parents is None else parents)
     if mma:
         from . import gdn_verify_mma
-        chunk_k = min(chunk_k or MMA_CHUNK_K, constexprs["BLOCK_K"])
+        chunk_k = min(chunk_k or MMA_CHUNK_K * 4 // ssm.element_size(), constexprs["BLOCK_K"])
         check_mma_tiles("convwin.gdn_verify", block_v, num_warps, chunk_k)
         state_stages = MMA_STATE_STAGES if state_stages is None else state_stages
         constexprs.update(CHUNK_K=chunk_k, ROUND_KQ=q.dtype == torch.float32 or k.dtype == torch.float32,
@@ -314,7 +319,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
                                                         constexprs["BLOCK_K"] // chunk_k, ssm))
         if maxnreg is not None:
             constexprs.update(maxnreg=maxnreg)
-        pdl = int(pdl) if pdl and pdl_device(ssm) else 0
+        pdl = MMA_PDL if pdl is None else int(pdl)
+        pdl = pdl if pdl_device(ssm) else 0
         constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
         if persistent is not None:
             return KernelCall(gdn_verify_mma._gdn_verify_mma_persistent_kernel, (min(grid[0] * grid[1], persistent), 1),

@@ -243,8 +243,8 @@ TUNINGS = [dict(mma=False), dict(block_v=16, mma=False), dict(block_v=16, num_wa
            # persistent: 2 or 5 programs walking the batch's 12 tiles (a partial last round), registers capped
            pytest.param(dict(mma=True, persistent=2), marks=pytest.mark.gpu),
            pytest.param(dict(mma=True, persistent=5, maxnreg=128, state_stages=2), marks=pytest.mark.gpu),
-           # programmatic dependent launch (sm_90; a plain launch below it)
-           pytest.param(dict(mma=True, pdl=1), marks=pytest.mark.gpu),
+           # a plain launch (the default is a programmatic dependent one on sm_90)
+           pytest.param(dict(mma=True, pdl=0), marks=pytest.mark.gpu),
            pytest.param(dict(mma=True, pdl=2, state_stages=2), marks=pytest.mark.gpu)]
 
 
@@ -280,16 +280,21 @@ def test_mma_launch_plans():
         assert plan(problem, state_stages=stages, chunk_k=chunk_k).constexprs["STATE_STAGES"] == want
     for dtype, transposed, want in ((torch.float32, True, 2), (torch.bfloat16, False, 2), (torch.bfloat16, True, 0)):
         pool = make_problem(head_k_dim=64, head_v_dim=64, state_dtype=dtype, transposed=transposed)
-        assert plan(pool, state_stages=2, block_v=64, num_warps=2).constexprs["STATE_STAGES"] == want
+        assert plan(pool, state_stages=2, block_v=64, num_warps=2, chunk_k=32).constexprs["STATE_STAGES"] == want
     # persistent: a grid of that many programs (at most the tiles: 3 rows x 4 heads here), the row count passed
     for programs, grid in ((5, (5, 1)), (100, (12, 1))):
         call = plan(problem, persistent=programs, maxnreg=128)
         assert (call.grid, call.scalars[2], call.constexprs["maxnreg"]) == (grid, 3, 128)
         assert call.kernel.fn.__name__ == "_gdn_verify_mma_persistent_kernel"
     assert plan(problem).kernel.fn.__name__ == "_gdn_verify_mma_kernel"
-    # a programmatic dependent launch only when asked for (CPU tensors: as on sm_90)
-    assert plan(problem).constexprs["PDL"] == 0 and "launch_pdl" not in plan(problem).constexprs
-    assert [plan(problem, pdl=pdl).constexprs.get("launch_pdl") for pdl in (1, 2)] == [True, True]
+    # a programmatic dependent launch by default (CPU tensors: as on sm_90), a plain one when asked for
+    assert [plan(problem, **pdl).constexprs.get("PDL") for pdl in ({}, dict(pdl=0), dict(pdl=2))] == [1, 0, 2]
+    assert [plan(problem, **pdl).constexprs.get("launch_pdl") for pdl in ({}, dict(pdl=0), dict(pdl=2))] == [
+        True, None, True]
+    # the same bytes a chunk: 32 rows of a 4-byte state, 64 of a 2-byte one (at most dk)
+    for dtype, head_k_dim, want in ((torch.float32, 128, 32), (torch.bfloat16, 128, 64), (torch.bfloat16, 32, 32)):
+        pool = make_problem(head_k_dim=head_k_dim, head_v_dim=64, state_dtype=dtype)
+        assert plan(pool).constexprs["CHUNK_K"] == want
     module = triton_kernels().gdn_verify
     defaults = module.MMA_STATE_STAGES, module.MMA_CHUNK_K
     try:
