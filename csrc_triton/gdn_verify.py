@@ -54,13 +54,20 @@ MMA_BLOCK_V = 128
 MMA_WARPS = 2
 MMA_CHUNK_K = 32
 MMA_MAX_NODES = 16
-# The state chunks through shared memory by cp.async, this many in flight from the program's start
-# (0: through registers, one chunk ahead; not yet timed on a GPU)
-MMA_STATE_STAGES = 0
+# The state chunks through shared memory by cp.async, this many in flight from the program's start,
+# under the effective queries (below); the stacked products keep them in registers, one chunk ahead
+# (staged, 1-2% slower there).
+MMA_STATE_STAGES = 2
 # The mma kernel launched as a programmatic dependent on sm_90+, every read after the launch
 # before it finishes (1): its start overlaps that launch's tail. 2 (reads the slots and first state
 # chunks before that wait) is faster but wrong where the launch before writes them: opt-in only.
 MMA_PDL = 1
+# The mma kernel's outputs from the effective queries (gdn_verify_mma's docstring): the error
+# relative to the outputs' own terms, not to a state much larger than them. Where the chunks can be
+# staged and the state is float32; in registers they would wait across the node matrices (10-15%
+# slower), and a bf16 state's 2e-2 tolerance has the stacked products' error to spare.
+MMA_Q_EFF = True
+MMA_Q_EFF_DTYPES = (torch.float32,)
 
 
 @triton.jit
@@ -269,18 +276,20 @@ def _mma_kernel_runs_on(ssm) -> bool:
 
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
                  block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None,
-                 persistent=None, maxnreg=None, pdl=None):
+                 persistent=None, maxnreg=None, pdl=None, q_eff=None):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
     kernel's), chunk_k (state rows per load of the mma kernel, a power of two >= 16; None:
     MMA_CHUNK_K, twice that for a 2-byte state), state_stages (the mma kernel's chunks through
-    shared memory, that many in flight; None: MMA_STATE_STAGES; 0, or copies under 4 bytes:
-    registers), persistent (the mma kernel on that many programs, each taking tiles until none is
+    shared memory, that many in flight; None: MMA_STATE_STAGES under q_eff, else 0; 0, or copies
+    under 4 bytes: registers), persistent (the mma kernel on that many programs, each taking tiles until none is
     left -- a few an SM cap how many share one; None: a program a tile), maxnreg (the mma kernel's
     register cap), pdl (the mma kernel launched as a programmatic dependent, sm_90+: 1, everything
     read after the kernel launched before it finishes; 2, its slots and first state chunks before,
-    which that kernel must not write; 0, a plain launch; None: MMA_PDL): tuning only."""
+    which that kernel must not write; 0, a plain launch; None: MMA_PDL), q_eff (the mma kernel's
+    outputs from the effective queries; None: MMA_Q_EFF where the chunks stage and the state is
+    float32): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -312,11 +321,15 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         from . import gdn_verify_mma
         chunk_k = min(chunk_k or MMA_CHUNK_K * 4 // ssm.element_size(), constexprs["BLOCK_K"])
         check_mma_tiles("convwin.gdn_verify", block_v, num_warps, chunk_k)
-        state_stages = MMA_STATE_STAGES if state_stages is None else state_stages
+        stages = state_stages_for(MMA_STATE_STAGES if state_stages is None else state_stages, block_v, num_warps,
+                                  constexprs["BLOCK_K"] // chunk_k, ssm)
+        if q_eff is None:
+            q_eff = MMA_Q_EFF and stages > 0 and ssm.dtype in MMA_Q_EFF_DTYPES
+        if state_stages is None and not q_eff:
+            stages = 0
         constexprs.update(CHUNK_K=chunk_k, ROUND_KQ=q.dtype == torch.float32 or k.dtype == torch.float32,
                           WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3),
-                          STATE_STAGES=state_stages_for(state_stages, block_v, num_warps,
-                                                        constexprs["BLOCK_K"] // chunk_k, ssm))
+                          STATE_STAGES=stages, Q_EFF=bool(q_eff))
         if maxnreg is not None:
             constexprs.update(maxnreg=maxnreg)
         pdl = MMA_PDL if pdl is None else int(pdl)

@@ -15,6 +15,13 @@ both being linear: K S0 / |k| = (K / |k|) S0; the norms are the diagonal of the 
 which the node matrices need anyway. A persistent launch (a tuning: gdn_verify's ``persistent``)
 runs the same tile on a grid of a few programs an SM, each taking tiles until none is left, so
 that a batch's tiles fill whole waves of them.
+
+With Q_EFF (gdn_verify's ``q_eff``) the outputs come from the effective queries instead:
+o = e^G Q S0 + M diag(beta) (V - diag(e^G) K S0) = Q_eff S0 + M diag(beta) V with
+Q_eff = diag(e^G) Q - M diag(beta e^G) K (M the mix matrix). The two terms that cancel where a
+query retrieves a key its own path wrote (beta near 1) cancel in float32 (W = [diag(e^G); -M diag(beta
+e^G)] in 3xTF32 against the tf32-exact stack) before ONE tf32 product with the state: the error
+is relative to |Q_eff S0| instead of |Q S0|. The node matrices then come before the state products.
 """
 
 from __future__ import annotations
@@ -177,12 +184,13 @@ def _parent_of(x, links):
 def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
                    beta_stride_row, beta_stride_node, beta_stride_head,
                    NUM_NODES: gl.constexpr, NODES: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
-                   MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr):
+                   MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, SPLIT: gl.constexpr):
     """From the raw gram [k; q][k; q]^T: (mix, row_c, grown, kept, beta, links_ok), the
     [NODES, NODES] matrix and the per-row factors of gdn_verify's docstring, in the accumulator's
     layout (row_c: the l2 norm's and the scale's factor of each stack row). links: a tree's
     parent links [NODES], entry c node c's (-1 past the real nodes), one a lane, loaded with the
-    first state chunk; the walk up the tree looks them up across lanes."""
+    first state chunk; the walk up the tree looks them up across lanes. SPLIT: the inverse and the
+    mix in 3xTF32 (else the mix past 4 nodes only)."""
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA)
     COL_L: gl.constexpr = gl.SliceLayout(0, MMA)
     HALF: gl.constexpr = NODES // 2
@@ -233,9 +241,9 @@ def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row,
     A = gl.where(key_side[:, None] & ~eye, beta[:, None] * decay * gram, 0.0)
     identity = gl.where(eye, 1.0, 0.0)
     queries = gl.where(key_side[:, None], 0.0, decay * gram)
-    inverse = _unit_lower_inverse(A, identity, NUM_NODES, MMA, A_L, B_L, False)
+    inverse = _unit_lower_inverse(A, identity, NUM_NODES, MMA, A_L, B_L, SPLIT)
     # past 4 nodes in 3xTF32: near-parallel keys sum up to N terms here (as gdn_verify's kernel)
-    mix = _product(queries, inverse, MMA, A_L, B_L, NUM_NODES > 4)
+    mix = _product(queries, inverse, MMA, A_L, B_L, SPLIT or NUM_NODES > 4)
     grown = gl.exp(cumulative)
     kept = gl.where(key_side, 0.0, grown)  # diag(exp G) Q S0 on query rows
 
@@ -257,13 +265,14 @@ def _verify_tile(
     HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
     TREE: gl.constexpr, L2NORM: gl.constexpr, CHUNK_K: gl.constexpr, ROUND_KQ: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, STATE_STAGES: gl.constexpr, FROM_PROGRAM: gl.constexpr,
-    PDL: gl.constexpr,
+    PDL: gl.constexpr, Q_EFF: gl.constexpr,
 ):
     """One [dk, BLOCK_V] state tile's outputs, from one read of it: the tile of _gdn_verify_mma_kernel's
     program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
     their column blocks, then the next row's). PDL 1: everything read once the kernel launched
     before this one has finished; 2: the slot and the state's first chunks before that (that
-    kernel must write neither), the rest after."""
+    kernel must write neither), the rest after. Q_EFF: the node matrices first, then one product
+    of the state with the effective queries (module docstring)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -304,6 +313,9 @@ def _verify_tile(
         _issue_first_chunks(state_ring, state_base, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
                             SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)  # the long read first: nothing before it waits
         upcoming = slot_ok  # unread
+    elif Q_EFF:  # the first chunk after the effective queries: held across them, it costs registers
+        state_ring = slot_ok  # unread
+        upcoming = slot_ok
     else:
         state_ring = slot_ok  # unread
         upcoming = _state_chunk(state_base, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
@@ -342,6 +354,24 @@ def _verify_tile(
         chunk = kq_smem.slice(c, CHUNK_K, dim=1)
         gram = mma_v2(chunk.load(A_L), chunk.permute((1, 0)).load(B_L), gram, input_precision="tf32")
 
+    if Q_EFF:  # the stack's query rows become Q_eff = W [k; q], its key rows zero, before the products
+        mix, row_c, grown, kept, beta, links_ok = _node_matrices(
+            gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
+            beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
+            True)
+        eye = gl.arange(0, NODES, layout=ROW_L)[:, None] == gl.arange(0, NODES, layout=COL_L)[None, :]
+        W = gl.where(eye, (kept * row_c)[:, None], 0.0) - mix * gl.convert_layout(beta * grown * row_c, COL_L)[None, :]
+        w_hi, w_lo = _parts(W, A_L, True)
+        stack_b = kq_smem.load(B_L)  # tf32 values already: only W has a rest
+        q_eff = mma_v2(w_lo, stack_b, gl.zeros([NODES, BLOCK_K], gl.float32, layout=MMA), input_precision="tf32")
+        q_eff = mma_v2(w_hi, stack_b, q_eff, input_precision="tf32")
+        gl.thread_barrier()  # every read of the raw stack done
+        kq_smem.store(_rounded(q_eff, True))
+        gl.thread_barrier()
+        if STATE_STAGES == 0:
+            upcoming = _state_chunk(state_base, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
+                                    CHUNK_K, BLOCK_V, LOAD_L)
+
     products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
     for c in gl.static_range(0, BLOCK_K, CHUNK_K):
         if STATE_STAGES > 0:
@@ -358,11 +388,12 @@ def _verify_tile(
             [CHUNK_K, BLOCK_V])
         products = mma_v2(kq_smem.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(state, B_L), products,
                           input_precision="tf32")
-    # after the products: computed before them, the chunks' loads wait in registers (docs/benchmarks.md)
-    mix, row_c, grown, kept, beta, links_ok = _node_matrices(
-        gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
-        beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L)
-    products = products * row_c[:, None]  # K S0 on key rows, Q S0 (scaled) on query rows
+    if not Q_EFF:  # after the products: before them, the chunks' loads wait in registers (docs/benchmarks.md)
+        mix, row_c, grown, kept, beta, links_ok = _node_matrices(
+            gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
+            beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
+            False)
+        products = products * row_c[:, None]  # K S0 on key rows, Q S0 (scaled) on query rows
     stack = gl.arange(0, NODES, layout=ROW_L)
     key_side = stack < HALF
     node = stack % HALF
@@ -374,8 +405,11 @@ def _verify_tile(
     columns = (vv < HEAD_V_DIM)[None, :]
     v = gl.load(v_ptr + row * v_stride_row + head * v_stride_head + (node * v_stride_node)[:, None]
                 + (vv * v_stride_v)[None, :], mask=(real & key_side)[:, None] & columns, other=0.0).to(gl.float32)
-    rhs = beta[:, None] * (v - grown[:, None] * products)
-    o = kept[:, None] * products + _product(mix, rhs, MMA, A_L, B_L, False)
+    if Q_EFF:
+        o = products + _product(mix, beta[:, None] * v, MMA, A_L, B_L, False)
+    else:
+        rhs = beta[:, None] * (v - grown[:, None] * products)
+        o = kept[:, None] * products + _product(mix, rhs, MMA, A_L, B_L, False)
     dst = (out_ptr + row * out_stride_row + head * out_stride_head + (node * out_stride_node)[:, None]
            + (vv * out_stride_v)[None, :])
     store_ok = slot_ok & links_ok
@@ -398,7 +432,7 @@ def _gdn_verify_mma_kernel(
     HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
-    STATE_STAGES: gl.constexpr, PDL: gl.constexpr,
+    STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
     gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
@@ -416,7 +450,8 @@ def _gdn_verify_mma_kernel(
                  beta_stride_row, beta_stride_node, beta_stride_head,
                  ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                  NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
-                 TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, True, PDL)
+                 TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, True, PDL,
+                 Q_EFF)
 
 
 @gluon.jit(do_not_specialize=["num_rows"])
@@ -435,7 +470,7 @@ def _gdn_verify_mma_persistent_kernel(
     HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
-    STATE_STAGES: gl.constexpr, PDL: gl.constexpr,
+    STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr,
 ):
     """_gdn_verify_mma_kernel's tiles of num_rows rows (row-major: a row's heads, then the next row's),
     program_id(0), + num_programs, ... a program, on a grid (programs, 1): a grid of a few programs
@@ -454,4 +489,5 @@ def _gdn_verify_mma_persistent_kernel(
                      beta_stride_row, beta_stride_node, beta_stride_head,
                      ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                      NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
-                     TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, False, PDL)
+                     TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, False, PDL,
+                     Q_EFF)
