@@ -176,7 +176,8 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          # its first state chunks read there too (2); a plain launch (0)
          dict(mma=True, pdl=0), dict(mma=True, pdl=2), dict(mma=True, pdl=2, state_stages=2),
          # the effective queries: the node matrices before one product with the state
-         dict(mma=True, q_eff=True), dict(mma=True, q_eff=True, state_stages=2), dict(mma=True, q_eff=True, pdl=2)]
+         dict(mma=True, q_eff=True), dict(mma=True, q_eff=True, state_stages=2), dict(mma=True, q_eff=True, pdl=2),
+         dict(mma=False, q_eff=False), dict(mma=True, q_eff=False)]  # the stacked products, each kernel
 
 
 def resolved(tuning):

@@ -18,13 +18,24 @@ exp(G_n - G_i) k_i u_i^T): the state is read once and never written.
 The kernel stacks k and q into one [NODES, dk] matrix (rows 0..HALF-1: k of node r, rows
 HALF..: q of node r - HALF; NODES = max(16, 2N) rounded up to a power of two, tl.dot's minimum
 being 16, zero rows beyond N), so that ONE tensor-core product per state tile gives K S0 and
-Q S0 together, and every node matrix is a block of one [NODES, NODES] matrix:
+Q S0 together, and every node matrix is a block of one [NODES, NODES] matrix. The stack holds the
+rows raw (rounded to tf32); their l2 norms, taken of the rounded rows, and the scale are factors on
+the products' rows and columns, so that a query and a key of the same values stay one vector:
 
     gram = [k; q] [k; q]^T         (k.k in the key block, q.k below it)
     mix  = (D * Q K^T) (I + A)^-1   (query rows; zero on key rows)
     O    = diag(exp G) (Q S0) + mix diag(beta) (V - diag(exp G) K S0)   (query rows)
 
 (I + A)^-1 by blocks (_unit_lower_inverse): A is strictly lower triangular, a node's ancestors before it.
+
+With Q_EFF (a float32 state, by default) the two state terms are folded into the queries first:
+
+    O = Q_eff S0 + mix diag(beta) V,   Q_eff = diag(exp G) Q - mix diag(beta exp G) K
+
+(W = [diag(exp G), -mix diag(beta exp G)] times the stack, in 3xTF32: the stack's values are tf32
+already). Where a query retrieves a key its own path just wrote (beta near 1), exp(G) Q S0 and the
+correction's K S0 cancel; here they cancel in float32 before the one tf32 product with the state,
+so the error follows |o| instead of |Q S0|, which a large state makes far larger.
 """
 
 from __future__ import annotations
@@ -67,7 +78,8 @@ MMA_PDL = 1
 # staged and the state is float32; in registers they would wait across the node matrices (10-15%
 # slower), and a bf16 state's 2e-2 tolerance has the stacked products' error to spare.
 MMA_Q_EFF = True
-MMA_Q_EFF_DTYPES = (torch.float32,)
+# Both kernels' effective queries by default for these state dtypes.
+Q_EFF_DTYPES = (torch.float32,)
 
 
 @triton.jit
@@ -164,11 +176,12 @@ def _gdn_verify_kernel(
     slots_stride, parents_stride_row, parents_stride_node,
     NUM_NODES: tl.constexpr, NODES: tl.constexpr, NUM_K_HEADS: tl.constexpr, NUM_V_HEADS: tl.constexpr,
     HEAD_K_DIM: tl.constexpr, HEAD_V_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
-    TREE: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr,
+    TREE: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, Q_EFF: tl.constexpr,
 ):
     """One program: one [BLOCK_K, BLOCK_V] state tile of one value head of one row. Outputs are
     stored only if the row's slot is in [0, num_state_slots) and (trees) every parent link lies in
-    [-1, n-1]; nothing is written otherwise, and no load leaves its tensor."""
+    [-1, n-1]; nothing is written otherwise, and no load leaves its tensor. Q_EFF: the outputs from
+    the effective queries (module docstring)."""
     HALF: tl.constexpr = NODES // 2
     V_BLOCKS: tl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = tl.program_id(0) // V_BLOCKS
@@ -194,8 +207,12 @@ def _gdn_verify_kernel(
     keys = k_ptr + row * k_stride_row + k_head * k_stride_head + (node * k_stride_node)[:, None] + (kk * k_stride_k)[None, :]
     queries = (q_ptr + row * q_stride_row + k_head * q_stride_head + (node * q_stride_node)[:, None]
                + (kk * q_stride_k)[None, :])
-    kq = stack_rows(keys, queries, key_side, real[:, None] & (kk < HEAD_K_DIM)[None, :])
-    kq = _operand(_l2_normalised(kq, L2NORM) * tl.where(key_side, 1.0, scale)[:, None], PRECISION)
+    # the stack raw, as a tensor-core operand; each row's l2 norm (of the rounded row: a query and a
+    # key of the same values stay one vector) and scale a factor on the products' rows and columns
+    kq = _operand(stack_rows(keys, queries, key_side, real[:, None] & (kk < HEAD_K_DIM)[None, :]), PRECISION)
+    row_c = tl.where(key_side, 1.0, scale)
+    if L2NORM:
+        row_c = row_c / tl.sqrt(tl.sum(kq * kq, axis=1) + 1e-6)
     g = floored_log_decay(tl.load(g_ptr + row * g_stride_row + node * g_stride_node + head * g_stride_head,
                                   mask=real, other=0.0).to(tl.float32))
     beta = tl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
@@ -207,26 +224,34 @@ def _gdn_verify_kernel(
     cumulative = tl.sum(tl.where(ancestry, g[None, :], 0.0), axis=1)  # G of node(r)
     decay = tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0))
     decay = tl.where(ancestry, decay, 0.0)  # D, on both sides' rows
-    gram = tl.dot(kq, tl.trans(kq), input_precision=PRECISION)  # (kq: an operand already)
+    gram = tl.dot(kq, tl.trans(kq), input_precision=PRECISION) * row_c[:, None] * row_c[None, :]  # (an operand already)
     eye = (stack[:, None] == stack[None, :]).to(tl.float32)
     A = tl.where(key_side[:, None] & (eye < 0.5), beta[:, None] * decay * gram, 0.0)
-    inverse = _unit_lower_inverse(A, eye, NUM_NODES, PRECISION)  # (I + A)^-1 on the key block, I elsewhere
+    # the node matrices in 3xTF32 where the effective queries need them whole
+    SPLIT: tl.constexpr = "tf32x3" if PRECISION == "tf32" and Q_EFF else PRECISION
+    inverse = _unit_lower_inverse(A, eye, NUM_NODES, SPLIT)  # (I + A)^-1 on the key block, I elsewhere
     queries = tl.where(key_side[:, None], 0.0, decay * gram)
-    if PRECISION == "tf32" and NUM_NODES > 4:  # past 4 nodes near-parallel keys sum up to N terms here
+    if PRECISION == "tf32" and (NUM_NODES > 4 or Q_EFF):  # past 4 nodes near-parallel keys sum up to N terms here
         mix = _dot(queries, inverse, "tf32x3")
     else:
         mix = _dot(queries, inverse, PRECISION)
-    mix = _operand(mix, PRECISION)
     grown = tl.exp(cumulative)[:, None]
     kept = tl.where(key_side[:, None], 0.0, grown)  # diag(exp G) Q S0 on query rows
     store_ok = slot_ok & links_ok
 
     v = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (node * v_stride_node)[:, None]
                 + (vv * v_stride_v)[None, :], mask=(real & key_side)[:, None] & columns, other=0.0).to(tl.float32)
-    # K S0 on key rows, Q S0 on query rows (the state's truncation is the one left: unbiased over dk)
-    products = tl.dot(kq, state, input_precision=PRECISION)
-    rhs = beta[:, None] * (v - grown * products)
-    o = kept * products + tl.dot(mix, _operand(rhs, PRECISION), input_precision=PRECISION)
+    if Q_EFF:  # the query rows of W [k; q], zero key rows; then one product with the state
+        W = (eye * kept - mix * (beta * tl.exp(cumulative))[None, :]) * row_c[None, :]
+        q_eff = _operand(_dot(W, kq, SPLIT), PRECISION)
+        o = (tl.dot(q_eff, state, input_precision=PRECISION)
+             + tl.dot(_operand(mix, PRECISION), _operand(beta[:, None] * v, PRECISION), input_precision=PRECISION))
+    else:
+        mix = _operand(mix, PRECISION)
+        # K S0 on key rows, Q S0 on query rows (the state's truncation is the one left: unbiased over dk)
+        products = tl.dot(kq, state, input_precision=PRECISION) * row_c[:, None]
+        rhs = beta[:, None] * (v - grown * products)
+        o = kept * products + tl.dot(mix, _operand(rhs, PRECISION), input_precision=PRECISION)
     dst = (out_ptr + row * out_stride_row + head * out_stride_head + (node * out_stride_node)[:, None]
            + (vv * out_stride_v)[None, :])
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=tl.where(store_ok, (real & ~key_side)[:, None] & columns, False))
@@ -289,7 +314,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     read after the kernel launched before it finishes; 2, its slots and first state chunks before,
     which that kernel must not write; 0, a plain launch; None: MMA_PDL), q_eff (the mma kernel's
     outputs from the effective queries; None: MMA_Q_EFF where the chunks stage and the state is
-    float32): tuning only."""
+    of Q_EFF_DTYPES; the Triton kernel's, the state of Q_EFF_DTYPES): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -324,7 +349,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         stages = state_stages_for(MMA_STATE_STAGES if state_stages is None else state_stages, block_v, num_warps,
                                   constexprs["BLOCK_K"] // chunk_k, ssm)
         if q_eff is None:
-            q_eff = MMA_Q_EFF and stages > 0 and ssm.dtype in MMA_Q_EFF_DTYPES
+            q_eff = MMA_Q_EFF and stages > 0 and ssm.dtype in Q_EFF_DTYPES
         if state_stages is None and not q_eff:
             stages = 0
         constexprs.update(CHUNK_K=chunk_k, ROUND_KQ=q.dtype == torch.float32 or k.dtype == torch.float32,
@@ -339,6 +364,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
             return KernelCall(gdn_verify_mma._gdn_verify_mma_persistent_kernel, (min(grid[0] * grid[1], persistent), 1),
                               tensors, (*scalars[:2], num_rows, *scalars[2:]), constexprs)
         return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
+    constexprs.update(Q_EFF=ssm.dtype in Q_EFF_DTYPES if q_eff is None else bool(q_eff))
     return KernelCall(_gdn_verify_kernel, grid, tensors, scalars, constexprs)
 
 

@@ -1,8 +1,9 @@
-"""gdn_verify's mma kernel where a state much larger than the outputs cancels against the drafts'
+"""gdn_verify's CUDA kernels where a state much larger than the outputs cancels against the drafts'
 own updates: each node's query its own key, betas of 0.99, the state at 1, 10 and 100 times the
 tests' scale (dk = dv = 128, chains of 4 and topk-3 trees of 8). Prints max error / max |o| against
-the float64 oracle for the stacked products (q_eff off), the effective queries with the chunks in
-registers, and staged (the default for float32 states). Needs a CUDA GPU.
+the float64 oracle for the mma kernel's stacked products (q_eff off), its effective queries with
+the chunks in registers and staged (the default for float32 states), and the Triton kernel's
+stacked products and effective queries (its default for float32 states). Needs a CUDA GPU.
 
     python scripts/gdn_verify_precision.py
 """
@@ -19,8 +20,9 @@ from test_gdn_verify import kernel_runner, make_problem  # noqa: E402
 
 from sgl_convwin import reference  # noqa: E402
 
-TUNINGS = {"stacked": dict(q_eff=False), "q_eff": dict(q_eff=True, state_stages=0),
-           "q_eff staged": dict(q_eff=True, state_stages=2)}
+TUNINGS = {"mma stacked": dict(mma=True, q_eff=False), "mma q_eff": dict(mma=True, q_eff=True, state_stages=0),
+           "mma q_eff staged": dict(mma=True, q_eff=True, state_stages=2),
+           "triton stacked": dict(mma=False, q_eff=False), "triton q_eff": dict(mma=False, q_eff=True)}
 
 
 def main() -> None:
@@ -34,7 +36,7 @@ def main() -> None:
             errors = []
             for name, tuning in TUNINGS.items():
                 out = torch.zeros(v.shape, device="cuda")
-                kernel_runner(True, **tuning)(out, *problem)
+                kernel_runner(**tuning)(out, *problem)
                 errors.append(f"{name} {((out.cpu().double() - want).abs().max() / want.abs().max()).item():.2e}")
             print(f"{'tree' if tree else 'chain'} state x{scale}: error / max |o|: " + ", ".join(errors))
 

@@ -188,19 +188,30 @@ def test_strong_decays(impl, tree):
     check(device, run, [q, k, v, g, beta, *rest])
 
 
-@pytest.mark.gpu
+Q_EFF_RUNNERS = [
+    pytest.param(("cpu", run_public), id="cpu-public"),
+    pytest.param(("cpu", kernel_runner(False)), id="triton-interpret", marks=interpreted),
+    pytest.param(("cuda", run_public), id="cuda", marks=pytest.mark.gpu),
+    pytest.param(("cuda", kernel_runner(False)), id="cuda-triton-kernel", marks=pytest.mark.gpu),
+    pytest.param(("cuda", kernel_runner(True, state_stages=0, q_eff=True)), id="cuda-mma-registers",
+                 marks=pytest.mark.gpu),
+    pytest.param(("cuda", kernel_runner(True, state_stages=2)), id="cuda-mma-staged", marks=pytest.mark.gpu),
+]
+
+
+@pytest.mark.parametrize("impl", Q_EFF_RUNNERS)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-@pytest.mark.parametrize("state_stages", [0, 2])
-def test_cuda_q_eff_state_much_larger_than_outputs(tree, state_stages):
-    """A state 100x the usual scale, each node's query its own key, betas near 1: the output is
-    mostly the value just written, S0^T q two orders larger and cancelled by the node's own update.
-    The mma kernel from the effective queries keeps the error within the tolerance of max |o|; from
-    the stacked products, each rounded to tf32 before the cancellation, it reaches a few 1e-2."""
+def test_state_much_larger_than_outputs(impl, tree):
+    """A float32 state 100x the usual scale, each node's query its own key, betas near 1: the output
+    is mostly the value just written, S0^T q two orders larger and cancelled by the node's own
+    update. The kernels' effective queries (their default for float32 states) keep the error within
+    the tolerance of max |o|; products with the state before the cancellation reach about 1e-2."""
+    device, run = impl
+    head_dim = 128 if device == "cuda" else 64
     q, k, v, g, beta, ssm, slots, parents = make_problem(
-        num_rows=8, num_nodes=8 if tree else 4, head_k_dim=128, head_v_dim=128, num_slots=8,
-        parents=[-1, 0, 0, 0, 1, 1, 1, 4] if tree else None, device="cuda")
-    problem = [k.clone(), k, v, g, torch.full_like(beta, 0.99), ssm * 100, slots, parents]
-    check("cuda", kernel_runner(True, q_eff=True, state_stages=state_stages), problem)
+        num_rows=8 if device == "cuda" else 2, num_nodes=8 if tree else 4, head_k_dim=head_dim, head_v_dim=head_dim,
+        num_slots=8, parents=[-1, 0, 0, 0, 1, 1, 1, 4] if tree else None, device=device)
+    check(device, run, [k.clone(), k, v, g, torch.full_like(beta, 0.99), ssm * 100, slots, parents])
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
@@ -356,7 +367,7 @@ def test_cuda_staged_plan_then_a_misaligned_pool(monkeypatch, state_dtype, offse
     serves a later pool of the same strides that starts 8 (bf16) or 4 (fp32) bytes off: a bf16 one's
     copies of one value, under cp.async's 4 bytes, take the registers instead of failing to compile;
     a float32 one's copies shrink to 4 bytes."""
-    monkeypatch.setattr(triton_kernels().gdn_verify, "MMA_Q_EFF_DTYPES", (torch.float32, torch.bfloat16))
+    monkeypatch.setattr(triton_kernels().gdn_verify, "Q_EFF_DTYPES", (torch.float32, torch.bfloat16))
     sgl_convwin.gdn_verify.eager_plans.clear()
     q, k, v, g, beta, ssm, slots, parents = make_problem(num_rows=128, head_k_dim=128, head_v_dim=128,
                                                          state_dtype=state_dtype, device="cuda")
