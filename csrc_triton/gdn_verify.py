@@ -32,8 +32,8 @@ With Q_EFF (a float32 state, by default) the two state terms are folded into the
 
     O = Q_eff S0 + mix diag(beta) V,   Q_eff = diag(exp G) Q - mix diag(beta exp G) K
 
-(W = [diag(exp G), -mix diag(beta exp G)] times the stack, in 3xTF32: the stack's values are tf32
-already). Where a query retrieves a key its own path just wrote (beta near 1), exp(G) Q S0 and the
+(W = [diag(exp G), -mix diag(beta exp G)] times the stack, in 3xTF32, each column times its row's
+l2-norm and scale factor: the stack's raw values are tf32 already). Where a query retrieves a key its own path just wrote (beta near 1), exp(G) Q S0 and the
 correction's K S0 cancel; here they cancel in float32 before the one tf32 product with the state,
 so the error follows |o| instead of |Q S0|, which a large state makes far larger.
 """
@@ -78,8 +78,11 @@ MMA_PDL = 1
 # staged and the state is float32; in registers they would wait across the node matrices (10-15%
 # slower), and a bf16 state's 2e-2 tolerance has the stacked products' error to spare.
 MMA_Q_EFF = True
-# Both kernels' effective queries by default for these state dtypes.
+# Both kernels' effective queries by default for these state dtypes; the Triton kernel's up to
+# TRITON_Q_EFF_MAX_NODES nodes (past them its W [k; q] product spills, past 32 it overflows shared
+# memory).
 Q_EFF_DTYPES = (torch.float32,)
+TRITON_Q_EFF_MAX_NODES = 8
 
 
 @triton.jit
@@ -311,10 +314,12 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     under 4 bytes: registers), persistent (the mma kernel on that many programs, each taking tiles until none is
     left -- a few an SM cap how many share one; None: a program a tile), maxnreg (the mma kernel's
     register cap), pdl (the mma kernel launched as a programmatic dependent, sm_90+: 1, everything
-    read after the kernel launched before it finishes; 2, its slots and first state chunks before,
-    which that kernel must not write; 0, a plain launch; None: MMA_PDL), q_eff (the mma kernel's
+    read after the kernel launched before it finishes; 2, its slots and first state chunks (only the
+    slots with the effective queries in registers) before, which that kernel must not write; 0, a
+    plain launch; None: MMA_PDL), q_eff (the mma kernel's
     outputs from the effective queries; None: MMA_Q_EFF where the chunks stage and the state is
-    of Q_EFF_DTYPES; the Triton kernel's, the state of Q_EFF_DTYPES): tuning only."""
+    of Q_EFF_DTYPES; the Triton kernel's, the state of Q_EFF_DTYPES and at most
+    TRITON_Q_EFF_MAX_NODES nodes): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -352,7 +357,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
             q_eff = MMA_Q_EFF and stages > 0 and ssm.dtype in Q_EFF_DTYPES
         if state_stages is None and not q_eff:
             stages = 0
-        constexprs.update(CHUNK_K=chunk_k, ROUND_KQ=q.dtype == torch.float32 or k.dtype == torch.float32,
+        half = (torch.bfloat16, torch.float16)  # (exact in tf32; wider q or k rounded to it first)
+        constexprs.update(CHUNK_K=chunk_k, ROUND_KQ=not (q.dtype in half and k.dtype in half),
                           WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3),
                           STATE_STAGES=stages, Q_EFF=bool(q_eff))
         if maxnreg is not None:
@@ -364,7 +370,9 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
             return KernelCall(gdn_verify_mma._gdn_verify_mma_persistent_kernel, (min(grid[0] * grid[1], persistent), 1),
                               tensors, (*scalars[:2], num_rows, *scalars[2:]), constexprs)
         return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
-    constexprs.update(Q_EFF=ssm.dtype in Q_EFF_DTYPES if q_eff is None else bool(q_eff))
+    if q_eff is None:
+        q_eff = ssm.dtype in Q_EFF_DTYPES and num_nodes <= TRITON_Q_EFF_MAX_NODES
+    constexprs.update(Q_EFF=bool(q_eff))
     return KernelCall(_gdn_verify_kernel, grid, tensors, scalars, constexprs)
 
 
@@ -388,7 +396,8 @@ def planned_gdn_verify(out, q, k, v, g, beta, ssm, state_slots, parents, *, scal
         return run
     # a later pool of these strides may start off 16 bytes: its copies of one value, under cp.async's 4
     unstaged = planned_launch(_verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, scale=scale,
-                                           use_qk_l2norm=use_qk_l2norm, state_stages=0))
+                                           use_qk_l2norm=use_qk_l2norm, state_stages=0,
+                                           q_eff=call.constexprs["Q_EFF"]))
 
     def run_staged(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm):
         (unstaged if ssm.data_ptr() & 15 else launch)(out, q, k, v, g, beta, ssm, state_slots,

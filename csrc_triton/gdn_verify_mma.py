@@ -271,7 +271,7 @@ def _verify_tile(
     program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
     their column blocks, then the next row's). PDL 1: everything read once the kernel launched
     before this one has finished; 2: the slot and the state's first chunks before that (that
-    kernel must write neither), the rest after. Q_EFF: the node matrices first, then one product
+    kernel must write neither; only the slot with Q_EFF in registers), the rest after. Q_EFF: the node matrices first, then one product
     of the state with the effective queries (module docstring)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
@@ -362,7 +362,7 @@ def _verify_tile(
         eye = gl.arange(0, NODES, layout=ROW_L)[:, None] == gl.arange(0, NODES, layout=COL_L)[None, :]
         W = gl.where(eye, (kept * row_c)[:, None], 0.0) - mix * gl.convert_layout(beta * grown * row_c, COL_L)[None, :]
         w_hi, w_lo = _parts(W, A_L, True)
-        stack_b = kq_smem.load(B_L)  # tf32 values already: only W has a rest
+        stack_b = kq_smem.load(B_L)  # tf32 values already (ROUND_KQ): only W has a rest
         q_eff = mma_v2(w_lo, stack_b, gl.zeros([NODES, BLOCK_K], gl.float32, layout=MMA), input_precision="tf32")
         q_eff = mma_v2(w_hi, stack_b, q_eff, input_precision="tf32")
         gl.thread_barrier()  # every read of the raw stack done

@@ -52,7 +52,10 @@ IMPLS = [
     # both CUDA kernels whatever the batch (the launcher picks by batch size and node count)
     pytest.param(("cuda", kernel_runner(True)), id="cuda-mma-kernel", marks=pytest.mark.gpu),
     pytest.param(("cuda", kernel_runner(False)), id="cuda-triton-kernel", marks=pytest.mark.gpu),
-    pytest.param(("cuda", kernel_runner(True, q_eff=True)), id="cuda-mma-q-eff", marks=pytest.mark.gpu),
+    # the stacked products (the effective queries are each kernel's default for float32 states)
+    pytest.param(("cpu", kernel_runner(False, q_eff=False)), id="triton-interpret-stacked", marks=interpreted),
+    pytest.param(("cuda", kernel_runner(True, q_eff=False)), id="cuda-mma-stacked", marks=pytest.mark.gpu),
+    pytest.param(("cuda", kernel_runner(False, q_eff=False)), id="cuda-triton-stacked", marks=pytest.mark.gpu),
 ]
 
 
@@ -191,7 +194,6 @@ def test_strong_decays(impl, tree):
 Q_EFF_RUNNERS = [
     pytest.param(("cpu", run_public), id="cpu-public"),
     pytest.param(("cpu", kernel_runner(False)), id="triton-interpret", marks=interpreted),
-    pytest.param(("cuda", run_public), id="cuda", marks=pytest.mark.gpu),
     pytest.param(("cuda", kernel_runner(False)), id="cuda-triton-kernel", marks=pytest.mark.gpu),
     pytest.param(("cuda", kernel_runner(True, state_stages=0, q_eff=True)), id="cuda-mma-registers",
                  marks=pytest.mark.gpu),
@@ -212,6 +214,23 @@ def test_state_much_larger_than_outputs(impl, tree):
         num_rows=8 if device == "cuda" else 2, num_nodes=8 if tree else 4, head_k_dim=head_dim, head_v_dim=head_dim,
         num_slots=8, parents=[-1, 0, 0, 0, 1, 1, 1, 4] if tree else None, device=device)
     check(device, run, [k.clone(), k, v, g, torch.full_like(beta, 0.99), ssm * 100, slots, parents])
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
+def test_triton_kernel_q_eff_plans():
+    """The Triton kernel's effective queries: by default for a float32 state up to
+    TRITON_Q_EFF_MAX_NODES nodes (past them its W [k; q] product spills, past 32 nodes it would not
+    fit shared memory), never for a bf16 one; asked for, whatever the sizes."""
+    module = triton_kernels().gdn_verify
+
+    def plan(num_nodes, state_dtype=torch.float32, **tuning):
+        q, k, v, g, beta, ssm, slots, parents = make_problem(num_nodes=num_nodes, state_dtype=state_dtype)
+        return module._verify_call(torch.empty(v.shape), q, k, v, g, beta, ssm, slots, parents, scale=0.25,
+                                   use_qk_l2norm=True, mma=False, **tuning).constexprs["Q_EFF"]
+
+    most = module.TRITON_Q_EFF_MAX_NODES
+    assert [plan(most), plan(most + 1), plan(64), plan(4, torch.bfloat16)] == [True, False, False, False]
+    assert [plan(4, q_eff=False), plan(64, q_eff=True)] == [False, True]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs Triton")
