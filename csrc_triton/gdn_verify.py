@@ -33,9 +33,10 @@ With Q_EFF (a float32 state, by default) the two state terms are folded into the
     O = Q_eff S0 + mix diag(beta) V,   Q_eff = diag(exp G) Q - mix diag(beta exp G) K
 
 (W = [diag(exp G), -mix diag(beta exp G)] times the stack, in 3xTF32, each column times its row's
-l2-norm and scale factor: the stack's raw values are tf32 already). Where a query retrieves a key its own path just wrote (beta near 1), exp(G) Q S0 and the
-correction's K S0 cancel; here they cancel in float32 before the one tf32 product with the state,
-so the error follows |o| instead of |Q S0|, which a large state makes far larger.
+l2-norm and scale factor: the stack's raw values are tf32 already). Where a query retrieves a key
+its own path just wrote (beta near 1), exp(G) Q S0 and the correction's K S0 cancel; here they
+cancel in float32 before the one tf32 product with the state, so the error follows |o| instead of
+|Q S0|, which a large state makes far larger.
 """
 
 from __future__ import annotations
@@ -227,7 +228,7 @@ def _gdn_verify_kernel(
     cumulative = tl.sum(tl.where(ancestry, g[None, :], 0.0), axis=1)  # G of node(r)
     decay = tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0))
     decay = tl.where(ancestry, decay, 0.0)  # D, on both sides' rows
-    gram = tl.dot(kq, tl.trans(kq), input_precision=PRECISION) * row_c[:, None] * row_c[None, :]  # (an operand already)
+    gram = tl.dot(kq, tl.trans(kq), input_precision=PRECISION) * row_c[:, None] * row_c[None, :]
     eye = (stack[:, None] == stack[None, :]).to(tl.float32)
     A = tl.where(key_side[:, None] & (eye < 0.5), beta[:, None] * decay * gram, 0.0)
     # the node matrices in 3xTF32 where the effective queries need them whole
@@ -311,15 +312,15 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     kernel's), chunk_k (state rows per load of the mma kernel, a power of two >= 16; None:
     MMA_CHUNK_K, twice that for a 2-byte state), state_stages (the mma kernel's chunks through
     shared memory, that many in flight; None: MMA_STATE_STAGES under q_eff, else 0; 0, or copies
-    under 4 bytes: registers), persistent (the mma kernel on that many programs, each taking tiles until none is
-    left -- a few an SM cap how many share one; None: a program a tile), maxnreg (the mma kernel's
-    register cap), pdl (the mma kernel launched as a programmatic dependent, sm_90+: 1, everything
-    read after the kernel launched before it finishes; 2, its slots and first state chunks (only the
-    slots with the effective queries in registers) before, which that kernel must not write; 0, a
-    plain launch; None: MMA_PDL), q_eff (the mma kernel's
-    outputs from the effective queries; None: MMA_Q_EFF where the chunks stage and the state is
-    of Q_EFF_DTYPES; the Triton kernel's, the state of Q_EFF_DTYPES and at most
-    TRITON_Q_EFF_MAX_NODES nodes): tuning only."""
+    under 4 bytes: registers), persistent (the mma kernel on that many programs, each taking tiles
+    until none is left -- a few an SM cap how many share one; None: a program a tile), maxnreg (the
+    mma kernel's register cap), pdl (the mma kernel launched as a programmatic dependent, sm_90+: 1,
+    everything read after the kernel launched before it finishes; 2, its slots and first state
+    chunks (only the slots with the effective queries in registers) before, which that kernel must
+    not write; 0, a plain launch; None: MMA_PDL), q_eff (the outputs from the effective queries;
+    None: the mma kernel's where MMA_Q_EFF, the chunks stage and the state is of Q_EFF_DTYPES, the
+    Triton kernel's where the state is of Q_EFF_DTYPES and the nodes at most
+    TRITON_Q_EFF_MAX_NODES): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:

@@ -271,8 +271,9 @@ def _verify_tile(
     program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
     their column blocks, then the next row's). PDL 1: everything read once the kernel launched
     before this one has finished; 2: the slot and the state's first chunks before that (that
-    kernel must write neither; only the slot with Q_EFF in registers), the rest after. Q_EFF: the node matrices first, then one product
-    of the state with the effective queries (module docstring)."""
+    kernel must write neither; only the slot with Q_EFF in registers), the rest after. Q_EFF: the
+    node matrices first, then one product of the state with the effective queries (module
+    docstring)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)

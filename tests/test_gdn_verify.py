@@ -329,13 +329,12 @@ def test_mma_launch_plans():
         assert plan(problem, state_stages=stages, chunk_k=chunk_k).constexprs["STATE_STAGES"] == want
     # the effective queries by default where the chunks stage and the state is float32; the stacked
     # products keep their chunks in registers unless asked
+    bf16_pool = make_problem(head_k_dim=64, head_v_dim=64, state_dtype=torch.bfloat16)
     for pool, tuning, want in ((problem, {}, (True, 2)), (problem, dict(q_eff=False), (False, 0)),
                                (problem, dict(q_eff=False, state_stages=3), (False, 2)),
                                (problem, dict(state_stages=0), (False, 0)),
                                (problem, dict(q_eff=True, state_stages=0), (True, 0)),
-                               (make_problem(head_k_dim=64, head_v_dim=64, state_dtype=torch.bfloat16), {}, (False, 0)),
-                               (make_problem(head_k_dim=64, head_v_dim=64, state_dtype=torch.bfloat16), dict(q_eff=True),
-                                (True, 1))):
+                               (bf16_pool, {}, (False, 0)), (bf16_pool, dict(q_eff=True), (True, 1))):
         call = plan(pool, **tuning)
         assert (call.constexprs["Q_EFF"], call.constexprs["STATE_STAGES"]) == want, tuning
     for dtype, transposed, want in ((torch.float32, True, 2), (torch.bfloat16, False, 2), (torch.bfloat16, True, 0)):
