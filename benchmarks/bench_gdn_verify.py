@@ -59,9 +59,10 @@ def read_ceiling_gbps() -> float:
     return src.numel() * 4 / (ms * 1e-3) / 1e9
 
 
-def verify_problem(shapes: Shapes, batch: int, tree: bool, state_dtype, device, seed=0):
+def verify_problem(shapes: Shapes, batch: int, tree: bool, state_dtype, device, seed=0, transposed=False):
     """All layers' verify inputs: q, k, v views of one bf16 conv output [L, B, N, dim], g, beta [L, B, N, Hv]
-    fp32, the state pools [L, B, Hv, dk, dv] (slots a permutation), out [L, B, N, Hv, dv] bf16."""
+    fp32, the state pools [L, B, Hv, dk, dv] (slots a permutation; transposed: stored [.., dv, dk], the
+    engines' layout, and passed transposed), out [L, B, N, Hv, dv] bf16."""
     L, Hk, Hv, dk, dv = shapes.layers, shapes.k_heads, shapes.v_heads, shapes.head_k, shapes.head_v
     num_nodes = len(TREE_PARENTS) if tree else shapes.num_draft
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -76,7 +77,8 @@ def verify_problem(shapes: Shapes, batch: int, tree: bool, state_dtype, device, 
         v=mixed[..., 2 * kw:].unflatten(-1, (Hv, dv)),
         g=-torch.nn.functional.softplus(normal(L, batch, num_nodes, Hv)) * 0.5,
         beta=torch.sigmoid(normal(L, batch, num_nodes, Hv)),
-        ssm=normal(L, batch, Hv, dk, dv, std=0.1).to(state_dtype),
+        ssm=(normal(L, batch, Hv, dv, dk, std=0.1).to(state_dtype).transpose(-1, -2) if transposed
+             else normal(L, batch, Hv, dk, dv, std=0.1).to(state_dtype)),
         slots=torch.randperm(batch, device="cpu").to(device),
         parents=torch.tensor([TREE_PARENTS] * batch, device=device) if tree else None,
         out=torch.zeros(L, batch, num_nodes, Hv, dv, dtype=torch.bfloat16, device=device),
@@ -199,17 +201,17 @@ def registers(p, tuning):
     return compiled.n_regs, compiled.n_spills
 
 
-def sweep(shapes, batches, state_dtype, tunings):
-    """gdn_verify's launcher at each tile choice, graph replay per step."""
+def sweep(shapes, batches, state_dtype, tunings, transposed=False):
+    """gdn_verify's launcher at each tile choice, graph replay per step (transposed: verify_problem's)."""
     launch = sgl_convwin._kernels.triton_kernels().launch_gdn_verify
     reads = {}  # B -> the plain read's time (the same bytes for chains and trees)
     print("\n" + markdown_header("mode", "B", "tuning", "graph (us)", "of read floor", "registers / spilled"))
     for tree in (False, True):
         for batch in batches:
-            p = verify_problem(shapes, batch, tree, state_dtype, "cuda", seed=batch)
+            p = verify_problem(shapes, batch, tree, state_dtype, "cuda", seed=batch, transposed=transposed)
             floor = state_read_bytes(shapes, batch, p["ssm"].element_size()) / (READ_GBPS * 1e9) * 1e6
-            if batch not in reads:
-                reads[batch] = time_fn(layer_reads_fn(p["ssm"]))[1]
+            if batch not in reads:  # (a transposed pool's storage: the same bytes)
+                reads[batch] = time_fn(layer_reads_fn(p["ssm"].transpose(-1, -2) if transposed else p["ssm"]))[1]
             read_us = reads[batch]
             print(markdown_row("tree" if tree else "chain", batch, "plain read of the pools, a launch a layer",
                                f"{read_us:.1f}", f"{floor / read_us:.1%}", "-"), flush=True)
@@ -241,6 +243,8 @@ def main(argv=None) -> int:
     parser.add_argument("--state-dtype", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--sweep", action="store_true", help="time the launcher's tile choices instead")
     parser.add_argument("--only", type=int, nargs="+", help="with --sweep: these entries of SWEEP only")
+    parser.add_argument("--transposed", action="store_true",
+                        help="with --sweep: the pools stored [.., dv, dk] and passed transposed (the engines' layout)")
     parser.add_argument("--check", action="store_true", help="check the timed calls against the oracle and exit")
     parser.add_argument("--no-step", action="store_true", help="skip the whole-step table (commits)")
     args = parser.parse_args(argv)
@@ -248,13 +252,16 @@ def main(argv=None) -> int:
         return 0 if check("cuda" if torch.cuda.is_available() else "cpu") else 1
     if not torch.cuda.is_available():
         parser.error("timing needs a CUDA device (--check runs on the CPU)")
+    if args.transposed and not args.sweep:
+        parser.error("--transposed is a --sweep option")
     state_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.state_dtype]
     shapes = Shapes()
     READ_GBPS = read_ceiling_gbps()
     print(environment_line(), flush=True)
     print(f"read ceiling {READ_GBPS:.0f} GB/s; shapes {shapes}; state {args.state_dtype}", flush=True)
     if args.sweep:
-        sweep(shapes, args.batches, state_dtype, SWEEP if args.only is None else [SWEEP[i] for i in args.only])
+        sweep(shapes, args.batches, state_dtype, SWEEP if args.only is None else [SWEEP[i] for i in args.only],
+              args.transposed)
         return 0
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule

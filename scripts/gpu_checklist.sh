@@ -44,7 +44,8 @@
 #             bf16), then mamba2_verify with pdl; each table beside a plain read of the pools, a launch a layer
 #   qeff      gdn_verify's effective queries (both kernels' default for float32 states; the Triton kernel's never run
 #             on a GPU): its GPU tests, scripts/gdn_verify_precision.py, then each kernel with and without them
-#             (bench_gdn_verify.py --sweep, B = 1 .. 256)
+#             (bench_gdn_verify.py --sweep, B = 1 .. 256), and the mma kernel's both forms on pools stored
+#             transposed (the engines' layout; never timed: the staged chunks by one-element cp.async)
 #   floor     the log decays' floor (LOG_DECAY_FLOOR, every chunked kernel; never run on a GPU): the strong-decay
 #             tests of the verifies and both rings (ops and kernels); floorsan: memcheck + racecheck over the verifies' ones
 #   treewalk  the tree walks on registers (2632c4d; run 2026-12-04, docs/benchmarks.md): the GPU tests of
@@ -258,9 +259,12 @@ for phase in "$@"; do
               tail -2 "$out/gpu_tests_qeff.log"
               timeout 60 python3 scripts/gdn_verify_precision.py > "$out/precision.log" 2>&1 || rc=1
               cat "$out/precision.log"
-              timeout 200 python3 benchmarks/bench_gdn_verify.py --sweep --only 0 27 28 --batches 1 8 64 256 \
+              timeout 180 python3 benchmarks/bench_gdn_verify.py --sweep --only 0 27 28 --batches 1 8 64 256 \
                 > "$out/sweep_qeff.log" 2>&1 || rc=1
-              grep '^|' "$out/sweep_qeff.log" ;;
+              grep '^|' "$out/sweep_qeff.log"
+              timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --only 28 --batches 64 256 --transposed \
+                > "$out/sweep_qeff_transposed.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_qeff_transposed.log" ;;
     floorsan) mkdir -p "$out/floorsan"
               SANITIZE_TIMEOUT=150 SANITIZE_TESTS="tests/test_gdn_verify.py tests/test_mamba2_verify.py" \
                 SANITIZE_K="strong_decays" bash scripts/gpu_sanitize.sh "$out/floorsan"; rc=$? ;;
