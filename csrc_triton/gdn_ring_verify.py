@@ -472,7 +472,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     verify_nodes = max(RING_MMA_SMALL_NODES, next_power_of_2(verify_keys + num_nodes))
     small_cap, other_cap = (dict(maxnreg=n) if n else {} for n in (maxnreg if isinstance(maxnreg, tuple)
                                                                     else (maxnreg, maxnreg)))
-    stages = state_stages_for(state_stages, block_v, num_warps, chunk.constexprs["BLOCK_K"] // chunk_k, ssm)
+    stages = state_stages_for(state_stages, block_v, num_warps, chunk_k, chunk.constexprs["BLOCK_K"], ssm)
     kinds = (*(((0, RING_MMA_SMALL_NODES, small_cap),) if small and not merged else ()),
              (3 if small and merged else 1, verify_nodes, other_cap))
     fold = _mma_fold_call(chunk, ssm, constexprs, fold_warps or num_warps, fold_block_v or block_v, fold_maxnreg,
@@ -513,7 +513,7 @@ def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnre
     tiles = constexprs["NUM_V_HEADS"] * cdiv(constexprs["HEAD_V_DIM"], fold_block_v)
     tiles_a_program, programs = programs_walking("gdn_ring_verify_mma", tiles, tiles_a_program)
     grid = (programs, *chunk.grid[1:])
-    stages = state_stages_for(state_stages, fold_block_v, fold_warps, constexprs["BLOCK_K"] // chunk_k, ssm)
+    stages = state_stages_for(state_stages, fold_block_v, fold_warps, chunk_k, constexprs["BLOCK_K"], ssm)
     nodes = max(RING_MMA_SMALL_NODES, next_power_of_2(constexprs["MAX_PENDING"]))
     return KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors, chunk.scalars,
                       dict(constexprs, KIND=2, NODES=nodes, WARPS=fold_warps, num_warps=fold_warps,

@@ -27,8 +27,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .gdn_verify_mma import (_floored_log_decay, _issue_first_chunks, _mma, _parent_of, _parts, _product, _rounded,
-                             _staged_chunk, _state_chunk, _unit_lower_inverse)
+from .gdn_verify_mma import (_floored_log_decay, _issue_first_chunks, _k_contiguous, _mma, _parent_of, _parts,
+                             _product, _rounded, _staged_chunk, _state_chunk, _state_copy_layout, _state_ring_layout,
+                             _unit_lower_inverse)
 
 
 @gluon.jit
@@ -141,6 +142,9 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     COL_L: gl.constexpr = gl.SliceLayout(0, MMA)
     TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
     LOAD_L: gl.constexpr = gl.BlockedLayout([1, TILES], [4, 8], [1, WARPS], [0, 1])
+    # the chunks' copies and the folds' stores: whole lines down the rows where they are contiguous
+    COPY_L: gl.constexpr = _state_copy_layout(LOAD_L, _k_contiguous(SSM_STRIDE_K, SSM_STRIDE_V),
+                                              ssm_ptr.dtype.element_ty.primitive_bitwidth, CHUNK_K, WARPS)
     # a warp over whole rows of the stack: each channel vector (weights, window columns) 4 a thread
     STACK_COLUMNS: gl.constexpr = min(32, BLOCK_K // 4)
     STACK_L: gl.constexpr = gl.BlockedLayout([1, 4], [32 // STACK_COLUMNS, STACK_COLUMNS], [WARPS, 1], [1, 0])
@@ -151,7 +155,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     STAGES: gl.constexpr = min(STATE_STAGES, CHUNKS)
     if STATE_STAGES > 0:  # the long read first, into shared memory: no register holds it meanwhile
         _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
-                            SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+                            SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L)
         upcoming = live  # unread
     else:
         upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
@@ -214,7 +218,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     for c in gl.static_range(0, BLOCK_K, CHUNK_K):
         if STATE_STAGES > 0:
             state = _staged_chunk(state_ring, state_base, live, v0, c, STAGES, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K,
-                                  SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+                                  SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L, COPY_L)
         else:
             state = upcoming
             if c + CHUNK_K < BLOCK_K:
@@ -328,19 +332,19 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
         total = gl.sum(gl.where(c_pending, g_col, 0.0), axis=0)
         weighted = updates * gl.where(r_pending, gl.exp(total - cumulative), 0.0)[:, None]
         w_hi, w_lo = _parts(weighted, B_L, SPLIT)
-        vl = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, LOAD_L))
+        vl = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, COPY_L))
         for k0 in gl.static_range(0, BLOCK_K, CHUNK_K):
             keys_t = kq_hi.slice(k0, CHUNK_K, dim=1).permute((1, 0))
             rests_t = kq_lo.slice(k0, CHUNK_K, dim=1).permute((1, 0))
             acc = _mma(keys_t.load(A_L), rests_t.load(A_L), w_hi, w_lo,
                        gl.zeros([CHUNK_K, BLOCK_V], gl.float32, layout=MMA), SPLIT)
             # back to the tile's own column order: whole-line loads and stores, as the state's reads
-            acc = gl.convert_layout(_columns_natural(acc, WARPS, TILES), LOAD_L)
-            kk = k0 + gl.arange(0, CHUNK_K, layout=gl.SliceLayout(1, LOAD_L))
+            acc = gl.convert_layout(_columns_natural(acc, WARPS, TILES), COPY_L)
+            kk = k0 + gl.arange(0, CHUNK_K, layout=gl.SliceLayout(1, COPY_L))
             tile = state_base + (kk * SSM_STRIDE_K)[:, None] + (vl * SSM_STRIDE_V)[None, :]
             mask = live & (kk < HEAD_K_DIM)[:, None] & (vl < HEAD_V_DIM)[None, :]
             if STAGES == CHUNKS and STATE_STAGES > 0:  # the whole tile still in shared memory, every copy landed
-                before = state_ring.index(k0 // CHUNK_K).load(LOAD_L).to(gl.float32)
+                before = state_ring.index(k0 // CHUNK_K).load(COPY_L).to(gl.float32)
             else:
                 before = gl.load(tile, mask=mask, other=0.0).to(gl.float32)
             gl.store(tile, (gl.exp(total) * before + acc).to(ssm_ptr.dtype.element_ty), mask=mask)
@@ -402,8 +406,10 @@ def _gdn_ring_verify_mma_kernel(
     ring = gl.where(live, ring, 0)
     slot = gl.where(live, slot, 0)
     if STATE_STAGES > 0:  # 16-byte units XOR-swizzled by row: a warp's rows of a load on distinct banks
-        state_ring = gl.allocate_shared_memory(ssm_ptr.dtype.element_ty, [STATE_STAGES, CHUNK_K, BLOCK_V],
-                                               gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
+        state_ring = gl.allocate_shared_memory(
+            ssm_ptr.dtype.element_ty, [STATE_STAGES, CHUNK_K, BLOCK_V],
+            _state_ring_layout(gl.SwizzledSharedLayout(4, 1, 8, [1, 0]), _k_contiguous(SSM_STRIDE_K, SSM_STRIDE_V),
+                               ssm_ptr.dtype.element_ty.primitive_bitwidth, CHUNK_K, BLOCK_V // (8 * WARPS)))
     else:
         state_ring = live  # unread
     start = gl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(gl.int64)

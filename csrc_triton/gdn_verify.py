@@ -284,17 +284,26 @@ def check_mma_tiles(op: str, block_v: int, num_warps: int, chunk_k: int) -> None
                          f"warps and chunk_k >= {MIN_DOT}; got block_v {block_v}, {num_warps} warps, chunk_k {chunk_k}")
 
 
-def state_stages_for(state_stages: int, block_v: int, num_warps: int, chunks: int, ssm) -> int:
-    """The mma kernels' state_stages, at most ``chunks`` (a tile's chunks of rows), where each
-    thread's cp.async is of 4 bytes or more -- its run of a chunk row, block_v / (8 warps) elements
-    where the columns are contiguous and the pool and its strides aligned as Triton sees them, else
-    one element -- or 0 (the chunks through registers)."""
+def state_stages_for(state_stages: int, block_v: int, num_warps: int, chunk_k: int, block_k: int, ssm) -> int:
+    """The mma kernels' state_stages, at most the tile's block_k // chunk_k chunks of rows, where
+    each thread's cp.async is of 4 bytes or more, or 0 (the chunks through registers). Its copy:
+    where the value columns are contiguous, its run of a chunk row, block_v / (8 warps) elements;
+    where the rows are (a transposed pool), 16 bytes down a column, the warp's lanes over whole
+    128-byte segments of chunk_k rows (gdn_verify_mma._state_copy_layout); one element where the
+    pool or its strides are not aligned as Triton sees them."""
     size = ssm.element_size()
+    k_contiguous = ssm.stride(-2) == 1 and ssm.stride(-1) != 1
     # (Triton takes a runtime stride as aligned only at a multiple of 16 elements; dk's is a constexpr)
     aligned = (ssm.data_ptr() % 16 == 0 and all(stride % 16 == 0 for stride in ssm.stride()[:-2])
-               and ssm.stride(-2) * size % 16 == 0)
-    run = block_v // (8 * num_warps) if ssm.stride(-1) == 1 and aligned else 1
-    return min(int(state_stages), chunks) if run * size >= 4 else 0
+               and ssm.stride(-1 if k_contiguous else -2) * size % 16 == 0)
+    if k_contiguous:
+        lanes_k = min(32, chunk_k * size // 16)
+        if lanes_k < 1 or (32 // lanes_k) * num_warps > block_v:
+            return 0  # (a lane would copy what another does)
+        run = 16 // size if aligned else 1
+    else:
+        run = block_v // (8 * num_warps) if ssm.stride(-1) == 1 and aligned else 1
+    return min(int(state_stages), block_k // chunk_k) if run * size >= 4 else 0
 
 
 def _mma_kernel_runs_on(ssm) -> bool:
@@ -353,11 +362,11 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         chunk_k = min(chunk_k or MMA_CHUNK_K * 4 // ssm.element_size(), constexprs["BLOCK_K"])
         check_mma_tiles("convwin.gdn_verify", block_v, num_warps, chunk_k)
         stages = state_stages_for(MMA_STATE_STAGES if state_stages is None else state_stages, block_v, num_warps,
-                                  constexprs["BLOCK_K"] // chunk_k, ssm)
+                                  chunk_k, constexprs["BLOCK_K"], ssm)
         if q_eff is None:
             q_eff = MMA_Q_EFF and stages > 0 and ssm.dtype in Q_EFF_DTYPES
-        if state_stages is None and not q_eff:
-            stages = 0
+        if state_stages is None and not q_eff and ssm.stride(-1) == 1:
+            stages = 0  # (a transposed pool's chunks stay staged: in registers its loads are of one element)
         half = (torch.bfloat16, torch.float16)  # (exact in tf32; wider q or k rounded to it first)
         constexprs.update(CHUNK_K=chunk_k, ROUND_KQ=not (q.dtype in half and k.dtype in half),
                           WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3),

@@ -102,14 +102,44 @@ def _state_chunk(state_base, first, slot_ok, v0, HEAD_K_DIM: gl.constexpr, HEAD_
     return gl.load(tile, mask=mask, other=0.0).to(gl.float32)
 
 
+@gluon.constexpr_function
+def _k_contiguous(stride_k, stride_v):
+    """Whether a pool's state rows are contiguous ([.., dv, dk] storage passed transposed, the
+    engines' layout) rather than its value columns."""
+    return stride_k == 1 and stride_v != 1
+
+
+@gluon.constexpr_function
+def _state_copy_layout(load_layout, k_contiguous, element_bits, chunk_k, warps):
+    """The layout of a state chunk's cp.async: load_layout (a thread's run of value columns) where
+    the columns are contiguous; where the rows are, 16-byte runs down a column, a warp's lanes over
+    whole 128-byte column segments (state_stages_for checks that it fits the chunk)."""
+    if not k_contiguous:
+        return load_layout
+    vec = 128 // element_bits
+    lanes_k = max(1, min(32, chunk_k // vec))
+    return gl.BlockedLayout([vec, 1], [lanes_k, 32 // lanes_k], [1, warps], [0, 1])
+
+
+@gluon.constexpr_function
+def _state_ring_layout(row_layout, k_contiguous, element_bits, chunk_k, run):
+    """The shared layout of the chunks' ring: row_layout where the value columns are contiguous;
+    where the rows are, column-major with its 16-byte units XOR-swizzled by column run (``run``:
+    the columns a thread reads in a row), so that the lanes' reads of one row hit distinct banks."""
+    if not k_contiguous:
+        return row_layout
+    return gl.SwizzledSharedLayout(128 // element_bits, run, max(1, min(8, chunk_k * element_bits // 128)), [0, 1])
+
+
 @gluon.jit
 def _issue_state_chunk(slot, state_base, first, live, v0, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
                        SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, CHUNK_K: gl.constexpr,
-                       BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr):
+                       BLOCK_V: gl.constexpr, COPY_L: gl.constexpr):
     """State rows first .. first + CHUNK_K - 1 of the tile copied into shared memory ``slot`` by
-    cp.async, one commit group (zeros outside the tile or for a row not live)."""
-    kk = first + gl.arange(0, CHUNK_K, layout=gl.SliceLayout(1, LOAD_L))
-    vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, LOAD_L))
+    cp.async in COPY_L (_state_copy_layout), one commit group (zeros outside the tile or for a row
+    not live)."""
+    kk = first + gl.arange(0, CHUNK_K, layout=gl.SliceLayout(1, COPY_L))
+    vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, COPY_L))
     async_copy.async_copy_global_to_shared(
         slot, state_base + (kk * SSM_STRIDE_K)[:, None] + (vv * SSM_STRIDE_V)[None, :],
         mask=live & (kk < HEAD_K_DIM)[:, None] & (vv < HEAD_V_DIM)[None, :])
@@ -119,21 +149,21 @@ def _issue_state_chunk(slot, state_base, first, live, v0, HEAD_K_DIM: gl.constex
 @gluon.jit
 def _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
                         BLOCK_K: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
-                        CHUNK_K: gl.constexpr, BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr):
+                        CHUNK_K: gl.constexpr, BLOCK_V: gl.constexpr, COPY_L: gl.constexpr):
     """The tile's first chunks of rows issued into the ring's slots (_staged_chunk's ring), one each."""
     for i in gl.static_range(min(state_ring.shape[0], BLOCK_K // CHUNK_K)):
         _issue_state_chunk(state_ring.index(i), state_base, i * CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM,
-                           SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+                           SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L)
 
 
 @gluon.jit
 def _staged_chunk(state_ring, state_base, live, v0, FIRST: gl.constexpr, STAGES: gl.constexpr,
                   HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr,
                   SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, CHUNK_K: gl.constexpr,
-                  BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr):
+                  BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr, COPY_L: gl.constexpr):
     """State rows FIRST .. FIRST + CHUNK_K - 1 of the tile, fp32 in LOAD_L, from their slot of the
     STAGES-slot ring in shared memory (chunk i in slot i % STAGES, chunks 0 .. STAGES-1 issued
-    first); the slot then refilled with the chunk STAGES later."""
+    first); the slot then refilled with the chunk STAGES later (copied in COPY_L)."""
     CHUNKS: gl.constexpr = BLOCK_K // CHUNK_K
     I: gl.constexpr = FIRST // CHUNK_K
     async_copy.wait_group(min(CHUNKS, STAGES + I) - (I + 1))  # this thread's copies of chunk I landed
@@ -142,7 +172,7 @@ def _staged_chunk(state_ring, state_base, live, v0, FIRST: gl.constexpr, STAGES:
     if I + STAGES < CHUNKS:  # the slot refilled once every thread has read it
         gl.thread_barrier()
         _issue_state_chunk(state_ring.index(I % STAGES), state_base, (I + STAGES) * CHUNK_K, live, v0, HEAD_K_DIM,
-                           HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+                           HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L)
     return state
 
 
@@ -287,6 +317,9 @@ def _verify_tile(
     STACK_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     # 16-byte units XOR-swizzled by row: the mma operands' 8 rows x 4 columns hit 32 banks
     KQ_SMEM: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
+    BITS: gl.constexpr = ssm_ptr.dtype.element_ty.primitive_bitwidth
+    K_CONTIGUOUS: gl.constexpr = _k_contiguous(SSM_STRIDE_K, SSM_STRIDE_V)
+    COPY_L: gl.constexpr = _state_copy_layout(LOAD_L, K_CONTIGUOUS, BITS, CHUNK_K, WARPS)
     HALF: gl.constexpr = NODES // 2
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     if FROM_PROGRAM:
@@ -309,10 +342,11 @@ def _verify_tile(
     q_base = q_ptr + row * q_stride_row + k_head * q_stride_head
 
     if STATE_STAGES > 0:  # 16-byte units XOR-swizzled by row: a warp's rows of a load on distinct banks
-        state_ring = gl.allocate_shared_memory(ssm_ptr.dtype.element_ty, [STATE_STAGES, CHUNK_K, BLOCK_V],
-                                               gl.SwizzledSharedLayout(VEC, 1, 8, [1, 0]))
+        state_ring = gl.allocate_shared_memory(
+            ssm_ptr.dtype.element_ty, [STATE_STAGES, CHUNK_K, BLOCK_V],
+            _state_ring_layout(gl.SwizzledSharedLayout(VEC, 1, 8, [1, 0]), K_CONTIGUOUS, BITS, CHUNK_K, VEC))
         _issue_first_chunks(state_ring, state_base, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
-                            SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)  # the long read first: nothing before it waits
+                            SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L)  # the long read first: nothing before it waits
         upcoming = slot_ok  # unread
     elif Q_EFF:  # the first chunk after the effective queries: held across them, it costs registers
         state_ring = slot_ok  # unread
@@ -377,7 +411,8 @@ def _verify_tile(
     for c in gl.static_range(0, BLOCK_K, CHUNK_K):
         if STATE_STAGES > 0:
             state = _staged_chunk(state_ring, state_base, slot_ok, v0, c, min(STATE_STAGES, BLOCK_K // CHUNK_K),
-                                  HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+                                  HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L,
+                                  COPY_L)
         else:
             state = upcoming
             if c + CHUNK_K < BLOCK_K:  # the next chunk's loads in flight while this one multiplies

@@ -36,6 +36,8 @@
 #   gvsan     compute-sanitizer memcheck + racecheck over gdn_verify's GPU tests of launch choices, skipped rows,
 #             odd sizes, views and model shapes (both CUDA kernels)
 #   m2verify  mamba2_verify's GPU tests (never run on a GPU before), then memcheck and racecheck over them
+#   transposed  pools stored [.., dv, dk] (engines' layout): gdn_verify's and the ring kernels' GPU tests of them,
+#             gdn_verify's sweep over them (fp32 both forms, bf16); then the small batches' sweep (B = 2 .. 8, each kernel)
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
 #   pdl       the verifies launched as programmatic dependents (gdn_verify's pdl 1 / 2, mamba2_verify's pdl; never
@@ -265,6 +267,19 @@ for phase in "$@"; do
               timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --only 28 --batches 64 256 --transposed \
                 > "$out/sweep_qeff_transposed.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_qeff_transposed.log" ;;
+    transposed) rc=0
+              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
+                tests/test_ring_kernels.py -k "transposed or misaligned or fuzz" > "$out/gpu_tests_transposed.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_transposed.log"
+              timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --only 27 28 --batches 8 64 256 --transposed \
+                > "$out/sweep_transposed.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_transposed.log"
+              timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --only 28 --batches 64 256 --transposed \
+                --state-dtype bf16 > "$out/sweep_transposed_bf16.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_transposed_bf16.log"
+              timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --only 25 27 28 --batches 2 4 8 \
+                > "$out/sweep_small.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_small.log" ;;
     floorsan) mkdir -p "$out/floorsan"
               SANITIZE_TIMEOUT=150 SANITIZE_TESTS="tests/test_gdn_verify.py tests/test_mamba2_verify.py" \
                 SANITIZE_K="strong_decays" bash scripts/gpu_sanitize.sh "$out/floorsan"; rc=$? ;;

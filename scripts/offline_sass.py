@@ -13,6 +13,7 @@ environment beside torch); its wheel carries ptxas, cuobjdump and nvdisasm.
     python scripts/offline_sass.py gdn_ring --tunings '{"fold_maxnreg": 168}'   # the mma kernel's launches
     python scripts/offline_sass.py gdn_ring_due                                 # the due flush's fold launch
     python scripts/offline_sass.py gdn_verify                                   # its mma kernel (gdn_verify_bf16: a bf16 pool)
+    python scripts/offline_sass.py gdn_verify_transposed                        # (a pool stored [.., dv, dk])
     python scripts/offline_sass.py gdn_ring --tunings '{"merged": false}' --opcodes 12  # each kind's opcode mix
     python scripts/offline_sass.py gdn_ring_test_shapes --batch 4               # every shape the tests compile
     python scripts/offline_sass.py mamba2_ring_test_shapes --batch 4            # (the Mamba2 ring's)
@@ -110,6 +111,7 @@ def counts(kernel, opcodes=0) -> dict:
     instructions = [m.group(2) for m in map(INSTRUCTION.match, disassemble(kernel).splitlines()) if m]
     ops = {name: sum(1 for text in instructions if re.search(rf"\b{op}\b", text))
            for name, op in (("local loads", "LDL"), ("local stores", "STL"), ("cp.async", "LDGSTS"),
+                            ("of 16 bytes", r"LDGSTS\S*\.128"),
                             ("mma.sync", "HMMA"), ("wgmma", "HGMMA"))}
     result = {"registers": int(regs), "spilled bytes": int(stack), "shared bytes": kernel.metadata.shared,
               "instructions": len(instructions), **ops}
@@ -231,13 +233,15 @@ def gdn_ring_due_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, capacit
     return list(csrc_triton.gdn_ring_verify._flush_calls(*args, **dict(kwargs, mma=True, **tuning)))[:1]
 
 
-def gdn_verify_calls(batch, tuning, state_dtype=torch.float32):
-    """gdn_verify's launch on the mma kernel at Qwen3-Next TP1 (Hk 16, Hv 32, dk = dv = 128), chains of 4."""
+def gdn_verify_calls(batch, tuning, state_dtype=torch.float32, transposed=False):
+    """gdn_verify's launch on the mma kernel at Qwen3-Next TP1 (Hk 16, Hv 32, dk = dv = 128), chains of 4
+    (transposed: the pool stored [.., dv, dk], passed transposed)."""
     Hk, Hv, d, N = 16, 32, 128, 4
     v = conv_views(batch, N, [(Hk * d, (Hk, d)), (Hk * d, (Hk, d)), (Hv * d, (Hv, d))], "qkv")
+    ssm = torch.empty(batch, Hv, d, d, dtype=state_dtype)
     return [csrc_triton.gdn_verify._verify_call(
         torch.empty(batch, N, Hv, d, dtype=torch.bfloat16), v["q"], v["k"], v["v"], torch.empty(batch, N, Hv),
-        torch.empty(batch, N, Hv), torch.empty(batch, Hv, d, d, dtype=state_dtype), torch.arange(batch), None,
+        torch.empty(batch, N, Hv), ssm.transpose(-1, -2) if transposed else ssm, torch.arange(batch), None,
         scale=d ** -0.5, use_qk_l2norm=True, **dict(dict(mma=True), **tuning))]
 
 
@@ -245,6 +249,8 @@ KERNELS = {"mamba2_verify": mamba2_verify_calls, "mamba2_ring": mamba2_ring_call
            "gdn_ring_due": gdn_ring_due_calls,
            "gdn_ring_test_shapes": gdn_ring_test_shape_calls, "gdn_verify": gdn_verify_calls,
            "gdn_verify_bf16": functools.partial(gdn_verify_calls, state_dtype=torch.bfloat16),
+           "gdn_verify_transposed": functools.partial(gdn_verify_calls, transposed=True),
+           "gdn_verify_bf16_transposed": functools.partial(gdn_verify_calls, state_dtype=torch.bfloat16, transposed=True),
            "mamba2_ring_test_shapes": mamba2_ring_test_shape_calls}
 
 

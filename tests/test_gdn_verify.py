@@ -313,9 +313,9 @@ def test_launch_choices(device, tuning):
 
 def test_mma_launch_plans():
     """The mma kernel's tiles checked before any compile; its state chunks through shared memory at
-    most the tile's chunks, and only where each thread's cp.async is of 4 bytes or more (not a bf16
-    pool stored transposed, as engines store it: one value a copy); the module's defaults read at
-    each call."""
+    most the tile's chunks, and only where each thread's cp.async is of 4 bytes or more (a pool
+    stored transposed, as engines store it, copies 16 bytes down a column where the warp's lanes fit
+    the chunk); the module's defaults read at each call."""
     def plan(problem, **tuning):
         q, k, v, g, beta, ssm, slots, parents = problem
         return triton_kernels().gdn_verify._verify_call(torch.empty(v.shape), q, k, v, g, beta, ssm, slots, parents,
@@ -337,9 +337,19 @@ def test_mma_launch_plans():
                                (bf16_pool, {}, (False, 0)), (bf16_pool, dict(q_eff=True), (True, 1))):
         call = plan(pool, **tuning)
         assert (call.constexprs["Q_EFF"], call.constexprs["STATE_STAGES"]) == want, tuning
-    for dtype, transposed, want in ((torch.float32, True, 2), (torch.bfloat16, False, 2), (torch.bfloat16, True, 0)):
+    for dtype, transposed, want in ((torch.float32, True, 2), (torch.bfloat16, False, 2), (torch.bfloat16, True, 2)):
         pool = make_problem(head_k_dim=64, head_v_dim=64, state_dtype=dtype, transposed=transposed)
         assert plan(pool, state_stages=2, block_v=64, num_warps=2, chunk_k=32).constexprs["STATE_STAGES"] == want
+    # a transposed pool's chunks stage by default, with either form (in registers: loads of one value);
+    # not where the lanes over a chunk's columns outnumber them (16 bf16 rows: 16 lanes a warp, 2 warps)
+    for dtype, want in ((torch.float32, (True, 2)), (torch.bfloat16, (False, 1))):  # (dk 64: one bf16 chunk)
+        pool = make_problem(head_k_dim=64, head_v_dim=64, state_dtype=dtype, transposed=True)
+        call = plan(pool)
+        assert (call.constexprs["Q_EFF"], call.constexprs["STATE_STAGES"]) == want, dtype
+    bf16_transposed = make_problem(head_k_dim=64, head_v_dim=64, state_dtype=torch.bfloat16, transposed=True)
+    for block_v, want in ((32, 2), (16, 0)):
+        assert plan(bf16_transposed, state_stages=2, block_v=block_v, num_warps=2,
+                    chunk_k=16).constexprs["STATE_STAGES"] == want
     # persistent: a grid of that many programs (at most the tiles: 3 rows x 4 heads here), the row count passed
     for programs, grid in ((5, (5, 1)), (100, (12, 1))):
         call = plan(problem, persistent=programs, maxnreg=128)
@@ -369,13 +379,15 @@ def test_mma_launch_plans():
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_cuda_state_stages_transposed_pool(state_dtype):
     """The state chunks through shared memory from a pool stored [S, Hv, dv, dk] (engines' layout)
-    and passed transposed: fp32 by 4-byte copies, bf16 through registers."""
-    def run(*args, **kwargs):
-        kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(*args, **kwargs)
-        triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, mma=True, state_stages=3)
+    and passed transposed, 16 bytes a copy down a column: the default plan, three in flight, and
+    chunks of 16 rows (a warp's lanes over fewer rows, more columns), with either form."""
+    for tuning in (dict(), dict(state_stages=3), dict(chunk_k=16, q_eff=False), dict(chunk_k=16, q_eff=True)):
+        def run(*args, **kwargs):
+            kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(*args, **kwargs)
+            triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, mma=True, **tuning)
 
-    check("cuda", run, make_problem(head_k_dim=128, head_v_dim=128, state_dtype=state_dtype, transposed=True,
-                                    device="cuda"), tol=2e-3 if state_dtype == torch.float32 else 2e-2)
+        check("cuda", run, make_problem(head_k_dim=128, head_v_dim=128, state_dtype=state_dtype, transposed=True,
+                                        device="cuda"), tol=2e-3 if state_dtype == torch.float32 else 2e-2)
 
 
 @pytest.mark.gpu

@@ -27,9 +27,10 @@ DEVICES = [pytest.param("cpu", marks=interpreted), pytest.param("cuda", marks=py
 def ring_case(*, num_rows=3, num_nodes=2, capacity=4, kernel_size=4, num_k_heads=1, ratio=2, head_k_dim=16,
               head_v_dim=16, num_state_slots=5, num_ring_slots=4, parents=None, cursors=None, ring_slots=None,
               state_slots=None, rows_dtype=torch.float32, state_dtype=torch.float32, strong_decays=False, device="cpu",
-              seed=0):
+              seed=0, transposed=False):
     """gdn_ring_verify's arguments for layer 1 of 2, random but for what is given; strong_decays: about
-    one log decay in four, given or in the ring, -1e4 .. -inf."""
+    one log decay in four, given or in the ring, -1e4 .. -inf; transposed: the checkpoints stored
+    [.., dv, dk] (engines' layout) and passed transposed."""
     gen = torch.Generator().manual_seed(seed)
     num_v_heads = num_k_heads * ratio
     dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
@@ -53,6 +54,8 @@ def ring_case(*, num_rows=3, num_nodes=2, capacity=4, kernel_size=4, num_k_heads
     g = -torch.rand(num_rows, num_nodes, num_v_heads, generator=gen)
     beta = torch.rand(num_rows, num_nodes, num_v_heads, generator=gen)
     ssm = randn(layers, num_state_slots, num_v_heads, head_k_dim, head_v_dim, std=0.3).to(state_dtype)
+    if transposed:
+        ssm = ssm.transpose(-1, -2).contiguous().transpose(-1, -2)
     conv = randn(layers, num_state_slots, dim, kernel_size - 1).to(rows_dtype)
     rows = randn(layers, num_ring_slots, ring_rows, dim).to(rows_dtype)
     gates = torch.stack([-torch.rand(layers, num_ring_slots, ring_rows, num_v_heads, generator=gen),
@@ -322,7 +325,8 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
     assert [c.constexprs.get("FUSED_WINDOW") for c in calls] == [False] * len(kinds) + [None]  # + the window's
     # the state chunks through shared memory, two by default: every launch, at most a tile's chunks (dk
     # 32: one of 32 rows, two of 16); through registers where a thread's copy would be under 4 bytes
-    # (below: a bf16 state on 32 columns over 4 warps, or transposed as engines store it), or on request
+    # (below: a bf16 state on 32 columns over 4 warps), or on request; a pool stored transposed, as
+    # engines store it, copies 16 bytes down a column
     assert triton_kernels().gdn_ring_verify.RING_MMA_STATE_STAGES == 2  # (benchmarks.md, "Ring": 2 the fastest)
     for stages, chunk_k, want in ((None, None, 1), (None, 16, 2), (0, None, 0), (2, None, 1), (2, 16, 2), (3, 16, 2)):
         calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, state_stages=stages,
@@ -333,12 +337,12 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
     transposed_args = [transposed if a is case["ssm_state"] else a for a in args]
     calls = triton_kernels().gdn_ring_verify._ring_calls(*transposed_args, **kwargs, **apart, state_stages=2,
                                                          chunk_k=16)
-    assert [c.constexprs["STATE_STAGES"] for c in calls] == [2] * len(kinds)  # (fp32: copies of one value, 4 bytes)
+    assert [c.constexprs["STATE_STAGES"] for c in calls] == [2] * len(kinds)
     bf16_args = [a.to(torch.bfloat16) if a is case["ssm_state"] else a for a in args]
     assert sum(a.dtype == torch.bfloat16 for a in bf16_args if isinstance(a, torch.Tensor)) == 1
     calls = triton_kernels().gdn_ring_verify._ring_calls(*bf16_args, **kwargs, **apart, state_stages=2)
     assert [c.constexprs["STATE_STAGES"] for c in calls if "KIND" in c.constexprs] == [0] * len(kinds)
-    for state, want in ((case["ssm_state"], 1), (transposed, 0)):  # (a thread's 4 adjacent values, or 1)
+    for state, want in ((case["ssm_state"], 1), (transposed, 1)):  # (a thread's 4 adjacent values, or 8 rows)
         bf16 = [state.to(torch.bfloat16) if a is case["ssm_state"] else a for a in args]
         calls = triton_kernels().gdn_ring_verify._ring_calls(*bf16, **kwargs, **apart, state_stages=2, block_v=32,
                                                              num_warps=1)
@@ -427,6 +431,31 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
         _, default = run_both(case, tuning=MMA)
         for name in ("ssm_state", "conv_state", "gates", "out"):
             assert torch.equal(got[name], default[name]), name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nodes", [[-1, 0, 1, 2], [-1, 0, 0, 0, 1, 1, 1, 4]], ids=["chain", "tree8"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("fold", [{}, dict(state_stages=3), dict(chunk_k=16, state_stages=4),
+                                  dict(fold_block_v=32, fold_warps=2), dict(state_stages=0)],
+                         ids=["default", "state-stages-3", "state-stages-16-rows", "fold-32-columns", "registers"])
+def test_mma_kernel_transposed_checkpoints(nodes, state_dtype, fold):
+    """Checkpoints stored [.., dv, dk] and passed transposed (engines' layout): the state chunks
+    copied 16 bytes down a column and the folds stored so, against the PyTorch code, rows that fold
+    and rows that only replay."""
+    num_nodes, capacity = len(nodes), 16
+    ring_rows = capacity + num_nodes
+    cursors = torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, 9], [0, 0], [2, capacity - num_nodes], [1, 1]])
+    case = ring_case(num_rows=5, num_nodes=num_nodes, capacity=capacity, num_k_heads=2, head_k_dim=128,
+                     head_v_dim=128, num_state_slots=6, num_ring_slots=5, cursors=cursors,
+                     ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 5, -1, 1], parents=nodes,
+                     rows_dtype=torch.bfloat16, state_dtype=state_dtype, device="cuda", transposed=True)
+    assert case["ssm_state"].stride(-2) == 1
+    want, got = run_both(case, tuning=dict(MMA, **fold))
+    assert got["ssm_state"].stride() == case["ssm_state"].stride()
+    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
+    assert_agree(want, got, tol=2e-3, state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
+    assert_same_untouched(case, want, got)
 
 
 @pytest.mark.gpu
