@@ -59,9 +59,10 @@ BLOCK_V = 64
 VERIFY_PROGRAMS = 512
 VERIFY_WARPS = 4
 # gdn_verify_mma's kernel: two warps over 128 value columns, state rows loaded 32 at a time. It
-# serves batches that give it VERIFY_PROGRAMS programs or more and at most MMA_MAX_NODES nodes;
+# serves batches that give it MMA_MIN_PROGRAMS programs or more and at most MMA_MAX_NODES nodes;
 # smaller ones are faster on the kernel below (docs/benchmarks.md, the verify sweep). A 2-byte
 # state loads twice the rows a chunk: the same bytes in flight.
+MMA_MIN_PROGRAMS = 128
 MMA_BLOCK_V = 128
 MMA_WARPS = 2
 MMA_CHUNK_K = 32
@@ -338,7 +339,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         raise ValueError(f"convwin.gdn_verify verifies at most {MAX_GRID_Y} rows per call, got {num_rows}; "
                          "split the batch")
     if mma is None:
-        mma = (num_nodes <= MMA_MAX_NODES and num_rows * num_v_heads * cdiv(head_v_dim, MMA_BLOCK_V) >= VERIFY_PROGRAMS
+        mma = (num_nodes <= MMA_MAX_NODES and num_rows * num_v_heads * cdiv(head_v_dim, MMA_BLOCK_V) >= MMA_MIN_PROGRAMS
                and _mma_kernel_runs_on(ssm))
     if num_warps is None:
         num_warps = MMA_WARPS if mma else VERIFY_WARPS

@@ -311,7 +311,7 @@ def test_launch_choices(device, tuning):
     check(device, run, make_problem(head_v_dim=64, slots=[1, -1, 2], device=device))
 
 
-def test_mma_launch_plans():
+def test_mma_launch_plans(monkeypatch):
     """The mma kernel's tiles checked before any compile; its state chunks through shared memory at
     most the tile's chunks, and only where each thread's cp.async is of 4 bytes or more (a pool
     stored transposed, as engines store it, copies 16 bytes down a column where the warp's lanes fit
@@ -366,6 +366,15 @@ def test_mma_launch_plans():
         assert plan(pool).constexprs["CHUNK_K"] == want
     module = triton_kernels().gdn_verify
     defaults = module.MMA_STATE_STAGES, module.MMA_CHUNK_K, module.MMA_Q_EFF
+    # the mma kernel by default from MMA_MIN_PROGRAMS programs (a row's value heads x column tiles) and
+    # up to MMA_MAX_NODES nodes, where it runs (here: as if on a GPU)
+    monkeypatch.setattr(module, "_mma_kernel_runs_on", lambda ssm: True)
+    for rows, nodes, want in ((31, 4, False), (32, 4, True), (32, 17, False)):  # (4 value heads of 32 columns)
+        chosen = make_problem(num_rows=rows, num_nodes=nodes)
+        q, k, v, g, beta, ssm, slots, parents = chosen
+        call = module._verify_call(torch.empty(v.shape), *chosen, scale=0.25, use_qk_l2norm=True)
+        assert (call.kernel.fn.__name__ == "_gdn_verify_mma_kernel") == want, (rows, nodes)
+        assert module.MMA_MIN_PROGRAMS == 128
     try:
         module.MMA_STATE_STAGES, module.MMA_CHUNK_K = 3, 16
         assert [plan(problem).constexprs[name] for name in ("STATE_STAGES", "CHUNK_K")] == [3, 16]
