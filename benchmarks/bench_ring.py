@@ -60,12 +60,14 @@ from sgl_convwin import reference  # noqa: E402
 UNROLL = 8  # steps per captured graph, each with its own acceptance
 DEVICE = "cuda"  # (tests dry-run the flow on the CPU)
 DUE_FIRST = True  # each step's folds first, every layer in one flush(num_draft=N); --no-due-first: in the verifies
+TRANSPOSED = False  # --transposed: the GDN checkpoints stored [.., dv, dk] (the engines' layout), passed transposed
 SHAPES = {"gdn": Shapes(), "mamba2": NEMOTRON_H_8B_TP1}  # Qwen3-Next-80B TP1, Nemotron-H-8B TP1
 
 
 def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
-    """Every layer's ring inputs on the GPU: the ring (rows random), checkpoints [L, B, Hv, dk, dv] fp32,
-    conv_state [L, B, dim, K-1] bf16, x [L, B, N, dim] bf16, g and beta [L, B, N, Hv], out [L, B, N, Hv, dv]."""
+    """Every layer's ring inputs on the GPU: the ring (rows random), checkpoints [L, B, Hv, dk, dv] fp32
+    (TRANSPOSED: stored [.., dv, dk]), conv_state [L, B, dim, K-1] bf16, x [L, B, N, dim] bf16, g and beta
+    [L, B, N, Hv], out [L, B, N, Hv, dv]."""
     L, N, dim = shapes.layers, len(TREE_PARENTS) if tree else shapes.num_draft, shapes.dim
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
 
@@ -86,7 +88,8 @@ def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
         x=normal(L, batch, N, dim, dtype=torch.bfloat16),
         g=-torch.nn.functional.softplus(normal(L, batch, N, shapes.v_heads)) * 0.5,
         beta=torch.sigmoid(normal(L, batch, N, shapes.v_heads)),
-        ssm=normal(L, batch, shapes.v_heads, shapes.head_k, shapes.head_v, std=0.1),
+        ssm=(normal(L, batch, shapes.v_heads, shapes.head_v, shapes.head_k, std=0.1).transpose(-1, -2) if TRANSPOSED
+             else normal(L, batch, shapes.v_heads, shapes.head_k, shapes.head_v, std=0.1)),
         conv_state=normal(L, batch, dim, shapes.kernel_size - 1, dtype=torch.bfloat16),
         weight=normal(L, dim, shapes.kernel_size, dtype=torch.bfloat16, std=0.3),
         slots=torch.randperm(batch, device="cpu").to(DEVICE),
@@ -447,9 +450,13 @@ def main(argv=None) -> int:
                         help="each ring step begins with the flush of what its verifies would fold (every layer in "
                              "one launch: gdn_ring_flush / mamba2_ring_flush(..., num_draft=N)); the verifies then "
                              "fold nothing (the default); --no-due-first: each layer's verify folds its own rows")
+    parser.add_argument("--transposed", action="store_true",
+                        help="the GDN checkpoints stored [.., dv, dk] (the engines' layout) and passed transposed")
     args = parser.parse_args(argv)
-    global DUE_FIRST
-    DUE_FIRST = args.due_first
+    global DUE_FIRST, TRANSPOSED
+    DUE_FIRST, TRANSPOSED = args.due_first, args.transposed
+    if args.transposed and args.mixer != "gdn":
+        parser.error("--transposed is the GDN checkpoints' layout")
     if args.constants:
         set_constants(args.mixer, parse_tunings(args.constants), parser.error)
     if args.ncu and not args.sweep:

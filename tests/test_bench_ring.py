@@ -65,6 +65,14 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| chain") or
              line.startswith("| tree")]
     assert len(table) == 2 * len(batches)
+    monkeypatch.setattr(bench_ring, "TRANSPOSED", False)  # (restored after the test)
+    if mixer == "gdn":  # the checkpoints stored [.., dv, dk], as engines store them
+        assert bench_ring.main(["--batches", "2", "--capacity", "8", "--drafts", "chain", "--transposed"]) == 0
+        assert bench_ring.TRANSPOSED
+        assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("| chain")]) == 1
+    else:
+        with pytest.raises(SystemExit):
+            bench_ring.main(["--mixer", mixer, "--transposed"])
     if mixer == "mamba2" and INTERPRET:
         assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer, "--sweep", "16/4/1",
                                 "16/4/2/1/tf32", "16/4/1/fold_heads_per_program=2"]) == 0
