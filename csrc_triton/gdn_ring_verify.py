@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import KernelCall, cdiv, floored_log_decay, next_power_of_2, planned_calls, programs_walking
+from ._common import (KernelCall, cdiv, floored_log_decay, next_power_of_2, pdl_device, planned_calls,
+                      programs_walking)
 from .gdn_verify import (MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse,
                          check_mma_tiles, spread_block, stack_rows, state_stages_for)
 from .ring_conv import check_ring_grid, ring_row_state
@@ -62,6 +63,10 @@ RING_MMA_STATE_STAGES = 2
 # fewer than VERIFY_PROGRAMS programs), the folds' too: more, shorter programs where a launch is one
 # program's latency (not yet timed on a GPU)
 RING_MMA_SPREAD = False
+# The mma kernel's launches (the verifies', the folds', a due flush's) as programmatic dependents on
+# sm_90+: each program's first read after the launch before has finished, its start under that
+# launch's tail (gdn_verify's pdl 1: nothing a caller sees changes)
+RING_MMA_PDL = 0
 
 
 def mma_verify_keys(ring_rows: int, num_nodes: int) -> int:
@@ -492,6 +497,8 @@ def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
                       NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k,
                       WARPS=chunk.constexprs["num_warps"], SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4),
                       TILES_A_PROGRAM=1, **verify)
+    pdl = bool(RING_MMA_PDL) and pdl_device(ssm)
+    constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     return constexprs
 
 

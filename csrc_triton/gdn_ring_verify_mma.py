@@ -27,9 +27,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .gdn_verify_mma import (_floored_log_decay, _issue_first_chunks, _k_contiguous, _mma, _parent_of, _parts,
-                             _product, _rounded, _staged_chunk, _state_chunk, _state_copy_layout, _state_ring_layout,
-                             _unit_lower_inverse)
+from .gdn_verify_mma import (_floored_log_decay, _grid_dependency, _issue_first_chunks, _k_contiguous, _mma,
+                             _parent_of, _parts, _product, _rounded, _staged_chunk, _state_chunk, _state_copy_layout,
+                             _state_ring_layout, _unit_lower_inverse)
 
 
 @gluon.jit
@@ -374,7 +374,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
-    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr,
+    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
@@ -392,8 +392,12 @@ def _gdn_ring_verify_mma_kernel(
     value head its q and k. With STATE_STAGES the state chunks come through shared memory (cp.async,
     that many in flight). With TILES_A_PROGRAM > 1 (KIND 2 only) a program of a row that folds folds
     that many of its tiles, program_id(0) * TILES_A_PROGRAM onwards, one after another: fewer
-    programs where few rows fold (all of a row's, after a due flush: its launch is a wave)."""
+    programs where few rows fold (all of a row's, after a due flush: its launch is a wave). PDL:
+    launched as a programmatic dependent (sm_90; gdn_verify_mma._grid_dependency), every read after
+    the wait."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
+    if PDL:
+        _grid_dependency()
     row = gl.program_id(1).to(gl.int64)
     layer = (layer + gl.program_id(2)).to(gl.int64)  # (a scalar: an int argument of 1 is a constant)
     weight_ptr += layer * weight_stride_layer

@@ -38,8 +38,8 @@
 #   m2verify  mamba2_verify's GPU tests (never run on a GPU before), then memcheck and racecheck over them
 #   transposed  pools stored [.., dv, dk] (engines' layout): gdn_verify's and the ring kernels' GPU tests of them,
 #             gdn_verify's sweep over them (fp32 both forms, bf16); then the small batches' sweep (B = 2 .. 8, each kernel)
-#   ringT     memcheck + racecheck over the transposed pools' tests; the GDN ring (chains, B = 64 / 256) on contiguous,
-#             then transposed checkpoints
+#   ringT     the ring kernels' pdl tests; the GDN ring (chains, B = 64 / 256): contiguous, transposed checkpoints,
+#             RING_MMA_PDL=1; memcheck + racecheck over some transposed pools' and the pdl tests
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
 #   pdl       the verifies launched as programmatic dependents (gdn_verify's pdl 1 / 2, mamba2_verify's pdl; never
@@ -282,14 +282,19 @@ for phase in "$@"; do
               timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --only 25 27 28 --batches 2 4 8 \
                 > "$out/sweep_small.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_small.log" ;;
-    ringT)    rc=0; mkdir -p "$out/ringT"  # (memcheck + racecheck over the transposed pools' tests, then the ring on them)
-              SANITIZE_TIMEOUT=130 SANITIZE_TESTS="tests/test_gdn_verify.py tests/test_ring_kernels.py" \
-                SANITIZE_K="transposed and not registers and not stages-3" bash scripts/gpu_sanitize.sh "$out/ringT" || rc=1
-              for layout in "" --transposed; do
-                timeout 110 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain $layout \
-                  > "$out/bench_ring${layout/--/_}.log" 2>&1 || rc=1
-                echo "# bench_ring.py --batches 64 256 --drafts chain $layout"; grep '^|' "$out/bench_ring${layout/--/_}.log"
-              done ;;
+    ringT)    rc=0; mkdir -p "$out/ringT"  # (see the usage above)
+              timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+                -k "programmatic or due_flush_on_the_mma" > "$out/gpu_tests_ring_pdl.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_ring_pdl.log"
+              for variant in "" --transposed "--constants RING_MMA_PDL=1"; do
+                name=$(echo "$variant" | tr -c 'A-Za-z0-9\n' _)
+                timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain $variant \
+                  > "$out/bench_ring$name.log" 2>&1 || rc=1
+                echo "# bench_ring.py --batches 64 256 --drafts chain $variant"; grep '^|' "$out/bench_ring$name.log"
+              done
+              SANITIZE_TIMEOUT=100 SANITIZE_TESTS="tests/test_gdn_verify.py tests/test_ring_kernels.py" \
+                SANITIZE_K="transposed and (default or stages-16 or pool) or programmatic" \
+                bash scripts/gpu_sanitize.sh "$out/ringT" || rc=1 ;;
     floorsan) mkdir -p "$out/floorsan"
               SANITIZE_TIMEOUT=150 SANITIZE_TESTS="tests/test_gdn_verify.py tests/test_mamba2_verify.py" \
                 SANITIZE_K="strong_decays" bash scripts/gpu_sanitize.sh "$out/floorsan"; rc=$? ;;

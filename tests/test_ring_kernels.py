@@ -277,11 +277,11 @@ def test_mma_verify_stack_sized_by_the_capacity(num_nodes, capacity, kinds, monk
 @pytest.mark.parametrize("num_nodes, small, kinds", [
     (4, True, [(2, 16, 12), (0, 16, 12), (1, 32, 12)]), (8, True, [(2, 16, 8), (0, 16, 8), (1, 32, 8)]),
     (4, False, [(2, 16, 0), (1, 32, 0)]), (9, True, [(2, 16, 0), (1, 32, 0)])])
-def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
+def test_mma_launches_by_kind_of_row(monkeypatch, num_nodes, small, kinds):
     """The mma kernel's launches at capacity 16 (KIND, NODES, SMALL_KEYS): first the folds, on a
     stack of the pending keys (16 rows here), then rows with few pending tokens on a stack of 16 rows
     while 2 N <= 16, then the others on 32; every launch sorts rows by the same rule (SMALL_KEYS: 0,
-    none small)."""
+    none small); plain launches unless RING_MMA_PDL (CPU tensors count as sm_90's)."""
     case = ring_case(num_rows=2, num_nodes=num_nodes, capacity=16 if num_nodes < 9 else 23 - num_nodes,
                      head_k_dim=32, head_v_dim=32)
     out = torch.empty(case["v"].shape)
@@ -293,6 +293,11 @@ def test_mma_launches_by_kind_of_row(num_nodes, small, kinds):
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart)
     assert [(c.constexprs["KIND"], c.constexprs["NODES"], c.constexprs["SMALL_KEYS"])
             for c in calls if "KIND" in c.constexprs] == kinds
+    assert [(c.constexprs["PDL"], "launch_pdl" in c.constexprs) for c in calls] == [(False, False)] * len(kinds)
+    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PDL", 1)
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart)
+    assert [(c.constexprs["PDL"], c.constexprs.get("launch_pdl")) for c in calls] == [(True, True)] * len(kinds)
+    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PDL", 0)
     # the fold launch's own warps, the verifies' unchanged
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, block_v=64, num_warps=4,
                                                          fold_warps=8)
@@ -456,6 +461,27 @@ def test_mma_kernel_transposed_checkpoints(nodes, state_dtype, fold):
     assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
     assert_agree(want, got, tol=2e-3, state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
     assert_same_untouched(case, want, got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nodes", [[-1, 0, 1, 2], [-1, 0, 0, 0, 1, 1, 1, 4]], ids=["chain", "tree8"])
+def test_mma_kernel_as_programmatic_dependent(monkeypatch, nodes):
+    """RING_MMA_PDL: every mma launch a programmatic dependent, its reads after the wait: the verify
+    launch right after the fold launch whose checkpoints it reads, against the PyTorch code, rows that
+    fold and rows that replay, in either layer."""
+    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PDL", 1)
+    num_nodes, capacity = len(nodes), 16
+    ring_rows = capacity + num_nodes
+    cursors = torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, 9], [0, 0], [2, capacity - num_nodes], [1, 1]])
+    case = ring_case(num_rows=5, num_nodes=num_nodes, capacity=capacity, num_k_heads=2, head_k_dim=64,
+                     head_v_dim=64, num_state_slots=6, num_ring_slots=5, cursors=cursors,
+                     ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 5, -1, 1], parents=nodes,
+                     rows_dtype=torch.bfloat16, device="cuda")
+    for layer in (0, 1):
+        want, got = run_both(case, layer=layer, tuning=MMA)
+        assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
+        assert_agree(want, got, tol=2e-3, state_tol=1e-4)
+        assert_same_untouched(case, want, got)
 
 
 @pytest.mark.gpu
@@ -687,11 +713,13 @@ def test_due_flush_plans_the_verifys_fold_over_every_layer(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_due_flush_on_the_mma_kernel_matches_pytorch_code():
+@pytest.mark.parametrize("pdl", [0, 1], ids=["plain", "pdl"])
+def test_due_flush_on_the_mma_kernel_matches_pytorch_code(monkeypatch, pdl):
     """The due flush's mma fold over two layers of distinct weights (dk = dv = 32, capacity 16, N = 4:
     the verify's own kernel) against the PyTorch code: 3xTF32 folds within 1e-4 x max |S|, windows
     and cursors bit for bit, rows not due untouched; a program folding two of a row's four tiles, or
-    all, leaves the same bits."""
+    all, leaves the same bits; launched plainly or as a programmatic dependent (RING_MMA_PDL)."""
+    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PDL", pdl)
     cursors = torch.tensor([[3, 16], [5, 12], [0, 13], [1, 3]])  # C = 20: due when pending > 12
     case = ring_case(num_rows=4, num_nodes=4, capacity=16, num_k_heads=2, head_k_dim=32, head_v_dim=32,
                      num_ring_slots=4, num_state_slots=5, cursors=cursors, ring_slots=[0, 1, 2, 3],
