@@ -65,8 +65,8 @@ RING_MMA_STATE_STAGES = 2
 RING_MMA_SPREAD = False
 # The mma kernel's launches (the verifies', the folds', a due flush's) as programmatic dependents on
 # sm_90+: each program's first read after the launch before has finished, its start under that
-# launch's tail (gdn_verify's pdl 1: nothing a caller sees changes)
-RING_MMA_PDL = 0
+# launch's tail (gdn_verify's pdl 1: nothing a caller sees changes; 0: plain launches)
+RING_MMA_PDL = 1
 
 
 def mma_verify_keys(ring_rows: int, num_nodes: int) -> int:

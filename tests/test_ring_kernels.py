@@ -281,7 +281,8 @@ def test_mma_launches_by_kind_of_row(monkeypatch, num_nodes, small, kinds):
     """The mma kernel's launches at capacity 16 (KIND, NODES, SMALL_KEYS): first the folds, on a
     stack of the pending keys (16 rows here), then rows with few pending tokens on a stack of 16 rows
     while 2 N <= 16, then the others on 32; every launch sorts rows by the same rule (SMALL_KEYS: 0,
-    none small); plain launches unless RING_MMA_PDL (CPU tensors count as sm_90's)."""
+    none small); programmatic dependents by default (CPU tensors count as sm_90's), plain ones with
+    RING_MMA_PDL 0."""
     case = ring_case(num_rows=2, num_nodes=num_nodes, capacity=16 if num_nodes < 9 else 23 - num_nodes,
                      head_k_dim=32, head_v_dim=32)
     out = torch.empty(case["v"].shape)
@@ -293,11 +294,11 @@ def test_mma_launches_by_kind_of_row(monkeypatch, num_nodes, small, kinds):
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart)
     assert [(c.constexprs["KIND"], c.constexprs["NODES"], c.constexprs["SMALL_KEYS"])
             for c in calls if "KIND" in c.constexprs] == kinds
-    assert [(c.constexprs["PDL"], "launch_pdl" in c.constexprs) for c in calls] == [(False, False)] * len(kinds)
-    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PDL", 1)
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart)
     assert [(c.constexprs["PDL"], c.constexprs.get("launch_pdl")) for c in calls] == [(True, True)] * len(kinds)
     monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PDL", 0)
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart)
+    assert [(c.constexprs["PDL"], "launch_pdl" in c.constexprs) for c in calls] == [(False, False)] * len(kinds)
+    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PDL", 1)
     # the fold launch's own warps, the verifies' unchanged
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, block_v=64, num_warps=4,
                                                          fold_warps=8)
@@ -466,9 +467,9 @@ def test_mma_kernel_transposed_checkpoints(nodes, state_dtype, fold):
 @pytest.mark.gpu
 @pytest.mark.parametrize("nodes", [[-1, 0, 1, 2], [-1, 0, 0, 0, 1, 1, 1, 4]], ids=["chain", "tree8"])
 def test_mma_kernel_as_programmatic_dependent(monkeypatch, nodes):
-    """RING_MMA_PDL: every mma launch a programmatic dependent, its reads after the wait: the verify
-    launch right after the fold launch whose checkpoints it reads, against the PyTorch code, rows that
-    fold and rows that replay, in either layer."""
+    """RING_MMA_PDL (the default): every mma launch a programmatic dependent, its reads after the
+    wait: the verify launch right after the fold launch whose checkpoints it reads, against the
+    PyTorch code, rows that fold and rows that replay, in either layer."""
     monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PDL", 1)
     num_nodes, capacity = len(nodes), 16
     ring_rows = capacity + num_nodes
