@@ -1104,6 +1104,36 @@ def bench_commit(shapes, batches, modes, ceiling, memory, block_v, results, json
             f"B={B}: {tree[B]['graph_us'] / chain[B]['graph_us']:.2f}x" for B in batches if B in chain and B in tree))
 
 
+def bench_transposed(shapes, batches, modes):
+    """gdn_commit on pools stored [.., dv, dk] (the engines' layout, passed transposed) against the
+    same commit on contiguous pools, graph replay: a table per mode. The two results agree first."""
+    print("\n" + markdown_header("mode", "B", "contiguous pool (us)", "transposed pool (us)", "transposed / contiguous"))
+    for mode in modes:
+        for B in batches:
+            p = problem_for(shapes, B, mode == "tree", DEVICE, seed=B)
+            stored = p.ssm_state.transpose(-1, -2).contiguous()  # [L, N, Hv, dv, dk]
+            before, conv_before = p.ssm_state.clone(), p.conv_state.clone()
+            contiguous_fn = convwin_commit_fn(p)
+            contiguous_fn()
+            want = p.ssm_state.clone()
+            p.conv_state.copy_(conv_before)  # (the commit moves the windows its next replay reads)
+            contiguous_us = time_fn(contiguous_fn)[1]
+            p.ssm_state = stored.transpose(-1, -2)
+            p.conv_state.copy_(conv_before)
+            transposed_fn = convwin_commit_fn(p)
+            transposed_fn()
+            if not torch.allclose(p.ssm_state, want, rtol=1e-5, atol=1e-5):
+                print(f"  {mode} B={B}: the transposed pool's commit differs from the contiguous one's", flush=True)
+                return False
+            p.conv_state.copy_(conv_before)
+            transposed_us = time_fn(transposed_fn)[1]
+            print(markdown_row(mode, B, f"{contiguous_us:.1f}", f"{transposed_us:.1f}",
+                               f"{transposed_us / contiguous_us:.2f}x"), flush=True)
+            del p, stored, before, want
+            release()
+    return True
+
+
 def print_commit_table(mode, rows, ceiling):
     base = {r["B"]: r for r in rows if r["candidate"] == "convwin"}
     print("\n" + markdown_header(mode, "B", "candidate", "do_bench median (us)", "graph replay (us)", "bytes moved (MB)",
@@ -1262,7 +1292,11 @@ def main(argv=None) -> int:
                         help="GPU memory the benchmark may hold (default: free memory at start - 3 GiB)")
     parser.add_argument("--no-verify", action="store_true", help="skip the engine-side verify timing")
     parser.add_argument("--json", default=None, help="write every measured number here")
+    parser.add_argument("--transposed", action="store_true",
+                        help="only gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones")
     args = parser.parse_args(argv)
+    if args.transposed and args.mixer != "gdn":
+        parser.error("--transposed times gdn_commit")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if not check(device, block_v=args.block_v, block_p=args.block_p):
         return 1
@@ -1277,6 +1311,9 @@ def main(argv=None) -> int:
     else:
         shapes = Shapes(layers=args.layers or QWEN3_NEXT_TP1.layers, num_draft=args.num_draft)
     block = args.block_p if mamba2 else args.block_v
+    if args.transposed:
+        print("\n" + environment_line())
+        return 0 if bench_transposed(shapes, args.batches, args.modes) else 1
     ceiling = copy_ceiling_gbps()
     release()
     memory = Memory(args.mem_limit_gib)

@@ -40,6 +40,7 @@
 #             gdn_verify's sweep over them (fp32 both forms, bf16); then the small batches' sweep (B = 2 .. 8, each kernel)
 #   ringT     the ring kernels' pdl tests; the GDN ring (chains, B = 64 / 256): contiguous, transposed checkpoints,
 #             RING_MMA_PDL=1; memcheck + racecheck over some transposed pools' and the pdl tests
+#   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
 #   pdl       the verifies launched as programmatic dependents (gdn_verify's pdl 1 / 2, mamba2_verify's pdl; never
@@ -295,6 +296,8 @@ for phase in "$@"; do
               SANITIZE_TIMEOUT=100 SANITIZE_TESTS="tests/test_gdn_verify.py tests/test_ring_kernels.py" \
                 SANITIZE_K="transposed and (default or stages-16 or pool) or programmatic" \
                 bash scripts/gpu_sanitize.sh "$out/ringT" || rc=1 ;;
+    commitT)  timeout 200 python3 benchmarks/bench_commit.py --transposed --batches 8 64 256 > "$out/bench_commit_T.log" 2>&1
+              rc=$?; grep -E '^\||differs' "$out/bench_commit_T.log" ;;
     floorsan) mkdir -p "$out/floorsan"
               SANITIZE_TIMEOUT=150 SANITIZE_TESTS="tests/test_gdn_verify.py tests/test_mamba2_verify.py" \
                 SANITIZE_K="strong_decays" bash scripts/gpu_sanitize.sh "$out/floorsan"; rc=$? ;;

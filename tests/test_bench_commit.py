@@ -54,6 +54,18 @@ def test_timing_flow_dry_run(monkeypatch, tmp_path, capsys):
     assert "| chain | 3 |" in out and "| tree | 3 |" in out and "whole step" in out
 
 
+def test_transposed_flow_dry_run(monkeypatch, capsys):
+    """--transposed's table on tiny shapes on the CPU: gdn_commit on a pool stored [.., dv, dk] agrees
+    with the contiguous pool's before each is timed (run once here)."""
+    monkeypatch.setattr(bench_commit, "DEVICE", "cpu")
+    monkeypatch.setattr(bench_commit, "time_fn", lambda fn: (fn(), (10.0, 8.0))[1])
+    monkeypatch.setattr(bench_commit, "release", lambda: None)
+    shapes = bench_commit.Shapes(layers=2, k_heads=2, v_heads=4, head_k=16, head_v=32, num_draft=4)
+    assert bench_commit.bench_transposed(shapes, [1, 3], ["chain", "tree"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| chain", "| tree"))]
+    assert rows == [f"| {mode} | {b} | 8.0 | 8.0 | 1.00x |" for mode in ("chain", "tree") for b in (1, 3)]
+
+
 def test_model_memory_matches_the_plan_numbers():
     """Qwen3-Next TP1, D=4: the snapshot design's and this package's speculative bytes per slot are
     the issue's plan figures (309,067,776 and 3,575,808)."""
