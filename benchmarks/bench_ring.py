@@ -28,6 +28,7 @@ checkpoints, bf16 ring rows and conv state, capacity R = 16, D = 4 chains and tr
     python benchmarks/bench_ring.py [--batches 1 8 64 256] [--capacity 16] [--drafts chain tree] [--mixer mamba2]
     python benchmarks/bench_ring.py --sweep 32/8/tf32x3 128/8/tf32/tf32x3 mma/128/4   # the verify kernels' tiles
     python benchmarks/bench_ring.py --mixer mamba2 --sweep 64/8/1 64/8/16/2           # Mamba2's
+    python benchmarks/bench_ring.py --conv-sweep 256/2 512/4 --batches 8 64 256       # ring_conv1d_verify's tiles
     python benchmarks/bench_ring.py --mixer mamba2 --batches 64 --profile             # each kernel's share
     python benchmarks/bench_ring.py --constants RING_MMA_STATE_STAGES=0               # a launcher default set
     python benchmarks/bench_ring.py --no-due-first --profile     # the folds in each layer's verify instead
@@ -226,6 +227,40 @@ def sweep_pendings(shapes, capacity):
                           f"pending {capacity} (fold), us per layer",
                           f"1 row in {FOLD_EVERY} folding, the others 8, us per layer"))
     return pendings
+
+
+def conv_sweep(shapes, batches, capacity, specs, copy_gbps):
+    """ring_conv1d_verify's launch per tile choice (BLOCK/WARPS: channels per program, warps), every
+    layer's, chains, every row's history 8 pending rows: us per step (graph replay) and its bytes
+    (the drafts' inputs read and stored in the ring, the outputs, K-1 history rows a row) against the
+    copy ceiling."""
+    from sgl_convwin._kernels import triton_kernels
+
+    launch = triton_kernels().launch_ring_conv1d_verify
+    print(markdown_header("B", "tile", "us per step", "of the copy ceiling"))
+    for batch in batches:
+        p = ring_problem(shapes, batch, False, capacity, seed=batch)
+        ring, slots = p["ring"], p["slots"]
+        ring.cursor[:, 0], ring.cursor[:, 1] = 0, 8
+        calls = [sgl_convwin.ring_conv1d_verify.kernel_arguments(
+            p["conv_out"], ring.rows, p["conv_state"], p["x"][layer], p["weight"][layer], None, slots, slots,
+            ring.cursor, layer, None, activation="silu") for layer in range(shapes.layers)]
+        step_bytes = shapes.layers * batch * shapes.dim * 2 * (3 * p["N"] + shapes.kernel_size - 1)
+        for spec in ("default", *specs):
+            tuning = {} if spec == "default" else dict(zip(("block", "num_warps"), map(int, spec.split("/"))))
+
+            def fn():
+                for args, kwargs in calls:
+                    launch(*args, **kwargs, **tuning)
+            try:
+                us = graph_time_us(fn, launches=1, replays=8, rounds=3, warmup=1)
+            except Exception as error:  # noqa: BLE001 -- a tile the compiler refuses: reported, the sweep goes on
+                print(markdown_row(batch, spec, f"failed: {type(error).__name__}", "-"), flush=True)
+                continue
+            print(markdown_row(batch, spec, f"{us:.1f}", f"{step_bytes / (copy_gbps * 1e3) / us:.1%}"), flush=True)
+        del p, calls
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
 
 
 NCU_COLUMNS = ("few", "more", "fold", "mixed")  # --ncu's names of the sweep's columns
@@ -450,6 +485,9 @@ def main(argv=None) -> int:
                         help="each ring step begins with the flush of what its verifies would fold (every layer in "
                              "one launch: gdn_ring_flush / mamba2_ring_flush(..., num_draft=N)); the verifies then "
                              "fold nothing (the default); --no-due-first: each layer's verify folds its own rows")
+    parser.add_argument("--conv-sweep", nargs="+", metavar="BLOCK/WARPS",
+                        help="ring_conv1d_verify's launches alone per tile (channels per program / warps; the default "
+                             "first), every layer, chains")
     parser.add_argument("--transposed", action="store_true",
                         help="the GDN checkpoints stored [.., dv, dk] (the engines' layout) and passed transposed")
     args = parser.parse_args(argv)
@@ -461,6 +499,8 @@ def main(argv=None) -> int:
         set_constants(args.mixer, parse_tunings(args.constants), parser.error)
     if args.ncu and not args.sweep:
         parser.error("--ncu profiles a --sweep's launches")
+    if args.conv_sweep and args.mixer != "gdn":
+        parser.error("--conv-sweep times the GDN ring's conv")
     if args.flush_sweep and args.mixer != "gdn":
         parser.error("--flush-sweep times the GDN due flush")
     if DEVICE == "cuda" and not torch.cuda.is_available():
@@ -478,6 +518,9 @@ def main(argv=None) -> int:
         return 0
     if args.flush_sweep:
         flush_sweep(shapes, args.batches, args.capacity, args.flush_sweep)
+        return 0
+    if args.conv_sweep:
+        conv_sweep(shapes, args.batches, args.capacity, args.conv_sweep, copy_gbps)
         return 0
     rng = random.Random(0)
     results = []
