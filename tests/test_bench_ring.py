@@ -71,9 +71,9 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
         assert bench_ring.TRANSPOSED
         assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("| chain")]) == 1
         if INTERPRET:  # the conv's tiles (interpreted; a tile wider than the channels too)
-            assert bench_ring.main(["--batches", "2", "--capacity", "8", "--conv-sweep", "32/1", "128/2"]) == 0
+            assert bench_ring.main(["--batches", "2", "--capacity", "8", "--conv-sweep", "32/1", "128/2/1"]) == 0
             rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 |")]
-            assert [row.split(" | ")[1] for row in rows] == ["default", "32/1", "128/2"]
+            assert [row.split(" | ")[1] for row in rows] == ["default", "32/1", "128/2/1"]
             assert all("failed" not in row for row in rows)
     else:
         with pytest.raises(SystemExit):
