@@ -232,9 +232,8 @@ def sweep_pendings(shapes, capacity):
 def conv_sweep(shapes, batches, capacity, specs, copy_gbps):
     """ring_conv1d_verify's launch per tile choice (BLOCK/WARPS[/EARLY]: channels per program, warps,
     1: the drafts' inputs loaded before the slots), every layer's, chains, every row's history 8
-    pending rows: us per step (graph replay) and its bytes
-    (the drafts' inputs read and stored in the ring, the outputs, K-1 history rows a row) against the
-    copy ceiling."""
+    pending rows: us per step (graph replay) and its bytes (the drafts' inputs read and stored in the
+    ring, the outputs, K-1 history rows a row) against the copy ceiling."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_ring_conv1d_verify

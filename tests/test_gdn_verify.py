@@ -369,12 +369,11 @@ def test_mma_launch_plans(monkeypatch):
     # the mma kernel by default from MMA_MIN_PROGRAMS programs (a row's value heads x column tiles) and
     # up to MMA_MAX_NODES nodes, where it runs (here: as if on a GPU)
     monkeypatch.setattr(module, "_mma_kernel_runs_on", lambda ssm: True)
+    assert module.MMA_MIN_PROGRAMS == 128
     for rows, nodes, want in ((31, 4, False), (32, 4, True), (32, 17, False)):  # (4 value heads of 32 columns)
         chosen = make_problem(num_rows=rows, num_nodes=nodes)
-        q, k, v, g, beta, ssm, slots, parents = chosen
-        call = module._verify_call(torch.empty(v.shape), *chosen, scale=0.25, use_qk_l2norm=True)
+        call = module._verify_call(torch.empty(chosen[2].shape), *chosen, scale=0.25, use_qk_l2norm=True)
         assert (call.kernel.fn.__name__ == "_gdn_verify_mma_kernel") == want, (rows, nodes)
-        assert module.MMA_MIN_PROGRAMS == 128
     try:
         module.MMA_STATE_STAGES, module.MMA_CHUNK_K = 3, 16
         assert [plan(problem).constexprs[name] for name in ("STATE_STAGES", "CHUNK_K")] == [3, 16]
