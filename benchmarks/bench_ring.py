@@ -258,7 +258,7 @@ def conv_sweep(shapes, batches, capacity, specs, copy_gbps):
                 print(markdown_row(batch, spec, f"failed: {type(error).__name__}", "-"), flush=True)
                 continue
             print(markdown_row(batch, spec, f"{us:.1f}", f"{step_bytes / (copy_gbps * 1e3) / us:.1%}"), flush=True)
-        del p, calls
+        del p
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
 
