@@ -400,18 +400,20 @@ def test_cuda_state_stages_transposed_pool(state_dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("state_dtype, offset", [(torch.bfloat16, 4), (torch.float32, 1)], ids=["bf16", "fp32"])
-def test_cuda_staged_plan_then_a_misaligned_pool(monkeypatch, state_dtype, offset):
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
+def test_cuda_staged_plan_then_a_misaligned_pool(monkeypatch, state_dtype, offset, transposed):
     """An eager plan made with the state chunks through shared memory (a 16-byte aligned pool)
     serves a later pool of the same strides that starts 8 (bf16) or 4 (fp32) bytes off: a bf16 one's
     copies of one value, under cp.async's 4 bytes, take the registers instead of failing to compile;
-    a float32 one's copies shrink to 4 bytes."""
+    a float32 one's copies shrink to 4 bytes; pools stored [.., dv, dk] (copies down a column) too."""
     monkeypatch.setattr(triton_kernels().gdn_verify, "Q_EFF_DTYPES", (torch.float32, torch.bfloat16))
     sgl_convwin.gdn_verify.eager_plans.clear()
     q, k, v, g, beta, ssm, slots, parents = make_problem(num_rows=128, head_k_dim=128, head_v_dim=128,
                                                          state_dtype=state_dtype, device="cuda")
     flat = torch.zeros(ssm.numel() + offset, dtype=ssm.dtype, device="cuda")
     for start in (0, offset):  # the plan at the aligned pool, then the misaligned one
-        pool = flat[start:start + ssm.numel()].view(ssm.shape)
+        stored = flat[start:start + ssm.numel()].view(ssm.transpose(-1, -2).shape if transposed else ssm.shape)
+        pool = stored.transpose(-1, -2) if transposed else stored
         pool.copy_(ssm)
         check("cuda", sgl_convwin.gdn_verify, [q, k, v, g, beta, pool, slots, parents],
               tol=2e-2 if state_dtype == torch.bfloat16 else 2e-3)
