@@ -393,6 +393,27 @@ def test_mma_tiles_by_batch(num_rows, spread, warps, block_v, monkeypatch):
         (block_v, 32 * 128 // block_v)] * 2
 
 
+def mixed_rows_case(num_nodes, capacity, head_dim, cursors=None, **kwargs):
+    """The mma kernel's GPU case: five rows of two key heads (dk = dv = head_dim), bf16 rows -- by
+    default one that folds (every slot pending, wrapping the ring's end), one that replays 9
+    (wrapping), an empty ring, one with capacity - N pending, and a padded row (slot -1)."""
+    ring_rows = capacity + num_nodes
+    if cursors is None:
+        cursors = [[ring_rows - 3, capacity], [ring_rows - 5, 9], [0, 0], [2, capacity - num_nodes], [1, 1]]
+    return ring_case(num_rows=5, num_nodes=num_nodes, capacity=capacity, num_k_heads=2, head_k_dim=head_dim,
+                     head_v_dim=head_dim, num_state_slots=6, num_ring_slots=5, cursors=torch.tensor(cursors),
+                     ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 5, -1, 1], rows_dtype=torch.bfloat16,
+                     device="cuda", **kwargs)
+
+
+def assert_mixed_rows_agree(case, want, got, state_dtype=torch.float32):
+    """A mixed_rows_case's call: something folded, outputs within 2e-3, states within 1e-4 (bf16: 1e-2),
+    every row left alone by the PyTorch code left alone by the kernels."""
+    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
+    assert_agree(want, got, tol=2e-3, state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
+    assert_same_untouched(case, want, got)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("nodes", [[-1, 0, 1, 2], [-1, 0, 0, 1], [-1, 0, 0, 0, 1, 1, 1, 4]],
                          ids=["chain", "tree", "tree8"])
@@ -423,16 +444,9 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     if head_dim == 32 and ("chunk_k" not in fold and fold.get("state_stages", 0) > 2
                            or fold == dict(state_stages=0) and state_dtype == torch.bfloat16):
         pytest.skip("the default's launches: one chunk of 32 rows (a bf16 one through registers either way)")
-    ring_rows = capacity + num_nodes
-    cursors = torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, 9], [0, 0], [2, capacity - num_nodes], [1, 1]])
-    case = ring_case(num_rows=5, num_nodes=num_nodes, capacity=capacity, num_k_heads=2, head_k_dim=head_dim,
-                     head_v_dim=head_dim, num_state_slots=6, num_ring_slots=5, cursors=cursors,
-                     ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 5, -1, 1], parents=nodes,
-                     rows_dtype=torch.bfloat16, state_dtype=state_dtype, device="cuda")
+    case = mixed_rows_case(num_nodes, capacity, head_dim, parents=nodes, state_dtype=state_dtype)
     want, got = run_both(case, tuning=dict(MMA, **fold))
-    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
-    assert_agree(want, got, tol=2e-3, state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
-    assert_same_untouched(case, want, got)
+    assert_mixed_rows_agree(case, want, got, state_dtype)
     if "fold_tiles" in fold:
         _, default = run_both(case, tuning=MMA)
         for name in ("ssm_state", "conv_state", "gates", "out"):
@@ -449,19 +463,11 @@ def test_mma_kernel_transposed_checkpoints(nodes, state_dtype, fold):
     """Checkpoints stored [.., dv, dk] and passed transposed (engines' layout): the state chunks
     copied 16 bytes down a column and the folds stored so, against the PyTorch code, rows that fold
     and rows that only replay."""
-    num_nodes, capacity = len(nodes), 16
-    ring_rows = capacity + num_nodes
-    cursors = torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, 9], [0, 0], [2, capacity - num_nodes], [1, 1]])
-    case = ring_case(num_rows=5, num_nodes=num_nodes, capacity=capacity, num_k_heads=2, head_k_dim=128,
-                     head_v_dim=128, num_state_slots=6, num_ring_slots=5, cursors=cursors,
-                     ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 5, -1, 1], parents=nodes,
-                     rows_dtype=torch.bfloat16, state_dtype=state_dtype, device="cuda", transposed=True)
+    case = mixed_rows_case(len(nodes), 16, 128, parents=nodes, state_dtype=state_dtype, transposed=True)
     assert case["ssm_state"].stride(-2) == 1
     want, got = run_both(case, tuning=dict(MMA, **fold))
     assert got["ssm_state"].stride() == case["ssm_state"].stride()
-    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
-    assert_agree(want, got, tol=2e-3, state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
-    assert_same_untouched(case, want, got)
+    assert_mixed_rows_agree(case, want, got, state_dtype)
 
 
 @pytest.mark.gpu
@@ -471,18 +477,10 @@ def test_mma_kernel_as_programmatic_dependent(monkeypatch, nodes):
     wait: the verify launch right after the fold launch whose checkpoints it reads, against the
     PyTorch code, rows that fold and rows that replay, in either layer."""
     monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PDL", 1)
-    num_nodes, capacity = len(nodes), 16
-    ring_rows = capacity + num_nodes
-    cursors = torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, 9], [0, 0], [2, capacity - num_nodes], [1, 1]])
-    case = ring_case(num_rows=5, num_nodes=num_nodes, capacity=capacity, num_k_heads=2, head_k_dim=64,
-                     head_v_dim=64, num_state_slots=6, num_ring_slots=5, cursors=cursors,
-                     ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 5, -1, 1], parents=nodes,
-                     rows_dtype=torch.bfloat16, device="cuda")
+    case = mixed_rows_case(len(nodes), 16, 64, parents=nodes)
     for layer in (0, 1):
         want, got = run_both(case, layer=layer, tuning=MMA)
-        assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
-        assert_agree(want, got, tol=2e-3, state_tol=1e-4)
-        assert_same_untouched(case, want, got)
+        assert_mixed_rows_agree(case, want, got)
 
 
 @pytest.mark.gpu
@@ -491,14 +489,10 @@ def test_mma_kernel_takes_wide_rings(capacity):
     """The mma kernel verifies chains of 8 at capacities 20 and 24 (R + N = 28 and 32 stack rows: a
     row that does not fold holds at most R keys): rows that fold, replay, hold nothing, pad."""
     ring_rows = capacity + 8
-    cursors = torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, capacity - 9], [0, 0], [2, 3], [1, 1]])
-    case = ring_case(num_rows=5, num_nodes=8, capacity=capacity, num_k_heads=2, head_k_dim=128, head_v_dim=128,
-                     num_state_slots=6, num_ring_slots=5, cursors=cursors, ring_slots=[0, 1, 2, 3, 4],
-                     state_slots=[3, 0, 5, -1, 1], rows_dtype=torch.bfloat16, device="cuda")
+    case = mixed_rows_case(8, capacity, 128, cursors=[[ring_rows - 3, capacity], [ring_rows - 5, capacity - 9],
+                                                       [0, 0], [2, 3], [1, 1]])
     want, got = run_both(case, tuning=MMA)
-    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
-    assert_agree(want, got, tol=2e-3, state_tol=1e-4)
-    assert_same_untouched(case, want, got)
+    assert_mixed_rows_agree(case, want, got)
 
 
 @pytest.mark.gpu
@@ -508,15 +502,10 @@ def test_mma_kernel_takes_16_nodes(state_dtype):
     does not fold holds at most R keys): rows that fold, replay, hold nothing, pad."""
     nodes = [-1, 0, 0, 0, 1, 1, 1, 2, 2, 3, 4, 4, 5, 7, 9, 12]
     capacity, ring_rows = 16, 32
-    cursors = torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, 9], [0, 0], [2, 0], [1, 1]])
-    case = ring_case(num_rows=5, num_nodes=len(nodes), capacity=capacity, num_k_heads=2, head_k_dim=128,
-                     head_v_dim=128, num_state_slots=6, num_ring_slots=5, cursors=cursors,
-                     ring_slots=[0, 1, 2, 3, 4], state_slots=[3, 0, 5, -1, 1], parents=nodes,
-                     rows_dtype=torch.bfloat16, state_dtype=state_dtype, device="cuda")
+    case = mixed_rows_case(len(nodes), capacity, 128, cursors=[[ring_rows - 3, capacity], [ring_rows - 5, 9], [0, 0],
+                                                               [2, 0], [1, 1]], parents=nodes, state_dtype=state_dtype)
     want, got = run_both(case, tuning=MMA)
-    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
-    assert_agree(want, got, tol=2e-3, state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
-    assert_same_untouched(case, want, got)
+    assert_mixed_rows_agree(case, want, got, state_dtype)
 
 
 def ring_step_calls(kernels, verify_tuning=IEEE):
