@@ -179,10 +179,7 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          dict(mma=True, pdl=0), dict(mma=True, pdl=2), dict(mma=True, pdl=2, state_stages=2),
          # the effective queries: the node matrices before one product with the state
          dict(mma=True, q_eff=True), dict(mma=True, q_eff=True, state_stages=2), dict(mma=True, q_eff=True, pdl=2),
-         dict(mma=False, q_eff=False), dict(mma=True, q_eff=False),  # the stacked products, each kernel
-         # a program over both value heads of a key head (one stack and gram), registers or staged
-         *(dict(mma=True, q_eff=False, heads_per_program=2, **extra) for extra in (
-             {}, dict(state_stages=2), dict(state_stages=2, chunk_k=16), dict(state_stages=2, chunk_k=32)))]
+         dict(mma=False, q_eff=False), dict(mma=True, q_eff=False)]  # the stacked products, each kernel
 
 
 def resolved(tuning):

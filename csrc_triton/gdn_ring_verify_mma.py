@@ -155,7 +155,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     STAGES: gl.constexpr = min(STATE_STAGES, CHUNKS)
     if STATE_STAGES > 0:  # the long read first, into shared memory: no register holds it meanwhile
         _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
-                            SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L, 0, STATE_STAGES)
+                            SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L)
         upcoming = live  # unread
     else:
         upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
@@ -218,7 +218,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     for c in gl.static_range(0, BLOCK_K, CHUNK_K):
         if STATE_STAGES > 0:
             state = _staged_chunk(state_ring, state_base, live, v0, c, STAGES, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K,
-                                  SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L, COPY_L, 0)
+                                  SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L, COPY_L)
         else:
             state = upcoming
             if c + CHUNK_K < BLOCK_K:

@@ -315,7 +315,7 @@ def _mma_kernel_runs_on(ssm) -> bool:
 
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
                  block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None,
-                 persistent=None, maxnreg=None, pdl=None, q_eff=None, heads_per_program=1):
+                 persistent=None, maxnreg=None, pdl=None, q_eff=None):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
@@ -330,9 +330,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     not write; 0, a plain launch; None: MMA_PDL), q_eff (the outputs from the effective queries;
     None: the mma kernel's where MMA_Q_EFF, the chunks stage and the state is of Q_EFF_DTYPES, the
     Triton kernel's where the state is of Q_EFF_DTYPES and the nodes at most
-    TRITON_Q_EFF_MAX_NODES), heads_per_program (the mma kernel's programs over that many value heads
-    of one key head, their stack and gram computed once; the stacked products, not persistent):
-    tuning only."""
+    TRITON_Q_EFF_MAX_NODES): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -360,21 +358,14 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         L2NORM=bool(use_qk_l2norm), PRECISION=precision or default_precision(ssm), num_warps=num_warps,
     )
     tensors = (out, q, k, v, g, beta, ssm, state_slots, state_slots if parents is None else parents)
-    heads = int(heads_per_program)
-    if heads != 1 and not (mma and heads > 1 and (num_v_heads // num_k_heads) % heads == 0 and not q_eff
-                           and persistent is None):
-        raise ValueError(f"convwin.gdn_verify: heads_per_program {heads_per_program} takes the mma kernel's stacked "
-                         f"products (q_eff False), not persistent, and a divisor of the {num_v_heads // num_k_heads} "
-                         "value heads a key head has")
     if mma:
         from . import gdn_verify_mma
-        grid = (grid[0] // heads, grid[1])
         chunk_k = min(chunk_k or MMA_CHUNK_K * 4 // ssm.element_size(), constexprs["BLOCK_K"])
         check_mma_tiles("convwin.gdn_verify", block_v, num_warps, chunk_k)
         stages = state_stages_for(MMA_STATE_STAGES if state_stages is None else state_stages, block_v, num_warps,
                                   chunk_k, constexprs["BLOCK_K"], ssm)
         if q_eff is None:
-            q_eff = MMA_Q_EFF and stages > 0 and ssm.dtype in Q_EFF_DTYPES and heads == 1
+            q_eff = MMA_Q_EFF and stages > 0 and ssm.dtype in Q_EFF_DTYPES
         if state_stages is None and not q_eff and ssm.stride(-1) == 1:
             stages = 0  # (a transposed pool's chunks stay staged: in registers its loads are of one element)
         half = (torch.bfloat16, torch.float16)  # (exact in tf32; wider q or k rounded to it first)
@@ -389,7 +380,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         if persistent is not None:
             return KernelCall(gdn_verify_mma._gdn_verify_mma_persistent_kernel, (min(grid[0] * grid[1], persistent), 1),
                               tensors, (*scalars[:2], num_rows, *scalars[2:]), constexprs)
-        return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, dict(constexprs, HEADS=heads))
+        return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
     if q_eff is None:
         q_eff = ssm.dtype in Q_EFF_DTYPES and num_nodes <= TRITON_Q_EFF_MAX_NODES
     constexprs.update(Q_EFF=bool(q_eff))

@@ -149,12 +149,10 @@ def _issue_state_chunk(slot, state_base, first, live, v0, HEAD_K_DIM: gl.constex
 @gluon.jit
 def _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
                         BLOCK_K: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
-                        CHUNK_K: gl.constexpr, BLOCK_V: gl.constexpr, COPY_L: gl.constexpr,
-                        SLOT0: gl.constexpr, SLOTS: gl.constexpr):
-    """The tile's first chunks of rows issued into the ring's slots SLOT0 .. SLOT0 + SLOTS - 1
-    (_staged_chunk's ring), one each."""
-    for i in gl.static_range(min(SLOTS, BLOCK_K // CHUNK_K)):
-        _issue_state_chunk(state_ring.index(SLOT0 + i), state_base, i * CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM,
+                        CHUNK_K: gl.constexpr, BLOCK_V: gl.constexpr, COPY_L: gl.constexpr):
+    """The tile's first chunks of rows issued into the ring's slots (_staged_chunk's ring), one each."""
+    for i in gl.static_range(min(state_ring.shape[0], BLOCK_K // CHUNK_K)):
+        _issue_state_chunk(state_ring.index(i), state_base, i * CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM,
                            SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L)
 
 
@@ -162,19 +160,18 @@ def _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM: gl.constex
 def _staged_chunk(state_ring, state_base, live, v0, FIRST: gl.constexpr, STAGES: gl.constexpr,
                   HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr,
                   SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, CHUNK_K: gl.constexpr,
-                  BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr, COPY_L: gl.constexpr, SLOT0: gl.constexpr):
+                  BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr, COPY_L: gl.constexpr):
     """State rows FIRST .. FIRST + CHUNK_K - 1 of the tile, fp32 in LOAD_L, from their slot of the
-    STAGES slots of the ring in shared memory from SLOT0 (chunk i in slot SLOT0 + i % STAGES, chunks
-    0 .. STAGES-1 issued first); the slot then refilled with the chunk STAGES later (copied in
-    COPY_L). Copies issued after this tile's first ones (another tile's) are waited for too."""
+    STAGES-slot ring in shared memory (chunk i in slot i % STAGES, chunks 0 .. STAGES-1 issued
+    first); the slot then refilled with the chunk STAGES later (copied in COPY_L)."""
     CHUNKS: gl.constexpr = BLOCK_K // CHUNK_K
     I: gl.constexpr = FIRST // CHUNK_K
     async_copy.wait_group(min(CHUNKS, STAGES + I) - (I + 1))  # this thread's copies of chunk I landed
     gl.thread_barrier()  # and every other thread's
-    state = state_ring.index(SLOT0 + I % STAGES).load(LOAD_L).to(gl.float32)
+    state = state_ring.index(I % STAGES).load(LOAD_L).to(gl.float32)
     if I + STAGES < CHUNKS:  # the slot refilled once every thread has read it
         gl.thread_barrier()
-        _issue_state_chunk(state_ring.index(SLOT0 + I % STAGES), state_base, (I + STAGES) * CHUNK_K, live, v0, HEAD_K_DIM,
+        _issue_state_chunk(state_ring.index(I % STAGES), state_base, (I + STAGES) * CHUNK_K, live, v0, HEAD_K_DIM,
                            HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L)
     return state
 
@@ -298,7 +295,7 @@ def _verify_tile(
     HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
     TREE: gl.constexpr, L2NORM: gl.constexpr, CHUNK_K: gl.constexpr, ROUND_KQ: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, STATE_STAGES: gl.constexpr, FROM_PROGRAM: gl.constexpr,
-    PDL: gl.constexpr, Q_EFF: gl.constexpr, HEADS: gl.constexpr,
+    PDL: gl.constexpr, Q_EFF: gl.constexpr,
 ):
     """One [dk, BLOCK_V] state tile's outputs, from one read of it: the tile of _gdn_verify_mma_kernel's
     program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
@@ -306,9 +303,7 @@ def _verify_tile(
     before this one has finished; 2: the slot and the state's first chunks before that (that
     kernel must write neither; only the slot with Q_EFF in registers), the rest after. Q_EFF: the
     node matrices first, then one product of the state with the effective queries (module
-    docstring). HEADS (FROM_PROGRAM only, not with Q_EFF, which overwrites the stack): the tiles
-    of that many value heads of one key head, from head (program // V_BLOCKS) x HEADS, after
-    one stack and gram, each head's first state chunks issued at the start."""
+    docstring)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -328,7 +323,7 @@ def _verify_tile(
     HALF: gl.constexpr = NODES // 2
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     if FROM_PROGRAM:
-        head = (gl.program_id(0) // V_BLOCKS) * HEADS
+        head = gl.program_id(0) // V_BLOCKS
         v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
         row = gl.program_id(1).to(gl.int64)
     else:
@@ -348,12 +343,10 @@ def _verify_tile(
 
     if STATE_STAGES > 0:  # 16-byte units XOR-swizzled by row: a warp's rows of a load on distinct banks
         state_ring = gl.allocate_shared_memory(
-            ssm_ptr.dtype.element_ty, [HEADS * STATE_STAGES, CHUNK_K, BLOCK_V],
+            ssm_ptr.dtype.element_ty, [STATE_STAGES, CHUNK_K, BLOCK_V],
             _state_ring_layout(gl.SwizzledSharedLayout(VEC, 1, 8, [1, 0]), K_CONTIGUOUS, BITS, CHUNK_K, VEC))
-        for i in gl.static_range(HEADS):  # the long reads first: nothing before them waits
-            _issue_first_chunks(state_ring, state_base + i * ssm_stride_head, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM,
-                                BLOCK_K, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L, i * STATE_STAGES,
-                                STATE_STAGES)
+        _issue_first_chunks(state_ring, state_base, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
+                            SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L)  # the long read first: nothing before it waits
         upcoming = slot_ok  # unread
     elif Q_EFF:  # the first chunk after the effective queries: held across them, it costs registers
         state_ring = slot_ok  # unread
@@ -396,78 +389,67 @@ def _verify_tile(
         chunk = kq_smem.slice(c, CHUNK_K, dim=1)
         gram = mma_v2(chunk.load(A_L), chunk.permute((1, 0)).load(B_L), gram, input_precision="tf32")
 
-    for i in gl.static_range(HEADS):  # (HEADS > 1: the stack and gram above shared by the key head's value heads)
-        head_i = head + i
-        base_i = state_base + i * ssm_stride_head
+    if Q_EFF:  # the stack's query rows become Q_eff = W [k; q], its key rows zero, before the products
+        mix, row_c, grown, kept, beta, links_ok = _node_matrices(
+            gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
+            beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
+            True)
+        eye = gl.arange(0, NODES, layout=ROW_L)[:, None] == gl.arange(0, NODES, layout=COL_L)[None, :]
+        W = gl.where(eye, (kept * row_c)[:, None], 0.0) - mix * gl.convert_layout(beta * grown * row_c, COL_L)[None, :]
+        w_hi, w_lo = _parts(W, A_L, True)
+        stack_b = kq_smem.load(B_L)  # tf32 values already (ROUND_KQ): only W has a rest
+        q_eff = mma_v2(w_lo, stack_b, gl.zeros([NODES, BLOCK_K], gl.float32, layout=MMA), input_precision="tf32")
+        q_eff = mma_v2(w_hi, stack_b, q_eff, input_precision="tf32")
+        gl.thread_barrier()  # every read of the raw stack done
+        kq_smem.store(_rounded(q_eff, True))
+        gl.thread_barrier()
         if STATE_STAGES == 0:
-            if i > 0 and not Q_EFF:  # (the first head's first chunk came before the stack)
-                upcoming = _state_chunk(base_i, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
-                                        CHUNK_K, BLOCK_V, LOAD_L)
-        if Q_EFF:  # the stack's query rows become Q_eff = W [k; q], its key rows zero, before the products
-            mix, row_c, grown, kept, beta, links_ok = _node_matrices(
-                gram, row, head_i, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
-                beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
-                True)
-            eye = gl.arange(0, NODES, layout=ROW_L)[:, None] == gl.arange(0, NODES, layout=COL_L)[None, :]
-            W = (gl.where(eye, (kept * row_c)[:, None], 0.0)
-                 - mix * gl.convert_layout(beta * grown * row_c, COL_L)[None, :])
-            w_hi, w_lo = _parts(W, A_L, True)
-            stack_b = kq_smem.load(B_L)  # tf32 values already (ROUND_KQ): only W has a rest
-            q_eff = mma_v2(w_lo, stack_b, gl.zeros([NODES, BLOCK_K], gl.float32, layout=MMA),
-                           input_precision="tf32")
-            q_eff = mma_v2(w_hi, stack_b, q_eff, input_precision="tf32")
-            gl.thread_barrier()  # every read of the raw stack done
-            kq_smem.store(_rounded(q_eff, True))
-            gl.thread_barrier()
-            if STATE_STAGES == 0:
-                upcoming = _state_chunk(base_i, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
-                                        CHUNK_K, BLOCK_V, LOAD_L)
+            upcoming = _state_chunk(state_base, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
+                                    CHUNK_K, BLOCK_V, LOAD_L)
 
-        products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
-        for c in gl.static_range(0, BLOCK_K, CHUNK_K):
-            if STATE_STAGES > 0:
-                state = _staged_chunk(state_ring, base_i, slot_ok, v0, c, min(STATE_STAGES, BLOCK_K // CHUNK_K),
-                                      HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V,
-                                      LOAD_L, COPY_L, i * STATE_STAGES)
-            else:
-                state = upcoming
-                if c + CHUNK_K < BLOCK_K:  # the next chunk's loads in flight while this one multiplies
-                    upcoming = _state_chunk(base_i, c + CHUNK_K, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM,
-                                            SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
-            # relabel the columns (no data moves): a thread's TILES columns (runs of VEC) become its
-            # columns of the warp's TILES mma tiles
-            state = state.reshape([CHUNK_K, TILES // VEC, WARPS, 8, VEC]).permute((0, 1, 4, 2, 3)).reshape(
-                [CHUNK_K, BLOCK_V])
-            products = mma_v2(kq_smem.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(state, B_L),
-                              products, input_precision="tf32")
-        if not Q_EFF:  # after the products: before them, the chunks' loads wait in registers
-            mix, row_c, grown, kept, beta, links_ok = _node_matrices(
-                gram, row, head_i, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
-                beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
-                False)
-            products = products * row_c[:, None]  # K S0 on key rows, Q S0 (scaled) on query rows
-        stack = gl.arange(0, NODES, layout=ROW_L)
-        key_side = stack < HALF
-        node = stack % HALF
-        real = node < NUM_NODES
-
-        n = gl.arange(0, BLOCK_V, layout=COL_L)
-        tile = n // (8 * WARPS)  # the state's relabelling: mma column n is the state's column vv
-        vv = (v0 + (tile // VEC) * (8 * VEC * WARPS) + ((n // 8) % WARPS) * (8 * VEC) + (n % 8) * VEC
-              + tile % VEC)
-        columns = (vv < HEAD_V_DIM)[None, :]
-        v = gl.load(v_ptr + row * v_stride_row + head_i * v_stride_head + (node * v_stride_node)[:, None]
-                    + (vv * v_stride_v)[None, :], mask=(real & key_side)[:, None] & columns,
-                    other=0.0).to(gl.float32)
-        if Q_EFF:
-            o = products + _product(mix, beta[:, None] * v, MMA, A_L, B_L, False)
+    products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
+    for c in gl.static_range(0, BLOCK_K, CHUNK_K):
+        if STATE_STAGES > 0:
+            state = _staged_chunk(state_ring, state_base, slot_ok, v0, c, min(STATE_STAGES, BLOCK_K // CHUNK_K),
+                                  HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L,
+                                  COPY_L)
         else:
-            rhs = beta[:, None] * (v - grown[:, None] * products)
-            o = kept[:, None] * products + _product(mix, rhs, MMA, A_L, B_L, False)
-        dst = (out_ptr + row * out_stride_row + head_i * out_stride_head + (node * out_stride_node)[:, None]
-               + (vv * out_stride_v)[None, :])
-        store_ok = slot_ok & links_ok
-        gl.store(dst, o.to(out_ptr.dtype.element_ty), mask=store_ok & (real & ~key_side)[:, None] & columns)
+            state = upcoming
+            if c + CHUNK_K < BLOCK_K:  # the next chunk's loads in flight while this one multiplies
+                upcoming = _state_chunk(state_base, c + CHUNK_K, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
+                                        SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+        # relabel the columns (no data moves): a thread's TILES columns (runs of VEC) become its
+        # columns of the warp's TILES mma tiles
+        state = state.reshape([CHUNK_K, TILES // VEC, WARPS, 8, VEC]).permute((0, 1, 4, 2, 3)).reshape(
+            [CHUNK_K, BLOCK_V])
+        products = mma_v2(kq_smem.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(state, B_L), products,
+                          input_precision="tf32")
+    if not Q_EFF:  # after the products: before them, the chunks' loads wait in registers (docs/benchmarks.md)
+        mix, row_c, grown, kept, beta, links_ok = _node_matrices(
+            gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
+            beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
+            False)
+        products = products * row_c[:, None]  # K S0 on key rows, Q S0 (scaled) on query rows
+    stack = gl.arange(0, NODES, layout=ROW_L)
+    key_side = stack < HALF
+    node = stack % HALF
+    real = node < NUM_NODES
+
+    n = gl.arange(0, BLOCK_V, layout=COL_L)
+    tile = n // (8 * WARPS)  # the state's relabelling: mma column n is the state's column vv
+    vv = v0 + (tile // VEC) * (8 * VEC * WARPS) + ((n // 8) % WARPS) * (8 * VEC) + (n % 8) * VEC + tile % VEC
+    columns = (vv < HEAD_V_DIM)[None, :]
+    v = gl.load(v_ptr + row * v_stride_row + head * v_stride_head + (node * v_stride_node)[:, None]
+                + (vv * v_stride_v)[None, :], mask=(real & key_side)[:, None] & columns, other=0.0).to(gl.float32)
+    if Q_EFF:
+        o = products + _product(mix, beta[:, None] * v, MMA, A_L, B_L, False)
+    else:
+        rhs = beta[:, None] * (v - grown[:, None] * products)
+        o = kept[:, None] * products + _product(mix, rhs, MMA, A_L, B_L, False)
+    dst = (out_ptr + row * out_stride_row + head * out_stride_head + (node * out_stride_node)[:, None]
+           + (vv * out_stride_v)[None, :])
+    store_ok = slot_ok & links_ok
+    gl.store(dst, o.to(out_ptr.dtype.element_ty), mask=store_ok & (real & ~key_side)[:, None] & columns)
 
 
 @gluon.jit
@@ -486,15 +468,14 @@ def _gdn_verify_mma_kernel(
     HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
-    STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr, HEADS: gl.constexpr,
+    STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
     gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
     its operands rounded to nearest). The state's strides come as SSM_STRIDE_K / _V, constants, so
     that the chunk loads take immediate offsets. With STATE_STAGES the chunks go through shared
     memory (cp.async, that many in flight from the program's start) instead of registers. PDL 1 or
-    2: launched as a programmatic dependent (sm_90; _verify_tile). HEADS > 1 (stacked products
-    only): a program over that many value heads of one key head, their stack and gram once."""
+    2: launched as a programmatic dependent (sm_90; _verify_tile)."""
     _verify_tile(-1, out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr,
                  slots_ptr, parents_ptr, num_state_slots, scale,
                  out_stride_row, out_stride_node, out_stride_head, out_stride_v,
@@ -506,7 +487,7 @@ def _gdn_verify_mma_kernel(
                  ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                  NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                  TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, True, PDL,
-                 Q_EFF, HEADS)
+                 Q_EFF)
 
 
 @gluon.jit(do_not_specialize=["num_rows"])
@@ -545,4 +526,4 @@ def _gdn_verify_mma_persistent_kernel(
                      ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                      NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                      TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, False, PDL,
-                     Q_EFF, 1)
+                     Q_EFF)

@@ -42,7 +42,6 @@
 #             RING_MMA_PDL=1; memcheck + racecheck over some transposed pools' and the pdl tests
 #   ringconv  ring_conv1d_verify's tiles (channels per program / warps / early loads; 64 / 1 / 0 its default, never
 #             timed) at B = 8 .. 256
-#   heads     gdn_verify's programs over both value heads of a key head (heads_per_program 2): GPU tests, sweep
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
@@ -302,15 +301,6 @@ for phase in "$@"; do
     ringconv) timeout 150 python3 benchmarks/bench_ring.py --conv-sweep 64/1/1 64/2 128/1 128/1/1 128/2 256/2 256/2/1 \
                 256/4 512/4 512/4/1 1024/4 --batches 8 64 256 > "$out/bench_ring_conv.log" 2>&1
               rc=$?; grep -E '^\|' "$out/bench_ring_conv.log" ;;
-    heads)    rc=0  # (a program over both value heads of a key head: its GPU tests, then the sweep against 28)
-              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
-                -k "heads_per_program" > "$out/gpu_tests_heads.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_heads.log"
-              for dtype in fp32 bf16; do
-                timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --only 28 29 30 31 32 --batches 64 256 \
-                  --state-dtype $dtype > "$out/sweep_heads_$dtype.log" 2>&1 || rc=1
-                grep '^|' "$out/sweep_heads_$dtype.log"
-              done ;;
     commitT)  timeout 200 python3 benchmarks/bench_commit.py --transposed --batches 8 64 256 > "$out/bench_commit_T.log" 2>&1
               rc=$?; grep -E '^\||differs' "$out/bench_commit_T.log" ;;
     floorsan) mkdir -p "$out/floorsan"

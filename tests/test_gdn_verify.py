@@ -294,11 +294,7 @@ TUNINGS = [dict(mma=False), dict(block_v=16, mma=False), dict(block_v=16, num_wa
            pytest.param(dict(mma=True, pdl=2, state_stages=2), marks=pytest.mark.gpu),
            # the effective queries (node matrices before the state products), chunks in registers or staged
            pytest.param(dict(mma=True, q_eff=True, block_v=64, chunk_k=16), marks=pytest.mark.gpu),
-           pytest.param(dict(mma=True, q_eff=True, state_stages=2, pdl=2), marks=pytest.mark.gpu),
-           # a program over both value heads of a key head (the stacked products), registers or staged
-           pytest.param(dict(mma=True, q_eff=False, heads_per_program=2), marks=pytest.mark.gpu),
-           pytest.param(dict(mma=True, q_eff=False, heads_per_program=2, state_stages=2, block_v=32),
-                        marks=pytest.mark.gpu)]
+           pytest.param(dict(mma=True, q_eff=True, state_stages=2, pdl=2), marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=[interpreted, pytest.mark.slow]),
@@ -368,19 +364,6 @@ def test_mma_launch_plans(monkeypatch):
     for dtype, head_k_dim, want in ((torch.float32, 128, 32), (torch.bfloat16, 128, 64), (torch.bfloat16, 32, 32)):
         pool = make_problem(head_k_dim=head_k_dim, head_v_dim=64, state_dtype=dtype)
         assert plan(pool).constexprs["CHUNK_K"] == want
-    # a program over several value heads of one key head: the grid's heads divided, the stacked
-    # products only, not persistent, a divisor of the value heads a key head has (2 here)
-    assert plan(problem, q_eff=False, heads_per_program=2).grid == (plan(problem).grid[0] // 2, 3)
-    assert plan(problem, q_eff=False, heads_per_program=2).constexprs["HEADS"] == 2
-    assert plan(problem).constexprs["HEADS"] == 1
-    assert not plan(problem, heads_per_program=2, state_stages=2).constexprs["Q_EFF"]
-    for bad in (dict(heads_per_program=2, q_eff=True), dict(heads_per_program=2, q_eff=False, persistent=4),
-                dict(heads_per_program=4, q_eff=False), dict(heads_per_program=0)):
-        with pytest.raises(ValueError, match="heads_per_program"):
-            plan(problem, **bad)
-    with pytest.raises(ValueError, match="heads_per_program"):  # (the Triton kernel: a head a program)
-        triton_kernels().gdn_verify._verify_call(torch.empty(problem[2].shape), *problem, scale=0.25,
-                                                 use_qk_l2norm=True, mma=False, heads_per_program=2)
     module = triton_kernels().gdn_verify
     defaults = module.MMA_STATE_STAGES, module.MMA_CHUNK_K, module.MMA_Q_EFF
     # the mma kernel by default from MMA_MIN_PROGRAMS programs (a row's value heads x column tiles) and
