@@ -32,11 +32,13 @@ from triton.runtime.interpreter import InterpretedFunction
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_calls
 from .verify import _links_ok, _silu, _step_up
 
-RING_CONV_BLOCK = 64  # channels per program (unmeasured: the verify tile's choice for up to 4 nodes)
+# channels per program and warps: the fastest of the tiles swept (docs/benchmarks.md, "Ring"; 256 / 4
+# ties at B = 256)
+RING_CONV_BLOCK = 64
 RING_CONV_WARPS = 1
 # The drafts' inputs and the newest tap's weights loaded before the slots and the cursor, which they
-# do not need (verify.py's ROWS_EARLY; here unmeasured: off)
-RING_CONV_EARLY = False
+# do not need (verify.py's ROWS_EARLY)
+RING_CONV_EARLY = True
 TUNING = ("block", "num_warps", "early")
 
 

@@ -40,8 +40,8 @@
 #             gdn_verify's sweep over them (fp32 both forms, bf16); then the small batches' sweep (B = 2 .. 8, each kernel)
 #   ringT     the ring kernels' pdl tests; the GDN ring (chains, B = 64 / 256): contiguous, transposed checkpoints,
 #             RING_MMA_PDL=1; memcheck + racecheck over some transposed pools' and the pdl tests
-#   ringconv  ring_conv1d_verify's tiles (channels per program / warps / early loads; 64 / 1 / 0 its default, never
-#             timed) at B = 8 .. 256
+#   ringconv  ring_conv1d_verify's tiles (channels per program / warps / early loads; 64 / 1 / 1 its default) at
+#             B = 8 .. 256
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
@@ -298,7 +298,7 @@ for phase in "$@"; do
               SANITIZE_TIMEOUT=100 SANITIZE_TESTS="tests/test_gdn_verify.py tests/test_ring_kernels.py" \
                 SANITIZE_K="transposed and (default or stages-16 or pool) or programmatic" \
                 bash scripts/gpu_sanitize.sh "$out/ringT" || rc=1 ;;
-    ringconv) timeout 150 python3 benchmarks/bench_ring.py --conv-sweep 64/1/1 64/2 128/1 128/1/1 128/2 256/2 256/2/1 \
+    ringconv) timeout 150 python3 benchmarks/bench_ring.py --conv-sweep 64/1/0 64/2 128/1 128/1/1 128/2 256/2 256/2/1 \
                 256/4 512/4 512/4/1 1024/4 --batches 8 64 256 > "$out/bench_ring_conv.log" 2>&1
               rc=$?; grep -E '^\|' "$out/bench_ring_conv.log" ;;
     commitT)  timeout 200 python3 benchmarks/bench_commit.py --transposed --batches 8 64 256 > "$out/bench_commit_T.log" 2>&1
