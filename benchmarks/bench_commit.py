@@ -1124,7 +1124,8 @@ def bench_transposed(shapes, batches, modes):
             p.conv_state.copy_(conv_before)
             transposed_fn = convwin_commit_fn(p)
             transposed_fn()
-            if not torch.allclose(p.ssm_state, want, rtol=1e-5, atol=1e-5):
+            # (a layer at a time: a whole pool's comparison would take another 18 GiB at B = 256)
+            if not all(torch.allclose(got, ref, rtol=1e-5, atol=1e-5) for got, ref in zip(p.ssm_state, want)):
                 print(f"  {mode} B={B}: the transposed pool's commit differs from the contiguous one's", flush=True)
                 return False
             p.conv_state.copy_(conv_before)
