@@ -67,18 +67,6 @@ RING_MMA_SPREAD = False
 # sm_90+: each program's first read after the launch before has finished, its start under that
 # launch's tail (gdn_verify's pdl 1: nothing a caller sees changes; 0: plain launches)
 RING_MMA_PDL = 1
-# The rows past the stack of 16 verified from the effective queries (gdn_verify's q_eff): the node
-# matrices first, then the state times the 16 query rows of the stack of 32 instead of all of them
-# (effective_queries_fit; a capacity of 16)
-RING_MMA_Q_EFF = 1
-
-
-def effective_queries_fit(key_rows: int, nodes: int, block_v: int, block_k: int) -> bool:
-    """Whether gdn_ring_verify_mma's verify of a stack of ``nodes`` rows, keys first, queries from row
-    key_rows, takes the effective queries (RING_MMA_Q_EFF): the keys fill the first half of a stack
-    of 32 (its queries are then 16 rows, the products' A operand) and v's tile fits the key rows'
-    share of the stack's shared memory (block_v <= block_k)."""
-    return 2 * key_rows == nodes == 2 * RING_MMA_SMALL_NODES and block_v <= block_k
 
 
 def mma_verify_keys(ring_rows: int, num_nodes: int) -> int:
@@ -403,7 +391,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
                  fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                 chunk_k=None, fold_tiles=1, q_eff=None):
+                 chunk_k=None, fold_tiles=1):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
@@ -444,8 +432,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps,
                                fold_block_v, fold_maxnreg, fused, RING_MMA_MERGED if merged is None else merged,
                                RING_MMA_STATE_STAGES if state_stages is None else state_stages,
-                               chunk_k or RING_MMA_CHUNK_K, fold_tiles,
-                               RING_MMA_Q_EFF if q_eff is None else q_eff) if mma else (chunk,))
+                               chunk_k or RING_MMA_CHUNK_K, fold_tiles) if mma else (chunk,))
     if fused:
         return chunks
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
@@ -455,7 +442,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
 
 def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fold_block_v=None,
                      fold_maxnreg=None, fused_window=False, merged=False, state_stages=0, chunk_k=RING_MMA_CHUNK_K,
-                     fold_tiles=1, q_eff=False):
+                     fold_tiles=1):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
     folding only -- a stack of the pending keys, no drafts (3xTF32 for a float32 checkpoint), on
@@ -469,8 +456,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     the state chunks through shared memory, that many in flight (where a thread's copies are of 4
     bytes or more: gdn_verify.state_stages_for);
     chunk_k state rows a chunk; the non-folding rows' stack sized by their most keys
-    (mma_verify_keys); with q_eff the rows past the stack of 16 from the effective queries where
-    effective_queries_fit. maxnreg: the register cap of the launches that do not fold (0 or None: the
+    (mma_verify_keys). maxnreg: the register cap of the launches that do not fold (0 or None: the
     compiler's choice), or a pair (the small rows' cap, the other non-folding rows')."""
     from . import gdn_ring_verify_mma
 
@@ -486,10 +472,9 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     chunk_k = min(chunk_k, chunk.constexprs["BLOCK_K"])
     check_mma_tiles("gdn_ring_verify_mma", block_v, num_warps, chunk_k)
     small = small and 2 * num_nodes <= RING_MMA_SMALL_NODES < verify_keys + num_nodes
-    verify_nodes = max(RING_MMA_SMALL_NODES, next_power_of_2(verify_keys + num_nodes))
     constexprs = _mma_constexprs(chunk, ssm, chunk_k, fused_window, VERIFY_KEYS=verify_keys,
                                  SMALL_KEYS=RING_MMA_SMALL_NODES - num_nodes if small else 0)
-    q_eff = bool(q_eff) and effective_queries_fit(verify_keys, verify_nodes, block_v, chunk.constexprs["BLOCK_K"])
+    verify_nodes = max(RING_MMA_SMALL_NODES, next_power_of_2(verify_keys + num_nodes))
     small_cap, other_cap = (dict(maxnreg=n) if n else {} for n in (maxnreg if isinstance(maxnreg, tuple)
                                                                     else (maxnreg, maxnreg)))
     stages = state_stages_for(state_stages, block_v, num_warps, chunk_k, chunk.constexprs["BLOCK_K"], ssm)
@@ -498,8 +483,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     fold = _mma_fold_call(chunk, ssm, constexprs, fold_warps or num_warps, fold_block_v or block_v, fold_maxnreg,
                           state_stages, fold_tiles)
     return (fold, *(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
-                               chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes, STATE_STAGES=stages,
-                                                   Q_EFF=q_eff and kind != 0, **caps))
+                               chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes, STATE_STAGES=stages, **caps))
                     for kind, nodes, caps in kinds))
 
 
@@ -539,7 +523,7 @@ def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnre
     stages = state_stages_for(state_stages, fold_block_v, fold_warps, chunk_k, constexprs["BLOCK_K"], ssm)
     nodes = max(RING_MMA_SMALL_NODES, next_power_of_2(constexprs["MAX_PENDING"]))
     return KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors, chunk.scalars,
-                      dict(constexprs, KIND=2, NODES=nodes, Q_EFF=False, WARPS=fold_warps, num_warps=fold_warps,
+                      dict(constexprs, KIND=2, NODES=nodes, WARPS=fold_warps, num_warps=fold_warps,
                            BLOCK_V=fold_block_v, STATE_STAGES=stages, TILES_A_PROGRAM=tiles_a_program,
                            **({"maxnreg": cap} if cap else {})))
 
@@ -561,16 +545,16 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                chunk_k=None, fold_tiles=1, q_eff=None):
+                chunk_k=None, fold_tiles=1):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, its verify stack fits 32 rows -- max(R, N) + N, mma_verify_keys --,
     dv >= 32 and no precision is asked for), with block_v, num_warps, maxnreg, small, fold_warps,
-    fold_block_v, fold_maxnreg, fused_window, merged, state_stages, chunk_k and q_eff its own (None:
-    128 columns, fewer for small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG,
-    RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K, RING_MMA_Q_EFF;
-    the rest: _mma_chunk_calls) and fold_tiles (0 with the op's after_due_flush); else the Triton kernel at
+    fold_block_v, fold_maxnreg, fused_window, merged, state_stages and chunk_k its own (None: 128
+    columns, fewer for small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG,
+    RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K; the rest:
+    _mma_chunk_calls) and fold_tiles (0 with the op's after_due_flush); else the Triton kernel at
     ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
@@ -590,7 +574,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
                         fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k,
-                        fold_tiles=fold_tiles, q_eff=q_eff)
+                        fold_tiles=fold_tiles)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,

@@ -111,70 +111,6 @@ def _columns_natural(x, WARPS: gl.constexpr, TILES: gl.constexpr):
 
 
 @gluon.jit
-def _stage_values(values, ROWS: gl.constexpr, PART: gl.constexpr, live, row, head, start, pending, v0, rows_base,
-                  window_base, weight_ptr, bias_ptr, v_ptr, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
-                  conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim, weight_stride_dim,
-                  weight_stride_tap, bias_stride, NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr,
-                  KEY_ROWS: gl.constexpr, PENDING_ROWS: gl.constexpr, KERNEL_SIZE: gl.constexpr,
-                  NUM_K_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
-                  BLOCK_V: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr, ROUND: gl.constexpr,
-                  LOAD_L: gl.constexpr):
-    """v of the stack's first ROWS rows (the key rows: pending tokens' from their conv, which the first
-    PART rows hold, drafts' given; zeros elsewhere), its columns relabelled as the state's, into
-    ``values`` [ROWS, BLOCK_V] in blocks of PART rows; tf32-rounded with ROUND."""
-    TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
-    vl = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, LOAD_L))
-    for part in gl.static_range(ROWS // PART):
-        sl = part * PART + gl.arange(0, PART, layout=gl.SliceLayout(1, LOAD_L))
-        sl_draft = sl - pending
-        sl_drafted = live & (sl < KEY_ROWS) & (sl_draft >= 0) & (sl_draft < NUM_NODES)
-        v_part = gl.load(v_ptr + row * v_stride_row + head * v_stride_head
-                         + (gl.where(sl_drafted, sl_draft, 0).to(gl.int64) * v_stride_node)[:, None]
-                         + (vl * v_stride_v)[None, :], mask=sl_drafted[:, None] & (vl < HEAD_V_DIM)[None, :],
-                         other=0.0).to(gl.float32)
-        if part == 0 and PENDING_ROWS > 0:
-            if pending > 0:
-                v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vl
-                conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, v_chan, vl < HEAD_V_DIM, start,
-                                       pending, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
-                                       weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
-                                       PART, HAS_BIAS, LOAD_L)
-                v_part = gl.where((sl < pending)[:, None], conv_v, v_part)
-        values.slice(part * PART, PART, dim=0).store(_rounded(_columns_relabelled(v_part, WARPS, TILES), ROUND))
-
-
-@gluon.jit
-def _state_products(stack, stack_lo, products, state_ring, state_base, upcoming, live, v0, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
-                    CHUNK_K: gl.constexpr, STAGES: gl.constexpr, STATE_STAGES: gl.constexpr,
-                    SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
-                    MMA: gl.constexpr,
-                    A_L: gl.constexpr, B_L: gl.constexpr, LOAD_L: gl.constexpr, COPY_L: gl.constexpr):
-    """products + stack [rows, BLOCK_K] (shared memory, tf32 values; with SPLIT their rests in stack_lo)
-    times the [dk, BLOCK_V] tile, a chunk of rows at a time, in 3xTF32 with SPLIT, else tf32 with the state
-    truncated by the tensor cores (as gdn_verify_mma): the chunks from state_ring (STATE_STAGES),
-    else through registers from ``upcoming`` (the first chunk, loaded), the next one ahead."""
-    TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
-    for c in gl.static_range(0, BLOCK_K, CHUNK_K):
-        if STATE_STAGES > 0:
-            state = _staged_chunk(state_ring, state_base, live, v0, c, STAGES, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K,
-                                  SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L, COPY_L)
-        else:
-            state = upcoming
-            if c + CHUNK_K < BLOCK_K:
-                upcoming = _state_chunk(state_base, c + CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
-                                        SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
-        state = _columns_relabelled(state, WARPS, TILES)
-        a_hi = stack.slice(c, CHUNK_K, dim=1).load(A_L)
-        if SPLIT:
-            s_hi = _rounded(state, True)
-            products = _mma(a_hi, stack_lo.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(s_hi, B_L),
-                            gl.convert_layout(_rounded(state - s_hi, True), B_L), products, True)
-        else:
-            products = mma_v2(a_hi, gl.convert_layout(state, B_L), products, input_precision="tf32")
-    return products
-
-
-@gluon.jit
 def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_ring, rows_base,
               window_base, gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr,
               out_ptr, ssm_ptr, scale,
@@ -192,15 +128,13 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
-              STATE_STAGES: gl.constexpr, Q_EFF: gl.constexpr):
+              STATE_STAGES: gl.constexpr):
     """One program's work: with drafts (NUM_NODES > 0) the row's outputs for its query rows, stored,
     and the drafts' gates beside their rows (v0 = 0); with FOLD the checkpoint tile after the pending
     tokens, stored in place (after the outputs, which the old tile gave). Products in 3xTF32 with
     SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of this launch has at most
     PENDING_ROWS pending tokens. With STATE_STAGES the chunks come through shared memory state_ring
-    (cp.async, that many in flight). With Q_EFF (a verify whose keys fill the first half of its
-    stack) the node matrices come first and the state multiplies the effective queries alone, the
-    stack's second half."""
+    (cp.async, that many in flight)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -223,8 +157,6 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
         _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
                             SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L)
         upcoming = live  # unread
-    elif Q_EFF:  # the first chunk after the effective queries: held across them, it costs registers
-        upcoming = live
     else:
         upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
                                 CHUNK_K, BLOCK_V, LOAD_L)  # the long read first
@@ -282,10 +214,24 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
         lo = kq_lo.slice(c, CHUNK_K, dim=1)
         gram = _mma(hi.load(A_L), lo.load(A_L), hi.permute((1, 0)).load(B_L), lo.permute((1, 0)).load(B_L), gram,
                     SPLIT)
-    if not Q_EFF:
-        products = _state_products(kq_hi, kq_lo, gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA), state_ring,
-                                   state_base, upcoming, live, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, STAGES, STATE_STAGES, SSM_STRIDE_K,
-                                   SSM_STRIDE_V, WARPS, SPLIT, MMA, A_L, B_L, LOAD_L, COPY_L)
+    products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
+    for c in gl.static_range(0, BLOCK_K, CHUNK_K):
+        if STATE_STAGES > 0:
+            state = _staged_chunk(state_ring, state_base, live, v0, c, STAGES, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K,
+                                  SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L, COPY_L)
+        else:
+            state = upcoming
+            if c + CHUNK_K < BLOCK_K:
+                upcoming = _state_chunk(state_base, c + CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
+                                        SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+        state = _columns_relabelled(state, WARPS, TILES)
+        a_hi = kq_hi.slice(c, CHUNK_K, dim=1).load(A_L)
+        if SPLIT:
+            s_hi = _rounded(state, True)
+            products = _mma(a_hi, kq_lo.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(s_hi, B_L),
+                            gl.convert_layout(_rounded(state - s_hi, True), B_L), products, True)
+        else:  # the state truncated by the tensor cores, as gdn_verify_mma
+            products = mma_v2(a_hi, gl.convert_layout(state, B_L), products, input_precision="tf32")
 
     # the node matrices: rows r and columns c of the stack (key token r < C, query C + d)
     r = gl.arange(0, NODES, layout=ROW_L)
@@ -334,65 +280,42 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     grown = gl.exp(cumulative)
     query_mix = gl.where(r_key[:, None], 0.0, decay * gram)
 
-    vv = _relabelled(gl.arange(0, BLOCK_V, layout=COL_L), v0, WARPS, TILES)
-    if Q_EFF:
-        # o = Q_eff S0 + M diag(beta) V (M the mix), Q_eff = W stack, W = diag(e^G) on the query rows
-        # - M diag(beta e^G) (gdn_verify_mma's): the keys fill the stack's first half, the queries
-        # the second, whose 16 rows are the state products' A operand; W, then M diag(beta), through
-        # one square of shared memory, v in the key rows of the stack's, free once Q_eff is made
-        HALF: gl.constexpr = NODES // 2
-        mix = _product(query_mix, inverse, MMA, A_L, B_L, MIX_SPLIT)
-        W = (gl.where((r[:, None] == c[None, :]) & ~r_key[:, None], grown[:, None], 0.0)
-             - mix * gl.convert_layout(beta * grown, COL_L)[None, :])
-        square = gl.allocate_shared_memory(gl.float32, [NODES, NODES], KQ_SMEM, W)
-        gl.thread_barrier()
-        w_hi, w_lo = _parts(square.slice(HALF, HALF, dim=0).load(MMA), A_L, True)
-        stack = kq_hi.load(B_L)  # (its keys tf32-rounded: as exact as the stacked products' K S0)
-        q_eff = mma_v2(w_lo, stack, gl.zeros([HALF, BLOCK_K], gl.float32, layout=MMA), input_precision="tf32")
-        q_eff = mma_v2(w_hi, stack, q_eff, input_precision="tf32")
-        gl.thread_barrier()  # every read of W and of the stack done
-        square.store(_rounded(mix * gl.convert_layout(beta, COL_L)[None, :], True))
-        queries = kq_hi.slice(HALF, HALF, dim=0)
-        queries.store(_rounded(q_eff, True))
-        values = kq_hi.slice(0, HALF, dim=0).slice(0, BLOCK_V, dim=1)
-        _stage_values(values, HALF, HALF, live, row, head, start, pending, v0, rows_base, window_base, weight_ptr,
-                      bias_ptr, v_ptr, v_stride_row, v_stride_node, v_stride_head, v_stride_v, conv_stride_dim,
-                      conv_stride_win, rows_stride_row, rows_stride_dim, weight_stride_dim, weight_stride_tap,
-                      bias_stride, NUM_NODES, RING_ROWS, KEY_ROWS, PENDING_ROWS, KERNEL_SIZE, NUM_K_HEADS,
-                      HEAD_K_DIM, HEAD_V_DIM, BLOCK_V, HAS_BIAS, WARPS, True, LOAD_L)
-        gl.thread_barrier()
-        if STATE_STAGES == 0:
-            upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
-                                    CHUNK_K, BLOCK_V, LOAD_L)
-        o = mma_v2(square.slice(HALF, HALF, dim=0).slice(0, HALF, dim=1).load(A_L), values.load(B_L),
-                   gl.zeros([HALF, BLOCK_V], gl.float32, layout=MMA), input_precision="tf32")
-        o = _state_products(queries, queries, o, state_ring, state_base, upcoming, live, v0, HEAD_K_DIM, HEAD_V_DIM,
-                            BLOCK_K, BLOCK_V, CHUNK_K, STAGES, STATE_STAGES, SSM_STRIDE_K, SSM_STRIDE_V, WARPS,
-                            False, MMA, A_L, B_L, LOAD_L, COPY_L)
-        q_draft = gl.arange(0, HALF, layout=ROW_L) + HALF - KEY_ROWS
-        q_drafted = live & (q_draft >= 0) & (q_draft < NUM_NODES)
-        d = gl.where(q_drafted, q_draft, 0).to(gl.int64)
+    # v of the key rows (pending: their conv; drafts: given), relabelled as the state's columns, staged
+    # in shared memory by the stack's blocks of rows
+    v_smem = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_V], KQ_SMEM)
+    vl = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, LOAD_L))
+    for part in gl.static_range(PARTS):
+        sl = part * PART + gl.arange(0, PART, layout=gl.SliceLayout(1, LOAD_L))
+        sl_draft = sl - pending
+        sl_drafted = live & (sl < KEY_ROWS) & (sl_draft >= 0) & (sl_draft < NUM_NODES)
+        v_part = gl.load(v_ptr + row * v_stride_row + head * v_stride_head
+                         + (gl.where(sl_drafted, sl_draft, 0).to(gl.int64) * v_stride_node)[:, None]
+                         + (vl * v_stride_v)[None, :], mask=sl_drafted[:, None] & (vl < HEAD_V_DIM)[None, :],
+                         other=0.0).to(gl.float32)
+        if part == 0 and PENDING_ROWS > 0:
+            if pending > 0:
+                v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vl
+                conv_v = _pending_conv(rows_base, window_base, weight_ptr, bias_ptr, v_chan, vl < HEAD_V_DIM, start,
+                                       pending, rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                                       weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
+                                       PART, HAS_BIAS, LOAD_L)
+                v_part = gl.where((sl < pending)[:, None], conv_v, v_part)
+        v_smem.slice(part * PART, PART, dim=0).store(_columns_relabelled(v_part, WARPS, TILES))
+    gl.thread_barrier()
+    v = v_smem.load(MMA)
+    rhs = beta[:, None] * (v - grown[:, None] * products)  # zero on query rows
+    if NUM_NODES > 0:
+        o = gl.where(r_key, 0.0, grown)[:, None] * products + _product(
+            _product(query_mix, inverse, MMA, A_L, B_L, MIX_SPLIT), rhs, MMA, A_L, B_L, SPLIT)
+
+        n = gl.arange(0, BLOCK_V, layout=COL_L)
+        vv = _relabelled(n, v0, WARPS, TILES)
+        d = gl.where(r_drafted, r_draft, 0).to(gl.int64)
         dst = out_ptr + row * out_stride_row + head * out_stride_head + (d * out_stride_node)[:, None] + \
             (vv * out_stride_v)[None, :]
-        gl.store(dst, o.to(out_ptr.dtype.element_ty), mask=links_ok & q_drafted[:, None] & (vv < HEAD_V_DIM)[None, :])
-    else:
-        values = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_V], KQ_SMEM)
-        _stage_values(values, NODES, PART, live, row, head, start, pending, v0, rows_base, window_base, weight_ptr,
-                      bias_ptr, v_ptr, v_stride_row, v_stride_node, v_stride_head, v_stride_v, conv_stride_dim,
-                      conv_stride_win, rows_stride_row, rows_stride_dim, weight_stride_dim, weight_stride_tap,
-                      bias_stride, NUM_NODES, RING_ROWS, KEY_ROWS, PENDING_ROWS, KERNEL_SIZE, NUM_K_HEADS,
-                      HEAD_K_DIM, HEAD_V_DIM, BLOCK_V, HAS_BIAS, WARPS, False, LOAD_L)
-        gl.thread_barrier()
-        rhs = beta[:, None] * (values.load(MMA) - grown[:, None] * products)  # zero on query rows
-        if NUM_NODES > 0:
-            o = gl.where(r_key, 0.0, grown)[:, None] * products + _product(
-                _product(query_mix, inverse, MMA, A_L, B_L, MIX_SPLIT), rhs, MMA, A_L, B_L, SPLIT)
-            d = gl.where(r_drafted, r_draft, 0).to(gl.int64)
-            dst = out_ptr + row * out_stride_row + head * out_stride_head + (d * out_stride_node)[:, None] + \
-                (vv * out_stride_v)[None, :]
-            gl.store(dst, o.to(out_ptr.dtype.element_ty),
-                     mask=links_ok & (r_drafted & ~r_key)[:, None] & (vv < HEAD_V_DIM)[None, :])
-    if NUM_NODES > 0:
+        gl.store(dst, o.to(out_ptr.dtype.element_ty),
+                 mask=links_ok & (r_drafted & ~r_key)[:, None] & (vv < HEAD_V_DIM)[None, :])
+
         # the drafts' gates beside their rows, once per head (where a fold leaves them too: start + pending)
         node = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
         drafts = live & (node < NUM_NODES) & (v0 == 0)
@@ -451,7 +374,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
-    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr,
+    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
@@ -471,7 +394,7 @@ def _gdn_ring_verify_mma_kernel(
     that many of its tiles, program_id(0) * TILES_A_PROGRAM onwards, one after another: fewer
     programs where few rows fold (all of a row's, after a due flush: its launch is a wave). PDL:
     launched as a programmatic dependent (sm_90; gdn_verify_mma._grid_dependency), every read after
-    the wait. Q_EFF: kind 1's outputs from the effective queries (_row_head)."""
+    the wait."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     if PDL:
         _grid_dependency()
@@ -543,7 +466,7 @@ def _gdn_ring_verify_mma_kernel(
                           SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
                           HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
                           L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
-                          STATE_STAGES, THIS == 1 and Q_EFF)
+                          STATE_STAGES)
                 if FUSED_WINDOW and THIS != 2:
                     if moved:
                         WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])

@@ -40,8 +40,6 @@
 #             gdn_verify's sweep over them (fp32 both forms, bf16); then the small batches' sweep (B = 2 .. 8, each kernel)
 #   ringT     the ring kernels' pdl tests; the GDN ring (chains, B = 64 / 256): contiguous, transposed checkpoints,
 #             RING_MMA_PDL=1; memcheck + racecheck over some transposed pools' and the pdl tests
-#   ringqeff  the GDN ring's rows on the stack of 32 verified from the effective queries (RING_MMA_Q_EFF): the
-#             ring kernels' and ops' GPU tests, then ring steps, chains and trees, B = 64 / 256, with it and without
 #   ringconv  ring_conv1d_verify's tiles (channels per program / warps / early loads; 64 / 1 / 1 its default) at
 #             B = 8 .. 256
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
@@ -210,7 +208,7 @@ for phase in "$@"; do
               SANITIZE_TIMEOUT=150 SANITIZE_TESTS=tests/test_verify.py SANITIZE_K="cuda and runs" \
                 bash scripts/gpu_sanitize.sh "$out/runs" || rc=1 ;;
     ring)     rc=0
-              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
                 tests/test_ring_kernels_conv_accept.py tests/test_gdn_verify.py > "$out/gpu_tests_ring.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_ring.log"
               mkdir -p "$out/ring"
@@ -300,16 +298,6 @@ for phase in "$@"; do
               SANITIZE_TIMEOUT=100 SANITIZE_TESTS="tests/test_gdn_verify.py tests/test_ring_kernels.py" \
                 SANITIZE_K="transposed and (default or stages-16 or pool) or programmatic" \
                 bash scripts/gpu_sanitize.sh "$out/ringT" || rc=1 ;;
-    ringqeff) rc=0  # (the GDN ring's rows on the stack of 32 from the effective queries: tests, then steps both ways)
-              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                tests/test_ring.py > "$out/gpu_tests_ring_qeff.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_ring_qeff.log"
-              for variant in "" "--constants RING_MMA_Q_EFF=0"; do
-                name=$(echo "$variant" | tr -c 'A-Za-z0-9\n' _)
-                timeout 170 python3 benchmarks/bench_ring.py --batches 64 256 $variant \
-                  > "$out/bench_ring_qeff$name.log" 2>&1 || rc=1
-                echo "# bench_ring.py --batches 64 256 $variant"; grep '^|' "$out/bench_ring_qeff$name.log"
-              done ;;
     ringconv) timeout 150 python3 benchmarks/bench_ring.py --conv-sweep 64/1/0 64/2 128/1 128/1/1 128/2 256/2 256/2/1 \
                 256/4 512/4 512/4/1 1024/4 --batches 8 64 256 > "$out/bench_ring_conv.log" 2>&1
               rc=$?; grep -E '^\|' "$out/bench_ring_conv.log" ;;
@@ -335,7 +323,7 @@ for phase in "$@"; do
     ringbench) timeout 300 python3 benchmarks/bench_ring.py > "$out/bench_ring.log" 2>&1
               rc=$?; grep -E '^(\||[0-9]+ layers)' "$out/bench_ring.log"; tail -2 "$out/bench_ring.log" ;;
     ringnext) rc=0
-              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
                 tests/test_ring_kernels_mamba2.py > "$out/gpu_tests_ringnext.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_ringnext.log"
               mkdir -p "$out/ringnext"
@@ -373,7 +361,7 @@ for phase in "$@"; do
                 > "$out/sweep_ring_fold_mamba2.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_ring_fold_mamba2.log" ;;
     varquick) rc=0  # (one call: the variants' kernel tests at the model's head dim, then whole GDN steps)
-              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
                 tests/test_ring_kernels_mamba2.py -k "(mma_kernel and 128 and 16 and fp32 and (registers or \
                 stages)) or flattened or (capacity_16 and chain)" > "$out/gpu_tests_varquick.log" 2>&1 || rc=1
               tail -3 "$out/gpu_tests_varquick.log"

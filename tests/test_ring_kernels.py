@@ -253,10 +253,8 @@ def test_mma_verify_stack_sized_by_the_capacity(num_nodes, capacity, kinds, monk
     """A row that does not fold holds at most max(R, N) = R keys (pending + N <= R, or nothing
     pending), so the mma verify launches' stack is sized by that and their queries start at row
     VERIFY_KEYS = R (KIND, NODES, SMALL_KEYS as in test_mma_launches_by_kind_of_row): 16 rows where
-    R + N <= 16 (no small kind then), else 32, whose rows take the effective queries where the keys
-    fill its first half (R = 16; not with q_eff=False). The launcher takes the mma kernel wherever
-    R + N <= 32 (16 nodes at R = 16), else the Triton kernel; asked for the mma kernel past that, it
-    refuses."""
+    R + N <= 16 (no small kind then), else 32. The launcher takes the mma kernel wherever R + N <= 32
+    (16 nodes at R = 16), else the Triton kernel; asked for the mma kernel past that, it refuses."""
     case = ring_case(num_rows=2, num_nodes=num_nodes, capacity=capacity, head_k_dim=32, head_v_dim=32)
     args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
         torch.empty(case["v"].shape), case["q"], case["k"], case["v"], case["g"], case["beta"], case["ssm_state"],
@@ -274,9 +272,6 @@ def test_mma_verify_stack_sized_by_the_capacity(num_nodes, capacity, kinds, monk
     calls = [c for c in ring_calls(*args, **kwargs, mma=True, merged=False) if "KIND" in c.constexprs]
     assert [(c.constexprs["KIND"], c.constexprs["NODES"], c.constexprs["SMALL_KEYS"]) for c in calls] == kinds
     assert {c.constexprs["VERIFY_KEYS"] for c in calls} == {capacity}
-    assert [c.constexprs["Q_EFF"] for c in calls] == [c.constexprs["KIND"] == 1 and capacity == 16 for c in calls]
-    stacked = ring_calls(*args, **kwargs, mma=True, q_eff=False)
-    assert not any(c.constexprs.get("Q_EFF") for c in stacked)
 
 
 @pytest.mark.parametrize("num_nodes, small, kinds", [
@@ -428,10 +423,10 @@ def assert_mixed_rows_agree(case, want, got, state_dtype=torch.float32):
 @pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
                                   dict(merged=False), dict(block_v=64), dict(state_stages=0), dict(state_stages=3),
                                   dict(chunk_k=16, state_stages=4), dict(state_stages=4), dict(num_warps=8),
-                                  dict(fold_tiles=0), dict(q_eff=False), dict(q_eff=False, merged=False)],
+                                  dict(fold_tiles=0)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "64-columns", "registers",
                               "state-stages-3", "state-stages-16-rows", "state-stages-whole-tile", "8-warps",
-                              "fold-row-programs", "stacked-products", "stacked-products-unmerged"])
+                              "fold-row-programs"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (R + N = 20 / 24 verify stack rows: chains of 4 /
     trees of 8) and 20 (24 / 28: the pending tokens past half the stack): rows that fold (every slot
@@ -442,8 +437,7 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     small batches' choice); the state chunks through registers, a chunk ahead, instead of shared
     memory (2 in flight by default; 3; 4 of 16 rows; the whole tile, which the fold then reads back);
     8 warps a program; the fold launch one program a row, its tiles one after another (the same bits
-    as the default's); at capacity 16 the rows on the stack of 32 from their stacked products instead
-    of the effective queries (merged or not)."""
+    as the default's)."""
     num_nodes = len(nodes)
     if ("fold_block_v" in fold or "block_v" in fold or "num_warps" in fold) and head_dim == 32:
         pytest.skip("one tile of 32 columns either way (8 warps: 64 or more)")
