@@ -56,9 +56,6 @@ RING_MMA_FUSED_WINDOW = True
 # The rows on the stack of 16 and the others verified by one launch (each kind its own code, the
 # registers of the larger): one launch and one wave tail a layer fewer
 RING_MMA_MERGED = True
-# The rows on the stack of 16 on this many warps where their launch is apart (RING_MMA_MERGED off; 0:
-# the others' RING_MMA_WARPS): gdn_verify's 2 for the same stack
-RING_MMA_SMALL_WARPS = 0
 # The state chunks through shared memory by cp.async, this many in flight from the program's start
 # (0: through registers, one chunk ahead; docs/benchmarks.md, "Ring", has the sweep)
 RING_MMA_STATE_STAGES = 2
@@ -394,7 +391,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
                  fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                 chunk_k=None, fold_tiles=1, small_warps=None):
+                 chunk_k=None, fold_tiles=1):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
@@ -435,8 +432,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps,
                                fold_block_v, fold_maxnreg, fused, RING_MMA_MERGED if merged is None else merged,
                                RING_MMA_STATE_STAGES if state_stages is None else state_stages,
-                               chunk_k or RING_MMA_CHUNK_K, fold_tiles,
-                               RING_MMA_SMALL_WARPS if small_warps is None else small_warps) if mma else (chunk,))
+                               chunk_k or RING_MMA_CHUNK_K, fold_tiles) if mma else (chunk,))
     if fused:
         return chunks
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
@@ -446,7 +442,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
 
 def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fold_block_v=None,
                      fold_maxnreg=None, fused_window=False, merged=False, state_stages=0, chunk_k=RING_MMA_CHUNK_K,
-                     fold_tiles=1, small_warps=0):
+                     fold_tiles=1):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
     folding only -- a stack of the pending keys, no drafts (3xTF32 for a float32 checkpoint), on
@@ -456,8 +452,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     a due flush); then, their drafts verified from the folded checkpoint (with fused_window, their
     conv windows moved there too) with the others', with ``small`` (and N <= 8, more than 16 stack
     rows) the rows whose keys fit a stack of 16 rows (pending + N <= 16 - N), then the rest (tf32
-    products), the former on small_warps warps (0: the others'; not with ``merged``); with ``merged``
-    those two in one launch (KIND 3, the others' cap); with state_stages
+    products); with ``merged`` those two in one launch (KIND 3, the others' cap); with state_stages
     the state chunks through shared memory, that many in flight (where a thread's copies are of 4
     bytes or more: gdn_verify.state_stages_for);
     chunk_k state rows a chunk; the non-folding rows' stack sized by their most keys
@@ -482,21 +477,14 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     verify_nodes = max(RING_MMA_SMALL_NODES, next_power_of_2(verify_keys + num_nodes))
     small_cap, other_cap = (dict(maxnreg=n) if n else {} for n in (maxnreg if isinstance(maxnreg, tuple)
                                                                     else (maxnreg, maxnreg)))
-    small_warps = small_warps or num_warps
-    if merged and small and small_warps != num_warps:
-        raise ValueError(f"gdn_ring_verify_mma: the small rows on {small_warps} warps, the others on {num_warps}, "
-                         "need their launches apart (merged=False)")
-    check_mma_tiles("gdn_ring_verify_mma (the small rows)", block_v, small_warps, chunk_k)
-    kinds = (*(((0, RING_MMA_SMALL_NODES, small_cap, small_warps),) if small and not merged else ()),
-             (3 if small and merged else 1, verify_nodes, other_cap, num_warps))
+    stages = state_stages_for(state_stages, block_v, num_warps, chunk_k, chunk.constexprs["BLOCK_K"], ssm)
+    kinds = (*(((0, RING_MMA_SMALL_NODES, small_cap),) if small and not merged else ()),
+             (3 if small and merged else 1, verify_nodes, other_cap))
     fold = _mma_fold_call(chunk, ssm, constexprs, fold_warps or num_warps, fold_block_v or block_v, fold_maxnreg,
                           state_stages, fold_tiles)
     return (fold, *(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
-                               chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes, WARPS=warps, num_warps=warps,
-                                                   STATE_STAGES=state_stages_for(state_stages, block_v, warps, chunk_k,
-                                                                                 chunk.constexprs["BLOCK_K"], ssm),
-                                                   **caps))
-                    for kind, nodes, caps, warps in kinds))
+                               chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes, STATE_STAGES=stages, **caps))
+                    for kind, nodes, caps in kinds))
 
 
 def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
@@ -557,16 +545,16 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                chunk_k=None, fold_tiles=1, small_warps=None):
+                chunk_k=None, fold_tiles=1):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, its verify stack fits 32 rows -- max(R, N) + N, mma_verify_keys --,
     dv >= 32 and no precision is asked for), with block_v, num_warps, maxnreg, small, fold_warps,
-    fold_block_v, fold_maxnreg, fused_window, merged, state_stages, chunk_k and small_warps its own
-    (None: 128 columns, fewer for small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG,
-    RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K,
-    RING_MMA_SMALL_WARPS; the rest: _mma_chunk_calls) and fold_tiles (0 with the op's after_due_flush); else the Triton kernel at
+    fold_block_v, fold_maxnreg, fused_window, merged, state_stages and chunk_k its own (None: 128
+    columns, fewer for small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG,
+    RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K; the rest:
+    _mma_chunk_calls) and fold_tiles (0 with the op's after_due_flush); else the Triton kernel at
     ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
@@ -586,7 +574,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
                         fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k,
-                        fold_tiles=fold_tiles, small_warps=small_warps)
+                        fold_tiles=fold_tiles)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,

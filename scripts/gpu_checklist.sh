@@ -40,8 +40,6 @@
 #             gdn_verify's sweep over them (fp32 both forms, bf16); then the small batches' sweep (B = 2 .. 8, each kernel)
 #   ringT     the ring kernels' pdl tests; the GDN ring (chains, B = 64 / 256): contiguous, transposed checkpoints,
 #             RING_MMA_PDL=1; memcheck + racecheck over some transposed pools' and the pdl tests
-#   ringwarps the GDN ring's rows on the stack of 16 in a launch of their own on 2 warps (RING_MMA_SMALL_WARPS): their
-#             GPU tests, then chain steps at B = 64 / 256: the default (merged), apart on 4 warps, apart on 2
 #   ringconv  ring_conv1d_verify's tiles (channels per program / warps / early loads; 64 / 1 / 1 its default) at
 #             B = 8 .. 256
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
@@ -300,16 +298,6 @@ for phase in "$@"; do
               SANITIZE_TIMEOUT=100 SANITIZE_TESTS="tests/test_gdn_verify.py tests/test_ring_kernels.py" \
                 SANITIZE_K="transposed and (default or stages-16 or pool) or programmatic" \
                 bash scripts/gpu_sanitize.sh "$out/ringT" || rc=1 ;;
-    ringwarps) rc=0  # (the ring's rows on the stack of 16 in a launch of their own on 2 warps: tests, then steps)
-              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                -k "small-rows-2-warps or unmerged" > "$out/gpu_tests_ring_warps.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_ring_warps.log"
-              for variant in "" "--constants RING_MMA_MERGED=0" "--constants RING_MMA_MERGED=0 RING_MMA_SMALL_WARPS=2"; do
-                name=$(echo "$variant" | tr -c 'A-Za-z0-9\n' _)
-                timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain $variant \
-                  > "$out/bench_ring_warps$name.log" 2>&1 || rc=1
-                echo "# bench_ring.py --batches 64 256 --drafts chain $variant"; grep '^|' "$out/bench_ring_warps$name.log"
-              done ;;
     ringconv) timeout 150 python3 benchmarks/bench_ring.py --conv-sweep 64/1/0 64/2 128/1 128/1/1 128/2 256/2 256/2/1 \
                 256/4 512/4 512/4/1 1024/4 --batches 8 64 256 > "$out/bench_ring_conv.log" 2>&1
               rc=$?; grep -E '^\|' "$out/bench_ring_conv.log" ;;

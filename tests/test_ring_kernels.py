@@ -298,13 +298,6 @@ def test_mma_launches_by_kind_of_row(monkeypatch, num_nodes, small, kinds):
     monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PDL", 0)
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart)
     assert [(c.constexprs["PDL"], "launch_pdl" in c.constexprs) for c in calls] == [(False, False)] * len(kinds)
-    # the small rows' launch on its own warps; merged with the others', it cannot be
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, small_warps=2)
-    assert [(c.constexprs["num_warps"], c.constexprs["WARPS"]) for c in calls] == [
-        (2 if kind == 0 else 4,) * 2 for kind, _, _ in kinds]
-    if any(kind == 0 for kind, _, _ in kinds):
-        with pytest.raises(ValueError, match="launches apart"):
-            triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small_warps=2)
     monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PDL", 1)
     # the fold launch's own warps, the verifies' unchanged
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, block_v=64, num_warps=4,
@@ -430,10 +423,10 @@ def assert_mixed_rows_agree(case, want, got, state_dtype=torch.float32):
 @pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
                                   dict(merged=False), dict(block_v=64), dict(state_stages=0), dict(state_stages=3),
                                   dict(chunk_k=16, state_stages=4), dict(state_stages=4), dict(num_warps=8),
-                                  dict(fold_tiles=0), dict(merged=False, small_warps=2)],
+                                  dict(fold_tiles=0)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "64-columns", "registers",
                               "state-stages-3", "state-stages-16-rows", "state-stages-whole-tile", "8-warps",
-                              "fold-row-programs", "small-rows-2-warps"])
+                              "fold-row-programs"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (R + N = 20 / 24 verify stack rows: chains of 4 /
     trees of 8) and 20 (24 / 28: the pending tokens past half the stack): rows that fold (every slot
@@ -444,7 +437,7 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     small batches' choice); the state chunks through registers, a chunk ahead, instead of shared
     memory (2 in flight by default; 3; 4 of 16 rows; the whole tile, which the fold then reads back);
     8 warps a program; the fold launch one program a row, its tiles one after another (the same bits
-    as the default's); the rows on the stack of 16 in their own launch on 2 warps."""
+    as the default's)."""
     num_nodes = len(nodes)
     if ("fold_block_v" in fold or "block_v" in fold or "num_warps" in fold) and head_dim == 32:
         pytest.skip("one tile of 32 columns either way (8 warps: 64 or more)")
