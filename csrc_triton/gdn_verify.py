@@ -64,6 +64,10 @@ VERIFY_WARPS = 4
 # state loads twice the rows a chunk: the same bytes in flight.
 MMA_MIN_PROGRAMS = 128
 MMA_BLOCK_V = 128
+# Where MMA_BLOCK_V columns a program leave fewer than MMA_MIN_PROGRAMS programs, this many instead
+# if they reach it (0: never; B = 2 at Qwen3-Next TP1: docs/benchmarks.md, "Small batches"; its
+# correctness not yet checked on a GPU: off)
+MMA_SPREAD_BLOCK_V = 0
 MMA_WARPS = 2
 MMA_CHUNK_K = 32
 MMA_MAX_NODES = 16
@@ -338,13 +342,14 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     if num_rows > MAX_GRID_Y:
         raise ValueError(f"convwin.gdn_verify verifies at most {MAX_GRID_Y} rows per call, got {num_rows}; "
                          "split the batch")
+    columns = [c for c in (MMA_BLOCK_V, MMA_SPREAD_BLOCK_V)
+               if c and num_rows * num_v_heads * cdiv(head_v_dim, c) >= MMA_MIN_PROGRAMS]  # the mma kernel's tiles
     if mma is None:
-        mma = (num_nodes <= MMA_MAX_NODES and num_rows * num_v_heads * cdiv(head_v_dim, MMA_BLOCK_V) >= MMA_MIN_PROGRAMS
-               and _mma_kernel_runs_on(ssm))
+        mma = num_nodes <= MMA_MAX_NODES and bool(columns) and _mma_kernel_runs_on(ssm)
     if num_warps is None:
         num_warps = MMA_WARPS if mma else VERIFY_WARPS
     if mma and block_v is None:
-        block_v = max(8 * num_warps, min(MMA_BLOCK_V, next_power_of_2(head_v_dim)))
+        block_v = max(8 * num_warps, min((columns or [MMA_BLOCK_V])[0], next_power_of_2(head_v_dim)))
     if block_v is None:
         block_v = spread_block(BLOCK_V, num_rows, num_v_heads, head_v_dim)
     grid = (num_v_heads * cdiv(head_v_dim, block_v), num_rows)

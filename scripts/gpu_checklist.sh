@@ -40,6 +40,8 @@
 #             gdn_verify's sweep over them (fp32 both forms, bf16); then the small batches' sweep (B = 2 .. 8, each kernel)
 #   ringT     the ring kernels' pdl tests; the GDN ring (chains, B = 64 / 256): contiguous, transposed checkpoints,
 #             RING_MMA_PDL=1; memcheck + racecheck over some transposed pools' and the pdl tests
+#   spread    gdn_verify's mma kernel on 64-column tiles where 128-column ones leave fewer than MMA_MIN_PROGRAMS
+#             programs (MMA_SPREAD_BLOCK_V, off until this runs): its GPU tests, then the sweep at B = 2 / 3
 #   ringconv  ring_conv1d_verify's tiles (channels per program / warps / early loads; 64 / 1 / 1 its default) at
 #             B = 8 .. 256
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
@@ -298,6 +300,13 @@ for phase in "$@"; do
               SANITIZE_TIMEOUT=100 SANITIZE_TESTS="tests/test_gdn_verify.py tests/test_ring_kernels.py" \
                 SANITIZE_K="transposed and (default or stages-16 or pool) or programmatic" \
                 bash scripts/gpu_sanitize.sh "$out/ringT" || rc=1 ;;
+    spread)   rc=0  # (gdn_verify's 64-column tiles where 128 columns leave too few programs: tests, then B = 2 / 3)
+              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
+                -k "spread_tiles or launch_choices" > "$out/gpu_tests_spread.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_spread.log"
+              timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --batches 2 3 --only 6 8 \
+                > "$out/sweep_spread.log" 2>&1 || rc=1
+              grep '^|' "$out/sweep_spread.log" ;;
     ringconv) timeout 150 python3 benchmarks/bench_ring.py --conv-sweep 64/1/0 64/2 128/1 128/1/1 128/2 256/2 256/2/1 \
                 256/4 512/4 512/4/1 1024/4 --batches 8 64 256 > "$out/bench_ring_conv.log" 2>&1
               rc=$?; grep -E '^\|' "$out/bench_ring_conv.log" ;;

@@ -374,6 +374,13 @@ def test_mma_launch_plans(monkeypatch):
         chosen = make_problem(num_rows=rows, num_nodes=nodes)
         call = module._verify_call(torch.empty(chosen[2].shape), *chosen, scale=0.25, use_qk_l2norm=True)
         assert (call.kernel.fn.__name__ == "_gdn_verify_mma_kernel") == want, (rows, nodes)
+    # with MMA_SPREAD_BLOCK_V, narrower tiles where MMA_BLOCK_V's are too few (4 value heads of 128 columns)
+    for spread, rows, want in ((0, 16, None), (64, 15, None), (64, 16, 64), (64, 32, 128)):
+        monkeypatch.setattr(module, "MMA_SPREAD_BLOCK_V", spread)
+        chosen = make_problem(num_rows=rows, head_v_dim=128)
+        call = module._verify_call(torch.empty(chosen[2].shape), *chosen, scale=0.25, use_qk_l2norm=True)
+        mma = call.kernel.fn.__name__ == "_gdn_verify_mma_kernel"
+        assert (call.constexprs["BLOCK_V"] if mma else None) == want, (spread, rows)
     try:
         module.MMA_STATE_STAGES, module.MMA_CHUNK_K = 3, 16
         assert [plan(problem).constexprs[name] for name in ("STATE_STAGES", "CHUNK_K")] == [3, 16]
@@ -381,6 +388,25 @@ def test_mma_launch_plans(monkeypatch):
         assert [plan(problem).constexprs[name] for name in ("STATE_STAGES", "Q_EFF")] == [0, False]
     finally:
         module.MMA_STATE_STAGES, module.MMA_CHUNK_K, module.MMA_Q_EFF = defaults
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("parents", [None, [-1, 0, 0, 0, 1, 1, 1, 4]], ids=["chain", "tree8"])
+def test_cuda_spread_tiles(monkeypatch, state_dtype, parents):
+    """MMA_SPREAD_BLOCK_V: a batch too small for the mma kernel's 128-column tiles on 64-column ones
+    (16 rows x 4 value heads x 2 tiles = MMA_MIN_PROGRAMS), through the op, against the oracle."""
+    module = triton_kernels().gdn_verify
+    monkeypatch.setattr(module, "MMA_SPREAD_BLOCK_V", 64)
+    problem = make_problem(num_rows=16, num_nodes=4 if parents is None else 8, head_k_dim=128, head_v_dim=128,
+                           num_slots=20, slots=list(range(19, 3, -1)), parents=parents, state_dtype=state_dtype,
+                           qkv_dtype=torch.bfloat16, device="cuda")
+    q, k, v, g, beta, ssm, slots, links = problem
+    call = module._verify_call(torch.empty(v.shape, device="cuda"), q, k, v, g, beta, ssm, slots, links, scale=0.25,
+                               use_qk_l2norm=True)
+    assert call.kernel.fn.__name__ == "_gdn_verify_mma_kernel" and call.constexprs["BLOCK_V"] == 64
+    assert check("cuda", sgl_convwin.gdn_verify, problem, tol=2e-3 if state_dtype == torch.float32 else 2e-2) == \
+        list(range(16))
 
 
 @pytest.mark.gpu
