@@ -395,7 +395,8 @@ def test_mma_launch_plans(monkeypatch):
 @pytest.mark.parametrize("parents", [None, [-1, 0, 0, 0, 1, 1, 1, 4]], ids=["chain", "tree8"])
 def test_cuda_spread_tiles(monkeypatch, state_dtype, parents):
     """MMA_SPREAD_BLOCK_V: a batch too small for the mma kernel's 128-column tiles on 64-column ones
-    (16 rows x 4 value heads x 2 tiles = MMA_MIN_PROGRAMS), through the op, against the oracle."""
+    (16 rows x 4 value heads x 2 tiles = MMA_MIN_PROGRAMS), the launcher's own choice (not an eager
+    plan made before the patch), against the oracle."""
     module = triton_kernels().gdn_verify
     monkeypatch.setattr(module, "MMA_SPREAD_BLOCK_V", 64)
     problem = make_problem(num_rows=16, num_nodes=4 if parents is None else 8, head_k_dim=128, head_v_dim=128,
@@ -405,8 +406,12 @@ def test_cuda_spread_tiles(monkeypatch, state_dtype, parents):
     call = module._verify_call(torch.empty(v.shape, device="cuda"), q, k, v, g, beta, ssm, slots, links, scale=0.25,
                                use_qk_l2norm=True)
     assert call.kernel.fn.__name__ == "_gdn_verify_mma_kernel" and call.constexprs["BLOCK_V"] == 64
-    assert check("cuda", sgl_convwin.gdn_verify, problem, tol=2e-3 if state_dtype == torch.float32 else 2e-2) == \
-        list(range(16))
+
+    def run(*args, **kwargs):
+        kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(*args, **kwargs)
+        module.launch_gdn_verify(*kernel_args, **kernel_kwargs)
+
+    assert check("cuda", run, problem, tol=2e-3 if state_dtype == torch.float32 else 2e-2) == list(range(16))
 
 
 @pytest.mark.gpu
