@@ -201,14 +201,41 @@ def registers(p, tuning):
     return compiled.n_regs, compiled.n_spills
 
 
-def sweep(shapes, batches, state_dtype, tunings, transposed=False):
-    """gdn_verify's launcher at each tile choice, graph replay per step (transposed: verify_problem's)."""
+CHECKED_ROWS = 4  # the rows of layer 0 a sweep checks each tuning on, against the float64 oracle
+
+
+def oracle_rows(p, rows):
+    """The float64 oracle's outputs of layer 0's first ``rows`` rows of a verify_problem (their states
+    gathered first: the oracle runs on the CPU)."""
+    slots = p["slots"][:rows]
+    want, _ = reference.gdn_verify_reference(
+        p["q"][0][:rows], p["k"][0][:rows], p["v"][0][:rows], p["g"][0][:rows], p["beta"][0][:rows],
+        p["ssm"][0][slots].cpu(), torch.arange(rows), None if p["parents"] is None else p["parents"][:rows].cpu())
+    return want
+
+
+def checked(p, launch, tuning, want, tol=2e-2):
+    """None if layer 0's first rows launched with ``tuning`` (into a float32 out) are within tol x
+    max |o| of the oracle's ``want`` (bf16 q, k, v: the 2e-2 of gdn_verify's contract), else the error."""
+    out = torch.full(p["out"][0].shape, float("nan"), device=p["out"].device)
+    launch(out, p["q"][0], p["k"][0], p["v"][0], p["g"][0], p["beta"][0], p["ssm"][0], p["slots"], p["parents"],
+           scale=p["q"].shape[-1] ** -0.5, use_qk_l2norm=True, **tuning)
+    error = (out[:want.shape[0]].cpu().double() - want).abs().max().item()
+    return None if error <= tol * want.abs().max().item() else error
+
+
+def sweep(shapes, batches, state_dtype, tunings, transposed=False, device="cuda"):
+    """gdn_verify's launcher at each tile choice, graph replay per step (transposed: verify_problem's),
+    each first checked against the float64 oracle (a tuning that fails it is not timed). False if
+    one failed."""
     launch = sgl_convwin._kernels.triton_kernels().launch_gdn_verify
     reads = {}  # B -> the plain read's time (the same bytes for chains and trees)
+    failed = False
     print("\n" + markdown_header("mode", "B", "tuning", "graph (us)", "of read floor", "registers / spilled"))
     for tree in (False, True):
         for batch in batches:
-            p = verify_problem(shapes, batch, tree, state_dtype, "cuda", seed=batch, transposed=transposed)
+            p = verify_problem(shapes, batch, tree, state_dtype, device, seed=batch, transposed=transposed)
+            want = oracle_rows(p, min(batch, CHECKED_ROWS))
             floor = state_read_bytes(shapes, batch, p["ssm"].element_size()) / (READ_GBPS * 1e9) * 1e6
             if batch not in reads:  # (a transposed pool's storage: the same bytes)
                 reads[batch] = time_fn(layer_reads_fn(p["ssm"].transpose(-1, -2) if transposed else p["ssm"]))[1]
@@ -222,6 +249,11 @@ def sweep(shapes, batches, state_dtype, tunings, transposed=False):
                     launch(*args, **kwargs, **tuning)
                 name = "/".join(f"{k}={v}" for k, v in entry.items()) or "default"
                 try:
+                    error = checked(p, launch, tuning, want)
+                    if error is not None:
+                        print(f"  {name}: FAILED the oracle check (max error {error:.3g})", flush=True)
+                        failed = True
+                        continue
                     _, graph_us = time_fn(gdn_verify_fn(p, tuned))
                     regs, spills = registers(p, tuning)
                 except Exception as error:  # noqa: BLE001 -- a configuration that does not compile
@@ -230,7 +262,9 @@ def sweep(shapes, batches, state_dtype, tunings, transposed=False):
                 print(markdown_row("tree" if tree else "chain", batch, name, f"{graph_us:.1f}", f"{floor / graph_us:.1%}",
                                    f"{regs} / {spills}"), flush=True)
             del p
-            torch.cuda.empty_cache()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return not failed
 
 
 READ_GBPS = float("nan")
@@ -260,9 +294,8 @@ def main(argv=None) -> int:
     print(environment_line(), flush=True)
     print(f"read ceiling {READ_GBPS:.0f} GB/s; shapes {shapes}; state {args.state_dtype}", flush=True)
     if args.sweep:
-        sweep(shapes, args.batches, state_dtype, SWEEP if args.only is None else [SWEEP[i] for i in args.only],
-              args.transposed)
-        return 0
+        return 0 if sweep(shapes, args.batches, state_dtype,
+                          SWEEP if args.only is None else [SWEEP[i] for i in args.only], args.transposed) else 1
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
     except Exception as error:  # noqa: BLE001 -- optional: fla-core
