@@ -179,7 +179,8 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          dict(mma=True, pdl=0), dict(mma=True, pdl=2), dict(mma=True, pdl=2, state_stages=2),
          # the effective queries: the node matrices before one product with the state
          dict(mma=True, q_eff=True), dict(mma=True, q_eff=True, state_stages=2), dict(mma=True, q_eff=True, pdl=2),
-         dict(mma=False, q_eff=False), dict(mma=True, q_eff=False)]  # the stacked products, each kernel
+         dict(mma=False, q_eff=False), dict(mma=True, q_eff=False),  # the stacked products, each kernel
+         dict(mma=True, tree_masks=True)]  # trees only: each node's path mask given (checked, not walked)
 
 
 def resolved(tuning):
@@ -228,7 +229,8 @@ def sweep(shapes, batches, state_dtype, tunings, transposed=False, device="cuda"
     """gdn_verify's launcher at each tile choice, graph replay per step (transposed: verify_problem's),
     each first checked against the float64 oracle (a tuning that fails it is not timed). False if
     one failed."""
-    launch = sgl_convwin._kernels.triton_kernels().launch_gdn_verify
+    kernels = sgl_convwin._kernels.triton_kernels()
+    launch = kernels.launch_gdn_verify
     reads = {}  # B -> the plain read's time (the same bytes for chains and trees)
     failed = False
     print("\n" + markdown_header("mode", "B", "tuning", "graph (us)", "of read floor", "registers / spilled"))
@@ -243,19 +245,23 @@ def sweep(shapes, batches, state_dtype, tunings, transposed=False, device="cuda"
             print(markdown_row("tree" if tree else "chain", batch, "plain read of the pools, a launch a layer",
                                f"{read_us:.1f}", f"{floor / read_us:.1%}", "-"), flush=True)
             for entry in [{}] + tunings:
+                if entry.get("tree_masks") and not tree:
+                    continue  # (a tree's option)
                 tuning = resolved(entry)
+                given = p if not entry.get("tree_masks") else dict(
+                    p, parents=kernels.gdn_verify.tree_path_masks(p["parents"]))
 
                 def tuned(*args, **kwargs):
                     launch(*args, **kwargs, **tuning)
                 name = "/".join(f"{k}={v}" for k, v in entry.items()) or "default"
                 try:
-                    error = checked(p, launch, tuning, want)
+                    error = checked(given, launch, tuning, want)
                     if error is not None:
                         print(f"  {name}: FAILED the oracle check (max error {error:.3g})", flush=True)
                         failed = True
                         continue
-                    _, graph_us = time_fn(gdn_verify_fn(p, tuned))
-                    regs, spills = registers(p, tuning)
+                    _, graph_us = time_fn(gdn_verify_fn(given, tuned))
+                    regs, spills = registers(given, tuning)
                 except Exception as error:  # noqa: BLE001 -- a configuration that does not compile
                     print(f"  {name}: {type(error).__name__}: {str(error)[:200]}", flush=True)
                     continue

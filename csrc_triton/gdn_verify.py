@@ -319,7 +319,7 @@ def _mma_kernel_runs_on(ssm) -> bool:
 
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
                  block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None,
-                 persistent=None, maxnreg=None, pdl=None, q_eff=None):
+                 persistent=None, maxnreg=None, pdl=None, q_eff=None, tree_masks=False):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
@@ -334,7 +334,9 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     not write; 0, a plain launch; None: MMA_PDL), q_eff (the outputs from the effective queries;
     None: the mma kernel's where MMA_Q_EFF, the chunks stage and the state is of Q_EFF_DTYPES, the
     Triton kernel's where the state is of Q_EFF_DTYPES and the nodes at most
-    TRITON_Q_EFF_MAX_NODES): tuning only."""
+    TRITON_Q_EFF_MAX_NODES), tree_masks (the mma kernel's ``parents`` each node's path mask instead of
+    its link -- bit j of node n's set where node j is n or one of its ancestors -- checked for a
+    forest's, not walked: tree_path_masks): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -363,6 +365,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         L2NORM=bool(use_qk_l2norm), PRECISION=precision or default_precision(ssm), num_warps=num_warps,
     )
     tensors = (out, q, k, v, g, beta, ssm, state_slots, state_slots if parents is None else parents)
+    if tree_masks and not (mma and parents is not None):
+        raise ValueError("convwin.gdn_verify: tree_masks are the mma kernel's, for a tree's parents")
     if mma:
         from . import gdn_verify_mma
         chunk_k = min(chunk_k or MMA_CHUNK_K * 4 // ssm.element_size(), constexprs["BLOCK_K"])
@@ -376,7 +380,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         half = (torch.bfloat16, torch.float16)  # (exact in tf32; wider q or k rounded to it first)
         constexprs.update(CHUNK_K=chunk_k, ROUND_KQ=not (q.dtype in half and k.dtype in half),
                           WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3),
-                          STATE_STAGES=stages, Q_EFF=bool(q_eff))
+                          STATE_STAGES=stages, Q_EFF=bool(q_eff), TREE_MASKS=bool(tree_masks))
         if maxnreg is not None:
             constexprs.update(maxnreg=maxnreg)
         pdl = MMA_PDL if pdl is None else int(pdl)
@@ -390,6 +394,17 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         q_eff = ssm.dtype in Q_EFF_DTYPES and num_nodes <= TRITON_Q_EFF_MAX_NODES
     constexprs.update(Q_EFF=bool(q_eff))
     return KernelCall(_gdn_verify_kernel, grid, tensors, scalars, constexprs)
+
+
+def tree_path_masks(parents: torch.Tensor) -> torch.Tensor:
+    """[B, N] links (node n's parent < n, or -1) as _verify_call's tree_masks take them: node n's
+    path mask, bit j set where node j is n or one of its ancestors (valid links assumed)."""
+    nodes = torch.arange(parents.shape[1], device=parents.device)
+    masks = torch.ones_like(parents) << nodes
+    for n in range(parents.shape[1]):  # (a parent comes first: its mask is complete)
+        parent = parents[:, n]
+        masks[:, n] |= torch.where(parent >= 0, masks.gather(1, parent.clamp(min=0)[:, None])[:, 0], 0)
+    return masks
 
 
 def launch_gdn_verify(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm, **tuning):

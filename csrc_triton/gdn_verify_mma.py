@@ -211,15 +211,38 @@ def _parent_of(x, links):
 
 
 @gluon.jit
+def _path_masks(masks, walker, NUM_NODES: gl.constexpr):
+    """(bits, masks_ok): entry c of ``masks`` node c's path mask (bit j set where node j is c or one of
+    its ancestors), the mask of node ``walker`` per entry (its own bit past the real nodes), and
+    whether they are a forest's: node n's has bit n and none above, and without bit n it is its
+    parent's (the highest node left in it) or empty."""
+    mine = gl.gather(masks, walker.to(gl.int32), 0)
+    ok = (mine >> walker) == 1  # (in the masks' own width: no bit above n survives a narrowing)
+    rest = (mine ^ (1 << walker)).to(gl.int32)  # (below 2^15 where ok: at most 16 nodes)
+    up = gl.zeros_like(rest)  # the highest bit of rest: the parent
+    x = rest
+    for i in gl.static_range(4):
+        shifted = x >> (8 >> i)
+        up = gl.where(shifted != 0, up + (8 >> i), up)
+        x = gl.where(shifted != 0, shifted, x)
+    parents = gl.gather(masks, gl.where((rest > 0) & (up < NUM_NODES), up, 0), 0).to(gl.int32)
+    ok &= (rest == 0) | (parents == rest)
+    masks_ok = gl.sum(gl.where((walker < NUM_NODES) & ~ok, 1, 0), axis=0) == 0
+    return gl.where(walker < NUM_NODES, mine.to(gl.int32), 1 << walker), masks_ok
+
+
+@gluon.jit
 def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
                    beta_stride_row, beta_stride_node, beta_stride_head,
                    NUM_NODES: gl.constexpr, NODES: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
-                   MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, SPLIT: gl.constexpr):
+                   MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, SPLIT: gl.constexpr,
+                   TREE_MASKS: gl.constexpr):
     """From the raw gram [k; q][k; q]^T: (mix, row_c, grown, kept, beta, links_ok), the
     [NODES, NODES] matrix and the per-row factors of gdn_verify's docstring, in the accumulator's
     layout (row_c: the l2 norm's and the scale's factor of each stack row). links: a tree's
     parent links [NODES], entry c node c's (-1 past the real nodes), one a lane, loaded with the
-    first state chunk; the walk up the tree looks them up across lanes. SPLIT: the inverse and the
+    first state chunk; the walk up the tree looks them up across lanes. With TREE_MASKS the entries
+    are each node's path mask instead (_path_masks): checked, not walked. SPLIT: the inverse and the
     mix in 3xTF32 (else the mix past 4 nodes only)."""
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA)
     COL_L: gl.constexpr = gl.SliceLayout(0, MMA)
@@ -250,12 +273,15 @@ def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row,
     if TREE:
         # each stack row's ancestors as a bit mask, then the [NODES, NODES] matrix from it
         walker = gl.arange(0, NODES, layout=links.type.layout) % HALF
-        up = _parent_of(walker, links)
-        links_ok = gl.sum(gl.where((walker < NUM_NODES) & ((up < -1) | (up >= walker)), 1, 0), axis=0) == 0
-        bits = gl.full([NODES], 1, gl.int32, layout=links.type.layout) << walker
-        for _ in gl.static_range(NUM_NODES - 1):
-            bits |= gl.where(up >= 0, 1 << gl.minimum(gl.maximum(up, 0), 31).to(gl.int32), 0)
-            up = gl.where((up >= 0) & links_ok, _parent_of(up, links), -1)
+        if TREE_MASKS:
+            bits, links_ok = _path_masks(links, walker, NUM_NODES)
+        else:
+            up = _parent_of(walker, links)
+            links_ok = gl.sum(gl.where((walker < NUM_NODES) & ((up < -1) | (up >= walker)), 1, 0), axis=0) == 0
+            bits = gl.full([NODES], 1, gl.int32, layout=links.type.layout) << walker
+            for _ in gl.static_range(NUM_NODES - 1):
+                bits |= gl.where(up >= 0, 1 << gl.minimum(gl.maximum(up, 0), 31).to(gl.int32), 0)
+                up = gl.where((up >= 0) & links_ok, _parent_of(up, links), -1)
         ancestry = ((gl.convert_layout(bits, ROW_L)[:, None] >> col_node[None, :]) & 1) != 0
     else:
         ancestry = col_node[None, :] <= node[:, None]
@@ -295,7 +321,7 @@ def _verify_tile(
     HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
     TREE: gl.constexpr, L2NORM: gl.constexpr, CHUNK_K: gl.constexpr, ROUND_KQ: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, STATE_STAGES: gl.constexpr, FROM_PROGRAM: gl.constexpr,
-    PDL: gl.constexpr, Q_EFF: gl.constexpr,
+    PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
 ):
     """One [dk, BLOCK_V] state tile's outputs, from one read of it: the tile of _gdn_verify_mma_kernel's
     program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
@@ -303,7 +329,7 @@ def _verify_tile(
     before this one has finished; 2: the slot and the state's first chunks before that (that
     kernel must write neither; only the slot with Q_EFF in registers), the rest after. Q_EFF: the
     node matrices first, then one product of the state with the effective queries (module
-    docstring)."""
+    docstring). TREE_MASKS: parents_ptr holds each node's path mask (_path_masks) instead of its link."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -393,7 +419,7 @@ def _verify_tile(
         mix, row_c, grown, kept, beta, links_ok = _node_matrices(
             gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
             beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
-            True)
+            True, TREE_MASKS)
         eye = gl.arange(0, NODES, layout=ROW_L)[:, None] == gl.arange(0, NODES, layout=COL_L)[None, :]
         W = gl.where(eye, (kept * row_c)[:, None], 0.0) - mix * gl.convert_layout(beta * grown * row_c, COL_L)[None, :]
         w_hi, w_lo = _parts(W, A_L, True)
@@ -428,7 +454,7 @@ def _verify_tile(
         mix, row_c, grown, kept, beta, links_ok = _node_matrices(
             gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
             beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
-            False)
+            False, TREE_MASKS)
         products = products * row_c[:, None]  # K S0 on key rows, Q S0 (scaled) on query rows
     stack = gl.arange(0, NODES, layout=ROW_L)
     key_side = stack < HALF
@@ -468,14 +494,15 @@ def _gdn_verify_mma_kernel(
     HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
-    STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr,
+    STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
     gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
     its operands rounded to nearest). The state's strides come as SSM_STRIDE_K / _V, constants, so
     that the chunk loads take immediate offsets. With STATE_STAGES the chunks go through shared
     memory (cp.async, that many in flight from the program's start) instead of registers. PDL 1 or
-    2: launched as a programmatic dependent (sm_90; _verify_tile)."""
+    2: launched as a programmatic dependent (sm_90; _verify_tile). TREE_MASKS: parents holds each
+    node's path mask (_verify_tile)."""
     _verify_tile(-1, out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr,
                  slots_ptr, parents_ptr, num_state_slots, scale,
                  out_stride_row, out_stride_node, out_stride_head, out_stride_v,
@@ -487,7 +514,7 @@ def _gdn_verify_mma_kernel(
                  ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                  NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                  TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, True, PDL,
-                 Q_EFF)
+                 Q_EFF, TREE_MASKS)
 
 
 @gluon.jit(do_not_specialize=["num_rows"])
@@ -506,7 +533,7 @@ def _gdn_verify_mma_persistent_kernel(
     HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
-    STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr,
+    STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
 ):
     """_gdn_verify_mma_kernel's tiles of num_rows rows (row-major: a row's heads, then the next row's),
     program_id(0), + num_programs, ... a program, on a grid (programs, 1): a grid of a few programs
@@ -526,4 +553,4 @@ def _gdn_verify_mma_persistent_kernel(
                      ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                      NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                      TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, False, PDL,
-                     Q_EFF)
+                     Q_EFF, TREE_MASKS)

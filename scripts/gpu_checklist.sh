@@ -42,6 +42,9 @@
 #             RING_MMA_PDL=1; memcheck + racecheck over some transposed pools' and the pdl tests
 #   spread    gdn_verify's mma kernel on 64-column tiles where 128-column ones leave fewer than MMA_MIN_PROGRAMS
 #             programs (MMA_SPREAD_BLOCK_V, off until this runs): its GPU tests, then the sweep at B = 2 / 3
+#   masks     gdn_verify's mma kernel given each tree node's path mask instead of its link (tree_masks: checked, not
+#             walked; 5.8% fewer instructions a bf16 tree program offline): its GPU tests, then trees with and
+#             without at B = 8 / 64 / 256, fp32 and bf16 (chains skip the entry)
 #   ringconv  ring_conv1d_verify's tiles (channels per program / warps / early loads; 64 / 1 / 1 its default) at
 #             B = 8 .. 256
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
@@ -307,6 +310,15 @@ for phase in "$@"; do
               timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --batches 2 3 --only 6 8 \
                 > "$out/sweep_spread.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_spread.log" ;;
+    masks)    rc=0  # (gdn_verify's mma kernel given each tree node's path mask: tests, then trees both ways)
+              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
+                -k "tree_masks or tree_path_masks" > "$out/gpu_tests_masks.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_masks.log"
+              for dtype in fp32 bf16; do
+                timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --only 29 --batches 8 64 256 \
+                  --state-dtype $dtype > "$out/sweep_masks_$dtype.log" 2>&1 || rc=1
+                grep -E '^\||FAILED' "$out/sweep_masks_$dtype.log"
+              done ;;
     ringconv) timeout 150 python3 benchmarks/bench_ring.py --conv-sweep 64/1/0 64/2 128/1 128/1/1 128/2 256/2 256/2/1 \
                 256/4 512/4 512/4/1 1024/4 --batches 8 64 256 > "$out/bench_ring_conv.log" 2>&1
               rc=$?; grep -E '^\|' "$out/bench_ring_conv.log" ;;

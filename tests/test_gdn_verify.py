@@ -390,6 +390,62 @@ def test_mma_launch_plans(monkeypatch):
         module.MMA_STATE_STAGES, module.MMA_CHUNK_K, module.MMA_Q_EFF = defaults
 
 
+def path_masks(links):
+    """Each node's path mask, its ancestors followed one link at a time (the obvious loop)."""
+    masks = []
+    for row in links.tolist():
+        masks.append([])
+        for node in range(len(row)):
+            mask, up = 0, node
+            while up >= 0:
+                mask, up = mask | 1 << up, row[up]
+            masks[-1].append(mask)
+    return torch.tensor(masks, dtype=links.dtype)
+
+
+def test_tree_path_masks():
+    """The launcher's tree_masks: each node's path mask as the obvious loop has it; only a tree's,
+    on the mma kernel."""
+    links = torch.tensor([[-1, 0, 0, 0, 1, 1, 1, 4], [-1, -1, 0, 1, 2, 3, 4, 5], [-1, 0, 1, 2, 3, 4, 5, 6]])
+    assert torch.equal(triton_kernels().gdn_verify.tree_path_masks(links), path_masks(links))
+    q, k, v, g, beta, ssm, slots, parents = make_problem(parents=[-1, 0, 0, 2])
+    for chosen in (dict(parents=None, mma=True), dict(parents=parents, mma=False)):
+        with pytest.raises(ValueError, match="tree_masks"):
+            triton_kernels().gdn_verify._verify_call(torch.empty(v.shape), q, k, v, g, beta, ssm, slots,
+                                                     chosen["parents"], scale=0.25, use_qk_l2norm=True,
+                                                     mma=chosen["mma"], tree_masks=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cuda_tree_masks(state_dtype):
+    """The mma kernel given each node's path mask instead of its link (tree_masks): the oracle's
+    outputs; a row whose masks are not a forest's (a node's own bit missing, a bit above it, a mask
+    that is not its parent's plus its own) left untouched, the others written."""
+    tree = [-1, 0, 0, 0, 1, 1, 1, 4]
+    problem = make_problem(num_rows=4, num_nodes=8, head_k_dim=128, head_v_dim=128, num_slots=6, slots=[5, 0, 3, 1],
+                           parents=tree, state_dtype=state_dtype, qkv_dtype=torch.bfloat16, device="cuda")
+    tol = 2e-3 if state_dtype == torch.float32 else 2e-2
+    masks = path_masks(problem[-1].cpu()).cuda()
+
+    def run(out, q, k, v, g, beta, ssm, slots, parents, **kwargs):
+        kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(out, q, k, v, g, beta, ssm, slots, parents)
+        kernel_args = (*kernel_args[:-1], masks)  # (parents, last, as their path masks)
+        triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, mma=True, tree_masks=True)
+
+    assert check("cuda", run, problem, tol=tol) == [0, 1, 2, 3]
+    masks[1, 4] ^= 1 << 4  # node 4 without its own bit
+    masks[2, 2] |= 1 << 5  # node 2 with a bit above its own
+    masks[3, 7] = 1 << 7 | 1 << 4  # node 7 under node 4 without node 4's ancestors
+    q, k, v, g, beta, ssm, slots, parents = problem
+    expected, _ = reference.gdn_verify_reference(q, k, v, g, beta, ssm, slots.cpu(), parents)
+    out = torch.full(v.shape, FILL, device="cuda")
+    run(out, q, k, v, g, beta, ssm, slots, parents)
+    got = out.cpu()
+    assert torch.equal(got[1:], torch.full_like(got[1:], FILL))
+    assert (got[0].double() - expected[0]).abs().max().item() <= tol * expected[0].abs().max().item()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("parents", [None, [-1, 0, 0, 0, 1, 1, 1, 4]], ids=["chain", "tree8"])
