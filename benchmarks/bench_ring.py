@@ -23,7 +23,8 @@ ceiling's rate, both measured in this run.
 Qwen3-Next-80B TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128; --mixer mamba2: Nemotron-H-8B TP1,
 24 layers, H 128, P 64, G 8, Ns 128), fp32
 checkpoints, bf16 ring rows and conv state, capacity R = 16, D = 4 chains and trees of 8 nodes
-(topk 3). CUDA-graph replays.
+(topk 3). CUDA-graph replays. Before any timing the verify op (under any --constants) is checked
+against the ops' PyTorch code on six rows of every kind (check); a failure times nothing.
 
     python benchmarks/bench_ring.py [--batches 1 8 64 256] [--capacity 16] [--drafts chain tree] [--mixer mamba2]
     python benchmarks/bench_ring.py --sweep 32/8/tf32x3 128/8/tf32/tf32x3 mma/128/4   # the verify kernels' tiles
@@ -97,6 +98,9 @@ def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
         parents=torch.tensor([TREE_PARENTS] * batch, device=DEVICE) if tree else None,
         out=torch.empty(L, batch, N, shapes.v_heads, shapes.head_v, dtype=torch.bfloat16, device=DEVICE),
     )
+    p["arguments"] = [((p["out"][layer], p["q"], p["k"], p["v"], p["g"][layer], p["beta"][layer], p["ssm"],
+                        p["conv_state"], ring.rows, ring.gates, ring.cursor, p["weight"][layer], None, p["slots"],
+                        p["slots"], layer, p["parents"]), {}) for layer in range(L)]
     p["due"] = functools.partial(  # the step's folds, every layer (--due-first)
         sgl_convwin.gdn_ring_flush, p["ssm"], p["conv_state"], ring.cursor, ring.rows, ring.gates, p["weight"],
         p["slots"], p["slots"], num_k_heads=shapes.k_heads, head_k_dim=shapes.head_k, num_v_heads=shapes.v_heads,
@@ -138,6 +142,7 @@ def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
                    ring.gates, ring.cursor, p["weight"][layer], p["bias"][layer], p["slots"], p["slots"], layer,
                    p["parents"]), dict(D=p["D"][layer], dt_bias=p["dt_bias"][layer], dt_softplus=True))
                  for layer in range(L)]
+    p["arguments"] = arguments
     p["verify"] = [functools.partial(sgl_convwin.mamba2_ring_verify, *args, **kwargs, after_due_flush=DUE_FIRST)
                    for args, kwargs in arguments]
     p["due"] = functools.partial(  # the step's folds, every layer (--due-first)
@@ -146,6 +151,49 @@ def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
         n_groups=shapes.groups, d_state=shapes.d_state, num_draft=N)
     p["calls"] = [sgl_convwin.mamba2_ring_verify.kernel_arguments(*args, **kwargs) for args, kwargs in arguments]
     return p
+
+
+def check(mixer, shapes, capacity) -> bool:
+    """The verify op being timed (with any --constants) on layer 0 of six rows -- one that folds, one
+    that replays R - N pending tokens from the ring's end, one a few, one none, one padded, one
+    past the ring's end by a wrap -- against the ops' PyTorch code (cpu_ring) on the same inputs,
+    chains and trees: outputs within 2e-3 x max |out|, checkpoints within 1e-4 x max |S|, the conv
+    windows, ring rows, gates and cursors bit for bit. Prints a line each; False if one fails."""
+    from sgl_convwin import cpu_ring
+
+    op = getattr(sgl_convwin, f"{mixer}_ring_verify")
+    code = getattr(cpu_ring, f"{mixer}_ring_verify_cpu")
+    problem = ring_problem if mixer == "gdn" else mamba2_ring_problem
+    ok = True
+    for tree in (False, True):
+        p = problem(shapes, 6, tree, capacity, seed=1)
+        ring, num_draft = p["ring"], p["N"]
+        ring_rows = ring.rows.shape[2]
+        ring.cursor.copy_(torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, capacity - num_draft], [2, 2],
+                                        [0, 0], [1, 1], [ring_rows - 1, capacity - num_draft]], device=DEVICE))
+        p["slots"][4] = -1  # (a padded row)
+        args, kwargs = p["arguments"][0]
+        args = (torch.full(args[0].shape, float("nan"), device=DEVICE), *args[1:])  # (float32 outputs)
+        state = [args[0], p["ssm"], p["conv_state"], ring.rows, ring.gates, ring.cursor]
+        before = [t.clone() for t in state]
+        op(*args, **kwargs, after_due_flush=DUE_FIRST)
+        got = [t.clone() for t in state]
+        for t, saved in zip(state, before):
+            t.copy_(saved)
+        kernel_args, kernel_kwargs = op.kernel_arguments(*args, **kwargs)
+        code(*kernel_args, **kernel_kwargs)
+        (out, ssm), (want_out, want_ssm) = got[:2], state[:2]
+        written = ~torch.isnan(want_out)  # (the padded row's outputs stay as they were)
+        errors = [((out - want_out)[written].abs().max() / want_out[written].abs().max()).item(),
+                  ((ssm - want_ssm).abs().max() / want_ssm.abs().max()).item()]
+        exact = torch.equal(torch.isnan(out), ~written) and all(torch.equal(a, b) for a, b in zip(got[2:], state[2:]))
+        good = errors[0] <= 2e-3 and errors[1] <= 1e-4 and exact
+        print(f"check: {mixer} ring verify, {'tree' if tree else 'chain'}, against the PyTorch code: outputs "
+              f"{errors[0]:.2e}, checkpoints {errors[1]:.2e} x max, the rest {'exact' if exact else 'DIFFERS'} "
+              f"({'ok' if good else 'FAILED'})", flush=True)
+        ok &= good
+        del p
+    return ok
 
 
 def ring_steps_fn(p, steps_table, *, conv: bool, accept: bool = True, cursor=None):
@@ -169,10 +217,8 @@ def ring_steps_fn(p, steps_table, *, conv: bool, accept: bool = True, cursor=Non
                 if "verify" in p:
                     p["verify"][layer]()
                 else:
-                    sgl_convwin.gdn_ring_verify(p["out"][layer], p["q"], p["k"], p["v"], p["g"][layer],
-                                                p["beta"][layer], p["ssm"], p["conv_state"], ring.rows, ring.gates,
-                                                ring.cursor, p["weight"][layer], None, slots, slots, layer, parents,
-                                                after_due_flush=DUE_FIRST)
+                    args, kwargs = p["arguments"][layer]
+                    sgl_convwin.gdn_ring_verify(*args, **kwargs, after_due_flush=DUE_FIRST)
             if accept:
                 sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, parents, num_draft=p["N"])
     return run
@@ -510,6 +556,8 @@ def main(argv=None) -> int:
     print(environment_line(), flush=True)
     print(f"read ceiling {read_gbps:.0f} GB/s, copy ceiling {copy_gbps:.0f} GB/s; shapes {shapes}; capacity "
           f"{args.capacity}; fp32 checkpoints, bf16 rows; {UNROLL} steps per graph", flush=True)
+    if not check(args.mixer, shapes, args.capacity):
+        return 1
     if args.sweep:
         (sweep if args.mixer == "gdn" else mamba2_sweep)(shapes, args.batches, args.capacity, args.sweep, args.ncu)
         return 0

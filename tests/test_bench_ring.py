@@ -1,5 +1,6 @@
 """benchmarks/bench_ring.py's traffic model: its cursor-rule simulation of folds per step against
-plan's closed form F = floor((R - N) / a) + 1 (constant acceptance), and its path lengths."""
+plan's closed form F = floor((R - N) / a) + 1 (constant acceptance), and its path lengths; its
+check of the verify op before timing; a CPU dry run of its flows."""
 
 import os
 import sys
@@ -131,3 +132,38 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
         assert {kwargs["num_draft"] for kwargs in flushes} == {4}
         with pytest.raises(SystemExit):
             bench_ring.main(["--mixer", "mamba2", "--flush-sweep", "-"])
+
+
+@pytest.mark.parametrize("mixer", ["gdn", "mamba2"])
+def test_check_fails_a_wrong_verify(monkeypatch, capsys, mixer):
+    """The check before any timing (CPU: the op is the PyTorch code, so it agrees bit for bit) fails
+    an op whose outputs are off, chains and trees, and main then times nothing."""
+    import dataclasses
+
+    import sgl_convwin
+
+    tiny = dict(gdn=dataclasses.replace(bench_ring.SHAPES["gdn"], layers=2, k_heads=1, v_heads=2, head_k=16,
+                                        head_v=16),
+                mamba2=dataclasses.replace(bench_ring.SHAPES["mamba2"], layers=2, heads=2, head_dim=16, groups=1,
+                                           d_state=16))
+    monkeypatch.setattr(bench_ring, "DEVICE", "cpu")
+    assert bench_ring.check(mixer, tiny[mixer], 8)
+    assert capsys.readouterr().out.count("(ok)") == 2
+    op = getattr(sgl_convwin, f"{mixer}_ring_verify")
+
+    class Off:  # the op, its outputs shifted by 1
+        kernel_arguments = staticmethod(op.kernel_arguments)
+
+        def __call__(self, out, *args, **kwargs):
+            op(out, *args, **kwargs)
+            out += 1.0
+
+    monkeypatch.setattr(sgl_convwin, f"{mixer}_ring_verify", Off())
+    assert not bench_ring.check(mixer, tiny[mixer], 8)
+    assert capsys.readouterr().out.count("(FAILED)") == 2
+    monkeypatch.setattr(bench_ring, "SHAPES", tiny)
+    monkeypatch.setattr(bench_ring, "read_ceiling_gbps", lambda: 4000.0)
+    monkeypatch.setattr(bench_ring, "copy_ceiling_gbps", lambda: 3000.0)
+    monkeypatch.setattr(bench_ring, "environment_line", lambda: "env")
+    assert bench_ring.main(["--batches", "2", "--capacity", "8", "--mixer", mixer]) == 1
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
