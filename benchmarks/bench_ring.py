@@ -157,8 +157,9 @@ def check(mixer, shapes, capacity) -> bool:
     """The verify op being timed (with any --constants) on layer 0 of six rows -- one that folds, one
     that replays R - N pending tokens from the ring's end, one a few, one none, one padded, one
     past the ring's end by a wrap -- against the ops' PyTorch code (cpu_ring) on the same inputs,
-    chains and trees: outputs within 2e-3 x max |out|, checkpoints within 1e-4 x max |S|, the conv
-    windows, ring rows, gates and cursors bit for bit. Prints a line each; False if one fails."""
+    chains and trees: outputs within 2e-2 x max |out| (the ops' bound for bf16 inputs: their tf32
+    products), folded checkpoints within 1e-4 x max |S| (3xTF32), the conv windows, ring rows, gates
+    and cursors bit for bit. Prints a line each; False if one fails."""
     from sgl_convwin import cpu_ring
 
     op = getattr(sgl_convwin, f"{mixer}_ring_verify")
@@ -187,7 +188,7 @@ def check(mixer, shapes, capacity) -> bool:
         errors = [((out - want_out)[written].abs().max() / want_out[written].abs().max()).item(),
                   ((ssm - want_ssm).abs().max() / want_ssm.abs().max()).item()]
         exact = torch.equal(torch.isnan(out), ~written) and all(torch.equal(a, b) for a, b in zip(got[2:], state[2:]))
-        good = errors[0] <= 2e-3 and errors[1] <= 1e-4 and exact
+        good = errors[0] <= 2e-2 and errors[1] <= 1e-4 and exact
         print(f"check: {mixer} ring verify, {'tree' if tree else 'chain'}, against the PyTorch code: outputs "
               f"{errors[0]:.2e}, checkpoints {errors[1]:.2e} x max, the rest {'exact' if exact else 'DIFFERS'} "
               f"({'ok' if good else 'FAILED'})", flush=True)
