@@ -172,7 +172,7 @@ def check(mixer, shapes, capacity) -> bool:
         ring_rows = ring.rows.shape[2]
         ring.cursor.copy_(torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, capacity - num_draft], [2, 2],
                                         [0, 0], [1, 1], [ring_rows - 1, capacity - num_draft]], device=DEVICE))
-        p["slots"][4] = -1  # (a padded row)
+        p["slots"].copy_(torch.tensor([0, 1, 2, 3, -1, 5]))  # (row i on cursor i; row 4 padded)
         args, kwargs = p["arguments"][0]
         args = (torch.full(args[0].shape, float("nan"), device=DEVICE), *args[1:])  # (float32 outputs)
         state = [args[0], p["ssm"], p["conv_state"], ring.rows, ring.gates, ring.cursor]
