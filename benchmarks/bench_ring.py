@@ -69,7 +69,8 @@ SHAPES = {"gdn": Shapes(), "mamba2": NEMOTRON_H_8B_TP1}  # Qwen3-Next-80B TP1, N
 def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
     """Every layer's ring inputs on the GPU: the ring (rows random), checkpoints [L, B, Hv, dk, dv] fp32
     (TRANSPOSED: stored [.., dv, dk]), conv_state [L, B, dim, K-1] bf16, x [L, B, N, dim] bf16, g and beta
-    [L, B, N, Hv], out [L, B, N, Hv, dv]."""
+    [L, B, N, Hv], out [L, B, N, Hv, dv]; ``op`` (the verify op) and ``arguments`` (each layer's
+    (args, kwargs) of it)."""
     L, N, dim = shapes.layers, len(TREE_PARENTS) if tree else shapes.num_draft, shapes.dim
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
 
@@ -98,6 +99,7 @@ def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
         parents=torch.tensor([TREE_PARENTS] * batch, device=DEVICE) if tree else None,
         out=torch.empty(L, batch, N, shapes.v_heads, shapes.head_v, dtype=torch.bfloat16, device=DEVICE),
     )
+    p["op"] = sgl_convwin.gdn_ring_verify  # (each layer's verify: p["op"](*args, **kwargs) of p["arguments"])
     p["arguments"] = [((p["out"][layer], p["q"], p["k"], p["v"], p["g"][layer], p["beta"][layer], p["ssm"],
                         p["conv_state"], ring.rows, ring.gates, ring.cursor, p["weight"][layer], None, p["slots"],
                         p["slots"], layer, p["parents"]), {}) for layer in range(L)]
@@ -111,8 +113,8 @@ def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
 def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
     """ring_problem for Mamba2 layers: the ring of alloc_mamba2_ring (dt ~ 0.13 per head), checkpoints
     [L, B, H, P, Ns] fp32, x, B, C views of the conv output, dt [L, B, N, H] bf16 with dt_bias and
-    softplus, A = -uniform(1, 16), D (as the eager step's mamba2_verify), a conv bias; ``verify``:
-    each layer's mamba2_ring_verify call; ``calls``: each layer's kernel arguments (for a tile sweep)."""
+    softplus, A = -uniform(1, 16), D (as the eager step's mamba2_verify), a conv bias; ``op`` and
+    ``arguments`` as ring_problem's; ``calls``: each layer's kernel arguments (for a tile sweep)."""
     L, N, dim, H = shapes.layers, len(TREE_PARENTS) if tree else shapes.num_draft, shapes.dim, shapes.heads
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
 
@@ -142,9 +144,7 @@ def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
                    ring.gates, ring.cursor, p["weight"][layer], p["bias"][layer], p["slots"], p["slots"], layer,
                    p["parents"]), dict(D=p["D"][layer], dt_bias=p["dt_bias"][layer], dt_softplus=True))
                  for layer in range(L)]
-    p["arguments"] = arguments
-    p["verify"] = [functools.partial(sgl_convwin.mamba2_ring_verify, *args, **kwargs, after_due_flush=DUE_FIRST)
-                   for args, kwargs in arguments]
+    p["op"], p["arguments"] = sgl_convwin.mamba2_ring_verify, arguments
     p["due"] = functools.partial(  # the step's folds, every layer (--due-first)
         sgl_convwin.mamba2_ring_flush, p["ssm"], p["conv_state"], ring.cursor, ring.rows, ring.gates, p["weight"],
         p["A"], p["slots"], p["slots"], conv_bias=p["bias"], num_heads=H, head_dim=shapes.head_dim,
@@ -162,13 +162,12 @@ def check(mixer, shapes, capacity) -> bool:
     and cursors bit for bit. Prints a line each; False if one fails."""
     from sgl_convwin import cpu_ring
 
-    op = getattr(sgl_convwin, f"{mixer}_ring_verify")
     code = getattr(cpu_ring, f"{mixer}_ring_verify_cpu")
     problem = ring_problem if mixer == "gdn" else mamba2_ring_problem
     ok = True
     for tree in (False, True):
         p = problem(shapes, 6, tree, capacity, seed=1)
-        ring, num_draft = p["ring"], p["N"]
+        ring, num_draft, op = p["ring"], p["N"], p["op"]
         ring_rows = ring.rows.shape[2]
         ring.cursor.copy_(torch.tensor([[ring_rows - 3, capacity], [ring_rows - 5, capacity - num_draft], [2, 2],
                                         [0, 0], [1, 1], [ring_rows - 1, capacity - num_draft]], device=DEVICE))
@@ -215,11 +214,8 @@ def ring_steps_fn(p, steps_table, *, conv: bool, accept: bool = True, cursor=Non
                     sgl_convwin.ring_conv1d_verify(p["conv_out"], ring.rows, p["conv_state"], p["x"][layer],
                                                    p["weight"][layer], None if bias is None else bias[layer], slots,
                                                    slots, ring.cursor, layer, parents, activation="silu")
-                if "verify" in p:
-                    p["verify"][layer]()
-                else:
-                    args, kwargs = p["arguments"][layer]
-                    sgl_convwin.gdn_ring_verify(*args, **kwargs, after_due_flush=DUE_FIRST)
+                args, kwargs = p["arguments"][layer]
+                p["op"](*args, **kwargs, after_due_flush=DUE_FIRST)
             if accept:
                 sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, parents, num_draft=p["N"])
     return run
