@@ -289,6 +289,20 @@ def check_mma_tiles(op: str, block_v: int, num_warps: int, chunk_k: int) -> None
                          f"warps and chunk_k >= {MIN_DOT}; got block_v {block_v}, {num_warps} warps, chunk_k {chunk_k}")
 
 
+@triton.constexpr_function  # (the kernels' copy layouts call these too: gdn_verify_mma)
+def rows_contiguous(stride_k: int, stride_v: int) -> bool:
+    """Whether a pool's state rows are contiguous ([.., dv, dk] storage passed transposed, the
+    engines' layout) rather than its value columns."""
+    return stride_k == 1 and stride_v != 1
+
+
+@triton.constexpr_function
+def column_copy_lanes(chunk_k: int, element_bytes: int) -> int:
+    """Where the rows are contiguous, the lanes of a warp down a chunk's column, 16 bytes each over
+    its chunk_k rows, at most 32 (0: the chunk's column is under 16 bytes)."""
+    return min(32, chunk_k * element_bytes // 16)
+
+
 def state_stages_for(state_stages: int, block_v: int, num_warps: int, chunk_k: int, block_k: int, ssm) -> int:
     """The mma kernels' state_stages, at most the tile's block_k // chunk_k chunks of rows, where
     each thread's cp.async is of 4 bytes or more, or 0 (the chunks through registers). Its copy:
@@ -297,12 +311,12 @@ def state_stages_for(state_stages: int, block_v: int, num_warps: int, chunk_k: i
     128-byte segments of chunk_k rows (gdn_verify_mma._state_copy_layout); one element where the
     pool or its strides are not aligned as Triton sees them."""
     size = ssm.element_size()
-    k_contiguous = ssm.stride(-2) == 1 and ssm.stride(-1) != 1
+    k_contiguous = rows_contiguous(ssm.stride(-2), ssm.stride(-1))
     # (Triton takes a runtime stride as aligned only at a multiple of 16 elements; dk's is a constexpr)
     aligned = (ssm.data_ptr() % 16 == 0 and all(stride % 16 == 0 for stride in ssm.stride()[:-2])
                and ssm.stride(-1 if k_contiguous else -2) * size % 16 == 0)
     if k_contiguous:
-        lanes_k = min(32, chunk_k * size // 16)
+        lanes_k = column_copy_lanes(chunk_k, size)
         if lanes_k < 1 or (32 // lanes_k) * num_warps > block_v:
             return 0  # (a lane would copy what another does)
         run = 16 // size if aligned else 1

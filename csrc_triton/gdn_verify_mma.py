@@ -32,6 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from ._common import LOG_DECAY_FLOOR
+from .gdn_verify import column_copy_lanes, rows_contiguous
 
 
 @gluon.jit
@@ -104,9 +105,8 @@ def _state_chunk(state_base, first, slot_ok, v0, HEAD_K_DIM: gl.constexpr, HEAD_
 
 @gluon.constexpr_function
 def _k_contiguous(stride_k, stride_v):
-    """Whether a pool's state rows are contiguous ([.., dv, dk] storage passed transposed, the
-    engines' layout) rather than its value columns."""
-    return stride_k == 1 and stride_v != 1
+    """gdn_verify.rows_contiguous, for the kernels' constexpr strides."""
+    return rows_contiguous(stride_k, stride_v)
 
 
 @gluon.constexpr_function
@@ -117,7 +117,7 @@ def _state_copy_layout(load_layout, k_contiguous, element_bits, chunk_k, warps):
     if not k_contiguous:
         return load_layout
     vec = 128 // element_bits
-    lanes_k = max(1, min(32, chunk_k // vec))
+    lanes_k = max(1, column_copy_lanes(chunk_k, element_bits // 8))
     return gl.BlockedLayout([vec, 1], [lanes_k, 32 // lanes_k], [1, warps], [0, 1])
 
 
