@@ -65,9 +65,8 @@ VERIFY_WARPS = 4
 MMA_MIN_PROGRAMS = 128
 MMA_BLOCK_V = 128
 # Where MMA_BLOCK_V columns a program leave fewer than MMA_MIN_PROGRAMS programs, this many instead
-# if they reach it (0: never; B = 2 at Qwen3-Next TP1: docs/benchmarks.md, "Small batches"; its
-# correctness not yet checked on a GPU: off)
-MMA_SPREAD_BLOCK_V = 0
+# if they reach it (0: never; B = 2-3 at Qwen3-Next TP1: docs/benchmarks.md, "Small batches")
+MMA_SPREAD_BLOCK_V = 64
 MMA_WARPS = 2
 MMA_CHUNK_K = 32
 MMA_MAX_NODES = 16
