@@ -67,9 +67,6 @@ RING_MMA_SPREAD = False
 # sm_90+: each program's first read after the launch before has finished, its start under that
 # launch's tail (gdn_verify's pdl 1: nothing a caller sees changes; 0: plain launches)
 RING_MMA_PDL = 1
-# The verify as the folds' launch, then two launches: every row's effective queries without the state,
-# then the state read once by a product of N rows (gdn_ring_split.py; not yet timed on a GPU: off)
-RING_SPLIT = False
 
 
 def mma_verify_keys(ring_rows: int, num_nodes: int) -> int:
@@ -548,8 +545,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                chunk_k=None, fold_tiles=1, split=None, split_block_v=None, split_chunk_k=None, split_warps=None,
-                split_stages=None, prep_warps=None):
+                chunk_k=None, fold_tiles=1):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
@@ -559,9 +555,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
     columns, fewer for small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG,
     RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K; the rest:
     _mma_chunk_calls) and fold_tiles (0 with the op's after_due_flush); else the Triton kernel at
-    ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint). split (None: RING_SPLIT): the
-    folds' launch and window, then gdn_ring_split's two launches (split_block_v, split_chunk_k,
-    split_warps, split_stages: the product's tile; prep_warps the first's)."""
+    ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
         return ()
@@ -573,26 +567,6 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
     if mma and block_v is None:  # (never under 8 columns a warp: check_mma_tiles)
         block_v = (spread_block(RING_MMA_BLOCK_V, q.shape[0], v.shape[2], v.shape[3], max(2 * MIN_DOT, 8 * num_warps))
                    if RING_MMA_SPREAD else _mma_block_v(v.shape[3]))
-    if RING_SPLIT if split is None else split:
-        from .gdn_ring_split import split_calls
-
-        ring_rows = rows.shape[2]  # the verify's folds: a due flush's rule for N drafts, this layer only
-        fold = fold_precision or precision or fold_precision_for(ssm)
-        folds, window = _chunk_calls(
-            None, None, None, None, None, None, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
-            None, layer=layer, num_layers=1, num_nodes=0, heads=heads, **flush_rule(ring_rows, num_nodes), scale=1.0,
-            use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, precision=fold, fold_precision=fold)
-        if mma:
-            constexprs = _mma_constexprs(folds, ssm, min(chunk_k or RING_MMA_CHUNK_K, folds.constexprs["BLOCK_K"]),
-                                         False, VERIFY_KEYS=0, SMALL_KEYS=0)
-            folds = _mma_fold_call(folds, ssm, constexprs, fold_warps or num_warps, fold_block_v or block_v,
-                                   fold_maxnreg, RING_MMA_STATE_STAGES if state_stages is None else state_stages,
-                                   fold_tiles)
-        return (folds, window, *split_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias,
-                                            ring_slots, state_slots, layer, parents, scale=scale,
-                                            use_qk_l2norm=use_qk_l2norm, block_v=split_block_v,
-                                            chunk_k=split_chunk_k, num_warps=split_warps, stages=split_stages,
-                                            prep_warps=prep_warps))
     return _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
                         parents, layer=layer, num_layers=1, num_nodes=num_nodes, heads=heads,
                         max_pending=rows.shape[2] - num_nodes, fold_above=rows.shape[2] - num_nodes, scale=scale,

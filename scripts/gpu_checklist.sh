@@ -42,9 +42,6 @@
 #             RING_MMA_PDL=1; memcheck + racecheck over some transposed pools' and the pdl tests
 #   spread    gdn_verify's mma kernel on 64-column tiles where 128-column ones leave fewer than MMA_MIN_PROGRAMS
 #             programs (MMA_SPREAD_BLOCK_V, off until this runs): its GPU tests, then the sweep at B = 2 / 3
-#   split     RING_SPLIT (gdn_ring_split.py: the verify's small arithmetic in a launch of its own, then the state read by
-#             a product of N rows; never run on a GPU): its GPU tests, the one-layer sweep of its tiles against the
-#             default, then whole chain steps (B = 64 / 256, --profile) with and without
 #   masks     gdn_verify's mma kernel given each tree node's path mask instead of its link (tree_masks: checked, not
 #             walked; 5.8% fewer instructions a bf16 tree program offline): its GPU tests, then trees with and
 #             without at B = 8 / 64 / 256, fp32 and bf16 (chains skip the entry)
@@ -313,20 +310,6 @@ for phase in "$@"; do
               timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --batches 2 3 --only 6 8 \
                 > "$out/sweep_spread.log" 2>&1 || rc=1
               grep '^|' "$out/sweep_spread.log" ;;
-    split)    rc=0  # (RING_SPLIT: the ring's verify as the folds, every row's effective queries, then the state's product)
-              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py -k split \
-                > "$out/gpu_tests_split.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_split.log"
-              timeout 150 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/split=1 \
-                mma/128/4/split=1/split_block_v=128 mma/128/4/split=1/split_stages=2 mma/128/4/split=1/split_warps=2 \
-                mma/128/4/split=1/split_block_v=32 mma/128/4/split=1/prep_warps=8 > "$out/bench_ring_split_sweep.log" 2>&1 \
-                || rc=1
-              grep -E '^\||FAIL' "$out/bench_ring_split_sweep.log"
-              for constants in RING_SPLIT=0 RING_SPLIT=1; do
-                timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
-                  --constants $constants > "$out/bench_ring_split_$constants.log" 2>&1 || rc=1
-                grep -E '^(\||chain|check)|FAIL' "$out/bench_ring_split_$constants.log"
-              done ;;
     masks)    rc=0  # (gdn_verify's mma kernel given each tree node's path mask: tests, then trees both ways)
               timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
                 -k "tree_masks or tree_path_masks" > "$out/gpu_tests_masks.log" 2>&1 || rc=1

@@ -222,52 +222,6 @@ def test_wide_cursor_values_skip(device):
     assert_agree(dict(want, out=torch.zeros(1)), dict(got, out=torch.zeros(1)))
 
 
-SPLIT = dict(split=True)  # the folds, then every row's effective queries, then the state's product by them
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_split_matches_pytorch_code(device, tree):
-    """RING_SPLIT's launches (gdn_ring_split.py) on test_matches_pytorch_code's rows (folds beside rows
-    that only replay, a ring wrapping its end, an empty ring, a padded row; the folds in float32,
-    the product in tf32), with strong decays, and with a tree's forward link (that row folds and
-    stores its gates, no output)."""
-    cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
-    parents = [-1, 0, 0] if tree else None
-    for strong in (False, True):
-        case = ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
-                         state_slots=[3, 0, 4, -1], parents=parents, strong_decays=strong, device=device)
-        want, got = run_both(case, tuning=dict(SPLIT, **IEEE))
-        assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
-        assert_agree(want, got, tol=2e-3, state_tol=2e-5)
-        assert_same_untouched(case, want, got)
-    if tree:
-        case["parents"][0] = torch.tensor([-1, 2, 0], device=device)
-        want, got = run_both(case, tuning=dict(SPLIT, **IEEE))
-        assert (want["out"][0] == FILL).all() and not torch.equal(want["gates"], case["gates"])
-        assert_agree(want, got, tol=2e-3, state_tol=2e-5)
-
-
-def test_split_launches(monkeypatch):
-    """RING_SPLIT's launches in order: the folds (the due flush's rule for this layer), the folded
-    windows, the effective queries, the product; the module constant is the default."""
-    module = triton_kernels().gdn_ring_verify
-    case = ring_case(num_rows=2, num_nodes=2, capacity=4, parents=[-1, 0])
-    args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
-        torch.empty(case["v"].shape), case["q"], case["k"], case["v"], case["g"], case["beta"], case["ssm_state"],
-        case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"],
-        case["ring_slots"], case["state_slots"], 1, case["parents"], use_qk_l2norm=True)
-    names = lambda calls: [call.kernel.fn.__name__ for call in calls]  # noqa: E731
-    split = ["_gdn_ring_verify_kernel", "_ring_window_kernel", "_ring_prep_kernel", "_ring_product_kernel"]
-    assert names(module._ring_calls(*args, **kwargs, split=True)) == split
-    calls = module._ring_calls(*args, **kwargs, split=True)
-    assert (calls[0].constexprs["NUM_NODES"], calls[0].constexprs["FOLD_ABOVE"]) == (0, 6 - 2 * 2)
-    monkeypatch.setattr(module, "RING_SPLIT", True)
-    assert names(module._ring_calls(*args, **kwargs)) == split
-    monkeypatch.setattr(module, "RING_SPLIT", False)
-    assert "_ring_prep_kernel" not in names(module._ring_calls(*args, **kwargs))
-
-
 @interpreted
 @pytest.mark.slow
 @settings(max_examples=15, deadline=None)
@@ -469,11 +423,10 @@ def assert_mixed_rows_agree(case, want, got, state_dtype=torch.float32):
 @pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
                                   dict(merged=False), dict(block_v=64), dict(state_stages=0), dict(state_stages=3),
                                   dict(chunk_k=16, state_stages=4), dict(state_stages=4), dict(num_warps=8),
-                                  dict(fold_tiles=0), SPLIT, dict(SPLIT, fold_tiles=0,
-                                                                  split_block_v=128, split_stages=2)],
+                                  dict(fold_tiles=0)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "64-columns", "registers",
                               "state-stages-3", "state-stages-16-rows", "state-stages-whole-tile", "8-warps",
-                              "fold-row-programs", "split", "split-128-columns"])
+                              "fold-row-programs"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (R + N = 20 / 24 verify stack rows: chains of 4 /
     trees of 8) and 20 (24 / 28: the pending tokens past half the stack): rows that fold (every slot
@@ -484,7 +437,7 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     small batches' choice); the state chunks through registers, a chunk ahead, instead of shared
     memory (2 in flight by default; 3; 4 of 16 rows; the whole tile, which the fold then reads back);
     8 warps a program; the fold launch one program a row, its tiles one after another (the same bits
-    as the default's); RING_SPLIT's launches (gdn_ring_split.py), also over 128-column tiles."""
+    as the default's)."""
     num_nodes = len(nodes)
     if ("fold_block_v" in fold or "block_v" in fold or "num_warps" in fold) and head_dim == 32:
         pytest.skip("one tile of 32 columns either way (8 warps: 64 or more)")
@@ -494,7 +447,7 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     case = mixed_rows_case(num_nodes, capacity, head_dim, parents=nodes, state_dtype=state_dtype)
     want, got = run_both(case, tuning=dict(MMA, **fold))
     assert_mixed_rows_agree(case, want, got, state_dtype)
-    if "fold_tiles" in fold and "split" not in fold:
+    if "fold_tiles" in fold:
         _, default = run_both(case, tuning=MMA)
         for name in ("ssm_state", "conv_state", "gates", "out"):
             assert torch.equal(got[name], default[name]), name
@@ -504,9 +457,8 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
 @pytest.mark.parametrize("nodes", [[-1, 0, 1, 2], [-1, 0, 0, 0, 1, 1, 1, 4]], ids=["chain", "tree8"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("fold", [{}, dict(state_stages=3), dict(chunk_k=16, state_stages=4),
-                                  dict(fold_block_v=32, fold_warps=2), dict(state_stages=0), SPLIT],
-                         ids=["default", "state-stages-3", "state-stages-16-rows", "fold-32-columns", "registers",
-                              "split"])
+                                  dict(fold_block_v=32, fold_warps=2), dict(state_stages=0)],
+                         ids=["default", "state-stages-3", "state-stages-16-rows", "fold-32-columns", "registers"])
 def test_mma_kernel_transposed_checkpoints(nodes, state_dtype, fold):
     """Checkpoints stored [.., dv, dk] and passed transposed (engines' layout): the state chunks
     copied 16 bytes down a column and the folds stored so, against the PyTorch code, rows that fold
