@@ -303,10 +303,12 @@ class Plan:
     ring_bytes_per_slot: Optional[int] = None  # rows + gates + cursor
     ring_bytes_total: Optional[int] = None
     ring_parts: Optional[dict] = None  # rows, gates, cursor
-    # state passes per step (ring_traffic): eager (d) 3, the ring 1 + 1/F at accept length a
+    # state passes per step (ring_traffic): eager (d) 3, the ring 1 + 1/F at the least, 1 + 2/F as the
+    # kernels run, at accept length a
     accept_length: Optional[float] = None
     ring_fold_every_steps: Optional[int] = None  # F
     ring_state_passes_per_step: Optional[float] = None
+    ring_state_passes_per_step_run: Optional[float] = None
     replay_state_passes_per_step: Optional[int] = None
     ring_mean_pending_tokens: Optional[float] = None  # replayed by each verify, a (F + 1) / 2 on average
     ring_pending_share_of_state_pass: Optional[float] = None  # their rows + gates against one pass over the states
@@ -323,6 +325,7 @@ class RingTraffic:
     fold_every_steps: int  # F = floor((R - N) / a) + 1
     state_passes_per_step: float  # 1 + 1/F
     eager_state_passes_per_step: int  # 3
+    state_passes_per_step_run: float  # 1 + 2/F: a fold reads the state, the verify after it reads it again
     mean_pending_tokens: float  # a (F + 1) / 2: tokens each verify replays, on average
 
 
@@ -334,7 +337,10 @@ def ring_traffic(capacity: int, num_draft: int, accept_length: float) -> RingTra
     the verify reads the checkpoint every step and writes it only when it folds, i.e. when pending +
     N > R. After a fold the step's accepted tokens are pending (a), then 2a, ...: the verify with
     pending = m a folds for the first m with m a > R - N, so a fold every F = floor((R - N) / a) + 1
-    steps and 1 + 1/F passes a step. With random acceptance of mean a this is approximate (the
+    steps and 1 + 1/F passes a step at the least. The kernels fold in a launch of their own (the due
+    flush, or the verify's first launch) and the verify then reads the folded state again: 1 + 2/F
+    (one launch doing both measured slower: docs/benchmarks.md, "Rejected designs"). With random
+    acceptance of mean a this is approximate (the
     pending count overshoots R - N by part of a step). Besides the states, each verify reads the
     pending tokens' rows and gates: a, 2a, ..., F a over a cycle, a (F + 1) / 2 on average.
     """
@@ -348,7 +354,7 @@ def ring_traffic(capacity: int, num_draft: int, accept_length: float) -> RingTra
                          f"the verified one counted)")
     fold_every = math.floor((capacity - num_draft) / accept_length) + 1
     return RingTraffic(capacity, num_draft, accept_length, fold_every, 1 + 1 / fold_every, EAGER_STATE_PASSES,
-                       accept_length * (fold_every + 1) / 2)
+                       1 + 2 / fold_every, accept_length * (fold_every + 1) / 2)
 
 
 def ring_nbytes(num_layers: int, dim: int, num_draft: int, gate_scalars: int, capacity: int, itemsize: int) -> dict:
@@ -441,6 +447,7 @@ def make_plan(shape: ModelShape, tp: int, draft_tokens: int, topk: int, requests
             ring_capacity=capacity, ring_rows=capacity + n, ring_bytes_per_slot=ring_slot,
             ring_bytes_total=ring_slot * requests, ring_parts=ring_parts, accept_length=accept_length,
             ring_fold_every_steps=traffic.fold_every_steps, ring_state_passes_per_step=traffic.state_passes_per_step,
+            ring_state_passes_per_step_run=traffic.state_passes_per_step_run,
             replay_state_passes_per_step=traffic.eager_state_passes_per_step,
             ring_mean_pending_tokens=traffic.mean_pending_tokens,
             ring_pending_share_of_state_pass=traffic.mean_pending_tokens * pending_token / (layers * state * _FP32),
@@ -576,8 +583,9 @@ def print_ring(plan: Plan) -> None:
           f"{plan.ring_bytes_per_slot / plan.replay_bytes_per_slot:.2f}x of (d)")
     print(f"  state passes per step at accept length a = {plan.accept_length:g}: (d) "
           f"{plan.replay_state_passes_per_step} (verify reads, commit reads + writes); ring "
-          f"1 + 1/F = {plan.ring_state_passes_per_step:.2f} (verify reads every step, a fold writes every "
-          f"F = floor((R - N)/a) + 1 = {plan.ring_fold_every_steps} steps)")
+          f"1 + 1/F = {plan.ring_state_passes_per_step:.2f} at the least (verify reads every step, a fold writes "
+          f"every F = floor((R - N)/a) + 1 = {plan.ring_fold_every_steps} steps); 1 + 2/F = "
+          f"{plan.ring_state_passes_per_step_run:.2f} as the kernels run (a fold reads the state, then the verify)")
     print(f"  besides the states each verify replays a(F + 1)/2 = {plan.ring_mean_pending_tokens:g} pending tokens "
           f"on average: their rows and gates are {plan.ring_pending_share_of_state_pass:.1%} of one state pass")
 

@@ -302,6 +302,7 @@ def test_ring_qwen3_next_tp1():
     # a = 2.5: pending 2.5, 5, ..., 12.5 at the verifies, 12.5 + 4 > 16 folds: every F = floor(12 / 2.5) + 1 = 5 steps
     assert (result.accept_length, result.ring_fold_every_steps) == (2.5, 5)
     assert (result.replay_state_passes_per_step, result.ring_state_passes_per_step) == (3, 1.2)
+    assert result.ring_state_passes_per_step_run == 1.4  # the fold's read, then the verify's
     assert result.ring_mean_pending_tokens == 7.5
     assert result.ring_pending_share_of_state_pass == 7.5 * (8192 * 2 + 256) / (32 * 128 * 128 * 4)
 
@@ -314,6 +315,7 @@ def test_ring_in_json_and_text(capsys):
     text = capsys.readouterr().out
     assert "(e) the ring" in text and "20 rows per slot and layer" in text and "11.43 MiB per slot" in text
     assert "ring 1 + 1/F = 1.20" in text and "F = floor((R - N)/a) + 1 = 5 steps" in text and "(d) 3" in text
+    assert "1 + 2/F = 1.40 as the kernels run" in text
 
 
 def test_ring_nemotron_h_8b_tp1():
@@ -332,6 +334,7 @@ def test_ring_of_mamba2_in_json_and_text(capsys):
     result = run_json(capsys, "--model", "nemotron-h-8b", "--draft-tokens", "4", "--topk", "1")
     assert result["ring_bytes_per_slot"] == 24 * 20 * (10240 * 2 + 128 * 4) + 8
     assert result["ring_state_passes_per_step"] == 1.2 and result["replay_state_passes_per_step"] == 3
+    assert result["ring_state_passes_per_step_run"] == 1.4
     assert cli.main(["plan", "--model", "nemotron-h-8b"]) == 0
     text = capsys.readouterr().out
     assert "24 rows per slot and layer" in text and "+ dt 288.00 KiB (fp32)" in text and "ring 1 + 1/F = 1.25" in text
@@ -340,6 +343,7 @@ def test_ring_of_mamba2_in_json_and_text(capsys):
 def test_ring_needs_the_mixer_dims(capsys):
     result = run_json(capsys, "--model", "custom", "--layers", "2", "--conv-dim", "100")
     assert result["ring_bytes_per_slot"] is None and result["ring_state_passes_per_step"] is None
+    assert result["ring_state_passes_per_step_run"] is None
     assert cli.main(["plan", "--model", "custom", "--layers", "2", "--conv-dim", "100", "--ssm-state", "1000"]) == 0
     assert "(e) the ring: unknown without the mixer's dims" in capsys.readouterr().out
     from sgl_convwin.integrations import bytes_per_slot
@@ -394,7 +398,8 @@ def test_fold_period_is_ring_accepts(capacity, num_draft, accepted):
     period = plan.ring_traffic(capacity, num_draft, accepted).fold_every_steps
     first = folds.index(True)
     assert all(fold == ((step - first) % period == 0) for step, fold in enumerate(folds[first:], first)), folds
-    assert plan.ring_traffic(capacity, num_draft, accepted).state_passes_per_step == 1 + 1 / period
+    traffic = plan.ring_traffic(capacity, num_draft, accepted)
+    assert (traffic.state_passes_per_step, traffic.state_passes_per_step_run) == (1 + 1 / period, 1 + 2 / period)
 
 
 @pytest.mark.parametrize("args, message", [
