@@ -340,9 +340,9 @@ def ring_traffic(capacity: int, num_draft: int, accept_length: float) -> RingTra
     steps and 1 + 1/F passes a step at the least. The kernels fold in a launch of their own (the due
     flush, or the verify's first launch) and the verify then reads the folded state again: 1 + 2/F
     (one launch doing both measured slower: docs/benchmarks.md, "Rejected designs"). With random
-    acceptance of mean a this is approximate (the
-    pending count overshoots R - N by part of a step). Besides the states, each verify reads the
-    pending tokens' rows and gates: a, 2a, ..., F a over a cycle, a (F + 1) / 2 on average.
+    acceptance of mean a this is approximate (the pending count overshoots R - N by part of a step).
+    Besides the states, each verify reads the pending tokens' rows and gates: a, 2a, ..., F a over a
+    cycle, a (F + 1) / 2 on average.
     """
     if isinstance(capacity, bool) or not isinstance(capacity, int) or not isinstance(num_draft, int) or num_draft < 1:
         raise ValueError(f"capacity and num_draft must be ints, num_draft >= 1; got {capacity!r}, {num_draft!r}")
