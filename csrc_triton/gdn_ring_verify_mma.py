@@ -27,7 +27,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .gdn_verify_mma import (_floored_log_decay, _grid_dependency, _issue_first_chunks, _k_contiguous, _mma,
+from .gdn_verify import rows_contiguous
+from .gdn_verify_mma import (_floored_log_decay, _grid_dependency, _issue_first_chunks, _mma,
                              _parent_of, _parts, _product, _rounded, _staged_chunk, _state_chunk, _state_copy_layout,
                              _state_ring_layout, _unit_lower_inverse)
 
@@ -143,7 +144,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
     LOAD_L: gl.constexpr = gl.BlockedLayout([1, TILES], [4, 8], [1, WARPS], [0, 1])
     # the chunks' copies and the folds' stores: whole lines down the rows where they are contiguous
-    COPY_L: gl.constexpr = _state_copy_layout(LOAD_L, _k_contiguous(SSM_STRIDE_K, SSM_STRIDE_V),
+    COPY_L: gl.constexpr = _state_copy_layout(LOAD_L, rows_contiguous(SSM_STRIDE_K, SSM_STRIDE_V),
                                               ssm_ptr.dtype.element_ty.primitive_bitwidth, CHUNK_K, WARPS)
     # a warp over whole rows of the stack: each channel vector (weights, window columns) 4 a thread
     STACK_COLUMNS: gl.constexpr = min(32, BLOCK_K // 4)
@@ -412,7 +413,7 @@ def _gdn_ring_verify_mma_kernel(
     if STATE_STAGES > 0:  # 16-byte units XOR-swizzled by row: a warp's rows of a load on distinct banks
         state_ring = gl.allocate_shared_memory(
             ssm_ptr.dtype.element_ty, [STATE_STAGES, CHUNK_K, BLOCK_V],
-            _state_ring_layout(gl.SwizzledSharedLayout(4, 1, 8, [1, 0]), _k_contiguous(SSM_STRIDE_K, SSM_STRIDE_V),
+            _state_ring_layout(gl.SwizzledSharedLayout(4, 1, 8, [1, 0]), rows_contiguous(SSM_STRIDE_K, SSM_STRIDE_V),
                                ssm_ptr.dtype.element_ty.primitive_bitwidth, CHUNK_K, BLOCK_V // (8 * WARPS)))
     else:
         state_ring = live  # unread

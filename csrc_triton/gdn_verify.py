@@ -288,7 +288,7 @@ def check_mma_tiles(op: str, block_v: int, num_warps: int, chunk_k: int) -> None
                          f"warps and chunk_k >= {MIN_DOT}; got block_v {block_v}, {num_warps} warps, chunk_k {chunk_k}")
 
 
-@triton.constexpr_function  # (the kernels' copy layouts call these too: gdn_verify_mma)
+@triton.constexpr_function  # (the Gluon kernels call these too: gdn_verify_mma, gdn_ring_verify_mma)
 def rows_contiguous(stride_k: int, stride_v: int) -> bool:
     """Whether a pool's state rows are contiguous ([.., dv, dk] storage passed transposed, the
     engines' layout) rather than its value columns."""

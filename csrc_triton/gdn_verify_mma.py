@@ -104,12 +104,6 @@ def _state_chunk(state_base, first, slot_ok, v0, HEAD_K_DIM: gl.constexpr, HEAD_
 
 
 @gluon.constexpr_function
-def _k_contiguous(stride_k, stride_v):
-    """gdn_verify.rows_contiguous, for the kernels' constexpr strides."""
-    return rows_contiguous(stride_k, stride_v)
-
-
-@gluon.constexpr_function
 def _state_copy_layout(load_layout, k_contiguous, element_bits, chunk_k, warps):
     """The layout of a state chunk's cp.async: load_layout (a thread's run of value columns) where
     the columns are contiguous; where the rows are, 16-byte runs down a column, a warp's lanes over
@@ -344,7 +338,7 @@ def _verify_tile(
     # 16-byte units XOR-swizzled by row: the mma operands' 8 rows x 4 columns hit 32 banks
     KQ_SMEM: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
     BITS: gl.constexpr = ssm_ptr.dtype.element_ty.primitive_bitwidth
-    K_CONTIGUOUS: gl.constexpr = _k_contiguous(SSM_STRIDE_K, SSM_STRIDE_V)
+    K_CONTIGUOUS: gl.constexpr = rows_contiguous(SSM_STRIDE_K, SSM_STRIDE_V)
     COPY_L: gl.constexpr = _state_copy_layout(LOAD_L, K_CONTIGUOUS, BITS, CHUNK_K, WARPS)
     HALF: gl.constexpr = NODES // 2
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
