@@ -49,8 +49,7 @@
 #             B = 8 .. 256
 #   ringwalk  the GDN ring's verify launch persistent (RING_MMA_PERSISTENT: each program walking tiles, the next
 #             tile's cursor and first state chunks under this one): its GPU tests and the conv's early-loads ones,
-#             then the one-layer sweep at B = 64 / 256 (caps 128 / 168 / none, 4 / 3 / 2 programs an SM); the due
-#             flush's register caps, 64-column tiles on 2 warps, 8 warps
+#             then the one-layer sweep at B = 64 / 256 (caps 128 / 168 / none, 4 / 3 / 2 programs an SM)
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
@@ -482,10 +481,7 @@ for phase in "$@"; do
               tail -3 "$out/gpu_tests_ringwalk.log"
               timeout 240 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/persistent=4 \
                 mma/128/4/0,168 mma/128/4/0,168/persistent=3 mma/128/4/0,0/persistent=2 > "$out/sweep_ringwalk.log" 2>&1 || rc=1
-              grep -E '^\|' "$out/sweep_ringwalk.log"
-              timeout 120 python3 benchmarks/bench_ring.py --batches 64 256 --flush-sweep - fold_maxnreg=128 fold_maxnreg=0 \
-                mma=1/block_v=64/fold_warps=2 fold_warps=8 > "$out/flush_ringwalk.log" 2>&1 || rc=1
-              grep -E '^\|' "$out/flush_ringwalk.log" ;;
+              grep -E '^\|' "$out/sweep_ringwalk.log" ;;
     ringprof) rc=0
               for mixer in gdn mamba2; do
                 timeout 200 python3 benchmarks/bench_ring.py --mixer "$mixer" --batches 1 8 64 256 --profile \
