@@ -345,19 +345,6 @@ def pdl_device(ssm) -> bool:
     return not ssm.is_cuda or nvidia_at_least(ssm.device, (9, 0))
 
 
-@functools.cache
-def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def multiprocessors(tensor) -> int:
-    """The SM count of ``tensor``'s GPU (asked once per device), an H100 SXM's 132 for a CPU tensor
-    (offline compiles, launch tests)."""
-    if not tensor.is_cuda:
-        return 132
-    return _multiprocessors(tensor.device.index if tensor.device.index is not None else torch.cuda.current_device())
-
-
 def interpreted() -> bool:
     """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

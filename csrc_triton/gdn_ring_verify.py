@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (KernelCall, cdiv, floored_log_decay, multiprocessors, next_power_of_2, pdl_device,
-                      planned_calls, programs_walking)
+from ._common import (KernelCall, cdiv, floored_log_decay, next_power_of_2, pdl_device, planned_calls,
+                      programs_walking)
 from .gdn_verify import (MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse,
                          check_mma_tiles, spread_block, stack_rows, state_stages_for)
 from .ring_conv import check_ring_grid, ring_row_state
@@ -67,10 +67,6 @@ RING_MMA_SPREAD = False
 # sm_90+: each program's first read after the launch before has finished, its start under that
 # launch's tail (gdn_verify's pdl 1: nothing a caller sees changes; 0: plain launches)
 RING_MMA_PDL = 1
-# The verify launch persistent, this many programs an SM (0: a program a tile): each program walks
-# tiles a grid apart, the next tile's slots, cursor and first state chunks read under this one's
-# small arithmetic (not yet timed on a GPU)
-RING_MMA_PERSISTENT = 0
 
 
 def mma_verify_keys(ring_rows: int, num_nodes: int) -> int:
@@ -395,7 +391,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
                  fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                 chunk_k=None, fold_tiles=1, persistent=None):
+                 chunk_k=None, fold_tiles=1):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
@@ -436,8 +432,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps,
                                fold_block_v, fold_maxnreg, fused, RING_MMA_MERGED if merged is None else merged,
                                RING_MMA_STATE_STAGES if state_stages is None else state_stages,
-                               chunk_k or RING_MMA_CHUNK_K, fold_tiles,
-                               RING_MMA_PERSISTENT if persistent is None else persistent) if mma else (chunk,))
+                               chunk_k or RING_MMA_CHUNK_K, fold_tiles) if mma else (chunk,))
     if fused:
         return chunks
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
@@ -447,7 +442,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
 
 def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fold_block_v=None,
                      fold_maxnreg=None, fused_window=False, merged=False, state_stages=0, chunk_k=RING_MMA_CHUNK_K,
-                     fold_tiles=1, persistent=0):
+                     fold_tiles=1):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
     folding only -- a stack of the pending keys, no drafts (3xTF32 for a float32 checkpoint), on
@@ -462,9 +457,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     bytes or more: gdn_verify.state_stages_for);
     chunk_k state rows a chunk; the non-folding rows' stack sized by their most keys
     (mma_verify_keys). maxnreg: the register cap of the launches that do not fold (0 or None: the
-    compiler's choice), or a pair (the small rows' cap, the other non-folding rows'). persistent: the
-    verify, where one launch takes every row that does not fold, on that many programs an SM, each
-    walking tiles (the kernel's PERSISTENT; 0: a program a tile)."""
+    compiler's choice), or a pair (the small rows' cap, the other non-folding rows')."""
     from . import gdn_ring_verify_mma
 
     block_v, num_warps = chunk.constexprs["BLOCK_V"], chunk.constexprs["num_warps"]
@@ -489,20 +482,9 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
              (3 if small and merged else 1, verify_nodes, other_cap))
     fold = _mma_fold_call(chunk, ssm, constexprs, fold_warps or num_warps, fold_block_v or block_v, fold_maxnreg,
                           state_stages, fold_tiles)
-    grid, walk = chunk.grid, dict(PERSISTENT=False)
-    if persistent and len(kinds) == 1:  # (every row's tiles in the one launch: the walk covers them)
-        tiles = chunk.grid[0] * chunk.grid[1]
-        grid, walk = (max(1, min(tiles, persistent * multiprocessors(ssm))), 1, 1), dict(PERSISTENT=True)
-    return (fold, *(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors,
-                               _mma_scalars(chunk), dict(constexprs, KIND=kind, NODES=nodes, STATE_STAGES=stages,
-                                                         **walk, **caps))
+    return (fold, *(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
+                               chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes, STATE_STAGES=stages, **caps))
                     for kind, nodes, caps in kinds))
-
-
-def _mma_scalars(chunk):
-    """gdn_ring_verify_mma's scalar arguments for ``chunk``'s launch: the Triton kernel's, then the
-    number of rows (its grid's second axis)."""
-    return (*chunk.scalars, chunk.grid[1])
 
 
 def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
@@ -540,8 +522,8 @@ def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnre
     grid = (programs, *chunk.grid[1:])
     stages = state_stages_for(state_stages, fold_block_v, fold_warps, chunk_k, constexprs["BLOCK_K"], ssm)
     nodes = max(RING_MMA_SMALL_NODES, next_power_of_2(constexprs["MAX_PENDING"]))
-    return KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors, _mma_scalars(chunk),
-                      dict(constexprs, KIND=2, PERSISTENT=False, NODES=nodes, WARPS=fold_warps, num_warps=fold_warps,
+    return KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, grid, chunk.tensors, chunk.scalars,
+                      dict(constexprs, KIND=2, NODES=nodes, WARPS=fold_warps, num_warps=fold_warps,
                            BLOCK_V=fold_block_v, STATE_STAGES=stages, TILES_A_PROGRAM=tiles_a_program,
                            **({"maxnreg": cap} if cap else {})))
 
@@ -563,16 +545,16 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                chunk_k=None, fold_tiles=1, persistent=None):
+                chunk_k=None, fold_tiles=1):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, its verify stack fits 32 rows -- max(R, N) + N, mma_verify_keys --,
     dv >= 32 and no precision is asked for), with block_v, num_warps, maxnreg, small, fold_warps,
-    fold_block_v, fold_maxnreg, fused_window, merged, state_stages, chunk_k and persistent its own
-    (None: 128 columns, fewer for small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG,
-    RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K,
-    RING_MMA_PERSISTENT; the rest: _mma_chunk_calls) and fold_tiles (0 with the op's after_due_flush); else the Triton kernel at
+    fold_block_v, fold_maxnreg, fused_window, merged, state_stages and chunk_k its own (None: 128
+    columns, fewer for small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG,
+    RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K; the rest:
+    _mma_chunk_calls) and fold_tiles (0 with the op's after_due_flush); else the Triton kernel at
     ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
@@ -592,7 +574,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
                         fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k,
-                        fold_tiles=fold_tiles, persistent=persistent)
+                        fold_tiles=fold_tiles)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,

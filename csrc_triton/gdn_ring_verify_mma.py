@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .gdn_verify import rows_contiguous
 from .gdn_verify_mma import (_floored_log_decay, _grid_dependency, _issue_first_chunks, _mma,
@@ -112,8 +112,7 @@ def _columns_natural(x, WARPS: gl.constexpr, TILES: gl.constexpr):
 
 
 @gluon.jit
-def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_ring, first, next_base, next_live,
-              next_v0, rows_base,
+def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_ring, rows_base,
               window_base, gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr,
               out_ptr, ssm_ptr, scale,
               q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
@@ -130,15 +129,13 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
-              STATE_STAGES: gl.constexpr, PREFETCH: gl.constexpr):
+              STATE_STAGES: gl.constexpr):
     """One program's work: with drafts (NUM_NODES > 0) the row's outputs for its query rows, stored,
     and the drafts' gates beside their rows (v0 = 0); with FOLD the checkpoint tile after the pending
     tokens, stored in place (after the outputs, which the old tile gave). Products in 3xTF32 with
     SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of this launch has at most
     PENDING_ROWS pending tokens. With STATE_STAGES the chunks come through shared memory state_ring
-    (cp.async, that many in flight), this tile's first ones issued here if ``first`` (else by the tile
-    before); with PREFETCH this one then issues the next tile's (next_base, next_live, next_v0) once
-    its products have read every stage."""
+    (cp.async, that many in flight)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -158,9 +155,8 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     CHUNKS: gl.constexpr = BLOCK_K // CHUNK_K
     STAGES: gl.constexpr = min(STATE_STAGES, CHUNKS)
     if STATE_STAGES > 0:  # the long read first, into shared memory: no register holds it meanwhile
-        if first:
-            _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
-                                SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L)
+        _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
+                            SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L)
         upcoming = live  # unread
     else:
         upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
@@ -237,10 +233,6 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
                             gl.convert_layout(_rounded(state - s_hi, True), B_L), products, True)
         else:  # the state truncated by the tensor cores, as gdn_verify_mma
             products = mma_v2(a_hi, gl.convert_layout(state, B_L), products, input_precision="tf32")
-    if PREFETCH:  # the next tile's long read under this one's tail, once every warp has read its last stage
-        gl.thread_barrier()
-        _issue_first_chunks(state_ring, next_base, next_live, next_v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K,
-                            SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L)
 
     # the node matrices: rows r and columns c of the stack (key token r < C, query C + d)
     r = gl.arange(0, NODES, layout=ROW_L)
@@ -360,112 +352,6 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
 
 
 @gluon.jit
-def _row_slots(row, valid, num_rows, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots, num_ring_slots,
-               ring_slots_stride, state_slots_stride, cursor_stride_slot, cursor_stride_field,
-               RING_ROWS: gl.constexpr, MAX_PENDING: gl.constexpr):
-    """(ring slot, state slot, start, pending, live) of batch row ``row`` (ring_conv.ring_row_state),
-    a row past the batch (not ``valid``: row num_rows - 1's indices read) not live; nothing is read
-    past them unless live."""
-    if not valid:
-        row = num_rows - 1
-    ring = gl.load(ring_slots_ptr + row * ring_slots_stride).to(gl.int64)
-    slot = gl.load(state_slots_ptr + row * state_slots_stride).to(gl.int64)
-    live = valid & (slot >= 0) & (slot < num_state_slots) & (ring >= 0) & (ring < num_ring_slots)
-    ring = gl.where(live, ring, 0)
-    slot = gl.where(live, slot, 0)
-    start = gl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(gl.int64)
-    pending = gl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(gl.int64)
-    live = live & (start >= 0) & (start < RING_ROWS) & (pending >= 0) & (pending <= MAX_PENDING)
-    return ring, slot, gl.where(live, start, 0).to(gl.int32), gl.where(live, pending, 0).to(gl.int32), live
-
-
-@gluon.jit
-def _row_kind(live, start, pending, NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, FOLD_ABOVE: gl.constexpr,
-              SMALL_KEYS: gl.constexpr, KIND: gl.constexpr):
-    """(start, pending, kind of row, and the window's move: folded start, folded tokens, moved) of a
-    row in a launch of KIND (_gdn_ring_verify_mma_kernel's kinds): a launch after the folds' takes a
-    folding row as one with nothing pending from start + pending."""
-    fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
-    folded_start, folded, moved = start, pending, fold
-    if KIND != 2:
-        start = gl.where(fold, (start + pending) % RING_ROWS, start)
-        pending = gl.where(fold, 0, pending)
-        fold = pending < 0  # (none)
-    return start, pending, gl.where(fold, 2, gl.where(pending + NUM_NODES <= SMALL_KEYS, 0, 1)), folded_start, \
-        folded, moved
-
-
-@gluon.jit
-def _tile(live, ring, slot, start, pending, row, program, layer, state_ring, first, next_base, next_live, next_v0,
-          weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, conv_ptr, rows_ptr,
-          gates_ptr, scale,
-          q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
-          k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v, g_stride_row, g_stride_node,
-          g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head, ssm_stride_layer, ssm_stride_slot,
-          ssm_stride_head, conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win, rows_stride_layer,
-          rows_stride_slot, rows_stride_row, rows_stride_dim, gates_stride_layer, gates_stride_slot, gates_stride_row,
-          gates_stride_gate, gates_stride_head, parents_stride_row, parents_stride_node, out_stride_row,
-          out_stride_node, out_stride_head, out_stride_v, weight_stride_dim, weight_stride_tap, bias_stride,
-          NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, MAX_PENDING: gl.constexpr, FOLD_ABOVE: gl.constexpr,
-          NODES: gl.constexpr, KERNEL_SIZE: gl.constexpr, NUM_K_HEADS: gl.constexpr, NUM_V_HEADS: gl.constexpr,
-          HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
-          TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr,
-          CHUNK_K: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
-          KIND: gl.constexpr, SMALL_KEYS: gl.constexpr, FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr,
-          WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr, VERIFY_KEYS: gl.constexpr, PREFETCH: gl.constexpr):
-    """Tile ``program`` of batch row ``row`` (its slots and cursor given): the kernel's work on it by
-    its kind of row, then with FUSED_WINDOW a folded row's conv window moved (_row_head: first,
-    next_base, next_live, next_v0, PREFETCH)."""
-    V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
-    start, pending, kind, folded_start, folded, moved = _row_kind(live, start, pending, NUM_NODES, RING_ROWS,
-                                                                  FOLD_ABOVE, SMALL_KEYS, KIND)
-    rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
-    window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
-    head = program // V_BLOCKS
-    v0 = (program % V_BLOCKS) * BLOCK_V
-    k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
-    state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
-    gates_base = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot + head * gates_stride_head
-    # this launch's kind of row (KIND 3: the kinds 0 and 1, each its own code)
-    for THIS in gl.static_range(0 if KIND == 3 else KIND, 2 if KIND == 3 else KIND + 1):
-        if kind == THIS:
-            _row_head(live, start, pending, row, head, k_head, v0, state_base, state_ring, first, next_base, next_live,
-                      next_v0, rows_base, window_base, gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr,
-                      beta_ptr, parents_ptr, out_ptr, ssm_ptr, scale,
-                      q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node,
-                      k_stride_head, k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
-                      g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node,
-                      beta_stride_head, conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
-                      gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
-                      out_stride_row, out_stride_node, out_stride_head, out_stride_v,
-                      weight_stride_dim, weight_stride_tap, bias_stride,
-                      0 if THIS == 2 else NUM_NODES, RING_ROWS,
-                      SMALL_KEYS if THIS == 0 else (NODES if THIS == 2 else VERIFY_KEYS),
-                      SMALL_KEYS - NUM_NODES if THIS == 0 else
-                      (MAX_PENDING if THIS == 2 else VERIFY_KEYS - NUM_NODES),
-                      SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
-                      HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
-                      L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
-                      STATE_STAGES, PREFETCH)
-            if FUSED_WINDOW and THIS != 2:
-                if moved:
-                    WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
-                    vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, WINDOW_L))
-                    v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
-                    _window_after(window_base + v_chan * conv_stride_dim, rows_base + v_chan * rows_stride_dim,
-                                  vv < HEAD_V_DIM, folded_start, folded, conv_stride_win, rows_stride_row,
-                                  RING_ROWS, WIDTH, WINDOW, WINDOW_L)
-                    if (head % (NUM_V_HEADS // NUM_K_HEADS) == 0) & (v0 == 0):
-                        kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, WINDOW_L))
-                        for part in gl.static_range(2):  # q, then k
-                            qk_chan = (part * NUM_K_HEADS + k_head) * HEAD_K_DIM + kk
-                            _window_after(window_base + qk_chan * conv_stride_dim,
-                                          rows_base + qk_chan * rows_stride_dim, kk < HEAD_K_DIM, folded_start,
-                                          folded, conv_stride_win, rows_stride_row, RING_ROWS, WIDTH, WINDOW,
-                                          WINDOW_L)
-
-
-@gluon.jit
 def _gdn_ring_verify_mma_kernel(
     out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr, cursor_ptr, weight_ptr,
     bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr,
@@ -482,7 +368,6 @@ def _gdn_ring_verify_mma_kernel(
     gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_gate, gates_stride_head,
     cursor_stride_slot, cursor_stride_field, weight_stride_layer, weight_stride_dim, weight_stride_tap,
     bias_stride_layer, bias_stride, ring_slots_stride, state_slots_stride, parents_stride_row, parents_stride_node,
-    num_rows,
     NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, MAX_PENDING: gl.constexpr, FOLD_ABOVE: gl.constexpr,
     NODES: gl.constexpr, KERNEL_SIZE: gl.constexpr,
     NUM_K_HEADS: gl.constexpr, NUM_V_HEADS: gl.constexpr, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
@@ -490,7 +375,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
-    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr, PERSISTENT: gl.constexpr,
+    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
@@ -510,84 +395,92 @@ def _gdn_ring_verify_mma_kernel(
     that many of its tiles, program_id(0) * TILES_A_PROGRAM onwards, one after another: fewer
     programs where few rows fold (all of a row's, after a due flush: its launch is a wave). PDL:
     launched as a programmatic dependent (sm_90; gdn_verify_mma._grid_dependency), every read after
-    the wait. PERSISTENT (a verify launch over every row: KIND 3, or KIND 1 with no small rows): a
-    grid of programs along axis 0 alone, each walking tiles program_id(0), + num_programs(0), .. of
-    the num_rows rows' (row-major), the next tile's slots and cursor read, and its first state chunks
-    issued (STATE_STAGES > 0), while this one runs."""
+    the wait."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     if PDL:
         _grid_dependency()
+    row = gl.program_id(1).to(gl.int64)
     layer = (layer + gl.program_id(2)).to(gl.int64)  # (a scalar: an int argument of 1 is a constant)
     weight_ptr += layer * weight_stride_layer
     bias_ptr += layer * bias_stride_layer
+
+    # the row's slots and cursor (ring_conv.ring_row_state): nothing is read past them unless live
+    ring = gl.load(ring_slots_ptr + row * ring_slots_stride).to(gl.int64)
+    slot = gl.load(state_slots_ptr + row * state_slots_stride).to(gl.int64)
+    live = (slot >= 0) & (slot < num_state_slots) & (ring >= 0) & (ring < num_ring_slots)
+    ring = gl.where(live, ring, 0)
+    slot = gl.where(live, slot, 0)
     if STATE_STAGES > 0:  # 16-byte units XOR-swizzled by row: a warp's rows of a load on distinct banks
         state_ring = gl.allocate_shared_memory(
             ssm_ptr.dtype.element_ty, [STATE_STAGES, CHUNK_K, BLOCK_V],
             _state_ring_layout(gl.SwizzledSharedLayout(4, 1, 8, [1, 0]), rows_contiguous(SSM_STRIDE_K, SSM_STRIDE_V),
                                ssm_ptr.dtype.element_ty.primitive_bitwidth, CHUNK_K, BLOCK_V // (8 * WARPS)))
     else:
-        state_ring = layer  # unread
-    if PERSISTENT:  # tiles program_id(0), + num_programs(0), ...: each issues the next's first chunks
-        TILES_A_ROW: gl.constexpr = NUM_V_HEADS * V_BLOCKS
-        total = num_rows * TILES_A_ROW
-        ring, slot, start, pending, live = _row_slots(
-            gl.program_id(0) // TILES_A_ROW, gl.program_id(0) < total, num_rows, ring_slots_ptr, state_slots_ptr,
-            cursor_ptr, num_state_slots, num_ring_slots, ring_slots_stride, state_slots_stride, cursor_stride_slot,
-            cursor_stride_field, RING_ROWS, MAX_PENDING)
-        for t in range(gl.program_id(0), total, gl.num_programs(0)):
-            after = t + gl.num_programs(0)  # the next tile: its row's slots and cursor now, under this one
-            next_ring, next_slot, next_start, next_pending, next_live = _row_slots(
-                after // TILES_A_ROW, after < total, num_rows, ring_slots_ptr, state_slots_ptr, cursor_ptr,
-                num_state_slots, num_ring_slots, ring_slots_stride, state_slots_stride, cursor_stride_slot,
-                cursor_stride_field, RING_ROWS, MAX_PENDING)
-            next_base = (ssm_ptr + layer * ssm_stride_layer + next_slot * ssm_stride_slot
-                         + ((after % TILES_A_ROW) // V_BLOCKS) * ssm_stride_head)
-            gl.thread_barrier()  # (the tile before's last reads of shared memory, before this one's stores)
-            _tile(live, ring, slot, start, pending, (t // TILES_A_ROW).to(gl.int64), t % TILES_A_ROW, layer,
-                  state_ring, t == gl.program_id(0), next_base, next_live, (after % V_BLOCKS) * BLOCK_V,
-                  weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, conv_ptr,
-                  rows_ptr, gates_ptr, scale,
-                  q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
-                  k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v, g_stride_row, g_stride_node,
-                  g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head, ssm_stride_layer,
-                  ssm_stride_slot, ssm_stride_head, conv_stride_layer, conv_stride_slot, conv_stride_dim,
-                  conv_stride_win, rows_stride_layer, rows_stride_slot, rows_stride_row, rows_stride_dim,
-                  gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_gate, gates_stride_head,
-                  parents_stride_row, parents_stride_node, out_stride_row, out_stride_node, out_stride_head,
-                  out_stride_v, weight_stride_dim, weight_stride_tap, bias_stride,
-                  NUM_NODES, RING_ROWS, MAX_PENDING, FOLD_ABOVE, NODES, KERNEL_SIZE, NUM_K_HEADS, NUM_V_HEADS,
-                  HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, TREE, L2NORM, HAS_BIAS, SPLIT_FOLD, CHUNK_K, WARPS,
-                  SSM_STRIDE_K, SSM_STRIDE_V, KIND, SMALL_KEYS, FUSED_WINDOW, WIDTH, WINDOW, STATE_STAGES,
-                  VERIFY_KEYS, STATE_STAGES > 0)
-            ring, slot, start, pending, live = next_ring, next_slot, next_start, next_pending, next_live
-        async_copy.wait_group(0)  # (the last tile's issue of a tile past the end: masked, nothing copied)
+        state_ring = live  # unread
+    start = gl.load(cursor_ptr + ring * cursor_stride_slot, mask=live, other=0).to(gl.int64)
+    pending = gl.load(cursor_ptr + ring * cursor_stride_slot + cursor_stride_field, mask=live, other=0).to(gl.int64)
+    live = live & (start >= 0) & (start < RING_ROWS) & (pending >= 0) & (pending <= MAX_PENDING)
+    start = gl.where(live, start, 0).to(gl.int32)
+    pending = gl.where(live, pending, 0).to(gl.int32)
+    fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
+    folded_start, folded, moved = start, pending, fold  # (the window's move, with FUSED_WINDOW)
+    if KIND != 2:
+        # the fold launch, before this one, brought the checkpoint past the pending tokens: the row
+        # verifies its drafts from there, with nothing pending
+        start = gl.where(fold, (start + pending) % RING_ROWS, start)
+        pending = gl.where(fold, 0, pending)
+        fold = pending < 0  # (none)
+    kind = gl.where(fold, 2, gl.where(pending + NUM_NODES <= SMALL_KEYS, 0, 1))
+
+    rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
+    window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
+    if TILES_A_PROGRAM > 1:  # the program's tiles, if the row folds
+        tiles = gl.where(kind == 2, TILES_A_PROGRAM, 0)
     else:
-        row = gl.program_id(1).to(gl.int64)
-        ring, slot, start, pending, live = _row_slots(row, True, 1, ring_slots_ptr, state_slots_ptr, cursor_ptr,
-                                                      num_state_slots, num_ring_slots, ring_slots_stride,
-                                                      state_slots_stride, cursor_stride_slot, cursor_stride_field,
-                                                      RING_ROWS, MAX_PENDING)
-        if TILES_A_PROGRAM > 1:  # the program's tiles, if the row folds
-            kind = _row_kind(live, start, pending, NUM_NODES, RING_ROWS, FOLD_ABOVE, SMALL_KEYS, KIND)[2]
-            tiles = gl.where(kind == 2, TILES_A_PROGRAM, 0)
-        else:
-            tiles = 1
-        for tile in range(tiles):
-            if TILES_A_PROGRAM > 1:
-                gl.thread_barrier()  # (the tile before's last reads of shared memory, before this one's copies)
-            _tile(live, ring, slot, start, pending, row, gl.program_id(0) * TILES_A_PROGRAM + tile, layer, state_ring,
-                  True, ssm_ptr, live, 0,
-                  weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr, ssm_ptr, conv_ptr,
-                  rows_ptr, gates_ptr, scale,
-                  q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node, k_stride_head,
-                  k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v, g_stride_row, g_stride_node,
-                  g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head, ssm_stride_layer,
-                  ssm_stride_slot, ssm_stride_head, conv_stride_layer, conv_stride_slot, conv_stride_dim,
-                  conv_stride_win, rows_stride_layer, rows_stride_slot, rows_stride_row, rows_stride_dim,
-                  gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_gate, gates_stride_head,
-                  parents_stride_row, parents_stride_node, out_stride_row, out_stride_node, out_stride_head,
-                  out_stride_v, weight_stride_dim, weight_stride_tap, bias_stride,
-                  NUM_NODES, RING_ROWS, MAX_PENDING, FOLD_ABOVE, NODES, KERNEL_SIZE, NUM_K_HEADS, NUM_V_HEADS,
-                  HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, TREE, L2NORM, HAS_BIAS, SPLIT_FOLD, CHUNK_K, WARPS,
-                  SSM_STRIDE_K, SSM_STRIDE_V, KIND, SMALL_KEYS, FUSED_WINDOW, WIDTH, WINDOW, STATE_STAGES,
-                  VERIFY_KEYS, False)
+        tiles = 1
+    for tile in range(tiles):
+        if TILES_A_PROGRAM > 1:
+            gl.thread_barrier()  # (the tile before's last reads of shared memory, before this one's copies)
+        program = gl.program_id(0) * TILES_A_PROGRAM + tile
+        head = program // V_BLOCKS
+        v0 = (program % V_BLOCKS) * BLOCK_V
+        k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
+        state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
+        gates_base = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot + head * gates_stride_head
+        # this launch's kind of row (KIND 3: the kinds 0 and 1, each its own code)
+        for THIS in gl.static_range(0 if KIND == 3 else KIND, 2 if KIND == 3 else KIND + 1):
+            if kind == THIS:
+                _row_head(live, start, pending, row, head, k_head, v0, state_base, state_ring, rows_base, window_base,
+                          gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr,
+                          ssm_ptr, scale,
+                          q_stride_row, q_stride_node, q_stride_head, q_stride_k, k_stride_row, k_stride_node,
+                          k_stride_head, k_stride_k, v_stride_row, v_stride_node, v_stride_head, v_stride_v,
+                          g_stride_row, g_stride_node, g_stride_head, beta_stride_row, beta_stride_node,
+                          beta_stride_head, conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
+                          gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
+                          out_stride_row, out_stride_node, out_stride_head, out_stride_v,
+                          weight_stride_dim, weight_stride_tap, bias_stride,
+                          0 if THIS == 2 else NUM_NODES, RING_ROWS,
+                          SMALL_KEYS if THIS == 0 else (NODES if THIS == 2 else VERIFY_KEYS),
+                          SMALL_KEYS - NUM_NODES if THIS == 0 else
+                          (MAX_PENDING if THIS == 2 else VERIFY_KEYS - NUM_NODES),
+                          SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
+                          HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
+                          L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
+                          STATE_STAGES)
+                if FUSED_WINDOW and THIS != 2:
+                    if moved:
+                        WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
+                        vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, WINDOW_L))
+                        v_chan = 2 * NUM_K_HEADS * HEAD_K_DIM + head * HEAD_V_DIM + vv
+                        _window_after(window_base + v_chan * conv_stride_dim, rows_base + v_chan * rows_stride_dim,
+                                      vv < HEAD_V_DIM, folded_start, folded, conv_stride_win, rows_stride_row,
+                                      RING_ROWS, WIDTH, WINDOW, WINDOW_L)
+                        if (head % (NUM_V_HEADS // NUM_K_HEADS) == 0) & (v0 == 0):
+                            kk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, WINDOW_L))
+                            for part in gl.static_range(2):  # q, then k
+                                qk_chan = (part * NUM_K_HEADS + k_head) * HEAD_K_DIM + kk
+                                _window_after(window_base + qk_chan * conv_stride_dim,
+                                              rows_base + qk_chan * rows_stride_dim, kk < HEAD_K_DIM, folded_start,
+                                              folded, conv_stride_win, rows_stride_row, RING_ROWS, WIDTH, WINDOW,
+                                              WINDOW_L)

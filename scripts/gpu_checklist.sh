@@ -47,9 +47,6 @@
 #             without at B = 8 / 64 / 256, fp32 and bf16 (chains skip the entry)
 #   ringconv  ring_conv1d_verify's tiles (channels per program / warps / early loads; 64 / 1 / 1 its default) at
 #             B = 8 .. 256
-#   ringwalk  the GDN ring's verify launch persistent (RING_MMA_PERSISTENT: each program walking tiles, the next
-#             tile's cursor and first state chunks under this one): its GPU tests and the conv's early-loads ones,
-#             then the one-layer sweep at B = 64 / 256 (caps 128 / 168 / none, 4 / 3 / 2 programs an SM)
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
@@ -475,13 +472,6 @@ for phase in "$@"; do
               timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring.py tests/test_ring_mamba2.py \
                 tests/test_cudagraph.py tests/test_compile.py -k "ring or mamba2" > "$out/gpu_tests_plans_ring.log" 2>&1 || rc=1
               tail -3 "$out/gpu_tests_plans_ring.log" ;;
-    ringwalk) rc=0  # (the GDN ring's verify persistent: its tests and the conv's early loads', then the one-layer sweep)
-              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                tests/test_ring_kernels_conv_accept.py -k "persistent or conv" > "$out/gpu_tests_ringwalk.log" 2>&1 || rc=1
-              tail -3 "$out/gpu_tests_ringwalk.log"
-              timeout 240 python3 benchmarks/bench_ring.py --batches 64 256 --sweep mma/128/4 mma/128/4/persistent=4 \
-                mma/128/4/0,168 mma/128/4/0,168/persistent=3 mma/128/4/0,0/persistent=2 > "$out/sweep_ringwalk.log" 2>&1 || rc=1
-              grep -E '^\|' "$out/sweep_ringwalk.log" ;;
     ringprof) rc=0
               for mixer in gdn mamba2; do
                 timeout 200 python3 benchmarks/bench_ring.py --mixer "$mixer" --batches 1 8 64 256 --profile \

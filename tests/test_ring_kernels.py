@@ -483,49 +483,6 @@ def test_mma_kernel_as_programmatic_dependent(monkeypatch, nodes):
         assert_mixed_rows_agree(case, want, got)
 
 
-@pytest.mark.parametrize("num_rows, merged, small, grid", [(2, True, True, (3, 1, 1)), (2, False, False, (3, 1, 1)),
-                                                         (2, False, True, None), (1, True, True, (2, 1, 1))])
-def test_mma_verify_persistent_plan(monkeypatch, num_rows, merged, small, grid):
-    """persistent: the verify on that many programs an SM (one SM here), never more than its tiles,
-    where one launch takes every row that does not fold (merged, or no small rows); two verify
-    launches stay a program a tile; the folds' launch never walks."""
-    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "multiprocessors", lambda tensor: 1)
-    case = ring_case(num_rows=num_rows, num_nodes=4, capacity=16, head_k_dim=32, head_v_dim=32)
-    args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
-        torch.empty(case["v"].shape), case["q"], case["k"], case["v"], case["g"], case["beta"], case["ssm_state"],
-        case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"],
-        case["ring_slots"], case["state_slots"], 1, None)
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, merged=merged, small=small,
-                                                         persistent=3)
-    tiles = case["v"].shape[2] * num_rows
-    assert calls[0].constexprs["KIND"] == 2 and not calls[0].constexprs["PERSISTENT"]
-    verifies = calls[1:]
-    assert [c.constexprs["PERSISTENT"] for c in verifies] == [grid is not None] * len(verifies)
-    assert [c.grid for c in verifies] == [grid or (case["v"].shape[2], num_rows, 1)] * len(verifies)
-    assert grid is None or grid[0] == min(3, tiles)
-    assert all(c.scalars[-1] == num_rows for c in calls)  # (the kernel's num_rows)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("nodes", [[-1, 0, 1, 2], [-1, 0, 0, 0, 1, 1, 1, 4]], ids=["chain", "tree8"])
-@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("programs", [1, 3, 7, 64])
-@pytest.mark.parametrize("tuning", [{}, dict(state_stages=0), dict(merged=False, small=False), dict(block_v=64)],
-                         ids=["default", "registers", "no-small-rows", "64-columns"])
-def test_mma_kernel_persistent(monkeypatch, nodes, state_dtype, programs, tuning):
-    """The verify launch persistent (each program walking tiles a grid apart, the next tile's
-    cursor and first state chunks read under this one): against the PyTorch code, rows that fold,
-    replay, wrap, hold nothing, pad -- and bit for bit the tile-a-program launch's, on 1 .. 64
-    programs (more than the tiles: one each)."""
-    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "multiprocessors", lambda tensor: 1)
-    case = mixed_rows_case(len(nodes), 16, 128, parents=nodes, state_dtype=state_dtype)
-    want, got = run_both(case, tuning=dict(MMA, persistent=programs, **tuning))
-    assert_mixed_rows_agree(case, want, got, state_dtype)
-    _, tiled = run_both(case, tuning=dict(MMA, **tuning))
-    for name in ("ssm_state", "conv_state", "gates", "out"):
-        assert torch.equal(got[name], tiled[name]), name
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("capacity", [20, 24])
 def test_mma_kernel_takes_wide_rings(capacity):
