@@ -273,9 +273,8 @@ def sweep_pendings(shapes, capacity):
 
 
 def conv_sweep(shapes, batches, capacity, specs, copy_gbps):
-    """ring_conv1d_verify's launch per tile choice (BLOCK/WARPS[/EARLY]: channels per program, warps,
-    1: the drafts' inputs loaded before the slots), every layer's, chains, every row's history 8
-    pending rows: us per step (graph replay) and its bytes (the drafts' inputs read and stored in the
+    """ring_conv1d_verify's launch per tile choice (BLOCK/WARPS: channels per program, warps), every
+    layer's, chains, every row's history 8 pending rows: us per step (graph replay) and its bytes (the drafts' inputs read and stored in the
     ring, the outputs, K-1 history rows a row) against the copy ceiling."""
     from sgl_convwin._kernels import triton_kernels
 
@@ -290,7 +289,7 @@ def conv_sweep(shapes, batches, capacity, specs, copy_gbps):
             ring.cursor, layer, None, activation="silu") for layer in range(shapes.layers)]
         step_bytes = shapes.layers * batch * shapes.dim * 2 * (3 * p["N"] + shapes.kernel_size - 1)
         for spec in ("default", *specs):
-            tuning = {} if spec == "default" else dict(zip(("block", "num_warps", "early"), map(int, spec.split("/"))))
+            tuning = {} if spec == "default" else dict(zip(("block", "num_warps"), map(int, spec.split("/"))))
 
             def fn():
                 for args, kwargs in calls:
@@ -528,9 +527,9 @@ def main(argv=None) -> int:
                         help="each ring step begins with the flush of what its verifies would fold (every layer in "
                              "one launch: gdn_ring_flush / mamba2_ring_flush(..., num_draft=N)); the verifies then "
                              "fold nothing (the default); --no-due-first: each layer's verify folds its own rows")
-    parser.add_argument("--conv-sweep", nargs="+", metavar="BLOCK/WARPS[/EARLY]",
-                        help="ring_conv1d_verify's launches alone per tile (channels per program / warps / 1: inputs "
-                             "loaded before the slots; the default first), every layer, chains")
+    parser.add_argument("--conv-sweep", nargs="+", metavar="BLOCK/WARPS",
+                        help="ring_conv1d_verify's launches alone per tile (channels per program / warps; the default "
+                             "first), every layer, chains")
     parser.add_argument("--transposed", action="store_true",
                         help="the GDN checkpoints stored [.., dv, dk] (the engines' layout) and passed transposed")
     args = parser.parse_args(argv)

@@ -36,10 +36,7 @@ from .verify import _links_ok, _silu, _step_up
 # ties at B = 256)
 RING_CONV_BLOCK = 64
 RING_CONV_WARPS = 1
-# The drafts' inputs and the newest tap's weights loaded before the slots and the cursor, which they
-# do not need (verify.py's ROWS_EARLY)
-RING_CONV_EARLY = True
-TUNING = ("block", "num_warps", "early")
+TUNING = ("block", "num_warps")
 
 
 def check_ring_grid(num_rows: int, num_layers: int) -> None:
@@ -96,11 +93,11 @@ def _ring_conv1d_verify_kernel(
     parents_stride_row, parents_stride_node,
     NUM_NODES: tl.constexpr, CAPACITY: tl.constexpr, KERNEL_SIZE: tl.constexpr, NODES: tl.constexpr,
     BLOCK: tl.constexpr, HAS_PARENTS: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-    FAST_DIVIDE: tl.constexpr, EARLY: tl.constexpr,
+    FAST_DIVIDE: tl.constexpr,
 ):
     """One program: BLOCK channels of one row, all its nodes as one [NODES, BLOCK] tile; grid
-    (channel blocks, rows). EARLY: the drafts' inputs and the newest tap's weights loaded before the
-    slots (every row's, live or not: x has them all)."""
+    (channel blocks, rows). The drafts' inputs and the newest tap's weights are loaded before the
+    slots and the cursor, which they do not need (every row's, live or not: x has them all)."""
     WIDTH: tl.constexpr = KERNEL_SIZE - 1
     RING_ROWS: tl.constexpr = CAPACITY + NUM_NODES
     chan = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int64)
@@ -110,9 +107,8 @@ def _ring_conv1d_verify_kernel(
     nmask = node < NUM_NODES
     xs = x_ptr + row * x_stride_row + chan * x_stride_dim  # [BLOCK]
     tile_mask = nmask[:, None] & cmask[None, :]
-    if EARLY:
-        tokens = tl.load(xs[None, :] + (node * x_stride_node)[:, None], mask=tile_mask)
-        newest = tl.load(weight_ptr + chan * weight_stride_dim + WIDTH * weight_stride_tap, mask=cmask)
+    tokens = tl.load(xs[None, :] + (node * x_stride_node)[:, None], mask=tile_mask)
+    newest = tl.load(weight_ptr + chan * weight_stride_dim + WIDTH * weight_stride_tap, mask=cmask)
 
     ring = tl.load(ring_slots_ptr + row * ring_slots_stride).to(tl.int64)
     slot = tl.load(state_slots_ptr + row * state_slots_stride).to(tl.int64)
@@ -122,9 +118,6 @@ def _ring_conv1d_verify_kernel(
     if live:
         rows_base = rows_ptr + rows_layer_offset + ring * rows_stride_slot
         window_base = conv_ptr + conv_layer_offset + slot * conv_stride_slot
-        if not EARLY:
-            tokens = tl.load(xs[None, :] + (node * x_stride_node)[:, None], mask=tile_mask)
-            newest = tl.load(weight_ptr + chan * weight_stride_dim + WIDTH * weight_stride_tap, mask=cmask)
         # every node's input into the ring, whatever its links
         draft_row = (start + pending + node) % RING_ROWS
         tl.store(rows_base + (draft_row * rows_stride_row)[:, None] + (chan * rows_stride_dim)[None, :],
@@ -164,7 +157,7 @@ FAST_DIVIDE = not isinstance(_ring_conv1d_verify_kernel, InterpretedFunction)
 def ring_conv1d_verify_call(out, rows, conv, x, weight, bias, ring_slots, state_slots, cursor, layer, parents, *,
                             silu, **tuning) -> KernelCall | None:
     """The one launch of launch_ring_conv1d_verify, or None with no rows. tuning: ``block``
-    (channels per program, a power of two), ``num_warps``, ``early`` (None: RING_CONV_EARLY)."""
+    (channels per program, a power of two), ``num_warps``."""
     if not tuning.keys() <= set(TUNING):
         raise TypeError(f"convwin.ring_conv1d_verify: unknown tuning {sorted(tuning.keys() - set(TUNING))}; "
                         f"known: {TUNING}")
@@ -185,7 +178,6 @@ def ring_conv1d_verify_call(out, rows, conv, x, weight, bias, ring_slots, state_
         NUM_NODES=num_nodes, CAPACITY=rows.shape[2] - num_nodes, KERNEL_SIZE=conv.shape[3] + 1,
         NODES=next_power_of_2(num_nodes), BLOCK=block, HAS_PARENTS=parents is not None, HAS_BIAS=bias is not None,
         SILU=bool(silu), FAST_DIVIDE=FAST_DIVIDE, num_warps=tuning.get("num_warps") or RING_CONV_WARPS,
-        EARLY=bool(RING_CONV_EARLY if tuning.get("early") is None else tuning["early"]),
     )
     return KernelCall(_ring_conv1d_verify_kernel, (cdiv(dim, block), num_rows), tensors, scalars, constexprs)
 

@@ -181,14 +181,13 @@ def test_conv_matches_pytorch_code(device, kernel_size, tree):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-@pytest.mark.parametrize("early", [False, True], ids=["loads-after-slots", "early-loads"])
-def test_conv_every_cursor(device, tree, early):
+def test_conv_every_cursor(device, tree):
     """Every ring position of a small ring, one row each (C = 6, N = 2, K = 5: 5 pending rows wrap
-    a window of 4), no activation; the drafts' inputs loaded after the slots or before them."""
+    a window of 4), no activation."""
     cursors = every_cursor(capacity=4, num_nodes=2)
     case, layout = conv_case(cursors=cursors, capacity=4, num_nodes=2, kernel_size=5, dim=5,
                              parents=[-1, -1] if tree else None, device=device, seed=11)
-    want, got = run_conv(case, layout, silu=False, early=early)
+    want, got = run_conv(case, layout, silu=False)
     assert (want["out"] != FILL).all()
     assert_conv_agree(want, got)
     same_bits_as_verify_kernel(case, layout, got, silu=False)
@@ -276,8 +275,7 @@ def test_conv_fuzz_interpreted(data):
         rows_dtype=data.draw(st.sampled_from([torch.float32, torch.bfloat16])), seed=data.draw(st.integers(0, 99)))
     corrupt_a_link(data, case["parents"], num_nodes)
     silu = data.draw(st.booleans())
-    want, got = run_conv(case, layout, silu=silu, block=data.draw(st.sampled_from([None, 4, 16])),
-                         early=data.draw(st.booleans(), label="early"))
+    want, got = run_conv(case, layout, silu=silu, block=data.draw(st.sampled_from([None, 4, 16])))
     assert_conv_agree(want, got)
     same_bits_as_verify_kernel(case, layout, got, silu=silu)
 
