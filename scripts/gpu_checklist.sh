@@ -47,6 +47,9 @@
 #             without at B = 8 / 64 / 256, fp32 and bf16 (chains skip the entry)
 #   ringconv  ring_conv1d_verify's tiles (channels per program / warps; 64 / 1 its default) at
 #             B = 8 .. 256
+#   m2onepass the Mamba2 ring with each layer's verify folding its rows (--no-due-first), the folding rows' drafts
+#             verified by the folds' launch (FOLD_VERIFY: one state read a step), its other rows' a programmatic
+#             dependent launch (PDL): their GPU tests, then whole steps against the due flush (B = 64 / 256, chains)
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
@@ -433,6 +436,18 @@ for phase in "$@"; do
                 timeout 100 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain --profile \
                   ${constants:+--constants $constants} > "$out/varsteps.log" 2>&1 || rc=1
                 grep -E '^(chain|\| _mamba2)' "$out/varsteps.log"; cat "$out/varsteps.log" >> "$out/varsteps_all.log"
+              done ;;
+    m2onepass) rc=0  # (the Mamba2 ring read once a step: folds in each layer's verify, their drafts verified there)
+              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels_mamba2.py \
+                tests/test_ring_mamba2.py -k "fold_verify or fold-verify or matches_pytorch or flattened or random_steps" \
+                > "$out/gpu_tests_m2onepass.log" 2>&1 || rc=1
+              tail -3 "$out/gpu_tests_m2onepass.log"
+              for run in "" "--no-due-first" "--no-due-first --constants FOLD_VERIFY=1" \
+                         "--no-due-first --constants FOLD_VERIFY=1 PDL=1"; do
+                echo "# mamba2 ${run:-defaults}"
+                timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain $run \
+                  > "$out/m2onepass.log" 2>&1 || rc=1
+                grep -E '^(\||state)' "$out/m2onepass.log"; cat "$out/m2onepass.log" >> "$out/m2onepass_all.log"
               done ;;
     ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding; then the
               # GDN fold with every row folding: a fold program's own efficiency, the GPU full of them)
