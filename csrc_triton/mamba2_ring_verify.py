@@ -64,10 +64,11 @@ FUSED_WINDOW = True
 FLATTEN_HEADS = False
 # The folding rows' drafts verified by the folds' launch, from the tile each program folds and stores
 # (read back from L2: the verify kernel's ROWS 1), the others' by a launch of their own: a fold
-# step's state passes 3 -> 2 (not yet timed on a GPU)
+# step's state passes 3 -> 2, but whole steps without the due flush slower than with it
+# (docs/benchmarks.md, Rejected designs)
 FOLD_VERIFY = False
 # With FOLD_VERIFY (and the windows' own launch): the others' verify a programmatic dependent launch
-# of the folds' (sm_90+), running beside their latency-bound wave (not yet timed on a GPU)
+# of the folds' (sm_90+), running beside their latency-bound wave (slower steps too)
 PDL = False
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
