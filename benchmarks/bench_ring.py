@@ -18,8 +18,8 @@ The traffic model beside them: state passes per step = 1 + f at the least (f: fo
 step, from the cursor rule run over the same acceptance: every state read once, a folded one
 written), 1 + 2f as the kernels run (a folding row's state is read by its fold, then by its
 verify; 1 + f for the Mamba2 ring with --no-due-first and FOLD_VERIFY, its folds' launch verifying
-their rows' drafts from the tile it folds), and the floor = states read at the read ceiling plus the folds' writes at half the copy
-ceiling's rate, both measured in this run.
+their rows' drafts from the tile it folds), and the floor = states read at the read ceiling plus
+the folds' writes at half the copy ceiling's rate, both measured in this run.
 
 Qwen3-Next-80B TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128; --mixer mamba2: Nemotron-H-8B TP1,
 24 layers, H 128, P 64, G 8, Ns 128), fp32
@@ -194,10 +194,10 @@ def check(mixer, shapes, capacity) -> bool:
             same["gates"] = torch.allclose(got[4], state[4], rtol=1e-6, atol=1e-7)
         exact = torch.equal(torch.isnan(out), ~written) and all(same.values())
         good = errors[0] <= 2e-2 and errors[1] <= 1e-4 and exact
-        differ = ", ".join(name for name, ok in same.items() if not ok) or "outputs left alone"
+        rest = "exact" if exact else "DIFFERS: " + (", ".join(n for n, ok in same.items() if not ok) or "out's NaNs")
         print(f"check: {mixer} ring verify, {'tree' if tree else 'chain'}, against the PyTorch code: outputs "
-              f"{errors[0]:.2e}, checkpoints {errors[1]:.2e} x max, the rest {'exact' if exact else 'DIFFERS: ' + differ} "
-              f"({'ok' if good else 'FAILED'})", flush=True)
+              f"{errors[0]:.2e}, checkpoints {errors[1]:.2e} x max, the rest {rest} ({'ok' if good else 'FAILED'})",
+              flush=True)
         ok &= good
         del p
     return ok
@@ -281,8 +281,9 @@ def sweep_pendings(shapes, capacity):
 
 def conv_sweep(shapes, batches, capacity, specs, copy_gbps):
     """ring_conv1d_verify's launch per tile choice (BLOCK/WARPS: channels per program, warps), every
-    layer's, chains, every row's history 8 pending rows: us per step (graph replay) and its bytes (the drafts' inputs read and stored in the
-    ring, the outputs, K-1 history rows a row) against the copy ceiling."""
+    layer's, chains, every row's history 8 pending rows: us per step (graph replay) and its bytes
+    (the drafts' inputs read and stored in the ring, the outputs, K-1 history rows a row) against the
+    copy ceiling."""
     from sgl_convwin._kernels import triton_kernels
 
     launch = triton_kernels().launch_ring_conv1d_verify
