@@ -49,7 +49,8 @@
 #             B = 8 .. 256
 #   m2onepass the Mamba2 ring with each layer's verify folding its rows (--no-due-first), the folding rows' drafts
 #             verified by the folds' launch (FOLD_VERIFY: one state read a step), its other rows' a programmatic
-#             dependent launch (PDL): their GPU tests, then whole steps against the due flush (B = 64 / 256, chains)
+#             dependent launch (PDL), the folds' launch 4 / 1 / 2 heads a program: their GPU tests, then whole steps
+#             against the due flush (B = 64 / 256, chains)
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
@@ -443,7 +444,9 @@ for phase in "$@"; do
                 > "$out/gpu_tests_m2onepass.log" 2>&1 || rc=1
               tail -3 "$out/gpu_tests_m2onepass.log"
               for run in "" "--no-due-first" "--no-due-first --constants FOLD_VERIFY=1" \
-                         "--no-due-first --constants FOLD_VERIFY=1 PDL=1"; do
+                         "--no-due-first --constants FOLD_VERIFY=1 PDL=1" \
+                         "--no-due-first --constants FOLD_VERIFY=1 PDL=1 FOLD_HEADS_PER_PROGRAM=1" \
+                         "--no-due-first --constants FOLD_VERIFY=1 PDL=1 FOLD_HEADS_PER_PROGRAM=2"; do
                 echo "# mamba2 ${run:-defaults}"
                 timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain $run \
                   > "$out/m2onepass.log" 2>&1 || rc=1
