@@ -70,6 +70,11 @@ FOLD_VERIFY = False
 # With FOLD_VERIFY (and the windows' own launch): the others' verify a programmatic dependent launch
 # of the folds' (sm_90+), running beside their latency-bound wave (slower steps too)
 PDL = False
+# Every row in one launch, no fold launch: a folding row verified from its checkpoint by replaying its
+# pending tokens (the stack R + N rows), then its tile folded from what the verify computed and stored
+# in place (the verify kernel's ROWS 3; the windows in a launch of their own): one state read a step
+# and no latency-bound wave of folding rows (not yet timed on a GPU)
+ONE_LAUNCH = False
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
 STATE_PRECISION = "tf32"
@@ -233,7 +238,11 @@ def _mamba2_ring_verify_kernel(
     ROWS 0: every row, as above. ROWS 1: the rows that fold only, with no fold launch before: each
     head's tile folded here at FOLD_PRECISION and stored, then read back (from L2) for the drafts'
     verify as ROWS 0 reads a folded row's (no FLATTEN: a head's reads would start before its fold).
-    ROWS 2: the rows that do not fold only (beside a ROWS 1 launch). With PDL (sm_90+) a ROWS 1
+    ROWS 2: the rows that do not fold only (beside a ROWS 1 launch). ROWS 3: every row, none
+    folded before: a folding row's drafts verified from its checkpoint with its pending tokens, as
+    any other row's, then each head's tile read back (from L2) and stored folded past them -- the
+    stack, its x and step sizes the verify's own (STACK must hold R + N; the windows move in a launch
+    of their own: this one's conv reads them). With PDL (sm_90+) a ROWS 1
     launch lets the next launch start at once, and a ROWS 2 launch -- that next one, a
     programmatic dependent launch reading nothing the folds write -- has its last program wait for
     the folds before ending, so that what follows both sees both."""
@@ -254,8 +263,11 @@ def _mamba2_ring_verify_kernel(
     elif ROWS == 2:
         live = live & ~fold
     folded_start, folded = start, pending  # (the window's move, with FUSED_WINDOW; the folds of ROWS 1)
-    start = tl.where(fold, (start + pending) % RING_ROWS, start).to(tl.int32)
-    pending = tl.where(fold, 0, pending).to(tl.int32)
+    if ROWS != 3:  # (ROWS 3: a folding row replays its pending tokens like any other, then folds them)
+        start = tl.where(fold, (start + pending) % RING_ROWS, start)
+        pending = tl.where(fold, 0, pending)
+    start = start.to(tl.int32)
+    pending = pending.to(tl.int32)
 
     # the stack: pending tokens (rows < pending), then the drafts (row pending + n: draft n)
     s = tl.arange(0, STACK)
@@ -391,6 +403,22 @@ def _mamba2_ring_verify_kernel(
                + (pp * out_stride_p)[None, :])
         tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=out_ok)
         tl.store(gates_base + ring_s * gates_stride_row, step, mask=s_drafted & (p_block == 0))
+        if ROWS == 3:
+            if fold:  # the tile past the pending tokens, once every thread has read it: a half of the state
+                # rows at a time, the pending tokens' B for them again (the stack's whole b would spill)
+                tl.debug_barrier()
+                for half in tl.static_range(BLOCK_N // HALF_N):
+                    nf = half * HALF_N + nh
+                    b_half = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s_pending, start, pending,
+                                          NUM_HEADS * HEAD_DIM + group * D_STATE + nf, nf < D_STATE, rows_stride_row,
+                                          rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
+                                          weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+                    tile = state_base + (nf * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :]
+                    half_ok = tl.where(live, (nf < D_STATE)[:, None] & p_ok[None, :], False)
+                    folded_t = _folded_tile(tl.load(tile, mask=half_ok, other=0.0).to(tl.float32), b_half, x,
+                                            tl.where(s_pending, step, 0.0), tl.load(a_ptr + head * a_stride),
+                                            s_pending, FOLD_PRECISION)
+                    tl.store(tile, folded_t.to(ssm_ptr.dtype.element_ty), mask=half_ok)
 
     if FUSED_WINDOW:
         if fold:
@@ -474,10 +502,12 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
     chunk_n: C S0^T over chunks of that many state rows (0: the whole tile), chunk_stages of them
     in flight; fused_window: the folded rows' conv windows moved here too; flatten: the heads' loop and
     the chunks' one pipelined loop (None: FLATTEN_HEADS; never with row_kind 1); row_kind,
-    fold_precision and pdl: the kernel's ROWS (1: the folding rows, folded here), FOLD_PRECISION
-    (None: fold_precision_for's) and PDL (a ROWS 2 launch then a programmatic dependent one)."""
-    if row_kind == 1 and fused_window:  # (its windows would move while other programs' folds read them)
-        raise ValueError("mamba2_ring_verify: the folds' verify launch (row_kind 1) never moves windows")
+    fold_precision and pdl: the kernel's ROWS (1: the folding rows, folded here; 3: every row, the
+    folding ones folded after their verify, its stack sized for R + N), FOLD_PRECISION (None:
+    fold_precision_for's) and PDL (a ROWS 2 launch then a programmatic dependent one)."""
+    if row_kind in (1, 3) and fused_window:  # (its windows would move while other programs' convs read them)
+        raise ValueError(f"mamba2_ring_verify: a verify launch that folds (row_kind {row_kind}) never moves "
+                         "windows")
     num_rows, num_nodes, num_heads, head_dim = x.shape
     _, _, num_groups, d_state = heads
     block_p, share, grid = _tiling(num_rows, 1, heads, block_p, heads_per_program)
@@ -491,7 +521,8 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                *((0, 0) if parents is None else parents.stride()))
     constexprs = dict(
         NUM_NODES=num_nodes, RING_ROWS=rows.shape[2], MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
-        STACK=max(MIN_DOT, next_power_of_2(max(fold_above, num_nodes))), KERNEL_SIZE=conv.shape[3] + 1,
+        STACK=max(MIN_DOT, next_power_of_2(max_pending + num_nodes if row_kind == 3 else max(fold_above, num_nodes))),
+        KERNEL_SIZE=conv.shape[3] + 1,
         NUM_HEADS=num_heads, NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state, BLOCK_P=block_p,
         BLOCK_N=block_n, TREE=parents is not None, HAS_D=D is not None,
         HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus), HAS_BIAS=bias is not None,
@@ -530,7 +561,8 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     fold_verify (FOLD_VERIFY: the folding rows' drafts verified by the folds' launch -- the verify
     kernel's ROWS 1 -- from the tile it folds, the others' by a ROWS 2 launch), pdl (PDL, with
     fold_verify, sm_90+: that second launch a programmatic dependent of the first; the windows then
-    in their own launch)."""
+    in their own launch), one_launch (ONE_LAUNCH: no fold launch, every row's verify in one launch
+    folding the folding rows' tiles after their verify -- the kernel's ROWS 3 --, then the windows')."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
@@ -548,16 +580,26 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     fold_verify = FOLD_VERIFY if fold_verify is None else fold_verify
     pdl = tuning.pop("pdl", None)
     pdl = PDL if pdl is None else pdl
+    one_launch = tuning.pop("one_launch", None)
+    one_launch = ONE_LAUNCH if one_launch is None else one_launch
     if pdl and not (fold_verify and fused is not True):
         raise ValueError("mamba2_ring_verify: pdl overlaps the folds' launch with the others' verify: it needs "
                          "fold_verify and the windows' own launch (fused_window=False)")
-    fused = (FUSED_WINDOW and not pdl) if fused is None else fused
+    if one_launch and (fold_verify or fused):
+        raise ValueError("mamba2_ring_verify: one_launch folds in the verify launch, whose conv reads the windows: "
+                         "not with fold_verify, nor with fused_window")
+    fused = (FUSED_WINDOW and not pdl and not one_launch) if fused is None else fused
     pdl = pdl and gdc_wait is not None and pdl_device(ssm)
     fold_share = tuning.pop("fold_heads_per_program", None) or _fold_share(num_heads, heads[2])
     fold_tuning = dict(tuning, fold_precision=fold_precision, heads_per_program=fold_share, maxnreg=fold_cap,
                        num_warps=fold_warps or tuning.get("num_warps", MAMBA2_RING_WARPS))
     verify_args = (out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                    parents, D, z, dt_bias)
+    window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
+                         num_layers=1, num_nodes=num_nodes, **capacity)
+    if one_launch:
+        return (_verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, row_kind=3,
+                             fold_precision=fold_precision, **verify_only, **tuning), window)
     if fold_verify:
         fold_tuning["maxnreg"] = FOLD_MAXNREG if fold_cap is None else fold_cap
         fold = _verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, row_kind=1, pdl=pdl,
@@ -569,11 +611,7 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
                           tiles_a_program=fold_tiles)
     verify = _verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, fused_window=fused,
                           row_kind=2 if fold_verify else 0, pdl=pdl, **verify_only, **tuning)
-    if fused:
-        return fold, verify
-    window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
-                         num_layers=1, num_nodes=num_nodes, **capacity)
-    return fold, verify, window
+    return (fold, verify) if fused else (fold, verify, window)
 
 
 def launch_mamba2_ring_verify(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
