@@ -17,8 +17,8 @@
 The traffic model beside them: state passes per step = 1 + f at the least (f: folds per row and
 step, from the cursor rule run over the same acceptance: every state read once, a folded one
 written), 1 + 2f as the kernels run (a folding row's state is read by its fold, then by its
-verify; 1 + f for the Mamba2 ring with --no-due-first and FOLD_VERIFY, its folds' launch verifying
-their rows' drafts from the tile it folds), and the floor = states read at the read ceiling plus
+verify; 1 + f for the Mamba2 ring with --no-due-first and FOLD_VERIFY or ONE_LAUNCH, a folding
+row's state read once), and the floor = states read at the read ceiling plus
 the folds' writes at half the copy ceiling's rate, both measured in this run.
 
 Qwen3-Next-80B TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128; --mixer mamba2: Nemotron-H-8B TP1,
@@ -496,10 +496,11 @@ def flush_sweep(shapes, batches, capacity, specs):
 
 def folded_rows_read_twice(mixer) -> bool:
     """Whether a folding row's state is read by its fold and again by its verify (the run passes
-    1 + 2f), not once (the Mamba2 ring's folds in each verify with FOLD_VERIFY: 1 + f)."""
+    1 + 2f), not once (the Mamba2 ring's folds in each verify with FOLD_VERIFY or ONE_LAUNCH: 1 + f)."""
     from sgl_convwin._kernels import triton_kernels
 
-    return DUE_FIRST or mixer == "gdn" or not triton_kernels().mamba2_ring_verify.FOLD_VERIFY
+    launcher = triton_kernels().mamba2_ring_verify
+    return DUE_FIRST or mixer == "gdn" or not (launcher.FOLD_VERIFY or launcher.ONE_LAUNCH)
 
 
 def set_constants(mixer, constants, error):
