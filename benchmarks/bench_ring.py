@@ -18,8 +18,8 @@ The traffic model beside them: state passes per step = 1 + f at the least (f: fo
 step, from the cursor rule run over the same acceptance: every state read once, a folded one
 written), 1 + 2f as the kernels run (a folding row's state is read by its fold, then by its
 verify; 1 + f for the Mamba2 ring with --no-due-first and FOLD_VERIFY or ONE_LAUNCH, a folding
-row's state read once), and the floor = states read at the read ceiling plus
-the folds' writes at half the copy ceiling's rate, both measured in this run.
+row's state read once), and the floor = states read at the read ceiling plus the folds' writes at
+half the copy ceiling's rate, both measured in this run.
 
 Qwen3-Next-80B TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128; --mixer mamba2: Nemotron-H-8B TP1,
 24 layers, H 128, P 64, G 8, Ns 128), fp32
