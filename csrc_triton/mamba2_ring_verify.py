@@ -240,9 +240,10 @@ def _mamba2_ring_verify_kernel(
     verify as ROWS 0 reads a folded row's (no FLATTEN: a head's reads would start before its fold).
     ROWS 2: the rows that do not fold only (beside a ROWS 1 launch). ROWS 3: every row, none
     folded before: a folding row's drafts verified from its checkpoint with its pending tokens, as
-    any other row's, then each head's tile read back (from L2) and stored folded past them -- the
-    stack, its x and step sizes the verify's own (STACK must hold R + N; the windows move in a launch
-    of their own: this one's conv reads them). With PDL (sm_90+) a ROWS 1
+    any other row's, then each head's tile read back (from L2) and stored folded past them, a half
+    of the state rows at a time -- x and the step sizes the verify's own, the pending tokens' B for
+    the half again (STACK must hold R + N; no FLATTEN; the windows move in a launch of their own:
+    this one's conv reads them). With PDL (sm_90+) a ROWS 1
     launch lets the next launch start at once, and a ROWS 2 launch -- that next one, a
     programmatic dependent launch reading nothing the folds write -- has its last program wait for
     the folds before ending, so that what follows both sees both."""
@@ -501,7 +502,8 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
     """The verify launch over the rows of layer ``layer`` (weight [dim, K], bias [dim], A [H]: its own).
     chunk_n: C S0^T over chunks of that many state rows (0: the whole tile), chunk_stages of them
     in flight; fused_window: the folded rows' conv windows moved here too; flatten: the heads' loop and
-    the chunks' one pipelined loop (None: FLATTEN_HEADS; never with row_kind 1); row_kind,
+    the chunks' one pipelined loop (None: FLATTEN_HEADS; never with row_kind 1 or 3, whose folds would
+    sit in it); row_kind,
     fold_precision and pdl: the kernel's ROWS (1: the folding rows, folded here; 3: every row, the
     folding ones folded after their verify, its stack sized for R + N), FOLD_PRECISION (None:
     fold_precision_for's) and PDL (a ROWS 2 launch then a programmatic dependent one)."""
@@ -530,7 +532,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
         STATE_PRECISION=state_precision or precision or state_precision_for(ssm),
         HEADS_PER_PROGRAM=share, CHUNK_N=chunk_n, CHUNK_STAGES=chunk_stages, FUSED_WINDOW=bool(fused_window),
         WIDTH=conv.shape[3], WINDOW=max(2, next_power_of_2(conv.shape[3])),
-        FLATTEN=bool(FLATTEN_HEADS if flatten is None else flatten) and row_kind != 1, ROWS=row_kind,
+        FLATTEN=bool(FLATTEN_HEADS if flatten is None else flatten) and row_kind not in (1, 3), ROWS=row_kind,
         FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm),
         PDL=bool(pdl) and not interpreted(),  # (the interpreter has no griddepcontrol, and runs launches in turn)
         **({"launch_pdl": True} if pdl and row_kind == 2 else {}), num_warps=num_warps,
