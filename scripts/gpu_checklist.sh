@@ -47,11 +47,10 @@
 #             without at B = 8 / 64 / 256, fp32 and bf16 (chains skip the entry)
 #   ringconv  ring_conv1d_verify's tiles (channels per program / warps; 64 / 1 its default) at
 #             B = 8 .. 256
-#   m2onepass the Mamba2 ring with each layer's verify folding its rows (--no-due-first), the folding rows' drafts
-#             verified by the folds' launch (FOLD_VERIFY: one state read a step), its other rows' a programmatic
-#             dependent launch (PDL), the folds' launch 4 / 1 / 2 heads a program; or every row in one launch, the
-#             folding rows folded after their verify (ONE_LAUNCH; capped at 128 / 168): their GPU tests (the one-launch
-#             steps among random_steps), then whole steps against the due flush (B = 64 / 256, chains)
+#   m2onepass the Mamba2 ring read once a step, every row's verify in one launch, the folding rows folded after their
+#             verify (ONE_LAUNCH; capped at 128 / 168): the one-read modes' GPU tests (the one-launch steps among
+#             random_steps), then whole steps against the due flush and each layer's verify folding its rows
+#             (--no-due-first) (B = 64 / 256, chains)
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
@@ -444,11 +443,8 @@ for phase in "$@"; do
                 tests/test_ring_mamba2.py -k "fold_verify or fold-verify or matches_pytorch or flattened or random_steps or capacity_16" \
                 > "$out/gpu_tests_m2onepass.log" 2>&1 || rc=1
               tail -3 "$out/gpu_tests_m2onepass.log"
-              for run in "" "--no-due-first" "--no-due-first --constants FOLD_VERIFY=1" \
-                         "--no-due-first --constants FOLD_VERIFY=1 PDL=1" \
-                         "--no-due-first --constants FOLD_VERIFY=1 PDL=1 FOLD_HEADS_PER_PROGRAM=1" \
-                         "--no-due-first --constants FOLD_VERIFY=1 PDL=1 FOLD_HEADS_PER_PROGRAM=2" \
-                         "--no-due-first --constants ONE_LAUNCH=1" "--no-due-first --constants ONE_LAUNCH=1 RING_VERIFY_MAXNREG=168"; do
+              for run in "" "--no-due-first" "--no-due-first --constants ONE_LAUNCH=1" \
+                         "--no-due-first --constants ONE_LAUNCH=1 RING_VERIFY_MAXNREG=168"; do
                 echo "# mamba2 ${run:-defaults}"
                 timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain $run \
                   > "$out/m2onepass.log" 2>&1 || rc=1
