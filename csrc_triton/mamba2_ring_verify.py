@@ -75,6 +75,9 @@ PDL = False
 # in place (the verify kernel's ROWS 3; the windows in a launch of their own): one state read a step
 # and no latency-bound wave of folding rows (not yet timed on a GPU)
 ONE_LAUNCH = False
+# ONE_LAUNCH's heads a program (a divisor of a group's; 0: group_share's): few, so that the scheduler
+# spreads the folding rows' programs -- a verify and a fold each -- over several waves of the others'
+ONE_LAUNCH_HEADS_PER_PROGRAM = 2
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
 STATE_PRECISION = "tf32"
@@ -543,11 +546,12 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
     return KernelCall(_mamba2_ring_verify_kernel, (grid[0], grid[1], 1), tensors, scalars, constexprs)
 
 
-def _fold_share(num_heads: int, num_groups: int) -> int:
-    """The fold launch's heads a program: the largest divisor of a group's heads up to
-    FOLD_HEADS_PER_PROGRAM."""
+def _fold_share(num_heads: int, num_groups: int, most: int | None = None) -> int:
+    """The fold launch's heads a program: the largest divisor of a group's heads up to ``most``
+    (None: FOLD_HEADS_PER_PROGRAM)."""
     per_group = num_heads // num_groups
-    return max(share for share in range(1, min(FOLD_HEADS_PER_PROGRAM, per_group) + 1) if per_group % share == 0)
+    most = FOLD_HEADS_PER_PROGRAM if most is None else most
+    return max(share for share in range(1, min(most, per_group) + 1) if per_group % share == 0)
 
 
 def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
@@ -600,6 +604,8 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
                          num_layers=1, num_nodes=num_nodes, **capacity)
     if one_launch:
+        if "heads_per_program" not in tuning and ONE_LAUNCH_HEADS_PER_PROGRAM:
+            tuning["heads_per_program"] = _fold_share(num_heads, heads[2], ONE_LAUNCH_HEADS_PER_PROGRAM)
         return (_verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, row_kind=3,
                              fold_precision=fold_precision, **verify_only, **tuning), window)
     if fold_verify:

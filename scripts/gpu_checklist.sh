@@ -48,7 +48,8 @@
 #   ringconv  ring_conv1d_verify's tiles (channels per program / warps; 64 / 1 its default) at
 #             B = 8 .. 256
 #   m2onepass the Mamba2 ring read once a step, every row's verify in one launch, the folding rows folded after their
-#             verify (ONE_LAUNCH; capped at 128 / 168): the one-read modes' GPU tests (the one-launch steps among
+#             verify (ONE_LAUNCH; 2 / 1 / 4 / a group's heads a program, capped at 128; 2 at 168): the one-read
+#             modes' GPU tests (the one-launch steps among
 #             random_steps), then whole steps against the due flush and each layer's verify folding its rows
 #             (--no-due-first) (B = 64 / 256, chains)
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
@@ -444,6 +445,9 @@ for phase in "$@"; do
                 > "$out/gpu_tests_m2onepass.log" 2>&1 || rc=1
               tail -3 "$out/gpu_tests_m2onepass.log"
               for run in "" "--no-due-first" "--no-due-first --constants ONE_LAUNCH=1" \
+                         "--no-due-first --constants ONE_LAUNCH=1 ONE_LAUNCH_HEADS_PER_PROGRAM=1" \
+                         "--no-due-first --constants ONE_LAUNCH=1 ONE_LAUNCH_HEADS_PER_PROGRAM=4" \
+                         "--no-due-first --constants ONE_LAUNCH=1 ONE_LAUNCH_HEADS_PER_PROGRAM=0" \
                          "--no-due-first --constants ONE_LAUNCH=1 RING_VERIFY_MAXNREG=168"; do
                 echo "# mamba2 ${run:-defaults}"
                 timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain $run \

@@ -229,6 +229,9 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     one = ring_calls(one_launch=True)  # no fold launch; the windows in their own launch, after the verify
     assert [(c.kernel.__name__, c.constexprs.get("ROWS"), c.constexprs.get("STACK")) for c in one] == [
         ("_mamba2_ring_verify_kernel", 3, 32), ("_ring_window_kernel", None, None)]
+    # its heads a program few (ONE_LAUNCH_HEADS_PER_PROGRAM, 2 of the group's), or as asked
+    assert (one[0].constexprs["HEADS_PER_PROGRAM"], one[0].grid[0]) == (2, tiles // 2)
+    assert ring_calls(one_launch=True, heads_per_program=1)[0].grid[0] == tiles
     for wrong in (dict(fold_verify=True), dict(fused_window=True)):
         with pytest.raises(ValueError, match="one_launch folds in the verify launch"):
             ring_calls(one_launch=True, **wrong)
