@@ -78,6 +78,9 @@ ONE_LAUNCH = False
 # ONE_LAUNCH's heads a program (a divisor of a group's; 0: group_share's): few, so that the scheduler
 # spreads the folding rows' programs -- a verify and a fold each -- over several waves of the others'
 ONE_LAUNCH_HEADS_PER_PROGRAM = 2
+# ONE_LAUNCH's rows that do not fold on a stack of their own (pending + N <= capacity rows, the
+# default launch's) beside the folding rows' R + N: the row's code compiled for each, a branch apart
+ONE_LAUNCH_TWO_STACKS = True
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
 STATE_PRECISION = "tf32"
@@ -206,6 +209,174 @@ def _fold_program_tile(tile, a_ptr, ssm_ptr, rows_base, window_base, weight_ptr,
 
 
 @triton.jit
+def _verify_heads(
+    out_row, x_row, dt_row, b_group, c_group, z_row, parents_row, a_ptr, d_ptr, dt_bias_ptr, state_row, rows_base,
+    window_base, gates_row, weight_ptr, bias_ptr, first_head, group, pp, p_ok, p_block, start, pending, live, fold,
+    folded_start, folded,
+    out_stride_node, out_stride_head, out_stride_p, x_stride_node, x_stride_head, x_stride_p,
+    dt_stride_node, dt_stride_head, b_stride_node, b_stride_n, c_stride_node, c_stride_n,
+    z_stride_node, z_stride_head, z_stride_p, a_stride, d_stride, dt_bias_stride,
+    ssm_stride_head, ssm_stride_p, ssm_stride_n, conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
+    gates_stride_row, gates_stride_head, weight_stride_dim, weight_stride_tap, bias_stride, parents_stride_node,
+    NUM_NODES: tl.constexpr, RING_ROWS: tl.constexpr, STACK: tl.constexpr, KERNEL_SIZE: tl.constexpr,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr, TREE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, STATE_PRECISION: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr, CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr, FLATTEN: tl.constexpr,
+    ROWS: tl.constexpr, FOLD_PRECISION: tl.constexpr,
+):
+    """_mamba2_ring_verify_kernel's work on one program tile's heads of one row, on a stack of STACK
+    rows: the drafts' outputs and gates; with ROWS 1 each head's tile folded first, with ROWS 3 (fold)
+    after. Pointers are the row's (out_row ..) or the row's group's (b_group, c_group), layer's and
+    slots' (state_row: the slot's heads, rows_base, window_base, gates_row)."""
+    # the stack: pending tokens (rows < pending), then the drafts (row pending + n: draft n)
+    s = tl.arange(0, STACK)
+    s_pending = s < pending  # (pending is 0 for a row left alone)
+    s_draft = s - pending
+    s_drafted = tl.where(live, (s_draft >= 0) & (s_draft < NUM_NODES), False)
+    sd = tl.where(s_drafted, s_draft, 0).to(tl.int64)
+    nn = tl.arange(0, BLOCK_N)
+    n_ok = nn < D_STATE
+    b = tl.load(b_group + (sd * b_stride_node)[:, None]
+                + (nn * b_stride_n)[None, :], mask=s_drafted[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    if pending > 0:  # (none in a row that just folded, nor in verify-only steps)
+        b_pending = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s_pending, start, pending,
+                                 NUM_HEADS * HEAD_DIM + group * D_STATE + nn, n_ok, rows_stride_row, rows_stride_dim,
+                                 conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
+                                 RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+        b = tl.where(s_pending[:, None], b_pending, b)
+    c = tl.load(c_group + (sd * c_stride_node)[:, None] + (nn * c_stride_n)[None, :],
+                mask=s_drafted[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    scores = _dot(c, tl.trans(b), PRECISION)  # C_r . B_t [STACK, STACK] (zero in the pending rows)
+
+    if TREE:  # path[r, t]: draft t on draft r's root path
+        node_ok = s < NUM_NODES
+        link = tl.load(parents_row + tl.where(node_ok, s, 0) * parents_stride_node, mask=node_ok, other=-1)
+        links_ok = tl.sum(tl.where(node_ok & ((link < -1) | (link >= s)), 1, 0)) == 0
+        up = tl.where(s_drafted, s_draft, -1)
+        path = (up[:, None] == s_draft[None, :]) & s_drafted[None, :]
+        for _ in tl.static_range(NUM_NODES - 1):  # the links looked up in registers (link: node n's at n)
+            climbing = tl.where(links_ok, up >= 0, False)
+            up = tl.where(climbing, tl.gather(link, tl.where(climbing, up, 0).to(tl.int32), 0), -1)
+            path |= (up[:, None] == s_draft[None, :]) & (up >= 0)[:, None] & s_drafted[None, :]
+        ancestry = (s_pending[None, :] & (s_drafted[:, None] | (s_pending[:, None] & (s[None, :] <= s[:, None])))
+                    | (s_drafted[:, None] & path))
+    else:  # a chain: the stack's real rows up to r
+        links_ok = live
+        real = s_pending | s_drafted
+        ancestry = real[:, None] & real[None, :] & (s[None, :] <= s[:, None])
+
+    ring_s = (start + s) % RING_ROWS
+    # ROWS 1: the folds' keys, the pending tokens' B from the old cursor (a group's, once), in two
+    # halves of the state rows: a head's tile is folded a half at a time (its registers, not the verify's)
+    HALF_N: tl.constexpr = BLOCK_N // 2 if BLOCK_N >= 32 else BLOCK_N  # (tl.dot: 16 rows or more)
+    nh = tl.arange(0, HALF_N)
+    if ROWS == 1:
+        b_fold_lo = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s < folded, folded_start.to(tl.int32),
+                                 folded.to(tl.int32), NUM_HEADS * HEAD_DIM + group * D_STATE + nh, nh < D_STATE,
+                                 rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
+                                 weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+        b_fold_hi = b_fold_lo  # (no second half below 32 rows)
+        if HALF_N < BLOCK_N:
+            b_fold_hi = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s < folded,
+                                     folded_start.to(tl.int32), folded.to(tl.int32),
+                                     NUM_HEADS * HEAD_DIM + group * D_STATE + HALF_N + nh, HALF_N + nh < D_STATE,
+                                     rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
+                                     weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
+                                     HAS_BIAS)
+    out_ok = tl.where(links_ok, s_drafted[:, None] & p_ok[None, :], False)
+    tile_ok = tl.where(live, n_ok[:, None] & p_ok[None, :], False)
+    # with FLATTEN the heads' and their chunks' loops one pipelined loop: the next head's first chunks
+    # in flight while this one's outputs are computed
+    # (ROWS 2: no head at all in a row the ROWS 1 launch took; its programs still reach the windows' move)
+    heads = HEADS_PER_PROGRAM * live.to(tl.int32) if ROWS == 2 else HEADS_PER_PROGRAM
+    for head in tl.range(first_head, first_head + heads, flatten=FLATTEN):
+        state_base = state_row + head * ssm_stride_head
+        if ROWS == 1:  # the tile folded first and stored: the verify below reads the new checkpoint back
+            old_rows = s < folded
+            x_fold = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, old_rows, folded_start.to(tl.int32),
+                                  folded.to(tl.int32), head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim,
+                                  conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
+                                  RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+            step_fold = tl.load(gates_row + head * gates_stride_head
+                                + ((folded_start + s) % RING_ROWS) * gates_stride_row, mask=old_rows,
+                                other=0.0).to(tl.float32)
+            for half in tl.static_range(BLOCK_N // HALF_N):
+                nf = half * HALF_N + nh
+                tile = state_base + (nf * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :]
+                half_ok = tl.where(live, (nf < D_STATE)[:, None] & p_ok[None, :], False)
+                folded_t = _folded_tile(tl.load(tile, mask=half_ok, other=0.0).to(tl.float32),
+                                        b_fold_lo if half == 0 else b_fold_hi, x_fold, step_fold,
+                                        tl.load(a_ptr + head * a_stride), old_rows, FOLD_PRECISION)
+                tl.store(tile, folded_t.to(state_row.dtype.element_ty), mask=half_ok)
+            tl.debug_barrier()  # every thread's part stored before any thread reads the tile back (from L2)
+        # S0^T, the long read first: whole, or C S0^T now over CHUNK_N state rows at a time, their
+        # loads pipelined through shared memory (cp.async) rather than held in registers
+        if CHUNK_N == 0:
+            state_t = tl.load(state_base + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :], mask=tile_ok,
+                              other=0.0).to(tl.float32)
+        else:
+            read = tl.zeros([STACK, BLOCK_P], tl.float32)
+            for n0 in tl.range(0, BLOCK_N, CHUNK_N, num_stages=CHUNK_STAGES):
+                nc = n0 + tl.arange(0, CHUNK_N)
+                chunk = tl.load(state_base + (nc * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :],
+                                mask=tl.where(live, (nc < D_STATE)[:, None] & p_ok[None, :], False), other=0.0)
+                c_chunk = tl.load(c_group + (sd * c_stride_node)[:, None] + (nc * c_stride_n)[None, :],
+                                  mask=s_drafted[:, None] & (nc < D_STATE)[None, :], other=0.0)
+                read += _dot(c_chunk.to(tl.float32), chunk.to(tl.float32), STATE_PRECISION)
+
+        x = tl.load(x_row + head * x_stride_head + (sd * x_stride_node)[:, None]
+                    + (pp * x_stride_p)[None, :], mask=s_drafted[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
+        gates_base = gates_row + head * gates_stride_head
+        dt_base = dt_row + head * dt_stride_head
+        step = _step_sizes(dt_base, sd, s_drafted, dt_stride_node, dt_bias_ptr + head * dt_bias_stride,
+                           HAS_DT_BIAS, DT_SOFTPLUS)
+        step = tl.where(s_drafted, step, 0.0)
+        if pending > 0:
+            x_pending = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s_pending, start, pending,
+                                     head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim, conv_stride_dim,
+                                     conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
+                                     KERNEL_SIZE, HAS_BIAS)
+            x = tl.where(s_pending[:, None], x_pending, x)
+            step_ring = tl.load(gates_base + ring_s * gates_stride_row, mask=s_pending, other=0.0).to(tl.float32)
+            step = tl.where(s_pending, step_ring, step)
+        logs = floored_log_decay(step * tl.load(a_ptr + head * a_stride).to(tl.float32))
+        cumulative = tl.sum(tl.where(ancestry, logs[None, :], 0.0), axis=1)  # L_r
+        decay = tl.where(ancestry, tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0)), 0.0)
+        mix = decay * step[None, :] * scores  # M [STACK, STACK]
+        if CHUNK_N == 0:
+            read = _dot(c, state_t, STATE_PRECISION)  # C S0^T (a tf32 state rounded to nearest: unbiased)
+        y = tl.exp(cumulative)[:, None] * read + _dot(mix, x, PRECISION)
+        if HAS_D:
+            y += tl.load(d_ptr + head * d_stride).to(tl.float32) * x  # (x: the drafts' own in their rows)
+        if HAS_Z:
+            gate = tl.load(z_row + head * z_stride_head + (sd * z_stride_node)[:, None]
+                           + (pp * z_stride_p)[None, :], mask=s_drafted[:, None] & p_ok[None, :], other=0.0)
+            gate = gate.to(tl.float32)
+            y *= gate / (1.0 + tl.exp(-gate))
+        dst = (out_row + head * out_stride_head + (sd * out_stride_node)[:, None]
+               + (pp * out_stride_p)[None, :])
+        tl.store(dst, y.to(out_row.dtype.element_ty), mask=out_ok)
+        tl.store(gates_base + ring_s * gates_stride_row, step, mask=s_drafted & (p_block == 0))
+        if ROWS == 3:
+            if fold:  # the tile past the pending tokens, once every thread has read it: a half of the state
+                # rows at a time, the pending tokens' B for them again (the stack's whole b would spill)
+                tl.debug_barrier()
+                for half in tl.static_range(BLOCK_N // HALF_N):
+                    nf = half * HALF_N + nh
+                    b_half = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s_pending, start, pending,
+                                          NUM_HEADS * HEAD_DIM + group * D_STATE + nf, nf < D_STATE, rows_stride_row,
+                                          rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
+                                          weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
+                    tile = state_base + (nf * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :]
+                    half_ok = tl.where(live, (nf < D_STATE)[:, None] & p_ok[None, :], False)
+                    folded_t = _folded_tile(tl.load(tile, mask=half_ok, other=0.0).to(tl.float32), b_half, x,
+                                            tl.where(s_pending, step, 0.0), tl.load(a_ptr + head * a_stride),
+                                            s_pending, FOLD_PRECISION)
+                    tl.store(tile, folded_t.to(state_row.dtype.element_ty), mask=half_ok)
+
+
+@triton.jit
 def _mamba2_ring_verify_kernel(
     out_ptr, x_ptr, dt_ptr, b_ptr, c_ptr, z_ptr, a_ptr, d_ptr, dt_bias_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr,
     cursor_ptr, weight_ptr, bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr,
@@ -230,7 +401,7 @@ def _mamba2_ring_verify_kernel(
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, STATE_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
     CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr, FUSED_WINDOW: tl.constexpr, WIDTH: tl.constexpr,
     WINDOW: tl.constexpr, FLATTEN: tl.constexpr, ROWS: tl.constexpr, FOLD_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, SMALL_STACK: tl.constexpr,
 ):
     """The drafts' outputs of layer ``layer`` and their d beside their ring rows. A row that folds
     (the fold launch, before this one, brought its checkpoint past the pending tokens) is verified
@@ -246,7 +417,7 @@ def _mamba2_ring_verify_kernel(
     any other row's, then each head's tile read back (from L2) and stored folded past them, a half
     of the state rows at a time -- x and the step sizes the verify's own, the pending tokens' B for
     the half again (STACK must hold R + N; no FLATTEN; the windows move in a launch of their own:
-    this one's conv reads them). With PDL (sm_90+) a ROWS 1
+    this one's conv reads them; the other rows on a stack of SMALL_STACK rows). With PDL (sm_90+) a ROWS 1
     launch lets the next launch start at once, and a ROWS 2 launch -- that next one, a
     programmatic dependent launch reading nothing the folds write -- has its last program wait for
     the folds before ending, so that what follows both sees both."""
@@ -273,156 +444,46 @@ def _mamba2_ring_verify_kernel(
     start = start.to(tl.int32)
     pending = pending.to(tl.int32)
 
-    # the stack: pending tokens (rows < pending), then the drafts (row pending + n: draft n)
-    s = tl.arange(0, STACK)
-    s_pending = s < pending  # (pending is 0 for a row left alone)
-    s_draft = s - pending
-    s_drafted = tl.where(live, (s_draft >= 0) & (s_draft < NUM_NODES), False)
-    sd = tl.where(s_drafted, s_draft, 0).to(tl.int64)
     nn = tl.arange(0, BLOCK_N)
     n_ok = nn < D_STATE
     rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
     window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
-    b = tl.load(b_ptr + row * b_stride_row + group * b_stride_group + (sd * b_stride_node)[:, None]
-                + (nn * b_stride_n)[None, :], mask=s_drafted[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-    if pending > 0:  # (none in a row that just folded, nor in verify-only steps)
-        b_pending = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s_pending, start, pending,
-                                 NUM_HEADS * HEAD_DIM + group * D_STATE + nn, n_ok, rows_stride_row, rows_stride_dim,
-                                 conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
-                                 RING_ROWS, KERNEL_SIZE, HAS_BIAS)
-        b = tl.where(s_pending[:, None], b_pending, b)
-    c_base = c_ptr + row * c_stride_row + group * c_stride_group
-    c = tl.load(c_base + (sd * c_stride_node)[:, None] + (nn * c_stride_n)[None, :],
-                mask=s_drafted[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
-    scores = _dot(c, tl.trans(b), PRECISION)  # C_r . B_t [STACK, STACK] (zero in the pending rows)
-
-    if TREE:  # path[r, t]: draft t on draft r's root path
-        links = parents_ptr + row * parents_stride_row
-        node_ok = s < NUM_NODES
-        link = tl.load(links + tl.where(node_ok, s, 0) * parents_stride_node, mask=node_ok, other=-1)
-        links_ok = tl.sum(tl.where(node_ok & ((link < -1) | (link >= s)), 1, 0)) == 0
-        up = tl.where(s_drafted, s_draft, -1)
-        path = (up[:, None] == s_draft[None, :]) & s_drafted[None, :]
-        for _ in tl.static_range(NUM_NODES - 1):  # the links looked up in registers (link: node n's at n)
-            climbing = tl.where(links_ok, up >= 0, False)
-            up = tl.where(climbing, tl.gather(link, tl.where(climbing, up, 0).to(tl.int32), 0), -1)
-            path |= (up[:, None] == s_draft[None, :]) & (up >= 0)[:, None] & s_drafted[None, :]
-        ancestry = (s_pending[None, :] & (s_drafted[:, None] | (s_pending[:, None] & (s[None, :] <= s[:, None])))
-                    | (s_drafted[:, None] & path))
-    else:  # a chain: the stack's real rows up to r
-        links_ok = live
-        real = s_pending | s_drafted
-        ancestry = real[:, None] & real[None, :] & (s[None, :] <= s[:, None])
-
     gates_row = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot
-    ring_s = (start + s) % RING_ROWS
-    # ROWS 1: the folds' keys, the pending tokens' B from the old cursor (a group's, once), in two
-    # halves of the state rows: a head's tile is folded a half at a time (its registers, not the verify's)
-    HALF_N: tl.constexpr = BLOCK_N // 2 if BLOCK_N >= 32 else BLOCK_N  # (tl.dot: 16 rows or more)
-    nh = tl.arange(0, HALF_N)
-    if ROWS == 1:
-        b_fold_lo = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s < folded, folded_start.to(tl.int32),
-                                 folded.to(tl.int32), NUM_HEADS * HEAD_DIM + group * D_STATE + nh, nh < D_STATE,
-                                 rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
-                                 weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
-        b_fold_hi = b_fold_lo  # (no second half below 32 rows)
-        if HALF_N < BLOCK_N:
-            b_fold_hi = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s < folded,
-                                     folded_start.to(tl.int32), folded.to(tl.int32),
-                                     NUM_HEADS * HEAD_DIM + group * D_STATE + HALF_N + nh, HALF_N + nh < D_STATE,
-                                     rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
-                                     weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
-                                     HAS_BIAS)
-    out_ok = tl.where(links_ok, s_drafted[:, None] & p_ok[None, :], False)
-    tile_ok = tl.where(live, n_ok[:, None] & p_ok[None, :], False)
-    # with FLATTEN the heads' and their chunks' loops one pipelined loop: the next head's first chunks
-    # in flight while this one's outputs are computed
-    # (ROWS 2: no head at all in a row the ROWS 1 launch took; its programs still reach the windows' move)
-    heads = HEADS_PER_PROGRAM * live.to(tl.int32) if ROWS == 2 else HEADS_PER_PROGRAM
-    for head in tl.range(first_head, first_head + heads, flatten=FLATTEN):
-        state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
-        if ROWS == 1:  # the tile folded first and stored: the verify below reads the new checkpoint back
-            old_rows = s < folded
-            x_fold = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, old_rows, folded_start.to(tl.int32),
-                                  folded.to(tl.int32), head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim,
-                                  conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
-                                  RING_ROWS, KERNEL_SIZE, HAS_BIAS)
-            step_fold = tl.load(gates_row + head * gates_stride_head
-                                + ((folded_start + s) % RING_ROWS) * gates_stride_row, mask=old_rows,
-                                other=0.0).to(tl.float32)
-            for half in tl.static_range(BLOCK_N // HALF_N):
-                nf = half * HALF_N + nh
-                tile = state_base + (nf * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :]
-                half_ok = tl.where(live, (nf < D_STATE)[:, None] & p_ok[None, :], False)
-                folded_t = _folded_tile(tl.load(tile, mask=half_ok, other=0.0).to(tl.float32),
-                                        b_fold_lo if half == 0 else b_fold_hi, x_fold, step_fold,
-                                        tl.load(a_ptr + head * a_stride), old_rows, FOLD_PRECISION)
-                tl.store(tile, folded_t.to(ssm_ptr.dtype.element_ty), mask=half_ok)
-            tl.debug_barrier()  # every thread's part stored before any thread reads the tile back (from L2)
-        # S0^T, the long read first: whole, or C S0^T now over CHUNK_N state rows at a time, their
-        # loads pipelined through shared memory (cp.async) rather than held in registers
-        if CHUNK_N == 0:
-            state_t = tl.load(state_base + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :], mask=tile_ok,
-                              other=0.0).to(tl.float32)
-        else:
-            read = tl.zeros([STACK, BLOCK_P], tl.float32)
-            for n0 in tl.range(0, BLOCK_N, CHUNK_N, num_stages=CHUNK_STAGES):
-                nc = n0 + tl.arange(0, CHUNK_N)
-                chunk = tl.load(state_base + (nc * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :],
-                                mask=tl.where(live, (nc < D_STATE)[:, None] & p_ok[None, :], False), other=0.0)
-                c_chunk = tl.load(c_base + (sd * c_stride_node)[:, None] + (nc * c_stride_n)[None, :],
-                                  mask=s_drafted[:, None] & (nc < D_STATE)[None, :], other=0.0)
-                read += _dot(c_chunk.to(tl.float32), chunk.to(tl.float32), STATE_PRECISION)
-
-        x = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (sd * x_stride_node)[:, None]
-                    + (pp * x_stride_p)[None, :], mask=s_drafted[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
-        gates_base = gates_row + head * gates_stride_head
-        dt_base = dt_ptr + row * dt_stride_row + head * dt_stride_head
-        step = _step_sizes(dt_base, sd, s_drafted, dt_stride_node, dt_bias_ptr + head * dt_bias_stride,
-                           HAS_DT_BIAS, DT_SOFTPLUS)
-        step = tl.where(s_drafted, step, 0.0)
-        if pending > 0:
-            x_pending = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s_pending, start, pending,
-                                     head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim, conv_stride_dim,
-                                     conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
-                                     KERNEL_SIZE, HAS_BIAS)
-            x = tl.where(s_pending[:, None], x_pending, x)
-            step_ring = tl.load(gates_base + ring_s * gates_stride_row, mask=s_pending, other=0.0).to(tl.float32)
-            step = tl.where(s_pending, step_ring, step)
-        logs = floored_log_decay(step * tl.load(a_ptr + head * a_stride).to(tl.float32))
-        cumulative = tl.sum(tl.where(ancestry, logs[None, :], 0.0), axis=1)  # L_r
-        decay = tl.where(ancestry, tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0)), 0.0)
-        mix = decay * step[None, :] * scores  # M [STACK, STACK]
-        if CHUNK_N == 0:
-            read = _dot(c, state_t, STATE_PRECISION)  # C S0^T (a tf32 state rounded to nearest: unbiased)
-        y = tl.exp(cumulative)[:, None] * read + _dot(mix, x, PRECISION)
-        if HAS_D:
-            y += tl.load(d_ptr + head * d_stride).to(tl.float32) * x  # (x: the drafts' own in their rows)
-        if HAS_Z:
-            gate = tl.load(z_ptr + row * z_stride_row + head * z_stride_head + (sd * z_stride_node)[:, None]
-                           + (pp * z_stride_p)[None, :], mask=s_drafted[:, None] & p_ok[None, :], other=0.0)
-            gate = gate.to(tl.float32)
-            y *= gate / (1.0 + tl.exp(-gate))
-        dst = (out_ptr + row * out_stride_row + head * out_stride_head + (sd * out_stride_node)[:, None]
-               + (pp * out_stride_p)[None, :])
-        tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=out_ok)
-        tl.store(gates_base + ring_s * gates_stride_row, step, mask=s_drafted & (p_block == 0))
-        if ROWS == 3:
-            if fold:  # the tile past the pending tokens, once every thread has read it: a half of the state
-                # rows at a time, the pending tokens' B for them again (the stack's whole b would spill)
-                tl.debug_barrier()
-                for half in tl.static_range(BLOCK_N // HALF_N):
-                    nf = half * HALF_N + nh
-                    b_half = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s_pending, start, pending,
-                                          NUM_HEADS * HEAD_DIM + group * D_STATE + nf, nf < D_STATE, rows_stride_row,
-                                          rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
-                                          weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
-                    tile = state_base + (nf * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :]
-                    half_ok = tl.where(live, (nf < D_STATE)[:, None] & p_ok[None, :], False)
-                    folded_t = _folded_tile(tl.load(tile, mask=half_ok, other=0.0).to(tl.float32), b_half, x,
-                                            tl.where(s_pending, step, 0.0), tl.load(a_ptr + head * a_stride),
-                                            s_pending, FOLD_PRECISION)
-                    tl.store(tile, folded_t.to(ssm_ptr.dtype.element_ty), mask=half_ok)
+    out_row = out_ptr + row * out_stride_row
+    x_row = x_ptr + row * x_stride_row
+    dt_row = dt_ptr + row * dt_stride_row
+    b_group = b_ptr + row * b_stride_row + group * b_stride_group
+    c_group = c_ptr + row * c_stride_row + group * c_stride_group
+    z_row = z_ptr + row * z_stride_row
+    parents_row = parents_ptr + row * parents_stride_row
+    state_row = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot
+    small = False  # (with SMALL_STACK < STACK a row that does not fold, on a stack of SMALL_STACK)
+    if (ROWS == 3) & (SMALL_STACK < STACK):
+        small = ~fold
+    if small:
+        _verify_heads(out_row, x_row, dt_row, b_group, c_group, z_row, parents_row, a_ptr, d_ptr, dt_bias_ptr,
+                      state_row, rows_base, window_base, gates_row, weight_ptr, bias_ptr, first_head, group, pp, p_ok,
+                      p_block, start, pending, live, fold, folded_start, folded, out_stride_node, out_stride_head,
+                      out_stride_p, x_stride_node, x_stride_head, x_stride_p, dt_stride_node, dt_stride_head,
+                      b_stride_node, b_stride_n, c_stride_node, c_stride_n, z_stride_node, z_stride_head, z_stride_p,
+                      a_stride, d_stride, dt_bias_stride, ssm_stride_head, ssm_stride_p, ssm_stride_n, conv_stride_dim,
+                      conv_stride_win, rows_stride_row, rows_stride_dim, gates_stride_row, gates_stride_head,
+                      weight_stride_dim, weight_stride_tap, bias_stride, parents_stride_node, NUM_NODES, RING_ROWS,
+                      SMALL_STACK, KERNEL_SIZE, NUM_HEADS, HEAD_DIM, D_STATE, BLOCK_P, BLOCK_N, TREE, HAS_D, HAS_Z,
+                      HAS_DT_BIAS, DT_SOFTPLUS, HAS_BIAS, PRECISION, STATE_PRECISION, HEADS_PER_PROGRAM, CHUNK_N,
+                      CHUNK_STAGES, FLATTEN, ROWS, FOLD_PRECISION)
+    else:
+        _verify_heads(out_row, x_row, dt_row, b_group, c_group, z_row, parents_row, a_ptr, d_ptr, dt_bias_ptr,
+                      state_row, rows_base, window_base, gates_row, weight_ptr, bias_ptr, first_head, group, pp, p_ok,
+                      p_block, start, pending, live, fold, folded_start, folded, out_stride_node, out_stride_head,
+                      out_stride_p, x_stride_node, x_stride_head, x_stride_p, dt_stride_node, dt_stride_head,
+                      b_stride_node, b_stride_n, c_stride_node, c_stride_n, z_stride_node, z_stride_head, z_stride_p,
+                      a_stride, d_stride, dt_bias_stride, ssm_stride_head, ssm_stride_p, ssm_stride_n, conv_stride_dim,
+                      conv_stride_win, rows_stride_row, rows_stride_dim, gates_stride_row, gates_stride_head,
+                      weight_stride_dim, weight_stride_tap, bias_stride, parents_stride_node, NUM_NODES, RING_ROWS,
+                      STACK, KERNEL_SIZE, NUM_HEADS, HEAD_DIM, D_STATE, BLOCK_P, BLOCK_N, TREE, HAS_D, HAS_Z,
+                      HAS_DT_BIAS, DT_SOFTPLUS, HAS_BIAS, PRECISION, STATE_PRECISION, HEADS_PER_PROGRAM, CHUNK_N,
+                      CHUNK_STAGES, FLATTEN, ROWS, FOLD_PRECISION)
 
     if FUSED_WINDOW:
         if fold:
@@ -501,7 +562,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                  num_warps=MAMBA2_RING_WARPS, precision=None, state_precision=None, heads_per_program=None,
                  num_stages=RING_STAGES, maxnreg=RING_VERIFY_MAXNREG, chunk_n=RING_CHUNK_N,
                  chunk_stages=RING_CHUNK_STAGES, fused_window=False, flatten=None, row_kind=0, fold_precision=None,
-                 pdl=False):
+                 pdl=False, two_stacks=None):
     """The verify launch over the rows of layer ``layer`` (weight [dim, K], bias [dim], A [H]: its own).
     chunk_n: C S0^T over chunks of that many state rows (0: the whole tile), chunk_stages of them
     in flight; fused_window: the folded rows' conv windows moved here too; flatten: the heads' loop and
@@ -509,7 +570,8 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
     sit in it); row_kind,
     fold_precision and pdl: the kernel's ROWS (1: the folding rows, folded here; 3: every row, the
     folding ones folded after their verify, its stack sized for R + N), FOLD_PRECISION (None:
-    fold_precision_for's) and PDL (a ROWS 2 launch then a programmatic dependent one)."""
+    fold_precision_for's) and PDL (a ROWS 2 launch then a programmatic dependent one); two_stacks
+    (row_kind 3; None: ONE_LAUNCH_TWO_STACKS): the rows that do not fold on a stack of their own size."""
     if row_kind in (1, 3) and fused_window:  # (its windows would move while other programs' convs read them)
         raise ValueError(f"mamba2_ring_verify: a verify launch that folds (row_kind {row_kind}) never moves "
                          "windows")
@@ -518,6 +580,9 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
     block_p, share, grid = _tiling(num_rows, 1, heads, block_p, heads_per_program)
     block_n = max(MIN_DOT, next_power_of_2(d_state))
     chunk_n = state_chunk(chunk_n, block_n, "mamba2_ring_verify")
+    stack = max_pending + num_nodes if row_kind == 3 else max(fold_above, num_nodes)  # (a row's stack rows, at most)
+    two_stacks = row_kind == 3 and (ONE_LAUNCH_TWO_STACKS if two_stacks is None else two_stacks)
+    small_stack = max(fold_above, num_nodes) if two_stacks else stack  # (a row that does not fold)
     strides = lambda t, n: (0,) * n if t is None else t.stride()  # noqa: E731 -- absent: never read
     scalars = (layer, ssm.shape[1], rows.shape[1], *out.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
                *strides(z, 4), A.stride(0), *strides(D, 1), *strides(dt_bias, 1),
@@ -526,7 +591,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                *((0, 0) if parents is None else parents.stride()))
     constexprs = dict(
         NUM_NODES=num_nodes, RING_ROWS=rows.shape[2], MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
-        STACK=max(MIN_DOT, next_power_of_2(max_pending + num_nodes if row_kind == 3 else max(fold_above, num_nodes))),
+        STACK=max(MIN_DOT, next_power_of_2(stack)), SMALL_STACK=max(MIN_DOT, next_power_of_2(small_stack)),
         KERNEL_SIZE=conv.shape[3] + 1,
         NUM_HEADS=num_heads, NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state, BLOCK_P=block_p,
         BLOCK_N=block_n, TREE=parents is not None, HAS_D=D is not None,
@@ -568,7 +633,8 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     kernel's ROWS 1 -- from the tile it folds, the others' by a ROWS 2 launch), pdl (PDL, with
     fold_verify, sm_90+: that second launch a programmatic dependent of the first; the windows then
     in their own launch), one_launch (ONE_LAUNCH: no fold launch, every row's verify in one launch
-    folding the folding rows' tiles after their verify -- the kernel's ROWS 3 --, then the windows')."""
+    folding the folding rows' tiles after their verify -- the kernel's ROWS 3 --, then the windows';
+    two_stacks: its other rows on their own stack, ONE_LAUNCH_TWO_STACKS)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
@@ -576,7 +642,7 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     ring_rows = rows.shape[2]
     capacity = dict(max_pending=ring_rows - num_nodes, fold_above=ring_rows - num_nodes)
     verify_only = {name: tuning.pop(name) for name in ("state_precision", "maxnreg", "chunk_n", "chunk_stages",
-                                                        "flatten")
+                                                        "flatten", "two_stacks")
                    if name in tuning}
     fused = tuning.pop("fused_window", None)  # (its programs cover x, B and C: the rows' whole width)
     fold_precision, fold_warps = tuning.pop("fold_precision", None), tuning.pop("fold_warps", None)  # (the fold's)

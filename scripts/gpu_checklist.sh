@@ -48,8 +48,8 @@
 #   ringconv  ring_conv1d_verify's tiles (channels per program / warps; 64 / 1 its default) at
 #             B = 8 .. 256
 #   m2onepass the Mamba2 ring read once a step, every row's verify in one launch, the folding rows folded after their
-#             verify (ONE_LAUNCH; 2 / 1 / 4 / a group's heads a program, capped at 128; 2 at 168): the one-read
-#             modes' GPU tests (the one-launch steps among
+#             verify (ONE_LAUNCH; 2 / 1 / 4 heads a program, capped at 128; 2 at 168; the other rows on the
+#             folding rows' stack): the one-read modes' GPU tests (the one-launch steps among
 #             random_steps), then whole steps against the due flush and each layer's verify folding its rows
 #             (--no-due-first) (B = 64 / 256, chains)
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
@@ -447,7 +447,7 @@ for phase in "$@"; do
               for run in "" "--no-due-first" "--no-due-first --constants ONE_LAUNCH=1" \
                          "--no-due-first --constants ONE_LAUNCH=1 ONE_LAUNCH_HEADS_PER_PROGRAM=1" \
                          "--no-due-first --constants ONE_LAUNCH=1 ONE_LAUNCH_HEADS_PER_PROGRAM=4" \
-                         "--no-due-first --constants ONE_LAUNCH=1 ONE_LAUNCH_HEADS_PER_PROGRAM=0" \
+                         "--no-due-first --constants ONE_LAUNCH=1 ONE_LAUNCH_TWO_STACKS=0" \
                          "--no-due-first --constants ONE_LAUNCH=1 RING_VERIFY_MAXNREG=168"; do
                 echo "# mamba2 ${run:-defaults}"
                 timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain $run \
