@@ -17,9 +17,9 @@
 The traffic model beside them: state passes per step = 1 + f at the least (f: folds per row and
 step, from the cursor rule run over the same acceptance: every state read once, a folded one
 written), 1 + 2f as the kernels run (a folding row's state is read by its fold, then by its
-verify; 1 + f for the Mamba2 ring with --no-due-first and FOLD_VERIFY or ONE_LAUNCH, a folding
-row's state read once), and the floor = states read at the read ceiling plus the folds' writes at
-half the copy ceiling's rate, both measured in this run.
+verify; 1 + f with --no-due-first and the GDN ring's RING_MMA_ONE_LAUNCH, the Mamba2 ring's
+FOLD_VERIFY or ONE_LAUNCH, a folding row's state read once), and the floor = states read at the
+read ceiling plus the folds' writes at half the copy ceiling's rate, both measured in this run.
 
 Qwen3-Next-80B TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128; --mixer mamba2: Nemotron-H-8B TP1,
 24 layers, H 128, P 64, G 8, Ns 128), fp32
@@ -496,11 +496,14 @@ def flush_sweep(shapes, batches, capacity, specs):
 
 def folded_rows_read_twice(mixer) -> bool:
     """Whether a folding row's state is read by its fold and again by its verify (the run passes
-    1 + 2f), not once (the Mamba2 ring's folds in each verify with FOLD_VERIFY or ONE_LAUNCH: 1 + f)."""
+    1 + 2f), not once (the folds in each verify: the GDN ring's RING_MMA_ONE_LAUNCH, the Mamba2
+    ring's FOLD_VERIFY or ONE_LAUNCH: 1 + f)."""
     from sgl_convwin._kernels import triton_kernels
 
+    if mixer == "gdn":
+        return DUE_FIRST or not triton_kernels().gdn_ring_verify.RING_MMA_ONE_LAUNCH
     launcher = triton_kernels().mamba2_ring_verify
-    return DUE_FIRST or mixer == "gdn" or not (launcher.FOLD_VERIFY or launcher.ONE_LAUNCH)
+    return DUE_FIRST or not (launcher.FOLD_VERIFY or launcher.ONE_LAUNCH)
 
 
 def set_constants(mixer, constants, error):

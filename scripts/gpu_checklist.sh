@@ -52,6 +52,9 @@
 #             folding rows' stack): the one-read modes' GPU tests (the one-launch steps among
 #             random_steps), then whole steps against the due flush and each layer's verify folding its rows
 #             (--no-due-first) (B = 64 / 256, chains)
+#   gdnone    the GDN ring's verify in one launch (RING_MMA_ONE_LAUNCH: a folding row verified with its pending
+#             tokens, then folded; no fold launch, no due flush): its GPU tests, then chain steps against the due
+#             flush and the per-layer fold launches (--no-due-first), B = 64 / 256
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
@@ -453,6 +456,16 @@ for phase in "$@"; do
                 timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain $run \
                   > "$out/m2onepass.log" 2>&1 || rc=1
                 grep -E '^(\||state)' "$out/m2onepass.log"; cat "$out/m2onepass.log" >> "$out/m2onepass_all.log"
+              done ;;
+    gdnone)   rc=0  # (the GDN ring's verify in one launch, the folding rows folded after their verify)
+              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+                -k "one-launch or one_launch" > "$out/gpu_tests_gdnone.log" 2>&1 || rc=1
+              tail -3 "$out/gpu_tests_gdnone.log"
+              for run in "" "--no-due-first" "--no-due-first --constants RING_MMA_ONE_LAUNCH=1"; do
+                echo "# gdn ${run:-defaults}"
+                timeout 120 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain $run \
+                  > "$out/gdnone.log" 2>&1 || rc=1
+                grep -E '^(\||state)' "$out/gdnone.log"; cat "$out/gdnone.log" >> "$out/gdnone_all.log"
               done ;;
     ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding; then the
               # GDN fold with every row folding: a fold program's own efficiency, the GPU full of them)
