@@ -457,33 +457,23 @@ def _mamba2_ring_verify_kernel(
     z_row = z_ptr + row * z_stride_row
     parents_row = parents_ptr + row * parents_stride_row
     state_row = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot
-    small = False  # (with SMALL_STACK < STACK a row that does not fold, on a stack of SMALL_STACK)
-    if (ROWS == 3) & (SMALL_STACK < STACK):
-        small = ~fold
-    if small:
-        _verify_heads(out_row, x_row, dt_row, b_group, c_group, z_row, parents_row, a_ptr, d_ptr, dt_bias_ptr,
-                      state_row, rows_base, window_base, gates_row, weight_ptr, bias_ptr, first_head, group, pp, p_ok,
-                      p_block, start, pending, live, fold, folded_start, folded, out_stride_node, out_stride_head,
-                      out_stride_p, x_stride_node, x_stride_head, x_stride_p, dt_stride_node, dt_stride_head,
-                      b_stride_node, b_stride_n, c_stride_node, c_stride_n, z_stride_node, z_stride_head, z_stride_p,
-                      a_stride, d_stride, dt_bias_stride, ssm_stride_head, ssm_stride_p, ssm_stride_n, conv_stride_dim,
-                      conv_stride_win, rows_stride_row, rows_stride_dim, gates_stride_row, gates_stride_head,
-                      weight_stride_dim, weight_stride_tap, bias_stride, parents_stride_node, NUM_NODES, RING_ROWS,
-                      SMALL_STACK, KERNEL_SIZE, NUM_HEADS, HEAD_DIM, D_STATE, BLOCK_P, BLOCK_N, TREE, HAS_D, HAS_Z,
-                      HAS_DT_BIAS, DT_SOFTPLUS, HAS_BIAS, PRECISION, STATE_PRECISION, HEADS_PER_PROGRAM, CHUNK_N,
-                      CHUNK_STAGES, FLATTEN, ROWS, FOLD_PRECISION)
-    else:
-        _verify_heads(out_row, x_row, dt_row, b_group, c_group, z_row, parents_row, a_ptr, d_ptr, dt_bias_ptr,
-                      state_row, rows_base, window_base, gates_row, weight_ptr, bias_ptr, first_head, group, pp, p_ok,
-                      p_block, start, pending, live, fold, folded_start, folded, out_stride_node, out_stride_head,
-                      out_stride_p, x_stride_node, x_stride_head, x_stride_p, dt_stride_node, dt_stride_head,
-                      b_stride_node, b_stride_n, c_stride_node, c_stride_n, z_stride_node, z_stride_head, z_stride_p,
-                      a_stride, d_stride, dt_bias_stride, ssm_stride_head, ssm_stride_p, ssm_stride_n, conv_stride_dim,
-                      conv_stride_win, rows_stride_row, rows_stride_dim, gates_stride_row, gates_stride_head,
-                      weight_stride_dim, weight_stride_tap, bias_stride, parents_stride_node, NUM_NODES, RING_ROWS,
-                      STACK, KERNEL_SIZE, NUM_HEADS, HEAD_DIM, D_STATE, BLOCK_P, BLOCK_N, TREE, HAS_D, HAS_Z,
-                      HAS_DT_BIAS, DT_SOFTPLUS, HAS_BIAS, PRECISION, STATE_PRECISION, HEADS_PER_PROGRAM, CHUNK_N,
-                      CHUNK_STAGES, FLATTEN, ROWS, FOLD_PRECISION)
+    # the row's heads on a stack of STACK rows, or (SIZE 1: a row of ROWS 3 that does not fold, where
+    # SMALL_STACK < STACK) of SMALL_STACK, each its own code
+    STACKS: tl.constexpr = 2 if (ROWS == 3) & (SMALL_STACK < STACK) else 1
+    for SIZE in tl.static_range(STACKS):
+        if (STACKS == 1) | (fold == (SIZE == 0)):
+            _verify_heads(out_row, x_row, dt_row, b_group, c_group, z_row, parents_row, a_ptr, d_ptr, dt_bias_ptr,
+                          state_row, rows_base, window_base, gates_row, weight_ptr, bias_ptr, first_head, group, pp,
+                          p_ok, p_block, start, pending, live, fold, folded_start, folded, out_stride_node,
+                          out_stride_head, out_stride_p, x_stride_node, x_stride_head, x_stride_p, dt_stride_node,
+                          dt_stride_head, b_stride_node, b_stride_n, c_stride_node, c_stride_n, z_stride_node,
+                          z_stride_head, z_stride_p, a_stride, d_stride, dt_bias_stride, ssm_stride_head, ssm_stride_p,
+                          ssm_stride_n, conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
+                          gates_stride_row, gates_stride_head, weight_stride_dim, weight_stride_tap, bias_stride,
+                          parents_stride_node, NUM_NODES, RING_ROWS, STACK if SIZE == 0 else SMALL_STACK, KERNEL_SIZE,
+                          NUM_HEADS, HEAD_DIM, D_STATE, BLOCK_P, BLOCK_N, TREE, HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS,
+                          HAS_BIAS, PRECISION, STATE_PRECISION, HEADS_PER_PROGRAM, CHUNK_N, CHUNK_STAGES, FLATTEN, ROWS,
+                          FOLD_PRECISION)
 
     if FUSED_WINDOW:
         if fold:
