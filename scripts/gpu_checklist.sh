@@ -55,6 +55,7 @@
 #   gdnone    the GDN ring's verify in one launch (RING_MMA_ONE_LAUNCH: a folding row verified with its pending
 #             tokens, then folded; no fold launch, no due flush): its GPU tests, then chain steps against the due
 #             flush and the per-layer fold launches (--no-due-first), B = 64 / 256
+#   onelaunch gdnone's and m2onepass's tests, then the one-launch chain steps beside each mixer's due flush
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
@@ -466,6 +467,20 @@ for phase in "$@"; do
                 timeout 120 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain $run \
                   > "$out/gdnone.log" 2>&1 || rc=1
                 grep -E '^(\||state)' "$out/gdnone.log"; cat "$out/gdnone.log" >> "$out/gdnone_all.log"
+              done ;;
+    onelaunch) rc=0  # (gdnone's and m2onepass's first look in one call: their tests, then the one-launch steps)
+              timeout 270 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+                tests/test_ring_kernels_mamba2.py tests/test_ring_mamba2.py \
+                -k "one-launch or one_launch or (mamba2 and (matches_pytorch or capacity_16))" \
+                > "$out/gpu_tests_onelaunch.log" 2>&1 || rc=1
+              tail -3 "$out/gpu_tests_onelaunch.log"
+              for run in "gdn" "gdn --no-due-first --constants RING_MMA_ONE_LAUNCH=1" "mamba2" \
+                         "mamba2 --no-due-first --constants ONE_LAUNCH=1" \
+                         "mamba2 --no-due-first --constants ONE_LAUNCH=1 ONE_LAUNCH_TWO_STACKS=0"; do
+                echo "# $run"
+                timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --mixer $run \
+                  > "$out/onelaunch.log" 2>&1 || rc=1
+                grep -E '^(\||state)' "$out/onelaunch.log"; cat "$out/onelaunch.log" >> "$out/onelaunch_all.log"
               done ;;
     ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding; then the
               # GDN fold with every row folding: a fold program's own efficiency, the GPU full of them)
