@@ -448,7 +448,7 @@ def _gdn_ring_verify_mma_kernel(
     pending = gl.where(live, pending, 0).to(gl.int32)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
     folded_start, folded, moved = start, pending, fold  # (the window's move, with FUSED_WINDOW)
-    if KIND < 2:
+    if (KIND != 2) & (KIND != 4):
         # the fold launch, before this one, brought the checkpoint past the pending tokens: the row
         # verifies its drafts from there, with nothing pending
         start = gl.where(fold, (start + pending) % RING_ROWS, start)
