@@ -17,9 +17,9 @@
 The traffic model beside them: state passes per step = 1 + f at the least (f: folds per row and
 step, from the cursor rule run over the same acceptance: every state read once, a folded one
 written), 1 + 2f as the kernels run (a folding row's state is read by its fold, then by its
-verify; 1 + f with --no-due-first and the GDN ring's RING_MMA_ONE_LAUNCH, the Mamba2 ring's
-FOLD_VERIFY or ONE_LAUNCH, a folding row's state read once), and the floor = states read at the
-read ceiling plus the folds' writes at half the copy ceiling's rate, both measured in this run.
+verify; 1 + f for the Mamba2 ring with --no-due-first and FOLD_VERIFY, a folding row's state
+read once), and the floor = states read at the read ceiling plus the folds' writes at half the
+copy ceiling's rate, both measured in this run.
 
 Qwen3-Next-80B TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128; --mixer mamba2: Nemotron-H-8B TP1,
 24 layers, H 128, P 64, G 8, Ns 128), fp32
@@ -41,8 +41,10 @@ against the ops' PyTorch code on six rows of every kind (check); a failure times
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
 import functools
+import inspect
 import os
 import random
 import sys
@@ -496,25 +498,34 @@ def flush_sweep(shapes, batches, capacity, specs):
 
 def folded_rows_read_twice(mixer) -> bool:
     """Whether a folding row's state is read by its fold and again by its verify (the run passes
-    1 + 2f), not once (the folds in each verify: the GDN ring's RING_MMA_ONE_LAUNCH, the Mamba2
-    ring's FOLD_VERIFY or ONE_LAUNCH: 1 + f)."""
+    1 + 2f), not once (the Mamba2 ring's folds in each verify with FOLD_VERIFY: 1 + f)."""
     from sgl_convwin._kernels import triton_kernels
 
-    if mixer == "gdn":
-        return DUE_FIRST or not triton_kernels().gdn_ring_verify.RING_MMA_ONE_LAUNCH
     launcher = triton_kernels().mamba2_ring_verify
-    return DUE_FIRST or not (launcher.FOLD_VERIFY or launcher.ONE_LAUNCH)
+    return DUE_FIRST or mixer == "gdn" or not launcher.FOLD_VERIFY
+
+
+def captured_constants(module) -> set:
+    """The module constants that a function of ``module`` takes as a parameter's default: read
+    when the module was imported, so that setting them later changes nothing."""
+    tree = ast.parse(inspect.getsource(module))
+    return {default.id for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+            for default in (*node.args.defaults, *node.args.kw_defaults) if isinstance(default, ast.Name)}
 
 
 def set_constants(mixer, constants, error):
-    """The ring verify launcher's module defaults set (each name must exist there: a typo would
-    time the defaults under another name)."""
+    """The ring verify launcher's module defaults set (each name must exist there, and be read
+    when a launch is built: else the defaults would be timed under another name)."""
     from sgl_convwin._kernels import triton_kernels
 
     module = getattr(triton_kernels(), "gdn_ring_verify" if mixer == "gdn" else "mamba2_ring_verify")
+    captured = captured_constants(module)
     for name, value in constants.items():
         if not name.isupper() or not hasattr(module, name):
             error(f"--constants: {module.__name__} has no constant {name}")
+        if name in captured:
+            error(f"--constants: {module.__name__}.{name} is a parameter's default, read at import: setting it "
+                  "would change nothing")
         print(f"{module.__name__}.{name} = {value} (was {getattr(module, name)})", flush=True)
         setattr(module, name, value)
 

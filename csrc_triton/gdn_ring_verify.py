@@ -67,11 +67,6 @@ RING_MMA_SPREAD = False
 # sm_90+: each program's first read after the launch before has finished, its start under that
 # launch's tail (gdn_verify's pdl 1: nothing a caller sees changes; 0: plain launches)
 RING_MMA_PDL = 1
-# Every row's verify in one launch of the mma kernel, no fold launch before it: a row that folds
-# verifies its drafts from its checkpoint with its pending tokens, then folds its tile (KIND 4; the
-# windows in a launch of their own): one state read a step, no wave of folds alone (not yet timed
-# on a GPU; with max(R, N) + N <= 32 and R + 2 N <= 32 stack rows)
-RING_MMA_ONE_LAUNCH = False
 
 
 def mma_verify_keys(ring_rows: int, num_nodes: int) -> int:
@@ -396,7 +391,7 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
                  *, layer, num_layers, num_nodes, heads, max_pending, fold_above, scale, use_qk_l2norm, block_v,
                  num_warps, precision, fold_precision, mma=False, maxnreg=None, small=True, fold_warps=None,
                  fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                 chunk_k=None, fold_tiles=1, one_launch=False):
+                 chunk_k=None, fold_tiles=1):
     """The chunk kernel's and the window kernel's KernelCalls over rows x layers layer ..
     layer + num_layers - 1 (weight [L, dim, K] / bias [L, dim]: every layer's, as a flush gives them
     even for L = 1; else one layer's). q, k, v, g, beta, out: the drafts' (None with no drafts: never
@@ -433,14 +428,11 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
     chunk = KernelCall(_gdn_ring_verify_kernel, (num_v_heads * cdiv(head_v_dim, block_v), num_rows, num_layers),
                        tensors, scalars, constexprs)
     # the windows in the mma verify launches (their programs cover q, k and v: the rows' whole width)
-    if one_launch and fused_window:
-        raise ValueError("gdn_ring_verify: one_launch folds in the verify launch, whose convs read the windows: "
-                         "not with fused_window")
-    fused = (RING_MMA_FUSED_WINDOW if fused_window is None else fused_window) and mma and not one_launch
+    fused = (RING_MMA_FUSED_WINDOW if fused_window is None else fused_window) and mma
     chunks = (_mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps,
                                fold_block_v, fold_maxnreg, fused, RING_MMA_MERGED if merged is None else merged,
                                RING_MMA_STATE_STAGES if state_stages is None else state_stages,
-                               chunk_k or RING_MMA_CHUNK_K, fold_tiles, one_launch) if mma else (chunk,))
+                               chunk_k or RING_MMA_CHUNK_K, fold_tiles) if mma else (chunk,))
     if fused:
         return chunks
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
@@ -449,8 +441,8 @@ def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, 
 
 
 def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fold_block_v=None,
-                     fold_maxnreg=None, fused_window=False, merged=False, state_stages=0, chunk_k=RING_MMA_CHUNK_K,
-                     fold_tiles=1, one_launch=False):
+                     fold_maxnreg=None, fused_window=False, merged=False, state_stages=0, chunk_k=None,
+                     fold_tiles=1):
     """``chunk`` (the Triton kernel's launch of a verify: one layer, drafts) on gdn_ring_verify_mma's
     kernel instead, same grid and arguments, one launch per kind of row: first those that fold,
     folding only -- a stack of the pending keys, no drafts (3xTF32 for a float32 checkpoint), on
@@ -465,9 +457,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     bytes or more: gdn_verify.state_stages_for);
     chunk_k state rows a chunk; the non-folding rows' stack sized by their most keys
     (mma_verify_keys). maxnreg: the register cap of the launches that do not fold (0 or None: the
-    compiler's choice), or a pair (the small rows' cap, the other non-folding rows'). one_launch: no
-    fold launch, every row in one launch (KIND 4, the others' cap), a folding row verified with its
-    pending tokens on a stack of R + 2N rows, then folded (no fused_window)."""
+    compiler's choice), or a pair (the small rows' cap, the other non-folding rows')."""
     from . import gdn_ring_verify_mma
 
     block_v, num_warps = chunk.constexprs["BLOCK_V"], chunk.constexprs["num_warps"]
@@ -479,7 +469,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     if num_layers != 1 or not verify_rule or verify_keys + num_nodes > RING_MMA_NODES:
         raise ValueError(f"gdn_ring_verify_mma: one layer of a verify and a stack of {verify_keys} keys + N <= "
                          f"{RING_MMA_NODES} rows, got {num_layers} layers, {verify_keys} + {num_nodes}")
-    chunk_k = min(chunk_k, chunk.constexprs["BLOCK_K"])
+    chunk_k = min(chunk_k or RING_MMA_CHUNK_K, chunk.constexprs["BLOCK_K"])
     check_mma_tiles("gdn_ring_verify_mma", block_v, num_warps, chunk_k)
     small = small and 2 * num_nodes <= RING_MMA_SMALL_NODES < verify_keys + num_nodes
     constexprs = _mma_constexprs(chunk, ssm, chunk_k, fused_window, VERIFY_KEYS=verify_keys,
@@ -488,15 +478,6 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     small_cap, other_cap = (dict(maxnreg=n) if n else {} for n in (maxnreg if isinstance(maxnreg, tuple)
                                                                     else (maxnreg, maxnreg)))
     stages = state_stages_for(state_stages, block_v, num_warps, chunk_k, chunk.constexprs["BLOCK_K"], ssm)
-    if one_launch:
-        fold_keys = chunk.constexprs["MAX_PENDING"] + num_nodes
-        if fold_keys + num_nodes > RING_MMA_NODES:
-            raise ValueError(f"gdn_ring_verify_mma: one_launch verifies a folding row on a stack of R + 2 N <= "
-                             f"{RING_MMA_NODES} rows, got R = {chunk.constexprs['MAX_PENDING']}, N = {num_nodes}")
-        return (KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors, chunk.scalars,
-                           dict(constexprs, KIND=4, NODES=verify_nodes, STATE_STAGES=stages,
-                                FOLD_NODES=max(RING_MMA_SMALL_NODES, next_power_of_2(fold_keys + num_nodes)),
-                                **other_cap)),)
     kinds = (*(((0, RING_MMA_SMALL_NODES, small_cap),) if small and not merged else ()),
              (3 if small and merged else 1, verify_nodes, other_cap))
     fold = _mma_fold_call(chunk, ssm, constexprs, fold_warps or num_warps, fold_block_v or block_v, fold_maxnreg,
@@ -515,7 +496,7 @@ def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
     constexprs.update(FUSED_WINDOW=bool(fused_window), WIDTH=width, WINDOW=max(2, next_power_of_2(width)),
                       NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k,
                       WARPS=chunk.constexprs["num_warps"], SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4),
-                      TILES_A_PROGRAM=1, FOLD_NODES=0, **verify)
+                      TILES_A_PROGRAM=1, **verify)
     pdl = bool(RING_MMA_PDL) and pdl_device(ssm)
     constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     return constexprs
@@ -562,20 +543,19 @@ def _mma_block_v(head_v_dim: int) -> int:
 
 def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                 parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
-                fold_precision=None, mma=None, maxnreg=RING_MMA_MAXNREG, small=True, fold_warps=None,
+                fold_precision=None, mma=None, maxnreg=None, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
-                chunk_k=None, fold_tiles=1, one_launch=None):
+                chunk_k=None, fold_tiles=1):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
     _mma_kernel_runs_on, its verify stack fits 32 rows -- max(R, N) + N, mma_verify_keys --,
     dv >= 32 and no precision is asked for), with block_v, num_warps, maxnreg, small, fold_warps,
     fold_block_v, fold_maxnreg, fused_window, merged, state_stages and chunk_k its own (None: 128
-    columns, fewer for small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG,
+    columns, fewer for small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG (0: none),
     RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K; the rest:
-    _mma_chunk_calls) and fold_tiles (0 with the op's after_due_flush), one_launch (None:
-    RING_MMA_ONE_LAUNCH where its stack fits and fused_window is not asked for; _mma_chunk_calls);
-    else the Triton kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
+    _mma_chunk_calls) and fold_tiles (0 with the op's after_due_flush); else the Triton kernel at
+    ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
         return ()
@@ -584,12 +564,10 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
         mma = (precision is None and fold_precision is None and block_v is None and num_warps is None
                and _mma_by_default(rows.shape[2], num_nodes, v.shape[3], ssm))
     num_warps = (RING_MMA_WARPS if mma else RING_WARPS) if num_warps is None else num_warps
+    maxnreg = RING_MMA_MAXNREG if maxnreg is None else maxnreg
     if mma and block_v is None:  # (never under 8 columns a warp: check_mma_tiles)
         block_v = (spread_block(RING_MMA_BLOCK_V, q.shape[0], v.shape[2], v.shape[3], max(2 * MIN_DOT, 8 * num_warps))
                    if RING_MMA_SPREAD else _mma_block_v(v.shape[3]))
-    if one_launch is None:  # (the module's choice, where it fits; asked for, it must)
-        one_launch = (RING_MMA_ONE_LAUNCH and mma and not fused_window
-                      and rows.shape[2] + num_nodes <= RING_MMA_NODES)  # (R + 2 N = C + N)
     return _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
                         parents, layer=layer, num_layers=1, num_nodes=num_nodes, heads=heads,
                         max_pending=rows.shape[2] - num_nodes, fold_above=rows.shape[2] - num_nodes, scale=scale,
@@ -597,7 +575,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
                         fused_window=fused_window, merged=merged, state_stages=state_stages, chunk_k=chunk_k,
-                        fold_tiles=fold_tiles, one_launch=bool(one_launch))
+                        fold_tiles=fold_tiles)
 
 
 def launch_gdn_ring_verify(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,

@@ -93,23 +93,6 @@ def _window_after(window, rows, ok, start, pending, conv_stride_win, rows_stride
 
 
 @gluon.jit
-def _staged_parts(hi, lo, L: gl.constexpr, SPLIT: gl.constexpr, REST_STAGED: gl.constexpr):
-    """(head, rest) in layout L of a stack operand staged as shared memory views ``hi`` (its tf32
-    heads; whole where the rest is not staged) and ``lo`` (the rests, if REST_STAGED); the rest only
-    with SPLIT."""
-    head = hi.load(L)
-    rest = head  # (unread without SPLIT)
-    if SPLIT:
-        if REST_STAGED:
-            rest = lo.load(L)
-        else:
-            whole = head
-            head = _rounded(whole, True)
-            rest = _rounded(whole - head, True)
-    return head, rest
-
-
-@gluon.jit
 def _relabelled(n, v0, WARPS: gl.constexpr, TILES: gl.constexpr):
     """The value column at position n of the relabelled tile (gdn_verify_mma's relabelling)."""
     return v0 + ((n // 8) % WARPS) * (8 * TILES) + (n % 8) * TILES + n // (8 * WARPS)
@@ -188,11 +171,8 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     # all in the first, which alone needs the conv
     PARTS: gl.constexpr = 2 if PENDING_ROWS <= NODES // 2 else 1
     PART: gl.constexpr = NODES // PARTS
-    # with SPLIT the stack's tf32 rests staged beside it, or (a row that verifies and folds: its stack
-    # of 32 rows would take the launch past 48 KB of shared memory) the stack whole, split when loaded
-    REST_STAGED: gl.constexpr = SPLIT and not (FOLD and NUM_NODES > 0)
     kq_hi = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM)
-    if REST_STAGED:
+    if SPLIT:
         kq_lo = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM)
     else:
         kq_lo = kq_hi  # unread
@@ -222,9 +202,9 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
         if L2NORM:
             kq = kq * (1.0 / gl.sqrt(gl.sum(kq * kq, axis=1) + 1e-6))[:, None]  # (a divide a row, not a value)
         kq = kq * gl.where(is_key, 1.0, scale)[:, None]
-        kq_head = _rounded(kq, SPLIT == REST_STAGED)  # (whole where the rest is not staged)
+        kq_head = _rounded(kq, True)
         kq_hi.slice(part * PART, PART, dim=0).store(kq_head)
-        if REST_STAGED:
+        if SPLIT:
             kq_lo.slice(part * PART, PART, dim=0).store(_rounded(kq - kq_head, True))
     gl.thread_barrier()
 
@@ -233,9 +213,8 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     for c in gl.static_range(0, BLOCK_K, CHUNK_K):
         hi = kq_hi.slice(c, CHUNK_K, dim=1)
         lo = kq_lo.slice(c, CHUNK_K, dim=1)
-        a_hi, a_lo = _staged_parts(hi, lo, A_L, SPLIT, REST_STAGED)
-        b_hi, b_lo = _staged_parts(hi.permute((1, 0)), lo.permute((1, 0)), B_L, SPLIT, REST_STAGED)
-        gram = _mma(a_hi, a_lo, b_hi, b_lo, gram, SPLIT)
+        gram = _mma(hi.load(A_L), lo.load(A_L), hi.permute((1, 0)).load(B_L), lo.permute((1, 0)).load(B_L), gram,
+                    SPLIT)
     products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
     for c in gl.static_range(0, BLOCK_K, CHUNK_K):
         if STATE_STAGES > 0:
@@ -247,11 +226,10 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
                 upcoming = _state_chunk(state_base, c + CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
                                         SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
         state = _columns_relabelled(state, WARPS, TILES)
-        a_hi, a_lo = _staged_parts(kq_hi.slice(c, CHUNK_K, dim=1), kq_lo.slice(c, CHUNK_K, dim=1), A_L, SPLIT,
-                                   REST_STAGED)
+        a_hi = kq_hi.slice(c, CHUNK_K, dim=1).load(A_L)
         if SPLIT:
             s_hi = _rounded(state, True)
-            products = _mma(a_hi, a_lo, gl.convert_layout(s_hi, B_L),
+            products = _mma(a_hi, kq_lo.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(s_hi, B_L),
                             gl.convert_layout(_rounded(state - s_hi, True), B_L), products, True)
         else:  # the state truncated by the tensor cores, as gdn_verify_mma
             products = mma_v2(a_hi, gl.convert_layout(state, B_L), products, input_precision="tf32")
@@ -357,9 +335,10 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
         w_hi, w_lo = _parts(weighted, B_L, SPLIT)
         vl = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, COPY_L))
         for k0 in gl.static_range(0, BLOCK_K, CHUNK_K):
-            keys_hi, keys_lo = _staged_parts(kq_hi.slice(k0, CHUNK_K, dim=1).permute((1, 0)),
-                                             kq_lo.slice(k0, CHUNK_K, dim=1).permute((1, 0)), A_L, SPLIT, REST_STAGED)
-            acc = _mma(keys_hi, keys_lo, w_hi, w_lo, gl.zeros([CHUNK_K, BLOCK_V], gl.float32, layout=MMA), SPLIT)
+            keys_t = kq_hi.slice(k0, CHUNK_K, dim=1).permute((1, 0))
+            rests_t = kq_lo.slice(k0, CHUNK_K, dim=1).permute((1, 0))
+            acc = _mma(keys_t.load(A_L), rests_t.load(A_L), w_hi, w_lo,
+                       gl.zeros([CHUNK_K, BLOCK_V], gl.float32, layout=MMA), SPLIT)
             # back to the tile's own column order: whole-line loads and stores, as the state's reads
             acc = gl.convert_layout(_columns_natural(acc, WARPS, TILES), COPY_L)
             kk = k0 + gl.arange(0, CHUNK_K, layout=gl.SliceLayout(1, COPY_L))
@@ -396,7 +375,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
-    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr, FOLD_NODES: gl.constexpr,
+    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
@@ -411,10 +390,7 @@ def _gdn_ring_verify_mma_kernel(
     folding row as one with nothing pending from start + pending, verifying its drafts; with
     FUSED_WINDOW their programs of such a row then move its conv window past the folded tokens
     (nothing in these launches reads a folded row's window): each its v columns, a key head's first
-    value head its q and k; 4, every row, none folded before: kinds 0 and 1 as in 3, and a row that
-    folds verifies its drafts with its pending tokens (a stack of FOLD_NODES rows, its pending and
-    draft keys then the queries, SPLIT_FOLD's precision), then folds its tile (no FUSED_WINDOW:
-    this launch's convs read the windows). With STATE_STAGES the state chunks come through shared memory (cp.async,
+    value head its q and k. With STATE_STAGES the state chunks come through shared memory (cp.async,
     that many in flight). With TILES_A_PROGRAM > 1 (KIND 2 only) a program of a row that folds folds
     that many of its tiles, program_id(0) * TILES_A_PROGRAM onwards, one after another: fewer
     programs where few rows fold (all of a row's, after a due flush: its launch is a wave). PDL:
@@ -448,7 +424,7 @@ def _gdn_ring_verify_mma_kernel(
     pending = gl.where(live, pending, 0).to(gl.int32)
     fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
     folded_start, folded, moved = start, pending, fold  # (the window's move, with FUSED_WINDOW)
-    if (KIND != 2) & (KIND != 4):
+    if KIND != 2:
         # the fold launch, before this one, brought the checkpoint past the pending tokens: the row
         # verifies its drafts from there, with nothing pending
         start = gl.where(fold, (start + pending) % RING_ROWS, start)
@@ -471,9 +447,8 @@ def _gdn_ring_verify_mma_kernel(
         k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
         state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
         gates_base = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot + head * gates_stride_head
-        # this launch's kind of row (KIND 3: the kinds 0 and 1, each its own code; KIND 4: and 2)
-        FIRST: gl.constexpr = (0 if SMALL_KEYS > 0 else 1) if KIND >= 3 else KIND
-        for THIS in gl.static_range(FIRST, 2 if KIND == 3 else (3 if KIND == 4 else KIND + 1)):
+        # this launch's kind of row (KIND 3: the kinds 0 and 1, each its own code)
+        for THIS in gl.static_range(0 if KIND == 3 else KIND, 2 if KIND == 3 else KIND + 1):
             if kind == THIS:
                 _row_head(live, start, pending, row, head, k_head, v0, state_base, state_ring, rows_base, window_base,
                           gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr, out_ptr,
@@ -485,14 +460,12 @@ def _gdn_ring_verify_mma_kernel(
                           gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
                           out_stride_row, out_stride_node, out_stride_head, out_stride_v,
                           weight_stride_dim, weight_stride_tap, bias_stride,
-                          0 if THIS == 2 and KIND == 2 else NUM_NODES, RING_ROWS,
-                          SMALL_KEYS if THIS == 0 else
-                          (VERIFY_KEYS if THIS == 1 else (NODES if KIND == 2 else MAX_PENDING + NUM_NODES)),
+                          0 if THIS == 2 else NUM_NODES, RING_ROWS,
+                          SMALL_KEYS if THIS == 0 else (NODES if THIS == 2 else VERIFY_KEYS),
                           SMALL_KEYS - NUM_NODES if THIS == 0 else
                           (MAX_PENDING if THIS == 2 else VERIFY_KEYS - NUM_NODES),
-                          SMALL_KEYS + NUM_NODES if THIS == 0 else (FOLD_NODES if THIS == 2 and KIND == 4 else NODES),
-                          KERNEL_SIZE, NUM_K_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K,
-                          TREE and (THIS != 2 or KIND == 4),
+                          SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
+                          HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
                           L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
                           STATE_STAGES)
                 if FUSED_WINDOW and THIS != 2:

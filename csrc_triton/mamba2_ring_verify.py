@@ -70,17 +70,6 @@ FOLD_VERIFY = False
 # With FOLD_VERIFY (and the windows' own launch): the others' verify a programmatic dependent launch
 # of the folds' (sm_90+), running beside their latency-bound wave (slower steps too)
 PDL = False
-# Every row in one launch, no fold launch: a folding row verified from its checkpoint by replaying its
-# pending tokens (the stack R + N rows), then its tile folded from what the verify computed and stored
-# in place (the verify kernel's ROWS 3; the windows in a launch of their own): one state read a step
-# and no latency-bound wave of folding rows (not yet timed on a GPU)
-ONE_LAUNCH = False
-# ONE_LAUNCH's heads a program (a divisor of a group's; 0: group_share's): few, so that the scheduler
-# spreads the folding rows' programs -- a verify and a fold each -- over several waves of the others'
-ONE_LAUNCH_HEADS_PER_PROGRAM = 2
-# ONE_LAUNCH's rows that do not fold on a stack of their own (pending + N <= capacity rows, the
-# default launch's) beside the folding rows' R + N: the row's code compiled for each, a branch apart
-ONE_LAUNCH_TWO_STACKS = True
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
 STATE_PRECISION = "tf32"
@@ -209,26 +198,65 @@ def _fold_program_tile(tile, a_ptr, ssm_ptr, rows_base, window_base, weight_ptr,
 
 
 @triton.jit
-def _verify_heads(
-    out_row, x_row, dt_row, b_group, c_group, z_row, parents_row, a_ptr, d_ptr, dt_bias_ptr, state_row, rows_base,
-    window_base, gates_row, weight_ptr, bias_ptr, first_head, group, pp, p_ok, p_block, start, pending, live, fold,
-    folded_start, folded,
-    out_stride_node, out_stride_head, out_stride_p, x_stride_node, x_stride_head, x_stride_p,
-    dt_stride_node, dt_stride_head, b_stride_node, b_stride_n, c_stride_node, c_stride_n,
-    z_stride_node, z_stride_head, z_stride_p, a_stride, d_stride, dt_bias_stride,
-    ssm_stride_head, ssm_stride_p, ssm_stride_n, conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
-    gates_stride_row, gates_stride_head, weight_stride_dim, weight_stride_tap, bias_stride, parents_stride_node,
-    NUM_NODES: tl.constexpr, RING_ROWS: tl.constexpr, STACK: tl.constexpr, KERNEL_SIZE: tl.constexpr,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_N: tl.constexpr, TREE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    DT_SOFTPLUS: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, STATE_PRECISION: tl.constexpr,
-    HEADS_PER_PROGRAM: tl.constexpr, CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr, FLATTEN: tl.constexpr,
-    ROWS: tl.constexpr, FOLD_PRECISION: tl.constexpr,
+def _mamba2_ring_verify_kernel(
+    out_ptr, x_ptr, dt_ptr, b_ptr, c_ptr, z_ptr, a_ptr, d_ptr, dt_bias_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr,
+    cursor_ptr, weight_ptr, bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr,
+    layer, num_state_slots, num_ring_slots,
+    out_stride_row, out_stride_node, out_stride_head, out_stride_p,
+    x_stride_row, x_stride_node, x_stride_head, x_stride_p,
+    dt_stride_row, dt_stride_node, dt_stride_head,
+    b_stride_row, b_stride_node, b_stride_group, b_stride_n,
+    c_stride_row, c_stride_node, c_stride_group, c_stride_n,
+    z_stride_row, z_stride_node, z_stride_head, z_stride_p,
+    a_stride, d_stride, dt_bias_stride,
+    ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_p, ssm_stride_n,
+    conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
+    rows_stride_layer, rows_stride_slot, rows_stride_row, rows_stride_dim,
+    gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_head,
+    cursor_stride_slot, cursor_stride_field, weight_stride_dim, weight_stride_tap, bias_stride,
+    ring_slots_stride, state_slots_stride, parents_stride_row, parents_stride_node,
+    NUM_NODES: tl.constexpr, RING_ROWS: tl.constexpr, MAX_PENDING: tl.constexpr, FOLD_ABOVE: tl.constexpr,
+    STACK: tl.constexpr, KERNEL_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, TREE: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, STATE_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
+    CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr, FUSED_WINDOW: tl.constexpr, WIDTH: tl.constexpr,
+    WINDOW: tl.constexpr, FLATTEN: tl.constexpr, ROWS: tl.constexpr, FOLD_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    """_mamba2_ring_verify_kernel's work on one program tile's heads of one row, on a stack of STACK
-    rows: the drafts' outputs and gates; with ROWS 1 each head's tile folded first, with ROWS 3 (fold)
-    after. Pointers are the row's (out_row ..) or the row's group's (b_group, c_group), layer's and
-    slots' (state_row: the slot's heads, rows_base, window_base, gates_row)."""
+    """The drafts' outputs of layer ``layer`` and their d beside their ring rows. A row that folds
+    (the fold launch, before this one, brought its checkpoint past the pending tokens) is verified
+    from start + pending with nothing pending; with FUSED_WINDOW its programs then move its conv
+    window past the folded tokens (nothing in this launch reads a folded row's window), each its
+    heads' x channels, a group's first program its B and C. A row is left alone unless live
+    (_mamba2_ring_fold_kernel); its outputs also need every parent link in [-1, n-1].
+    ROWS 0: every row, as above. ROWS 1: the rows that fold only, with no fold launch before: each
+    head's tile folded here at FOLD_PRECISION and stored, then read back (from L2) for the drafts'
+    verify as ROWS 0 reads a folded row's (no FLATTEN: a head's reads would start before its fold).
+    ROWS 2: the rows that do not fold only (beside a ROWS 1 launch). With PDL (sm_90+) a ROWS 1
+    launch lets the next launch start at once, and a ROWS 2 launch -- that next one, a
+    programmatic dependent launch reading nothing the folds write -- has its last program wait for
+    the folds before ending, so that what follows both sees both."""
+    if PDL and ROWS == 1:
+        gdc_launch_dependents()
+    first_head, group, pp, p_ok, p_block = _program_tile(tl.program_id(0), HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM,
+                                                         NUM_HEADS, NUM_GROUPS)
+    row = tl.program_id(1).to(tl.int64)
+    layer = (layer + tl.program_id(2)).to(tl.int64)  # (one layer: a grid of depth 1)
+    ring, slot, start, pending, live = _ring_row(row, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots,
+                                                 num_ring_slots, ring_slots_stride, state_slots_stride,
+                                                 cursor_stride_slot, cursor_stride_field, RING_ROWS, MAX_PENDING)
+    fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
+    if ROWS == 1:
+        live = fold
+        if not fold:  # (most rows: none of this launch's work, not even the stack's)
+            return
+    elif ROWS == 2:
+        live = live & ~fold
+    folded_start, folded = start, pending  # (the window's move, with FUSED_WINDOW; the folds of ROWS 1)
+    start = tl.where(fold, (start + pending) % RING_ROWS, start).to(tl.int32)
+    pending = tl.where(fold, 0, pending).to(tl.int32)
+
     # the stack: pending tokens (rows < pending), then the drafts (row pending + n: draft n)
     s = tl.arange(0, STACK)
     s_pending = s < pending  # (pending is 0 for a row left alone)
@@ -237,7 +265,9 @@ def _verify_heads(
     sd = tl.where(s_drafted, s_draft, 0).to(tl.int64)
     nn = tl.arange(0, BLOCK_N)
     n_ok = nn < D_STATE
-    b = tl.load(b_group + (sd * b_stride_node)[:, None]
+    rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
+    window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
+    b = tl.load(b_ptr + row * b_stride_row + group * b_stride_group + (sd * b_stride_node)[:, None]
                 + (nn * b_stride_n)[None, :], mask=s_drafted[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
     if pending > 0:  # (none in a row that just folded, nor in verify-only steps)
         b_pending = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s_pending, start, pending,
@@ -245,13 +275,15 @@ def _verify_heads(
                                  conv_stride_dim, conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride,
                                  RING_ROWS, KERNEL_SIZE, HAS_BIAS)
         b = tl.where(s_pending[:, None], b_pending, b)
-    c = tl.load(c_group + (sd * c_stride_node)[:, None] + (nn * c_stride_n)[None, :],
+    c_base = c_ptr + row * c_stride_row + group * c_stride_group
+    c = tl.load(c_base + (sd * c_stride_node)[:, None] + (nn * c_stride_n)[None, :],
                 mask=s_drafted[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
     scores = _dot(c, tl.trans(b), PRECISION)  # C_r . B_t [STACK, STACK] (zero in the pending rows)
 
     if TREE:  # path[r, t]: draft t on draft r's root path
+        links = parents_ptr + row * parents_stride_row
         node_ok = s < NUM_NODES
-        link = tl.load(parents_row + tl.where(node_ok, s, 0) * parents_stride_node, mask=node_ok, other=-1)
+        link = tl.load(links + tl.where(node_ok, s, 0) * parents_stride_node, mask=node_ok, other=-1)
         links_ok = tl.sum(tl.where(node_ok & ((link < -1) | (link >= s)), 1, 0)) == 0
         up = tl.where(s_drafted, s_draft, -1)
         path = (up[:, None] == s_draft[None, :]) & s_drafted[None, :]
@@ -266,6 +298,7 @@ def _verify_heads(
         real = s_pending | s_drafted
         ancestry = real[:, None] & real[None, :] & (s[None, :] <= s[:, None])
 
+    gates_row = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot
     ring_s = (start + s) % RING_ROWS
     # ROWS 1: the folds' keys, the pending tokens' B from the old cursor (a group's, once), in two
     # halves of the state rows: a head's tile is folded a half at a time (its registers, not the verify's)
@@ -291,7 +324,7 @@ def _verify_heads(
     # (ROWS 2: no head at all in a row the ROWS 1 launch took; its programs still reach the windows' move)
     heads = HEADS_PER_PROGRAM * live.to(tl.int32) if ROWS == 2 else HEADS_PER_PROGRAM
     for head in tl.range(first_head, first_head + heads, flatten=FLATTEN):
-        state_base = state_row + head * ssm_stride_head
+        state_base = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot + head * ssm_stride_head
         if ROWS == 1:  # the tile folded first and stored: the verify below reads the new checkpoint back
             old_rows = s < folded
             x_fold = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, old_rows, folded_start.to(tl.int32),
@@ -308,7 +341,7 @@ def _verify_heads(
                 folded_t = _folded_tile(tl.load(tile, mask=half_ok, other=0.0).to(tl.float32),
                                         b_fold_lo if half == 0 else b_fold_hi, x_fold, step_fold,
                                         tl.load(a_ptr + head * a_stride), old_rows, FOLD_PRECISION)
-                tl.store(tile, folded_t.to(state_row.dtype.element_ty), mask=half_ok)
+                tl.store(tile, folded_t.to(ssm_ptr.dtype.element_ty), mask=half_ok)
             tl.debug_barrier()  # every thread's part stored before any thread reads the tile back (from L2)
         # S0^T, the long read first: whole, or C S0^T now over CHUNK_N state rows at a time, their
         # loads pipelined through shared memory (cp.async) rather than held in registers
@@ -321,14 +354,14 @@ def _verify_heads(
                 nc = n0 + tl.arange(0, CHUNK_N)
                 chunk = tl.load(state_base + (nc * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :],
                                 mask=tl.where(live, (nc < D_STATE)[:, None] & p_ok[None, :], False), other=0.0)
-                c_chunk = tl.load(c_group + (sd * c_stride_node)[:, None] + (nc * c_stride_n)[None, :],
+                c_chunk = tl.load(c_base + (sd * c_stride_node)[:, None] + (nc * c_stride_n)[None, :],
                                   mask=s_drafted[:, None] & (nc < D_STATE)[None, :], other=0.0)
                 read += _dot(c_chunk.to(tl.float32), chunk.to(tl.float32), STATE_PRECISION)
 
-        x = tl.load(x_row + head * x_stride_head + (sd * x_stride_node)[:, None]
+        x = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (sd * x_stride_node)[:, None]
                     + (pp * x_stride_p)[None, :], mask=s_drafted[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
         gates_base = gates_row + head * gates_stride_head
-        dt_base = dt_row + head * dt_stride_head
+        dt_base = dt_ptr + row * dt_stride_row + head * dt_stride_head
         step = _step_sizes(dt_base, sd, s_drafted, dt_stride_node, dt_bias_ptr + head * dt_bias_stride,
                            HAS_DT_BIAS, DT_SOFTPLUS)
         step = tl.where(s_drafted, step, 0.0)
@@ -350,130 +383,14 @@ def _verify_heads(
         if HAS_D:
             y += tl.load(d_ptr + head * d_stride).to(tl.float32) * x  # (x: the drafts' own in their rows)
         if HAS_Z:
-            gate = tl.load(z_row + head * z_stride_head + (sd * z_stride_node)[:, None]
+            gate = tl.load(z_ptr + row * z_stride_row + head * z_stride_head + (sd * z_stride_node)[:, None]
                            + (pp * z_stride_p)[None, :], mask=s_drafted[:, None] & p_ok[None, :], other=0.0)
             gate = gate.to(tl.float32)
             y *= gate / (1.0 + tl.exp(-gate))
-        dst = (out_row + head * out_stride_head + (sd * out_stride_node)[:, None]
+        dst = (out_ptr + row * out_stride_row + head * out_stride_head + (sd * out_stride_node)[:, None]
                + (pp * out_stride_p)[None, :])
-        tl.store(dst, y.to(out_row.dtype.element_ty), mask=out_ok)
+        tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=out_ok)
         tl.store(gates_base + ring_s * gates_stride_row, step, mask=s_drafted & (p_block == 0))
-        if ROWS == 3:
-            if fold:  # the tile past the pending tokens, once every thread has read it: a half of the state
-                # rows at a time, the pending tokens' B for them again (the stack's whole b would spill)
-                tl.debug_barrier()
-                for half in tl.static_range(BLOCK_N // HALF_N):
-                    nf = half * HALF_N + nh
-                    b_half = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s_pending, start, pending,
-                                          NUM_HEADS * HEAD_DIM + group * D_STATE + nf, nf < D_STATE, rows_stride_row,
-                                          rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
-                                          weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
-                    tile = state_base + (nf * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :]
-                    half_ok = tl.where(live, (nf < D_STATE)[:, None] & p_ok[None, :], False)
-                    folded_t = _folded_tile(tl.load(tile, mask=half_ok, other=0.0).to(tl.float32), b_half, x,
-                                            tl.where(s_pending, step, 0.0), tl.load(a_ptr + head * a_stride),
-                                            s_pending, FOLD_PRECISION)
-                    tl.store(tile, folded_t.to(state_row.dtype.element_ty), mask=half_ok)
-
-
-@triton.jit
-def _mamba2_ring_verify_kernel(
-    out_ptr, x_ptr, dt_ptr, b_ptr, c_ptr, z_ptr, a_ptr, d_ptr, dt_bias_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr,
-    cursor_ptr, weight_ptr, bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr,
-    layer, num_state_slots, num_ring_slots,
-    out_stride_row, out_stride_node, out_stride_head, out_stride_p,
-    x_stride_row, x_stride_node, x_stride_head, x_stride_p,
-    dt_stride_row, dt_stride_node, dt_stride_head,
-    b_stride_row, b_stride_node, b_stride_group, b_stride_n,
-    c_stride_row, c_stride_node, c_stride_group, c_stride_n,
-    z_stride_row, z_stride_node, z_stride_head, z_stride_p,
-    a_stride, d_stride, dt_bias_stride,
-    ssm_stride_layer, ssm_stride_slot, ssm_stride_head, ssm_stride_p, ssm_stride_n,
-    conv_stride_layer, conv_stride_slot, conv_stride_dim, conv_stride_win,
-    rows_stride_layer, rows_stride_slot, rows_stride_row, rows_stride_dim,
-    gates_stride_layer, gates_stride_slot, gates_stride_row, gates_stride_head,
-    cursor_stride_slot, cursor_stride_field, weight_stride_dim, weight_stride_tap, bias_stride,
-    ring_slots_stride, state_slots_stride, parents_stride_row, parents_stride_node,
-    NUM_NODES: tl.constexpr, RING_ROWS: tl.constexpr, MAX_PENDING: tl.constexpr, FOLD_ABOVE: tl.constexpr,
-    STACK: tl.constexpr, KERNEL_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr,
-    HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, TREE: tl.constexpr,
-    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, STATE_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
-    CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr, FUSED_WINDOW: tl.constexpr, WIDTH: tl.constexpr,
-    WINDOW: tl.constexpr, FLATTEN: tl.constexpr, ROWS: tl.constexpr, FOLD_PRECISION: tl.constexpr,
-    PDL: tl.constexpr, SMALL_STACK: tl.constexpr,
-):
-    """The drafts' outputs of layer ``layer`` and their d beside their ring rows. A row that folds
-    (the fold launch, before this one, brought its checkpoint past the pending tokens) is verified
-    from start + pending with nothing pending; with FUSED_WINDOW its programs then move its conv
-    window past the folded tokens (nothing in this launch reads a folded row's window), each its
-    heads' x channels, a group's first program its B and C. A row is left alone unless live
-    (_mamba2_ring_fold_kernel); its outputs also need every parent link in [-1, n-1].
-    ROWS 0: every row, as above. ROWS 1: the rows that fold only, with no fold launch before: each
-    head's tile folded here at FOLD_PRECISION and stored, then read back (from L2) for the drafts'
-    verify as ROWS 0 reads a folded row's (no FLATTEN: a head's reads would start before its fold).
-    ROWS 2: the rows that do not fold only (beside a ROWS 1 launch). ROWS 3: every row, none
-    folded before: a folding row's drafts verified from its checkpoint with its pending tokens, as
-    any other row's, then each head's tile read back (from L2) and stored folded past them, a half
-    of the state rows at a time -- x and the step sizes the verify's own, the pending tokens' B for
-    the half again (STACK must hold R + N; no FLATTEN; the windows move in a launch of their own:
-    this one's conv reads them; the other rows on a stack of SMALL_STACK rows). With PDL (sm_90+) a ROWS 1
-    launch lets the next launch start at once, and a ROWS 2 launch -- that next one, a
-    programmatic dependent launch reading nothing the folds write -- has its last program wait for
-    the folds before ending, so that what follows both sees both."""
-    if PDL and ROWS == 1:
-        gdc_launch_dependents()
-    first_head, group, pp, p_ok, p_block = _program_tile(tl.program_id(0), HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM,
-                                                         NUM_HEADS, NUM_GROUPS)
-    row = tl.program_id(1).to(tl.int64)
-    layer = (layer + tl.program_id(2)).to(tl.int64)  # (one layer: a grid of depth 1)
-    ring, slot, start, pending, live = _ring_row(row, ring_slots_ptr, state_slots_ptr, cursor_ptr, num_state_slots,
-                                                 num_ring_slots, ring_slots_stride, state_slots_stride,
-                                                 cursor_stride_slot, cursor_stride_field, RING_ROWS, MAX_PENDING)
-    fold = live & (pending > 0) & (pending + NUM_NODES > FOLD_ABOVE)
-    if ROWS == 1:
-        live = fold
-        if not fold:  # (most rows: none of this launch's work, not even the stack's)
-            return
-    elif ROWS == 2:
-        live = live & ~fold
-    folded_start, folded = start, pending  # (the window's move, with FUSED_WINDOW; the folds of ROWS 1)
-    if ROWS != 3:  # (ROWS 3: a folding row replays its pending tokens like any other, then folds them)
-        start = tl.where(fold, (start + pending) % RING_ROWS, start)
-        pending = tl.where(fold, 0, pending)
-    start = start.to(tl.int32)
-    pending = pending.to(tl.int32)
-
-    nn = tl.arange(0, BLOCK_N)
-    n_ok = nn < D_STATE
-    rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
-    window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
-    gates_row = gates_ptr + layer * gates_stride_layer + ring * gates_stride_slot
-    out_row = out_ptr + row * out_stride_row
-    x_row = x_ptr + row * x_stride_row
-    dt_row = dt_ptr + row * dt_stride_row
-    b_group = b_ptr + row * b_stride_row + group * b_stride_group
-    c_group = c_ptr + row * c_stride_row + group * c_stride_group
-    z_row = z_ptr + row * z_stride_row
-    parents_row = parents_ptr + row * parents_stride_row
-    state_row = ssm_ptr + layer * ssm_stride_layer + slot * ssm_stride_slot
-    # the row's heads on a stack of STACK rows, or (SIZE 1: a row of ROWS 3 that does not fold, where
-    # SMALL_STACK < STACK) of SMALL_STACK, each its own code
-    STACKS: tl.constexpr = 2 if (ROWS == 3) & (SMALL_STACK < STACK) else 1
-    for SIZE in tl.static_range(STACKS):
-        if (STACKS == 1) | (fold == (SIZE == 0)):
-            _verify_heads(out_row, x_row, dt_row, b_group, c_group, z_row, parents_row, a_ptr, d_ptr, dt_bias_ptr,
-                          state_row, rows_base, window_base, gates_row, weight_ptr, bias_ptr, first_head, group, pp,
-                          p_ok, p_block, start, pending, live, fold, folded_start, folded, out_stride_node,
-                          out_stride_head, out_stride_p, x_stride_node, x_stride_head, x_stride_p, dt_stride_node,
-                          dt_stride_head, b_stride_node, b_stride_n, c_stride_node, c_stride_n, z_stride_node,
-                          z_stride_head, z_stride_p, a_stride, d_stride, dt_bias_stride, ssm_stride_head, ssm_stride_p,
-                          ssm_stride_n, conv_stride_dim, conv_stride_win, rows_stride_row, rows_stride_dim,
-                          gates_stride_row, gates_stride_head, weight_stride_dim, weight_stride_tap, bias_stride,
-                          parents_stride_node, NUM_NODES, RING_ROWS, STACK if SIZE == 0 else SMALL_STACK, KERNEL_SIZE,
-                          NUM_HEADS, HEAD_DIM, D_STATE, BLOCK_P, BLOCK_N, TREE, HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS,
-                          HAS_BIAS, PRECISION, STATE_PRECISION, HEADS_PER_PROGRAM, CHUNK_N, CHUNK_STAGES, FLATTEN, ROWS,
-                          FOLD_PRECISION)
 
     if FUSED_WINDOW:
         if fold:
@@ -514,13 +431,13 @@ def _tiling(num_rows, num_layers, heads, block_p, heads_per_program):
 
 
 def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, *, layer, num_layers,
-               num_nodes, heads, max_pending, fold_above, block_p=None, num_warps=MAMBA2_RING_WARPS, precision=None,
-               fold_precision=None, heads_per_program=None, num_stages=RING_STAGES, maxnreg=None,
-               tiles_a_program=1):
+               num_nodes, heads, max_pending, fold_above, block_p=None, num_warps=None, precision=None,
+               fold_precision=None, heads_per_program=None, num_stages=None, maxnreg=None, tiles_a_program=1):
     """The fold launch over rows x layers layer .. layer + num_layers - 1; weight [L, dim, K], bias
     [L, dim] and A [L, H] every layer's (a flush), or one layer's [dim, K], [dim], [H] (a verify).
     maxnreg: a register cap (None: FOLD_MAXNREG; 0: none); a program folding tiles_a_program of its
-    row's program tiles one after another (0: all of them, one program a row and layer)."""
+    row's program tiles one after another (0: all of them, one program a row and layer). num_warps,
+    num_stages None: MAMBA2_RING_WARPS, RING_STAGES."""
     num_heads, head_dim, num_groups, d_state = heads
     block_p, share, grid = _tiling(ring_slots.shape[0], num_layers, heads, block_p, heads_per_program)
     tiles_a_program, programs = programs_walking("mamba2_ring_verify", grid[0], tiles_a_program)
@@ -539,7 +456,8 @@ def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, stat
         NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state, BLOCK_P=block_p,
         BLOCK_N=max(MIN_DOT, next_power_of_2(d_state)), HAS_BIAS=bias is not None,
         FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm), HEADS_PER_PROGRAM=share,
-        TILES_A_PROGRAM=tiles_a_program, num_warps=num_warps, num_stages=num_stages)
+        TILES_A_PROGRAM=tiles_a_program, num_warps=num_warps or MAMBA2_RING_WARPS,
+        num_stages=RING_STAGES if num_stages is None else num_stages)
     cap = FOLD_MAXNREG if maxnreg is None else maxnreg
     if cap:
         constexprs["maxnreg"] = cap
@@ -549,30 +467,28 @@ def _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, stat
 
 def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                  parents, D, z, dt_bias, *, dt_softplus, heads, max_pending, fold_above, block_p=None,
-                 num_warps=MAMBA2_RING_WARPS, precision=None, state_precision=None, heads_per_program=None,
-                 num_stages=RING_STAGES, maxnreg=RING_VERIFY_MAXNREG, chunk_n=RING_CHUNK_N,
-                 chunk_stages=RING_CHUNK_STAGES, fused_window=False, flatten=None, row_kind=0, fold_precision=None,
-                 pdl=False, two_stacks=None):
+                 num_warps=None, precision=None, state_precision=None, heads_per_program=None, num_stages=None,
+                 maxnreg=None, chunk_n=None, chunk_stages=None, fused_window=False, flatten=None, row_kind=0,
+                 fold_precision=None, pdl=False):
     """The verify launch over the rows of layer ``layer`` (weight [dim, K], bias [dim], A [H]: its own).
     chunk_n: C S0^T over chunks of that many state rows (0: the whole tile), chunk_stages of them
     in flight; fused_window: the folded rows' conv windows moved here too; flatten: the heads' loop and
-    the chunks' one pipelined loop (None: FLATTEN_HEADS; never with row_kind 1 or 3, whose folds would
-    sit in it); row_kind,
-    fold_precision and pdl: the kernel's ROWS (1: the folding rows, folded here; 3: every row, the
-    folding ones folded after their verify, its stack sized for R + N), FOLD_PRECISION (None:
-    fold_precision_for's) and PDL (a ROWS 2 launch then a programmatic dependent one); two_stacks
-    (row_kind 3; None: ONE_LAUNCH_TWO_STACKS): the rows that do not fold on a stack of their own size."""
-    if row_kind in (1, 3) and fused_window:  # (its windows would move while other programs' convs read them)
-        raise ValueError(f"mamba2_ring_verify: a verify launch that folds (row_kind {row_kind}) never moves "
-                         "windows")
+    the chunks' one pipelined loop (None: FLATTEN_HEADS; never with row_kind 1); row_kind,
+    fold_precision and pdl: the kernel's ROWS (1: the folding rows, folded here), FOLD_PRECISION
+    (None: fold_precision_for's) and PDL (a ROWS 2 launch then a programmatic dependent one).
+    None: the module's constant (read here, at each launch built: MAMBA2_RING_WARPS, RING_STAGES,
+    RING_VERIFY_MAXNREG -- 0, no cap --, RING_CHUNK_N, RING_CHUNK_STAGES)."""
+    if row_kind == 1 and fused_window:  # (its windows would move while other programs' folds read them)
+        raise ValueError("mamba2_ring_verify: the folds' verify launch (row_kind 1) never moves windows")
     num_rows, num_nodes, num_heads, head_dim = x.shape
     _, _, num_groups, d_state = heads
     block_p, share, grid = _tiling(num_rows, 1, heads, block_p, heads_per_program)
+    num_warps = num_warps or MAMBA2_RING_WARPS
+    num_stages = RING_STAGES if num_stages is None else num_stages
+    maxnreg = RING_VERIFY_MAXNREG if maxnreg is None else maxnreg
+    chunk_stages = RING_CHUNK_STAGES if chunk_stages is None else chunk_stages
     block_n = max(MIN_DOT, next_power_of_2(d_state))
-    chunk_n = state_chunk(chunk_n, block_n, "mamba2_ring_verify")
-    stack = max_pending + num_nodes if row_kind == 3 else max(fold_above, num_nodes)  # (a row's stack rows, at most)
-    two_stacks = row_kind == 3 and (ONE_LAUNCH_TWO_STACKS if two_stacks is None else two_stacks)
-    small_stack = max(fold_above, num_nodes) if two_stacks else stack  # (a row that does not fold)
+    chunk_n = state_chunk(RING_CHUNK_N if chunk_n is None else chunk_n, block_n, "mamba2_ring_verify")
     strides = lambda t, n: (0,) * n if t is None else t.stride()  # noqa: E731 -- absent: never read
     scalars = (layer, ssm.shape[1], rows.shape[1], *out.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
                *strides(z, 4), A.stride(0), *strides(D, 1), *strides(dt_bias, 1),
@@ -581,8 +497,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                *((0, 0) if parents is None else parents.stride()))
     constexprs = dict(
         NUM_NODES=num_nodes, RING_ROWS=rows.shape[2], MAX_PENDING=max_pending, FOLD_ABOVE=fold_above,
-        STACK=max(MIN_DOT, next_power_of_2(stack)), SMALL_STACK=max(MIN_DOT, next_power_of_2(small_stack)),
-        KERNEL_SIZE=conv.shape[3] + 1,
+        STACK=max(MIN_DOT, next_power_of_2(max(fold_above, num_nodes))), KERNEL_SIZE=conv.shape[3] + 1,
         NUM_HEADS=num_heads, NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state, BLOCK_P=block_p,
         BLOCK_N=block_n, TREE=parents is not None, HAS_D=D is not None,
         HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus), HAS_BIAS=bias is not None,
@@ -590,7 +505,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
         STATE_PRECISION=state_precision or precision or state_precision_for(ssm),
         HEADS_PER_PROGRAM=share, CHUNK_N=chunk_n, CHUNK_STAGES=chunk_stages, FUSED_WINDOW=bool(fused_window),
         WIDTH=conv.shape[3], WINDOW=max(2, next_power_of_2(conv.shape[3])),
-        FLATTEN=bool(FLATTEN_HEADS if flatten is None else flatten) and row_kind not in (1, 3), ROWS=row_kind,
+        FLATTEN=bool(FLATTEN_HEADS if flatten is None else flatten) and row_kind != 1, ROWS=row_kind,
         FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm),
         PDL=bool(pdl) and not interpreted(),  # (the interpreter has no griddepcontrol, and runs launches in turn)
         **({"launch_pdl": True} if pdl and row_kind == 2 else {}), num_warps=num_warps,
@@ -601,12 +516,11 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
     return KernelCall(_mamba2_ring_verify_kernel, (grid[0], grid[1], 1), tensors, scalars, constexprs)
 
 
-def _fold_share(num_heads: int, num_groups: int, most: int | None = None) -> int:
-    """The fold launch's heads a program: the largest divisor of a group's heads up to ``most``
-    (None: FOLD_HEADS_PER_PROGRAM)."""
+def _fold_share(num_heads: int, num_groups: int) -> int:
+    """The fold launch's heads a program: the largest divisor of a group's heads up to
+    FOLD_HEADS_PER_PROGRAM."""
     per_group = num_heads // num_groups
-    most = FOLD_HEADS_PER_PROGRAM if most is None else most
-    return max(share for share in range(1, min(most, per_group) + 1) if per_group % share == 0)
+    return max(share for share in range(1, min(FOLD_HEADS_PER_PROGRAM, per_group) + 1) if per_group % share == 0)
 
 
 def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
@@ -622,9 +536,7 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     fold_verify (FOLD_VERIFY: the folding rows' drafts verified by the folds' launch -- the verify
     kernel's ROWS 1 -- from the tile it folds, the others' by a ROWS 2 launch), pdl (PDL, with
     fold_verify, sm_90+: that second launch a programmatic dependent of the first; the windows then
-    in their own launch), one_launch (ONE_LAUNCH: no fold launch, every row's verify in one launch
-    folding the folding rows' tiles after their verify -- the kernel's ROWS 3 --, then the windows';
-    two_stacks: its other rows on their own stack, ONE_LAUNCH_TWO_STACKS)."""
+    in their own launch)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
@@ -632,7 +544,7 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     ring_rows = rows.shape[2]
     capacity = dict(max_pending=ring_rows - num_nodes, fold_above=ring_rows - num_nodes)
     verify_only = {name: tuning.pop(name) for name in ("state_precision", "maxnreg", "chunk_n", "chunk_stages",
-                                                        "flatten", "two_stacks")
+                                                        "flatten")
                    if name in tuning}
     fused = tuning.pop("fused_window", None)  # (its programs cover x, B and C: the rows' whole width)
     fold_precision, fold_warps = tuning.pop("fold_precision", None), tuning.pop("fold_warps", None)  # (the fold's)
@@ -642,28 +554,16 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     fold_verify = FOLD_VERIFY if fold_verify is None else fold_verify
     pdl = tuning.pop("pdl", None)
     pdl = PDL if pdl is None else pdl
-    one_launch = tuning.pop("one_launch", None)
-    one_launch = ONE_LAUNCH if one_launch is None else one_launch
     if pdl and not (fold_verify and fused is not True):
         raise ValueError("mamba2_ring_verify: pdl overlaps the folds' launch with the others' verify: it needs "
                          "fold_verify and the windows' own launch (fused_window=False)")
-    if one_launch and (fold_verify or fused):
-        raise ValueError("mamba2_ring_verify: one_launch folds in the verify launch, whose conv reads the windows: "
-                         "not with fold_verify, nor with fused_window")
-    fused = (FUSED_WINDOW and not pdl and not one_launch) if fused is None else fused
+    fused = (FUSED_WINDOW and not pdl) if fused is None else fused
     pdl = pdl and gdc_wait is not None and pdl_device(ssm)
     fold_share = tuning.pop("fold_heads_per_program", None) or _fold_share(num_heads, heads[2])
     fold_tuning = dict(tuning, fold_precision=fold_precision, heads_per_program=fold_share, maxnreg=fold_cap,
                        num_warps=fold_warps or tuning.get("num_warps", MAMBA2_RING_WARPS))
     verify_args = (out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                    parents, D, z, dt_bias)
-    window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
-                         num_layers=1, num_nodes=num_nodes, **capacity)
-    if one_launch:
-        if "heads_per_program" not in tuning and ONE_LAUNCH_HEADS_PER_PROGRAM:
-            tuning["heads_per_program"] = _fold_share(num_heads, heads[2], ONE_LAUNCH_HEADS_PER_PROGRAM)
-        return (_verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, row_kind=3,
-                             fold_precision=fold_precision, **verify_only, **tuning), window)
     if fold_verify:
         fold_tuning["maxnreg"] = FOLD_MAXNREG if fold_cap is None else fold_cap
         fold = _verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, row_kind=1, pdl=pdl,
@@ -675,7 +575,11 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
                           tiles_a_program=fold_tiles)
     verify = _verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, fused_window=fused,
                           row_kind=2 if fold_verify else 0, pdl=pdl, **verify_only, **tuning)
-    return (fold, verify) if fused else (fold, verify, window)
+    if fused:
+        return fold, verify
+    window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
+                         num_layers=1, num_nodes=num_nodes, **capacity)
+    return fold, verify, window
 
 
 def launch_mamba2_ring_verify(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,

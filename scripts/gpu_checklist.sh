@@ -47,15 +47,6 @@
 #             without at B = 8 / 64 / 256, fp32 and bf16 (chains skip the entry)
 #   ringconv  ring_conv1d_verify's tiles (channels per program / warps; 64 / 1 its default) at
 #             B = 8 .. 256
-#   m2onepass the Mamba2 ring read once a step, every row's verify in one launch, the folding rows folded after their
-#             verify (ONE_LAUNCH; 2 / 1 / 4 heads a program, capped at 128; 2 at 168; the other rows on the
-#             folding rows' stack): the one-read modes' GPU tests (the one-launch steps among
-#             random_steps), then whole steps against the due flush and each layer's verify folding its rows
-#             (--no-due-first) (B = 64 / 256, chains)
-#   gdnone    the GDN ring's verify in one launch (RING_MMA_ONE_LAUNCH: a folding row verified with its pending
-#             tokens, then folded; no fold launch, no due flush): its GPU tests, then chain steps against the due
-#             flush and the per-layer fold launches (--no-due-first), B = 64 / 256
-#   onelaunch gdnone's and m2onepass's tests, then the one-launch chain steps beside each mixer's due flush
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
@@ -442,45 +433,6 @@ for phase in "$@"; do
                 timeout 100 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain --profile \
                   ${constants:+--constants $constants} > "$out/varsteps.log" 2>&1 || rc=1
                 grep -E '^(chain|\| _mamba2)' "$out/varsteps.log"; cat "$out/varsteps.log" >> "$out/varsteps_all.log"
-              done ;;
-    m2onepass) rc=0  # (the Mamba2 ring read once a step: folds in each layer's verify, their drafts verified there)
-              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels_mamba2.py \
-                tests/test_ring_mamba2.py -k "fold_verify or fold-verify or matches_pytorch or flattened or random_steps or capacity_16" \
-                > "$out/gpu_tests_m2onepass.log" 2>&1 || rc=1
-              tail -3 "$out/gpu_tests_m2onepass.log"
-              for run in "" "--no-due-first" "--no-due-first --constants ONE_LAUNCH=1" \
-                         "--no-due-first --constants ONE_LAUNCH=1 ONE_LAUNCH_HEADS_PER_PROGRAM=1" \
-                         "--no-due-first --constants ONE_LAUNCH=1 ONE_LAUNCH_HEADS_PER_PROGRAM=4" \
-                         "--no-due-first --constants ONE_LAUNCH=1 ONE_LAUNCH_TWO_STACKS=0" \
-                         "--no-due-first --constants ONE_LAUNCH=1 RING_VERIFY_MAXNREG=168"; do
-                echo "# mamba2 ${run:-defaults}"
-                timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain $run \
-                  > "$out/m2onepass.log" 2>&1 || rc=1
-                grep -E '^(\||state)' "$out/m2onepass.log"; cat "$out/m2onepass.log" >> "$out/m2onepass_all.log"
-              done ;;
-    gdnone)   rc=0  # (the GDN ring's verify in one launch, the folding rows folded after their verify)
-              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                -k "one-launch or one_launch" > "$out/gpu_tests_gdnone.log" 2>&1 || rc=1
-              tail -3 "$out/gpu_tests_gdnone.log"
-              for run in "" "--no-due-first" "--no-due-first --constants RING_MMA_ONE_LAUNCH=1"; do
-                echo "# gdn ${run:-defaults}"
-                timeout 120 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain $run \
-                  > "$out/gdnone.log" 2>&1 || rc=1
-                grep -E '^(\||state)' "$out/gdnone.log"; cat "$out/gdnone.log" >> "$out/gdnone_all.log"
-              done ;;
-    onelaunch) rc=0  # (gdnone's and m2onepass's first look in one call: their tests, then the one-launch steps)
-              timeout 270 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                tests/test_ring_kernels_mamba2.py tests/test_ring_mamba2.py \
-                -k "one-launch or one_launch or (mamba2 and (matches_pytorch or capacity_16))" \
-                > "$out/gpu_tests_onelaunch.log" 2>&1 || rc=1
-              tail -3 "$out/gpu_tests_onelaunch.log"
-              for run in "gdn" "gdn --no-due-first --constants RING_MMA_ONE_LAUNCH=1" "mamba2" \
-                         "mamba2 --no-due-first --constants ONE_LAUNCH=1" \
-                         "mamba2 --no-due-first --constants ONE_LAUNCH=1 ONE_LAUNCH_TWO_STACKS=0"; do
-                echo "# $run"
-                timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --mixer $run \
-                  > "$out/onelaunch.log" 2>&1 || rc=1
-                grep -E '^(\||state)' "$out/onelaunch.log"; cat "$out/onelaunch.log" >> "$out/onelaunch_all.log"
               done ;;
     ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding; then the
               # GDN fold with every row folding: a fold program's own efficiency, the GPU full of them)

@@ -63,6 +63,12 @@ def test_flow_dry_run(monkeypatch, capsys, mixer):
     assert getattr(module, constant) == 0
     with pytest.raises(SystemExit):
         bench_ring.main(["--mixer", mixer, "--constants", "NO_SUCH_CONSTANT=1"])
+    # every constant is read when a launch is built: none is a parameter's default, read at import
+    # (setting one would time the defaults); such a one is refused
+    assert bench_ring.captured_constants(module) == set()
+    monkeypatch.setattr(bench_ring, "captured_constants", lambda _: {constant})
+    with pytest.raises(SystemExit):
+        bench_ring.main(["--mixer", mixer, "--constants", f"{constant}=1"])
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| chain") or
              line.startswith("| tree")]
     assert len(table) == 2 * len(batches)

@@ -362,39 +362,14 @@ def test_mma_launches_by_kind_of_row(monkeypatch, num_nodes, small, kinds):
         assert [c.constexprs["KIND"] for c in calls if "KIND" in c.constexprs] == [kind for kind, _, _ in kinds]
     # register caps: one for both launches that do not fold, or a pair (small rows', others'; by default
     # none, 128)
-    for maxnreg, caps in ((168, {0: 168, 1: 168}), ((0, 128), {1: 128}), (None, {}), ("default", {1: 128})):
+    for maxnreg, caps in ((168, {0: 168, 1: 168}), ((0, 128), {1: 128}), (0, {}), ("default", {1: 128}),
+                          (None, {1: 128})):
         calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, fold_maxnreg=0,
                                                              **({} if maxnreg == "default" else dict(maxnreg=maxnreg)))
         assert {c.constexprs["KIND"]: c.constexprs["maxnreg"] for c in calls if "maxnreg" in c.constexprs} == {
             kind: cap for kind, cap in caps.items() if kind in [k for k, _, _ in kinds]}
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
     assert {c.constexprs["KIND"]: c.constexprs["maxnreg"] for c in calls} == {2: 168, len(kinds) % 2 * 2 + 1: 128}
-    # every row in one launch (KIND 4, the others' cap; a folding row on a stack of R + 2 N, then the
-    # windows' launch), on request or by RING_MMA_ONE_LAUNCH where that stack fits 32 rows
-    # (R + 2 N = 24 / 32 / 24 / 32 here)
-    one = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, one_launch=True)
-    assert [(c.constexprs.get("KIND"), c.constexprs.get("FOLD_NODES"), c.constexprs.get("SMALL_KEYS"),
-             c.constexprs.get("maxnreg"), c.constexprs.get("FUSED_WINDOW")) for c in one] == [
-        (4, 32, kinds[-1][2], 128, False), (None, None, None, None, None)]
-    assert one[1].kernel.__name__ == "_ring_window_kernel"
-    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_ONE_LAUNCH", True)
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small)
-    assert [c.constexprs.get("KIND") for c in calls] == [4, None]
-    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, small=small, fused_window=True)
-    assert 4 not in [c.constexprs.get("KIND") for c in calls]  # (the folded windows moved by the verify: no one launch)
-    with pytest.raises(ValueError, match="one_launch folds in the verify launch"):
-        triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, mma=True, one_launch=True, fused_window=True)
-    if num_nodes == 4:  # a ring whose folding rows' stack would not fit: the module's choice falls back, asked it fails
-        wide = ring_case(num_rows=2, num_nodes=4, capacity=28, head_k_dim=32, head_v_dim=32)
-        wide_args, wide_kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
-            out, wide["q"], wide["k"], wide["v"], wide["g"], wide["beta"], wide["ssm_state"], wide["conv_state"],
-            wide["rows"], wide["gates"], wide["cursor"], wide["conv_weight"], wide["conv_bias"], wide["ring_slots"],
-            wide["state_slots"], 1, None)
-        calls = triton_kernels().gdn_ring_verify._ring_calls(*wide_args, **wide_kwargs, mma=True)
-        assert [c.constexprs.get("KIND") for c in calls] == [2, 3]
-        with pytest.raises(ValueError, match="one_launch verifies a folding row on a stack of R \\+ 2 N <= 32 rows, "
-                                             "got R = 28, N = 4"):
-            triton_kernels().gdn_ring_verify._ring_calls(*wide_args, **wide_kwargs, mma=True, one_launch=True)
 
 
 @pytest.mark.parametrize("num_rows, spread, warps, block_v", [(1, False, None, 128), (1, True, None, 32),
@@ -449,10 +424,10 @@ def assert_mixed_rows_agree(case, want, got, state_dtype=torch.float32):
 @pytest.mark.parametrize("fold", [{}, dict(fold_block_v=32, fold_warps=2), dict(fused_window=False),
                                   dict(merged=False), dict(block_v=64), dict(state_stages=0), dict(state_stages=3),
                                   dict(chunk_k=16, state_stages=4), dict(state_stages=4), dict(num_warps=8),
-                                  dict(fold_tiles=0), dict(one_launch=True), dict(one_launch=True, state_stages=4)],
+                                  dict(fold_tiles=0)],
                          ids=["default", "fold-32-columns", "window-apart", "unmerged", "64-columns", "registers",
                               "state-stages-3", "state-stages-16-rows", "state-stages-whole-tile", "8-warps",
-                              "fold-row-programs", "one-launch", "one-launch-whole-tile"])
+                              "fold-row-programs"])
 def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity, fold):
     """gdn_ring_verify_mma's kernel at capacity 16 (R + N = 20 / 24 verify stack rows: chains of 4 /
     trees of 8) and 20 (24 / 28: the pending tokens past half the stack): rows that fold (every slot
@@ -463,11 +438,8 @@ def test_mma_kernel_matches_pytorch_code(nodes, state_dtype, head_dim, capacity,
     small batches' choice); the state chunks through registers, a chunk ahead, instead of shared
     memory (2 in flight by default; 3; 4 of 16 rows; the whole tile, which the fold then reads back);
     8 warps a program; the fold launch one program a row, its tiles one after another (the same bits
-    as the default's); every row in one launch, a folding row verified with its pending tokens and
-    then folded (where R + 2 N <= 32; its fold reading the tile back, or from shared memory)."""
+    as the default's)."""
     num_nodes = len(nodes)
-    if fold.get("one_launch") and capacity + 2 * num_nodes > 32:
-        pytest.skip("a folding row's stack of R + 2 N rows over 32")
     if ("fold_block_v" in fold or "block_v" in fold or "num_warps" in fold) and head_dim == 32:
         pytest.skip("one tile of 32 columns either way (8 warps: 64 or more)")
     if head_dim == 32 and ("chunk_k" not in fold and fold.get("state_stages", 0) > 2
@@ -559,7 +531,7 @@ def ring_step_calls(kernels, verify_tuning=IEEE):
 @pytest.mark.parametrize("device, verify, tree", [
     pytest.param("cpu", "ieee", True, marks=[interpreted, pytest.mark.slow], id="tree-cpu"),  # (chains: the GPU's)
     *(pytest.param("cuda", verify, tree, marks=pytest.mark.gpu, id=f"{'tree' if tree else 'chain'}-cuda-{verify}")
-      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart", "mma-registers", "mma-one-launch")
+      for verify in ("ieee", "mma", "mma-unmerged", "mma-apart", "mma-registers")
       for tree in (False, True)),
 ])
 def test_steps_against_pytorch_code(device, verify, tree):
@@ -570,8 +542,7 @@ def test_steps_against_pytorch_code(device, verify, tree):
     of 16 rows: R + N = 8): by default its verify launches merged into one and moving the folded
     windows ("mma"), the two launches apart ("mma-unmerged"), and the windows in a launch of their
     own too, the fold uncapped ("mma-apart"), the state chunks through registers instead of shared
-    memory ("mma-registers"), every row in one launch, the folding ones folded after their verify
-    ("mma-one-launch")."""
+    memory ("mma-registers")."""
     gen = torch.Generator().manual_seed(1)
     layers, num_nodes, capacity, kernel_size = 2, 3, 5, 4
     head_dim = 16 if verify == "ieee" else 32  # (the mma kernel's four warps take 32 columns or more)
@@ -597,8 +568,7 @@ def test_steps_against_pytorch_code(device, verify, tree):
             conv1d_verify, gdn_ring_verify, ring_accept, gdn_ring_flush = ring_step_calls(
                 kernels, {"ieee": IEEE, "mma": MMA, "mma-unmerged": dict(MMA, merged=False),
                           "mma-apart": dict(MMA, merged=False, fused_window=False, fold_maxnreg=0),
-                          "mma-registers": dict(MMA, state_stages=0),
-                          "mma-one-launch": dict(MMA, one_launch=True)}[verify])
+                          "mma-registers": dict(MMA, state_stages=0)}[verify])
             out = torch.full(case["v"].shape, FILL, device=device)
             conv_out = torch.full((layers, num_rows, num_nodes, dim), FILL, device=device)
             if step == 12:  # the states an engine would hand on

@@ -114,26 +114,21 @@ def test_matches_pytorch_code(device, tree, share):
     """Folds (pending + N > capacity) beside rows that only replay, a ring wrapping its end, an
     empty ring and a padded row; every optional term. A program per head, or per group's two heads
     (the fold's too); the folded windows in the verify launch or their own; the folding rows' drafts
-    verified by the folds' launch or by the verify's; or every row in one launch, the folding rows
-    folded after their verify (one_launch)."""
+    verified by the folds' launch or by the verify's."""
     cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
     case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
                             state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)
-    for fused_window, fold_verify, one_launch, two_stacks in (
-            (False, False, False, None), (True, False, False, None), (False, True, False, None),
-            (True, True, False, None), (False, False, True, True), (False, False, True, False)):
+    for fused_window, fold_verify in ((False, False), (True, False), (False, True), (True, True)):
         # (the folded windows in the verify launch: each head's program; the folding rows' drafts verified
-        # by the folds' launch; one launch, the rows that do not fold on a stack of their own or not)
+        # by the folds' launch)
         want, got = run_both(case, tuning=dict(IEEE, heads_per_program=share, fold_heads_per_program=share,
-                                               fused_window=fused_window, fold_verify=fold_verify,
-                                               one_launch=one_launch, two_stacks=two_stacks))
+                                               fused_window=fused_window, fold_verify=fold_verify))
         assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
         assert not torch.equal(want["conv_state"], case["conv_state"])
         assert_agree(want, got)
         assert_same_untouched(case, want, got)
-    for one_launch in (False, True):  # the default precision: 3xTF32 here
-        want, got = run_both(case, tuning=dict(heads_per_program=share, one_launch=one_launch))
-        assert_agree(want, got, tol=2e-3, state_tol=1e-4)
+    want, got = run_both(case, tuning=dict(heads_per_program=share))  # the default precision: 3xTF32 here
+    assert_agree(want, got, tol=2e-3, state_tol=1e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -178,9 +173,7 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     and 14 pending tokens, 13 (the most that do not fold), 5 wrapping the ring's end, an empty ring,
     a padded row. d_state 40: C S0^T whole, and over chunks of 16 state rows (the third partial, the
     fourth all padding); the folded windows in a launch of their own or in the verify's; the heads'
-    loop and the chunks' as one (flatten); the folding rows' drafts verified by the folds' launch; or
-    every row in one launch on a stack of R + N = 19 -> 32 rows, the folding ones folded after their
-    verify (one_launch), the others on a stack of 16 (two_stacks) or of 32."""
+    loop and the chunks' as one (flatten); the folding rows' drafts verified by the folds' launch."""
     cursors = torch.tensor([[17, 16], [10, 13], [0, 0], [18, 5], [3, 14], [1, 2]])
     case = mamba2_ring_case(num_rows=6, num_nodes=3, capacity=16, num_ring_slots=6, num_state_slots=6, cursors=cursors,
                             ring_slots=[0, 1, 2, 3, 4, 5], state_slots=[3, 0, 4, 1, 5, -1], d_state=40,
@@ -227,18 +220,6 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     for wrong in (dict(), dict(fold_verify=True, fused_window=True)):
         with pytest.raises(ValueError, match="pdl overlaps"):
             ring_calls(pdl=True, **wrong)
-    one = ring_calls(one_launch=True)  # no fold launch; the windows in their own launch, after the verify
-    assert [(c.kernel.__name__, c.constexprs.get("ROWS"), c.constexprs.get("STACK")) for c in one] == [
-        ("_mamba2_ring_verify_kernel", 3, 32), ("_ring_window_kernel", None, None)]
-    # its heads a program few (ONE_LAUNCH_HEADS_PER_PROGRAM, 2 of the group's), or as asked; the rows
-    # that do not fold on the default launch's stack (ONE_LAUNCH_TWO_STACKS), or on the folding rows'
-    assert (one[0].constexprs["HEADS_PER_PROGRAM"], one[0].grid[0]) == (2, tiles // 2)
-    assert one[0].constexprs["SMALL_STACK"] == verify.constexprs["STACK"] == 16
-    assert ring_calls(one_launch=True, two_stacks=False)[0].constexprs["SMALL_STACK"] == 32
-    assert ring_calls(one_launch=True, heads_per_program=1)[0].grid[0] == tiles
-    for wrong in (dict(fold_verify=True), dict(fused_window=True)):
-        with pytest.raises(ValueError, match="one_launch folds in the verify launch"):
-            ring_calls(one_launch=True, **wrong)
     for chunk_n, fused_window, flatten, fold_verify, pdl in (
             (0, False, False, False, False), (16, False, False, False, False), (32, True, False, False, False),
             (16, False, True, False, False), (32, True, True, False, False), (0, True, True, False, False),
@@ -249,10 +230,6 @@ def test_capacity_16_matches_pytorch_code(device, tree):
                                                fold_verify=fold_verify, pdl=pdl))
         folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
         assert folded.tolist() == [False, False, False, True, False, True]  # slots 3, 5: rows of 16 and 14 pending
-        assert_agree(want, got)
-        assert_same_untouched(case, want, got)
-    for chunk_n, two_stacks in ((0, True), (16, True), (32, True), (32, False)):
-        want, got = run_both(case, tuning=dict(IEEE, chunk_n=chunk_n, one_launch=True, two_stacks=two_stacks))
         assert_agree(want, got)
         assert_same_untouched(case, want, got)
 

@@ -16,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sgl_convwin
-from sgl_convwin._kernels import triton_kernels
 from ring_harness import (FILL, MANY_STEPS_CASES, STRONG_DECAY_CASES, Mamba2Harness, replay_against_eager,
                           run_many_steps, run_sequence, run_strong_decays)
 
@@ -46,26 +45,6 @@ def test_random_steps_match_oracle_and_eager(data, num_draft, tree, extra, kerne
 def test_random_steps_match_oracle_and_eager_on_gpu(data, num_draft, tree, extra, ring_dtype, **options):
     run_sequence(data, Mamba2Harness, num_draft=num_draft, tree=tree and num_draft > 1, capacity=num_draft + extra,
                  num_steps=8, num_layers=1, ring_dtype=ring_dtype, device="cuda", **options)
-
-
-@pytest.mark.gpu
-@settings(max_examples=4)
-@given(data=st.data(), num_draft=st.integers(1, 4), tree=st.booleans(), extra=st.integers(0, 5),
-       ring_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
-       **{name: option for name, option in _OPTIONS.items() if name != "due_first"})
-def test_random_steps_in_one_launch_on_gpu(data, num_draft, tree, extra, ring_dtype, **options):
-    """ONE_LAUNCH: each verify folds its folding rows' tiles after verifying their drafts by replay
-    (no fold launch, no due flush): random step sequences against the oracle and the eager flow."""
-    verify = sgl_convwin.mamba2_ring_verify
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(triton_kernels().mamba2_ring_verify, "ONE_LAUNCH", True)
-        verify.eager_plans.clear()  # (a plan keeps the launcher's constants of its first call)
-        try:
-            run_sequence(data, Mamba2Harness, num_draft=num_draft, tree=tree and num_draft > 1,
-                         capacity=num_draft + extra, num_steps=8, num_layers=1, ring_dtype=ring_dtype, device="cuda",
-                         due_first=False, **options)
-        finally:
-            verify.eager_plans.clear()
 
 
 @pytest.mark.slow
