@@ -93,6 +93,33 @@ def _window_after(window, rows, ok, start, pending, conv_stride_win, rows_stride
 
 
 @gluon.jit
+def _stack_gates(live, start, pending, row, head, gates_base, g_ptr, beta_ptr, g_stride_row, g_stride_node,
+                 g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head, gates_stride_row,
+                 gates_stride_gate, NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, KEY_ROWS: gl.constexpr,
+                 NODES: gl.constexpr, MMA: gl.constexpr):
+    """(g by stack column in SliceLayout(0, MMA), beta by stack row in SliceLayout(1, MMA)), fp32: a
+    pending token's from the ring's gates, a draft's as given, zeros elsewhere (queries, padding)."""
+    c = gl.arange(0, NODES, layout=gl.SliceLayout(0, MMA))
+    c_pending = (c < KEY_ROWS) & (c < pending)
+    c_draft = c - pending
+    c_drafted = live & (c < KEY_ROWS) & (c_draft >= 0) & (c_draft < NUM_NODES)
+    g = gl.where(c_pending, gl.load(gates_base + ((start + gl.where(c_pending, c, 0)) % RING_ROWS) * gates_stride_row,
+                                    mask=c_pending, other=0.0),
+                 gl.load(g_ptr + row * g_stride_row + gl.where(c_drafted, c_draft, 0) * g_stride_node
+                         + head * g_stride_head, mask=c_drafted, other=0.0).to(gl.float32))
+    r = gl.arange(0, NODES, layout=gl.SliceLayout(1, MMA))
+    r_key = r < KEY_ROWS
+    r_pending = r_key & (r < pending)
+    r_draft = gl.where(r_key, r - pending, r - KEY_ROWS)
+    r_drafted = live & (r_draft >= 0) & (r_draft < NUM_NODES)
+    beta = gl.where(r_pending, gl.load(gates_base + ((start + gl.where(r_pending, r, 0)) % RING_ROWS) * gates_stride_row
+                                       + gates_stride_gate, mask=r_pending, other=0.0),
+                    gl.load(beta_ptr + row * beta_stride_row + gl.where(r_drafted, r_draft, 0) * beta_stride_node
+                            + head * beta_stride_head, mask=r_drafted & r_key, other=0.0).to(gl.float32))
+    return g, beta
+
+
+@gluon.jit
 def _relabelled(n, v0, WARPS: gl.constexpr, TILES: gl.constexpr):
     """The value column at position n of the relabelled tile (gdn_verify_mma's relabelling)."""
     return v0 + ((n // 8) % WARPS) * (8 * TILES) + (n % 8) * TILES + n // (8 * WARPS)
@@ -129,13 +156,14 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
-              STATE_STAGES: gl.constexpr):
+              STATE_STAGES: gl.constexpr, EARLY_GATES: gl.constexpr):
     """One program's work: with drafts (NUM_NODES > 0) the row's outputs for its query rows, stored,
     and the drafts' gates beside their rows (v0 = 0); with FOLD the checkpoint tile after the pending
     tokens, stored in place (after the outputs, which the old tile gave). Products in 3xTF32 with
     SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of this launch has at most
     PENDING_ROWS pending tokens. With STATE_STAGES the chunks come through shared memory state_ring
-    (cp.async, that many in flight)."""
+    (cp.async, that many in flight). With EARLY_GATES the stack's gates are loaded right after the
+    state's first chunks are issued, not when the node matrices need them."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -165,6 +193,10 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     if TREE:  # the parent links now, their latency under the state's (node c's on lane c)
         links = gl.load(parents_ptr + row * parents_stride_row + lane * parents_stride_node, mask=lane < NUM_NODES,
                         other=-1)
+    if EARLY_GATES:  # (their latency under the state's too, at a few registers held through the products)
+        g_col, beta = _stack_gates(live, start, pending, row, head, gates_base, g_ptr, beta_ptr, g_stride_row,
+                                   g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
+                                   gates_stride_row, gates_stride_gate, NUM_NODES, RING_ROWS, KEY_ROWS, NODES, MMA)
 
     # the stack [NODES, dk]: pending tokens' k from their conv, the drafts' k, then their q; normalised,
     # scaled, staged in shared memory in PARTS blocks of rows: the pending tokens (at most PENDING_ROWS)
@@ -261,16 +293,11 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
         on_path = (c_draft[None, :] <= r_draft[:, None]) & c_drafted[None, :]
     ancestry = ((c_pending[None, :] & (r_drafted[:, None] | (r_pending[:, None] & (c[None, :] <= r[:, None]))))
                 | (r_drafted[:, None] & on_path))
-    ring_c = (start + gl.where(c_pending, c, 0)) % RING_ROWS
-    g_col = _floored_log_decay(gl.where(
-        c_pending, gl.load(gates_base + ring_c * gates_stride_row, mask=c_pending, other=0.0),
-        gl.load(g_ptr + row * g_stride_row + gl.where(c_drafted, c_draft, 0) * g_stride_node + head * g_stride_head,
-                mask=c_drafted, other=0.0).to(gl.float32)))
-    ring_r = (start + gl.where(r_pending, r, 0)) % RING_ROWS
-    beta = gl.where(r_pending, gl.load(gates_base + ring_r * gates_stride_row + gates_stride_gate, mask=r_pending,
-                                       other=0.0),
-                    gl.load(beta_ptr + row * beta_stride_row + gl.where(r_drafted, r_draft, 0) * beta_stride_node
-                            + head * beta_stride_head, mask=r_drafted & r_key, other=0.0).to(gl.float32))
+    if not EARLY_GATES:
+        g_col, beta = _stack_gates(live, start, pending, row, head, gates_base, g_ptr, beta_ptr, g_stride_row,
+                                   g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
+                                   gates_stride_row, gates_stride_gate, NUM_NODES, RING_ROWS, KEY_ROWS, NODES, MMA)
+    g_col = _floored_log_decay(g_col)
     cumulative = gl.sum(gl.where(ancestry, g_col[None, :], 0.0), axis=1)  # G of row r's token
     decay = gl.where(ancestry, gl.exp(gl.where(ancestry, cumulative[:, None]
                                                - gl.convert_layout(cumulative, COL_L)[None, :], 0.0)), 0.0)
@@ -375,7 +402,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
-    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr,
+    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr, EARLY_GATES: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
@@ -467,7 +494,7 @@ def _gdn_ring_verify_mma_kernel(
                           SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
                           HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
                           L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
-                          STATE_STAGES)
+                          STATE_STAGES, EARLY_GATES)
                 if FUSED_WINDOW and THIS != 2:
                     if moved:
                         WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])
