@@ -139,6 +139,37 @@ def _columns_natural(x, WARPS: gl.constexpr, TILES: gl.constexpr):
 
 
 @gluon.jit
+def _state_products(state_ring, state_base, live, v0, upcoming, kq_hi, kq_lo, NODES: gl.constexpr,
+                    HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
+                    CHUNK_K: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
+                    STATE_STAGES: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, TILES: gl.constexpr,
+                    SPLIT: gl.constexpr, MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr,
+                    LOAD_L: gl.constexpr, COPY_L: gl.constexpr):
+    """K S0 (key rows) / Q S0 (query rows) of the staged stack, [NODES, BLOCK_V] in MMA, the state a
+    chunk at a time: from the shared-memory ring (STATE_STAGES), or through registers a chunk ahead
+    (``upcoming``: the first)."""
+    products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
+    for c in gl.static_range(0, BLOCK_K, CHUNK_K):
+        if STATE_STAGES > 0:
+            state = _staged_chunk(state_ring, state_base, live, v0, c, STAGES, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K,
+                                  SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L, COPY_L)
+        else:
+            state = upcoming
+            if c + CHUNK_K < BLOCK_K:
+                upcoming = _state_chunk(state_base, c + CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
+                                        SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+        state = _columns_relabelled(state, WARPS, TILES)
+        a_hi = kq_hi.slice(c, CHUNK_K, dim=1).load(A_L)
+        if SPLIT:
+            s_hi = _rounded(state, True)
+            products = _mma(a_hi, kq_lo.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(s_hi, B_L),
+                            gl.convert_layout(_rounded(state - s_hi, True), B_L), products, True)
+        else:  # the state truncated by the tensor cores, as gdn_verify_mma
+            products = mma_v2(a_hi, gl.convert_layout(state, B_L), products, input_precision="tf32")
+    return products
+
+
+@gluon.jit
 def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_ring, rows_base,
               window_base, gates_base, weight_ptr, bias_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, parents_ptr,
               out_ptr, ssm_ptr, scale,
@@ -156,14 +187,15 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
-              STATE_STAGES: gl.constexpr, EARLY_GATES: gl.constexpr):
+              STATE_STAGES: gl.constexpr, EARLY_GATES: gl.constexpr, NODES_FIRST: gl.constexpr):
     """One program's work: with drafts (NUM_NODES > 0) the row's outputs for its query rows, stored,
     and the drafts' gates beside their rows (v0 = 0); with FOLD the checkpoint tile after the pending
     tokens, stored in place (after the outputs, which the old tile gave). Products in 3xTF32 with
     SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of this launch has at most
     PENDING_ROWS pending tokens. With STATE_STAGES the chunks come through shared memory state_ring
     (cp.async, that many in flight). With EARLY_GATES the stack's gates are loaded right after the
-    state's first chunks are issued, not when the node matrices need them."""
+    state's first chunks are issued, not when the node matrices need them; with NODES_FIRST the node
+    matrices (gates, decays, (I + A)^-1) before the state's products, under its copies."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -247,24 +279,10 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
         lo = kq_lo.slice(c, CHUNK_K, dim=1)
         gram = _mma(hi.load(A_L), lo.load(A_L), hi.permute((1, 0)).load(B_L), lo.permute((1, 0)).load(B_L), gram,
                     SPLIT)
-    products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
-    for c in gl.static_range(0, BLOCK_K, CHUNK_K):
-        if STATE_STAGES > 0:
-            state = _staged_chunk(state_ring, state_base, live, v0, c, STAGES, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K,
-                                  SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L, COPY_L)
-        else:
-            state = upcoming
-            if c + CHUNK_K < BLOCK_K:
-                upcoming = _state_chunk(state_base, c + CHUNK_K, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
-                                        SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
-        state = _columns_relabelled(state, WARPS, TILES)
-        a_hi = kq_hi.slice(c, CHUNK_K, dim=1).load(A_L)
-        if SPLIT:
-            s_hi = _rounded(state, True)
-            products = _mma(a_hi, kq_lo.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(s_hi, B_L),
-                            gl.convert_layout(_rounded(state - s_hi, True), B_L), products, True)
-        else:  # the state truncated by the tensor cores, as gdn_verify_mma
-            products = mma_v2(a_hi, gl.convert_layout(state, B_L), products, input_precision="tf32")
+    if not NODES_FIRST:
+        products = _state_products(state_ring, state_base, live, v0, upcoming, kq_hi, kq_lo, NODES, HEAD_K_DIM,
+                                   HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES,
+                                   STAGES, WARPS, TILES, SPLIT, MMA, A_L, B_L, LOAD_L, COPY_L)
 
     # the node matrices: rows r and columns c of the stack (key token r < C, query C + d)
     r = gl.arange(0, NODES, layout=ROW_L)
@@ -307,6 +325,10 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     MIX_SPLIT: gl.constexpr = SPLIT or KEY_ROWS > 4  # (gdn_verify_mma: near-parallel keys sum up here)
     grown = gl.exp(cumulative)
     query_mix = gl.where(r_key[:, None], 0.0, decay * gram)
+    if NODES_FIRST:  # (the node matrices above under the state's copies; its products after them)
+        products = _state_products(state_ring, state_base, live, v0, upcoming, kq_hi, kq_lo, NODES, HEAD_K_DIM,
+                                   HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES,
+                                   STAGES, WARPS, TILES, SPLIT, MMA, A_L, B_L, LOAD_L, COPY_L)
 
     # v of the key rows (pending: their conv; drafts: given), relabelled as the state's columns, staged
     # in shared memory by the stack's blocks of rows
@@ -403,6 +425,7 @@ def _gdn_ring_verify_mma_kernel(
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
     VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr, EARLY_GATES: gl.constexpr,
+    NODES_FIRST: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
@@ -494,7 +517,7 @@ def _gdn_ring_verify_mma_kernel(
                           SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
                           HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
                           L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
-                          STATE_STAGES, EARLY_GATES)
+                          STATE_STAGES, EARLY_GATES, NODES_FIRST)
                 if FUSED_WINDOW and THIS != 2:
                     if moved:
                         WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])

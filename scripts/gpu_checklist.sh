@@ -47,8 +47,9 @@
 #             without at B = 8 / 64 / 256, fp32 and bf16 (chains skip the entry)
 #   ringconv  ring_conv1d_verify's tiles (channels per program / warps; 64 / 1 its default) at
 #             B = 8 .. 256
-#   earlygates the GDN ring's mma launches with the stack's gates loaded under the state's first chunks
-#             (RING_MMA_EARLY_GATES, off): its GPU tests, then chain and tree steps at B = 64 / 256 against the default
+#   ringorder the GDN ring's mma launches in other orders (off, untimed): the stack's gates loaded under the state's
+#             first chunks (RING_MMA_EARLY_GATES), the node matrices before the state's products (RING_MMA_NODES_FIRST),
+#             both: their GPU tests, then chain steps at B = 64 / 256 against the default (the default again last)
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
@@ -436,14 +437,16 @@ for phase in "$@"; do
                   ${constants:+--constants $constants} > "$out/varsteps.log" 2>&1 || rc=1
                 grep -E '^(chain|\| _mamba2)' "$out/varsteps.log"; cat "$out/varsteps.log" >> "$out/varsteps_all.log"
               done ;;
-    earlygates) rc=0  # (the GDN ring's mma launches loading the stack's gates under the state's first chunks)
+    ringorder) rc=0  # (the GDN ring's mma launches in other orders: gates early, node matrices first)
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                -k early_gates > "$out/gpu_tests_earlygates.log" 2>&1 || rc=1
-              tail -3 "$out/gpu_tests_earlygates.log"
-              for run in "" "--constants RING_MMA_EARLY_GATES=1" "" "--constants RING_MMA_EARLY_GATES=1"; do
-                echo "# gdn ${run:-defaults}"  # (each twice, alternating: the host's drift shows)
-                timeout 120 python3 benchmarks/bench_ring.py --batches 64 256 $run > "$out/earlygates.log" 2>&1 || rc=1
-                grep -E '^(\||check)' "$out/earlygates.log"; cat "$out/earlygates.log" >> "$out/earlygates_all.log"
+                -k launch_orders > "$out/gpu_tests_ringorder.log" 2>&1 || rc=1
+              tail -3 "$out/gpu_tests_ringorder.log"
+              for run in "" "--constants RING_MMA_EARLY_GATES=1" "--constants RING_MMA_NODES_FIRST=1" \
+                         "--constants RING_MMA_EARLY_GATES=1 RING_MMA_NODES_FIRST=1" ""; do
+                echo "# gdn ${run:-defaults}"  # (the defaults again last: the host's drift shows)
+                timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain $run \
+                  > "$out/ringorder.log" 2>&1 || rc=1
+                grep -E '^(\||check)' "$out/ringorder.log"; cat "$out/ringorder.log" >> "$out/ringorder_all.log"
               done ;;
     ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding; then the
               # GDN fold with every row folding: a fold program's own efficiency, the GPU full of them)

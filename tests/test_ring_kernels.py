@@ -488,13 +488,18 @@ def test_mma_kernel_as_programmatic_dependent(monkeypatch, nodes):
 @pytest.mark.parametrize("nodes", [[-1, 0, 1, 2], [-1, 0, 0, 0, 1, 1, 1, 4]], ids=["chain", "tree8"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("capacity", [16, 20])
-def test_mma_kernel_early_gates(monkeypatch, nodes, state_dtype, capacity):
-    """RING_MMA_EARLY_GATES: the stack's gates loaded right after the state's first chunks are
-    issued, in every mma launch (the folds', both verify kinds'; the due flush's, all layers): the
-    same results as the PyTorch code's, rows that fold, replay, few pending, an empty ring, padding."""
+@pytest.mark.parametrize("order", [("RING_MMA_EARLY_GATES",), ("RING_MMA_NODES_FIRST",),
+                                   ("RING_MMA_EARLY_GATES", "RING_MMA_NODES_FIRST")],
+                         ids=["early-gates", "nodes-first", "both"])
+def test_mma_kernel_launch_orders(monkeypatch, nodes, state_dtype, capacity, order):
+    """The mma launches' other orders (the folds', both verify kinds'; the due flush's, all layers):
+    the stack's gates loaded right after the state's first chunks are issued (RING_MMA_EARLY_GATES),
+    the node matrices before the state's products (RING_MMA_NODES_FIRST), or both: the same results
+    as the PyTorch code's, rows that fold, replay, few pending, an empty ring, padding."""
     if capacity + len(nodes) > 24:
         pytest.skip("the verify's stack of max(R, N) + N rows over 32")
-    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_EARLY_GATES", True)
+    for name in order:
+        monkeypatch.setattr(triton_kernels().gdn_ring_verify, name, True)
     case = mixed_rows_case(len(nodes), capacity, 128, parents=nodes, state_dtype=state_dtype)
     want, got = run_both(case, tuning=MMA)
     assert_mixed_rows_agree(case, want, got, state_dtype)
