@@ -272,7 +272,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
             kq_lo.slice(part * PART, PART, dim=0).store(_rounded(kq - kq_head, True))
     gl.thread_barrier()
 
-    # the gram of the normalised stack, and K S0 (keys) / Q S0 (queries), the state a chunk at a time
+    # the gram of the normalised stack, then K S0 (keys) / Q S0 (queries) (with NODES_FIRST after the node matrices)
     gram = gl.zeros([NODES, NODES], gl.float32, layout=MMA)
     for c in gl.static_range(0, BLOCK_K, CHUNK_K):
         hi = kq_hi.slice(c, CHUNK_K, dim=1)
