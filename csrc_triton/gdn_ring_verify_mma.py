@@ -93,25 +93,34 @@ def _window_after(window, rows, ok, start, pending, conv_stride_win, rows_stride
 
 
 @gluon.jit
+def _stack_entries(live, pending, NUM_NODES: gl.constexpr, KEY_ROWS: gl.constexpr, NODES: gl.constexpr,
+                   L: gl.constexpr):
+    """The stack's entries n along one axis, in layout L: (n, a key row, a pending token's, its draft
+    index, a draft's). Key rows n < KEY_ROWS: pending token n below ``pending``, then draft n - pending;
+    query rows from KEY_ROWS: draft n - KEY_ROWS."""
+    n = gl.arange(0, NODES, layout=L)
+    key = n < KEY_ROWS
+    draft = gl.where(key, n - pending, n - KEY_ROWS)
+    return n, key, key & (n < pending), draft, live & (draft >= 0) & (draft < NUM_NODES)
+
+
+@gluon.jit
 def _stack_gates(live, start, pending, row, head, gates_base, g_ptr, beta_ptr, g_stride_row, g_stride_node,
                  g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head, gates_stride_row,
                  gates_stride_gate, NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, KEY_ROWS: gl.constexpr,
                  NODES: gl.constexpr, MMA: gl.constexpr):
     """(g by stack column in SliceLayout(0, MMA), beta by stack row in SliceLayout(1, MMA)), fp32: a
     pending token's from the ring's gates, a draft's as given, zeros elsewhere (queries, padding)."""
-    c = gl.arange(0, NODES, layout=gl.SliceLayout(0, MMA))
-    c_pending = (c < KEY_ROWS) & (c < pending)
+    c, c_key, c_pending, _, c_drafted = _stack_entries(live, pending, NUM_NODES, KEY_ROWS, NODES,
+                                                       gl.SliceLayout(0, MMA))
+    c_drafted = c_drafted & c_key  # (a key column: a pending token or a draft)
     c_draft = c - pending
-    c_drafted = live & (c < KEY_ROWS) & (c_draft >= 0) & (c_draft < NUM_NODES)
     g = gl.where(c_pending, gl.load(gates_base + ((start + gl.where(c_pending, c, 0)) % RING_ROWS) * gates_stride_row,
                                     mask=c_pending, other=0.0),
                  gl.load(g_ptr + row * g_stride_row + gl.where(c_drafted, c_draft, 0) * g_stride_node
                          + head * g_stride_head, mask=c_drafted, other=0.0).to(gl.float32))
-    r = gl.arange(0, NODES, layout=gl.SliceLayout(1, MMA))
-    r_key = r < KEY_ROWS
-    r_pending = r_key & (r < pending)
-    r_draft = gl.where(r_key, r - pending, r - KEY_ROWS)
-    r_drafted = live & (r_draft >= 0) & (r_draft < NUM_NODES)
+    r, r_key, r_pending, r_draft, r_drafted = _stack_entries(live, pending, NUM_NODES, KEY_ROWS, NODES,
+                                                             gl.SliceLayout(1, MMA))
     beta = gl.where(r_pending, gl.load(gates_base + ((start + gl.where(r_pending, r, 0)) % RING_ROWS) * gates_stride_row
                                        + gates_stride_gate, mask=r_pending, other=0.0),
                     gl.load(beta_ptr + row * beta_stride_row + gl.where(r_drafted, r_draft, 0) * beta_stride_node
@@ -285,15 +294,10 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
                                    STAGES, WARPS, TILES, SPLIT, MMA, A_L, B_L, LOAD_L, COPY_L)
 
     # the node matrices: rows r and columns c of the stack (key token r < C, query C + d)
-    r = gl.arange(0, NODES, layout=ROW_L)
-    c = gl.arange(0, NODES, layout=COL_L)
-    r_key = r < KEY_ROWS
-    r_pending = r_key & (r < pending)
-    r_draft = gl.where(r_key, r - pending, r - KEY_ROWS)
-    r_drafted = live & (r_draft >= 0) & (r_draft < NUM_NODES)
-    c_pending = (c < KEY_ROWS) & (c < pending)
+    r, r_key, r_pending, r_draft, r_drafted = _stack_entries(live, pending, NUM_NODES, KEY_ROWS, NODES, ROW_L)
+    c, c_key, c_pending, _, c_drafted = _stack_entries(live, pending, NUM_NODES, KEY_ROWS, NODES, COL_L)
+    c_drafted = c_drafted & c_key  # (columns: keys only)
     c_draft = c - pending
-    c_drafted = live & (c < KEY_ROWS) & (c_draft >= 0) & (c_draft < NUM_NODES)
     if TREE:
         # each stack row's path as a bit mask of drafts, walked across the warp's lanes
         # (gdn_verify_mma._parent_of), then the [NODES, NODES] matrix from it

@@ -49,7 +49,8 @@
 #             B = 8 .. 256
 #   ringorder the GDN ring's mma launches in other orders (off, untimed): the stack's gates loaded under the state's
 #             first chunks (RING_MMA_EARLY_GATES), the node matrices before the state's products (RING_MMA_NODES_FIRST),
-#             both: their GPU tests, then chain steps at B = 64 / 256 against the default (the default again last)
+#             both: test_ring_kernels.py's GPU tests (theirs and the default's), then chain steps at B = 64 / 256
+#             against the default (the default again last)
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
@@ -438,8 +439,8 @@ for phase in "$@"; do
                 grep -E '^(chain|\| _mamba2)' "$out/varsteps.log"; cat "$out/varsteps.log" >> "$out/varsteps_all.log"
               done ;;
     ringorder) rc=0  # (the GDN ring's mma launches in other orders: gates early, node matrices first)
-              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                -k launch_orders > "$out/gpu_tests_ringorder.log" 2>&1 || rc=1
+              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+                > "$out/gpu_tests_ringorder.log" 2>&1 || rc=1  # (all its GPU tests: the default kernels too)
               tail -3 "$out/gpu_tests_ringorder.log"
               for run in "" "--constants RING_MMA_EARLY_GATES=1" "--constants RING_MMA_NODES_FIRST=1" \
                          "--constants RING_MMA_EARLY_GATES=1 RING_MMA_NODES_FIRST=1" ""; do
