@@ -67,13 +67,6 @@ RING_MMA_SPREAD = False
 # sm_90+: each program's first read after the launch before has finished, its start under that
 # launch's tail (gdn_verify's pdl 1: nothing a caller sees changes; 0: plain launches)
 RING_MMA_PDL = 1
-# The mma launches' stack gates (the pending tokens' from the ring, the drafts' g and beta) loaded
-# right after the state's first chunks are issued instead of after its products: their latency
-# under the state's (Nsight Compute: 13% of the verify's stalls on them; not yet timed on a GPU)
-RING_MMA_EARLY_GATES = False
-# The mma launches' node matrices (the gates, decays, (I + A)^-1: nothing of the state) computed
-# before the state's products rather than after, under the state's copies in flight (not yet timed)
-RING_MMA_NODES_FIRST = False
 
 
 def mma_verify_keys(ring_rows: int, num_nodes: int) -> int:
@@ -503,8 +496,7 @@ def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
     constexprs.update(FUSED_WINDOW=bool(fused_window), WIDTH=width, WINDOW=max(2, next_power_of_2(width)),
                       NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k,
                       WARPS=chunk.constexprs["num_warps"], SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4),
-                      TILES_A_PROGRAM=1, EARLY_GATES=bool(RING_MMA_EARLY_GATES),
-                      NODES_FIRST=bool(RING_MMA_NODES_FIRST), **verify)
+                      TILES_A_PROGRAM=1, **verify)
     pdl = bool(RING_MMA_PDL) and pdl_device(ssm)
     constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     return constexprs

@@ -196,15 +196,13 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
-              STATE_STAGES: gl.constexpr, EARLY_GATES: gl.constexpr, NODES_FIRST: gl.constexpr):
+              STATE_STAGES: gl.constexpr):
     """One program's work: with drafts (NUM_NODES > 0) the row's outputs for its query rows, stored,
     and the drafts' gates beside their rows (v0 = 0); with FOLD the checkpoint tile after the pending
     tokens, stored in place (after the outputs, which the old tile gave). Products in 3xTF32 with
     SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of this launch has at most
     PENDING_ROWS pending tokens. With STATE_STAGES the chunks come through shared memory state_ring
-    (cp.async, that many in flight). With EARLY_GATES the stack's gates are loaded right after the
-    state's first chunks are issued, not when the node matrices need them; with NODES_FIRST the node
-    matrices (gates, decays, (I + A)^-1) before the state's products, under its copies."""
+    (cp.async, that many in flight)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -234,10 +232,10 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     if TREE:  # the parent links now, their latency under the state's (node c's on lane c)
         links = gl.load(parents_ptr + row * parents_stride_row + lane * parents_stride_node, mask=lane < NUM_NODES,
                         other=-1)
-    if EARLY_GATES:  # (their latency under the state's too, at a few registers held through the products)
-        g_col, beta = _stack_gates(live, start, pending, row, head, gates_base, g_ptr, beta_ptr, g_stride_row,
-                                   g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
-                                   gates_stride_row, gates_stride_gate, NUM_NODES, RING_ROWS, KEY_ROWS, NODES, MMA)
+    # the stack's gates: their latency under the state's too, at a few registers held through the products
+    g_col, beta = _stack_gates(live, start, pending, row, head, gates_base, g_ptr, beta_ptr, g_stride_row,
+                               g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
+                               gates_stride_row, gates_stride_gate, NUM_NODES, RING_ROWS, KEY_ROWS, NODES, MMA)
 
     # the stack [NODES, dk]: pending tokens' k from their conv, the drafts' k, then their q; normalised,
     # scaled, staged in shared memory in PARTS blocks of rows: the pending tokens (at most PENDING_ROWS)
@@ -281,17 +279,16 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
             kq_lo.slice(part * PART, PART, dim=0).store(_rounded(kq - kq_head, True))
     gl.thread_barrier()
 
-    # the gram of the normalised stack, then K S0 (keys) / Q S0 (queries) (with NODES_FIRST after the node matrices)
+    # the gram of the normalised stack, then K S0 (keys) / Q S0 (queries)
     gram = gl.zeros([NODES, NODES], gl.float32, layout=MMA)
     for c in gl.static_range(0, BLOCK_K, CHUNK_K):
         hi = kq_hi.slice(c, CHUNK_K, dim=1)
         lo = kq_lo.slice(c, CHUNK_K, dim=1)
         gram = _mma(hi.load(A_L), lo.load(A_L), hi.permute((1, 0)).load(B_L), lo.permute((1, 0)).load(B_L), gram,
                     SPLIT)
-    if not NODES_FIRST:
-        products = _state_products(state_ring, state_base, live, v0, upcoming, kq_hi, kq_lo, NODES, HEAD_K_DIM,
-                                   HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES,
-                                   STAGES, WARPS, TILES, SPLIT, MMA, A_L, B_L, LOAD_L, COPY_L)
+    products = _state_products(state_ring, state_base, live, v0, upcoming, kq_hi, kq_lo, NODES, HEAD_K_DIM,
+                               HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES,
+                               STAGES, WARPS, TILES, SPLIT, MMA, A_L, B_L, LOAD_L, COPY_L)
 
     # the node matrices: rows r and columns c of the stack (key token r < C, query C + d)
     r, r_key, r_pending, r_draft, r_drafted = _stack_entries(live, pending, NUM_NODES, KEY_ROWS, NODES, ROW_L)
@@ -315,10 +312,6 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
         on_path = (c_draft[None, :] <= r_draft[:, None]) & c_drafted[None, :]
     ancestry = ((c_pending[None, :] & (r_drafted[:, None] | (r_pending[:, None] & (c[None, :] <= r[:, None]))))
                 | (r_drafted[:, None] & on_path))
-    if not EARLY_GATES:
-        g_col, beta = _stack_gates(live, start, pending, row, head, gates_base, g_ptr, beta_ptr, g_stride_row,
-                                   g_stride_node, g_stride_head, beta_stride_row, beta_stride_node, beta_stride_head,
-                                   gates_stride_row, gates_stride_gate, NUM_NODES, RING_ROWS, KEY_ROWS, NODES, MMA)
     g_col = _floored_log_decay(g_col)
     cumulative = gl.sum(gl.where(ancestry, g_col[None, :], 0.0), axis=1)  # G of row r's token
     decay = gl.where(ancestry, gl.exp(gl.where(ancestry, cumulative[:, None]
@@ -329,10 +322,6 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     MIX_SPLIT: gl.constexpr = SPLIT or KEY_ROWS > 4  # (gdn_verify_mma: near-parallel keys sum up here)
     grown = gl.exp(cumulative)
     query_mix = gl.where(r_key[:, None], 0.0, decay * gram)
-    if NODES_FIRST:  # (the node matrices above under the state's copies; its products after them)
-        products = _state_products(state_ring, state_base, live, v0, upcoming, kq_hi, kq_lo, NODES, HEAD_K_DIM,
-                                   HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES,
-                                   STAGES, WARPS, TILES, SPLIT, MMA, A_L, B_L, LOAD_L, COPY_L)
 
     # v of the key rows (pending: their conv; drafts: given), relabelled as the state's columns, staged
     # in shared memory by the stack's blocks of rows
@@ -428,8 +417,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
-    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr, EARLY_GATES: gl.constexpr,
-    NODES_FIRST: gl.constexpr,
+    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
@@ -521,7 +509,7 @@ def _gdn_ring_verify_mma_kernel(
                           SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
                           HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
                           L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
-                          STATE_STAGES, EARLY_GATES, NODES_FIRST)
+                          STATE_STAGES)
                 if FUSED_WINDOW and THIS != 2:
                     if moved:
                         WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])

@@ -47,10 +47,6 @@
 #             without at B = 8 / 64 / 256, fp32 and bf16 (chains skip the entry)
 #   ringconv  ring_conv1d_verify's tiles (channels per program / warps; 64 / 1 its default) at
 #             B = 8 .. 256
-#   ringorder the GDN ring's mma launches in other orders (off, untimed): the stack's gates loaded under the state's
-#             first chunks (RING_MMA_EARLY_GATES), the node matrices before the state's products (RING_MMA_NODES_FIRST),
-#             both: test_ring_kernels.py's GPU tests (theirs and the default's), then chain steps at B = 64 / 256
-#             against the default (the default again last)
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
@@ -437,17 +433,6 @@ for phase in "$@"; do
                 timeout 100 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain --profile \
                   ${constants:+--constants $constants} > "$out/varsteps.log" 2>&1 || rc=1
                 grep -E '^(chain|\| _mamba2)' "$out/varsteps.log"; cat "$out/varsteps.log" >> "$out/varsteps_all.log"
-              done ;;
-    ringorder) rc=0  # (the GDN ring's mma launches in other orders: gates early, node matrices first)
-              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                > "$out/gpu_tests_ringorder.log" 2>&1 || rc=1  # (all its GPU tests: the default kernels too)
-              tail -3 "$out/gpu_tests_ringorder.log"
-              for run in "" "--constants RING_MMA_EARLY_GATES=1" "--constants RING_MMA_NODES_FIRST=1" \
-                         "--constants RING_MMA_EARLY_GATES=1 RING_MMA_NODES_FIRST=1" ""; do
-                echo "# gdn ${run:-defaults}"  # (the defaults again last: the host's drift shows)
-                timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain $run \
-                  > "$out/ringorder.log" 2>&1 || rc=1
-                grep -E '^(\||check)' "$out/ringorder.log"; cat "$out/ringorder.log" >> "$out/ringorder_all.log"
               done ;;
     ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding; then the
               # GDN fold with every row folding: a fold program's own efficiency, the GPU full of them)

@@ -485,32 +485,6 @@ def test_mma_kernel_as_programmatic_dependent(monkeypatch, nodes):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nodes", [[-1, 0, 1, 2], [-1, 0, 0, 0, 1, 1, 1, 4]], ids=["chain", "tree8"])
-@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("capacity", [16, 20])
-@pytest.mark.parametrize("order", [("RING_MMA_EARLY_GATES",), ("RING_MMA_NODES_FIRST",),
-                                   ("RING_MMA_EARLY_GATES", "RING_MMA_NODES_FIRST")],
-                         ids=["early-gates", "nodes-first", "both"])
-def test_mma_kernel_launch_orders(monkeypatch, nodes, state_dtype, capacity, order):
-    """The mma launches' other orders (the folds', both verify kinds'; the due flush's, all layers):
-    the stack's gates loaded right after the state's first chunks are issued (RING_MMA_EARLY_GATES),
-    the node matrices before the state's products (RING_MMA_NODES_FIRST), or both: the same results
-    as the PyTorch code's, rows that fold, replay, few pending, an empty ring, padding."""
-    if capacity + len(nodes) > 24:
-        pytest.skip("the verify's stack of max(R, N) + N rows over 32")
-    for name in order:
-        monkeypatch.setattr(triton_kernels().gdn_ring_verify, name, True)
-    case = mixed_rows_case(len(nodes), capacity, 128, parents=nodes, state_dtype=state_dtype)
-    want, got = run_both(case, tuning=MMA)
-    assert_mixed_rows_agree(case, want, got, state_dtype)
-    for num_draft in (None, len(nodes)):  # flushes (the mma fold kind): every pending token, the due rows'
-        want, got = run_flush_both(case, tuning={}, num_draft=num_draft)
-        assert_agree(dict(want, out=torch.zeros(1)), dict(got, out=torch.zeros(1)),
-                     state_tol=1e-4 if state_dtype == torch.float32 else 1e-2)
-        assert_same_untouched(case, want, got)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("capacity", [20, 24])
 def test_mma_kernel_takes_wide_rings(capacity):
     """The mma kernel verifies chains of 8 at capacities 20 and 24 (R + N = 28 and 32 stack rows: a
