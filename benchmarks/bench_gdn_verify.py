@@ -180,7 +180,12 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          # the effective queries: the node matrices before one product with the state
          dict(mma=True, q_eff=True), dict(mma=True, q_eff=True, state_stages=2), dict(mma=True, q_eff=True, pdl=2),
          dict(mma=False, q_eff=False), dict(mma=True, q_eff=False),  # the stacked products, each kernel
-         dict(mma=True, tree_masks=True)]  # trees only: each node's path mask given (checked, not walked)
+         dict(mma=True, tree_masks=True),  # trees only: each node's path mask given (checked, not walked)
+         # trees only: the Triton kernel's walk by pointer jumping; either kernel's inverse as one block
+         # where no root path is over 4 nodes (the benchmarks' tree)
+         dict(mma=False, doubling=True), dict(mma=False, shallow=True), dict(mma=False, doubling=True, shallow=True),
+         dict(mma=True, shallow=True)]
+TREE_OPTIONS = ("tree_masks", "doubling", "shallow")
 
 
 def resolved(tuning):
@@ -245,7 +250,7 @@ def sweep(shapes, batches, state_dtype, tunings, transposed=False, device="cuda"
             print(markdown_row("tree" if tree else "chain", batch, "plain read of the pools, a launch a layer",
                                f"{read_us:.1f}", f"{floor / read_us:.1%}", "-"), flush=True)
             for entry in [{}] + tunings:
-                if entry.get("tree_masks") and not tree:
+                if not tree and any(entry.get(option) for option in TREE_OPTIONS):
                     continue  # (a tree's option)
                 tuning = resolved(entry)
                 given = p if not entry.get("tree_masks") else dict(

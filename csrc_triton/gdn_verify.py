@@ -88,6 +88,11 @@ MMA_Q_EFF = True
 # memory).
 Q_EFF_DTYPES = (torch.float32,)
 TRITON_Q_EFF_MAX_NODES = 8
+# The Triton kernel's trees walked by pointer jumping (log2 N dependent lookups, not N - 1); both
+# kernels' (I + A)^-1 as one block of the whole tree where no root path is over 4 nodes (A^4 = 0
+# then), its joins skipped (neither yet timed on a GPU)
+TRITON_TREE_DOUBLING = False
+SHALLOW_TREES = False
 
 
 @triton.jit
@@ -107,22 +112,39 @@ def _dot(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _unit_lower_inverse(A, I, NUM_NODES: tl.constexpr, PRECISION: tl.constexpr):
+def _unit_lower_inverse(A, I, NUM_NODES: tl.constexpr, PRECISION: tl.constexpr, SHALLOW: tl.constexpr = False,
+                        depth=0):
     """(I + A)^-1 for A strictly lower triangular (zero past NUM_NODES): within blocks of 4,
     (I - A)(I + A^2) (A^4 = 0 there); then blocks of 8, 16, ... each joined from its two halves as
     T - T A' T, A' the coupling of the halves. Every intermediate stays the size of an inverse: the
     power series (I - A)(I + A^2)(I + A^4)... over a whole path has powers that grow like binomials and
     cancel when keys are near parallel (a repeated token), which tf32 did not survive (0.55 x max |o|
-    off at 16 nodes); the same number of products."""
+    off at 16 nodes); the same number of products. With SHALLOW, where every root path has at most 4
+    nodes (``depth``, a tree's), A^4 = 0 over the whole matrix: one block, no joins."""
     idx = tl.arange(0, A.shape[0])
     if NUM_NODES <= 2:
         T = I - A
     else:
         within = A  # up to 4 nodes one block
         if NUM_NODES > 4:
-            within = tl.where((idx[:, None] // 4) == (idx[None, :] // 4), A, 0.0)
+            one_block = (idx[:, None] // 4) == (idx[None, :] // 4)
+            if SHALLOW:
+                one_block = one_block | (depth <= 4)
+            within = tl.where(one_block, A, 0.0)
         T = I - within  # exact: only the correction below carries the products' rounding
         T = T + _dot(T, _dot(within, within, PRECISION), PRECISION)
+    if NUM_NODES > 4:
+        if SHALLOW:
+            if depth > 4:
+                T = _joined_blocks(T, A, idx, NUM_NODES, PRECISION)
+        else:
+            T = _joined_blocks(T, A, idx, NUM_NODES, PRECISION)
+    return T
+
+
+@triton.jit
+def _joined_blocks(T, A, idx, NUM_NODES: tl.constexpr, PRECISION: tl.constexpr):
+    """_unit_lower_inverse's blocks of 4 (T) joined into 8, 16, ...: each pair of halves as T - T A' T."""
     for level in tl.static_range(0, max(0, (NUM_NODES - 1).bit_length() - 2)):
         half = 4 << level
         coupling = tl.where(((idx[:, None] // (2 * half)) == (idx[None, :] // (2 * half)))
@@ -152,13 +174,24 @@ def stack_rows(keys, queries, key_side, mask):
 
 @triton.jit
 def _ancestry(row, node, real, parents_ptr, parents_stride_row, parents_stride_node, NUM_NODES: tl.constexpr,
-              TREE: tl.constexpr):
+              TREE: tl.constexpr, DOUBLING: tl.constexpr):
     """[NODES, NODES] bool: node(c) is node(r)'s ancestor or itself (both sides of the stack), and
     whether every parent link of the row lies in [-1, n-1] (always, for a chain). A tree's links
-    are one load; the walk looks them up in registers (no chain of dependent loads)."""
+    are one load; the walk looks them up in registers (no chain of dependent loads): link by link,
+    or with DOUBLING each node's path mask by pointer jumping (log2 N rounds: a node's mask joins
+    that of the node 2^k above it, which already holds the 2^k nodes from there up)."""
     if TREE:
         up = tl.load(parents_ptr + row * parents_stride_row + node * parents_stride_node, mask=real, other=-1)
         links_ok = tl.sum(tl.where(real & ((up < -1) | (up >= node)), 1, 0)) == 0
+        if DOUBLING:
+            # entry x < NODES / 2 is node x's (the key rows hold nodes 0, 1, ...): lookups by node
+            bits = tl.full(node.shape, 1, tl.int32) << node
+            for _ in tl.static_range((NUM_NODES - 1).bit_length()):
+                climbing = tl.where(links_ok, up >= 0, False)
+                above = tl.where(climbing, up, 0).to(tl.int32)
+                bits |= tl.where(climbing, tl.gather(bits, above, 0), 0)
+                up = tl.where(climbing, tl.gather(up, above, 0), -1)
+            return ((bits[:, None] >> node[None, :]) & 1) != 0, links_ok
         links = up  # entry x < NODES / 2: node x's parent (the key rows hold nodes 0, 1, ...)
         ancestry = node[:, None] == node[None, :]
         for _ in tl.static_range(NUM_NODES - 1):
@@ -185,11 +218,13 @@ def _gdn_verify_kernel(
     NUM_NODES: tl.constexpr, NODES: tl.constexpr, NUM_K_HEADS: tl.constexpr, NUM_V_HEADS: tl.constexpr,
     HEAD_K_DIM: tl.constexpr, HEAD_V_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
     TREE: tl.constexpr, L2NORM: tl.constexpr, PRECISION: tl.constexpr, Q_EFF: tl.constexpr,
+    DOUBLING: tl.constexpr, SHALLOW: tl.constexpr,
 ):
     """One program: one [BLOCK_K, BLOCK_V] state tile of one value head of one row. Outputs are
     stored only if the row's slot is in [0, num_state_slots) and (trees) every parent link lies in
     [-1, n-1]; nothing is written otherwise, and no load leaves its tensor. Q_EFF: the outputs from
-    the effective queries (module docstring)."""
+    the effective queries (module docstring). DOUBLING: a tree walked by pointer jumping (_ancestry);
+    SHALLOW: a tree's inverse as one block where its paths allow (_unit_lower_inverse)."""
     HALF: tl.constexpr = NODES // 2
     V_BLOCKS: tl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = tl.program_id(0) // V_BLOCKS
@@ -227,8 +262,9 @@ def _gdn_verify_kernel(
                    mask=real & key_side, other=0.0).to(tl.float32)  # zero on query rows: no update there
 
     ancestry, links_ok = _ancestry(row, node, real, parents_ptr, parents_stride_row, parents_stride_node, NUM_NODES,
-                                   TREE)
+                                   TREE, DOUBLING)
     ancestry &= (key_side & real)[None, :]  # the key columns of each row's root path
+    depth = tl.max(tl.sum(ancestry.to(tl.int32), axis=1))  # the longest root path's nodes
     cumulative = tl.sum(tl.where(ancestry, g[None, :], 0.0), axis=1)  # G of node(r)
     decay = tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0))
     decay = tl.where(ancestry, decay, 0.0)  # D, on both sides' rows
@@ -237,7 +273,7 @@ def _gdn_verify_kernel(
     A = tl.where(key_side[:, None] & (eye < 0.5), beta[:, None] * decay * gram, 0.0)
     # the node matrices in 3xTF32 where the effective queries need them whole
     SPLIT: tl.constexpr = "tf32x3" if PRECISION == "tf32" and Q_EFF else PRECISION
-    inverse = _unit_lower_inverse(A, eye, NUM_NODES, SPLIT)  # (I + A)^-1 on the key block, I elsewhere
+    inverse = _unit_lower_inverse(A, eye, NUM_NODES, SPLIT, SHALLOW, depth)  # (I + A)^-1 on the key block, I elsewhere
     queries = tl.where(key_side[:, None], 0.0, decay * gram)
     if PRECISION == "tf32" and (NUM_NODES > 4 or Q_EFF):  # past 4 nodes near-parallel keys sum up to N terms here
         mix = _dot(queries, inverse, "tf32x3")
@@ -332,7 +368,7 @@ def _mma_kernel_runs_on(ssm) -> bool:
 
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
                  block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None,
-                 persistent=None, maxnreg=None, pdl=None, q_eff=None, tree_masks=False):
+                 persistent=None, maxnreg=None, pdl=None, q_eff=None, tree_masks=False, doubling=None, shallow=None):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
@@ -349,7 +385,9 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     Triton kernel's where the state is of Q_EFF_DTYPES and the nodes at most
     TRITON_Q_EFF_MAX_NODES), tree_masks (the mma kernel's ``parents`` each node's path mask instead of
     its link -- bit j of node n's set where node j is n or one of its ancestors -- checked for a
-    forest's, not walked: tree_path_masks): tuning only."""
+    forest's, not walked: tree_path_masks), doubling (the Triton kernel's tree walked by pointer
+    jumping; None: TRITON_TREE_DOUBLING), shallow (a tree's inverse as one block where no root path
+    is over 4 nodes; None: SHALLOW_TREES): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -378,8 +416,11 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         L2NORM=bool(use_qk_l2norm), PRECISION=precision or default_precision(ssm), num_warps=num_warps,
     )
     tensors = (out, q, k, v, g, beta, ssm, state_slots, state_slots if parents is None else parents)
+    shallow = parents is not None and bool(SHALLOW_TREES if shallow is None else shallow)
     if tree_masks and not (mma and parents is not None):
         raise ValueError("convwin.gdn_verify: tree_masks are the mma kernel's, for a tree's parents")
+    if doubling and mma:
+        raise ValueError("convwin.gdn_verify: doubling is the Triton kernel's walk (the mma kernel's is across lanes)")
     if mma:
         from . import gdn_verify_mma
         chunk_k = min(chunk_k or MMA_CHUNK_K * 4 // ssm.element_size(), constexprs["BLOCK_K"])
@@ -393,7 +434,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         half = (torch.bfloat16, torch.float16)  # (exact in tf32; wider q or k rounded to it first)
         constexprs.update(CHUNK_K=chunk_k, ROUND_KQ=not (q.dtype in half and k.dtype in half),
                           WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3),
-                          STATE_STAGES=stages, Q_EFF=bool(q_eff), TREE_MASKS=bool(tree_masks))
+                          STATE_STAGES=stages, Q_EFF=bool(q_eff), TREE_MASKS=bool(tree_masks), SHALLOW=shallow)
         if maxnreg is not None:
             constexprs.update(maxnreg=maxnreg)
         pdl = MMA_PDL if pdl is None else int(pdl)
@@ -405,7 +446,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
     if q_eff is None:
         q_eff = ssm.dtype in Q_EFF_DTYPES and num_nodes <= TRITON_Q_EFF_MAX_NODES
-    constexprs.update(Q_EFF=bool(q_eff))
+    doubling = parents is not None and bool(TRITON_TREE_DOUBLING if doubling is None else doubling)
+    constexprs.update(Q_EFF=bool(q_eff), DOUBLING=doubling, SHALLOW=shallow)
     return KernelCall(_gdn_verify_kernel, grid, tensors, scalars, constexprs)
 
 

@@ -172,10 +172,10 @@ def _staged_chunk(state_ring, state_base, live, v0, FIRST: gl.constexpr, STAGES:
 
 @gluon.jit
 def _unit_lower_inverse(A, identity, PATH: gl.constexpr, MMA: gl.constexpr, A_L: gl.constexpr,
-                        B_L: gl.constexpr, SPLIT: gl.constexpr):
+                        B_L: gl.constexpr, SPLIT: gl.constexpr, SHALLOW: gl.constexpr = False, depth=0):
     """(I + A)^-1 for A strictly lower triangular (zero past PATH nodes), in tf32 (3xTF32 with
     SPLIT): gdn_verify._unit_lower_inverse's blocks of 4 joined into 8, 16, ... (every intermediate
-    the size of an inverse)."""
+    the size of an inverse); with SHALLOW one block where no root path is over 4 nodes (``depth``)."""
     r = gl.arange(0, A.shape[0], layout=gl.SliceLayout(1, MMA))
     c = gl.arange(0, A.shape[1], layout=gl.SliceLayout(0, MMA))
     if PATH <= 2:
@@ -183,9 +183,25 @@ def _unit_lower_inverse(A, identity, PATH: gl.constexpr, MMA: gl.constexpr, A_L:
     else:
         within = A  # up to 4 nodes one block
         if PATH > 4:
-            within = gl.where((r[:, None] // 4) == (c[None, :] // 4), A, 0.0)
+            one_block = (r[:, None] // 4) == (c[None, :] // 4)
+            if SHALLOW:
+                one_block = one_block | (depth <= 4)
+            within = gl.where(one_block, A, 0.0)
         inverse = identity - within  # exact: only the correction below carries the products' rounding
         inverse += _product(inverse, _product(within, within, MMA, A_L, B_L, SPLIT), MMA, A_L, B_L, SPLIT)
+    if PATH > 4:
+        if SHALLOW:
+            if depth > 4:
+                inverse = _joined_blocks(inverse, A, r, c, PATH, MMA, A_L, B_L, SPLIT)
+        else:
+            inverse = _joined_blocks(inverse, A, r, c, PATH, MMA, A_L, B_L, SPLIT)
+    return inverse
+
+
+@gluon.jit
+def _joined_blocks(inverse, A, r, c, PATH: gl.constexpr, MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr,
+                   SPLIT: gl.constexpr):
+    """_unit_lower_inverse's blocks of 4 joined into 8, 16, ...: each pair of halves as T - T A' T."""
     for level in gl.static_range(0, max(0, (PATH - 1).bit_length() - 2)):
         half = 4 << level
         coupling = gl.where(((r[:, None] // (2 * half)) == (c[None, :] // (2 * half)))
@@ -230,14 +246,15 @@ def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row,
                    beta_stride_row, beta_stride_node, beta_stride_head,
                    NUM_NODES: gl.constexpr, NODES: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
                    MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, SPLIT: gl.constexpr,
-                   TREE_MASKS: gl.constexpr):
+                   TREE_MASKS: gl.constexpr, SHALLOW: gl.constexpr):
     """From the raw gram [k; q][k; q]^T: (mix, row_c, grown, kept, beta, links_ok), the
     [NODES, NODES] matrix and the per-row factors of gdn_verify's docstring, in the accumulator's
     layout (row_c: the l2 norm's and the scale's factor of each stack row). links: a tree's
     parent links [NODES], entry c node c's (-1 past the real nodes), one a lane, loaded with the
     first state chunk; the walk up the tree looks them up across lanes. With TREE_MASKS the entries
     are each node's path mask instead (_path_masks): checked, not walked. SPLIT: the inverse and the
-    mix in 3xTF32 (else the mix past 4 nodes only)."""
+    mix in 3xTF32 (else the mix past 4 nodes only). SHALLOW: a tree's inverse as one block where its
+    paths allow (_unit_lower_inverse)."""
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA)
     COL_L: gl.constexpr = gl.SliceLayout(0, MMA)
     HALF: gl.constexpr = NODES // 2
@@ -281,6 +298,7 @@ def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row,
         ancestry = col_node[None, :] <= node[:, None]
         links_ok = row >= 0
     ancestry &= (col_key & col_real)[None, :]
+    depth = gl.max(gl.sum(ancestry.to(gl.int32), axis=1), axis=0)  # the longest root path's nodes
     g_base = g_ptr + row * g_stride_row + head * g_stride_head
     g_col = _floored_log_decay(gl.load(g_base + col_node * g_stride_node, mask=col_real, other=0.0).to(gl.float32))
     cumulative = gl.sum(gl.where(ancestry, g_col[None, :], 0.0), axis=1)  # G of node(r)
@@ -291,7 +309,7 @@ def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row,
     A = gl.where(key_side[:, None] & ~eye, beta[:, None] * decay * gram, 0.0)
     identity = gl.where(eye, 1.0, 0.0)
     queries = gl.where(key_side[:, None], 0.0, decay * gram)
-    inverse = _unit_lower_inverse(A, identity, NUM_NODES, MMA, A_L, B_L, SPLIT)
+    inverse = _unit_lower_inverse(A, identity, NUM_NODES, MMA, A_L, B_L, SPLIT, SHALLOW, depth)
     # past 4 nodes in 3xTF32: near-parallel keys sum up to N terms here (as gdn_verify's kernel)
     mix = _product(queries, inverse, MMA, A_L, B_L, SPLIT or NUM_NODES > 4)
     grown = gl.exp(cumulative)
@@ -315,7 +333,7 @@ def _verify_tile(
     HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr, BLOCK_V: gl.constexpr,
     TREE: gl.constexpr, L2NORM: gl.constexpr, CHUNK_K: gl.constexpr, ROUND_KQ: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, STATE_STAGES: gl.constexpr, FROM_PROGRAM: gl.constexpr,
-    PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
+    PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr, SHALLOW: gl.constexpr,
 ):
     """One [dk, BLOCK_V] state tile's outputs, from one read of it: the tile of _gdn_verify_mma_kernel's
     program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
@@ -413,7 +431,7 @@ def _verify_tile(
         mix, row_c, grown, kept, beta, links_ok = _node_matrices(
             gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
             beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
-            True, TREE_MASKS)
+            True, TREE_MASKS, SHALLOW)
         eye = gl.arange(0, NODES, layout=ROW_L)[:, None] == gl.arange(0, NODES, layout=COL_L)[None, :]
         W = gl.where(eye, (kept * row_c)[:, None], 0.0) - mix * gl.convert_layout(beta * grown * row_c, COL_L)[None, :]
         w_hi, w_lo = _parts(W, A_L, True)
@@ -448,7 +466,7 @@ def _verify_tile(
         mix, row_c, grown, kept, beta, links_ok = _node_matrices(
             gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
             beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
-            False, TREE_MASKS)
+            False, TREE_MASKS, SHALLOW)
         products = products * row_c[:, None]  # K S0 on key rows, Q S0 (scaled) on query rows
     stack = gl.arange(0, NODES, layout=ROW_L)
     key_side = stack < HALF
@@ -489,6 +507,7 @@ def _gdn_verify_mma_kernel(
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
     STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
+    SHALLOW: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
     gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
@@ -508,7 +527,7 @@ def _gdn_verify_mma_kernel(
                  ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                  NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                  TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, True, PDL,
-                 Q_EFF, TREE_MASKS)
+                 Q_EFF, TREE_MASKS, SHALLOW)
 
 
 @gluon.jit(do_not_specialize=["num_rows"])
@@ -528,6 +547,7 @@ def _gdn_verify_mma_persistent_kernel(
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
     STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
+    SHALLOW: gl.constexpr,
 ):
     """_gdn_verify_mma_kernel's tiles of num_rows rows (row-major: a row's heads, then the next row's),
     program_id(0), + num_programs, ... a program, on a grid (programs, 1): a grid of a few programs
@@ -547,4 +567,4 @@ def _gdn_verify_mma_persistent_kernel(
                      ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                      NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                      TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, False, PDL,
-                     Q_EFF, TREE_MASKS)
+                     Q_EFF, TREE_MASKS, SHALLOW)

@@ -233,15 +233,17 @@ def gdn_ring_due_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, capacit
     return list(csrc_triton.gdn_ring_verify._flush_calls(*args, **dict(kwargs, mma=True, **tuning)))[:1]
 
 
-def gdn_verify_calls(batch, tuning, state_dtype=torch.float32, transposed=False):
+def gdn_verify_calls(batch, tuning, state_dtype=torch.float32, transposed=False, tree=False):
     """gdn_verify's launch on the mma kernel at Qwen3-Next TP1 (Hk 16, Hv 32, dk = dv = 128), chains of 4
-    (transposed: the pool stored [.., dv, dk], passed transposed)."""
-    Hk, Hv, d, N = 16, 32, 128, 4
+    (transposed: the pool stored [.., dv, dk], passed transposed; tree: the benchmarks' tree of 8 nodes)."""
+    Hk, Hv, d = 16, 32, 128
+    parents = torch.tensor([[-1, 0, 0, 0, 1, 1, 1, 4]] * batch) if tree else None
+    N = 8 if tree else 4
     v = conv_views(batch, N, [(Hk * d, (Hk, d)), (Hk * d, (Hk, d)), (Hv * d, (Hv, d))], "qkv")
     ssm = torch.empty(batch, Hv, d, d, dtype=state_dtype)
     return [csrc_triton.gdn_verify._verify_call(
         torch.empty(batch, N, Hv, d, dtype=torch.bfloat16), v["q"], v["k"], v["v"], torch.empty(batch, N, Hv),
-        torch.empty(batch, N, Hv), ssm.transpose(-1, -2) if transposed else ssm, torch.arange(batch), None,
+        torch.empty(batch, N, Hv), ssm.transpose(-1, -2) if transposed else ssm, torch.arange(batch), parents,
         scale=d ** -0.5, use_qk_l2norm=True, **dict(dict(mma=True), **tuning))]
 
 
@@ -250,6 +252,7 @@ KERNELS = {"mamba2_verify": mamba2_verify_calls, "mamba2_ring": mamba2_ring_call
            "gdn_ring_test_shapes": gdn_ring_test_shape_calls, "gdn_verify": gdn_verify_calls,
            "gdn_verify_bf16": functools.partial(gdn_verify_calls, state_dtype=torch.bfloat16),
            "gdn_verify_transposed": functools.partial(gdn_verify_calls, transposed=True),
+           "gdn_verify_tree": functools.partial(gdn_verify_calls, tree=True),
            "gdn_verify_bf16_transposed": functools.partial(gdn_verify_calls, state_dtype=torch.bfloat16, transposed=True),
            "mamba2_ring_test_shapes": mamba2_ring_test_shape_calls}
 

@@ -279,6 +279,36 @@ def test_repeated_token(impl, num_nodes, parents):
             q, k[:, :1].expand_as(k).contiguous(), v, torch.zeros_like(g), torch.full_like(beta, 0.9), *rest)])
 
 
+TREE_WALKS = [pytest.param((False, dict(doubling=True)), id="triton-doubling"),
+              pytest.param((False, dict(shallow=True)), id="triton-shallow"),
+              pytest.param((False, dict(doubling=True, shallow=True)), id="triton-doubling-shallow"),
+              pytest.param((True, dict(shallow=True)), id="mma-shallow", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu", marks=interpreted), pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("kernel", TREE_WALKS)
+def test_tree_walks(device, kernel):
+    """Trees walked by pointer jumping (the Triton kernel's) and inverted as one block where every
+    root path has at most 4 nodes: paths of 4 (8 and 16 nodes, a forest), of 5 and 8 beside them in
+    one batch; identical keys (the inverse's hardest case); broken links skip their row."""
+    mma, walk = kernel
+    if mma and device == "cpu":
+        pytest.skip("the mma kernel runs on CUDA only")
+    run = kernel_runner(mma, **walk)
+    shallow8, deep8 = [-1, 0, 0, 0, 1, 1, 1, 4], [-1, 0, 1, 2, 3, 4, 5, 6]
+    shallow16 = [-1, 0, 0, 0, 1, 1, 1, 2, 2, 3, -1, 10, 10, 11, 12, 4]
+    deep16 = shallow16[:14] + [13, 14]  # 15 under 14 under 13 under 11 under 10: 5
+    for parents in ([shallow8, deep8, [-1, -1, 0, 1, 1, 2, 4, 4]], [shallow16, deep16, shallow16[:15] + [14]]):
+        num_nodes = len(parents[0])
+        problem = make_problem(num_nodes=num_nodes, parents=torch.tensor(parents), device=device)
+        assert check(device, run, problem) == [0, 1, 2]
+        q, k, v, g, beta, *rest = problem
+        check(device, run, [k[:, :1].expand_as(k).contiguous() if t is k else t for t in (
+            q, k, v, torch.zeros_like(g), torch.full_like(beta, 0.9), *rest)])
+    broken = torch.tensor([shallow8, shallow8[:7] + [7], shallow8[:3] + [-2] + shallow8[4:]])
+    assert check(device, run, make_problem(num_nodes=8, parents=broken, device=device)) == [0]
+
+
 TUNINGS = [dict(mma=False), dict(block_v=16, mma=False), dict(block_v=16, num_warps=2, mma=False),
            dict(block_v=32, precision="tf32x3", num_warps=2, mma=False), dict(block_v=64, precision="ieee", mma=False),
            pytest.param(dict(mma=True, block_v=32, num_warps=4), marks=pytest.mark.gpu),
@@ -405,7 +435,7 @@ def path_masks(links):
 
 def test_tree_path_masks():
     """The launcher's tree_masks: each node's path mask as the obvious loop has it; only a tree's,
-    on the mma kernel."""
+    on the mma kernel (and doubling the Triton kernel's only)."""
     links = torch.tensor([[-1, 0, 0, 0, 1, 1, 1, 4], [-1, -1, 0, 1, 2, 3, 4, 5], [-1, 0, 1, 2, 3, 4, 5, 6]])
     assert torch.equal(triton_kernels().gdn_verify.tree_path_masks(links), path_masks(links))
     q, k, v, g, beta, ssm, slots, parents = make_problem(parents=[-1, 0, 0, 2])
@@ -414,6 +444,9 @@ def test_tree_path_masks():
             triton_kernels().gdn_verify._verify_call(torch.empty(v.shape), q, k, v, g, beta, ssm, slots,
                                                      chosen["parents"], scale=0.25, use_qk_l2norm=True,
                                                      mma=chosen["mma"], tree_masks=True)
+    with pytest.raises(ValueError, match="doubling"):
+        triton_kernels().gdn_verify._verify_call(torch.empty(v.shape), q, k, v, g, beta, ssm, slots, parents,
+                                                 scale=0.25, use_qk_l2norm=True, mma=True, doubling=True)
 
 
 @pytest.mark.gpu
