@@ -174,7 +174,7 @@ def stack_rows(keys, queries, key_side, mask):
 
 @triton.jit
 def _ancestry(row, node, real, parents_ptr, parents_stride_row, parents_stride_node, NUM_NODES: tl.constexpr,
-              TREE: tl.constexpr, DOUBLING: tl.constexpr):
+              TREE: tl.constexpr, DOUBLING: tl.constexpr = False):
     """[NODES, NODES] bool: node(c) is node(r)'s ancestor or itself (both sides of the stack), and
     whether every parent link of the row lies in [-1, n-1] (always, for a chain). A tree's links
     are one load; the walk looks them up in registers (no chain of dependent loads): link by link,
