@@ -273,7 +273,7 @@ def _gdn_verify_kernel(
     A = tl.where(key_side[:, None] & (eye < 0.5), beta[:, None] * decay * gram, 0.0)
     # the node matrices in 3xTF32 where the effective queries need them whole
     SPLIT: tl.constexpr = "tf32x3" if PRECISION == "tf32" and Q_EFF else PRECISION
-    inverse = _unit_lower_inverse(A, eye, NUM_NODES, SPLIT, SHALLOW, depth)  # (I + A)^-1 on the key block, I elsewhere
+    inverse = _unit_lower_inverse(A, eye, NUM_NODES, SPLIT, SHALLOW, depth)  # (I + A)^-1 on the key block
     queries = tl.where(key_side[:, None], 0.0, decay * gram)
     if PRECISION == "tf32" and (NUM_NODES > 4 or Q_EFF):  # past 4 nodes near-parallel keys sum up to N terms here
         mix = _dot(queries, inverse, "tf32x3")
