@@ -279,21 +279,20 @@ def test_repeated_token(impl, num_nodes, parents):
             q, k[:, :1].expand_as(k).contiguous(), v, torch.zeros_like(g), torch.full_like(beta, 0.9), *rest)])
 
 
-TREE_WALKS = [pytest.param((False, dict(doubling=True)), id="triton-doubling"),
-              pytest.param((False, dict(shallow=True)), id="triton-shallow"),
-              pytest.param((False, dict(doubling=True, shallow=True)), id="triton-doubling-shallow"),
-              pytest.param((True, dict(shallow=True)), id="mma-shallow", marks=pytest.mark.gpu)]
+TREE_WALKS = [pytest.param((device, mma, walk), id=f"{kernel}-{device}-{'-'.join(walk)}", marks=marks)
+              for device, marks in (("cpu", interpreted), ("cuda", pytest.mark.gpu))
+              for kernel, mma, walk in (("triton", False, dict(doubling=True)), ("triton", False, dict(shallow=True)),
+                                        ("triton", False, dict(doubling=True, shallow=True)),
+                                        ("mma", True, dict(shallow=True)))
+              if device == "cuda" or not mma]  # (the mma kernel runs on CUDA only)
 
 
-@pytest.mark.parametrize("device", [pytest.param("cpu", marks=interpreted), pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("kernel", TREE_WALKS)
-def test_tree_walks(device, kernel):
+@pytest.mark.parametrize("case", TREE_WALKS)
+def test_tree_walks(case):
     """Trees walked by pointer jumping (the Triton kernel's) and inverted as one block where every
     root path has at most 4 nodes: paths of 4 (8 and 16 nodes, a forest), of 5 and 8 beside them in
     one batch; identical keys (the inverse's hardest case); broken links skip their row."""
-    mma, walk = kernel
-    if mma and device == "cpu":
-        pytest.skip("the mma kernel runs on CUDA only")
+    device, mma, walk = case
     run = kernel_runner(mma, **walk)
     shallow8, deep8 = [-1, 0, 0, 0, 1, 1, 1, 4], [-1, 0, 1, 2, 3, 4, 5, 6]
     shallow16 = [-1, 0, 0, 0, 1, 1, 1, 2, 2, 3, -1, 10, 10, 11, 12, 4]
