@@ -181,10 +181,10 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          dict(mma=True, q_eff=True), dict(mma=True, q_eff=True, state_stages=2), dict(mma=True, q_eff=True, pdl=2),
          dict(mma=False, q_eff=False), dict(mma=True, q_eff=False),  # the stacked products, each kernel
          dict(mma=True, tree_masks=True),  # trees only: each node's path mask given (checked, not walked)
-         # trees only: the Triton kernel's walk by pointer jumping; either kernel's inverse as one block
-         # where no root path is over 4 nodes (the benchmarks' tree)
-         dict(mma=False, doubling=True), dict(mma=False, shallow=True), dict(mma=False, doubling=True, shallow=True),
-         dict(mma=True, shallow=True)]
+         # trees only, the defaults off: the Triton kernel's walk link by link, not by pointer jumping;
+         # either kernel's blocked inverse where no root path is over 4 nodes (the benchmarks' tree)
+         dict(mma=False, doubling=False), dict(mma=False, shallow=False), dict(mma=False, doubling=False, shallow=False),
+         dict(mma=True, shallow=False)]
 TREE_OPTIONS = ("tree_masks", "doubling", "shallow")
 
 

@@ -90,9 +90,9 @@ Q_EFF_DTYPES = (torch.float32,)
 TRITON_Q_EFF_MAX_NODES = 8
 # The Triton kernel's trees walked by pointer jumping (log2 N dependent lookups, not N - 1); both
 # kernels' (I + A)^-1 as one block of the whole tree where no root path is over 4 nodes (A^4 = 0
-# then), its joins skipped (neither yet timed on a GPU)
-TRITON_TREE_DOUBLING = False
-SHALLOW_TREES = False
+# then), its joins skipped; off: the link-by-link walk, the blocked inverse at every depth
+TRITON_TREE_DOUBLING = True
+SHALLOW_TREES = True
 
 
 @triton.jit

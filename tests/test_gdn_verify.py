@@ -279,18 +279,21 @@ def test_repeated_token(impl, num_nodes, parents):
             q, k[:, :1].expand_as(k).contiguous(), v, torch.zeros_like(g), torch.full_like(beta, 0.9), *rest)])
 
 
-TREE_WALKS = [pytest.param((device, mma, walk), id=f"{kernel}-{device}-{'-'.join(walk)}", marks=marks)
+TREE_WALKS = [pytest.param((device, mma, walk), id=f"{kernel}-{device}-{'-'.join(f'{k}={v}' for k, v in walk.items())}",
+                           marks=marks)
               for device, marks in (("cpu", interpreted), ("cuda", pytest.mark.gpu))
-              for kernel, mma, walk in (("triton", False, dict(doubling=True)), ("triton", False, dict(shallow=True)),
-                                        ("triton", False, dict(doubling=True, shallow=True)),
-                                        ("mma", True, dict(shallow=True)))
+              for kernel, mma, walk in (("triton", False, {}), ("triton", False, dict(doubling=False)),
+                                        ("triton", False, dict(shallow=False)),
+                                        ("triton", False, dict(doubling=False, shallow=False)),
+                                        ("mma", True, {}), ("mma", True, dict(shallow=False)),
+                                        ("mma", True, dict(tree_masks=True)))
               if device == "cuda" or not mma]  # (the mma kernel runs on CUDA only)
 
 
 @pytest.mark.parametrize("case", TREE_WALKS)
 def test_tree_walks(case):
-    """Trees walked by pointer jumping (the Triton kernel's) and inverted as one block where every
-    root path has at most 4 nodes: paths of 4 (8 and 16 nodes, a forest), of 5 and 8 beside them in
+    """Trees walked by pointer jumping (the Triton kernel's) or link by link, inverted as one block
+    where every root path has at most 4 nodes (the default) or blocked: paths of 4 (8 and 16 nodes, a forest), of 5 and 8 beside them in
     one batch; identical keys (the inverse's hardest case); broken links skip their row."""
     device, mma, walk = case
     run = kernel_runner(mma, **walk)
