@@ -58,7 +58,8 @@ MIN_DOT = 16  # tl.dot's smallest M, N and K
 BLOCK_V = 64
 VERIFY_PROGRAMS = 512
 VERIFY_WARPS = 4
-# gdn_verify_mma's kernel: two warps over 128 value columns, state rows loaded 32 at a time. It
+# gdn_verify_mma's kernel: two warps over 128 value columns, state rows loaded 16 at a time (on the
+# H200 faster than 32 by 5-9% from B = 64: docs/benchmarks.md, the verify recurrence). It
 # serves batches that give it MMA_MIN_PROGRAMS programs or more and at most MMA_MAX_NODES nodes;
 # smaller ones are faster on the kernel below (docs/benchmarks.md, the verify sweep). A 2-byte
 # state loads twice the rows a chunk: the same bytes in flight.
@@ -68,7 +69,7 @@ MMA_BLOCK_V = 128
 # if they reach it (0: never; B = 2-3 at Qwen3-Next TP1: docs/benchmarks.md, "Small batches")
 MMA_SPREAD_BLOCK_V = 64
 MMA_WARPS = 2
-MMA_CHUNK_K = 32
+MMA_CHUNK_K = 16
 MMA_MAX_NODES = 16
 # The state chunks through shared memory by cp.async, this many in flight from the program's start,
 # under the effective queries (below); the stacked products keep them in registers, one chunk ahead

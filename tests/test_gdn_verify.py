@@ -285,8 +285,7 @@ TREE_WALKS = [pytest.param((device, mma, walk), id=f"{kernel}-{device}-{'-'.join
               for kernel, mma, walk in (("triton", False, {}), ("triton", False, dict(doubling=False)),
                                         ("triton", False, dict(shallow=False)),
                                         ("triton", False, dict(doubling=False, shallow=False)),
-                                        ("mma", True, {}), ("mma", True, dict(shallow=False)),
-                                        ("mma", True, dict(tree_masks=True)))
+                                        ("mma", True, {}), ("mma", True, dict(shallow=False)))
               if device == "cuda" or not mma]  # (the mma kernel runs on CUDA only)
 
 
