@@ -356,16 +356,17 @@ def test_mma_launch_plans(monkeypatch):
     for tiles in (dict(chunk_k=8), dict(chunk_k=24), dict(block_v=48), dict(block_v=32, num_warps=3)):
         with pytest.raises(ValueError, match="powers of two"):
             plan(problem, **tiles)
-    for stages, chunk_k, want in ((None, None, 2), (1, None, 1), (4, None, 2), (4, 16, 4), (9, 16, 4)):  # (dk 64)
+    for stages, chunk_k, want in ((None, None, 2), (1, None, 1), (4, None, 4), (9, None, 4), (4, 32, 2),
+                                  (9, 16, 4)):  # (dk 64: four chunks of 16 rows, two of 32)
         assert plan(problem, state_stages=stages, chunk_k=chunk_k).constexprs["STATE_STAGES"] == want
     # the effective queries by default where the chunks stage and the state is float32; the stacked
     # products keep their chunks in registers unless asked
     bf16_pool = make_problem(head_k_dim=64, head_v_dim=64, state_dtype=torch.bfloat16)
     for pool, tuning, want in ((problem, {}, (True, 2)), (problem, dict(q_eff=False), (False, 0)),
-                               (problem, dict(q_eff=False, state_stages=3), (False, 2)),
+                               (problem, dict(q_eff=False, state_stages=3), (False, 3)),
                                (problem, dict(state_stages=0), (False, 0)),
                                (problem, dict(q_eff=True, state_stages=0), (True, 0)),
-                               (bf16_pool, {}, (False, 0)), (bf16_pool, dict(q_eff=True), (True, 1))):
+                               (bf16_pool, {}, (False, 0)), (bf16_pool, dict(q_eff=True), (True, 2))):
         call = plan(pool, **tuning)
         assert (call.constexprs["Q_EFF"], call.constexprs["STATE_STAGES"]) == want, tuning
     for dtype, transposed, want in ((torch.float32, True, 2), (torch.bfloat16, False, 2), (torch.bfloat16, True, 2)):
@@ -373,7 +374,7 @@ def test_mma_launch_plans(monkeypatch):
         assert plan(pool, state_stages=2, block_v=64, num_warps=2, chunk_k=32).constexprs["STATE_STAGES"] == want
     # a transposed pool's chunks stage by default, with either form (in registers: loads of one value);
     # not where the lanes over a chunk's columns outnumber them (16 bf16 rows: 16 lanes a warp, 2 warps)
-    for dtype, want in ((torch.float32, (True, 2)), (torch.bfloat16, (False, 1))):  # (dk 64: one bf16 chunk)
+    for dtype, want in ((torch.float32, (True, 2)), (torch.bfloat16, (False, 2))):
         pool = make_problem(head_k_dim=64, head_v_dim=64, state_dtype=dtype, transposed=True)
         call = plan(pool)
         assert (call.constexprs["Q_EFF"], call.constexprs["STATE_STAGES"]) == want, dtype
@@ -391,8 +392,8 @@ def test_mma_launch_plans(monkeypatch):
     assert [plan(problem, **pdl).constexprs.get("PDL") for pdl in ({}, dict(pdl=0), dict(pdl=2))] == [1, 0, 2]
     assert [plan(problem, **pdl).constexprs.get("launch_pdl") for pdl in ({}, dict(pdl=0), dict(pdl=2))] == [
         True, None, True]
-    # the same bytes a chunk: 32 rows of a 4-byte state, 64 of a 2-byte one (at most dk)
-    for dtype, head_k_dim, want in ((torch.float32, 128, 32), (torch.bfloat16, 128, 64), (torch.bfloat16, 32, 32)):
+    # the same bytes a chunk: 16 rows of a 4-byte state, 32 of a 2-byte one (at most dk)
+    for dtype, head_k_dim, want in ((torch.float32, 128, 16), (torch.bfloat16, 128, 32), (torch.bfloat16, 16, 16)):
         pool = make_problem(head_k_dim=head_k_dim, head_v_dim=64, state_dtype=dtype)
         assert plan(pool).constexprs["CHUNK_K"] == want
     module = triton_kernels().gdn_verify
@@ -413,8 +414,8 @@ def test_mma_launch_plans(monkeypatch):
         mma = call.kernel.fn.__name__ == "_gdn_verify_mma_kernel"
         assert (call.constexprs["BLOCK_V"] if mma else None) == want, (spread, rows)
     try:
-        module.MMA_STATE_STAGES, module.MMA_CHUNK_K = 3, 16
-        assert [plan(problem).constexprs[name] for name in ("STATE_STAGES", "CHUNK_K")] == [3, 16]
+        module.MMA_STATE_STAGES, module.MMA_CHUNK_K = 3, 32
+        assert [plan(problem).constexprs[name] for name in ("STATE_STAGES", "CHUNK_K")] == [2, 32]  # (dk 64)
         module.MMA_Q_EFF = False
         assert [plan(problem).constexprs[name] for name in ("STATE_STAGES", "Q_EFF")] == [0, False]
     finally:
