@@ -58,11 +58,11 @@ MIN_DOT = 16  # tl.dot's smallest M, N and K
 BLOCK_V = 64
 VERIFY_PROGRAMS = 512
 VERIFY_WARPS = 4
-# gdn_verify_mma's kernel: two warps over 128 value columns, state rows loaded 16 at a time (on the
-# H200 faster than 32 by 5-9% from B = 64: docs/benchmarks.md, the verify recurrence). It
-# serves batches that give it MMA_MIN_PROGRAMS programs or more and at most MMA_MAX_NODES nodes;
-# smaller ones are faster on the kernel below (docs/benchmarks.md, the verify sweep). A 2-byte
-# state loads twice the rows a chunk: the same bytes in flight.
+# gdn_verify_mma's kernel: two warps over 128 value columns, a float32 state's rows loaded 16 at a
+# time (on the H200 faster than 32 by 5-9% from B = 64), a 2-byte state's 64 (half a float32 chunk's
+# bytes untimed: docs/benchmarks.md, the verify recurrence). It serves batches that give it
+# MMA_MIN_PROGRAMS programs or more and at most MMA_MAX_NODES nodes; smaller ones are faster on the
+# kernel below (docs/benchmarks.md, the verify sweep).
 MMA_MIN_PROGRAMS = 128
 MMA_BLOCK_V = 128
 # Where MMA_BLOCK_V columns a program leave fewer than MMA_MIN_PROGRAMS programs, this many instead
@@ -70,6 +70,7 @@ MMA_BLOCK_V = 128
 MMA_SPREAD_BLOCK_V = 64
 MMA_WARPS = 2
 MMA_CHUNK_K = 16
+MMA_CHUNK_K_2BYTE = 64
 MMA_MAX_NODES = 16
 # The state chunks through shared memory by cp.async, this many in flight from the program's start,
 # under the effective queries (below); the stacked products keep them in registers, one chunk ahead
@@ -374,7 +375,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
     kernel's), chunk_k (state rows per load of the mma kernel, a power of two >= 16; None:
-    MMA_CHUNK_K, twice that for a 2-byte state), state_stages (the mma kernel's chunks through
+    MMA_CHUNK_K, MMA_CHUNK_K_2BYTE for a 2-byte state), state_stages (the mma kernel's chunks through
     shared memory, that many in flight; None: MMA_STATE_STAGES under q_eff, else 0; 0, or copies
     under 4 bytes: registers), persistent (the mma kernel on that many programs, each taking tiles
     until none is left -- a few an SM cap how many share one; None: a program a tile), maxnreg (the
@@ -424,7 +425,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         raise ValueError("convwin.gdn_verify: doubling is the Triton kernel's walk (the mma kernel's is across lanes)")
     if mma:
         from . import gdn_verify_mma
-        chunk_k = min(chunk_k or MMA_CHUNK_K * 4 // ssm.element_size(), constexprs["BLOCK_K"])
+        chunk_k = min(chunk_k or (MMA_CHUNK_K_2BYTE if ssm.element_size() == 2 else MMA_CHUNK_K), constexprs["BLOCK_K"])
         check_mma_tiles("convwin.gdn_verify", block_v, num_warps, chunk_k)
         stages = state_stages_for(MMA_STATE_STAGES if state_stages is None else state_stages, block_v, num_warps,
                                   chunk_k, constexprs["BLOCK_K"], ssm)
