@@ -183,8 +183,11 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          dict(mma=True, tree_masks=True),  # trees only: each node's path mask given (checked, not walked)
          # trees only, the defaults off: the Triton kernel's walk link by link, not by pointer jumping;
          # either kernel's blocked inverse where no root path is over 4 nodes (the benchmarks' tree)
-         dict(mma=False, doubling=False), dict(mma=False, shallow=False), dict(mma=False, doubling=False, shallow=False),
-         dict(mma=True, shallow=False)]
+         dict(mma=False, doubling=False), dict(mma=False, shallow=False),
+         dict(mma=False, doubling=False, shallow=False),
+         dict(mma=True, shallow=False),
+         # 64-column tiles at chunks of 16 rows (twice the programs: B = 64's 2048 tiles in about two waves)
+         dict(mma=True, block_v=64, chunk_k=16), dict(mma=True, block_v=64, num_warps=1, chunk_k=16)]
 TREE_OPTIONS = ("tree_masks", "doubling", "shallow")
 
 

@@ -59,10 +59,10 @@ BLOCK_V = 64
 VERIFY_PROGRAMS = 512
 VERIFY_WARPS = 4
 # gdn_verify_mma's kernel: two warps over 128 value columns, a float32 state's rows loaded 16 at a
-# time (on the H200 faster than 32 by 5-9% from B = 64), a 2-byte state's 64 (half a float32 chunk's
-# bytes untimed: docs/benchmarks.md, the verify recurrence). It serves batches that give it
-# MMA_MIN_PROGRAMS programs or more and at most MMA_MAX_NODES nodes; smaller ones are faster on the
-# kernel below (docs/benchmarks.md, the verify sweep).
+# time (25 KB of shared memory a program, not 41 KB: 8 programs an SM, not 5; on the H200 5-9% faster
+# from B = 64), a 2-byte state's 64 (32 untimed: docs/benchmarks.md, the verify recurrence). It
+# serves batches that give it MMA_MIN_PROGRAMS programs or more and at most MMA_MAX_NODES nodes;
+# smaller ones are faster on the kernel below (docs/benchmarks.md, the verify sweep).
 MMA_MIN_PROGRAMS = 128
 MMA_BLOCK_V = 128
 # Where MMA_BLOCK_V columns a program leave fewer than MMA_MIN_PROGRAMS programs, this many instead
