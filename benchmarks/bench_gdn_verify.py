@@ -187,7 +187,9 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          dict(mma=False, doubling=False, shallow=False),
          dict(mma=True, shallow=False),
          # 64-column tiles at chunks of 16 rows (twice the programs: B = 64's 2048 tiles in about two waves)
-         dict(mma=True, block_v=64, chunk_k=16), dict(mma=True, block_v=64, num_warps=1, chunk_k=16)]
+         dict(mma=True, block_v=64, chunk_k=16), dict(mma=True, block_v=64, num_warps=1, chunk_k=16),
+         # bf16 pools: the effective queries on staged chunks of 32 / 16 rows (their node matrices under the loads)
+         dict(mma=True, q_eff=True, chunk_k=32), dict(mma=True, q_eff=True, chunk_k=16)]
 TREE_OPTIONS = ("tree_masks", "doubling", "shallow")
 
 

@@ -53,7 +53,8 @@
 #             (each option off) against the default, B = 1 / 2 / 8 (the Triton kernel's beside the mma kernel's), 64 / 256
 #   chunk16   gdn_verify's mma kernel at chunks of 16 rows (the float32 default since a53206b, its GPU tests never run):
 #             test_gdn_verify.py's GPU tests; 64-column tiles at 16 rows and 32 rows against the default (B = 64 / 256),
-#             bf16 pools' chunks of 32 / 16 rows against their 64; the GDN ring's chain steps at RING_MMA_CHUNK_K=16
+#             bf16 pools' chunks of 32 / 16 rows against their 64 (stacked; effective queries); the GDN ring's chain
+#             steps at RING_MMA_CHUNK_K=16
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
@@ -335,8 +336,8 @@ for phase in "$@"; do
               timeout 60 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 1 34 35 \
                 > "$out/sweep_chunk16.log" 2>&1 || rc=1
               grep -E '^\||FAILED' "$out/sweep_chunk16.log"
-              timeout 60 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 1 2 --state-dtype bf16 \
-                > "$out/sweep_chunk16_bf16.log" 2>&1 || rc=1
+              timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 1 2 36 37 \
+                --state-dtype bf16 > "$out/sweep_chunk16_bf16.log" 2>&1 || rc=1
               grep -E '^\||FAILED' "$out/sweep_chunk16_bf16.log"
               gdn_steps "" "RING_MMA_CHUNK_K=16" || rc=1 ;;
     masks)    rc=0  # (gdn_verify's mma kernel given each tree node's path mask: tests, then trees both ways)
