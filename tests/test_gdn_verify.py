@@ -279,8 +279,8 @@ def test_repeated_token(impl, num_nodes, parents):
             q, k[:, :1].expand_as(k).contiguous(), v, torch.zeros_like(g), torch.full_like(beta, 0.9), *rest)])
 
 
-TREE_WALKS = [pytest.param((device, mma, walk), id=f"{kernel}-{device}-{'-'.join(f'{k}={v}' for k, v in walk.items())}",
-                           marks=marks)
+TREE_WALKS = [pytest.param((device, mma, walk), marks=marks,
+                           id=f"{kernel}-{device}-{'-'.join(f'{k}={v}' for k, v in walk.items()) or 'default'}")
               for device, marks in (("cpu", interpreted), ("cuda", pytest.mark.gpu))
               for kernel, mma, walk in (("triton", False, {}), ("triton", False, dict(doubling=False)),
                                         ("triton", False, dict(shallow=False)),
