@@ -189,7 +189,10 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          # 64-column tiles at chunks of 16 rows (twice the programs: B = 64's 2048 tiles in about two waves)
          dict(mma=True, block_v=64, chunk_k=16), dict(mma=True, block_v=64, num_warps=1, chunk_k=16),
          # bf16 pools: the effective queries on staged chunks of 32 / 16 rows (their node matrices under the loads)
-         dict(mma=True, q_eff=True, chunk_k=32), dict(mma=True, q_eff=True, chunk_k=16)]
+         dict(mma=True, q_eff=True, chunk_k=32), dict(mma=True, q_eff=True, chunk_k=16),
+         # the stacked products (their state product first, the node matrices after it) on chunks of 32 rows in
+         # registers, of 16 staged (entry 28: of 16 in registers)
+         dict(mma=True, q_eff=False, chunk_k=32), dict(mma=True, q_eff=False, chunk_k=16, state_stages=2)]
 TREE_OPTIONS = ("tree_masks", "doubling", "shallow")
 
 
