@@ -258,8 +258,8 @@ def sweep(shapes, batches, state_dtype, tunings, transposed=False, device="cuda"
             print(markdown_row("tree" if tree else "chain", batch, "plain read of the pools, a launch a layer",
                                f"{read_us:.1f}", f"{floor / read_us:.1%}", "-"), flush=True)
             for entry in [{}] + tunings:
-                if not tree and any(entry.get(option) for option in TREE_OPTIONS):
-                    continue  # (a tree's option)
+                if not tree and any(option in entry for option in TREE_OPTIONS):
+                    continue  # (a tree's option, on or off: a chain would time the default again)
                 tuning = resolved(entry)
                 given = p if not entry.get("tree_masks") else dict(
                     p, parents=kernels.gdn_verify.tree_path_masks(p["parents"]))
