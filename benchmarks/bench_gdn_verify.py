@@ -192,7 +192,10 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          dict(mma=True, q_eff=True, chunk_k=32), dict(mma=True, q_eff=True, chunk_k=16),
          # the stacked products (their state product first, the node matrices after it) on chunks of 32 rows in
          # registers, of 16 staged (entry 28: of 16 in registers)
-         dict(mma=True, q_eff=False, chunk_k=32), dict(mma=True, q_eff=False, chunk_k=16, state_stages=2)]
+         dict(mma=True, q_eff=False, chunk_k=32), dict(mma=True, q_eff=False, chunk_k=16, state_stages=2),
+         # the small inputs loaded where they are used (0), only g and beta at the program's start (1): the default
+         # (2) loads v there too, its term the products' first addend
+         dict(mma=True, early_loads=0), dict(mma=True, early_loads=1)]
 TREE_OPTIONS = ("tree_masks", "doubling", "shallow")
 
 

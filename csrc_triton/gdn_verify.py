@@ -85,6 +85,10 @@ MMA_PDL = 1
 # staged and the state is float32; in registers they would wait across the node matrices (10-15%
 # slower), and a bf16 state's 2e-2 tolerance has the stacked products' error to spare.
 MMA_Q_EFF = True
+# The mma kernel's small inputs loaded at the program's start, their latency under the stack's and
+# the state's: 1, g and beta (not when the node matrices need them); 2, also v under the effective
+# queries (its term the products' first addend, not after the state's); 0, neither.
+MMA_EARLY_LOADS = 2
 # Both kernels' effective queries by default for these state dtypes; the Triton kernel's up to
 # TRITON_Q_EFF_MAX_NODES nodes (past them its W [k; q] product spills, past 32 it overflows shared
 # memory).
@@ -370,7 +374,8 @@ def _mma_kernel_runs_on(ssm) -> bool:
 
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
                  block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None,
-                 persistent=None, maxnreg=None, pdl=None, q_eff=None, tree_masks=False, doubling=None, shallow=None):
+                 persistent=None, maxnreg=None, pdl=None, q_eff=None, tree_masks=False, doubling=None, shallow=None,
+                 early_loads=None):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
@@ -389,7 +394,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     its link -- bit j of node n's set where node j is n or one of its ancestors -- checked for a
     forest's, not walked: tree_path_masks), doubling (the Triton kernel's tree walked by pointer
     jumping; None: TRITON_TREE_DOUBLING), shallow (a tree's inverse as one block where no root path
-    is over 4 nodes; None: SHALLOW_TREES): tuning only."""
+    is over 4 nodes; None: SHALLOW_TREES), early_loads (the mma kernel's small inputs loaded at its
+    start, 0 .. 2; None: MMA_EARLY_LOADS): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -421,6 +427,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     shallow = parents is not None and bool(SHALLOW_TREES if shallow is None else shallow)
     if tree_masks and not (mma and parents is not None):
         raise ValueError("convwin.gdn_verify: tree_masks are the mma kernel's, for a tree's parents")
+    if early_loads is not None and not mma:
+        raise ValueError("convwin.gdn_verify: early_loads is the mma kernel's load order")
     if doubling and mma:
         raise ValueError("convwin.gdn_verify: doubling is the Triton kernel's walk (the mma kernel's is across lanes)")
     if mma:
@@ -436,7 +444,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         half = (torch.bfloat16, torch.float16)  # (exact in tf32; wider q or k rounded to it first)
         constexprs.update(CHUNK_K=chunk_k, ROUND_KQ=not (q.dtype in half and k.dtype in half),
                           WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3),
-                          STATE_STAGES=stages, Q_EFF=bool(q_eff), TREE_MASKS=bool(tree_masks), SHALLOW=shallow)
+                          STATE_STAGES=stages, Q_EFF=bool(q_eff), TREE_MASKS=bool(tree_masks), SHALLOW=shallow,
+                          EARLY=int(MMA_EARLY_LOADS if early_loads is None else early_loads))
         if maxnreg is not None:
             constexprs.update(maxnreg=maxnreg)
         pdl = MMA_PDL if pdl is None else int(pdl)

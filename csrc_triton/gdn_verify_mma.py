@@ -242,14 +242,30 @@ def _path_masks(masks, walker, NUM_NODES: gl.constexpr):
 
 
 @gluon.jit
-def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
-                   beta_stride_row, beta_stride_node, beta_stride_head,
+def _gates(row, head, g_ptr, beta_ptr, g_stride_row, g_stride_node, g_stride_head, beta_stride_row,
+           beta_stride_node, beta_stride_head, NUM_NODES: gl.constexpr, NODES: gl.constexpr, MMA: gl.constexpr):
+    """(g_col, beta): the stack columns' floored log decays (node c's on both sides' columns) and the
+    stack rows' betas (zero on query rows: no update there), fp32, in _node_matrices' layouts."""
+    HALF: gl.constexpr = NODES // 2
+    col_node = gl.arange(0, NODES, layout=gl.SliceLayout(0, MMA)) % HALF
+    stack = gl.arange(0, NODES, layout=gl.SliceLayout(1, MMA))
+    node = stack % HALF
+    g_col = gl.load(g_ptr + row * g_stride_row + head * g_stride_head + col_node * g_stride_node,
+                    mask=col_node < NUM_NODES, other=0.0)
+    beta = gl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
+                   mask=(node < NUM_NODES) & (stack < HALF), other=0.0)
+    return _floored_log_decay(g_col.to(gl.float32)), beta.to(gl.float32)
+
+
+@gluon.jit
+def _node_matrices(gram, row, scale, g_col, beta, links,
                    NUM_NODES: gl.constexpr, NODES: gl.constexpr, TREE: gl.constexpr, L2NORM: gl.constexpr,
                    MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, SPLIT: gl.constexpr,
                    TREE_MASKS: gl.constexpr, SHALLOW: gl.constexpr):
     """From the raw gram [k; q][k; q]^T: (mix, row_c, grown, kept, beta, links_ok), the
     [NODES, NODES] matrix and the per-row factors of gdn_verify's docstring, in the accumulator's
-    layout (row_c: the l2 norm's and the scale's factor of each stack row). links: a tree's
+    layout (row_c: the l2 norm's and the scale's factor of each stack row). g_col, beta: _gates'
+    (beta returned as given). links: a tree's
     parent links [NODES], entry c node c's (-1 past the real nodes), one a lane, loaded with the
     first state chunk; the walk up the tree looks them up across lanes. With TREE_MASKS the entries
     are each node's path mask instead (_path_masks): checked, not walked. SPLIT: the inverse and the
@@ -261,7 +277,6 @@ def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row,
     stack = gl.arange(0, NODES, layout=ROW_L)
     key_side = stack < HALF
     node = stack % HALF
-    real = node < NUM_NODES
     col_stack = gl.arange(0, NODES, layout=COL_L)
     col_key = col_stack < HALF
     col_node = col_stack % HALF
@@ -299,13 +314,9 @@ def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row,
         links_ok = row >= 0
     ancestry &= (col_key & col_real)[None, :]
     depth = gl.max(gl.sum(ancestry.to(gl.int32), axis=1), axis=0)  # the longest root path's nodes
-    g_base = g_ptr + row * g_stride_row + head * g_stride_head
-    g_col = _floored_log_decay(gl.load(g_base + col_node * g_stride_node, mask=col_real, other=0.0).to(gl.float32))
     cumulative = gl.sum(gl.where(ancestry, g_col[None, :], 0.0), axis=1)  # G of node(r)
     decay = gl.exp(gl.where(ancestry, cumulative[:, None] - gl.convert_layout(cumulative, COL_L)[None, :], 0.0))
     decay = gl.where(ancestry, decay, 0.0)  # D, on both sides' rows
-    beta = gl.load(beta_ptr + row * beta_stride_row + node * beta_stride_node + head * beta_stride_head,
-                   mask=real & key_side, other=0.0).to(gl.float32)  # zero on query rows: no update there
     A = gl.where(key_side[:, None] & ~eye, beta[:, None] * decay * gram, 0.0)
     identity = gl.where(eye, 1.0, 0.0)
     queries = gl.where(key_side[:, None], 0.0, decay * gram)
@@ -316,6 +327,24 @@ def _node_matrices(gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row,
     kept = gl.where(key_side, 0.0, grown)  # diag(exp G) Q S0 on query rows
 
     return mix, row_c, grown, kept, beta, links_ok
+
+
+@gluon.jit
+def _value_rows(ptr, row, head, v0, stride_row, stride_node, stride_head, stride_v, NUM_NODES: gl.constexpr,
+                NODES: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_V: gl.constexpr, WARPS: gl.constexpr,
+                VEC: gl.constexpr, MMA: gl.constexpr, KEYS: gl.constexpr = True):
+    """(pointers, mask) of a [NODES, BLOCK_V] tile of v's or out's rows in the accumulator's layout
+    and the state's column relabelling (mma column n is the state's column vv): the stack's key rows
+    (KEYS) or its query rows, node by node."""
+    HALF: gl.constexpr = NODES // 2
+    stack = gl.arange(0, NODES, layout=gl.SliceLayout(1, MMA))
+    node = stack % HALF
+    n = gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, MMA))
+    tile = n // (8 * WARPS)
+    vv = v0 + (tile // VEC) * (8 * VEC * WARPS) + ((n // 8) % WARPS) * (8 * VEC) + (n % 8) * VEC + tile % VEC
+    side = (stack < HALF) == KEYS
+    mask = ((node < NUM_NODES) & side)[:, None] & (vv < HEAD_V_DIM)[None, :]
+    return ptr + row * stride_row + head * stride_head + (node * stride_node)[:, None] + (vv * stride_v)[None, :], mask
 
 
 @gluon.jit
@@ -334,6 +363,7 @@ def _verify_tile(
     TREE: gl.constexpr, L2NORM: gl.constexpr, CHUNK_K: gl.constexpr, ROUND_KQ: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, STATE_STAGES: gl.constexpr, FROM_PROGRAM: gl.constexpr,
     PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr, SHALLOW: gl.constexpr,
+    EARLY: gl.constexpr,
 ):
     """One [dk, BLOCK_V] state tile's outputs, from one read of it: the tile of _gdn_verify_mma_kernel's
     program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
@@ -341,7 +371,9 @@ def _verify_tile(
     before this one has finished; 2: the slot and the state's first chunks before that (that
     kernel must write neither; only the slot with Q_EFF in registers), the rest after. Q_EFF: the
     node matrices first, then one product of the state with the effective queries (module
-    docstring). TREE_MASKS: parents_ptr holds each node's path mask (_path_masks) instead of its link."""
+    docstring). EARLY 1: g and beta loaded with the parent links, not when the node matrices need
+    them; 2, with Q_EFF: also v, its term M diag(beta) V then the products' first addend (its latency
+    and product not after the state's). TREE_MASKS: parents_ptr holds each node's path mask (_path_masks) instead of its link."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -360,6 +392,8 @@ def _verify_tile(
     COPY_L: gl.constexpr = _state_copy_layout(LOAD_L, K_CONTIGUOUS, BITS, CHUNK_K, WARPS)
     HALF: gl.constexpr = NODES // 2
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
+    GATES_FIRST: gl.constexpr = Q_EFF and EARLY > 0  # (the stacked products' node matrices come last)
+    V_FIRST: gl.constexpr = Q_EFF and EARLY == 2
     if FROM_PROGRAM:
         head = gl.program_id(0) // V_BLOCKS
         v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
@@ -402,6 +436,13 @@ def _verify_tile(
                         mask=index < NUM_NODES, other=-1)
     else:
         links = index  # unread
+    if GATES_FIRST:  # their latency under the stack's and the state's: the node matrices wait on them
+        g_col, beta = _gates(row, head, g_ptr, beta_ptr, g_stride_row, g_stride_node, g_stride_head, beta_stride_row,
+                             beta_stride_node, beta_stride_head, NUM_NODES, NODES, MMA)
+    if V_FIRST:
+        v_rows, key_rows = _value_rows(v_ptr, row, head, v0, v_stride_row, v_stride_node, v_stride_head,
+                                       v_stride_v, NUM_NODES, NODES, HEAD_V_DIM, BLOCK_V, WARPS, VEC, MMA)
+        v = gl.load(v_rows, mask=key_rows, other=0.0)
     # The [k; q] stack, fp32, into shared memory once: each chunk's A operand and the gram's B
     # operand (its transpose) are read from there.
     stack_b = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
@@ -428,9 +469,11 @@ def _verify_tile(
         gram = mma_v2(chunk.load(A_L), chunk.permute((1, 0)).load(B_L), gram, input_precision="tf32")
 
     if Q_EFF:  # the stack's query rows become Q_eff = W [k; q], its key rows zero, before the products
+        if not GATES_FIRST:
+            g_col, beta = _gates(row, head, g_ptr, beta_ptr, g_stride_row, g_stride_node, g_stride_head, beta_stride_row,
+                                 beta_stride_node, beta_stride_head, NUM_NODES, NODES, MMA)
         mix, row_c, grown, kept, beta, links_ok = _node_matrices(
-            gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
-            beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
+            gram, row, scale, g_col, beta, links, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
             True, TREE_MASKS, SHALLOW)
         eye = gl.arange(0, NODES, layout=ROW_L)[:, None] == gl.arange(0, NODES, layout=COL_L)[None, :]
         W = gl.where(eye, (kept * row_c)[:, None], 0.0) - mix * gl.convert_layout(beta * grown * row_c, COL_L)[None, :]
@@ -445,7 +488,10 @@ def _verify_tile(
             upcoming = _state_chunk(state_base, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
                                     CHUNK_K, BLOCK_V, LOAD_L)
 
-    products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
+    if V_FIRST:  # o = M diag(beta) V + Q_eff S0: the first term's product before the state's
+        products = _product(mix, beta[:, None] * v.to(gl.float32), MMA, A_L, B_L, False)
+    else:
+        products = gl.zeros([NODES, BLOCK_V], gl.float32, layout=MMA)
     for c in gl.static_range(0, BLOCK_K, CHUNK_K):
         if STATE_STAGES > 0:
             state = _staged_chunk(state_ring, state_base, slot_ok, v0, c, min(STATE_STAGES, BLOCK_K // CHUNK_K),
@@ -463,31 +509,27 @@ def _verify_tile(
         products = mma_v2(kq_smem.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(state, B_L), products,
                           input_precision="tf32")
     if not Q_EFF:  # after the products: before them, the chunks' loads wait in registers (docs/benchmarks.md)
+        if not GATES_FIRST:
+            g_col, beta = _gates(row, head, g_ptr, beta_ptr, g_stride_row, g_stride_node, g_stride_head, beta_stride_row,
+                                 beta_stride_node, beta_stride_head, NUM_NODES, NODES, MMA)
         mix, row_c, grown, kept, beta, links_ok = _node_matrices(
-            gram, row, head, scale, g_ptr, beta_ptr, links, g_stride_row, g_stride_node, g_stride_head,
-            beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
+            gram, row, scale, g_col, beta, links, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
             False, TREE_MASKS, SHALLOW)
         products = products * row_c[:, None]  # K S0 on key rows, Q S0 (scaled) on query rows
-    stack = gl.arange(0, NODES, layout=ROW_L)
-    key_side = stack < HALF
-    node = stack % HALF
-    real = node < NUM_NODES
-
-    n = gl.arange(0, BLOCK_V, layout=COL_L)
-    tile = n // (8 * WARPS)  # the state's relabelling: mma column n is the state's column vv
-    vv = v0 + (tile // VEC) * (8 * VEC * WARPS) + ((n // 8) % WARPS) * (8 * VEC) + (n % 8) * VEC + tile % VEC
-    columns = (vv < HEAD_V_DIM)[None, :]
-    v = gl.load(v_ptr + row * v_stride_row + head * v_stride_head + (node * v_stride_node)[:, None]
-                + (vv * v_stride_v)[None, :], mask=(real & key_side)[:, None] & columns, other=0.0).to(gl.float32)
-    if Q_EFF:
+    if not V_FIRST:
+        v_rows, key_rows = _value_rows(v_ptr, row, head, v0, v_stride_row, v_stride_node, v_stride_head,
+                                       v_stride_v, NUM_NODES, NODES, HEAD_V_DIM, BLOCK_V, WARPS, VEC, MMA)
+        v = gl.load(v_rows, mask=key_rows, other=0.0).to(gl.float32)
+    if V_FIRST:
+        o = products
+    elif Q_EFF:
         o = products + _product(mix, beta[:, None] * v, MMA, A_L, B_L, False)
     else:
         rhs = beta[:, None] * (v - grown[:, None] * products)
         o = kept[:, None] * products + _product(mix, rhs, MMA, A_L, B_L, False)
-    dst = (out_ptr + row * out_stride_row + head * out_stride_head + (node * out_stride_node)[:, None]
-           + (vv * out_stride_v)[None, :])
-    store_ok = slot_ok & links_ok
-    gl.store(dst, o.to(out_ptr.dtype.element_ty), mask=store_ok & (real & ~key_side)[:, None] & columns)
+    dst, query_rows = _value_rows(out_ptr, row, head, v0, out_stride_row, out_stride_node, out_stride_head,
+                                  out_stride_v, NUM_NODES, NODES, HEAD_V_DIM, BLOCK_V, WARPS, VEC, MMA, False)
+    gl.store(dst, o.to(out_ptr.dtype.element_ty), mask=slot_ok & links_ok & query_rows)
 
 
 @gluon.jit
@@ -507,7 +549,7 @@ def _gdn_verify_mma_kernel(
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
     STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
-    SHALLOW: gl.constexpr,
+    SHALLOW: gl.constexpr, EARLY: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
     gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
@@ -527,7 +569,7 @@ def _gdn_verify_mma_kernel(
                  ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                  NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                  TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, True, PDL,
-                 Q_EFF, TREE_MASKS, SHALLOW)
+                 Q_EFF, TREE_MASKS, SHALLOW, EARLY)
 
 
 @gluon.jit(do_not_specialize=["num_rows"])
@@ -547,7 +589,7 @@ def _gdn_verify_mma_persistent_kernel(
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
     STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
-    SHALLOW: gl.constexpr,
+    SHALLOW: gl.constexpr, EARLY: gl.constexpr,
 ):
     """_gdn_verify_mma_kernel's tiles of num_rows rows (row-major: a row's heads, then the next row's),
     program_id(0), + num_programs, ... a program, on a grid (programs, 1): a grid of a few programs
@@ -567,4 +609,4 @@ def _gdn_verify_mma_persistent_kernel(
                      ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                      NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                      TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, False, PDL,
-                     Q_EFF, TREE_MASKS, SHALLOW)
+                     Q_EFF, TREE_MASKS, SHALLOW, EARLY)
