@@ -265,9 +265,9 @@ def _node_matrices(gram, row, scale, g_col, beta, links,
     """From the raw gram [k; q][k; q]^T: (mix, row_c, grown, kept, beta, links_ok), the
     [NODES, NODES] matrix and the per-row factors of gdn_verify's docstring, in the accumulator's
     layout (row_c: the l2 norm's and the scale's factor of each stack row). g_col, beta: _gates'
-    (beta returned as given). links: a tree's
-    parent links [NODES], entry c node c's (-1 past the real nodes), one a lane, loaded with the
-    first state chunk; the walk up the tree looks them up across lanes. With TREE_MASKS the entries
+    (beta returned as given). links: a tree's parent links [NODES], entry c node c's (-1 past the
+    real nodes), one a lane, loaded with the first state chunk; the walk up the tree looks them up
+    across lanes. With TREE_MASKS the entries
     are each node's path mask instead (_path_masks): checked, not walked. SPLIT: the inverse and the
     mix in 3xTF32 (else the mix past 4 nodes only). SHALLOW: a tree's inverse as one block where its
     paths allow (_unit_lower_inverse)."""
@@ -373,7 +373,8 @@ def _verify_tile(
     node matrices first, then one product of the state with the effective queries (module
     docstring). EARLY 1: g and beta loaded with the parent links, not when the node matrices need
     them; 2, with Q_EFF: also v, its term M diag(beta) V then the products' first addend (its latency
-    and product not after the state's). TREE_MASKS: parents_ptr holds each node's path mask (_path_masks) instead of its link."""
+    and product not after the state's). TREE_MASKS: parents_ptr holds each node's path mask
+    (_path_masks) instead of its link."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -470,8 +471,8 @@ def _verify_tile(
 
     if Q_EFF:  # the stack's query rows become Q_eff = W [k; q], its key rows zero, before the products
         if not GATES_FIRST:
-            g_col, beta = _gates(row, head, g_ptr, beta_ptr, g_stride_row, g_stride_node, g_stride_head, beta_stride_row,
-                                 beta_stride_node, beta_stride_head, NUM_NODES, NODES, MMA)
+            g_col, beta = _gates(row, head, g_ptr, beta_ptr, g_stride_row, g_stride_node, g_stride_head,
+                                 beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, MMA)
         mix, row_c, grown, kept, beta, links_ok = _node_matrices(
             gram, row, scale, g_col, beta, links, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
             True, TREE_MASKS, SHALLOW)
@@ -510,8 +511,8 @@ def _verify_tile(
                           input_precision="tf32")
     if not Q_EFF:  # after the products: before them, the chunks' loads wait in registers (docs/benchmarks.md)
         if not GATES_FIRST:
-            g_col, beta = _gates(row, head, g_ptr, beta_ptr, g_stride_row, g_stride_node, g_stride_head, beta_stride_row,
-                                 beta_stride_node, beta_stride_head, NUM_NODES, NODES, MMA)
+            g_col, beta = _gates(row, head, g_ptr, beta_ptr, g_stride_row, g_stride_node, g_stride_head,
+                                 beta_stride_row, beta_stride_node, beta_stride_head, NUM_NODES, NODES, MMA)
         mix, row_c, grown, kept, beta, links_ok = _node_matrices(
             gram, row, scale, g_col, beta, links, NUM_NODES, NODES, TREE, L2NORM, MMA, A_L, B_L,
             False, TREE_MASKS, SHALLOW)
