@@ -252,6 +252,9 @@ def _gdn_verify_kernel(
             + (vv * ssm_stride_v)[None, :])
     state = tl.load(tile, mask=tl.where(slot_ok, (kk < HEAD_K_DIM)[:, None] & columns, False),
                     other=0.0).to(tl.float32)
+    # v next: the outputs' last term waits on it, after everything else
+    v = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (node * v_stride_node)[:, None]
+                + (vv * v_stride_v)[None, :], mask=(real & key_side)[:, None] & columns, other=0.0)
 
     keys = k_ptr + row * k_stride_row + k_head * k_stride_head + (node * k_stride_node)[:, None] + (kk * k_stride_k)[None, :]
     queries = (q_ptr + row * q_stride_row + k_head * q_stride_head + (node * q_stride_node)[:, None]
@@ -289,8 +292,7 @@ def _gdn_verify_kernel(
     kept = tl.where(key_side[:, None], 0.0, grown)  # diag(exp G) Q S0 on query rows
     store_ok = slot_ok & links_ok
 
-    v = tl.load(v_ptr + row * v_stride_row + head * v_stride_head + (node * v_stride_node)[:, None]
-                + (vv * v_stride_v)[None, :], mask=(real & key_side)[:, None] & columns, other=0.0).to(tl.float32)
+    v = v.to(tl.float32)
     if Q_EFF:  # the query rows of W [k; q], zero key rows; then one product with the state
         W = (eye * kept - mix * (beta * tl.exp(cumulative))[None, :]) * row_c[None, :]
         q_eff = _operand(_dot(W, kq, SPLIT), PRECISION)
