@@ -54,7 +54,8 @@
 #   chunk16   gdn_verify's mma kernel at chunks of 16 rows (the float32 default since a53206b, its GPU tests never run):
 #             test_gdn_verify.py's GPU tests; 32 rows, 64-column tiles at 16, the stacked products at 16 / 32, the
 #             small inputs loaded where used (early_loads 0) or only the gates early (1) against the default (v too;
-#             B = 64 / 256); bf16 pools' chunks of 32 / 16 rows against their 64 (stacked; effective queries)
+#             B = 64 / 256)
+#   bf16chunks  bf16 pools' chunks of 32 / 16 rows against their 64 (stacked; effective queries), B = 64 / 256
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
@@ -336,10 +337,10 @@ for phase in "$@"; do
               tail -2 "$out/gpu_tests_chunk16.log"
               timeout 150 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 1 28 34 35 38 39 40 41 \
                 > "$out/sweep_chunk16.log" 2>&1 || rc=1
-              grep -E '^\||FAILED' "$out/sweep_chunk16.log"
-              timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 1 2 36 37 \
-                --state-dtype bf16 > "$out/sweep_chunk16_bf16.log" 2>&1 || rc=1
-              grep -E '^\||FAILED' "$out/sweep_chunk16_bf16.log" ;;
+              grep -E '^\||FAILED' "$out/sweep_chunk16.log" ;;
+    bf16chunks) timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 1 2 36 37 \
+                --state-dtype bf16 > "$out/sweep_chunk16_bf16.log" 2>&1
+              rc=$?; grep -E '^\||FAILED' "$out/sweep_chunk16_bf16.log" ;;
     ring16)   gdn_steps "" "RING_MMA_CHUNK_K=16"; rc=$? ;;
     masks)    rc=0  # (gdn_verify's mma kernel given each tree node's path mask: tests, then trees both ways)
               timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
