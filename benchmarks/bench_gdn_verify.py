@@ -193,9 +193,9 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          # the stacked products (their state product first, the node matrices after it) on chunks of 32 rows in
          # registers, of 16 staged (entry 28: of 16 in registers)
          dict(mma=True, q_eff=False, chunk_k=32), dict(mma=True, q_eff=False, chunk_k=16, state_stages=2),
-         # the small inputs loaded where they are used (0), only g and beta at the program's start (1): the default
-         # (2) loads v there too, its term the products' first addend
-         dict(mma=True, early_loads=0), dict(mma=True, early_loads=1)]
+         # the small inputs loaded where they are used (0), g and beta at the program's start (1), v too (2, its
+         # term the products' first addend); the defaults: 1 for chains, 0 for trees
+         dict(mma=True, early_loads=0), dict(mma=True, early_loads=1), dict(mma=True, early_loads=2)]
 TREE_OPTIONS = ("tree_masks", "doubling", "shallow")
 
 

@@ -87,8 +87,9 @@ MMA_PDL = 1
 MMA_Q_EFF = True
 # The mma kernel's small inputs loaded at the program's start, their latency under the stack's and
 # the state's: 1, g and beta (not when the node matrices need them); 2, also v under the effective
-# queries (its term the products' first addend, not after the state's); 0, neither.
-MMA_EARLY_LOADS = 2
+# queries (its term the products' first addend, not after the state's); 0, neither. Chains, trees:
+# on the H200 1 is the faster for chains, 0 for trees, 2 the slower for both (docs/benchmarks.md).
+MMA_EARLY_LOADS = (1, 0)
 # Both kernels' effective queries by default for these state dtypes; the Triton kernel's up to
 # TRITON_Q_EFF_MAX_NODES nodes (past them its W [k; q] product spills, past 32 it overflows shared
 # memory).
@@ -397,7 +398,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     forest's, not walked: tree_path_masks), doubling (the Triton kernel's tree walked by pointer
     jumping; None: TRITON_TREE_DOUBLING), shallow (a tree's inverse as one block where no root path
     is over 4 nodes; None: SHALLOW_TREES), early_loads (the mma kernel's small inputs loaded at its
-    start, 0 .. 2; None: MMA_EARLY_LOADS): tuning only."""
+    start, 0 .. 2; None: MMA_EARLY_LOADS's for a chain or a tree): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -447,7 +448,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         constexprs.update(CHUNK_K=chunk_k, ROUND_KQ=not (q.dtype in half and k.dtype in half),
                           WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3),
                           STATE_STAGES=stages, Q_EFF=bool(q_eff), TREE_MASKS=bool(tree_masks), SHALLOW=shallow,
-                          EARLY=int(MMA_EARLY_LOADS if early_loads is None else early_loads))
+                          EARLY=int(MMA_EARLY_LOADS[parents is not None] if early_loads is None else early_loads))
         if maxnreg is not None:
             constexprs.update(maxnreg=maxnreg)
         pdl = MMA_PDL if pdl is None else int(pdl)

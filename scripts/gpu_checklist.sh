@@ -56,6 +56,9 @@
 #             small inputs loaded where used (early_loads 0) or only the gates early (1) against the default (v too;
 #             B = 64 / 256)
 #   bf16chunks  bf16 pools' chunks of 32 / 16 rows against their 64 (stacked; effective queries), B = 64 / 256
+#   early     gdn_verify's small inputs loaded early (1 for chains, 0 for trees since the chunk16 run): its GPU tests
+#             (launch choices, tree walks, the model's shape), early_loads 0 / 1 / 2 against it (B = 64 / 256), then
+#             gvbench's fp32 tables (bench_gdn_verify.py)
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
@@ -338,6 +341,16 @@ for phase in "$@"; do
               timeout 150 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 1 28 34 35 38 39 40 41 \
                 > "$out/sweep_chunk16.log" 2>&1 || rc=1
               grep -E '^\||FAILED' "$out/sweep_chunk16.log" ;;
+    early)    rc=0  # (gdn_verify's mma kernel with its small inputs early for chains only; the whole table after)
+              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
+                -k "launch_choices or tree_walks or model_shape" > "$out/gpu_tests_early.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_early.log"
+              timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 40 41 42 \
+                > "$out/sweep_early.log" 2>&1 || rc=1
+              grep -E '^\||FAILED' "$out/sweep_early.log"
+              python3 -m pip install -q --no-deps .whl/fla_core-*.whl .whl/einops-*.whl >> "$out/install.log" 2>&1
+              timeout 120 python3 benchmarks/bench_gdn_verify.py > "$out/bench_gdn_verify.log" 2>&1 || rc=1
+              grep -E '^(\||read ceiling)' "$out/bench_gdn_verify.log" ;;
     bf16chunks) timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 1 2 36 37 \
                 --state-dtype bf16 > "$out/sweep_chunk16_bf16.log" 2>&1
               rc=$?; grep -E '^\||FAILED' "$out/sweep_chunk16_bf16.log" ;;

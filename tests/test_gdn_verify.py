@@ -327,8 +327,9 @@ TUNINGS = [dict(mma=False), dict(block_v=16, mma=False), dict(block_v=16, num_wa
            # the effective queries (node matrices before the state products), chunks in registers or staged
            pytest.param(dict(mma=True, q_eff=True, block_v=64, chunk_k=16), marks=pytest.mark.gpu),
            pytest.param(dict(mma=True, q_eff=True, state_stages=2, pdl=2), marks=pytest.mark.gpu),
-           # the small inputs loaded where they are used (0), only the gates at the start (1; default 2: v too)
+           # the small inputs loaded where they are used (0), the gates at the start (1), v too (2)
            pytest.param(dict(mma=True, early_loads=0), marks=pytest.mark.gpu),
+           pytest.param(dict(mma=True, early_loads=2), marks=pytest.mark.gpu),
            pytest.param(dict(mma=True, early_loads=1, block_v=64, chunk_k=16), marks=pytest.mark.gpu)]
 
 
@@ -397,7 +398,9 @@ def test_mma_launch_plans(monkeypatch):
     assert [plan(problem, **pdl).constexprs.get("launch_pdl") for pdl in ({}, dict(pdl=0), dict(pdl=2))] == [
         True, None, True]
     # the small inputs at the program's start by default (MMA_EARLY_LOADS); a load order the mma kernel's
-    assert [plan(problem, **early).constexprs["EARLY"] for early in ({}, dict(early_loads=0))] == [2, 0]
+    tree = make_problem(head_k_dim=64, head_v_dim=64, parents=[-1, 0, 0, 2])
+    assert [plan(pool, **early).constexprs["EARLY"] for pool, early in (
+        (problem, {}), (tree, {}), (problem, dict(early_loads=2)), (tree, dict(early_loads=1)))] == [1, 0, 2, 1]
     with pytest.raises(ValueError, match="early_loads is the mma kernel's"):
         triton_kernels().gdn_verify._verify_call(torch.empty(problem[2].shape), *problem, scale=0.25,
                                                  use_qk_l2norm=True, mma=False, early_loads=1)
