@@ -59,6 +59,10 @@
 #   early     gdn_verify's small inputs loaded early (1 for chains, 0 for trees since the chunk16 run): its GPU tests
 #             (launch choices, tree walks, the model's shape), early_loads 0 / 1 / 2 against it (B = 64 / 256), then
 #             gvbench's fp32 tables (bench_gdn_verify.py)
+#   prefetch  gdn_verify's persistent kernel with a program's tiles' state chunks one stream (prefetch=True, the
+#             next tile's first chunks under this one's last; never run on a GPU): its GPU tests, then 8 / 7 / 5
+#             programs an SM against the default and the persistent kernel without it (B = 64 / 256), then
+#             compute-sanitizer memcheck + racecheck over its tests
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
@@ -351,6 +355,16 @@ for phase in "$@"; do
               python3 -m pip install -q --no-deps .whl/fla_core-*.whl .whl/einops-*.whl >> "$out/install.log" 2>&1
               timeout 120 python3 benchmarks/bench_gdn_verify.py > "$out/bench_gdn_verify.log" 2>&1 || rc=1
               grep -E '^(\||read ceiling)' "$out/bench_gdn_verify.log" ;;
+    prefetch) rc=0  # (gdn_verify's persistent kernel with its tiles' chunks one stream; never run on a GPU)
+              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
+                -k "launch_choices or launch_plans" > "$out/gpu_tests_prefetch.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_prefetch.log"
+              timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 16 17 43 44 45 \
+                > "$out/sweep_prefetch.log" 2>&1 || rc=1
+              grep -E '^\||FAILED' "$out/sweep_prefetch.log"
+              mkdir -p "$out/prefetchsan"
+              SANITIZE_TIMEOUT=120 SANITIZE_TESTS="tests/test_gdn_verify.py" SANITIZE_K="prefetch" \
+                bash scripts/gpu_sanitize.sh "$out/prefetchsan" || rc=1 ;;
     bf16chunks) timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 1 2 36 37 \
                 --state-dtype bf16 > "$out/sweep_chunk16_bf16.log" 2>&1
               rc=$?; grep -E '^\||FAILED' "$out/sweep_chunk16_bf16.log" ;;
