@@ -61,8 +61,8 @@
 #             gvbench's fp32 tables (bench_gdn_verify.py)
 #   prefetch  gdn_verify's persistent kernel with a program's tiles' state chunks one stream (prefetch=True, the
 #             next tile's first chunks under this one's last; never run on a GPU): its GPU tests, then 8 / 7 / 5
-#             programs an SM against the default and the persistent kernel without it (B = 64 / 256), then
-#             compute-sanitizer memcheck + racecheck over its tests
+#             programs an SM against the default and the persistent kernel without it (B = 64 / 256), bf16 pools'
+#             stacked products staged 32 rows at a time with it, then compute-sanitizer memcheck + racecheck over its tests
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
@@ -362,6 +362,9 @@ for phase in "$@"; do
               timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 16 17 43 44 45 \
                 > "$out/sweep_prefetch.log" 2>&1 || rc=1
               grep -E '^\||FAILED' "$out/sweep_prefetch.log"
+              timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 46 --state-dtype bf16 \
+                > "$out/sweep_prefetch_bf16.log" 2>&1 || rc=1
+              grep -E '^\||FAILED' "$out/sweep_prefetch_bf16.log"
               mkdir -p "$out/prefetchsan"
               SANITIZE_TIMEOUT=120 SANITIZE_TESTS="tests/test_gdn_verify.py" SANITIZE_K="prefetch" \
                 bash scripts/gpu_sanitize.sh "$out/prefetchsan" || rc=1 ;;
