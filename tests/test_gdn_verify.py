@@ -324,6 +324,7 @@ TUNINGS = [dict(mma=False), dict(block_v=16, mma=False), dict(block_v=16, num_wa
            # ... their tiles' state chunks one stream (the next tile's first under this one's last)
            pytest.param(dict(mma=True, persistent=2, prefetch=True), marks=pytest.mark.gpu),
            pytest.param(dict(mma=True, persistent=5, maxnreg=128, prefetch=True, chunk_k=32), marks=pytest.mark.gpu),
+           pytest.param(dict(mma=True, persistent=3, prefetch=True, q_eff=False, state_stages=2), marks=pytest.mark.gpu),
            # a plain launch (the default is a programmatic dependent one on sm_90)
            pytest.param(dict(mma=True, pdl=0), marks=pytest.mark.gpu),
            pytest.param(dict(mma=True, pdl=2, state_stages=2), marks=pytest.mark.gpu),
