@@ -14,7 +14,8 @@ rows at a time, the next chunk's loads in flight while one multiplies. k and q a
 both being linear: K S0 / |k| = (K / |k|) S0; the norms are the diagonal of the raw gram matrix,
 which the node matrices need anyway. A persistent launch (a tuning: gdn_verify's ``persistent``)
 runs the same tile on a grid of a few programs an SM, each taking tiles until none is left, so
-that a batch's tiles fill whole waves of them.
+that a batch's tiles fill whole waves of them; with ``prefetch`` a program's tiles' state chunks
+are one stream through one ring, the next tile's first in flight under this one's last.
 
 With Q_EFF (gdn_verify's ``q_eff``) the outputs come from the effective queries instead:
 o = e^G Q S0 + M diag(beta) (V - diag(e^G) K S0) = Q_eff S0 + M diag(beta) V with
