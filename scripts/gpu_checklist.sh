@@ -82,6 +82,8 @@
 #             (bench_gdn_verify.py, B = 1 .. 256, no step table) and the GDN ring's trees (bench_ring.py)
 #   m2bench   mamba2_verify against an engine-style selective-state-update stand-in, chains and trees of 8,
 #             B = 1 .. 256, Nemotron-H-8B TP1 (benchmarks/bench_mamba2_verify.py), with issue #40's targets
+#   m2regs    mamba2_verify's registers capped at 64 / 56 (offline: 0 spilled; 8 / 9 programs an SM, not 7 at its 72;
+#             launcher option maxnreg): its launch-choice GPU tests, then B = 64 / 256 against the default
 #   m2tune    mamba2_verify's launcher choices around its defaults (narrower tiles, 8 warps, chunk depths; each
 #             checked against the oracle first), B = 64 / 256, chains and trees
 #   ringfold  the rings' fold and verify launches where a step has few rows to fold (the sweeps' last column: 1 row in
@@ -426,6 +428,13 @@ for phase in "$@"; do
               timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 1 8 \
                 --sweep 64/4/16/1/fused_window=0 64/4/16/1 > "$out/sweep_ring_mamba2_window.log" 2>&1
               rc=$((rc | $?)); grep '^|' "$out/sweep_ring_mamba2_window.log" ;;
+    m2regs)   rc=0  # (mamba2_verify's registers capped: 8 or 9 programs an SM, not 7; never run on a GPU)
+              timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_mamba2_verify.py \
+                -k "launch_choices" > "$out/gpu_tests_m2regs.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_m2regs.log"
+              timeout 200 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --standin-tiles 16/2 \
+                --tunings maxnreg=64 maxnreg=56 > "$out/bench_mamba2_verify_regs.log" 2>&1 || rc=1
+              grep -E 'graph|FAILED' "$out/bench_mamba2_verify_regs.log" ;;
     m2tune)   timeout 240 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --standin-tiles 16/2 \
                 --tunings num_warps=8 block_p=32 block_p=32,num_warps=2 chunk_stages=4,num_warps=8 \
                 chunk_n=16,chunk_stages=6 > "$out/bench_mamba2_verify_tune.log" 2>&1
