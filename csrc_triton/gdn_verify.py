@@ -60,7 +60,7 @@ VERIFY_PROGRAMS = 512
 VERIFY_WARPS = 4
 # gdn_verify_mma's kernel: two warps over 128 value columns, a float32 state's rows loaded 16 at a
 # time (25 KB of shared memory a program, not 41 KB: 8 programs an SM, not 5; on the H200 5-9% faster
-# from B = 64), a 2-byte state's 64 (32 untimed: docs/benchmarks.md, the verify recurrence). It
+# from B = 64), a 2-byte state's 64 (32 or 16 rows 3-7% slower there: docs/benchmarks.md). It
 # serves batches that give it MMA_MIN_PROGRAMS programs or more and at most MMA_MAX_NODES nodes;
 # smaller ones are faster on the kernel below (docs/benchmarks.md, the verify sweep).
 MMA_MIN_PROGRAMS = 128

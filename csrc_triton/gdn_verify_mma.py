@@ -416,7 +416,7 @@ def _verify_tile(
     TREE: gl.constexpr, L2NORM: gl.constexpr, CHUNK_K: gl.constexpr, ROUND_KQ: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, STATE_STAGES: gl.constexpr, FROM_PROGRAM: gl.constexpr,
     PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr, SHALLOW: gl.constexpr,
-    EARLY: gl.constexpr, ring=None, num_tiles=0, step=0, PREFETCH: gl.constexpr = False,
+    EARLY: gl.constexpr, ring=None, num_tiles=1, step=0, PREFETCH: gl.constexpr = False,
 ):
     """One [dk, BLOCK_V] state tile's outputs, from one read of it: the tile of _gdn_verify_mma_kernel's
     program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
@@ -452,18 +452,17 @@ def _verify_tile(
         head = gl.program_id(0) // V_BLOCKS
         v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
         row = gl.program_id(1).to(gl.int64)
-    else:
-        head = (tile % (NUM_V_HEADS * V_BLOCKS)) // V_BLOCKS
-        v0 = (tile % V_BLOCKS) * BLOCK_V
-        row = (tile // (NUM_V_HEADS * V_BLOCKS)).to(gl.int64)
-    k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
-
     if PDL == 1 and not PREFETCH:
         _grid_dependency()
-    slot = gl.load(slots_ptr + row * slots_stride).to(gl.int64)
-    slot_ok = (slot >= 0) & (slot < num_state_slots)
-    slot = gl.where(slot_ok, slot, 0)
-    state_base = ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head
+    if FROM_PROGRAM:
+        slot = gl.load(slots_ptr + row * slots_stride).to(gl.int64)
+        slot_ok = (slot >= 0) & (slot < num_state_slots)
+        state_base = ssm_ptr + gl.where(slot_ok, slot, 0) * ssm_stride_slot + head * ssm_stride_head
+    else:
+        row, head, v0, state_base, slot_ok = _tile_state(tile, num_tiles, ssm_ptr, slots_ptr, num_state_slots,
+                                                         ssm_stride_slot, ssm_stride_head, slots_stride, NUM_V_HEADS,
+                                                         HEAD_V_DIM, BLOCK_V)
+    k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
     if PREFETCH:  # the next tile's slot now: its first chunks go out with this tile's last
         _, _, next_v0, next_base, next_ok = _tile_state(tile + step, num_tiles, ssm_ptr, slots_ptr, num_state_slots,
                                                         ssm_stride_slot, ssm_stride_head, slots_stride, NUM_V_HEADS,
