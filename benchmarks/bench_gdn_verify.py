@@ -195,12 +195,7 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          dict(mma=True, q_eff=False, chunk_k=32), dict(mma=True, q_eff=False, chunk_k=16, state_stages=2),
          # the small inputs loaded where they are used (0), g and beta at the program's start (1), v too (2, its
          # term the products' first addend); the defaults: 1 for chains, 0 for trees
-         dict(mma=True, early_loads=0), dict(mma=True, early_loads=1), dict(mma=True, early_loads=2),
-         # persistent, a program's tiles' state chunks one stream (the next tile's first under this one's last):
-         # 8 an SM at 128 registers, 7 at 144, 5 uncapped; bf16 pools' stacked products staged 32 rows at a time
-         *(dict(mma=True, ctas_per_sm=c, maxnreg=r, prefetch=True) for c, r in ((8, 128), (7, 144))),
-         dict(mma=True, ctas_per_sm=5, prefetch=True),
-         dict(mma=True, ctas_per_sm=8, maxnreg=128, prefetch=True, state_stages=2, chunk_k=32)]
+         dict(mma=True, early_loads=0), dict(mma=True, early_loads=1), dict(mma=True, early_loads=2)]
 TREE_OPTIONS = ("tree_masks", "doubling", "shallow")
 
 

@@ -378,7 +378,7 @@ def _mma_kernel_runs_on(ssm) -> bool:
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
                  block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None,
                  persistent=None, maxnreg=None, pdl=None, q_eff=None, tree_masks=False, doubling=None, shallow=None,
-                 early_loads=None, prefetch=False):
+                 early_loads=None):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
@@ -398,9 +398,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     forest's, not walked: tree_path_masks), doubling (the Triton kernel's tree walked by pointer
     jumping; None: TRITON_TREE_DOUBLING), shallow (a tree's inverse as one block where no root path
     is over 4 nodes; None: SHALLOW_TREES), early_loads (the mma kernel's small inputs loaded at its
-    start, 0 .. 2; None: MMA_EARLY_LOADS's for a chain or a tree), prefetch (the persistent kernel's
-    tiles' state chunks one stream: the next tile's first in flight under this one's last; its
-    chunks staged, their stages dividing them): tuning only."""
+    start, 0 .. 2; None: MMA_EARLY_LOADS's for a chain or a tree): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -432,8 +430,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     shallow = parents is not None and bool(SHALLOW_TREES if shallow is None else shallow)
     if tree_masks and not (mma and parents is not None):
         raise ValueError("convwin.gdn_verify: tree_masks are the mma kernel's, for a tree's parents")
-    if (early_loads is not None or prefetch) and not mma:
-        raise ValueError("convwin.gdn_verify: early_loads and prefetch are the mma kernel's")
+    if early_loads is not None and not mma:
+        raise ValueError("convwin.gdn_verify: early_loads is the mma kernel's load order")
     if doubling and mma:
         raise ValueError("convwin.gdn_verify: doubling is the Triton kernel's walk (the mma kernel's is across lanes)")
     if mma:
@@ -456,13 +454,9 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         pdl = MMA_PDL if pdl is None else int(pdl)
         pdl = pdl if pdl_device(ssm) else 0
         constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
-        if prefetch and (persistent is None or stages == 0 or (constexprs["BLOCK_K"] // chunk_k) % stages):
-            raise ValueError("convwin.gdn_verify: prefetch is the persistent kernel's, its chunks staged in stages "
-                             f"that divide them; got persistent {persistent}, {stages} stages, chunk_k {chunk_k}")
         if persistent is not None:
             return KernelCall(gdn_verify_mma._gdn_verify_mma_persistent_kernel, (min(grid[0] * grid[1], persistent), 1),
-                              tensors, (*scalars[:2], num_rows, *scalars[2:]),
-                              {**constexprs, "PREFETCH": bool(prefetch)})
+                              tensors, (*scalars[:2], num_rows, *scalars[2:]), constexprs)
         return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
     if q_eff is None:
         q_eff = ssm.dtype in Q_EFF_DTYPES and num_nodes <= TRITON_Q_EFF_MAX_NODES

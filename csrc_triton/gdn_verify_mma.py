@@ -14,8 +14,7 @@ rows at a time, the next chunk's loads in flight while one multiplies. k and q a
 both being linear: K S0 / |k| = (K / |k|) S0; the norms are the diagonal of the raw gram matrix,
 which the node matrices need anyway. A persistent launch (a tuning: gdn_verify's ``persistent``)
 runs the same tile on a grid of a few programs an SM, each taking tiles until none is left, so
-that a batch's tiles fill whole waves of them; with ``prefetch`` a program's tiles' state chunks
-are one stream through one ring, the next tile's first in flight under this one's last.
+that a batch's tiles fill whole waves of them.
 
 With Q_EFF (gdn_verify's ``q_eff``) the outputs come from the effective queries instead:
 o = e^G Q S0 + M diag(beta) (V - diag(e^G) K S0) = Q_eff S0 + M diag(beta) V with
@@ -105,20 +104,6 @@ def _state_chunk(state_base, first, slot_ok, v0, HEAD_K_DIM: gl.constexpr, HEAD_
 
 
 @gluon.constexpr_function
-def _fragment_vec(block_v, warps, element_bits):
-    """A thread's run of value columns in a state chunk's load: its mma tiles' columns, at most 16 bytes."""
-    return min(block_v // (8 * warps), 128 // element_bits)
-
-
-@gluon.constexpr_function
-def _fragment_load_layout(block_v, warps, element_bits):
-    """B's fragments (rows tig and tig + 4 of each k step): a thread's columns in runs of
-    _fragment_vec, the 8 runs of a warp's lanes adjacent, so that every load instruction reads
-    whole 128-byte lines."""
-    return gl.BlockedLayout([1, _fragment_vec(block_v, warps, element_bits)], [4, 8], [1, warps], [0, 1])
-
-
-@gluon.constexpr_function
 def _state_copy_layout(load_layout, k_contiguous, element_bits, chunk_k, warps):
     """The layout of a state chunk's cp.async: load_layout (a thread's run of value columns) where
     the columns are contiguous; where the rows are, 16-byte runs down a column, a warp's lanes over
@@ -138,34 +123,6 @@ def _state_ring_layout(row_layout, k_contiguous, element_bits, chunk_k, run):
     if not k_contiguous:
         return row_layout
     return gl.SwizzledSharedLayout(128 // element_bits, run, max(1, min(8, chunk_k * element_bits // 128)), [0, 1])
-
-
-@gluon.jit
-def _new_state_ring(ssm_ptr, STAGES: gl.constexpr, CHUNK_K: gl.constexpr, BLOCK_V: gl.constexpr,
-                    WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr):
-    """The state chunks' ring in shared memory, STAGES slots of [CHUNK_K, BLOCK_V] (_state_ring_layout;
-    16-byte units XOR-swizzled by row: a warp's rows of a load on distinct banks)."""
-    BITS: gl.constexpr = ssm_ptr.dtype.element_ty.primitive_bitwidth
-    VEC: gl.constexpr = _fragment_vec(BLOCK_V, WARPS, BITS)
-    return gl.allocate_shared_memory(
-        ssm_ptr.dtype.element_ty, [STAGES, CHUNK_K, BLOCK_V],
-        _state_ring_layout(gl.SwizzledSharedLayout(VEC, 1, 8, [1, 0]), rows_contiguous(SSM_STRIDE_K, SSM_STRIDE_V),
-                           BITS, CHUNK_K, VEC))
-
-
-@gluon.jit
-def _tile_state(tile, num_tiles, ssm_ptr, slots_ptr, num_state_slots, ssm_stride_slot, ssm_stride_head, slots_stride,
-                NUM_V_HEADS: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_V: gl.constexpr):
-    """(row, head, v0, state_base, slot_ok) of tile ``tile`` of the batch, row-major (a row's value
-    heads and their column blocks, then the next row's); slot_ok false past num_tiles (its slot unread)."""
-    V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
-    head = (tile % (NUM_V_HEADS * V_BLOCKS)) // V_BLOCKS
-    v0 = (tile % V_BLOCKS) * BLOCK_V
-    row = (tile // (NUM_V_HEADS * V_BLOCKS)).to(gl.int64)
-    slot = gl.load(slots_ptr + row * slots_stride, mask=tile < num_tiles, other=-1).to(gl.int64)
-    slot_ok = (slot >= 0) & (slot < num_state_slots)
-    state_base = ssm_ptr + gl.where(slot_ok, slot, 0) * ssm_stride_slot + head * ssm_stride_head
-    return row, head, v0, state_base, slot_ok
 
 
 @gluon.jit
@@ -197,29 +154,19 @@ def _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM: gl.constex
 def _staged_chunk(state_ring, state_base, live, v0, FIRST: gl.constexpr, STAGES: gl.constexpr,
                   HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr,
                   SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, CHUNK_K: gl.constexpr,
-                  BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr, COPY_L: gl.constexpr, next_base=None, next_live=None,
-                  next_v0=None, PREFETCH: gl.constexpr = False):
+                  BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr, COPY_L: gl.constexpr):
     """State rows FIRST .. FIRST + CHUNK_K - 1 of the tile, fp32 in LOAD_L, from their slot of the
     STAGES-slot ring in shared memory (chunk i in slot i % STAGES, chunks 0 .. STAGES-1 issued
-    first); the slot then refilled with the chunk STAGES later (copied in COPY_L). With PREFETCH
-    the chunks run on into the next tile's (next_base, next_live, next_v0; its first STAGES chunks
-    issued by this tile's last, STAGES dividing the chunks): STAGES - 1 groups always in flight."""
+    first); the slot then refilled with the chunk STAGES later (copied in COPY_L)."""
     CHUNKS: gl.constexpr = BLOCK_K // CHUNK_K
     I: gl.constexpr = FIRST // CHUNK_K
-    if PREFETCH:
-        async_copy.wait_group(STAGES - 1)
-    else:
-        async_copy.wait_group(min(CHUNKS, STAGES + I) - (I + 1))  # this thread's copies of chunk I landed
+    async_copy.wait_group(min(CHUNKS, STAGES + I) - (I + 1))  # this thread's copies of chunk I landed
     gl.thread_barrier()  # and every other thread's
     state = state_ring.index(I % STAGES).load(LOAD_L).to(gl.float32)
     if I + STAGES < CHUNKS:  # the slot refilled once every thread has read it
         gl.thread_barrier()
         _issue_state_chunk(state_ring.index(I % STAGES), state_base, (I + STAGES) * CHUNK_K, live, v0, HEAD_K_DIM,
                            HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L)
-    elif PREFETCH:
-        gl.thread_barrier()
-        _issue_state_chunk(state_ring.index(I % STAGES), next_base, (I + STAGES - CHUNKS) * CHUNK_K, next_live,
-                           next_v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L)
     return state
 
 
@@ -416,7 +363,7 @@ def _verify_tile(
     TREE: gl.constexpr, L2NORM: gl.constexpr, CHUNK_K: gl.constexpr, ROUND_KQ: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, STATE_STAGES: gl.constexpr, FROM_PROGRAM: gl.constexpr,
     PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr, SHALLOW: gl.constexpr,
-    EARLY: gl.constexpr, ring=None, num_tiles=1, step=0, PREFETCH: gl.constexpr = False,
+    EARLY: gl.constexpr,
 ):
     """One [dk, BLOCK_V] state tile's outputs, from one read of it: the tile of _gdn_verify_mma_kernel's
     program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
@@ -427,21 +374,21 @@ def _verify_tile(
     docstring). EARLY 1: g and beta loaded with the parent links, not when the node matrices need
     them; 2, with Q_EFF: also v, its term M diag(beta) V then the products' first addend (its latency
     and product not after the state's). TREE_MASKS: parents_ptr holds each node's path mask
-    (_path_masks) instead of its link. PREFETCH (a tile of the persistent kernel's): the state's
-    chunks come through ``ring``, where the tile before issued this one's first (the kernel waited
-    for the launch before first, whatever PDL), and this tile's last issue tile + step's first."""
+    (_path_masks) instead of its link."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
     ROW_L: gl.constexpr = gl.SliceLayout(1, MMA)
     COL_L: gl.constexpr = gl.SliceLayout(0, MMA)
     TILES: gl.constexpr = BLOCK_V // (8 * WARPS)  # mma tiles of 8 columns per warp
-    BITS: gl.constexpr = ssm_ptr.dtype.element_ty.primitive_bitwidth
-    VEC: gl.constexpr = _fragment_vec(BLOCK_V, WARPS, BITS)  # 16-byte loads
-    LOAD_L: gl.constexpr = _fragment_load_layout(BLOCK_V, WARPS, BITS)
+    VEC: gl.constexpr = min(TILES, 128 // ssm_ptr.dtype.element_ty.primitive_bitwidth)  # 16-byte loads
+    # B's fragments (rows tig and tig + 4 of each k step): a thread's columns in runs of VEC, the
+    # 8 runs of a warp's lanes adjacent, so that every load instruction reads whole 128-byte lines
+    LOAD_L: gl.constexpr = gl.BlockedLayout([1, VEC], [4, 8], [1, WARPS], [0, 1])
     STACK_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     # 16-byte units XOR-swizzled by row: the mma operands' 8 rows x 4 columns hit 32 banks
     KQ_SMEM: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
+    BITS: gl.constexpr = ssm_ptr.dtype.element_ty.primitive_bitwidth
     K_CONTIGUOUS: gl.constexpr = rows_contiguous(SSM_STRIDE_K, SSM_STRIDE_V)
     COPY_L: gl.constexpr = _state_copy_layout(LOAD_L, K_CONTIGUOUS, BITS, CHUNK_K, WARPS)
     HALF: gl.constexpr = NODES // 2
@@ -452,33 +399,25 @@ def _verify_tile(
         head = gl.program_id(0) // V_BLOCKS
         v0 = (gl.program_id(0) % V_BLOCKS) * BLOCK_V
         row = gl.program_id(1).to(gl.int64)
-    if PDL == 1 and not PREFETCH:
-        _grid_dependency()
-    if FROM_PROGRAM:
-        slot = gl.load(slots_ptr + row * slots_stride).to(gl.int64)
-        slot_ok = (slot >= 0) & (slot < num_state_slots)
-        state_base = ssm_ptr + gl.where(slot_ok, slot, 0) * ssm_stride_slot + head * ssm_stride_head
     else:
-        row, head, v0, state_base, slot_ok = _tile_state(tile, num_tiles, ssm_ptr, slots_ptr, num_state_slots,
-                                                         ssm_stride_slot, ssm_stride_head, slots_stride, NUM_V_HEADS,
-                                                         HEAD_V_DIM, BLOCK_V)
+        head = (tile % (NUM_V_HEADS * V_BLOCKS)) // V_BLOCKS
+        v0 = (tile % V_BLOCKS) * BLOCK_V
+        row = (tile // (NUM_V_HEADS * V_BLOCKS)).to(gl.int64)
     k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
-    if PREFETCH:  # the next tile's slot now: its first chunks go out with this tile's last
-        _, _, next_v0, next_base, next_ok = _tile_state(tile + step, num_tiles, ssm_ptr, slots_ptr, num_state_slots,
-                                                        ssm_stride_slot, ssm_stride_head, slots_stride, NUM_V_HEADS,
-                                                        HEAD_V_DIM, BLOCK_V)
-    else:
-        next_v0 = v0  # unread
-        next_base = state_base
-        next_ok = slot_ok
+
+    if PDL == 1:
+        _grid_dependency()
+    slot = gl.load(slots_ptr + row * slots_stride).to(gl.int64)
+    slot_ok = (slot >= 0) & (slot < num_state_slots)
+    slot = gl.where(slot_ok, slot, 0)
+    state_base = ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head
     k_base = k_ptr + row * k_stride_row + k_head * k_stride_head
     q_base = q_ptr + row * q_stride_row + k_head * q_stride_head
 
-    if PREFETCH:
-        state_ring = ring
-        upcoming = slot_ok  # unread
-    elif STATE_STAGES > 0:
-        state_ring = _new_state_ring(ssm_ptr, STATE_STAGES, CHUNK_K, BLOCK_V, WARPS, SSM_STRIDE_K, SSM_STRIDE_V)
+    if STATE_STAGES > 0:  # 16-byte units XOR-swizzled by row: a warp's rows of a load on distinct banks
+        state_ring = gl.allocate_shared_memory(
+            ssm_ptr.dtype.element_ty, [STATE_STAGES, CHUNK_K, BLOCK_V],
+            _state_ring_layout(gl.SwizzledSharedLayout(VEC, 1, 8, [1, 0]), K_CONTIGUOUS, BITS, CHUNK_K, VEC))
         _issue_first_chunks(state_ring, state_base, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K,
                             SSM_STRIDE_V, CHUNK_K, BLOCK_V, COPY_L)  # the long read first: nothing before it waits
         upcoming = slot_ok  # unread
@@ -489,7 +428,7 @@ def _verify_tile(
         state_ring = slot_ok  # unread
         upcoming = _state_chunk(state_base, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
                                 CHUNK_K, BLOCK_V, LOAD_L)  # the long read first: nothing before it waits
-    if PDL == 2 and not PREFETCH:  # what the kernel before wrote (q, k, v, g, beta, parents) only from here on
+    if PDL == 2:  # what the kernel before wrote (q, k, v, g, beta, parents) only from here on
         _grid_dependency()
     # the tree walk's layout: node c's parent link on lane c
     index = gl.arange(0, NODES, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
@@ -558,7 +497,7 @@ def _verify_tile(
         if STATE_STAGES > 0:
             state = _staged_chunk(state_ring, state_base, slot_ok, v0, c, min(STATE_STAGES, BLOCK_K // CHUNK_K),
                                   HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L,
-                                  COPY_L, next_base, next_ok, next_v0, PREFETCH)
+                                  COPY_L)
         else:
             state = upcoming
             if c + CHUNK_K < BLOCK_K:  # the next chunk's loads in flight while this one multiplies
@@ -651,31 +590,14 @@ def _gdn_verify_mma_persistent_kernel(
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
     STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
-    SHALLOW: gl.constexpr, EARLY: gl.constexpr, PREFETCH: gl.constexpr,
+    SHALLOW: gl.constexpr, EARLY: gl.constexpr,
 ):
     """_gdn_verify_mma_kernel's tiles of num_rows rows (row-major: a row's heads, then the next row's),
     program_id(0), + num_programs, ... a program, on a grid (programs, 1): a grid of a few programs
-    an SM caps how many share one, so that the batch's tiles fill whole waves. PREFETCH: the state
-    chunks of a program's tiles one stream through one ring, the next tile's first in flight under
-    this one's last and under its own node matrices (_verify_tile)."""
+    an SM caps how many share one, so that the batch's tiles fill whole waves."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     HEAD_TILES: gl.constexpr = NUM_V_HEADS * V_BLOCKS
-    num_tiles = num_rows * HEAD_TILES
-    if PREFETCH:
-        if PDL > 0:
-            _grid_dependency()
-        ring = _new_state_ring(ssm_ptr, STATE_STAGES, CHUNK_K, BLOCK_V, WARPS, SSM_STRIDE_K, SSM_STRIDE_V)
-        _, _, v0, state_base, slot_ok = _tile_state(gl.program_id(0), num_tiles, ssm_ptr, slots_ptr, num_state_slots,
-                                                    ssm_stride_slot, ssm_stride_head, slots_stride, NUM_V_HEADS,
-                                                    HEAD_V_DIM, BLOCK_V)
-        _issue_first_chunks(ring, state_base, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K, SSM_STRIDE_V,
-                            CHUNK_K, BLOCK_V, _state_copy_layout(
-                                _fragment_load_layout(BLOCK_V, WARPS, ssm_ptr.dtype.element_ty.primitive_bitwidth),
-                                rows_contiguous(SSM_STRIDE_K, SSM_STRIDE_V),
-                                ssm_ptr.dtype.element_ty.primitive_bitwidth, CHUNK_K, WARPS))
-    else:
-        ring = num_tiles  # unread
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
+    for tile in range(gl.program_id(0), num_rows * HEAD_TILES, gl.num_programs(0)):
         gl.thread_barrier()  # (the tile before's last reads of shared memory, before this one's stores)
         _verify_tile(tile, out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr,
                      slots_ptr, parents_ptr, num_state_slots, scale,
@@ -688,6 +610,4 @@ def _gdn_verify_mma_persistent_kernel(
                      ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                      NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                      TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, False, PDL,
-                     Q_EFF, TREE_MASKS, SHALLOW, EARLY, ring, num_tiles, gl.num_programs(0), PREFETCH)
-    if PREFETCH:  # the copies issued past the program's last tile (masked off) done before it exits
-        async_copy.wait_group(0)
+                     Q_EFF, TREE_MASKS, SHALLOW, EARLY)

@@ -162,13 +162,11 @@ def state_chunk(chunk_n: int, block_n: int, op: str) -> int:
 
 
 def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, *, dt_softplus, block_p=None,
-                 num_warps=VERIFY_WARPS, precision=None, chunk_n=CHUNK_N, chunk_stages=CHUNK_STAGES, pdl=False,
-                 maxnreg=None):
+                 num_warps=VERIFY_WARPS, precision=None, chunk_n=CHUNK_N, chunk_stages=CHUNK_STAGES, pdl=False):
     """The kernel's launch for launch_mamba2_verify and planned_mamba2_verify, or None with no rows.
     block_p (a power of two >= 16), num_warps, precision, chunk_n (C S0^T over chunks of that many
     state rows, a power of two >= 16; 0: the whole tile at once), chunk_stages (their pipeline's
-    depth), pdl (a programmatic dependent launch, sm_90+) and maxnreg (ptxas's register cap): tuning
-    only."""
+    depth) and pdl (a programmatic dependent launch, sm_90+): tuning only."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     num_groups, d_state = B.shape[2], B.shape[3]
     if num_rows == 0:
@@ -194,7 +192,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, 
         num_warps=num_warps,
     )
     pdl = bool(pdl) and gdc_wait is not None and not interpreted() and pdl_device(ssm)
-    constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}), **({"maxnreg": maxnreg} if maxnreg else {}))
+    constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     return KernelCall(_mamba2_verify_kernel, grid, _tensors(out, x, dt, A, B, C, ssm, state_slots, parents, D, z,
                                                             dt_bias), scalars, constexprs)
 

@@ -59,10 +59,6 @@
 #   early     gdn_verify's small inputs loaded early (1 for chains, 0 for trees since the chunk16 run): its GPU tests
 #             (launch choices, tree walks, the model's shape), early_loads 0 / 1 / 2 against it (B = 64 / 256), then
 #             gvbench's fp32 tables (bench_gdn_verify.py)
-#   prefetch  gdn_verify's persistent kernel with a program's tiles' state chunks one stream (prefetch=True, the
-#             next tile's first chunks under this one's last; never run on a GPU): its GPU tests, then 8 / 7 / 5
-#             programs an SM against the default and the persistent kernel without it (B = 64 / 256), bf16 pools'
-#             stacked products staged 32 rows at a time with it, then compute-sanitizer memcheck + racecheck over its tests
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
@@ -82,8 +78,6 @@
 #             (bench_gdn_verify.py, B = 1 .. 256, no step table) and the GDN ring's trees (bench_ring.py)
 #   m2bench   mamba2_verify against an engine-style selective-state-update stand-in, chains and trees of 8,
 #             B = 1 .. 256, Nemotron-H-8B TP1 (benchmarks/bench_mamba2_verify.py), with issue #40's targets
-#   m2regs    mamba2_verify's registers capped at 64 / 56 (offline: 0 spilled; 8 / 9 programs an SM, not 7 at its 72;
-#             launcher option maxnreg): its launch-choice GPU tests, then B = 64 / 256 against the default
 #   m2tune    mamba2_verify's launcher choices around its defaults (narrower tiles, 8 warps, chunk depths; each
 #             checked against the oracle first), B = 64 / 256, chains and trees
 #   ringfold  the rings' fold and verify launches where a step has few rows to fold (the sweeps' last column: 1 row in
@@ -357,19 +351,6 @@ for phase in "$@"; do
               python3 -m pip install -q --no-deps .whl/fla_core-*.whl .whl/einops-*.whl >> "$out/install.log" 2>&1
               timeout 120 python3 benchmarks/bench_gdn_verify.py > "$out/bench_gdn_verify.log" 2>&1 || rc=1
               grep -E '^(\||read ceiling)' "$out/bench_gdn_verify.log" ;;
-    prefetch) rc=0  # (gdn_verify's persistent kernel with its tiles' chunks one stream; never run on a GPU)
-              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
-                -k "launch_choices or launch_plans" > "$out/gpu_tests_prefetch.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_prefetch.log"
-              timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 16 17 43 44 45 \
-                > "$out/sweep_prefetch.log" 2>&1 || rc=1
-              grep -E '^\||FAILED' "$out/sweep_prefetch.log"
-              timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 46 --state-dtype bf16 \
-                > "$out/sweep_prefetch_bf16.log" 2>&1 || rc=1
-              grep -E '^\||FAILED' "$out/sweep_prefetch_bf16.log"
-              mkdir -p "$out/prefetchsan"
-              SANITIZE_TIMEOUT=120 SANITIZE_TESTS="tests/test_gdn_verify.py" SANITIZE_K="prefetch" \
-                bash scripts/gpu_sanitize.sh "$out/prefetchsan" || rc=1 ;;
     bf16chunks) timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 1 2 36 37 \
                 --state-dtype bf16 > "$out/sweep_chunk16_bf16.log" 2>&1
               rc=$?; grep -E '^\||FAILED' "$out/sweep_chunk16_bf16.log" ;;
@@ -428,13 +409,6 @@ for phase in "$@"; do
               timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 1 8 \
                 --sweep 64/4/16/1/fused_window=0 64/4/16/1 > "$out/sweep_ring_mamba2_window.log" 2>&1
               rc=$((rc | $?)); grep '^|' "$out/sweep_ring_mamba2_window.log" ;;
-    m2regs)   rc=0  # (mamba2_verify's registers capped: 8 or 9 programs an SM, not 7; never run on a GPU)
-              timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_mamba2_verify.py \
-                -k "launch_choices" > "$out/gpu_tests_m2regs.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_m2regs.log"
-              timeout 200 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --standin-tiles 16/2 \
-                --tunings maxnreg=64 maxnreg=56 > "$out/bench_mamba2_verify_regs.log" 2>&1 || rc=1
-              grep -E 'graph|FAILED' "$out/bench_mamba2_verify_regs.log" ;;
     m2tune)   timeout 240 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --standin-tiles 16/2 \
                 --tunings num_warps=8 block_p=32 block_p=32,num_warps=2 chunk_stages=4,num_warps=8 \
                 chunk_n=16,chunk_stages=6 > "$out/bench_mamba2_verify_tune.log" 2>&1

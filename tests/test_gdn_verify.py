@@ -321,10 +321,6 @@ TUNINGS = [dict(mma=False), dict(block_v=16, mma=False), dict(block_v=16, num_wa
            # persistent: 2 or 5 programs walking the batch's 12 tiles (a partial last round), registers capped
            pytest.param(dict(mma=True, persistent=2), marks=pytest.mark.gpu),
            pytest.param(dict(mma=True, persistent=5, maxnreg=128, state_stages=2), marks=pytest.mark.gpu),
-           # ... their tiles' state chunks one stream (the next tile's first under this one's last)
-           pytest.param(dict(mma=True, persistent=2, prefetch=True), marks=pytest.mark.gpu),
-           pytest.param(dict(mma=True, persistent=5, maxnreg=128, prefetch=True, chunk_k=32), marks=pytest.mark.gpu),
-           pytest.param(dict(mma=True, persistent=3, prefetch=True, q_eff=False, state_stages=2), marks=pytest.mark.gpu),
            # a plain launch (the default is a programmatic dependent one on sm_90)
            pytest.param(dict(mma=True, pdl=0), marks=pytest.mark.gpu),
            pytest.param(dict(mma=True, pdl=2, state_stages=2), marks=pytest.mark.gpu),
@@ -397,13 +393,6 @@ def test_mma_launch_plans(monkeypatch):
         assert (call.grid, call.scalars[2], call.constexprs["maxnreg"]) == (grid, 3, 128)
         assert call.kernel.fn.__name__ == "_gdn_verify_mma_persistent_kernel"
     assert plan(problem).kernel.fn.__name__ == "_gdn_verify_mma_kernel"
-    # the tiles' chunks one stream: the persistent kernel's, staged in stages that divide them (dk 64: 4 chunks of 16)
-    assert [plan(problem, persistent=4, **tuning).constexprs["PREFETCH"] for tuning in (
-        {}, dict(prefetch=True), dict(prefetch=True, state_stages=4))] == [False, True, True]
-    for tuning in (dict(prefetch=True), dict(persistent=4, prefetch=True, state_stages=3),
-                   dict(persistent=4, prefetch=True, q_eff=False)):
-        with pytest.raises(ValueError, match="prefetch is the persistent kernel's"):
-            plan(problem, **tuning)
     # a programmatic dependent launch by default (CPU tensors: as on sm_90), a plain one when asked for
     assert [plan(problem, **pdl).constexprs.get("PDL") for pdl in ({}, dict(pdl=0), dict(pdl=2))] == [1, 0, 2]
     assert [plan(problem, **pdl).constexprs.get("launch_pdl") for pdl in ({}, dict(pdl=0), dict(pdl=2))] == [
@@ -412,7 +401,7 @@ def test_mma_launch_plans(monkeypatch):
     tree = make_problem(head_k_dim=64, head_v_dim=64, parents=[-1, 0, 0, 2])
     assert [plan(pool, **early).constexprs["EARLY"] for pool, early in (
         (problem, {}), (tree, {}), (problem, dict(early_loads=2)), (tree, dict(early_loads=1)))] == [1, 0, 2, 1]
-    with pytest.raises(ValueError, match="early_loads and prefetch are the mma kernel's"):
+    with pytest.raises(ValueError, match="early_loads is the mma kernel's"):
         triton_kernels().gdn_verify._verify_call(torch.empty(problem[2].shape), *problem, scale=0.25,
                                                  use_qk_l2norm=True, mma=False, early_loads=1)
     # 16 rows a chunk of a 4-byte state, 64 of a 2-byte one (at most dk)
