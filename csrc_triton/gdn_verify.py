@@ -90,6 +90,9 @@ MMA_Q_EFF = True
 # queries (its term the products' first addend, not after the state's); 0, neither. Chains, trees:
 # on the H200 1 is the faster for chains, 0 for trees, 2 the slower for both (docs/benchmarks.md).
 MMA_EARLY_LOADS = (1, 0)
+# The mma kernel's stacked products in the state's own 16-bit type (mma.m16n8k16) where q, k and the
+# pool share it: exact like tf32's, half the mma instructions, no widening of the state.
+MMA_NATIVE_PRODUCTS = False
 # Both kernels' effective queries by default for these state dtypes; the Triton kernel's up to
 # TRITON_Q_EFF_MAX_NODES nodes (past them its W [k; q] product spills, past 32 it overflows shared
 # memory).
@@ -378,7 +381,7 @@ def _mma_kernel_runs_on(ssm) -> bool:
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
                  block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None,
                  persistent=None, maxnreg=None, pdl=None, q_eff=None, tree_masks=False, doubling=None, shallow=None,
-                 early_loads=None):
+                 early_loads=None, native_products=None):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
@@ -398,7 +401,9 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     forest's, not walked: tree_path_masks), doubling (the Triton kernel's tree walked by pointer
     jumping; None: TRITON_TREE_DOUBLING), shallow (a tree's inverse as one block where no root path
     is over 4 nodes; None: SHALLOW_TREES), early_loads (the mma kernel's small inputs loaded at its
-    start, 0 .. 2; None: MMA_EARLY_LOADS's for a chain or a tree): tuning only."""
+    start, 0 .. 2; None: MMA_EARLY_LOADS's for a chain or a tree), native_products (the mma
+    kernel's stacked products in the pool's 16-bit type, q and k of it too; None:
+    MMA_NATIVE_PRODUCTS where they are): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -430,8 +435,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     shallow = parents is not None and bool(SHALLOW_TREES if shallow is None else shallow)
     if tree_masks and not (mma and parents is not None):
         raise ValueError("convwin.gdn_verify: tree_masks are the mma kernel's, for a tree's parents")
-    if early_loads is not None and not mma:
-        raise ValueError("convwin.gdn_verify: early_loads is the mma kernel's load order")
+    if (early_loads is not None or native_products) and not mma:
+        raise ValueError("convwin.gdn_verify: early_loads and native_products are the mma kernel's")
     if doubling and mma:
         raise ValueError("convwin.gdn_verify: doubling is the Triton kernel's walk (the mma kernel's is across lanes)")
     if mma:
@@ -445,10 +450,17 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         if state_stages is None and not q_eff and ssm.stride(-1) == 1:
             stages = 0  # (a transposed pool's chunks stay staged: in registers its loads are of one element)
         half = (torch.bfloat16, torch.float16)  # (exact in tf32; wider q or k rounded to it first)
+        native_ok = not q_eff and ssm.dtype in half and q.dtype == k.dtype == ssm.dtype
+        if native_products and not native_ok:
+            raise ValueError("convwin.gdn_verify: native_products are the stacked products' (q_eff off) with q, k and "
+                             f"the pool of one 16-bit type; got q {q.dtype}, k {k.dtype}, pool {ssm.dtype}, "
+                             f"q_eff {bool(q_eff)}")
+        native = native_ok and bool(MMA_NATIVE_PRODUCTS if native_products is None else native_products)
         constexprs.update(CHUNK_K=chunk_k, ROUND_KQ=not (q.dtype in half and k.dtype in half),
                           WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3),
                           STATE_STAGES=stages, Q_EFF=bool(q_eff), TREE_MASKS=bool(tree_masks), SHALLOW=shallow,
-                          EARLY=int(MMA_EARLY_LOADS[parents is not None] if early_loads is None else early_loads))
+                          EARLY=int(MMA_EARLY_LOADS[parents is not None] if early_loads is None else early_loads),
+                          NATIVE=native)
         if maxnreg is not None:
             constexprs.update(maxnreg=maxnreg)
         pdl = MMA_PDL if pdl is None else int(pdl)

@@ -94,13 +94,17 @@ def _product(a, b, MMA: gl.constexpr, A_L: gl.constexpr, B_L: gl.constexpr, SPLI
 @gluon.jit
 def _state_chunk(state_base, first, slot_ok, v0, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr,
                  SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, CHUNK_K: gl.constexpr,
-                 BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr):
-    """State rows first .. first + CHUNK_K - 1 of the tile, fp32, zeros outside it or for a bad slot."""
+                 BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr, NATIVE: gl.constexpr = False):
+    """State rows first .. first + CHUNK_K - 1 of the tile, fp32 (NATIVE: the pool's type), zeros
+    outside it or for a bad slot."""
     kk = first + gl.arange(0, CHUNK_K, layout=gl.SliceLayout(1, LOAD_L))
     vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, LOAD_L))
     tile = state_base + (kk * SSM_STRIDE_K)[:, None] + (vv * SSM_STRIDE_V)[None, :]
     mask = slot_ok & (kk < HEAD_K_DIM)[:, None] & (vv < HEAD_V_DIM)[None, :]
-    return gl.load(tile, mask=mask, other=0.0).to(gl.float32)
+    chunk = gl.load(tile, mask=mask, other=0.0)
+    if not NATIVE:
+        chunk = chunk.to(gl.float32)
+    return chunk
 
 
 @gluon.constexpr_function
@@ -154,15 +158,17 @@ def _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM: gl.constex
 def _staged_chunk(state_ring, state_base, live, v0, FIRST: gl.constexpr, STAGES: gl.constexpr,
                   HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr,
                   SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, CHUNK_K: gl.constexpr,
-                  BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr, COPY_L: gl.constexpr):
-    """State rows FIRST .. FIRST + CHUNK_K - 1 of the tile, fp32 in LOAD_L, from their slot of the
-    STAGES-slot ring in shared memory (chunk i in slot i % STAGES, chunks 0 .. STAGES-1 issued
+                  BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr, COPY_L: gl.constexpr, NATIVE: gl.constexpr = False):
+    """State rows FIRST .. FIRST + CHUNK_K - 1 of the tile in LOAD_L, fp32 (NATIVE: the pool's type),
+    from their slot of the STAGES-slot ring in shared memory (chunk i in slot i % STAGES, chunks 0 .. STAGES-1 issued
     first); the slot then refilled with the chunk STAGES later (copied in COPY_L)."""
     CHUNKS: gl.constexpr = BLOCK_K // CHUNK_K
     I: gl.constexpr = FIRST // CHUNK_K
     async_copy.wait_group(min(CHUNKS, STAGES + I) - (I + 1))  # this thread's copies of chunk I landed
     gl.thread_barrier()  # and every other thread's
-    state = state_ring.index(I % STAGES).load(LOAD_L).to(gl.float32)
+    state = state_ring.index(I % STAGES).load(LOAD_L)
+    if not NATIVE:
+        state = state.to(gl.float32)
     if I + STAGES < CHUNKS:  # the slot refilled once every thread has read it
         gl.thread_barrier()
         _issue_state_chunk(state_ring.index(I % STAGES), state_base, (I + STAGES) * CHUNK_K, live, v0, HEAD_K_DIM,
@@ -363,7 +369,7 @@ def _verify_tile(
     TREE: gl.constexpr, L2NORM: gl.constexpr, CHUNK_K: gl.constexpr, ROUND_KQ: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, STATE_STAGES: gl.constexpr, FROM_PROGRAM: gl.constexpr,
     PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr, SHALLOW: gl.constexpr,
-    EARLY: gl.constexpr,
+    EARLY: gl.constexpr, NATIVE: gl.constexpr,
 ):
     """One [dk, BLOCK_V] state tile's outputs, from one read of it: the tile of _gdn_verify_mma_kernel's
     program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
@@ -374,7 +380,9 @@ def _verify_tile(
     docstring). EARLY 1: g and beta loaded with the parent links, not when the node matrices need
     them; 2, with Q_EFF: also v, its term M diag(beta) V then the products' first addend (its latency
     and product not after the state's). TREE_MASKS: parents_ptr holds each node's path mask
-    (_path_masks) instead of its link."""
+    (_path_masks) instead of its link. NATIVE (stacked products; the pool, q and k of one 16-bit
+    type): the gram and the state's products as 16-bit mma.m16n8k16 of the raw stack, exact like
+    tf32's of those values, with half the mma instructions and the state never widened."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -382,12 +390,15 @@ def _verify_tile(
     COL_L: gl.constexpr = gl.SliceLayout(0, MMA)
     TILES: gl.constexpr = BLOCK_V // (8 * WARPS)  # mma tiles of 8 columns per warp
     VEC: gl.constexpr = min(TILES, 128 // ssm_ptr.dtype.element_ty.primitive_bitwidth)  # 16-byte loads
+    # NATIVE's 16-bit operands (mma.m16n8k16: a register holds two elements adjacent along k)
+    A16_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    B16_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
     # B's fragments (rows tig and tig + 4 of each k step): a thread's columns in runs of VEC, the
     # 8 runs of a warp's lanes adjacent, so that every load instruction reads whole 128-byte lines
     LOAD_L: gl.constexpr = gl.BlockedLayout([1, VEC], [4, 8], [1, WARPS], [0, 1])
     STACK_L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
     # 16-byte units XOR-swizzled by row: the mma operands' 8 rows x 4 columns hit 32 banks
-    KQ_SMEM: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 8, [1, 0])
+    KQ_SMEM: gl.constexpr = gl.SwizzledSharedLayout(8 if NATIVE else 4, 1, 8, [1, 0])
     BITS: gl.constexpr = ssm_ptr.dtype.element_ty.primitive_bitwidth
     K_CONTIGUOUS: gl.constexpr = rows_contiguous(SSM_STRIDE_K, SSM_STRIDE_V)
     COPY_L: gl.constexpr = _state_copy_layout(LOAD_L, K_CONTIGUOUS, BITS, CHUNK_K, WARPS)
@@ -427,7 +438,7 @@ def _verify_tile(
     else:
         state_ring = slot_ok  # unread
         upcoming = _state_chunk(state_base, 0, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
-                                CHUNK_K, BLOCK_V, LOAD_L)  # the long read first: nothing before it waits
+                                CHUNK_K, BLOCK_V, LOAD_L, NATIVE)  # the long read first: nothing before it waits
     if PDL == 2:  # what the kernel before wrote (q, k, v, g, beta, parents) only from here on
         _grid_dependency()
     # the tree walk's layout: node c's parent link on lane c
@@ -450,7 +461,11 @@ def _verify_tile(
     node_b = stack_b % HALF
     kk_b = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, STACK_L))
     stack_ok = (node_b < NUM_NODES)[:, None] & (kk_b < HEAD_K_DIM)[None, :]
-    if k_ptr.dtype == q_ptr.dtype:  # one load through the rows' pointers
+    if NATIVE:  # (raw, in their own type: the products' A operand)
+        rows_b = gl.where(stack_b < HALF, k_base + node_b * k_stride_node, q_base + node_b * q_stride_node)
+        strides_b = gl.where(stack_b < HALF, k_stride_k, q_stride_k)
+        kq_all = gl.load(rows_b[:, None] + kk_b[None, :] * strides_b[:, None], mask=stack_ok, other=0.0)
+    elif k_ptr.dtype == q_ptr.dtype:  # one load through the rows' pointers
         rows_b = gl.where(stack_b < HALF, k_base + node_b * k_stride_node, q_base + node_b * q_stride_node)
         strides_b = gl.where(stack_b < HALF, k_stride_k, q_stride_k)
         kq_all = gl.load(rows_b[:, None] + kk_b[None, :] * strides_b[:, None], mask=stack_ok,
@@ -461,13 +476,20 @@ def _verify_tile(
                                          mask=stack_ok & key_b, other=0.0).to(gl.float32),
                           gl.load((q_base + node_b * q_stride_node)[:, None] + (kk_b * q_stride_k)[None, :],
                                   mask=stack_ok & ~key_b, other=0.0).to(gl.float32))
-    kq_smem = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM, _rounded(kq_all, ROUND_KQ))
+    if NATIVE:  # k relabelled as the state's rows are below (a product over k is the same in any order)
+        kq_smem = gl.allocate_shared_memory(kq_all.dtype, [NODES, BLOCK_K], KQ_SMEM, kq_all.reshape(
+            [NODES, BLOCK_K // 16, 2, 2, 4]).permute((0, 1, 2, 4, 3)).reshape([NODES, BLOCK_K]))
+    else:
+        kq_smem = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM, _rounded(kq_all, ROUND_KQ))
 
     gram = gl.zeros([NODES, NODES], gl.float32, layout=MMA)
     gl.thread_barrier()
     for c in gl.static_range(0, BLOCK_K, CHUNK_K):
         chunk = kq_smem.slice(c, CHUNK_K, dim=1)
-        gram = mma_v2(chunk.load(A_L), chunk.permute((1, 0)).load(B_L), gram, input_precision="tf32")
+        if NATIVE:
+            gram = mma_v2(chunk.load(A16_L), chunk.permute((1, 0)).load(B16_L), gram)
+        else:
+            gram = mma_v2(chunk.load(A_L), chunk.permute((1, 0)).load(B_L), gram, input_precision="tf32")
 
     if Q_EFF:  # the stack's query rows become Q_eff = W [k; q], its key rows zero, before the products
         if not GATES_FIRST:
@@ -497,18 +519,24 @@ def _verify_tile(
         if STATE_STAGES > 0:
             state = _staged_chunk(state_ring, state_base, slot_ok, v0, c, min(STATE_STAGES, BLOCK_K // CHUNK_K),
                                   HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, SSM_STRIDE_K, SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L,
-                                  COPY_L)
+                                  COPY_L, NATIVE)
         else:
             state = upcoming
             if c + CHUNK_K < BLOCK_K:  # the next chunk's loads in flight while this one multiplies
                 upcoming = _state_chunk(state_base, c + CHUNK_K, slot_ok, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K,
-                                        SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L)
+                                        SSM_STRIDE_V, CHUNK_K, BLOCK_V, LOAD_L, NATIVE)
         # relabel the columns (no data moves): a thread's TILES columns (runs of VEC) become its
         # columns of the warp's TILES mma tiles
         state = state.reshape([CHUNK_K, TILES // VEC, WARPS, 8, VEC]).permute((0, 1, 4, 2, 3)).reshape(
             [CHUNK_K, BLOCK_V])
-        products = mma_v2(kq_smem.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(state, B_L), products,
-                          input_precision="tf32")
+        if NATIVE:  # and the rows: a thread's tig, tig + 4 (+ 8) of 16 become m16n8k16's 2 tig, 2 tig + 1 (+ 8)
+            state = state.reshape([CHUNK_K // 16, 2, 2, 4, BLOCK_V]).permute((0, 1, 3, 2, 4)).reshape(
+                [CHUNK_K, BLOCK_V])
+        if NATIVE:
+            products = mma_v2(kq_smem.slice(c, CHUNK_K, dim=1).load(A16_L), gl.convert_layout(state, B16_L), products)
+        else:
+            products = mma_v2(kq_smem.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(state, B_L), products,
+                              input_precision="tf32")
     if not Q_EFF:  # after the products: before them, the chunks' loads wait in registers (docs/benchmarks.md)
         if not GATES_FIRST:
             g_col, beta = _gates(row, head, g_ptr, beta_ptr, g_stride_row, g_stride_node, g_stride_head,
@@ -550,7 +578,7 @@ def _gdn_verify_mma_kernel(
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
     STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
-    SHALLOW: gl.constexpr, EARLY: gl.constexpr,
+    SHALLOW: gl.constexpr, EARLY: gl.constexpr, NATIVE: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
     gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
@@ -570,7 +598,7 @@ def _gdn_verify_mma_kernel(
                  ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                  NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                  TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, True, PDL,
-                 Q_EFF, TREE_MASKS, SHALLOW, EARLY)
+                 Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE)
 
 
 @gluon.jit(do_not_specialize=["num_rows"])
@@ -590,7 +618,7 @@ def _gdn_verify_mma_persistent_kernel(
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
     STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
-    SHALLOW: gl.constexpr, EARLY: gl.constexpr,
+    SHALLOW: gl.constexpr, EARLY: gl.constexpr, NATIVE: gl.constexpr,
 ):
     """_gdn_verify_mma_kernel's tiles of num_rows rows (row-major: a row's heads, then the next row's),
     program_id(0), + num_programs, ... a program, on a grid (programs, 1): a grid of a few programs
@@ -610,4 +638,4 @@ def _gdn_verify_mma_persistent_kernel(
                      ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                      NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                      TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, False, PDL,
-                     Q_EFF, TREE_MASKS, SHALLOW, EARLY)
+                     Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE)

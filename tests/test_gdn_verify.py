@@ -401,9 +401,16 @@ def test_mma_launch_plans(monkeypatch):
     tree = make_problem(head_k_dim=64, head_v_dim=64, parents=[-1, 0, 0, 2])
     assert [plan(pool, **early).constexprs["EARLY"] for pool, early in (
         (problem, {}), (tree, {}), (problem, dict(early_loads=2)), (tree, dict(early_loads=1)))] == [1, 0, 2, 1]
-    with pytest.raises(ValueError, match="early_loads is the mma kernel's"):
+    with pytest.raises(ValueError, match="early_loads and native_products are the mma kernel's"):
         triton_kernels().gdn_verify._verify_call(torch.empty(problem[2].shape), *problem, scale=0.25,
                                                  use_qk_l2norm=True, mma=False, early_loads=1)
+    # the stacked products in the pool's 16-bit type only where q, k and the pool share it
+    halves = make_problem(head_k_dim=64, head_v_dim=64, qkv_dtype=torch.bfloat16, state_dtype=torch.bfloat16)
+    assert [plan(halves, native_products=on).constexprs["NATIVE"] for on in (None, False, True)] == [
+        triton_kernels().gdn_verify.MMA_NATIVE_PRODUCTS, False, True]
+    for pool, tuning in ((problem, {}), (bf16_pool, {}), (halves, dict(q_eff=True))):
+        with pytest.raises(ValueError, match="native_products are the stacked products'"):
+            plan(pool, native_products=True, **tuning)
     # 16 rows a chunk of a 4-byte state, 64 of a 2-byte one (at most dk)
     for dtype, head_k_dim, want in ((torch.float32, 128, 16), (torch.bfloat16, 128, 64), (torch.bfloat16, 32, 32)):
         pool = make_problem(head_k_dim=head_k_dim, head_v_dim=64, state_dtype=dtype)
@@ -461,6 +468,34 @@ def test_tree_path_masks():
     with pytest.raises(ValueError, match="doubling"):
         triton_kernels().gdn_verify._verify_call(torch.empty(v.shape), q, k, v, g, beta, ssm, slots, parents,
                                                  scale=0.25, use_qk_l2norm=True, mma=True, doubling=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tuning", [{}, dict(state_stages=2, chunk_k=32), dict(chunk_k=16, block_v=64, num_warps=1)],
+                         ids=["registers", "staged", "narrow"])
+def test_cuda_native_products(tuning):
+    """The stacked products in the pool's bf16 (native_products): the oracle's outputs for
+    chains and trees, fused views of one conv output, pools sliced or stored transposed, odd sizes,
+    a skipped row; the tf32 products' outputs within the accumulation order's rounding."""
+    def run(native):
+        def launch(out, q, k, v, g, beta, ssm, slots, parents, **kwargs):
+            kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(out, q, k, v, g, beta, ssm, slots,
+                                                                                 parents, **kwargs)
+            triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, mma=True, q_eff=False,
+                                               native_products=native, **tuning)
+        return launch
+
+    for shape in (dict(head_k_dim=128, head_v_dim=128, parents=[-1, 0, 0, 0, 1, 1, 1, 4]),
+                  dict(head_k_dim=128, head_v_dim=128, fused=True, transposed=True),
+                  dict(head_k_dim=48, head_v_dim=80, pooled=True, parents=[-1, -1, 0, 2])):
+        problem = make_problem(num_rows=4, num_slots=6, slots=[5, -1, 3, 1], qkv_dtype=torch.bfloat16,
+                               state_dtype=torch.bfloat16, device="cuda", **shape)
+        assert check("cuda", run(True), problem, tol=2e-2) == [0, 2, 3]
+        q, k, v, g, beta, ssm, slots, parents = problem
+        outs = [torch.zeros(v.shape, device="cuda") for _ in range(2)]
+        for out, native in zip(outs, (True, False)):
+            run(native)(out, q, k, v, g, beta, ssm, slots, parents)
+        assert (outs[0] - outs[1]).abs().max().item() <= 1e-5 * outs[1].abs().max().item()
 
 
 @pytest.mark.gpu
