@@ -485,7 +485,7 @@ def test_cuda_native_products(tuning):
                                                native_products=native, **tuning)
         return launch
 
-    for shape in (dict(head_k_dim=128, head_v_dim=128, parents=[-1, 0, 0, 0, 1, 1, 1, 4]),
+    for shape in (dict(head_k_dim=128, head_v_dim=128, num_nodes=8, parents=[-1, 0, 0, 0, 1, 1, 1, 4]),
                   dict(head_k_dim=128, head_v_dim=128, fused=True, transposed=True),
                   dict(head_k_dim=48, head_v_dim=80, pooled=True, parents=[-1, -1, 0, 2])):
         problem = make_problem(num_rows=4, num_slots=6, slots=[5, -1, 3, 1], qkv_dtype=torch.bfloat16,
