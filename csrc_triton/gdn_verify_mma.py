@@ -158,10 +158,11 @@ def _issue_first_chunks(state_ring, state_base, live, v0, HEAD_K_DIM: gl.constex
 def _staged_chunk(state_ring, state_base, live, v0, FIRST: gl.constexpr, STAGES: gl.constexpr,
                   HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_K: gl.constexpr,
                   SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, CHUNK_K: gl.constexpr,
-                  BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr, COPY_L: gl.constexpr, NATIVE: gl.constexpr = False):
+                  BLOCK_V: gl.constexpr, LOAD_L: gl.constexpr, COPY_L: gl.constexpr,
+                  NATIVE: gl.constexpr = False):
     """State rows FIRST .. FIRST + CHUNK_K - 1 of the tile in LOAD_L, fp32 (NATIVE: the pool's type),
-    from their slot of the STAGES-slot ring in shared memory (chunk i in slot i % STAGES, chunks 0 .. STAGES-1 issued
-    first); the slot then refilled with the chunk STAGES later (copied in COPY_L)."""
+    from their slot of the STAGES-slot ring in shared memory (chunk i in slot i % STAGES, chunks 0 ..
+    STAGES-1 issued first); the slot then refilled with the chunk STAGES later (copied in COPY_L)."""
     CHUNKS: gl.constexpr = BLOCK_K // CHUNK_K
     I: gl.constexpr = FIRST // CHUNK_K
     async_copy.wait_group(min(CHUNKS, STAGES + I) - (I + 1))  # this thread's copies of chunk I landed
@@ -461,15 +462,12 @@ def _verify_tile(
     node_b = stack_b % HALF
     kk_b = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, STACK_L))
     stack_ok = (node_b < NUM_NODES)[:, None] & (kk_b < HEAD_K_DIM)[None, :]
-    if NATIVE:  # (raw, in their own type: the products' A operand)
+    if k_ptr.dtype == q_ptr.dtype:  # one load through the rows' pointers
         rows_b = gl.where(stack_b < HALF, k_base + node_b * k_stride_node, q_base + node_b * q_stride_node)
         strides_b = gl.where(stack_b < HALF, k_stride_k, q_stride_k)
         kq_all = gl.load(rows_b[:, None] + kk_b[None, :] * strides_b[:, None], mask=stack_ok, other=0.0)
-    elif k_ptr.dtype == q_ptr.dtype:  # one load through the rows' pointers
-        rows_b = gl.where(stack_b < HALF, k_base + node_b * k_stride_node, q_base + node_b * q_stride_node)
-        strides_b = gl.where(stack_b < HALF, k_stride_k, q_stride_k)
-        kq_all = gl.load(rows_b[:, None] + kk_b[None, :] * strides_b[:, None], mask=stack_ok,
-                         other=0.0).to(gl.float32)
+        if not NATIVE:  # (NATIVE: raw, in their own type, the products' A operand)
+            kq_all = kq_all.to(gl.float32)
     else:  # (pointers of two types do not mix: one load each)
         key_b = (stack_b < HALF)[:, None]
         kq_all = gl.where(key_b, gl.load((k_base + node_b * k_stride_node)[:, None] + (kk_b * k_stride_k)[None, :],
