@@ -197,10 +197,11 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          # term the products' first addend); the defaults: 1 for chains, 0 for trees
          dict(mma=True, early_loads=0), dict(mma=True, early_loads=1), dict(mma=True, early_loads=2),
          # bf16 pools: the stacked products as bf16 mma (m16n8k16), chunks of 64 / 32 / 16 rows in registers, of 32
-         # staged, of 32 at 96 registers (10 programs an SM)
+         # staged; of 32 staged at 96 registers (10 programs an SM), of 16 at 80 (12; offline: 24 bytes spilled)
          *(dict(mma=True, native_products=True, chunk_k=c) for c in (64, 32, 16)),
          dict(mma=True, native_products=True, chunk_k=32, state_stages=2),
-         dict(mma=True, native_products=True, chunk_k=32, maxnreg=96)]
+         dict(mma=True, native_products=True, chunk_k=32, state_stages=2, maxnreg=96),
+         dict(mma=True, native_products=True, chunk_k=16, maxnreg=80)]
 TREE_OPTIONS = ("tree_masks", "doubling", "shallow")
 
 

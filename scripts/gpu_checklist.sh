@@ -60,8 +60,8 @@
 #             (launch choices, tree walks, the model's shape), early_loads 0 / 1 / 2 against it (B = 64 / 256), then
 #             gvbench's fp32 tables (bench_gdn_verify.py)
 #   native    gdn_verify's stacked products as bf16 mma (native_products, m16n8k16; never run on a GPU): its GPU
-#             tests, then bf16 pools' sweep (chunks of 64 / 32 / 16 rows, 32 staged, 32 at 96 registers; B = 64 / 256)
-#             and transposed bf16 pools with it
+#             tests, then bf16 pools' sweep (chunks of 64 / 32 / 16 rows, 32 staged, 32 staged at 96 registers, 16 at
+#             80; B = 64 / 256) and transposed bf16 pools with it
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
@@ -358,7 +358,7 @@ for phase in "$@"; do
               timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
                 -k "native or launch_plans or launch_choices" > "$out/gpu_tests_native.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_native.log"
-              timeout 200 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 43 44 45 46 47 \
+              timeout 200 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 43 44 45 46 47 48 \
                 --state-dtype bf16 > "$out/sweep_native.log" 2>&1 || rc=1
               grep -E '^\||FAILED|Error' "$out/sweep_native.log"
               timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 43 --state-dtype bf16 \
