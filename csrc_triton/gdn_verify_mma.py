@@ -530,7 +530,6 @@ def _verify_tile(
         if NATIVE:  # and the rows: a thread's tig, tig + 4 (+ 8) of 16 become m16n8k16's 2 tig, 2 tig + 1 (+ 8)
             state = state.reshape([CHUNK_K // 16, 2, 2, 4, BLOCK_V]).permute((0, 1, 3, 2, 4)).reshape(
                 [CHUNK_K, BLOCK_V])
-        if NATIVE:
             products = mma_v2(kq_smem.slice(c, CHUNK_K, dim=1).load(A16_L), gl.convert_layout(state, B16_L), products)
         else:
             products = mma_v2(kq_smem.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(state, B_L), products,
