@@ -91,8 +91,9 @@ MMA_Q_EFF = True
 # on the H200 1 is the faster for chains, 0 for trees, 2 the slower for both (docs/benchmarks.md).
 MMA_EARLY_LOADS = (1, 0)
 # The mma kernel's stacked products in the state's own 16-bit type (mma.m16n8k16) where q, k and the
-# pool share it: exact like tf32's, half the mma instructions, no widening of the state.
-MMA_NATIVE_PRODUCTS = False
+# pool share it: exact like tf32's, half the mma instructions, no widening of the state. For pools
+# stored contiguous, transposed: faster on a transposed pool's staged chunks only (docs/benchmarks.md).
+MMA_NATIVE_PRODUCTS = (False, True)
 # Both kernels' effective queries by default for these state dtypes; the Triton kernel's up to
 # TRITON_Q_EFF_MAX_NODES nodes (past them its W [k; q] product spills, past 32 it overflows shared
 # memory).
@@ -403,7 +404,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     is over 4 nodes; None: SHALLOW_TREES), early_loads (the mma kernel's small inputs loaded at its
     start, 0 .. 2; None: MMA_EARLY_LOADS's for a chain or a tree), native_products (the mma
     kernel's stacked products in the pool's 16-bit type, q and k of it too; None:
-    MMA_NATIVE_PRODUCTS where they are): tuning only."""
+    MMA_NATIVE_PRODUCTS's for a contiguous or a transposed pool where they are): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -455,7 +456,9 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
             raise ValueError("convwin.gdn_verify: native_products are the stacked products' (q_eff off) with q, k and "
                              f"the pool of one 16-bit type; got q {q.dtype}, k {k.dtype}, pool {ssm.dtype}, "
                              f"q_eff {bool(q_eff)}")
-        native = native_ok and bool(MMA_NATIVE_PRODUCTS if native_products is None else native_products)
+        if native_products is None:
+            native_products = MMA_NATIVE_PRODUCTS[ssm.stride(-1) != 1]
+        native = native_ok and bool(native_products)
         constexprs.update(CHUNK_K=chunk_k, ROUND_KQ=not (q.dtype in half and k.dtype in half),
                           WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3),
                           STATE_STAGES=stages, Q_EFF=bool(q_eff), TREE_MASKS=bool(tree_masks), SHALLOW=shallow,

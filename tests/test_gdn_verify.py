@@ -405,9 +405,13 @@ def test_mma_launch_plans(monkeypatch):
         triton_kernels().gdn_verify._verify_call(torch.empty(problem[2].shape), *problem, scale=0.25,
                                                  use_qk_l2norm=True, mma=False, early_loads=1)
     # the stacked products in the pool's 16-bit type only where q, k and the pool share it
+    # (by default for a transposed pool's only: MMA_NATIVE_PRODUCTS)
     halves = make_problem(head_k_dim=64, head_v_dim=64, qkv_dtype=torch.bfloat16, state_dtype=torch.bfloat16)
-    assert [plan(halves, native_products=on).constexprs["NATIVE"] for on in (None, False, True)] == [
-        triton_kernels().gdn_verify.MMA_NATIVE_PRODUCTS, False, True]
+    halves_t = make_problem(head_k_dim=64, head_v_dim=64, qkv_dtype=torch.bfloat16, state_dtype=torch.bfloat16,
+                            transposed=True)
+    native_defaults = triton_kernels().gdn_verify.MMA_NATIVE_PRODUCTS
+    assert [plan(pool, native_products=on).constexprs["NATIVE"] for pool in (halves, halves_t)
+            for on in (None, False, True)] == [native_defaults[0], False, True, native_defaults[1], False, True]
     for pool, tuning in ((problem, {}), (bf16_pool, {}), (halves, dict(q_eff=True))):
         with pytest.raises(ValueError, match="native_products are the stacked products'"):
             plan(pool, native_products=True, **tuning)
@@ -471,8 +475,9 @@ def test_tree_path_masks():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tuning", [{}, dict(state_stages=2, chunk_k=32), dict(chunk_k=16, block_v=64, num_warps=1)],
-                         ids=["registers", "staged", "narrow"])
+@pytest.mark.parametrize("tuning", [{}, dict(state_stages=0), dict(state_stages=2, chunk_k=32),
+                                    dict(chunk_k=16, block_v=64, num_warps=1)],
+                         ids=["default", "registers", "staged", "narrow"])
 def test_cuda_native_products(tuning):
     """The stacked products in the pool's bf16 (native_products): the oracle's outputs for
     chains and trees, fused views of one conv output, pools sliced or stored transposed, odd sizes,
