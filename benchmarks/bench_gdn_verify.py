@@ -202,7 +202,9 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          dict(mma=True, native_products=True, chunk_k=32, state_stages=2),
          dict(mma=True, native_products=True, chunk_k=32, state_stages=2, maxnreg=96),
          dict(mma=True, native_products=True, chunk_k=16, maxnreg=80),
-         dict(mma=True, native_products=False)]  # (the default on bf16 pools stored transposed)
+         dict(mma=True, native_products=False),  # (the default on bf16 pools stored transposed)
+         # the tile's first 32 / 64 / 128 state rows prefetched into L2 before the pdl 1 wait
+         *(dict(mma=True, prefetch_rows=r) for r in (32, 64, 128))]
 TREE_OPTIONS = ("tree_masks", "doubling", "shallow")
 
 

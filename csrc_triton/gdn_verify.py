@@ -94,6 +94,9 @@ MMA_EARLY_LOADS = (1, 0)
 # pool share it: exact like tf32's, half the mma instructions, no widening of the state. For pools
 # stored contiguous, transposed: faster on a transposed pool's staged chunks only (docs/benchmarks.md).
 MMA_NATIVE_PRODUCTS = (False, True)
+# The mma kernel's first state rows prefetched into L2 before its programmatic dependent launch's
+# wait (0: none): the tile's first bytes come from DRAM under the kernel before's end.
+MMA_PREFETCH_ROWS = 0
 # Both kernels' effective queries by default for these state dtypes; the Triton kernel's up to
 # TRITON_Q_EFF_MAX_NODES nodes (past them its W [k; q] product spills, past 32 it overflows shared
 # memory).
@@ -382,7 +385,7 @@ def _mma_kernel_runs_on(ssm) -> bool:
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
                  block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None,
                  persistent=None, maxnreg=None, pdl=None, q_eff=None, tree_masks=False, doubling=None, shallow=None,
-                 early_loads=None, native_products=None):
+                 early_loads=None, native_products=None, prefetch_rows=None):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
@@ -404,7 +407,9 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     is over 4 nodes; None: SHALLOW_TREES), early_loads (the mma kernel's small inputs loaded at its
     start, 0 .. 2; None: MMA_EARLY_LOADS's for a chain or a tree), native_products (the mma
     kernel's stacked products in the pool's 16-bit type, q and k of it too; None:
-    MMA_NATIVE_PRODUCTS's for a contiguous or a transposed pool where they are): tuning only."""
+    MMA_NATIVE_PRODUCTS's for a contiguous or a transposed pool where they are), prefetch_rows (the
+    mma kernel's first state rows of a tile prefetched into L2 before its pdl 1 wait, a power of two;
+    None: MMA_PREFETCH_ROWS): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -436,8 +441,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     shallow = parents is not None and bool(SHALLOW_TREES if shallow is None else shallow)
     if tree_masks and not (mma and parents is not None):
         raise ValueError("convwin.gdn_verify: tree_masks are the mma kernel's, for a tree's parents")
-    if (early_loads is not None or native_products) and not mma:
-        raise ValueError("convwin.gdn_verify: early_loads and native_products are the mma kernel's")
+    if (early_loads is not None or native_products or prefetch_rows) and not mma:
+        raise ValueError("convwin.gdn_verify: early_loads, native_products and prefetch_rows are the mma kernel's")
     if doubling and mma:
         raise ValueError("convwin.gdn_verify: doubling is the Triton kernel's walk (the mma kernel's is across lanes)")
     if mma:
@@ -469,9 +474,14 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         pdl = MMA_PDL if pdl is None else int(pdl)
         pdl = pdl if pdl_device(ssm) else 0
         constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
+        if prefetch_rows and (persistent is not None or prefetch_rows & (prefetch_rows - 1)):
+            raise ValueError("convwin.gdn_verify: prefetch_rows is a power of two, of the non-persistent kernel; got "
+                             f"{prefetch_rows} (persistent {persistent})")
+        prefetch_rows = MMA_PREFETCH_ROWS if prefetch_rows is None else prefetch_rows
         if persistent is not None:
             return KernelCall(gdn_verify_mma._gdn_verify_mma_persistent_kernel, (min(grid[0] * grid[1], persistent), 1),
                               tensors, (*scalars[:2], num_rows, *scalars[2:]), constexprs)
+        constexprs.update(PREFETCH=min(prefetch_rows, constexprs["BLOCK_K"]) if pdl == 1 else 0)
         return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
     if q_eff is None:
         q_eff = ssm.dtype in Q_EFF_DTYPES and num_nodes <= TRITON_Q_EFF_MAX_NODES

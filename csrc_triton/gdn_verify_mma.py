@@ -47,6 +47,43 @@ def _grid_dependency():
 
 
 @gluon.jit
+def _prefetch_tile(state_base, ok, v0, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_V: gl.constexpr,
+                   SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, ROWS: gl.constexpr, WARPS: gl.constexpr):
+    """The tile's first ROWS state rows into L2 (cp.async.bulk.prefetch, sm_90: one range where they
+    are contiguous, else a run a row or a column a lane; 16-byte aligned, lengths rounded down to
+    16 bytes). A hint that reads nothing into the program: L2 is where every write lands, so it is
+    safe before the kernel launched before this one has finished, whatever that kernel writes (the
+    slot then may be stale: it only aims the hint)."""
+    BYTES: gl.constexpr = state_base.dtype.element_ty.primitive_bitwidth // 8
+    LANES: gl.constexpr = 32 * WARPS
+    lane = gl.arange(0, LANES, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    if rows_contiguous(SSM_STRIDE_K, SSM_STRIDE_V):  # the columns' first rows
+        if ROWS >= HEAD_K_DIM and SSM_STRIDE_V == HEAD_K_DIM:  # whole columns, adjacent: one range
+            starts = state_base + v0 * SSM_STRIDE_V + lane * 0
+            live = ok & (lane == 0)
+            sizes = gl.minimum(BLOCK_V, HEAD_V_DIM - v0) * HEAD_K_DIM * BYTES + lane * 0
+        else:  # a column a lane
+            starts = state_base + (v0 + lane) * SSM_STRIDE_V
+            live = ok & (lane < BLOCK_V) & (v0 + lane < HEAD_V_DIM)
+            sizes = gl.full([LANES], min(ROWS, HEAD_K_DIM) * BYTES, gl.int32, layout=lane.type.layout)
+    else:  # the first rows' columns
+        if SSM_STRIDE_K == BLOCK_V and BLOCK_V == HEAD_V_DIM:  # whole rows, adjacent: one range
+            starts = state_base + lane * 0
+            live = ok & (lane == 0)
+            sizes = gl.full([LANES], min(ROWS, HEAD_K_DIM) * HEAD_V_DIM * BYTES, gl.int32, layout=lane.type.layout)
+        else:  # a row a lane
+            starts = state_base + lane * SSM_STRIDE_K + v0 * SSM_STRIDE_V
+            live = ok & (lane < min(ROWS, HEAD_K_DIM)) & (SSM_STRIDE_V == 1)
+            sizes = gl.minimum(BLOCK_V, HEAD_V_DIM - v0) * BYTES + lane * 0
+    addresses = starts.to(gl.int64, bitcast=True)
+    sizes = sizes // 16 * 16
+    live = live & ((addresses & 15) == 0) & (sizes > 0)
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
+        "=r,l,r,r", [addresses, live.to(gl.int32), sizes], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _floored_log_decay(x):
     """_common.floored_log_decay for Gluon kernels."""
     return gl.maximum(x, LOG_DECAY_FLOOR, propagate_nan=tl.PropagateNan.ALL)
@@ -370,7 +407,7 @@ def _verify_tile(
     TREE: gl.constexpr, L2NORM: gl.constexpr, CHUNK_K: gl.constexpr, ROUND_KQ: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, STATE_STAGES: gl.constexpr, FROM_PROGRAM: gl.constexpr,
     PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr, SHALLOW: gl.constexpr,
-    EARLY: gl.constexpr, NATIVE: gl.constexpr,
+    EARLY: gl.constexpr, NATIVE: gl.constexpr, PREFETCH: gl.constexpr,
 ):
     """One [dk, BLOCK_V] state tile's outputs, from one read of it: the tile of _gdn_verify_mma_kernel's
     program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
@@ -417,6 +454,11 @@ def _verify_tile(
         row = (tile // (NUM_V_HEADS * V_BLOCKS)).to(gl.int64)
     k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
 
+    if PDL == 1 and PREFETCH > 0:  # (the slot read again after the wait: this one may be stale)
+        early_slot = gl.load(slots_ptr + row * slots_stride, volatile=True).to(gl.int64)
+        early_ok = (early_slot >= 0) & (early_slot < num_state_slots)
+        _prefetch_tile(ssm_ptr + gl.where(early_ok, early_slot, 0) * ssm_stride_slot + head * ssm_stride_head,
+                       early_ok, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_V, SSM_STRIDE_K, SSM_STRIDE_V, PREFETCH, WARPS)
     if PDL == 1:
         _grid_dependency()
     slot = gl.load(slots_ptr + row * slots_stride).to(gl.int64)
@@ -575,15 +617,16 @@ def _gdn_verify_mma_kernel(
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
     STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
-    SHALLOW: gl.constexpr, EARLY: gl.constexpr, NATIVE: gl.constexpr,
+    SHALLOW: gl.constexpr, EARLY: gl.constexpr, NATIVE: gl.constexpr, PREFETCH: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
     gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
     its operands rounded to nearest). The state's strides come as SSM_STRIDE_K / _V, constants, so
     that the chunk loads take immediate offsets. With STATE_STAGES the chunks go through shared
     memory (cp.async, that many in flight from the program's start) instead of registers. PDL 1 or
-    2: launched as a programmatic dependent (sm_90; _verify_tile). TREE_MASKS: parents holds each
-    node's path mask (_verify_tile)."""
+    2: launched as a programmatic dependent (sm_90; _verify_tile); PREFETCH (with PDL 1): the tile's
+    first that many rows prefetched into L2 before the wait (_prefetch_tile). TREE_MASKS: parents
+    holds each node's path mask (_verify_tile)."""
     _verify_tile(-1, out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr,
                  slots_ptr, parents_ptr, num_state_slots, scale,
                  out_stride_row, out_stride_node, out_stride_head, out_stride_v,
@@ -595,7 +638,7 @@ def _gdn_verify_mma_kernel(
                  ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                  NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                  TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, True, PDL,
-                 Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE)
+                 Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE, PREFETCH)
 
 
 @gluon.jit(do_not_specialize=["num_rows"])
@@ -635,4 +678,4 @@ def _gdn_verify_mma_persistent_kernel(
                      ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                      NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                      TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, False, PDL,
-                     Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE)
+                     Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE, 0)

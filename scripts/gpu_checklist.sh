@@ -59,9 +59,10 @@
 #   early     gdn_verify's small inputs loaded early (1 for chains, 0 for trees since the chunk16 run): its GPU tests
 #             (launch choices, tree walks, the model's shape), early_loads 0 / 1 / 2 against it (B = 64 / 256), then
 #             gvbench's fp32 tables (bench_gdn_verify.py)
-#   nativeT   gdn_verify's stacked products as bf16 mma (native_products), the default on bf16 pools stored
-#             transposed since the native run: test_gdn_verify.py's GPU tests, memcheck + racecheck over the
-#             native ones, then transposed bf16 pools with it and without (B = 8 / 64 / 256)
+#   l2pf      gdn_verify's first state rows prefetched into L2 before its pdl 1 wait (prefetch_rows; never run on a
+#             GPU) and native_products the default on bf16 pools stored transposed: test_gdn_verify.py's GPU tests,
+#             memcheck + racecheck over the prefetch and native ones, then fp32 pools with prefetches of 32 / 64 / 128
+#             rows beside pdl 2, and transposed bf16 pools with native products and without (B = 64 / 256)
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
@@ -354,14 +355,18 @@ for phase in "$@"; do
               python3 -m pip install -q --no-deps .whl/fla_core-*.whl .whl/einops-*.whl >> "$out/install.log" 2>&1
               timeout 120 python3 benchmarks/bench_gdn_verify.py > "$out/bench_gdn_verify.log" 2>&1 || rc=1
               grep -E '^(\||read ceiling)' "$out/bench_gdn_verify.log" ;;
-    nativeT)  rc=0  # (native_products the default on bf16 pools stored transposed)
+    l2pf)     rc=0  # (the L2 prefetch before the pdl wait; native products on transposed bf16 pools)
               timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
-                > "$out/gpu_tests_nativeT.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_nativeT.log"
-              mkdir -p "$out/nativesan"
-              SANITIZE_TIMEOUT=150 SANITIZE_TESTS=tests/test_gdn_verify.py SANITIZE_K="native_products" \
-                bash scripts/gpu_sanitize.sh "$out/nativesan" || rc=1
-              timeout 150 python3 benchmarks/bench_gdn_verify.py --sweep --batches 8 64 256 --only 49 --state-dtype bf16 \
+                > "$out/gpu_tests_l2pf.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_l2pf.log"
+              mkdir -p "$out/l2pfsan"
+              SANITIZE_TIMEOUT=150 SANITIZE_TESTS=tests/test_gdn_verify.py \
+                SANITIZE_K="prefetch or native_products or (launch_choices and cuda and prefetch)" \
+                bash scripts/gpu_sanitize.sh "$out/l2pfsan" || rc=1
+              timeout 150 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 22 50 51 52 \
+                > "$out/sweep_l2pf.log" 2>&1 || rc=1
+              grep -E '^\||FAILED|Error' "$out/sweep_l2pf.log"
+              timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 49 --state-dtype bf16 \
                 --transposed > "$out/sweep_nativeT.log" 2>&1 || rc=1
               grep -E '^\||FAILED|Error' "$out/sweep_nativeT.log" ;;
     bf16chunks) timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 1 2 36 37 \

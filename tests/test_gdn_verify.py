@@ -330,7 +330,10 @@ TUNINGS = [dict(mma=False), dict(block_v=16, mma=False), dict(block_v=16, num_wa
            # the small inputs loaded where they are used (0), the gates at the start (1), v too (2)
            pytest.param(dict(mma=True, early_loads=0), marks=pytest.mark.gpu),
            pytest.param(dict(mma=True, early_loads=2), marks=pytest.mark.gpu),
-           pytest.param(dict(mma=True, early_loads=1, block_v=64, chunk_k=16), marks=pytest.mark.gpu)]
+           pytest.param(dict(mma=True, early_loads=1, block_v=64, chunk_k=16), marks=pytest.mark.gpu),
+           # the first state rows prefetched into L2 before the wait: a run a row, rows past dk
+           pytest.param(dict(mma=True, prefetch_rows=16, block_v=32, num_warps=4), marks=pytest.mark.gpu),
+           pytest.param(dict(mma=True, prefetch_rows=128, state_stages=2), marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=[interpreted, pytest.mark.slow]),
@@ -397,11 +400,18 @@ def test_mma_launch_plans(monkeypatch):
     assert [plan(problem, **pdl).constexprs.get("PDL") for pdl in ({}, dict(pdl=0), dict(pdl=2))] == [1, 0, 2]
     assert [plan(problem, **pdl).constexprs.get("launch_pdl") for pdl in ({}, dict(pdl=0), dict(pdl=2))] == [
         True, None, True]
+    # the L2 prefetch before a pdl 1 wait only (at most dk rows): a power of two, not the persistent kernel's
+    assert [plan(problem, **tuning).constexprs["PREFETCH"] for tuning in (
+        dict(prefetch_rows=32), dict(prefetch_rows=256), dict(prefetch_rows=32, pdl=0), dict(prefetch_rows=32, pdl=2),
+        dict(prefetch_rows=0))] == [32, 64, 0, 0, 0]
+    for tuning in (dict(prefetch_rows=48), dict(prefetch_rows=32, persistent=4)):
+        with pytest.raises(ValueError, match="prefetch_rows is a power of two, of the non-persistent kernel"):
+            plan(problem, **tuning)
     # the small inputs at the program's start by default (MMA_EARLY_LOADS); a load order the mma kernel's
     tree = make_problem(head_k_dim=64, head_v_dim=64, parents=[-1, 0, 0, 2])
     assert [plan(pool, **early).constexprs["EARLY"] for pool, early in (
         (problem, {}), (tree, {}), (problem, dict(early_loads=2)), (tree, dict(early_loads=1)))] == [1, 0, 2, 1]
-    with pytest.raises(ValueError, match="early_loads and native_products are the mma kernel's"):
+    with pytest.raises(ValueError, match="early_loads, native_products and prefetch_rows are the mma kernel's"):
         triton_kernels().gdn_verify._verify_call(torch.empty(problem[2].shape), *problem, scale=0.25,
                                                  use_qk_l2norm=True, mma=False, early_loads=1)
     # the stacked products in the pool's 16-bit type only where q, k and the pool share it
@@ -615,6 +625,52 @@ def test_cuda_pdl_reads_what_the_launch_before_wrote(level):
                                                pdl=level if pdl else 0)
 
     check_chained_pdl(both, (out0, out1), FILL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [dict(), dict(transposed=True), dict(transposed=True, prefetch_rows=32),
+                                   dict(block_v=64, prefetch_rows=32)],
+                         ids=["rows", "columns", "column-runs", "row-runs"])
+def test_cuda_prefetch_reads_what_the_launch_before_wrote(shape):
+    """The first state rows prefetched into L2 before a pdl 1 wait (prefetch_rows), right after
+    kernels that rewrite the pool and the slots: bit for bit a plain launch's outputs on the new
+    ones, eagerly and in a CUDA graph (the one range of whole rows or columns, or a run a lane)."""
+    shape = dict(shape)
+    transposed = shape.pop("transposed", False)
+    tuning = dict(mma=True, prefetch_rows=128, **shape)
+    q, k, v, g, beta, new_pool, new_slots, _ = make_problem(
+        num_rows=256, num_nodes=4, head_k_dim=128, head_v_dim=128, num_slots=300, slots=list(range(299, 43, -1)),
+        qkv_dtype=torch.bfloat16, transposed=transposed, device="cuda")
+    pool, old_pool = torch.empty_like(new_pool), torch.randn_like(new_pool)  # (the same strides)
+    old_slots = torch.arange(256, device="cuda")
+    slots = old_slots.clone()
+    out = torch.empty(v.shape, device="cuda")
+    kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(out, q, k, v, g, beta, pool, slots, None)
+    assert kernel_args[6] is pool and kernel_args[7] is slots  # (what the copies rewrite is what it reads)
+
+    def step(prefetch):
+        pool.copy_(new_pool)
+        slots.copy_(new_slots)
+        triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, **dict(
+            tuning, **({"pdl": 1} if prefetch else {"pdl": 0, "prefetch_rows": 0})))
+
+    step(False)
+    want = out.clone()
+    for graphed in (False, True):
+        for _ in range(3):
+            pool.copy_(old_pool)
+            slots.copy_(old_slots)
+            out.fill_(FILL)
+            if graphed:
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    step(True)
+                graph.replay()
+            else:
+                step(True)
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), "graphed" if graphed else "eager"
 
 
 @pytest.mark.parametrize("impl", IMPLS[:2])
