@@ -50,10 +50,10 @@ def _grid_dependency():
 def _prefetch_tile(state_base, ok, v0, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_V: gl.constexpr,
                    SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, ROWS: gl.constexpr, WARPS: gl.constexpr):
     """The tile's first ROWS state rows into L2 (cp.async.bulk.prefetch, sm_90: one range where they
-    are contiguous, else a run a row or a column a lane; 16-byte aligned, lengths rounded down to
-    16 bytes). A hint that reads nothing into the program: L2 is where every write lands, so it is
-    safe before the kernel launched before this one has finished, whatever that kernel writes (the
-    slot then may be stale: it only aims the hint)."""
+    are contiguous, else a run a row or a column a lane, at most 32 x WARPS runs; 16-byte aligned,
+    lengths rounded down to 16 bytes). A hint that reads nothing into the program: L2 is where
+    every write lands, so it is safe before the kernel launched before this one has finished,
+    whatever that kernel writes (the slot then may be stale: it only aims the hint)."""
     BYTES: gl.constexpr = state_base.dtype.element_ty.primitive_bitwidth // 8
     LANES: gl.constexpr = 32 * WARPS
     lane = gl.arange(0, LANES, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
@@ -67,7 +67,7 @@ def _prefetch_tile(state_base, ok, v0, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.
             live = ok & (lane < BLOCK_V) & (v0 + lane < HEAD_V_DIM)
             sizes = gl.full([LANES], min(ROWS, HEAD_K_DIM) * BYTES, gl.int32, layout=lane.type.layout)
     else:  # the first rows' columns
-        if SSM_STRIDE_K == BLOCK_V and BLOCK_V == HEAD_V_DIM:  # whole rows, adjacent: one range
+        if SSM_STRIDE_V == 1 and SSM_STRIDE_K == BLOCK_V and BLOCK_V == HEAD_V_DIM:  # whole rows, adjacent: one range
             starts = state_base + lane * 0
             live = ok & (lane == 0)
             sizes = gl.full([LANES], min(ROWS, HEAD_K_DIM) * HEAD_V_DIM * BYTES, gl.int32, layout=lane.type.layout)
