@@ -67,6 +67,9 @@ RING_MMA_SPREAD = False
 # sm_90+: each program's first read after the launch before has finished, its start under that
 # launch's tail (gdn_verify's pdl 1: nothing a caller sees changes; 0: plain launches)
 RING_MMA_PDL = 1
+# With RING_MMA_PDL, the verify launches' checkpoint tiles' first this many rows prefetched into L2
+# before the wait, under the launch before's tail (a power of two; 0: none; gdn_verify's prefetch_rows)
+RING_MMA_PREFETCH_ROWS = 0
 
 
 def mma_verify_keys(ring_rows: int, num_nodes: int) -> int:
@@ -498,7 +501,11 @@ def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
                       WARPS=chunk.constexprs["num_warps"], SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4),
                       TILES_A_PROGRAM=1, **verify)
     pdl = bool(RING_MMA_PDL) and pdl_device(ssm)
-    constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
+    if RING_MMA_PREFETCH_ROWS & (RING_MMA_PREFETCH_ROWS - 1):
+        raise ValueError(f"gdn_ring_verify_mma: RING_MMA_PREFETCH_ROWS is a power of two or 0, got "
+                         f"{RING_MMA_PREFETCH_ROWS}")
+    constexprs.update(PDL=pdl, PREFETCH=min(RING_MMA_PREFETCH_ROWS, constexprs["BLOCK_K"]) if pdl else 0,
+                      **({"launch_pdl": True} if pdl else {}))
     return constexprs
 
 
