@@ -637,7 +637,7 @@ def test_cuda_prefetch_reads_what_the_launch_before_wrote(shape):
     ones, eagerly and in a CUDA graph (the one range of whole rows or columns, or a run a lane)."""
     shape = dict(shape)
     transposed = shape.pop("transposed", False)
-    tuning = dict(mma=True, prefetch_rows=128, **shape)
+    tuning = dict(dict(mma=True, prefetch_rows=128), **shape)
     q, k, v, g, beta, new_pool, new_slots, _ = make_problem(
         num_rows=256, num_nodes=4, head_k_dim=128, head_v_dim=128, num_slots=300, slots=list(range(299, 43, -1)),
         qkv_dtype=torch.bfloat16, transposed=transposed, device="cuda")
