@@ -417,7 +417,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
-    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr, PREFETCH: gl.constexpr = 0,
+    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr, PREFETCH: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
@@ -441,15 +441,12 @@ def _gdn_ring_verify_mma_kernel(
     into L2 before it (gdn_verify_mma._prefetch_tile: a hint, safe whatever the launch before wrote,
     a due flush's checkpoints and the slots included)."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
-    if PDL and PREFETCH > 0 and KIND != 2:  # (the slot read again after the wait: this one may be stale)
-        early_slot = gl.load(state_slots_ptr + gl.program_id(1).to(gl.int64) * state_slots_stride,
-                             volatile=True).to(gl.int64)
-        early_ok = (early_slot >= 0) & (early_slot < num_state_slots)
-        early_base = (ssm_ptr + (layer + gl.program_id(2)).to(gl.int64) * ssm_stride_layer
-                      + gl.where(early_ok, early_slot, 0) * ssm_stride_slot
-                      + (gl.program_id(0) // V_BLOCKS) * ssm_stride_head)
-        _prefetch_tile(early_base, early_ok, (gl.program_id(0) % V_BLOCKS) * BLOCK_V, HEAD_K_DIM, HEAD_V_DIM, BLOCK_V,
-                       SSM_STRIDE_K, SSM_STRIDE_V, PREFETCH, WARPS)
+    if PDL and PREFETCH > 0 and KIND != 2:
+        _prefetch_tile(state_slots_ptr + gl.program_id(1).to(gl.int64) * state_slots_stride, num_state_slots,
+                       ssm_ptr + (layer + gl.program_id(2)).to(gl.int64) * ssm_stride_layer
+                       + (gl.program_id(0) // V_BLOCKS) * ssm_stride_head, ssm_stride_slot,
+                       (gl.program_id(0) % V_BLOCKS) * BLOCK_V, HEAD_K_DIM, HEAD_V_DIM, BLOCK_V, SSM_STRIDE_K,
+                       SSM_STRIDE_V, PREFETCH, WARPS)
     if PDL:
         _grid_dependency()
     row = gl.program_id(1).to(gl.int64)

@@ -462,7 +462,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
                              f"the pool of one 16-bit type; got q {q.dtype}, k {k.dtype}, pool {ssm.dtype}, "
                              f"q_eff {bool(q_eff)}")
         if native_products is None:
-            native_products = MMA_NATIVE_PRODUCTS[ssm.stride(-1) != 1]
+            native_products = MMA_NATIVE_PRODUCTS[rows_contiguous(ssm.stride(2), ssm.stride(3))]
         native = native_ok and bool(native_products)
         constexprs.update(CHUNK_K=chunk_k, ROUND_KQ=not (q.dtype in half and k.dtype in half),
                           WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3),

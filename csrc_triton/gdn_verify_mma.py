@@ -47,13 +47,19 @@ def _grid_dependency():
 
 
 @gluon.jit
-def _prefetch_tile(state_base, ok, v0, HEAD_K_DIM: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_V: gl.constexpr,
-                   SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, ROWS: gl.constexpr, WARPS: gl.constexpr):
-    """The tile's first ROWS state rows into L2 (cp.async.bulk.prefetch, sm_90: one range where they
-    are contiguous, else a run a row or a column a lane, at most 32 x WARPS runs; 16-byte aligned,
-    lengths rounded down to 16 bytes). A hint that reads nothing into the program: L2 is where
-    every write lands, so it is safe before the kernel launched before this one has finished,
-    whatever that kernel writes (the slot then may be stale: it only aims the hint)."""
+def _prefetch_tile(slot_at, num_state_slots, head_base, ssm_stride_slot, v0, HEAD_K_DIM: gl.constexpr,
+                   HEAD_V_DIM: gl.constexpr, BLOCK_V: gl.constexpr, SSM_STRIDE_K: gl.constexpr,
+                   SSM_STRIDE_V: gl.constexpr, ROWS: gl.constexpr, WARPS: gl.constexpr):
+    """The first ROWS state rows of the tile at column v0 of the slot read at ``slot_at`` (its head's
+    state at head_base + slot x ssm_stride_slot) into L2 (cp.async.bulk.prefetch, sm_90: one range
+    where they are contiguous, else a run a row or a column a lane, at most 32 x WARPS runs;
+    16-byte aligned, lengths rounded down to 16 bytes). A hint that reads nothing into the program:
+    L2 is where every write lands, so it is safe before the kernel launched before this one has
+    finished, whatever that kernel writes (the slot then may be stale: it only aims the hint; the
+    caller reads it again after the wait)."""
+    slot = gl.load(slot_at, volatile=True).to(gl.int64)  # (volatile: not merged with the read after the wait)
+    ok = (slot >= 0) & (slot < num_state_slots)
+    state_base = head_base + gl.where(ok, slot, 0) * ssm_stride_slot
     BYTES: gl.constexpr = state_base.dtype.element_ty.primitive_bitwidth // 8
     LANES: gl.constexpr = 32 * WARPS
     lane = gl.arange(0, LANES, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
@@ -454,11 +460,10 @@ def _verify_tile(
         row = (tile // (NUM_V_HEADS * V_BLOCKS)).to(gl.int64)
     k_head = head // (NUM_V_HEADS // NUM_K_HEADS)
 
-    if PDL == 1 and PREFETCH > 0:  # (the slot read again after the wait: this one may be stale)
-        early_slot = gl.load(slots_ptr + row * slots_stride, volatile=True).to(gl.int64)
-        early_ok = (early_slot >= 0) & (early_slot < num_state_slots)
-        _prefetch_tile(ssm_ptr + gl.where(early_ok, early_slot, 0) * ssm_stride_slot + head * ssm_stride_head,
-                       early_ok, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_V, SSM_STRIDE_K, SSM_STRIDE_V, PREFETCH, WARPS)
+    if PDL == 1 and PREFETCH > 0:
+        _prefetch_tile(slots_ptr + row * slots_stride, num_state_slots, ssm_ptr + head * ssm_stride_head,
+                       ssm_stride_slot, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_V, SSM_STRIDE_K, SSM_STRIDE_V, PREFETCH,
+                       WARPS)
     if PDL == 1:
         _grid_dependency()
     slot = gl.load(slots_ptr + row * slots_stride).to(gl.int64)
