@@ -485,8 +485,13 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
              (3 if small and merged else 1, verify_nodes, other_cap))
     fold = _mma_fold_call(chunk, ssm, constexprs, fold_warps or num_warps, fold_block_v or block_v, fold_maxnreg,
                           state_stages, fold_tiles)
+    if RING_MMA_PREFETCH_ROWS & (RING_MMA_PREFETCH_ROWS - 1):
+        raise ValueError(f"gdn_ring_verify_mma: RING_MMA_PREFETCH_ROWS is a power of two or 0, got "
+                         f"{RING_MMA_PREFETCH_ROWS}")
+    prefetch = min(RING_MMA_PREFETCH_ROWS, chunk.constexprs["BLOCK_K"]) if constexprs["PDL"] else 0
     return (fold, *(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
-                               chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes, STATE_STAGES=stages, **caps))
+                               chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes, STATE_STAGES=stages,
+                                                   PREFETCH=prefetch, **caps))
                     for kind, nodes, caps in kinds))
 
 
@@ -501,11 +506,7 @@ def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
                       WARPS=chunk.constexprs["num_warps"], SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4),
                       TILES_A_PROGRAM=1, **verify)
     pdl = bool(RING_MMA_PDL) and pdl_device(ssm)
-    if RING_MMA_PREFETCH_ROWS & (RING_MMA_PREFETCH_ROWS - 1):
-        raise ValueError(f"gdn_ring_verify_mma: RING_MMA_PREFETCH_ROWS is a power of two or 0, got "
-                         f"{RING_MMA_PREFETCH_ROWS}")
-    constexprs.update(PDL=pdl, PREFETCH=min(RING_MMA_PREFETCH_ROWS, constexprs["BLOCK_K"]) if pdl else 0,
-                      **({"launch_pdl": True} if pdl else {}))
+    constexprs.update(PDL=pdl, PREFETCH=0, **({"launch_pdl": True} if pdl else {}))  # (the verifies': below)
     return constexprs
 
 

@@ -437,11 +437,11 @@ def _gdn_ring_verify_mma_kernel(
     that many of its tiles, program_id(0) * TILES_A_PROGRAM onwards, one after another: fewer
     programs where few rows fold (all of a row's, after a due flush: its launch is a wave). PDL:
     launched as a programmatic dependent (sm_90; gdn_verify_mma._grid_dependency), every read after
-    the wait; with PREFETCH (the verify kinds) the checkpoint tile's first that many rows prefetched
+    the wait; with PREFETCH (the verify launches') the checkpoint tile's first that many rows prefetched
     into L2 before it (gdn_verify_mma._prefetch_tile: a hint, safe whatever the launch before wrote,
     a due flush's checkpoints and the slots included)."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
-    if PDL and PREFETCH > 0 and KIND != 2:
+    if PDL and PREFETCH > 0:
         _prefetch_tile(state_slots_ptr + gl.program_id(1).to(gl.int64) * state_slots_stride, num_state_slots,
                        ssm_ptr + (layer + gl.program_id(2)).to(gl.int64) * ssm_stride_layer
                        + (gl.program_id(0) // V_BLOCKS) * ssm_stride_head, ssm_stride_slot,

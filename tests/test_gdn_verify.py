@@ -634,7 +634,8 @@ def test_cuda_pdl_reads_what_the_launch_before_wrote(level):
 def test_cuda_prefetch_reads_what_the_launch_before_wrote(shape):
     """The first state rows prefetched into L2 before a pdl 1 wait (prefetch_rows), right after
     kernels that rewrite the pool and the slots: bit for bit a plain launch's outputs on the new
-    ones, eagerly and in a CUDA graph (the one range of whole rows or columns, or a run a lane)."""
+    ones, eagerly and in a CUDA graph (check_chained_pdl; the one range of whole rows or columns, or
+    a run a lane)."""
     shape = dict(shape)
     transposed = shape.pop("transposed", False)
     tuning = dict(dict(mma=True, prefetch_rows=128), **shape)
@@ -642,35 +643,20 @@ def test_cuda_prefetch_reads_what_the_launch_before_wrote(shape):
         num_rows=256, num_nodes=4, head_k_dim=128, head_v_dim=128, num_slots=300, slots=list(range(299, 43, -1)),
         qkv_dtype=torch.bfloat16, transposed=transposed, device="cuda")
     pool, old_pool = torch.empty_like(new_pool), torch.randn_like(new_pool)  # (the same strides)
-    old_slots = torch.arange(256, device="cuda")
-    slots = old_slots.clone()
+    old_slots, slots = torch.arange(256, device="cuda"), torch.empty_like(new_slots)
     out = torch.empty(v.shape, device="cuda")
     kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(out, q, k, v, g, beta, pool, slots, None)
     assert kernel_args[6] is pool and kernel_args[7] is slots  # (what the copies rewrite is what it reads)
 
-    def step(prefetch):
+    def launch(pdl=False):  # (the new pool and slots written right before: a stale read would see the old)
+        pool.copy_(old_pool)
+        slots.copy_(old_slots)
         pool.copy_(new_pool)
         slots.copy_(new_slots)
         triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, **dict(
-            tuning, **({"pdl": 1} if prefetch else {"pdl": 0, "prefetch_rows": 0})))
+            tuning, **({"pdl": 1} if pdl else {"pdl": 0, "prefetch_rows": 0})))
 
-    step(False)
-    want = out.clone()
-    for graphed in (False, True):
-        for _ in range(3):
-            pool.copy_(old_pool)
-            slots.copy_(old_slots)
-            out.fill_(FILL)
-            if graphed:
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    step(True)
-                graph.replay()
-            else:
-                step(True)
-            torch.cuda.synchronize()
-            assert torch.equal(out, want), "graphed" if graphed else "eager"
+    check_chained_pdl(launch, (out,), FILL)
 
 
 @pytest.mark.parametrize("impl", IMPLS[:2])

@@ -299,11 +299,12 @@ def test_mma_launches_by_kind_of_row(monkeypatch, num_nodes, small, kinds):
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart)
     assert [(c.constexprs["PDL"], "launch_pdl" in c.constexprs) for c in calls] == [(False, False)] * len(kinds)
     monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PDL", 1)
-    # the checkpoints' L2 prefetch (RING_MMA_PREFETCH_ROWS, at most dk rows; the kernel skips it in the folds)
+    # the checkpoints' L2 prefetch (RING_MMA_PREFETCH_ROWS, at most dk rows): the verify launches' only (the
+    # fold launch's compile unchanged)
     for rows, want in ((0, 0), (16, 16), (256, 32)):
         monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PREFETCH_ROWS", rows)
         calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart)
-        assert [c.constexprs["PREFETCH"] for c in calls] == [want] * len(kinds)
+        assert [c.constexprs["PREFETCH"] for c in calls] == [0 if kind == 2 else want for kind, _, _ in kinds]
     monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PREFETCH_ROWS", 24)
     with pytest.raises(ValueError, match="RING_MMA_PREFETCH_ROWS is a power of two or 0, got 24"):
         triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart)
