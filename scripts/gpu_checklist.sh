@@ -63,8 +63,8 @@
 #             GPU): fp32 pools with prefetches of 32 / 64 / 128 rows beside pdl 2 and the default, bf16 pools with
 #             them (B = 64 / 256); then test_gdn_verify.py's GPU tests, memcheck + racecheck over the prefetch ones
 #   ringpf    the GDN ring's verify launches prefetching their checkpoints' first rows into L2 before the pdl
-#             wait (RING_MMA_PREFETCH_ROWS; never run on a GPU): its GPU tests, memcheck + racecheck over them,
-#             then chain steps at 64 / 128 rows against the default (B = 64 / 256)
+#             wait (RING_MMA_PREFETCH_ROWS; never run on a GPU): chain steps at 64 / 128 rows against the default
+#             (B = 64 / 256), then its GPU tests, memcheck + racecheck over them
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
@@ -373,14 +373,14 @@ for phase in "$@"; do
     bf16chunks) timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 1 2 36 37 \
                 --state-dtype bf16 > "$out/sweep_chunk16_bf16.log" 2>&1
               rc=$?; grep -E '^\||FAILED' "$out/sweep_chunk16_bf16.log" ;;
-    ringpf)   rc=0  # (the ring verifies' L2 prefetch before the pdl wait)
+    ringpf)   rc=0  # (the ring verifies' L2 prefetch before the pdl wait: the steps first, then tests, sanitizers)
+              gdn_steps "" "RING_MMA_PREFETCH_ROWS=64" "RING_MMA_PREFETCH_ROWS=128" || rc=1
               timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
                 -k "prefetches or programmatic" > "$out/gpu_tests_ringpf.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_ringpf.log"
               mkdir -p "$out/ringpfsan"
-              SANITIZE_TIMEOUT=150 SANITIZE_TESTS=tests/test_ring_kernels.py SANITIZE_K="prefetches and chain" \
-                bash scripts/gpu_sanitize.sh "$out/ringpfsan" || rc=1
-              gdn_steps "" "RING_MMA_PREFETCH_ROWS=64" "RING_MMA_PREFETCH_ROWS=128" || rc=1 ;;
+              SANITIZE_TIMEOUT=80 SANITIZE_TESTS=tests/test_ring_kernels.py SANITIZE_K="prefetches and chain" \
+                bash scripts/gpu_sanitize.sh "$out/ringpfsan" || rc=1 ;;
     ring16)   gdn_steps "" "RING_MMA_CHUNK_K=16"; rc=$? ;;
     masks)    rc=0  # (gdn_verify's mma kernel given each tree node's path mask: tests, then trees both ways)
               timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
