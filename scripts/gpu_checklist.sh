@@ -60,8 +60,8 @@
 #             (launch choices, tree walks, the model's shape), early_loads 0 / 1 / 2 against it (B = 64 / 256), then
 #             gvbench's fp32 tables (bench_gdn_verify.py)
 #   l2pf      gdn_verify's first state rows prefetched into L2 before its pdl 1 wait (prefetch_rows; never run on a
-#             GPU): fp32 pools with prefetches of 32 / 64 / 128 rows beside pdl 2 and the default, bf16 pools with
-#             them (B = 64 / 256); then test_gdn_verify.py's GPU tests, memcheck + racecheck over the prefetch ones
+#             GPU): fp32 and bf16 pools with prefetches of 32 / 64 / 128 rows beside pdl 2 and the default
+#             (B = 64 / 256); then test_gdn_verify.py's GPU tests, memcheck + racecheck over the prefetch ones
 #   ringpf    the GDN ring's verify launches prefetching their checkpoints' first rows into L2 before the pdl
 #             wait (RING_MMA_PREFETCH_ROWS; never run on a GPU): chain steps at 64 / 128 rows against the default
 #             (B = 64 / 256), then its GPU tests, memcheck + racecheck over them
@@ -361,7 +361,7 @@ for phase in "$@"; do
               timeout 150 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 22 50 51 52 \
                 > "$out/sweep_l2pf.log" 2>&1 || rc=1
               grep -E '^\||FAILED|Error' "$out/sweep_l2pf.log"
-              timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 50 51 52 \
+              timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 22 50 51 52 \
                 --state-dtype bf16 > "$out/sweep_l2pf_bf16.log" 2>&1 || rc=1
               grep -E '^\||FAILED|Error' "$out/sweep_l2pf_bf16.log"
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
