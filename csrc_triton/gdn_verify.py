@@ -474,10 +474,11 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         pdl = MMA_PDL if pdl is None else int(pdl)
         pdl = pdl if pdl_device(ssm) else 0
         constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
-        if prefetch_rows and (persistent is not None or prefetch_rows & (prefetch_rows - 1)):
+        rows = MMA_PREFETCH_ROWS if prefetch_rows is None else prefetch_rows  # (the constant checked too)
+        if (prefetch_rows and persistent is not None) or rows & (rows - 1):
             raise ValueError("convwin.gdn_verify: prefetch_rows is a power of two, of the non-persistent kernel; got "
-                             f"{prefetch_rows} (persistent {persistent})")
-        prefetch_rows = MMA_PREFETCH_ROWS if prefetch_rows is None else prefetch_rows
+                             f"{rows} (persistent {persistent})")
+        prefetch_rows = rows
         if persistent is not None:
             return KernelCall(gdn_verify_mma._gdn_verify_mma_persistent_kernel, (min(grid[0] * grid[1], persistent), 1),
                               tensors, (*scalars[:2], num_rows, *scalars[2:]), constexprs)
