@@ -204,7 +204,11 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          dict(mma=True, native_products=True, chunk_k=16, maxnreg=80),
          dict(mma=True, native_products=False),  # (the default on bf16 pools stored transposed)
          # the tile's first 32 / 64 / 128 state rows prefetched into L2 before the pdl 1 wait
-         *(dict(mma=True, prefetch_rows=r) for r in (32, 64, 128))]
+         *(dict(mma=True, prefetch_rows=r) for r in (32, 64, 128)),
+         # none (a float32 pool's default), 16 rows; bf16 pools: with the stacked products as bf16 mma, chunks of
+         # 64 / 32 rows in registers
+         dict(mma=True, prefetch_rows=0), dict(mma=True, prefetch_rows=16),
+         *(dict(mma=True, native_products=True, chunk_k=c, prefetch_rows=32) for c in (64, 32))]
 TREE_OPTIONS = ("tree_masks", "doubling", "shallow")
 
 

@@ -95,8 +95,9 @@ MMA_EARLY_LOADS = (1, 0)
 # stored contiguous, transposed: faster on a transposed pool's staged chunks only (docs/benchmarks.md).
 MMA_NATIVE_PRODUCTS = (False, True)
 # The mma kernel's first state rows prefetched into L2 before its programmatic dependent launch's
-# wait (0: none): the tile's first bytes come from DRAM under the kernel before's end.
-MMA_PREFETCH_ROWS = 0
+# wait (0: none), for 4-byte, 2-byte pools: the tile's first bytes come from DRAM under the kernel
+# before's end. Faster on bf16 pools, slower on float32 ones (docs/benchmarks.md).
+MMA_PREFETCH_ROWS = (0, 32)
 # Both kernels' effective queries by default for these state dtypes; the Triton kernel's up to
 # TRITON_Q_EFF_MAX_NODES nodes (past them its W [k; q] product spills, past 32 it overflows shared
 # memory).
@@ -409,7 +410,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     kernel's stacked products in the pool's 16-bit type, q and k of it too; None:
     MMA_NATIVE_PRODUCTS's for a contiguous or a transposed pool where they are), prefetch_rows (the
     mma kernel's first state rows of a tile prefetched into L2 before its pdl 1 wait, a power of two;
-    None: MMA_PREFETCH_ROWS): tuning only."""
+    None: MMA_PREFETCH_ROWS's for the pool's element size): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -474,7 +475,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         pdl = MMA_PDL if pdl is None else int(pdl)
         pdl = pdl if pdl_device(ssm) else 0
         constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
-        rows = MMA_PREFETCH_ROWS if prefetch_rows is None else prefetch_rows  # (the constant checked too)
+        rows = MMA_PREFETCH_ROWS[ssm.element_size() == 2] if prefetch_rows is None else prefetch_rows  # (checked too)
         if (prefetch_rows and persistent is not None) or rows & (rows - 1):
             raise ValueError("convwin.gdn_verify: prefetch_rows is a power of two, of the non-persistent kernel; got "
                              f"{rows} (persistent {persistent})")

@@ -253,6 +253,7 @@ KERNELS = {"mamba2_verify": mamba2_verify_calls, "mamba2_ring": mamba2_ring_call
            "gdn_verify_bf16": functools.partial(gdn_verify_calls, state_dtype=torch.bfloat16),
            "gdn_verify_transposed": functools.partial(gdn_verify_calls, transposed=True),
            "gdn_verify_tree": functools.partial(gdn_verify_calls, tree=True),
+           "gdn_verify_bf16_tree": functools.partial(gdn_verify_calls, state_dtype=torch.bfloat16, tree=True),
            "gdn_verify_bf16_transposed": functools.partial(gdn_verify_calls, state_dtype=torch.bfloat16, transposed=True),
            "mamba2_ring_test_shapes": mamba2_ring_test_shape_calls}
 

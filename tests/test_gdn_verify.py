@@ -407,10 +407,13 @@ def test_mma_launch_plans(monkeypatch):
     for tuning in (dict(prefetch_rows=48), dict(prefetch_rows=32, persistent=4)):
         with pytest.raises(ValueError, match="prefetch_rows is a power of two, of the non-persistent kernel"):
             plan(problem, **tuning)
-    monkeypatch.setattr(triton_kernels().gdn_verify, "MMA_PREFETCH_ROWS", 24)  # (the default checked alike)
+    # none on a float32 pool by default, 32 rows on a 2-byte one (MMA_PREFETCH_ROWS), the default checked alike
+    bf16_pool = (*problem[:5], problem[5].to(torch.bfloat16), *problem[6:])
+    assert [plan(pool).constexprs["PREFETCH"] for pool in (problem, bf16_pool)] == [0, 32]
+    monkeypatch.setattr(triton_kernels().gdn_verify, "MMA_PREFETCH_ROWS", (0, 24))
     with pytest.raises(ValueError, match="prefetch_rows is a power of two, of the non-persistent kernel; got 24"):
-        plan(problem)
-    monkeypatch.setattr(triton_kernels().gdn_verify, "MMA_PREFETCH_ROWS", 0)
+        plan(bf16_pool)
+    monkeypatch.setattr(triton_kernels().gdn_verify, "MMA_PREFETCH_ROWS", (0, 0))
     # the small inputs at the program's start by default (MMA_EARLY_LOADS); a load order the mma kernel's
     tree = make_problem(head_k_dim=64, head_v_dim=64, parents=[-1, 0, 0, 2])
     assert [plan(pool, **early).constexprs["EARLY"] for pool, early in (
