@@ -305,6 +305,21 @@ def sweep(shapes, batches, state_dtype, tunings, transposed=False, device="cuda"
 READ_GBPS = float("nan")
 
 
+def profile_layers(shapes, batches, state_dtype):
+    """--ncu: each B's first layer, chain then tree, launched once inside the profiler's range."""
+    for batch in batches:
+        for tree in (False, True):
+            p = verify_problem(shapes, batch, tree, state_dtype, "cuda", seed=batch)
+            args = [p[name][0] for name in ("out", "q", "k", "v", "g", "beta", "ssm")] + [p["slots"], p["parents"]]
+            sgl_convwin.gdn_verify(*args)  # (compiled and warm outside the range)
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+            sgl_convwin.gdn_verify(*args)
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+            print(f"profiled {'tree' if tree else 'chain'} B={batch}", flush=True)
+
+
 def main(argv=None) -> int:
     global READ_GBPS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -316,6 +331,9 @@ def main(argv=None) -> int:
                         help="with --sweep: the pools stored [.., dv, dk] and passed transposed (the engines' layout)")
     parser.add_argument("--check", action="store_true", help="check the timed calls against the oracle and exit")
     parser.add_argument("--no-step", action="store_true", help="skip the whole-step table (commits)")
+    parser.add_argument("--ncu", action="store_true",
+                        help="instead of timing: one layer's launch per B, chain then tree, warmed up, inside the "
+                             "profiler's range (ncu --profile-from-start off)")
     args = parser.parse_args(argv)
     if args.check:
         return 0 if check("cuda" if torch.cuda.is_available() else "cpu") else 1
@@ -325,6 +343,9 @@ def main(argv=None) -> int:
         parser.error("--transposed is a --sweep option")
     state_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.state_dtype]
     shapes = Shapes()
+    if args.ncu:
+        profile_layers(shapes, args.batches, state_dtype)
+        return 0
     READ_GBPS = read_ceiling_gbps()
     print(environment_line(), flush=True)
     print(f"read ceiling {READ_GBPS:.0f} GB/s; shapes {shapes}; state {args.state_dtype}", flush=True)

@@ -62,6 +62,9 @@
 #   l2pf      gdn_verify's first state rows prefetched into L2 before its pdl 1 wait (prefetch_rows; run on an H100
 #             2026-12-07, docs/benchmarks.md): bf16 pools' default (32 rows) against none, 16 and 64 rows and the
 #             bf16 mma products, fp32 pools' (none) against 16 and 32 rows (B = 64 / 256)
+#   gvncu     test_gdn_verify.py's GPU tests, then Nsight Compute over one gdn_verify layer at B = 64, chain and tree,
+#             bf16 and fp32 pools (bench_gdn_verify.py --ncu): details and per-instruction stall samples as CSV
+#             (by source line here: python scripts/ncu_lines.py OUT/ncu_gv_bf16_sass.csv gdn_verify_bf16_tree)
 #   ringpf    the GDN ring's verify launches prefetching their checkpoints' first rows into L2 before the pdl
 #             wait (RING_MMA_PREFETCH_ROWS; never run on a GPU): chain steps at 64 / 128 rows against the default
 #             (B = 64 / 256), then its GPU tests, memcheck + racecheck over them
@@ -364,6 +367,21 @@ for phase in "$@"; do
               timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 54 50 \
                 > "$out/sweep_l2pf.log" 2>&1 || rc=1
               grep -E '^\||FAILED|Error' "$out/sweep_l2pf.log" ;;
+    gvncu)    rc=0  # (gdn_verify's GPU tests, then Nsight Compute over one layer, chain and tree, B = 64, bf16 and fp32)
+              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
+                > "$out/gpu_tests_gdn_verify.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_gdn_verify.log"
+              for dtype in bf16 fp32; do
+                timeout 150 ncu --clock-control none --profile-from-start off --set full --import-source yes -f \
+                  -o "$out/gv_$dtype" python3 benchmarks/bench_gdn_verify.py --ncu --batches 64 --state-dtype $dtype \
+                  > "$out/ncu_gv_$dtype.log" 2>&1 || rc=1
+                tail -2 "$out/ncu_gv_$dtype.log"
+                ncu -i "$out/gv_$dtype.ncu-rep" --page details --csv > "$out/ncu_gv_${dtype}_details.csv" 2>&1 || rc=1
+                ncu -i "$out/gv_$dtype.ncu-rep" --page source --csv --print-source sass \
+                  > "$out/ncu_gv_${dtype}_sass.csv" 2>&1 || rc=1
+                grep -E '"(Duration|DRAM Throughput|Achieved Occupancy|Issue Slots Busy|Registers Per Thread)"' \
+                  "$out/ncu_gv_${dtype}_details.csv" | cut -c1-200
+              done ;;
     bf16chunks) timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 1 2 36 37 \
                 --state-dtype bf16 > "$out/sweep_chunk16_bf16.log" 2>&1
               rc=$?; grep -E '^\||FAILED' "$out/sweep_chunk16_bf16.log" ;;
