@@ -98,6 +98,9 @@ MMA_NATIVE_PRODUCTS = (False, True)
 # wait (0: none), for 4-byte, 2-byte pools: the tile's first bytes come from DRAM under the kernel
 # before's end. Faster on bf16 pools, slower on float32 ones (docs/benchmarks.md).
 MMA_PREFETCH_ROWS = (0, 32)
+# The mma kernel's v loads and out stores in 16-byte runs a thread, through shared memory into and
+# out of the accumulator's layout (off: an element a load or store, from the accumulator's layout).
+MMA_VALUE_RUNS = True
 # Both kernels' effective queries by default for these state dtypes; the Triton kernel's up to
 # TRITON_Q_EFF_MAX_NODES nodes (past them its W [k; q] product spills, past 32 it overflows shared
 # memory).
@@ -386,7 +389,7 @@ def _mma_kernel_runs_on(ssm) -> bool:
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
                  block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None,
                  persistent=None, maxnreg=None, pdl=None, q_eff=None, tree_masks=False, doubling=None, shallow=None,
-                 early_loads=None, native_products=None, prefetch_rows=None):
+                 early_loads=None, native_products=None, prefetch_rows=None, value_runs=None):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
@@ -410,7 +413,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     kernel's stacked products in the pool's 16-bit type, q and k of it too; None:
     MMA_NATIVE_PRODUCTS's for a contiguous or a transposed pool where they are), prefetch_rows (the
     mma kernel's first state rows of a tile prefetched into L2 before its pdl 1 wait, a power of two;
-    None: MMA_PREFETCH_ROWS's for the pool's element size): tuning only."""
+    None: MMA_PREFETCH_ROWS's for the pool's element size), value_runs (the mma kernel's v and out in
+    16-byte runs; None: MMA_VALUE_RUNS): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -442,8 +446,9 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     shallow = parents is not None and bool(SHALLOW_TREES if shallow is None else shallow)
     if tree_masks and not (mma and parents is not None):
         raise ValueError("convwin.gdn_verify: tree_masks are the mma kernel's, for a tree's parents")
-    if (early_loads is not None or native_products or prefetch_rows) and not mma:
-        raise ValueError("convwin.gdn_verify: early_loads, native_products and prefetch_rows are the mma kernel's")
+    if (early_loads is not None or native_products or prefetch_rows or value_runs is not None) and not mma:
+        raise ValueError("convwin.gdn_verify: early_loads, native_products, prefetch_rows and value_runs are the mma "
+                         "kernel's")
     if doubling and mma:
         raise ValueError("convwin.gdn_verify: doubling is the Triton kernel's walk (the mma kernel's is across lanes)")
     if mma:
@@ -469,7 +474,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
                           WARPS=num_warps, SSM_STRIDE_K=ssm.stride(2), SSM_STRIDE_V=ssm.stride(3),
                           STATE_STAGES=stages, Q_EFF=bool(q_eff), TREE_MASKS=bool(tree_masks), SHALLOW=shallow,
                           EARLY=int(MMA_EARLY_LOADS[parents is not None] if early_loads is None else early_loads),
-                          NATIVE=native)
+                          NATIVE=native, RUNS=bool(MMA_VALUE_RUNS if value_runs is None else value_runs))
         if maxnreg is not None:
             constexprs.update(maxnreg=maxnreg)
         pdl = MMA_PDL if pdl is None else int(pdl)

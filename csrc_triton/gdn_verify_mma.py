@@ -397,6 +397,66 @@ def _value_rows(ptr, row, head, v0, stride_row, stride_node, stride_head, stride
     return ptr + row * stride_row + head * stride_head + (node * stride_node)[:, None] + (vv * stride_v)[None, :], mask
 
 
+@gluon.constexpr_function
+def _runs_layout(element_bits, block_v, warps):
+    """A [rows, block_v] tile's layout of 16-byte runs a thread along its rows (the lanes of a warp
+    across them first)."""
+    run = min(block_v, 128 // element_bits)
+    lanes = min(32, block_v // run)
+    return gl.BlockedLayout([1, run], [32 // lanes, lanes], [warps, 1], [1, 0])
+
+
+@gluon.jit
+def _key_values(v_ptr, row, head, v0, stride_row, stride_node, stride_head, stride_v, NUM_NODES: gl.constexpr,
+                NODES: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_V: gl.constexpr, WARPS: gl.constexpr,
+                VEC: gl.constexpr, MMA: gl.constexpr, RUNS: gl.constexpr):
+    """v's rows on the stack's key rows of a [NODES, BLOCK_V] tile in the accumulator's layout and
+    the state's column relabelling (_value_rows), zeros on its query rows, in v's type. RUNS: loaded
+    in 16-byte runs, then relabelled and moved into the accumulator's layout through shared memory
+    (an element a load otherwise: each touching up to 32 sectors for 64 bytes)."""
+    if RUNS:
+        HALF: gl.constexpr = NODES // 2
+        TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
+        RUNS_L: gl.constexpr = _runs_layout(v_ptr.dtype.element_ty.primitive_bitwidth, BLOCK_V, WARPS)
+        stack = gl.arange(0, NODES, layout=gl.SliceLayout(1, RUNS_L))
+        node = stack % HALF
+        vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, RUNS_L))
+        mask = ((stack < HALF) & (node < NUM_NODES))[:, None] & (vv < HEAD_V_DIM)[None, :]
+        v = gl.load(v_ptr + row * stride_row + head * stride_head + (node * stride_node)[:, None]
+                    + (vv * stride_v)[None, :], mask=mask, other=0.0)
+        v = v.reshape([NODES, TILES // VEC, WARPS, 8, VEC]).permute((0, 1, 4, 2, 3)).reshape([NODES, BLOCK_V])
+        return gl.convert_layout(v, MMA)
+    rows, key_rows = _value_rows(v_ptr, row, head, v0, stride_row, stride_node, stride_head, stride_v, NUM_NODES,
+                                 NODES, HEAD_V_DIM, BLOCK_V, WARPS, VEC, MMA)
+    return gl.load(rows, mask=key_rows, other=0.0)
+
+
+@gluon.jit
+def _store_queries(out_ptr, o, ok, row, head, v0, stride_row, stride_node, stride_head, stride_v,
+                   NUM_NODES: gl.constexpr, NODES: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_V: gl.constexpr,
+                   WARPS: gl.constexpr, VEC: gl.constexpr, MMA: gl.constexpr, RUNS: gl.constexpr):
+    """o's query rows ([NODES, BLOCK_V], the accumulator's layout and the state's column
+    relabelling) stored into out's node rows where ``ok``; RUNS: its columns put back in order and
+    moved through shared memory into 16-byte runs a thread (as _key_values loads)."""
+    o = o.to(out_ptr.dtype.element_ty)
+    if RUNS:
+        HALF: gl.constexpr = NODES // 2
+        TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
+        RUNS_L: gl.constexpr = _runs_layout(out_ptr.dtype.element_ty.primitive_bitwidth, BLOCK_V, WARPS)
+        o = gl.convert_layout(
+            o.reshape([NODES, TILES // VEC, VEC, WARPS, 8]).permute((0, 1, 3, 4, 2)).reshape([NODES, BLOCK_V]), RUNS_L)
+        stack = gl.arange(0, NODES, layout=gl.SliceLayout(1, RUNS_L))
+        node = stack % HALF
+        vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, RUNS_L))
+        mask = ok & ((stack >= HALF) & (node < NUM_NODES))[:, None] & (vv < HEAD_V_DIM)[None, :]
+        gl.store(out_ptr + row * stride_row + head * stride_head + (node * stride_node)[:, None]
+                 + (vv * stride_v)[None, :], o, mask=mask)
+    else:
+        dst, query_rows = _value_rows(out_ptr, row, head, v0, stride_row, stride_node, stride_head, stride_v,
+                                      NUM_NODES, NODES, HEAD_V_DIM, BLOCK_V, WARPS, VEC, MMA, False)
+        gl.store(dst, o, mask=ok & query_rows)
+
+
 @gluon.jit
 def _verify_tile(
     tile, out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr, slots_ptr, parents_ptr,
@@ -413,7 +473,7 @@ def _verify_tile(
     TREE: gl.constexpr, L2NORM: gl.constexpr, CHUNK_K: gl.constexpr, ROUND_KQ: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, STATE_STAGES: gl.constexpr, FROM_PROGRAM: gl.constexpr,
     PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr, SHALLOW: gl.constexpr,
-    EARLY: gl.constexpr, NATIVE: gl.constexpr, PREFETCH: gl.constexpr,
+    EARLY: gl.constexpr, NATIVE: gl.constexpr, PREFETCH: gl.constexpr, RUNS: gl.constexpr,
 ):
     """One [dk, BLOCK_V] state tile's outputs, from one read of it: the tile of _gdn_verify_mma_kernel's
     program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
@@ -500,9 +560,8 @@ def _verify_tile(
         g_col, beta = _gates(row, head, g_ptr, beta_ptr, g_stride_row, g_stride_node, g_stride_head, beta_stride_row,
                              beta_stride_node, beta_stride_head, NUM_NODES, NODES, MMA)
     if V_FIRST:
-        v_rows, key_rows = _value_rows(v_ptr, row, head, v0, v_stride_row, v_stride_node, v_stride_head,
-                                       v_stride_v, NUM_NODES, NODES, HEAD_V_DIM, BLOCK_V, WARPS, VEC, MMA)
-        v = gl.load(v_rows, mask=key_rows, other=0.0)
+        v = _key_values(v_ptr, row, head, v0, v_stride_row, v_stride_node, v_stride_head, v_stride_v, NUM_NODES,
+                        NODES, HEAD_V_DIM, BLOCK_V, WARPS, VEC, MMA, RUNS)
     # The [k; q] stack, fp32, into shared memory once: each chunk's A operand and the gram's B
     # operand (its transpose) are read from there.
     stack_b = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
@@ -590,9 +649,8 @@ def _verify_tile(
             False, TREE_MASKS, SHALLOW)
         products = products * row_c[:, None]  # K S0 on key rows, Q S0 (scaled) on query rows
     if not V_FIRST:
-        v_rows, key_rows = _value_rows(v_ptr, row, head, v0, v_stride_row, v_stride_node, v_stride_head,
-                                       v_stride_v, NUM_NODES, NODES, HEAD_V_DIM, BLOCK_V, WARPS, VEC, MMA)
-        v = gl.load(v_rows, mask=key_rows, other=0.0).to(gl.float32)
+        v = _key_values(v_ptr, row, head, v0, v_stride_row, v_stride_node, v_stride_head, v_stride_v, NUM_NODES,
+                        NODES, HEAD_V_DIM, BLOCK_V, WARPS, VEC, MMA, RUNS).to(gl.float32)
     if V_FIRST:
         o = products
     elif Q_EFF:
@@ -600,9 +658,8 @@ def _verify_tile(
     else:
         rhs = beta[:, None] * (v - grown[:, None] * products)
         o = kept[:, None] * products + _product(mix, rhs, MMA, A_L, B_L, False)
-    dst, query_rows = _value_rows(out_ptr, row, head, v0, out_stride_row, out_stride_node, out_stride_head,
-                                  out_stride_v, NUM_NODES, NODES, HEAD_V_DIM, BLOCK_V, WARPS, VEC, MMA, False)
-    gl.store(dst, o.to(out_ptr.dtype.element_ty), mask=slot_ok & links_ok & query_rows)
+    _store_queries(out_ptr, o, slot_ok & links_ok, row, head, v0, out_stride_row, out_stride_node, out_stride_head,
+                   out_stride_v, NUM_NODES, NODES, HEAD_V_DIM, BLOCK_V, WARPS, VEC, MMA, RUNS)
 
 
 @gluon.jit
@@ -622,7 +679,7 @@ def _gdn_verify_mma_kernel(
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
     STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
-    SHALLOW: gl.constexpr, EARLY: gl.constexpr, NATIVE: gl.constexpr, PREFETCH: gl.constexpr,
+    SHALLOW: gl.constexpr, EARLY: gl.constexpr, NATIVE: gl.constexpr, PREFETCH: gl.constexpr, RUNS: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
     gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
@@ -631,7 +688,7 @@ def _gdn_verify_mma_kernel(
     memory (cp.async, that many in flight from the program's start) instead of registers. PDL 1 or
     2: launched as a programmatic dependent (sm_90; _verify_tile); PREFETCH (with PDL 1): the tile's
     first that many rows prefetched into L2 before the wait (_prefetch_tile). TREE_MASKS: parents
-    holds each node's path mask (_verify_tile)."""
+    holds each node's path mask (_verify_tile). RUNS: v and out in 16-byte runs (_key_values)."""
     _verify_tile(-1, out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr,
                  slots_ptr, parents_ptr, num_state_slots, scale,
                  out_stride_row, out_stride_node, out_stride_head, out_stride_v,
@@ -643,7 +700,7 @@ def _gdn_verify_mma_kernel(
                  ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                  NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                  TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, True, PDL,
-                 Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE, PREFETCH)
+                 Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE, PREFETCH, RUNS)
 
 
 @gluon.jit(do_not_specialize=["num_rows"])
@@ -663,7 +720,7 @@ def _gdn_verify_mma_persistent_kernel(
     TREE: gl.constexpr, L2NORM: gl.constexpr, PRECISION: gl.constexpr, CHUNK_K: gl.constexpr,
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
     STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
-    SHALLOW: gl.constexpr, EARLY: gl.constexpr, NATIVE: gl.constexpr,
+    SHALLOW: gl.constexpr, EARLY: gl.constexpr, NATIVE: gl.constexpr, RUNS: gl.constexpr,
 ):
     """_gdn_verify_mma_kernel's tiles of num_rows rows (row-major: a row's heads, then the next row's),
     program_id(0), + num_programs, ... a program, on a grid (programs, 1): a grid of a few programs
@@ -683,4 +740,4 @@ def _gdn_verify_mma_persistent_kernel(
                      ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                      NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                      TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, False, PDL,
-                     Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE, 0)
+                     Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE, 0, RUNS)

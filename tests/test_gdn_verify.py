@@ -333,7 +333,11 @@ TUNINGS = [dict(mma=False), dict(block_v=16, mma=False), dict(block_v=16, num_wa
            pytest.param(dict(mma=True, early_loads=1, block_v=64, chunk_k=16), marks=pytest.mark.gpu),
            # the first state rows prefetched into L2 before the wait: a run a row, rows past dk
            pytest.param(dict(mma=True, prefetch_rows=16, block_v=32, num_warps=4), marks=pytest.mark.gpu),
-           pytest.param(dict(mma=True, prefetch_rows=128, state_stages=2), marks=pytest.mark.gpu)]
+           pytest.param(dict(mma=True, prefetch_rows=128, state_stages=2), marks=pytest.mark.gpu),
+           # v and out an element a load / store from the accumulator's layout (the default: 16-byte runs)
+           pytest.param(dict(mma=True, value_runs=False), marks=pytest.mark.gpu),
+           pytest.param(dict(mma=True, value_runs=False, early_loads=2, block_v=32, num_warps=4),
+                        marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=[interpreted, pytest.mark.slow]),
@@ -418,7 +422,7 @@ def test_mma_launch_plans(monkeypatch):
     tree = make_problem(head_k_dim=64, head_v_dim=64, parents=[-1, 0, 0, 2])
     assert [plan(pool, **early).constexprs["EARLY"] for pool, early in (
         (problem, {}), (tree, {}), (problem, dict(early_loads=2)), (tree, dict(early_loads=1)))] == [1, 0, 2, 1]
-    with pytest.raises(ValueError, match="early_loads, native_products and prefetch_rows are the mma kernel's"):
+    with pytest.raises(ValueError, match="early_loads, native_products, prefetch_rows and value_runs are the mma "):
         triton_kernels().gdn_verify._verify_call(torch.empty(problem[2].shape), *problem, scale=0.25,
                                                  use_qk_l2norm=True, mma=False, early_loads=1)
     # the stacked products in the pool's 16-bit type only where q, k and the pool share it
