@@ -65,7 +65,7 @@
 #   gvncu     test_gdn_verify.py's GPU tests, then Nsight Compute over one gdn_verify layer at B = 64, chain and tree,
 #             bf16 and fp32 pools (bench_gdn_verify.py --ncu): details and per-instruction stall samples as CSV
 #             (by source line here: python scripts/ncu_lines.py OUT/ncu_gv_bf16_sass.csv gdn_verify_bf16_tree)
-#   runs      gdn_verify's v loads and out stores in 16-byte runs (value_runs, the default): its GPU tests, then the
+#   vruns     gdn_verify's v loads and out stores in 16-byte runs (value_runs, the default): its GPU tests, then the
 #             sweep against an element a load / store (bf16, fp32, fp32 transposed pools; B = 64 / 256)
 #   ringpf    the GDN ring's verify launches prefetching their checkpoints' first rows into L2 before the pdl
 #             wait (RING_MMA_PREFETCH_ROWS; never run on a GPU): chain steps at 64 / 128 rows against the default
@@ -384,7 +384,7 @@ for phase in "$@"; do
                 grep -E '"(Duration|DRAM Throughput|Achieved Occupancy|Issue Slots Busy|Registers Per Thread)"' \
                   "$out/ncu_gv_${dtype}_details.csv" | cut -c1-200
               done ;;
-    runs)     rc=0  # (gdn_verify's v and out in 16-byte runs: its GPU tests, then against an element a load / store)
+    vruns)    rc=0  # (gdn_verify's v and out in 16-byte runs: its GPU tests, then against an element a load / store)
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
                 > "$out/gpu_tests_runs.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_runs.log"
