@@ -71,8 +71,9 @@ RING_MMA_PDL = 1
 # before the wait, under the launch before's tail (a power of two; 0: none; gdn_verify's prefetch_rows)
 RING_MMA_PREFETCH_ROWS = 0
 # The mma kernel's outputs stored in 16-byte runs a thread through shared memory (gdn_verify's
-# MMA_VALUE_RUNS; off: an element a store, from the accumulator's layout).
-RING_MMA_VALUE_RUNS = True
+# MMA_VALUE_RUNS), not an element a store from the accumulator's layout: at its register cap it
+# spills more, and whole steps ran 6-7% slower on an H100 (docs/benchmarks.md). Off.
+RING_MMA_VALUE_RUNS = False
 
 
 def mma_verify_keys(ring_rows: int, num_nodes: int) -> int:
