@@ -65,8 +65,11 @@
 #   gvncu     test_gdn_verify.py's GPU tests, then Nsight Compute over one gdn_verify layer at B = 64, chain and tree,
 #             bf16 and fp32 pools (bench_gdn_verify.py --ncu): details and per-instruction stall samples as CSV
 #             (by source line here: python scripts/ncu_lines.py OUT/ncu_gv_bf16_sass.csv gdn_verify_bf16_tree)
-#   vruns     gdn_verify's v loads and out stores in 16-byte runs (value_runs, the default): its GPU tests, then the
-#             sweep against an element a load / store (bf16, fp32, fp32 transposed pools; B = 64 / 256)
+#   h200      gdn_verify's prefetch (none, 16, 32 rows) and value runs (off) against the defaults, fp32 and bf16 pools
+#             (B = 64 / 256); an H200's first call: `h200 gvbench` (then the table at the current defaults)
+#   vruns     gdn_verify's v loads and out stores in 16-byte runs (value_runs, the default since 2026-12-07, timed on
+#             contiguous pools then: docs/benchmarks.md): memcheck + racecheck over its launch-choice tests, then the
+#             sweep against an element a load / store on fp32 pools stored transposed (B = 64 / 256)
 #   ringpf    the GDN ring's verify launches prefetching their checkpoints' first rows into L2 before the pdl
 #             wait (RING_MMA_PREFETCH_ROWS; never run on a GPU): chain steps at 64 / 128 rows against the default
 #             (B = 64 / 256), then its GPU tests, memcheck + racecheck over them
@@ -146,6 +149,20 @@ gdn_steps() {  # whole GDN ring steps (chains, B = 64 / 256, --profile), one pro
       ${constants:+--constants $constants} > "$out/varsteps.log" 2>&1 || rc=1
     grep -E '^(chain|\| _gdn)' "$out/varsteps.log"; cat "$out/varsteps.log" >> "$out/varsteps_all.log"
   done
+  return $rc
+}
+
+ncu_report() {  # ncu_report NAME LIMIT ARGS...: Nsight Compute (--set full) over the profiled range of ARGS (a command
+  # and ncu's own options before it), the report's details and per-instruction SASS pages as CSV, a summary of them
+  local name=$1 limit=$2 rc=0
+  shift 2
+  timeout "$limit" ncu --clock-control none --profile-from-start off --set full --import-source yes -f \
+    -o "$out/$name" "$@" > "$out/ncu_$name.log" 2>&1 || rc=1
+  tail -3 "$out/ncu_$name.log"
+  ncu -i "$out/$name.ncu-rep" --page details --csv > "$out/ncu_${name}_details.csv" 2>&1 || rc=1
+  ncu -i "$out/$name.ncu-rep" --page source --csv --print-source sass > "$out/ncu_${name}_sass.csv" 2>&1 || rc=1
+  grep -E '"(Duration|Registers Per Thread|Achieved Occupancy|DRAM Throughput|Issue Slots Busy|Memory Throughput)"' \
+    "$out/ncu_${name}_details.csv" | cut -c1-200
   return $rc
 }
 
@@ -374,25 +391,23 @@ for phase in "$@"; do
                 > "$out/gpu_tests_gdn_verify.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_gdn_verify.log"
               for dtype in bf16 fp32; do
-                timeout 150 ncu --clock-control none --profile-from-start off --set full --import-source yes -f \
-                  -o "$out/gv_$dtype" python3 benchmarks/bench_gdn_verify.py --ncu --batches 64 --state-dtype $dtype \
-                  > "$out/ncu_gv_$dtype.log" 2>&1 || rc=1
-                tail -2 "$out/ncu_gv_$dtype.log"
-                ncu -i "$out/gv_$dtype.ncu-rep" --page details --csv > "$out/ncu_gv_${dtype}_details.csv" 2>&1 || rc=1
-                ncu -i "$out/gv_$dtype.ncu-rep" --page source --csv --print-source sass \
-                  > "$out/ncu_gv_${dtype}_sass.csv" 2>&1 || rc=1
-                grep -E '"(Duration|DRAM Throughput|Achieved Occupancy|Issue Slots Busy|Registers Per Thread)"' \
-                  "$out/ncu_gv_${dtype}_details.csv" | cut -c1-200
+                ncu_report "gv_$dtype" 150 python3 benchmarks/bench_gdn_verify.py --ncu --batches 64 \
+                  --state-dtype $dtype || rc=1
               done ;;
-    vruns)    rc=0  # (gdn_verify's v and out in 16-byte runs: its GPU tests, then against an element a load / store)
-              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
-                > "$out/gpu_tests_runs.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_runs.log"
-              for args in "--state-dtype bf16" "--state-dtype fp32" "--state-dtype fp32 --transposed"; do
-                timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 57 $args \
-                  > "$out/sweep_runs.log" 2>&1 || rc=1
-                echo "# $args"; grep -E '^\||FAILED|Error' "$out/sweep_runs.log"; cat "$out/sweep_runs.log" >> "$out/sweep_runs_all.log"
+    h200)     rc=0  # (the sweeps that set the prefetch and value-runs defaults, on an H200)
+              for dtype in fp32 bf16; do
+                timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 53 54 50 57 \
+                  --state-dtype $dtype > "$out/sweep_h200_$dtype.log" 2>&1 || rc=1
+                grep -E '^(\||read)|FAILED|Error' "$out/sweep_h200_$dtype.log"
               done ;;
+    vruns)    rc=0  # (gdn_verify's v and out in 16-byte runs, the default: memcheck + racecheck over its launch
+              # choices, which run it on and off; then the sweep against an element a load / store, fp32 transposed)
+              mkdir -p "$out/vrunsan"
+              SANITIZE_TIMEOUT=90 SANITIZE_TESTS=tests/test_gdn_verify.py SANITIZE_K="launch_choices and cuda" \
+                bash scripts/gpu_sanitize.sh "$out/vrunsan" || rc=1
+              timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 57 --transposed \
+                > "$out/sweep_vruns_transposed.log" 2>&1 || rc=1
+              grep -E '^\||FAILED|Error' "$out/sweep_vruns_transposed.log" ;;
     bf16chunks) timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 1 2 36 37 \
                 --state-dtype bf16 > "$out/sweep_chunk16_bf16.log" 2>&1
               rc=$?; grep -E '^\||FAILED' "$out/sweep_chunk16_bf16.log" ;;
@@ -535,15 +550,8 @@ for phase in "$@"; do
                 mixer=${run%/*}; column=${run#*/}; name="${column}_$mixer"
                 if [ "$mixer" = gdn ]; then kernels=_gdn_ring_verify_mma_kernel; spec=mma/128/4
                 else kernels=_mamba2_ring; spec=64/4/16/1; fi
-                timeout 300 ncu --clock-control none --profile-from-start off --set full --import-source yes -f \
-                  -k regex:$kernels -o "$out/ring_$name" python3 benchmarks/bench_ring.py --mixer $mixer \
-                  --batches 64 --sweep $spec --ncu $column > "$out/ncu_ring_$name.log" 2>&1 || rc=1
-                tail -3 "$out/ncu_ring_$name.log"
-                ncu -i "$out/ring_$name.ncu-rep" --page details --csv > "$out/ncu_ring_${name}_details.csv" 2>&1 || rc=1
-                ncu -i "$out/ring_$name.ncu-rep" --page source --csv --print-source sass \
-                  > "$out/ncu_ring_${name}_sass.csv" 2>&1 || rc=1
-                grep -E '"(Duration|Registers Per Thread|Achieved Occupancy|Warp Cycles Per Issued Instruction|Memory Throughput)"' \
-                  "$out/ncu_ring_${name}_details.csv" | cut -c1-200
+                ncu_report "ring_$name" 300 -k regex:$kernels python3 benchmarks/bench_ring.py --mixer $mixer \
+                  --batches 64 --sweep $spec --ncu $column || rc=1
               done ;;
     due)      rc=0
               timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring.py \
