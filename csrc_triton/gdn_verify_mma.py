@@ -9,7 +9,10 @@ fragments' columns are relabelled (a permutation of the value columns, undone wh
 out written) so that a thread's columns come in runs of 16 bytes and the 8 lanes of a row read
 adjacent runs: every load instruction reads whole 128-byte lines. The [dk, BLOCK_V] tile thus goes
 from global memory into the tensor cores with no shared memory and no layout conversion, a chunk of
-rows at a time, the next chunk's loads in flight while one multiplies. k and q are loaded raw
+rows at a time, the next chunk's loads in flight while one multiplies. v and out, small beside it,
+go the other way (_key_values, _store_queries): in 16-byte runs a thread, through shared memory,
+since from the accumulator's layout each access would be of one element over up to 32 sectors.
+k and q are loaded raw
 (bf16 and fp16 are exact in tf32) and the l2 norm and the scale are applied to the products' rows,
 both being linear: K S0 / |k| = (K / |k|) S0; the norms are the diagonal of the raw gram matrix,
 which the node matrices need anyway. A persistent launch (a tuning: gdn_verify's ``persistent``)
