@@ -526,6 +526,32 @@ def test_cuda_native_products(tuning):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tuning", [{}, dict(block_v=32, num_warps=4), dict(early_loads=2), dict(persistent=3)],
+                         ids=["default", "narrow", "v-first", "persistent"])
+def test_cuda_value_runs_bit_for_bit(state_dtype, tuning):
+    """v loaded and out stored in 16-byte runs through shared memory (value_runs, the default): bit
+    for bit the outputs of an element an access, chains and trees, fused views, odd sizes, a bf16
+    and a float32 out whose rows are strided; the skipped row and out's gaps left untouched."""
+    for shape, out_dtype in ((dict(head_v_dim=128, num_nodes=8, parents=[-1, 0, 0, 0, 1, 1, 1, 4]), torch.bfloat16),
+                             (dict(head_v_dim=128, fused=True, transposed=True), torch.bfloat16),
+                             (dict(head_v_dim=40, parents=[-1, -1, 0, 2]), torch.float32)):
+        q, k, v, g, beta, ssm, slots, parents = make_problem(
+            num_rows=4, num_slots=6, slots=[5, -1, 3, 1], head_k_dim=128 if shape["head_v_dim"] == 128 else 48,
+            qkv_dtype=torch.bfloat16, state_dtype=state_dtype, device="cuda", **shape)
+        whole = []
+        for runs in (True, False):
+            base = torch.full((*v.shape[:3], v.shape[3] + 8), FILL, dtype=out_dtype, device="cuda")
+            kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(base[..., :v.shape[3]], q, k, v, g,
+                                                                                 beta, ssm, slots, parents)
+            triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, mma=True, value_runs=runs, **tuning)
+            whole.append(base)
+        assert torch.equal(whole[0], whole[1])
+        assert (whole[0][1] == FILL).all() and (whole[0][..., v.shape[3]:] == FILL).all()
+        assert not (whole[0][0, :, :, :v.shape[3]] == FILL).any()  # (a row it verified: written)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_cuda_tree_masks(state_dtype):
     """The mma kernel given each node's path mask instead of its link (tree_masks): the oracle's
     outputs; a row whose masks are not a forest's (a node's own bit missing, a bit above it, a mask
