@@ -68,8 +68,8 @@
 #   h200      gdn_verify's prefetch (none, 16, 32 rows) and value runs (off) against the defaults, fp32 and bf16 pools
 #             (B = 64 / 256); an H200's first call: `h200 gvbench` (then the table at the current defaults)
 #   vruns     gdn_verify's v loads and out stores in 16-byte runs (value_runs, the default since 2026-12-07, timed on
-#             contiguous pools then: docs/benchmarks.md): memcheck + racecheck over its launch-choice tests, then the
-#             sweep against an element a load / store on fp32 pools stored transposed (B = 64 / 256)
+#             contiguous pools then: docs/benchmarks.md): its bit-for-bit tests, memcheck + racecheck over its
+#             launch-choice tests, then the sweep against an element an access on fp32 pools stored transposed
 #   ringpf    the GDN ring's verify launches prefetching their checkpoints' first rows into L2 before the pdl
 #             wait (RING_MMA_PREFETCH_ROWS; never run on a GPU): chain steps at 64 / 128 rows against the default
 #             (B = 64 / 256), then its GPU tests, memcheck + racecheck over them
@@ -402,6 +402,9 @@ for phase in "$@"; do
               done ;;
     vruns)    rc=0  # (gdn_verify's v and out in 16-byte runs, the default: memcheck + racecheck over its launch
               # choices, which run it on and off; then the sweep against an element a load / store, fp32 transposed)
+              timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py -k value_runs \
+                > "$out/gpu_tests_vruns.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_vruns.log"
               mkdir -p "$out/vrunsan"
               SANITIZE_TIMEOUT=90 SANITIZE_TESTS=tests/test_gdn_verify.py SANITIZE_K="launch_choices and cuda" \
                 bash scripts/gpu_sanitize.sh "$out/vrunsan" || rc=1
