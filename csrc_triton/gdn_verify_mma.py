@@ -410,6 +410,21 @@ def _runs_layout(element_bits, block_v, warps):
 
 
 @gluon.jit
+def _value_runs(ptr, row, head, v0, stride_row, stride_node, stride_head, stride_v, NUM_NODES: gl.constexpr,
+                NODES: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_V: gl.constexpr, WARPS: gl.constexpr,
+                KEYS: gl.constexpr):
+    """_value_rows' (pointers, mask) in 16-byte runs a thread (_runs_layout) and the value columns
+    in order, not relabelled."""
+    RUNS_L: gl.constexpr = _runs_layout(ptr.dtype.element_ty.primitive_bitwidth, BLOCK_V, WARPS)
+    HALF: gl.constexpr = NODES // 2
+    stack = gl.arange(0, NODES, layout=gl.SliceLayout(1, RUNS_L))
+    node = stack % HALF
+    vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, RUNS_L))
+    mask = (((stack < HALF) == KEYS) & (node < NUM_NODES))[:, None] & (vv < HEAD_V_DIM)[None, :]
+    return ptr + row * stride_row + head * stride_head + (node * stride_node)[:, None] + (vv * stride_v)[None, :], mask
+
+
+@gluon.jit
 def _key_values(v_ptr, row, head, v0, stride_row, stride_node, stride_head, stride_v, NUM_NODES: gl.constexpr,
                 NODES: gl.constexpr, HEAD_V_DIM: gl.constexpr, BLOCK_V: gl.constexpr, WARPS: gl.constexpr,
                 VEC: gl.constexpr, MMA: gl.constexpr, RUNS: gl.constexpr):
@@ -418,15 +433,10 @@ def _key_values(v_ptr, row, head, v0, stride_row, stride_node, stride_head, stri
     in 16-byte runs, then relabelled and moved into the accumulator's layout through shared memory
     (an element a load otherwise: each touching up to 32 sectors for 64 bytes)."""
     if RUNS:
-        HALF: gl.constexpr = NODES // 2
         TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
-        RUNS_L: gl.constexpr = _runs_layout(v_ptr.dtype.element_ty.primitive_bitwidth, BLOCK_V, WARPS)
-        stack = gl.arange(0, NODES, layout=gl.SliceLayout(1, RUNS_L))
-        node = stack % HALF
-        vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, RUNS_L))
-        mask = ((stack < HALF) & (node < NUM_NODES))[:, None] & (vv < HEAD_V_DIM)[None, :]
-        v = gl.load(v_ptr + row * stride_row + head * stride_head + (node * stride_node)[:, None]
-                    + (vv * stride_v)[None, :], mask=mask, other=0.0)
+        rows, key_rows = _value_runs(v_ptr, row, head, v0, stride_row, stride_node, stride_head, stride_v, NUM_NODES,
+                                     NODES, HEAD_V_DIM, BLOCK_V, WARPS, True)
+        v = gl.load(rows, mask=key_rows, other=0.0)
         v = v.reshape([NODES, TILES // VEC, WARPS, 8, VEC]).permute((0, 1, 4, 2, 3)).reshape([NODES, BLOCK_V])
         return gl.convert_layout(v, MMA)
     rows, key_rows = _value_rows(v_ptr, row, head, v0, stride_row, stride_node, stride_head, stride_v, NUM_NODES,
@@ -443,17 +453,13 @@ def _store_queries(out_ptr, o, ok, row, head, v0, stride_row, stride_node, strid
     moved through shared memory into 16-byte runs a thread (as _key_values loads)."""
     o = o.to(out_ptr.dtype.element_ty)
     if RUNS:
-        HALF: gl.constexpr = NODES // 2
         TILES: gl.constexpr = BLOCK_V // (8 * WARPS)
-        RUNS_L: gl.constexpr = _runs_layout(out_ptr.dtype.element_ty.primitive_bitwidth, BLOCK_V, WARPS)
         o = gl.convert_layout(
-            o.reshape([NODES, TILES // VEC, VEC, WARPS, 8]).permute((0, 1, 3, 4, 2)).reshape([NODES, BLOCK_V]), RUNS_L)
-        stack = gl.arange(0, NODES, layout=gl.SliceLayout(1, RUNS_L))
-        node = stack % HALF
-        vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, RUNS_L))
-        mask = ok & ((stack >= HALF) & (node < NUM_NODES))[:, None] & (vv < HEAD_V_DIM)[None, :]
-        gl.store(out_ptr + row * stride_row + head * stride_head + (node * stride_node)[:, None]
-                 + (vv * stride_v)[None, :], o, mask=mask)
+            o.reshape([NODES, TILES // VEC, VEC, WARPS, 8]).permute((0, 1, 3, 4, 2)).reshape([NODES, BLOCK_V]),
+            _runs_layout(out_ptr.dtype.element_ty.primitive_bitwidth, BLOCK_V, WARPS))
+        dst, query_rows = _value_runs(out_ptr, row, head, v0, stride_row, stride_node, stride_head, stride_v,
+                                      NUM_NODES, NODES, HEAD_V_DIM, BLOCK_V, WARPS, False)
+        gl.store(dst, o, mask=ok & query_rows)
     else:
         dst, query_rows = _value_rows(out_ptr, row, head, v0, stride_row, stride_node, stride_head, stride_v,
                                       NUM_NODES, NODES, HEAD_V_DIM, BLOCK_V, WARPS, VEC, MMA, False)
