@@ -70,10 +70,6 @@ RING_MMA_PDL = 1
 # With RING_MMA_PDL, the verify launches' checkpoint tiles' first this many rows prefetched into L2
 # before the wait, under the launch before's tail (a power of two; 0: none; gdn_verify's prefetch_rows)
 RING_MMA_PREFETCH_ROWS = 0
-# The mma kernel's outputs stored in 16-byte runs a thread through shared memory (gdn_verify's
-# MMA_VALUE_RUNS), not an element a store from the accumulator's layout: at its register cap it
-# spills more, and whole steps ran 6-7% slower on an H100 (docs/benchmarks.md). Off.
-RING_MMA_VALUE_RUNS = False
 
 
 def mma_verify_keys(ring_rows: int, num_nodes: int) -> int:
@@ -508,7 +504,7 @@ def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
     constexprs.update(FUSED_WINDOW=bool(fused_window), WIDTH=width, WINDOW=max(2, next_power_of_2(width)),
                       NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k,
                       WARPS=chunk.constexprs["num_warps"], SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4),
-                      TILES_A_PROGRAM=1, RUNS=bool(RING_MMA_VALUE_RUNS), **verify)
+                      TILES_A_PROGRAM=1, **verify)
     pdl = bool(RING_MMA_PDL) and pdl_device(ssm)
     constexprs.update(PDL=pdl, PREFETCH=0, **({"launch_pdl": True} if pdl else {}))  # (the verifies': below)
     return constexprs

@@ -29,8 +29,8 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .gdn_verify import rows_contiguous
 from .gdn_verify_mma import (_floored_log_decay, _grid_dependency, _issue_first_chunks, _mma, _parent_of, _parts,
-                             _prefetch_tile, _product, _rounded, _runs_layout, _staged_chunk, _state_chunk,
-                             _state_copy_layout, _state_ring_layout, _unit_lower_inverse)
+                             _prefetch_tile, _product, _rounded, _staged_chunk, _state_chunk, _state_copy_layout,
+                             _state_ring_layout, _unit_lower_inverse)
 
 
 @gluon.jit
@@ -196,7 +196,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
-              STATE_STAGES: gl.constexpr, RUNS: gl.constexpr):
+              STATE_STAGES: gl.constexpr):
     """One program's work: with drafts (NUM_NODES > 0) the row's outputs for its query rows, stored,
     and the drafts' gates beside their rows (v0 = 0); with FOLD the checkpoint tile after the pending
     tokens, stored in place (after the outputs, which the old tile gave). Products in 3xTF32 with
@@ -351,20 +351,13 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
         o = gl.where(r_key, 0.0, grown)[:, None] * products + _product(
             _product(query_mix, inverse, MMA, A_L, B_L, MIX_SPLIT), rhs, MMA, A_L, B_L, SPLIT)
 
-        o = o.to(out_ptr.dtype.element_ty)
+        n = gl.arange(0, BLOCK_V, layout=COL_L)
+        vv = _relabelled(n, v0, WARPS, TILES)
         d = gl.where(r_drafted, r_draft, 0).to(gl.int64)
-        stored = r_drafted & ~r_key
-        if RUNS:  # the columns back in order, through shared memory into 16-byte runs a thread
-            RUNS_L: gl.constexpr = _runs_layout(out_ptr.dtype.element_ty.primitive_bitwidth, BLOCK_V, WARPS)
-            o = gl.convert_layout(_columns_natural(o, WARPS, TILES), RUNS_L)
-            d = gl.convert_layout(d, gl.SliceLayout(1, RUNS_L))
-            stored = gl.convert_layout(stored, gl.SliceLayout(1, RUNS_L))
-            vv = v0 + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(0, RUNS_L))
-        else:  # an element a store, from the accumulator's layout
-            vv = _relabelled(gl.arange(0, BLOCK_V, layout=COL_L), v0, WARPS, TILES)
         dst = out_ptr + row * out_stride_row + head * out_stride_head + (d * out_stride_node)[:, None] + \
             (vv * out_stride_v)[None, :]
-        gl.store(dst, o, mask=links_ok & stored[:, None] & (vv < HEAD_V_DIM)[None, :])
+        gl.store(dst, o.to(out_ptr.dtype.element_ty),
+                 mask=links_ok & (r_drafted & ~r_key)[:, None] & (vv < HEAD_V_DIM)[None, :])
 
         # the drafts' gates beside their rows, once per head (where a fold leaves them too: start + pending)
         node = gl.arange(0, NODES, layout=gl.SliceLayout(1, STACK_L))
@@ -425,7 +418,6 @@ def _gdn_ring_verify_mma_kernel(
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
     VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr, PREFETCH: gl.constexpr,
-    RUNS: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
@@ -447,8 +439,7 @@ def _gdn_ring_verify_mma_kernel(
     launched as a programmatic dependent (sm_90; gdn_verify_mma._grid_dependency), every read after
     the wait; with PREFETCH (the verify launches') the checkpoint tile's first that many rows prefetched
     into L2 before it (gdn_verify_mma._prefetch_tile: a hint, safe whatever the launch before wrote,
-    a due flush's checkpoints and the slots included). RUNS: the outputs stored in 16-byte runs
-    (gdn_verify_mma._store_queries)."""
+    a due flush's checkpoints and the slots included)."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     if PDL and PREFETCH > 0:
         _prefetch_tile(state_slots_ptr + gl.program_id(1).to(gl.int64) * state_slots_stride, num_state_slots,
@@ -526,7 +517,7 @@ def _gdn_ring_verify_mma_kernel(
                           SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
                           HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
                           L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
-                          STATE_STAGES, RUNS)
+                          STATE_STAGES)
                 if FUSED_WINDOW and THIS != 2:
                     if moved:
                         WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])

@@ -513,23 +513,6 @@ def test_mma_kernel_prefetches_checkpoints(monkeypatch, nodes, rows, tiles):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tiles", [{}, dict(block_v=32, num_warps=4)], ids=["whole-width", "narrow"])
-@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("nodes", [[-1, 0, 1, 2], [-1, 0, 0, 0, 1, 1, 1, 4]], ids=["chain", "tree8"])
-def test_mma_kernel_stores_outputs_in_runs(monkeypatch, nodes, state_dtype, tiles):
-    """RING_MMA_VALUE_RUNS: the outputs stored in 16-byte runs through shared memory: the PyTorch
-    code's results, and bit for bit those stored an element at a time."""
-    case = mixed_rows_case(len(nodes), 16, 64, parents=nodes, state_dtype=state_dtype)
-    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_VALUE_RUNS", False)
-    _, plain = run_both(case, tuning=dict(MMA, **tiles))
-    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_VALUE_RUNS", True)
-    want, got = run_both(case, tuning=dict(MMA, **tiles))
-    assert_mixed_rows_agree(case, want, got, state_dtype)
-    for name, tensor in got.items():
-        assert tensor is None or torch.equal(tensor, plain[name]), name
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("capacity", [20, 24])
 def test_mma_kernel_takes_wide_rings(capacity):
     """The mma kernel verifies chains of 8 at capacities 20 and 24 (R + N = 28 and 32 stack rows: a
