@@ -59,9 +59,6 @@
 #   early     gdn_verify's small inputs loaded early (1 for chains, 0 for trees since the chunk16 run): its GPU tests
 #             (launch choices, tree walks, the model's shape), early_loads 0 / 1 / 2 against it (B = 64 / 256), then
 #             gvbench's fp32 tables (bench_gdn_verify.py)
-#   l2pf      gdn_verify's first state rows prefetched into L2 before its pdl 1 wait (prefetch_rows; run on an H100
-#             2026-12-07, docs/benchmarks.md): bf16 pools' default (32 rows) against none, 16 and 64 rows and the
-#             bf16 mma products, fp32 pools' (none) against 16 and 32 rows (B = 64 / 256)
 #   gvncu     test_gdn_verify.py's GPU tests, then Nsight Compute over one gdn_verify layer at B = 64, chain and tree,
 #             bf16 and fp32 pools (bench_gdn_verify.py --ncu): details and per-instruction stall samples as CSV
 #             (by source line here: python scripts/ncu_lines.py OUT/ncu_gv_bf16_sass.csv gdn_verify_bf16_tree)
@@ -379,13 +376,6 @@ for phase in "$@"; do
               python3 -m pip install -q --no-deps .whl/fla_core-*.whl .whl/einops-*.whl >> "$out/install.log" 2>&1
               timeout 120 python3 benchmarks/bench_gdn_verify.py > "$out/bench_gdn_verify.log" 2>&1 || rc=1
               grep -E '^(\||read ceiling)' "$out/bench_gdn_verify.log" ;;
-    l2pf)     rc=0  # (the L2 prefetch before the pdl wait on bf16 pools, against none, 16, 64 rows and native products)
-              timeout 120 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 53 54 50 51 55 56 \
-                --state-dtype bf16 > "$out/sweep_l2pf_bf16.log" 2>&1 || rc=1
-              grep -E '^\||FAILED|Error' "$out/sweep_l2pf_bf16.log"
-              timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 54 50 \
-                > "$out/sweep_l2pf.log" 2>&1 || rc=1
-              grep -E '^\||FAILED|Error' "$out/sweep_l2pf.log" ;;
     gvncu)    rc=0  # (gdn_verify's GPU tests, then Nsight Compute over one layer, chain and tree, B = 64, bf16 and fp32)
               timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
                 > "$out/gpu_tests_gdn_verify.log" 2>&1 || rc=1
@@ -400,8 +390,8 @@ for phase in "$@"; do
                   --state-dtype $dtype > "$out/sweep_h200_$dtype.log" 2>&1 || rc=1
                 grep -E '^(\||read)|FAILED|Error' "$out/sweep_h200_$dtype.log"
               done ;;
-    vruns)    rc=0  # (gdn_verify's v and out in 16-byte runs, the default: memcheck + racecheck over its launch
-              # choices, which run it on and off; then the sweep against an element a load / store, fp32 transposed)
+    vruns)    rc=0  # (gdn_verify's v and out in 16-byte runs, the default: its bit-for-bit tests, memcheck +
+              # racecheck over its launch choices, which run it on and off; then the sweep on fp32 pools transposed)
               timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py -k value_runs \
                 > "$out/gpu_tests_vruns.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_vruns.log"
