@@ -60,7 +60,8 @@ VERIFY_PROGRAMS = 512
 VERIFY_WARPS = 4
 # gdn_verify_mma's kernel: two warps over 128 value columns, a float32 state's rows loaded 16 at a
 # time (25 KB of shared memory a program, not 41 KB: 8 programs an SM, not 5; on the H200 5-9% faster
-# from B = 64), a 2-byte state's 64 (32 or 16 rows 3-7% slower there: docs/benchmarks.md). It
+# from B = 64), 32 where the pool is stored transposed (a column's whole 128-byte line a copy: 16 rows
+# 1.26-1.33x slower there), a 2-byte state's 64 (32 or 16 rows 3-7% slower: docs/benchmarks.md). It
 # serves batches that give it MMA_MIN_PROGRAMS programs or more and at most MMA_MAX_NODES nodes;
 # smaller ones are faster on the kernel below (docs/benchmarks.md, the verify sweep).
 MMA_MIN_PROGRAMS = 128
@@ -69,7 +70,7 @@ MMA_BLOCK_V = 128
 # if they reach it (0: never; B = 2-3 at Qwen3-Next TP1: docs/benchmarks.md, "Small batches")
 MMA_SPREAD_BLOCK_V = 64
 MMA_WARPS = 2
-MMA_CHUNK_K = 16
+MMA_CHUNK_K = (16, 32)  # (value columns contiguous, rows contiguous)
 MMA_CHUNK_K_2BYTE = 64
 MMA_MAX_NODES = 16
 # The state chunks through shared memory by cp.async, this many in flight from the program's start,
@@ -394,7 +395,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
     kernel's), chunk_k (state rows per load of the mma kernel, a power of two >= 16; None:
-    MMA_CHUNK_K, MMA_CHUNK_K_2BYTE for a 2-byte state), state_stages (the mma kernel's chunks through
+    MMA_CHUNK_K's for the pool's layout, MMA_CHUNK_K_2BYTE for a 2-byte state), state_stages (the mma kernel's chunks through
     shared memory, that many in flight; None: MMA_STATE_STAGES under q_eff, else 0; 0, or copies
     under 4 bytes: registers), persistent (the mma kernel on that many programs, each taking tiles
     until none is left -- a few an SM cap how many share one; None: a program a tile), maxnreg (the
@@ -453,7 +454,10 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
         raise ValueError("convwin.gdn_verify: doubling is the Triton kernel's walk (the mma kernel's is across lanes)")
     if mma:
         from . import gdn_verify_mma
-        chunk_k = min(chunk_k or (MMA_CHUNK_K_2BYTE if ssm.element_size() == 2 else MMA_CHUNK_K), constexprs["BLOCK_K"])
+        if chunk_k is None:
+            chunk_k = (MMA_CHUNK_K_2BYTE if ssm.element_size() == 2
+                       else MMA_CHUNK_K[rows_contiguous(ssm.stride(-2), ssm.stride(-1))])
+        chunk_k = min(chunk_k, constexprs["BLOCK_K"])
         check_mma_tiles("convwin.gdn_verify", block_v, num_warps, chunk_k)
         stages = state_stages_for(MMA_STATE_STAGES if state_stages is None else state_stages, block_v, num_warps,
                                   chunk_k, constexprs["BLOCK_K"], ssm)

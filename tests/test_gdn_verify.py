@@ -436,10 +436,12 @@ def test_mma_launch_plans(monkeypatch):
     for pool, tuning in ((problem, {}), (bf16_pool, {}), (halves, dict(q_eff=True))):
         with pytest.raises(ValueError, match="native_products are the stacked products'"):
             plan(pool, native_products=True, **tuning)
-    # 16 rows a chunk of a 4-byte state, 64 of a 2-byte one (at most dk)
-    for dtype, head_k_dim, want in ((torch.float32, 128, 16), (torch.bfloat16, 128, 64), (torch.bfloat16, 32, 32)):
-        pool = make_problem(head_k_dim=head_k_dim, head_v_dim=64, state_dtype=dtype)
-        assert plan(pool).constexprs["CHUNK_K"] == want
+    # 16 rows a chunk of a 4-byte state (32 stored transposed), 64 of a 2-byte one (at most dk)
+    for dtype, transposed, head_k_dim, want in ((torch.float32, False, 128, 16), (torch.float32, True, 128, 32),
+                                                (torch.bfloat16, False, 128, 64), (torch.bfloat16, True, 128, 64),
+                                                (torch.bfloat16, False, 32, 32)):
+        pool = make_problem(head_k_dim=head_k_dim, head_v_dim=64, state_dtype=dtype, transposed=transposed)
+        assert plan(pool).constexprs["CHUNK_K"] == want, (dtype, transposed)
     module = triton_kernels().gdn_verify
     defaults = module.MMA_STATE_STAGES, module.MMA_CHUNK_K, module.MMA_Q_EFF
     # the mma kernel by default from MMA_MIN_PROGRAMS programs (a row's value heads x column tiles) and
@@ -458,7 +460,7 @@ def test_mma_launch_plans(monkeypatch):
         mma = call.kernel.fn.__name__ == "_gdn_verify_mma_kernel"
         assert (call.constexprs["BLOCK_V"] if mma else None) == want, (spread, rows)
     try:
-        module.MMA_STATE_STAGES, module.MMA_CHUNK_K = 3, 32
+        module.MMA_STATE_STAGES, module.MMA_CHUNK_K = 3, (32, 32)
         assert [plan(problem).constexprs[name] for name in ("STATE_STAGES", "CHUNK_K")] == [2, 32]  # (dk 64)
         module.MMA_Q_EFF = False
         assert [plan(problem).constexprs[name] for name in ("STATE_STAGES", "Q_EFF")] == [0, False]
