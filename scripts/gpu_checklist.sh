@@ -67,6 +67,8 @@
 #   vruns     gdn_verify's v loads and out stores in 16-byte runs (value_runs, the default since 2026-12-07, timed on
 #             contiguous pools then: docs/benchmarks.md): its bit-for-bit tests, memcheck + racecheck over its
 #             launch-choice tests, then the sweep against an element an access on fp32 pools stored transposed
+#   chunkT    gdn_verify on pools stored transposed at the chunks of a column's whole line (fp32: 32 rows, the
+#             default since 2026-12-07): their GPU tests, memcheck + racecheck over them, the sweep against 16 rows
 #   ringpf    the GDN ring's verify launches prefetching their checkpoints' first rows into L2 before the pdl
 #             wait (RING_MMA_PREFETCH_ROWS; never run on a GPU): chain steps at 64 / 128 rows against the default
 #             (B = 64 / 256), then its GPU tests, memcheck + racecheck over them
@@ -404,6 +406,19 @@ for phase in "$@"; do
     bf16chunks) timeout 80 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 1 2 36 37 \
                 --state-dtype bf16 > "$out/sweep_chunk16_bf16.log" 2>&1
               rc=$?; grep -E '^\||FAILED' "$out/sweep_chunk16_bf16.log" ;;
+    chunkT)   rc=0  # (gdn_verify's transposed pools at 32-row fp32 chunks: tests, sanitizers, then the sweep)
+              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
+                -k "transposed" > "$out/gpu_tests_chunkT.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_chunkT.log"
+              mkdir -p "$out/chunkTsan"
+              SANITIZE_TIMEOUT=120 SANITIZE_TESTS=tests/test_gdn_verify.py \
+                SANITIZE_K="cuda and transposed and (model_shape or state_stages or misaligned)" \
+                bash scripts/gpu_sanitize.sh "$out/chunkTsan" || rc=1
+              for dtype in fp32 bf16; do
+                timeout 90 python3 benchmarks/bench_gdn_verify.py --sweep --batches 8 64 256 --only 2 --transposed \
+                  --state-dtype $dtype > "$out/sweep_chunkT_$dtype.log" 2>&1 || rc=1
+                grep -E '^(\||read)|FAILED|Error' "$out/sweep_chunkT_$dtype.log"
+              done ;;
     ringpf)   rc=0  # (the ring verifies' L2 prefetch before the pdl wait: the steps first, then tests, sanitizers)
               gdn_steps "" "RING_MMA_PREFETCH_ROWS=64" "RING_MMA_PREFETCH_ROWS=128" || rc=1
               timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \

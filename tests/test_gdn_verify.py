@@ -610,8 +610,9 @@ def test_cuda_spread_tiles(monkeypatch, state_dtype, parents):
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_cuda_state_stages_transposed_pool(state_dtype):
     """The state chunks through shared memory from a pool stored [S, Hv, dv, dk] (engines' layout)
-    and passed transposed, 16 bytes a copy down a column: the default plan, three in flight, and
-    chunks of 16 rows (a warp's lanes over fewer rows, more columns), with either form."""
+    and passed transposed, 16 bytes a copy down a column: the default plan (chunks of a column's
+    128-byte line), three in flight, and chunks of 16 rows (a warp's lanes over fewer rows, more
+    columns), with either form."""
     for tuning in (dict(), dict(state_stages=3), dict(chunk_k=16, q_eff=False), dict(chunk_k=16, q_eff=True)):
         def run(*args, **kwargs):
             kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(*args, **kwargs)
@@ -737,13 +738,15 @@ def test_fuzz_triton_interpreted(data):
 @pytest.mark.gpu
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_cuda_model_shape(tree, state_dtype):
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
+def test_cuda_model_shape(tree, state_dtype, transposed):
     """Qwen3-Next's per-rank shape (Hk 16, Hv 32, 128 x 128) at 40 rows, as engines call it: q, k, v
-    views of one bf16 conv output, a slice of a pool, slots permuted."""
+    views of one bf16 conv output, a slice of a pool (stored [.., dk, dv] or, as engines store it,
+    [.., dv, dk] and passed transposed), slots permuted."""
     parents = [-1, 0, 0, 0, 1, 1, 1, 4] if tree else None
     problem = make_problem(num_rows=40, num_nodes=8 if tree else 4, num_k_heads=16, head_k_dim=128, head_v_dim=128,
                            num_slots=64, slots=torch.randperm(64)[:40], parents=parents, qkv_dtype=torch.bfloat16,
-                           state_dtype=state_dtype, fused=True, pooled=True, device="cuda")
+                           state_dtype=state_dtype, fused=True, transposed=transposed, pooled=True, device="cuda")
     tol = 2e-3 if state_dtype == torch.float32 else 2e-2
     check("cuda", run_public, problem, out_dtype=torch.bfloat16, tol=max(tol, 1e-2))
     check("cuda", run_public, problem, out_dtype=torch.float32, tol=tol)
