@@ -67,9 +67,6 @@ RING_MMA_SPREAD = False
 # sm_90+: each program's first read after the launch before has finished, its start under that
 # launch's tail (gdn_verify's pdl 1: nothing a caller sees changes; 0: plain launches)
 RING_MMA_PDL = 1
-# With RING_MMA_PDL, the verify launches' checkpoint tiles' first this many rows prefetched into L2
-# before the wait, under the launch before's tail (a power of two; 0: none; gdn_verify's prefetch_rows)
-RING_MMA_PREFETCH_ROWS = 0
 
 
 def mma_verify_keys(ring_rows: int, num_nodes: int) -> int:
@@ -485,13 +482,8 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
              (3 if small and merged else 1, verify_nodes, other_cap))
     fold = _mma_fold_call(chunk, ssm, constexprs, fold_warps or num_warps, fold_block_v or block_v, fold_maxnreg,
                           state_stages, fold_tiles)
-    if RING_MMA_PREFETCH_ROWS & (RING_MMA_PREFETCH_ROWS - 1):
-        raise ValueError(f"gdn_ring_verify_mma: RING_MMA_PREFETCH_ROWS is a power of two or 0, got "
-                         f"{RING_MMA_PREFETCH_ROWS}")
-    prefetch = min(RING_MMA_PREFETCH_ROWS, chunk.constexprs["BLOCK_K"]) if constexprs["PDL"] else 0
     return (fold, *(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
-                               chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes, STATE_STAGES=stages,
-                                                   PREFETCH=prefetch, **caps))
+                               chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes, STATE_STAGES=stages, **caps))
                     for kind, nodes, caps in kinds))
 
 
@@ -506,7 +498,7 @@ def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
                       WARPS=chunk.constexprs["num_warps"], SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4),
                       TILES_A_PROGRAM=1, **verify)
     pdl = bool(RING_MMA_PDL) and pdl_device(ssm)
-    constexprs.update(PDL=pdl, PREFETCH=0, **({"launch_pdl": True} if pdl else {}))  # (the verifies': below)
+    constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     return constexprs
 
 

@@ -28,8 +28,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .gdn_verify import rows_contiguous
-from .gdn_verify_mma import (_floored_log_decay, _grid_dependency, _issue_first_chunks, _mma, _parent_of, _parts,
-                             _prefetch_tile, _product, _rounded, _staged_chunk, _state_chunk, _state_copy_layout,
+from .gdn_verify_mma import (_floored_log_decay, _grid_dependency, _issue_first_chunks, _mma,
+                             _parent_of, _parts, _product, _rounded, _staged_chunk, _state_chunk, _state_copy_layout,
                              _state_ring_layout, _unit_lower_inverse)
 
 
@@ -417,7 +417,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
-    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr, PREFETCH: gl.constexpr,
+    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
@@ -437,16 +437,8 @@ def _gdn_ring_verify_mma_kernel(
     that many of its tiles, program_id(0) * TILES_A_PROGRAM onwards, one after another: fewer
     programs where few rows fold (all of a row's, after a due flush: its launch is a wave). PDL:
     launched as a programmatic dependent (sm_90; gdn_verify_mma._grid_dependency), every read after
-    the wait; with PREFETCH (the verify launches') the checkpoint tile's first that many rows prefetched
-    into L2 before it (gdn_verify_mma._prefetch_tile: a hint, safe whatever the launch before wrote,
-    a due flush's checkpoints and the slots included)."""
+    the wait."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
-    if PDL and PREFETCH > 0:
-        _prefetch_tile(state_slots_ptr + gl.program_id(1).to(gl.int64) * state_slots_stride, num_state_slots,
-                       ssm_ptr + (layer + gl.program_id(2)).to(gl.int64) * ssm_stride_layer
-                       + (gl.program_id(0) // V_BLOCKS) * ssm_stride_head, ssm_stride_slot,
-                       (gl.program_id(0) % V_BLOCKS) * BLOCK_V, HEAD_K_DIM, HEAD_V_DIM, BLOCK_V, SSM_STRIDE_K,
-                       SSM_STRIDE_V, PREFETCH, WARPS)
     if PDL:
         _grid_dependency()
     row = gl.program_id(1).to(gl.int64)

@@ -69,9 +69,6 @@
 #             launch-choice tests, then the sweep against an element an access on fp32 pools stored transposed
 #   chunkT    gdn_verify on pools stored transposed at the chunks of a column's whole line (fp32: 32 rows, the
 #             default since 2026-12-07): their GPU tests, memcheck + racecheck over them, the sweep against 16 rows
-#   ringpf    the GDN ring's verify launches prefetching their checkpoints' first rows into L2 before the pdl
-#             wait (RING_MMA_PREFETCH_ROWS; never run on a GPU): chain steps at 64 / 128 rows against the default
-#             (B = 64 / 256), then its GPU tests, memcheck + racecheck over them
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
@@ -419,14 +416,6 @@ for phase in "$@"; do
                   --state-dtype $dtype > "$out/sweep_chunkT_$dtype.log" 2>&1 || rc=1
                 grep -E '^(\||read)|FAILED|Error' "$out/sweep_chunkT_$dtype.log"
               done ;;
-    ringpf)   rc=0  # (the ring verifies' L2 prefetch before the pdl wait: the steps first, then tests, sanitizers)
-              gdn_steps "" "RING_MMA_PREFETCH_ROWS=64" "RING_MMA_PREFETCH_ROWS=128" || rc=1
-              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                -k "prefetches or programmatic" > "$out/gpu_tests_ringpf.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_ringpf.log"
-              mkdir -p "$out/ringpfsan"
-              SANITIZE_TIMEOUT=80 SANITIZE_TESTS=tests/test_ring_kernels.py SANITIZE_K="prefetches and chain" \
-                bash scripts/gpu_sanitize.sh "$out/ringpfsan" || rc=1 ;;
     ring16)   gdn_steps "" "RING_MMA_CHUNK_K=16"; rc=$? ;;
     masks)    rc=0  # (gdn_verify's mma kernel given each tree node's path mask: tests, then trees both ways)
               timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
