@@ -397,8 +397,9 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     kernel's), chunk_k (state rows per load of the mma kernel, a power of two >= 16; None:
     MMA_CHUNK_K's for the pool's layout, MMA_CHUNK_K_2BYTE for a 2-byte state), state_stages (the
     mma kernel's chunks through shared memory, that many in flight; None: MMA_STATE_STAGES under
-    q_eff, else 0; 0, or copies under 4 bytes: registers), persistent (the mma kernel on that many programs, each taking tiles
-    until none is left -- a few an SM cap how many share one; None: a program a tile), maxnreg (the
+    q_eff, else 0; 0, or copies under 4 bytes: registers), persistent (the mma kernel on that many
+    programs, each taking tiles until none is left -- a few an SM cap how many share one; None: a
+    program a tile), maxnreg (the
     mma kernel's register cap), pdl (the mma kernel launched as a programmatic dependent, sm_90+: 1,
     everything read after the kernel launched before it finishes; 2, its slots and first state
     chunks (only the slots with the effective queries in registers) before, which that kernel must
