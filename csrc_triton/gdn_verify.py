@@ -399,24 +399,23 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     mma kernel's chunks through shared memory, that many in flight; None: MMA_STATE_STAGES under
     q_eff, else 0; 0, or copies under 4 bytes: registers), persistent (the mma kernel on that many
     programs, each taking tiles until none is left -- a few an SM cap how many share one; None: a
-    program a tile), maxnreg (the
-    mma kernel's register cap), pdl (the mma kernel launched as a programmatic dependent, sm_90+: 1,
-    everything read after the kernel launched before it finishes; 2, its slots and first state
-    chunks (only the slots with the effective queries in registers) before, which that kernel must
-    not write; 0, a plain launch; None: MMA_PDL), q_eff (the outputs from the effective queries;
-    None: the mma kernel's where MMA_Q_EFF, the chunks stage and the state is of Q_EFF_DTYPES, the
-    Triton kernel's where the state is of Q_EFF_DTYPES and the nodes at most
-    TRITON_Q_EFF_MAX_NODES), tree_masks (the mma kernel's ``parents`` each node's path mask instead of
-    its link -- bit j of node n's set where node j is n or one of its ancestors -- checked for a
-    forest's, not walked: tree_path_masks), doubling (the Triton kernel's tree walked by pointer
-    jumping; None: TRITON_TREE_DOUBLING), shallow (a tree's inverse as one block where no root path
-    is over 4 nodes; None: SHALLOW_TREES), early_loads (the mma kernel's small inputs loaded at its
-    start, 0 .. 2; None: MMA_EARLY_LOADS's for a chain or a tree), native_products (the mma
-    kernel's stacked products in the pool's 16-bit type, q and k of it too; None:
+    program a tile), maxnreg (the mma kernel's register cap), pdl (the mma kernel launched as a
+    programmatic dependent, sm_90+: 1, everything read after the kernel launched before it finishes;
+    2, its slots and first state chunks (only the slots with the effective queries in registers)
+    before, which that kernel must not write; 0, a plain launch; None: MMA_PDL), q_eff (the outputs
+    from the effective queries; None: the mma kernel's where MMA_Q_EFF, the chunks stage and the
+    state is of Q_EFF_DTYPES, the Triton kernel's where the state is of Q_EFF_DTYPES and the nodes
+    at most TRITON_Q_EFF_MAX_NODES), tree_masks (the mma kernel's ``parents`` each node's path mask
+    instead of its link -- bit j of node n's set where node j is n or one of its ancestors --
+    checked for a forest's, not walked: tree_path_masks), doubling (the Triton kernel's tree walked
+    by pointer jumping; None: TRITON_TREE_DOUBLING), shallow (a tree's inverse as one block where no
+    root path is over 4 nodes; None: SHALLOW_TREES), early_loads (the mma kernel's small inputs
+    loaded at its start, 0 .. 2; None: MMA_EARLY_LOADS's for a chain or a tree), native_products
+    (the mma kernel's stacked products in the pool's 16-bit type, q and k of it too; None:
     MMA_NATIVE_PRODUCTS's for a contiguous or a transposed pool where they are), prefetch_rows (the
-    mma kernel's first state rows of a tile prefetched into L2 before its pdl 1 wait, a power of two;
-    None: MMA_PREFETCH_ROWS's for the pool's element size), value_runs (the mma kernel's v and out in
-    16-byte runs; None: MMA_VALUE_RUNS): tuning only."""
+    mma kernel's first state rows of a tile prefetched into L2 before its pdl 1 wait, a power of
+    two; None: MMA_PREFETCH_ROWS's for the pool's element size), value_runs (the mma kernel's v and
+    out in 16-byte runs; None: MMA_VALUE_RUNS): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
