@@ -69,6 +69,9 @@
 #             launch-choice tests, then the sweep against an element an access on fp32 pools stored transposed
 #   chunkT    gdn_verify on pools stored transposed at the chunks of a column's whole line (fp32: 32 rows, the
 #             default since 2026-12-07): their GPU tests, memcheck + racecheck over them, the sweep against 16 rows
+#   ahead     gdn_verify's programs prefetching a later program's first rows into L2 once their state is read
+#             (prefetch_ahead; never run on a GPU): its bit-for-bit tests, memcheck + racecheck over them, then the
+#             sweep of 16 / 32 / 128 rows at 128 registers against the default, fp32 and bf16 pools (B = 64 / 256)
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
@@ -415,6 +418,18 @@ for phase in "$@"; do
                 timeout 90 python3 benchmarks/bench_gdn_verify.py --sweep --batches 8 64 256 --only 2 --transposed \
                   --state-dtype $dtype > "$out/sweep_chunkT_$dtype.log" 2>&1 || rc=1
                 grep -E '^(\||read)|FAILED|Error' "$out/sweep_chunkT_$dtype.log"
+              done ;;
+    ahead)    rc=0  # (gdn_verify's prefetch of a later program's rows: tests, sanitizers, then the sweep)
+              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
+                -k "prefetch_ahead or launch_plans" > "$out/gpu_tests_ahead.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_ahead.log"
+              mkdir -p "$out/aheadsan"
+              SANITIZE_TIMEOUT=120 SANITIZE_TESTS=tests/test_gdn_verify.py SANITIZE_K="prefetch_ahead and not narrow" \
+                bash scripts/gpu_sanitize.sh "$out/aheadsan" || rc=1
+              for dtype in fp32 bf16; do
+                timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 58 59 60 \
+                  --state-dtype $dtype > "$out/sweep_ahead_$dtype.log" 2>&1 || rc=1
+                grep -E '^(\||read)|FAILED|Error' "$out/sweep_ahead_$dtype.log"
               done ;;
     ring16)   gdn_steps "" "RING_MMA_CHUNK_K=16"; rc=$? ;;
     masks)    rc=0  # (gdn_verify's mma kernel given each tree node's path mask: tests, then trees both ways)
