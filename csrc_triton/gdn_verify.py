@@ -386,11 +386,11 @@ def state_stages_for(state_stages: int, block_v: int, num_warps: int, chunk_k: i
     return min(int(state_stages), block_k // chunk_k) if run * size >= 4 else 0
 
 
-def resident_programs(device: torch.device) -> int:
-    """The mma kernel's programs a GPU holds at once, MMA_PROGRAMS_PER_SM on each SM (an H100's or
-    H200's 132 SMs where the device is not a GPU: offline compiles, the CPU's launch tests)."""
+def resident_programs(device: torch.device, per_sm: int) -> int:
+    """The programs a GPU holds at once at ``per_sm`` an SM (an H100's or H200's 132 SMs where the
+    device is not a GPU: offline compiles, the CPU's launch tests)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    return sms * MMA_PROGRAMS_PER_SM
+    return sms * per_sm
 
 
 def _mma_kernel_runs_on(ssm) -> bool:
@@ -512,7 +512,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
             return KernelCall(gdn_verify_mma._gdn_verify_mma_persistent_kernel, (min(grid[0] * grid[1], persistent), 1),
                               tensors, (*scalars[:2], num_rows, *scalars[2:]), constexprs)
         constexprs.update(PREFETCH=min(prefetch_rows, constexprs["BLOCK_K"]) if pdl == 1 else 0,
-                          AHEAD=resident_programs(ssm.device) if ahead else 0,
+                          AHEAD=resident_programs(ssm.device, MMA_PROGRAMS_PER_SM) if ahead else 0,
                           AHEAD_ROWS=min(ahead, constexprs["BLOCK_K"]))
         return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
     if q_eff is None:

@@ -72,6 +72,8 @@
 #   ahead     gdn_verify's programs prefetching a later program's first rows into L2 once their state is read
 #             (prefetch_ahead; never run on a GPU): its bit-for-bit tests, memcheck + racecheck over them, then the
 #             sweep of 16 / 32 / 128 rows at 128 registers against the default, fp32 and bf16 pools (B = 64 / 256)
+#   ringahead the same for the GDN ring's verify launches (RING_MMA_PREFETCH_AHEAD; never run on a GPU): their
+#             bit-for-bit tests, memcheck + racecheck over them, then chain steps at 32 / 128 rows (B = 64 / 256)
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
@@ -431,6 +433,14 @@ for phase in "$@"; do
                   --state-dtype $dtype > "$out/sweep_ahead_$dtype.log" 2>&1 || rc=1
                 grep -E '^(\||read)|FAILED|Error' "$out/sweep_ahead_$dtype.log"
               done ;;
+    ringahead) rc=0  # (the ring verifies' prefetch of a later program's rows: tests, sanitizers, then the steps)
+              timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+                -k "prefetches_ahead or by_kind_of_row" > "$out/gpu_tests_ringahead.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_ringahead.log"
+              mkdir -p "$out/ringaheadsan"
+              SANITIZE_TIMEOUT=120 SANITIZE_TESTS=tests/test_ring_kernels.py SANITIZE_K="prefetches_ahead" \
+                bash scripts/gpu_sanitize.sh "$out/ringaheadsan" || rc=1
+              gdn_steps "" "RING_MMA_PREFETCH_AHEAD=32" "RING_MMA_PREFETCH_AHEAD=128" || rc=1 ;;
     ring16)   gdn_steps "" "RING_MMA_CHUNK_K=16"; rc=$? ;;
     masks)    rc=0  # (gdn_verify's mma kernel given each tree node's path mask: tests, then trees both ways)
               timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
