@@ -53,13 +53,13 @@ def _grid_dependency():
 def _prefetch_tile(slot_at, num_state_slots, head_base, ssm_stride_slot, v0, wanted, HEAD_K_DIM: gl.constexpr,
                    HEAD_V_DIM: gl.constexpr, BLOCK_V: gl.constexpr, SSM_STRIDE_K: gl.constexpr,
                    SSM_STRIDE_V: gl.constexpr, ROWS: gl.constexpr, WARPS: gl.constexpr):
-    """If ``wanted``, the first ROWS state rows of the tile at column v0 of the slot read at ``slot_at``
-    (its head's state at head_base + slot x ssm_stride_slot) into L2 (cp.async.bulk.prefetch, sm_90: one range
-    where they are contiguous, else a run a row or a column a lane, at most 32 x WARPS runs;
-    16-byte aligned, lengths rounded down to 16 bytes). A hint that reads nothing into the program:
-    L2 is where every write lands, so it is safe before the kernel launched before this one has
-    finished, whatever that kernel writes (the slot then may be stale: it only aims the hint; the
-    caller reads it again after the wait)."""
+    """If ``wanted``, the first ROWS state rows of the tile at column v0 of the slot read at
+    ``slot_at`` (its head's state at head_base + slot x ssm_stride_slot) into L2
+    (cp.async.bulk.prefetch, sm_90: one range where they are contiguous, else a run a row or a
+    column a lane, at most 32 x WARPS runs; 16-byte aligned, lengths rounded down to 16 bytes). A
+    hint that reads nothing into the program: L2 is where every write lands, so it is safe before
+    the kernel launched before this one has finished, whatever that kernel writes (the slot then may
+    be stale: it only aims the hint; the caller reads it again after the wait)."""
     slot = gl.load(slot_at, volatile=True).to(gl.int64)  # (volatile: not merged with the read after the wait)
     ok = wanted & (slot >= 0) & (slot < num_state_slots)
     state_base = head_base + gl.where(ok, slot, 0) * ssm_stride_slot
