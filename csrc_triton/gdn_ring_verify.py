@@ -491,7 +491,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     if ahead & (ahead - 1) or ahead < 0:
         raise ValueError(f"gdn_ring_verify_mma: RING_MMA_PREFETCH_AHEAD is a power of two or 0, got {ahead}")
     verify = dict(constexprs, AHEAD=resident_programs(ssm.device, RING_MMA_PROGRAMS_PER_SM) if ahead else 0,
-                  AHEAD_ROWS=min(ahead, chunk.constexprs["BLOCK_K"]) if pdl_device(ssm) else 0)  # (bulk prefetch: sm_90+)
+                  AHEAD_ROWS=min(ahead, chunk.constexprs["BLOCK_K"]) if pdl_device(ssm) else 0)  # (sm_90+, as pdl)
     return (fold, *(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
                                chunk.scalars, dict(verify, KIND=kind, NODES=nodes, STATE_STAGES=stages, **caps))
                     for kind, nodes, caps in kinds))

@@ -513,7 +513,8 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
                               tensors, (*scalars[:2], num_rows, *scalars[2:]), constexprs)
         constexprs.update(PREFETCH=min(prefetch_rows, constexprs["BLOCK_K"]) if pdl == 1 else 0,
                           AHEAD=resident_programs(ssm.device, MMA_PROGRAMS_PER_SM) if ahead else 0,
-                          AHEAD_ROWS=min(ahead, constexprs["BLOCK_K"]) if pdl_device(ssm) else 0)  # (bulk prefetch: sm_90+)
+                          # (cp.async.bulk.prefetch: sm_90+, as pdl)
+                          AHEAD_ROWS=min(ahead, constexprs["BLOCK_K"]) if pdl_device(ssm) else 0)
         return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
     if q_eff is None:
         q_eff = ssm.dtype in Q_EFF_DTYPES and num_nodes <= TRITON_Q_EFF_MAX_NODES
