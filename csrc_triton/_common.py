@@ -38,6 +38,15 @@ LOG_DECAY_FLOOR = tl.constexpr(-64.0)
 
 MISSING = object()
 
+
+@triton.jit
+def l2_prefetch(addresses, sizes, live):
+    """cp.async.bulk.prefetch.L2 (sm_90) of sizes bytes at each of the int64 addresses where live: a
+    hint that reads nothing into the program (16-byte aligned addresses, sizes multiples of 16)."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
+        "=r,l,r,r", [addresses, live.to(tl.int32), sizes], dtype=tl.int32, is_pure=False, pack=1)
+
 # Launching a CompiledKernel directly (``compiled[grid](*args)``) relies on how Triton lays out a
 # compiled kernel's launch arguments: used only on the Triton versions it was verified on (the
 # GPU tests and the eager table ran on 3.6); any other version launches through Triton every time.

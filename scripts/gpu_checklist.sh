@@ -74,6 +74,8 @@
 #             sweep of 16 / 32 / 128 rows at 128 registers against the default, fp32 and bf16 pools (B = 64 / 256)
 #   ringahead the same for the GDN ring's verify launches (RING_MMA_PREFETCH_AHEAD; never run on a GPU): their
 #             bit-for-bit tests, memcheck + racecheck over them, then chain steps at 32 / 128 rows (B = 64 / 256)
+#   m2ahead   the same for mamba2_verify (prefetch_ahead; never run on a GPU): its bit-for-bit tests, memcheck +
+#             racecheck over them, then chains and trees at 16 / 64 rows against the default (B = 64 / 256)
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
@@ -441,6 +443,16 @@ for phase in "$@"; do
               SANITIZE_TIMEOUT=120 SANITIZE_TESTS=tests/test_ring_kernels.py SANITIZE_K="prefetches_ahead" \
                 bash scripts/gpu_sanitize.sh "$out/ringaheadsan" || rc=1
               gdn_steps "" "RING_MMA_PREFETCH_AHEAD=32" "RING_MMA_PREFETCH_AHEAD=128" || rc=1 ;;
+    m2ahead)  rc=0  # (mamba2_verify's prefetch of a later program's rows: tests, sanitizers, then the table)
+              timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_mamba2_verify.py \
+                -k "prefetch_ahead" > "$out/gpu_tests_m2ahead.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_m2ahead.log"
+              mkdir -p "$out/m2aheadsan"
+              SANITIZE_TIMEOUT=120 SANITIZE_TESTS=tests/test_mamba2_verify.py SANITIZE_K="prefetch_ahead and cuda" \
+                bash scripts/gpu_sanitize.sh "$out/m2aheadsan" || rc=1
+              timeout 150 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --standin-tiles 16/2 \
+                --tunings prefetch_ahead=16 prefetch_ahead=64 > "$out/bench_mamba2_verify_ahead.log" 2>&1 || rc=1
+              grep -E 'graph|FAILED' "$out/bench_mamba2_verify_ahead.log" ;;
     ring16)   gdn_steps "" "RING_MMA_CHUNK_K=16"; rc=$? ;;
     masks)    rc=0  # (gdn_verify's mma kernel given each tree node's path mask: tests, then trees both ways)
               timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
