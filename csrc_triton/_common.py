@@ -42,7 +42,9 @@ MISSING = object()
 @triton.jit
 def l2_prefetch(addresses, sizes, live):
     """cp.async.bulk.prefetch.L2 (sm_90) of sizes bytes at each of the int64 addresses where live: a
-    hint that reads nothing into the program (16-byte aligned addresses, sizes multiples of 16)."""
+    hint that reads nothing into the program (16-byte aligned addresses, sizes multiples of 16). The
+    Triton kernels' twin of gdn_verify_mma._prefetch_tile's instruction (a Gluon function cannot call
+    a Triton one)."""
     tl.inline_asm_elementwise(
         "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
         "=r,l,r,r", [addresses, live.to(tl.int32), sizes], dtype=tl.int32, is_pure=False, pack=1)

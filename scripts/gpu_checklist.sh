@@ -155,6 +155,17 @@ gdn_steps() {  # whole GDN ring steps (chains, B = 64 / 256, --profile), one pro
   return $rc
 }
 
+tests_sanitized() {  # tests_sanitized NAME FILE TEST_K SANITIZE_K: a test file's GPU tests -k TEST_K (150 s), then
+  # memcheck + racecheck over its tests -k SANITIZE_K (120 s each), logs under $out/NAME*
+  local name=$1 file=$2 rc=0
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist "$file" -k "$3" > "$out/gpu_tests_$name.log" 2>&1 \
+    || rc=1
+  tail -2 "$out/gpu_tests_$name.log"
+  mkdir -p "$out/${name}san"
+  SANITIZE_TIMEOUT=120 SANITIZE_TESTS="$file" SANITIZE_K="$4" bash scripts/gpu_sanitize.sh "$out/${name}san" || rc=1
+  return $rc
+}
+
 ncu_report() {  # ncu_report NAME LIMIT ARGS...: Nsight Compute (--set full) over the profiled range of ARGS (a command
   # and ncu's own options before it), the report's details and per-instruction SASS pages as CSV, a summary of them
   local name=$1 limit=$2 rc=0
@@ -411,45 +422,27 @@ for phase in "$@"; do
                 --state-dtype bf16 > "$out/sweep_chunk16_bf16.log" 2>&1
               rc=$?; grep -E '^\||FAILED' "$out/sweep_chunk16_bf16.log" ;;
     chunkT)   rc=0  # (gdn_verify's transposed pools at 32-row fp32 chunks: tests, sanitizers, then the sweep)
-              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
-                -k "transposed" > "$out/gpu_tests_chunkT.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_chunkT.log"
-              mkdir -p "$out/chunkTsan"
-              SANITIZE_TIMEOUT=120 SANITIZE_TESTS=tests/test_gdn_verify.py \
-                SANITIZE_K="cuda and transposed and (model_shape or state_stages or misaligned)" \
-                bash scripts/gpu_sanitize.sh "$out/chunkTsan" || rc=1
+              tests_sanitized chunkT tests/test_gdn_verify.py "transposed" \
+                "cuda and transposed and (model_shape or state_stages or misaligned)" || rc=1
               for dtype in fp32 bf16; do
                 timeout 90 python3 benchmarks/bench_gdn_verify.py --sweep --batches 8 64 256 --only 2 --transposed \
                   --state-dtype $dtype > "$out/sweep_chunkT_$dtype.log" 2>&1 || rc=1
                 grep -E '^(\||read)|FAILED|Error' "$out/sweep_chunkT_$dtype.log"
               done ;;
     ahead)    rc=0  # (gdn_verify's prefetch of a later program's rows: tests, sanitizers, then the sweep)
-              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
-                -k "prefetch_ahead or launch_plans" > "$out/gpu_tests_ahead.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_ahead.log"
-              mkdir -p "$out/aheadsan"
-              SANITIZE_TIMEOUT=120 SANITIZE_TESTS=tests/test_gdn_verify.py SANITIZE_K="prefetch_ahead and not narrow" \
-                bash scripts/gpu_sanitize.sh "$out/aheadsan" || rc=1
+              tests_sanitized ahead tests/test_gdn_verify.py "prefetch_ahead or launch_plans" \
+                "prefetch_ahead and not narrow" || rc=1
               for dtype in fp32 bf16; do
                 timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 58 59 60 \
                   --state-dtype $dtype > "$out/sweep_ahead_$dtype.log" 2>&1 || rc=1
                 grep -E '^(\||read)|FAILED|Error' "$out/sweep_ahead_$dtype.log"
               done ;;
     ringahead) rc=0  # (the ring verifies' prefetch of a later program's rows: tests, sanitizers, then the steps)
-              timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
-                -k "prefetches_ahead or by_kind_of_row" > "$out/gpu_tests_ringahead.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_ringahead.log"
-              mkdir -p "$out/ringaheadsan"
-              SANITIZE_TIMEOUT=120 SANITIZE_TESTS=tests/test_ring_kernels.py SANITIZE_K="prefetches_ahead" \
-                bash scripts/gpu_sanitize.sh "$out/ringaheadsan" || rc=1
+              tests_sanitized ringahead tests/test_ring_kernels.py "prefetches_ahead or by_kind_of_row" \
+                "prefetches_ahead" || rc=1
               gdn_steps "" "RING_MMA_PREFETCH_AHEAD=32" "RING_MMA_PREFETCH_AHEAD=128" || rc=1 ;;
     m2ahead)  rc=0  # (mamba2_verify's prefetch of a later program's rows: tests, sanitizers, then the table)
-              timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_mamba2_verify.py \
-                -k "prefetch_ahead" > "$out/gpu_tests_m2ahead.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_m2ahead.log"
-              mkdir -p "$out/m2aheadsan"
-              SANITIZE_TIMEOUT=120 SANITIZE_TESTS=tests/test_mamba2_verify.py SANITIZE_K="prefetch_ahead and cuda" \
-                bash scripts/gpu_sanitize.sh "$out/m2aheadsan" || rc=1
+              tests_sanitized m2ahead tests/test_mamba2_verify.py "prefetch_ahead" "prefetch_ahead and cuda" || rc=1
               timeout 150 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --standin-tiles 16/2 \
                 --tunings prefetch_ahead=16 prefetch_ahead=64 > "$out/bench_mamba2_verify_ahead.log" 2>&1 || rc=1
               grep -E 'graph|FAILED' "$out/bench_mamba2_verify_ahead.log" ;;
