@@ -356,6 +356,21 @@ def pdl_device(ssm) -> bool:
     return not ssm.is_cuda or nvidia_at_least(ssm.device, (9, 0))
 
 
+def resident_programs(device: torch.device, per_sm: int) -> int:
+    """The programs a GPU holds at once at ``per_sm`` an SM (an H100's or H200's 132 SMs where the
+    device is not a GPU: offline compiles, the CPU's launch tests)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
+    return sms * per_sm
+
+
+def later_prefetch(ssm, rows: int, max_rows: int, per_sm: int) -> dict:
+    """A kernel's AHEAD / AHEAD_ROWS constexprs: once a program has read its state, the first ``rows``
+    rows (at most max_rows) of the tile of the program a GPU's worth (per_sm an SM) after it in
+    launch order prefetched into L2, where cp.async.bulk.prefetch exists (sm_90+, as pdl); else none."""
+    rows = min(rows, max_rows) if pdl_device(ssm) else 0
+    return dict(AHEAD=resident_programs(ssm.device, per_sm) if rows else 0, AHEAD_ROWS=rows)
+
+
 def interpreted() -> bool:
     """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")

@@ -26,10 +26,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (KernelCall, cdiv, floored_log_decay, next_power_of_2, pdl_device, planned_calls,
-                      programs_walking)
+from ._common import (KernelCall, cdiv, floored_log_decay, later_prefetch, next_power_of_2, pdl_device,
+                      planned_calls, programs_walking)
 from .gdn_verify import (MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse,
-                         check_mma_tiles, resident_programs, spread_block, stack_rows, state_stages_for)
+                         check_mma_tiles, spread_block, stack_rows, state_stages_for)
 from .ring_conv import check_ring_grid, ring_row_state
 
 # (The module constants below are read when a launch is built: an eager plan keeps what they were
@@ -490,8 +490,7 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     ahead = RING_MMA_PREFETCH_AHEAD
     if ahead & (ahead - 1) or ahead < 0:
         raise ValueError(f"gdn_ring_verify_mma: RING_MMA_PREFETCH_AHEAD is a power of two or 0, got {ahead}")
-    verify = dict(constexprs, AHEAD=resident_programs(ssm.device, RING_MMA_PROGRAMS_PER_SM) if ahead else 0,
-                  AHEAD_ROWS=min(ahead, chunk.constexprs["BLOCK_K"]) if pdl_device(ssm) else 0)  # (sm_90+, as pdl)
+    verify = dict(constexprs, **later_prefetch(ssm, ahead, chunk.constexprs["BLOCK_K"], RING_MMA_PROGRAMS_PER_SM))
     return (fold, *(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
                                chunk.scalars, dict(verify, KIND=kind, NODES=nodes, STATE_STAGES=stages, **caps))
                     for kind, nodes, caps in kinds))

@@ -28,9 +28,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .gdn_verify import rows_contiguous
-from .gdn_verify_mma import (_floored_log_decay, _grid_dependency, _issue_first_chunks, _mma, _parent_of, _parts,
-                             _prefetch_tile, _product, _rounded, _staged_chunk, _state_chunk, _state_copy_layout,
-                             _state_ring_layout, _unit_lower_inverse)
+from .gdn_verify_mma import (_floored_log_decay, _grid_dependency, _issue_first_chunks, _later_tile, _mma,
+                             _parent_of, _parts, _prefetch_tile, _product, _rounded, _staged_chunk, _state_chunk,
+                             _state_copy_layout, _state_ring_layout, _unit_lower_inverse)
 
 
 @gluon.jit
@@ -486,13 +486,9 @@ def _gdn_ring_verify_mma_kernel(
     rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
     window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
     # the tile of the program AHEAD after this one in launch order (AHEAD_ROWS, the verify kinds')
-    programs = gl.num_programs(0)
-    after = row * programs + gl.program_id(0) + AHEAD
-    ahead_ok = after < gl.num_programs(1).to(gl.int64) * programs
-    after = gl.where(ahead_ok, after, 0)
-    ahead_slot_at = state_slots_ptr + (after // programs) * state_slots_stride
-    ahead_head_base = ssm_ptr + layer * ssm_stride_layer + ((after % programs) // V_BLOCKS) * ssm_stride_head
-    ahead_v0 = ((after % programs) % V_BLOCKS) * BLOCK_V
+    later_row, later_head, ahead_v0, ahead_ok = _later_tile(AHEAD, V_BLOCKS, BLOCK_V)
+    ahead_slot_at = state_slots_ptr + later_row * state_slots_stride
+    ahead_head_base = ssm_ptr + layer * ssm_stride_layer + later_head * ssm_stride_head
     if TILES_A_PROGRAM > 1:  # the program's tiles, if the row folds
         tiles = gl.where(kind == 2, TILES_A_PROGRAM, 0)
     else:

@@ -46,8 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (MAX_GRID_Y, KernelCall, cdiv, floored_log_decay, next_power_of_2, nvidia_at_least, pdl_device,
-                      planned_launch)
+from ._common import (MAX_GRID_Y, KernelCall, cdiv, floored_log_decay, later_prefetch, next_power_of_2,
+                      nvidia_at_least, pdl_device, planned_launch)
 from .replay import SMEM_TRITON_VERSIONS
 
 MIN_DOT = 16  # tl.dot's smallest M, N and K
@@ -386,13 +386,6 @@ def state_stages_for(state_stages: int, block_v: int, num_warps: int, chunk_k: i
     return min(int(state_stages), block_k // chunk_k) if run * size >= 4 else 0
 
 
-def resident_programs(device: torch.device, per_sm: int) -> int:
-    """The programs a GPU holds at once at ``per_sm`` an SM (an H100's or H200's 132 SMs where the
-    device is not a GPU: offline compiles, the CPU's launch tests)."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    return sms * per_sm
-
-
 def _mma_kernel_runs_on(ssm) -> bool:
     """Whether gdn_verify_mma's kernel (Gluon, mma.sync: sm_80+, Triton 3.6) serves ssm's device."""
     return (ssm.is_cuda and triton.__version__.startswith(SMEM_TRITON_VERSIONS)
@@ -512,9 +505,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
             return KernelCall(gdn_verify_mma._gdn_verify_mma_persistent_kernel, (min(grid[0] * grid[1], persistent), 1),
                               tensors, (*scalars[:2], num_rows, *scalars[2:]), constexprs)
         constexprs.update(PREFETCH=min(prefetch_rows, constexprs["BLOCK_K"]) if pdl == 1 else 0,
-                          AHEAD=resident_programs(ssm.device, MMA_PROGRAMS_PER_SM) if ahead else 0,
-                          # (cp.async.bulk.prefetch: sm_90+, as pdl)
-                          AHEAD_ROWS=min(ahead, constexprs["BLOCK_K"]) if pdl_device(ssm) else 0)
+                          **later_prefetch(ssm, ahead, constexprs["BLOCK_K"], MMA_PROGRAMS_PER_SM))
         return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
     if q_eff is None:
         q_eff = ssm.dtype in Q_EFF_DTYPES and num_nodes <= TRITON_Q_EFF_MAX_NODES

@@ -93,6 +93,17 @@ def _prefetch_tile(slot_at, num_state_slots, head_base, ssm_stride_slot, v0, wan
 
 
 @gluon.jit
+def _later_tile(AHEAD: gl.constexpr, V_BLOCKS: gl.constexpr, BLOCK_V: gl.constexpr):
+    """(row, head, v0, exists) of the tile of the program AHEAD after this one in launch order, on a
+    grid of (value heads x V_BLOCKS, rows) programs (row 0's first where there is none)."""
+    programs = gl.num_programs(0)
+    after = gl.program_id(1).to(gl.int64) * programs + gl.program_id(0) + AHEAD
+    exists = after < gl.num_programs(1).to(gl.int64) * programs
+    after = gl.where(exists, after, 0)
+    return after // programs, (after % programs) // V_BLOCKS, ((after % programs) % V_BLOCKS) * BLOCK_V, exists
+
+
+@gluon.jit
 def _floored_log_decay(x):
     """_common.floored_log_decay for Gluon kernels."""
     return gl.maximum(x, LOG_DECAY_FLOOR, propagate_nan=tl.PropagateNan.ALL)
@@ -655,14 +666,10 @@ def _verify_tile(
             products = mma_v2(kq_smem.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(state, B_L), products,
                               input_precision="tf32")
     if AHEAD_ROWS > 0 and FROM_PROGRAM:  # (the state read: the rest of this program is arithmetic and stores)
-        programs = gl.num_programs(0)
-        after = gl.program_id(1).to(gl.int64) * programs + gl.program_id(0) + AHEAD
-        exists = after < gl.num_programs(1).to(gl.int64) * programs
-        after = gl.where(exists, after, 0)
-        _prefetch_tile(slots_ptr + (after // programs) * slots_stride, num_state_slots,
-                       ssm_ptr + ((after % programs) // V_BLOCKS) * ssm_stride_head, ssm_stride_slot,
-                       ((after % programs) % V_BLOCKS) * BLOCK_V, exists, HEAD_K_DIM, HEAD_V_DIM, BLOCK_V,
-                       SSM_STRIDE_K, SSM_STRIDE_V, AHEAD_ROWS, WARPS)
+        later_row, later_head, later_v0, exists = _later_tile(AHEAD, V_BLOCKS, BLOCK_V)
+        _prefetch_tile(slots_ptr + later_row * slots_stride, num_state_slots, ssm_ptr + later_head * ssm_stride_head,
+                       ssm_stride_slot, later_v0, exists, HEAD_K_DIM, HEAD_V_DIM, BLOCK_V, SSM_STRIDE_K,
+                       SSM_STRIDE_V, AHEAD_ROWS, WARPS)
     if not Q_EFF:  # after the products: before them, the chunks' loads wait in registers (docs/benchmarks.md)
         if not GATES_FIRST:
             g_col, beta = _gates(row, head, g_ptr, beta_ptr, g_stride_row, g_stride_node, g_stride_head,

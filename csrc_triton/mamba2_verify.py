@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 
 from ._common import (MAX_GRID_Y, KernelCall, cdiv, floored_log_decay, gdc_launch_dependents, gdc_wait, interpreted,
-                      l2_prefetch, next_power_of_2, pdl_device, planned_launch, softplus)
-from .gdn_verify import MIN_DOT, _ancestry, _dot, _operand, default_precision, resident_programs, spread_block
+                      l2_prefetch, later_prefetch, next_power_of_2, pdl_device, planned_launch, softplus)
+from .gdn_verify import MIN_DOT, _ancestry, _dot, _operand, default_precision, spread_block
 
 # Head-dim rows per state tile [BLOCK_P, Ns], fewer for small batches (gdn_verify.spread_block).
 BLOCK_P = 64
@@ -220,8 +220,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, 
     ahead = PREFETCH_AHEAD if prefetch_ahead is None else int(prefetch_ahead)
     if ahead < 0:
         raise ValueError(f"convwin.mamba2_verify: prefetch_ahead is a count of rows, got {ahead}")
-    ahead = min(ahead, block_p) if not interpreted() and pdl_device(ssm) else 0  # (bulk prefetch: sm_90+)
-    constexprs.update(PDL=pdl, AHEAD=resident_programs(ssm.device, PROGRAMS_PER_SM) if ahead else 0, AHEAD_ROWS=ahead,
+    constexprs.update(PDL=pdl, **later_prefetch(ssm, 0 if interpreted() else ahead, block_p, PROGRAMS_PER_SM),
                       **({"launch_pdl": True} if pdl else {}))
     return KernelCall(_mamba2_verify_kernel, grid, _tensors(out, x, dt, A, B, C, ssm, state_slots, parents, D, z,
                                                             dt_bias), scalars, constexprs)

@@ -504,7 +504,7 @@ def test_mma_kernel_prefetches_ahead(monkeypatch, nodes, rows, tiles):
     most and not for the last): the PyTorch code's results, and bit for bit those without it, right
     after the fold launch that rewrites some of those checkpoints (whole-width tiles: one range;
     narrow ones: a run a row)."""
-    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "resident_programs", lambda device, per_sm: 3)
+    monkeypatch.setattr(triton_kernels()._common, "resident_programs", lambda device, per_sm: 3)
     case = mixed_rows_case(len(nodes), 16, 64, parents=nodes)
     monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PREFETCH_AHEAD", 0)
     _, plain = run_both(case, tuning=dict(MMA, **tiles))
