@@ -66,6 +66,7 @@ UNROLL = 8  # steps per captured graph, each with its own acceptance
 DEVICE = "cuda"  # (tests dry-run the flow on the CPU)
 DUE_FIRST = True  # each step's folds first, every layer in one flush(num_draft=N); --no-due-first: in the verifies
 TRANSPOSED = False  # --transposed: the GDN checkpoints stored [.., dv, dk] (the engines' layout), passed transposed
+TREE_DEPTH = True  # trees fold by their depth (tree_depth: TREE_PARENTS' longest path); --no-tree-depth: by N
 SHAPES = {"gdn": Shapes(), "mamba2": NEMOTRON_H_8B_TP1}  # Qwen3-Next-80B TP1, Nemotron-H-8B TP1
 
 
@@ -101,15 +102,16 @@ def ring_problem(shapes: Shapes, batch: int, tree: bool, capacity: int, seed=0):
         slots=torch.randperm(batch, device="cpu").to(DEVICE),
         parents=torch.tensor([TREE_PARENTS] * batch, device=DEVICE) if tree else None,
         out=torch.empty(L, batch, N, shapes.v_heads, shapes.head_v, dtype=torch.bfloat16, device=DEVICE),
+        tree_depth=tree_depth(tree),
     )
     p["op"] = sgl_convwin.gdn_ring_verify  # (each layer's verify: p["op"](*args, **kwargs) of p["arguments"])
     p["arguments"] = [((p["out"][layer], p["q"], p["k"], p["v"], p["g"][layer], p["beta"][layer], p["ssm"],
                         p["conv_state"], ring.rows, ring.gates, ring.cursor, p["weight"][layer], None, p["slots"],
-                        p["slots"], layer, p["parents"]), {}) for layer in range(L)]
+                        p["slots"], layer, p["parents"]), dict(tree_depth=p["tree_depth"])) for layer in range(L)]
     p["due"] = functools.partial(  # the step's folds, every layer (--due-first)
         sgl_convwin.gdn_ring_flush, p["ssm"], p["conv_state"], ring.cursor, ring.rows, ring.gates, p["weight"],
         p["slots"], p["slots"], num_k_heads=shapes.k_heads, head_k_dim=shapes.head_k, num_v_heads=shapes.v_heads,
-        head_v_dim=shapes.head_v, num_draft=N)
+        head_v_dim=shapes.head_v, num_draft=N, tree_depth=p["tree_depth"])
     return p
 
 
@@ -139,19 +141,21 @@ def mamba2_ring_problem(shapes, batch: int, tree: bool, capacity: int, seed=0):
         bias=normal(L, dim, dtype=torch.bfloat16, std=0.1), slots=torch.randperm(batch, device="cpu").to(DEVICE),
         parents=torch.tensor([TREE_PARENTS] * batch, device=DEVICE) if tree else None,
         out=torch.empty(L, batch, N, H, shapes.head_dim, dtype=torch.bfloat16, device=DEVICE),
+        tree_depth=tree_depth(tree),
     )
     x = conv_out[..., :x_width].unflatten(-1, (H, shapes.head_dim))
     B, C = (conv_out[..., start:start + bc_width].unflatten(-1, (shapes.groups, shapes.d_state))
             for start in (x_width, x_width + bc_width))
     arguments = [((p["out"][layer], x, p["dt"][layer], p["A"][layer], B, C, p["ssm"], p["conv_state"], ring.rows,
                    ring.gates, ring.cursor, p["weight"][layer], p["bias"][layer], p["slots"], p["slots"], layer,
-                   p["parents"]), dict(D=p["D"][layer], dt_bias=p["dt_bias"][layer], dt_softplus=True))
+                   p["parents"]), dict(D=p["D"][layer], dt_bias=p["dt_bias"][layer], dt_softplus=True,
+                                       tree_depth=p["tree_depth"]))
                  for layer in range(L)]
     p["op"], p["arguments"] = sgl_convwin.mamba2_ring_verify, arguments
     p["due"] = functools.partial(  # the step's folds, every layer (--due-first)
         sgl_convwin.mamba2_ring_flush, p["ssm"], p["conv_state"], ring.cursor, ring.rows, ring.gates, p["weight"],
         p["A"], p["slots"], p["slots"], conv_bias=p["bias"], num_heads=H, head_dim=shapes.head_dim,
-        n_groups=shapes.groups, d_state=shapes.d_state, num_draft=N)
+        n_groups=shapes.groups, d_state=shapes.d_state, num_draft=N, tree_depth=p["tree_depth"])
     p["calls"] = [sgl_convwin.mamba2_ring_verify.kernel_arguments(*args, **kwargs) for args, kwargs in arguments]
     return p
 
@@ -226,7 +230,8 @@ def ring_steps_fn(p, steps_table, *, conv: bool, accept: bool = True, cursor=Non
                 args, kwargs = p["arguments"][layer]
                 p["op"](*args, **kwargs, after_due_flush=DUE_FIRST)
             if accept:
-                sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, parents, num_draft=p["N"])
+                sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, parents, num_draft=p["N"],
+                                        tree_depth=p["tree_depth"])
     return run
 
 
@@ -247,14 +252,20 @@ def path_length(step: int, parents: list[int] | None) -> int:
     return step + 1 if parents is None else len(reference.accepted_path(step, parents))
 
 
-def folds_per_step(steps_table: list[list[int]], num_draft: int, capacity: int, parents, steps=2000) -> float:
-    """Folds per row and step of the cursor rule (fold when pending > 0 and pending + N > capacity,
-    then the accepted path becomes pending), the acceptance table repeated for ``steps`` steps."""
+def tree_depth(tree: bool) -> int | None:
+    """The ops' tree_depth for a step of TREE_PARENTS trees (its longest path) or chains (None)."""
+    return max(path_length(n, TREE_PARENTS) for n in range(len(TREE_PARENTS))) if tree and TREE_DEPTH else None
+
+
+def folds_per_step(steps_table: list[list[int]], most_accepted: int, capacity: int, parents, steps=2000) -> float:
+    """Folds per row and step of the cursor rule (fold when pending > 0 and pending + D > capacity, D
+    = most_accepted: N or the tree_depth; then the accepted path becomes pending), the acceptance
+    table repeated for ``steps`` steps."""
     pending = [0] * len(steps_table[0])
     folds = 0
     for i in range(steps):
         for row, step in enumerate(steps_table[i % len(steps_table)]):
-            if pending[row] > 0 and pending[row] + num_draft > capacity:
+            if pending[row] > 0 and pending[row] + most_accepted > capacity:
                 folds += 1
                 pending[row] = 0
             pending[row] += path_length(step, parents)
@@ -561,11 +572,14 @@ def main(argv=None) -> int:
     parser.add_argument("--conv-sweep", nargs="+", metavar="BLOCK/WARPS",
                         help="ring_conv1d_verify's launches alone per tile (channels per program / warps; the default "
                              "first), every layer, chains")
+    parser.add_argument("--tree-depth", action=argparse.BooleanOptionalAction, default=True,
+                        help="trees fold by their depth (the ops' tree_depth: 4 for the trees of 8 here, the default); "
+                             "--no-tree-depth: by their N nodes, as a ring that is not told")
     parser.add_argument("--transposed", action="store_true",
                         help="the GDN checkpoints stored [.., dv, dk] (the engines' layout) and passed transposed")
     args = parser.parse_args(argv)
-    global DUE_FIRST, TRANSPOSED
-    DUE_FIRST, TRANSPOSED = args.due_first, args.transposed
+    global DUE_FIRST, TRANSPOSED, TREE_DEPTH
+    DUE_FIRST, TRANSPOSED, TREE_DEPTH = args.due_first, args.transposed, args.tree_depth
     if args.transposed and args.mixer != "gdn":
         parser.error("--transposed is the GDN checkpoints' layout")
     if args.constants:
@@ -613,7 +627,7 @@ def main(argv=None) -> int:
             num_draft = p["N"]
             table = [[rng.randrange(num_draft) for _ in range(batch)] for _ in range(UNROLL)]
             steps_table = torch.tensor(table, device=DEVICE)
-            fold_rate = folds_per_step(table, num_draft, args.capacity, parents_list)
+            fold_rate = folds_per_step(table, p["tree_depth"] or num_draft, args.capacity, parents_list)
             accepted = sum(path_length(s, parents_list) for row in table for s in row) / (UNROLL * batch)
             ring_us = graph_us(ring_steps_fn(p, steps_table, conv=False), UNROLL)
             conv_us = graph_us(ring_steps_fn(p, steps_table, conv=True), UNROLL)

@@ -11,7 +11,8 @@ that mask the formulas of gdn_verify's docstring give U for every key token and 
 queries. The stack's rows 0..C-1 are key rows (token r; P + N <= C of them real), rows C..C+N-1
 the drafts' queries, NODES = C + N rounded up to a power of two (C = capacity + N, the ring's rows).
 
-The fold (pending > 0 and pending + N > capacity) stores the tile after the pending tokens,
+The fold (pending > 0 and pending + D > capacity, D = N or a tree's depth: verify_rule) stores the
+tile after the pending tokens,
 
     S_P = exp(G_P) S0 + sum_{j < P} exp(G_P - G_j) k_j u_j^T       (G_P = g_0 + ... + g_{P-1})
 
@@ -41,7 +42,7 @@ RING_WARPS = 8
 WINDOW_BLOCK = 256  # channels per program of the window store
 # gdn_ring_verify_mma's kernel, the verify's on sm_80+ with Triton 3.6: four warps side by side over
 # 128 columns (its [32, 32] node matrices split between them, none repeated), state rows loaded 32
-# at a time; max(R, N) + N <= 32 stack rows (mma_verify_keys). The folds go first, in their own
+# at a time; C - D + N <= 32 stack rows (mma_verify_keys). The folds go first, in their own
 # launch; then the rows that do not fold, capped at 128 registers (apart: the rows on the stack of
 # 16 at the compiler's, about 120; docs/benchmarks.md, "Ring", has the caps' sweep).
 RING_MMA_BLOCK_V = 128
@@ -74,11 +75,19 @@ RING_MMA_PREFETCH_AHEAD = 0
 RING_MMA_PROGRAMS_PER_SM = 4  # (four warps at 128 registers)
 
 
-def mma_verify_keys(ring_rows: int, num_nodes: int) -> int:
-    """The key rows of gdn_ring_verify_mma's verify stack (its queries follow): max(R, N) (R = C - N,
-    the capacity), the most keys a row that does not fold can hold (pending + N <= R), not C: a
-    stack of 16 rows where R + N <= 16, one level of (I + A)^-1 fewer at R = 16."""
-    return min(ring_rows, max(ring_rows - num_nodes, num_nodes))
+def verify_rule(ring_rows: int, num_nodes: int, tree_depth: int | None = None) -> dict:
+    """A verify's (max_pending, fold_above) for either mixer: a valid cursor holds at most the
+    capacity R = C - N pending tokens, and a row folds when pending > 0 and pending + D > R (D =
+    tree_depth, the most tokens a step accepts; None: N), i.e. pending + N > C - D."""
+    return dict(max_pending=ring_rows - num_nodes, fold_above=ring_rows - (tree_depth or num_nodes))
+
+
+def mma_verify_keys(ring_rows: int, num_nodes: int, tree_depth: int | None = None) -> int:
+    """The key rows of gdn_ring_verify_mma's verify stack (its queries follow): C - D (verify_rule's
+    fold_above; R for a chain), the most keys a row that does not fold can hold (pending + N <= C -
+    D, and C - D >= N), not C: a stack of 16 rows where R + N <= 16, one level of (I + A)^-1 fewer
+    at R = 16."""
+    return verify_rule(ring_rows, num_nodes, tree_depth)["fold_above"]
 
 
 def fold_precision_for(ssm) -> str:
@@ -192,7 +201,8 @@ def _gdn_ring_verify_kernel(
     ``layer`` + program_id(2). A row is left alone (nothing read past its indices, nothing written)
     unless both slots are in range and its cursor a ring position (pending <= MAX_PENDING); its
     outputs also need every parent link in [-1, n-1]. It folds when pending > 0 and pending + N >
-    FOLD_ABOVE (the verify: the capacity; a flush, no drafts: 0, or C - 2N for the due folds); a
+    FOLD_ABOVE (the verify: C - D, verify_rule; a flush, no drafts: 0, or C - N - D for the due
+    folds); a
     flush's program of a row that does not fold returns at once."""
     V_BLOCKS: tl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = tl.program_id(0) // V_BLOCKS
@@ -383,13 +393,14 @@ def flush_cursor_call(cursor, ring_slots, state_slots, *, num_state_slots, num_r
                       dict(RING_ROWS=ring_rows, MAX_PENDING=max_pending, FOLD_ABOVE=fold_above, BLOCK=block))
 
 
-def flush_rule(ring_rows: int, num_draft: int | None) -> dict:
+def flush_rule(ring_rows: int, num_draft: int | None, tree_depth: int | None = None) -> dict:
     """A flush's (max_pending, fold_above) for either mixer: every row with pending tokens (C - 1
     pending at most), or with num_draft only those the next verify of N = num_draft drafts would fold
-    -- pending + N > capacity -- under the verify's own bound on pending (the capacity)."""
+    -- pending + D > capacity (verify_rule) -- under the verify's own bound on pending (the capacity)."""
     if num_draft is None:
         return dict(max_pending=ring_rows - 1, fold_above=0)
-    return dict(max_pending=ring_rows - num_draft, fold_above=ring_rows - 2 * num_draft)
+    rule = verify_rule(ring_rows, num_draft, tree_depth)
+    return dict(rule, fold_above=rule["fold_above"] - num_draft)  # (a flush's kernels take no drafts: N = 0)
 
 
 def _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, parents,
@@ -469,9 +480,8 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
     fold_warps = fold_warps or num_warps
     fold_block_v = fold_block_v or block_v
     num_nodes, ring_rows = chunk.constexprs["NUM_NODES"], chunk.constexprs["RING_ROWS"]
-    verify_keys = mma_verify_keys(ring_rows, num_nodes)
-    verify_rule = chunk.constexprs["FOLD_ABOVE"] == ring_rows - num_nodes  # (what mma_verify_keys counts on)
-    if num_layers != 1 or not verify_rule or verify_keys + num_nodes > RING_MMA_NODES:
+    verify_keys = chunk.constexprs["FOLD_ABOVE"]  # (mma_verify_keys: a verify's rule)
+    if num_layers != 1 or not num_nodes <= verify_keys < ring_rows or verify_keys + num_nodes > RING_MMA_NODES:
         raise ValueError(f"gdn_ring_verify_mma: one layer of a verify and a stack of {verify_keys} keys + N <= "
                          f"{RING_MMA_NODES} rows, got {num_layers} layers, {verify_keys} + {num_nodes}")
     chunk_k = min(chunk_k or RING_MMA_CHUNK_K, chunk.constexprs["BLOCK_K"])
@@ -537,11 +547,11 @@ def _mma_fold_call(chunk, ssm, constexprs, fold_warps, fold_block_v, fold_maxnre
                            **({"maxnreg": cap} if cap else {})))
 
 
-def _mma_by_default(ring_rows: int, num_nodes: int, head_v_dim: int, ssm) -> bool:
+def _mma_by_default(ring_rows: int, num_nodes: int, tree_depth: int | None, head_v_dim: int, ssm) -> bool:
     """Whether a verify of N = num_nodes drafts (and a due flush before it) takes the mma kernel when
     no tile or precision is asked for: its verify stack fits (mma_verify_keys), dv >= 8 x its warps,
     and the kernel runs on ssm's device."""
-    return (mma_verify_keys(ring_rows, num_nodes) + num_nodes <= RING_MMA_NODES
+    return (mma_verify_keys(ring_rows, num_nodes, tree_depth) + num_nodes <= RING_MMA_NODES
             and head_v_dim >= 8 * RING_MMA_WARPS and _mma_kernel_runs_on(ssm))
 
 
@@ -551,27 +561,28 @@ def _mma_block_v(head_v_dim: int) -> int:
 
 
 def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
-                parents, *, scale, use_qk_l2norm, block_v=None, num_warps=None, precision=None,
+                parents, *, scale, use_qk_l2norm, tree_depth=None, block_v=None, num_warps=None, precision=None,
                 fold_precision=None, mma=None, maxnreg=None, small=True, fold_warps=None,
                 fold_block_v=None, fold_maxnreg=None, fused_window=None, merged=None, state_stages=None,
                 chunk_k=None, fold_tiles=1):
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
-    _mma_kernel_runs_on, its verify stack fits 32 rows -- max(R, N) + N, mma_verify_keys --,
+    _mma_kernel_runs_on, its verify stack fits 32 rows -- C - D + N, mma_verify_keys --,
     dv >= 32 and no precision is asked for), with block_v, num_warps, maxnreg, small, fold_warps,
     fold_block_v, fold_maxnreg, fused_window, merged, state_stages and chunk_k its own (None: 128
     columns, fewer for small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG (0: none),
     RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K; the rest:
     _mma_chunk_calls) and fold_tiles (0 with the op's after_due_flush); else the Triton kernel at
-    ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint)."""
+    ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint). tree_depth: the fold
+    rule's D (verify_rule)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
         return ()
     heads = (q.shape[2], q.shape[3], v.shape[2], v.shape[3])
     if mma is None:
         mma = (precision is None and fold_precision is None and block_v is None and num_warps is None
-               and _mma_by_default(rows.shape[2], num_nodes, v.shape[3], ssm))
+               and _mma_by_default(rows.shape[2], num_nodes, tree_depth, v.shape[3], ssm))
     num_warps = (RING_MMA_WARPS if mma else RING_WARPS) if num_warps is None else num_warps
     maxnreg = RING_MMA_MAXNREG if maxnreg is None else maxnreg
     if mma and block_v is None:  # (never under 8 columns a warp: check_mma_tiles)
@@ -579,7 +590,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
                    if RING_MMA_SPREAD else _mma_block_v(v.shape[3]))
     return _chunk_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots,
                         parents, layer=layer, num_layers=1, num_nodes=num_nodes, heads=heads,
-                        max_pending=rows.shape[2] - num_nodes, fold_above=rows.shape[2] - num_nodes, scale=scale,
+                        **verify_rule(rows.shape[2], num_nodes, tree_depth), scale=scale,
                         use_qk_l2norm=use_qk_l2norm, block_v=block_v, num_warps=num_warps, precision=precision,
                         fold_precision=fold_precision, mma=mma, maxnreg=maxnreg, small=small,
                         fold_warps=fold_warps, fold_block_v=fold_block_v, fold_maxnreg=fold_maxnreg,
@@ -624,11 +635,12 @@ def _flush_cursor_kernel(cursor_ptr, ring_slots_ptr, state_slots_ptr, num_rows, 
 
 
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state_slots, *, num_k_heads, head_k_dim,
-                 num_v_heads, head_v_dim, use_qk_l2norm, num_draft=None, block_v=None, num_warps=None, precision=None,
-                 fold_precision=None, mma=None, fold_warps=None, fold_maxnreg=None, state_stages=None, chunk_k=None,
-                 fold_tiles=1):
+                 num_v_heads, head_v_dim, use_qk_l2norm, num_draft=None, tree_depth=None, block_v=None,
+                 num_warps=None, precision=None, fold_precision=None, mma=None, fold_warps=None, fold_maxnreg=None,
+                 state_stages=None, chunk_k=None, fold_tiles=1):
     """gdn_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or ():
-    every row with pending tokens, or with num_draft those the next verify would fold (flush_rule).
+    every row with pending tokens, or with num_draft (and tree_depth) those the next verify would
+    fold (flush_rule).
     The folds by the Triton chunk kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32
     checkpoint; block_v and num_warps its tile), or with mma by gdn_ring_verify_mma's fold launch
     over every layer (None: with num_draft, where the verify's folds run on it and no tile or
@@ -638,13 +650,13 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state
     if num_rows == 0:
         return ()
     ring_rows = rows.shape[2]
-    rule = flush_rule(ring_rows, num_draft)
+    rule = flush_rule(ring_rows, num_draft, tree_depth)
     heads = (num_k_heads, head_k_dim, num_v_heads, head_v_dim)
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=0,
                          num_layers=ssm.shape[0], num_nodes=0, **rule)
     if mma is None:
         mma = (num_draft is not None and precision is None and fold_precision is None and block_v is None
-               and num_warps is None and _mma_by_default(ring_rows, num_draft, head_v_dim, ssm))
+               and num_warps is None and _mma_by_default(ring_rows, num_draft, tree_depth, head_v_dim, ssm))
     if mma:
         block_v = block_v or _mma_block_v(head_v_dim)
         num_warps = num_warps or RING_MMA_WARPS

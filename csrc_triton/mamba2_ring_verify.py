@@ -14,7 +14,8 @@ token: the pending tokens up to it; a draft: every pending token and its tree pa
 
 Two launches, each program one [Ns, BLOCK_P] tile of S0^T of HEADS_PER_PROGRAM heads of a group of
 one row (what the group's heads share, once; the fold's programs fewer heads): first the fold of
-the rows that fold (pending > 0 and pending + N > capacity; a flush: every row with pending tokens,
+the rows that fold (pending > 0 and pending + D > capacity, gdn_ring_verify.verify_rule; a flush:
+every row with pending tokens,
 or with num_draft those) -- one [Ns, P] x [P, BLOCK_P] product written over the tile it read --
 then every row's verify, a
 folded row's from its new checkpoint with nothing pending: C S0^T products with the stack's C
@@ -35,7 +36,7 @@ import triton.language as tl
 
 from ._common import (KernelCall, cdiv, floored_log_decay, gdc_launch_dependents, gdc_wait, interpreted,
                       next_power_of_2, pdl_device, planned_calls, programs_walking)
-from .gdn_ring_verify import (_ring_row, flush_cursor_call, flush_rule, fold_precision_for,
+from .gdn_ring_verify import (_ring_row, flush_cursor_call, flush_rule, fold_precision_for, verify_rule,
                               pending_conv, window_after, window_call)
 from .gdn_verify import MIN_DOT, VERIFY_PROGRAMS, _dot, spread_block
 from .mamba2_verify import _step_sizes, state_chunk
@@ -533,16 +534,16 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     one), fold_precision, fold_warps, fold_heads_per_program, fold_maxnreg and fold_tiles (the fold's;
     fold_tiles: _fold_call's tiles_a_program, 0 -- a row's -- with the op's after_due_flush),
     fused_window (the folded windows moved by the verify launch, no window launch; FUSED_WINDOW),
-    fold_verify (FOLD_VERIFY: the folding rows' drafts verified by the folds' launch -- the verify
-    kernel's ROWS 1 -- from the tile it folds, the others' by a ROWS 2 launch), pdl (PDL, with
-    fold_verify, sm_90+: that second launch a programmatic dependent of the first; the windows then
-    in their own launch)."""
+    tree_depth (the fold rule's D: verify_rule), fold_verify (FOLD_VERIFY: the folding rows' drafts
+    verified by the folds' launch -- the verify kernel's ROWS 1 -- from the tile it folds, the
+    others' by a ROWS 2 launch), pdl (PDL, with fold_verify, sm_90+: that second launch a
+    programmatic dependent of the first; the windows then in their own launch)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     if num_rows == 0:
         return ()
     heads = (num_heads, head_dim, B.shape[2], B.shape[3])
     ring_rows = rows.shape[2]
-    capacity = dict(max_pending=ring_rows - num_nodes, fold_above=ring_rows - num_nodes)
+    capacity = verify_rule(ring_rows, num_nodes, tuning.pop("tree_depth", None))
     verify_only = {name: tuning.pop(name) for name in ("state_precision", "maxnreg", "chunk_n", "chunk_stages",
                                                         "flatten")
                    if name in tuning}
@@ -599,7 +600,7 @@ def planned_mamba2_ring_verify(*args, **kwargs):
 
 
 def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, state_slots, *, num_heads, head_dim,
-                 n_groups, d_state, num_draft=None, **tuning):
+                 n_groups, d_state, num_draft=None, tree_depth=None, **tuning):
     """mamba2_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or
     (): every row with pending tokens, or with num_draft those the next verify would fold
     (gdn_ring_verify.flush_rule; then at the verify's fold tiles, _fold_share). tuning: the fold
@@ -608,7 +609,7 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, A, ring_slots, st
     if num_rows == 0:
         return ()
     ring_rows = rows.shape[2]
-    rule = flush_rule(ring_rows, num_draft)
+    rule = flush_rule(ring_rows, num_draft, tree_depth)
     heads = (num_heads, head_dim, n_groups, d_state)
     if num_draft is not None:  # a step's few folding rows: the verify's fold tiles
         tuning = {"heads_per_program": _fold_share(num_heads, n_groups), **tuning}

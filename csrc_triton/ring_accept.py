@@ -2,8 +2,8 @@
 path's rows and gates contiguous after the pending ones, every layer.
 
 For row b with (start, pending) = cursor[ring_slots[b]] (C = capacity + N ring rows):
-  1. the fold rule: if pending + N > capacity (the verify folded), start = (start + pending) % C
-     and pending = 0;
+  1. the fold rule: if pending + D > capacity (the verify folded; D = tree_depth, else N:
+     gdn_ring_verify.verify_rule), start = (start + pending) % C and pending = 0;
   2. the accepted path: steps[b] in [0, N) and every link met walking up from it in [-1, m-1]
      (parents None: the chain 0..steps[b]); otherwise nothing is accepted. With the path's nodes
      root first p_0 < p_1 < ... < p_{len-1}, for a tree the row and gates of ring row
@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ._common import MAX_GRID_Y, KernelCall, cdiv, next_power_of_2, planned_calls
+from .gdn_ring_verify import verify_rule
 from .ring_conv import ring_row_state
 from .verify import _narrow_link
 
@@ -114,9 +115,11 @@ def _ring_cursor_kernel(
     cursor_ptr, ring_slots_ptr, steps_ptr, parents_ptr,
     num_ring_slots, cursor_stride_slot, cursor_stride_field, ring_slots_stride, steps_stride, parents_stride_row,
     parents_stride_node,
-    NUM_NODES: tl.constexpr, CAPACITY: tl.constexpr, NODES: tl.constexpr, TREE: tl.constexpr,
+    NUM_NODES: tl.constexpr, CAPACITY: tl.constexpr, FOLD_ABOVE: tl.constexpr, NODES: tl.constexpr,
+    TREE: tl.constexpr,
 ):
-    """One program per row: its cursor after the fold rule and the accepted path (after the moves)."""
+    """One program per row: its cursor after the fold rule (pending + N > FOLD_ABOVE, the verify's)
+    and the accepted path (after the moves)."""
     RING_ROWS: tl.constexpr = CAPACITY + NUM_NODES
     row = tl.program_id(0).to(tl.int64)
     ring = tl.load(ring_slots_ptr + row * ring_slots_stride).to(tl.int64)
@@ -124,7 +127,7 @@ def _ring_cursor_kernel(
                                                 cursor_stride_field, RING_ROWS, CAPACITY)
     walk, length = _accepted_path(steps_ptr, parents_ptr, row, steps_stride, parents_stride_row, parents_stride_node,
                                   live, NUM_NODES, NODES, TREE)
-    folded = pending + NUM_NODES > CAPACITY
+    folded = pending + NUM_NODES > FOLD_ABOVE
     start = tl.where(folded, (start + pending) % RING_ROWS, start)
     pending = tl.where(folded, 0, pending) + length
     cursor = cursor_ptr + ring * cursor_stride_slot
@@ -132,7 +135,7 @@ def _ring_cursor_kernel(
     tl.store(cursor + cursor_stride_field, pending.to(cursor_ptr.dtype.element_ty), mask=live)
 
 
-def ring_accept_calls(cursor, rows, gates, ring_slots, steps, parents, *, num_draft, block=None,
+def ring_accept_calls(cursor, rows, gates, ring_slots, steps, parents, *, num_draft, tree_depth=None, block=None,
                       num_warps=MOVE_WARPS) -> tuple[KernelCall, ...]:
     """The launches of launch_ring_accept: for a tree the moves, then the cursors; () with no rows."""
     num_rows = ring_slots.shape[0]
@@ -160,18 +163,21 @@ def ring_accept_calls(cursor, rows, gates, ring_slots, steps, parents, *, num_dr
     calls.append(KernelCall(
         _ring_cursor_kernel, (num_rows,), (cursor, ring_slots, steps, links[0]),
         (num_ring_slots, *cursor.stride(), ring_slots.stride(0), steps.stride(0), *links[1:]),
-        dict(NUM_NODES=num_draft, CAPACITY=capacity, NODES=nodes, TREE=parents is not None, num_warps=1),
+        dict(NUM_NODES=num_draft, CAPACITY=capacity, NODES=nodes, TREE=parents is not None, num_warps=1,
+             FOLD_ABOVE=verify_rule(ring_rows, num_draft, tree_depth)["fold_above"]),
     ))
     return tuple(calls)
 
 
-def launch_ring_accept(cursor, rows, gates, ring_slots, steps, parents, *, num_draft, **tuning) -> None:
+def launch_ring_accept(cursor, rows, gates, ring_slots, steps, parents, *, num_draft, tree_depth=None,
+                       **tuning) -> None:
     """ops_ring.ring_accept's arguments as its prepare gives them: cursor [M, 2], rows [L, M, C,
     dim], gates [L, M, C, G, H] (any strides), ring_slots / steps [B], parents [B, N] or None.
     Two launches for a tree (the moves, grid (element blocks, rows, layers), then the cursors,
     grid (rows,)), one for a chain; no host sync, no allocation. tuning: ``block``, ``num_warps``
     of the moves."""
-    for call in ring_accept_calls(cursor, rows, gates, ring_slots, steps, parents, num_draft=num_draft, **tuning):
+    for call in ring_accept_calls(cursor, rows, gates, ring_slots, steps, parents, num_draft=num_draft,
+                                  tree_depth=tree_depth, **tuning):
         call.launch()
 
 

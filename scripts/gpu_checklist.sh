@@ -76,6 +76,9 @@
 #             bit-for-bit tests, memcheck + racecheck over them, then chain steps at 32 / 128 rows (B = 64 / 256)
 #   m2ahead   the same for mamba2_verify (prefetch_ahead; never run on a GPU): its bit-for-bit tests, memcheck +
 #             racecheck over them, then chains and trees at 16 / 64 rows against the default (B = 64 / 256)
+#   aheadtimes  `ahead` without its sanitizers (the bit-for-bit tests, then the sweep)
+#   depth     trees folding by their depth (tree_depth; never run on a GPU): the ring's GPU tests of it (and the
+#             random steps, CUDA graphs, opcheck, due folds), then tree steps told and not told, both mixers (B = 64 / 256)
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
@@ -429,13 +432,31 @@ for phase in "$@"; do
                   --state-dtype $dtype > "$out/sweep_chunkT_$dtype.log" 2>&1 || rc=1
                 grep -E '^(\||read)|FAILED|Error' "$out/sweep_chunkT_$dtype.log"
               done ;;
-    ahead)    rc=0  # (gdn_verify's prefetch of a later program's rows: tests, sanitizers, then the sweep)
-              tests_sanitized ahead tests/test_gdn_verify.py "prefetch_ahead or launch_plans" \
-                "prefetch_ahead and not narrow" || rc=1
+    ahead|aheadtimes)  rc=0  # (gdn_verify's prefetch of a later program's rows: tests, sanitizers, the sweep)
+              if [ "$phase" = ahead ]; then
+                tests_sanitized ahead tests/test_gdn_verify.py "prefetch_ahead or launch_plans" \
+                  "prefetch_ahead and not narrow" || rc=1
+              else
+                timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
+                  -k "prefetch_ahead or launch_plans" > "$out/gpu_tests_ahead.log" 2>&1 || rc=1
+                tail -2 "$out/gpu_tests_ahead.log"
+              fi
               for dtype in fp32 bf16; do
                 timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 58 59 60 \
                   --state-dtype $dtype > "$out/sweep_ahead_$dtype.log" 2>&1 || rc=1
                 grep -E '^(\||read)|FAILED|Error' "$out/sweep_ahead_$dtype.log"
+              done ;;
+    depth)    rc=0  # (trees folding by their depth, tree_depth: the GPU tests, then tree steps told and not told)
+              timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring.py tests/test_ring_kernels.py \
+                -k "depth or due_folds or cuda_graph or opcheck or random_steps" > "$out/gpu_tests_depth.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_depth.log"
+              for mixer in gdn mamba2; do
+                for told in --tree-depth --no-tree-depth; do
+                  echo "# $mixer $told"
+                  timeout 150 python3 benchmarks/bench_ring.py --mixer $mixer --batches 64 256 --drafts tree $told \
+                    > "$out/ring_depth_${mixer}${told}.log" 2>&1 || rc=1
+                  grep -E '^(check|  tree|\| tree)|FAILED|Error' "$out/ring_depth_${mixer}${told}.log"
+                done
               done ;;
     ringahead) rc=0  # (the ring verifies' prefetch of a later program's rows: tests, sanitizers, then the steps)
               tests_sanitized ringahead tests/test_ring_kernels.py "prefetches_ahead or by_kind_of_row" \

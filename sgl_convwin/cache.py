@@ -34,7 +34,7 @@ from .ops import alloc_windows, capture, causal_conv1d_verify, scatter, scatter_
 from .ops_replay import alloc_gates, capture_gates, gdn_commit, mamba2_commit
 from .ops_ring import DEFAULT_CAPACITY, alloc_ring, gdn_ring_flush, gdn_ring_verify, ring_accept, ring_conv1d_verify
 from .ops_ring_mamba2 import alloc_mamba2_ring, mamba2_ring_flush, mamba2_ring_verify
-from .validation import _check_parents, check_index_tensors
+from .validation import _check_parents, check_index_tensors, check_tree_depth
 
 
 class ConvWindowCache(torch.nn.Module):
@@ -210,18 +210,20 @@ class RingCache(torch.nn.Module):
 
     ``slots`` index the ring; ``state_slots`` (default ``slots``) index conv_state and ssm_state.
     Mamba2: ``num_gates=1`` with H for ``num_v_heads`` (``alloc_mamba2_ring``: dt per head), and
-    ``mamba2_verify`` / ``mamba2_flush`` in place of ``gdn_verify`` / ``flush``.
+    ``mamba2_verify`` / ``mamba2_flush`` in place of ``gdn_verify`` / ``flush``. ``tree_depth``: for
+    trees, the most nodes on a root path (``gdn_ring_verify``'s; every op here passes it).
     """
 
     def __init__(self, num_layers: int, num_slots: int, dim: int, num_draft: int, num_v_heads: int, *,
                  capacity: int = DEFAULT_CAPACITY, dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str | None = None, num_gates: int = 2):
+                 device: torch.device | str | None = None, num_gates: int = 2, tree_depth: int | None = None):
         super().__init__()
         if isinstance(num_gates, bool) or num_gates not in (1, 2):
             raise ValueError(f"RingCache: num_gates must be 2 (GDN: g, beta) or 1 (Mamba2: dt), got {num_gates!r}")
         alloc = alloc_ring if num_gates == 2 else alloc_mamba2_ring
         ring = alloc(num_layers, num_slots, dim, num_draft, num_v_heads, capacity=capacity, dtype=dtype, device=device)
-        self.num_draft, self.capacity = num_draft, capacity
+        check_tree_depth("RingCache", tree_depth, num_draft, None)
+        self.num_draft, self.capacity, self.tree_depth = num_draft, capacity, tree_depth
         for name, tensor in ring._asdict().items():
             self.register_buffer(name, tensor, persistent=False)
 
@@ -244,6 +246,10 @@ class RingCache(torch.nn.Module):
         if isinstance(drafts, torch.Tensor) and drafts.dim() >= 2 and drafts.shape[1] != self.num_draft:
             raise ValueError(f"RingCache.{method}: this ring verifies {self.num_draft} draft tokens a step (its "
                              f"num_draft), got {drafts.shape[1]}; pad the drafts to {self.num_draft}")
+
+    def _depth(self, parents):
+        # a step of chains folds by N: a ring of trees verifying a chain keeps the ops' rule for chains
+        return None if parents is None else self.tree_depth
 
     def reset(self, slots: torch.Tensor) -> None:
         """Empty the ring slots ``slots`` (negative: skipped), for new requests whose conv_state and
@@ -272,13 +278,14 @@ class RingCache(torch.nn.Module):
         state_slots = slots if state_slots is None else state_slots
         gdn_ring_verify(out, q, k, v, g, beta, ssm_state, conv_state, self.rows, self.gates, self.cursor, conv_weight,
                         conv_bias, slots, state_slots, layer, parents, scale=scale, use_qk_l2norm=use_qk_l2norm,
-                        state_layout=state_layout, after_due_flush=after_due_flush)
+                        state_layout=state_layout, after_due_flush=after_due_flush,
+                        tree_depth=self._depth(parents))
 
     def accept(self, slots, accepted=None, *, num_accepted=None, parents=None):
         """``ring_accept``: ``accepted`` (the index of the last accepted token or node) or
         ``num_accepted`` (tokens accepted counting the verified one; chains), as ``ConvWindowCache.commit``."""
         ring_accept(self.cursor, self.rows, self.gates, slots, _steps(accepted, num_accepted, parents), parents,
-                    num_draft=self.num_draft)
+                    num_draft=self.num_draft, tree_depth=self._depth(parents))
 
     def flush(self, ssm_state, conv_state, conv_weight, slots, *, num_k_heads, head_k_dim, num_v_heads, head_v_dim,
               state_slots=None, conv_bias=None, use_qk_l2norm=True, state_layout=DIM_MAJOR, due_only=False):
@@ -290,7 +297,8 @@ class RingCache(torch.nn.Module):
         gdn_ring_flush(ssm_state, conv_state, self.cursor, self.rows, self.gates, conv_weight, slots, state_slots,
                        num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
                        conv_bias=conv_bias, use_qk_l2norm=use_qk_l2norm, state_layout=state_layout,
-                       num_draft=self.num_draft if due_only else None)
+                       num_draft=self.num_draft if due_only else None,
+                       tree_depth=self.tree_depth if due_only else None)
 
     def mamba2_verify(self, out, x, dt, A, B, C, ssm_state, conv_state, conv_weight, conv_bias, slots, layer, *,
                       state_slots=None, parents=None, D=None, z=None, dt_bias=None, dt_softplus=False,
@@ -301,7 +309,8 @@ class RingCache(torch.nn.Module):
         state_slots = slots if state_slots is None else state_slots
         mamba2_ring_verify(out, x, dt, A, B, C, ssm_state, conv_state, self.rows, self.gates, self.cursor, conv_weight,
                            conv_bias, slots, state_slots, layer, parents, D=D, z=z, dt_bias=dt_bias,
-                           dt_softplus=dt_softplus, state_layout=state_layout, after_due_flush=after_due_flush)
+                           dt_softplus=dt_softplus, state_layout=state_layout, after_due_flush=after_due_flush,
+                           tree_depth=self._depth(parents))
 
     def mamba2_flush(self, ssm_state, conv_state, conv_weight, A, slots, *, num_heads, head_dim, n_groups, d_state,
                      state_slots=None, conv_bias=None, state_layout=DIM_MAJOR, due_only=False):
@@ -311,9 +320,11 @@ class RingCache(torch.nn.Module):
         mamba2_ring_flush(ssm_state, conv_state, self.cursor, self.rows, self.gates, conv_weight, A, slots,
                           state_slots, num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state,
                           conv_bias=conv_bias, state_layout=state_layout,
-                          num_draft=self.num_draft if due_only else None)
+                          num_draft=self.num_draft if due_only else None,
+                          tree_depth=self.tree_depth if due_only else None)
 
     def extra_repr(self) -> str:
         layers, slots, rows, dim = self.rows.shape
         return (f"layers={layers}, slots={slots}, dim={dim}, num_draft={self.num_draft}, capacity={self.capacity}, "
+                f"tree_depth={self.tree_depth}, "
                 f"num_gates={self.gates.shape[3]}, dtype={self.rows.dtype}, nbytes={self.nbytes}")

@@ -90,14 +90,20 @@ def _replay_pending(ssm, conv, rows_buffer, gates, layers, ring, state, start, p
     return states, windows
 
 
-def _state_before_drafts(ssm, conv, rows_buffer, gates, layer, live, num_nodes, commit, weights, heads):
+def _folds(pending, capacity, depth):
+    """[B'] bool: the rows a verify folds, pending > 0 and pending + D > capacity (D: the most tokens
+    a step accepts, tree_depth or N)."""
+    return (pending > 0) & (pending + depth > capacity)
+
+
+def _state_before_drafts(ssm, conv, rows_buffer, gates, layer, live, num_nodes, tree_depth, commit, weights, heads):
     """[B', *state] float32: each live row's checkpoint after its pending tokens; written back to the
-    checkpoint (both states) for the rows that fold, pending > 0 and pending + N > capacity."""
+    checkpoint (both states) for the rows that fold (_folds)."""
     _, ring, state, start, pending = live
     capacity = rows_buffer.shape[2] - num_nodes
     states, windows = _replay_pending(ssm, conv, rows_buffer, gates, slice(layer, layer + 1), ring, state, start,
                                       pending, commit, weights, heads)
-    folds = ((pending > 0) & (pending + num_nodes > capacity)).nonzero().squeeze(1)
+    folds = _folds(pending, capacity, tree_depth or num_nodes).nonzero().squeeze(1)
     if folds.numel():
         ssm[layer, state[folds]] = states[0, folds].to(ssm.dtype)
         conv[layer, state[folds]] = windows[0, folds]
@@ -105,7 +111,7 @@ def _state_before_drafts(ssm, conv, rows_buffer, gates, layer, live, num_nodes, 
 
 
 def gdn_ring_verify_cpu(out, q, k, v, g, beta, ssm, conv, rows_buffer, gates, cursor, weight, bias, ring_slots,
-                        state_slots, layer, parents, *, scale, use_qk_l2norm, fold_tiles=1):
+                        state_slots, layer, parents, *, scale, use_qk_l2norm, tree_depth=None, fold_tiles=1):
     """ssm [L, S, Hv, dk, dv], conv [L, S, dim, K-1] (any strides); see ops_ring.gdn_ring_verify
     (fold_tiles, its after_due_flush, shapes the CUDA launches only)."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
@@ -119,8 +125,8 @@ def gdn_ring_verify_cpu(out, q, k, v, g, beta, ssm, conv, rows_buffer, gates, cu
     heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
                  use_qk_l2norm=use_qk_l2norm)
     weights = (weight[None], None if bias is None else bias[None])
-    states = _state_before_drafts(ssm, conv, rows_buffer, gates, layer, live, num_nodes, cpu.gdn_commit_cpu, weights,
-                                  heads)
+    states = _state_before_drafts(ssm, conv, rows_buffer, gates, layer, live, num_nodes, tree_depth,
+                                  cpu.gdn_commit_cpu, weights, heads)
     cpu.gdn_verify_cpu(out, q, k, v, g, beta, states, _row_map(num_rows, rows), parents, scale=scale,
                        use_qk_l2norm=use_qk_l2norm)
     drafts = _positions(start, pending, num_nodes, ring_rows)
@@ -128,7 +134,7 @@ def gdn_ring_verify_cpu(out, q, k, v, g, beta, ssm, conv, rows_buffer, gates, cu
     gates[layer, ring[:, None], drafts, 1] = beta[rows].to(gates.dtype)
 
 
-def ring_accept_cpu(cursor, rows_buffer, gates, ring_slots, steps, parents, *, num_draft):
+def ring_accept_cpu(cursor, rows_buffer, gates, ring_slots, steps, parents, *, num_draft, tree_depth=None):
     """cursor [M, 2]; rows_buffer [L, M, C, dim], gates [L, M, C, G, H] (trees: the accepted path moved)."""
     ring_rows = rows_buffer.shape[2]
     capacity = ring_rows - num_draft
@@ -136,7 +142,7 @@ def ring_accept_cpu(cursor, rows_buffer, gates, ring_slots, steps, parents, *, n
     if live is None:
         return
     rows, ring, _, start, pending = live
-    folded = pending + num_draft > capacity  # the verify folded these: the pending tokens are in the checkpoint
+    folded = _folds(pending, capacity, tree_depth or num_draft)  # the pending tokens are in the checkpoint
     start = torch.where(folded, (start + pending) % ring_rows, start)
     pending = torch.where(folded, 0, pending)
     step = steps.long()[rows]
@@ -151,17 +157,19 @@ def ring_accept_cpu(cursor, rows_buffer, gates, ring_slots, steps, parents, *, n
     cursor[ring] = torch.stack([start, pending + lengths], dim=1).to(cursor.dtype)
 
 
-def _flush(ssm, conv, cursor, rows_buffer, gates, ring_slots, state_slots, commit, weights, heads, num_draft):
+def _flush(ssm, conv, cursor, rows_buffer, gates, ring_slots, state_slots, commit, weights, heads, num_draft,
+           tree_depth):
     """Every layer of every live row with pending tokens (with num_draft: those the next verify of
-    num_draft drafts would fold): its pending tokens folded into the checkpoint, the cursor past them."""
+    num_draft drafts, at tree_depth, would fold): its pending tokens folded into the checkpoint, the
+    cursor past them."""
     ring_rows = rows_buffer.shape[2]
     max_pending = ring_rows - 1 if num_draft is None else ring_rows - num_draft
-    fold_above = 0 if num_draft is None else ring_rows - 2 * num_draft
     live = _live_rows(ring_slots, cursor, rows_buffer.shape[1], ring_rows, max_pending, state_slots, ssm.shape[1])
     if live is None:
         return
     _, ring, state, start, pending = live
-    folds = (pending > fold_above).nonzero().squeeze(1)
+    folds = (pending > 0 if num_draft is None else _folds(pending, max_pending, tree_depth or num_draft))
+    folds = folds.nonzero().squeeze(1)
     if folds.numel() == 0:
         return
     # a layer at a time over every live row, as a verify replays them: the same shapes, so the same
@@ -177,12 +185,13 @@ def _flush(ssm, conv, cursor, rows_buffer, gates, ring_slots, state_slots, commi
 
 
 def gdn_ring_flush_cpu(ssm, conv, cursor, rows_buffer, gates, weight, bias, ring_slots, state_slots, *,
-                       num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm, num_draft=None):
+                       num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm, num_draft=None,
+                       tree_depth=None):
     """ssm [L, S, Hv, dk, dv], conv [L, S, dim, K-1] (any strides), every layer, in place."""
     heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
                  use_qk_l2norm=use_qk_l2norm)
     _flush(ssm, conv, cursor, rows_buffer, gates, ring_slots, state_slots, cpu.gdn_commit_cpu, (weight, bias), heads,
-           num_draft)
+           num_draft, tree_depth)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,7 +200,8 @@ def gdn_ring_flush_cpu(ssm, conv, cursor, rows_buffer, gates, weight, bias, ring
 
 
 def mamba2_ring_verify_cpu(out, x, dt, A, B, C, ssm, conv, rows_buffer, gates, cursor, weight, bias, ring_slots,
-                           state_slots, layer, parents, D, z, dt_bias, *, dt_softplus, fold_tiles=1):
+                           state_slots, layer, parents, D, z, dt_bias, *, dt_softplus, tree_depth=None,
+                           fold_tiles=1):
     """ssm [L, S, H, P, Ns], conv [L, S, dim, K-1] (any strides); see ops_ring_mamba2.mamba2_ring_verify
     (fold_tiles, its after_due_flush, shapes the CUDA launches only)."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
@@ -203,8 +213,8 @@ def mamba2_ring_verify_cpu(out, x, dt, A, B, C, ssm, conv, rows_buffer, gates, c
     rows, ring, _, start, pending = live
     heads = dict(num_heads=num_heads, head_dim=head_dim, n_groups=B.shape[2], d_state=B.shape[3])
     weights = (weight[None], None if bias is None else bias[None], A[None])
-    states = _state_before_drafts(ssm, conv, rows_buffer, gates, layer, live, num_nodes, cpu.mamba2_commit_cpu,
-                                  weights, heads)
+    states = _state_before_drafts(ssm, conv, rows_buffer, gates, layer, live, num_nodes, tree_depth,
+                                  cpu.mamba2_commit_cpu, weights, heads)
     step = dt.float()  # [B, N, H]: the dt each draft decodes with and the ring keeps, computed once
     if dt_bias is not None:
         step = step + dt_bias.float()
@@ -216,8 +226,8 @@ def mamba2_ring_verify_cpu(out, x, dt, A, B, C, ssm, conv, rows_buffer, gates, c
 
 
 def mamba2_ring_flush_cpu(ssm, conv, cursor, rows_buffer, gates, weight, bias, A, ring_slots, state_slots, *,
-                          num_heads, head_dim, n_groups, d_state, num_draft=None):
+                          num_heads, head_dim, n_groups, d_state, num_draft=None, tree_depth=None):
     """ssm [L, S, H, P, Ns], conv [L, S, dim, K-1] (any strides), every layer, in place; A [L, H]."""
     heads = dict(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state)
     _flush(ssm, conv, cursor, rows_buffer, gates, ring_slots, state_slots, cpu.mamba2_commit_cpu, (weight, bias, A),
-           heads, num_draft)
+           heads, num_draft, tree_depth)

@@ -21,12 +21,14 @@ from .declare import declare_op
 from .layout import CACHE_DTYPES, DIM_MAJOR, WINDOW_MAJOR
 from .validation import (
     check_alloc_ring_args,
+    check_flush_tree_depth,
     check_gdn_ring_flush_args,
     check_gdn_ring_verify_args,
     check_ring_accept_args,
     check_ring_conv1d_verify_args,
     check_ring_index_values,
     check_separate_storages,
+    check_tree_depth,
     layer_output,
     should_check_index_values,
 )
@@ -145,12 +147,13 @@ _GDN_RING_VERIFY = "convwin.gdn_ring_verify"
 
 def _prepare_gdn_ring_verify(real, out, q, k, v, g, beta, ssm_state, conv_state, rows, gates, cursor, conv_weight,
                              conv_bias, ring_slots, state_slots, layer, parents, scale, use_qk_l2norm, state_layout,
-                             after_due_flush, sizes=None):
+                             after_due_flush, tree_depth, sizes=None):
     """As _prepare_ring_conv1d_verify."""
     if sizes is None:
         sizes = check_gdn_ring_verify_args(out, q, k, v, g, beta, ssm_state, conv_state, rows, gates, cursor,
                                            conv_weight, conv_bias, ring_slots, state_slots, layer, parents, scale,
                                            state_layout)
+        check_tree_depth(_GDN_RING_VERIFY, tree_depth, sizes.num_nodes, parents is not None)
     if real:
         written = {"out": out, "ssm_state": ssm_state, "conv_state": conv_state, "gates": gates}
         check_separate_storages(
@@ -160,11 +163,12 @@ def _prepare_gdn_ring_verify(real, out, q, k, v, g, beta, ssm_state, conv_state,
         )
         if should_check_index_values(ssm_state):
             check_ring_index_values(_GDN_RING_VERIFY, sizes, ring_slots, cursor, state_slots=state_slots,
-                                    parents=parents)
+                                    parents=parents, tree_depth=tree_depth)
     scale = q.shape[3] ** -0.5 if scale is None else float(scale)
     args = (out, q, k, v, g, beta, ssm_state, _kernel_state(conv_state, state_layout), rows, gates, cursor,
             conv_weight, conv_bias, ring_slots, state_slots, layer, parents)
-    return args, dict(scale=scale, use_qk_l2norm=bool(use_qk_l2norm), fold_tiles=0 if after_due_flush else 1), sizes
+    return args, dict(scale=scale, use_qk_l2norm=bool(use_qk_l2norm), tree_depth=tree_depth,
+                      fold_tiles=0 if after_due_flush else 1), sizes
 
 
 @declare_op(mutates=("out", "ssm_state", "conv_state", "gates"), prepare=_prepare_gdn_ring_verify,
@@ -192,16 +196,18 @@ def gdn_ring_verify(
     use_qk_l2norm: bool = True,
     state_layout: str = DIM_MAJOR,
     after_due_flush: bool = False,
+    tree_depth: int | None = None,
 ) -> None:
     """``gdn_verify`` in ring mode, layer ``layer``: the drafts' outputs from the checkpoint plus
     the pending tokens, the fold when the ring would overflow, the drafts' gates into the ring.
 
-    For row b, with (start, pending) = cursor[ring_slots[b]], capacity = C - N:
+    For row b, with (start, pending) = cursor[ring_slots[b]], capacity = C - N and D =
+    ``tree_depth`` (None: N):
     1. S = the checkpoint ``ssm_state[layer, state_slots[b]]`` (float32) after the pending tokens,
        replayed as ``gdn_commit`` replays a path: token j's conv input is ring row (start + j) % C,
        its conv reads the checkpoint's window ``conv_state[layer, state_slots[b]]`` before the
        first one, its g, beta are ``gates[layer, ring_slots[b], (start + j) % C]``.
-    2. If pending > 0 and pending + N > capacity (fold): ``ssm_state[layer, state_slots[b]] = S``
+    2. If pending > 0 and pending + D > capacity (fold): ``ssm_state[layer, state_slots[b]] = S``
        (cast) and ``conv_state[layer, state_slots[b]]`` = the last K-1 inputs (ring rows, else
        window columns). The cursor is not written: ``ring_accept`` applies the same rule.
     3. ``out[b, n]`` = gdn_verify's output of node n from S (q, k, v, g, beta [b, n] as given).
@@ -216,7 +222,11 @@ def gdn_ring_verify(
     ``after_due_flush``: a hint that this step began with a due flush of these rows
     (``gdn_ring_flush(..., num_draft=N)``), so that no row folds here; the fold launch then takes a
     program a row instead of a tile, one short wave. The results never depend on it: a row that does
-    fold is folded the same, only slower.
+    fold is folded the same, only slower. ``tree_depth``: for trees, the most nodes on a root path
+    (the most tokens a step accepts, <= N): the ring then folds only when the accepted path could
+    overflow it, not the whole tree (TREE_PARENTS-like trees of 8 nodes, depth 4, fold as seldom as
+    chains of 4). Every op of the step takes the same value (``ring_accept``, the due flush); no
+    tree may be deeper (the checked mode names one). None (or N) for chains.
     Same as ``torch.ops.convwin.gdn_ring_verify``.
     """
 
@@ -228,16 +238,19 @@ def gdn_ring_verify(
 _RING_ACCEPT = "convwin.ring_accept"
 
 
-def _prepare_ring_accept(real, cursor, rows, gates, ring_slots, steps, parents, num_draft, sizes=None):
+def _prepare_ring_accept(real, cursor, rows, gates, ring_slots, steps, parents, num_draft, tree_depth, sizes=None):
     """As _prepare_ring_conv1d_verify."""
     if sizes is None:
         sizes = check_ring_accept_args(cursor, rows, gates, ring_slots, steps, parents, num_draft)
+        check_tree_depth(_RING_ACCEPT, tree_depth, num_draft, parents is not None)
     if real:
         check_separate_storages(_RING_ACCEPT, {"cursor": cursor, "rows": rows, "gates": gates},
                                 dict(ring_slots=ring_slots, steps=steps, parents=parents))
         if should_check_index_values(cursor):
-            check_ring_index_values(_RING_ACCEPT, sizes, ring_slots, cursor, parents=parents, steps=steps)
-    return (cursor, rows, gates, ring_slots, steps, parents), dict(num_draft=int(num_draft)), sizes
+            check_ring_index_values(_RING_ACCEPT, sizes, ring_slots, cursor, parents=parents, steps=steps,
+                                    tree_depth=tree_depth)
+    return (cursor, rows, gates, ring_slots, steps, parents), dict(num_draft=int(num_draft),
+                                                                   tree_depth=tree_depth), sizes
 
 
 @declare_op(mutates=("cursor", "rows", "gates"), prepare=_prepare_ring_accept, cpu=cpu_ring.ring_accept_cpu,
@@ -251,11 +264,13 @@ def ring_accept(
     parents: torch.Tensor | None = None,
     *,
     num_draft: int,
+    tree_depth: int | None = None,
 ) -> None:
     """After every layer's verify: advance each row's cursor, all layers at once.
 
-    For row b with (start, pending) = cursor[ring_slots[b]] and capacity = C - num_draft: if
-    pending + num_draft > capacity (the verify folded), start = (start + pending) % C and
+    For row b with (start, pending) = cursor[ring_slots[b]], capacity = C - num_draft and D =
+    ``tree_depth`` (None: num_draft): if pending + D > capacity (the verify folded),
+    start = (start + pending) % C and
     pending = 0. Then, if steps[b] (the last accepted draft token, or the accepted node:
     ``gdn_commit``'s steps) lies in [0, N) and its path's links are good, the path root ->
     steps[b] (``parents`` None: tokens 0..steps[b]) becomes pending: pending += its length, and for
@@ -263,7 +278,8 @@ def ring_accept(
     order. A negative step accepts nothing (the fold still counts).
 
     cursor [M, 2], rows [L, M, C, dim], gates [L, M, C, G, H]: the ring, written. ring_slots,
-    steps: [B]; parents [B, N] or None; int32/int64. ``num_draft``: N, as this step's verify had it.
+    steps: [B]; parents [B, N] or None; int32/int64. ``num_draft``: N, and ``tree_depth``, as this
+    step's verify had them.
     A row whose ring slot is negative or out of range, or whose cursor is not a ring position, is
     skipped. Same as ``torch.ops.convwin.ring_accept``.
     """
@@ -278,12 +294,13 @@ _GDN_RING_FLUSH = "convwin.gdn_ring_flush"
 
 def _prepare_gdn_ring_flush(real, ssm_state, conv_state, cursor, rows, gates, conv_weight, ring_slots, state_slots,
                             num_k_heads, head_k_dim, num_v_heads, head_v_dim, conv_bias, use_qk_l2norm, state_layout,
-                            num_draft, sizes=None):
+                            num_draft, tree_depth, sizes=None):
     """As _prepare_ring_conv1d_verify."""
     if sizes is None:
         sizes = check_gdn_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, conv_weight, conv_bias,
                                           ring_slots, state_slots, num_k_heads, head_k_dim, num_v_heads, head_v_dim,
                                           state_layout, num_draft)
+        check_flush_tree_depth(_GDN_RING_FLUSH, tree_depth, num_draft)
     if real:
         check_separate_storages(
             _GDN_RING_FLUSH, {"ssm_state": ssm_state, "conv_state": conv_state, "cursor": cursor},
@@ -295,7 +312,7 @@ def _prepare_gdn_ring_flush(real, ssm_state, conv_state, cursor, rows, gates, co
     args = (ssm_state, _kernel_state(conv_state, state_layout), cursor, rows, gates, conv_weight, conv_bias, ring_slots,
             state_slots)
     return args, dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads, head_v_dim=head_v_dim,
-                      use_qk_l2norm=bool(use_qk_l2norm), num_draft=num_draft), sizes
+                      use_qk_l2norm=bool(use_qk_l2norm), num_draft=num_draft, tree_depth=tree_depth), sizes
 
 
 @declare_op(mutates=("ssm_state", "conv_state", "cursor"), prepare=_prepare_gdn_ring_flush,
@@ -318,6 +335,7 @@ def gdn_ring_flush(
     use_qk_l2norm: bool = True,
     state_layout: str = DIM_MAJOR,
     num_draft: int | None = None,
+    tree_depth: int | None = None,
 ) -> None:
     """Materialise the checkpoints of the given slots now, every layer: replay each row's pending
     tokens onto ``ssm_state[:, state_slots[b]]`` and write their last K-1 inputs into
@@ -327,10 +345,11 @@ def gdn_ring_flush(
     per fold instead of once per step). Between steps only (after ``ring_accept``, before the next
     verify): for prefix caching, preemption, eviction, a move to another pool.
 
-    ``num_draft=N``: only the rows the next verify of N drafts would fold (pending > 0 and pending
-    + N > capacity; a cursor with more than the capacity pending is skipped, as the verify skips
-    it), the others untouched -- that step's folds done now for every layer in one launch, so the
-    per-layer verifies find nothing to fold (where the verify runs the mma kernel, by its own fold
+    ``num_draft=N`` (and ``tree_depth``, the verify's): only the rows the next verify of N drafts
+    would fold (pending > 0 and pending + D > capacity, D = tree_depth or N; a cursor with more than
+    the capacity pending is skipped, as the verify skips it), the others untouched -- that step's
+    folds done now for every layer in one launch, so the per-layer verifies find nothing to fold
+    (where the verify runs the mma kernel, by its own fold
     code: the same checkpoints; a bfloat16 checkpoint's drafts then see it rounded, as a folding
     row's do there). Between steps only, as every flush.
 

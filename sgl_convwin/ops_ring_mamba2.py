@@ -19,10 +19,12 @@ from .layout import CACHE_DTYPES, DIM_MAJOR
 from .ops_ring import DEFAULT_CAPACITY, Ring, _kernel_state
 from .validation import (
     check_alloc_ring_args,
+    check_flush_tree_depth,
     check_mamba2_ring_flush_args,
     check_mamba2_ring_verify_args,
     check_ring_index_values,
     check_separate_storages,
+    check_tree_depth,
     should_check_index_values,
 )
 
@@ -62,12 +64,13 @@ _MAMBA2_RING_VERIFY = "convwin.mamba2_ring_verify"
 
 def _prepare_mamba2_ring_verify(real, out, x, dt, A, B, C, ssm_state, conv_state, rows, gates, cursor, conv_weight,
                                 conv_bias, ring_slots, state_slots, layer, parents, D, z, dt_bias, dt_softplus,
-                                state_layout, after_due_flush, sizes=None):
+                                state_layout, after_due_flush, tree_depth, sizes=None):
     """As ops_ring._prepare_ring_conv1d_verify."""
     if sizes is None:
         sizes = check_mamba2_ring_verify_args(out, x, dt, A, B, C, ssm_state, conv_state, rows, gates, cursor,
                                               conv_weight, conv_bias, ring_slots, state_slots, layer, parents, D, z,
                                               dt_bias, dt_softplus, state_layout)
+        check_tree_depth(_MAMBA2_RING_VERIFY, tree_depth, sizes.num_nodes, parents is not None)
     if real:
         written = {"out": out, "ssm_state": ssm_state, "conv_state": conv_state, "gates": gates}
         check_separate_storages(
@@ -77,10 +80,10 @@ def _prepare_mamba2_ring_verify(real, out, x, dt, A, B, C, ssm_state, conv_state
         )
         if should_check_index_values(ssm_state):
             check_ring_index_values(_MAMBA2_RING_VERIFY, sizes, ring_slots, cursor, state_slots=state_slots,
-                                    parents=parents)
+                                    parents=parents, tree_depth=tree_depth)
     args = (out, x, dt, A, B, C, ssm_state, _kernel_state(conv_state, state_layout), rows, gates, cursor, conv_weight,
             conv_bias, ring_slots, state_slots, layer, parents, D, z, dt_bias)
-    return args, dict(dt_softplus=dt_softplus, fold_tiles=0 if after_due_flush else 1), sizes
+    return args, dict(dt_softplus=dt_softplus, tree_depth=tree_depth, fold_tiles=0 if after_due_flush else 1), sizes
 
 
 @declare_op(mutates=("out", "ssm_state", "conv_state", "gates"), prepare=_prepare_mamba2_ring_verify,
@@ -111,17 +114,19 @@ def mamba2_ring_verify(
     dt_softplus: bool = False,
     state_layout: str = DIM_MAJOR,
     after_due_flush: bool = False,
+    tree_depth: int | None = None,
 ) -> None:
     """``mamba2_verify`` in ring mode, layer ``layer``: the drafts' outputs from the checkpoint plus
     the pending tokens, the fold when the ring would overflow, the drafts' dt into the ring.
 
-    For row b, with (start, pending) = cursor[ring_slots[b]], capacity = C - N:
+    For row b, with (start, pending) = cursor[ring_slots[b]], capacity = C - N and D =
+    ``tree_depth`` (None: N):
     1. h = the checkpoint ``ssm_state[layer, state_slots[b]]`` (float32) after the pending tokens,
        replayed as ``mamba2_commit`` replays a path: token j's conv input is ring row (start + j) % C,
        its conv reads the checkpoint's window ``conv_state[layer, state_slots[b]]`` before the
        first one, then SiLU and the split into x, B; its dt is ``gates[layer, ring_slots[b],
        (start + j) % C, 0]``; ``h = exp(dt * A) * h + (dt * x) B^T``.
-    2. If pending > 0 and pending + N > capacity (fold): ``ssm_state[layer, state_slots[b]] = h``
+    2. If pending > 0 and pending + D > capacity (fold): ``ssm_state[layer, state_slots[b]] = h``
        (cast) and ``conv_state[layer, state_slots[b]]`` = the last K-1 inputs (ring rows, else
        window columns). The cursor is not written: ``ring_accept`` applies the same rule.
     3. ``out[b, n]`` = mamba2_verify's output of node n from h (x, dt, B, C, D, z, dt_bias,
@@ -137,6 +142,7 @@ def mamba2_ring_verify(
     ``ring_conv1d_verify``; a bad parent link leaves the row's ``out`` untouched but still folds
     and stores the dt. ``after_due_flush``: as in ``gdn_ring_verify`` (a hint that the step began
     with ``mamba2_ring_flush(..., num_draft=N)``: the fold launch a program a row; never the results).
+    ``tree_depth``: as in ``gdn_ring_verify``.
     Same as ``torch.ops.convwin.mamba2_ring_verify``.
     """
 
@@ -150,12 +156,13 @@ _MAMBA2_RING_FLUSH = "convwin.mamba2_ring_flush"
 
 def _prepare_mamba2_ring_flush(real, ssm_state, conv_state, cursor, rows, gates, conv_weight, A, ring_slots,
                                state_slots, num_heads, head_dim, n_groups, d_state, conv_bias, state_layout,
-                               num_draft, sizes=None):
+                               num_draft, tree_depth, sizes=None):
     """As ops_ring._prepare_ring_conv1d_verify."""
     if sizes is None:
         sizes = check_mamba2_ring_flush_args(ssm_state, conv_state, cursor, rows, gates, conv_weight, conv_bias, A,
                                              ring_slots, state_slots, num_heads, head_dim, n_groups, d_state,
                                              state_layout, num_draft)
+        check_flush_tree_depth(_MAMBA2_RING_FLUSH, tree_depth, num_draft)
     if real:
         check_separate_storages(
             _MAMBA2_RING_FLUSH, {"ssm_state": ssm_state, "conv_state": conv_state, "cursor": cursor},
@@ -167,7 +174,7 @@ def _prepare_mamba2_ring_flush(real, ssm_state, conv_state, cursor, rows, gates,
     args = (ssm_state, _kernel_state(conv_state, state_layout), cursor, rows, gates, conv_weight, conv_bias, A,
             ring_slots, state_slots)
     return args, dict(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state,
-                      num_draft=num_draft), sizes
+                      num_draft=num_draft, tree_depth=tree_depth), sizes
 
 
 @declare_op(mutates=("ssm_state", "conv_state", "cursor"), prepare=_prepare_mamba2_ring_flush,
@@ -191,14 +198,15 @@ def mamba2_ring_flush(
     conv_bias: torch.Tensor | None = None,
     state_layout: str = DIM_MAJOR,
     num_draft: int | None = None,
+    tree_depth: int | None = None,
 ) -> None:
     """Materialise the checkpoints of the given slots now, every layer: replay each row's pending
     tokens onto ``ssm_state[:, state_slots[b]]`` and write their last K-1 inputs into
     ``conv_state[:, state_slots[b]]`` (as ``mamba2_ring_verify``'s fold), then cursor = (start +
     pending, 0). Afterwards both hold what eager ``mamba2_commit`` after every step would have: the
     conv window bit for bit, the state within float32 rounding. Between steps only (after
-    ``ring_accept``, before the next verify). ``num_draft=N``: only the rows the next verify of N
-    drafts would fold, as in ``gdn_ring_flush``.
+    ``ring_accept``, before the next verify). ``num_draft=N`` (and ``tree_depth``): only the rows the
+    next verify of N drafts would fold, as in ``gdn_ring_flush``.
 
     ssm_state [L, S, H, P, Ns], conv_state [L, S, dim, K-1] (or window-major): written. cursor
     [M, 2] written; rows [L, M, C, dim], gates [L, M, C, 1, H] read. conv_weight [L, dim, K],

@@ -618,9 +618,10 @@ class _RingOracle:
     inputs as conv_state holds them) -- per (layer, ring slot) the pending tokens (each one's conv
     input as the ring stores it, its gates as the ring holds them), and per ring slot the cursor
     (start, pending) the ops must show. The rules, one by one:
-    - a row's verify folds when pending > 0 and pending + N > capacity: the checkpoint becomes the
-      state after the pending tokens (replayed token by token from their conv outputs), the window
-      their last K-1 inputs;
+    - a row's verify folds when pending > 0 and pending + D > capacity, D the most tokens the step
+      can accept (a tree's ``tree_depth`` if given, else N): the checkpoint becomes the state after
+      the pending tokens (replayed token by token from their conv outputs), the window their last
+      K-1 inputs;
     - a draft's conv reads the window, then the pending tokens' inputs, then its path's;
     - the drafts' outputs are decoded token by token from the state after the pending tokens;
     - accept: a folding slot's start moves past its pending tokens (mod capacity + N), then the
@@ -631,7 +632,7 @@ class _RingOracle:
     """
 
     def __init__(self, ssm_state, conv_state, conv_weight, conv_bias, *, num_ring_slots, capacity, num_draft,
-                 ring_dtype, gates_dtype, state_layout):
+                 ring_dtype, gates_dtype, state_layout, tree_depth=None):
         self.ssm_dtype = ssm_state.dtype
         self.ssm = ssm_state.cpu().double().clone()  # [L, S, *state]
         conv = conv_state.cpu()
@@ -641,6 +642,7 @@ class _RingOracle:
         self.bias = None if conv_bias is None else conv_bias.cpu().double()
         self.kernel_size = self.weight.shape[2]
         self.capacity, self.num_draft, self.ring_rows = capacity, num_draft, capacity + num_draft
+        self.tree_depth = tree_depth
         self.ring_dtype, self.gates_dtype = ring_dtype, gates_dtype
         num_layers = self.ssm.shape[0]
         self.pending = [[[] for _ in range(num_ring_slots)] for _ in range(num_layers)]
@@ -707,7 +709,7 @@ class _RingOracle:
             ring_slot = int(ring_slots[row])
             if not 0 <= ring_slot < len(self.start):
                 continue
-            if self.count[ring_slot] + self.num_draft > self.capacity:  # this step's verify folded
+            if self._folds(self.count[ring_slot], parents):  # this step's verify folded
                 assert all(not layer_pending[ring_slot] for layer_pending in self.pending)
                 self.start[ring_slot] = (self.start[ring_slot] + self.count[ring_slot]) % self.ring_rows
                 self.count[ring_slot] = 0
@@ -745,14 +747,19 @@ class _RingOracle:
         """The checkpoint's K-1 inputs, oldest first."""
         return [self.conv[layer, state_slot, :, col] for col in range(self.kernel_size - 1)]
 
-    def _state_before_drafts(self, layer, ring_slot, state_slot, draft_gates):
+    def _folds(self, count, parents) -> bool:
+        """The fold rule for ``count`` pending tokens in a step with ``parents``."""
+        most_accepted = self.tree_depth if parents is not None and self.tree_depth else self.num_draft
+        return count > 0 and count + most_accepted > self.capacity
+
+    def _state_before_drafts(self, layer, ring_slot, state_slot, draft_gates, parents):
         """The state after the slot's pending tokens (float64), folded into the checkpoint where the
         rule says so; ``draft_gates`` (one dict per node, as the ring holds them) recorded with the
         drafts' inputs."""
         pending = self.pending[layer][ring_slot]
         assert len(pending) == self.count[ring_slot]
         state, window = self._replay(layer, state_slot, pending)
-        if pending and len(pending) + len(draft_gates) > self.capacity:  # fold
+        if self._folds(len(pending), parents):
             self._write_checkpoint(layer, state_slot, state, window)
             self.pending[layer][ring_slot] = []
         for token, gates in zip(self.drafts[layer, ring_slot], draft_gates):
@@ -787,10 +794,10 @@ class RingReference(_RingOracle):
 
     def __init__(self, ssm_state, conv_state, conv_weight, conv_bias, *, num_ring_slots, capacity, num_draft,
                  num_k_heads, head_k_dim, num_v_heads, head_v_dim, use_qk_l2norm=True, ring_dtype=torch.bfloat16,
-                 gates_dtype=torch.float32, state_layout="dim_major"):
+                 gates_dtype=torch.float32, state_layout="dim_major", tree_depth=None):
         super().__init__(ssm_state, conv_state, conv_weight, conv_bias, num_ring_slots=num_ring_slots,
                          capacity=capacity, num_draft=num_draft, ring_dtype=ring_dtype, gates_dtype=gates_dtype,
-                         state_layout=state_layout)
+                         state_layout=state_layout, tree_depth=tree_depth)
         self.heads = (num_k_heads, head_k_dim, num_v_heads, head_v_dim)
         self.use_qk_l2norm = use_qk_l2norm
 
@@ -804,7 +811,7 @@ class RingReference(_RingOracle):
         for row, ring_slot, state_slot in self._rows(ring_slots, state_slots):
             draft_gates = [{"g": g[row, n].cpu().to(self.gates_dtype), "beta": beta[row, n].cpu().to(self.gates_dtype)}
                            for n in range(num_nodes)]
-            state = self._state_before_drafts(layer, ring_slot, state_slot, draft_gates)
+            state = self._state_before_drafts(layer, ring_slot, state_slot, draft_gates, parents)
             links = None if parents is None else [int(p) for p in parents[row]]
             paths = [accepted_path(node, links) for node in range(num_nodes)]
             if any(path is None for path in paths):
@@ -852,10 +859,10 @@ class Mamba2RingReference(_RingOracle):
 
     def __init__(self, ssm_state, conv_state, conv_weight, conv_bias, A, *, num_ring_slots, capacity, num_draft,
                  num_heads, head_dim, n_groups, d_state, ring_dtype=torch.bfloat16, gates_dtype=torch.float32,
-                 state_layout="dim_major"):
+                 state_layout="dim_major", tree_depth=None):
         super().__init__(ssm_state, conv_state, conv_weight, conv_bias, num_ring_slots=num_ring_slots,
                          capacity=capacity, num_draft=num_draft, ring_dtype=ring_dtype, gates_dtype=gates_dtype,
-                         state_layout=state_layout)
+                         state_layout=state_layout, tree_depth=tree_depth)
         self.rates = A.cpu().double()  # [L, H]
         self.heads = (num_heads, head_dim, n_groups, d_state)
 
@@ -876,7 +883,7 @@ class Mamba2RingReference(_RingOracle):
                 d = dt[row, node] if dt_bias is None else dt[row, node] + dt_bias
                 steps.append(_softplus(d) if dt_softplus else d)
             state = self._state_before_drafts(layer, ring_slot, state_slot,
-                                              [{"dt": d.to(self.gates_dtype)} for d in steps])
+                                              [{"dt": d.to(self.gates_dtype)} for d in steps], parents)
             links = None if parents is None else [int(p) for p in parents[row]]
             paths = [accepted_path(node, links) for node in range(num_nodes)]
             if any(path is None for path in paths):

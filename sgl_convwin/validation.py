@@ -1327,12 +1327,45 @@ def check_separate_storages(op: str, written: dict, read: dict) -> None:
             raise ValueError(f"{op}: {name} and {sharing[0]} share storage; they must be separate buffers")
 
 
+def check_tree_depth(op: str, tree_depth, num_nodes: int, tree: bool | None) -> None:
+    """The ring's ``tree_depth`` (its fold rule's D, the most tokens a step accepts): None, or an
+    int in 1..N; a chain's (``tree`` False) N alone, since a chain of N drafts accepts up to N
+    tokens (``tree`` None: not known here, a flush's)."""
+    if tree_depth is None:
+        return
+    _check_positive_ints(op, tree_depth=tree_depth)
+    if tree_depth > num_nodes:
+        raise ValueError(f"{op}: tree_depth ({tree_depth}) counts the nodes on the longest root path of a tree of "
+                         f"N = {num_nodes} drafts, so at most {num_nodes}")
+    if tree is False and tree_depth != num_nodes:
+        raise ValueError(f"{op}: tree_depth = {tree_depth} with a chain (parents None): a chain of N = {num_nodes} "
+                         f"drafts accepts up to N tokens; pass None")
+
+
+def check_flush_tree_depth(op: str, tree_depth, num_draft) -> None:
+    """A flush's ``tree_depth``: only with ``num_draft`` (the due folds' rule), as check_tree_depth."""
+    if tree_depth is not None and num_draft is None:
+        raise ValueError(f"{op}: tree_depth (the due folds' rule) needs num_draft; a flush without it folds every "
+                         f"pending token")
+    if num_draft is not None:
+        check_tree_depth(op, tree_depth, num_draft, None)
+
+
+def _path_nodes(links: list[int]) -> int:
+    """The most nodes on a root path of a tree of good links (parents[n] in [-1, n-1])."""
+    depth: list[int] = []
+    for link in links:
+        depth.append(1 if link < 0 else depth[link] + 1)
+    return max(depth, default=0)
+
+
 def check_ring_index_values(op: str, sizes: RingSizes, ring_slots, cursor, *, state_slots=None, parents=None,
-                            steps=None) -> None:
+                            steps=None, tree_depth=None) -> None:
     """Checked mode for the ring ops: raise IndexError naming the first bad row of the batch (host
     sync; for debugging). A row is active when its ring slot is >= 0; its state slot (verify,
     flush) must then be in range too -- accept advances every active ring, so a row the verify
-    skipped for its state slot alone would corrupt the ring."""
+    skipped for its state slot alone would corrupt the ring. With ``tree_depth`` no tree may be
+    deeper: accept would push pending past the capacity, and every op would skip the slot."""
     ring, cursors = ring_slots.tolist(), cursor.tolist()
     state = None if state_slots is None else state_slots.tolist()
     accepted = None if steps is None else steps.tolist()
@@ -1357,6 +1390,9 @@ def check_ring_index_values(op: str, sizes: RingSizes, ring_slots, cursor, *, st
                              f"tokens (expected 0..{sizes.num_nodes - 1}, or negative to accept none)")
         if links is not None:
             check_parent_links(op, row, links[row])
+            if tree_depth is not None and _path_nodes(links[row]) > tree_depth:
+                raise IndexError(f"{op}: parents[{row}] = {links[row]} has a root path of {_path_nodes(links[row])} "
+                                 f"nodes, more than tree_depth = {tree_depth}")
         if slot in used_by:
             raise IndexError(f"{op}: rows {used_by[slot]} and {row} both use ring slot {slot}; which one lands would "
                              f"be unspecified")

@@ -44,8 +44,9 @@ class RingHarness:
 
     def __init__(self, *, num_layers, kernel_size, num_draft, capacity, num_ring_slots, num_state_slots, ring_dtype,
                  ssm_dtype, conv_dtype, x_dtype, state_layout, bias, device, seed, due_first=False,
-                 strong_decays=False):
+                 strong_decays=False, tree_depth=None):
         self.gen = torch.Generator().manual_seed(seed)
+        self.tree_depth = tree_depth
         self.due_first, self.strong_decays = due_first, strong_decays
         self.device = torch.device(device)
         self.num_layers, self.num_draft = num_layers, num_draft
@@ -65,7 +66,7 @@ class RingHarness:
         self.draw_mixer_weights()
         self.ring = sgl_convwin.RingCache(num_layers, num_ring_slots, self.dim, num_draft, self.gate_heads,
                                           capacity=self.capacity, dtype=ring_dtype, num_gates=self.num_gates,
-                                          device=self.device)
+                                          device=self.device, tree_depth=tree_depth)
         self.eager = sgl_convwin.ConvWindowCache(num_layers, num_ring_slots, self.dim, num_draft, kernel_size,
                                                  dtype=ring_dtype, gate_heads=self.gate_heads,
                                                  num_gates=self.num_gates, device=self.device)
@@ -209,7 +210,8 @@ class Harness(RingHarness):
     def __init__(self, *, num_layers=2, num_k_heads=1, ratio=2, head_k_dim=4, head_v_dim=4, kernel_size=4,
                  num_draft=3, capacity=None, num_ring_slots=3, num_state_slots=5, ring_dtype=torch.bfloat16,
                  ssm_dtype=torch.float32, conv_dtype=torch.float32, x_dtype=torch.float32, state_layout="dim_major",
-                 bias=True, use_qk_l2norm=True, device="cpu", seed=0, due_first=False, strong_decays=False):
+                 bias=True, use_qk_l2norm=True, device="cpu", seed=0, due_first=False, strong_decays=False,
+                 tree_depth=None):
         num_v_heads = num_k_heads * ratio
         self.heads = dict(num_k_heads=num_k_heads, head_k_dim=head_k_dim, num_v_heads=num_v_heads,
                           head_v_dim=head_v_dim)
@@ -219,13 +221,14 @@ class Harness(RingHarness):
         super().__init__(num_layers=num_layers, kernel_size=kernel_size, num_draft=num_draft, capacity=capacity,
                          num_ring_slots=num_ring_slots, num_state_slots=num_state_slots, ring_dtype=ring_dtype,
                          ssm_dtype=ssm_dtype, conv_dtype=conv_dtype, x_dtype=x_dtype, state_layout=state_layout,
-                         bias=bias, device=device, seed=seed, due_first=due_first, strong_decays=strong_decays)
+                         bias=bias, device=device, seed=seed, due_first=due_first, strong_decays=strong_decays,
+                         tree_depth=tree_depth)
 
     def make_oracle(self):
         return reference.RingReference(
             self.ssm_state, self.conv_state, self.conv_weight, self.conv_bias, num_ring_slots=self.num_ring_slots,
             capacity=self.capacity, num_draft=self.num_draft, use_qk_l2norm=self.use_qk_l2norm,
-            ring_dtype=self.ring_dtype, state_layout=self.state_layout, **self.heads)
+            ring_dtype=self.ring_dtype, state_layout=self.state_layout, tree_depth=self.tree_depth, **self.heads)
 
     def verify(self, layer, conv_out, ring_slots, state_slots, parents):
         hk, dk, hv, dv = (self.heads[n] for n in ("num_k_heads", "head_k_dim", "num_v_heads", "head_v_dim"))
@@ -267,7 +270,7 @@ class Mamba2Harness(RingHarness):
                  capacity=None, num_ring_slots=3, num_state_slots=5, ring_dtype=torch.bfloat16,
                  ssm_dtype=torch.float32, conv_dtype=torch.float32, x_dtype=torch.float32, state_layout="dim_major",
                  bias=True, dt_bias=True, dt_softplus=True, skip=True, gate=True, device="cpu", seed=0,
-                 due_first=False, strong_decays=False):
+                 due_first=False, strong_decays=False, tree_depth=None):
         num_heads = n_groups * ratio
         self.heads = dict(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, d_state=d_state)
         self.dim = num_heads * head_dim + 2 * n_groups * d_state
@@ -277,7 +280,8 @@ class Mamba2Harness(RingHarness):
         super().__init__(num_layers=num_layers, kernel_size=kernel_size, num_draft=num_draft, capacity=capacity,
                          num_ring_slots=num_ring_slots, num_state_slots=num_state_slots, ring_dtype=ring_dtype,
                          ssm_dtype=ssm_dtype, conv_dtype=conv_dtype, x_dtype=x_dtype, state_layout=state_layout,
-                         bias=bias, device=device, seed=seed, due_first=due_first, strong_decays=strong_decays)
+                         bias=bias, device=device, seed=seed, due_first=due_first, strong_decays=strong_decays,
+                         tree_depth=tree_depth)
 
     def draw_mixer_weights(self):
         num_layers, num_heads = self.num_layers, self.heads["num_heads"]
@@ -289,7 +293,7 @@ class Mamba2Harness(RingHarness):
         return reference.Mamba2RingReference(
             self.ssm_state, self.conv_state, self.conv_weight, self.conv_bias, self.A,
             num_ring_slots=self.num_ring_slots, capacity=self.capacity, num_draft=self.num_draft,
-            ring_dtype=self.ring_dtype, state_layout=self.state_layout, **self.heads)
+            ring_dtype=self.ring_dtype, state_layout=self.state_layout, tree_depth=self.tree_depth, **self.heads)
 
     def layer_options(self, layer, num_rows, num_nodes):
         """dt (raw: any sign under softplus, else positive) and the layer's D, z, dt_bias."""
@@ -334,7 +338,9 @@ def run_sequence(data, harness_type, *, num_draft, tree, capacity, num_steps, nu
     """Requests in every ring slot, each with its own state slot; per step the batch in a random
     order with a padded row now and then, random acceptance (none, some, all), and between steps
     flushes (the request resumes afterwards) and finished requests replaced by new ones. Ends with
-    a flush of every request."""
+    a flush of every request. Trees: a ring of a random ``tree_depth`` (None: N) and trees no deeper."""
+    if tree:
+        harness_options.setdefault("tree_depth", data.draw(st.none() | st.integers(1, num_draft)))
     harness = harness_type(num_draft=num_draft, capacity=capacity, num_ring_slots=num_ring_slots,
                            num_state_slots=num_state_slots, **harness_options)
     state_of = {ring: state for ring, state in enumerate(data.draw(st.permutations(range(num_state_slots))))
@@ -345,7 +351,7 @@ def run_sequence(data, harness_type, *, num_draft, tree, capacity, num_steps, nu
         ring_slots = list(order) + ([-1] if padded else [])
         state_slots = [state_of[ring] for ring in order] + ([-1] if padded else [])
         steps = [data.draw(st.integers(-1, num_draft - 1)) for _ in ring_slots]
-        parents = [data.draw(trees(num_draft)) for _ in ring_slots] if tree else None
+        parents = [data.draw(trees(num_draft, harness.tree_depth)) for _ in ring_slots] if tree else None
         harness.step(ring_slots, state_slots, steps, parents)
         event = data.draw(st.sampled_from(["none", "none", "none", "flush", "new request"]))
         ring = data.draw(st.sampled_from(sorted(state_of)))

@@ -166,8 +166,18 @@ def chain_parents(num_nodes: int) -> list[int]:
 
 
 @st.composite
-def trees(draw, num_nodes):
-    """parents[n] in [-1, n-1]: chains, stars, k-ary trees (EAGLE-like), or uniform random."""
+def trees(draw, num_nodes, max_depth=None):
+    """parents[n] in [-1, n-1]: chains, stars, k-ary trees (EAGLE-like), or uniform random; with
+    ``max_depth``, random trees with at most that many nodes on a root path, one of the deepest
+    nodes a likely parent."""
+    if max_depth is not None:
+        parents, depth = [], []
+        for n in range(num_nodes):
+            open_nodes = [p for p in range(n) if depth[p] < max_depth]
+            deepest = max(open_nodes, key=lambda p: depth[p], default=-1)
+            parents.append(draw(st.sampled_from([deepest, -1, *open_nodes])))
+            depth.append(1 if parents[-1] < 0 else depth[parents[-1]] + 1)
+        return parents
     shape = draw(st.sampled_from(["chain", "star", "kary", "random"]))
     if shape == "chain":
         return chain_parents(num_nodes)
@@ -229,9 +239,15 @@ class Replay:
         return oracle(*self.args(), **self.kwargs)
 
 
-def random_tree(num_nodes: int, generator: torch.Generator) -> list[int]:
-    """Parent links of a random tree: node 0 is the root, node n hangs off an earlier node."""
-    return [-1] + [int(torch.randint(0, n, (), generator=generator)) for n in range(1, num_nodes)]
+def random_tree(num_nodes: int, generator: torch.Generator, max_depth: int | None = None) -> list[int]:
+    """Parent links of a random tree: node 0 is the root, node n hangs off an earlier node (with
+    ``max_depth``, one with fewer than that many nodes on its root path)."""
+    parents, depth = [-1], [1]
+    for n in range(1, num_nodes):
+        open_nodes = [p for p in range(n) if max_depth is None or depth[p] < max_depth]
+        parents.append(open_nodes[int(torch.randint(0, len(open_nodes), (), generator=generator))])
+        depth.append(depth[parents[-1]] + 1)
+    return parents
 
 
 def make_replay(

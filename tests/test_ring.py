@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sgl_convwin
-from ring_harness import (FILL, MANY_STEPS_CASES, STRONG_DECAY_CASES, Harness, replay_against_eager, run_many_steps,
-                          run_sequence, run_strong_decays)
+from ring_harness import (FILL, MANY_STEPS_CASES, STRONG_DECAY_CASES, Harness, Mamba2Harness, replay_against_eager,
+                          run_many_steps, run_sequence, run_strong_decays)
 from support import random_tree
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -109,6 +109,36 @@ def test_folds_exactly_when_the_ring_would_overflow(num_draft, capacity, accepte
         seen.add(pending)
     if accepted == "one":
         assert seen == set(range(capacity - num_draft + 2))  # every pending count up to the first fold
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("harness_type", [Harness, Mamba2Harness], ids=["gdn", "mamba2"])
+@pytest.mark.parametrize("tree_depth, capacity", [(1, 8), (3, 9), (4, 16)])
+@pytest.mark.parametrize("due_first", [False, True], ids=["", "due-first"])
+def test_trees_fold_by_their_depth(device, harness_type, tree_depth, capacity, due_first):
+    """With tree_depth D a tree of N = 8 nodes, D of them on its longest path, folds exactly when
+    pending > 0 and pending + D > capacity -- not pending + N -- and accept agrees (the cursor);
+    every pending count up to capacity - D + 1 is met, one token accepted a step, then the deepest
+    path. Every output and checkpoint against the oracle, as in every harness run; on CUDA at
+    widths where the GDN ring takes the mma kernel."""
+    dims = ((dict(head_k_dim=32, head_v_dim=32) if harness_type is Harness else dict(head_dim=32, d_state=32))
+            if device == "cuda" else {})
+    harness = harness_type(num_draft=8, capacity=capacity, num_ring_slots=1, num_state_slots=2, num_layers=1,
+                           device=device, tree_depth=tree_depth, due_first=due_first, **dims)
+    parents = [[-1, *range(tree_depth - 1), *[-1] * (8 - tree_depth)]]
+    seen = set()
+    for step in range(capacity + 4):
+        node = 0 if step < capacity else tree_depth - 1  # the root (1 token), then the deepest path (D)
+        pending = int(harness.ring.pending[0])
+        before = harness.ssm_state[:, 1].clone(), harness.conv_state[:, 1].clone()
+        harness.step([0], [1], [node], parents)
+        wrote = not torch.equal(before[0], harness.ssm_state[:, 1]) or not torch.equal(before[1],
+                                                                                        harness.conv_state[:, 1])
+        folds = pending > 0 and pending + tree_depth > capacity
+        assert wrote == folds, (step, pending)
+        assert int(harness.ring.pending[0]) == (0 if folds else pending) + node + 1
+        seen.add(pending)
+    assert set(range(capacity - tree_depth + 2)) <= seen
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -231,6 +261,14 @@ def test_checked_mode_names_bad_rows():
                                state_slots=torch.tensor([0]), parents=torch.tensor([[-1, 1]]))
         with pytest.raises(IndexError, match=r"parents\[0, 1\] = 2"):
             ring.accept(torch.tensor([1]), torch.tensor([1]), parents=torch.tensor([[-1, 2]]))
+        chain = torch.tensor([[-1, 0]])
+        for call in (lambda: sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, torch.tensor([1]),
+                                                     torch.tensor([1]), chain, num_draft=2, tree_depth=1),
+                     lambda: sgl_convwin.gdn_ring_verify(**dict(verify_arguments(harness, 1), parents=chain,
+                                                                state_slots=torch.tensor([0])), tree_depth=1)):
+            with pytest.raises(IndexError, match=r"parents\[0\] = \[-1, 0\] has a root path of 2 nodes, more than "
+                                                 r"tree_depth = 1"):
+                call()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,6 +348,21 @@ def test_other_ops_refuse_bad_input():
         sgl_convwin.gdn_ring_flush(*flush_args, num_draft=4, **harness.heads)
     with pytest.raises(ValueError, match="capacity .* must be >= num_draft"):
         sgl_convwin.alloc_ring(2, 3, 16, 4, 2, capacity=3)
+    tree = torch.tensor([[-1, 0, 0]])
+    for depth, error, message in ((0, ValueError, "tree_depth must be >= 1"), (True, TypeError, "tree_depth must be an int"),
+                                  (4, ValueError, r"tree_depth \(4\) .* so at most 3")):
+        with pytest.raises(error, match=message):
+            sgl_convwin.ring_accept(*ring_accept_args, tree, num_draft=3, tree_depth=depth)
+    with pytest.raises(ValueError, match="tree_depth = 2 with a chain .* accepts up to N tokens; pass None"):
+        sgl_convwin.ring_accept(*ring_accept_args, num_draft=3, tree_depth=2)
+    with pytest.raises(ValueError, match="tree_depth = 2 with a chain"):
+        sgl_convwin.gdn_ring_verify(**verify_arguments(harness), tree_depth=2)
+    with pytest.raises(ValueError, match="tree_depth .* needs num_draft"):
+        sgl_convwin.gdn_ring_flush(*flush_args, tree_depth=2, **harness.heads)
+    with pytest.raises(ValueError, match="tree_depth .* so at most 3"):
+        sgl_convwin.gdn_ring_flush(*flush_args, num_draft=3, tree_depth=5, **harness.heads)
+    with pytest.raises(ValueError, match="RingCache: tree_depth .* so at most 4"):
+        sgl_convwin.RingCache(2, 3, 16, 4, 2, capacity=6, tree_depth=5)
     for op, args in ((sgl_convwin.ring_accept, (ring.cursor, ring.rows, None, torch.tensor([0]), torch.tensor([0]))),
                      (sgl_convwin.gdn_ring_flush, (*flush_args[:4], None, *flush_args[5:]))):
         kwargs = dict(num_draft=3) if op is sgl_convwin.ring_accept else harness.heads
@@ -427,7 +480,7 @@ def test_ring_memory_at_qwen3_next():
 def op_samples(tree):
     """One call of each ring op on a ring with something pending (a fold due in the verify)."""
     harness = Harness(num_draft=3, capacity=4, num_ring_slots=3, num_state_slots=4, seed=2)
-    links = [[-1, 0, 0], [-1, -1, 1], [-1, 0, 1], [-1, 0, 0]]
+    links = [[-1, 0, 0], [-1, -1, 1], [-1, 0, 0], [-1, 0, 0]]  # (no root path of more than 2 nodes)
     harness.step([2, 0, 1], [3, 1, 0], [1, 2, 0], links[:3] if tree else None)  # pending 2, 3, 1: two fold next
     parents = torch.tensor(links) if tree else None
     ring, dim = harness.ring, harness.dim
@@ -437,11 +490,12 @@ def op_samples(tree):
              ring_slots, state_slots, ring.cursor, 1, parents), dict(activation="silu"))
     arguments = verify_arguments(harness, num_rows=4)
     arguments.update(ring_slots=ring_slots, state_slots=state_slots, parents=parents)
-    verify = (tuple(arguments.values()), dict(scale=0.5, **({"after_due_flush": True} if tree else {})))
+    depth = dict(tree_depth=2) if tree else {}
+    verify = (tuple(arguments.values()), dict(scale=0.5, **({"after_due_flush": True} if tree else {}), **depth))
     accept = ((ring.cursor, ring.rows, ring.gates, ring_slots, torch.tensor([2, 0, 1, 2]), parents),
-              dict(num_draft=3))
+              dict(num_draft=3, **depth))
     flush = ((harness.ssm_state, harness.conv_state, ring.cursor, ring.rows, ring.gates, harness.conv_weight,
-              ring_slots, state_slots, harness.conv_bias), dict(**harness.heads, num_draft=3 if tree else None))
+              ring_slots, state_slots, harness.conv_bias), dict(**harness.heads, num_draft=3 if tree else None, **depth))
     return dict(ring_conv1d_verify=conv, gdn_ring_verify=verify, ring_accept=accept, gdn_ring_flush=flush)
 
 
@@ -533,13 +587,15 @@ def test_compiled_step_matches_eager(device, dynamic):
 
 
 def ring_layers_step(ring, ssm_state, conv_state, conv_weight, conv_bias, out, x, g, beta, ring_slots, state_slots,
-                     steps, parents, heads, due_first=False):
+                     steps, parents, heads, due_first=False, tree_depth=None):
     """Every layer's ring conv and verify (outputs into out [L, B, N, Hv, dv]), then the acceptance;
-    with due_first the step begins with the due flush and its verifies are told so (the recipe)."""
+    with due_first the step begins with the due flush and its verifies are told so (the recipe);
+    tree_depth passed to every op that takes it."""
     hk, dk, hv, dv = heads["num_k_heads"], heads["head_k_dim"], heads["num_v_heads"], heads["head_v_dim"]
     if due_first:
         sgl_convwin.gdn_ring_flush(ssm_state, conv_state, ring.cursor, ring.rows, ring.gates, conv_weight, ring_slots,
-                                   state_slots, conv_bias=conv_bias, **heads, num_draft=x.shape[2])
+                                   state_slots, conv_bias=conv_bias, **heads, num_draft=x.shape[2],
+                                   tree_depth=tree_depth)
     for layer in range(x.shape[0]):
         conv_out = torch.empty(x.shape[1:], device=x.device)
         sgl_convwin.ring_conv1d_verify(conv_out, ring.rows, conv_state, x[layer], conv_weight[layer], conv_bias[layer],
@@ -548,8 +604,9 @@ def ring_layers_step(ring, ssm_state, conv_state, conv_weight, conv_bias, out, x
         sgl_convwin.gdn_ring_verify(out[layer], q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)),
                                     v.unflatten(-1, (hv, dv)), g[layer], beta[layer], ssm_state, conv_state, ring.rows,
                                     ring.gates, ring.cursor, conv_weight[layer], conv_bias[layer], ring_slots,
-                                    state_slots, layer, parents, after_due_flush=due_first)
-    sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, ring_slots, steps, parents, num_draft=x.shape[2])
+                                    state_slots, layer, parents, after_due_flush=due_first, tree_depth=tree_depth)
+    sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, ring_slots, steps, parents, num_draft=x.shape[2],
+                            tree_depth=tree_depth)
 
 
 # The GDN ring's other launches, all at once (module defaults): the kinds of rows and the windows
@@ -567,13 +624,15 @@ def test_cuda_graph_steps_match_eager(tree, launches, monkeypatch):
     output, checkpoint and ring tensor after every replay equals, bit for bit, what eager calls of
     the same ops leave on a twin. The ring verify's default launches, and its others (RING_VARIANTS:
     the kinds of rows and the windows each in a launch of their own, the state read through
-    registers), and the recipe's step: the due flush first, the verifies told so."""
+    registers), and the recipe's step: the due flush first, the verifies told so (trees: at a
+    tree_depth of 2, trees no deeper)."""
     if launches == "variants":
         from sgl_convwin._kernels import triton_kernels
 
         for name, value in RING_VARIANTS.items():
             monkeypatch.setattr(triton_kernels().gdn_ring_verify, name, value)
     layers, num_rows, num_draft, num_ring, num_state = 2, 3, 3, 4, 5
+    tree_depth = 2 if tree and launches == "due-first" else None
     generator = torch.Generator().manual_seed(11)
     options = dict(num_layers=layers, num_draft=num_draft, capacity=5, num_ring_slots=num_ring,
                    num_state_slots=num_state, num_k_heads=2, head_k_dim=16, head_v_dim=32, device="cuda", seed=3)
@@ -592,7 +651,8 @@ def test_cuda_graph_steps_match_eager(tree, launches, monkeypatch):
                     beta=torch.rand(layers, num_rows, num_draft, hv, generator=generator),
                     ring_slots=ring_slots, state_slots=torch.where(ring_slots < 0, -1, ring_slots + 1),
                     steps=torch.randint(-1, num_draft, (num_rows,), generator=generator),
-                    parents=torch.stack([torch.tensor(random_tree(num_draft, generator)) for _ in range(num_rows)]))
+                    parents=torch.stack([torch.tensor(random_tree(num_draft, generator, tree_depth))
+                                         for _ in range(num_rows)]))
 
     static = {name: t.cuda() for name, t in fresh_inputs().items()}
     if not tree:
@@ -601,7 +661,8 @@ def test_cuda_graph_steps_match_eager(tree, launches, monkeypatch):
     outs = [torch.full((layers, num_rows, num_draft, hv, dv), FILL, device="cuda") for _ in worlds]
 
     def step(world, out):
-        ring_layers_step(*state(world), out, **static, heads=heads, due_first=launches == "due-first")
+        ring_layers_step(*state(world), out, **static, heads=heads, due_first=launches == "due-first",
+                         tree_depth=tree_depth)
 
     def flush(world):
         ring, ssm_state, conv_state, conv_weight, conv_bias = state(world)

@@ -274,6 +274,24 @@ def test_mma_verify_stack_sized_by_the_capacity(num_nodes, capacity, kinds, monk
     assert {c.constexprs["VERIFY_KEYS"] for c in calls} == {capacity}
 
 
+@pytest.mark.parametrize("tree_depth, capacity, mma", [(4, 16, True), (1, 16, True), (8, 16, True), (2, 24, False)])
+def test_mma_verify_stack_sized_by_the_tree_depth(tree_depth, capacity, mma, monkeypatch):
+    """Trees of N = 8 at tree_depth D: a row that does not fold holds at most C - D keys (pending + D
+    <= R), so the verify launches' queries start at row VERIFY_KEYS = C - D and fold above it; the
+    mma kernel wherever C - D + N <= 32."""
+    case = ring_case(num_rows=2, num_nodes=8, capacity=capacity, head_k_dim=32, head_v_dim=32,
+                     parents=torch.tensor([[-1, 0, 1, 2, 3, 4, 5, 6][:tree_depth] + [-1] * (8 - tree_depth)] * 2))
+    args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
+        torch.empty(case["v"].shape), case["q"], case["k"], case["v"], case["g"], case["beta"], case["ssm_state"],
+        case["conv_state"], case["rows"], case["gates"], case["cursor"], case["conv_weight"], case["conv_bias"],
+        case["ring_slots"], case["state_slots"], 1, case["parents"], tree_depth=tree_depth)
+    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "_mma_kernel_runs_on", lambda ssm: True)
+    calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs)
+    assert {c.constexprs["FOLD_ABOVE"] for c in calls if "FOLD_ABOVE" in c.constexprs} == {capacity + 8 - tree_depth}
+    assert any("KIND" in c.constexprs for c in calls) == mma
+    assert {c.constexprs["VERIFY_KEYS"] for c in calls if c.constexprs.get("KIND", 2) != 2} <= {capacity + 8 - tree_depth}
+
+
 @pytest.mark.parametrize("num_nodes, small, kinds", [
     (4, True, [(2, 16, 12), (0, 16, 12), (1, 32, 12)]), (8, True, [(2, 16, 8), (0, 16, 8), (1, 32, 8)]),
     (4, False, [(2, 16, 0), (1, 32, 0)]), (9, True, [(2, 16, 0), (1, 32, 0)])])
