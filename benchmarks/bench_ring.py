@@ -258,7 +258,7 @@ def tree_depth(tree: bool) -> int | None:
 
 
 def folds_per_step(steps_table: list[list[int]], most_accepted: int, capacity: int, parents, steps=2000) -> float:
-    """Folds per row and step of the cursor rule (fold when pending > 0 and pending + D > capacity, D
+    """Folds per row and step of the cursor rule (fold when pending > 0 and pending + T > capacity, T
     = most_accepted: N or the tree_depth; then the accepted path becomes pending), the acceptance
     table repeated for ``steps`` steps."""
     pending = [0] * len(steps_table[0])

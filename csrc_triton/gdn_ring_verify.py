@@ -11,7 +11,7 @@ that mask the formulas of gdn_verify's docstring give U for every key token and 
 queries. The stack's rows 0..C-1 are key rows (token r; P + N <= C of them real), rows C..C+N-1
 the drafts' queries, NODES = C + N rounded up to a power of two (C = capacity + N, the ring's rows).
 
-The fold (pending > 0 and pending + D > capacity, D = N or a tree's depth: verify_rule) stores the
+The fold (pending > 0 and pending + T > capacity, T = N or a tree's depth: verify_rule) stores the
 tile after the pending tokens,
 
     S_P = exp(G_P) S0 + sum_{j < P} exp(G_P - G_j) k_j u_j^T       (G_P = g_0 + ... + g_{P-1})
@@ -42,7 +42,7 @@ RING_WARPS = 8
 WINDOW_BLOCK = 256  # channels per program of the window store
 # gdn_ring_verify_mma's kernel, the verify's on sm_80+ with Triton 3.6: four warps side by side over
 # 128 columns (its [32, 32] node matrices split between them, none repeated), state rows loaded 32
-# at a time; C - D + N <= 32 stack rows (mma_verify_keys). The folds go first, in their own
+# at a time; C - T + N <= 32 stack rows (mma_verify_keys). The folds go first, in their own
 # launch; then the rows that do not fold, capped at 128 registers (apart: the rows on the stack of
 # 16 at the compiler's, about 120; docs/benchmarks.md, "Ring", has the caps' sweep).
 RING_MMA_BLOCK_V = 128
@@ -77,15 +77,15 @@ RING_MMA_PROGRAMS_PER_SM = 4  # (four warps at 128 registers)
 
 def verify_rule(ring_rows: int, num_nodes: int, tree_depth: int | None = None) -> dict:
     """A verify's (max_pending, fold_above) for either mixer: a valid cursor holds at most the
-    capacity R = C - N pending tokens, and a row folds when pending > 0 and pending + D > R (D =
-    tree_depth, the most tokens a step accepts; None: N), i.e. pending + N > C - D."""
+    capacity R = C - N pending tokens, and a row folds when pending > 0 and pending + T > R (T =
+    tree_depth, the most tokens a step accepts; None: N), i.e. pending + N > C - T."""
     return dict(max_pending=ring_rows - num_nodes, fold_above=ring_rows - (tree_depth or num_nodes))
 
 
 def mma_verify_keys(ring_rows: int, num_nodes: int, tree_depth: int | None = None) -> int:
-    """The key rows of gdn_ring_verify_mma's verify stack (its queries follow): C - D (verify_rule's
+    """The key rows of gdn_ring_verify_mma's verify stack (its queries follow): C - T (verify_rule's
     fold_above; R for a chain), the most keys a row that does not fold can hold (pending + N <= C -
-    D, and C - D >= N), not C: a stack of 16 rows where R + N <= 16, one level of (I + A)^-1 fewer
+    T, and C - T >= N), not C: a stack of 16 rows where R + N <= 16, one level of (I + A)^-1 fewer
     at R = 16."""
     return verify_rule(ring_rows, num_nodes, tree_depth)["fold_above"]
 
@@ -201,7 +201,7 @@ def _gdn_ring_verify_kernel(
     ``layer`` + program_id(2). A row is left alone (nothing read past its indices, nothing written)
     unless both slots are in range and its cursor a ring position (pending <= MAX_PENDING); its
     outputs also need every parent link in [-1, n-1]. It folds when pending > 0 and pending + N >
-    FOLD_ABOVE (the verify: C - D, verify_rule; a flush, no drafts: 0, or C - N - D for the due
+    FOLD_ABOVE (the verify: C - T, verify_rule; a flush, no drafts: 0, or C - N - T for the due
     folds); a
     flush's program of a row that does not fold returns at once."""
     V_BLOCKS: tl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
@@ -396,7 +396,7 @@ def flush_cursor_call(cursor, ring_slots, state_slots, *, num_state_slots, num_r
 def flush_rule(ring_rows: int, num_draft: int | None, tree_depth: int | None = None) -> dict:
     """A flush's (max_pending, fold_above) for either mixer: every row with pending tokens (C - 1
     pending at most), or with num_draft only those the next verify of N = num_draft drafts would fold
-    -- pending + D > capacity (verify_rule) -- under the verify's own bound on pending (the capacity)."""
+    -- pending + T > capacity (verify_rule) -- under the verify's own bound on pending (the capacity)."""
     if num_draft is None:
         return dict(max_pending=ring_rows - 1, fold_above=0)
     rule = verify_rule(ring_rows, num_draft, tree_depth)
@@ -568,7 +568,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
     """gdn_ring_verify's launches (the verify -- with the mma kernel the folds' launch, then the
     other rows' in one launch or one per kind -- then the folded windows', unless the mma launches
     move them), or () with no rows. mma: gdn_ring_verify_mma's chunk kernel (None: where
-    _mma_kernel_runs_on, its verify stack fits 32 rows -- C - D + N, mma_verify_keys --,
+    _mma_kernel_runs_on, its verify stack fits 32 rows -- C - T + N, mma_verify_keys --,
     dv >= 32 and no precision is asked for), with block_v, num_warps, maxnreg, small, fold_warps,
     fold_block_v, fold_maxnreg, fused_window, merged, state_stages and chunk_k its own (None: 128
     columns, fewer for small batches with RING_MMA_SPREAD; 4 warps, RING_MMA_MAXNREG (0: none),

@@ -14,7 +14,7 @@ token: the pending tokens up to it; a draft: every pending token and its tree pa
 
 Two launches, each program one [Ns, BLOCK_P] tile of S0^T of HEADS_PER_PROGRAM heads of a group of
 one row (what the group's heads share, once; the fold's programs fewer heads): first the fold of
-the rows that fold (pending > 0 and pending + D > capacity, gdn_ring_verify.verify_rule; a flush:
+the rows that fold (pending > 0 and pending + T > capacity, gdn_ring_verify.verify_rule; a flush:
 every row with pending tokens,
 or with num_draft those) -- one [Ns, P] x [P, BLOCK_P] product written over the tile it read --
 then every row's verify, a
@@ -534,7 +534,7 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     one), fold_precision, fold_warps, fold_heads_per_program, fold_maxnreg and fold_tiles (the fold's;
     fold_tiles: _fold_call's tiles_a_program, 0 -- a row's -- with the op's after_due_flush),
     fused_window (the folded windows moved by the verify launch, no window launch; FUSED_WINDOW),
-    tree_depth (the fold rule's D: verify_rule), fold_verify (FOLD_VERIFY: the folding rows' drafts
+    tree_depth (the fold rule's T: verify_rule), fold_verify (FOLD_VERIFY: the folding rows' drafts
     verified by the folds' launch -- the verify kernel's ROWS 1 -- from the tile it folds, the
     others' by a ROWS 2 launch), pdl (PDL, with fold_verify, sm_90+: that second launch a
     programmatic dependent of the first; the windows then in their own launch)."""

@@ -2,7 +2,7 @@
 path's rows and gates contiguous after the pending ones, every layer.
 
 For row b with (start, pending) = cursor[ring_slots[b]] (C = capacity + N ring rows):
-  1. the fold rule: if pending + D > capacity (the verify folded; D = tree_depth, else N:
+  1. the fold rule: if pending + T > capacity (the verify folded; T = tree_depth, else N:
      gdn_ring_verify.verify_rule), start = (start + pending) % C and pending = 0;
   2. the accepted path: steps[b] in [0, N) and every link met walking up from it in [-1, m-1]
      (parents None: the chain 0..steps[b]); otherwise nothing is accepted. With the path's nodes

@@ -91,7 +91,7 @@ def _replay_pending(ssm, conv, rows_buffer, gates, layers, ring, state, start, p
 
 
 def _folds(pending, capacity, depth):
-    """[B'] bool: the rows a verify folds, pending > 0 and pending + D > capacity (D: the most tokens
+    """[B'] bool: the rows a verify folds, pending > 0 and pending + T > capacity (T: the most tokens
     a step accepts, tree_depth or N)."""
     return (pending > 0) & (pending + depth > capacity)
 

@@ -201,13 +201,13 @@ def gdn_ring_verify(
     """``gdn_verify`` in ring mode, layer ``layer``: the drafts' outputs from the checkpoint plus
     the pending tokens, the fold when the ring would overflow, the drafts' gates into the ring.
 
-    For row b, with (start, pending) = cursor[ring_slots[b]], capacity = C - N and D =
+    For row b, with (start, pending) = cursor[ring_slots[b]], capacity = C - N and T =
     ``tree_depth`` (None: N):
     1. S = the checkpoint ``ssm_state[layer, state_slots[b]]`` (float32) after the pending tokens,
        replayed as ``gdn_commit`` replays a path: token j's conv input is ring row (start + j) % C,
        its conv reads the checkpoint's window ``conv_state[layer, state_slots[b]]`` before the
        first one, its g, beta are ``gates[layer, ring_slots[b], (start + j) % C]``.
-    2. If pending > 0 and pending + D > capacity (fold): ``ssm_state[layer, state_slots[b]] = S``
+    2. If pending > 0 and pending + T > capacity (fold): ``ssm_state[layer, state_slots[b]] = S``
        (cast) and ``conv_state[layer, state_slots[b]]`` = the last K-1 inputs (ring rows, else
        window columns). The cursor is not written: ``ring_accept`` applies the same rule.
     3. ``out[b, n]`` = gdn_verify's output of node n from S (q, k, v, g, beta [b, n] as given).
@@ -268,8 +268,8 @@ def ring_accept(
 ) -> None:
     """After every layer's verify: advance each row's cursor, all layers at once.
 
-    For row b with (start, pending) = cursor[ring_slots[b]], capacity = C - num_draft and D =
-    ``tree_depth`` (None: num_draft): if pending + D > capacity (the verify folded),
+    For row b with (start, pending) = cursor[ring_slots[b]], capacity = C - num_draft and T =
+    ``tree_depth`` (None: num_draft): if pending + T > capacity (the verify folded),
     start = (start + pending) % C and
     pending = 0. Then, if steps[b] (the last accepted draft token, or the accepted node:
     ``gdn_commit``'s steps) lies in [0, N) and its path's links are good, the path root ->
@@ -346,7 +346,7 @@ def gdn_ring_flush(
     verify): for prefix caching, preemption, eviction, a move to another pool.
 
     ``num_draft=N`` (and ``tree_depth``, the verify's): only the rows the next verify of N drafts
-    would fold (pending > 0 and pending + D > capacity, D = tree_depth or N; a cursor with more than
+    would fold (pending > 0 and pending + T > capacity, T = tree_depth or N; a cursor with more than
     the capacity pending is skipped, as the verify skips it), the others untouched -- that step's
     folds done now for every layer in one launch, so the per-layer verifies find nothing to fold
     (where the verify runs the mma kernel, by its own fold

@@ -119,14 +119,14 @@ def mamba2_ring_verify(
     """``mamba2_verify`` in ring mode, layer ``layer``: the drafts' outputs from the checkpoint plus
     the pending tokens, the fold when the ring would overflow, the drafts' dt into the ring.
 
-    For row b, with (start, pending) = cursor[ring_slots[b]], capacity = C - N and D =
+    For row b, with (start, pending) = cursor[ring_slots[b]], capacity = C - N and T =
     ``tree_depth`` (None: N):
     1. h = the checkpoint ``ssm_state[layer, state_slots[b]]`` (float32) after the pending tokens,
        replayed as ``mamba2_commit`` replays a path: token j's conv input is ring row (start + j) % C,
        its conv reads the checkpoint's window ``conv_state[layer, state_slots[b]]`` before the
        first one, then SiLU and the split into x, B; its dt is ``gates[layer, ring_slots[b],
        (start + j) % C, 0]``; ``h = exp(dt * A) * h + (dt * x) B^T``.
-    2. If pending > 0 and pending + D > capacity (fold): ``ssm_state[layer, state_slots[b]] = h``
+    2. If pending > 0 and pending + T > capacity (fold): ``ssm_state[layer, state_slots[b]] = h``
        (cast) and ``conv_state[layer, state_slots[b]]`` = the last K-1 inputs (ring rows, else
        window columns). The cursor is not written: ``ring_accept`` applies the same rule.
     3. ``out[b, n]`` = mamba2_verify's output of node n from h (x, dt, B, C, D, z, dt_bias,

@@ -618,7 +618,7 @@ class _RingOracle:
     inputs as conv_state holds them) -- per (layer, ring slot) the pending tokens (each one's conv
     input as the ring stores it, its gates as the ring holds them), and per ring slot the cursor
     (start, pending) the ops must show. The rules, one by one:
-    - a row's verify folds when pending > 0 and pending + D > capacity, D the most tokens the step
+    - a row's verify folds when pending > 0 and pending + T > capacity, T the most tokens the step
       can accept (a tree's ``tree_depth`` if given, else N): the checkpoint becomes the state after
       the pending tokens (replayed token by token from their conv outputs), the window their last
       K-1 inputs;

@@ -1328,7 +1328,7 @@ def check_separate_storages(op: str, written: dict, read: dict) -> None:
 
 
 def check_tree_depth(op: str, tree_depth, num_nodes: int, tree: bool | None) -> None:
-    """The ring's ``tree_depth`` (its fold rule's D, the most tokens a step accepts): None, or an
+    """The ring's ``tree_depth`` (its fold rule's T, the most tokens a step accepts): None, or an
     int in 1..N; a chain's (``tree`` False) N alone, since a chain of N drafts accepts up to N
     tokens (``tree`` None: not known here, a flush's)."""
     if tree_depth is None:

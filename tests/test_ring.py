@@ -116,9 +116,9 @@ def test_folds_exactly_when_the_ring_would_overflow(num_draft, capacity, accepte
 @pytest.mark.parametrize("tree_depth, capacity", [(1, 8), (3, 9), (4, 16)])
 @pytest.mark.parametrize("due_first", [False, True], ids=["", "due-first"])
 def test_trees_fold_by_their_depth(device, harness_type, tree_depth, capacity, due_first):
-    """With tree_depth D a tree of N = 8 nodes, D of them on its longest path, folds exactly when
-    pending > 0 and pending + D > capacity -- not pending + N -- and accept agrees (the cursor);
-    every pending count up to capacity - D + 1 is met, one token accepted a step, then the deepest
+    """With tree_depth T a tree of N = 8 nodes, T of them on its longest path, folds exactly when
+    pending > 0 and pending + T > capacity -- not pending + N -- and accept agrees (the cursor);
+    every pending count up to capacity - T + 1 is met, one token accepted a step, then the deepest
     path. Every output and checkpoint against the oracle, as in every harness run; on CUDA at
     widths where the GDN ring takes the mma kernel."""
     dims = ((dict(head_k_dim=32, head_v_dim=32) if harness_type is Harness else dict(head_dim=32, d_state=32))
@@ -128,7 +128,7 @@ def test_trees_fold_by_their_depth(device, harness_type, tree_depth, capacity, d
     parents = [[-1, *range(tree_depth - 1), *[-1] * (8 - tree_depth)]]
     seen = set()
     for step in range(capacity + 4):
-        node = 0 if step < capacity else tree_depth - 1  # the root (1 token), then the deepest path (D)
+        node = 0 if step < capacity else tree_depth - 1  # the root (1 token), then the deepest path (T)
         pending = int(harness.ring.pending[0])
         before = harness.ssm_state[:, 1].clone(), harness.conv_state[:, 1].clone()
         harness.step([0], [1], [node], parents)

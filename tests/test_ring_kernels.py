@@ -276,9 +276,9 @@ def test_mma_verify_stack_sized_by_the_capacity(num_nodes, capacity, kinds, monk
 
 @pytest.mark.parametrize("tree_depth, capacity, mma", [(4, 16, True), (1, 16, True), (8, 16, True), (2, 24, False)])
 def test_mma_verify_stack_sized_by_the_tree_depth(tree_depth, capacity, mma, monkeypatch):
-    """Trees of N = 8 at tree_depth D: a row that does not fold holds at most C - D keys (pending + D
-    <= R), so the verify launches' queries start at row VERIFY_KEYS = C - D and fold above it; the
-    mma kernel wherever C - D + N <= 32."""
+    """Trees of N = 8 at tree_depth T: a row that does not fold holds at most C - T keys (pending + T
+    <= R), so the verify launches' queries start at row VERIFY_KEYS = C - T and fold above it; the
+    mma kernel wherever C - T + N <= 32."""
     case = ring_case(num_rows=2, num_nodes=8, capacity=capacity, head_k_dim=32, head_v_dim=32,
                      parents=torch.tensor([[-1, 0, 1, 2, 3, 4, 5, 6][:tree_depth] + [-1] * (8 - tree_depth)] * 2))
     args, kwargs = sgl_convwin.gdn_ring_verify.kernel_arguments(
