@@ -557,14 +557,17 @@ class ReplayCache:
 
 class RingSpecCache:
     """The engine side of the ring design: conv and recurrent state per slot as CHECKPOINTS, and a
-    RingCache (float32 rows, as the other caches here) holding the pending tokens and the drafts."""
+    RingCache (float32 rows, as the other caches here) holding the pending tokens and the drafts;
+    trees fold by their depth (``tree_depth``)."""
 
-    def __init__(self, model: ReplayLM, slots, num_nodes, tree, capacity, device):
+    def __init__(self, model: ReplayLM, slots, num_nodes, parents, capacity, device):
         c = model.config
-        self.model, self.config, self.tree, self.num_nodes = model, c, tree, num_nodes
+        self.model, self.config, self.tree, self.num_nodes = model, c, parents is not None, num_nodes
         self.conv_state, self.rec_state = model.new_states(slots, device)
+        depth = None if parents is None else tree_depth(parents) + 1  # (the ring's counts the root too)
         self.ring = RingCache(c.layers, slots, c.conv_dim, num_nodes, c.state_shape[0], capacity=capacity,
-                              dtype=torch.float32, device=device, num_gates=model.num_gates)
+                              dtype=torch.float32, device=device, num_gates=model.num_gates, tree_depth=depth)
+        self.most_accepted = depth or num_nodes  # (the fold rule's)
         self.folds = 0  # (request, step) pairs whose verify folded
         self.max_out_error = 0.0  # the ring verify's outputs against the decoder's, relative to max |o|
 
@@ -594,10 +597,10 @@ class RingSpecCache:
 
     def commit(self, state_slots, ring_slots, accepted, parents):
         """ring_accept: a cursor advance (a tree's accepted path made contiguous); counts the folds the
-        verify made by the same rule (pending > 0 and pending + N > capacity)."""
+        verify made by the same rule (pending > 0 and pending + T > capacity, T: tree_depth or N)."""
         live = ring_slots >= 0
         pending = self.ring.pending[ring_slots[live]]
-        self.folds += int(((pending > 0) & (pending + self.num_nodes > self.ring.capacity)).sum())
+        self.folds += int(((pending > 0) & (pending + self.most_accepted > self.ring.capacity)).sum())
         self.ring.accept(ring_slots, accepted, parents=self.parents_arg(parents))
 
     def flush(self, slots):
@@ -693,7 +696,8 @@ def speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, 
     if capacity is None:
         cache, verify = target.new_cache(B + 2, num_nodes, layout, tree, device), target.verify  # two spare slots
     else:
-        cache, verify = RingSpecCache(target, B + 2, num_nodes, tree, capacity, device), target.ring_verify
+        cache = RingSpecCache(target, B + 2, num_nodes, parents_list if tree else None, capacity, device)
+        verify = target.ring_verify
     slots = torch.arange(B, device=device) + 1  # slot 0 stays untouched
     # prefill: the prompt but its last token (the pending one), one token at a time
     prompt = torch.tensor(prompts, device=device)
@@ -744,6 +748,7 @@ def speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, 
 
 
 def tree_depth(parents_list: list[int]) -> int:
+    """The levels below the root (a chain of N: N - 1)."""
     depth = [0] * len(parents_list)
     for n, p in enumerate(parents_list):
         depth[n] = 0 if p < 0 else depth[p] + 1

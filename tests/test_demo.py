@@ -112,11 +112,11 @@ def test_ring_matches_greedy(mixer, seed, capacity):
 
 def test_ring_cache_is_alloc_ring():
     model = demo.TinyGDNLM(demo.GDNConfig(layers=2), seed=0, device=torch.device("cpu"))
-    cache = demo.RingSpecCache(model, slots=3, num_nodes=4, tree=False, capacity=6, device="cpu")
+    cache = demo.RingSpecCache(model, slots=3, num_nodes=4, parents=None, capacity=6, device="cpu")
     assert not hasattr(cache, "buffer") and not hasattr(cache, "gates")  # no eager buffer, no commit
     assert cache.speculative_nbytes_per_slot() == 2 * 10 * (model.config.conv_dim + 2 * 4) * 4 + 8
     model = demo.TinyMamba2LM(demo.Mamba2Config(layers=2), seed=0, device=torch.device("cpu"))
-    cache = demo.RingSpecCache(model, slots=3, num_nodes=4, tree=False, capacity=6, device="cpu")
+    cache = demo.RingSpecCache(model, slots=3, num_nodes=4, parents=None, capacity=6, device="cpu")
     assert cache.ring.gates.shape == (2, 3, 10, 1, 4)  # alloc_mamba2_ring's: dt per head
     assert cache.speculative_nbytes_per_slot() == 2 * 10 * (model.config.conv_dim + 4) * 4 + 8
 
