@@ -306,6 +306,7 @@ class Plan:
     # state passes per step (ring_traffic): eager (d) 3, the ring 1 + 1/F at the least, 1 + 2/F as the
     # kernels run, at accept length a
     accept_length: Optional[float] = None
+    ring_tree_depth: Optional[int] = None  # T: the most tokens a step accepts (trees: --tree-depth; else N)
     ring_fold_every_steps: Optional[int] = None  # F
     ring_state_passes_per_step: Optional[float] = None
     ring_state_passes_per_step_run: Optional[float] = None
@@ -322,14 +323,14 @@ class RingTraffic:
     capacity: int  # R: pending tokens a slot holds
     num_draft: int  # N: tokens verified per step (tree nodes)
     accept_length: float  # a: tokens a step makes pending (the accepted path, the verified token counted)
-    fold_every_steps: int  # F = floor((R - N) / a) + 1
+    fold_every_steps: int  # F = floor((R - T) / a) + 1 (T: the tree depth, else N)
     state_passes_per_step: float  # 1 + 1/F
     eager_state_passes_per_step: int  # 3
     state_passes_per_step_run: float  # 1 + 2/F: a fold reads the state, the verify after it reads it again
     mean_pending_tokens: float  # a (F + 1) / 2: tokens each verify replays, on average
 
 
-def ring_traffic(capacity: int, num_draft: int, accept_length: float) -> RingTraffic:
+def ring_traffic(capacity: int, num_draft: int, accept_length: float, tree_depth: Optional[int] = None) -> RingTraffic:
     """The ring's state passes per step, modelled with every step accepting exactly ``accept_length``
     tokens (the path's length, the verified token counted: SGLang's accept length, 1 <= a <= N).
 
@@ -349,10 +350,15 @@ def ring_traffic(capacity: int, num_draft: int, accept_length: float) -> RingTra
     if capacity < num_draft:
         raise ValueError(f"ring capacity {capacity} must be >= the draft tokens N = {num_draft} (a slot holds its "
                          f"pending tokens and one step's drafts)")
-    if not 1 <= accept_length <= num_draft:
-        raise ValueError(f"accept length {accept_length} must lie in [1, N = {num_draft}] (tokens a step accepts, "
-                         f"the verified one counted)")
-    fold_every = math.floor((capacity - num_draft) / accept_length) + 1
+    most = num_draft if tree_depth is None else tree_depth
+    if not 1 <= most <= num_draft:
+        raise ValueError(f"tree depth {tree_depth} must lie in [1, N = {num_draft}] (the nodes on a tree's longest "
+                         f"root path)")
+    if not 1 <= accept_length <= most:
+        bound = f"T = {tree_depth}" if tree_depth else f"N = {num_draft}"
+        raise ValueError(f"accept length {accept_length} must lie in [1, {bound}] (tokens a step accepts, the verified "
+                         f"one counted)")
+    fold_every = math.floor((capacity - most) / accept_length) + 1
     return RingTraffic(capacity, num_draft, accept_length, fold_every, 1 + 1 / fold_every, EAGER_STATE_PASSES,
                        1 + 2 / fold_every, accept_length * (fold_every + 1) / 2)
 
@@ -385,9 +391,11 @@ def _add(*terms) -> Optional[int]:
 
 
 def make_plan(shape: ModelShape, tp: int, draft_tokens: int, topk: int, requests: int, dtype: str,
-              capacity: Optional[int] = None, accept_length: Optional[float] = None) -> Plan:
-    """capacity (the ring's R; default ``default_capacity(N)``) and accept_length (a, default
-    min(DEFAULT_ACCEPT_LENGTH, N)) size the ring of a mixer with known dims; ValueError if they do not fit."""
+              capacity: Optional[int] = None, accept_length: Optional[float] = None,
+              tree_depth: Optional[int] = None) -> Plan:
+    """capacity (the ring's R; default ``default_capacity(N)``), accept_length (a, default
+    min(DEFAULT_ACCEPT_LENGTH, T)) and tree_depth (T, trees only: the ring's fold rule; default N)
+    size the ring of a mixer with known dims; ValueError if they do not fit."""
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
     for what, value, least in (("draft tokens", draft_tokens, 1), ("topk", topk, 1),
@@ -436,8 +444,10 @@ def make_plan(shape: ModelShape, tp: int, draft_tokens: int, topk: int, requests
         designs.append(Design(key, label, keeps[key], per_slot, _mul(per_slot, requests), parts[key]))
     totals = {design.key: design.bytes_per_slot for design in designs}
     capacity = default_capacity(n) if capacity is None else capacity
-    accept_length = min(DEFAULT_ACCEPT_LENGTH, n) if accept_length is None else accept_length
-    traffic = ring_traffic(capacity, n, accept_length)  # validates both, for every mixer
+    if tree_depth is not None and topk == 1:
+        raise ValueError("tree depth is a tree's (topk > 1): a chain of N accepts up to N tokens")
+    accept_length = min(DEFAULT_ACCEPT_LENGTH, tree_depth or n) if accept_length is None else accept_length
+    traffic = ring_traffic(capacity, n, accept_length, tree_depth)  # validates them, for every mixer
     ring = {}
     if mixer is not None:
         ring_parts = ring_nbytes(layers, conv_dim, n, mixer.gate_scalars, capacity, itemsize)
@@ -446,6 +456,7 @@ def make_plan(shape: ModelShape, tp: int, draft_tokens: int, topk: int, requests
         ring = dict(
             ring_capacity=capacity, ring_rows=capacity + n, ring_bytes_per_slot=ring_slot,
             ring_bytes_total=ring_slot * requests, ring_parts=ring_parts, accept_length=accept_length,
+            ring_tree_depth=tree_depth or n,
             ring_fold_every_steps=traffic.fold_every_steps, ring_state_passes_per_step=traffic.state_passes_per_step,
             ring_state_passes_per_step_run=traffic.state_passes_per_step_run,
             replay_state_passes_per_step=traffic.eager_state_passes_per_step,
@@ -584,7 +595,8 @@ def print_ring(plan: Plan) -> None:
     print(f"  state passes per step at accept length a = {plan.accept_length:g}: (d) "
           f"{plan.replay_state_passes_per_step} (verify reads, commit reads + writes); ring "
           f"1 + 1/F = {plan.ring_state_passes_per_step:.2f} at the least (verify reads every step, a fold writes "
-          f"every F = floor((R - N)/a) + 1 = {plan.ring_fold_every_steps} steps); 1 + 2/F = "
+          f"every F = floor((R - {'T' if plan.topk > 1 else 'N'})/a) + 1 = {plan.ring_fold_every_steps} steps"
+          f"{f', T = {plan.ring_tree_depth}' if plan.topk > 1 else ''}); 1 + 2/F = "
           f"{plan.ring_state_passes_per_step_run:.2f} as the kernels run (a fold reads the state, then the verify)")
     print(f"  besides the states each verify replays a(F + 1)/2 = {plan.ring_mean_pending_tokens:g} pending tokens "
           f"on average: their rows and gates are {plan.ring_pending_share_of_state_pass:.1%} of one state pass")
@@ -725,7 +737,7 @@ def run_plan(args) -> int:
     topk = shape.topk if args.topk is None else args.topk
     try:
         plan = make_plan(shape, args.tp, draft_tokens, topk, args.max_running_requests, args.dtype,
-                         capacity=args.capacity, accept_length=args.accept_length)
+                         capacity=args.capacity, accept_length=args.accept_length, tree_depth=args.tree_depth)
     except ValueError as error:
         raise PlanError(str(error)) from error
     if args.plot and all(design.bytes_per_slot is None for design in plan.designs):
@@ -758,6 +770,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--accept-length", dest="accept_length", type=float, default=None,
                         help=f"the ring's traffic model: tokens accepted per step, the verified one counted "
                              f"(default {DEFAULT_ACCEPT_LENGTH:g}, at most N)")
+    parser.add_argument("--tree-depth", dest="tree_depth", type=int, default=None,
+                        help="trees: the nodes on their longest root path, the ring's fold rule (gdn_ring_verify's "
+                             "tree_depth; default N)")
     parser.add_argument("--layers", type=int, default=None, help="custom: conv layers (or override a preset)")
     parser.add_argument("--conv-dim", dest="conv_dim", type=int, default=None,
                         help="custom: conv_dim at TP1 (derived from --mixer dims when omitted)")

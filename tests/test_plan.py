@@ -381,24 +381,29 @@ def test_ring_bytes_are_what_the_ring_cache_allocates(capsys, name, tp, n, topk,
     assert slot.ring == result["ring_bytes_per_slot"]
 
 
-@pytest.mark.parametrize("capacity, num_draft, accepted", [(16, 4, 3), (16, 4, 2), (16, 4, 1), (9, 4, 4),
-                                                           (4, 4, 2), (7, 3, 3), (20, 8, 5)])
-def test_fold_period_is_ring_accepts(capacity, num_draft, accepted):
-    """F = floor((R - N)/a) + 1 against the cursor ring_accept really keeps: a fold shows as pending
-    restarting at the step's accepted tokens. Every step accepts a, counted from an empty ring."""
+@pytest.mark.parametrize("capacity, num_draft, accepted, tree_depth", [
+    (16, 4, 3, None), (16, 4, 2, None), (16, 4, 1, None), (9, 4, 4, None), (4, 4, 2, None), (7, 3, 3, None),
+    (20, 8, 5, None), (16, 8, 3, 4), (16, 8, 2, 2), (9, 8, 1, 1)])
+def test_fold_period_is_ring_accepts(capacity, num_draft, accepted, tree_depth):
+    """F = floor((R - T)/a) + 1 (T: N, or a tree's depth) against the cursor ring_accept really keeps:
+    a fold shows as pending restarting at the step's accepted tokens. Every step accepts a, counted
+    from an empty ring (trees: a chain of tree_depth nodes, the rest roots)."""
     import sgl_convwin
 
     ring = sgl_convwin.alloc_ring(1, 1, 4, num_draft, 1, capacity=capacity)
     slots, steps = torch.tensor([0]), torch.tensor([accepted - 1])
+    parents = None if tree_depth is None else torch.tensor([[-1, *range(tree_depth - 1),
+                                                             *[-1] * (num_draft - tree_depth)]])
     folds = []
     for _ in range(60):
         before = int(ring.cursor[0, 1])
-        sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, num_draft=num_draft)
+        sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, parents, num_draft=num_draft,
+                                tree_depth=tree_depth)
         folds.append(int(ring.cursor[0, 1]) < before + accepted)
-    period = plan.ring_traffic(capacity, num_draft, accepted).fold_every_steps
+    period = plan.ring_traffic(capacity, num_draft, accepted, tree_depth).fold_every_steps
     first = folds.index(True)
     assert all(fold == ((step - first) % period == 0) for step, fold in enumerate(folds[first:], first)), folds
-    traffic = plan.ring_traffic(capacity, num_draft, accepted)
+    traffic = plan.ring_traffic(capacity, num_draft, accepted, tree_depth)
     assert (traffic.state_passes_per_step, traffic.state_passes_per_step_run) == (1 + 1 / period, 1 + 2 / period)
 
 
@@ -406,6 +411,10 @@ def test_fold_period_is_ring_accepts(capacity, num_draft, accepted):
     (["--model", "qwen3-next-80b-a3b", "--capacity", "3"], "ring capacity 3 must be >= the draft tokens N = 4"),
     (["--model", "qwen3-next-80b-a3b", "--accept-length", "5"], "accept length 5.0 must lie in [1, N = 4]"),
     (["--model", "qwen3-next-80b-a3b", "--accept-length", "0.5"], "accept length 0.5 must lie in [1, N = 4]"),
+    (["--model", "nemotron-h-8b", "--tree-depth", "3", "--accept-length", "3.5"],
+     "accept length 3.5 must lie in [1, T = 3]"),
+    (["--model", "nemotron-h-8b", "--tree-depth", "9"], "tree depth 9 must lie in [1, N = 8]"),
+    (["--model", "qwen3-next-80b-a3b", "--tree-depth", "2"], "tree depth is a tree's (topk > 1)"),
 ])
 def test_ring_errors(capsys, args, message):
     usage_error(capsys, ["plan", *args], message)
