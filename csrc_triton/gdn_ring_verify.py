@@ -11,8 +11,8 @@ that mask the formulas of gdn_verify's docstring give U for every key token and 
 queries. The stack's rows 0..C-1 are key rows (token r; P + N <= C of them real), rows C..C+N-1
 the drafts' queries, NODES = C + N rounded up to a power of two (C = capacity + N, the ring's rows).
 
-The fold (pending > 0 and pending + T > capacity, T = N or a tree's depth: verify_rule) stores the
-tile after the pending tokens,
+The fold (pending > 0 and pending + T > capacity, T = N or a tree's depth: verify_rule) stores
+the tile after the pending tokens,
 
     S_P = exp(G_P) S0 + sum_{j < P} exp(G_P - G_j) k_j u_j^T       (G_P = g_0 + ... + g_{P-1})
 
@@ -202,8 +202,7 @@ def _gdn_ring_verify_kernel(
     unless both slots are in range and its cursor a ring position (pending <= MAX_PENDING); its
     outputs also need every parent link in [-1, n-1]. It folds when pending > 0 and pending + N >
     FOLD_ABOVE (the verify: C - T, verify_rule; a flush, no drafts: 0, or C - N - T for the due
-    folds); a
-    flush's program of a row that does not fold returns at once."""
+    folds); a flush's program of a row that does not fold returns at once."""
     V_BLOCKS: tl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     head = tl.program_id(0) // V_BLOCKS
     v_block = tl.program_id(0) % V_BLOCKS
@@ -575,7 +574,7 @@ def _ring_calls(out, q, k, v, g, beta, ssm, conv, rows, gates, cursor, weight, b
     RING_MMA_FUSED_WINDOW, RING_MMA_MERGED, RING_MMA_STATE_STAGES, RING_MMA_CHUNK_K; the rest:
     _mma_chunk_calls) and fold_tiles (0 with the op's after_due_flush); else the Triton kernel at
     ``precision`` / ``fold_precision`` (tf32x3 for a float32 checkpoint). tree_depth: the fold
-    rule's D (verify_rule)."""
+    rule's T (verify_rule)."""
     num_nodes = q.shape[1]
     if q.shape[0] == 0:
         return ()
@@ -639,13 +638,12 @@ def _flush_calls(ssm, conv, cursor, rows, gates, weight, bias, ring_slots, state
                  num_warps=None, precision=None, fold_precision=None, mma=None, fold_warps=None, fold_maxnreg=None,
                  state_stages=None, chunk_k=None, fold_tiles=1):
     """gdn_ring_flush's three launches (every layer's fold, every layer's window, the cursors), or ():
-    every row with pending tokens, or with num_draft (and tree_depth) those the next verify would
-    fold (flush_rule).
-    The folds by the Triton chunk kernel at ``precision`` / ``fold_precision`` (tf32x3 for a float32
-    checkpoint; block_v and num_warps its tile), or with mma by gdn_ring_verify_mma's fold launch
-    over every layer (None: with num_draft, where the verify's folds run on it and no tile or
-    precision is asked for -- the same arithmetic, so the same checkpoints; fold_warps, fold_maxnreg,
-    state_stages, chunk_k and fold_tiles as the verify's)."""
+    every row with pending tokens, or with num_draft (and tree_depth) those the next verify would fold
+    (flush_rule). The folds by the Triton chunk kernel at ``precision`` / ``fold_precision`` (tf32x3
+    for a float32 checkpoint; block_v and num_warps its tile), or with mma by gdn_ring_verify_mma's
+    fold launch over every layer (None: with num_draft, where the verify's folds run on it and no tile
+    or precision is asked for -- the same arithmetic, so the same checkpoints; fold_warps,
+    fold_maxnreg, state_stages, chunk_k and fold_tiles as the verify's)."""
     num_rows = ring_slots.shape[0]
     if num_rows == 0:
         return ()

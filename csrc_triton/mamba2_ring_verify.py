@@ -13,19 +13,17 @@ token: the pending tokens up to it; a draft: every pending token and its tree pa
     S_P  = exp(L_P) S0 + sum_{j < P} exp(L_P - L_j) d_j x_j B_j^T                  (the fold)
 
 Two launches, each program one [Ns, BLOCK_P] tile of S0^T of HEADS_PER_PROGRAM heads of a group of
-one row (what the group's heads share, once; the fold's programs fewer heads): first the fold of
-the rows that fold (pending > 0 and pending + T > capacity, gdn_ring_verify.verify_rule; a flush:
-every row with pending tokens,
-or with num_draft those) -- one [Ns, P] x [P, BLOCK_P] product written over the tile it read --
-then every row's verify, a
-folded row's from its new checkpoint with nothing pending: C S0^T products with the stack's C
-(zero but at the drafts) over chunks of state rows, their loads pipelined through shared memory,
-the intra-chunk term one [stack, stack] x [stack, BLOCK_P] product. For a float32 checkpoint the
-fold multiplies in 3xTF32 (fold_precision_for: it must keep float32's accuracy over many folds), the
-verify's C S0^T in tf32 with operands rounded to nearest and its other products in 3xTF32 (every
-product in tf32 missed mamba2_verify's tolerance, 2e-3 x max |y|, over the 1,000-step test). The
-verify's programs then move the folded rows' conv windows (FUSED_WINDOW; else gdn_ring_verify's
-window launch, mixer-free, last).
+one row (what the group's heads share, once; the fold's programs fewer heads): first the fold of the
+rows that fold (pending > 0 and pending + T > capacity, gdn_ring_verify.verify_rule; a flush: every
+row with pending tokens, or with num_draft those) -- one [Ns, P] x [P, BLOCK_P] product written over
+the tile it read -- then every row's verify, a folded row's from its new checkpoint with nothing
+pending: C S0^T products with the stack's C (zero but at the drafts) over chunks of state rows,
+their loads pipelined through shared memory, the intra-chunk term one [stack, stack] x [stack,
+BLOCK_P] product. For a float32 checkpoint the fold multiplies in 3xTF32 (fold_precision_for: it
+must keep float32's accuracy over many folds), the verify's C S0^T in tf32 with operands rounded to
+nearest and its other products in 3xTF32 (every product in tf32 missed mamba2_verify's tolerance,
+2e-3 x max |y|, over the 1,000-step test). The verify's programs then move the folded rows' conv
+windows (FUSED_WINDOW; else gdn_ring_verify's window launch, mixer-free, last).
 """
 
 from __future__ import annotations
