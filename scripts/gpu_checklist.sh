@@ -456,7 +456,7 @@ for phase in "$@"; do
                   drafts=$([ $told = --tree-depth ] && echo "chain tree" || echo tree)
                   timeout 120 python3 benchmarks/bench_ring.py --mixer $mixer --batches 64 256 --drafts $drafts $told \
                     > "$out/ring_depth_${mixer}${told}.log" 2>&1 || rc=1
-                  grep -E '^(check|  tree|\| tree)|FAILED|Error' "$out/ring_depth_${mixer}${told}.log"
+                  grep -E '^(check|  (chain|tree)|\| (chain|tree))|FAILED|Error' "$out/ring_depth_${mixer}${told}.log"
                 done
               done ;;
     ringahead) rc=0  # (the ring verifies' prefetch of a later program's rows: tests, sanitizers, then the steps)
