@@ -78,7 +78,8 @@
 #             racecheck over them, then chains and trees at 16 / 64 rows against the default (B = 64 / 256)
 #   aheadtimes  `ahead` without its sanitizers (the bit-for-bit tests, then the sweep)
 #   depth     trees folding by their depth (tree_depth; never run on a GPU): the ring's GPU tests of it (and the
-#             random steps, CUDA graphs, opcheck, due folds), then tree steps told and not told, both mixers (B = 64 / 256)
+#             random steps, CUDA graphs, opcheck, due folds), then tree steps told and not told, both mixers, GDN
+#             chains beside (B = 64 / 256)
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
@@ -453,8 +454,8 @@ for phase in "$@"; do
               for mixer in gdn mamba2; do
                 for told in --tree-depth --no-tree-depth; do
                   echo "# $mixer $told"
-                  drafts=$([ $told = --tree-depth ] && echo "chain tree" || echo tree)
-                  limit=$([ $told = --tree-depth ] && echo 130 || echo 90)
+                  drafts=$([ $told$mixer = --tree-depthgdn ] && echo "chain tree" || echo tree)
+                  limit=$([ "$drafts" = tree ] && echo 90 || echo 130)
                   timeout $limit python3 benchmarks/bench_ring.py --mixer $mixer --batches 64 256 --drafts $drafts $told \
                     > "$out/ring_depth_${mixer}${told}.log" 2>&1 || rc=1
                   grep -E '^(check|  (chain|tree)|\| (chain|tree))|FAILED|Error' "$out/ring_depth_${mixer}${told}.log"
