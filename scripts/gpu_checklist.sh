@@ -413,7 +413,7 @@ for phase in "$@"; do
               done ;;
     vruns)    rc=0  # (gdn_verify's v and out in 16-byte runs, the default: its bit-for-bit tests, memcheck +
               # racecheck over its launch choices, which run it on and off; then the sweep on fp32 pools transposed)
-              timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py -k value_runs \
+              timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py -k value_runs \
                 > "$out/gpu_tests_vruns.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_vruns.log"
               mkdir -p "$out/vrunsan"
@@ -448,7 +448,7 @@ for phase in "$@"; do
                 grep -E '^(\||read)|FAILED|Error' "$out/sweep_ahead_$dtype.log"
               done ;;
     depth)    rc=0  # (trees folding by their depth, tree_depth: the GPU tests, then tree steps told and not told)
-              timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring.py tests/test_ring_kernels.py \
+              timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring.py tests/test_ring_kernels.py \
                 -k "depth or due_folds or cuda_graph or opcheck or random_steps" > "$out/gpu_tests_depth.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_depth.log"
               for mixer in gdn mamba2; do
