@@ -400,7 +400,7 @@ def through_kernels(monkeypatch):
 
 
 # "kernels": the CPU run with the RingCache's ops bound to their kernels (through_kernels), fewer steps
-STRONG_DECAY_CASES = [
+RING_CASES = [
     "cpu", pytest.param("cuda", marks=pytest.mark.gpu),
     pytest.param("kernels", marks=[pytest.mark.slow, pytest.mark.skipif(
         not (INTERPRET and HAS_TRITON), reason="Triton's interpreter runs on the CPU only")])]
@@ -409,7 +409,7 @@ STRONG_DECAY_CASES = [
 def run_strong_decays(harness_type, case, tree, monkeypatch):
     """Steps at capacity 8 with about one gate in eight a strong decay (with_strong_decays), so that
     rows fold past them: every output, checkpoint and flushed state checked as in any run; ``case``
-    one of STRONG_DECAY_CASES."""
+    one of RING_CASES."""
     if case == "kernels":
         through_kernels(monkeypatch)
     generator = torch.Generator().manual_seed(7)

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sgl_convwin
-from ring_harness import (FILL, MANY_STEPS_CASES, STRONG_DECAY_CASES, Harness, Mamba2Harness, replay_against_eager,
-                          run_many_steps, run_sequence, run_strong_decays)
+from ring_harness import (FILL, MANY_STEPS_CASES, RING_CASES, Harness, Mamba2Harness, replay_against_eager,
+                          run_many_steps, run_sequence, run_strong_decays, through_kernels)
 from support import random_tree
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -75,7 +75,7 @@ def test_many_steps_flush_within_tolerance(device, tree):
     run_many_steps(Harness, device, tree)
 
 
-@pytest.mark.parametrize("case", STRONG_DECAY_CASES)
+@pytest.mark.parametrize("case", RING_CASES)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_strong_decays(case, tree, monkeypatch):
     """Decays that leave next to nothing of the state before them (GDN: log decays -1e4 .. -inf),
@@ -111,20 +111,23 @@ def test_folds_exactly_when_the_ring_would_overflow(num_draft, capacity, accepte
         assert seen == set(range(capacity - num_draft + 2))  # every pending count up to the first fold
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", RING_CASES)
 @pytest.mark.parametrize("harness_type", [Harness, Mamba2Harness], ids=["gdn", "mamba2"])
 @pytest.mark.parametrize("tree_depth, capacity", [(1, 8), (3, 9), (4, 16)])
 @pytest.mark.parametrize("due_first", [False, True], ids=["", "due-first"])
-def test_trees_fold_by_their_depth(device, harness_type, tree_depth, capacity, due_first):
+def test_trees_fold_by_their_depth(case, harness_type, tree_depth, capacity, due_first, monkeypatch):
     """With tree_depth T a tree of N = 8 nodes, T of them on its longest path, folds exactly when
     pending > 0 and pending + T > capacity -- not pending + N -- and accept agrees (the cursor);
     every pending count up to capacity - T + 1 is met, one token accepted a step, then the deepest
     path. Every output and checkpoint against the oracle, as in every harness run; on CUDA at
-    widths where the GDN ring takes the mma kernel."""
+    widths where the GDN ring takes the mma kernel; "kernels": the Triton kernels interpreted."""
+    if case == "kernels":
+        through_kernels(monkeypatch)
     dims = ((dict(head_k_dim=32, head_v_dim=32) if harness_type is Harness else dict(head_dim=32, d_state=32))
-            if device == "cuda" else {})
+            if case == "cuda" else {})
     harness = harness_type(num_draft=8, capacity=capacity, num_ring_slots=1, num_state_slots=2, num_layers=1,
-                           device=device, tree_depth=tree_depth, due_first=due_first, **dims)
+                           device="cpu" if case == "kernels" else case, tree_depth=tree_depth, due_first=due_first,
+                           **dims)
     parents = [[-1, *range(tree_depth - 1), *[-1] * (8 - tree_depth)]]
     seen = set()
     for step in range(capacity + 4):

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sgl_convwin
-from ring_harness import (FILL, MANY_STEPS_CASES, STRONG_DECAY_CASES, Mamba2Harness, replay_against_eager,
+from ring_harness import (FILL, MANY_STEPS_CASES, RING_CASES, Mamba2Harness, replay_against_eager,
                           run_many_steps, run_sequence, run_strong_decays)
 
 # ---------------------------------------------------------------------------------------------
@@ -86,7 +86,7 @@ def test_flush_mid_sequence_and_resume():
     assert harness.folds > 0
 
 
-@pytest.mark.parametrize("case", STRONG_DECAY_CASES)
+@pytest.mark.parametrize("case", RING_CASES)
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
 def test_strong_decays(case, tree, monkeypatch):
     """Decays that leave next to nothing of the state before them (steps dt of 3e2 .. 1e4),
