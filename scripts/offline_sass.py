@@ -17,6 +17,7 @@ environment beside torch); its wheel carries ptxas, cuobjdump and nvdisasm.
     python scripts/offline_sass.py gdn_ring --tunings '{"merged": false}' --opcodes 12  # each kind's opcode mix
     python scripts/offline_sass.py gdn_ring_test_shapes --batch 4               # every shape the tests compile
     python scripts/offline_sass.py mamba2_ring_test_shapes --batch 4            # (the Mamba2 ring's)
+    python scripts/offline_sass.py ring_tree_depth --batch 4                    # both rings' trees told their depth
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def mamba2_verify_calls(batch, tuning):
 
 
 def mamba2_ring_calls(batch, tuning, H=128, P=64, G=8, Ns=128, N=4, capacity=16, tree=False,
-                      state_dtype=torch.float32):
+                      state_dtype=torch.float32, tree_depth=None):
     """mamba2_ring_verify's launches, by default at Nemotron-H-8B TP1, capacity 16, chains of 4, a
     float32 checkpoint."""
     K, rows = 4, capacity + N
@@ -156,7 +157,7 @@ def mamba2_ring_calls(batch, tuning, H=128, P=64, G=8, Ns=128, N=4, capacity=16,
         torch.empty(dim, K, dtype=torch.bfloat16), torch.empty(dim, dtype=torch.bfloat16), torch.arange(batch),
         torch.arange(batch), 0,
         torch.zeros(batch, N, dtype=torch.int64) if tree else None, D=torch.empty(H), z=None,
-        dt_bias=torch.empty(H), dt_softplus=True)
+        dt_bias=torch.empty(H), dt_softplus=True, tree_depth=tree_depth)
     return list(csrc_triton.mamba2_ring_verify._ring_calls(*args, **dict(kwargs, **tuning)))
 
 
@@ -190,7 +191,7 @@ def mamba2_ring_test_shape_calls(batch, tuning):
 
 
 def gdn_ring_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, tree=False, state_dtype=torch.float32,
-                   capacity=16):
+                   capacity=16, tree_depth=None):
     """gdn_ring_verify's launches on the mma kernel; by default at Qwen3-Next TP1 (Hk 16, Hv 32,
     dk = dv = 128), capacity 16, chains of 4, a float32 checkpoint."""
     K, rows = 4, capacity + N
@@ -202,8 +203,25 @@ def gdn_ring_calls(batch, tuning, Hk=16, Hv=32, dk=128, dv=128, N=4, tree=False,
         torch.empty(1, batch, dim, K - 1, dtype=torch.bfloat16), torch.empty(1, batch, rows, dim, dtype=torch.bfloat16),
         torch.empty(1, batch, rows, 2, Hv), torch.zeros(batch, 2, dtype=torch.int32),
         torch.empty(dim, K, dtype=torch.bfloat16), None,
-        torch.arange(batch), torch.arange(batch), 0, torch.zeros(batch, N, dtype=torch.int64) if tree else None)
+        torch.arange(batch), torch.arange(batch), 0, torch.zeros(batch, N, dtype=torch.int64) if tree else None,
+        tree_depth=tree_depth)
     return list(csrc_triton.gdn_ring_verify._ring_calls(*args, **dict(kwargs, mma=True, **tuning)))
+
+
+def tree_depth_calls(batch, tuning):
+    """Both rings' launches for trees of 8 told their depth: the benchmarks' (depth 4, capacity 16, the
+    models' shapes) and test_trees_fold_by_their_depth's (depth 1 / 3 / 4 at capacity 8 / 9 / 16,
+    heads of 32): the GDN verify's stack of C - T keys, Mamba2's of 32 rows."""
+    shapes = [dict(capacity=16, tree_depth=4)]
+    tests = [dict(capacity=capacity, tree_depth=depth) for capacity, depth in ((8, 1), (9, 3), (16, 4))]
+    calls = []
+    for shape in shapes:
+        calls += gdn_ring_calls(batch, tuning, N=8, tree=True, **shape)
+        calls += mamba2_ring_calls(batch, tuning, N=8, tree=True, **shape)
+    for shape in tests:
+        calls += gdn_ring_calls(batch, tuning, Hk=1, Hv=2, dk=32, dv=32, N=8, tree=True, **shape)
+        calls += mamba2_ring_calls(batch, tuning, H=2, P=32, G=1, Ns=32, N=8, tree=True, **shape)
+    return [call for call in calls if "window" not in call.kernel.__name__]
 
 
 def gdn_ring_test_shape_calls(batch, tuning):
@@ -255,7 +273,7 @@ KERNELS = {"mamba2_verify": mamba2_verify_calls, "mamba2_ring": mamba2_ring_call
            "gdn_verify_tree": functools.partial(gdn_verify_calls, tree=True),
            "gdn_verify_bf16_tree": functools.partial(gdn_verify_calls, state_dtype=torch.bfloat16, tree=True),
            "gdn_verify_bf16_transposed": functools.partial(gdn_verify_calls, state_dtype=torch.bfloat16, transposed=True),
-           "mamba2_ring_test_shapes": mamba2_ring_test_shape_calls}
+           "mamba2_ring_test_shapes": mamba2_ring_test_shape_calls, "ring_tree_depth": tree_depth_calls}
 
 
 def main(argv=None) -> int:
