@@ -525,24 +525,26 @@ def test_after_due_flush_is_only_a_hint(device):
             assert torch.equal(plain, hinted)
 
 
-def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, x, g, beta, slots, steps, flush_slots, heads):
+def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, x, g, beta, slots, steps, flush_slots, heads,
+              parents=None, tree_depth=None):
     """One decode step in ring mode as the recipe runs it -- the due flush, every layer told so, the
-    acceptance -- then a flush."""
+    acceptance -- then a flush; trees with ``parents`` and ``tree_depth``."""
     num_rows, num_nodes, _ = x.shape[1:]
     hk, dk, hv, dv = heads["num_k_heads"], heads["head_k_dim"], heads["num_v_heads"], heads["head_v_dim"]
     sgl_convwin.gdn_ring_flush(ssm_state, conv_state, ring.cursor, ring.rows, ring.gates, conv_weight, slots, slots,
-                               conv_bias=conv_bias, **heads, num_draft=num_nodes)
+                               conv_bias=conv_bias, **heads, num_draft=num_nodes, tree_depth=tree_depth)
     for layer in range(x.shape[0]):
         conv_out = torch.empty(num_rows, num_nodes, x.shape[3], device=x.device)
         sgl_convwin.ring_conv1d_verify(conv_out, ring.rows, conv_state, x[layer], conv_weight[layer], conv_bias[layer],
-                                       slots, slots, ring.cursor, layer, activation="silu")
+                                       slots, slots, ring.cursor, layer, parents, activation="silu")
         q, k, v = conv_out.split([hk * dk, hk * dk, hv * dv], dim=-1)
         out = torch.empty(num_rows, num_nodes, hv, dv, device=x.device)
         sgl_convwin.gdn_ring_verify(out, q.unflatten(-1, (hk, dk)), k.unflatten(-1, (hk, dk)),
                                     v.unflatten(-1, (hv, dv)), g[layer], beta[layer], ssm_state, conv_state, ring.rows,
                                     ring.gates, ring.cursor, conv_weight[layer], conv_bias[layer], slots, slots, layer,
-                                    after_due_flush=True)
-    sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, num_draft=num_nodes)
+                                    parents, after_due_flush=True, tree_depth=tree_depth)
+    sgl_convwin.ring_accept(ring.cursor, ring.rows, ring.gates, slots, steps, parents, num_draft=num_nodes,
+                            tree_depth=tree_depth)
     sgl_convwin.gdn_ring_flush(ssm_state, conv_state, ring.cursor, ring.rows, ring.gates, conv_weight, flush_slots,
                                flush_slots, conv_bias=conv_bias, **heads)
     return out
@@ -550,10 +552,11 @@ def ring_step(ring, ssm_state, conv_state, conv_weight, conv_bias, x, g, beta, s
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-def test_compiled_step_matches_eager(device, dynamic):
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_compiled_step_matches_eager(device, dynamic, tree):
     """Four ring steps compiled with fullgraph=True (static or dynamic shapes) give the eager calls'
     bits, every ring op is in the graph, and the ring and states are written in place (no copy of
-    them)."""
+    them); trees of two roots told their depth (1)."""
     from torch._inductor.utils import run_and_get_code
 
     torch._dynamo.reset()
@@ -570,9 +573,10 @@ def test_compiled_step_matches_eager(device, dynamic):
     inputs = [tuple(t.to(device) for t in step_inputs) for step_inputs in inputs]
     (_, eager), (_, compiled_args) = make(), make()
     compiled = torch.compile(ring_step, fullgraph=True, dynamic=dynamic)
+    trees = dict(parents=torch.tensor([[-1, -1]] * 2, device=device), tree_depth=1) if tree else {}
     for step, step_inputs in enumerate(inputs):
-        expected = ring_step(*eager, *step_inputs, heads)
-        got, codes = run_and_get_code(compiled, *compiled_args, *step_inputs, heads)
+        expected = ring_step(*eager, *step_inputs, heads, **trees)
+        got, codes = run_and_get_code(compiled, *compiled_args, *step_inputs, heads, **trees)
         assert torch.equal(got, expected), step
     code = "\n".join(codes)
     for name in ("ring_conv1d_verify", "gdn_ring_verify", "ring_accept", "gdn_ring_flush"):
