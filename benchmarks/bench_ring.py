@@ -61,6 +61,7 @@ from bench_gdn_verify import gdn_verify_fn, read_ceiling_gbps, state_read_bytes,
 from common import (copy_ceiling_gbps, environment_line, graph_time_us, markdown_header, markdown_row,  # noqa: E402
                     parse_tunings)
 from sgl_convwin import reference  # noqa: E402
+from sgl_convwin.validation import longest_root_path  # noqa: E402
 
 UNROLL = 8  # steps per captured graph, each with its own acceptance
 DEVICE = "cuda"  # (tests dry-run the flow on the CPU)
@@ -254,7 +255,7 @@ def path_length(step: int, parents: list[int] | None) -> int:
 
 def tree_depth(tree: bool) -> int | None:
     """The ops' tree_depth for a step of TREE_PARENTS trees (its longest path) or chains (None)."""
-    return max(path_length(n, TREE_PARENTS) for n in range(len(TREE_PARENTS))) if tree and TREE_DEPTH else None
+    return longest_root_path(TREE_PARENTS) if tree and TREE_DEPTH else None
 
 
 def folds_per_step(steps_table: list[list[int]], most_accepted: int, capacity: int, parents, steps=2000) -> float:

@@ -64,6 +64,7 @@ from . import layout as layouts
 from .cache import RingCache
 from .ops_ring import DEFAULT_CAPACITY, gdn_ring_flush
 from .ops_ring_mamba2 import mamba2_ring_flush
+from .validation import longest_root_path
 
 GRID = 2.0**-6
 LIMIT = 8.0
@@ -564,7 +565,7 @@ class RingSpecCache:
         c = model.config
         self.model, self.config, self.tree, self.num_nodes = model, c, parents is not None, num_nodes
         self.conv_state, self.rec_state = model.new_states(slots, device)
-        depth = None if parents is None else tree_depth(parents) + 1  # (the ring's counts the root too)
+        depth = None if parents is None else longest_root_path(parents)
         self.ring = RingCache(c.layers, slots, c.conv_dim, num_nodes, c.state_shape[0], capacity=capacity,
                               dtype=torch.float32, device=device, num_gates=model.num_gates, tree_depth=depth)
         self.most_accepted = depth or num_nodes  # (the fold rule's)
@@ -749,10 +750,7 @@ def speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, 
 
 def tree_depth(parents_list: list[int]) -> int:
     """The levels below the root (a chain of N: N - 1)."""
-    depth = [0] * len(parents_list)
-    for n, p in enumerate(parents_list):
-        depth[n] = 0 if p < 0 else depth[p] + 1
-    return max(depth)
+    return longest_root_path(parents_list) - 1
 
 
 def progress_bar(label: str, stream=sys.stderr):

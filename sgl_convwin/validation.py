@@ -1351,8 +1351,9 @@ def check_flush_tree_depth(op: str, tree_depth, num_draft) -> None:
         check_tree_depth(op, tree_depth, num_draft, None)
 
 
-def _path_nodes(links: list[int]) -> int:
-    """The most nodes on a root path of a tree of good links (parents[n] in [-1, n-1])."""
+def longest_root_path(links: list[int]) -> int:
+    """The most nodes on a root path of a tree of good links (parents[n] in [-1, n-1]): the ring's
+    tree_depth for that tree."""
     depth: list[int] = []
     for link in links:
         depth.append(1 if link < 0 else depth[link] + 1)
@@ -1390,9 +1391,10 @@ def check_ring_index_values(op: str, sizes: RingSizes, ring_slots, cursor, *, st
                              f"tokens (expected 0..{sizes.num_nodes - 1}, or negative to accept none)")
         if links is not None:
             check_parent_links(op, row, links[row])
-            if tree_depth is not None and _path_nodes(links[row]) > tree_depth:
-                raise IndexError(f"{op}: parents[{row}] = {links[row]} has a root path of {_path_nodes(links[row])} "
-                                 f"nodes, more than tree_depth = {tree_depth}")
+            deepest = None if tree_depth is None else longest_root_path(links[row])
+            if deepest is not None and deepest > tree_depth:
+                raise IndexError(f"{op}: parents[{row}] = {links[row]} has a root path of {deepest} nodes, more than "
+                                 f"tree_depth = {tree_depth}")
         if slot in used_by:
             raise IndexError(f"{op}: rows {used_by[slot]} and {row} both use ring slot {slot}; which one lands would "
                              f"be unspecified")
