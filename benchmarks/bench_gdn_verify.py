@@ -209,10 +209,7 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          # 64 / 32 rows in registers
          dict(mma=True, prefetch_rows=0), dict(mma=True, prefetch_rows=16),
          *(dict(mma=True, native_products=True, chunk_k=c, prefetch_rows=32) for c in (64, 32)),
-         dict(mma=True, value_runs=False),  # v and out an element a load / store (the default: 16-byte runs)
-         # once its state is read, a program prefetches into L2 the first 16 / 32 / 128 rows of the tile a GPU's
-         # worth of programs later (at 128 registers: 8 programs an SM, as the distance counts; bf16 takes 130)
-         *(dict(mma=True, prefetch_ahead=r, maxnreg=128) for r in (16, 32, 128))]
+         dict(mma=True, value_runs=False)]  # v and out an element a load / store (the default: 16-byte runs)
 TREE_OPTIONS = ("tree_masks", "doubling", "shallow")
 
 

@@ -67,7 +67,7 @@ UNROLL = 8  # steps per captured graph, each with its own acceptance
 DEVICE = "cuda"  # (tests dry-run the flow on the CPU)
 DUE_FIRST = True  # each step's folds first, every layer in one flush(num_draft=N); --no-due-first: in the verifies
 TRANSPOSED = False  # --transposed: the GDN checkpoints stored [.., dv, dk] (the engines' layout), passed transposed
-TREE_DEPTH = True  # trees fold by their depth (tree_depth: TREE_PARENTS' longest path); --no-tree-depth: by N
+TREE_DEPTH = False  # trees fold by their N nodes; --tree-depth: by their depth (tree_depth: TREE_PARENTS' longest path)
 SHAPES = {"gdn": Shapes(), "mamba2": NEMOTRON_H_8B_TP1}  # Qwen3-Next-80B TP1, Nemotron-H-8B TP1
 
 
@@ -573,9 +573,9 @@ def main(argv=None) -> int:
     parser.add_argument("--conv-sweep", nargs="+", metavar="BLOCK/WARPS",
                         help="ring_conv1d_verify's launches alone per tile (channels per program / warps; the default "
                              "first), every layer, chains")
-    parser.add_argument("--tree-depth", action=argparse.BooleanOptionalAction, default=True,
-                        help="trees fold by their depth (the ops' tree_depth: 4 for the trees of 8 here, the default); "
-                             "--no-tree-depth: by their N nodes, as a ring that is not told")
+    parser.add_argument("--tree-depth", action=argparse.BooleanOptionalAction, default=False,
+                        help="trees fold by their depth (the ops' tree_depth: 4 for the trees of 8 here); the default "
+                             "(--no-tree-depth): by their N nodes, as a ring that is not told")
     parser.add_argument("--transposed", action="store_true",
                         help="the GDN checkpoints stored [.., dv, dk] (the engines' layout) and passed transposed")
     args = parser.parse_args(argv)

@@ -38,17 +38,6 @@ LOG_DECAY_FLOOR = tl.constexpr(-64.0)
 
 MISSING = object()
 
-
-@triton.jit
-def l2_prefetch(addresses, sizes, live):
-    """cp.async.bulk.prefetch.L2 (sm_90) of sizes bytes at each of the int64 addresses where live: a
-    hint that reads nothing into the program (16-byte aligned addresses, sizes multiples of 16). The
-    Triton kernels' twin of gdn_verify_mma._prefetch_tile's instruction (a Gluon function cannot call
-    a Triton one)."""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
-        "=r,l,r,r", [addresses, live.to(tl.int32), sizes], dtype=tl.int32, is_pure=False, pack=1)
-
 # Launching a CompiledKernel directly (``compiled[grid](*args)``) relies on how Triton lays out a
 # compiled kernel's launch arguments: used only on the Triton versions it was verified on (the
 # GPU tests and the eager table ran on 3.6); any other version launches through Triton every time.
@@ -354,21 +343,6 @@ def pdl_device(ssm) -> bool:
     """Whether ssm's device has programmatic dependent launch (sm_90+); a CPU tensor (offline
     compiles, launch tests) counts as one."""
     return not ssm.is_cuda or nvidia_at_least(ssm.device, (9, 0))
-
-
-def resident_programs(device: torch.device, per_sm: int) -> int:
-    """The programs a GPU holds at once at ``per_sm`` an SM (an H100's or H200's 132 SMs where the
-    device is not a GPU: offline compiles, the CPU's launch tests)."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-    return sms * per_sm
-
-
-def later_prefetch(ssm, rows: int, max_rows: int, per_sm: int) -> dict:
-    """A kernel's AHEAD / AHEAD_ROWS constexprs: once a program has read its state, the first ``rows``
-    rows (at most max_rows) of the tile of the program a GPU's worth (per_sm an SM) after it in
-    launch order prefetched into L2, where cp.async.bulk.prefetch exists (sm_90+, as pdl); else none."""
-    rows = min(rows, max_rows) if pdl_device(ssm) else 0
-    return dict(AHEAD=resident_programs(ssm.device, per_sm) if rows else 0, AHEAD_ROWS=rows)
 
 
 def interpreted() -> bool:

@@ -27,8 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (KernelCall, cdiv, floored_log_decay, later_prefetch, next_power_of_2, pdl_device,
-                      planned_calls, programs_walking)
+from ._common import (KernelCall, cdiv, floored_log_decay, next_power_of_2, pdl_device, planned_calls,
+                      programs_walking)
 from .gdn_verify import (MIN_DOT, _dot, _l2_normalised, _mma_kernel_runs_on, _operand, _unit_lower_inverse,
                          check_mma_tiles, spread_block, stack_rows, state_stages_for)
 from .ring_conv import check_ring_grid, ring_row_state
@@ -68,11 +68,6 @@ RING_MMA_SPREAD = False
 # sm_90+: each program's first read after the launch before has finished, its start under that
 # launch's tail (gdn_verify's pdl 1: nothing a caller sees changes; 0: plain launches)
 RING_MMA_PDL = 1
-# Once a verify launch's program has read its checkpoint tile, the first this many rows of the tile
-# of the program launched a GPU's worth of programs after it (RING_MMA_PROGRAMS_PER_SM an SM)
-# prefetched into L2 (0: none; a power of two; gdn_verify's prefetch_ahead). Untimed.
-RING_MMA_PREFETCH_AHEAD = 0
-RING_MMA_PROGRAMS_PER_SM = 4  # (four warps at 128 registers)
 
 
 def verify_rule(ring_rows: int, num_nodes: int, tree_depth: int | None = None) -> dict:
@@ -496,12 +491,8 @@ def _mma_chunk_calls(chunk, ssm, num_layers, maxnreg, small, fold_warps=None, fo
              (3 if small and merged else 1, verify_nodes, other_cap))
     fold = _mma_fold_call(chunk, ssm, constexprs, fold_warps or num_warps, fold_block_v or block_v, fold_maxnreg,
                           state_stages, fold_tiles)
-    ahead = RING_MMA_PREFETCH_AHEAD
-    if ahead & (ahead - 1) or ahead < 0:
-        raise ValueError(f"gdn_ring_verify_mma: RING_MMA_PREFETCH_AHEAD is a power of two or 0, got {ahead}")
-    verify = dict(constexprs, **later_prefetch(ssm, ahead, chunk.constexprs["BLOCK_K"], RING_MMA_PROGRAMS_PER_SM))
     return (fold, *(KernelCall(gdn_ring_verify_mma._gdn_ring_verify_mma_kernel, chunk.grid, chunk.tensors,
-                               chunk.scalars, dict(verify, KIND=kind, NODES=nodes, STATE_STAGES=stages, **caps))
+                               chunk.scalars, dict(constexprs, KIND=kind, NODES=nodes, STATE_STAGES=stages, **caps))
                     for kind, nodes, caps in kinds))
 
 
@@ -516,7 +507,7 @@ def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
                       WARPS=chunk.constexprs["num_warps"], SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4),
                       TILES_A_PROGRAM=1, **verify)
     pdl = bool(RING_MMA_PDL) and pdl_device(ssm)
-    constexprs.update(PDL=pdl, AHEAD=0, AHEAD_ROWS=0, **({"launch_pdl": True} if pdl else {}))  # (verifies': above)
+    constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     return constexprs
 
 

@@ -28,9 +28,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .gdn_verify import rows_contiguous
-from .gdn_verify_mma import (_floored_log_decay, _grid_dependency, _issue_first_chunks, _later_tile, _mma,
-                             _parent_of, _parts, _prefetch_tile, _product, _rounded, _staged_chunk, _state_chunk,
-                             _state_copy_layout, _state_ring_layout, _unit_lower_inverse)
+from .gdn_verify_mma import (_floored_log_decay, _grid_dependency, _issue_first_chunks, _mma,
+                             _parent_of, _parts, _product, _rounded, _staged_chunk, _state_chunk, _state_copy_layout,
+                             _state_ring_layout, _unit_lower_inverse)
 
 
 @gluon.jit
@@ -189,7 +189,6 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
               gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
               out_stride_row, out_stride_node, out_stride_head, out_stride_v,
               weight_stride_dim, weight_stride_tap, bias_stride,
-              ahead_slot_at, ahead_head_base, ahead_v0, ahead_ok, num_state_slots, ssm_stride_slot,
               NUM_NODES: gl.constexpr, RING_ROWS: gl.constexpr, KEY_ROWS: gl.constexpr, PENDING_ROWS: gl.constexpr,
               NODES: gl.constexpr,
               KERNEL_SIZE: gl.constexpr,
@@ -197,15 +196,13 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
-              STATE_STAGES: gl.constexpr, AHEAD_ROWS: gl.constexpr):
+              STATE_STAGES: gl.constexpr):
     """One program's work: with drafts (NUM_NODES > 0) the row's outputs for its query rows, stored,
     and the drafts' gates beside their rows (v0 = 0); with FOLD the checkpoint tile after the pending
     tokens, stored in place (after the outputs, which the old tile gave). Products in 3xTF32 with
     SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of this launch has at most
     PENDING_ROWS pending tokens. With STATE_STAGES the chunks come through shared memory state_ring
-    (cp.async, that many in flight). AHEAD_ROWS: once the state is read, the first that many rows of
-    the tile at ahead_head_base's slot read at ahead_slot_at, column ahead_v0, prefetched into L2
-    where ahead_ok (gdn_verify_mma._verify_tile's AHEAD_ROWS)."""
+    (cp.async, that many in flight)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -292,9 +289,6 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     products = _state_products(state_ring, state_base, live, v0, upcoming, kq_hi, kq_lo, NODES, HEAD_K_DIM,
                                HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES,
                                STAGES, WARPS, TILES, SPLIT, MMA, A_L, B_L, LOAD_L, COPY_L)
-    if AHEAD_ROWS > 0:  # (the state read: the rest of this program is arithmetic and stores)
-        _prefetch_tile(ahead_slot_at, num_state_slots, ahead_head_base, ssm_stride_slot, ahead_v0, ahead_ok, HEAD_K_DIM,
-                       HEAD_V_DIM, BLOCK_V, SSM_STRIDE_K, SSM_STRIDE_V, AHEAD_ROWS, WARPS)
 
     # the node matrices: rows r and columns c of the stack (key token r < C, query C + d)
     r, r_key, r_pending, r_draft, r_drafted = _stack_entries(live, pending, NUM_NODES, KEY_ROWS, NODES, ROW_L)
@@ -423,8 +417,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
-    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr, AHEAD: gl.constexpr,
-    AHEAD_ROWS: gl.constexpr,
+    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
@@ -444,9 +437,7 @@ def _gdn_ring_verify_mma_kernel(
     that many of its tiles, program_id(0) * TILES_A_PROGRAM onwards, one after another: fewer
     programs where few rows fold (all of a row's, after a due flush: its launch is a wave). PDL:
     launched as a programmatic dependent (sm_90; gdn_verify_mma._grid_dependency), every read after
-    the wait. AHEAD_ROWS (the verify kinds'): once its checkpoint tile is read, a program prefetches
-    into L2 the first that many rows of the tile of the program AHEAD after it in launch order, as
-    gdn_verify_mma._verify_tile does."""
+    the wait."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     if PDL:
         _grid_dependency()
@@ -485,10 +476,6 @@ def _gdn_ring_verify_mma_kernel(
 
     rows_base = rows_ptr + layer * rows_stride_layer + ring * rows_stride_slot
     window_base = conv_ptr + layer * conv_stride_layer + slot * conv_stride_slot
-    # the tile of the program AHEAD after this one in launch order (AHEAD_ROWS, the verify kinds')
-    later_row, later_head, ahead_v0, ahead_ok = _later_tile(AHEAD, V_BLOCKS, BLOCK_V)
-    ahead_slot_at = state_slots_ptr + later_row * state_slots_stride
-    ahead_head_base = ssm_ptr + layer * ssm_stride_layer + later_head * ssm_stride_head
     if TILES_A_PROGRAM > 1:  # the program's tiles, if the row folds
         tiles = gl.where(kind == 2, TILES_A_PROGRAM, 0)
     else:
@@ -515,7 +502,6 @@ def _gdn_ring_verify_mma_kernel(
                           gates_stride_row, gates_stride_gate, parents_stride_row, parents_stride_node,
                           out_stride_row, out_stride_node, out_stride_head, out_stride_v,
                           weight_stride_dim, weight_stride_tap, bias_stride,
-                          ahead_slot_at, ahead_head_base, ahead_v0, ahead_ok, num_state_slots, ssm_stride_slot,
                           0 if THIS == 2 else NUM_NODES, RING_ROWS,
                           SMALL_KEYS if THIS == 0 else (NODES if THIS == 2 else VERIFY_KEYS),
                           SMALL_KEYS - NUM_NODES if THIS == 0 else
@@ -523,7 +509,7 @@ def _gdn_ring_verify_mma_kernel(
                           SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
                           HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
                           L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
-                          STATE_STAGES, 0 if THIS == 2 else AHEAD_ROWS)
+                          STATE_STAGES)
                 if FUSED_WINDOW and THIS != 2:
                     if moved:
                         WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])

@@ -46,8 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (MAX_GRID_Y, KernelCall, cdiv, floored_log_decay, later_prefetch, next_power_of_2,
-                      nvidia_at_least, pdl_device, planned_launch)
+from ._common import (MAX_GRID_Y, KernelCall, cdiv, floored_log_decay, next_power_of_2, nvidia_at_least, pdl_device,
+                      planned_launch)
 from .replay import SMEM_TRITON_VERSIONS
 
 MIN_DOT = 16  # tl.dot's smallest M, N and K
@@ -99,11 +99,6 @@ MMA_NATIVE_PRODUCTS = (False, True)
 # wait (0: none), for 4-byte, 2-byte pools: the tile's first bytes come from DRAM under the kernel
 # before's end. Faster on bf16 pools, slower on float32 ones (docs/benchmarks.md).
 MMA_PREFETCH_ROWS = (0, 32)
-# Once a program of the mma kernel has read its state, the first this many rows of the tile of the
-# program launched a GPU's worth of programs after it (MMA_PROGRAMS_PER_SM an SM) prefetched into L2
-# (0: none; a power of two): that program's first reads under this one's last arithmetic. Untimed.
-MMA_PREFETCH_AHEAD = 0
-MMA_PROGRAMS_PER_SM = 8  # (two warps at 128 registers, 25 KB of shared memory or less)
 # The mma kernel's v loads and out stores in 16-byte runs a thread, through shared memory into and
 # out of the accumulator's layout (off: an element a load or store, from the accumulator's layout).
 MMA_VALUE_RUNS = True
@@ -395,7 +390,7 @@ def _mma_kernel_runs_on(ssm) -> bool:
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
                  block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None,
                  persistent=None, maxnreg=None, pdl=None, q_eff=None, tree_masks=False, doubling=None, shallow=None,
-                 early_loads=None, native_products=None, prefetch_rows=None, value_runs=None, prefetch_ahead=None):
+                 early_loads=None, native_products=None, prefetch_rows=None, value_runs=None):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
@@ -420,9 +415,7 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     MMA_NATIVE_PRODUCTS's for a contiguous or a transposed pool where they are), prefetch_rows (the
     mma kernel's first state rows of a tile prefetched into L2 before its pdl 1 wait, a power of
     two; None: MMA_PREFETCH_ROWS's for the pool's element size), value_runs (the mma kernel's v and
-    out in 16-byte runs; None: MMA_VALUE_RUNS), prefetch_ahead (the non-persistent mma kernel's rows
-    of a later program's tile prefetched into L2 once a program has read its state, a power of two;
-    None: MMA_PREFETCH_AHEAD): tuning only."""
+    out in 16-byte runs; None: MMA_VALUE_RUNS): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -454,10 +447,9 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     shallow = parents is not None and bool(SHALLOW_TREES if shallow is None else shallow)
     if tree_masks and not (mma and parents is not None):
         raise ValueError("convwin.gdn_verify: tree_masks are the mma kernel's, for a tree's parents")
-    if (early_loads is not None or native_products or prefetch_rows or value_runs is not None
-            or prefetch_ahead) and not mma:
-        raise ValueError("convwin.gdn_verify: early_loads, native_products, prefetch_rows, value_runs and "
-                         "prefetch_ahead are the mma kernel's")
+    if (early_loads is not None or native_products or prefetch_rows or value_runs is not None) and not mma:
+        raise ValueError("convwin.gdn_verify: early_loads, native_products, prefetch_rows and value_runs are the mma "
+                         "kernel's")
     if doubling and mma:
         raise ValueError("convwin.gdn_verify: doubling is the Triton kernel's walk (the mma kernel's is across lanes)")
     if mma:
@@ -497,15 +489,10 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
             raise ValueError("convwin.gdn_verify: prefetch_rows is a power of two, of the non-persistent kernel; got "
                              f"{rows} (persistent {persistent})")
         prefetch_rows = rows
-        ahead = MMA_PREFETCH_AHEAD if prefetch_ahead is None else prefetch_ahead
-        if (prefetch_ahead and persistent is not None) or ahead & (ahead - 1) or ahead < 0:
-            raise ValueError("convwin.gdn_verify: prefetch_ahead is a power of two, of the non-persistent kernel; got "
-                             f"{ahead} (persistent {persistent})")
         if persistent is not None:
             return KernelCall(gdn_verify_mma._gdn_verify_mma_persistent_kernel, (min(grid[0] * grid[1], persistent), 1),
                               tensors, (*scalars[:2], num_rows, *scalars[2:]), constexprs)
-        constexprs.update(PREFETCH=min(prefetch_rows, constexprs["BLOCK_K"]) if pdl == 1 else 0,
-                          **later_prefetch(ssm, ahead, constexprs["BLOCK_K"], MMA_PROGRAMS_PER_SM))
+        constexprs.update(PREFETCH=min(prefetch_rows, constexprs["BLOCK_K"]) if pdl == 1 else 0)
         return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
     if q_eff is None:
         q_eff = ssm.dtype in Q_EFF_DTYPES and num_nodes <= TRITON_Q_EFF_MAX_NODES

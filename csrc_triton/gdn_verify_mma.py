@@ -50,18 +50,18 @@ def _grid_dependency():
 
 
 @gluon.jit
-def _prefetch_tile(slot_at, num_state_slots, head_base, ssm_stride_slot, v0, wanted, HEAD_K_DIM: gl.constexpr,
+def _prefetch_tile(slot_at, num_state_slots, head_base, ssm_stride_slot, v0, HEAD_K_DIM: gl.constexpr,
                    HEAD_V_DIM: gl.constexpr, BLOCK_V: gl.constexpr, SSM_STRIDE_K: gl.constexpr,
                    SSM_STRIDE_V: gl.constexpr, ROWS: gl.constexpr, WARPS: gl.constexpr):
-    """If ``wanted``, the first ROWS state rows of the tile at column v0 of the slot read at
-    ``slot_at`` (its head's state at head_base + slot x ssm_stride_slot) into L2
-    (cp.async.bulk.prefetch, sm_90: one range where they are contiguous, else a run a row or a
-    column a lane, at most 32 x WARPS runs; 16-byte aligned, lengths rounded down to 16 bytes). A
-    hint that reads nothing into the program: L2 is where every write lands, so it is safe before
-    the kernel launched before this one has finished, whatever that kernel writes (the slot then may
-    be stale: it only aims the hint; the caller reads it again after the wait)."""
+    """The first ROWS state rows of the tile at column v0 of the slot read at ``slot_at`` (its head's
+    state at head_base + slot x ssm_stride_slot) into L2 (cp.async.bulk.prefetch, sm_90: one range
+    where they are contiguous, else a run a row or a column a lane, at most 32 x WARPS runs;
+    16-byte aligned, lengths rounded down to 16 bytes). A hint that reads nothing into the program:
+    L2 is where every write lands, so it is safe before the kernel launched before this one has
+    finished, whatever that kernel writes (the slot then may be stale: it only aims the hint; the
+    caller reads it again after the wait)."""
     slot = gl.load(slot_at, volatile=True).to(gl.int64)  # (volatile: not merged with the read after the wait)
-    ok = wanted & (slot >= 0) & (slot < num_state_slots)
+    ok = (slot >= 0) & (slot < num_state_slots)
     state_base = head_base + gl.where(ok, slot, 0) * ssm_stride_slot
     BYTES: gl.constexpr = state_base.dtype.element_ty.primitive_bitwidth // 8
     LANES: gl.constexpr = 32 * WARPS
@@ -90,17 +90,6 @@ def _prefetch_tile(slot_at, num_state_slots, head_base, ssm_stride_slot, v0, wan
     gl.inline_asm_elementwise(
         "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
         "=r,l,r,r", [addresses, live.to(gl.int32), sizes], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _later_tile(AHEAD: gl.constexpr, V_BLOCKS: gl.constexpr, BLOCK_V: gl.constexpr):
-    """(row, head, v0, exists) of the tile of the program AHEAD after this one in launch order, on a
-    grid of (value heads x V_BLOCKS, rows) programs (row 0's first where there is none)."""
-    programs = gl.num_programs(0)
-    after = gl.program_id(1).to(gl.int64) * programs + gl.program_id(0) + AHEAD
-    exists = after < gl.num_programs(1).to(gl.int64) * programs
-    after = gl.where(exists, after, 0)
-    return after // programs, (after % programs) // V_BLOCKS, ((after % programs) % V_BLOCKS) * BLOCK_V, exists
 
 
 @gluon.jit
@@ -493,8 +482,7 @@ def _verify_tile(
     TREE: gl.constexpr, L2NORM: gl.constexpr, CHUNK_K: gl.constexpr, ROUND_KQ: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, STATE_STAGES: gl.constexpr, FROM_PROGRAM: gl.constexpr,
     PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr, SHALLOW: gl.constexpr,
-    EARLY: gl.constexpr, NATIVE: gl.constexpr, PREFETCH: gl.constexpr, RUNS: gl.constexpr, AHEAD: gl.constexpr,
-    AHEAD_ROWS: gl.constexpr,
+    EARLY: gl.constexpr, NATIVE: gl.constexpr, PREFETCH: gl.constexpr, RUNS: gl.constexpr,
 ):
     """One [dk, BLOCK_V] state tile's outputs, from one read of it: the tile of _gdn_verify_mma_kernel's
     program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
@@ -507,11 +495,7 @@ def _verify_tile(
     and product not after the state's). TREE_MASKS: parents_ptr holds each node's path mask
     (_path_masks) instead of its link. NATIVE (stacked products; the pool, q and k of one 16-bit
     type): the gram and the state's products as 16-bit mma.m16n8k16 of the raw stack, exact like
-    tf32's of those values, with half the mma instructions and the state never widened. AHEAD_ROWS
-    (FROM_PROGRAM): once its state is read, the program prefetches into L2 the first that many rows
-    of the tile of the program AHEAD places after it in launch order, about the one that starts
-    where it ends (AHEAD: the programs the GPU holds at once): that program's first reads then come
-    from L2, and the read of them overlaps this one's last arithmetic instead of following it."""
+    tf32's of those values, with half the mma instructions and the state never widened."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -547,8 +531,8 @@ def _verify_tile(
 
     if PDL == 1 and PREFETCH > 0:
         _prefetch_tile(slots_ptr + row * slots_stride, num_state_slots, ssm_ptr + head * ssm_stride_head,
-                       ssm_stride_slot, v0, True, HEAD_K_DIM, HEAD_V_DIM, BLOCK_V, SSM_STRIDE_K, SSM_STRIDE_V,
-                       PREFETCH, WARPS)
+                       ssm_stride_slot, v0, HEAD_K_DIM, HEAD_V_DIM, BLOCK_V, SSM_STRIDE_K, SSM_STRIDE_V, PREFETCH,
+                       WARPS)
     if PDL == 1:
         _grid_dependency()
     slot = gl.load(slots_ptr + row * slots_stride).to(gl.int64)
@@ -665,11 +649,6 @@ def _verify_tile(
         else:
             products = mma_v2(kq_smem.slice(c, CHUNK_K, dim=1).load(A_L), gl.convert_layout(state, B_L), products,
                               input_precision="tf32")
-    if AHEAD_ROWS > 0 and FROM_PROGRAM:  # (the state read: the rest of this program is arithmetic and stores)
-        later_row, later_head, later_v0, exists = _later_tile(AHEAD, V_BLOCKS, BLOCK_V)
-        _prefetch_tile(slots_ptr + later_row * slots_stride, num_state_slots, ssm_ptr + later_head * ssm_stride_head,
-                       ssm_stride_slot, later_v0, exists, HEAD_K_DIM, HEAD_V_DIM, BLOCK_V, SSM_STRIDE_K,
-                       SSM_STRIDE_V, AHEAD_ROWS, WARPS)
     if not Q_EFF:  # after the products: before them, the chunks' loads wait in registers (docs/benchmarks.md)
         if not GATES_FIRST:
             g_col, beta = _gates(row, head, g_ptr, beta_ptr, g_stride_row, g_stride_node, g_stride_head,
@@ -710,7 +689,6 @@ def _gdn_verify_mma_kernel(
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
     STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
     SHALLOW: gl.constexpr, EARLY: gl.constexpr, NATIVE: gl.constexpr, PREFETCH: gl.constexpr, RUNS: gl.constexpr,
-    AHEAD: gl.constexpr, AHEAD_ROWS: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
     gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
@@ -719,9 +697,7 @@ def _gdn_verify_mma_kernel(
     memory (cp.async, that many in flight from the program's start) instead of registers. PDL 1 or
     2: launched as a programmatic dependent (sm_90; _verify_tile); PREFETCH (with PDL 1): the tile's
     first that many rows prefetched into L2 before the wait (_prefetch_tile). TREE_MASKS: parents
-    holds each node's path mask (_verify_tile). RUNS: v and out in 16-byte runs (_key_values).
-    AHEAD_ROWS: the first rows of the tile AHEAD programs on prefetched into L2 once this one's
-    state is read (_verify_tile)."""
+    holds each node's path mask (_verify_tile). RUNS: v and out in 16-byte runs (_key_values)."""
     _verify_tile(-1, out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr,
                  slots_ptr, parents_ptr, num_state_slots, scale,
                  out_stride_row, out_stride_node, out_stride_head, out_stride_v,
@@ -733,7 +709,7 @@ def _gdn_verify_mma_kernel(
                  ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                  NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                  TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, True, PDL,
-                 Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE, PREFETCH, RUNS, AHEAD, AHEAD_ROWS)
+                 Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE, PREFETCH, RUNS)
 
 
 @gluon.jit(do_not_specialize=["num_rows"])
@@ -773,4 +749,4 @@ def _gdn_verify_mma_persistent_kernel(
                      ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                      NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                      TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, False, PDL,
-                     Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE, 0, RUNS, 0, 0)
+                     Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE, 0, RUNS)

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ._common import (MAX_GRID_Y, KernelCall, cdiv, floored_log_decay, gdc_launch_dependents, gdc_wait, interpreted,
-                      l2_prefetch, later_prefetch, next_power_of_2, pdl_device, planned_launch, softplus)
+                      next_power_of_2, pdl_device, planned_launch, softplus)
 from .gdn_verify import MIN_DOT, _ancestry, _dot, _operand, default_precision, spread_block
 
 # Head-dim rows per state tile [BLOCK_P, Ns], fewer for small batches (gdn_verify.spread_block).
@@ -39,11 +39,6 @@ VERIFY_WARPS = 4
 # once): the H200 sweep's fastest (docs/benchmarks.md, "Verify recurrence (mamba2_verify)")
 CHUNK_N = 32
 CHUNK_STAGES = 3
-# Once a program has read its state tile, the first this many head-dim rows of the tile of the
-# program launched a GPU's worth of programs after it (PROGRAMS_PER_SM an SM) prefetched into L2
-# (0: none; gdn_verify's prefetch_ahead). Untimed.
-PREFETCH_AHEAD = 0
-PROGRAMS_PER_SM = 7  # (four warps at 72 registers)
 
 
 @triton.jit
@@ -78,16 +73,14 @@ def _mamba2_verify_kernel(
     HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     TREE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, PRECISION: tl.constexpr, CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr,
-    PDL: tl.constexpr, AHEAD: tl.constexpr, AHEAD_ROWS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program: one [BLOCK_P, Ns] state tile of one head of one row. Outputs are stored only if
     the row's slot is in [0, num_state_slots) and (trees) every parent link lies in [-1, n-1];
     nothing is written otherwise, and no load leaves its tensor. With PDL (sm_90, launched as a
     programmatic dependent) every read waits for the kernel before to finish, and the next kernel
     may start once every program has waited (so when a kernel starts, every one before the kernel
-    just before it has finished). AHEAD_ROWS (sm_90): once its state is read, the program prefetches
-    into L2 the first that many head-dim rows of the tile of the program AHEAD after it in launch
-    order, about the one that starts where it ends (gdn_verify_mma._verify_tile's AHEAD_ROWS)."""
+    just before it has finished)."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -123,21 +116,6 @@ def _mamba2_verify_kernel(
             c_chunk = tl.load(c_base + (node * c_stride_node)[:, None] + (nc * c_stride_n)[None, :],
                               mask=real[:, None] & (nc < D_STATE)[None, :], other=0.0).to(tl.float32)
             read += tl.dot(_operand(c_chunk, PRECISION), chunk.to(tl.float32), input_precision=PRECISION)
-    if AHEAD_ROWS > 0:  # (the state read: the rest of this program is arithmetic and stores)
-        programs = tl.num_programs(0)
-        after = row * programs + tl.program_id(0) + AHEAD
-        later = after < tl.num_programs(1).to(tl.int64) * programs
-        after = tl.where(later, after, 0)
-        later_slot = tl.load(slots_ptr + (after // programs) * slots_stride).to(tl.int64)
-        later &= (later_slot >= 0) & (later_slot < num_state_slots)
-        lane = tl.arange(0, BLOCK_P)  # a head-dim row a lane: its Ns values, adjacent where ssm_stride_n is 1
-        p_row = ((after % programs) % P_BLOCKS) * BLOCK_P + lane
-        starts = ssm_ptr + tl.where(later, later_slot, 0) * ssm_stride_slot + \
-            ((after % programs) // P_BLOCKS) * ssm_stride_head + p_row * ssm_stride_p
-        starts = starts.to(tl.int64, bitcast=True)
-        BYTES: tl.constexpr = ssm_ptr.dtype.element_ty.primitive_bitwidth // 8
-        l2_prefetch(starts, tl.full([BLOCK_P], D_STATE * BYTES // 16 * 16, tl.int32),
-                    later & (lane < AHEAD_ROWS) & (p_row < HEAD_DIM) & (ssm_stride_n == 1) & ((starts & 15) == 0))
 
     nodes_mask = real[:, None] & columns
     b = tl.load(b_ptr + row * b_stride_row + group * b_stride_group + (node * b_stride_node)[:, None]
@@ -184,14 +162,11 @@ def state_chunk(chunk_n: int, block_n: int, op: str) -> int:
 
 
 def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, *, dt_softplus, block_p=None,
-                 num_warps=VERIFY_WARPS, precision=None, chunk_n=CHUNK_N, chunk_stages=CHUNK_STAGES, pdl=False,
-                 prefetch_ahead=None):
+                 num_warps=VERIFY_WARPS, precision=None, chunk_n=CHUNK_N, chunk_stages=CHUNK_STAGES, pdl=False):
     """The kernel's launch for launch_mamba2_verify and planned_mamba2_verify, or None with no rows.
     block_p (a power of two >= 16), num_warps, precision, chunk_n (C S0^T over chunks of that many
     state rows, a power of two >= 16; 0: the whole tile at once), chunk_stages (their pipeline's
-    depth), pdl (a programmatic dependent launch, sm_90+) and prefetch_ahead (a later program's first
-    head-dim rows into L2 once a program has read its state, sm_90+; None: PREFETCH_AHEAD): tuning
-    only."""
+    depth) and pdl (a programmatic dependent launch, sm_90+): tuning only."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     num_groups, d_state = B.shape[2], B.shape[3]
     if num_rows == 0:
@@ -217,11 +192,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, 
         num_warps=num_warps,
     )
     pdl = bool(pdl) and gdc_wait is not None and not interpreted() and pdl_device(ssm)
-    ahead = PREFETCH_AHEAD if prefetch_ahead is None else int(prefetch_ahead)
-    if ahead < 0:
-        raise ValueError(f"convwin.mamba2_verify: prefetch_ahead is a count of rows, got {ahead}")
-    constexprs.update(PDL=pdl, **later_prefetch(ssm, 0 if interpreted() else ahead, block_p, PROGRAMS_PER_SM),
-                      **({"launch_pdl": True} if pdl else {}))
+    constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     return KernelCall(_mamba2_verify_kernel, grid, _tensors(out, x, dt, A, B, C, ssm, state_slots, parents, D, z,
                                                             dt_bias), scalars, constexprs)
 

@@ -69,15 +69,7 @@
 #             launch-choice tests, then the sweep against an element an access on fp32 pools stored transposed
 #   chunkT    gdn_verify on pools stored transposed at the chunks of a column's whole line (fp32: 32 rows, the
 #             default since 2026-12-07): their GPU tests, memcheck + racecheck over them, the sweep against 16 rows
-#   ahead     gdn_verify's programs prefetching a later program's first rows into L2 once their state is read
-#             (prefetch_ahead; never run on a GPU): its bit-for-bit tests, memcheck + racecheck over them, then the
-#             sweep of 16 / 32 / 128 rows at 128 registers against the default, fp32 and bf16 pools (B = 64 / 256)
-#   ringahead the same for the GDN ring's verify launches (RING_MMA_PREFETCH_AHEAD; never run on a GPU): their
-#             bit-for-bit tests, memcheck + racecheck over them, then chain steps at 32 / 128 rows (B = 64 / 256)
-#   m2ahead   the same for mamba2_verify (prefetch_ahead; never run on a GPU): its bit-for-bit tests, memcheck +
-#             racecheck over them, then chains and trees at 16 / 64 rows against the default (B = 64 / 256)
-#   aheadtimes  `ahead` without its sanitizers (the bit-for-bit tests, then the sweep)
-#   depth     trees folding by their depth (tree_depth; never run on a GPU): the ring's GPU tests of it (and the
+#   depth     trees folding by their depth (tree_depth): the ring's GPU tests of it (and the
 #             random steps, CUDA graphs, opcheck, due folds), then tree steps told and not told, both mixers, GDN
 #             chains beside (B = 64 / 256)
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
@@ -433,20 +425,6 @@ for phase in "$@"; do
                   --state-dtype $dtype > "$out/sweep_chunkT_$dtype.log" 2>&1 || rc=1
                 grep -E '^(\||read)|FAILED|Error' "$out/sweep_chunkT_$dtype.log"
               done ;;
-    ahead|aheadtimes)  rc=0  # (gdn_verify's prefetch of a later program's rows: tests, sanitizers, the sweep)
-              if [ "$phase" = ahead ]; then
-                tests_sanitized ahead tests/test_gdn_verify.py "prefetch_ahead or launch_plans" \
-                  "prefetch_ahead and not narrow" || rc=1
-              else
-                timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
-                  -k "prefetch_ahead or launch_plans" > "$out/gpu_tests_ahead.log" 2>&1 || rc=1
-                tail -2 "$out/gpu_tests_ahead.log"
-              fi
-              for dtype in fp32 bf16; do
-                timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 58 59 60 \
-                  --state-dtype $dtype > "$out/sweep_ahead_$dtype.log" 2>&1 || rc=1
-                grep -E '^(\||read)|FAILED|Error' "$out/sweep_ahead_$dtype.log"
-              done ;;
     depth)    rc=0  # (trees folding by their depth, tree_depth: the GPU tests, then tree steps told and not told)
               timeout 90 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring.py tests/test_ring_kernels.py \
                 -k "depth or due_folds or cuda_graph or opcheck or random_steps" > "$out/gpu_tests_depth.log" 2>&1 || rc=1
@@ -461,15 +439,6 @@ for phase in "$@"; do
                   grep -E '^(check|  (chain|tree)|\| (chain|tree))|FAILED|Error' "$out/ring_depth_${mixer}${told}.log"
                 done
               done ;;
-    ringahead) rc=0  # (the ring verifies' prefetch of a later program's rows: tests, sanitizers, then the steps)
-              tests_sanitized ringahead tests/test_ring_kernels.py "prefetches_ahead or by_kind_of_row" \
-                "prefetches_ahead" || rc=1
-              gdn_steps "" "RING_MMA_PREFETCH_AHEAD=32" "RING_MMA_PREFETCH_AHEAD=128" || rc=1 ;;
-    m2ahead)  rc=0  # (mamba2_verify's prefetch of a later program's rows: tests, sanitizers, then the table)
-              tests_sanitized m2ahead tests/test_mamba2_verify.py "prefetch_ahead" "prefetch_ahead and cuda" || rc=1
-              timeout 150 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --standin-tiles 16/2 \
-                --tunings prefetch_ahead=16 prefetch_ahead=64 > "$out/bench_mamba2_verify_ahead.log" 2>&1 || rc=1
-              grep -E 'graph|FAILED' "$out/bench_mamba2_verify_ahead.log" ;;
     ring16)   gdn_steps "" "RING_MMA_CHUNK_K=16"; rc=$? ;;
     masks)    rc=0  # (gdn_verify's mma kernel given each tree node's path mask: tests, then trees both ways)
               timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \

@@ -169,8 +169,7 @@ def test_ring_recipe_matches_the_eager_step():
     hk, dk, hv, dv, layers, slots, draft = 2, 4, 4, 8, 2, 5, 3
     dim = GatedDeltaNet(hk, dk, hv, dv).conv_dim
     ns = run("ring-allocate", num_gdn_layers=layers, max_running_requests=slots - 1, conv_dim=dim, tp_size=1,
-             num_draft=draft, num_v_heads_per_rank=hv, conv_state=torch.zeros(layers, slots, dim, K - 1),
-             tree_depth=None)
+             num_draft=draft, num_v_heads_per_rank=hv, conv_state=torch.zeros(layers, slots, dim, K - 1))
     assert ns["ring"].rows.shape == (layers, slots, 16 + draft, dim) and ns["ring"].gates.shape[-1] == hv
     assert ns["pool_bytes_used"] == slots * bytes_per_slot(layers, dim, draft, K, dtype=torch.float32,
                                                            mixer=GatedDeltaNet(hk, dk, hv, dv), capacity=16).ring

@@ -418,23 +418,13 @@ def test_mma_launch_plans(monkeypatch):
     with pytest.raises(ValueError, match="prefetch_rows is a power of two, of the non-persistent kernel; got 24"):
         plan(bf16_pool)
     monkeypatch.setattr(triton_kernels().gdn_verify, "MMA_PREFETCH_ROWS", (0, 0))
-    # a later program's first rows prefetched once a program's state is read (none by default): at most dk
-    # rows, of the program a GPU's worth after it (132 SMs where the pool is not on a GPU: as an H100's)
-    assert [(plan(problem, **tuning).constexprs["AHEAD"], plan(problem, **tuning).constexprs["AHEAD_ROWS"])
-            for tuning in ({}, dict(prefetch_ahead=32), dict(prefetch_ahead=256))] == [
-        (0, 0), (132 * 8, 32), (132 * 8, 64)]
-    for tuning in (dict(prefetch_ahead=48), dict(prefetch_ahead=-2), dict(prefetch_ahead=32, persistent=4)):
-        with pytest.raises(ValueError, match="prefetch_ahead is a power of two, of the non-persistent kernel"):
-            plan(problem, **tuning)
     # the small inputs at the program's start by default (MMA_EARLY_LOADS); a load order the mma kernel's
     tree = make_problem(head_k_dim=64, head_v_dim=64, parents=[-1, 0, 0, 2])
     assert [plan(pool, **early).constexprs["EARLY"] for pool, early in (
         (problem, {}), (tree, {}), (problem, dict(early_loads=2)), (tree, dict(early_loads=1)))] == [1, 0, 2, 1]
-    for tuning in (dict(early_loads=1), dict(prefetch_ahead=32)):
-        with pytest.raises(ValueError, match="early_loads, native_products, prefetch_rows, value_runs and "
-                                             "prefetch_ahead are the mma kernel's"):
-            triton_kernels().gdn_verify._verify_call(torch.empty(problem[2].shape), *problem, scale=0.25,
-                                                     use_qk_l2norm=True, mma=False, **tuning)
+    with pytest.raises(ValueError, match="early_loads, native_products, prefetch_rows and value_runs are the mma "):
+        triton_kernels().gdn_verify._verify_call(torch.empty(problem[2].shape), *problem, scale=0.25,
+                                                 use_qk_l2norm=True, mma=False, early_loads=1)
     # the stacked products in the pool's 16-bit type only where q, k and the pool share it
     # (by default for a transposed pool's only: MMA_NATIVE_PRODUCTS)
     halves = make_problem(head_k_dim=64, head_v_dim=64, qkv_dtype=torch.bfloat16, state_dtype=torch.bfloat16)
@@ -560,31 +550,6 @@ def test_cuda_value_runs_bit_for_bit(state_dtype, tuning):
         assert torch.equal(whole[0], whole[1])
         assert (whole[0][1] == FILL).all() and (whole[0][..., v.shape[3]:] == FILL).all()
         assert not (whole[0][0, :, :, :v.shape[3]] == FILL).any()  # (a row it verified: written)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("rows, tuning", [(16, {}), (128, {}), (32, dict(block_v=32, num_warps=4))],
-                         ids=["16-rows", "whole-tiles", "narrow"])
-def test_cuda_prefetch_ahead_bit_for_bit(state_dtype, rows, tuning):
-    """prefetch_ahead (a later program's first rows into L2 once a program has read its state) is a
-    hint: bit for bit the outputs without it, at the model's shape (more tiles than the GPU holds at
-    once: the later programs exist for some, not for the last), chains and trees, pools contiguous
-    or stored transposed, skipped rows (a later program's slot out of range: nothing prefetched)."""
-    slots = torch.randperm(48)[:40]
-    slots[::7] = -1
-    for parents, transposed in ((None, False), ([-1, 0, 0, 0, 1, 1, 1, 4], True)):
-        problem = make_problem(num_rows=40, num_nodes=4 if parents is None else 8, num_k_heads=16, head_k_dim=128,
-                               head_v_dim=128, num_slots=48, slots=slots, parents=parents, qkv_dtype=torch.bfloat16,
-                               state_dtype=state_dtype, fused=True, transposed=transposed, device="cuda")
-        outs = []
-        for ahead in (0, rows):
-            out = torch.full(problem[2].shape, FILL, dtype=torch.bfloat16, device="cuda")
-            kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(out, *problem)
-            triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, mma=True, prefetch_ahead=ahead, **tuning)
-            outs.append(out)
-        assert torch.equal(outs[0], outs[1])
-        assert (outs[1][::7] == FILL).all() and not (outs[1][1] == FILL).any()
 
 
 @pytest.mark.gpu

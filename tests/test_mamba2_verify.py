@@ -207,52 +207,6 @@ def test_launch_choices(device, tuning):
     check(device, run, make_problem(head_dim=64, slots=[1, -1, 2], device=device))
 
 
-def test_prefetch_ahead_plan(monkeypatch):
-    """prefetch_ahead: the launch's AHEAD (a GPU's worth of programs: 132 SMs where the pool is not on
-    a GPU) and AHEAD_ROWS (at most the tile's head-dim rows); none under Triton's interpreter (the
-    prefetch is an sm_90 instruction) or by default; a negative count refused."""
-    module = triton_kernels().mamba2_verify
-    (x, *rest), kwargs = make_problem(head_dim=64)
-
-    def plan(**tuning):
-        kernel_args, kernel_kwargs = sgl_convwin.mamba2_verify.kernel_arguments(torch.empty(x.shape), x, *rest,
-                                                                                  **kwargs)
-        call = module._verify_call(*kernel_args, **kernel_kwargs, block_p=32, **tuning)
-        return call.constexprs["AHEAD"], call.constexprs["AHEAD_ROWS"]
-
-    monkeypatch.setattr(module, "interpreted", lambda: False)
-    assert [plan(**tuning) for tuning in ({}, dict(prefetch_ahead=16), dict(prefetch_ahead=64))] == [
-        (0, 0), (132 * 7, 16), (132 * 7, 32)]
-    with pytest.raises(ValueError, match="prefetch_ahead is a count of rows, got -1"):
-        plan(prefetch_ahead=-1)
-    monkeypatch.setattr(module, "interpreted", lambda: True)
-    assert plan(prefetch_ahead=16) == (0, 0)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("rows", [16, 64], ids=["16-rows", "whole-tiles"])
-def test_cuda_prefetch_ahead_bit_for_bit(state_dtype, rows):
-    """prefetch_ahead is a hint: bit for bit the outputs without it, at the model's shape (more tiles
-    than the GPU holds at once: the later programs exist for most, not for the last), chains and
-    trees, pools contiguous or stored transposed (no prefetch: a head-dim row is not adjacent),
-    skipped rows."""
-    slots = torch.randperm(48)[:40]
-    slots[::7] = -1
-    for parents, transposed in ((None, False), ([-1, 0, 0, 0, 1, 1, 1, 4], True), (None, True)):
-        (x, *rest), kwargs = make_problem(num_rows=40, num_nodes=4 if parents is None else 8, num_heads=128,
-                                          num_groups=8, head_dim=64, d_state=128, num_slots=48, slots=slots,
-                                          parents=parents, x_dtype=torch.bfloat16, state_dtype=state_dtype,
-                                          fused=True, transposed=transposed, device="cuda")
-        outs = []
-        for ahead in (0, rows):
-            out = torch.full(x.shape, FILL, dtype=torch.bfloat16, device="cuda")
-            tuned(prefetch_ahead=ahead)(out, x, *rest, **kwargs)
-            outs.append(out)
-        assert torch.equal(outs[0], outs[1])
-        assert (outs[1][::7] == FILL).all() and not (outs[1][1] == FILL).any()
-
-
 @pytest.mark.gpu
 def test_cuda_pdl_reads_what_the_launch_before_wrote():
     """Two layers launched as programmatic dependents, the second's x the first's out."""

@@ -317,17 +317,6 @@ def test_mma_launches_by_kind_of_row(monkeypatch, num_nodes, small, kinds):
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart)
     assert [(c.constexprs["PDL"], "launch_pdl" in c.constexprs) for c in calls] == [(False, False)] * len(kinds)
     monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PDL", 1)
-    # a later program's first checkpoint rows into L2 (RING_MMA_PREFETCH_AHEAD, none by default): the verify
-    # launches' only, at most dk rows, a GPU's worth of programs ahead (132 SMs here: CPU tensors)
-    for rows, want in ((0, (0, 0)), (16, (132 * 4, 16)), (256, (132 * 4, 32))):
-        monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PREFETCH_AHEAD", rows)
-        calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart)
-        assert [(c.constexprs["AHEAD"], c.constexprs["AHEAD_ROWS"]) for c in calls] == [
-            (0, 0) if kind == 2 else want for kind, _, _ in kinds]
-    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PREFETCH_AHEAD", 24)
-    with pytest.raises(ValueError, match="RING_MMA_PREFETCH_AHEAD is a power of two or 0, got 24"):
-        triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart)
-    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PREFETCH_AHEAD", 0)
     # the fold launch's own warps, the verifies' unchanged
     calls = triton_kernels().gdn_ring_verify._ring_calls(*args, **kwargs, **apart, block_v=64, num_warps=4,
                                                          fold_warps=8)
@@ -511,26 +500,6 @@ def test_mma_kernel_as_programmatic_dependent(monkeypatch, nodes):
     for layer in (0, 1):
         want, got = run_both(case, layer=layer, tuning=MMA)
         assert_mixed_rows_agree(case, want, got)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("rows, tiles", [(16, {}), (64, dict(block_v=32))], ids=["one-range", "a-run-a-row"])
-@pytest.mark.parametrize("nodes", [[-1, 0, 1, 2], [-1, 0, 0, 0, 1, 1, 1, 4]], ids=["chain", "tree8"])
-def test_mma_kernel_prefetches_ahead(monkeypatch, nodes, rows, tiles):
-    """RING_MMA_PREFETCH_AHEAD: a verify launch's programs prefetch a later program's checkpoint rows
-    into L2 once they have read theirs (3 programs ahead here, so that the later program exists for
-    most and not for the last): the PyTorch code's results, and bit for bit those without it, right
-    after the fold launch that rewrites some of those checkpoints (whole-width tiles: one range;
-    narrow ones: a run a row)."""
-    monkeypatch.setattr(triton_kernels()._common, "resident_programs", lambda device, per_sm: 3)
-    case = mixed_rows_case(len(nodes), 16, 64, parents=nodes)
-    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PREFETCH_AHEAD", 0)
-    _, plain = run_both(case, tuning=dict(MMA, **tiles))
-    monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PREFETCH_AHEAD", rows)
-    want, got = run_both(case, tuning=dict(MMA, **tiles))
-    assert_mixed_rows_agree(case, want, got)
-    for name, tensor in got.items():
-        assert tensor is None or torch.equal(tensor, plain[name]), name
 
 
 @pytest.mark.gpu
