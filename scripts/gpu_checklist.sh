@@ -69,9 +69,9 @@
 #             launch-choice tests, then the sweep against an element an access on fp32 pools stored transposed
 #   chunkT    gdn_verify on pools stored transposed at the chunks of a column's whole line (fp32: 32 rows, the
 #             default since 2026-12-07): their GPU tests, memcheck + racecheck over them, the sweep against 16 rows
-#   depth     trees folding by their depth (tree_depth): the ring's GPU tests of it (and the
-#             random steps, CUDA graphs, opcheck, due folds), then tree steps told and not told, both mixers, GDN
-#             chains beside (B = 64 / 256)
+#   depth     trees folding by their depth (tree_depth): the ring's GPU tests of it (and the random steps, CUDA
+#             graphs, opcheck, due folds), then tree steps told and not told, both mixers, GDN chains beside (B = 64 /
+#             256)
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
