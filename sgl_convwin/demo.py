@@ -748,8 +748,8 @@ def speculative_decode(target, drafter, prompts, new_tokens, layout, num_nodes, 
     return DecodeResult(streams, request_steps, accepted_total, cache, untouched, contexts)
 
 
-def tree_depth(parents_list: list[int]) -> int:
-    """The levels below the root (a chain of N: N - 1)."""
+def tree_levels(parents_list: list[int]) -> int:
+    """The levels below the root (a chain of N: N - 1); the ops' tree_depth counts the root too."""
     return longest_root_path(parents_list) - 1
 
 
@@ -828,7 +828,7 @@ def _run_demo(device, new_tokens, batch, prompt_len, draft, tree_nodes, topk, la
             all_ok &= identical
             nbytes = result.cache.speculative_nbytes_per_slot()
             snapshot = result.cache.snapshot_nbytes_per_slot()
-            steps, depth = max(result.request_steps, 1), tree_depth(parents_list)
+            steps, depth = max(result.request_steps, 1), tree_levels(parents_list)
             rows.append((layout, f"{shape_name} N={num_nodes} topk {k}", identical,
                          result.accepted / (steps * depth) if depth else None,  # one node: nothing drafted
                          (result.accepted + result.request_steps) / steps, nbytes, nbytes / snapshot,

@@ -81,7 +81,7 @@ def test_cli_exit_status(monkeypatch):
 def test_tree_shapes():
     assert demo.tree_parents(4, 1) == [-1, 0, 1, 2]  # topk 1 is a chain
     assert demo.tree_parents(8, 3) == [-1, 0, 0, 0, 1, 1, 1, 2]
-    assert demo.tree_depth([-1, 0, 0, 0, 1, 1, 1, 2]) == 2
+    assert demo.tree_levels([-1, 0, 0, 0, 1, 1, 1, 2]) == 2
 
 
 def test_other_draft_shapes():
