@@ -17,8 +17,8 @@
 The traffic model beside them: state passes per step = 1 + f at the least (f: folds per row and
 step, from the cursor rule run over the same acceptance: every state read once, a folded one
 written), 1 + 2f as the kernels run (a folding row's state is read by its fold, then by its
-verify; 1 + f for the Mamba2 ring with --no-due-first and FOLD_VERIFY or FOLD_INLINE, a folding
-row's state read once), and the floor = states read at the read ceiling plus the folds' writes at half the
+verify; 1 + f for the Mamba2 ring with --no-due-first and FOLD_VERIFY, a folding row's state
+read once), and the floor = states read at the read ceiling plus the folds' writes at half the
 copy ceiling's rate, both measured in this run.
 
 Qwen3-Next-80B TP1 (36 layers, Hk 16, Hv 32, dk = dv = 128; --mixer mamba2: Nemotron-H-8B TP1,
@@ -34,7 +34,6 @@ against the ops' PyTorch code on six rows of every kind (check); a failure times
     python benchmarks/bench_ring.py --mixer mamba2 --batches 64 --profile             # each kernel's share
     python benchmarks/bench_ring.py --constants RING_MMA_STATE_STAGES=0               # a launcher default set
     python benchmarks/bench_ring.py --no-due-first --profile     # the folds in each layer's verify instead
-    python benchmarks/bench_ring.py --mixer mamba2 --no-due-first --constants FOLD_INLINE=1  # no fold launch
     python benchmarks/bench_ring.py --batches 64 256 --flush-sweep - fold_tiles=4 fold_tiles=0  # the due flush alone
     ncu --profile-from-start off ... python benchmarks/bench_ring.py --batches 64 --sweep mma/128/4 --ncu mixed
 """
@@ -511,11 +510,11 @@ def flush_sweep(shapes, batches, capacity, specs):
 
 def folded_rows_read_twice(mixer) -> bool:
     """Whether a folding row's state is read by its fold and again by its verify (the run passes
-    1 + 2f), not once (the Mamba2 ring's folds in each verify with FOLD_VERIFY or FOLD_INLINE: 1 + f)."""
+    1 + 2f), not once (the Mamba2 ring's folds in each verify with FOLD_VERIFY: 1 + f)."""
     from sgl_convwin._kernels import triton_kernels
 
     launcher = triton_kernels().mamba2_ring_verify
-    return DUE_FIRST or mixer == "gdn" or not (launcher.FOLD_VERIFY or launcher.FOLD_INLINE)
+    return DUE_FIRST or mixer == "gdn" or not launcher.FOLD_VERIFY
 
 
 def captured_constants(module) -> set:

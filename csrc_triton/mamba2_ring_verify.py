@@ -66,14 +66,6 @@ FLATTEN_HEADS = False
 # step's state passes 3 -> 2, but whole steps without the due flush slower than with it
 # (docs/benchmarks.md, Rejected designs)
 FOLD_VERIFY = False
-# Every row's verify in one launch with no fold launch: a folding row's tile folded a chunk of state
-# rows at a time inside the verify's own read of it, stored, and verified from the folded chunk in
-# registers (one read and one write of a folded tile, none of it again; the windows in their own
-# launch after it). Off until timed on a GPU.
-FOLD_INLINE = False
-# Its heads a program (a divisor of a group's; 0: group_share's, the verify's): fewer than a group's
-# spread a step's folding rows, each program's tiles read and written, over more programs
-INLINE_HEADS_PER_PROGRAM = 0
 # With FOLD_VERIFY (and the windows' own launch): the others' verify a programmatic dependent launch
 # of the folds' (sm_90+), running beside their latency-bound wave (slower steps too)
 PDL = False
@@ -113,29 +105,6 @@ def _folded_tile(state_t, b, x, step, a, pending_rows, FOLD_PRECISION: tl.conste
     total = tl.sum(logs, axis=0)  # L_P
     weights = tl.where(pending_rows, tl.exp(total - cumulative) * step, 0.0)
     return tl.exp(total) * state_t + _dot(tl.trans(b * weights[:, None]), x, FOLD_PRECISION)
-
-
-@triton.jit
-def _chunk_read(read, c_rows, chunk, nc, s_drafted, c_stride_n, D_STATE: tl.constexpr, STATE_PRECISION: tl.constexpr):
-    """read + C S0^T over one chunk of state rows ``nc`` (chunk: S0^T's rows nc, [CHUNK_N, BLOCK_P]);
-    c_rows: the stack's C rows at column 0."""
-    c_chunk = tl.load(c_rows + (nc * c_stride_n)[None, :], mask=s_drafted[:, None] & (nc < D_STATE)[None, :],
-                      other=0.0)
-    return read + _dot(c_chunk.to(tl.float32), chunk.to(tl.float32), STATE_PRECISION)
-
-
-@triton.jit
-def _chunks_read(read, state_base, c_rows, pp, p_ok, live, s_drafted, ssm_stride_n, ssm_stride_p, c_stride_n,
-                 D_STATE: tl.constexpr, BLOCK_N: tl.constexpr, CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr,
-                 STATE_PRECISION: tl.constexpr):
-    """read + C S0^T over the tile's state rows CHUNK_N at a time, their loads pipelined through shared
-    memory (cp.async), CHUNK_STAGES in flight."""
-    for n0 in tl.range(0, BLOCK_N, CHUNK_N, num_stages=CHUNK_STAGES):
-        nc = n0 + tl.arange(0, CHUNK_N)
-        chunk = tl.load(state_base + (nc * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :],
-                        mask=tl.where(live, (nc < D_STATE)[:, None] & p_ok[None, :], False), other=0.0)
-        read = _chunk_read(read, c_rows, chunk, nc, s_drafted, c_stride_n, D_STATE, STATE_PRECISION)
-    return read
 
 
 @triton.jit
@@ -252,7 +221,7 @@ def _mamba2_ring_verify_kernel(
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, STATE_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
     CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr, FUSED_WINDOW: tl.constexpr, WIDTH: tl.constexpr,
     WINDOW: tl.constexpr, FLATTEN: tl.constexpr, ROWS: tl.constexpr, FOLD_PRECISION: tl.constexpr,
-    PDL: tl.constexpr, FOLD_INLINE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """The drafts' outputs of layer ``layer`` and their d beside their ring rows. A row that folds
     (the fold launch, before this one, brought its checkpoint past the pending tokens) is verified
@@ -266,10 +235,7 @@ def _mamba2_ring_verify_kernel(
     ROWS 2: the rows that do not fold only (beside a ROWS 1 launch). With PDL (sm_90+) a ROWS 1
     launch lets the next launch start at once, and a ROWS 2 launch -- that next one, a
     programmatic dependent launch reading nothing the folds write -- has its last program wait for
-    the folds before ending, so that what follows both sees both. FOLD_INLINE (ROWS 0, no fold
-    launch before, no FUSED_WINDOW: a folding row's pending tokens read the window): each chunk of a
-    folding row's tile folded as it is read (_folded_tile's arithmetic on its state rows), stored,
-    and the verify's C S0^T taken from the folded chunk."""
+    the folds before ending, so that what follows both sees both."""
     if PDL and ROWS == 1:
         gdc_launch_dependents()
     first_head, group, pp, p_ok, p_block = _program_tile(tl.program_id(0), HEAD_DIM, BLOCK_P, HEADS_PER_PROGRAM,
@@ -376,64 +342,20 @@ def _mamba2_ring_verify_kernel(
                                         tl.load(a_ptr + head * a_stride), old_rows, FOLD_PRECISION)
                 tl.store(tile, folded_t.to(ssm_ptr.dtype.element_ty), mask=half_ok)
             tl.debug_barrier()  # every thread's part stored before any thread reads the tile back (from L2)
-        if FOLD_INLINE:  # a folding row's x and d of its pending tokens (the old cursor's), for its chunks' folds
-            old_rows = s < folded  # (the pending tokens before the fold moved the cursor)
-            x_fold = tl.zeros([STACK, BLOCK_P], tl.float32)
-            step_fold = tl.zeros([STACK], tl.float32)
-            if fold:
-                x_fold = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, old_rows,
-                                      folded_start.to(tl.int32), folded.to(tl.int32), head * HEAD_DIM + pp, p_ok,
-                                      rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
-                                      weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE,
-                                      HAS_BIAS)
-                step_fold = tl.load(gates_row + head * gates_stride_head
-                                    + ((folded_start + s) % RING_ROWS) * gates_stride_row, mask=old_rows,
-                                    other=0.0).to(tl.float32)
-            a_head = tl.load(a_ptr + head * a_stride)
         # S0^T, the long read first: whole, or C S0^T now over CHUNK_N state rows at a time, their
         # loads pipelined through shared memory (cp.async) rather than held in registers
         if CHUNK_N == 0:
             state_t = tl.load(state_base + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :], mask=tile_ok,
                               other=0.0).to(tl.float32)
-            if FOLD_INLINE:
-                if fold:
-                    b_fold = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, old_rows,
-                                          folded_start.to(tl.int32), folded.to(tl.int32),
-                                          NUM_HEADS * HEAD_DIM + group * D_STATE + nn, n_ok, rows_stride_row,
-                                          rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
-                                          weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HAS_BIAS)
-                    new_t = _folded_tile(state_t, b_fold, x_fold, step_fold, a_head, old_rows,
-                                         FOLD_PRECISION).to(ssm_ptr.dtype.element_ty)
-                    tl.store(state_base + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :], new_t,
-                             mask=tile_ok)
-                    state_t = new_t.to(tl.float32)
         else:
             read = tl.zeros([STACK, BLOCK_P], tl.float32)
-            c_rows = c_base + (sd * c_stride_node)[:, None]
-            if FOLD_INLINE:
-                if fold:  # each chunk folded as it is read and stored; the verify reads the folded chunk
-                    for n0 in tl.range(0, BLOCK_N, CHUNK_N, num_stages=CHUNK_STAGES):
-                        nc = n0 + tl.arange(0, CHUNK_N)
-                        chunk_at = state_base + (nc * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :]
-                        chunk_ok = tl.where(live, (nc < D_STATE)[:, None] & p_ok[None, :], False)
-                        b_fold = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, old_rows,
-                                              folded_start.to(tl.int32), folded.to(tl.int32),
-                                              NUM_HEADS * HEAD_DIM + group * D_STATE + nc, nc < D_STATE,
-                                              rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win,
-                                              weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
-                                              KERNEL_SIZE, HAS_BIAS)
-                        chunk = _folded_tile(tl.load(chunk_at, mask=chunk_ok, other=0.0).to(tl.float32), b_fold,
-                                             x_fold, step_fold, a_head, old_rows,
-                                             FOLD_PRECISION).to(ssm_ptr.dtype.element_ty)
-                        tl.store(chunk_at, chunk, mask=chunk_ok)
-                        read = _chunk_read(read, c_rows, chunk, nc, s_drafted, c_stride_n, D_STATE, STATE_PRECISION)
-                else:
-                    read = _chunks_read(read, state_base, c_rows, pp, p_ok, live, s_drafted, ssm_stride_n,
-                                        ssm_stride_p, c_stride_n, D_STATE, BLOCK_N, CHUNK_N, CHUNK_STAGES,
-                                        STATE_PRECISION)
-            else:
-                read = _chunks_read(read, state_base, c_rows, pp, p_ok, live, s_drafted, ssm_stride_n, ssm_stride_p,
-                                    c_stride_n, D_STATE, BLOCK_N, CHUNK_N, CHUNK_STAGES, STATE_PRECISION)
+            for n0 in tl.range(0, BLOCK_N, CHUNK_N, num_stages=CHUNK_STAGES):
+                nc = n0 + tl.arange(0, CHUNK_N)
+                chunk = tl.load(state_base + (nc * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :],
+                                mask=tl.where(live, (nc < D_STATE)[:, None] & p_ok[None, :], False), other=0.0)
+                c_chunk = tl.load(c_base + (sd * c_stride_node)[:, None] + (nc * c_stride_n)[None, :],
+                                  mask=s_drafted[:, None] & (nc < D_STATE)[None, :], other=0.0)
+                read += _dot(c_chunk.to(tl.float32), chunk.to(tl.float32), STATE_PRECISION)
 
         x = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (sd * x_stride_node)[:, None]
                     + (pp * x_stride_p)[None, :], mask=s_drafted[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
@@ -546,20 +468,17 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                  parents, D, z, dt_bias, *, dt_softplus, heads, max_pending, fold_above, block_p=None,
                  num_warps=None, precision=None, state_precision=None, heads_per_program=None, num_stages=None,
                  maxnreg=None, chunk_n=None, chunk_stages=None, fused_window=False, flatten=None, row_kind=0,
-                 fold_precision=None, pdl=False, fold_inline=False):
+                 fold_precision=None, pdl=False):
     """The verify launch over the rows of layer ``layer`` (weight [dim, K], bias [dim], A [H]: its own).
     chunk_n: C S0^T over chunks of that many state rows (0: the whole tile), chunk_stages of them
     in flight; fused_window: the folded rows' conv windows moved here too; flatten: the heads' loop and
     the chunks' one pipelined loop (None: FLATTEN_HEADS; never with row_kind 1); row_kind,
     fold_precision and pdl: the kernel's ROWS (1: the folding rows, folded here), FOLD_PRECISION
-    (None: fold_precision_for's) and PDL (a ROWS 2 launch then a programmatic dependent one);
-    fold_inline: the kernel's FOLD_INLINE (row_kind 0, no fused_window).
+    (None: fold_precision_for's) and PDL (a ROWS 2 launch then a programmatic dependent one).
     None: the module's constant (read here, at each launch built: MAMBA2_RING_WARPS, RING_STAGES,
     RING_VERIFY_MAXNREG -- 0, no cap --, RING_CHUNK_N, RING_CHUNK_STAGES)."""
-    if (row_kind == 1 or fold_inline) and fused_window:  # (windows would move while other programs' folds read them)
-        raise ValueError("mamba2_ring_verify: a launch that folds (row_kind 1, fold_inline) never moves windows")
-    if fold_inline and row_kind:
-        raise ValueError("mamba2_ring_verify: fold_inline folds in the launch of every row (row_kind 0)")
+    if row_kind == 1 and fused_window:  # (its windows would move while other programs' folds read them)
+        raise ValueError("mamba2_ring_verify: the folds' verify launch (row_kind 1) never moves windows")
     num_rows, num_nodes, num_heads, head_dim = x.shape
     _, _, num_groups, d_state = heads
     block_p, share, grid = _tiling(num_rows, 1, heads, block_p, heads_per_program)
@@ -588,7 +507,6 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
         FLATTEN=bool(FLATTEN_HEADS if flatten is None else flatten) and row_kind != 1, ROWS=row_kind,
         FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm),
         PDL=bool(pdl) and not interpreted(),  # (the interpreter has no griddepcontrol, and runs launches in turn)
-        FOLD_INLINE=bool(fold_inline),
         **({"launch_pdl": True} if pdl and row_kind == 2 else {}), num_warps=num_warps,
         num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     tensors = tuple(ssm if t is None else t for t in (  # (an absent tensor: one the kernel never reads)
@@ -614,8 +532,6 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     one), fold_precision, fold_warps, fold_heads_per_program, fold_maxnreg and fold_tiles (the fold's;
     fold_tiles: _fold_call's tiles_a_program, 0 -- a row's -- with the op's after_due_flush),
     fused_window (the folded windows moved by the verify launch, no window launch; FUSED_WINDOW),
-    fold_inline (FOLD_INLINE: no fold launch, the verify launch folds each folding row's tile as it
-    reads it; the windows then in their own launch),
     tree_depth (the fold rule's T: verify_rule), fold_verify (FOLD_VERIFY: the folding rows' drafts
     verified by the folds' launch -- the verify kernel's ROWS 1 -- from the tile it folds, the
     others' by a ROWS 2 launch), pdl (PDL, with fold_verify, sm_90+: that second launch a
@@ -637,42 +553,32 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     fold_verify = FOLD_VERIFY if fold_verify is None else fold_verify
     pdl = tuning.pop("pdl", None)
     pdl = PDL if pdl is None else pdl
-    fold_inline = tuning.pop("fold_inline", None)
-    fold_inline = FOLD_INLINE if fold_inline is None else fold_inline
-    if fold_inline and (fold_verify or pdl or fused is True):
-        raise ValueError("mamba2_ring_verify: fold_inline folds in the one verify launch: no fold_verify, no pdl, "
-                         "and the windows in their own launch (fused_window=False)")
     if pdl and not (fold_verify and fused is not True):
         raise ValueError("mamba2_ring_verify: pdl overlaps the folds' launch with the others' verify: it needs "
                          "fold_verify and the windows' own launch (fused_window=False)")
-    fused = (FUSED_WINDOW and not pdl and not fold_inline) if fused is None else fused
+    fused = (FUSED_WINDOW and not pdl) if fused is None else fused
     pdl = pdl and gdc_wait is not None and pdl_device(ssm)
     fold_share = tuning.pop("fold_heads_per_program", None) or _fold_share(num_heads, heads[2])
     fold_tuning = dict(tuning, fold_precision=fold_precision, heads_per_program=fold_share, maxnreg=fold_cap,
                        num_warps=fold_warps or tuning.get("num_warps", MAMBA2_RING_WARPS))
     verify_args = (out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots, state_slots, layer,
                    parents, D, z, dt_bias)
-    if fold_inline:
-        folds = ()
-        if INLINE_HEADS_PER_PROGRAM and "heads_per_program" not in tuning:
-            tuning["heads_per_program"] = INLINE_HEADS_PER_PROGRAM
-    elif fold_verify:
+    if fold_verify:
         fold_tuning["maxnreg"] = FOLD_MAXNREG if fold_cap is None else fold_cap
-        folds = (_verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, row_kind=1, pdl=pdl,
-                              **{name: value for name, value in verify_only.items()
-                                 if name in ("state_precision", "chunk_n", "chunk_stages")}, **fold_tuning),)
+        fold = _verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, row_kind=1, pdl=pdl,
+                            **{name: value for name, value in verify_only.items()
+                               if name in ("state_precision", "chunk_n", "chunk_stages")}, **fold_tuning)
     else:
-        folds = (_fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=layer,
-                            num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning,
-                            tiles_a_program=fold_tiles),)
+        fold = _fold_call(ssm, conv, rows, gates, cursor, weight, bias, A, ring_slots, state_slots, layer=layer,
+                          num_layers=1, num_nodes=num_nodes, heads=heads, **capacity, **fold_tuning,
+                          tiles_a_program=fold_tiles)
     verify = _verify_call(*verify_args, dt_softplus=dt_softplus, heads=heads, **capacity, fused_window=fused,
-                          row_kind=2 if fold_verify else 0, pdl=pdl, fold_inline=fold_inline,
-                          **({"fold_precision": fold_precision} if fold_inline else {}), **verify_only, **tuning)
+                          row_kind=2 if fold_verify else 0, pdl=pdl, **verify_only, **tuning)
     if fused:
-        return *folds, verify
+        return fold, verify
     window = window_call(conv, rows, cursor, ring_slots, state_slots, num_state_slots=ssm.shape[1], layer=layer,
                          num_layers=1, num_nodes=num_nodes, **capacity)
-    return *folds, verify, window
+    return fold, verify, window
 
 
 def launch_mamba2_ring_verify(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
@@ -680,7 +586,7 @@ def launch_mamba2_ring_verify(out, x, dt, A, B, C, ssm, conv, rows, gates, curso
     """ops_ring_mamba2.mamba2_ring_verify's arguments as its prepare gives them (ssm [L, S, H, P, Ns],
     conv [L, S, dim, K-1], rows [L, M, C, dim], gates [L, M, C, 1, H], cursor [M, 2]; any strides).
     Two launches: the folds, then every row's verify moving the folded conv windows (fused_window=False:
-    the windows in a third; fold_inline: the verify folds, then the windows)."""
+    the windows in a third)."""
     for call in _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bias, ring_slots,
                             state_slots, layer, parents, D, z, dt_bias, dt_softplus=dt_softplus, **tuning):
         call.launch()

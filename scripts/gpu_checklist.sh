@@ -72,9 +72,6 @@
 #   depth     trees folding by their depth (tree_depth): the ring's GPU tests of it (and the random steps, CUDA
 #             graphs, opcheck, due folds), then tree steps told and not told, both mixers, GDN chains beside (B = 64 /
 #             256)
-#   m2inline  the Mamba2 ring's folds inside the verify launch (FOLD_INLINE, no fold launch; never run on a GPU):
-#             its GPU tests, then chain steps at B = 64 / 256 against the due flush's, at a group's heads a
-#             program (the verify's) and at 8 and 4 (m2inlinesan: memcheck + racecheck over its kernel tests)
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
@@ -560,22 +557,6 @@ for phase in "$@"; do
                 bash scripts/gpu_sanitize.sh "$out/varsan"; rc=$? ;;
     varsteps) rc=0
               gdn_steps "" "RING_MMA_STATE_STAGES=0" "RING_MMA_STATE_STAGES=4 RING_MMA_CHUNK_K=16" || rc=1 ;;
-    m2inline) rc=0
-              timeout 240 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels_mamba2.py \
-                tests/test_ring_mamba2.py -k "matches_pytorch_code or strong or capacity_16 or inline" \
-                > "$out/gpu_tests_m2inline.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_m2inline.log"
-              for constants in "" "FOLD_INLINE=1" "FOLD_INLINE=1 INLINE_HEADS_PER_PROGRAM=8" \
-                               "FOLD_INLINE=1 INLINE_HEADS_PER_PROGRAM=4"; do
-                echo "# mamba2 ${constants:-defaults (the due flush first)}"
-                timeout 150 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain \
-                  ${constants:+--no-due-first --constants $constants} > "$out/m2inline.log" 2>&1 || rc=1
-                grep -E '^(\||check)' "$out/m2inline.log"; cat "$out/m2inline.log" >> "$out/m2inline_all.log"
-              done ;;
-    m2inlinesan) mkdir -p "$out/m2inlinesan"
-              SANITIZE_TIMEOUT=150 SANITIZE_TESTS=tests/test_ring_kernels_mamba2.py \
-                SANITIZE_K="cuda and (matches_pytorch_code or capacity_16)" bash scripts/gpu_sanitize.sh \
-                "$out/m2inlinesan"; rc=$? ;;
     m2varsteps) rc=0
               for constants in "" "FLATTEN_HEADS=1" "FOLD_VERIFY=1 PDL=1" "FOLD_VERIFY=1 PDL=1 FLATTEN_HEADS=1"; do
                 echo "# mamba2 ${constants:-defaults}"

@@ -114,25 +114,21 @@ def test_matches_pytorch_code(device, tree, share):
     """Folds (pending + N > capacity) beside rows that only replay, a ring wrapping its end, an
     empty ring and a padded row; every optional term. A program per head, or per group's two heads
     (the fold's too); the folded windows in the verify launch or their own; the folding rows' drafts
-    verified by the folds' launch or by the verify's; no fold launch, the verify folding each chunk
-    as it reads it (fold_inline)."""
+    verified by the folds' launch or by the verify's."""
     cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])  # C = 7, capacity 4, N = 3: folds when pending >= 2
     case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
                             state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)
-    for fused_window, fold_verify, fold_inline in ((False, False, False), (True, False, False), (False, True, False),
-                                                   (True, True, False), (False, False, True)):
+    for fused_window, fold_verify in ((False, False), (True, False), (False, True), (True, True)):
         # (the folded windows in the verify launch: each head's program; the folding rows' drafts verified
-        # by the folds' launch; the folds in the verify launch)
+        # by the folds' launch)
         want, got = run_both(case, tuning=dict(IEEE, heads_per_program=share, fold_heads_per_program=share,
-                                               fused_window=fused_window, fold_verify=fold_verify,
-                                               fold_inline=fold_inline))
+                                               fused_window=fused_window, fold_verify=fold_verify))
         assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
         assert not torch.equal(want["conv_state"], case["conv_state"])
         assert_agree(want, got)
         assert_same_untouched(case, want, got)
-    for fold_inline in (False, True):  # the default precision: 3xTF32 here
-        want, got = run_both(case, tuning=dict(heads_per_program=share, fold_inline=fold_inline))
-        assert_agree(want, got, tol=2e-3, state_tol=1e-4)
+    want, got = run_both(case, tuning=dict(heads_per_program=share))  # the default precision: 3xTF32 here
+    assert_agree(want, got, tol=2e-3, state_tol=1e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -164,10 +160,9 @@ def test_strong_decays(device, tree):
                             state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, strong_decays=True,
                             device=device)
     assert (case["dt"] > 1e2).any() and (case["gates"][1] > 1e2).any()
-    for fold_inline in (False, True):
-        want, got = run_both(case, tuning=dict(fold_inline=fold_inline))
-        assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
-        assert_agree(want, got, tol=1e-4, state_tol=1e-4)
+    want, got = run_both(case)
+    assert not torch.equal(want["ssm_state"], case["ssm_state"])  # something folded
+    assert_agree(want, got, tol=1e-4, state_tol=1e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -178,8 +173,7 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     and 14 pending tokens, 13 (the most that do not fold), 5 wrapping the ring's end, an empty ring,
     a padded row. d_state 40: C S0^T whole, and over chunks of 16 state rows (the third partial, the
     fourth all padding); the folded windows in a launch of their own or in the verify's; the heads'
-    loop and the chunks' as one (flatten); the folding rows' drafts verified by the folds' launch;
-    the folds in the verify launch (fold_inline)."""
+    loop and the chunks' as one (flatten); the folding rows' drafts verified by the folds' launch."""
     cursors = torch.tensor([[17, 16], [10, 13], [0, 0], [18, 5], [3, 14], [1, 2]])
     case = mamba2_ring_case(num_rows=6, num_nodes=3, capacity=16, num_ring_slots=6, num_state_slots=6, cursors=cursors,
                             ring_slots=[0, 1, 2, 3, 4, 5], state_slots=[3, 0, 4, 1, 5, -1], d_state=40,
@@ -226,26 +220,14 @@ def test_capacity_16_matches_pytorch_code(device, tree):
     for wrong in (dict(), dict(fold_verify=True, fused_window=True)):
         with pytest.raises(ValueError, match="pdl overlaps"):
             ring_calls(pdl=True, **wrong)
-    # on request no fold launch: the verify launch folds (FOLD_INLINE), the windows in a launch after it
-    inline = ring_calls(fold_inline=True)
-    assert [(c.kernel.__name__, c.constexprs.get("ROWS"), c.constexprs.get("FOLD_INLINE")) for c in inline] == [
-        ("_mamba2_ring_verify_kernel", 0, True), ("_ring_window_kernel", None, None)]
-    assert inline[0].constexprs["FOLD_PRECISION"] == "tf32x3" and not inline[0].constexprs["FUSED_WINDOW"]
-    for wrong in (dict(fused_window=True), dict(fold_verify=True), dict(fold_verify=True, pdl=True)):
-        with pytest.raises(ValueError, match="fold_inline folds in the one verify launch"):
-            ring_calls(fold_inline=True, **wrong)
-    for chunk_n, fused_window, flatten, fold_verify, pdl, fold_inline in (
-            (0, False, False, False, False, False), (16, False, False, False, False, False),
-            (32, True, False, False, False, False), (16, False, True, False, False, False),
-            (32, True, True, False, False, False), (0, True, True, False, False, False),
-            (32, True, False, True, False, False), (16, False, True, True, False, False),
-            (32, False, False, True, True, False), (0, False, False, False, False, True),
-            (16, False, False, False, False, True), (32, False, False, False, False, True),
-            (16, False, True, False, False, True)):
+    for chunk_n, fused_window, flatten, fold_verify, pdl in (
+            (0, False, False, False, False), (16, False, False, False, False), (32, True, False, False, False),
+            (16, False, True, False, False), (32, True, True, False, False), (0, True, True, False, False),
+            (32, True, False, True, False), (16, False, True, True, False), (32, False, False, True, True)):
         if flatten and device == "cpu":
             continue  # (a compiler's choice the interpreter ignores: the GPU's)
         want, got = run_both(case, tuning=dict(IEEE, chunk_n=chunk_n, fused_window=fused_window, flatten=flatten,
-                                               fold_verify=fold_verify, pdl=pdl, fold_inline=fold_inline))
+                                               fold_verify=fold_verify, pdl=pdl))
         folded = ~torch.eq(want["ssm_state"], case["ssm_state"]).flatten(2).all(-1)[1]
         assert folded.tolist() == [False, False, False, True, False, True]  # slots 3, 5: rows of 16 and 14 pending
         assert_agree(want, got)

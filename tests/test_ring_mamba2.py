@@ -10,8 +10,6 @@ registration (opcheck) and torch.compile(fullgraph=True).
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -47,21 +45,6 @@ def test_random_steps_match_oracle_and_eager(data, num_draft, tree, extra, kerne
 def test_random_steps_match_oracle_and_eager_on_gpu(data, num_draft, tree, extra, ring_dtype, **options):
     run_sequence(data, Mamba2Harness, num_draft=num_draft, tree=tree and num_draft > 1, capacity=num_draft + extra,
                  num_steps=8, num_layers=1, ring_dtype=ring_dtype, device="cuda", **options)
-
-
-@pytest.mark.gpu
-@settings(max_examples=4)
-@given(data=st.data(), num_draft=st.integers(1, 4), tree=st.booleans(), extra=st.integers(0, 5),
-       ring_dtype=st.sampled_from([torch.bfloat16, torch.float32]),
-       **{name: strategy for name, strategy in _OPTIONS.items() if name != "due_first"})
-def test_random_steps_folding_inline_on_gpu(data, num_draft, tree, extra, ring_dtype, **options):
-    """The verify launch folding its rows as it reads their tiles, no fold launch (FOLD_INLINE)."""
-    from sgl_convwin._kernels import triton_kernels
-
-    with mock.patch.object(triton_kernels().mamba2_ring_verify, "FOLD_INLINE", True):
-        run_sequence(data, Mamba2Harness, num_draft=num_draft, tree=tree and num_draft > 1,
-                     capacity=num_draft + extra, num_steps=8, num_layers=1, ring_dtype=ring_dtype, device="cuda",
-                     due_first=False, **options)
 
 
 @pytest.mark.slow
