@@ -73,6 +73,8 @@
 #             graphs, opcheck, due folds), then tree steps told and not told, both mixers, GDN chains beside (B = 64 /
 #             256)
 #   ring16    the GDN ring's chain steps at RING_MMA_CHUNK_K=16 against its default
+#   foldtile  the GDN due flush's fold programs on 64 / 32 columns with their whole [dk, columns] tile staged in
+#             shared memory (no second read of it), against the default (128 columns, its rows read again)
 #   commitT   gdn_commit on pools stored [.., dv, dk] (the engines' layout) against contiguous ones, chains and trees
 #   gvbench   gdn_verify against FLA, a snapshot stand-in and the read floor, chains and trees, B = 1 .. 256, with the
 #             whole-step table (benchmarks/bench_gdn_verify.py; needs fla-core from .whl), then bf16 states at B = 64 / 256
@@ -440,6 +442,11 @@ for phase in "$@"; do
                 done
               done ;;
     ring16)   gdn_steps "" "RING_MMA_CHUNK_K=16"; rc=$? ;;
+    foldtile) timeout 150 python3 benchmarks/bench_ring.py --batches 64 256 --flush-sweep - mma=1/block_v=64/fold_warps=2 \
+                mma=1/block_v=64/fold_warps=2/state_stages=4 mma=1/block_v=64/fold_warps=2/state_stages=4/fold_maxnreg=0 \
+                mma=1/block_v=32/fold_warps=1/state_stages=4 mma=1/block_v=64/fold_warps=4/state_stages=4 - \
+                > "$out/foldtile.log" 2>&1
+              rc=$?; grep -E '^\||Error' "$out/foldtile.log" ;;
     masks)    rc=0  # (gdn_verify's mma kernel given each tree node's path mask: tests, then trees both ways)
               timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_gdn_verify.py \
                 -k "tree_masks or tree_path_masks" > "$out/gpu_tests_masks.log" 2>&1 || rc=1
