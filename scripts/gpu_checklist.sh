@@ -62,9 +62,8 @@
 #   gvncu     test_gdn_verify.py's GPU tests, then Nsight Compute over one gdn_verify layer at B = 64, chain and tree,
 #             bf16 and fp32 pools (bench_gdn_verify.py --ncu): details and per-instruction stall samples as CSV
 #             (by source line here: python scripts/ncu_lines.py OUT/ncu_gv_bf16_sass.csv gdn_verify_bf16_tree)
-#   h200      gdn_verify's prefetch (none, 16, 32, 64, 128 rows), 3 stages of 16 rows and value runs (off) against
-#             the defaults, fp32 and bf16 pools (B = 64 / 256); an H200's first call: `h200 gvbench` (then the table at
-#             the current defaults)
+#   h200      gdn_verify's prefetch (none, 16, 32 rows) and value runs (off) against the defaults, fp32 and bf16 pools
+#             (B = 64 / 256); an H200's first call: `h200 gvbench` (then the table at the current defaults)
 #   vruns     gdn_verify's v loads and out stores in 16-byte runs (value_runs, the default since 2026-12-07, timed on
 #             contiguous pools then: docs/benchmarks.md): its bit-for-bit tests, memcheck + racecheck over its
 #             launch-choice tests, then the sweep against an element an access on fp32 pools stored transposed
@@ -402,7 +401,7 @@ for phase in "$@"; do
               done ;;
     h200)     rc=0  # (the sweeps that set the prefetch and value-runs defaults, on an H200)
               for dtype in fp32 bf16; do
-                timeout 170 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 53 54 50 51 52 13 57 \
+                timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 53 54 50 57 \
                   --state-dtype $dtype > "$out/sweep_h200_$dtype.log" 2>&1 || rc=1
                 grep -E '^(\||read)|FAILED|Error' "$out/sweep_h200_$dtype.log"
               done ;;
