@@ -721,6 +721,22 @@ def test_due_flush_plans_the_verifys_fold_over_every_layer(monkeypatch):
         module._flush_calls(*wide_args, **wide_kwargs, mma=True)
 
 
+@pytest.mark.parametrize("capacity, stack", [(16, 16), (12, 16), (20, 32)])
+def test_a_due_flush_folds_on_a_stack_of_16_rows_up_to_16_pending_tokens(monkeypatch, capacity, stack):
+    """design.md's reason for the default capacity (16): the due flush's mma fold of a ring holding at
+    most 16 pending tokens runs on a stack of 16 rows; more pending tokens take a stack of 32."""
+    case = ring_case(num_rows=2, num_nodes=4, capacity=capacity, head_k_dim=32, head_v_dim=32)
+    layers = case["ssm_state"].shape[0]
+    args, kwargs = sgl_convwin.gdn_ring_flush.kernel_arguments(
+        case["ssm_state"], case["conv_state"], case["cursor"], case["rows"], case["gates"],
+        torch.stack([case["conv_weight"]] * layers), case["ring_slots"], case["state_slots"], num_k_heads=1,
+        head_k_dim=32, num_v_heads=2, head_v_dim=32, num_draft=4)
+    module = triton_kernels().gdn_ring_verify
+    monkeypatch.setattr(module, "_mma_kernel_runs_on", lambda ssm: True)  # (a GPU's)
+    fold = module._flush_calls(*args, **kwargs)[0]
+    assert (fold.constexprs["KIND"], fold.constexprs["MAX_PENDING"], fold.constexprs["NODES"]) == (2, capacity, stack)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("pdl", [0, 1], ids=["plain", "pdl"])
 def test_due_flush_on_the_mma_kernel_matches_pytorch_code(monkeypatch, pdl):
