@@ -683,6 +683,16 @@ def test_fold_programs_walk_a_divisor_of_a_rows_tiles():
         walking("op", 32, 3)
 
 
+def flush_arguments(case, **kwargs):
+    """gdn_ring_flush's kernel arguments over a ring_case of one key head of dk = dv = 32 and two
+    value heads, every layer with the case's conv weight and bias."""
+    layers = case["ssm_state"].shape[0]
+    return sgl_convwin.gdn_ring_flush.kernel_arguments(
+        case["ssm_state"], case["conv_state"], case["cursor"], case["rows"], case["gates"],
+        torch.stack([case["conv_weight"]] * layers), case["ring_slots"], case["state_slots"], num_k_heads=1,
+        head_k_dim=32, num_v_heads=2, head_v_dim=32, conv_bias=torch.stack([case["conv_bias"]] * layers), **kwargs)
+
+
 def test_due_flush_plans_the_verifys_fold_over_every_layer(monkeypatch):
     """Where the verify runs the mma kernel a due flush is one launch of the verify's own fold
     (KIND 2: its stack, tiles, warps, stages and register cap; every other constexpr alike but the
@@ -690,11 +700,7 @@ def test_due_flush_plans_the_verifys_fold_over_every_layer(monkeypatch):
     layer, then the windows and the cursors by the same rule; a full flush stays on the chunk kernel."""
     case = ring_case(num_rows=3, num_nodes=4, capacity=16, head_k_dim=32, head_v_dim=32)
     layers = case["ssm_state"].shape[0]
-    weight = torch.stack([case["conv_weight"]] * layers)
-    args, kwargs = sgl_convwin.gdn_ring_flush.kernel_arguments(
-        case["ssm_state"], case["conv_state"], case["cursor"], case["rows"], case["gates"], weight,
-        case["ring_slots"], case["state_slots"], num_k_heads=1, head_k_dim=32, num_v_heads=2, head_v_dim=32,
-        conv_bias=torch.stack([case["conv_bias"]] * layers), num_draft=4)
+    args, kwargs = flush_arguments(case, num_draft=4)
     module = triton_kernels().gdn_ring_verify
     monkeypatch.setattr(module, "_mma_kernel_runs_on", lambda ssm: True)  # (a GPU's)
     fold, window, cursors = module._flush_calls(*args, **kwargs)  # (the launcher's own choice)
@@ -714,10 +720,7 @@ def test_due_flush_plans_the_verifys_fold_over_every_layer(monkeypatch):
     assert "KIND" not in module._flush_calls(*args, **dict(kwargs, num_draft=None))[0].constexprs
     with pytest.raises(ValueError, match="at most 32 pending keys"):  # (a full flush's C - 1 = 19 fit; 40 not)
         wide = ring_case(num_rows=1, num_nodes=4, capacity=37, head_k_dim=32, head_v_dim=32)
-        wide_args, wide_kwargs = sgl_convwin.gdn_ring_flush.kernel_arguments(
-            wide["ssm_state"], wide["conv_state"], wide["cursor"], wide["rows"], wide["gates"],
-            torch.stack([wide["conv_weight"]] * layers), wide["ring_slots"], wide["state_slots"], num_k_heads=1,
-            head_k_dim=32, num_v_heads=2, head_v_dim=32)
+        wide_args, wide_kwargs = flush_arguments(wide)
         module._flush_calls(*wide_args, **wide_kwargs, mma=True)
 
 
@@ -726,11 +729,7 @@ def test_a_due_flush_folds_on_a_stack_of_16_rows_up_to_16_pending_tokens(monkeyp
     """design.md's reason for the default capacity (16): the due flush's mma fold of a ring holding at
     most 16 pending tokens runs on a stack of 16 rows; more pending tokens take a stack of 32."""
     case = ring_case(num_rows=2, num_nodes=4, capacity=capacity, head_k_dim=32, head_v_dim=32)
-    layers = case["ssm_state"].shape[0]
-    args, kwargs = sgl_convwin.gdn_ring_flush.kernel_arguments(
-        case["ssm_state"], case["conv_state"], case["cursor"], case["rows"], case["gates"],
-        torch.stack([case["conv_weight"]] * layers), case["ring_slots"], case["state_slots"], num_k_heads=1,
-        head_k_dim=32, num_v_heads=2, head_v_dim=32, num_draft=4)
+    args, kwargs = flush_arguments(case, num_draft=4)
     module = triton_kernels().gdn_ring_verify
     monkeypatch.setattr(module, "_mma_kernel_runs_on", lambda ssm: True)  # (a GPU's)
     fold = module._flush_calls(*args, **kwargs)[0]
