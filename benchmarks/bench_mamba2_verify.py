@@ -155,9 +155,10 @@ def standin_tile(text: str) -> tuple[int, int]:
     return block_p, warps
 
 
-def verify_problem(shapes, batch, tree, state_dtype, device, seed=0, gated=False):
+def verify_problem(shapes, batch, tree, state_dtype, device, seed=0, gated=False, transposed=False):
     """All layers' verify inputs: the state pools ssm [L, B, H, P, Ns] (drawn first: chains and trees
-    of one seed read the same states; slots a permutation), x, B, C views of one bf16 conv output
+    of one seed read the same states; slots a permutation; transposed: stored [.., Ns, P] and passed
+    transposed), x, B, C views of one bf16 conv output
     [L, B, N, H*P + 2*G*Ns], dt [L, B, N, H] bf16 (before dt_bias and softplus), A = -uniform(1, 16),
     D, dt_bias [L, H] fp32, z [L, B, N, H, P] bf16 if ``gated``, out [L, B, N, H, P] bf16."""
     L, H, P, G, Ns = shapes.layers, shapes.heads, shapes.head_dim, shapes.groups, shapes.d_state
@@ -167,7 +168,8 @@ def verify_problem(shapes, batch, tree, state_dtype, device, seed=0, gated=False
     def normal(*shape, dtype=torch.float32, mean=0.0, std=1.0):
         return torch.empty(shape, dtype=dtype, device=device).normal_(mean, std, generator=gen)
 
-    ssm = normal(L, batch, H, P, Ns, std=0.1).to(state_dtype)
+    ssm = (normal(L, batch, H, Ns, P, std=0.1).to(state_dtype).transpose(-1, -2) if transposed
+           else normal(L, batch, H, P, Ns, std=0.1).to(state_dtype))
     mixed = normal(L, batch, num_nodes, shapes.dim, dtype=torch.bfloat16)
     x_width, bc_width = shapes.x_width, G * Ns
     return dict(
@@ -306,19 +308,20 @@ def tuning_label(tuning) -> str:
 
 
 def bench(shapes, batches, modes, state_dtype, tiles, read_gbps, gated=False, json_path=None, header=None,
-          tunings=()):
+          tunings=(), transposed=False):
     """Time every candidate per mode and B, then print the table (mamba2_verify at its defaults;
     each tuning's time on its own line); returns the JSON's rows."""
     rows = []
     for batch in batches:
         for mode in modes:
-            p = verify_problem(shapes, batch, mode == "tree", state_dtype, DEVICE, seed=batch, gated=gated)
+            p = verify_problem(shapes, batch, mode == "tree", state_dtype, DEVICE, seed=batch, gated=gated,
+                               transposed=transposed)
             floor = state_read_bytes(shapes, batch, p["ssm"].element_size()) / (read_gbps * 1e9) * 1e6
             timed = [("mamba2_verify", None, mamba2_verify_fn(p))]
             timed += [("mamba2_verify", tuning_label(tuning), mamba2_verify_fn(p, tuning)) for tuning in tunings]
             timed += [("stand-in", f"{bp}/{w}", standin_fn(p, bp, w)) for bp, w in tiles]
             if mode == modes[0]:  # (the same bytes for every mode)
-                timed += [("plain read", None, layer_reads_fn(p["ssm"]))]
+                timed += [("plain read", None, layer_reads_fn(p["ssm"].transpose(-1, -2) if transposed else p["ssm"]))]
             for name, tile, fn in timed:
                 us, graph_us = time_fn(fn)
                 rows.append(dict(mode=mode, B=batch, name=name, tile=tile, do_bench_us=us, graph_us=graph_us,
@@ -397,6 +400,8 @@ def main(argv=None) -> int:
     parser.add_argument("--standin-tiles", type=standin_tile, nargs="+", default=[(4, 4), (16, 4), (16, 2)],
                         metavar="BLOCK_P/WARPS", help="the stand-in's tiles; the fastest is kept per B")
     parser.add_argument("--z", action="store_true", help="gate the outputs with silu(z) (both kernels)")
+    parser.add_argument("--transposed", action="store_true",
+                        help="the state pools stored [.., Ns, P] and passed transposed (the timed tables only)")
     parser.add_argument("--check-only", "--quick", dest="check_only", action="store_true",
                         help="run the checks against the float64 oracle and exit (CPU: interpreted)")
     parser.add_argument("--json", default=None, help="write every measured number here")
@@ -425,7 +430,7 @@ def main(argv=None) -> int:
                   triton=triton.__version__, read_gbps=read_gbps, shapes=dataclasses.asdict(shapes),
                   state_dtype=args.state_dtype, z=args.z, tree_parents=TREE_PARENTS)
     bench(shapes, args.batches, args.drafts, state_dtype, args.standin_tiles, read_gbps, args.z, args.json, header,
-          args.tunings)
+          args.tunings, args.transposed)
     return 0
 
 

@@ -60,11 +60,11 @@ def _step_sizes(dt_base, node, mask, dt_stride_node, dt_bias_at, HAS_DT_BIAS: tl
 def _node_inputs(row, head, group, node, real, nn, nodes_mask, b_ptr, c_base, dt_ptr, dt_bias_ptr, b_stride_row,
                  b_stride_node, b_stride_group, b_stride_n, c_stride_node, c_stride_n, dt_stride_row, dt_stride_node,
                  dt_stride_head, dt_bias_stride, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr):
-    """The nodes' B, C [NODES, BLOCK_N] and step sizes [NODES], float32 (zeros on padding nodes)."""
+    """The nodes' B, C [NODES, BLOCK_N] in their own dtype (held so across the state's loads) and step
+    sizes [NODES] in float32 (zeros on padding nodes)."""
     b = tl.load(b_ptr + row * b_stride_row + group * b_stride_group + (node * b_stride_node)[:, None]
-                + (nn * b_stride_n)[None, :], mask=nodes_mask, other=0.0).to(tl.float32)
-    c = tl.load(c_base + (node * c_stride_node)[:, None] + (nn * c_stride_n)[None, :], mask=nodes_mask,
-                other=0.0).to(tl.float32)
+                + (nn * b_stride_n)[None, :], mask=nodes_mask, other=0.0)
+    c = tl.load(c_base + (node * c_stride_node)[:, None] + (nn * c_stride_n)[None, :], mask=nodes_mask, other=0.0)
     step = _step_sizes(dt_ptr + row * dt_stride_row + head * dt_stride_head, node, real, dt_stride_node,
                        dt_bias_ptr + head * dt_bias_stride, HAS_DT_BIAS, DT_SOFTPLUS)
     return b, c, tl.where(real, step, 0.0)  # padding nodes: no decay, no update
@@ -124,7 +124,7 @@ def _mamba2_verify_kernel(
                                   b_stride_row, b_stride_node, b_stride_group, b_stride_n, c_stride_node, c_stride_n,
                                   dt_stride_row, dt_stride_node, dt_stride_head, dt_bias_stride, HAS_DT_BIAS,
                                   DT_SOFTPLUS)
-        x = tl.load(x_at, mask=real[:, None] & p_ok, other=0.0).to(tl.float32)
+        x = tl.load(x_at, mask=real[:, None] & p_ok, other=0.0)
     # The state tile first: the program's long read, which nothing else waits on. Loaded as
     # [Ns, BLOCK_P] (S0^T), the right operand of C S0^T (the state's truncation is the one left:
     # unbiased over Ns): whole, or CHUNK_N state rows at a time, their loads pipelined through
@@ -147,7 +147,8 @@ def _mamba2_verify_kernel(
                                   b_stride_row, b_stride_node, b_stride_group, b_stride_n, c_stride_node, c_stride_n,
                                   dt_stride_row, dt_stride_node, dt_stride_head, dt_bias_stride, HAS_DT_BIAS,
                                   DT_SOFTPLUS)
-    c = _operand(c, PRECISION)
+    b = b.to(tl.float32)
+    c = _operand(c.to(tl.float32), PRECISION)
     rate = tl.load(a_ptr + head * a_stride).to(tl.float32)
 
     ancestry, links_ok = _ancestry(row, node, real, parents_ptr, parents_stride_row, parents_stride_node, NUM_NODES,
@@ -159,7 +160,8 @@ def _mamba2_verify_kernel(
     mix = tl.where(ancestry, decay * step[None, :] * gram, 0.0)  # M
 
     if not EARLY_LOADS:
-        x = tl.load(x_at, mask=real[:, None] & p_ok, other=0.0).to(tl.float32)
+        x = tl.load(x_at, mask=real[:, None] & p_ok, other=0.0)
+    x = x.to(tl.float32)
 
     if CHUNK_N == 0:
         read = tl.dot(c, state_t, input_precision=PRECISION)  # C S0^T
