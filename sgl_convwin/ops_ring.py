@@ -351,7 +351,8 @@ def gdn_ring_flush(
     folds done now for every layer in one launch, so the per-layer verifies find nothing to fold
     (where the verify runs the mma kernel, by its own fold
     code: the same checkpoints; a bfloat16 checkpoint's drafts then see it rounded, as a folding
-    row's do there). Between steps only, as every flush.
+    row's do there; the step's conv reads a folded row's history from ``conv_state``, in its dtype).
+    Between steps only, as every flush.
 
     ssm_state [L, S, Hv, dk, dv], conv_state [L, S, dim, K-1] (or window-major): written.
     cursor [M, 2] written; rows [L, M, C, dim], gates [L, M, C, 2, Hv] read. conv_weight

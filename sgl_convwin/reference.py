@@ -626,7 +626,8 @@ class _RingOracle:
     - the drafts' outputs are decoded token by token from the state after the pending tokens;
     - accept: a folding slot's start moves past its pending tokens (mod capacity + N), then the
       accepted path's tokens are appended to the pending ones;
-    - flush folds every pending token.
+    - flush folds every pending token; a due flush, before a step, those of the rows its verify would
+      fold, so that the step's conv reads their history from the window as conv_state holds it.
     The model (conv_weight [L, dim, K], conv_bias [L, dim] or None, the mixer's) is fixed. Per step,
     as an engine calls the ops: conv_verify then the mixer's verify for each layer, then accept.
     """
@@ -724,9 +725,14 @@ class _RingOracle:
             self.count[ring_slot] += len(path)
         self.drafts = {}
 
-    def flush(self, ring_slots, state_slots):
-        """Every layer: the checkpoint after all pending tokens, the cursor past them."""
+    def flush(self, ring_slots, state_slots, due_only=False):
+        """Every layer: the checkpoint after all pending tokens, the cursor past them; with
+        ``due_only`` (a due flush: the ops' flush given num_draft and tree_depth) only in the rows the
+        next verify would fold, pending + T > capacity with T = tree_depth or N."""
+        most = self.tree_depth or self.num_draft
         for _, ring_slot, state_slot in self._rows(ring_slots, state_slots):
+            if due_only and not (self.count[ring_slot] > 0 and self.count[ring_slot] + most > self.capacity):
+                continue
             for layer, layer_pending in enumerate(self.pending):
                 if layer_pending[ring_slot]:
                     self._write_checkpoint(layer, state_slot, *self._replay(layer, state_slot, layer_pending[ring_slot]))
