@@ -710,7 +710,7 @@ class _RingOracle:
             ring_slot = int(ring_slots[row])
             if not 0 <= ring_slot < len(self.start):
                 continue
-            if self._folds(self.count[ring_slot], parents):  # this step's verify folded
+            if self._folds(self.count[ring_slot], parents is not None):  # this step's verify folded
                 assert all(not layer_pending[ring_slot] for layer_pending in self.pending)
                 self.start[ring_slot] = (self.start[ring_slot] + self.count[ring_slot]) % self.ring_rows
                 self.count[ring_slot] = 0
@@ -728,10 +728,9 @@ class _RingOracle:
     def flush(self, ring_slots, state_slots, due_only=False):
         """Every layer: the checkpoint after all pending tokens, the cursor past them; with
         ``due_only`` (a due flush: the ops' flush given num_draft and tree_depth) only in the rows the
-        next verify would fold, pending + T > capacity with T = tree_depth or N."""
-        most = self.tree_depth or self.num_draft
+        next verify would fold, by the rule with tree_depth wherever one is told (as the ops' flush)."""
         for _, ring_slot, state_slot in self._rows(ring_slots, state_slots):
-            if due_only and not (self.count[ring_slot] > 0 and self.count[ring_slot] + most > self.capacity):
+            if due_only and not self._folds(self.count[ring_slot], tree=True):
                 continue
             for layer, layer_pending in enumerate(self.pending):
                 if layer_pending[ring_slot]:
@@ -753,9 +752,9 @@ class _RingOracle:
         """The checkpoint's K-1 inputs, oldest first."""
         return [self.conv[layer, state_slot, :, col] for col in range(self.kernel_size - 1)]
 
-    def _folds(self, count, parents) -> bool:
-        """The fold rule for ``count`` pending tokens in a step with ``parents``."""
-        most_accepted = self.tree_depth if parents is not None and self.tree_depth else self.num_draft
+    def _folds(self, count, tree) -> bool:
+        """The fold rule for ``count`` pending tokens in a step of trees (``tree``) or chains."""
+        most_accepted = self.tree_depth if tree and self.tree_depth else self.num_draft
         return count > 0 and count + most_accepted > self.capacity
 
     def _state_before_drafts(self, layer, ring_slot, state_slot, draft_gates, parents):
@@ -765,7 +764,7 @@ class _RingOracle:
         pending = self.pending[layer][ring_slot]
         assert len(pending) == self.count[ring_slot]
         state, window = self._replay(layer, state_slot, pending)
-        if self._folds(len(pending), parents):
+        if self._folds(len(pending), parents is not None):
             self._write_checkpoint(layer, state_slot, state, window)
             self.pending[layer][ring_slot] = []
         for token, gates in zip(self.drafts[layer, ring_slot], draft_gates):
