@@ -72,8 +72,6 @@ PDL = False
 # The verify's C S0^T in tf32, its operands rounded to nearest, for a float32 checkpoint (its other
 # products and the fold's stay in 3xTF32: tf32 ones missed 2e-3 x max |y| over the 1,000-step test).
 STATE_PRECISION = "tf32"
-# A head's x and d (a pending token's: its conv) loaded before its state's chunks, not after them
-EARLY_INPUTS = False
 
 
 def group_share(tiles_per_head: int, num_heads: int, num_groups: int) -> int:
@@ -199,33 +197,6 @@ def _fold_program_tile(tile, a_ptr, ssm_ptr, rows_base, window_base, weight_ptr,
 
 
 @triton.jit
-def _head_inputs(row, head, pp, p_ok, s, s_pending, sd, s_drafted, ring_s, start, pending, x_ptr, dt_ptr, dt_bias_ptr,
-                 gates_base, rows_base, window_base, weight_ptr, bias_ptr, x_stride_row, x_stride_node, x_stride_head,
-                 x_stride_p, dt_stride_row, dt_stride_node, dt_stride_head, dt_bias_stride, gates_stride_row,
-                 rows_stride_row, rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
-                 weight_stride_tap, bias_stride, RING_ROWS: tl.constexpr, KERNEL_SIZE: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-                 HAS_BIAS: tl.constexpr):
-    """One head's stack of x [STACK, BLOCK_P] and step sizes d [STACK], float32: a pending token's
-    from its conv over the ring's rows and its stored d, a draft's as given, zeros elsewhere."""
-    x = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (sd * x_stride_node)[:, None]
-                + (pp * x_stride_p)[None, :], mask=s_drafted[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
-    dt_base = dt_ptr + row * dt_stride_row + head * dt_stride_head
-    step = _step_sizes(dt_base, sd, s_drafted, dt_stride_node, dt_bias_ptr + head * dt_bias_stride,
-                       HAS_DT_BIAS, DT_SOFTPLUS)
-    step = tl.where(s_drafted, step, 0.0)
-    if pending > 0:
-        x_pending = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s_pending, start, pending,
-                                 head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim, conv_stride_dim,
-                                 conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
-                                 KERNEL_SIZE, HAS_BIAS)
-        x = tl.where(s_pending[:, None], x_pending, x)
-        step_ring = tl.load(gates_base + ring_s * gates_stride_row, mask=s_pending, other=0.0).to(tl.float32)
-        step = tl.where(s_pending, step_ring, step)
-    return x, step
-
-
-@triton.jit
 def _mamba2_ring_verify_kernel(
     out_ptr, x_ptr, dt_ptr, b_ptr, c_ptr, z_ptr, a_ptr, d_ptr, dt_bias_ptr, ssm_ptr, conv_ptr, rows_ptr, gates_ptr,
     cursor_ptr, weight_ptr, bias_ptr, ring_slots_ptr, state_slots_ptr, parents_ptr,
@@ -250,7 +221,7 @@ def _mamba2_ring_verify_kernel(
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, STATE_PRECISION: tl.constexpr, HEADS_PER_PROGRAM: tl.constexpr,
     CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr, FUSED_WINDOW: tl.constexpr, WIDTH: tl.constexpr,
     WINDOW: tl.constexpr, FLATTEN: tl.constexpr, ROWS: tl.constexpr, FOLD_PRECISION: tl.constexpr,
-    PDL: tl.constexpr, EARLY_INPUTS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """The drafts' outputs of layer ``layer`` and their d beside their ring rows. A row that folds
     (the fold launch, before this one, brought its checkpoint past the pending tokens) is verified
@@ -372,16 +343,23 @@ def _mamba2_ring_verify_kernel(
                 tl.store(tile, folded_t.to(ssm_ptr.dtype.element_ty), mask=half_ok)
             tl.debug_barrier()  # every thread's part stored before any thread reads the tile back (from L2)
         gates_base = gates_row + head * gates_stride_head
-        if EARLY_INPUTS:  # the head's x and d (a pending token's: its conv) before its state's loads
-            x, step = _head_inputs(row, head, pp, p_ok, s, s_pending, sd, s_drafted, ring_s, start, pending, x_ptr,
-                                   dt_ptr, dt_bias_ptr, gates_base, rows_base, window_base, weight_ptr, bias_ptr,
-                                   x_stride_row, x_stride_node, x_stride_head, x_stride_p, dt_stride_row,
-                                   dt_stride_node, dt_stride_head, dt_bias_stride, gates_stride_row, rows_stride_row,
-                                   rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
-                                   weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HEAD_DIM, HAS_DT_BIAS,
-                                   DT_SOFTPLUS, HAS_BIAS)
-        # S0^T, the long read first: whole, or C S0^T now over CHUNK_N state rows at a time, their
-        # loads pipelined through shared memory (cp.async) rather than held in registers
+        # the head's x and d (a pending token's: its conv) before its state's loads: their latency under its
+        x = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (sd * x_stride_node)[:, None]
+                    + (pp * x_stride_p)[None, :], mask=s_drafted[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
+        dt_base = dt_ptr + row * dt_stride_row + head * dt_stride_head
+        step = _step_sizes(dt_base, sd, s_drafted, dt_stride_node, dt_bias_ptr + head * dt_bias_stride,
+                           HAS_DT_BIAS, DT_SOFTPLUS)
+        step = tl.where(s_drafted, step, 0.0)
+        if pending > 0:
+            x_pending = pending_conv(rows_base, window_base, weight_ptr, bias_ptr, s, s_pending, start, pending,
+                                     head * HEAD_DIM + pp, p_ok, rows_stride_row, rows_stride_dim, conv_stride_dim,
+                                     conv_stride_win, weight_stride_dim, weight_stride_tap, bias_stride, RING_ROWS,
+                                     KERNEL_SIZE, HAS_BIAS)
+            x = tl.where(s_pending[:, None], x_pending, x)
+            step_ring = tl.load(gates_base + ring_s * gates_stride_row, mask=s_pending, other=0.0).to(tl.float32)
+            step = tl.where(s_pending, step_ring, step)
+        # S0^T: whole, or C S0^T now over CHUNK_N state rows at a time, their loads pipelined through
+        # shared memory (cp.async) rather than held in registers
         if CHUNK_N == 0:
             state_t = tl.load(state_base + (nn * ssm_stride_n)[:, None] + (pp * ssm_stride_p)[None, :], mask=tile_ok,
                               other=0.0).to(tl.float32)
@@ -395,14 +373,6 @@ def _mamba2_ring_verify_kernel(
                                   mask=s_drafted[:, None] & (nc < D_STATE)[None, :], other=0.0)
                 read += _dot(c_chunk.to(tl.float32), chunk.to(tl.float32), STATE_PRECISION)
 
-        if not EARLY_INPUTS:
-            x, step = _head_inputs(row, head, pp, p_ok, s, s_pending, sd, s_drafted, ring_s, start, pending, x_ptr,
-                                   dt_ptr, dt_bias_ptr, gates_base, rows_base, window_base, weight_ptr, bias_ptr,
-                                   x_stride_row, x_stride_node, x_stride_head, x_stride_p, dt_stride_row,
-                                   dt_stride_node, dt_stride_head, dt_bias_stride, gates_stride_row, rows_stride_row,
-                                   rows_stride_dim, conv_stride_dim, conv_stride_win, weight_stride_dim,
-                                   weight_stride_tap, bias_stride, RING_ROWS, KERNEL_SIZE, HEAD_DIM, HAS_DT_BIAS,
-                                   DT_SOFTPLUS, HAS_BIAS)
         logs = floored_log_decay(step * tl.load(a_ptr + head * a_stride).to(tl.float32))
         cumulative = tl.sum(tl.where(ancestry, logs[None, :], 0.0), axis=1)  # L_r
         decay = tl.where(ancestry, tl.exp(tl.where(ancestry, cumulative[:, None] - cumulative[None, :], 0.0)), 0.0)
@@ -499,16 +469,15 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
                  parents, D, z, dt_bias, *, dt_softplus, heads, max_pending, fold_above, block_p=None,
                  num_warps=None, precision=None, state_precision=None, heads_per_program=None, num_stages=None,
                  maxnreg=None, chunk_n=None, chunk_stages=None, fused_window=False, flatten=None, row_kind=0,
-                 fold_precision=None, pdl=False, early_inputs=None):
+                 fold_precision=None, pdl=False):
     """The verify launch over the rows of layer ``layer`` (weight [dim, K], bias [dim], A [H]: its own).
     chunk_n: C S0^T over chunks of that many state rows (0: the whole tile), chunk_stages of them
     in flight; fused_window: the folded rows' conv windows moved here too; flatten: the heads' loop and
     the chunks' one pipelined loop (None: FLATTEN_HEADS; never with row_kind 1); row_kind,
     fold_precision and pdl: the kernel's ROWS (1: the folding rows, folded here), FOLD_PRECISION
-    (None: fold_precision_for's) and PDL (a ROWS 2 launch then a programmatic dependent one);
-    early_inputs: EARLY_INPUTS. None: the module's constant (read here, at each launch built:
-    MAMBA2_RING_WARPS, RING_STAGES, RING_VERIFY_MAXNREG -- 0, no cap --, RING_CHUNK_N,
-    RING_CHUNK_STAGES, EARLY_INPUTS)."""
+    (None: fold_precision_for's) and PDL (a ROWS 2 launch then a programmatic dependent one).
+    None: the module's constant (read here, at each launch built: MAMBA2_RING_WARPS, RING_STAGES,
+    RING_VERIFY_MAXNREG -- 0, no cap --, RING_CHUNK_N, RING_CHUNK_STAGES)."""
     if row_kind == 1 and fused_window:  # (its windows would move while other programs' folds read them)
         raise ValueError("mamba2_ring_verify: the folds' verify launch (row_kind 1) never moves windows")
     num_rows, num_nodes, num_heads, head_dim = x.shape
@@ -539,7 +508,6 @@ def _verify_call(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bi
         FLATTEN=bool(FLATTEN_HEADS if flatten is None else flatten) and row_kind != 1, ROWS=row_kind,
         FOLD_PRECISION=fold_precision or precision or fold_precision_for(ssm),
         PDL=bool(pdl) and not interpreted(),  # (the interpreter has no griddepcontrol, and runs launches in turn)
-        EARLY_INPUTS=bool(EARLY_INPUTS if early_inputs is None else early_inputs),
         **({"launch_pdl": True} if pdl and row_kind == 2 else {}), num_warps=num_warps,
         num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     tensors = tuple(ssm if t is None else t for t in (  # (an absent tensor: one the kernel never reads)
@@ -560,11 +528,10 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     """mamba2_ring_verify's launches -- the folds, every row's verify, then the folded windows' unless
     the verify moves them -- or () with no rows. tuning: block_p, num_warps, heads_per_program,
     num_stages (both launches'), precision (the verify's products, and the fold's without
-    fold_precision), state_precision and maxnreg, chunk_n, chunk_stages, flatten and early_inputs
-    (the verify's C S0^T's, its register cap (0: none), its chunks of state rows, its heads' and
-    chunks' loops as one, a head's x and d loaded before its state: EARLY_INPUTS), fold_precision,
-    fold_warps, fold_heads_per_program, fold_maxnreg and fold_tiles (the fold's; fold_tiles:
-    _fold_call's tiles_a_program, 0 -- a row's -- with the op's after_due_flush),
+    fold_precision), state_precision and maxnreg, chunk_n, chunk_stages and flatten (the verify's
+    C S0^T's, its register cap (0: none), its chunks of state rows, its heads' and chunks' loops as
+    one), fold_precision, fold_warps, fold_heads_per_program, fold_maxnreg and fold_tiles (the fold's;
+    fold_tiles: _fold_call's tiles_a_program, 0 -- a row's -- with the op's after_due_flush),
     fused_window (the folded windows moved by the verify launch, no window launch; FUSED_WINDOW),
     tree_depth (the fold rule's T: verify_rule), fold_verify (FOLD_VERIFY: the folding rows' drafts
     verified by the folds' launch -- the verify kernel's ROWS 1 -- from the tile it folds, the
@@ -577,7 +544,7 @@ def _ring_calls(out, x, dt, A, B, C, ssm, conv, rows, gates, cursor, weight, bia
     ring_rows = rows.shape[2]
     capacity = verify_rule(ring_rows, num_nodes, tuning.pop("tree_depth", None))
     verify_only = {name: tuning.pop(name) for name in ("state_precision", "maxnreg", "chunk_n", "chunk_stages",
-                                                        "flatten", "early_inputs")
+                                                        "flatten")
                    if name in tuning}
     fused = tuning.pop("fused_window", None)  # (its programs cover x, B and C: the rows' whole width)
     fold_precision, fold_warps = tuning.pop("fold_precision", None), tuning.pop("fold_warps", None)  # (the fold's)

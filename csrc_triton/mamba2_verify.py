@@ -39,8 +39,6 @@ VERIFY_WARPS = 4
 # once): the H200 sweep's fastest (docs/benchmarks.md, "Verify recurrence (mamba2_verify)")
 CHUNK_N = 32
 CHUNK_STAGES = 3
-# The nodes' small inputs (B, C, dt, x) loaded before the state's chunks rather than after them
-EARLY_LOADS = False
 
 
 @triton.jit
@@ -54,20 +52,6 @@ def _step_sizes(dt_base, node, mask, dt_stride_node, dt_bias_at, HAS_DT_BIAS: tl
     if DT_SOFTPLUS:
         step = softplus(step)
     return step
-
-
-@triton.jit
-def _node_inputs(row, head, group, node, real, nn, nodes_mask, b_ptr, c_base, dt_ptr, dt_bias_ptr, b_stride_row,
-                 b_stride_node, b_stride_group, b_stride_n, c_stride_node, c_stride_n, dt_stride_row, dt_stride_node,
-                 dt_stride_head, dt_bias_stride, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr):
-    """The nodes' B, C [NODES, BLOCK_N] in their own dtype (held so across the state's loads) and step
-    sizes [NODES] in float32 (zeros on padding nodes)."""
-    b = tl.load(b_ptr + row * b_stride_row + group * b_stride_group + (node * b_stride_node)[:, None]
-                + (nn * b_stride_n)[None, :], mask=nodes_mask, other=0.0)
-    c = tl.load(c_base + (node * c_stride_node)[:, None] + (nn * c_stride_n)[None, :], mask=nodes_mask, other=0.0)
-    step = _step_sizes(dt_ptr + row * dt_stride_row + head * dt_stride_head, node, real, dt_stride_node,
-                       dt_bias_ptr + head * dt_bias_stride, HAS_DT_BIAS, DT_SOFTPLUS)
-    return b, c, tl.where(real, step, 0.0)  # padding nodes: no decay, no update
 
 
 @triton.jit
@@ -89,7 +73,7 @@ def _mamba2_verify_kernel(
     HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     TREE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, PRECISION: tl.constexpr, CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr,
-    PDL: tl.constexpr, EARLY_LOADS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program: one [BLOCK_P, Ns] state tile of one head of one row. Outputs are stored only if
     the row's slot is in [0, num_state_slots) and (trees) every parent link lies in [-1, n-1];
@@ -116,15 +100,6 @@ def _mamba2_verify_kernel(
     slot_ok = (slot >= 0) & (slot < num_state_slots)
     state_base = ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head
     c_base = c_ptr + row * c_stride_row + group * c_stride_group
-    nodes_mask = real[:, None] & columns
-    x_at = (x_ptr + row * x_stride_row + head * x_stride_head + (node * x_stride_node)[:, None]
-            + (pp * x_stride_p)[None, :])
-    if EARLY_LOADS:  # the nodes' small inputs before the state's loads: their latency under its
-        b, c, step = _node_inputs(row, head, group, node, real, nn, nodes_mask, b_ptr, c_base, dt_ptr, dt_bias_ptr,
-                                  b_stride_row, b_stride_node, b_stride_group, b_stride_n, c_stride_node, c_stride_n,
-                                  dt_stride_row, dt_stride_node, dt_stride_head, dt_bias_stride, HAS_DT_BIAS,
-                                  DT_SOFTPLUS)
-        x = tl.load(x_at, mask=real[:, None] & p_ok, other=0.0)
     # The state tile first: the program's long read, which nothing else waits on. Loaded as
     # [Ns, BLOCK_P] (S0^T), the right operand of C S0^T (the state's truncation is the one left:
     # unbiased over Ns): whole, or CHUNK_N state rows at a time, their loads pipelined through
@@ -142,13 +117,15 @@ def _mamba2_verify_kernel(
                               mask=real[:, None] & (nc < D_STATE)[None, :], other=0.0).to(tl.float32)
             read += tl.dot(_operand(c_chunk, PRECISION), chunk.to(tl.float32), input_precision=PRECISION)
 
-    if not EARLY_LOADS:
-        b, c, step = _node_inputs(row, head, group, node, real, nn, nodes_mask, b_ptr, c_base, dt_ptr, dt_bias_ptr,
-                                  b_stride_row, b_stride_node, b_stride_group, b_stride_n, c_stride_node, c_stride_n,
-                                  dt_stride_row, dt_stride_node, dt_stride_head, dt_bias_stride, HAS_DT_BIAS,
-                                  DT_SOFTPLUS)
-    b = b.to(tl.float32)
-    c = _operand(c.to(tl.float32), PRECISION)
+    nodes_mask = real[:, None] & columns
+    b = tl.load(b_ptr + row * b_stride_row + group * b_stride_group + (node * b_stride_node)[:, None]
+                + (nn * b_stride_n)[None, :], mask=nodes_mask, other=0.0).to(tl.float32)
+    c = tl.load(c_base + (node * c_stride_node)[:, None] + (nn * c_stride_n)[None, :], mask=nodes_mask,
+                other=0.0).to(tl.float32)
+    c = _operand(c, PRECISION)
+    step = _step_sizes(dt_ptr + row * dt_stride_row + head * dt_stride_head, node, real, dt_stride_node,
+                       dt_bias_ptr + head * dt_bias_stride, HAS_DT_BIAS, DT_SOFTPLUS)
+    step = tl.where(real, step, 0.0)  # padding nodes: no decay, no update
     rate = tl.load(a_ptr + head * a_stride).to(tl.float32)
 
     ancestry, links_ok = _ancestry(row, node, real, parents_ptr, parents_stride_row, parents_stride_node, NUM_NODES,
@@ -159,10 +136,8 @@ def _mamba2_verify_kernel(
     gram = _dot(c, tl.trans(b), PRECISION)  # C_n . B_i  (c: an operand already)
     mix = tl.where(ancestry, decay * step[None, :] * gram, 0.0)  # M
 
-    if not EARLY_LOADS:
-        x = tl.load(x_at, mask=real[:, None] & p_ok, other=0.0)
-    x = x.to(tl.float32)
-
+    x = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (node * x_stride_node)[:, None]
+                + (pp * x_stride_p)[None, :], mask=real[:, None] & p_ok, other=0.0).to(tl.float32)
     if CHUNK_N == 0:
         read = tl.dot(c, state_t, input_precision=PRECISION)  # C S0^T
     y = tl.exp(cumulative)[:, None] * read + _dot(mix, x, PRECISION)
@@ -187,13 +162,11 @@ def state_chunk(chunk_n: int, block_n: int, op: str) -> int:
 
 
 def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, *, dt_softplus, block_p=None,
-                 num_warps=VERIFY_WARPS, precision=None, chunk_n=CHUNK_N, chunk_stages=CHUNK_STAGES, pdl=False,
-                 early_loads=EARLY_LOADS):
+                 num_warps=VERIFY_WARPS, precision=None, chunk_n=CHUNK_N, chunk_stages=CHUNK_STAGES, pdl=False):
     """The kernel's launch for launch_mamba2_verify and planned_mamba2_verify, or None with no rows.
     block_p (a power of two >= 16), num_warps, precision, chunk_n (C S0^T over chunks of that many
     state rows, a power of two >= 16; 0: the whole tile at once), chunk_stages (their pipeline's
-    depth), pdl (a programmatic dependent launch, sm_90+) and early_loads (the nodes' B, C, dt and
-    x loaded before the state, not after it): tuning only."""
+    depth) and pdl (a programmatic dependent launch, sm_90+): tuning only."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     num_groups, d_state = B.shape[2], B.shape[3]
     if num_rows == 0:
@@ -216,7 +189,7 @@ def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, 
         BLOCK_N=block_n, TREE=parents is not None, HAS_D=D is not None,
         HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus),
         PRECISION=precision or default_precision(ssm), CHUNK_N=chunk_n, CHUNK_STAGES=chunk_stages,
-        EARLY_LOADS=bool(early_loads), num_warps=num_warps,
+        num_warps=num_warps,
     )
     pdl = bool(pdl) and gdc_wait is not None and not interpreted() and pdl_device(ssm)
     constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))

@@ -109,9 +109,6 @@
 #             cp.async and through registers, at fp32 and dk / dv 128; the Mamba2 ring's fold_verify)
 #   varsteps  whole GDN ring steps (bench_ring.py --profile, chains, B = 64 / 256) with each set of variants' module
 #             defaults (--constants) against the defaults; m2varsteps the same for the Mamba2 ring
-#   m2early   mamba2_verify's early_loads and the Mamba2 ring's early_inputs (never run on a GPU): their GPU tests (bit
-#             for bit against the defaults), then mamba2_verify at B = 64 / 256 with early_loads and the default again,
-#             its pools stored transposed (a chunk one contiguous run), Mamba2 ring steps with EARLY_INPUTS
 #   ringncu   Nsight Compute over one layer of each ring (GDN, then Mamba2) at B = 64, 1 row in 6 folding (the fold
 #             launch and the verify launch, bench_ring.py --ncu mixed), then the GDN ring with every row folding (--ncu
 #             fold): the details page and the SASS page's per-instruction stall samples as CSV, the reports beside them
@@ -573,23 +570,6 @@ for phase in "$@"; do
                 timeout 100 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain --profile \
                   ${constants:+--constants $constants} > "$out/varsteps.log" 2>&1 || rc=1
                 grep -E '^(chain|\| _mamba2)' "$out/varsteps.log"; cat "$out/varsteps.log" >> "$out/varsteps_all.log"
-              done ;;
-    m2early)  rc=0
-              timeout 110 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_mamba2_verify.py \
-                tests/test_ring_kernels_mamba2.py -k "early or launch_choices or matches_pytorch" \
-                > "$out/gpu_tests_m2early.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_m2early.log"
-              timeout 110 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --drafts chain --standin-tiles 16/2 \
-                --tunings early_loads=1 chunk_stages=3 > "$out/m2early.log" 2>&1 || rc=1
-              grep -E "graph|ceiling|check" "$out/m2early.log" | grep -v stand-in
-              timeout 90 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --drafts chain --standin-tiles 16/2 \
-                --transposed > "$out/m2early_transposed.log" 2>&1 || rc=1
-              grep -E "graph|ceiling" "$out/m2early_transposed.log" | grep -v stand-in
-              for constants in "" "EARLY_INPUTS=1"; do
-                echo "# mamba2 ring ${constants:-defaults}"
-                timeout 90 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 64 256 --drafts chain --profile \
-                  ${constants:+--constants $constants} > "$out/m2early_ring.log" 2>&1 || rc=1
-                grep -E '^chain' "$out/m2early_ring.log"; cat "$out/m2early_ring.log" >> "$out/m2early_ring_all.log"
               done ;;
     ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding; then the
               # GDN fold with every row folding: a fold program's own efficiency, the GPU full of them)

@@ -234,23 +234,6 @@ def test_capacity_16_matches_pytorch_code(device, tree):
         assert_same_untouched(case, want, got)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_early_inputs_change_no_bit(device, tree):
-    """A head's x and d (a pending token's from its conv) loaded before its state, not after it: the
-    same arithmetic, the same bits, beside the PyTorch code (folds, replays, a padded row; the
-    folding rows' drafts in the folds' launch too)."""
-    cursors = torch.tensor([[5, 4], [1, 2], [0, 0], [4, 3]])
-    case = mamba2_ring_case(num_rows=4, num_nodes=3, capacity=4, cursors=cursors, ring_slots=[0, 1, 2, 3],
-                            state_slots=[3, 0, 4, -1], parents=[-1, 0, 0] if tree else None, device=device)
-    for fold_verify in (False, True):
-        want, late = run_both(case, tuning=dict(IEEE, fold_verify=fold_verify))
-        _, early = run_both(case, tuning=dict(IEEE, fold_verify=fold_verify, early_inputs=True))
-        assert_agree(want, early)
-        for name in ("out", "ssm_state", "gates", "conv_state", "rows", "cursor"):
-            assert torch.equal(early[name], late[name]), name
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("fold_verify", [False, True], ids=["flatten", "flatten-fold-verify"])
 def test_flattened_loops_over_column_blocks(fold_verify):
