@@ -68,6 +68,10 @@ RING_MMA_SPREAD = False
 # sm_90+: each program's first read after the launch before has finished, its start under that
 # launch's tail (gdn_verify's pdl 1: nothing a caller sees changes; 0: plain launches)
 RING_MMA_PDL = 1
+# The stack's first block of rows (staged apart, the only one whose k and v take the pending tokens'
+# conv): the fewest rows that hold the pending tokens, this many at least (16: a tree's 8 pending
+# tokens on 16 rows; not yet timed on a GPU)
+RING_MMA_FIRST_PART = 8
 
 
 def verify_rule(ring_rows: int, num_nodes: int, tree_depth: int | None = None) -> dict:
@@ -505,7 +509,7 @@ def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
     constexprs.update(FUSED_WINDOW=bool(fused_window), WIDTH=width, WINDOW=max(2, next_power_of_2(width)),
                       NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k,
                       WARPS=chunk.constexprs["num_warps"], SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4),
-                      TILES_A_PROGRAM=1, **verify)
+                      TILES_A_PROGRAM=1, FIRST_PART=RING_MMA_FIRST_PART, **verify)
     pdl = bool(RING_MMA_PDL) and pdl_device(ssm)
     constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     return constexprs

@@ -12,6 +12,7 @@ environment beside torch); its wheel carries ptxas, cuobjdump and nvdisasm.
     python scripts/offline_sass.py mamba2_ring --tunings '{"fold_maxnreg": 168}'
     python scripts/offline_sass.py gdn_ring --tunings '{"fold_maxnreg": 168}'   # the mma kernel's launches
     python scripts/offline_sass.py gdn_ring_due                                 # the due flush's fold launch
+    python scripts/offline_sass.py gdn_ring_tree --tunings '{"merged": false}'  # trees of 8, each kind apart
     python scripts/offline_sass.py gdn_verify                                   # its mma kernel (gdn_verify_bf16: a bf16 pool)
     python scripts/offline_sass.py gdn_verify_transposed                        # (a pool stored [.., dv, dk])
     python scripts/offline_sass.py gdn_ring --tunings '{"merged": false}' --opcodes 12  # each kind's opcode mix
@@ -266,7 +267,7 @@ def gdn_verify_calls(batch, tuning, state_dtype=torch.float32, transposed=False,
 
 
 KERNELS = {"mamba2_verify": mamba2_verify_calls, "mamba2_ring": mamba2_ring_calls, "gdn_ring": gdn_ring_calls,
-           "gdn_ring_due": gdn_ring_due_calls,
+           "gdn_ring_due": gdn_ring_due_calls, "gdn_ring_tree": functools.partial(gdn_ring_calls, N=8, tree=True),
            "gdn_ring_test_shapes": gdn_ring_test_shape_calls, "gdn_verify": gdn_verify_calls,
            "gdn_verify_bf16": functools.partial(gdn_verify_calls, state_dtype=torch.bfloat16),
            "gdn_verify_transposed": functools.partial(gdn_verify_calls, transposed=True),
