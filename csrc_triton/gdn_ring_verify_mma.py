@@ -129,13 +129,13 @@ def _stack_gates(live, start, pending, row, head, gates_base, g_ptr, beta_ptr, g
 
 
 @gluon.constexpr_function
-def _stack_part(pending_rows, nodes, first_part):
+def _stack_part(pending_rows, nodes, most_parts):
     """The rows of each block the stack is staged in: the first holds every pending token, the only
-    rows whose k and v need the conv, so the fewest rows that do (a power of two, first_part at
-    least); with none pending, half the stack."""
+    rows whose k and v take the conv, so the fewest rows that do, a power of two of at least 8 and
+    nodes // most_parts; with none pending, half the stack."""
     if pending_rows == 0:
         return nodes // 2
-    part = first_part
+    part = max(8, nodes // most_parts)
     while part < pending_rows:
         part *= 2
     return min(part, nodes)
@@ -209,14 +209,14 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
-              STATE_STAGES: gl.constexpr, FIRST_PART: gl.constexpr):
+              STATE_STAGES: gl.constexpr, STACK_PARTS: gl.constexpr):
     """One program's work: with drafts (NUM_NODES > 0) the row's outputs for its query rows, stored,
     and the drafts' gates beside their rows (v0 = 0); with FOLD the checkpoint tile after the pending
     tokens, stored in place (after the outputs, which the old tile gave). Products in 3xTF32 with
     SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of this launch has at most
     PENDING_ROWS pending tokens. With STATE_STAGES the chunks come through shared memory state_ring
-    (cp.async, that many in flight). The stack is staged in blocks of rows, the first of FIRST_PART
-    rows at least (_stack_part)."""
+    (cp.async, that many in flight). The stack is staged in STACK_PARTS blocks of rows at most
+    (_stack_part)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -254,7 +254,7 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     # the stack [NODES, dk]: pending tokens' k from their conv, the drafts' k, then their q; normalised,
     # scaled, staged in shared memory in PARTS blocks of rows: the pending tokens (at most PENDING_ROWS)
     # all in the first, which alone needs the conv
-    PART: gl.constexpr = _stack_part(PENDING_ROWS, NODES, FIRST_PART)
+    PART: gl.constexpr = _stack_part(PENDING_ROWS, NODES, STACK_PARTS)
     PARTS: gl.constexpr = NODES // PART
     kq_hi = gl.allocate_shared_memory(gl.float32, [NODES, BLOCK_K], KQ_SMEM)
     if SPLIT:
@@ -431,7 +431,7 @@ def _gdn_ring_verify_mma_kernel(
     HAS_BIAS: gl.constexpr, SPLIT_FOLD: gl.constexpr, CHUNK_K: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
-    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr, FIRST_PART: gl.constexpr,
+    VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr, STACK_PARTS: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
@@ -451,7 +451,7 @@ def _gdn_ring_verify_mma_kernel(
     that many of its tiles, program_id(0) * TILES_A_PROGRAM onwards, one after another: fewer
     programs where few rows fold (all of a row's, after a due flush: its launch is a wave). PDL:
     launched as a programmatic dependent (sm_90; gdn_verify_mma._grid_dependency), every read after
-    the wait. FIRST_PART: the stack's first block of rows, at least (_stack_part)."""
+    the wait. STACK_PARTS: the most blocks of rows the stack is staged in (_stack_part)."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     if PDL:
         _grid_dependency()
@@ -523,7 +523,7 @@ def _gdn_ring_verify_mma_kernel(
                           SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
                           HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
                           L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
-                          STATE_STAGES, FIRST_PART)
+                          STATE_STAGES, STACK_PARTS)
                 if FUSED_WINDOW and THIS != 2:
                     if moved:
                         WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])

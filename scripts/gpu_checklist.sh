@@ -109,10 +109,10 @@
 #             cp.async and through registers, at fp32 and dk / dv 128; the Mamba2 ring's fold_verify)
 #   varsteps  whole GDN ring steps (bench_ring.py --profile, chains, B = 64 / 256) with each set of variants' module
 #             defaults (--constants) against the defaults; m2varsteps the same for the Mamba2 ring
-#   firstpart the GDN ring's stack staged with its first block the fewest rows that hold the pending tokens
-#             (RING_MMA_FIRST_PART 8, the default, never run on a GPU; a tree's rows on the stack of 32: 13% fewer
-#             instructions offline, chains unchanged): the rings' tree GPU tests, then tree steps (B = 64 / 256,
-#             --profile) against RING_MMA_FIRST_PART=16, twice each, alternating; chain steps each way once
+#   stackparts the GDN ring's stack staged in up to 4 blocks of rows, the first the fewest that hold the pending
+#             tokens (RING_MMA_STACK_PARTS=4, never run on a GPU; a tree's rows on the stack of 32: 13% fewer
+#             instructions offline, chains unchanged): its GPU tests (against the PyTorch code, bit for bit against 2),
+#             then tree steps (B = 64 / 256, --profile) each way, twice, alternating; chain steps each way once
 #   ringncu   Nsight Compute over one layer of each ring (GDN, then Mamba2) at B = 64, 1 row in 6 folding (the fold
 #             launch and the verify launch, bench_ring.py --ncu mixed), then the GDN ring with every row folding (--ncu
 #             fold): the details page and the SASS page's per-instruction stall samples as CSV, the reports beside them
@@ -575,17 +575,17 @@ for phase in "$@"; do
                   ${constants:+--constants $constants} > "$out/varsteps.log" 2>&1 || rc=1
                 grep -E '^(chain|\| _mamba2)' "$out/varsteps.log"; cat "$out/varsteps.log" >> "$out/varsteps_all.log"
               done ;;
-    firstpart) rc=0
-              timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring.py tests/test_ring_kernels.py \
-                -k "tree or depth" > "$out/gpu_tests_firstpart.log" 2>&1 || rc=1
-              tail -2 "$out/gpu_tests_firstpart.log"
-              for constants in "" "RING_MMA_FIRST_PART=16" "" "RING_MMA_FIRST_PART=16"; do
+    stackparts) rc=0
+              timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+                -k four_parts > "$out/gpu_tests_stackparts.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_stackparts.log"
+              for constants in "" "RING_MMA_STACK_PARTS=4" "" "RING_MMA_STACK_PARTS=4"; do
                 echo "# gdn trees ${constants:-defaults}"
                 timeout 60 python3 benchmarks/bench_ring.py --batches 64 256 --drafts tree --profile \
-                  ${constants:+--constants $constants} > "$out/firstpart.log" 2>&1 || rc=1
-                grep -E '^(tree|\| _gdn)|FAILED|Error' "$out/firstpart.log"; cat "$out/firstpart.log" >> "$out/firstpart_all.log"
+                  ${constants:+--constants $constants} > "$out/stackparts.log" 2>&1 || rc=1
+                grep -E '^(tree|\| _gdn)|FAILED|Error' "$out/stackparts.log"; cat "$out/stackparts.log" >> "$out/stackparts_all.log"
               done
-              gdn_steps "" "RING_MMA_FIRST_PART=16" || rc=1 ;;
+              gdn_steps "" "RING_MMA_STACK_PARTS=4" || rc=1 ;;
     ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding; then the
               # GDN fold with every row folding: a fold program's own efficiency, the GPU full of them)
               for run in gdn/mixed mamba2/mixed gdn/fold; do

@@ -503,6 +503,23 @@ def test_mma_kernel_as_programmatic_dependent(monkeypatch, nodes):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("nodes", [[-1, 0, 1, 2], [-1, 0, 0, 0, 1, 1, 1, 4]], ids=["chain", "tree8"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_mma_kernel_stack_in_four_parts(monkeypatch, nodes, state_dtype):
+    """RING_MMA_STACK_PARTS = 4: the stack staged in blocks of 8 rows where its pending tokens fit
+    them (a tree's on the stack of 32), against the PyTorch code and bit for bit against 2 (the
+    same arithmetic a row: only the rows' grouping changes), rows that fold, replay, hold nothing, pad."""
+    case = mixed_rows_case(len(nodes), 16, 128, parents=nodes, state_dtype=state_dtype)
+    runs = {}
+    for parts in (2, 4):
+        monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_STACK_PARTS", parts)
+        want, runs[parts] = run_both(case, tuning=MMA)
+        assert_mixed_rows_agree(case, want, runs[parts], state_dtype)
+    for name in ("out", "ssm_state", "conv_state", "gates"):
+        assert torch.equal(runs[4][name], runs[2][name]), name
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("capacity", [20, 24])
 def test_mma_kernel_takes_wide_rings(capacity):
     """The mma kernel verifies chains of 8 at capacities 20 and 24 (R + N = 28 and 32 stack rows: a
