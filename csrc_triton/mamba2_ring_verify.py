@@ -343,7 +343,7 @@ def _mamba2_ring_verify_kernel(
                 tl.store(tile, folded_t.to(ssm_ptr.dtype.element_ty), mask=half_ok)
             tl.debug_barrier()  # every thread's part stored before any thread reads the tile back (from L2)
         gates_base = gates_row + head * gates_stride_head
-        # the head's x and d (a pending token's: its conv) before its state's loads: their latency under its
+        # the head's x and d (a pending token's: its conv) before its state's loads, their latency under the state's
         x = tl.load(x_ptr + row * x_stride_row + head * x_stride_head + (sd * x_stride_node)[:, None]
                     + (pp * x_stride_p)[None, :], mask=s_drafted[:, None] & p_ok[None, :], other=0.0).to(tl.float32)
         dt_base = dt_ptr + row * dt_stride_row + head * dt_stride_head
