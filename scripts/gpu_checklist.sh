@@ -146,13 +146,14 @@ fi
 xdist=""
 python3 -c "import xdist" 2> /dev/null && xdist="-n 12"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-gdn_steps() {  # whole GDN ring steps (chains, B = 64 / 256, --profile), one process per set of module constants
-  local rc=0 constants
+gdn_steps() {  # whole GDN ring steps (chains, or STEP_DRAFTS; B = 64 / 256, --profile), one process per set of
+  # module constants
+  local rc=0 constants drafts=${STEP_DRAFTS:-chain}
   for constants in "$@"; do
-    echo "# gdn ${constants:-defaults}"
-    timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --drafts chain --profile \
+    echo "# gdn $drafts ${constants:-defaults}"
+    timeout 100 python3 benchmarks/bench_ring.py --batches 64 256 --drafts $drafts --profile \
       ${constants:+--constants $constants} > "$out/varsteps.log" 2>&1 || rc=1
-    grep -E '^(chain|\| _gdn)' "$out/varsteps.log"; cat "$out/varsteps.log" >> "$out/varsteps_all.log"
+    grep -E '^(chain|tree|\| _gdn)' "$out/varsteps.log"; cat "$out/varsteps.log" >> "$out/varsteps_all.log"
   done
   return $rc
 }
@@ -579,12 +580,7 @@ for phase in "$@"; do
               timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
                 -k four_parts > "$out/gpu_tests_stackparts.log" 2>&1 || rc=1
               tail -2 "$out/gpu_tests_stackparts.log"
-              for constants in "" "RING_MMA_STACK_PARTS=4" "" "RING_MMA_STACK_PARTS=4"; do
-                echo "# gdn trees ${constants:-defaults}"
-                timeout 60 python3 benchmarks/bench_ring.py --batches 64 256 --drafts tree --profile \
-                  ${constants:+--constants $constants} > "$out/stackparts.log" 2>&1 || rc=1
-                grep -E '^(tree|\| _gdn)|FAILED|Error' "$out/stackparts.log"; cat "$out/stackparts.log" >> "$out/stackparts_all.log"
-              done
+              STEP_DRAFTS=tree gdn_steps "" "RING_MMA_STACK_PARTS=4" "" "RING_MMA_STACK_PARTS=4" || rc=1
               gdn_steps "" "RING_MMA_STACK_PARTS=4" || rc=1 ;;
     ringncu)  rc=0  # (GDN, then Mamba2: each mixer's ring launches of one layer, 1 row in 6 folding; then the
               # GDN fold with every row folding: a fold program's own efficiency, the GPU full of them)
