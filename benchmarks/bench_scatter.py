@@ -81,7 +81,7 @@ def bench(shapes, batches, drafts, dtypes, out_json):
                         if out_json:  # after every row: a run cut short keeps what it measured
                             common.write_results(out_json, ceiling, rows)
                         print(common.format_commit_row(row), flush=True)
-                        del problem
+                        problem = None  # (not del: the lambdas above read it, which pyflakes takes for undefined)
     return rows, ceiling
 
 
@@ -257,7 +257,7 @@ def bench_tree(batches, shape="qwen3next-tp1", num_nodes=8, topk=3, configs=()):
             nbytes = common.commit_bytes(B, layers, dim, K, 2)
             per_slot = cache.numel() * cache.element_size() // slots
             print(markdown_row(B, name, f"{us:.1f}", f"{nbytes / (us * 1e-6) / 1e9:.0f}", per_slot), flush=True)
-        del rows, dense, conv_state, want
+        rows = dense = conv_state = want = None  # (not del: the lambdas above read them)
 
 
 def main(argv=None) -> int:

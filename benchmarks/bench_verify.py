@@ -494,7 +494,7 @@ def bench_layers(batches, drafts, ceiling, dim, kernel_size, device):
             rows.append((draft, B, MIX_ROW, us, nbytes, gbps, gbps / ceiling))
             print(f"{draft:18} B={B:<4} {MIX_ROW:44} graph {us:8.2f} us  {gbps:6.0f} GB/s {gbps / ceiling:6.1%}",
                   flush=True)
-            del src, dst, rest
+            src = dst = rest = None  # (not del: the lambdas above read them, which pyflakes takes for undefined)
             us = mix_stream_us(read, nbytes - read, device)
             gbps = nbytes / (us * 1e-6) / 1e9
             rows.append((draft, B, STREAM_ROW, us, nbytes, gbps, gbps / ceiling))
@@ -532,7 +532,7 @@ def bench_steps(batches, drafts, ceiling, layers, dim, kernel_size, device):
                 rows.append((draft, B, name, us, graph_us, nbytes, gbps, gbps / ceiling, cache))
                 print(f"{draft:18} B={B:<4} {name:54} {us:9.1f} us  graph {graph_us:9.1f} us  "
                       f"{gbps:6.0f} GB/s {gbps / ceiling:6.1%}", flush=True)
-                del p
+                p = None  # (not del: the lambdas above read it)
     print()
     print(markdown_header("draft", "B", "variant", "graph replay per step (us)", "do_bench median (us)", "bytes moved",
                           "GB/s", f"of copy ceiling ({ceiling:.0f} GB/s)", "cache bytes per slot"))
