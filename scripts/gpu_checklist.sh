@@ -62,8 +62,9 @@
 #   gvncu     test_gdn_verify.py's GPU tests, then Nsight Compute over one gdn_verify layer at B = 64, chain and tree,
 #             bf16 and fp32 pools (bench_gdn_verify.py --ncu): details and per-instruction stall samples as CSV
 #             (by source line here: python scripts/ncu_lines.py OUT/ncu_gv_bf16_sass.csv gdn_verify_bf16_tree)
-#   h200      gdn_verify's prefetch (none, 16, 32 rows) and value runs (off) against the defaults, fp32 and bf16 pools
-#             (B = 64 / 256); an H200's first call: `h200 gvbench` (then the table at the current defaults)
+#   h200      gdn_verify's prefetch (none, 16, 32 rows), value runs (off) and pdl 2 against the defaults, fp32 and
+#             bf16 pools (B = 64 / 256; bf16 also native products, 16-row chunks staged); an H200's first call:
+#             `h200 gvbench` (then the table at the current defaults)
 #   vruns     gdn_verify's v loads and out stores in 16-byte runs (value_runs, the default since 2026-12-07, timed on
 #             contiguous pools then: docs/benchmarks.md): its bit-for-bit tests, memcheck + racecheck over its
 #             launch-choice tests, then the sweep against an element an access on fp32 pools stored transposed
@@ -404,9 +405,12 @@ for phase in "$@"; do
                 ncu_report "gv_$dtype" 150 python3 benchmarks/bench_gdn_verify.py --ncu --batches 64 \
                   --state-dtype $dtype || rc=1
               done ;;
-    h200)     rc=0  # (the sweeps that set the prefetch and value-runs defaults, on an H200)
-              for dtype in fp32 bf16; do
-                timeout 100 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only 53 54 50 57 \
+    h200)     rc=0  # (the sweeps that set the prefetch and value-runs defaults, on an H200; with pdl 2, which
+              # says how much of a layer's fixed loss is the launch's ramp; bf16 also the stacked products as bf16
+              # mma and chunks staged through shared memory, which an H100 did not need and an H200 may)
+              for only in "fp32:53 54 50 57 22" "bf16:53 54 50 57 22 43 44 12"; do
+                dtype=${only%%:*}
+                timeout 160 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only ${only#*:} \
                   --state-dtype $dtype > "$out/sweep_h200_$dtype.log" 2>&1 || rc=1
                 grep -E '^(\||read)|FAILED|Error' "$out/sweep_h200_$dtype.log"
               done ;;
