@@ -209,7 +209,8 @@ SWEEP = [dict(mma=False), *(dict(mma=True, block_v=bv, num_warps=w, chunk_k=c) f
          # 64 / 32 rows in registers
          dict(mma=True, prefetch_rows=0), dict(mma=True, prefetch_rows=16),
          *(dict(mma=True, native_products=True, chunk_k=c, prefetch_rows=32) for c in (64, 32)),
-         dict(mma=True, value_runs=False)]  # v and out an element a load / store (the default: 16-byte runs)
+         dict(mma=True, value_runs=False),  # v and out an element a load / store (the default: 16-byte runs)
+         dict(mma=True, prefetch_values=True)]  # v's rows prefetched into L2 at the start (read after the products)
 TREE_OPTIONS = ("tree_masks", "doubling", "shallow")
 
 

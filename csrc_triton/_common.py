@@ -327,6 +327,31 @@ def floored_log_decay(x):
     return tl.maximum(x, LOG_DECAY_FLOOR, propagate_nan=tl.PropagateNan.ALL)
 
 
+def prefetch_lines(row_bytes):
+    """prefetch_rows_l2's LINES for rows of at most ``row_bytes`` bytes: the most 128-byte lines such
+    a row spans, rounded up to a power of two (self-contained: Gluon kernels call it at compile time)."""
+    lines = 1
+    while lines < (row_bytes + 254) // 128:
+        lines *= 2
+    return lines
+
+
+@triton.jit
+def prefetch_rows_l2(base, stride_row, num_rows, row_bytes, ROWS: tl.constexpr, LINES: tl.constexpr):
+    """A hint: rows r < num_rows (of ROWS, a power of two) of ``row_bytes`` contiguous bytes each, at
+    base + r x stride_row elements, into L2, kept there before the lines streamed through after them
+    (prefetch.global.L2::evict_last, sm_80+; LINES = prefetch_lines(the most row_bytes)). It reads
+    nothing into the program, so it is safe whatever writes those bytes; not for the interpreter."""
+    i = tl.arange(0, ROWS * LINES)
+    row = i // LINES
+    first = (base + row * stride_row).to(tl.int64, bitcast=True)
+    line = (first // 128 + i % LINES) * 128
+    live = (row < num_rows) & (line < first + row_bytes)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [line, live.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
 @functools.cache
 def _nvidia_capability(device_index: int) -> tuple:
     # (ROCm devices report CUDA-like capabilities too: none of them runs these PTX paths)
@@ -343,6 +368,12 @@ def pdl_device(ssm) -> bool:
     """Whether ssm's device has programmatic dependent launch (sm_90+); a CPU tensor (offline
     compiles, launch tests) counts as one."""
     return not ssm.is_cuda or nvidia_at_least(ssm.device, (9, 0))
+
+
+def prefetch_device(ssm) -> bool:
+    """Whether ssm's device takes prefetch_rows_l2 (an NVIDIA GPU of sm_80+); a CPU tensor (offline
+    compiles, launch tests) counts as one."""
+    return not ssm.is_cuda or nvidia_at_least(ssm.device, (8, 0))
 
 
 def interpreted() -> bool:

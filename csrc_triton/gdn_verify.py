@@ -102,6 +102,9 @@ MMA_PREFETCH_ROWS = (0, 32)
 # The mma kernel's v loads and out stores in 16-byte runs a thread, through shared memory into and
 # out of the accumulator's layout (off: an element a load or store, from the accumulator's layout).
 MMA_VALUE_RUNS = True
+# The mma kernel's v rows prefetched into L2 at a program's start (evict_last), so that its load of
+# them after the state's products finds them there (a hint: no registers held; not yet timed on a GPU)
+MMA_PREFETCH_VALUES = False
 # Both kernels' effective queries by default for these state dtypes; the Triton kernel's up to
 # TRITON_Q_EFF_MAX_NODES nodes (past them its W [k; q] product spills, past 32 it overflows shared
 # memory).
@@ -390,7 +393,7 @@ def _mma_kernel_runs_on(ssm) -> bool:
 def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use_qk_l2norm,
                  block_v=None, num_warps=None, precision=None, mma=None, chunk_k=None, state_stages=None,
                  persistent=None, maxnreg=None, pdl=None, q_eff=None, tree_masks=False, doubling=None, shallow=None,
-                 early_loads=None, native_products=None, prefetch_rows=None, value_runs=None):
+                 early_loads=None, native_products=None, prefetch_rows=None, value_runs=None, prefetch_values=None):
     """The kernel's launch for launch_gdn_verify and planned_gdn_verify, or None with no rows.
     mma: gdn_verify_mma's kernel (None: where _mma_kernel_runs_on and the batch is large enough).
     block_v (a power of two >= 16; >= 8 * num_warps with mma), num_warps, precision (the Triton
@@ -415,7 +418,9 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     MMA_NATIVE_PRODUCTS's for a contiguous or a transposed pool where they are), prefetch_rows (the
     mma kernel's first state rows of a tile prefetched into L2 before its pdl 1 wait, a power of
     two; None: MMA_PREFETCH_ROWS's for the pool's element size), value_runs (the mma kernel's v and
-    out in 16-byte runs; None: MMA_VALUE_RUNS): tuning only."""
+    out in 16-byte runs; None: MMA_VALUE_RUNS), prefetch_values (the mma kernel's v rows prefetched
+    into L2 at its start, where they are contiguous, not on the persistent kernel; None:
+    MMA_PREFETCH_VALUES): tuning only."""
     num_rows, num_nodes, num_k_heads, head_k_dim = q.shape
     num_v_heads, head_v_dim = v.shape[2], v.shape[3]
     if num_rows == 0:
@@ -447,9 +452,10 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
     shallow = parents is not None and bool(SHALLOW_TREES if shallow is None else shallow)
     if tree_masks and not (mma and parents is not None):
         raise ValueError("convwin.gdn_verify: tree_masks are the mma kernel's, for a tree's parents")
-    if (early_loads is not None or native_products or prefetch_rows or value_runs is not None) and not mma:
-        raise ValueError("convwin.gdn_verify: early_loads, native_products, prefetch_rows and value_runs are the mma "
-                         "kernel's")
+    if (early_loads is not None or native_products or prefetch_rows or value_runs is not None
+            or prefetch_values) and not mma:
+        raise ValueError("convwin.gdn_verify: early_loads, native_products, prefetch_rows, value_runs and "
+                         "prefetch_values are the mma kernel's")
     if doubling and mma:
         raise ValueError("convwin.gdn_verify: doubling is the Triton kernel's walk (the mma kernel's is across lanes)")
     if mma:
@@ -489,10 +495,14 @@ def _verify_call(out, q, k, v, g, beta, ssm, state_slots, parents, *, scale, use
             raise ValueError("convwin.gdn_verify: prefetch_rows is a power of two, of the non-persistent kernel; got "
                              f"{rows} (persistent {persistent})")
         prefetch_rows = rows
+        if prefetch_values and persistent is not None:
+            raise ValueError("convwin.gdn_verify: prefetch_values is the non-persistent kernel's")
         if persistent is not None:
             return KernelCall(gdn_verify_mma._gdn_verify_mma_persistent_kernel, (min(grid[0] * grid[1], persistent), 1),
                               tensors, (*scalars[:2], num_rows, *scalars[2:]), constexprs)
-        constexprs.update(PREFETCH=min(prefetch_rows, constexprs["BLOCK_K"]) if pdl == 1 else 0)
+        prefetch_values = MMA_PREFETCH_VALUES if prefetch_values is None else prefetch_values
+        constexprs.update(PREFETCH=min(prefetch_rows, constexprs["BLOCK_K"]) if pdl == 1 else 0,
+                          PREFETCH_V=bool(prefetch_values) and v.stride(3) == 1)
         return KernelCall(gdn_verify_mma._gdn_verify_mma_kernel, grid, tensors, scalars, constexprs)
     if q_eff is None:
         q_eff = ssm.dtype in Q_EFF_DTYPES and num_nodes <= TRITON_Q_EFF_MAX_NODES

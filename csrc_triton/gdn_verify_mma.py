@@ -34,7 +34,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from ._common import LOG_DECAY_FLOOR
+from ._common import LOG_DECAY_FLOOR, prefetch_lines
 from .gdn_verify import column_copy_lanes, rows_contiguous
 
 
@@ -90,6 +90,28 @@ def _prefetch_tile(slot_at, num_state_slots, head_base, ssm_stride_slot, v0, HEA
     gl.inline_asm_elementwise(
         "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
         "=r,l,r,r", [addresses, live.to(gl.int32), sizes], dtype=gl.int32, is_pure=False, pack=1)
+
+
+_lines = gluon.constexpr_function(prefetch_lines)  # (_common's, at compile time)
+
+
+@gluon.jit
+def _prefetch_rows(base, stride_row, num_rows, row_bytes, ROWS: gl.constexpr, MOST_BYTES: gl.constexpr,
+                   WARPS: gl.constexpr):
+    """A hint: rows r < num_rows (of ROWS, a power of two) of ``row_bytes`` (at most MOST_BYTES)
+    contiguous bytes each, at base + r x stride_row elements, into L2, kept there before the lines
+    streamed through after them (prefetch.global.L2::evict_last, a prefetch a 128-byte line). It
+    reads nothing into the program: safe whatever writes those bytes. (_common.prefetch_rows_l2's
+    hint: a Gluon function cannot call a Triton one.)"""
+    LINES: gl.constexpr = _lines(MOST_BYTES)
+    i = gl.arange(0, ROWS * LINES, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
+    row = i // LINES
+    first = (base + row * stride_row).to(gl.int64, bitcast=True)
+    line = (first // 128 + i % LINES) * 128
+    live = (row < num_rows) & (line < first + row_bytes)
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [line, live.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -482,7 +504,7 @@ def _verify_tile(
     TREE: gl.constexpr, L2NORM: gl.constexpr, CHUNK_K: gl.constexpr, ROUND_KQ: gl.constexpr, WARPS: gl.constexpr,
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, STATE_STAGES: gl.constexpr, FROM_PROGRAM: gl.constexpr,
     PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr, SHALLOW: gl.constexpr,
-    EARLY: gl.constexpr, NATIVE: gl.constexpr, PREFETCH: gl.constexpr, RUNS: gl.constexpr,
+    EARLY: gl.constexpr, NATIVE: gl.constexpr, PREFETCH: gl.constexpr, RUNS: gl.constexpr, PREFETCH_V: gl.constexpr,
 ):
     """One [dk, BLOCK_V] state tile's outputs, from one read of it: the tile of _gdn_verify_mma_kernel's
     program (FROM_PROGRAM), else tile ``tile`` of the batch, row-major (a row's value heads and
@@ -495,7 +517,8 @@ def _verify_tile(
     and product not after the state's). TREE_MASKS: parents_ptr holds each node's path mask
     (_path_masks) instead of its link. NATIVE (stacked products; the pool, q and k of one 16-bit
     type): the gram and the state's products as 16-bit mma.m16n8k16 of the raw stack, exact like
-    tf32's of those values, with half the mma instructions and the state never widened."""
+    tf32's of those values, with half the mma instructions and the state never widened. PREFETCH_V:
+    v's rows, which the products' end reads, prefetched into L2 at the start (_prefetch_rows)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -558,6 +581,10 @@ def _verify_tile(
                                 CHUNK_K, BLOCK_V, LOAD_L, NATIVE)  # the long read first: nothing before it waits
     if PDL == 2:  # what the kernel before wrote (q, k, v, g, beta, parents) only from here on
         _grid_dependency()
+    if PREFETCH_V:  # v's rows into L2 under the state's read: its load after the products finds them there
+        _prefetch_rows(v_ptr + row * v_stride_row + head * v_stride_head + v0 * v_stride_v, v_stride_node, NUM_NODES,
+                       gl.minimum(BLOCK_V, HEAD_V_DIM - v0) * (v_ptr.dtype.element_ty.primitive_bitwidth // 8), HALF,
+                       BLOCK_V * (v_ptr.dtype.element_ty.primitive_bitwidth // 8), WARPS)
     # the tree walk's layout: node c's parent link on lane c
     index = gl.arange(0, NODES, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
     if TREE:  # the parent links now, their latency under the state's: the walk runs on registers
@@ -689,6 +716,7 @@ def _gdn_verify_mma_kernel(
     ROUND_KQ: gl.constexpr, WARPS: gl.constexpr, SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr,
     STATE_STAGES: gl.constexpr, PDL: gl.constexpr, Q_EFF: gl.constexpr, TREE_MASKS: gl.constexpr,
     SHALLOW: gl.constexpr, EARLY: gl.constexpr, NATIVE: gl.constexpr, PREFETCH: gl.constexpr, RUNS: gl.constexpr,
+    PREFETCH_V: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] state tile of one value head of one row, as
     gdn_verify._gdn_verify_kernel (the same arguments, skips and stores; PRECISION unread: tf32,
@@ -697,7 +725,8 @@ def _gdn_verify_mma_kernel(
     memory (cp.async, that many in flight from the program's start) instead of registers. PDL 1 or
     2: launched as a programmatic dependent (sm_90; _verify_tile); PREFETCH (with PDL 1): the tile's
     first that many rows prefetched into L2 before the wait (_prefetch_tile). TREE_MASKS: parents
-    holds each node's path mask (_verify_tile). RUNS: v and out in 16-byte runs (_key_values)."""
+    holds each node's path mask (_verify_tile). RUNS: v and out in 16-byte runs (_key_values).
+    PREFETCH_V: v's rows into L2 at the start (_verify_tile)."""
     _verify_tile(-1, out_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, ssm_ptr,
                  slots_ptr, parents_ptr, num_state_slots, scale,
                  out_stride_row, out_stride_node, out_stride_head, out_stride_v,
@@ -709,7 +738,7 @@ def _gdn_verify_mma_kernel(
                  ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                  NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                  TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, True, PDL,
-                 Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE, PREFETCH, RUNS)
+                 Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE, PREFETCH, RUNS, PREFETCH_V)
 
 
 @gluon.jit(do_not_specialize=["num_rows"])
@@ -749,4 +778,4 @@ def _gdn_verify_mma_persistent_kernel(
                      ssm_stride_slot, ssm_stride_head, slots_stride, parents_stride_row, parents_stride_node,
                      NUM_NODES, NODES, NUM_K_HEADS, NUM_V_HEADS, HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V,
                      TREE, L2NORM, CHUNK_K, ROUND_KQ, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, STATE_STAGES, False, PDL,
-                     Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE, 0, RUNS)
+                     Q_EFF, TREE_MASKS, SHALLOW, EARLY, NATIVE, 0, RUNS, False)

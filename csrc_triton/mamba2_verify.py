@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 
 from ._common import (MAX_GRID_Y, KernelCall, cdiv, floored_log_decay, gdc_launch_dependents, gdc_wait, interpreted,
-                      next_power_of_2, pdl_device, planned_launch, softplus)
+                      next_power_of_2, pdl_device, planned_launch, prefetch_device, prefetch_lines, prefetch_rows_l2,
+                      softplus)
 from .gdn_verify import MIN_DOT, _ancestry, _dot, _operand, default_precision, spread_block
 
 # Head-dim rows per state tile [BLOCK_P, Ns], fewer for small batches (gdn_verify.spread_block).
@@ -39,6 +40,10 @@ VERIFY_WARPS = 4
 # once): the H200 sweep's fastest (docs/benchmarks.md, "Verify recurrence (mamba2_verify)")
 CHUNK_N = 32
 CHUNK_STAGES = 3
+# The nodes' x, z, dt, B and C lines prefetched into L2 at a program's start, evict_last, so that its
+# epilogue's loads of them, after the state's, find them there (a hint: no registers held, the
+# values read where they are used; not yet timed on a GPU)
+PREFETCH_INPUTS = False
 
 
 @triton.jit
@@ -73,20 +78,22 @@ def _mamba2_verify_kernel(
     HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     TREE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, PRECISION: tl.constexpr, CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr,
 ):
     """One program: one [BLOCK_P, Ns] state tile of one head of one row. Outputs are stored only if
     the row's slot is in [0, num_state_slots) and (trees) every parent link lies in [-1, n-1];
     nothing is written otherwise, and no load leaves its tensor. With PDL (sm_90, launched as a
     programmatic dependent) every read waits for the kernel before to finish, and the next kernel
     may start once every program has waited (so when a kernel starts, every one before the kernel
-    just before it has finished)."""
+    just before it has finished). PREFETCH: the nodes' small inputs into L2 first (prefetch_rows_l2,
+    LINES lines a row; x, z, B and C rows contiguous)."""
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
     P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
     head = tl.program_id(0) // P_BLOCKS
-    pp = (tl.program_id(0) % P_BLOCKS) * BLOCK_P + tl.arange(0, BLOCK_P)
+    pp0 = (tl.program_id(0) % P_BLOCKS) * BLOCK_P
+    pp = pp0 + tl.arange(0, BLOCK_P)
     row = tl.program_id(1).to(tl.int64)
     group = head // (NUM_HEADS // NUM_GROUPS)
 
@@ -100,6 +107,20 @@ def _mamba2_verify_kernel(
     slot_ok = (slot >= 0) & (slot < num_state_slots)
     state_base = ssm_ptr + slot * ssm_stride_slot + head * ssm_stride_head
     c_base = c_ptr + row * c_stride_row + group * c_stride_group
+    if PREFETCH:  # what the epilogue reads after the state, into L2 under the state's read
+        p_bytes = tl.minimum(BLOCK_P, HEAD_DIM - pp0) * (x_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        prefetch_rows_l2(x_ptr + row * x_stride_row + head * x_stride_head + pp0 * x_stride_p, x_stride_node,
+                         NUM_NODES, p_bytes, NODES, LINES)
+        if HAS_Z:
+            prefetch_rows_l2(z_ptr + row * z_stride_row + head * z_stride_head + pp0 * z_stride_p, z_stride_node,
+                             NUM_NODES, p_bytes, NODES, LINES)
+        prefetch_rows_l2(dt_ptr + row * dt_stride_row + head * dt_stride_head, dt_stride_node, NUM_NODES,
+                         dt_ptr.dtype.element_ty.primitive_bitwidth // 8, NODES, LINES)
+        if (head % (NUM_HEADS // NUM_GROUPS) == 0) & (pp0 == 0):  # a group's B and C: its first program's
+            prefetch_rows_l2(b_ptr + row * b_stride_row + group * b_stride_group, b_stride_node, NUM_NODES,
+                             D_STATE * (b_ptr.dtype.element_ty.primitive_bitwidth // 8), NODES, LINES)
+            prefetch_rows_l2(c_base, c_stride_node, NUM_NODES,
+                             D_STATE * (c_ptr.dtype.element_ty.primitive_bitwidth // 8), NODES, LINES)
     # The state tile first: the program's long read, which nothing else waits on. Loaded as
     # [Ns, BLOCK_P] (S0^T), the right operand of C S0^T (the state's truncation is the one left:
     # unbiased over Ns): whole, or CHUNK_N state rows at a time, their loads pipelined through
@@ -162,11 +183,14 @@ def state_chunk(chunk_n: int, block_n: int, op: str) -> int:
 
 
 def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, *, dt_softplus, block_p=None,
-                 num_warps=VERIFY_WARPS, precision=None, chunk_n=CHUNK_N, chunk_stages=CHUNK_STAGES, pdl=False):
+                 num_warps=VERIFY_WARPS, precision=None, chunk_n=CHUNK_N, chunk_stages=CHUNK_STAGES, pdl=False,
+                 prefetch_inputs=None):
     """The kernel's launch for launch_mamba2_verify and planned_mamba2_verify, or None with no rows.
     block_p (a power of two >= 16), num_warps, precision, chunk_n (C S0^T over chunks of that many
     state rows, a power of two >= 16; 0: the whole tile at once), chunk_stages (their pipeline's
-    depth) and pdl (a programmatic dependent launch, sm_90+): tuning only."""
+    depth), pdl (a programmatic dependent launch, sm_90+) and prefetch_inputs (None:
+    PREFETCH_INPUTS; where x, z, B and C rows are contiguous, on sm_80+, not interpreted): tuning
+    only."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     num_groups, d_state = B.shape[2], B.shape[3]
     if num_rows == 0:
@@ -193,6 +217,11 @@ def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, 
     )
     pdl = bool(pdl) and gdc_wait is not None and not interpreted() and pdl_device(ssm)
     constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
+    prefetch = PREFETCH_INPUTS if prefetch_inputs is None else prefetch_inputs
+    rows = (x, B, C) if z is None else (x, z, B, C)
+    prefetch = (bool(prefetch) and not interpreted() and prefetch_device(ssm)
+                and all(t.stride(-1) == 1 for t in rows))
+    constexprs.update(PREFETCH=prefetch, LINES=prefetch_lines(max(t.shape[-1] * t.element_size() for t in rows)))
     return KernelCall(_mamba2_verify_kernel, grid, _tensors(out, x, dt, A, B, C, ssm, state_slots, parents, D, z,
                                                             dt_bias), scalars, constexprs)
 

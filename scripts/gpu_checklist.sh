@@ -62,9 +62,9 @@
 #   gvncu     test_gdn_verify.py's GPU tests, then Nsight Compute over one gdn_verify layer at B = 64, chain and tree,
 #             bf16 and fp32 pools (bench_gdn_verify.py --ncu): details and per-instruction stall samples as CSV
 #             (by source line here: python scripts/ncu_lines.py OUT/ncu_gv_bf16_sass.csv gdn_verify_bf16_tree)
-#   h200      gdn_verify's prefetch (none, 16, 32 rows), value runs (off) and pdl 2 against the defaults, fp32 and
-#             bf16 pools (B = 64 / 256; bf16 also native products, 16-row chunks staged); an H200's first call:
-#             `h200 gvbench` (then the table at the current defaults)
+#   h200      gdn_verify's prefetch (none, 16, 32 rows), value runs (off), pdl 2 and v's rows prefetched
+#             (prefetch_values) against the defaults, fp32 and bf16 pools (B = 64 / 256; bf16 also its native
+#             products, chunks of 64 / 32 rows), about 5 minutes
 #   vruns     gdn_verify's v loads and out stores in 16-byte runs (value_runs, the default since 2026-12-07, timed on
 #             contiguous pools then: docs/benchmarks.md): its bit-for-bit tests, memcheck + racecheck over its
 #             launch-choice tests, then the sweep against an element an access on fp32 pools stored transposed
@@ -94,6 +94,11 @@
 #             (bench_gdn_verify.py, B = 1 .. 256, no step table) and the GDN ring's trees (bench_ring.py)
 #   m2bench   mamba2_verify against an engine-style selective-state-update stand-in, chains and trees of 8,
 #             B = 1 .. 256, Nemotron-H-8B TP1 (benchmarks/bench_mamba2_verify.py), with issue #40's targets
+#   gvprefetch  gdn_verify's v rows prefetched into L2 at a program's start (prefetch_values, off): its GPU tests
+#             (bit for bit against none) and the launch plans', memcheck + racecheck over them (the sweep: h200)
+#   m2prefetch  mamba2_verify's small inputs prefetched into L2 at a program's start (prefetch_inputs): its GPU
+#             tests (bit for bit against none), memcheck + racecheck over them, then the bench (B = 64 / 256) with
+#             it, with pdl, and with both, against the defaults (on an H200: its B = 64 gap to an H100 is the question)
 #   m2tune    mamba2_verify's launcher choices around its defaults (narrower tiles, 8 warps, chunk depths; each
 #             checked against the oracle first), B = 64 / 256, chains and trees
 #   ringfold  the rings' fold and verify launches where a step has few rows to fold (the sweeps' last column: 1 row in
@@ -406,9 +411,9 @@ for phase in "$@"; do
                   --state-dtype $dtype || rc=1
               done ;;
     h200)     rc=0  # (the sweeps that set the prefetch and value-runs defaults, on an H200; with pdl 2, which
-              # says how much of a layer's fixed loss is the launch's ramp; bf16 also the stacked products as bf16
-              # mma and chunks staged through shared memory, which an H100 did not need and an H200 may)
-              for only in "fp32:53 54 50 57 22" "bf16:53 54 50 57 22 43 44 12"; do
+              # says how much of a layer's fixed loss is the launch's ramp, and v prefetched, which how much is the
+              # epilogue's load; bf16 also the stacked products as bf16 mma, which an H100 did not need)
+              for only in "fp32:53 54 50 57 22 58" "bf16:53 54 50 57 22 58 43 44"; do
                 dtype=${only%%:*}
                 timeout 160 python3 benchmarks/bench_gdn_verify.py --sweep --batches 64 256 --only ${only#*:} \
                   --state-dtype $dtype > "$out/sweep_h200_$dtype.log" 2>&1 || rc=1
@@ -510,6 +515,14 @@ for phase in "$@"; do
               timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 1 8 \
                 --sweep 64/4/16/1/fused_window=0 64/4/16/1 > "$out/sweep_ring_mamba2_window.log" 2>&1
               rc=$((rc | $?)); grep '^|' "$out/sweep_ring_mamba2_window.log" ;;
+    gvprefetch) tests_sanitized gvprefetch tests/test_gdn_verify.py "prefetch or launch_plans" "cuda and prefetch_values"
+              rc=$? ;;
+    m2prefetch) rc=0
+              tests_sanitized m2prefetch tests/test_mamba2_verify.py "prefetch or launch_choices" \
+                "cuda and (prefetch or launch_choices)" || rc=1
+              timeout 200 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --standin-tiles 16/2 \
+                --tunings prefetch_inputs=1 pdl=1 prefetch_inputs=1,pdl=1 > "$out/bench_mamba2_prefetch.log" 2>&1 || rc=1
+              grep -E 'graph|FAILED|^\|' "$out/bench_mamba2_prefetch.log" ;;
     m2tune)   timeout 240 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --standin-tiles 16/2 \
                 --tunings num_warps=8 block_p=32 block_p=32,num_warps=2 chunk_stages=4,num_warps=8 \
                 chunk_n=16,chunk_stages=6 > "$out/bench_mamba2_verify_tune.log" 2>&1

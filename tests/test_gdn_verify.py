@@ -422,9 +422,20 @@ def test_mma_launch_plans(monkeypatch):
     tree = make_problem(head_k_dim=64, head_v_dim=64, parents=[-1, 0, 0, 2])
     assert [plan(pool, **early).constexprs["EARLY"] for pool, early in (
         (problem, {}), (tree, {}), (problem, dict(early_loads=2)), (tree, dict(early_loads=1)))] == [1, 0, 2, 1]
-    with pytest.raises(ValueError, match="early_loads, native_products, prefetch_rows and value_runs are the mma "):
-        triton_kernels().gdn_verify._verify_call(torch.empty(problem[2].shape), *problem, scale=0.25,
-                                                 use_qk_l2norm=True, mma=False, early_loads=1)
+    for tuning in (dict(early_loads=1), dict(prefetch_values=True)):
+        with pytest.raises(ValueError, match="early_loads, native_products, prefetch_rows, value_runs and "
+                                             "prefetch_values are the mma kernel's"):
+            triton_kernels().gdn_verify._verify_call(torch.empty(problem[2].shape), *problem, scale=0.25,
+                                                     use_qk_l2norm=True, mma=False, **tuning)
+    # v's rows prefetched into L2 where asked for (MMA_PREFETCH_VALUES) and they are contiguous; never
+    # by the persistent kernel
+    strided_v = list(problem)
+    strided_v[2] = problem[2].transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert [plan(pool, **tuning).constexprs["PREFETCH_V"] for pool, tuning in (
+        (problem, {}), (problem, dict(prefetch_values=True)), (strided_v, dict(prefetch_values=True)))] == [
+        triton_kernels().gdn_verify.MMA_PREFETCH_VALUES, True, False]
+    with pytest.raises(ValueError, match="prefetch_values is the non-persistent kernel's"):
+        plan(problem, prefetch_values=True, persistent=4)
     # the stacked products in the pool's 16-bit type only where q, k and the pool share it
     # (by default for a transposed pool's only: MMA_NATIVE_PRODUCTS)
     halves = make_problem(head_k_dim=64, head_v_dim=64, qkv_dtype=torch.bfloat16, state_dtype=torch.bfloat16)
@@ -550,6 +561,27 @@ def test_cuda_value_runs_bit_for_bit(state_dtype, tuning):
         assert torch.equal(whole[0], whole[1])
         assert (whole[0][1] == FILL).all() and (whole[0][..., v.shape[3]:] == FILL).all()
         assert not (whole[0][0, :, :, :v.shape[3]] == FILL).any()  # (a row it verified: written)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_cuda_prefetch_values_changes_no_bit(state_dtype):
+    """v's rows prefetched into L2 at a program's start (prefetch_values, a hint): bit for bit the
+    outputs without it, chains and trees, fused views, a pool stored transposed, odd sizes (a
+    partial last column tile); the skipped row untouched."""
+    for shape in (dict(head_v_dim=128, num_nodes=8, parents=[-1, 0, 0, 0, 1, 1, 1, 4]),
+                  dict(head_v_dim=128, fused=True, transposed=True), dict(head_v_dim=40, parents=[-1, -1, 0, 2])):
+        q, k, v, g, beta, ssm, slots, parents = make_problem(
+            num_rows=4, num_slots=6, slots=[5, -1, 3, 1], head_k_dim=128 if shape["head_v_dim"] == 128 else 48,
+            qkv_dtype=torch.bfloat16, state_dtype=state_dtype, device="cuda", **shape)
+        outs = []
+        for prefetch in (False, True):
+            outs.append(torch.full(v.shape, FILL, device="cuda"))
+            kernel_args, kernel_kwargs = sgl_convwin.gdn_verify.kernel_arguments(outs[-1], q, k, v, g, beta, ssm,
+                                                                                 slots, parents)
+            triton_kernels().launch_gdn_verify(*kernel_args, **kernel_kwargs, mma=True, prefetch_values=prefetch)
+        assert torch.equal(outs[0], outs[1])
+        assert (outs[1][1] == FILL).all() and not (outs[1][0] == FILL).any()
 
 
 @pytest.mark.gpu

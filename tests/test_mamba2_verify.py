@@ -193,7 +193,8 @@ def test_one_node_odd_sizes_and_deep_paths(impl):
 
 TUNINGS = [dict(block_p=16), dict(block_p=16, num_warps=2), dict(block_p=32, precision="tf32x3"),
            dict(block_p=64, precision="ieee"), dict(block_p=16, chunk_n=16), dict(chunk_n=32, chunk_stages=2),
-           dict(pdl=True)]  # (a programmatic dependent launch on sm_90; a plain one elsewhere)
+           dict(pdl=True),  # (a programmatic dependent launch on sm_90; a plain one elsewhere)
+           dict(prefetch_inputs=True)]  # (the L2 prefetch on a GPU; none interpreted)
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=[interpreted, pytest.mark.slow]),
@@ -222,6 +223,49 @@ def test_cuda_pdl_reads_what_the_launch_before_wrote():
             tuned(pdl=pdl)(out, x, *rest, **kwargs)
 
     check_chained_pdl(both, (out0, out1), FILL)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True], ids=["apart", "fused"])
+def test_cuda_prefetch_inputs_changes_no_bit(fused):
+    """The nodes' inputs prefetched into L2 (a hint) leave every output bit as it was: the model's
+    head and state sizes, trees, a partial last tile of head-dim rows, x, B and C as views of one
+    conv output or tensors of their own, z given, bf16 inputs."""
+    for problem in (make_problem(num_rows=8, num_heads=16, num_groups=2, head_dim=64, d_state=128, num_slots=8,
+                                 x_dtype=torch.bfloat16, fused=fused, device="cuda"),
+                    make_problem(num_rows=5, num_heads=4, head_dim=40, d_state=48, parents=[-1, 0, 0, 2],
+                                 slots=[1, -1, 2, 0, 3], fused=fused, device="cuda")):
+        (x, *rest), kwargs = problem
+        outs = []
+        for prefetch in (False, True):
+            outs.append(torch.full(x.shape, FILL, device="cuda"))
+            tuned(prefetch_inputs=prefetch)(outs[-1], x, *rest, **kwargs)
+        assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_prefetch_inputs_where_rows_are_contiguous(monkeypatch):
+    """prefetch_inputs reaches the kernel only where x, z, B and C rows are contiguous and the kernel
+    is compiled (never interpreted); its lines a row cover the widest of them."""
+    kernels = triton_kernels()
+    monkeypatch.setattr(kernels.mamba2_verify, "interpreted", lambda: False)
+
+    def constexprs(problem, **tuning):
+        (x, dt, A, B, C, ssm, slots, parents), kwargs = problem
+        out = torch.empty(x.shape)
+        call = kernels.mamba2_verify._verify_call(out, x, dt, A, B, C, ssm, slots, parents, kwargs.get("D"),
+                                                  kwargs.get("z"), kwargs.get("dt_bias"),
+                                                  dt_softplus=kwargs["dt_softplus"], **tuning)
+        return call.constexprs["PREFETCH"], call.constexprs["LINES"]
+
+    problem = make_problem(head_dim=64, d_state=128, x_dtype=torch.bfloat16, fused=True)
+    assert constexprs(problem) == (kernels.mamba2_verify.PREFETCH_INPUTS, 4)
+    assert constexprs(problem, prefetch_inputs=True) == (True, 4)  # (B's, C's rows of 256 bytes: up to 3 lines)
+    (x, *rest), kwargs = problem
+    strided = x.transpose(-1, -2).contiguous().transpose(-1, -2)  # (head-dim elements apart)
+    assert constexprs(([strided, *rest], kwargs), prefetch_inputs=True)[0] is False
+    monkeypatch.setattr(kernels.mamba2_verify, "interpreted", lambda: True)
+    assert constexprs(problem, prefetch_inputs=True)[0] is False
 
 
 def draw_problem(data, device, *, max_nodes, max_rows, max_slot, fused_pool=True):
