@@ -72,6 +72,10 @@ RING_MMA_PDL = 1
 # the pending tokens, whose k and v take the conv: 4 puts a tree's 8 pending tokens on 8 rows of a
 # stack of 32, not 16 (offline 13% fewer instructions; not yet timed on a GPU)
 RING_MMA_STACK_PARTS = 2
+# The verifies' drafts' v rows prefetched into L2 at a program's start (evict_last: gdn_verify's
+# prefetch_values), so that their load after the state's products finds them there (not yet timed on
+# a GPU)
+RING_MMA_PREFETCH_VALUES = False
 
 
 def verify_rule(ring_rows: int, num_nodes: int, tree_depth: int | None = None) -> dict:
@@ -509,7 +513,8 @@ def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
     constexprs.update(FUSED_WINDOW=bool(fused_window), WIDTH=width, WINDOW=max(2, next_power_of_2(width)),
                       NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k,
                       WARPS=chunk.constexprs["num_warps"], SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4),
-                      TILES_A_PROGRAM=1, STACK_PARTS=RING_MMA_STACK_PARTS, **verify)
+                      TILES_A_PROGRAM=1, STACK_PARTS=RING_MMA_STACK_PARTS,
+                      PREFETCH_V=bool(RING_MMA_PREFETCH_VALUES) and chunk.tensors[3].stride(-1) == 1, **verify)
     pdl = bool(RING_MMA_PDL) and pdl_device(ssm)
     constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     return constexprs

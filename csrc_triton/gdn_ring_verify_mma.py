@@ -29,8 +29,8 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .gdn_verify import rows_contiguous
 from .gdn_verify_mma import (_floored_log_decay, _grid_dependency, _issue_first_chunks, _mma,
-                             _parent_of, _parts, _product, _rounded, _staged_chunk, _state_chunk, _state_copy_layout,
-                             _state_ring_layout, _unit_lower_inverse)
+                             _parent_of, _parts, _prefetch_rows, _product, _rounded, _staged_chunk, _state_chunk,
+                             _state_copy_layout, _state_ring_layout, _unit_lower_inverse)
 
 
 @gluon.jit
@@ -209,14 +209,14 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
               BLOCK_V: gl.constexpr, CHUNK_K: gl.constexpr,
               TREE: gl.constexpr, L2NORM: gl.constexpr, HAS_BIAS: gl.constexpr, WARPS: gl.constexpr,
               SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, FOLD: gl.constexpr, SPLIT: gl.constexpr,
-              STATE_STAGES: gl.constexpr, STACK_PARTS: gl.constexpr):
+              STATE_STAGES: gl.constexpr, STACK_PARTS: gl.constexpr, PREFETCH_V: gl.constexpr):
     """One program's work: with drafts (NUM_NODES > 0) the row's outputs for its query rows, stored,
     and the drafts' gates beside their rows (v0 = 0); with FOLD the checkpoint tile after the pending
     tokens, stored in place (after the outputs, which the old tile gave). Products in 3xTF32 with
     SPLIT, else tf32. Stack rows: keys below KEY_ROWS, then queries; a row of this launch has at most
     PENDING_ROWS pending tokens. With STATE_STAGES the chunks come through shared memory state_ring
     (cp.async, that many in flight). The stack is staged in STACK_PARTS blocks of rows at most
-    (_stack_part)."""
+    (_stack_part). PREFETCH_V: the drafts' v rows into L2 first (gdn_verify_mma._prefetch_rows)."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
     B_L: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=1)
@@ -242,6 +242,10 @@ def _row_head(live, start, pending, row, head, k_head, v0, state_base, state_rin
     else:
         upcoming = _state_chunk(state_base, 0, live, v0, HEAD_K_DIM, HEAD_V_DIM, SSM_STRIDE_K, SSM_STRIDE_V,
                                 CHUNK_K, BLOCK_V, LOAD_L)  # the long read first
+    if PREFETCH_V and NUM_NODES > 0:  # the drafts' v, read after the products, into L2 under the state's read
+        V_BYTES: gl.constexpr = v_ptr.dtype.element_ty.primitive_bitwidth // 8
+        _prefetch_rows(v_ptr + row * v_stride_row + head * v_stride_head + v0 * v_stride_v, v_stride_node, NUM_NODES,
+                       gl.minimum(BLOCK_V, HEAD_V_DIM - v0) * V_BYTES, NODES, BLOCK_V * V_BYTES, WARPS)
     lane = gl.arange(0, NODES, layout=gl.BlockedLayout([1], [32], [WARPS], [0]))
     if TREE:  # the parent links now, their latency under the state's (node c's on lane c)
         links = gl.load(parents_ptr + row * parents_stride_row + lane * parents_stride_node, mask=lane < NUM_NODES,
@@ -432,6 +436,7 @@ def _gdn_ring_verify_mma_kernel(
     SSM_STRIDE_K: gl.constexpr, SSM_STRIDE_V: gl.constexpr, KIND: gl.constexpr, SMALL_KEYS: gl.constexpr,
     FUSED_WINDOW: gl.constexpr, WIDTH: gl.constexpr, WINDOW: gl.constexpr, STATE_STAGES: gl.constexpr,
     VERIFY_KEYS: gl.constexpr, TILES_A_PROGRAM: gl.constexpr, PDL: gl.constexpr, STACK_PARTS: gl.constexpr,
+    PREFETCH_V: gl.constexpr,
 ):
     """One program: one [dk, BLOCK_V] checkpoint tile of one value head of one row, of layer
     ``layer`` + program_id(2); the arguments, skips and stores of gdn_ring_verify._gdn_ring_verify_kernel
@@ -451,7 +456,8 @@ def _gdn_ring_verify_mma_kernel(
     that many of its tiles, program_id(0) * TILES_A_PROGRAM onwards, one after another: fewer
     programs where few rows fold (all of a row's, after a due flush: its launch is a wave). PDL:
     launched as a programmatic dependent (sm_90; gdn_verify_mma._grid_dependency), every read after
-    the wait. STACK_PARTS: the most blocks of rows the stack is staged in (_stack_part)."""
+    the wait. STACK_PARTS: the most blocks of rows the stack is staged in (_stack_part). PREFETCH_V:
+    the verifies' drafts' v rows into L2 at the start (_row_head)."""
     V_BLOCKS: gl.constexpr = (HEAD_V_DIM + BLOCK_V - 1) // BLOCK_V
     if PDL:
         _grid_dependency()
@@ -523,7 +529,7 @@ def _gdn_ring_verify_mma_kernel(
                           SMALL_KEYS + NUM_NODES if THIS == 0 else NODES, KERNEL_SIZE, NUM_K_HEADS,
                           HEAD_K_DIM, HEAD_V_DIM, BLOCK_K, BLOCK_V, CHUNK_K, TREE and THIS != 2,
                           L2NORM, HAS_BIAS, WARPS, SSM_STRIDE_K, SSM_STRIDE_V, THIS == 2, THIS == 2 and SPLIT_FOLD,
-                          STATE_STAGES, STACK_PARTS)
+                          STATE_STAGES, STACK_PARTS, PREFETCH_V)
                 if FUSED_WINDOW and THIS != 2:
                     if moved:
                         WINDOW_L: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, WARPS], [1, 0])

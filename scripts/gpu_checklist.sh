@@ -95,7 +95,8 @@
 #   m2bench   mamba2_verify against an engine-style selective-state-update stand-in, chains and trees of 8,
 #             B = 1 .. 256, Nemotron-H-8B TP1 (benchmarks/bench_mamba2_verify.py), with issue #40's targets
 #   gvprefetch  gdn_verify's v rows prefetched into L2 at a program's start (prefetch_values, off): its GPU tests
-#             (bit for bit against none) and the launch plans', memcheck + racecheck over them (the sweep: h200)
+#             (bit for bit against none) and the launch plans', memcheck + racecheck over them (the sweep: h200);
+#             the GDN ring's drafts' v alike (RING_MMA_PREFETCH_VALUES, off): its tests, then chain steps with it
 #   m2prefetch  mamba2_verify's small inputs prefetched into L2 at a program's start (prefetch_inputs): its GPU
 #             tests (bit for bit against none), memcheck + racecheck over them, then the bench (B = 64 / 256) with
 #             it, with pdl, and with both, against the defaults (on an H200: its B = 64 gap to an H100 is the question)
@@ -515,8 +516,13 @@ for phase in "$@"; do
               timeout 120 python3 benchmarks/bench_ring.py --mixer mamba2 --batches 1 8 \
                 --sweep 64/4/16/1/fused_window=0 64/4/16/1 > "$out/sweep_ring_mamba2_window.log" 2>&1
               rc=$((rc | $?)); grep '^|' "$out/sweep_ring_mamba2_window.log" ;;
-    gvprefetch) tests_sanitized gvprefetch tests/test_gdn_verify.py "prefetch or launch_plans" "cuda and prefetch_values"
-              rc=$? ;;
+    gvprefetch) rc=0
+              tests_sanitized gvprefetch tests/test_gdn_verify.py "prefetch or launch_plans" \
+                "cuda and prefetch_values" || rc=1
+              timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu $xdist tests/test_ring_kernels.py \
+                -k prefetched_values > "$out/gpu_tests_ringprefetch.log" 2>&1 || rc=1
+              tail -2 "$out/gpu_tests_ringprefetch.log"
+              gdn_steps "" "RING_MMA_PREFETCH_VALUES=1" || rc=1 ;;
     m2prefetch) rc=0
               tests_sanitized m2prefetch tests/test_mamba2_verify.py "prefetch or launch_choices" \
                 "cuda and (prefetch or launch_choices)" || rc=1

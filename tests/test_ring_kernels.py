@@ -520,6 +520,22 @@ def test_mma_kernel_stack_in_four_parts(monkeypatch, nodes, state_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("nodes", [[-1, 0, 1, 2], [-1, 0, 0, 0, 1, 1, 1, 4]], ids=["chain", "tree8"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_mma_kernel_prefetched_values(monkeypatch, nodes, state_dtype):
+    """RING_MMA_PREFETCH_VALUES: the drafts' v rows hinted into L2 at a verify program's start, against
+    the PyTorch code and bit for bit against none: rows that fold, replay, hold nothing, pad."""
+    case = mixed_rows_case(len(nodes), 16, 128, parents=nodes, state_dtype=state_dtype)
+    runs = {}
+    for prefetch in (False, True):
+        monkeypatch.setattr(triton_kernels().gdn_ring_verify, "RING_MMA_PREFETCH_VALUES", prefetch)
+        want, runs[prefetch] = run_both(case, tuning=MMA)
+        assert_mixed_rows_agree(case, want, runs[prefetch], state_dtype)
+    for name in ("out", "ssm_state", "conv_state", "gates"):
+        assert torch.equal(runs[True][name], runs[False][name]), name
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("capacity", [20, 24])
 def test_mma_kernel_takes_wide_rings(capacity):
     """The mma kernel verifies chains of 8 at capacities 20 and 24 (R + N = 28 and 32 stack rows: a
