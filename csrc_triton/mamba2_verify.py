@@ -44,6 +44,11 @@ CHUNK_STAGES = 3
 # epilogue's loads of them, after the state's, find them there (a hint: no registers held, the
 # values read where they are used; not yet timed on a GPU)
 PREFETCH_INPUTS = False
+# Heads a program (a divisor of a group's), one after another, and with FLATTEN_HEADS their loop and
+# their chunks' loop one pipelined loop: the next head's first chunks in flight under this one's
+# outputs (the Mamba2 ring verify's FLATTEN; not yet timed on a GPU)
+HEADS_PER_PROGRAM = 1
+FLATTEN_HEADS = False
 
 
 @triton.jit
@@ -60,9 +65,9 @@ def _step_sizes(dt_base, node, mask, dt_stride_node, dt_bias_at, HAS_DT_BIAS: tl
 
 
 @triton.jit
-def _mamba2_verify_kernel(
-    out_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, ssm_ptr, slots_ptr, parents_ptr, d_ptr, z_ptr, dt_bias_ptr,
-    num_state_slots,
+def _head_tile(
+    head, row, pp0, out_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, ssm_ptr, slots_ptr, parents_ptr, d_ptr, z_ptr,
+    dt_bias_ptr, num_state_slots,
     out_stride_row, out_stride_node, out_stride_head, out_stride_p,
     x_stride_row, x_stride_node, x_stride_head, x_stride_p,
     dt_stride_row, dt_stride_node, dt_stride_head,
@@ -78,23 +83,11 @@ def _mamba2_verify_kernel(
     HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     TREE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, PRECISION: tl.constexpr, CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr,
+    PREFETCH: tl.constexpr, LINES: tl.constexpr,
 ):
-    """One program: one [BLOCK_P, Ns] state tile of one head of one row. Outputs are stored only if
-    the row's slot is in [0, num_state_slots) and (trees) every parent link lies in [-1, n-1];
-    nothing is written otherwise, and no load leaves its tensor. With PDL (sm_90, launched as a
-    programmatic dependent) every read waits for the kernel before to finish, and the next kernel
-    may start once every program has waited (so when a kernel starts, every one before the kernel
-    just before it has finished). PREFETCH: the nodes' small inputs into L2 first (prefetch_rows_l2,
-    LINES lines a row; x, z, B and C rows contiguous)."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
-    head = tl.program_id(0) // P_BLOCKS
-    pp0 = (tl.program_id(0) % P_BLOCKS) * BLOCK_P
+    """_mamba2_verify_kernel's work for one [BLOCK_P, Ns] state tile: head ``head`` of row ``row``,
+    its head-dim rows from pp0."""
     pp = pp0 + tl.arange(0, BLOCK_P)
-    row = tl.program_id(1).to(tl.int64)
     group = head // (NUM_HEADS // NUM_GROUPS)
 
     node = tl.arange(0, NODES)
@@ -173,6 +166,71 @@ def _mamba2_verify_kernel(
     tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=tl.where(slot_ok & links_ok, real[:, None] & p_ok, False))
 
 
+
+
+@triton.jit
+def _mamba2_verify_kernel(
+    out_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, ssm_ptr, slots_ptr, parents_ptr, d_ptr, z_ptr, dt_bias_ptr,
+    num_state_slots,
+    out_stride_row, out_stride_node, out_stride_head, out_stride_p,
+    x_stride_row, x_stride_node, x_stride_head, x_stride_p,
+    dt_stride_row, dt_stride_node, dt_stride_head,
+    a_stride,
+    b_stride_row, b_stride_node, b_stride_group, b_stride_n,
+    c_stride_row, c_stride_node, c_stride_group, c_stride_n,
+    ssm_stride_slot, ssm_stride_head, ssm_stride_p, ssm_stride_n,
+    slots_stride, parents_stride_row, parents_stride_node,
+    d_stride,
+    z_stride_row, z_stride_node, z_stride_head, z_stride_p,
+    dt_bias_stride,
+    NUM_NODES: tl.constexpr, NODES: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, D_STATE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    TREE: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, PRECISION: tl.constexpr, CHUNK_N: tl.constexpr, CHUNK_STAGES: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr, HEADS: tl.constexpr, FLATTEN: tl.constexpr,
+):
+    """One program: one [BLOCK_P, Ns] state tile of each of HEADS adjacent heads of one row (HEADS
+    divides a group's heads). Outputs are stored only if the row's slot is in [0, num_state_slots)
+    and (trees) every parent link lies in [-1, n-1]; nothing is written otherwise, and no load leaves
+    its tensor. With PDL (sm_90, launched as a programmatic dependent) every read waits for the
+    kernel before to finish, and the next kernel may start once every program has waited (so when a
+    kernel starts, every one before the kernel just before it has finished). PREFETCH: the nodes'
+    small inputs into L2 first (prefetch_rows_l2, LINES lines a row; x, z, B and C rows contiguous).
+    FLATTEN: the heads' loop and their chunks' loop one pipelined loop (tl.range's flatten), so that
+    the next head's first chunks are in flight while this one's outputs are computed."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+    P_BLOCKS: tl.constexpr = (HEAD_DIM + BLOCK_P - 1) // BLOCK_P
+    first_head = (tl.program_id(0) // P_BLOCKS) * HEADS
+    pp0 = (tl.program_id(0) % P_BLOCKS) * BLOCK_P
+    row = tl.program_id(1).to(tl.int64)
+    if FLATTEN:
+        for head in tl.range(first_head, first_head + HEADS, flatten=True):
+            _head_tile(head, row, pp0, out_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, ssm_ptr, slots_ptr, parents_ptr,
+                       d_ptr, z_ptr, dt_bias_ptr, num_state_slots, out_stride_row, out_stride_node, out_stride_head,
+                       out_stride_p, x_stride_row, x_stride_node, x_stride_head, x_stride_p, dt_stride_row,
+                       dt_stride_node, dt_stride_head, a_stride, b_stride_row, b_stride_node, b_stride_group,
+                       b_stride_n, c_stride_row, c_stride_node, c_stride_group, c_stride_n, ssm_stride_slot,
+                       ssm_stride_head, ssm_stride_p, ssm_stride_n, slots_stride, parents_stride_row,
+                       parents_stride_node, d_stride, z_stride_row, z_stride_node, z_stride_head, z_stride_p,
+                       dt_bias_stride, NUM_NODES, NODES, NUM_HEADS, NUM_GROUPS, HEAD_DIM, D_STATE, BLOCK_P, BLOCK_N,
+                       TREE, HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, PRECISION, CHUNK_N, CHUNK_STAGES, PREFETCH,
+                       LINES)
+    else:
+        for h in tl.static_range(HEADS):
+            _head_tile(first_head + h, row, pp0, out_ptr, x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, ssm_ptr, slots_ptr,
+                       parents_ptr, d_ptr, z_ptr, dt_bias_ptr, num_state_slots, out_stride_row, out_stride_node,
+                       out_stride_head, out_stride_p, x_stride_row, x_stride_node, x_stride_head, x_stride_p,
+                       dt_stride_row, dt_stride_node, dt_stride_head, a_stride, b_stride_row, b_stride_node,
+                       b_stride_group, b_stride_n, c_stride_row, c_stride_node, c_stride_group, c_stride_n,
+                       ssm_stride_slot, ssm_stride_head, ssm_stride_p, ssm_stride_n, slots_stride,
+                       parents_stride_row, parents_stride_node, d_stride, z_stride_row, z_stride_node, z_stride_head,
+                       z_stride_p, dt_bias_stride, NUM_NODES, NODES, NUM_HEADS, NUM_GROUPS, HEAD_DIM, D_STATE,
+                       BLOCK_P, BLOCK_N, TREE, HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, PRECISION, CHUNK_N,
+                       CHUNK_STAGES, PREFETCH, LINES)
+
+
 def state_chunk(chunk_n: int, block_n: int, op: str) -> int:
     """C S0^T's chunk of state rows: chunk_n, at most the tile's block_n (0: the whole tile at once);
     tl.dot takes powers of two from MIN_DOT."""
@@ -184,13 +242,14 @@ def state_chunk(chunk_n: int, block_n: int, op: str) -> int:
 
 def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, *, dt_softplus, block_p=None,
                  num_warps=VERIFY_WARPS, precision=None, chunk_n=CHUNK_N, chunk_stages=CHUNK_STAGES, pdl=False,
-                 prefetch_inputs=None):
+                 prefetch_inputs=None, heads_per_program=None, flatten=None, maxnreg=None):
     """The kernel's launch for launch_mamba2_verify and planned_mamba2_verify, or None with no rows.
     block_p (a power of two >= 16), num_warps, precision, chunk_n (C S0^T over chunks of that many
     state rows, a power of two >= 16; 0: the whole tile at once), chunk_stages (their pipeline's
-    depth), pdl (a programmatic dependent launch, sm_90+) and prefetch_inputs (None:
-    PREFETCH_INPUTS; where x, z, B and C rows are contiguous, on sm_80+, not interpreted): tuning
-    only."""
+    depth), pdl (a programmatic dependent launch, sm_90+), prefetch_inputs (None:
+    PREFETCH_INPUTS; where x, z, B and C rows are contiguous, on sm_80+, not interpreted),
+    heads_per_program (None: HEADS_PER_PROGRAM; a divisor of H / G), flatten (None: FLATTEN_HEADS)
+    and maxnreg (a register cap; None: the compiler's choice): tuning only."""
     num_rows, num_nodes, num_heads, head_dim = x.shape
     num_groups, d_state = B.shape[2], B.shape[3]
     if num_rows == 0:
@@ -202,7 +261,12 @@ def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, 
         block_p = spread_block(BLOCK_P, num_rows, num_heads, head_dim)
     block_n = max(MIN_DOT, next_power_of_2(d_state))
     chunk_n = state_chunk(chunk_n, block_n, "mamba2_verify")
-    grid = (num_heads * cdiv(head_dim, block_p), num_rows)
+    heads = HEADS_PER_PROGRAM if heads_per_program is None else heads_per_program
+    per_group = num_heads // num_groups
+    if not (isinstance(heads, int) and 0 < heads <= per_group and per_group % heads == 0):
+        raise ValueError(f"convwin.mamba2_verify: heads_per_program must divide a group's {per_group} heads, got "
+                         f"{heads!r}")
+    grid = (num_heads // heads * cdiv(head_dim, block_p), num_rows)
     parents_strides = (0, 0) if parents is None else parents.stride()
     scalars = (ssm.shape[0], *out.stride(), *x.stride(), *dt.stride(), A.stride(0), *B.stride(), *C.stride(),
                *ssm.stride(), state_slots.stride(0), *parents_strides, 0 if D is None else D.stride(0),
@@ -212,8 +276,9 @@ def _verify_call(out, x, dt, A, B, C, ssm, state_slots, parents, D, z, dt_bias, 
         NUM_GROUPS=num_groups, HEAD_DIM=head_dim, D_STATE=d_state, BLOCK_P=block_p,
         BLOCK_N=block_n, TREE=parents is not None, HAS_D=D is not None,
         HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus),
-        PRECISION=precision or default_precision(ssm), CHUNK_N=chunk_n, CHUNK_STAGES=chunk_stages,
-        num_warps=num_warps,
+        PRECISION=precision or default_precision(ssm), CHUNK_N=chunk_n, CHUNK_STAGES=chunk_stages, HEADS=heads,
+        FLATTEN=bool(FLATTEN_HEADS if flatten is None else flatten), num_warps=num_warps,
+        **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     pdl = bool(pdl) and gdc_wait is not None and not interpreted() and pdl_device(ssm)
     constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))

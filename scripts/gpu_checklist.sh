@@ -97,9 +97,10 @@
 #   gvprefetch  gdn_verify's v rows prefetched into L2 at a program's start (prefetch_values, off): its GPU tests
 #             (bit for bit against none) and the launch plans', memcheck + racecheck over them (the sweep: h200);
 #             the GDN ring's drafts' v alike (RING_MMA_PREFETCH_VALUES, off): its tests, then chain steps with it
-#   m2prefetch  mamba2_verify's small inputs prefetched into L2 at a program's start (prefetch_inputs): its GPU
-#             tests (bit for bit against none), memcheck + racecheck over them, then the bench (B = 64 / 256) with
-#             it, with pdl, and with both, against the defaults (on an H200: its B = 64 gap to an H100 is the question)
+#   m2prefetch  mamba2_verify's small inputs prefetched into L2 at a program's start (prefetch_inputs) and four heads
+#             a program, their loops flattened (heads_per_program, flatten, at 96 registers): the GPU tests (bit for bit
+#             against the defaults), memcheck + racecheck over them, then the bench (B = 64 / 256) with each, with
+#             pdl, against the defaults (on an H200: its B = 64 gap to an H100 is the question), about 7 minutes
 #   m2tune    mamba2_verify's launcher choices around its defaults (narrower tiles, 8 warps, chunk depths; each
 #             checked against the oracle first), B = 64 / 256, chains and trees
 #   ringfold  the rings' fold and verify launches where a step has few rows to fold (the sweeps' last column: 1 row in
@@ -524,10 +525,12 @@ for phase in "$@"; do
               tail -2 "$out/gpu_tests_ringprefetch.log"
               gdn_steps "" "RING_MMA_PREFETCH_VALUES=1" || rc=1 ;;
     m2prefetch) rc=0
-              tests_sanitized m2prefetch tests/test_mamba2_verify.py "prefetch or launch_choices" \
-                "cuda and (prefetch or launch_choices)" || rc=1
-              timeout 200 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --standin-tiles 16/2 \
-                --tunings prefetch_inputs=1 pdl=1 prefetch_inputs=1,pdl=1 > "$out/bench_mamba2_prefetch.log" 2>&1 || rc=1
+              tests_sanitized m2prefetch tests/test_mamba2_verify.py "prefetch or launch_choices or launch_orders" \
+                "cuda and (launch_orders or launch_choices)" || rc=1
+              timeout 300 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --standin-tiles 16/2 \
+                --tunings prefetch_inputs=1 pdl=1 prefetch_inputs=1,pdl=1 heads_per_program=4,flatten=1,maxnreg=96 \
+                heads_per_program=4,flatten=1,maxnreg=96,prefetch_inputs=1 > "$out/bench_mamba2_prefetch.log" 2>&1 \
+                || rc=1
               grep -E 'graph|FAILED|^\|' "$out/bench_mamba2_prefetch.log" ;;
     m2tune)   timeout 240 python3 benchmarks/bench_mamba2_verify.py --batches 64 256 --standin-tiles 16/2 \
                 --tunings num_warps=8 block_p=32 block_p=32,num_warps=2 chunk_stages=4,num_warps=8 \

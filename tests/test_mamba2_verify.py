@@ -194,7 +194,8 @@ def test_one_node_odd_sizes_and_deep_paths(impl):
 TUNINGS = [dict(block_p=16), dict(block_p=16, num_warps=2), dict(block_p=32, precision="tf32x3"),
            dict(block_p=64, precision="ieee"), dict(block_p=16, chunk_n=16), dict(chunk_n=32, chunk_stages=2),
            dict(pdl=True),  # (a programmatic dependent launch on sm_90; a plain one elsewhere)
-           dict(prefetch_inputs=True)]  # (the L2 prefetch on a GPU; none interpreted)
+           dict(prefetch_inputs=True),  # (the L2 prefetch on a GPU; none interpreted)
+           dict(heads_per_program=2), dict(heads_per_program=2, flatten=True, maxnreg=96)]
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=[interpreted, pytest.mark.slow]),
@@ -227,20 +228,35 @@ def test_cuda_pdl_reads_what_the_launch_before_wrote():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fused", [False, True], ids=["apart", "fused"])
-def test_cuda_prefetch_inputs_changes_no_bit(fused):
-    """The nodes' inputs prefetched into L2 (a hint) leave every output bit as it was: the model's
-    head and state sizes, trees, a partial last tile of head-dim rows, x, B and C as views of one
-    conv output or tensors of their own, z given, bf16 inputs."""
+@pytest.mark.parametrize("tuning", [dict(prefetch_inputs=True), dict(heads_per_program=2),
+                                    dict(heads_per_program=2, flatten=True, maxnreg=96, prefetch_inputs=True)],
+                         ids=["prefetch", "heads", "flattened"])
+def test_cuda_launch_orders_change_no_bit(fused, tuning):
+    """The nodes' inputs prefetched into L2 (a hint), a program's heads one after another, their
+    loops flattened: every output bit as it was (the same arithmetic a tile) -- the model's head and
+    state sizes, trees, a partial last tile of head-dim rows, x, B and C as views of one conv output
+    or tensors of their own, z given, bf16 inputs, a skipped row."""
     for problem in (make_problem(num_rows=8, num_heads=16, num_groups=2, head_dim=64, d_state=128, num_slots=8,
                                  x_dtype=torch.bfloat16, fused=fused, device="cuda"),
                     make_problem(num_rows=5, num_heads=4, head_dim=40, d_state=48, parents=[-1, 0, 0, 2],
                                  slots=[1, -1, 2, 0, 3], fused=fused, device="cuda")):
         (x, *rest), kwargs = problem
         outs = []
-        for prefetch in (False, True):
+        for run in (tuned(), tuned(**tuning)):
             outs.append(torch.full(x.shape, FILL, device="cuda"))
-            tuned(prefetch_inputs=prefetch)(outs[-1], x, *rest, **kwargs)
+            run(outs[-1], x, *rest, **kwargs)
         assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_heads_per_program_divides_a_group():
+    """heads_per_program must divide a group's heads: a clear error before any launch."""
+    (x, dt, A, B, C, ssm, slots, parents), kwargs = make_problem(num_heads=8, num_groups=2)
+    for heads in (3, 8, 0):
+        with pytest.raises(ValueError, match=f"heads_per_program must divide a group's 4 heads, got {heads}"):
+            triton_kernels().mamba2_verify._verify_call(torch.empty(x.shape), x, dt, A, B, C, ssm, slots, parents,
+                                                        kwargs.get("D"), kwargs.get("z"), kwargs.get("dt_bias"),
+                                                        dt_softplus=kwargs["dt_softplus"], heads_per_program=heads)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
