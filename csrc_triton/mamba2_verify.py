@@ -15,11 +15,12 @@ node's root path (h_n = exp(L_n) S0 + sum_{i in anc(n)} exp(L_n - L_i) d_i x_i B
 is read once and never written. No triangular solve: unlike the delta rule the update does not
 read the state.
 
-One program holds one [BLOCK_P, Ns] state tile of one head of one row and the node stack
-[NODES, Ns] of C (and of B), NODES = max(16, N) rounded up to a power of two (tl.dot's minimum
-being 16, zero rows beyond N): C S0^T is tensor-core products over chunks of the tile's state
-rows, their loads pipelined through shared memory (cp.async), the intra-chunk term
-one [NODES, NODES] x [NODES, BLOCK_P] product. The node matrices use gdn_verify's helpers (the
+One program holds one [BLOCK_P, Ns] state tile of one head of one row (HEADS_PER_PROGRAM: of
+several heads of a group, one after another) and the node stack [NODES, Ns] of C (and of B),
+NODES = max(16, N) rounded up to a power of two (tl.dot's minimum being 16, zero rows beyond N):
+C S0^T is tensor-core products over chunks of the tile's state rows, their loads pipelined
+through shared memory (cp.async), the intra-chunk term one [NODES, NODES] x [NODES, BLOCK_P]
+product. The node matrices use gdn_verify's helpers (the
 ancestry walk, tf32 operands rounded to nearest).
 """
 
