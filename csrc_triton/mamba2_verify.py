@@ -20,8 +20,8 @@ several heads of a group, one after another) and the node stack [NODES, Ns] of C
 NODES = max(16, N) rounded up to a power of two (tl.dot's minimum being 16, zero rows beyond N):
 C S0^T is tensor-core products over chunks of the tile's state rows, their loads pipelined
 through shared memory (cp.async), the intra-chunk term one [NODES, NODES] x [NODES, BLOCK_P]
-product. The node matrices use gdn_verify's helpers (the
-ancestry walk, tf32 operands rounded to nearest).
+product. The node matrices use gdn_verify's helpers (the ancestry walk, tf32 operands rounded to
+nearest).
 """
 
 from __future__ import annotations
@@ -165,8 +165,6 @@ def _head_tile(
     dst = (out_ptr + row * out_stride_row + head * out_stride_head + (node * out_stride_node)[:, None]
            + (pp * out_stride_p)[None, :])
     tl.store(dst, y.to(out_ptr.dtype.element_ty), mask=tl.where(slot_ok & links_ok, real[:, None] & p_ok, False))
-
-
 
 
 @triton.jit
