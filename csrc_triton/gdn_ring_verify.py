@@ -510,11 +510,12 @@ def _mma_constexprs(chunk, ssm, chunk_k, fused_window, **verify):
     constexprs = {name: value for name, value in chunk.constexprs.items()
                   if name not in ("PRECISION", "FOLD_PRECISION")}
     width = chunk.constexprs["KERNEL_SIZE"] - 1
+    v = chunk.tensors[3]  # (the drafts' v; with none, a flush's, a placeholder)
+    prefetch_v = bool(RING_MMA_PREFETCH_VALUES) and chunk.constexprs["NUM_NODES"] > 0 and v.stride(-1) == 1
     constexprs.update(FUSED_WINDOW=bool(fused_window), WIDTH=width, WINDOW=max(2, next_power_of_2(width)),
                       NODES=RING_MMA_NODES, SPLIT_FOLD=ssm.dtype == torch.float32, CHUNK_K=chunk_k,
                       WARPS=chunk.constexprs["num_warps"], SSM_STRIDE_K=ssm.stride(3), SSM_STRIDE_V=ssm.stride(4),
-                      TILES_A_PROGRAM=1, STACK_PARTS=RING_MMA_STACK_PARTS,
-                      PREFETCH_V=bool(RING_MMA_PREFETCH_VALUES) and chunk.tensors[3].stride(-1) == 1, **verify)
+                      TILES_A_PROGRAM=1, STACK_PARTS=RING_MMA_STACK_PARTS, PREFETCH_V=prefetch_v, **verify)
     pdl = bool(RING_MMA_PDL) and pdl_device(ssm)
     constexprs.update(PDL=pdl, **({"launch_pdl": True} if pdl else {}))
     return constexprs
